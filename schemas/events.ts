@@ -1,0 +1,203 @@
+/**
+ * Event schemas: the single source of truth for every payload on a jetroute subject.
+ * TypeBox values are JSON Schema documents; the TypeScript types are derived from them, and
+ * `npm run schemas` writes them to `schemas/json/*.schema.json` for non-TypeScript consumers.
+ *
+ * Conventions: `type` names the event; times are epoch milliseconds (`ts`); model and pod names
+ * travel unescaped in the payload (subjects carry the escaped token); 64-bit hashes are strings.
+ */
+import { type Static, type TSchema, Type } from "@sinclair/typebox";
+
+const Name = Type.String({ minLength: 1, maxLength: 253 });
+const Address = Type.String({ pattern: "^[^\\s:]+:[0-9]{1,5}$", description: "host:port" });
+const Millis = Type.Number({ minimum: 0, description: "epoch milliseconds" });
+const Count = Type.Integer({ minimum: 0 });
+const Nullable = <T extends TSchema>(t: T) => Type.Union([t, Type.Null()]);
+
+export const PodRole = Type.Union([Type.Literal("combined"), Type.Literal("prefill"), Type.Literal("decode")]);
+export const EngineKind = Type.Union([Type.Literal("vllm"), Type.Literal("sglang")]);
+
+export const KvEventsEndpoint = Type.Object(
+  {
+    endpoint: Type.String({ description: "ZMQ PUB endpoint, e.g. tcp://10.0.0.5:5557" }),
+    replayEndpoint: Type.Optional(Type.String({ description: "ZMQ ROUTER replay endpoint" })),
+    topic: Type.Optional(Type.String()),
+  },
+  { additionalProperties: false },
+);
+
+/** PODS stream: the pod-watcher's view of one inference pod. Last message per subject = current state. */
+export const PodEvent = Type.Object(
+  {
+    type: Type.Literal("pod"),
+    action: Type.Union([Type.Literal("upsert"), Type.Literal("remove")]),
+    model: Name,
+    pod: Name,
+    address: Address,
+    ready: Type.Boolean(),
+    engine: EngineKind,
+    role: Type.Optional(PodRole),
+    roleset: Type.Optional(Name),
+    metricsAddress: Type.Optional(Address),
+    kvEvents: Type.Optional(KvEventsEndpoint),
+    adapters: Type.Optional(Type.Array(Name)),
+    labels: Type.Optional(Type.Record(Type.String(), Type.String())),
+    ts: Millis,
+  },
+  { $id: "pod", additionalProperties: false },
+);
+
+const HistogramSummary = Type.Object({ sum: Type.Number(), count: Type.Number({ minimum: 0 }) }, { additionalProperties: false });
+const NullableNumber = Nullable(Type.Number());
+
+/** Load fields extracted from an engine's /metrics (names follow `EngineLoad` in the scraper). */
+export const EngineLoadSchema = Type.Object(
+  {
+    running: NullableNumber,
+    waiting: NullableNumber,
+    kvCacheUsage: NullableNumber,
+    prefixCacheQueries: NullableNumber,
+    prefixCacheHits: NullableNumber,
+    cacheHitRate: NullableNumber,
+    promptTokens: NullableNumber,
+    generationTokens: NullableNumber,
+    genThroughput: NullableNumber,
+    preemptions: NullableNumber,
+    blockSize: NullableNumber,
+    numGpuBlocks: NullableNumber,
+    runningLoras: Type.Array(Type.String()),
+    waitingLoras: Type.Array(Type.String()),
+    maxLora: NullableNumber,
+    histograms: Type.Record(Type.String(), HistogramSummary),
+  },
+  { additionalProperties: false },
+);
+
+/** LOAD stream: one scrape of one pod. `stale: true` when scrapes have been failing; `load` is then null. */
+export const LoadSample = Type.Object(
+  {
+    type: Type.Literal("load"),
+    model: Name,
+    pod: Name,
+    ts: Millis,
+    stale: Type.Boolean(),
+    scrapeMs: Type.Optional(Type.Number({ minimum: 0 })),
+    error: Type.Optional(Type.String()),
+    load: Nullable(EngineLoadSchema),
+  },
+  { $id: "load", additionalProperties: false },
+);
+
+/**
+ * CHARGES stream: a gateway's provisional charge against a pod, made at selection time.
+ * Counted by every replica until released, until `ttlMs` after `ts`, or until the charging
+ * gateway's heartbeat lapses — whichever comes first.
+ */
+export const ChargeEvent = Type.Object(
+  {
+    type: Type.Literal("charge"),
+    id: Name,
+    gateway: Name,
+    model: Name,
+    pod: Name,
+    ts: Millis,
+    ttlMs: Type.Integer({ minimum: 1 }),
+    promptTokens: Count,
+    maxTokens: Type.Optional(Count),
+    phase: Type.Optional(Type.Union([Type.Literal("combined"), Type.Literal("prefill"), Type.Literal("decode")])),
+  },
+  { $id: "charge", additionalProperties: false },
+);
+
+export const ReleaseOutcome = Type.Union([
+  Type.Literal("completed"),
+  Type.Literal("error"),
+  Type.Literal("cancelled"),
+  Type.Literal("shutdown"),
+]);
+
+/** CHARGES stream: the end of a charged request; published exactly once per charge. */
+export const ReleaseEvent = Type.Object(
+  {
+    type: Type.Literal("release"),
+    id: Name,
+    gateway: Name,
+    model: Name,
+    pod: Name,
+    ts: Millis,
+    outcome: ReleaseOutcome,
+    promptTokens: Type.Optional(Count),
+    completionTokens: Type.Optional(Count),
+  },
+  { $id: "release", additionalProperties: false },
+);
+
+/** CHARGES stream (subject `<prefix>.hb.<gateway>`): a gateway is alive; `state: "down"` on clean exit. */
+export const GatewayHeartbeat = Type.Object(
+  {
+    type: Type.Literal("heartbeat"),
+    gateway: Name,
+    ts: Millis,
+    intervalMs: Type.Integer({ minimum: 1 }),
+    startedAt: Millis,
+    state: Type.Union([Type.Literal("up"), Type.Literal("down")]),
+  },
+  { $id: "heartbeat", additionalProperties: false },
+);
+
+/** DECISIONS stream: one record per routed (or rejected) request; the input of offline replay. */
+export const DecisionRecord = Type.Object(
+  {
+    type: Type.Literal("decision"),
+    id: Name,
+    gateway: Name,
+    model: Type.String(),
+    ts: Millis,
+    strategy: Type.String(),
+    candidates: Type.Array(
+      Type.Object(
+        { pod: Name, score: Type.Optional(Type.Number()), inFlight: Type.Optional(Type.Number()) },
+        { additionalProperties: false },
+      ),
+    ),
+    pick: Nullable(Name),
+    status: Type.Integer({ minimum: 100, maximum: 599 }),
+    outcome: Type.Union([ReleaseOutcome, Type.Literal("rejected")]),
+    errorCode: Type.Optional(Type.String()),
+    ttftMs: Type.Optional(Type.Number({ minimum: 0 })),
+    durationMs: Type.Optional(Type.Number({ minimum: 0 })),
+    promptTokens: Type.Optional(Count),
+    completionTokens: Type.Optional(Count),
+  },
+  { $id: "decision", additionalProperties: false },
+);
+
+// KV block events (BlockStored/BlockRemoved/pod cleared) join this list with the kv-bridge.
+
+export type PodEvent = Static<typeof PodEvent>;
+export type LoadSample = Static<typeof LoadSample>;
+export type EngineLoadFields = Static<typeof EngineLoadSchema>;
+export type ChargeEvent = Static<typeof ChargeEvent>;
+export type ReleaseEvent = Static<typeof ReleaseEvent>;
+export type GatewayHeartbeat = Static<typeof GatewayHeartbeat>;
+export type DecisionRecord = Static<typeof DecisionRecord>;
+export type PodRole = Static<typeof PodRole>;
+export type EngineKind = Static<typeof EngineKind>;
+export type ReleaseOutcome = Static<typeof ReleaseOutcome>;
+
+/** Every event schema, by its `type`. */
+export const EVENT_SCHEMAS = {
+  pod: PodEvent,
+  load: LoadSample,
+  charge: ChargeEvent,
+  release: ReleaseEvent,
+  heartbeat: GatewayHeartbeat,
+  decision: DecisionRecord,
+} as const;
+
+export type EventType = keyof typeof EVENT_SCHEMAS;
+export type EventOf<T extends EventType> = Static<(typeof EVENT_SCHEMAS)[T]>;
+export type AnyEvent = EventOf<EventType>;
+
+/** Version carried in the `Jr-Schema` header as `<type>/<version>`. */
+export const SCHEMA_VERSION = 1;

@@ -1,0 +1,26 @@
+/**
+ * `jetroute` command line: one binary, one sub-command per process kind.
+ * Each service registers its own sub-command in its `command.ts`.
+ */
+import { Command } from "commander";
+import { registerStreamsCommand } from "../streams/command.js";
+import { registerDemoCommand } from "./demo/command.js";
+import { registerFrontCommand } from "./front/command.js";
+import { registerGatewayCommand } from "./gateway/command.js";
+import { registerMetricsScraperCommand } from "./metrics-scraper/command.js";
+import { registerPodWatcherCommand } from "./pod-watcher/command.js";
+import { registerSimCommand } from "./sim/command.js";
+
+const program = new Command("jetroute")
+  .description("Event-sourced routing control plane for LLM inference on NATS JetStream")
+  .showHelpAfterError();
+
+registerStreamsCommand(program);
+registerSimCommand(program);
+registerPodWatcherCommand(program);
+registerMetricsScraperCommand(program);
+registerGatewayCommand(program);
+registerFrontCommand(program);
+registerDemoCommand(program);
+
+await program.parseAsync(process.argv);

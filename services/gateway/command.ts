@@ -1,0 +1,47 @@
+import type { Command } from "commander";
+import { DEFAULT_NATS, intOption, natsUrlsOption, untilSignal } from "../shared/cli-options.js";
+import { createLogger } from "../shared/log.js";
+import { startGateway } from "./gateway.js";
+import { strategyNames } from "./strategies/registry.js";
+
+export function registerGatewayCommand(program: Command): void {
+  program
+    .command("gateway")
+    .description("Envoy ext_proc gateway replica: folds the streams into views and picks a pod per request")
+    .option("--nats <urls>", "NATS server URL(s), comma separated", natsUrlsOption, [DEFAULT_NATS])
+    .option("--prefix <prefix>", "subject prefix", "jr")
+    .option("--port <port>", "ext_proc gRPC port", intOption(0, 65535), 9002)
+    .option("--host <host>", "listen address", "0.0.0.0")
+    .option("--admin-port <port>", "admin HTTP port (/healthz /readyz /debug/state); -1 = off", intOption(-1, 65535), 9090)
+    .option("--id <id>", "gateway replica id (default: hostname-pid-random)")
+    .option("--strategy <name>", `default routing strategy (${strategyNames().join(", ")})`, "least-request")
+    .option("--charge-ttl-ms <ms>", "a charge stops counting after this long even without a release", intOption(1), 600_000)
+    .option("--heartbeat-ms <ms>", "heartbeat interval", intOption(10), 1_000)
+    .option("--heartbeat-timeout-ms <ms>", "a gateway silent this long loses its charges (default 3 x interval)", intOption(10))
+    .option("--load-stale-ms <ms>", "a load sample older than this is ignored", intOption(1), 2_000)
+    .option("--max-charges <n>", "bound on tracked charges", intOption(1), 1_000_000)
+    .option("--shutdown-grace-ms <ms>", "on SIGTERM, how long in-flight requests may finish before being cancelled", intOption(0), 10_000)
+    .action(async (o) => {
+      const log = createLogger("gateway");
+      const gw = await startGateway({
+        nats: o.nats,
+        prefix: o.prefix,
+        port: o.port,
+        host: o.host,
+        adminPort: o.adminPort,
+        id: o.id,
+        defaultStrategy: o.strategy,
+        chargeTtlMs: o.chargeTtlMs,
+        heartbeatIntervalMs: o.heartbeatMs,
+        heartbeatTimeoutMs: o.heartbeatTimeoutMs,
+        loadStaleAfterMs: o.loadStaleMs,
+        maxCharges: o.maxCharges,
+        shutdownGraceMs: o.shutdownGraceMs,
+        log,
+      });
+      console.log(JSON.stringify({ gateway: gw.id, port: gw.port, adminPort: gw.adminPort }));
+      await untilSignal();
+      await gw.close();
+      process.exit(0);
+    });
+}

@@ -1,0 +1,203 @@
+/**
+ * The director: everything between "a request body arrived" and "these headers go back to Envoy",
+ * and the request's end. It never imports Envoy, NATS or HTTP types: the ext_proc adapter calls
+ * it, and it speaks to the streams only through an `EventSink`.
+ *
+ * Selection and charging happen in one synchronous call: no await between reading the ledger and
+ * recording the charge, so two requests in this replica can never both see a pod as idle.
+ */
+import { randomUUID } from "node:crypto";
+import type { ChargeEvent, DecisionRecord, ReleaseEvent, ReleaseOutcome } from "../../schemas/events.js";
+import type { ChargeLedger } from "../views/charge-ledger.js";
+import type { LoadView } from "../views/load-view.js";
+import type { PodInfo, PodSet } from "../views/pod-set.js";
+import { RouteError } from "./errors.js";
+import { parseRequestBody } from "./request-body.js";
+import { findStrategy, strategyNames } from "./strategies/registry.js";
+import type { Scored } from "./strategies/types.js";
+
+export interface GatewayViews {
+  pods: PodSet;
+  load: LoadView;
+  ledger: ChargeLedger;
+}
+
+/** Where the director's events go (JetStream in production, an array in unit tests). */
+export interface EventSink {
+  charge(ev: ChargeEvent): void;
+  release(ev: ReleaseEvent): void;
+  decision(rec: DecisionRecord): void;
+}
+
+export interface DirectorOptions {
+  gatewayId: string;
+  defaultStrategy: string;
+  chargeTtlMs: number;
+  views: GatewayViews;
+  sink: EventSink;
+  now?: () => number;
+  random?: () => number;
+}
+
+export interface RouteInput {
+  /** Lower-cased request headers. */
+  headers: Readonly<Record<string, string>>;
+  body: Uint8Array;
+  /** Endpoints the proxy allows (Inference Extension subset hint); undefined = no restriction. */
+  subset?: readonly string[];
+}
+
+export interface RoutedRequest {
+  readonly chargeId: string;
+  readonly requestId: string;
+  readonly model: string;
+  readonly pod: PodInfo;
+  readonly strategy: string;
+  readonly candidates: readonly Scored[];
+  readonly startedAt: number;
+  readonly promptTokens: number;
+  firstChunkAt?: number;
+  finished: boolean;
+}
+
+export interface FinishInfo {
+  status: number;
+  promptTokens?: number;
+  completionTokens?: number;
+}
+
+export class Director {
+  readonly gatewayId: string;
+  private readonly now: () => number;
+  private readonly random: () => number;
+  /** Requests routed and not yet finished, by charge id (drained on shutdown). */
+  readonly inFlight = new Map<string, RoutedRequest>();
+
+  constructor(private readonly opts: DirectorOptions) {
+    if (!findStrategy(opts.defaultStrategy)) {
+      throw new Error(`unknown default strategy ${JSON.stringify(opts.defaultStrategy)}; known: ${strategyNames().join(", ")}`);
+    }
+    this.gatewayId = opts.gatewayId;
+    this.now = opts.now ?? Date.now;
+    this.random = opts.random ?? Math.random;
+  }
+
+  /** Picks a pod and charges it. Throws RouteError for anything the client must be told. */
+  route(input: RouteInput): RoutedRequest {
+    const parsed = parseRequestBody(input.body);
+    const requestId = input.headers["x-request-id"] || randomUUID();
+    const strategyName = input.headers["routing-strategy"] || this.opts.defaultStrategy;
+    const strategy = findStrategy(strategyName);
+    if (!strategy) {
+      throw new RouteError("invalidStrategy", `unknown routing strategy ${JSON.stringify(strategyName)}; known: ${strategyNames().join(", ")}`, "routing-strategy");
+    }
+    const { pods, load, ledger } = this.opts.views;
+    if (!pods.knows(parsed.model)) {
+      throw new RouteError("unknownModel", `The model \`${parsed.model}\` does not exist.`, "model");
+    }
+    let candidates = pods.readyPods(parsed.model);
+    if (candidates.length === 0) throw new RouteError("noReadyPod", `no ready pod serves model \`${parsed.model}\``);
+    if (input.subset) {
+      const allowed = new Set(input.subset);
+      candidates = candidates.filter((p) => allowed.has(p.address));
+      if (candidates.length === 0) throw new RouteError("noPodInSubset", `no ready pod of \`${parsed.model}\` is in the proxy's endpoint subset`);
+    }
+    const now = this.now();
+    const pick = strategy.pick({
+      request: { model: parsed.model, requestId, headers: input.headers, promptTokens: parsed.promptTokens },
+      pods: candidates,
+      load,
+      ledger,
+      now,
+      random: this.random,
+    });
+    const chargeId = randomUUID();
+    const charge: ChargeEvent = {
+      type: "charge",
+      id: chargeId,
+      gateway: this.gatewayId,
+      model: pick.pod.model,
+      pod: pick.pod.pod,
+      ts: now,
+      ttlMs: this.opts.chargeTtlMs,
+      promptTokens: parsed.promptTokens,
+      ...(parsed.maxTokens !== undefined ? { maxTokens: parsed.maxTokens } : {}),
+    };
+    ledger.charge(charge, now);
+    this.opts.sink.charge(charge);
+    const routed: RoutedRequest = {
+      chargeId,
+      requestId,
+      model: parsed.model,
+      pod: pick.pod,
+      strategy: strategy.name,
+      candidates: pick.candidates,
+      startedAt: now,
+      promptTokens: parsed.promptTokens,
+      finished: false,
+    };
+    this.inFlight.set(chargeId, routed);
+    return routed;
+  }
+
+  /** Ends a routed request: releases its charge and records the decision. Idempotent. */
+  finish(r: RoutedRequest, outcome: ReleaseOutcome, info: FinishInfo): boolean {
+    if (r.finished) return false;
+    r.finished = true;
+    this.inFlight.delete(r.chargeId);
+    const now = this.now();
+    const release: ReleaseEvent = {
+      type: "release",
+      id: r.chargeId,
+      gateway: this.gatewayId,
+      model: r.pod.model,
+      pod: r.pod.pod,
+      ts: now,
+      outcome,
+      ...(info.completionTokens !== undefined ? { completionTokens: info.completionTokens } : {}),
+    };
+    this.opts.views.ledger.release(release);
+    this.opts.sink.release(release);
+    this.opts.sink.decision({
+      type: "decision",
+      id: r.requestId,
+      gateway: this.gatewayId,
+      model: r.model,
+      ts: r.startedAt,
+      strategy: r.strategy,
+      candidates: r.candidates.map((c) => ({ pod: c.pod.pod, score: c.score })),
+      pick: r.pod.pod,
+      status: info.status,
+      outcome,
+      ...(r.firstChunkAt !== undefined ? { ttftMs: r.firstChunkAt - r.startedAt } : {}),
+      durationMs: now - r.startedAt,
+      promptTokens: info.promptTokens ?? r.promptTokens,
+      ...(info.completionTokens !== undefined ? { completionTokens: info.completionTokens } : {}),
+    });
+    return true;
+  }
+
+  /** Records a request refused before routing (the decision stream sees rejections too). */
+  reject(headers: Readonly<Record<string, string>>, model: string | undefined, err: RouteError): void {
+    this.opts.sink.decision({
+      type: "decision",
+      id: headers["x-request-id"] || randomUUID(),
+      gateway: this.gatewayId,
+      model: model ?? "",
+      ts: this.now(),
+      strategy: headers["routing-strategy"] || this.opts.defaultStrategy,
+      candidates: [],
+      pick: null,
+      status: err.status,
+      outcome: "rejected",
+      errorCode: err.code,
+    });
+  }
+
+  /** Releases everything still in flight (clean shutdown). */
+  drain(): number {
+    let n = 0;
+    for (const r of [...this.inFlight.values()]) if (this.finish(r, "shutdown", { status: 503 })) n++;
+    return n;
+  }
+}

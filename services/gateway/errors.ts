@@ -1,0 +1,57 @@
+/**
+ * The gateway's error catalogue: every client-visible error, its HTTP status and OpenAI-shaped
+ * body. One place maps codes to statuses, so the ext_proc adapter and the dev front agree.
+ */
+
+export const ErrorCodes = {
+  invalidJson: { status: 400, code: "invalid_json" },
+  invalidBody: { status: 400, code: "invalid_request_body" },
+  missingModel: { status: 400, code: "model_required" },
+  invalidStrategy: { status: 400, code: "invalid_routing_strategy" },
+  unknownModel: { status: 404, code: "model_not_found" },
+  unsupportedPath: { status: 404, code: "unsupported_path" },
+  bodyTooLarge: { status: 413, code: "request_too_large" },
+  noReadyPod: { status: 503, code: "no_ready_pod" },
+  noPodInSubset: { status: 503, code: "no_ready_pod_in_subset" },
+  notReady: { status: 503, code: "gateway_not_ready" },
+  internal: { status: 500, code: "internal_error" },
+} as const;
+export type ErrorCode = keyof typeof ErrorCodes;
+
+export class RouteError extends Error {
+  override name = "RouteError";
+  constructor(
+    readonly kind: ErrorCode,
+    message: string,
+    readonly param: string | null = null,
+  ) {
+    super(message);
+  }
+  get status(): number {
+    return ErrorCodes[this.kind].status;
+  }
+  get code(): string {
+    return ErrorCodes[this.kind].code;
+  }
+}
+
+/** OpenAI error `type` by HTTP status. */
+export function errorType(status: number): string {
+  if (status === 400 || status === 404 || status === 413) return "invalid_request_error";
+  if (status === 401) return "authentication_error";
+  if (status === 429) return "rate_limit_error";
+  if (status === 503) return "overloaded_error";
+  return "api_error";
+}
+
+export interface OpenAIErrorBody {
+  error: { message: string; type: string; code: string | number; param: string | null };
+}
+
+export function openAIError(status: number, code: string | number, message: string, param: string | null = null): OpenAIErrorBody {
+  return { error: { message, type: errorType(status), code, param } };
+}
+
+export function routeErrorBody(err: RouteError): OpenAIErrorBody {
+  return openAIError(err.status, err.code, err.message, err.param);
+}

@@ -1,0 +1,194 @@
+/**
+ * The ext_proc adapter: one Envoy gRPC stream per HTTP request, translated into director calls.
+ *
+ * Phase order (envoy-extproc.md): request headers -> request body (BUFFERED) -> response headers
+ * -> response body chunks (STREAMED). Routing happens on the request body, so the header mutation
+ * that names the pod is sent in the request-body reply. Whatever way the stream ends — last body
+ * chunk, an error status, Envoy cancelling because the client left, or the gateway shutting
+ * down — the request's charge is released exactly once (the director guarantees the "once").
+ */
+import type * as grpc from "@grpc/grpc-js";
+import { openAIError, RouteError, routeErrorBody } from "./errors.js";
+import type { Director, RoutedRequest } from "./director.js";
+import { ResponseTracker } from "./response-tracker.js";
+import type { HeaderMutation, ProcessingRequest, ProcessingResponse } from "../extproc/types.js";
+import {
+  fromProtoStruct,
+  Headers,
+  headersToRecord,
+  LB_METADATA_NAMESPACE,
+  ROUTING_CONTROLLED_HEADERS,
+  setHeader,
+  SUBSET_HINT_KEY,
+  SUBSET_HINT_NAMESPACE,
+  toProtoStruct,
+} from "../extproc/wire.js";
+import type { Logger } from "../shared/log.js";
+
+type Stream = grpc.ServerDuplexStream<ProcessingRequest, ProcessingResponse>;
+
+export interface ExtProcHandlerOptions {
+  director: Director;
+  log: Logger;
+  /** False until every view caught up: requests get 503 rather than a decision on a partial view. */
+  isReady: () => boolean;
+  /** Largest buffered request body accepted (bytes). */
+  maxBodyBytes?: number;
+  /** Answers GET /v1/models from the pod set. */
+  listModels: () => string[];
+}
+
+const CONTINUE = { response: { status: "CONTINUE" as const } };
+const STRIP_CLIENT_ROUTING: HeaderMutation = { remove_headers: [...ROUTING_CONTROLLED_HEADERS] };
+
+function immediate(status: number, body: unknown): ProcessingResponse {
+  return {
+    immediate_response: {
+      status: { code: status },
+      headers: { set_headers: [setHeader(Headers.contentType, "application/json")] },
+      body: Buffer.from(JSON.stringify(body)),
+      details: `jetroute_${status}`,
+    },
+  };
+}
+
+function subsetHint(req: ProcessingRequest): string[] | undefined {
+  const ns = req.metadata_context?.filter_metadata?.[SUBSET_HINT_NAMESPACE];
+  if (!ns) return undefined;
+  const v = fromProtoStruct(ns)[SUBSET_HINT_KEY];
+  if (Array.isArray(v)) return v.filter((x): x is string => typeof x === "string");
+  if (typeof v === "string") return v.split(",").map((s) => s.trim()).filter(Boolean);
+  return undefined;
+}
+
+export function createExtProcHandler(opts: ExtProcHandlerOptions): grpc.handleBidiStreamingCall<ProcessingRequest, ProcessingResponse> {
+  const { director, log } = opts;
+  const maxBody = opts.maxBodyBytes ?? 4 * 1024 * 1024;
+
+  return (call: Stream) => {
+    let headers: Record<string, string> = {};
+    let subset: string[] | undefined;
+    let bodyParts: Buffer[] = [];
+    let bodyBytes = 0;
+    let routed: RoutedRequest | undefined;
+    let status = 0;
+    let tracker: ResponseTracker | undefined;
+
+    const finish = (outcome: "completed" | "error" | "cancelled") => {
+      if (!routed || routed.finished) return;
+      const usage = tracker?.end() ?? {};
+      director.finish(routed, outcome, { status: status || (outcome === "cancelled" ? 499 : 502), ...usage });
+    };
+    const send = (msg: ProcessingResponse) => {
+      if (!call.cancelled && call.writable) call.write(msg);
+    };
+    const reject = (err: RouteError, model?: string) => {
+      director.reject(headers, model, err);
+      send(immediate(err.status, routeErrorBody(err)));
+    };
+
+    const onRequestBody = (chunk: Buffer | Uint8Array | undefined, endOfStream: boolean) => {
+      if (chunk?.length) {
+        bodyBytes += chunk.length;
+        if (bodyBytes <= maxBody) bodyParts.push(Buffer.from(chunk));
+      }
+      if (!endOfStream) return send({ request_body: CONTINUE });
+      if (bodyBytes > maxBody) return reject(new RouteError("bodyTooLarge", `request body exceeds ${maxBody} bytes`));
+      if (!opts.isReady()) return reject(new RouteError("notReady", "gateway is catching up with the streams; retry shortly"));
+      const body = bodyParts.length === 1 ? (bodyParts[0] as Buffer) : Buffer.concat(bodyParts);
+      bodyParts = [];
+      try {
+        routed = director.route({ headers, body, subset });
+      } catch (err) {
+        if (err instanceof RouteError) return reject(err, safeModel(body));
+        log.error({ err }, "routing failed");
+        return reject(new RouteError("internal", "internal routing error"));
+      }
+      const endpoint = routed.pod.address;
+      send({
+        request_body: {
+          response: {
+            status: "CONTINUE",
+            header_mutation: {
+              set_headers: [
+                setHeader(Headers.destinationEndpoint, endpoint),
+                setHeader(Headers.targetPod, endpoint),
+                setHeader(Headers.routingStrategy, routed.strategy),
+                setHeader(Headers.requestId, routed.requestId),
+              ],
+            },
+            clear_route_cache: true,
+          },
+        },
+        dynamic_metadata: toProtoStruct({ [LB_METADATA_NAMESPACE]: { [Headers.destinationEndpoint]: endpoint } }),
+      });
+    };
+
+    call.on("data", (req: ProcessingRequest) => {
+      try {
+        switch (req.request) {
+          case "request_headers": {
+            headers = headersToRecord(req.request_headers?.headers);
+            subset = subsetHint(req);
+            if (req.request_headers?.end_of_stream) {
+              // No body: only model listing is served here; everything else needs a body to route.
+              if ((headers[Headers.method] ?? "GET") === "GET" && (headers[Headers.path] ?? "").split("?")[0] === "/v1/models") {
+                const data = opts.listModels().map((id) => ({ id, object: "model", owned_by: "jetroute" }));
+                return send({ ...immediate(200, { object: "list", data }) });
+              }
+              return reject(new RouteError("unsupportedPath", `${headers[Headers.method] ?? ""} ${headers[Headers.path] ?? ""} has no body to route on`));
+            }
+            return send({ request_headers: { response: { status: "CONTINUE", header_mutation: STRIP_CLIENT_ROUTING, clear_route_cache: true } } });
+          }
+          case "request_body":
+            return onRequestBody(req.request_body?.body, req.request_body?.end_of_stream === true);
+          case "response_headers": {
+            const h = headersToRecord(req.response_headers?.headers);
+            status = Number.parseInt(h[Headers.status] ?? "0", 10) || 0;
+            tracker = new ResponseTracker(h[Headers.contentType]);
+            const set = routed
+              ? [setHeader(Headers.targetPod, routed.pod.address), setHeader(Headers.routingStrategy, routed.strategy), setHeader(Headers.gatewayRequestId, routed.requestId)]
+              : [];
+            send({ response_headers: { response: { status: "CONTINUE", header_mutation: { set_headers: set } } } });
+            if (req.response_headers?.end_of_stream) finish(status >= 400 ? "error" : "completed");
+            return;
+          }
+          case "response_body": {
+            const b = req.response_body;
+            if (routed && routed.firstChunkAt === undefined && b?.body?.length) routed.firstChunkAt = Date.now();
+            if (b?.body?.length) tracker?.push(b.body);
+            send({ response_body: CONTINUE });
+            if (b?.end_of_stream) finish(status >= 400 ? "error" : "completed");
+            return;
+          }
+          case "request_trailers":
+            return send({ request_trailers: {} });
+          case "response_trailers":
+            send({ response_trailers: {} });
+            return finish(status >= 400 ? "error" : "completed");
+          default:
+            log.warn({ request: req.request }, "unknown ext_proc message");
+        }
+      } catch (err) {
+        log.error({ err }, "ext_proc handler failed");
+        send(immediate(500, openAIError(500, "internal_error", "internal gateway error")));
+      }
+    });
+    call.on("end", () => {
+      // Envoy half-closed without sending the final body chunk: the request is over.
+      finish(status >= 400 ? "error" : status ? "completed" : "cancelled");
+      call.end();
+    });
+    call.on("cancelled", () => finish("cancelled"));
+    call.on("error", () => finish("cancelled"));
+  };
+}
+
+function safeModel(body: Buffer): string | undefined {
+  try {
+    const m = (JSON.parse(body.toString("utf8")) as { model?: unknown }).model;
+    return typeof m === "string" ? m : undefined;
+  } catch {
+    return undefined;
+  }
+}

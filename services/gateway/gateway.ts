@@ -1,0 +1,208 @@
+/**
+ * The gateway process: folds PODS, LOAD and CHARGES into views, serves Envoy's ext_proc stream
+ * and the gRPC health protocol, publishes charges, releases, heartbeats and decision records.
+ */
+import http from "node:http";
+import os from "node:os";
+import { randomBytes } from "node:crypto";
+import * as grpc from "@grpc/grpc-js";
+import { HealthImplementation } from "grpc-health-check";
+import type { GatewayHeartbeat } from "../../schemas/events.js";
+import { streamName } from "../../streams/definitions.js";
+import { Subjects } from "../../streams/subjects.js";
+import { EXT_PROC_SERVICE_NAME, loadExtProc } from "../extproc/protos.js";
+import { StreamFollower } from "../shared/follower.js";
+import type { Logger } from "../shared/log.js";
+import { connectNats, type NatsHandles } from "../shared/nats.js";
+import { fire } from "../shared/publish.js";
+import { ChargeLedger } from "../views/charge-ledger.js";
+import { LoadView } from "../views/load-view.js";
+import { PodSet } from "../views/pod-set.js";
+import { Director, type EventSink, type GatewayViews } from "./director.js";
+import { createExtProcHandler } from "./extproc-server.js";
+
+export interface GatewayOptions {
+  nats: string | string[];
+  prefix?: string;
+  /** ext_proc gRPC port (0 = any free port). */
+  port: number;
+  host?: string;
+  /** Admin HTTP port for /healthz, /readyz, /debug/state (0 = any; -1 = off). */
+  adminPort?: number;
+  id?: string;
+  defaultStrategy?: string;
+  chargeTtlMs?: number;
+  heartbeatIntervalMs?: number;
+  heartbeatTimeoutMs?: number;
+  loadStaleAfterMs?: number;
+  maxCharges?: number;
+  /** On close, how long in-flight requests may take before their streams are cancelled. */
+  shutdownGraceMs?: number;
+  log: Logger;
+}
+
+export interface GatewayHandle {
+  id: string;
+  port: number;
+  adminPort: number | undefined;
+  views: GatewayViews;
+  director: Director;
+  nats: NatsHandles;
+  ready(): boolean;
+  whenReady(): Promise<void>;
+  close(): Promise<void>;
+}
+
+export function defaultGatewayId(): string {
+  return `${os.hostname()}-${process.pid}-${randomBytes(2).toString("hex")}`;
+}
+
+export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
+  const log = o.log;
+  const id = o.id ?? defaultGatewayId();
+  const prefix = o.prefix ?? "jr";
+  const subjects = new Subjects(prefix);
+  const chargeTtlMs = o.chargeTtlMs ?? 10 * 60_000;
+  const hbInterval = o.heartbeatIntervalMs ?? 1_000;
+  const nats = await connectNats(o.nats, `jetroute-gateway-${id}`);
+  const views: GatewayViews = {
+    pods: new PodSet(),
+    load: new LoadView(o.loadStaleAfterMs ?? 2_000),
+    ledger: new ChargeLedger({ self: id, heartbeatTimeoutMs: o.heartbeatTimeoutMs ?? 3 * hbInterval, maxCharges: o.maxCharges }),
+  };
+
+  const followers = [
+    new StreamFollower({
+      nats, subjects, log, name: `gateway-${id}-pods`, family: "pods", types: ["pod"] as const,
+      stream: streamName(prefix, "PODS"), filter: subjects.all("pods"), startAt: { kind: "last-per-subject" },
+      onEvent: (ev, m) => {
+        views.pods.apply(ev, m.seq);
+        if (ev.action === "remove") views.load.forget(ev.model, ev.pod);
+      },
+    }),
+    new StreamFollower({
+      nats, subjects, log, name: `gateway-${id}-load`, family: "load", types: ["load"] as const,
+      stream: streamName(prefix, "LOAD"), filter: subjects.all("load"), startAt: { kind: "last-per-subject" },
+      onEvent: (ev, m) => views.load.apply(ev, m.seq),
+    }),
+    new StreamFollower({
+      nats, subjects, log, name: `gateway-${id}-charges`, family: "charges", types: ["charge", "release", "heartbeat"] as const,
+      // Charges older than their TTL no longer count, so history before that is never needed.
+      stream: streamName(prefix, "CHARGES"), startAt: { kind: "time", sinceMs: Date.now() - chargeTtlMs },
+      onEvent: (ev, m) => views.ledger.applyFromStream(ev, m.serverTs, Date.now(), m.seq),
+    }),
+  ];
+
+  const sink: EventSink = {
+    charge: (ev) => fire(nats.nc, subjects.charges(ev.model, ev.pod), ev),
+    release: (ev) => fire(nats.nc, subjects.charges(ev.model, ev.pod), ev),
+    decision: (rec) => fire(nats.nc, subjects.decisions(rec.model || "_"), rec),
+  };
+  const director = new Director({ gatewayId: id, defaultStrategy: o.defaultStrategy ?? "least-request", chargeTtlMs, views, sink });
+
+  const startedAt = Date.now();
+  const heartbeat = (state: "up" | "down") => {
+    const hb: GatewayHeartbeat = { type: "heartbeat", gateway: id, ts: Date.now(), intervalMs: hbInterval, startedAt, state };
+    fire(nats.nc, subjects.heartbeat(id), hb);
+  };
+  heartbeat("up");
+  const hbTimer = setInterval(() => heartbeat("up"), hbInterval);
+  const sweepTimer = setInterval(() => views.ledger.sweep(Date.now()), Math.max(50, Math.min(250, hbInterval / 4)));
+
+  let isReady = false;
+  const health = new HealthImplementation({ liveness: "SERVING", readiness: "NOT_SERVING", "": "NOT_SERVING", [EXT_PROC_SERVICE_NAME]: "NOT_SERVING" });
+  await Promise.all(followers.map((f) => f.start()));
+  const readyPromise = Promise.all(followers.map((f) => f.whenCaughtUp())).then(() => {
+    isReady = true;
+    for (const s of ["readiness", "", EXT_PROC_SERVICE_NAME]) health.setStatus(s, "SERVING");
+    log.info({ pods: views.pods.size, charges: views.ledger.size }, "views caught up; gateway ready");
+  });
+
+  const server = new grpc.Server({ "grpc.max_receive_message_length": 8 * 1024 * 1024 });
+  server.addService(loadExtProc().service, {
+    Process: createExtProcHandler({
+      director,
+      log,
+      isReady: () => isReady,
+      listModels: () => [...new Set(views.pods.all().flatMap((p) => [p.model, ...p.adapters]))].sort(),
+    }),
+  });
+  health.addToServer(server);
+  const port = await new Promise<number>((resolve, reject) =>
+    server.bindAsync(`${o.host ?? "0.0.0.0"}:${o.port}`, grpc.ServerCredentials.createInsecure(), (err, p) => (err ? reject(err) : resolve(p))),
+  );
+
+  const state = () => ({
+    id,
+    ready: isReady,
+    followers: followers.map((f, i) => ({ view: ["pods", "load", "charges"][i], lastSeq: f.lastSeq, applied: f.applied, invalid: f.invalid, caughtUp: f.caughtUp })),
+    pods: views.pods.all(),
+    ledger: {
+      charges: views.ledger.size,
+      evicted: views.ledger.evicted,
+      expired: views.ledger.expired,
+      liveGateways: views.ledger.liveGateways(Date.now()),
+      outstanding: views.pods.all().map((p) => ({ model: p.model, pod: p.pod, ...views.ledger.outstanding(p.model, p.pod) })),
+    },
+    inFlight: director.inFlight.size,
+  });
+
+  let admin: http.Server | undefined;
+  let adminPort: number | undefined;
+  if ((o.adminPort ?? -1) >= 0) {
+    admin = http.createServer((req, res) => {
+      const json = (code: number, body: unknown) => {
+        res.writeHead(code, { "content-type": "application/json" });
+        res.end(JSON.stringify(body));
+      };
+      if (req.url === "/healthz") return json(200, { status: "ok" });
+      if (req.url === "/readyz") return json(isReady ? 200 : 503, { ready: isReady });
+      if (req.url === "/debug/state") return json(200, state());
+      json(404, { error: { message: "not found", type: "invalid_request_error", code: 404, param: null } });
+    });
+    adminPort = await new Promise<number>((resolve) => {
+      admin?.listen(o.adminPort, o.host ?? "0.0.0.0", () => {
+        const a = admin?.address();
+        resolve(typeof a === "object" && a ? a.port : 0);
+      });
+    });
+  }
+  log.info({ id, port, adminPort }, "gateway listening");
+
+  let closed = false;
+  return {
+    id,
+    port,
+    adminPort,
+    views,
+    director,
+    nats,
+    ready: () => isReady,
+    whenReady: () => readyPromise,
+    async close() {
+      if (closed) return;
+      closed = true;
+      for (const s of ["readiness", "", EXT_PROC_SERVICE_NAME]) health.setStatus(s, "NOT_SERVING");
+      // Let in-flight requests finish (they release their own charges) for a grace period, then
+      // cancel the rest; whatever is still charged after that is released as "shutdown".
+      await new Promise<void>((resolve) => {
+        const t = setTimeout(() => {
+          server.forceShutdown();
+          resolve();
+        }, o.shutdownGraceMs ?? 10_000);
+        server.tryShutdown(() => {
+          clearTimeout(t);
+          resolve();
+        });
+      });
+      const drained = director.drain();
+      clearInterval(hbTimer);
+      clearInterval(sweepTimer);
+      heartbeat("down");
+      admin?.close();
+      await Promise.all(followers.map((f) => f.stop()));
+      await nats.nc.drain();
+      log.info({ drained }, "gateway stopped");
+    },
+  };
+}

@@ -1,0 +1,23 @@
+import type { Command } from "commander";
+import { DEFAULT_NATS, intOption, natsUrlsOption, untilSignal } from "../shared/cli-options.js";
+import { createLogger } from "../shared/log.js";
+import { startScraper } from "./scraper.js";
+
+export function registerMetricsScraperCommand(program: Command): void {
+  program
+    .command("metrics-scraper")
+    .description("scrape each ready pod's /metrics (vLLM and SGLang names) and publish load samples to LOAD")
+    .option("--nats <urls>", "NATS server URL(s), comma separated", natsUrlsOption, [DEFAULT_NATS])
+    .option("--prefix <prefix>", "subject prefix", "jr")
+    .option("--interval-ms <ms>", "scrape interval per pod", intOption(10), 100)
+    .option("--timeout-ms <ms>", "a scrape slower than this fails (default max(500, 5 x interval))", intOption(10))
+    .option("--stale-after-ms <ms>", "failing this long marks a pod stale", intOption(10), 1_000)
+    .action(async (o) => {
+      const log = createLogger("metrics-scraper");
+      const s = await startScraper({ nats: o.nats, prefix: o.prefix, intervalMs: o.intervalMs, timeoutMs: o.timeoutMs, staleAfterMs: o.staleAfterMs, log });
+      log.info({ intervalMs: o.intervalMs }, "scraping");
+      await untilSignal();
+      await s.close();
+      process.exit(0);
+    });
+}

@@ -1,0 +1,125 @@
+/**
+ * metrics-scraper: follows PODS, scrapes every ready pod's Prometheus `/metrics` at a short
+ * interval and publishes one load sample per scrape to LOAD. A pod whose scrapes keep failing is
+ * published as stale, so gateways stop trusting its last good numbers. At most one scrape per pod
+ * is in flight: a slow engine is skipped, never queued up (scraping must never stall an engine).
+ */
+import type { LoadSample } from "../../schemas/events.js";
+import { streamName } from "../../streams/definitions.js";
+import { Subjects } from "../../streams/subjects.js";
+import { StreamFollower } from "../shared/follower.js";
+import type { Logger } from "../shared/log.js";
+import { connectNats } from "../shared/nats.js";
+import { fire } from "../shared/publish.js";
+import { type PodInfo, PodSet } from "../views/pod-set.js";
+import { extractEngineLoad } from "./engine-load.js";
+import { parsePrometheusText } from "./prom-text.js";
+
+export interface ScraperOptions {
+  nats: string | string[];
+  prefix?: string;
+  intervalMs?: number;
+  timeoutMs?: number;
+  /** Failing this long (or this many scrapes in a row, whichever first) makes a pod stale. */
+  staleAfterMs?: number;
+  staleAfterFailures?: number;
+  log: Logger;
+}
+
+export interface ScraperHandle {
+  stats: { scrapes: number; failures: number; published: number };
+  pods: PodSet;
+  close(): Promise<void>;
+}
+
+interface PodScrapeState {
+  inFlight: boolean;
+  failures: number;
+  lastOk: number;
+}
+
+/** Scrapes one pod once. Exported for tests of the mapping on a live endpoint. */
+export async function scrapeOnce(pod: PodInfo, timeoutMs: number): Promise<LoadSample> {
+  const started = performance.now();
+  const res = await fetch(`http://${pod.metricsAddress ?? pod.address}/metrics`, { signal: AbortSignal.timeout(timeoutMs) });
+  const text = await res.text();
+  if (!res.ok) throw new Error(`/metrics answered ${res.status}`);
+  const families = parsePrometheusText(text);
+  return {
+    type: "load",
+    model: pod.model,
+    pod: pod.pod,
+    ts: Date.now(),
+    stale: false,
+    scrapeMs: Math.round((performance.now() - started) * 100) / 100,
+    load: extractEngineLoad(families, pod.engine, pod.model),
+  };
+}
+
+export async function startScraper(o: ScraperOptions): Promise<ScraperHandle> {
+  const log = o.log;
+  const prefix = o.prefix ?? "jr";
+  const subjects = new Subjects(prefix);
+  const interval = o.intervalMs ?? 100;
+  const timeoutMs = o.timeoutMs ?? Math.max(500, interval * 5);
+  const staleAfterMs = o.staleAfterMs ?? 1_000;
+  const staleAfterFailures = o.staleAfterFailures ?? 3;
+  const nats = await connectNats(o.nats, "jetroute-metrics-scraper");
+  const pods = new PodSet();
+  const state = new Map<string, PodScrapeState>();
+  const stats = { scrapes: 0, failures: 0, published: 0 };
+
+  const follower = new StreamFollower({
+    nats, subjects, log, name: "metrics-scraper", family: "pods", types: ["pod"] as const,
+    stream: streamName(prefix, "PODS"), filter: subjects.all("pods"), startAt: { kind: "last-per-subject" },
+    onEvent: (ev, m) => {
+      pods.apply(ev, m.seq);
+      if (ev.action === "remove") state.delete(`${ev.model}\u0000${ev.pod}`);
+    },
+  });
+  await follower.start();
+
+  const scrape = async (pod: PodInfo, st: PodScrapeState) => {
+    st.inFlight = true;
+    stats.scrapes++;
+    try {
+      const sample = await scrapeOnce(pod, timeoutMs);
+      st.failures = 0;
+      st.lastOk = Date.now();
+      fire(nats.nc, subjects.load(pod.model, pod.pod), sample);
+      stats.published++;
+    } catch (err) {
+      stats.failures++;
+      st.failures++;
+      const now = Date.now();
+      if (st.failures >= staleAfterFailures || now - st.lastOk > staleAfterMs) {
+        const stale: LoadSample = { type: "load", model: pod.model, pod: pod.pod, ts: now, stale: true, error: (err as Error).message, load: null };
+        fire(nats.nc, subjects.load(pod.model, pod.pod), stale);
+        stats.published++;
+        if (st.failures === staleAfterFailures) log.warn({ pod: pod.pod, err: (err as Error).message }, "pod scrapes failing; published stale");
+      }
+    } finally {
+      st.inFlight = false;
+    }
+  };
+
+  const timer = setInterval(() => {
+    for (const pod of pods.all()) {
+      if (!pod.ready) continue;
+      const k = `${pod.model}\u0000${pod.pod}`;
+      let st = state.get(k);
+      if (!st) state.set(k, (st = { inFlight: false, failures: 0, lastOk: Date.now() }));
+      if (!st.inFlight) void scrape(pod, st);
+    }
+  }, interval);
+
+  return {
+    stats,
+    pods,
+    async close() {
+      clearInterval(timer);
+      await follower.stop();
+      await nats.nc.drain();
+    },
+  };
+}

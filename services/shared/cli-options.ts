@@ -1,0 +1,30 @@
+/** Flag parsers shared by every sub-command: they fail with a message naming the flag. */
+import { InvalidArgumentError } from "commander";
+
+export function intOption(min: number, max = Number.MAX_SAFE_INTEGER) {
+  return (value: string): number => {
+    const n = Number(value);
+    if (!Number.isInteger(n) || n < min || n > max) throw new InvalidArgumentError(`expected an integer in [${min}, ${max}], got ${JSON.stringify(value)}`);
+    return n;
+  };
+}
+
+export function floatOption(minExclusive: number) {
+  return (value: string): number => {
+    const n = Number(value);
+    if (!Number.isFinite(n) || n <= minExclusive) throw new InvalidArgumentError(`expected a number > ${minExclusive}, got ${JSON.stringify(value)}`);
+    return n;
+  };
+}
+
+export const natsUrlsOption = (value: string): string[] => value.split(",").map((s) => s.trim()).filter(Boolean);
+
+export const DEFAULT_NATS = process.env.NATS_URL ?? "nats://127.0.0.1:4222";
+
+/** Resolves on SIGINT/SIGTERM, after which the caller shuts down cleanly. */
+export function untilSignal(): Promise<NodeJS.Signals> {
+  return new Promise((resolve) => {
+    process.once("SIGINT", () => resolve("SIGINT"));
+    process.once("SIGTERM", () => resolve("SIGTERM"));
+  });
+}

@@ -1,0 +1,129 @@
+/**
+ * A stream follower folds one JetStream stream into a view: an ordered consumer (no server-side
+ * state to clean up, redelivers nothing, resumes at the right sequence after a reconnect), one
+ * subject filter (nats-server 2.9 allows only one), each payload validated against its schema.
+ *
+ * Invalid payloads are dead-lettered and counted; the follower keeps going. The handler is
+ * synchronous on purpose: a view applies an event without awaiting anything, so events are
+ * applied strictly in stream order.
+ */
+import { DeliverPolicy, type ConsumerMessages, type JsMsg, type OrderedConsumerOptions } from "@nats-io/jetstream";
+import type { EventOf, EventType } from "../../schemas/events.js";
+import { decodeEvent } from "../../schemas/validate.js";
+import type { Family, Subjects } from "../../streams/subjects.js";
+import { DeadLetterSink } from "./dead-letter.js";
+import type { Logger } from "./log.js";
+import type { NatsHandles } from "./nats.js";
+
+export type StartAt =
+  | { kind: "all" }
+  | { kind: "last-per-subject" }
+  | { kind: "time"; sinceMs: number }
+  | { kind: "sequence"; seq: number };
+
+export interface MessageMeta {
+  seq: number;
+  subject: string;
+  /** Server-assigned publish time (ms). */
+  serverTs: number;
+}
+
+export interface FollowerOptions<T extends EventType> {
+  nats: NatsHandles;
+  subjects: Subjects;
+  stream: string;
+  /** One subject filter (2.9 allows one); omitted = every subject of the stream. */
+  filter?: string;
+  family: Family;
+  types: readonly T[];
+  startAt: StartAt;
+  name: string;
+  log: Logger;
+  onEvent(event: EventOf<T>, meta: MessageMeta): void;
+}
+
+export class StreamFollower<T extends EventType> {
+  /** Stream sequence of the last message handled (applied or dead-lettered). */
+  lastSeq = 0;
+  applied = 0;
+  readonly deadLetters: DeadLetterSink;
+  private caughtUpFlag = false;
+  private readonly caughtUpWaiters: Array<() => void> = [];
+  private messages?: ConsumerMessages;
+  private stopped = false;
+
+  constructor(private readonly opts: FollowerOptions<T>) {
+    this.deadLetters = new DeadLetterSink(opts.nats.js, opts.subjects, opts.name, opts.log);
+  }
+
+  get caughtUp(): boolean {
+    return this.caughtUpFlag;
+  }
+
+  get invalid(): number {
+    return this.deadLetters.count;
+  }
+
+  /** Resolves once every message that existed when the follower started has been handled. */
+  whenCaughtUp(): Promise<void> {
+    if (this.caughtUpFlag) return Promise.resolve();
+    return new Promise((resolve) => this.caughtUpWaiters.push(resolve));
+  }
+
+  async start(): Promise<void> {
+    const o = this.opts;
+    const consumerOpts: Partial<OrderedConsumerOptions> = o.filter ? { filter_subjects: o.filter } : {};
+    switch (o.startAt.kind) {
+      case "all":
+        consumerOpts.deliver_policy = DeliverPolicy.All;
+        break;
+      case "last-per-subject":
+        consumerOpts.deliver_policy = DeliverPolicy.LastPerSubject;
+        break;
+      case "time":
+        consumerOpts.deliver_policy = DeliverPolicy.StartTime;
+        consumerOpts.opt_start_time = new Date(o.startAt.sinceMs).toISOString();
+        break;
+      case "sequence":
+        consumerOpts.deliver_policy = DeliverPolicy.StartSequence;
+        consumerOpts.opt_start_seq = Math.max(1, o.startAt.seq);
+        break;
+    }
+    const consumer = await o.nats.js.consumers.get(o.stream, consumerOpts);
+    const info = await consumer.info(true);
+    if (info.num_pending === 0) this.markCaughtUp();
+    this.messages = await consumer.consume({
+      max_messages: 2048,
+      callback: (m) => this.handle(m),
+    });
+  }
+
+  private handle(m: JsMsg): void {
+    const o = this.opts;
+    this.lastSeq = m.seq;
+    const decoded = decodeEvent(m.data, o.types);
+    if (decoded.ok) {
+      try {
+        o.onEvent(decoded.event, { seq: m.seq, subject: m.subject, serverTs: Math.floor(m.info.timestampNanos / 1_000_000) });
+        this.applied++;
+      } catch (err) {
+        // A view that throws on a schema-valid event is a bug, but the consumer must survive it.
+        this.deadLetters.send({ family: o.family, subject: m.subject, stream: o.stream, seq: m.seq, reason: `apply failed: ${(err as Error).message}`, data: m.data });
+      }
+    } else {
+      this.deadLetters.send({ family: o.family, subject: m.subject, stream: o.stream, seq: m.seq, reason: decoded.reason, data: m.data });
+    }
+    if (!this.caughtUpFlag && m.info.pending === 0) this.markCaughtUp();
+  }
+
+  private markCaughtUp(): void {
+    this.caughtUpFlag = true;
+    for (const w of this.caughtUpWaiters.splice(0)) w();
+  }
+
+  async stop(): Promise<void> {
+    if (this.stopped) return;
+    this.stopped = true;
+    await this.messages?.close();
+  }
+}

@@ -1,0 +1,79 @@
+import { describe, expect, it } from "vitest";
+import type { ChargeEvent, GatewayHeartbeat } from "../../schemas/events.js";
+import { ChargeLedger } from "./charge-ledger.js";
+
+const charge = (id: string, gateway: string, pod: string, ts: number, extra: Partial<ChargeEvent> = {}): ChargeEvent => ({
+  type: "charge", id, gateway, model: "m", pod, ts, ttlMs: 60_000, promptTokens: 10, ...extra,
+});
+const hb = (gateway: string, ts: number, state: "up" | "down" = "up"): GatewayHeartbeat => ({
+  type: "heartbeat", gateway, ts, intervalMs: 1000, startedAt: 0, state,
+});
+
+describe("charge ledger - counting", () => {
+  it("counts charges per pod and releases them once", () => {
+    const l = new ChargeLedger({ self: "a" });
+    l.charge(charge("r1", "a", "p1", 1000), 1000);
+    l.charge(charge("r2", "a", "p1", 1000), 1000);
+    l.charge(charge("r3", "a", "p2", 1000), 1000);
+    expect(l.outstanding("m", "p1")).toEqual({ requests: 2, promptTokens: 20 });
+    expect(l.release({ gateway: "a", id: "r1" })).toBe(true);
+    expect(l.release({ gateway: "a", id: "r1" })).toBe(false);
+    expect(l.outstanding("m", "p1").requests).toBe(1);
+    expect(l.outstanding("m", "unknown").requests).toBe(0);
+  });
+
+  it("skips its own echoes so a released charge is not resurrected", () => {
+    const l = new ChargeLedger({ self: "a" });
+    const c = charge("r1", "a", "p1", 1000);
+    l.charge(c, 1000);
+    l.release({ gateway: "a", id: "r1" });
+    l.applyFromStream(c, 1000, 1001);
+    expect(l.outstanding("m", "p1").requests).toBe(0);
+  });
+
+  it("applies another gateway's charge only while that gateway is alive", () => {
+    const l = new ChargeLedger({ self: "a", heartbeatTimeoutMs: 3000 });
+    l.applyFromStream(hb("b", 1000), 1000, 1000);
+    l.applyFromStream(charge("r1", "b", "p1", 1000), 1000, 1000);
+    expect(l.outstanding("m", "p1").requests).toBe(1);
+    // b's heartbeat lapses: its charge stops counting at the next sweep.
+    expect(l.sweep(3999)).toBe(0);
+    expect(l.sweep(4001)).toBe(1);
+    expect(l.outstanding("m", "p1").requests).toBe(0);
+    // A charge from a gateway already known to be dead is not counted.
+    l.applyFromStream(charge("r2", "b", "p1", 4002), 4002 - 5000, 4002);
+    expect(l.outstanding("m", "p1").requests).toBe(0);
+  });
+
+  it("drops a gateway's charges at once when it says down", () => {
+    const l = new ChargeLedger({ self: "a" });
+    l.applyFromStream(hb("b", 1000), 1000, 1000);
+    l.applyFromStream(charge("r1", "b", "p1", 1000), 1000, 1000);
+    l.applyFromStream(hb("b", 1100, "down"), 1100, 1100);
+    expect(l.outstanding("m", "p1").requests).toBe(0);
+  });
+
+  it("expires charges by TTL", () => {
+    const l = new ChargeLedger({ self: "a" });
+    l.charge(charge("r1", "a", "p1", 1000, { ttlMs: 500 }), 1000);
+    expect(l.sweep(1400)).toBe(0);
+    expect(l.sweep(1500)).toBe(1);
+    expect(l.size).toBe(0);
+  });
+
+  it("stays within its bound, evicting the oldest charge", () => {
+    const l = new ChargeLedger({ self: "a", maxCharges: 3 });
+    for (let i = 0; i < 5; i++) l.charge(charge(`r${i}`, "a", "p1", 1000), 1000);
+    expect(l.size).toBe(3);
+    expect(l.evicted).toBe(2);
+    expect(l.outstanding("m", "p1").requests).toBe(3);
+    expect(l.release({ gateway: "a", id: "r0" })).toBe(false);
+    expect(l.release({ gateway: "a", id: "r4" })).toBe(true);
+  });
+
+  it("ignores releases of charges it never saw", () => {
+    const l = new ChargeLedger({ self: "a" });
+    l.applyFromStream({ type: "release", id: "x", gateway: "b", model: "m", pod: "p1", ts: 1, outcome: "completed" }, 1, 1);
+    expect(l.outstanding("m", "p1").requests).toBe(0);
+  });
+});

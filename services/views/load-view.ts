@@ -1,0 +1,56 @@
+/**
+ * Load view: the newest load sample per pod, folded from LOAD events. Pure: no I/O.
+ * A sample is usable while fresh; strategies treat stale or missing samples by their documented fallback.
+ */
+import type { EngineLoadFields, LoadSample } from "../../schemas/events.js";
+
+export interface PodLoad {
+  readonly load: EngineLoadFields | null;
+  /** Scrape time reported by the scraper (ms). */
+  readonly ts: number;
+  readonly stale: boolean;
+}
+
+export interface LoadReader {
+  /** The pod's load if a fresh (non-stale, younger than the staleness bound) sample exists. */
+  fresh(model: string, pod: string, now: number): EngineLoadFields | undefined;
+  get(model: string, pod: string): PodLoad | undefined;
+}
+
+const key = (model: string, pod: string) => `${model}\u0000${pod}`;
+
+export class LoadView implements LoadReader {
+  private readonly samples = new Map<string, PodLoad>();
+  lastSeq = 0;
+
+  /** @param staleAfterMs a sample older than this no longer counts (peers use 2 s). */
+  constructor(readonly staleAfterMs = 2_000) {}
+
+  apply(s: LoadSample, seq = 0): void {
+    if (seq) this.lastSeq = seq;
+    const k = key(s.model, s.pod);
+    const prev = this.samples.get(k);
+    // Samples of one pod arrive in order on one subject; the guard only protects against clock-less replays.
+    if (prev && prev.ts > s.ts) return;
+    this.samples.set(k, { load: s.load, ts: s.ts, stale: s.stale });
+  }
+
+  /** Drops a pod's sample (pod removed). */
+  forget(model: string, pod: string): void {
+    this.samples.delete(key(model, pod));
+  }
+
+  get(model: string, pod: string): PodLoad | undefined {
+    return this.samples.get(key(model, pod));
+  }
+
+  fresh(model: string, pod: string, now: number): EngineLoadFields | undefined {
+    const s = this.samples.get(key(model, pod));
+    if (!s || s.stale || !s.load || now - s.ts > this.staleAfterMs) return undefined;
+    return s.load;
+  }
+
+  get size(): number {
+    return this.samples.size;
+  }
+}

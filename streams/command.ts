@@ -1,0 +1,23 @@
+import type { Command } from "commander";
+import { connectNats } from "../services/shared/nats.js";
+import { applyStreams } from "./apply.js";
+
+export function registerStreamsCommand(program: Command): void {
+  const streams = program.command("streams").description("manage jetroute's JetStream streams and buckets");
+  streams
+    .command("apply")
+    .description("create or update every stream and the config bucket (idempotent)")
+    .option("--nats <url>", "NATS server URL(s), comma separated", process.env.NATS_URL ?? "nats://127.0.0.1:4222")
+    .option("--prefix <prefix>", "subject prefix", "jr")
+    .option("--replicas <n>", "replicas per stream", (v) => Number.parseInt(v, 10), 1)
+    .action(async (o: { nats: string; prefix: string; replicas: number }) => {
+      const { nc, jsm } = await connectNats(o.nats.split(","), "jetroute-streams");
+      try {
+        for (const c of await applyStreams(nc, jsm, { prefix: o.prefix, replicas: o.replicas })) {
+          console.log(`${c.action.padEnd(9)} ${c.name}${c.diff.length ? `\n  ${c.diff.join("\n  ")}` : ""}`);
+        }
+      } finally {
+        await nc.close();
+      }
+    });
+}

@@ -1,0 +1,101 @@
+/**
+ * Stream and bucket definitions, as code. `applyStreams` makes the server match them.
+ *
+ * Everything here runs on nats-server 2.9.10: file storage (memory storage degrades linearly
+ * for last-by-subject lookups on 2.9), one subject filter per consumer, no per-message TTL.
+ * Expiry of charges is enforced by readers; `max_age` is only garbage collection.
+ */
+import { DiscardPolicy, RetentionPolicy, StorageType, type StreamConfig } from "@nats-io/jetstream";
+import { Subjects } from "./subjects.js";
+
+const SECOND_NS = 1_000_000_000;
+const MINUTE_NS = 60 * SECOND_NS;
+const HOUR_NS = 60 * MINUTE_NS;
+const MiB = 1024 * 1024;
+
+export type StreamKey = "PODS" | "LOAD" | "KV" | "CHARGES" | "DECISIONS" | "DLQ";
+
+export interface StreamDefinition {
+  key: StreamKey;
+  /** The fields jetroute owns; anything else on the server is left as the operator set it. */
+  config: Pick<
+    StreamConfig,
+    | "name"
+    | "subjects"
+    | "retention"
+    | "storage"
+    | "discard"
+    | "max_age"
+    | "max_bytes"
+    | "max_msgs_per_subject"
+    | "duplicate_window"
+    | "allow_direct"
+    | "num_replicas"
+  >;
+  purpose: string;
+}
+
+export interface StreamOptions {
+  prefix?: string;
+  /** Replicas per stream (3 on a 3-node cluster). */
+  replicas?: number;
+}
+
+export function streamName(prefix: string, key: StreamKey): string {
+  return `${prefix.toUpperCase().replace(/[^A-Z0-9_-]/g, "_")}_${key}`;
+}
+
+export function configBucketName(prefix: string): string {
+  return `${prefix.replace(/[^A-Za-z0-9_-]/g, "_")}-config`;
+}
+
+export function streamDefinitions(opts: StreamOptions = {}): StreamDefinition[] {
+  const s = new Subjects(opts.prefix);
+  const replicas = opts.replicas ?? 1;
+  const base = {
+    retention: RetentionPolicy.Limits,
+    storage: StorageType.File,
+    discard: DiscardPolicy.Old,
+    allow_direct: true,
+    num_replicas: replicas,
+    duplicate_window: 2 * MINUTE_NS,
+  };
+  const def = (key: StreamKey, purpose: string, cfg: Partial<StreamDefinition["config"]>): StreamDefinition => ({
+    key,
+    purpose,
+    config: { ...base, name: streamName(s.prefix, key), subjects: [], max_age: 0, max_bytes: -1, max_msgs_per_subject: -1, ...cfg },
+  });
+  return [
+    def("PODS", "pod readiness; last message per subject is the pod's state", {
+      subjects: [s.all("pods")],
+      max_msgs_per_subject: 5,
+      max_age: 30 * 24 * HOUR_NS,
+    }),
+    def("LOAD", "engine load samples; only the newest few per pod matter", {
+      subjects: [s.all("load")],
+      max_msgs_per_subject: 3,
+      max_age: 10 * MINUTE_NS,
+    }),
+    def("KV", "KV cache block events per pod; snapshots cover anything older", {
+      subjects: [s.all("kv")],
+      max_age: HOUR_NS,
+      max_bytes: 1024 * MiB,
+      duplicate_window: 10 * MINUTE_NS,
+    }),
+    def("CHARGES", "provisional charges, releases and gateway heartbeats", {
+      subjects: [s.all("charges"), s.all("hb")],
+      max_age: 30 * MINUTE_NS,
+      max_bytes: 512 * MiB,
+    }),
+    def("DECISIONS", "one record per request: the input of offline replay", {
+      subjects: [s.all("decisions")],
+      max_age: 72 * HOUR_NS,
+      max_bytes: 2048 * MiB,
+    }),
+    def("DLQ", "dead letters: messages a consumer could not validate", {
+      subjects: [s.all("dlq")],
+      max_age: 7 * 24 * HOUR_NS,
+      max_bytes: 256 * MiB,
+    }),
+  ];
+}

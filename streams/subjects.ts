@@ -1,0 +1,70 @@
+/**
+ * Subject builders and parsers. Every subject jetroute publishes or consumes is built here.
+ *
+ *   <prefix>.pods.<model>.<pod>        PODS       pod readiness (pod-watcher)
+ *   <prefix>.load.<model>.<pod>        LOAD       engine load samples (metrics-scraper)
+ *   <prefix>.kv.<model>.<pod>          KV         KV block events (kv-bridge; reserved)
+ *   <prefix>.charges.<model>.<pod>     CHARGES    provisional charges and releases (gateways)
+ *   <prefix>.hb.<gateway>              CHARGES    gateway heartbeats (same stream: one ordered fold)
+ *   <prefix>.decisions.<model>         DECISIONS  decision records (gateways)
+ *   <prefix>.dlq.<family>              DLQ        dead letters, by the family they were read from
+ */
+import { decodeToken, encodeToken } from "./tokens.js";
+
+export const DEFAULT_PREFIX = "jr";
+
+export const Family = {
+  pods: "pods",
+  load: "load",
+  kv: "kv",
+  charges: "charges",
+  hb: "hb",
+  decisions: "decisions",
+  dlq: "dlq",
+} as const;
+export type Family = (typeof Family)[keyof typeof Family];
+
+export class Subjects {
+  constructor(readonly prefix: string = DEFAULT_PREFIX) {
+    if (!/^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$/.test(prefix)) throw new Error(`invalid subject prefix ${JSON.stringify(prefix)}`);
+  }
+
+  pod(model: string, pod: string): string {
+    return `${this.prefix}.pods.${encodeToken(model)}.${encodeToken(pod)}`;
+  }
+  load(model: string, pod: string): string {
+    return `${this.prefix}.load.${encodeToken(model)}.${encodeToken(pod)}`;
+  }
+  kv(model: string, pod: string): string {
+    return `${this.prefix}.kv.${encodeToken(model)}.${encodeToken(pod)}`;
+  }
+  charges(model: string, pod: string): string {
+    return `${this.prefix}.charges.${encodeToken(model)}.${encodeToken(pod)}`;
+  }
+  heartbeat(gateway: string): string {
+    return `${this.prefix}.hb.${encodeToken(gateway)}`;
+  }
+  decisions(model: string): string {
+    return `${this.prefix}.decisions.${encodeToken(model)}`;
+  }
+  deadLetter(family: Family): string {
+    return `${this.prefix}.dlq.${family}`;
+  }
+  /** Wildcard over one family, e.g. `jr.charges.>`. */
+  all(family: Family): string {
+    return `${this.prefix}.${family}.>`;
+  }
+
+  /** Splits a subject into its family and decoded name tokens; undefined if it is not ours. */
+  parse(subject: string): { family: Family; names: string[] } | undefined {
+    if (!subject.startsWith(`${this.prefix}.`)) return undefined;
+    const rest = subject.slice(this.prefix.length + 1).split(".");
+    const family = rest[0] as Family;
+    if (!Object.values(Family).includes(family)) return undefined;
+    try {
+      return { family, names: rest.slice(1).map(decodeToken) };
+    } catch {
+      return undefined;
+    }
+  }
+}

@@ -1,0 +1,63 @@
+/**
+ * A per-test-file environment: a real nats-server with jetroute's streams applied, a connection,
+ * helpers to publish pods, and in-process gateways that are stopped with the environment.
+ */
+import { Subjects } from "../../streams/subjects.js";
+import { applyStreams } from "../../streams/apply.js";
+import { type GatewayHandle, type GatewayOptions, startGateway } from "../../services/gateway/gateway.js";
+import { createLogger } from "../../services/shared/log.js";
+import { connectNats, type NatsHandles } from "../../services/shared/nats.js";
+import { acked } from "../../services/shared/publish.js";
+import type { PodEvent } from "../../schemas/events.js";
+import { type NatsServerHandle, startNatsServer } from "./nats-server.js";
+
+export const quietLog = createLogger("test", process.env.JETROUTE_TEST_LOG ?? "silent");
+
+export interface TestEnv {
+  server: NatsServerHandle;
+  nats: NatsHandles;
+  subjects: Subjects;
+  publishPod(p: Partial<PodEvent> & { pod: string; address: string }): Promise<void>;
+  gateway(opts?: Partial<GatewayOptions>): Promise<GatewayHandle>;
+  stop(): Promise<void>;
+}
+
+export const MODEL = "org/Llama-3.1-8B";
+
+export async function startTestEnv(): Promise<TestEnv> {
+  const server = await startNatsServer();
+  const nats = await connectNats(server.url);
+  await applyStreams(nats.nc, nats.jsm);
+  const subjects = new Subjects();
+  const gateways: GatewayHandle[] = [];
+  return {
+    server,
+    nats,
+    subjects,
+    async publishPod(p) {
+      const ev: PodEvent = { type: "pod", action: "upsert", model: MODEL, ready: true, engine: "vllm", ts: Date.now(), ...p };
+      await acked(nats.js, subjects.pod(ev.model, ev.pod), ev);
+    },
+    async gateway(opts = {}) {
+      const gw = await startGateway({ nats: server.url, port: 0, host: "127.0.0.1", adminPort: -1, log: quietLog, heartbeatIntervalMs: 200, shutdownGraceMs: 300, ...opts });
+      gateways.push(gw);
+      await gw.whenReady();
+      return gw;
+    },
+    async stop() {
+      await Promise.all(gateways.map((g) => g.close()));
+      await nats.nc.close();
+      await server.stop();
+    },
+  };
+}
+
+/** Polls `fn` until it returns true or `timeoutMs` passes; returns the elapsed ms or throws. */
+export async function waitFor(fn: () => boolean, timeoutMs = 5_000, what = "condition"): Promise<number> {
+  const t0 = performance.now();
+  while (!fn()) {
+    if (performance.now() - t0 > timeoutMs) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 2));
+  }
+  return performance.now() - t0;
+}
