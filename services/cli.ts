@@ -3,7 +3,7 @@
  * Each service registers its own sub-command in its `command.ts`.
  */
 import { Command } from "commander";
-import { registerStreamsCommand } from "../streams/command.js";
+import { registerStreamsCommand } from "./admin/streams-command.js";
 import { registerDemoCommand } from "./demo/command.js";
 import { registerFrontCommand } from "./front/command.js";
 import { registerGatewayCommand } from "./gateway/command.js";

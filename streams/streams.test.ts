@@ -1,6 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { connectNats, type NatsHandles } from "../services/shared/nats.js";
-import { type NatsServerHandle, startNatsServer } from "../test/harness/nats-server.js";
+import { type NatsServerHandle, startNatsServer } from "../services/shared/nats-server.js";
 import { applyStreams } from "./apply.js";
 import { streamDefinitions, streamName } from "./definitions.js";
 import { Subjects } from "./subjects.js";

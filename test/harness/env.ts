@@ -9,7 +9,7 @@ import { createLogger } from "../../services/shared/log.js";
 import { connectNats, type NatsHandles } from "../../services/shared/nats.js";
 import { acked } from "../../services/shared/publish.js";
 import type { PodEvent } from "../../schemas/events.js";
-import { type NatsServerHandle, startNatsServer } from "./nats-server.js";
+import { type NatsServerHandle, startNatsServer } from "../../services/shared/nats-server.js";
 
 export const quietLog = createLogger("test", process.env.JETROUTE_TEST_LOG ?? "silent");
 

@@ -1,6 +1,6 @@
 import type { Command } from "commander";
-import { connectNats } from "../services/shared/nats.js";
-import { applyStreams } from "./apply.js";
+import { connectNats } from "../shared/nats.js";
+import { applyStreams } from "../../streams/apply.js";
 
 export function registerStreamsCommand(program: Command): void {
   const streams = program.command("streams").description("manage jetroute's JetStream streams and buckets");

@@ -1,5 +1,5 @@
 /**
- * Real nats-server processes for tests, benchmarks and the demo: JetStream on, free ports,
+ * Real nats-server processes for the demo, tests and benchmarks: JetStream on, free ports,
  * a temp store dir each, stopped (and the dir removed) by `stop()`.
  */
 import { type ChildProcess, execFileSync, spawn } from "node:child_process";
