@@ -1,0 +1,645 @@
+/**
+ * Static checks of the deployment manifests: the mistakes that `kubectl apply` accepts and that
+ * only show up as a broken route, a gateway that never turns Ready or a flag silently ignored.
+ * Every YAML document under deploy/ is parsed; the jetroute command lines are checked against the
+ * sub-commands and flags the CLI really registers (read from services/cli.ts and each command
+ * file), and the names that tie Gateway API objects, policies, Services and probes together are
+ * checked end to end.
+ */
+import { existsSync, readdirSync, readFileSync, statSync } from "node:fs";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+import { describe, expect, it } from "vitest";
+import { parseAllDocuments } from "yaml";
+import { parsePodList } from "../services/pod-watcher/static-pods.js";
+
+const DEPLOY = path.dirname(fileURLToPath(import.meta.url));
+const ROOT = path.resolve(DEPLOY, "..");
+const read = (p: string) => readFileSync(path.join(ROOT, p), "utf8");
+
+// ---------------------------------------------------------------- tiny typed accessors
+type Obj = Record<string, unknown>;
+const isObj = (v: unknown): v is Obj => typeof v === "object" && v !== null && !Array.isArray(v);
+function at(root: unknown, dotted: string): unknown {
+  let cur: unknown = root;
+  for (const key of dotted.split(".")) {
+    if (cur === null || typeof cur !== "object") return undefined;
+    cur = (cur as Obj)[key];
+  }
+  return cur;
+}
+function obj(v: unknown, what: string): Obj {
+  if (!isObj(v)) throw new Error(`${what}: expected a mapping, got ${JSON.stringify(v)}`);
+  return v;
+}
+function list(v: unknown, what: string): unknown[] {
+  if (!Array.isArray(v)) throw new Error(`${what}: expected a list, got ${JSON.stringify(v)}`);
+  return v;
+}
+function str(v: unknown, what: string): string {
+  if (typeof v !== "string") throw new Error(`${what}: expected a string, got ${JSON.stringify(v)}`);
+  return v;
+}
+const listOrEmpty = (v: unknown): unknown[] => (Array.isArray(v) ? v : []);
+
+/** Kubernetes quantities (4Mi, 10Gi, 512) in bytes. */
+function bytes(q: unknown): number {
+  const m = /^(\d+(?:\.\d+)?)(Ki|Mi|Gi|Ti|k|M|G|T)?$/.exec(String(q));
+  if (!m) throw new Error(`not a quantity: ${JSON.stringify(q)}`);
+  const mult: Record<string, number> = { "": 1, Ki: 2 ** 10, Mi: 2 ** 20, Gi: 2 ** 30, Ti: 2 ** 40, k: 1e3, M: 1e6, G: 1e9, T: 1e12 };
+  return Number(m[1]) * (mult[m[2] ?? ""] as number);
+}
+/** Gateway API durations (600s, 10m, 1h30m, 250ms) in seconds. */
+function seconds(d: unknown): number {
+  const s = String(d);
+  if (!/^(\d+(h|m|s|ms))+$/.test(s)) throw new Error(`not a Gateway API duration: ${JSON.stringify(d)}`);
+  let total = 0;
+  for (const [, n, unit] of s.matchAll(/(\d+)(ms|h|m|s)/g)) total += Number(n) * ({ h: 3600, m: 60, s: 1, ms: 0.001 }[unit as "h" | "m" | "s" | "ms"]);
+  return total;
+}
+
+// ---------------------------------------------------------------- every YAML document under deploy/
+function yamlFiles(dir: string): string[] {
+  return readdirSync(dir).flatMap((name) => {
+    const p = path.join(dir, name);
+    if (statSync(p).isDirectory()) return name === "node_modules" ? [] : yamlFiles(p);
+    return /\.ya?ml$/.test(name) ? [p] : [];
+  });
+}
+
+/** Helm values files are configuration for a chart, not Kubernetes objects. */
+const HELM_VALUES = new Set(["nats/values.yaml"]);
+const isKustomization = (rel: string) => path.basename(rel) === "kustomization.yaml";
+
+interface Doc {
+  file: string;
+  value: Obj;
+}
+const parseErrors: string[] = [];
+const allDocs: Doc[] = [];
+for (const abs of yamlFiles(DEPLOY)) {
+  const file = path.relative(DEPLOY, abs).split(path.sep).join("/");
+  for (const d of parseAllDocuments(readFileSync(abs, "utf8"))) {
+    for (const e of [...d.errors, ...d.warnings]) parseErrors.push(`${file}: ${e.message}`);
+    const v = d.toJS();
+    if (v === null || v === undefined) continue;
+    if (!isObj(v)) parseErrors.push(`${file}: a document is not a mapping`);
+    else allDocs.push({ file, value: v });
+  }
+}
+const k8s = allDocs.filter((d) => !HELM_VALUES.has(d.file) && !isKustomization(d.file));
+const kinds = (kind: string) => k8s.filter((d) => d.value.kind === kind).map((d) => d.value);
+const nsOf = (o: Obj) => (at(o, "metadata.namespace") as string | undefined) ?? "default";
+const nameOf = (o: Obj) => str(at(o, "metadata.name"), `${String(o.kind)} metadata.name`);
+function one(kind: string, name?: string, ns?: string): Obj {
+  const found = kinds(kind).filter((o) => (name === undefined || nameOf(o) === name) && (ns === undefined || nsOf(o) === ns));
+  if (found.length !== 1) throw new Error(`expected exactly one ${kind}${name ? ` ${ns ?? "*"}/${name}` : ""} under deploy/, found ${found.length}`);
+  return found[0] as Obj;
+}
+
+/** The apiVersion each kind must use (Envoy Gateway >= 1.5, Gateway API v1). */
+const API_VERSIONS: Record<string, string> = {
+  Namespace: "v1",
+  ConfigMap: "v1",
+  Service: "v1",
+  ServiceAccount: "v1",
+  Deployment: "apps/v1",
+  Job: "batch/v1",
+  PodDisruptionBudget: "policy/v1",
+  ClusterRole: "rbac.authorization.k8s.io/v1",
+  Role: "rbac.authorization.k8s.io/v1",
+  RoleBinding: "rbac.authorization.k8s.io/v1",
+  ClusterRoleBinding: "rbac.authorization.k8s.io/v1",
+  GatewayClass: "gateway.networking.k8s.io/v1",
+  Gateway: "gateway.networking.k8s.io/v1",
+  HTTPRoute: "gateway.networking.k8s.io/v1",
+  ReferenceGrant: "gateway.networking.k8s.io/v1beta1",
+  EnvoyProxy: "gateway.envoyproxy.io/v1alpha1",
+  EnvoyExtensionPolicy: "gateway.envoyproxy.io/v1alpha1",
+  BackendTrafficPolicy: "gateway.envoyproxy.io/v1alpha1",
+  ClientTrafficPolicy: "gateway.envoyproxy.io/v1alpha1",
+  EnvoyPatchPolicy: "gateway.envoyproxy.io/v1alpha1",
+};
+const CLUSTER_SCOPED = new Set(["Namespace", "ClusterRole", "ClusterRoleBinding", "GatewayClass"]);
+
+// ---------------------------------------------------------------- the CLI as the code defines it
+interface Flag {
+  takesValue: boolean;
+  required: boolean;
+}
+interface SubCommand {
+  file: string;
+  children: string[];
+  flags: Map<string, Flag>;
+}
+function cliCommands(): Map<string, SubCommand> {
+  const cli = read("services/cli.ts");
+  const commands = new Map<string, SubCommand>();
+  for (const [, fn, rel] of cli.matchAll(/import\s*\{\s*(register\w+)\s*\}\s*from\s*"\.\/([^"]+)\.js"/g)) {
+    if (!new RegExp(`\\b${fn}\\(program\\)`).test(cli)) continue; // imported but never registered
+    const file = `services/${rel}.ts`;
+    const text = read(file);
+    const names = [...text.matchAll(/\.command\(\s*"([^"\s]+)/g)].map((m) => m[1] as string);
+    const [top, ...children] = names;
+    if (!top) throw new Error(`${file}: no .command("...") found`);
+    const flags = new Map<string, Flag>();
+    for (const [, method, spec] of text.matchAll(/\.(option|requiredOption)\(\s*"([^"]+)"/g)) {
+      const long = /--[\w-]+/.exec(spec as string)?.[0];
+      if (long) flags.set(long, { takesValue: /<[^>]+>/.test(spec as string), required: method === "requiredOption" });
+    }
+    commands.set(top, { file, children, flags });
+  }
+  return commands;
+}
+const COMMANDS = cliCommands();
+
+interface Invocation {
+  where: string;
+  sub: string;
+  child?: string;
+  flags: Map<string, string | true>;
+  container: Obj;
+  pod: Obj;
+  workload: Obj;
+}
+const podSpecOf = (w: Obj): Obj | undefined => {
+  const spec = at(w, "spec.template.spec") ?? at(w, "spec.jobTemplate.spec.template.spec");
+  return isObj(spec) ? spec : undefined;
+};
+const isJetrouteImage = (image: unknown) => typeof image === "string" && /(^|\/)jetroute(:|@|$)/.test(image);
+function jetrouteContainers(): Array<{ where: string; container: Obj; pod: Obj; workload: Obj }> {
+  const out: Array<{ where: string; container: Obj; pod: Obj; workload: Obj }> = [];
+  for (const w of k8s.map((d) => d.value)) {
+    const pod = podSpecOf(w);
+    if (!pod) continue;
+    for (const c of [...listOrEmpty(pod.initContainers), ...listOrEmpty(pod.containers)]) {
+      const container = obj(c, "container");
+      if (isJetrouteImage(container.image)) out.push({ where: `${String(w.kind)} ${nsOf(w)}/${nameOf(w)} container ${String(container.name)}`, container, pod, workload: w });
+    }
+  }
+  return out;
+}
+/** Parses a container's args the way commander would, failing on anything it would reject or ignore. */
+function invocation(c: { where: string; container: Obj; pod: Obj; workload: Obj }): Invocation {
+  const args = list(c.container.args, `${c.where} args`).map((a) => String(a));
+  const sub = args[0] ?? "";
+  const cmd = COMMANDS.get(sub);
+  if (!cmd) throw new Error(`${c.where}: "${sub}" is not a jetroute sub-command (known: ${[...COMMANDS.keys()].join(", ")})`);
+  let i = 1;
+  let child: string | undefined;
+  if (cmd.children.length > 0) {
+    child = args[1];
+    if (!child || !cmd.children.includes(child)) throw new Error(`${c.where}: "${sub} ${child ?? ""}" is not a sub-command (known: ${cmd.children.join(", ")})`);
+    i = 2;
+  }
+  const flags = new Map<string, string | true>();
+  for (; i < args.length; i++) {
+    const arg = args[i] as string;
+    if (!arg.startsWith("--")) throw new Error(`${c.where}: unexpected positional argument ${JSON.stringify(arg)}`);
+    const eq = arg.indexOf("=");
+    const name = eq < 0 ? arg : arg.slice(0, eq);
+    const flag = cmd.flags.get(name);
+    if (!flag) throw new Error(`${c.where}: ${name} is not a flag of \`jetroute ${sub}\` (${cmd.file})`);
+    let value: string | true = true;
+    if (eq >= 0) value = arg.slice(eq + 1);
+    else if (flag.takesValue) {
+      const next = args[i + 1];
+      if (next === undefined || next.startsWith("--")) throw new Error(`${c.where}: ${name} needs a value`);
+      value = next;
+      i++;
+    }
+    if (flag.takesValue && (value === true || value === "")) throw new Error(`${c.where}: ${name} needs a value`);
+    if (!flag.takesValue && value !== true) throw new Error(`${c.where}: ${name} takes no value`);
+    if (flags.has(name)) throw new Error(`${c.where}: ${name} given twice`);
+    flags.set(name, value);
+  }
+  for (const [name, f] of cmd.flags) if (f.required && !flags.has(name)) throw new Error(`${c.where}: required flag ${name} is missing`);
+  return { where: c.where, sub, child, flags, container: c.container, pod: c.pod, workload: c.workload };
+}
+function invocationOf(sub: string): Invocation {
+  const found = jetrouteContainers()
+    .map(invocation)
+    .filter((inv) => inv.sub === sub);
+  if (found.length !== 1) throw new Error(`expected exactly one container running \`jetroute ${sub}\`, found ${found.length}`);
+  return found[0] as Invocation;
+}
+function intFlag(inv: Invocation, name: string): number {
+  const v = inv.flags.get(name);
+  if (typeof v !== "string" || !/^-?\d+$/.test(v)) throw new Error(`${inv.where}: ${name} must be given explicitly as an integer, got ${JSON.stringify(v)}`);
+  return Number(v);
+}
+const selects = (selector: unknown, labels: unknown) =>
+  isObj(selector) && Object.keys(selector).length > 0 && isObj(labels) && Object.entries(selector).every(([k, v]) => labels[k] === v);
+
+// ---------------------------------------------------------------- the source-of-truth strings
+const wire = read("services/extproc/wire.ts");
+const headerName = (key: string) => {
+  const m = new RegExp(`\\b${key}:\\s*"([^"]+)"`).exec(wire);
+  if (!m) throw new Error(`services/extproc/wire.ts: Headers.${key} not found`);
+  return m[1] as string;
+};
+const DESTINATION_HEADER = headerName("destinationEndpoint");
+const TARGET_POD_HEADER = headerName("targetPod");
+
+// ============================================================================== tests
+describe("deploy/ YAML", () => {
+  it("parses without errors or warnings", () => {
+    expect(parseErrors).toEqual([]);
+    expect(k8s.length).toBeGreaterThanOrEqual(20);
+  });
+
+  it("every Kubernetes document has apiVersion, kind and metadata.name, with the apiVersion its kind needs", () => {
+    const problems: string[] = [];
+    for (const { file, value } of k8s) {
+      const id = `${file}: ${String(value.kind)} ${String(at(value, "metadata.name"))}`;
+      if (typeof value.apiVersion !== "string" || !value.apiVersion) problems.push(`${id}: no apiVersion`);
+      if (typeof value.kind !== "string" || !value.kind) problems.push(`${id}: no kind`);
+      if (typeof at(value, "metadata.name") !== "string" || !at(value, "metadata.name")) problems.push(`${id}: no metadata.name`);
+      const want = API_VERSIONS[String(value.kind)];
+      if (!want) problems.push(`${id}: kind not known to this test; add its apiVersion to API_VERSIONS`);
+      else if (value.apiVersion !== want) problems.push(`${id}: apiVersion ${String(value.apiVersion)}, expected ${want}`);
+      const hasNs = typeof at(value, "metadata.namespace") === "string";
+      if (CLUSTER_SCOPED.has(String(value.kind)) === hasNs) problems.push(`${id}: ${hasNs ? "cluster-scoped kind with a namespace" : "namespaced kind without an explicit metadata.namespace"}`);
+    }
+    expect(problems).toEqual([]);
+  });
+
+  it("no two documents define the same object", () => {
+    const seen = new Map<string, string>();
+    const dupes: string[] = [];
+    for (const { file, value } of k8s) {
+      const key = `${String(value.apiVersion)}/${String(value.kind)}/${String(at(value, "metadata.namespace") ?? "")}/${String(at(value, "metadata.name"))}`;
+      if (seen.has(key)) dupes.push(`${key} in ${seen.get(key)} and ${file}`);
+      seen.set(key, file);
+    }
+    expect(dupes).toEqual([]);
+  });
+
+  it("each kustomization lists every manifest of its directory, and only existing ones", () => {
+    const kustomizations = allDocs.filter((d) => isKustomization(d.file));
+    expect(kustomizations.map((d) => d.file).sort()).toEqual(["envoy-gateway/kustomization.yaml", "kubernetes/kustomization.yaml"]);
+    for (const { file, value } of kustomizations) {
+      const dir = path.dirname(path.join(DEPLOY, file));
+      const resources = list(value.resources, `${file} resources`).map((r) => str(r, `${file} resource`));
+      for (const r of resources) expect(existsSync(path.join(dir, r)), `${file}: resource ${r} does not exist`).toBe(true);
+      const siblings = readdirSync(dir).filter((n) => /\.ya?ml$/.test(n) && n !== "kustomization.yaml");
+      expect([...resources].sort(), `${file} must list every manifest next to it`).toEqual(siblings.sort());
+      // The image override must name the image the manifests use, or it silently does nothing.
+      for (const img of listOrEmpty(value.images)) {
+        const name = str(at(img, "name"), `${file} images[].name`);
+        const used = resources.some((r) => new RegExp(`image:\\s*${name}(:|@|\\s|$)`, "m").test(readFileSync(path.join(dir, r), "utf8")));
+        expect(used, `${file}: images entry ${name} matches no container image`).toBe(true);
+      }
+    }
+  });
+});
+
+describe("jetroute command lines", () => {
+  it("the CLI parser finds the sub-commands these manifests run", () => {
+    for (const sub of ["gateway", "pod-watcher", "metrics-scraper", "streams"]) expect(COMMANDS.has(sub), `services/cli.ts registers ${sub}`).toBe(true);
+    expect(COMMANDS.get("streams")?.children).toContain("apply");
+    expect(COMMANDS.get("gateway")?.flags.get("--port")?.takesValue).toBe(true);
+  });
+
+  it("every jetroute container runs an existing sub-command with flags that sub-command defines", () => {
+    const containers = jetrouteContainers();
+    expect(containers.length).toBeGreaterThanOrEqual(4);
+    for (const c of containers) {
+      // The image ENTRYPOINT is `node bin/jetroute.js`; overriding `command` would bypass it.
+      expect(c.container.command, `${c.where}: must not override the image entrypoint`).toBeUndefined();
+      invocation(c); // throws with the reason
+    }
+    const run = jetrouteContainers().map(invocation).map((inv) => (inv.child ? `${inv.sub} ${inv.child}` : inv.sub));
+    expect(run.sort()).toEqual(["gateway", "metrics-scraper", "pod-watcher", "streams apply"]);
+  });
+
+  it("every $(VAR) in args is defined for its container (Kubernetes leaves undefined ones verbatim)", () => {
+    for (const c of jetrouteContainers()) {
+      const defined = new Set<string>(listOrEmpty(c.container.env).map((e) => String(at(e, "name"))));
+      for (const src of listOrEmpty(c.container.envFrom)) {
+        const cmName = at(src, "configMapRef.name");
+        if (typeof cmName !== "string") continue;
+        const cm = one("ConfigMap", cmName, nsOf(c.workload));
+        for (const k of Object.keys(obj(cm.data, `ConfigMap ${cmName} data`))) defined.add(k);
+      }
+      for (const arg of listOrEmpty(c.container.args)) {
+        for (const [, v] of String(arg).matchAll(/(?<!\$)\$\(([A-Za-z_][A-Za-z0-9_]*)\)/g)) expect(defined.has(v as string), `${c.where}: $(${v}) is not defined`).toBe(true);
+      }
+    }
+  });
+
+  it("the default routing strategy is one the gateway registers", () => {
+    const strategy = invocationOf("gateway").flags.get("--strategy");
+    expect(typeof strategy).toBe("string");
+    const dir = path.join(ROOT, "services/gateway/strategies");
+    const names = readdirSync(dir)
+      .filter((f) => f.endsWith(".ts") && !f.endsWith(".test.ts"))
+      .flatMap((f) => [...readFileSync(path.join(dir, f), "utf8").matchAll(/^\s*name:\s*"([^"]+)"/gm)].map((m) => m[1]));
+    expect(names).toContain(strategy);
+  });
+
+  it("pods run as the image's non-root user", () => {
+    const user = /^USER\s+(\d+)(?::(\d+))?\s*$/m.exec(read("deploy/Dockerfile"));
+    expect(user, "deploy/Dockerfile needs a numeric USER").not.toBeNull();
+    const uid = Number(user?.[1]);
+    expect(uid).toBeGreaterThan(0);
+    for (const c of jetrouteContainers()) {
+      expect(at(c.pod, "securityContext.runAsNonRoot"), c.where).toBe(true);
+      expect(at(c.pod, "securityContext.runAsUser"), c.where).toBe(uid);
+    }
+  });
+});
+
+describe("gateway Deployment and Service", () => {
+  const gw = () => invocationOf("gateway");
+  const gwService = () => {
+    const inv = gw();
+    const labels = at(inv.workload, "spec.template.metadata.labels");
+    const svcs = kinds("Service").filter((s) => nsOf(s) === nsOf(inv.workload) && selects(at(s, "spec.selector"), labels));
+    if (svcs.length !== 1) throw new Error(`expected one Service selecting the gateway pods, found ${svcs.length}`);
+    return svcs[0] as Obj;
+  };
+  const grpcPort = (svc: Obj) => obj(listOrEmpty(at(svc, "spec.ports")).find((p) => at(p, "name") === "grpc"), "Service port named grpc");
+
+  it("runs at least two replicas, spread, rolled without losing capacity, with a PodDisruptionBudget", () => {
+    const w = gw().workload;
+    expect(Number(at(w, "spec.replicas"))).toBeGreaterThanOrEqual(2);
+    expect(at(w, "spec.strategy.rollingUpdate.maxUnavailable")).toBe(0);
+    expect(at(w, "spec.template.spec.affinity.podAntiAffinity")).toBeDefined();
+    const labels = at(w, "spec.template.metadata.labels");
+    const pdbs = kinds("PodDisruptionBudget").filter((p) => nsOf(p) === nsOf(w) && selects(at(p, "spec.selector.matchLabels"), labels));
+    expect(pdbs.length).toBe(1);
+  });
+
+  it("--port, the container port, the Service port and the EnvoyExtensionPolicy backendRef agree", () => {
+    const inv = gw();
+    const port = intFlag(inv, "--port");
+    const cports = listOrEmpty(inv.container.ports);
+    expect(at(cports.find((p) => at(p, "name") === "grpc"), "containerPort")).toBe(port);
+    expect(at(cports.find((p) => at(p, "name") === "admin"), "containerPort")).toBe(intFlag(inv, "--admin-port"));
+
+    const svc = gwService();
+    const sp = grpcPort(svc);
+    expect(sp.port).toBe(port);
+    expect([port, "grpc"]).toContain(sp.targetPort);
+    expect(sp.appProtocol).toBe("kubernetes.io/h2c");
+
+    const eeps = kinds("EnvoyExtensionPolicy");
+    expect(eeps.length).toBe(1);
+    const eep = eeps[0] as Obj;
+    const refs = list(at(eep, "spec.extProc.0.backendRefs"), "extProc[0].backendRefs");
+    expect(refs.length).toBe(1);
+    const ref = obj(refs[0], "backendRef");
+    expect(ref.name).toBe(nameOf(svc));
+    expect((ref.namespace as string | undefined) ?? nsOf(eep)).toBe(nsOf(svc));
+    expect(ref.port).toBe(port);
+  });
+
+  it("probes use Kubernetes gRPC probes on the health service names the gateway registers", () => {
+    const source = read("services/gateway/gateway.ts");
+    const registered = /new HealthImplementation\(\{([^}]*)\}\)/.exec(source)?.[1] ?? "";
+    expect(registered).toMatch(/\bliveness:\s*"SERVING"/);
+    expect(registered).toMatch(/\breadiness:\s*"NOT_SERVING"/); // turns SERVING once caught up
+
+    const inv = gw();
+    const port = intFlag(inv, "--port");
+    expect(at(inv.container, "readinessProbe.grpc")).toEqual({ port, service: "readiness" });
+    expect(at(inv.container, "livenessProbe.grpc")).toEqual({ port, service: "liveness" });
+    // Envoy's own active health check of the ext_proc cluster asks the same readiness service.
+    const hc = at(kinds("EnvoyExtensionPolicy")[0], "spec.extProc.0.backendSettings.healthCheck.active");
+    if (hc !== undefined) {
+      expect(at(hc, "type")).toBe("GRPC");
+      expect(at(hc, "grpc.service")).toBe("readiness");
+    }
+  });
+
+  it("shutdown grace covers the route timeout, and the pod's grace period covers both", () => {
+    const inv = gw();
+    const graceS = intFlag(inv, "--shutdown-grace-ms") / 1000;
+    const route = one("HTTPRoute");
+    const timeout = seconds(at(route, "spec.rules.0.timeouts.request"));
+    expect(graceS, "--shutdown-grace-ms must let the longest request finish").toBeGreaterThanOrEqual(timeout);
+    const preStop = list(at(inv.container, "lifecycle.preStop.exec.command"), "preStop command");
+    const sleepS = preStop[0] === "sleep" ? Number(preStop[1]) : 0;
+    expect(Number(at(inv.pod, "terminationGracePeriodSeconds"))).toBeGreaterThan(sleepS + graceS);
+    const idle = at(one("ClientTrafficPolicy"), "spec.timeout.http.streamIdleTimeout");
+    expect(seconds(idle), "stream idle timeout must not cut a silent non-streaming completion").toBeGreaterThanOrEqual(timeout);
+  });
+});
+
+describe("Envoy Gateway wiring", () => {
+  const route = () => one("HTTPRoute");
+  const gatewayOfRoute = () => {
+    const r = route();
+    const parents = list(at(r, "spec.parentRefs"), "HTTPRoute parentRefs");
+    expect(parents.length).toBe(1);
+    const p = obj(parents[0], "parentRef");
+    const gw = one("Gateway", str(p.name, "parentRef name"), (p.namespace as string | undefined) ?? nsOf(r));
+    const listeners = list(at(gw, "spec.listeners"), "Gateway listeners");
+    const listener = obj(
+      listeners.find((l) => at(l, "name") === p.sectionName),
+      `listener ${String(p.sectionName)}`,
+    );
+    return { gw, listener };
+  };
+  const targets = (policy: Obj) => list(at(policy, "spec.targetRefs"), `${String(policy.kind)} targetRefs`).map((t) => obj(t, "targetRef"));
+
+  it("GatewayClass -> Gateway -> HTTPRoute -> backend Service resolve, cross-namespace refs are granted", () => {
+    const { gw, listener } = gatewayOfRoute();
+    const gc = one("GatewayClass", str(at(gw, "spec.gatewayClassName"), "gatewayClassName"));
+    expect(at(gc, "spec.controllerName")).toBe("gateway.envoyproxy.io/gatewayclass-controller");
+    const params = at(gc, "spec.parametersRef");
+    if (params !== undefined) one(str(at(params, "kind"), "parametersRef kind"), str(at(params, "name"), "parametersRef name"), str(at(params, "namespace"), "parametersRef namespace"));
+    if (at(listener, "allowedRoutes.namespaces.from") === "Same") expect(nsOf(route())).toBe(nsOf(gw));
+
+    const r = route();
+    const rules = list(at(r, "spec.rules"), "HTTPRoute rules");
+    for (const rule of rules) {
+      for (const b of list(at(rule, "backendRefs"), "backendRefs")) {
+        const ref = obj(b, "backendRef");
+        const ns = (ref.namespace as string | undefined) ?? nsOf(r);
+        const svc = one("Service", str(ref.name, "backendRef name"), ns);
+        expect(
+          listOrEmpty(at(svc, "spec.ports")).some((p) => at(p, "port") === ref.port),
+          `Service ${ns}/${nameOf(svc)} has no port ${String(ref.port)}`,
+        ).toBe(true);
+        if (ns !== nsOf(r)) {
+          const granted = kinds("ReferenceGrant").some(
+            (g) =>
+              nsOf(g) === ns &&
+              listOrEmpty(at(g, "spec.from")).some((f) => at(f, "group") === "gateway.networking.k8s.io" && at(f, "kind") === "HTTPRoute" && at(f, "namespace") === nsOf(r)) &&
+              listOrEmpty(at(g, "spec.to")).some((t) => at(t, "group") === "" && at(t, "kind") === "Service" && [undefined, nameOf(svc)].includes(at(t, "name") as string | undefined)),
+          );
+          expect(granted, `no ReferenceGrant in ${ns} lets HTTPRoute ${nsOf(r)}/${nameOf(r)} use Service ${nameOf(svc)}`).toBe(true);
+        }
+      }
+    }
+  });
+
+  it("the EnvoyExtensionPolicy and the BackendTrafficPolicy target that HTTPRoute; the ClientTrafficPolicy its Gateway", () => {
+    const r = route();
+    for (const kind of ["EnvoyExtensionPolicy", "BackendTrafficPolicy"]) {
+      const p = one(kind);
+      expect(nsOf(p), `${kind} must live in the HTTPRoute's namespace`).toBe(nsOf(r));
+      expect(targets(p).map((t) => [t.group, t.kind, t.name])).toEqual([["gateway.networking.k8s.io", "HTTPRoute", nameOf(r)]]);
+    }
+    const { gw } = gatewayOfRoute();
+    const ctp = one("ClientTrafficPolicy");
+    expect(nsOf(ctp)).toBe(nsOf(gw));
+    expect(targets(ctp).map((t) => [t.group, t.kind, t.name])).toEqual([["gateway.networking.k8s.io", "Gateway", nameOf(gw)]]);
+  });
+
+  it("ext_proc: request body Buffered, response body Streamed, generous message timeout, fail closed", () => {
+    const ext = obj(at(one("EnvoyExtensionPolicy"), "spec.extProc.0"), "extProc[0]");
+    expect(at(ext, "processingMode.request.body")).toBe("Buffered");
+    expect(at(ext, "processingMode.response.body")).toBe("Streamed");
+    expect(seconds(ext.messageTimeout)).toBeGreaterThanOrEqual(30);
+    expect(ext.failOpen).toBe(false);
+  });
+
+  it("endpointOverride reads the header the gateway sets", () => {
+    const lb = obj(at(one("BackendTrafficPolicy"), "spec.loadBalancer"), "loadBalancer");
+    expect(typeof lb.type).toBe("string"); // required by the CRD
+    expect(at(lb, "endpointOverride.extractFrom")).toEqual([{ header: DESTINATION_HEADER }]);
+    expect(at(one("BackendTrafficPolicy"), "spec.retry"), "a retried completion runs twice").toBeUndefined();
+  });
+
+  it("the client buffer limit fits the gateway's body limit, and clients cannot pre-set endpoint headers", () => {
+    const ctp = one("ClientTrafficPolicy");
+    const source = read("services/gateway/extproc-server.ts");
+    const m = /maxBodyBytes\s*\?\?\s*([\d\s*]+);/.exec(source);
+    expect(m, "extproc-server.ts default maxBodyBytes").not.toBeNull();
+    const gatewayLimit = (m?.[1] ?? "0").split("*").reduce((a, b) => a * Number(b.trim()), 1);
+    expect(bytes(at(ctp, "spec.connection.bufferLimit"))).toBeGreaterThanOrEqual(gatewayLimit);
+    const removed = list(at(ctp, "spec.headers.earlyRequestHeaders.remove"), "earlyRequestHeaders.remove");
+    expect(removed).toEqual(expect.arrayContaining([DESTINATION_HEADER, TARGET_POD_HEADER]));
+  });
+
+  it("aibrix-compat: the ORIGINAL_DST patch targets that Gateway, listener and route, on the target-pod header", () => {
+    const epp = one("EnvoyPatchPolicy");
+    const { gw, listener } = gatewayOfRoute();
+    const r = route();
+    expect(nsOf(epp)).toBe(nsOf(gw));
+    expect([at(epp, "spec.targetRef.group"), at(epp, "spec.targetRef.kind"), at(epp, "spec.targetRef.name")]).toEqual(["gateway.networking.k8s.io", "Gateway", nameOf(gw)]);
+    const patches = list(at(epp, "spec.jsonPatches"), "jsonPatches").map((p) => obj(p, "jsonPatch"));
+    const cluster = obj(
+      patches.find((p) => p.type === "type.googleapis.com/envoy.config.cluster.v3.Cluster"),
+      "Cluster patch",
+    );
+    const value = obj(at(cluster, "operation.value"), "cluster value");
+    expect(value.name).toBe(cluster.name);
+    expect(value.type).toBe("ORIGINAL_DST");
+    expect(value.lb_policy).toBe("CLUSTER_PROVIDED");
+    expect(at(value, "original_dst_lb_config")).toEqual({ use_http_header: true, http_header_name: TARGET_POD_HEADER });
+
+    const routeCfg = obj(
+      patches.find((p) => p.type === "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"),
+      "RouteConfiguration patch",
+    );
+    // Envoy Gateway 1.5 default xDS names: <gateway namespace>/<gateway name>/<listener name>.
+    expect(routeCfg.name).toBe(`${nsOf(gw)}/${nameOf(gw)}/${String(listener.name)}`);
+    expect(at(routeCfg, "operation.value")).toBe(cluster.name);
+    // The generated route is found by its cluster name: only valid while rule 0 has one backend.
+    expect(String(at(routeCfg, "operation.jsonPath"))).toContain(`'httproute/${nsOf(r)}/${nameOf(r)}/rule/0'`);
+    expect(list(at(r, "spec.rules.0.backendRefs"), "rule 0 backendRefs").length).toBe(1);
+  });
+});
+
+describe("pod-watcher, metrics-scraper, streams, NATS", () => {
+  it("the pod list ConfigMap is mounted where --static points, without subPath, and is a valid pod list", () => {
+    const inv = invocationOf("pod-watcher");
+    const file = String(inv.flags.get("--static"));
+    const mount = obj(
+      listOrEmpty(inv.container.volumeMounts).find((m) => file.startsWith(`${String(at(m, "mountPath")).replace(/\/$/, "")}/`)),
+      `volumeMount containing ${file}`,
+    );
+    expect(mount.subPath, "ConfigMap updates never reach subPath mounts").toBeUndefined();
+    const volume = obj(
+      listOrEmpty(inv.pod.volumes).find((v) => at(v, "name") === mount.name),
+      `volume ${String(mount.name)}`,
+    );
+    const cm = one("ConfigMap", str(at(volume, "configMap.name"), "configMap volume"), nsOf(inv.workload));
+    const key = path.posix.relative(String(mount.mountPath), file);
+    const text = str(obj(cm.data, `ConfigMap ${nameOf(cm)} data`)[key], `ConfigMap ${nameOf(cm)} key ${key}`);
+    const pods = parsePodList(text, `ConfigMap ${nameOf(cm)}/${key}`); // the pod-watcher's own validation
+    expect(pods.length).toBeGreaterThan(0);
+    expect(Number(at(inv.workload, "spec.replicas"))).toBe(1);
+  });
+
+  it("the pod-watcher's ServiceAccount can read pods (ready for the informer mode)", () => {
+    const inv = invocationOf("pod-watcher");
+    const sa = str(at(inv.pod, "serviceAccountName"), "pod-watcher serviceAccountName");
+    one("ServiceAccount", sa, nsOf(inv.workload));
+    const bindings = [...kinds("RoleBinding"), ...kinds("ClusterRoleBinding")].filter((b) =>
+      listOrEmpty(at(b, "subjects")).some((s) => at(s, "kind") === "ServiceAccount" && at(s, "name") === sa && at(s, "namespace") === nsOf(inv.workload)),
+    );
+    expect(bindings.length).toBeGreaterThan(0);
+    for (const b of bindings) {
+      const role = one(str(at(b, "roleRef.kind"), "roleRef kind"), str(at(b, "roleRef.name"), "roleRef name"), at(b, "roleRef.kind") === "Role" ? nsOf(b) : undefined);
+      const verbs = listOrEmpty(role.rules)
+        .filter((r) => listOrEmpty(at(r, "apiGroups")).includes("") && listOrEmpty(at(r, "resources")).includes("pods"))
+        .flatMap((r) => listOrEmpty(at(r, "verbs")));
+      expect(verbs).toEqual(expect.arrayContaining(["get", "list", "watch"]));
+    }
+  });
+
+  it("metrics-scraper runs as a single replica", () => {
+    const inv = invocationOf("metrics-scraper");
+    expect(Number(at(inv.workload, "spec.replicas"))).toBe(1);
+    expect(intFlag(inv, "--interval-ms")).toBeGreaterThan(0);
+  });
+
+  it("NATS: 3-node JetStream cluster on file storage, and streams replicated within it", () => {
+    const values = obj(allDocs.find((d) => d.file === "nats/values.yaml")?.value, "deploy/nats/values.yaml");
+    expect(at(values, "config.cluster.enabled")).toBe(true);
+    const servers = Number(at(values, "config.cluster.replicas"));
+    expect(servers).toBeGreaterThanOrEqual(3);
+    expect(at(values, "config.jetstream.enabled")).toBe(true);
+    expect(at(values, "config.jetstream.fileStore.enabled")).toBe(true);
+    expect(at(values, "config.jetstream.memoryStore.enabled")).toBe(false);
+    expect(bytes(at(values, "config.jetstream.fileStore.maxSize"))).toBeLessThan(bytes(at(values, "config.jetstream.fileStore.pvc.size")));
+
+    const apply = invocationOf("streams");
+    expect(apply.child).toBe("apply");
+    const replicas = intFlag(apply, "--replicas");
+    expect(replicas).toBe(3);
+    expect(replicas).toBeLessThanOrEqual(servers);
+    expect(String(at(apply.workload, "kind"))).toBe("Job");
+
+    // Every process talks to the Helm release `nats` in the control-plane namespace.
+    const cm = one("ConfigMap", "jetroute-config");
+    const url = new URL(str(at(cm, "data.NATS_URL"), "NATS_URL").split(",")[0] as string);
+    expect(url.protocol).toBe("nats:");
+    expect(url.hostname.startsWith(`nats.${nsOf(cm)}.svc`)).toBe(true);
+    expect(url.port).toBe("4222");
+  });
+});
+
+describe("container image", () => {
+  const dockerfile = read("deploy/Dockerfile");
+
+  it("ENTRYPOINT runs bin/jetroute.js, which exists and is the package's bin", () => {
+    const m = /^ENTRYPOINT\s+(\[.*\])\s*$/m.exec(dockerfile);
+    expect(m, "exec-form ENTRYPOINT").not.toBeNull();
+    const entry = JSON.parse(m?.[1] ?? "[]") as string[];
+    expect(entry[0]).toBe("node");
+    const script = entry[1] ?? "";
+    expect(existsSync(path.join(ROOT, script)), `${script} must exist in the repository`).toBe(true);
+    const pkg = JSON.parse(read("package.json")) as { bin?: Record<string, string> };
+    expect(pkg.bin?.jetroute).toBe(script);
+  });
+
+  it("is a multi-stage node:20-slim build: npm ci, npm run build, npm prune --omit=dev; the runtime stage gets bin, dist, node_modules", () => {
+    const stages = dockerfile.split(/^FROM\s+/m).slice(1);
+    expect(stages.length).toBeGreaterThanOrEqual(2);
+    for (const s of stages) expect(s.startsWith("node:20-slim")).toBe(true);
+    expect(dockerfile).toMatch(/^RUN npm ci\b/m);
+    expect(dockerfile).toMatch(/npm run build\b/);
+    expect(dockerfile).toMatch(/npm prune --omit=dev\b/);
+    const runtime = stages[stages.length - 1] ?? "";
+    for (const dir of ["bin", "dist", "node_modules"]) expect(runtime).toMatch(new RegExp(`^COPY --from=\\w+ /app/${dir} \\./${dir}$`, "m"));
+    expect(runtime).toMatch(/^USER\s+\d+/m);
+    // The compiled CLI bin/jetroute.js loads.
+    expect(read("bin/jetroute.js")).toContain("../dist/services/cli.js");
+  });
+});
