@@ -1,0 +1,74 @@
+import { spawn } from "node:child_process";
+import { createInterface } from "node:readline";
+import { Command, CommanderError } from "commander";
+import { describe, expect, it } from "vitest";
+import { registerSimCommand } from "./command.js";
+
+/** Runs `sim` in-process with commander's exits turned into exceptions; returns what it printed to stderr. */
+async function runInProcess(args: string[]): Promise<{ error: CommanderError | undefined; stderr: string }> {
+  let stderr = "";
+  const program = new Command("jetroute")
+    .exitOverride()
+    .configureOutput({ writeErr: (s) => (stderr += s), writeOut: () => {} });
+  registerSimCommand(program);
+  try {
+    await program.parseAsync(["sim", ...args], { from: "user" });
+    return { error: undefined, stderr };
+  } catch (err) {
+    if (err instanceof CommanderError) return { error: err, stderr };
+    throw err;
+  }
+}
+
+describe("jetroute sim flags", () => {
+  it.each([
+    [["--pods", "0"], "--pods"],
+    [["--pods", "two"], "--pods"],
+    [["--engine", "tgi"], "--engine"],
+    [["--time-scale", "0"], "--time-scale"],
+    [["--prefill-ms-per-token", "-1"], "--prefill-ms-per-token"],
+    [["--base-port", "70000"], "--base-port"],
+    [["--max-model-len", "999999", "--pods", "1"], "--max-model-len"],
+    [["--max-batch", "64", "--max-num-batched-tokens", "32", "--pods", "1"], "--max-num-batched-tokens"],
+  ])("rejects %j with an error naming %s", async (args, name) => {
+    const { error, stderr } = await runInProcess(args);
+    expect(error?.exitCode).toBe(1);
+    expect(stderr).toContain(name);
+  });
+});
+
+describe("jetroute sim process", () => {
+  it("prints one JSON line per pod, serves them, and exits 0 on SIGTERM", async () => {
+    const script = [
+      'import { Command } from "commander";',
+      'import { registerSimCommand } from "./services/sim/command.ts";',
+      'const program = new Command("jetroute");',
+      "registerSimCommand(program);",
+      'await program.parseAsync(process.argv.slice(1), { from: "user" });',
+    ].join("\n");
+    const child = spawn(
+      process.execPath,
+      ["--import", "tsx", "--input-type=module", "-e", script, "--", "sim", "--pods", "2", "--engine", "vllm,sglang", "--time-scale", "50"],
+      { cwd: process.cwd(), stdio: ["ignore", "pipe", "pipe"], env: { ...process.env, JETROUTE_LOG_LEVEL: "warn" } },
+    );
+    const exited = new Promise<number | null>((resolve) => child.once("exit", (code) => resolve(code)));
+    try {
+      const pods: Array<{ pod: string; address: string; engine: string; model: string }> = [];
+      for await (const line of createInterface({ input: child.stdout })) {
+        const parsed = JSON.parse(line);
+        if ("pod" in parsed) pods.push(parsed);
+        if (pods.length === 2) break;
+      }
+      expect(pods.map((p) => [p.pod, p.engine, p.model])).toEqual([
+        ["sim-0", "vllm", "demo/llama-3.1-8b"],
+        ["sim-1", "sglang", "demo/llama-3.1-8b"],
+      ]);
+      for (const p of pods) expect((await fetch(`http://${p.address}/health`)).status).toBe(200);
+      child.kill("SIGTERM");
+      expect(await exited).toBe(0);
+      await expect(fetch(`http://${pods[0]?.address}/health`)).rejects.toThrow();
+    } finally {
+      child.kill("SIGKILL");
+    }
+  });
+});

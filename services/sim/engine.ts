@@ -1,0 +1,372 @@
+/**
+ * The behaviour model of one simulated engine: a discrete-event imitation of vLLM V1's scheduler.
+ *
+ * Every request has `numTokens` (prompt + generated so far) and `computed` (tokens whose KV exists).
+ * An engine step gives each scheduled request `min(numTokens - computed, budget)` tokens of work; a
+ * request whose work reaches `numTokens` samples one new token at the end of the step. Prefill is
+ * therefore just a large chunk and decode a chunk of one, exactly as in V1 (chunked prefill on).
+ * Running requests are scheduled first in admission order, then waiting ones FCFS while the batch
+ * (`maxBatch`), the per-step token budget (`maxNumBatchedTokens`) and free KV blocks allow.
+ *
+ * Step duration (simulated ms):
+ *   decodeMsPerStep * (1 + decodeBatchSlope * (d - 1))   if d > 0 requests decode one token
+ *   + p * prefillMsPerToken                               for the p prefill tokens in the step
+ * so decode slows mildly as the batch grows and a long prefill stalls every decode sharing its step
+ * (which is what makes a busy pod's inter-token latency worse, as on a GPU).
+ *
+ * KV: blocks of `blockSize` tokens out of floor(kvCapacityTokens / blockSize), allocated as tokens
+ * are scheduled. When a running request cannot grow, the most recently admitted request is
+ * preempted (vLLM's recompute mode): it loses its blocks and returns to the head of the queue.
+ *
+ * `cachedPrefixTokens` is the seam for the block prefix cache: the tokens it reports are treated as
+ * already computed on admission, so prefill time becomes proportional to uncached tokens only.
+ */
+import type { SimClock } from "./clock.js";
+
+export type FinishReason = "stop" | "length" | "abort";
+
+export interface EngineConfig {
+  maxBatch: number;
+  maxNumBatchedTokens: number;
+  prefillMsPerToken: number;
+  decodeMsPerStep: number;
+  decodeBatchSlope: number;
+  kvCapacityTokens: number;
+  blockSize: number;
+}
+
+export interface FinishedRequest {
+  reason: FinishReason;
+  promptTokens: number;
+  generationTokens: number;
+  maxTokens: number;
+  /** Arrival to first scheduling (ms); undefined if never scheduled. */
+  queueMs: number | undefined;
+  /** First scheduling to first token; undefined without a first token. */
+  prefillMs: number | undefined;
+  /** First token to last token. */
+  decodeMs: number | undefined;
+  /** First scheduling to finish. */
+  inferenceMs: number | undefined;
+  e2eMs: number;
+}
+
+/** Hooks for metrics; all times are simulated milliseconds. */
+export interface EngineObserver {
+  onFirstToken?(ttftMs: number): void;
+  onInterToken?(gapMs: number): void;
+  onStep?(endMs: number, scheduledTokens: number, sampledTokens: number): void;
+  onFinished?(request: FinishedRequest): void;
+}
+
+export interface SubmitRequest {
+  promptTokens: readonly number[];
+  /** The tokens this request will sample, in order; its length is the request's max_tokens. */
+  outputTokens: readonly number[];
+  onToken(tokenId: number, index: number, atMs: number, finish: FinishReason | undefined): void;
+  /** Called once, after the last onToken; for "abort" it is called from `abort()` itself. */
+  onFinish(reason: FinishReason): void;
+}
+
+export interface RequestHandle {
+  abort(): void;
+}
+
+export interface EngineTotals {
+  requests: number;
+  finished: Record<FinishReason, number>;
+  promptTokens: number;
+  generationTokens: number;
+  preemptions: number;
+  prefixCacheQueries: number;
+  prefixCacheHits: number;
+}
+
+export interface EngineSnapshot {
+  nowMs: number;
+  waiting: number;
+  running: number;
+  usedBlocks: number;
+  totalBlocks: number;
+  kvUsage: number;
+  totals: EngineTotals;
+}
+
+type State = "waiting" | "running" | "done";
+
+interface Req {
+  readonly input: SubmitRequest;
+  readonly arrivalMs: number;
+  readonly maxTokens: number;
+  state: State;
+  generated: number;
+  computed: number;
+  blocks: number;
+  firstScheduledMs: number | undefined;
+  firstTokenMs: number | undefined;
+  lastTokenMs: number | undefined;
+}
+
+interface Step {
+  endMs: number;
+  work: Array<{ req: Req; tokens: number }>;
+}
+
+/** Catch-up steps run per wake-up before yielding, so a huge time scale cannot starve I/O. */
+const MAX_STEPS_PER_PUMP = 2_000;
+
+export class SimEngine {
+  readonly totalBlocks: number;
+  private readonly waiting: Req[] = [];
+  private readonly running: Req[] = [];
+  private usedBlocks = 0;
+  private current: Step | undefined;
+  private cursorMs = 0;
+  private cancelTimer: (() => void) | undefined;
+  private closed = false;
+  private readonly totals: EngineTotals = {
+    requests: 0,
+    finished: { stop: 0, length: 0, abort: 0 },
+    promptTokens: 0,
+    generationTokens: 0,
+    preemptions: 0,
+    prefixCacheQueries: 0,
+    prefixCacheHits: 0,
+  };
+
+  constructor(
+    readonly config: EngineConfig,
+    private readonly clock: SimClock,
+    private readonly observer: EngineObserver = {},
+    private readonly cachedPrefixTokens: (tokens: readonly number[]) => number = () => 0,
+  ) {
+    this.totalBlocks = Math.floor(config.kvCapacityTokens / config.blockSize);
+  }
+
+  now(): number {
+    return this.clock.now();
+  }
+
+  submit(input: SubmitRequest): RequestHandle {
+    if (this.closed) throw new Error("engine is closed");
+    if (input.outputTokens.length < 1) throw new RangeError("a request must generate at least one token");
+    // A request that cannot fit alone would be preempted forever; the API layer rejects it earlier
+    // through max_model_len, this is the engine's own guarantee.
+    const maxTokensHeld = input.promptTokens.length + input.outputTokens.length;
+    if (this.blocksFor(maxTokensHeld) > this.totalBlocks) {
+      throw new RangeError(`request needs ${maxTokensHeld} tokens of KV, capacity is ${this.totalBlocks * this.config.blockSize}`);
+    }
+    const req: Req = {
+      input,
+      arrivalMs: this.clock.now(),
+      maxTokens: input.outputTokens.length,
+      state: "waiting",
+      generated: 0,
+      computed: 0,
+      blocks: 0,
+      firstScheduledMs: undefined,
+      firstTokenMs: undefined,
+      lastTokenMs: undefined,
+    };
+    this.totals.requests++;
+    this.waiting.push(req);
+    this.pump();
+    return { abort: () => this.abort(req) };
+  }
+
+  snapshot(): EngineSnapshot {
+    return {
+      nowMs: this.clock.now(),
+      waiting: this.waiting.length,
+      running: this.running.length,
+      usedBlocks: this.usedBlocks,
+      totalBlocks: this.totalBlocks,
+      kvUsage: this.totalBlocks > 0 ? this.usedBlocks / this.totalBlocks : 0,
+      totals: { ...this.totals, finished: { ...this.totals.finished } },
+    };
+  }
+
+  /** Stops scheduling; in-flight requests never finish (their connections are torn down by the server). */
+  close(): void {
+    this.closed = true;
+    this.cancelTimer?.();
+    this.cancelTimer = undefined;
+  }
+
+  private abort(req: Req): void {
+    if (req.state === "done") return;
+    if (req.state === "waiting") this.waiting.splice(this.waiting.indexOf(req), 1);
+    else this.release(req);
+    this.finish(req, "abort", this.clock.now());
+  }
+
+  private pump(): void {
+    if (this.closed) return;
+    this.cancelTimer?.();
+    this.cancelTimer = undefined;
+    const now = this.clock.now();
+    for (let steps = 0; ; steps++) {
+      if (this.current) {
+        if (this.current.endMs > now) {
+          this.cancelTimer = this.clock.at(this.current.endMs, () => this.pump());
+          return;
+        }
+        const step = this.current;
+        this.current = undefined;
+        this.cursorMs = step.endMs;
+        this.complete(step);
+      }
+      if (this.running.length === 0 && this.waiting.length === 0) return;
+      if (steps >= MAX_STEPS_PER_PUMP) {
+        const immediate = setImmediate(() => this.pump());
+        this.cancelTimer = () => clearImmediate(immediate);
+        return;
+      }
+      // An idle engine starts its next step when the first waiting request arrived, not earlier.
+      const head = this.waiting[0];
+      const startMs = this.running.length > 0 || !head ? this.cursorMs : Math.max(this.cursorMs, head.arrivalMs);
+      this.current = this.plan(startMs);
+      if (!this.current) return;
+    }
+  }
+
+  private plan(startMs: number): Step | undefined {
+    const work: Step["work"] = [];
+    let budget = this.config.maxNumBatchedTokens;
+    let preempted = false;
+
+    for (const req of [...this.running]) {
+      if (budget <= 0) break;
+      if (req.state !== "running") continue;
+      const tokens = Math.min(this.numTokens(req) - req.computed, budget);
+      while (!this.tryAllocate(req, tokens)) {
+        const victim = this.running[this.running.length - 1];
+        if (!victim) break;
+        this.preempt(victim);
+        preempted = true;
+        if (victim === req) break;
+      }
+      if (req.state !== "running") continue;
+      work.push({ req, tokens });
+      budget -= tokens;
+    }
+
+    // Like vLLM, admit nothing in a step that had to preempt: memory is the bottleneck.
+    while (!preempted && budget > 0 && this.running.length < this.config.maxBatch) {
+      const req = this.waiting[0];
+      if (!req || req.arrivalMs > startMs) break;
+      const cached = this.cachedPrefixTokens(req.input.promptTokens);
+      // At least one token is always recomputed so the step has logits to sample from.
+      const computed = Math.max(0, Math.min(cached, this.numTokens(req) - 1));
+      const tokens = Math.min(this.numTokens(req) - computed, budget);
+      const needed = this.blocksFor(computed + tokens);
+      if (this.usedBlocks + needed > this.totalBlocks) break;
+      this.waiting.shift();
+      this.totals.prefixCacheQueries += req.input.promptTokens.length;
+      this.totals.prefixCacheHits += Math.min(cached, req.input.promptTokens.length);
+      req.state = "running";
+      req.computed = computed;
+      req.blocks = needed;
+      this.usedBlocks += needed;
+      req.firstScheduledMs ??= startMs;
+      this.running.push(req);
+      work.push({ req, tokens });
+      budget -= tokens;
+    }
+
+    if (work.length === 0) return undefined;
+    let decoding = 0;
+    let prefill = 0;
+    for (const w of work) {
+      if (w.tokens === 1 && w.req.generated > 0) decoding++;
+      else prefill += w.tokens;
+    }
+    const { decodeMsPerStep, decodeBatchSlope, prefillMsPerToken } = this.config;
+    const decodeMs = decoding > 0 ? decodeMsPerStep * (1 + decodeBatchSlope * (decoding - 1)) : 0;
+    return { endMs: startMs + decodeMs + prefill * prefillMsPerToken, work };
+  }
+
+  private complete(step: Step): void {
+    let scheduled = 0;
+    let sampled = 0;
+    for (const { req, tokens } of step.work) {
+      if (req.state !== "running") continue;
+      scheduled += tokens;
+      req.computed += tokens;
+      if (req.computed < this.numTokens(req)) continue;
+      this.sample(req, step.endMs);
+      sampled++;
+    }
+    this.observer.onStep?.(step.endMs, scheduled, sampled);
+  }
+
+  private sample(req: Req, atMs: number): void {
+    const index = req.generated;
+    const token = req.input.outputTokens[index] ?? 0;
+    req.generated++;
+    this.totals.generationTokens++;
+    if (req.firstTokenMs === undefined) {
+      req.firstTokenMs = atMs;
+      this.totals.promptTokens += req.input.promptTokens.length;
+      this.observer.onFirstToken?.(atMs - req.arrivalMs);
+    } else if (req.lastTokenMs !== undefined) {
+      this.observer.onInterToken?.(atMs - req.lastTokenMs);
+    }
+    req.lastTokenMs = atMs;
+    const done = req.generated >= req.maxTokens;
+    if (done) this.release(req);
+    req.input.onToken(token, index, atMs, done ? "length" : undefined);
+    if (done && req.state !== "done") this.finish(req, "length", atMs);
+  }
+
+  private finish(req: Req, reason: FinishReason, atMs: number): void {
+    req.state = "done";
+    this.totals.finished[reason]++;
+    const first = req.firstScheduledMs;
+    this.observer.onFinished?.({
+      reason,
+      promptTokens: req.input.promptTokens.length,
+      generationTokens: req.generated,
+      maxTokens: req.maxTokens,
+      queueMs: first === undefined ? undefined : first - req.arrivalMs,
+      prefillMs: first === undefined || req.firstTokenMs === undefined ? undefined : req.firstTokenMs - first,
+      decodeMs:
+        req.firstTokenMs === undefined || req.lastTokenMs === undefined ? undefined : req.lastTokenMs - req.firstTokenMs,
+      inferenceMs: first === undefined ? undefined : atMs - first,
+      e2eMs: atMs - req.arrivalMs,
+    });
+    req.input.onFinish(reason);
+  }
+
+  private preempt(req: Req): void {
+    this.release(req);
+    req.state = "waiting";
+    req.computed = 0;
+    this.waiting.unshift(req);
+    this.totals.preemptions++;
+  }
+
+  private release(req: Req): void {
+    const i = this.running.indexOf(req);
+    if (i >= 0) this.running.splice(i, 1);
+    this.usedBlocks -= req.blocks;
+    req.blocks = 0;
+  }
+
+  private tryAllocate(req: Req, tokens: number): boolean {
+    const needed = this.blocksFor(req.computed + tokens) - req.blocks;
+    if (needed <= 0) return true;
+    if (this.usedBlocks + needed > this.totalBlocks) return false;
+    req.blocks += needed;
+    this.usedBlocks += needed;
+    return true;
+  }
+
+  private numTokens(req: Req): number {
+    return req.input.promptTokens.length + req.generated;
+  }
+
+  private blocksFor(tokens: number): number {
+    return Math.ceil(tokens / this.config.blockSize);
+  }
+}

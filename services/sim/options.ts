@@ -1,0 +1,120 @@
+/** Fleet options, their defaults and validation, shared by the programmatic API and the CLI. */
+import type { EngineConfig } from "./engine.js";
+import { ENGINE_KINDS, type EngineKind } from "./metrics.js";
+
+export interface SimFleetOptions {
+  pods: number;
+  /** First pod's port; pod i listens on basePort + i. 0 (default) gives every pod a free port. */
+  basePort?: number;
+  host?: string;
+  model: string;
+  /** One kind for all pods, or a list cycled over the pods (["vllm","sglang"] alternates). */
+  engine?: EngineKind | readonly EngineKind[];
+  /** Simulated time runs this many times faster than wall time. */
+  timeScale?: number;
+  maxBatch?: number;
+  /** Per-step token budget shared by decodes and prefill chunks (vLLM max_num_batched_tokens). */
+  maxNumBatchedTokens?: number;
+  prefillMsPerToken?: number;
+  decodeMsPerStep?: number;
+  /** Relative decode slowdown per extra request in the batch. */
+  decodeBatchSlope?: number;
+  kvCapacityTokens?: number;
+  blockSize?: number;
+  /** Longest prompt + max_tokens accepted; defaults to min(8192, kvCapacityTokens). */
+  maxModelLen?: number;
+  namePrefix?: string;
+}
+
+export interface ResolvedFleetOptions {
+  pods: number;
+  basePort: number;
+  host: string;
+  model: string;
+  engines: EngineKind[];
+  timeScale: number;
+  maxModelLen: number;
+  namePrefix: string;
+  engineConfig: EngineConfig;
+}
+
+export const FLEET_DEFAULTS = {
+  basePort: 0,
+  host: "127.0.0.1",
+  engine: "vllm" as EngineKind,
+  timeScale: 1,
+  maxBatch: 8,
+  maxNumBatchedTokens: 2048,
+  // Roughly an 8B model on one modern GPU: ~4k prefill tokens/s, ~65 decode steps/s.
+  prefillMsPerToken: 0.25,
+  decodeMsPerStep: 15,
+  decodeBatchSlope: 0.05,
+  kvCapacityTokens: 65_536,
+  blockSize: 16,
+  maxModelLen: 8192,
+  namePrefix: "sim-",
+} as const;
+
+/** `option` is the SimFleetOptions key, so the CLI can name the matching flag. */
+export class SimOptionsError extends Error {
+  constructor(
+    readonly option: keyof SimFleetOptions,
+    readonly detail: string,
+  ) {
+    super(`${option} ${detail}`);
+  }
+}
+
+function check(ok: boolean, option: keyof SimFleetOptions, message: string): void {
+  if (!ok) throw new SimOptionsError(option, message);
+}
+
+const isInt = (v: number, min: number): boolean => Number.isInteger(v) && v >= min;
+const isNum = (v: number, min: number): boolean => Number.isFinite(v) && v >= min;
+
+export function resolveFleetOptions(o: SimFleetOptions): ResolvedFleetOptions {
+  const d = FLEET_DEFAULTS;
+  const engineConfig: EngineConfig = {
+    maxBatch: o.maxBatch ?? d.maxBatch,
+    maxNumBatchedTokens: o.maxNumBatchedTokens ?? d.maxNumBatchedTokens,
+    prefillMsPerToken: o.prefillMsPerToken ?? d.prefillMsPerToken,
+    decodeMsPerStep: o.decodeMsPerStep ?? d.decodeMsPerStep,
+    decodeBatchSlope: o.decodeBatchSlope ?? d.decodeBatchSlope,
+    kvCapacityTokens: o.kvCapacityTokens ?? d.kvCapacityTokens,
+    blockSize: o.blockSize ?? d.blockSize,
+  };
+  const basePort = o.basePort ?? d.basePort;
+  const timeScale = o.timeScale ?? d.timeScale;
+  const engines = typeof o.engine === "string" ? [o.engine] : [...(o.engine ?? [d.engine])];
+  const c = engineConfig;
+
+  check(isInt(o.pods, 1), "pods", `must be an integer >= 1, got ${o.pods}`);
+  check(typeof o.model === "string" && o.model.length > 0, "model", "must be a non-empty string");
+  check(isInt(basePort, 0) && basePort + o.pods - 1 <= 65535, "basePort", `must leave room for ${o.pods} ports below 65536, got ${basePort}`);
+  check(engines.length > 0 && engines.every((e) => ENGINE_KINDS.includes(e)), "engine", `must be one of ${ENGINE_KINDS.join(", ")}, got ${engines.join(",")}`);
+  check(isNum(timeScale, 0) && timeScale > 0, "timeScale", `must be > 0, got ${timeScale}`);
+  check(isInt(c.maxBatch, 1), "maxBatch", `must be an integer >= 1, got ${c.maxBatch}`);
+  check(isInt(c.blockSize, 1), "blockSize", `must be an integer >= 1, got ${c.blockSize}`);
+  check(isNum(c.prefillMsPerToken, 0), "prefillMsPerToken", `must be >= 0, got ${c.prefillMsPerToken}`);
+  check(isNum(c.decodeMsPerStep, 0), "decodeMsPerStep", `must be >= 0, got ${c.decodeMsPerStep}`);
+  check(isNum(c.decodeBatchSlope, 0), "decodeBatchSlope", `must be >= 0, got ${c.decodeBatchSlope}`);
+  check(isInt(c.kvCapacityTokens, c.blockSize), "kvCapacityTokens", `must be an integer >= blockSize (${c.blockSize}), got ${c.kvCapacityTokens}`);
+  // Every running request must be able to schedule its one decode token in the same step.
+  check(isInt(c.maxNumBatchedTokens, c.maxBatch), "maxNumBatchedTokens", `must be an integer >= maxBatch (${c.maxBatch}), got ${c.maxNumBatchedTokens}`);
+  const capacity = Math.floor(c.kvCapacityTokens / c.blockSize) * c.blockSize;
+  const maxModelLen = o.maxModelLen ?? Math.min(d.maxModelLen, capacity);
+  // As in vLLM, a context that cannot fit in the KV cache on its own is a startup error.
+  check(isInt(maxModelLen, 2) && maxModelLen <= capacity, "maxModelLen", `must be an integer in [2, ${capacity}] (the KV capacity), got ${maxModelLen}`);
+
+  return {
+    pods: o.pods,
+    basePort,
+    host: o.host ?? d.host,
+    model: o.model,
+    engines,
+    timeScale,
+    maxModelLen,
+    namePrefix: o.namePrefix ?? d.namePrefix,
+    engineConfig,
+  };
+}

@@ -1,0 +1,187 @@
+/** One simulated engine pod: an engine model behind its own HTTP server speaking vLLM's API. */
+import { randomUUID } from "node:crypto";
+import { createServer, type IncomingMessage, type ServerResponse } from "node:http";
+import type { AddressInfo } from "node:net";
+import type { Logger } from "../shared/log.js";
+import { detokenize } from "../tokenizer/sim-tokenizer.js";
+import { scaledClock } from "./clock.js";
+import { type EngineConfig, type EngineSnapshot, SimEngine } from "./engine.js";
+import { ApiError, badRequest } from "./errors.js";
+import { serveGeneration } from "./generate.js";
+import { createPodMetrics, type EngineKind } from "./metrics.js";
+import {
+  parseChatRequest,
+  parseCompletionRequest,
+  parseDetokenizeRequest,
+  parseTokenizeRequest,
+  type ServedModel,
+} from "./requests.js";
+
+export interface SimPodOptions {
+  name: string;
+  host: string;
+  /** 0 picks a free port. */
+  port: number;
+  model: string;
+  engine: EngineKind;
+  timeScale: number;
+  maxModelLen: number;
+  engineConfig: EngineConfig;
+  logger?: Logger;
+}
+
+export interface SimPodState extends EngineSnapshot {
+  pod: string;
+  engine: EngineKind;
+  model: string;
+  config: EngineConfig & { maxModelLen: number; timeScale: number };
+}
+
+export interface SimPod {
+  readonly name: string;
+  readonly engine: EngineKind;
+  readonly port: number;
+  readonly address: string;
+  state(): SimPodState;
+  close(): Promise<void>;
+}
+
+const MAX_BODY_BYTES = 32 * 1024 * 1024;
+
+type Handler = (req: IncomingMessage, res: ServerResponse) => Promise<void> | void;
+
+function sendJson(res: ServerResponse, status: number, body: unknown): void {
+  res.writeHead(status, { "content-type": "application/json" }).end(JSON.stringify(body));
+}
+
+async function readJson(req: IncomingMessage): Promise<unknown> {
+  const chunks: Buffer[] = [];
+  let size = 0;
+  for await (const chunk of req) {
+    size += (chunk as Buffer).length;
+    if (size > MAX_BODY_BYTES) throw new ApiError(413, "BadRequestError", `Request body exceeds ${MAX_BODY_BYTES} bytes`);
+    chunks.push(chunk as Buffer);
+  }
+  try {
+    return JSON.parse(Buffer.concat(chunks).toString("utf8"));
+  } catch (err) {
+    throw badRequest(`Invalid JSON body: ${(err as Error).message}`);
+  }
+}
+
+export async function startSimPod(opts: SimPodOptions): Promise<SimPod> {
+  const served: ServedModel = { name: opts.model, maxModelLen: opts.maxModelLen };
+  const metrics = createPodMetrics(opts.engine, {
+    model: opts.model,
+    maxModelLen: opts.maxModelLen,
+    blockSize: opts.engineConfig.blockSize,
+    numGpuBlocks: Math.floor(opts.engineConfig.kvCapacityTokens / opts.engineConfig.blockSize),
+    prefixCaching: false,
+  });
+  const engine = new SimEngine(opts.engineConfig, scaledClock(opts.timeScale), metrics.observer);
+  const log = opts.logger?.child({ pod: opts.name });
+
+  const state = (): SimPodState => ({
+    pod: opts.name,
+    engine: opts.engine,
+    model: opts.model,
+    ...engine.snapshot(),
+    config: { ...opts.engineConfig, maxModelLen: opts.maxModelLen, timeScale: opts.timeScale },
+  });
+
+  const generation =
+    (kind: "chat" | "completion"): Handler =>
+    async (req, res) => {
+      const body = await readJson(req);
+      const gen = kind === "chat" ? parseChatRequest(body, served) : parseCompletionRequest(body, served);
+      const header = req.headers["x-request-id"];
+      const requestId = typeof header === "string" && header !== "" ? header : randomUUID().replaceAll("-", "");
+      serveGeneration(res, engine, gen, kind, requestId);
+    };
+
+  const routes: Record<string, Record<string, Handler>> = {
+    "/health": { GET: (_req, res) => void res.writeHead(200).end() },
+    "/v1/models": {
+      GET: (_req, res) =>
+        sendJson(res, 200, {
+          object: "list",
+          data: [
+            {
+              id: opts.model,
+              object: "model",
+              created: Math.floor(Date.now() / 1000),
+              owned_by: opts.engine,
+              root: opts.model,
+              parent: null,
+              max_model_len: opts.maxModelLen,
+              permission: [],
+            },
+          ],
+        }),
+    },
+    "/v1/chat/completions": { POST: generation("chat") },
+    "/v1/completions": { POST: generation("completion") },
+    "/tokenize": {
+      POST: async (req, res) => {
+        const tokens = parseTokenizeRequest(await readJson(req), served);
+        sendJson(res, 200, { count: tokens.length, max_model_len: opts.maxModelLen, tokens, token_strs: null });
+      },
+    },
+    "/detokenize": {
+      POST: async (req, res) => sendJson(res, 200, { prompt: detokenize(parseDetokenizeRequest(await readJson(req), served)) }),
+    },
+    "/metrics": {
+      GET: (_req, res) =>
+        void res.writeHead(200, { "content-type": "text/plain; version=0.0.4; charset=utf-8" }).end(metrics.render(engine.snapshot())),
+    },
+    "/debug/state": { GET: (_req, res) => sendJson(res, 200, state()) },
+  };
+
+  const server = createServer((req, res) => {
+    const path = (req.url ?? "/").split("?")[0] ?? "/";
+    const route = routes[path];
+    // FastAPI's bodies for unknown routes and methods, which is what a vLLM client would see.
+    if (!route) return sendJson(res, 404, { detail: "Not Found" });
+    const handler = route[req.method ?? "GET"];
+    if (!handler) return sendJson(res, 405, { detail: "Method Not Allowed" });
+    Promise.resolve()
+      .then(() => handler(req, res))
+      .catch((err: unknown) => {
+        if (res.headersSent) {
+          res.destroy();
+          return;
+        }
+        if (err instanceof ApiError) return sendJson(res, err.status, err.body());
+        log?.error({ err, path }, "simulated pod handler failed");
+        sendJson(res, 500, new ApiError(500, "InternalServerError", String((err as Error)?.message ?? err)).body());
+      });
+  });
+
+  await new Promise<void>((resolve, reject) => {
+    server.once("error", reject);
+    server.listen(opts.port, opts.host, () => {
+      server.off("error", reject);
+      resolve();
+    });
+  });
+  const port = (server.address() as AddressInfo).port;
+  // A wildcard bind is reachable on loopback; advertising the wildcard itself would be useless to clients.
+  const advertised = opts.host === "0.0.0.0" || opts.host === "::" ? "127.0.0.1" : opts.host;
+  const address = `${advertised}:${port}`;
+  log?.info({ address, engine: opts.engine, model: opts.model }, "simulated pod listening");
+
+  return {
+    name: opts.name,
+    engine: opts.engine,
+    port,
+    address,
+    state,
+    async close() {
+      engine.close();
+      await new Promise<void>((resolve) => {
+        server.close(() => resolve());
+        server.closeAllConnections();
+      });
+    },
+  };
+}
