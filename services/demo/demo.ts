@@ -93,9 +93,9 @@ export async function startDemo(o: DemoOptions): Promise<DemoHandle> {
     writeFileSync(podFile, toYaml({ pods: pods.map((p) => ({ name: p.pod, model: o.model, address: p.address, engine: "vllm" })) }));
     spawn("pod-watcher", ["pod-watcher", "--static", podFile, "--nats", natsUrl]);
     spawn("metrics-scraper", ["metrics-scraper", "--nats", natsUrl]);
-    gwPorts.forEach((port, i) =>
-      spawn(`gateway-${i + 1}`, ["gateway", "--nats", natsUrl as string, "--port", String(port), "--admin-port", String(adminPorts[i]), "--id", `demo-gw-${i + 1}`, "--host", "127.0.0.1"]),
-    );
+    gwPorts.forEach((port, i) => {
+      spawn(`gateway-${i + 1}`, ["gateway", "--nats", natsUrl as string, "--port", String(port), "--admin-port", String(adminPorts[i]), "--id", `demo-gw-${i + 1}`, "--host", "127.0.0.1"]);
+    });
     await Promise.all(adminPorts.map((p) => waitHttp(`http://127.0.0.1:${p}/readyz`, 30_000, (s) => s === 200)));
     spawn("front", ["front", "--port", String(o.port), "--gateway", gwPorts.map((p) => `127.0.0.1:${p}`).join(",")]);
     await waitHttp(`http://127.0.0.1:${o.port}/v1/models`, 30_000, (s) => s === 200);

@@ -141,7 +141,7 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
       charges: views.ledger.size,
       evicted: views.ledger.evicted,
       expired: views.ledger.expired,
-      liveGateways: views.ledger.liveGateways(Date.now()),
+      liveGateways: views.ledger.liveGateways(Date.now()).map((g) => ({ gateway: g, charges: views.ledger.chargesOf(g) })),
       outstanding: views.pods.all().map((p) => ({ model: p.model, pod: p.pod, ...views.ledger.outstanding(p.model, p.pod) })),
     },
     inFlight: director.inFlight.size,
