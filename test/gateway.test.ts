@@ -179,4 +179,34 @@ describe("gateway - replicas share one ledger", () => {
     // A clean shutdown releases everything and says "down": B forgets A's charges at once.
     await waitFor(() => b.views.ledger.chargesOf("gw-a") === 0, 2_000, "A's charges to vanish from B");
   });
+
+  it("gateway B routes to the one pod gateway A left idle, every round (it sees A's charges)", async () => {
+    const a = await env.gateway({ id: "gw-c" });
+    const b = await env.gateway({ id: "gw-d" });
+    const ca = new ExtProcClient(`127.0.0.1:${a.port}`);
+    const cb = new ExtProcClient(`127.0.0.1:${b.port}`);
+    const route = async (c: ExtProcClient) => {
+      const ex = c.open();
+      await ex.requestHeaders(reqHeaders());
+      const r = await ex.requestBody(chat());
+      if (r.kind !== "continue") throw new Error("expected routing");
+      return r.headerMutation.set["x-gateway-destination-endpoint"] as string;
+    };
+    const counts = new Map<string, number>();
+    const add = (e: string) => counts.set(e, (counts.get(e) ?? 0) + 1);
+    // Each round A routes 3 requests, then B routes 1: B must pick the pod A did not touch.
+    // A gateway blind to A's charges would get this right with probability 1/4, then 1/3, 1/3.
+    for (let round = 1; round <= 3; round++) {
+      for (let i = 0; i < 3; i++) add(await route(ca));
+      await waitFor(() => b.views.ledger.chargesOf("gw-c") === 3 * round, 2_000, "A's charges at B");
+      const least = Math.min(...[0, 1, 2, 3].map((i) => counts.get(`127.0.0.1:${8300 + i}`) ?? 0));
+      const pick = await route(cb);
+      expect(counts.get(pick) ?? 0, `round ${round}: B picked a pod already at the minimum load`).toBe(least);
+      add(pick);
+      await waitFor(() => a.views.ledger.chargesOf("gw-d") === round, 2_000, "B's charge at A");
+      expect([...counts.values()].every((n) => n === round)).toBe(true);
+    }
+    ca.close();
+    cb.close();
+  });
 });
