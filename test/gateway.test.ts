@@ -85,6 +85,28 @@ describe("gateway - routing through ext_proc", () => {
     expect(gw.director.inFlight.size).toBe(0);
   });
 
+  it("a client leaving mid-stream is recorded as cancelled and released once", async () => {
+    const seen: DecisionRecord[] = [];
+    const sub = env.nats.nc.subscribe(env.subjects.all("decisions"), {
+      callback: (_e, m) => {
+        seen.push(m.json<DecisionRecord>());
+      },
+    });
+    const ex = client.open();
+    await ex.requestHeaders(reqHeaders({ "x-request-id": "leaver" }));
+    await ex.requestBody(chat());
+    await ex.responseHeaders(200, { "content-type": "text/event-stream" });
+    await ex.responseBodyChunk(Buffer.from('data: {"choices":[{"delta":{"content":"partial"}}]}\n\n'), false);
+    ex.cancel();
+    await waitFor(() => seen.some((d) => d.id === "leaver"), 2_000, "decision of the cancelled request");
+    await new Promise((r) => setTimeout(r, 100));
+    sub.unsubscribe();
+    const mine = seen.filter((d) => d.id === "leaver");
+    expect(mine).toHaveLength(1);
+    expect(mine[0]?.outcome).toBe("cancelled");
+    expect(gw.views.ledger.size).toBe(0);
+  });
+
   it.each([
     { name: "malformed JSON", body: Buffer.from("{nope"), status: 400, code: "invalid_json", type: "invalid_request_error" },
     { name: "no model", body: Buffer.from(JSON.stringify({ messages: [] })), status: 400, code: "model_required", type: "invalid_request_error" },

@@ -175,9 +175,14 @@ export function createExtProcHandler(opts: ExtProcHandlerOptions): grpc.handleBi
       }
     });
     call.on("end", () => {
-      // Envoy half-closed without sending the final body chunk: the request is over.
-      finish(status >= 400 ? "error" : status ? "completed" : "cancelled");
-      call.end();
+      // Envoy half-closed. grpc-js reports a client cancel as "end" followed by "cancelled", and
+      // emits "cancelled" after clean closes too, so neither event alone tells them apart:
+      // decide one tick later, when `call.cancelled` is settled. The release happens once either way.
+      setImmediate(() => {
+        const ended = status >= 400 ? "error" : status && !call.cancelled ? "completed" : "cancelled";
+        finish(ended);
+        if (!call.cancelled) call.end();
+      });
     });
     call.on("cancelled", () => finish("cancelled"));
     call.on("error", () => finish("cancelled"));
