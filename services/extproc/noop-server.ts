@@ -6,7 +6,7 @@
  * plumbing as the gateway, so the difference between the two is the gateway's own work.
  */
 import * as grpc from "@grpc/grpc-js";
-import { loadExtProc } from "./protos.js";
+import { EXT_PROC_SERVER_OPTIONS, loadExtProc } from "./protos.js";
 import type { ProcessingRequest, ProcessingResponse } from "./types.js";
 import { Headers, LB_METADATA_NAMESPACE, setHeader, toProtoStruct } from "./wire.js";
 
@@ -42,11 +42,7 @@ function buildReplies(endpoint: string) {
 
 export async function startNoopExtProc(opts: NoopExtProcOptions = {}): Promise<NoopExtProcServer> {
   const replies = buildReplies(opts.endpoint ?? "127.0.0.1:8000");
-  const server = new grpc.Server({
-    // Envoy buffers request bodies up to its buffer limit (4 MiB in AIBrix's setup) and sends them
-    // in one message; grpc-js would refuse anything above its 4 MiB default.
-    "grpc.max_receive_message_length": 16 * 1024 * 1024,
-  });
+  const server = new grpc.Server(EXT_PROC_SERVER_OPTIONS);
   server.addService(loadExtProc().service, {
     Process: (call: grpc.ServerDuplexStream<ProcessingRequest, ProcessingResponse>) => {
       call.on("data", (req: ProcessingRequest) => {

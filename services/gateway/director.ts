@@ -72,6 +72,7 @@ export class Director {
   private readonly random: () => number;
   /** Requests routed and not yet finished, by charge id (drained on shutdown). */
   readonly inFlight = new Map<string, RoutedRequest>();
+  private chargeSeq = 0;
 
   constructor(private readonly opts: DirectorOptions) {
     if (!findStrategy(opts.defaultStrategy)) {
@@ -111,7 +112,8 @@ export class Director {
       now,
       random: this.random,
     });
-    const chargeId = randomUUID();
+    // Unique within this gateway process: the ledger keys charges by gateway id + charge id.
+    const chargeId = (++this.chargeSeq).toString(36);
     const charge: ChargeEvent = {
       type: "charge",
       id: chargeId,

@@ -11,7 +11,7 @@ import type * as grpc from "@grpc/grpc-js";
 import { openAIError, RouteError, routeErrorBody } from "./errors.js";
 import type { Director, RoutedRequest } from "./director.js";
 import { ResponseTracker } from "./response-tracker.js";
-import type { HeaderMutation, ProcessingRequest, ProcessingResponse } from "../extproc/types.js";
+import type { HeaderMutation, HeaderValueOption, ProcessingRequest, ProcessingResponse, ProtoStruct } from "../extproc/types.js";
 import {
   fromProtoStruct,
   Headers,
@@ -65,6 +65,23 @@ export function createExtProcHandler(opts: ExtProcHandlerOptions): grpc.handleBi
   const { director, log } = opts;
   const maxBody = opts.maxBodyBytes ?? 4 * 1024 * 1024;
 
+  // The header entries and metadata that name a pod are the same for every request to it:
+  // built once per (endpoint, strategy), bounded by pods x strategies.
+  const targets = new Map<string, { headers: HeaderValueOption[]; metadata: ProtoStruct }>();
+  const targetOf = (endpoint: string, strategy: string) => {
+    const key = `${endpoint} ${strategy}`;
+    let t = targets.get(key);
+    if (!t) {
+      if (targets.size > 100_000) targets.clear();
+      t = {
+        headers: [setHeader(Headers.destinationEndpoint, endpoint), setHeader(Headers.targetPod, endpoint), setHeader(Headers.routingStrategy, strategy)],
+        metadata: toProtoStruct({ [LB_METADATA_NAMESPACE]: { [Headers.destinationEndpoint]: endpoint } }),
+      };
+      targets.set(key, t);
+    }
+    return t;
+  };
+
   return (call: Stream) => {
     let headers: Record<string, string> = {};
     let subset: string[] | undefined;
@@ -104,23 +121,16 @@ export function createExtProcHandler(opts: ExtProcHandlerOptions): grpc.handleBi
         log.error({ err }, "routing failed");
         return reject(new RouteError("internal", "internal routing error"));
       }
-      const endpoint = routed.pod.address;
+      const target = targetOf(routed.pod.address, routed.strategy);
       send({
         request_body: {
           response: {
             status: "CONTINUE",
-            header_mutation: {
-              set_headers: [
-                setHeader(Headers.destinationEndpoint, endpoint),
-                setHeader(Headers.targetPod, endpoint),
-                setHeader(Headers.routingStrategy, routed.strategy),
-                setHeader(Headers.requestId, routed.requestId),
-              ],
-            },
+            header_mutation: { set_headers: [...target.headers, setHeader(Headers.requestId, routed.requestId)] },
             clear_route_cache: true,
           },
         },
-        dynamic_metadata: toProtoStruct({ [LB_METADATA_NAMESPACE]: { [Headers.destinationEndpoint]: endpoint } }),
+        dynamic_metadata: target.metadata,
       });
     };
 

@@ -10,11 +10,11 @@ import { HealthImplementation } from "grpc-health-check";
 import type { GatewayHeartbeat } from "../../schemas/events.js";
 import { streamName } from "../../streams/definitions.js";
 import { Subjects } from "../../streams/subjects.js";
-import { EXT_PROC_SERVICE_NAME, loadExtProc } from "../extproc/protos.js";
+import { EXT_PROC_SERVER_OPTIONS, EXT_PROC_SERVICE_NAME, loadExtProc } from "../extproc/protos.js";
 import { StreamFollower } from "../shared/follower.js";
 import type { Logger } from "../shared/log.js";
 import { connectNats, type NatsHandles } from "../shared/nats.js";
-import { fire } from "../shared/publish.js";
+import { fire, Outbox } from "../shared/publish.js";
 import { ChargeLedger } from "../views/charge-ledger.js";
 import { LoadView } from "../views/load-view.js";
 import { PodSet } from "../views/pod-set.js";
@@ -53,6 +53,10 @@ export interface GatewayHandle {
   close(): Promise<void>;
 }
 
+function indexOfBytes(hay: Uint8Array, needle: Uint8Array): number {
+  return Buffer.from(hay.buffer, hay.byteOffset, hay.byteLength).indexOf(needle);
+}
+
 export function defaultGatewayId(): string {
   return `${os.hostname()}-${process.pid}-${randomBytes(2).toString("hex")}`;
 }
@@ -65,6 +69,8 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
   const chargeTtlMs = o.chargeTtlMs ?? 10 * 60_000;
   const hbInterval = o.heartbeatIntervalMs ?? 1_000;
   const nats = await connectNats(o.nats, `jetroute-gateway-${id}`);
+  // Our events serialize `"gateway":"<id>"` right after `"id"`; this exact byte run marks an echo.
+  const ownMarker = new TextEncoder().encode(`"gateway":${JSON.stringify(id)},`);
   const views: GatewayViews = {
     pods: new PodSet(),
     load: new LoadView(o.loadStaleAfterMs ?? 2_000),
@@ -90,13 +96,17 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
       // Charges older than their TTL no longer count, so history before that is never needed.
       stream: streamName(prefix, "CHARGES"), startAt: { kind: "time", sinceMs: Date.now() - chargeTtlMs },
       onEvent: (ev, m) => views.ledger.applyFromStream(ev, m.serverTs, Date.now(), m.seq),
+      // Everything we published ourselves was applied when we made it (the ledger ignores its own
+      // events anyway): recognise the echoes by a byte search and spare them JSON and schema work.
+      skipRaw: (data) => ownMarker.length > 0 && indexOfBytes(data, ownMarker) >= 0,
     }),
   ];
 
+  const outbox = new Outbox(nats.nc);
   const sink: EventSink = {
-    charge: (ev) => fire(nats.nc, subjects.charges(ev.model, ev.pod), ev),
-    release: (ev) => fire(nats.nc, subjects.charges(ev.model, ev.pod), ev),
-    decision: (rec) => fire(nats.nc, subjects.decisions(rec.model || "_"), rec),
+    charge: (ev) => outbox.fire(subjects.charges(ev.model, ev.pod), ev),
+    release: (ev) => outbox.fire(subjects.charges(ev.model, ev.pod), ev),
+    decision: (rec) => outbox.fire(subjects.decisions(rec.model || "_"), rec),
   };
   const director = new Director({ gatewayId: id, defaultStrategy: o.defaultStrategy ?? "least-request", chargeTtlMs, views, sink });
 
@@ -118,7 +128,7 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
     log.info({ pods: views.pods.size, charges: views.ledger.size }, "views caught up; gateway ready");
   });
 
-  const server = new grpc.Server({ "grpc.max_receive_message_length": 8 * 1024 * 1024 });
+  const server = new grpc.Server(EXT_PROC_SERVER_OPTIONS);
   server.addService(loadExtProc().service, {
     Process: createExtProcHandler({
       director,
@@ -199,6 +209,7 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
       clearInterval(hbTimer);
       clearInterval(sweepTimer);
       heartbeat("down");
+      outbox.flush();
       admin?.close();
       await Promise.all(followers.map((f) => f.stop()));
       await nats.nc.drain();

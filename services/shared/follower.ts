@@ -40,12 +40,18 @@ export interface FollowerOptions<T extends EventType> {
   name: string;
   log: Logger;
   onEvent(event: EventOf<T>, meta: MessageMeta): void;
+  /**
+   * Cheap test on the raw bytes: true = the message needs no decoding (a gateway's own echoes).
+   * Skipped messages still advance `lastSeq`.
+   */
+  skipRaw?(data: Uint8Array): boolean;
 }
 
 export class StreamFollower<T extends EventType> {
   /** Stream sequence of the last message handled (applied or dead-lettered). */
   lastSeq = 0;
   applied = 0;
+  skipped = 0;
   readonly deadLetters: DeadLetterSink;
   private caughtUpFlag = false;
   private readonly caughtUpWaiters: Array<() => void> = [];
@@ -101,6 +107,11 @@ export class StreamFollower<T extends EventType> {
   private handle(m: JsMsg): void {
     const o = this.opts;
     this.lastSeq = m.seq;
+    if (o.skipRaw?.(m.data)) {
+      this.skipped++;
+      if (!this.caughtUpFlag && m.info.pending === 0) this.markCaughtUp();
+      return;
+    }
     const decoded = decodeEvent(m.data, o.types);
     if (decoded.ok) {
       try {

@@ -22,3 +22,35 @@ export function fire(nc: NatsConnection, subject: string, ev: unknown): void {
 export function acked(js: JetStreamClient, subject: string, ev: unknown, msgId?: string): Promise<PubAck> {
   return js.publish(subject, encodeEvent(ev), msgId ? { msgID: msgId } : undefined);
 }
+
+/**
+ * Coalesces fire-and-forget publishes into one socket write per event-loop turn.
+ *
+ * The client flushes its buffer once per microtask checkpoint, so a gateway publishing a charge
+ * while handling one request and a release while handling another pays one `write(2)` for each
+ * — measured at ~20% of a busy gateway's CPU. Queuing them to `setImmediate` lets every publish
+ * of a loop turn share one write, at the cost of at most one loop turn of delay.
+ */
+export class Outbox {
+  private queue: Array<{ subject: string; data: Uint8Array }> = [];
+  private scheduled = false;
+  published = 0;
+
+  constructor(private readonly nc: NatsConnection) {}
+
+  fire(subject: string, ev: unknown): void {
+    this.queue.push({ subject, data: encodeEvent(ev) });
+    if (!this.scheduled) {
+      this.scheduled = true;
+      setImmediate(this.flush);
+    }
+  }
+
+  readonly flush = (): void => {
+    this.scheduled = false;
+    const q = this.queue;
+    this.queue = [];
+    for (const m of q) this.nc.publish(m.subject, m.data);
+    this.published += q.length;
+  };
+}
