@@ -78,8 +78,12 @@ export async function startNoopExtProc(opts: NoopExtProcOptions = {}): Promise<N
     close: () =>
       new Promise<void>((resolve) => {
         server.tryShutdown(() => resolve());
-        // Streams a client never ends would keep tryShutdown waiting forever.
-        setTimeout(() => server.forceShutdown(), 250).unref();
+        // Streams a client never ends would keep tryShutdown waiting forever; and with channelz
+        // off, grpc-js never calls tryShutdown's callback once forceShutdown ran: resolve here too.
+        setTimeout(() => {
+          server.forceShutdown();
+          resolve();
+        }, 250).unref();
       }),
   };
 }
