@@ -172,7 +172,66 @@ export const DecisionRecord = Type.Object(
   { $id: "decision", additionalProperties: false },
 );
 
-// KV block events (BlockStored/BlockRemoved/pod cleared) join this list with the kv-bridge.
+const Hash = Type.String({ pattern: "^[0-9a-f]{1,64}$", description: "hash as lower-case hex (engine hashes: uint64 or digest bytes)" });
+const Medium = Type.Union([Type.String(), Type.Null()], { description: "GPU, CPU, STORAGE (older FS/OBJ), SGLang CPU_PINNED/DISK/EXTERNAL; null = GPU" });
+
+/** One BlockStored, with the router's own chained hash of each block already computed by the bridge. */
+export const KvStored = Type.Object(
+  {
+    kind: Type.Literal("stored"),
+    /** Engine hashes, in block order (only used to apply later removals). */
+    engineHashes: Type.Array(Hash, { minItems: 1 }),
+    /** Router hashes (see services/views/block-hash.ts), one per block; what the prefix index keys on. */
+    routerHashes: Type.Array(Hash, { minItems: 1 }),
+    /** Engine hash of the block before the first one here, or null. */
+    parentEngineHash: Nullable(Hash),
+    blockSize: Type.Integer({ minimum: 1 }),
+    medium: Medium,
+    lora: Nullable(Type.String()),
+  },
+  { additionalProperties: false },
+);
+
+export const KvRemoved = Type.Object(
+  { kind: Type.Literal("removed"), engineHashes: Type.Array(Hash, { minItems: 1 }), medium: Medium },
+  { additionalProperties: false },
+);
+
+export const KvAllCleared = Type.Object({ kind: Type.Literal("all-cleared") }, { additionalProperties: false });
+
+/**
+ * KV stream (`<prefix>.kv.<model>.<pod>`): one engine event batch, as decoded and enriched by the
+ * kv-bridge. `Nats-Msg-Id` = `<pod>:<epoch>:<seq>` so restarts and duplicate bridges dedupe.
+ */
+export const KvBatch = Type.Object(
+  {
+    type: Type.Literal("kv"),
+    model: Name,
+    pod: Name,
+    /** Identifies one engine incarnation (the bridge starts a new epoch when the engine restarts). */
+    epoch: Name,
+    /** The engine's batch sequence number. */
+    seq: Type.Integer({ minimum: 0 }),
+    /** Engine timestamp of the batch (ms). */
+    ts: Millis,
+    dpRank: Type.Optional(Nullable(Type.Integer({ minimum: 0 }))),
+    events: Type.Array(Type.Union([KvStored, KvRemoved, KvAllCleared])),
+  },
+  { $id: "kv", additionalProperties: false },
+);
+
+/** KV stream: the bridge lost track of a pod's cache (unrepairable gap, engine restart): forget all its blocks. */
+export const KvPodCleared = Type.Object(
+  {
+    type: Type.Literal("kv-cleared"),
+    model: Name,
+    pod: Name,
+    epoch: Name,
+    reason: Type.Union([Type.Literal("engine-restart"), Type.Literal("gap-unrepairable"), Type.Literal("replay-unavailable"), Type.Literal("bridge-start")]),
+    ts: Millis,
+  },
+  { $id: "kv-cleared", additionalProperties: false },
+);
 
 export type PodEvent = Static<typeof PodEvent>;
 export type LoadSample = Static<typeof LoadSample>;
@@ -181,6 +240,10 @@ export type ChargeEvent = Static<typeof ChargeEvent>;
 export type ReleaseEvent = Static<typeof ReleaseEvent>;
 export type GatewayHeartbeat = Static<typeof GatewayHeartbeat>;
 export type DecisionRecord = Static<typeof DecisionRecord>;
+export type KvBatch = Static<typeof KvBatch>;
+export type KvPodCleared = Static<typeof KvPodCleared>;
+export type KvStored = Static<typeof KvStored>;
+export type KvRemoved = Static<typeof KvRemoved>;
 export type PodRole = Static<typeof PodRole>;
 export type EngineKind = Static<typeof EngineKind>;
 export type ReleaseOutcome = Static<typeof ReleaseOutcome>;
@@ -193,6 +256,8 @@ export const EVENT_SCHEMAS = {
   release: ReleaseEvent,
   heartbeat: GatewayHeartbeat,
   decision: DecisionRecord,
+  kv: KvBatch,
+  "kv-cleared": KvPodCleared,
 } as const;
 
 export type EventType = keyof typeof EVENT_SCHEMAS;

@@ -100,6 +100,11 @@ export class StreamFollower<T extends EventType> {
     if (info.num_pending === 0) this.markCaughtUp();
     this.messages = await consumer.consume({
       max_messages: 2048,
+      // Short pulls and heartbeats: if the server hosting this (ephemeral, R1) consumer dies, the
+      // missed heartbeats make the client recreate it from the next sequence within ~2 s rather
+      // than the default 30 s pull expiry.
+      expires: 4_000,
+      idle_heartbeat: 1_000,
       callback: (m) => this.handle(m),
     });
   }
