@@ -132,7 +132,20 @@ export const ReleaseEvent = Type.Object(
   { $id: "release", additionalProperties: false },
 );
 
-/** CHARGES stream (subject `<prefix>.hb.<gateway>`): a gateway is alive; `state: "down"` on clean exit. */
+/** One charge a gateway still holds, as listed in its heartbeat. */
+export const OutstandingCharge = Type.Object(
+  { id: Name, model: Name, pod: Name, promptTokens: Count, ts: Millis },
+  { additionalProperties: false },
+);
+
+/**
+ * CHARGES stream (subject `<prefix>.hb.<gateway>`): a gateway is alive; `state: "down"` on clean exit.
+ * `outstanding` lists every charge the gateway holds at that point of its publish order: the
+ * authoritative state that charges and releases are deltas on. A receiver drops that gateway's
+ * charges missing from the list (a lost release) and adds listed ones it never saw (a lost
+ * charge), so any loss heals within one heartbeat. `truncated` = the list hit its bound (then
+ * only additions are made).
+ */
 export const GatewayHeartbeat = Type.Object(
   {
     type: Type.Literal("heartbeat"),
@@ -141,6 +154,9 @@ export const GatewayHeartbeat = Type.Object(
     intervalMs: Type.Integer({ minimum: 1 }),
     startedAt: Millis,
     state: Type.Union([Type.Literal("up"), Type.Literal("down")]),
+    chargeTtlMs: Type.Optional(Type.Integer({ minimum: 1 })),
+    outstanding: Type.Optional(Type.Array(OutstandingCharge)),
+    truncated: Type.Optional(Type.Boolean()),
   },
   { $id: "heartbeat", additionalProperties: false },
 );
@@ -239,6 +255,7 @@ export type EngineLoadFields = Static<typeof EngineLoadSchema>;
 export type ChargeEvent = Static<typeof ChargeEvent>;
 export type ReleaseEvent = Static<typeof ReleaseEvent>;
 export type GatewayHeartbeat = Static<typeof GatewayHeartbeat>;
+export type OutstandingCharge = Static<typeof OutstandingCharge>;
 export type DecisionRecord = Static<typeof DecisionRecord>;
 export type KvBatch = Static<typeof KvBatch>;
 export type KvPodCleared = Static<typeof KvPodCleared>;

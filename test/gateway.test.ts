@@ -232,3 +232,36 @@ describe("gateway - replicas share one ledger", () => {
     cb.close();
   });
 });
+
+describe("gateway - a new replica rebuilds the ledger from heartbeats", () => {
+  let env: TestEnv;
+  beforeAll(async () => {
+    env = await startTestEnv();
+    for (let i = 0; i < 4; i++) await env.publishPod({ pod: `pod-${i}`, address: `127.0.0.1:${8400 + i}` });
+  });
+  afterAll(async () => env?.stop());
+
+  it("sees charges made before it started, and a lost release is healed by the owner's next heartbeat", async () => {
+    const a = await env.gateway({ id: "gw-old" });
+    const client = new ExtProcClient(`127.0.0.1:${a.port}`);
+    const held = [];
+    for (let i = 0; i < 5; i++) {
+      const ex = client.open();
+      await ex.requestHeaders(reqHeaders());
+      await ex.requestBody(chat());
+      held.push(ex);
+    }
+    const late = await env.gateway({ id: "gw-new" });
+    await waitFor(() => late.views.ledger.chargesOf("gw-old") === 5, 3_000, "the late replica to see the earlier charges");
+
+    // A release that never reaches the stream (as in a broker failover): A forgets the request
+    // without publishing; its next heartbeat no longer lists it and the other replica drops it.
+    const [first] = a.director.inFlight.values();
+    if (!first) throw new Error("expected an in-flight request");
+    a.director.inFlight.delete(first.chargeId);
+    await waitFor(() => late.views.ledger.chargesOf("gw-old") === 4, 3_000, "heartbeat to heal the lost release");
+    expect(late.views.ledger.reconciledRemoved).toBe(1);
+    for (const ex of held) ex.cancel();
+    client.close();
+  });
+});

@@ -14,7 +14,7 @@ import { EXT_PROC_SERVER_OPTIONS, EXT_PROC_SERVICE_NAME, loadExtProc } from "../
 import { StreamFollower } from "../shared/follower.js";
 import type { Logger } from "../shared/log.js";
 import { connectNats, type NatsHandles } from "../shared/nats.js";
-import { fire, Outbox } from "../shared/publish.js";
+import { Outbox } from "../shared/publish.js";
 import { ChargeLedger } from "../views/charge-ledger.js";
 import { LoadView } from "../views/load-view.js";
 import { PodSet } from "../views/pod-set.js";
@@ -36,6 +36,8 @@ export interface GatewayOptions {
   heartbeatTimeoutMs?: number;
   loadStaleAfterMs?: number;
   maxCharges?: number;
+  /** Bound on the charges listed in one heartbeat (beyond it the list is marked truncated). */
+  maxHeartbeatCharges?: number;
   /** On close, how long in-flight requests may take before their streams are cancelled. */
   shutdownGraceMs?: number;
   log: Logger;
@@ -68,13 +70,14 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
   const subjects = new Subjects(prefix);
   const chargeTtlMs = o.chargeTtlMs ?? 10 * 60_000;
   const hbInterval = o.heartbeatIntervalMs ?? 1_000;
+  const hbTimeout = o.heartbeatTimeoutMs ?? 3 * hbInterval;
   const nats = await connectNats(o.nats, `jetroute-gateway-${id}`);
   // Our events serialize `"gateway":"<id>"` right after `"id"`; this exact byte run marks an echo.
   const ownMarker = new TextEncoder().encode(`"gateway":${JSON.stringify(id)},`);
   const views: GatewayViews = {
     pods: new PodSet(),
     load: new LoadView(o.loadStaleAfterMs ?? 2_000),
-    ledger: new ChargeLedger({ self: id, heartbeatTimeoutMs: o.heartbeatTimeoutMs ?? 3 * hbInterval, maxCharges: o.maxCharges }),
+    ledger: new ChargeLedger({ self: id, heartbeatTimeoutMs: hbTimeout, maxCharges: o.maxCharges }),
   };
 
   const followers = [
@@ -93,8 +96,9 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
     }),
     new StreamFollower({
       nats, subjects, log, name: `gateway-${id}-charges`, family: "charges", types: ["charge", "release", "heartbeat"] as const,
-      // Charges older than their TTL no longer count, so history before that is never needed.
-      stream: streamName(prefix, "CHARGES"), startAt: { kind: "time", sinceMs: Date.now() - chargeTtlMs },
+      // Every live gateway's latest heartbeat lists all the charges it holds, so a few heartbeat
+      // periods of history rebuild the whole ledger: boot time does not grow with traffic.
+      stream: streamName(prefix, "CHARGES"), startAt: { kind: "time", sinceMs: Date.now() - Math.max(10_000, 3 * hbTimeout) },
       onEvent: (ev, m) => views.ledger.applyFromStream(ev, m.serverTs, Date.now(), m.seq),
       // Everything we published ourselves was applied when we made it (the ledger ignores its own
       // events anyway): recognise the echoes by a byte search and spare them JSON and schema work.
@@ -111,9 +115,23 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
   const director = new Director({ gatewayId: id, defaultStrategy: o.defaultStrategy ?? "least-request", chargeTtlMs, views, sink });
 
   const startedAt = Date.now();
+  const maxListed = o.maxHeartbeatCharges ?? 20_000;
   const heartbeat = (state: "up" | "down") => {
     const hb: GatewayHeartbeat = { type: "heartbeat", gateway: id, ts: Date.now(), intervalMs: hbInterval, startedAt, state };
-    fire(nats.nc, subjects.heartbeat(id), hb);
+    if (state === "up") {
+      // Through the outbox, so the list sits after every charge and release published before it.
+      const outstanding: NonNullable<GatewayHeartbeat["outstanding"]> = [];
+      for (const r of director.inFlight.values()) {
+        if (outstanding.length >= maxListed) {
+          hb.truncated = true;
+          break;
+        }
+        outstanding.push({ id: r.chargeId, model: r.pod.model, pod: r.pod.pod, promptTokens: r.promptTokens, ts: r.startedAt });
+      }
+      hb.chargeTtlMs = chargeTtlMs;
+      hb.outstanding = outstanding;
+    }
+    outbox.fire(subjects.heartbeat(id), hb);
   };
   heartbeat("up");
   const hbTimer = setInterval(() => heartbeat("up"), hbInterval);

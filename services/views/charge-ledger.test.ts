@@ -56,8 +56,8 @@ describe("charge ledger - counting", () => {
   it("expires charges by TTL", () => {
     const l = new ChargeLedger({ self: "a" });
     l.charge(charge("r1", "a", "p1", 1000, { ttlMs: 500 }), 1000);
-    expect(l.sweep(1400)).toBe(0);
-    expect(l.sweep(1500)).toBe(1);
+    expect(l.sweep(1400, 0)).toBe(0);
+    expect(l.sweep(1500, 0)).toBe(1);
     expect(l.size).toBe(0);
   });
 
@@ -75,5 +75,33 @@ describe("charge ledger - counting", () => {
     const l = new ChargeLedger({ self: "a" });
     l.applyFromStream({ type: "release", id: "x", gateway: "b", model: "m", pod: "p1", ts: 1, outcome: "completed" }, 1, 1);
     expect(l.outstanding("m", "p1").requests).toBe(0);
+  });
+
+  it("a heartbeat's outstanding list heals a lost release and a lost charge", () => {
+    const l = new ChargeLedger({ self: "a" });
+    const hbWith = (ts: number, ids: string[]): GatewayHeartbeat => ({
+      ...hb("b", ts),
+      chargeTtlMs: 60_000,
+      outstanding: ids.map((id) => ({ id, model: "m", pod: "p1", promptTokens: 5, ts })),
+    });
+    l.applyFromStream(hbWith(1000, []), 1000, 1000);
+    l.applyFromStream(charge("r1", "b", "p1", 1000), 1000, 1000);
+    l.applyFromStream(charge("r2", "b", "p1", 1000), 1000, 1000);
+    // r1's release was lost; r3's charge was lost. The next heartbeat lists r2 and r3.
+    l.applyFromStream(hbWith(2000, ["r2", "r3"]), 2000, 2000);
+    expect(l.outstanding("m", "p1")).toEqual({ requests: 2, promptTokens: 15 });
+    expect(l.release({ gateway: "b", id: "r1" })).toBe(false);
+    expect(l.release({ gateway: "b", id: "r3" })).toBe(true);
+    expect(l.reconciledRemoved).toBe(1);
+    expect(l.reconciledAdded).toBe(1);
+  });
+
+  it("a truncated list only adds, never removes", () => {
+    const l = new ChargeLedger({ self: "a" });
+    l.applyFromStream(hb("b", 1000), 1000, 1000);
+    l.applyFromStream(charge("r1", "b", "p1", 1000), 1000, 1000);
+    l.applyFromStream({ ...hb("b", 2000), truncated: true, outstanding: [{ id: "r9", model: "m", pod: "p2", promptTokens: 1, ts: 2000 }] }, 2000, 2000);
+    expect(l.outstanding("m", "p1").requests).toBe(1);
+    expect(l.outstanding("m", "p2").requests).toBe(1);
   });
 });

@@ -55,11 +55,18 @@ export class ChargeLedger implements LedgerReader {
   private readonly entries = new Map<string, Entry>();
   private readonly totals = new Map<string, Outstanding>();
   private readonly gateways = new Map<string, GatewayState>();
+  /** Charge keys per gateway: heartbeat reconciliation and drops touch only that gateway's charges. */
+  private readonly byGateway = new Map<string, Set<string>>();
+  /** Charges removed because the owner's heartbeat no longer listed them (lost releases healed). */
+  reconciledRemoved = 0;
+  /** Charges added because the owner's heartbeat listed them and we had not seen them (lost charges healed). */
+  reconciledAdded = 0;
   /** Charges dropped because the bound was reached. */
   evicted = 0;
   /** Charges dropped by TTL or heartbeat lapse (not by a release). */
   expired = 0;
   lastSeq = 0;
+  private lastTtlScan = Number.NEGATIVE_INFINITY;
 
   constructor(opts: ChargeLedgerOptions = {}) {
     this.self = opts.self;
@@ -77,6 +84,9 @@ export class ChargeLedger implements LedgerReader {
     if (this.entries.size >= this.maxCharges) this.evictOldest();
     const podKey = podKeyOf(ev.model, ev.pod);
     this.entries.set(key, { key, podKey, gateway: ev.gateway, expiresAt, promptTokens: ev.promptTokens });
+    let mine = this.byGateway.get(ev.gateway);
+    if (!mine) this.byGateway.set(ev.gateway, (mine = new Set()));
+    mine.add(key);
     let t = this.totals.get(podKey);
     if (!t) this.totals.set(podKey, (t = { requests: 0, promptTokens: 0 }));
     t.requests++;
@@ -92,12 +102,39 @@ export class ChargeLedger implements LedgerReader {
     return true;
   }
 
-  /** Records a heartbeat at `seenAt` (the server's timestamp of the message, ms). */
-  heartbeat(hb: GatewayHeartbeat, seenAt: number): void {
+  /**
+   * Records a heartbeat at `seenAt` (the server's timestamp of the message, ms) and, when it lists
+   * the gateway's outstanding charges, makes this ledger agree with that list.
+   */
+  heartbeat(hb: GatewayHeartbeat, seenAt: number, now = seenAt): void {
     const g = this.gateways.get(hb.gateway);
     if (g && g.lastSeen > seenAt) return;
     this.gateways.set(hb.gateway, { lastSeen: seenAt, down: hb.state === "down" });
     if (hb.state === "down") this.dropGateway(hb.gateway);
+    else if (hb.outstanding) this.reconcile(hb, now);
+  }
+
+  private reconcile(hb: GatewayHeartbeat, now: number): void {
+    const listed = new Set<string>();
+    for (const c of hb.outstanding ?? []) {
+      const key = `${hb.gateway}/${c.id}`;
+      listed.add(key);
+      if (this.entries.has(key)) continue;
+      const added = this.charge(
+        { type: "charge", id: c.id, gateway: hb.gateway, model: c.model, pod: c.pod, ts: c.ts, ttlMs: hb.chargeTtlMs ?? 600_000, promptTokens: c.promptTokens },
+        now,
+      );
+      if (added) this.reconciledAdded++;
+    }
+    if (hb.truncated) return;
+    for (const key of [...(this.byGateway.get(hb.gateway) ?? [])]) {
+      if (listed.has(key)) continue;
+      const e = this.entries.get(key);
+      if (e) {
+        this.remove(e);
+        this.reconciledRemoved++;
+      }
+    }
   }
 
   /** Applies an event read from the stream; the gateway's own echoes are ignored. */
@@ -109,7 +146,7 @@ export class ChargeLedger implements LedgerReader {
       if (!this.gateways.has(ev.gateway)) this.gateways.set(ev.gateway, { lastSeen: serverTs, down: false });
       this.charge(ev, now);
     } else if (ev.type === "release") this.release(ev);
-    else this.heartbeat(ev, serverTs);
+    else this.heartbeat(ev, serverTs, now);
   }
 
   isAlive(gateway: string, now: number): boolean {
@@ -118,23 +155,28 @@ export class ChargeLedger implements LedgerReader {
     return !!g && !g.down && now - g.lastSeen <= this.heartbeatTimeoutMs;
   }
 
-  /** Drops expired charges and those of gateways whose heartbeat lapsed. Returns how many went. */
-  sweep(now: number): number {
-    const dead = new Set<string>();
-    for (const [gw, g] of this.gateways) {
-      if (gw !== this.self && (g.down || now - g.lastSeen > this.heartbeatTimeoutMs)) dead.add(gw);
-    }
+  /**
+   * Drops the charges of gateways whose heartbeat lapsed (every call: cheap, per-gateway sets) and
+   * expired charges (a full scan, at most once per `ttlScanEveryMs`: TTLs are minutes long, so
+   * second-level precision is plenty). Returns how many charges went.
+   */
+  sweep(now: number, ttlScanEveryMs = 1_000): number {
     let n = 0;
-    for (const e of this.entries.values()) {
-      if (e.expiresAt <= now || dead.has(e.gateway)) {
-        this.remove(e);
-        n++;
-      }
+    for (const [gw, g] of this.gateways) {
+      if (gw === this.self || !(g.down || now - g.lastSeen > this.heartbeatTimeoutMs)) continue;
+      n += this.byGateway.get(gw)?.size ?? 0;
+      this.dropGateway(gw);
+      // Forget gateways long dead so the map stays bounded by live gateways.
+      if (now - g.lastSeen > 10 * this.heartbeatTimeoutMs) this.gateways.delete(gw);
     }
-    // Forget gateways long dead so the map stays bounded by live gateways.
-    for (const gw of dead) {
-      const g = this.gateways.get(gw);
-      if (g && now - g.lastSeen > 10 * this.heartbeatTimeoutMs) this.gateways.delete(gw);
+    if (now - this.lastTtlScan >= ttlScanEveryMs) {
+      this.lastTtlScan = now;
+      for (const e of this.entries.values()) {
+        if (e.expiresAt <= now) {
+          this.remove(e);
+          n++;
+        }
+      }
     }
     this.expired += n;
     return n;
@@ -146,9 +188,7 @@ export class ChargeLedger implements LedgerReader {
 
   /** Outstanding charges of one gateway (for tests and /debug). */
   chargesOf(gateway: string): number {
-    let n = 0;
-    for (const e of this.entries.values()) if (e.gateway === gateway) n++;
-    return n;
+    return this.byGateway.get(gateway)?.size ?? 0;
   }
 
   liveGateways(now: number): string[] {
@@ -160,7 +200,10 @@ export class ChargeLedger implements LedgerReader {
   }
 
   private dropGateway(gateway: string): void {
-    for (const e of this.entries.values()) if (e.gateway === gateway) this.remove(e);
+    for (const key of [...(this.byGateway.get(gateway) ?? [])]) {
+      const e = this.entries.get(key);
+      if (e) this.remove(e);
+    }
   }
 
   private evictOldest(): void {
@@ -172,6 +215,11 @@ export class ChargeLedger implements LedgerReader {
 
   private remove(e: Entry): void {
     this.entries.delete(e.key);
+    const mine = this.byGateway.get(e.gateway);
+    if (mine) {
+      mine.delete(e.key);
+      if (mine.size === 0) this.byGateway.delete(e.gateway);
+    }
     const t = this.totals.get(e.podKey);
     if (!t) return;
     t.requests--;
