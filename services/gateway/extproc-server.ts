@@ -67,7 +67,7 @@ export function createExtProcHandler(opts: ExtProcHandlerOptions): grpc.handleBi
 
   // The header entries and metadata that name a pod are the same for every request to it:
   // built once per (endpoint, strategy), bounded by pods x strategies.
-  const targets = new Map<string, { headers: HeaderValueOption[]; metadata: ProtoStruct }>();
+  const targets = new Map<string, { headers: HeaderValueOption[]; echo: HeaderValueOption[]; metadata: ProtoStruct }>();
   const targetOf = (endpoint: string, strategy: string) => {
     const key = `${endpoint} ${strategy}`;
     let t = targets.get(key);
@@ -75,6 +75,8 @@ export function createExtProcHandler(opts: ExtProcHandlerOptions): grpc.handleBi
       if (targets.size > 100_000) targets.clear();
       t = {
         headers: [setHeader(Headers.destinationEndpoint, endpoint), setHeader(Headers.targetPod, endpoint), setHeader(Headers.routingStrategy, strategy)],
+        // Echoed on the response so clients and logs see where the request went.
+        echo: [setHeader(Headers.targetPod, endpoint), setHeader(Headers.routingStrategy, strategy)],
         metadata: toProtoStruct({ [LB_METADATA_NAMESPACE]: { [Headers.destinationEndpoint]: endpoint } }),
       };
       targets.set(key, t);
@@ -156,9 +158,7 @@ export function createExtProcHandler(opts: ExtProcHandlerOptions): grpc.handleBi
             const h = headersToRecord(req.response_headers?.headers);
             status = Number.parseInt(h[Headers.status] ?? "0", 10) || 0;
             tracker = new ResponseTracker(h[Headers.contentType]);
-            const set = routed
-              ? [setHeader(Headers.targetPod, routed.pod.address), setHeader(Headers.routingStrategy, routed.strategy), setHeader(Headers.gatewayRequestId, routed.requestId)]
-              : [];
+            const set = routed ? [...targetOf(routed.pod.address, routed.strategy).echo, setHeader(Headers.gatewayRequestId, routed.requestId)] : [];
             send({ response_headers: { response: { status: "CONTINUE", header_mutation: { set_headers: set } } } });
             if (req.response_headers?.end_of_stream) finish(status >= 400 ? "error" : "completed");
             return;
