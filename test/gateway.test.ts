@@ -265,3 +265,39 @@ describe("gateway - a new replica rebuilds the ledger from heartbeats", () => {
     client.close();
   });
 });
+
+describe("gateway - strict consistency (per-pod compare-and-set)", () => {
+  let env: TestEnv;
+  beforeAll(async () => {
+    env = await startTestEnv();
+    for (let i = 0; i < 4; i++) await env.publishPod({ pod: `pod-${i}`, address: `127.0.0.1:${8600 + i}` });
+  });
+  afterAll(async () => env?.stop());
+
+  it("two replicas routing a simultaneous burst never stack a pod beyond the even share", async () => {
+    const a = await env.gateway({ id: "strict-a", consistency: "strict" });
+    const b = await env.gateway({ id: "strict-b", consistency: "strict" });
+    const clients = [new ExtProcClient(`127.0.0.1:${a.port}`), new ExtProcClient(`127.0.0.1:${b.port}`)];
+    for (let round = 1; round <= 3; round++) {
+      // 8 requests at once, 4 per replica, all opened before any is answered.
+      const exchanges = Array.from({ length: 8 }, (_, i) => (clients[i % 2] as ExtProcClient).open());
+      await Promise.all(exchanges.map((ex) => ex.requestHeaders(reqHeaders())));
+      const picks = await Promise.all(
+        exchanges.map(async (ex) => {
+          const r = await ex.requestBody(chat());
+          return r.kind === "continue" ? (r.headerMutation.set["x-gateway-destination-endpoint"] as string) : `error ${r.kind}`;
+        }),
+      );
+      const perPod = new Map<string, number>();
+      for (const p of picks) perPod.set(p, (perPod.get(p) ?? 0) + 1);
+      expect([...perPod.values()].sort(), `round ${round}: ${JSON.stringify([...perPod])}`).toEqual([2, 2, 2, 2]);
+      for (const ex of exchanges) ex.cancel();
+      await waitFor(() => a.views.ledger.size === 0 && b.views.ledger.size === 0, 3_000, "releases");
+    }
+    const stats = [a.strict?.stats, b.strict?.stats];
+    console.log(`strict: ${JSON.stringify(stats)}`);
+    expect((a.strict?.stats.committed ?? 0) + (b.strict?.stats.committed ?? 0)).toBe(24);
+    expect((a.strict?.stats.fallbacks ?? 0) + (b.strict?.stats.fallbacks ?? 0)).toBe(0);
+    for (const c of clients) c.close();
+  });
+});

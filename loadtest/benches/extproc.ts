@@ -37,7 +37,6 @@ async function load(target: string, concurrency: number, o: ExtProcBenchOptions)
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)] as number;
 
 export async function runExtProcBench(o: ExtProcBenchOptions): Promise<Record<string, unknown>> {
-  if (o.mode === "strict") throw new Error("--mode strict needs the strict consistency mode, which is not built yet (issue: consistent load)");
   const nats = await startNatsServer();
   const h = await connectNats(nats.url);
   await applyStreams(h.nc, h.jsm);
@@ -46,7 +45,7 @@ export async function runExtProcBench(o: ExtProcBenchOptions): Promise<Record<st
     await acked(h.js, s.pod(MODEL, `pod-${i}`), { type: "pod", action: "upsert", model: MODEL, pod: `pod-${i}`, address: `127.0.0.1:${18000 + i}`, ready: true, engine: "vllm", ts: Date.now() });
   }
   const noop = runNode(loadtestScript("noop-main.js"));
-  const gw = spawnJetroute("gateway", ["gateway", "--nats", nats.url, "--port", "0", "--admin-port", "-1", "--host", "127.0.0.1", "--id", "bench-gw", "--strategy", "least-request"], {
+  const gw = spawnJetroute("gateway", ["gateway", "--nats", nats.url, "--port", "0", "--admin-port", "-1", "--host", "127.0.0.1", "--id", "bench-gw", "--strategy", "least-request", "--consistency", o.mode], {
     env: { JETROUTE_LOG_LEVEL: "warn" },
   });
   try {

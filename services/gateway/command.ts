@@ -1,8 +1,13 @@
-import type { Command } from "commander";
+import { type Command, InvalidArgumentError } from "commander";
 import { DEFAULT_NATS, intOption, natsUrlsOption, untilSignal } from "../shared/cli-options.js";
 import { createLogger } from "../shared/log.js";
 import { startGateway } from "./gateway.js";
 import { strategyNames } from "./strategies/registry.js";
+
+function consistencyOption(v: string): "eventual" | "strict" {
+  if (v !== "eventual" && v !== "strict") throw new InvalidArgumentError(`expected eventual or strict, got ${JSON.stringify(v)}`);
+  return v;
+}
 
 export function registerGatewayCommand(program: Command): void {
   program
@@ -15,6 +20,7 @@ export function registerGatewayCommand(program: Command): void {
     .option("--admin-port <port>", "admin HTTP port (/healthz /readyz /debug/state); -1 = off", intOption(-1, 65535), 9090)
     .option("--id <id>", "gateway replica id (default: hostname-pid-random)")
     .option("--strategy <name>", `default routing strategy (${strategyNames().join(", ")})`, "least-request")
+    .option("--consistency <mode>", "charges: eventual (publish, apply on delivery) or strict (per-pod compare-and-set)", consistencyOption, "eventual")
     .option("--charge-ttl-ms <ms>", "a charge stops counting after this long even without a release", intOption(1), 600_000)
     .option("--heartbeat-ms <ms>", "heartbeat interval", intOption(10), 1_000)
     .option("--heartbeat-timeout-ms <ms>", "a gateway silent this long loses its charges (default 3 x interval)", intOption(10))
@@ -36,6 +42,7 @@ export function registerGatewayCommand(program: Command): void {
         heartbeatTimeoutMs: o.heartbeatTimeoutMs,
         loadStaleAfterMs: o.loadStaleMs,
         maxCharges: o.maxCharges,
+        consistency: o.consistency,
         shutdownGraceMs: o.shutdownGraceMs,
         log,
       });

@@ -49,6 +49,8 @@ export interface RouteInput {
 
 export interface RoutedRequest {
   readonly chargeId: string;
+  /** The charge as recorded in this replica's ledger (and published unless the caller commits it). */
+  readonly charge: ChargeEvent;
   readonly requestId: string;
   readonly model: string;
   readonly pod: PodInfo;
@@ -83,8 +85,12 @@ export class Director {
     this.random = opts.random ?? Math.random;
   }
 
-  /** Picks a pod and charges it. Throws RouteError for anything the client must be told. */
-  route(input: RouteInput): RoutedRequest {
+  /**
+   * Picks a pod and charges it. Throws RouteError for anything the client must be told.
+   * `publish: false` leaves publishing the charge to the caller (strict mode commits it with a
+   * compare-and-set, and may `retract` it).
+   */
+  route(input: RouteInput, opts: { publish?: boolean } = {}): RoutedRequest {
     const parsed = parseRequestBody(input.body);
     const requestId = input.headers["x-request-id"] || randomUUID();
     const strategyName = input.headers["routing-strategy"] || this.opts.defaultStrategy;
@@ -126,9 +132,10 @@ export class Director {
       ...(parsed.maxTokens !== undefined ? { maxTokens: parsed.maxTokens } : {}),
     };
     ledger.charge(charge, now);
-    this.opts.sink.charge(charge);
+    if (opts.publish !== false) this.opts.sink.charge(charge);
     const routed: RoutedRequest = {
       chargeId,
+      charge,
       requestId,
       model: parsed.model,
       pod: pick.pod,
@@ -140,6 +147,19 @@ export class Director {
     };
     this.inFlight.set(chargeId, routed);
     return routed;
+  }
+
+  /** Publishes a charge made with `publish: false` the eventual way. */
+  publishCharge(r: RoutedRequest): void {
+    this.opts.sink.charge(r.charge);
+  }
+
+  /** Undoes a charge that was never published (a strict-mode commit lost its race). */
+  retract(r: RoutedRequest): void {
+    if (r.finished) return;
+    r.finished = true;
+    this.inFlight.delete(r.chargeId);
+    this.opts.views.ledger.release({ gateway: this.gatewayId, id: r.chargeId });
   }
 
   /** Ends a routed request: releases its charge and records the decision. Idempotent. */

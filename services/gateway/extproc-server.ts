@@ -9,7 +9,7 @@
  */
 import type * as grpc from "@grpc/grpc-js";
 import { openAIError, RouteError, routeErrorBody } from "./errors.js";
-import type { Director, RoutedRequest } from "./director.js";
+import type { Director, RoutedRequest, RouteInput } from "./director.js";
 import { ResponseTracker } from "./response-tracker.js";
 import type { HeaderMutation, HeaderValueOption, ProcessingRequest, ProcessingResponse, ProtoStruct } from "../extproc/types.js";
 import {
@@ -36,6 +36,8 @@ export interface ExtProcHandlerOptions {
   maxBodyBytes?: number;
   /** Answers GET /v1/models from the pod set. */
   listModels: () => string[];
+  /** Selection + charge; defaults to the director's synchronous route (eventual mode). */
+  route?: (input: RouteInput) => RoutedRequest | Promise<RoutedRequest>;
 }
 
 const CONTINUE = { response: { status: "CONTINUE" as const } };
@@ -63,6 +65,7 @@ function subsetHint(req: ProcessingRequest): string[] | undefined {
 
 export function createExtProcHandler(opts: ExtProcHandlerOptions): grpc.handleBidiStreamingCall<ProcessingRequest, ProcessingResponse> {
   const { director, log } = opts;
+  const route = opts.route ?? ((input: RouteInput) => director.route(input));
   const maxBody = opts.maxBodyBytes ?? 4 * 1024 * 1024;
 
   // The header entries and metadata that name a pod are the same for every request to it:
@@ -116,13 +119,31 @@ export function createExtProcHandler(opts: ExtProcHandlerOptions): grpc.handleBi
       if (!opts.isReady()) return reject(new RouteError("notReady", "gateway is catching up with the streams; retry shortly"));
       const body = bodyParts.length === 1 ? (bodyParts[0] as Buffer) : Buffer.concat(bodyParts);
       bodyParts = [];
-      try {
-        routed = director.route({ headers, body, subset });
-      } catch (err) {
+      const failed = (err: unknown) => {
         if (err instanceof RouteError) return reject(err, safeModel(body));
         log.error({ err }, "routing failed");
         return reject(new RouteError("internal", "internal routing error"));
+      };
+      let result: RoutedRequest | Promise<RoutedRequest>;
+      try {
+        result = route({ headers, body, subset });
+      } catch (err) {
+        return failed(err);
       }
+      if (result instanceof Promise) {
+        result.then((r) => {
+          routed = r;
+          // The client may have left while the charge was being committed.
+          if (call.cancelled) return finish("cancelled");
+          replyRouted(r);
+        }, failed);
+        return;
+      }
+      routed = result;
+      replyRouted(result);
+    };
+
+    const replyRouted = (routed: RoutedRequest) => {
       const target = targetOf(routed.pod.address, routed.strategy);
       send({
         request_body: {

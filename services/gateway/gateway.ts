@@ -20,6 +20,8 @@ import { LoadView } from "../views/load-view.js";
 import { PodSet } from "../views/pod-set.js";
 import { Director, type EventSink, type GatewayViews } from "./director.js";
 import { createExtProcHandler } from "./extproc-server.js";
+import { StrictCommitter } from "./strict-commit.js";
+import { SubjectCursors } from "./subject-cursor.js";
 
 export interface GatewayOptions {
   nats: string | string[];
@@ -36,6 +38,8 @@ export interface GatewayOptions {
   heartbeatTimeoutMs?: number;
   loadStaleAfterMs?: number;
   maxCharges?: number;
+  /** `eventual` (default): publish charges without waiting; `strict`: per-pod compare-and-set. */
+  consistency?: "eventual" | "strict";
   /** Bound on the charges listed in one heartbeat (beyond it the list is marked truncated). */
   maxHeartbeatCharges?: number;
   /** On close, how long in-flight requests may take before their streams are cancelled. */
@@ -49,6 +53,7 @@ export interface GatewayHandle {
   adminPort: number | undefined;
   views: GatewayViews;
   director: Director;
+  strict: StrictCommitter | undefined;
   nats: NatsHandles;
   ready(): boolean;
   whenReady(): Promise<void>;
@@ -80,6 +85,7 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
     ledger: new ChargeLedger({ self: id, heartbeatTimeoutMs: hbTimeout, maxCharges: o.maxCharges }),
   };
 
+  const cursors = new SubjectCursors();
   const followers = [
     new StreamFollower({
       nats, subjects, log, name: `gateway-${id}-pods`, family: "pods", types: ["pod"] as const,
@@ -100,6 +106,7 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
       // periods of history rebuild the whole ledger: boot time does not grow with traffic.
       stream: streamName(prefix, "CHARGES"), startAt: { kind: "time", sinceMs: Date.now() - Math.max(10_000, 3 * hbTimeout) },
       onEvent: (ev, m) => views.ledger.applyFromStream(ev, m.serverTs, Date.now(), m.seq),
+      onMessage: (subject, seq) => cursors.note(subject, seq),
       // Everything we published ourselves was applied when we made it (the ledger ignores its own
       // events anyway): recognise the echoes by a byte search and spare them JSON and schema work.
       skipRaw: (data) => ownMarker.length > 0 && indexOfBytes(data, ownMarker) >= 0,
@@ -113,6 +120,10 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
     decision: (rec) => outbox.fire(subjects.decisions(rec.model || "_"), rec),
   };
   const director = new Director({ gatewayId: id, defaultStrategy: o.defaultStrategy ?? "least-request", chargeTtlMs, views, sink });
+  const strict =
+    o.consistency === "strict"
+      ? new StrictCommitter({ js: nats.js, subjects, director, cursor: cursors, onFallback: (err) => log.warn({ err }, "strict charge commit failed; published without compare-and-set") })
+      : undefined;
 
   const startedAt = Date.now();
   const maxListed = o.maxHeartbeatCharges ?? 20_000;
@@ -153,6 +164,7 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
       log,
       isReady: () => isReady,
       listModels: () => [...new Set(views.pods.all().flatMap((p) => [p.model, ...p.adapters]))].sort(),
+      ...(strict ? { route: (input) => strict.route(input) } : {}),
     }),
   });
   health.addToServer(server);
@@ -173,6 +185,8 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
       outstanding: views.pods.all().map((p) => ({ model: p.model, pod: p.pod, ...views.ledger.outstanding(p.model, p.pod) })),
     },
     inFlight: director.inFlight.size,
+    consistency: o.consistency ?? "eventual",
+    ...(strict ? { strict: strict.stats } : {}),
   });
 
   let admin: http.Server | undefined;
@@ -204,6 +218,7 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
     adminPort,
     views,
     director,
+    strict,
     nats,
     ready: () => isReady,
     whenReady: () => readyPromise,

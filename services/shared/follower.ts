@@ -45,6 +45,8 @@ export interface FollowerOptions<T extends EventType> {
    * Skipped messages still advance `lastSeq`.
    */
   skipRaw?(data: Uint8Array): boolean;
+  /** Sees every message's subject and sequence first, skipped or not (per-subject cursors). */
+  onMessage?(subject: string, seq: number): void;
 }
 
 export class StreamFollower<T extends EventType> {
@@ -112,6 +114,7 @@ export class StreamFollower<T extends EventType> {
   private handle(m: JsMsg): void {
     const o = this.opts;
     this.lastSeq = m.seq;
+    o.onMessage?.(m.subject, m.seq);
     if (o.skipRaw?.(m.data)) {
       this.skipped++;
       if (!this.caughtUpFlag && m.info.pending === 0) this.markCaughtUp();

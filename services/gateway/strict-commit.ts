@@ -1,0 +1,91 @@
+/**
+ * `strict` consistency: a charge counts only once it won a per-pod compare-and-set on the pod's
+ * charge subject (`Nats-Expected-Last-Subject-Sequence` = the last sequence this replica has seen
+ * on that subject). Losing means another replica charged or released that pod after our view was
+ * taken: retract the local charge, wait until the view has caught up to the winner, select again.
+ * Bounded retries, then the charge is published as in `eventual` mode, and counted.
+ *
+ * Costs one JetStream round trip per request (plus one per lost race); buys: no two replicas can
+ * both charge a pod on the strength of the same stale view.
+ */
+import { JetStreamApiCodes, JetStreamApiError, type JetStreamClient } from "@nats-io/jetstream";
+import type { Subjects } from "../../streams/subjects.js";
+import { encodeEvent } from "../shared/publish.js";
+import type { Director, RoutedRequest, RouteInput } from "./director.js";
+
+export interface SubjectCursor {
+  /** Last stream sequence this replica applied on `subject` (0 = none). */
+  lastSeq(subject: string): number;
+  /** Records a sequence learned from our own publish ack. */
+  note(subject: string, seq: number): void;
+  /** Resolves true once `lastSeq(subject) >= seq`, false after `timeoutMs`. */
+  waitFor(subject: string, seq: number, timeoutMs: number): Promise<boolean>;
+}
+
+export interface StrictStats {
+  committed: number;
+  conflicts: number;
+  /** Charges published without a compare-and-set after retries ran out or the CAS failed otherwise. */
+  fallbacks: number;
+}
+
+export interface StrictCommitOptions {
+  js: JetStreamClient;
+  subjects: Subjects;
+  director: Director;
+  cursor: SubjectCursor;
+  /** Re-selections after a lost race before falling back (default 3). */
+  maxRetries?: number;
+  /** How long to wait for the view to reach the winner's sequence (default 50 ms). */
+  catchUpMs?: number;
+  onFallback?: (err: unknown) => void;
+}
+
+const WRONG_LAST_SEQ = /wrong last sequence: (\d+)/i;
+
+export function isWrongLastSequence(err: unknown): number | undefined {
+  if (!(err instanceof JetStreamApiError) || err.code !== JetStreamApiCodes.StreamWrongLastSequence) return undefined;
+  const m = WRONG_LAST_SEQ.exec(err.message);
+  return m ? Number(m[1]) : 0;
+}
+
+export class StrictCommitter {
+  readonly stats: StrictStats = { committed: 0, conflicts: 0, fallbacks: 0 };
+  private readonly maxRetries: number;
+  private readonly catchUpMs: number;
+
+  constructor(private readonly o: StrictCommitOptions) {
+    this.maxRetries = o.maxRetries ?? 3;
+    this.catchUpMs = o.catchUpMs ?? 50;
+  }
+
+  async route(input: RouteInput): Promise<RoutedRequest> {
+    const { director, js, subjects, cursor } = this.o;
+    for (let attempt = 0; ; attempt++) {
+      if (attempt > this.maxRetries) {
+        this.stats.fallbacks++;
+        return director.route(input);
+      }
+      const r = director.route(input, { publish: false });
+      const subject = subjects.charges(r.pod.model, r.pod.pod);
+      try {
+        const ack = await js.publish(subject, encodeEvent(r.charge), { expect: { lastSubjectSequence: cursor.lastSeq(subject) } });
+        cursor.note(subject, ack.seq);
+        this.stats.committed++;
+        return r;
+      } catch (err) {
+        const winner = isWrongLastSequence(err);
+        if (winner === undefined) {
+          // Not a lost race (timeout, no stream leader...): keep the charge, publish it the eventual way.
+          this.stats.fallbacks++;
+          this.o.onFallback?.(err);
+          director.publishCharge(r);
+          return r;
+        }
+        this.stats.conflicts++;
+        director.retract(r);
+        await cursor.waitFor(subject, winner, this.catchUpMs);
+      }
+    }
+  }
+}
