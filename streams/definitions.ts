@@ -83,7 +83,7 @@ export function streamDefinitions(opts: StreamOptions = {}): StreamDefinition[] 
       duplicate_window: 10 * MINUTE_NS,
     }),
     def("CHARGES", "provisional charges, releases and gateway heartbeats", {
-      subjects: [s.all("charges"), s.all("hb")],
+      subjects: [s.all("charges"), s.all("releases"), s.all("hb")],
       max_age: 30 * MINUTE_NS,
       max_bytes: 512 * MiB,
     }),

@@ -4,7 +4,9 @@
  *   <prefix>.pods.<model>.<pod>        PODS       pod readiness (pod-watcher)
  *   <prefix>.load.<model>.<pod>        LOAD       engine load samples (metrics-scraper)
  *   <prefix>.kv.<model>.<pod>          KV         KV block events (kv-bridge; reserved)
- *   <prefix>.charges.<model>.<pod>     CHARGES    provisional charges and releases (gateways)
+ *   <prefix>.charges.<model>.<pod>     CHARGES    provisional charges (gateways)
+ *   <prefix>.releases.<model>.<pod>    CHARGES    their releases (own subject: strict mode's
+ *                                                 compare-and-set guards charges only)
  *   <prefix>.hb.<gateway>              CHARGES    gateway heartbeats (same stream: one ordered fold)
  *   <prefix>.decisions.<model>         DECISIONS  decision records (gateways)
  *   <prefix>.dlq.<family>              DLQ        dead letters, by the family they were read from
@@ -18,6 +20,7 @@ export const Family = {
   load: "load",
   kv: "kv",
   charges: "charges",
+  releases: "releases",
   hb: "hb",
   decisions: "decisions",
   dlq: "dlq",
@@ -40,6 +43,9 @@ export class Subjects {
   }
   charges(model: string, pod: string): string {
     return `${this.prefix}.charges.${encodeToken(model)}.${encodeToken(pod)}`;
+  }
+  releases(model: string, pod: string): string {
+    return `${this.prefix}.releases.${encodeToken(model)}.${encodeToken(pod)}`;
   }
   heartbeat(gateway: string): string {
     return `${this.prefix}.hb.${encodeToken(gateway)}`;

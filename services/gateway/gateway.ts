@@ -116,7 +116,7 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
   const outbox = new Outbox(nats.nc);
   const sink: EventSink = {
     charge: (ev) => outbox.fire(subjects.charges(ev.model, ev.pod), ev),
-    release: (ev) => outbox.fire(subjects.charges(ev.model, ev.pod), ev),
+    release: (ev) => outbox.fire(subjects.releases(ev.model, ev.pod), ev),
     decision: (rec) => outbox.fire(subjects.decisions(rec.model || "_"), rec),
   };
   const director = new Director({ gatewayId: id, defaultStrategy: o.defaultStrategy ?? "least-request", chargeTtlMs, views, sink });

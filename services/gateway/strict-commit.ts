@@ -59,6 +59,24 @@ export class StrictCommitter {
     this.catchUpMs = o.catchUpMs ?? 50;
   }
 
+  /**
+   * Commits on one pod subject are chained inside this replica: two of our own charges on a pod
+   * would otherwise both expect the same last sequence and one would lose to ourselves. The
+   * chain makes each wait for the previous ack, whose sequence it then expects.
+   */
+  private readonly tails = new Map<string, Promise<unknown>>();
+
+  private serialized<T>(subject: string, fn: () => Promise<T>): Promise<T> {
+    const prev = this.tails.get(subject) ?? Promise.resolve();
+    const next = prev.then(fn, fn);
+    const tail = next.catch(() => undefined);
+    this.tails.set(subject, tail);
+    tail.then(() => {
+      if (this.tails.get(subject) === tail) this.tails.delete(subject);
+    });
+    return next;
+  }
+
   async route(input: RouteInput): Promise<RoutedRequest> {
     const { director, js, subjects, cursor } = this.o;
     for (let attempt = 0; ; attempt++) {
@@ -69,7 +87,8 @@ export class StrictCommitter {
       const r = director.route(input, { publish: false });
       const subject = subjects.charges(r.pod.model, r.pod.pod);
       try {
-        const ack = await js.publish(subject, encodeEvent(r.charge), { expect: { lastSubjectSequence: cursor.lastSeq(subject) } });
+        const data = encodeEvent(r.charge);
+        const ack = await this.serialized(subject, () => js.publish(subject, data, { expect: { lastSubjectSequence: cursor.lastSeq(subject) } }));
         cursor.note(subject, ack.seq);
         this.stats.committed++;
         return r;

@@ -53,6 +53,8 @@ export class StreamFollower<T extends EventType> {
   /** Stream sequence of the last message handled (applied or dead-lettered). */
   lastSeq = 0;
   applied = 0;
+  /** Times the consumer had to be reopened (lost with its server, or closed under us). */
+  reopens = 0;
   skipped = 0;
   readonly deadLetters: DeadLetterSink;
   private caughtUpFlag = false;
@@ -79,9 +81,13 @@ export class StreamFollower<T extends EventType> {
   }
 
   async start(): Promise<void> {
+    await this.open(this.opts.startAt);
+  }
+
+  private async open(startAt: StartAt): Promise<void> {
     const o = this.opts;
     const consumerOpts: Partial<OrderedConsumerOptions> = o.filter ? { filter_subjects: o.filter } : {};
-    switch (o.startAt.kind) {
+    switch (startAt.kind) {
       case "all":
         consumerOpts.deliver_policy = DeliverPolicy.All;
         break;
@@ -90,25 +96,59 @@ export class StreamFollower<T extends EventType> {
         break;
       case "time":
         consumerOpts.deliver_policy = DeliverPolicy.StartTime;
-        consumerOpts.opt_start_time = new Date(o.startAt.sinceMs).toISOString();
+        consumerOpts.opt_start_time = new Date(startAt.sinceMs).toISOString();
         break;
       case "sequence":
         consumerOpts.deliver_policy = DeliverPolicy.StartSequence;
-        consumerOpts.opt_start_seq = Math.max(1, o.startAt.seq);
+        consumerOpts.opt_start_seq = Math.max(1, startAt.seq);
         break;
     }
     const consumer = await o.nats.js.consumers.get(o.stream, consumerOpts);
     const info = await consumer.info(true);
     if (info.num_pending === 0) this.markCaughtUp();
-    this.messages = await consumer.consume({
+    const messages = await consumer.consume({
       max_messages: 2048,
-      // Short pulls and heartbeats: if the server hosting this (ephemeral, R1) consumer dies, the
-      // missed heartbeats make the client recreate it from the next sequence within ~2 s rather
-      // than the default 30 s pull expiry.
+      // Short pulls and heartbeats, so a consumer lost with its server is noticed in seconds.
       expires: 4_000,
       idle_heartbeat: 1_000,
       callback: (m) => this.handle(m),
     });
+    this.messages = messages;
+    this.watch(messages);
+  }
+
+  /**
+   * The client recreates an ordered consumer by itself in most cases, but not all: seen on a
+   * 3-node cluster, a consumer hosted on a killed node stayed silent for good. So: if the message
+   * loop ends, or heartbeats keep going missing, reopen from the next sequence ourselves.
+   */
+  private watch(messages: ConsumerMessages): void {
+    const reopen = (why: string) => {
+      if (this.stopped || this.messages !== messages) return;
+      this.messages = undefined;
+      this.reopens++;
+      this.opts.log.warn({ stream: this.opts.stream, lastSeq: this.lastSeq, why }, "reopening stream consumer");
+      void messages.close().catch(() => undefined);
+      void this.reopenWithBackoff();
+    };
+    void (async () => {
+      for await (const st of messages.status()) {
+        if (st.type === "heartbeats_missed" && st.count >= 3) return reopen(`${st.count} heartbeats missed`);
+      }
+    })().catch(() => undefined);
+    void messages.closed().then((err) => reopen(err ? `closed: ${(err as Error).message}` : "closed"));
+  }
+
+  private async reopenWithBackoff(): Promise<void> {
+    for (let delay = 250; !this.stopped; delay = Math.min(delay * 2, 4_000)) {
+      try {
+        await this.open(this.lastSeq > 0 ? { kind: "sequence", seq: this.lastSeq + 1 } : this.opts.startAt);
+        return;
+      } catch (err) {
+        this.opts.log.warn({ stream: this.opts.stream, err: (err as Error).message }, "stream consumer reopen failed; retrying");
+        await new Promise((r) => setTimeout(r, delay));
+      }
+    }
   }
 
   private handle(m: JsMsg): void {
@@ -143,6 +183,6 @@ export class StreamFollower<T extends EventType> {
   async stop(): Promise<void> {
     if (this.stopped) return;
     this.stopped = true;
-    await this.messages?.close();
+    await this.messages?.close().catch(() => undefined);
   }
 }

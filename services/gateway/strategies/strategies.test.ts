@@ -64,8 +64,27 @@ describe("random - table", () => {
 
 describe("registry", () => {
   it("finds strategies by name and refuses unknown ones", () => {
-    expect(strategyNames()).toEqual(["random", "least-request"]);
+    expect(strategyNames()).toEqual([
+      "random",
+      "least-request",
+      "power-of-two",
+      "least-latency",
+      "least-kv-cache",
+      "least-gpu-cache",
+      "least-busy-time",
+      "throughput",
+      "session-affinity",
+      "vtc-basic",
+      "slo",
+      "slo-least-load",
+      "slo-pack-load",
+    ]);
     expect(findStrategy("least-request")).toBe(leastRequestStrategy);
+    expect(findStrategy("random")).toBe(randomStrategy);
     expect(findStrategy("nope")).toBeUndefined();
+  });
+
+  it("every base strategy exposes a scorer named like it", () => {
+    for (const name of strategyNames()) expect(findStrategy(name)?.scorer?.name).toBe(name);
   });
 });

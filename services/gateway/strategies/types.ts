@@ -1,18 +1,31 @@
 /**
  * The contract between the gateway and its routing strategies. Strategies are pure: they read
  * views through these read-only interfaces and never import NATS, gRPC, HTTP or the logger.
+ *
+ * Anatomy (as in the Inference Extension's EPP): a strategy is a scorer (one raw score per pod and
+ * which end of the scale is better) plus a picker. Most strategies are exactly "the combination of
+ * one scorer" (see combine.ts); a few need their own picker (random, power-of-two, slo*).
  */
 import type { LedgerReader } from "../../views/charge-ledger.js";
 import type { LoadReader } from "../../views/load-view.js";
 import type { PodInfo } from "../../views/pod-set.js";
+import type { UsageReader } from "../../views/usage-view.js";
 
 export interface RoutingRequest {
   readonly model: string;
   readonly requestId: string;
-  /** Lower-cased request headers. */
+  /** Lower-cased request headers (`user`, `x-session-id`, `x-aibrix-session-key` are read here). */
   readonly headers: Readonly<Record<string, string>>;
   /** Rough prompt size in tokens (exact when a tokenizer ran). */
   readonly promptTokens: number;
+}
+
+/** A model's latency targets, for the slo* strategies. Absent fields are not targeted. */
+export interface SloTargets {
+  /** Time to first token, ms. */
+  readonly ttftMs?: number;
+  /** Time per output token after the first, ms. */
+  readonly tpotMs?: number;
 }
 
 export interface RoutingContext {
@@ -24,38 +37,75 @@ export interface RoutingContext {
   readonly now: number;
   /** Uniform in [0, 1); injected so tests are deterministic. */
   readonly random: () => number;
+  /** Per-user token usage over a recent window (vtc-basic). Absent: vtc-basic falls back to least-request. */
+  readonly usage?: UsageReader;
+  /** The model's latency targets (slo*). Absent: the slo* strategies fall back to least-latency. */
+  readonly slo?: SloTargets;
 }
 
 export interface Scored {
   readonly pod: PodInfo;
-  /** Strategy-specific score; documented per strategy (lower is better unless stated). */
+  /** Strategy-specific score; documented per strategy; read it with `Pick.better` (lower when absent). */
   readonly score: number;
 }
 
 export interface Pick {
   readonly pod: PodInfo;
-  /** Every candidate with its score, for the decision record and /debug/explain. */
+  /** The candidates the strategy weighed, with their scores, for the decision record and /debug/explain. */
   readonly candidates: readonly Scored[];
+  /** Which end of `candidates[].score` is better. Absent = "lower" (the original contract). */
+  readonly better?: Better;
+  /** Headers the gateway must set on the response to the client (session-affinity's `x-session-id`). */
+  readonly responseHeaders?: Readonly<Record<string, string>>;
+  /** Set when the strategy could not apply its own rule and used another one (e.g. "least-request"). */
+  readonly fallback?: string;
 }
 
 export interface Strategy {
+  /** The name the `routing-strategy` header selects (for a combination: its canonical spec). */
   readonly name: string;
   pick(ctx: RoutingContext): Pick;
+  /** The strategy's metric, for weighted combinations. Every built-in strategy has one. */
+  readonly scorer?: Scorer;
+  /** An exclusive strategy (slo*, later pd) decides alone and cannot be part of a combination. */
+  readonly exclusive?: boolean;
+}
+
+export type Better = "lower" | "higher";
+
+/**
+ * One metric over the candidates. `score` returns one raw value per `ctx.pods` entry, in order;
+ * `undefined` means "no usable metric for this pod" (missing or stale sample): the picker then
+ * treats the pod as the worst, and when no pod has a value the strategy falls back (combine.ts).
+ */
+export interface Scorer {
+  readonly name: string;
+  readonly better: Better;
+  score(ctx: RoutingContext): readonly (number | undefined)[];
+  /** Response headers to set once `picked` is chosen (by this scorer or by a combination containing it). */
+  responseHeaders?(ctx: RoutingContext, picked: PodInfo): Readonly<Record<string, string>> | undefined;
+}
+
+/** Picks uniformly among the entries sharing the best score. `scored` must not be empty. */
+export function pickBest(scored: readonly Scored[], better: Better, random: () => number): Scored {
+  const sign = better === "lower" ? 1 : -1;
+  let best = Number.POSITIVE_INFINITY;
+  let ties = 0;
+  for (const s of scored) {
+    const v = sign * s.score;
+    if (v < best) {
+      best = v;
+      ties = 1;
+    } else if (v === best) ties++;
+  }
+  let nth = Math.floor(random() * ties);
+  for (const s of scored) {
+    if (sign * s.score === best && nth-- === 0) return s;
+  }
+  return scored[0] as Scored;
 }
 
 /** Picks uniformly among the entries sharing the lowest score. */
 export function pickLowest(scored: readonly Scored[], random: () => number): Scored {
-  let best = Number.POSITIVE_INFINITY;
-  let ties = 0;
-  for (const s of scored) {
-    if (s.score < best) {
-      best = s.score;
-      ties = 1;
-    } else if (s.score === best) ties++;
-  }
-  let nth = Math.floor(random() * ties);
-  for (const s of scored) {
-    if (s.score === best && nth-- === 0) return s;
-  }
-  return scored[0] as Scored;
+  return pickBest(scored, "lower", random);
 }
