@@ -1,7 +1,9 @@
 import { spawn } from "node:child_process";
 import { createInterface } from "node:readline";
+import { Value } from "@sinclair/typebox/value";
 import { Command, CommanderError } from "commander";
 import { describe, expect, it } from "vitest";
+import { KvEventsEndpoint } from "../../schemas/events.js";
 import { registerSimCommand } from "./command.js";
 
 /** Runs `sim` in-process with commander's exits turned into exceptions; returns what it printed to stderr. */
@@ -30,6 +32,9 @@ describe("jetroute sim flags", () => {
     [["--base-port", "70000"], "--base-port"],
     [["--max-model-len", "999999", "--pods", "1"], "--max-model-len"],
     [["--max-batch", "64", "--max-num-batched-tokens", "32", "--pods", "1"], "--max-num-batched-tokens"],
+    [["--kv-events-encoding", "json"], "--kv-events-encoding"],
+    [["--kv-events-replay-layout", "map"], "--kv-events-replay-layout"],
+    [["--kv-cache-blocks", "64", "--kv-capacity-tokens", "1024", "--pods", "1"], "--kv-cache-blocks"],
   ])("rejects %j with an error naming %s", async (args, name) => {
     const { error, stderr } = await runInProcess(args);
     expect(error?.exitCode).toBe(1);
@@ -53,7 +58,7 @@ describe("jetroute sim process", () => {
     );
     const exited = new Promise<number | null>((resolve) => child.once("exit", (code) => resolve(code)));
     try {
-      const pods: Array<{ pod: string; address: string; engine: string; model: string }> = [];
+      const pods: Array<{ pod: string; address: string; engine: string; model: string; kvEvents?: unknown }> = [];
       for await (const line of createInterface({ input: child.stdout })) {
         const parsed = JSON.parse(line);
         if ("pod" in parsed) pods.push(parsed);
@@ -63,6 +68,14 @@ describe("jetroute sim process", () => {
         ["sim-0", "vllm", "demo/llama-3.1-8b"],
         ["sim-1", "sglang", "demo/llama-3.1-8b"],
       ]);
+      // The vLLM pod's line carries the pod event schema's kvEvents field; SGLang pods publish none.
+      expect(pods[0]?.kvEvents).toEqual({
+        endpoint: expect.stringMatching(/^tcp:\/\/127\.0\.0\.1:\d+$/),
+        replayEndpoint: expect.stringMatching(/^tcp:\/\/127\.0\.0\.1:\d+$/),
+        topic: "kv-events",
+      });
+      expect(Value.Check(KvEventsEndpoint, pods[0]?.kvEvents)).toBe(true);
+      expect(pods[1]).not.toHaveProperty("kvEvents");
       for (const p of pods) expect((await fetch(`http://${p.address}/health`)).status).toBe(200);
       child.kill("SIGTERM");
       expect(await exited).toBe(0);

@@ -1,11 +1,13 @@
 /**
  * `jetroute sim`: a fleet of simulated engines. Prints one JSON line per pod on stdout
- * (`{"pod","address","engine","model"}`) for the demo and scripts to parse.
+ * (`{"pod","address","engine","model","kvEvents"?}`) for the demo and scripts to parse; `kvEvents`
+ * has the pod event schema's shape, so it can go into a pod list as it is.
  */
 import { type Command, InvalidArgumentError, Option } from "commander";
 import { floatOption, intOption, untilSignal } from "../shared/cli-options.js";
 import { createLogger } from "../shared/log.js";
 import { startSimFleet } from "./fleet.js";
+import { KV_EVENT_ENCODINGS, type KvEventEncoding, REPLAY_LAYOUTS, type ReplayLayout } from "./kv-events.js";
 import { ENGINE_KINDS, type EngineKind } from "./metrics.js";
 import { FLEET_DEFAULTS as D, SimOptionsError } from "./options.js";
 
@@ -15,14 +17,21 @@ function nonNegative(value: string): number {
   return n;
 }
 
-function engineList(value: string): EngineKind[] {
-  const kinds = value.split(",").map((s) => s.trim()).filter(Boolean);
-  const bad = kinds.filter((k) => !(ENGINE_KINDS as readonly string[]).includes(k));
-  if (kinds.length === 0 || bad.length > 0) {
-    throw new InvalidArgumentError(`expected ${ENGINE_KINDS.join(" or ")} (comma list cycles over pods), got ${JSON.stringify(value)}`);
-  }
-  return kinds as EngineKind[];
+/** A comma list of `allowed` values, cycled over the pods. */
+function cycledList<T extends string>(allowed: readonly T[]) {
+  return (value: string): T[] => {
+    const items = value.split(",").map((s) => s.trim()).filter(Boolean);
+    const bad = items.filter((k) => !(allowed as readonly string[]).includes(k));
+    if (items.length === 0 || bad.length > 0) {
+      throw new InvalidArgumentError(`expected ${allowed.join(" or ")} (comma list cycles over pods), got ${JSON.stringify(value)}`);
+    }
+    return items as T[];
+  };
 }
+
+const engineList = cycledList<EngineKind>(ENGINE_KINDS);
+const encodingList = cycledList<KvEventEncoding>(KV_EVENT_ENCODINGS);
+const layoutList = cycledList<ReplayLayout>(REPLAY_LAYOUTS);
 
 export function registerSimCommand(program: Command): void {
   program
@@ -43,8 +52,28 @@ export function registerSimCommand(program: Command): void {
     .option("--prefill-ms-per-token <ms>", "prefill cost per uncached prompt token", nonNegative, D.prefillMsPerToken)
     .option("--decode-ms-per-step <ms>", "decode step time for a batch of one", nonNegative, D.decodeMsPerStep)
     .option("--decode-batch-slope <x>", "decode step grows by this fraction per extra request in the batch", nonNegative, D.decodeBatchSlope)
-    .option("--kv-capacity-tokens <n>", "KV cache capacity per pod, in tokens", intOption(1), D.kvCapacityTokens)
+    .option("--kv-capacity-tokens <n>", `KV cache capacity per pod, in tokens (default ${D.kvCapacityTokens})`, intOption(1))
+    .option("--kv-cache-blocks <n>", "KV cache capacity per pod, in blocks (instead of --kv-capacity-tokens)", intOption(1))
     .option("--block-size <n>", "KV block size in tokens", intOption(1), D.blockSize)
+    .option("--no-kv-events", "do not publish vLLM KV cache events over ZMQ")
+    .addOption(
+      new Option("--kv-events-encoding <kinds>", "map (vLLM >= 0.26) or array (<= 0.23); a comma list cycles over pods")
+        .argParser(encodingList)
+        .default([D.kvEventsEncoding], D.kvEventsEncoding),
+    )
+    .addOption(
+      new Option("--kv-events-replay-layout <kinds>", "replay replies as vLLM >= 0.26 (new) or before (old); a comma list cycles over pods")
+        .argParser(layoutList)
+        .default([D.kvEventsReplayLayout], D.kvEventsReplayLayout),
+    )
+    .option("--kv-events-topic <topic>", "ZMQ topic of KV event messages", D.kvEventsTopic)
+    .option(
+      "--kv-events-base-port <port>",
+      "pod i publishes on base+2i and serves replay on base+2i+1 (0 = free ports)",
+      intOption(0, 65535),
+      D.kvEventsBasePort,
+    )
+    .option("--kv-events-buffer-steps <n>", "KV event batches kept for replay", intOption(1), D.kvEventsBufferSteps)
     .option("--max-model-len <n>", "longest prompt + max_tokens accepted (default min(8192, KV capacity))", intOption(2))
     .option("--name-prefix <prefix>", "pod names are <prefix><index>", D.namePrefix)
     .action(async (o, cmd: Command) => {
@@ -64,7 +93,14 @@ export function registerSimCommand(program: Command): void {
           decodeMsPerStep: o.decodeMsPerStep,
           decodeBatchSlope: o.decodeBatchSlope,
           kvCapacityTokens: o.kvCapacityTokens,
+          kvCacheBlocks: o.kvCacheBlocks,
           blockSize: o.blockSize,
+          kvEvents: o.kvEvents,
+          kvEventsEncoding: o.kvEventsEncoding,
+          kvEventsReplayLayout: o.kvEventsReplayLayout,
+          kvEventsTopic: o.kvEventsTopic,
+          kvEventsBasePort: o.kvEventsBasePort,
+          kvEventsBufferSteps: o.kvEventsBufferSteps,
           maxModelLen: o.maxModelLen,
           namePrefix: o.namePrefix,
           logger: log,
@@ -75,12 +111,15 @@ export function registerSimCommand(program: Command): void {
           cmd.error(`error: --${err.option.replace(/[A-Z]/g, (c) => `-${c.toLowerCase()}`)} ${err.detail}`);
         }
         if (code === "EADDRINUSE" || code === "EACCES" || code === "EADDRNOTAVAIL") {
-          cmd.error(`error: cannot listen on ${o.host} from port ${o.basePort}: ${(err as Error).message}`);
+          cmd.error(
+            `error: cannot listen on ${o.host} (HTTP from port ${o.basePort}, KV events from port ${o.kvEventsBasePort}): ${(err as Error).message}`,
+          );
         }
         throw err;
       }
       for (const p of fleet.pods) {
-        process.stdout.write(`${JSON.stringify({ pod: p.name, address: p.address, engine: p.engine, model: o.model })}\n`);
+        const line = { pod: p.name, address: p.address, engine: p.engine, model: o.model, ...(p.kvEvents ? { kvEvents: p.kvEvents } : {}) };
+        process.stdout.write(`${JSON.stringify(line)}\n`);
       }
       log.info({ pods: fleet.pods.length, model: o.model, timeScale: o.timeScale }, "sim fleet ready");
       const signal = await untilSignal();

@@ -15,13 +15,18 @@
  * (which is what makes a busy pod's inter-token latency worse, as on a GPU).
  *
  * KV: blocks of `blockSize` tokens out of floor(kvCapacityTokens / blockSize), allocated as tokens
- * are scheduled. When a running request cannot grow, the most recently admitted request is
- * preempted (vLLM's recompute mode): it loses its blocks and returns to the head of the queue.
+ * are scheduled, from a prefix-caching block pool (`kv-cache.ts`). When a running request cannot
+ * grow, the most recently admitted request is preempted (vLLM's recompute mode): it loses its
+ * blocks and returns to the head of the queue.
  *
- * `cachedPrefixTokens` is the seam for the block prefix cache: the tokens it reports are treated as
- * already computed on admission, so prefill time becomes proportional to uncached tokens only.
+ * Prefix cache, as in vLLM V1: on admission the longest run of the request's full blocks already
+ * cached counts as computed (capped so at least one token is recomputed, which is what produces
+ * logits), so prefill time is proportional to uncached tokens only. At the end of every step the
+ * blocks that became full are registered (prompt and generated tokens alike) and announced; a
+ * step's cache events (evictions from its allocations, then new blocks) form one batch.
  */
 import type { SimClock } from "./clock.js";
+import { BlockPool, blockHash, type CacheListing, type KvBlock, type KvCacheEvent } from "./kv-cache.js";
 
 export type FinishReason = "stop" | "length" | "abort";
 
@@ -66,6 +71,17 @@ export interface SubmitRequest {
   onToken(tokenId: number, index: number, atMs: number, finish: FinishReason | undefined): void;
   /** Called once, after the last onToken; for "abort" it is called from `abort()` itself. */
   onFinish(reason: FinishReason): void;
+  /** vLLM's `cache_salt`: hashed into the first block only, so differently salted prompts share nothing. */
+  cacheSalt?: string;
+  /** Hashed into every block, as vLLM does with the LoRA name. */
+  loraName?: string;
+}
+
+export interface KvCacheHooks {
+  /** Root of the block hash chain (vLLM's NONE_HASH); differs per pod. */
+  hashSeed?: bigint;
+  /** Called once for every engine step that changed the cache, with that step's events in order. */
+  onEvents?(events: KvCacheEvent[]): void;
 }
 
 export interface RequestHandle {
@@ -86,7 +102,10 @@ export interface EngineSnapshot {
   nowMs: number;
   waiting: number;
   running: number;
+  /** Blocks held by running requests. */
   usedBlocks: number;
+  /** Blocks holding reusable (registered) content, in use or not. */
+  cachedBlocks: number;
   totalBlocks: number;
   kvUsage: number;
   totals: EngineTotals;
@@ -101,7 +120,12 @@ interface Req {
   state: State;
   generated: number;
   computed: number;
-  blocks: number;
+  blocks: KvBlock[];
+  /** Chained hashes of the request's full blocks, computed as far as needed. */
+  readonly hashes: bigint[];
+  /** Leading entries of `blocks` already registered in (or taken from) the cache. */
+  registered: number;
+  preempted: boolean;
   firstScheduledMs: number | undefined;
   firstTokenMs: number | undefined;
   lastTokenMs: number | undefined;
@@ -117,9 +141,10 @@ const MAX_STEPS_PER_PUMP = 2_000;
 
 export class SimEngine {
   readonly totalBlocks: number;
+  private readonly pool: BlockPool;
+  private readonly hashSeed: bigint;
   private readonly waiting: Req[] = [];
   private readonly running: Req[] = [];
-  private usedBlocks = 0;
   private current: Step | undefined;
   private cursorMs = 0;
   private cancelTimer: (() => void) | undefined;
@@ -138,9 +163,11 @@ export class SimEngine {
     readonly config: EngineConfig,
     private readonly clock: SimClock,
     private readonly observer: EngineObserver = {},
-    private readonly cachedPrefixTokens: (tokens: readonly number[]) => number = () => 0,
+    private readonly kv: KvCacheHooks = {},
   ) {
     this.totalBlocks = Math.floor(config.kvCapacityTokens / config.blockSize);
+    this.pool = new BlockPool(this.totalBlocks, config.blockSize);
+    this.hashSeed = kv.hashSeed ?? 0n;
   }
 
   now(): number {
@@ -163,7 +190,10 @@ export class SimEngine {
       state: "waiting",
       generated: 0,
       computed: 0,
-      blocks: 0,
+      blocks: [],
+      hashes: [],
+      registered: 0,
+      preempted: false,
       firstScheduledMs: undefined,
       firstTokenMs: undefined,
       lastTokenMs: undefined,
@@ -179,11 +209,33 @@ export class SimEngine {
       nowMs: this.clock.now(),
       waiting: this.waiting.length,
       running: this.running.length,
-      usedBlocks: this.usedBlocks,
+      usedBlocks: this.pool.usedBlocks,
+      cachedBlocks: this.pool.cachedBlocks,
       totalBlocks: this.totalBlocks,
-      kvUsage: this.totalBlocks > 0 ? this.usedBlocks / this.totalBlocks : 0,
+      kvUsage: this.totalBlocks > 0 ? this.pool.usedBlocks / this.totalBlocks : 0,
       totals: { ...this.totals, finished: { ...this.totals.finished } },
     };
+  }
+
+  /** Every cached block with its hash, parent, tokens, reference count and LRU position. */
+  cacheListing(): CacheListing {
+    return this.pool.listing();
+  }
+
+  /**
+   * vLLM's `reset_prefix_cache`: forgets every cached block and announces AllBlocksCleared at
+   * once. Refused (false) while requests hold blocks, as in vLLM.
+   */
+  resetPrefixCache(): boolean {
+    const ok = this.pool.resetPrefixCache();
+    this.flushEvents();
+    return ok;
+  }
+
+  /** Aborts every queued and running request (each gets onFinish("abort")), then closes. */
+  abortAll(): void {
+    for (const req of [...this.running, ...this.waiting]) this.abort(req);
+    this.close();
   }
 
   /** Stops scheduling; in-flight requests never finish (their connections are torn down by the server). */
@@ -226,7 +278,10 @@ export class SimEngine {
       const head = this.waiting[0];
       const startMs = this.running.length > 0 || !head ? this.cursorMs : Math.max(this.cursorMs, head.arrivalMs);
       this.current = this.plan(startMs);
-      if (!this.current) return;
+      if (!this.current) {
+        this.flushEvents();
+        return;
+      }
     }
   }
 
@@ -255,19 +310,22 @@ export class SimEngine {
     while (!preempted && budget > 0 && this.running.length < this.config.maxBatch) {
       const req = this.waiting[0];
       if (!req || req.arrivalMs > startMs) break;
-      const cached = this.cachedPrefixTokens(req.input.promptTokens);
-      // At least one token is always recomputed so the step has logits to sample from.
-      const computed = Math.max(0, Math.min(cached, this.numTokens(req) - 1));
+      const hit = this.cacheHit(req);
+      const computed = hit.length * this.config.blockSize;
       const tokens = Math.min(this.numTokens(req) - computed, budget);
-      const needed = this.blocksFor(computed + tokens);
-      if (this.usedBlocks + needed > this.totalBlocks) break;
+      const needed = this.blocksFor(computed + tokens) - hit.length;
+      if (!this.pool.canAllocate(needed, hit)) break;
       this.waiting.shift();
-      this.totals.prefixCacheQueries += req.input.promptTokens.length;
-      this.totals.prefixCacheHits += Math.min(cached, req.input.promptTokens.length);
+      // vLLM keeps a preempted request's second lookup out of these counters.
+      if (!req.preempted) {
+        this.totals.prefixCacheQueries += this.numTokens(req);
+        this.totals.prefixCacheHits += computed;
+      }
+      this.pool.touch(hit);
+      req.blocks = [...hit, ...this.pool.allocate(needed)];
+      req.registered = hit.length;
       req.state = "running";
       req.computed = computed;
-      req.blocks = needed;
-      this.usedBlocks += needed;
       req.firstScheduledMs ??= startMs;
       this.running.push(req);
       work.push({ req, tokens });
@@ -289,15 +347,97 @@ export class SimEngine {
   private complete(step: Step): void {
     let scheduled = 0;
     let sampled = 0;
+    const due: Req[] = [];
     for (const { req, tokens } of step.work) {
       if (req.state !== "running") continue;
       scheduled += tokens;
       req.computed += tokens;
-      if (req.computed < this.numTokens(req)) continue;
+      this.registerFullBlocks(req);
+      if (req.computed >= this.numTokens(req)) due.push(req);
+    }
+    // The step's batch goes out before its tokens do, so a client that has seen a token can
+    // rely on the matching BlockStored having been published.
+    this.flushEvents();
+    for (const req of due) {
+      if (req.state !== "running") continue;
       this.sample(req, step.endMs);
       sampled++;
     }
     this.observer.onStep?.(step.endMs, scheduled, sampled);
+  }
+
+  private flushEvents(): void {
+    const events = this.pool.takeEvents();
+    if (events.length > 0) this.kv.onEvents?.(events);
+  }
+
+  /** The longest cached run of the request's leading full blocks, leaving >= 1 token to compute. */
+  private cacheHit(req: Req): KvBlock[] {
+    const maxBlocks = Math.floor((this.numTokens(req) - 1) / this.config.blockSize);
+    const hit: KvBlock[] = [];
+    for (let i = 0; i < maxBlocks; i++) {
+      const block = this.pool.find(this.hashAt(req, i));
+      if (!block) break;
+      hit.push(block);
+    }
+    return hit;
+  }
+
+  /** Registers the blocks that the last step filled; each run of new blocks is one BlockStored. */
+  private registerFullBlocks(req: Req): void {
+    const bs = this.config.blockSize;
+    const full = Math.min(Math.floor(req.computed / bs), req.blocks.length);
+    let run: Extract<KvCacheEvent, { type: "BlockStored" }> | undefined;
+    for (let i = req.registered; i < full; i++) {
+      const hash = this.hashAt(req, i);
+      const parent = i === 0 ? null : this.hashAt(req, i - 1);
+      const tokenIds = Array.from({ length: bs }, (_, j) => this.tokenAt(req, i * bs + j));
+      const extraKeys = this.extraKeys(req, i);
+      if (this.pool.register(req.blocks[i] as KvBlock, hash, parent, tokenIds, extraKeys)) {
+        run ??= {
+          type: "BlockStored",
+          blockHashes: [],
+          parentBlockHash: parent,
+          tokenIds: [],
+          blockSize: bs,
+          loraName: req.input.loraName ?? null,
+          extraKeys: [],
+        };
+        run.blockHashes.push(hash);
+        run.tokenIds.push(...tokenIds);
+        run.extraKeys.push(extraKeys);
+      } else if (run) {
+        // Another request registered this content first: the run breaks, the next one gets its own parent.
+        this.pool.emit(run);
+        run = undefined;
+      }
+    }
+    if (run) this.pool.emit(run);
+    req.registered = Math.max(req.registered, full);
+  }
+
+  /** Hash of the request's i-th full block; the chain is extended lazily and kept across preemption. */
+  private hashAt(req: Req, i: number): bigint {
+    const bs = this.config.blockSize;
+    while (req.hashes.length <= i) {
+      const b = req.hashes.length;
+      const parent = b === 0 ? this.hashSeed : (req.hashes[b - 1] as bigint);
+      req.hashes.push(blockHash(this.hashSeed, parent, bs, (j) => this.tokenAt(req, b * bs + j), this.extraKeys(req, b)));
+    }
+    return req.hashes[i] as bigint;
+  }
+
+  /** vLLM's per-block extra keys: the LoRA name on every block, the cache salt on the first only. */
+  private extraKeys(req: Req, block: number): string[] | null {
+    const keys: string[] = [];
+    if (req.input.loraName) keys.push(req.input.loraName);
+    if (block === 0 && req.input.cacheSalt) keys.push(req.input.cacheSalt);
+    return keys.length > 0 ? keys : null;
+  }
+
+  private tokenAt(req: Req, i: number): number {
+    const prompt = req.input.promptTokens;
+    return (i < prompt.length ? prompt[i] : req.input.outputTokens[i - prompt.length]) ?? 0;
   }
 
   private sample(req: Req, atMs: number): void {
@@ -341,6 +481,7 @@ export class SimEngine {
   private preempt(req: Req): void {
     this.release(req);
     req.state = "waiting";
+    req.preempted = true;
     req.computed = 0;
     this.waiting.unshift(req);
     this.totals.preemptions++;
@@ -349,16 +490,16 @@ export class SimEngine {
   private release(req: Req): void {
     const i = this.running.indexOf(req);
     if (i >= 0) this.running.splice(i, 1);
-    this.usedBlocks -= req.blocks;
-    req.blocks = 0;
+    this.pool.free(req.blocks);
+    req.blocks = [];
+    req.registered = 0;
   }
 
   private tryAllocate(req: Req, tokens: number): boolean {
-    const needed = this.blocksFor(req.computed + tokens) - req.blocks;
+    const needed = this.blocksFor(req.computed + tokens) - req.blocks.length;
     if (needed <= 0) return true;
-    if (this.usedBlocks + needed > this.totalBlocks) return false;
-    req.blocks += needed;
-    this.usedBlocks += needed;
+    if (!this.pool.canAllocate(needed)) return false;
+    req.blocks.push(...this.pool.allocate(needed));
     return true;
   }
 

@@ -3,12 +3,15 @@
  * the demo and load tests get a "cluster" without GPUs.
  */
 import type { Logger } from "../shared/log.js";
+import type { KvEventEncoding, ReplayLayout } from "./kv-events.js";
 import type { EngineKind } from "./metrics.js";
 import { resolveFleetOptions, type SimFleetOptions } from "./options.js";
-import { type SimPod, startSimPod } from "./pod.js";
+import { type KvEventsInfo, type SimPod, type SimPodCacheListing, startSimPod } from "./pod.js";
 
+export type { KvEventEncoding, ReplayLayout } from "./kv-events.js";
 export type { SimFleetOptions } from "./options.js";
 export { SimOptionsError } from "./options.js";
+export type { KvEventsInfo, SimPodCacheListing } from "./pod.js";
 
 export interface SimFleetPod {
   name: string;
@@ -16,10 +19,18 @@ export interface SimFleetPod {
   address: string;
   port: number;
   engine: EngineKind;
+  /** The pod event schema's `kvEvents` field; absent when the pod publishes no KV events. */
+  kvEvents?: KvEventsInfo;
+  kvEventsEncoding?: KvEventEncoding;
+  kvEventsReplayLayout?: ReplayLayout;
 }
 
 export interface SimFleet {
   pods: SimFleetPod[];
+  /** Simulates an engine restart on one pod (see SimPod.restart). */
+  restart(pod: string): void;
+  /** The pod's current prefix-cache contents, what `GET /debug/cache` returns. */
+  cacheListing(pod: string): SimPodCacheListing;
   close(): Promise<void>;
 }
 
@@ -28,16 +39,30 @@ export async function startSimFleet(options: SimFleetOptions & { logger?: Logger
   const started: SimPod[] = [];
   try {
     for (let i = 0; i < o.pods; i++) {
+      const engine = o.engines[i % o.engines.length] ?? "vllm";
+      const kv = o.kvEvents;
       started.push(
         await startSimPod({
           name: `${o.namePrefix}${i}`,
           host: o.host,
           port: o.basePort === 0 ? 0 : o.basePort + i,
           model: o.model,
-          engine: o.engines[i % o.engines.length] ?? "vllm",
+          engine,
           timeScale: o.timeScale,
           maxModelLen: o.maxModelLen,
           engineConfig: o.engineConfig,
+          // SGLang's KV events differ (signed hashes, other fields): not simulated, so none at all.
+          kvEvents:
+            kv && engine === "vllm"
+              ? {
+                  port: kv.basePort === 0 ? 0 : kv.basePort + 2 * i,
+                  replayPort: kv.basePort === 0 ? 0 : kv.basePort + 2 * i + 1,
+                  topic: kv.topic,
+                  encoding: kv.encodings[i % kv.encodings.length] ?? "map",
+                  replayLayout: kv.replayLayouts[i % kv.replayLayouts.length] ?? "new",
+                  bufferSteps: kv.bufferSteps,
+                }
+              : undefined,
           logger: options.logger,
         }),
       );
@@ -48,8 +73,24 @@ export async function startSimFleet(options: SimFleetOptions & { logger?: Logger
     throw err;
   }
   let closing: Promise<void> | undefined;
+  const byName = (name: string): SimPod => {
+    const pod = started.find((p) => p.name === name);
+    if (!pod) throw new Error(`no simulated pod named ${name}`);
+    return pod;
+  };
   return {
-    pods: started.map((p) => ({ name: p.name, address: p.address, port: p.port, engine: p.engine })),
+    pods: started.map((p) => {
+      const kv = p.state().kvEvents;
+      return {
+        name: p.name,
+        address: p.address,
+        port: p.port,
+        engine: p.engine,
+        ...(p.kvEvents && kv ? { kvEvents: p.kvEvents, kvEventsEncoding: kv.encoding, kvEventsReplayLayout: kv.replayLayout } : {}),
+      };
+    }),
+    restart: (name) => byName(name).restart(),
+    cacheListing: (name) => byName(name).cacheListing(),
     close() {
       closing ??= Promise.all(started.map((p) => p.close())).then(() => undefined);
       return closing;

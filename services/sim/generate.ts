@@ -44,6 +44,7 @@ export function serveGeneration(
   const handle = engine.submit({
     promptTokens: gen.promptTokens,
     outputTokens,
+    cacheSalt: gen.cacheSalt,
     onToken(tokenId, index, _atMs, finish) {
       generated = index + 1;
       const piece = tokenText(tokenId);
@@ -55,7 +56,13 @@ export function serveGeneration(
       res.write(sse(tokenChunk(meta, piece, finish)));
     },
     onFinish(reason) {
-      if (reason === "abort" || res.writableEnded || res.destroyed) return;
+      if (res.writableEnded || res.destroyed) return;
+      // An abort the client did not cause (the engine restarted) drops the connection, as a
+      // crashed engine would.
+      if (reason === "abort") {
+        res.destroy();
+        return;
+      }
       const u = usage(promptCount, generated);
       if (gen.stream) {
         if (gen.includeUsage) res.write(sse(usageChunk(meta, u)));

@@ -1,5 +1,6 @@
 /** Fleet options, their defaults and validation, shared by the programmatic API and the CLI. */
 import type { EngineConfig } from "./engine.js";
+import { KV_EVENT_ENCODINGS, type KvEventEncoding, REPLAY_LAYOUTS, type ReplayLayout } from "./kv-events.js";
 import { ENGINE_KINDS, type EngineKind } from "./metrics.js";
 
 export interface SimFleetOptions {
@@ -20,10 +21,31 @@ export interface SimFleetOptions {
   /** Relative decode slowdown per extra request in the batch. */
   decodeBatchSlope?: number;
   kvCapacityTokens?: number;
+  /** KV cache capacity in blocks (vLLM num_gpu_blocks); when set, kvCapacityTokens = kvCacheBlocks × blockSize. */
+  kvCacheBlocks?: number;
   blockSize?: number;
   /** Longest prompt + max_tokens accepted; defaults to min(8192, kvCapacityTokens). */
   maxModelLen?: number;
   namePrefix?: string;
+  /** vLLM pods publish KV cache events over ZMQ (default true). SGLang pods never do. */
+  kvEvents?: boolean;
+  /** Event encoding, one for all pods or a list cycled over the pods. Default "map" (vLLM >= 0.26). */
+  kvEventsEncoding?: KvEventEncoding | readonly KvEventEncoding[];
+  /** Replay reply layout, one for all pods or a list cycled over the pods. Default "new" (vLLM >= 0.26). */
+  kvEventsReplayLayout?: ReplayLayout | readonly ReplayLayout[];
+  kvEventsTopic?: string;
+  /** Pod i publishes on basePort + 2i and replays on basePort + 2i + 1; 0 (default) = free ports. */
+  kvEventsBasePort?: number;
+  /** Batches kept for replay (vLLM buffer_steps). */
+  kvEventsBufferSteps?: number;
+}
+
+export interface ResolvedKvEventsOptions {
+  encodings: KvEventEncoding[];
+  replayLayouts: ReplayLayout[];
+  topic: string;
+  basePort: number;
+  bufferSteps: number;
 }
 
 export interface ResolvedFleetOptions {
@@ -36,6 +58,8 @@ export interface ResolvedFleetOptions {
   maxModelLen: number;
   namePrefix: string;
   engineConfig: EngineConfig;
+  /** Undefined when KV events are off. */
+  kvEvents: ResolvedKvEventsOptions | undefined;
 }
 
 export const FLEET_DEFAULTS = {
@@ -53,6 +77,12 @@ export const FLEET_DEFAULTS = {
   blockSize: 16,
   maxModelLen: 8192,
   namePrefix: "sim-",
+  kvEvents: true,
+  kvEventsEncoding: "map" as KvEventEncoding,
+  kvEventsReplayLayout: "new" as ReplayLayout,
+  kvEventsTopic: "kv-events",
+  kvEventsBasePort: 0,
+  kvEventsBufferSteps: 10_000,
 } as const;
 
 /** `option` is the SimFleetOptions key, so the CLI can name the matching flag. */
@@ -72,16 +102,24 @@ function check(ok: boolean, option: keyof SimFleetOptions, message: string): voi
 const isInt = (v: number, min: number): boolean => Number.isInteger(v) && v >= min;
 const isNum = (v: number, min: number): boolean => Number.isFinite(v) && v >= min;
 
+const cycleList = <T extends string>(v: T | readonly T[] | undefined, fallback: T): T[] =>
+  typeof v === "string" ? [v] : [...(v ?? [fallback])];
+
 export function resolveFleetOptions(o: SimFleetOptions): ResolvedFleetOptions {
   const d = FLEET_DEFAULTS;
+  const blockSize = o.blockSize ?? d.blockSize;
+  if (o.kvCacheBlocks !== undefined) {
+    check(isInt(o.kvCacheBlocks, 1), "kvCacheBlocks", `must be an integer >= 1, got ${o.kvCacheBlocks}`);
+    check(o.kvCapacityTokens === undefined, "kvCacheBlocks", "and kvCapacityTokens are two ways to set one capacity: give one");
+  }
   const engineConfig: EngineConfig = {
     maxBatch: o.maxBatch ?? d.maxBatch,
     maxNumBatchedTokens: o.maxNumBatchedTokens ?? d.maxNumBatchedTokens,
     prefillMsPerToken: o.prefillMsPerToken ?? d.prefillMsPerToken,
     decodeMsPerStep: o.decodeMsPerStep ?? d.decodeMsPerStep,
     decodeBatchSlope: o.decodeBatchSlope ?? d.decodeBatchSlope,
-    kvCapacityTokens: o.kvCapacityTokens ?? d.kvCapacityTokens,
-    blockSize: o.blockSize ?? d.blockSize,
+    kvCapacityTokens: o.kvCacheBlocks !== undefined ? o.kvCacheBlocks * blockSize : (o.kvCapacityTokens ?? d.kvCapacityTokens),
+    blockSize,
   };
   const basePort = o.basePort ?? d.basePort;
   const timeScale = o.timeScale ?? d.timeScale;
@@ -106,6 +144,31 @@ export function resolveFleetOptions(o: SimFleetOptions): ResolvedFleetOptions {
   // As in vLLM, a context that cannot fit in the KV cache on its own is a startup error.
   check(isInt(maxModelLen, 2) && maxModelLen <= capacity, "maxModelLen", `must be an integer in [2, ${capacity}] (the KV capacity), got ${maxModelLen}`);
 
+  let kvEvents: ResolvedKvEventsOptions | undefined;
+  if (o.kvEvents ?? d.kvEvents) {
+    const encodings = cycleList(o.kvEventsEncoding, d.kvEventsEncoding);
+    const replayLayouts = cycleList(o.kvEventsReplayLayout, d.kvEventsReplayLayout);
+    const kvBase = o.kvEventsBasePort ?? d.kvEventsBasePort;
+    const bufferSteps = o.kvEventsBufferSteps ?? d.kvEventsBufferSteps;
+    check(
+      encodings.length > 0 && encodings.every((e) => KV_EVENT_ENCODINGS.includes(e)),
+      "kvEventsEncoding",
+      `must be one of ${KV_EVENT_ENCODINGS.join(", ")}, got ${encodings.join(",")}`,
+    );
+    check(
+      replayLayouts.length > 0 && replayLayouts.every((l) => REPLAY_LAYOUTS.includes(l)),
+      "kvEventsReplayLayout",
+      `must be one of ${REPLAY_LAYOUTS.join(", ")}, got ${replayLayouts.join(",")}`,
+    );
+    check(
+      isInt(kvBase, 0) && kvBase + 2 * o.pods - 1 <= 65535,
+      "kvEventsBasePort",
+      `must leave room for ${2 * o.pods} ports below 65536, got ${kvBase}`,
+    );
+    check(isInt(bufferSteps, 1), "kvEventsBufferSteps", `must be an integer >= 1, got ${bufferSteps}`);
+    kvEvents = { encodings, replayLayouts, topic: o.kvEventsTopic ?? d.kvEventsTopic, basePort: kvBase, bufferSteps };
+  }
+
   return {
     pods: o.pods,
     basePort,
@@ -116,5 +179,6 @@ export function resolveFleetOptions(o: SimFleetOptions): ResolvedFleetOptions {
     maxModelLen,
     namePrefix: o.namePrefix ?? d.namePrefix,
     engineConfig,
+    kvEvents,
   };
 }

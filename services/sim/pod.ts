@@ -1,14 +1,21 @@
-/** One simulated engine pod: an engine model behind its own HTTP server speaking vLLM's API. */
+/**
+ * One simulated engine pod: an engine model behind its own HTTP server speaking vLLM's API, and
+ * (vLLM pods, when enabled) a KV-events publisher fed by the engine's prefix cache.
+ */
 import { randomUUID } from "node:crypto";
 import { createServer, type IncomingMessage, type ServerResponse } from "node:http";
 import type { AddressInfo } from "node:net";
 import type { Logger } from "../shared/log.js";
+import type { Static } from "@sinclair/typebox";
+import type { KvEventsEndpoint } from "../../schemas/events.js";
 import { detokenize } from "../tokenizer/sim-tokenizer.js";
 import { scaledClock } from "./clock.js";
 import { type EngineConfig, type EngineSnapshot, SimEngine } from "./engine.js";
 import { ApiError, badRequest } from "./errors.js";
 import { serveGeneration } from "./generate.js";
-import { createPodMetrics, type EngineKind } from "./metrics.js";
+import { type CacheListing, engineHashSeed } from "./kv-cache.js";
+import { KvEventPublisher, type KvEventEncoding, type ReplayLayout } from "./kv-events.js";
+import { createPodMetrics, type EngineKind, type PodMetrics } from "./metrics.js";
 import {
   parseChatRequest,
   parseCompletionRequest,
@@ -27,7 +34,28 @@ export interface SimPodOptions {
   timeScale: number;
   maxModelLen: number;
   engineConfig: EngineConfig;
+  /** KV events publisher settings; absent = no publisher. */
+  kvEvents?: SimPodKvEventsOptions;
   logger?: Logger;
+}
+
+export interface SimPodKvEventsOptions {
+  /** 0 picks a free port. */
+  port: number;
+  replayPort: number;
+  topic: string;
+  encoding: KvEventEncoding;
+  replayLayout: ReplayLayout;
+  bufferSteps: number;
+}
+
+/** The pod event schema's `kvEvents` field, so a pod list can carry it unchanged. */
+export type KvEventsInfo = Static<typeof KvEventsEndpoint>;
+
+export interface SimPodCacheListing extends CacheListing {
+  pod: string;
+  /** Sequence number of the next KV event batch; null without a publisher. */
+  nextSeq: number | null;
 }
 
 export interface SimPodState extends EngineSnapshot {
@@ -35,6 +63,7 @@ export interface SimPodState extends EngineSnapshot {
   engine: EngineKind;
   model: string;
   config: EngineConfig & { maxModelLen: number; timeScale: number };
+  kvEvents: (KvEventsInfo & { encoding: KvEventEncoding; replayLayout: ReplayLayout; nextSeq: number }) | null;
 }
 
 export interface SimPod {
@@ -42,7 +71,17 @@ export interface SimPod {
   readonly engine: EngineKind;
   readonly port: number;
   readonly address: string;
+  readonly kvEvents: KvEventsInfo | undefined;
   state(): SimPodState;
+  cacheListing(): SimPodCacheListing;
+  /** vLLM's reset_prefix_cache (AllBlocksCleared); false while requests hold blocks. */
+  resetPrefixCache(): boolean;
+  /**
+   * A simulated engine restart: in-flight requests are dropped, the prefix cache, counters and
+   * histograms start empty and KV event batches are numbered from 0 again. Nothing is announced:
+   * subscribers must notice the sequence going backwards.
+   */
+  restart(): void;
   close(): Promise<void>;
 }
 
@@ -71,15 +110,34 @@ async function readJson(req: IncomingMessage): Promise<unknown> {
 
 export async function startSimPod(opts: SimPodOptions): Promise<SimPod> {
   const served: ServedModel = { name: opts.model, maxModelLen: opts.maxModelLen };
-  const metrics = createPodMetrics(opts.engine, {
-    model: opts.model,
-    maxModelLen: opts.maxModelLen,
-    blockSize: opts.engineConfig.blockSize,
-    numGpuBlocks: Math.floor(opts.engineConfig.kvCapacityTokens / opts.engineConfig.blockSize),
-    prefixCaching: false,
-  });
-  const engine = new SimEngine(opts.engineConfig, scaledClock(opts.timeScale), metrics.observer);
   const log = opts.logger?.child({ pod: opts.name });
+  const publisher = opts.kvEvents
+    ? await KvEventPublisher.start({ host: opts.host, ...opts.kvEvents, logger: log })
+    : undefined;
+  const kvEvents: KvEventsInfo | undefined = publisher && {
+    endpoint: publisher.endpoint,
+    replayEndpoint: publisher.replayEndpoint,
+    topic: publisher.topicName,
+  };
+  const hashSeed = engineHashSeed(opts.name);
+
+  // A restart swaps both for fresh ones; handlers always read the current pair.
+  let metrics: PodMetrics;
+  let engine: SimEngine;
+  const boot = (): void => {
+    metrics = createPodMetrics(opts.engine, {
+      model: opts.model,
+      maxModelLen: opts.maxModelLen,
+      blockSize: opts.engineConfig.blockSize,
+      numGpuBlocks: Math.floor(opts.engineConfig.kvCapacityTokens / opts.engineConfig.blockSize),
+      prefixCaching: true,
+    });
+    engine = new SimEngine(opts.engineConfig, scaledClock(opts.timeScale), metrics.observer, {
+      hashSeed,
+      onEvents: publisher ? (events) => publisher.publish(events) : undefined,
+    });
+  };
+  boot();
 
   const state = (): SimPodState => ({
     pod: opts.name,
@@ -87,7 +145,23 @@ export async function startSimPod(opts: SimPodOptions): Promise<SimPod> {
     model: opts.model,
     ...engine.snapshot(),
     config: { ...opts.engineConfig, maxModelLen: opts.maxModelLen, timeScale: opts.timeScale },
+    kvEvents:
+      publisher && kvEvents
+        ? { ...kvEvents, encoding: publisher.encoding, replayLayout: publisher.replayLayout, nextSeq: publisher.sequence }
+        : null,
   });
+  const cacheListing = (): SimPodCacheListing => ({
+    pod: opts.name,
+    nextSeq: publisher ? publisher.sequence : null,
+    ...engine.cacheListing(),
+  });
+  const restart = (): void => {
+    const old = engine;
+    boot();
+    old.abortAll();
+    publisher?.reset();
+    log?.info("simulated engine restarted");
+  };
 
   const generation =
     (kind: "chat" | "completion"): Handler =>
@@ -134,7 +208,21 @@ export async function startSimPod(opts: SimPodOptions): Promise<SimPod> {
       GET: (_req, res) =>
         void res.writeHead(200, { "content-type": "text/plain; version=0.0.4; charset=utf-8" }).end(metrics.render(engine.snapshot())),
     },
+    // vLLM serves this in dev mode; 200 even when refused, as vLLM does.
+    "/reset_prefix_cache": {
+      POST: (_req, res) => {
+        engine.resetPrefixCache();
+        res.writeHead(200).end();
+      },
+    },
     "/debug/state": { GET: (_req, res) => sendJson(res, 200, state()) },
+    "/debug/cache": { GET: (_req, res) => sendJson(res, 200, cacheListing()) },
+    "/debug/restart": {
+      POST: (_req, res) => {
+        restart();
+        sendJson(res, 200, { restarted: true, pod: opts.name });
+      },
+    },
   };
 
   const server = createServer((req, res) => {
@@ -157,31 +245,43 @@ export async function startSimPod(opts: SimPodOptions): Promise<SimPod> {
       });
   });
 
-  await new Promise<void>((resolve, reject) => {
-    server.once("error", reject);
-    server.listen(opts.port, opts.host, () => {
-      server.off("error", reject);
-      resolve();
+  try {
+    await new Promise<void>((resolve, reject) => {
+      server.once("error", reject);
+      server.listen(opts.port, opts.host, () => {
+        server.off("error", reject);
+        resolve();
+      });
     });
-  });
+  } catch (err) {
+    await publisher?.close();
+    throw err;
+  }
   const port = (server.address() as AddressInfo).port;
   // A wildcard bind is reachable on loopback; advertising the wildcard itself would be useless to clients.
   const advertised = opts.host === "0.0.0.0" || opts.host === "::" ? "127.0.0.1" : opts.host;
   const address = `${advertised}:${port}`;
-  log?.info({ address, engine: opts.engine, model: opts.model }, "simulated pod listening");
+  log?.info({ address, engine: opts.engine, model: opts.model, kvEvents }, "simulated pod listening");
 
   return {
     name: opts.name,
     engine: opts.engine,
     port,
     address,
+    kvEvents,
     state,
+    cacheListing,
+    resetPrefixCache: () => engine.resetPrefixCache(),
+    restart,
     async close() {
       engine.close();
-      await new Promise<void>((resolve) => {
-        server.close(() => resolve());
-        server.closeAllConnections();
-      });
+      await Promise.all([
+        new Promise<void>((resolve) => {
+          server.close(() => resolve());
+          server.closeAllConnections();
+        }),
+        publisher?.close(),
+      ]);
     },
   };
 }

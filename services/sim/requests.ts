@@ -20,6 +20,8 @@ export interface GenerationRequest {
   stream: boolean;
   includeUsage: boolean;
   seed: number | undefined;
+  /** vLLM's per-request prefix-cache isolation key. */
+  cacheSalt: string | undefined;
 }
 
 type Body = Record<string, unknown>;
@@ -111,7 +113,12 @@ function common(body: Body, served: ServedModel, model: string, promptTokens: nu
         "Please reduce the length of the messages or completion.",
     );
   }
-  return { model, promptTokens, maxTokens, stream, includeUsage, seed: optionalInt(body, "seed") };
+  const salt = body.cache_salt;
+  if (salt !== undefined && salt !== null && (typeof salt !== "string" || salt === "")) {
+    throw badRequest("Parameter 'cache_salt' must be a non-empty string if provided.", "cache_salt");
+  }
+  const cacheSalt = typeof salt === "string" ? salt : undefined;
+  return { model, promptTokens, maxTokens, stream, includeUsage, seed: optionalInt(body, "seed"), cacheSalt };
 }
 
 export function parseChatRequest(raw: unknown, served: ServedModel): GenerationRequest {
