@@ -104,6 +104,8 @@ export const ChargeEvent = Type.Object(
     ttlMs: Type.Integer({ minimum: 1 }),
     promptTokens: Count,
     maxTokens: Type.Optional(Count),
+    /** The requesting user (header `user`), for shared per-user accounting (vtc-basic, rate limits). */
+    user: Type.Optional(Type.String({ maxLength: 256 })),
     phase: Type.Optional(Type.Union([Type.Literal("combined"), Type.Literal("prefill"), Type.Literal("decode")])),
   },
   { $id: "charge", additionalProperties: false },
@@ -128,6 +130,7 @@ export const ReleaseEvent = Type.Object(
     outcome: ReleaseOutcome,
     promptTokens: Type.Optional(Count),
     completionTokens: Type.Optional(Count),
+    user: Type.Optional(Type.String({ maxLength: 256 })),
   },
   { $id: "release", additionalProperties: false },
 );
@@ -177,6 +180,11 @@ export const DecisionRecord = Type.Object(
       ),
     ),
     pick: Nullable(Name),
+    /** How to read `score`: "lower" (default) or "higher" is better. */
+    better: Type.Optional(Type.Union([Type.Literal("lower"), Type.Literal("higher")])),
+    /** Set when the strategy's own rule could not decide and a fallback did (e.g. "least-request"). */
+    fallback: Type.Optional(Type.String()),
+    user: Type.Optional(Type.String({ maxLength: 256 })),
     status: Type.Integer({ minimum: 100, maximum: 599 }),
     outcome: Type.Union([ReleaseOutcome, Type.Literal("rejected")]),
     errorCode: Type.Optional(Type.String()),

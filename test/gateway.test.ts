@@ -92,6 +92,7 @@ describe("gateway - routing through ext_proc", () => {
         seen.push(m.json<DecisionRecord>());
       },
     });
+    await env.nats.nc.flush();
     const ex = client.open();
     await ex.requestHeaders(reqHeaders({ "x-request-id": "leaver" }));
     await ex.requestBody(chat());
@@ -121,6 +122,37 @@ describe("gateway - routing through ext_proc", () => {
     expect(r.body.error.code).toBe(code);
     expect(r.body.error.type).toBe(type);
     expect(r.body.error.message.length).toBeGreaterThan(5);
+  });
+
+  it("session-affinity returns x-session-id on the response, and that id sticks to the pod", async () => {
+    const once = async (extra: Record<string, string>) => {
+      const ex = client.open();
+      await ex.requestHeaders(reqHeaders({ "routing-strategy": "session-affinity", ...extra }));
+      const b = await ex.requestBody(chat());
+      if (b.kind !== "continue") throw new Error("expected routing");
+      const h = await ex.responseHeaders(200, { "content-type": "application/json" });
+      ex.cancel();
+      if (h.kind !== "continue") throw new Error("expected continue");
+      return { pod: b.headerMutation.set["x-gateway-destination-endpoint"], session: h.headerMutation.set["x-session-id"] };
+    };
+    const first = await once({});
+    expect(first.session).toBeTruthy();
+    for (let i = 0; i < 5; i++) expect((await once({ "x-session-id": first.session as string })).pod).toBe(first.pod);
+    await waitFor(() => gw.views.ledger.size === 0, 2_000, "releases");
+  });
+
+  it("a weighted combination is a valid strategy; a malformed one is a 400 naming the bad part", async () => {
+    const ex = client.open();
+    await ex.requestHeaders(reqHeaders({ "routing-strategy": "least-request:2,least-kv-cache:1" }));
+    const ok = await ex.requestBody(chat());
+    expect(ok.kind === "continue" && ok.headerMutation.set["routing-strategy"]).toBe("least-request:2,least-kv-cache:1");
+    ex.cancel();
+    const ex2 = client.open();
+    await ex2.requestHeaders(reqHeaders({ "routing-strategy": "least-request:two" }));
+    const bad = immediate(await ex2.requestBody(chat()));
+    expect(bad.status).toBe(400);
+    expect(bad.body.error.message).toMatch(/weight of "least-request"/);
+    await waitFor(() => gw.views.ledger.size === 0, 2_000, "releases");
   });
 
   it("unknown routing-strategy header -> 400", async () => {
@@ -156,6 +188,8 @@ describe("gateway - routing through ext_proc", () => {
     const sub = env.nats.nc.subscribe(env.subjects.all("decisions"), { callback: (_e, m) => {
       seen.push(m.json<DecisionRecord>());
     } });
+    // The subscription must reach the server before the gateway publishes.
+    await env.nats.nc.flush();
     const ex = client.open();
     await ex.requestHeaders(reqHeaders({ "x-request-id": "req-42" }));
     await ex.requestBody(chat());

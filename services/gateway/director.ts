@@ -13,13 +13,16 @@ import type { LoadView } from "../views/load-view.js";
 import type { PodInfo, PodSet } from "../views/pod-set.js";
 import { RouteError } from "./errors.js";
 import { parseRequestBody } from "./request-body.js";
-import { findStrategy, strategyNames } from "./strategies/registry.js";
-import type { Scored } from "./strategies/types.js";
+import type { UsageView } from "../views/usage-view.js";
+import { findStrategy, isStrategySpecError, parseStrategy, strategyNames } from "./strategies/registry.js";
+import type { Pick, Scored, Strategy } from "./strategies/types.js";
 
 export interface GatewayViews {
   pods: PodSet;
   load: LoadView;
   ledger: ChargeLedger;
+  /** Per-user token usage across all replicas (vtc-basic fairness). */
+  usage: UsageView;
 }
 
 /** Where the director's events go (JetStream in production, an array in unit tests). */
@@ -56,6 +59,11 @@ export interface RoutedRequest {
   readonly pod: PodInfo;
   readonly strategy: string;
   readonly candidates: readonly Scored[];
+  readonly better?: Pick["better"];
+  readonly fallback?: string;
+  /** Headers the strategy wants on the response (e.g. `x-session-id`). */
+  readonly responseHeaders?: Readonly<Record<string, string>>;
+  readonly user?: string;
   readonly startedAt: number;
   readonly promptTokens: number;
   firstChunkAt?: number;
@@ -94,11 +102,15 @@ export class Director {
     const parsed = parseRequestBody(input.body);
     const requestId = input.headers["x-request-id"] || randomUUID();
     const strategyName = input.headers["routing-strategy"] || this.opts.defaultStrategy;
-    const strategy = findStrategy(strategyName);
-    if (!strategy) {
-      throw new RouteError("invalidStrategy", `unknown routing strategy ${JSON.stringify(strategyName)}; known: ${strategyNames().join(", ")}`, "routing-strategy");
+    let strategy: Strategy;
+    try {
+      strategy = parseStrategy(strategyName);
+    } catch (err) {
+      if (isStrategySpecError(err)) throw new RouteError("invalidStrategy", `${err.message}; known: ${strategyNames().join(", ")}`, "routing-strategy");
+      throw err;
     }
-    const { pods, load, ledger } = this.opts.views;
+    const user = input.headers.user || undefined;
+    const { pods, load, ledger, usage } = this.opts.views;
     if (!pods.knows(parsed.model)) {
       throw new RouteError("unknownModel", `The model \`${parsed.model}\` does not exist.`, "model");
     }
@@ -115,6 +127,7 @@ export class Director {
       pods: candidates,
       load,
       ledger,
+      usage,
       now,
       random: this.random,
     });
@@ -130,8 +143,10 @@ export class Director {
       ttlMs: this.opts.chargeTtlMs,
       promptTokens: parsed.promptTokens,
       ...(parsed.maxTokens !== undefined ? { maxTokens: parsed.maxTokens } : {}),
+      ...(user ? { user } : {}),
     };
     ledger.charge(charge, now);
+    if (user) usage.record({ user, promptTokens: parsed.promptTokens, completionTokens: 0, ts: now });
     if (opts.publish !== false) this.opts.sink.charge(charge);
     const routed: RoutedRequest = {
       chargeId,
@@ -141,6 +156,10 @@ export class Director {
       pod: pick.pod,
       strategy: strategy.name,
       candidates: pick.candidates,
+      ...(pick.better ? { better: pick.better } : {}),
+      ...(pick.fallback ? { fallback: pick.fallback } : {}),
+      ...(pick.responseHeaders ? { responseHeaders: pick.responseHeaders } : {}),
+      ...(user ? { user } : {}),
       startedAt: now,
       promptTokens: parsed.promptTokens,
       finished: false,
@@ -177,8 +196,10 @@ export class Director {
       ts: now,
       outcome,
       ...(info.completionTokens !== undefined ? { completionTokens: info.completionTokens } : {}),
+      ...(r.user ? { user: r.user } : {}),
     };
     this.opts.views.ledger.release(release);
+    if (r.user && info.completionTokens) this.opts.views.usage.record({ user: r.user, promptTokens: 0, completionTokens: info.completionTokens, ts: now });
     this.opts.sink.release(release);
     this.opts.sink.decision({
       type: "decision",
@@ -189,6 +210,9 @@ export class Director {
       strategy: r.strategy,
       candidates: r.candidates.map((c) => ({ pod: c.pod.pod, score: c.score })),
       pick: r.pod.pod,
+      ...(r.better ? { better: r.better } : {}),
+      ...(r.fallback ? { fallback: r.fallback } : {}),
+      ...(r.user ? { user: r.user } : {}),
       status: info.status,
       outcome,
       ...(r.firstChunkAt !== undefined ? { ttftMs: r.firstChunkAt - r.startedAt } : {}),

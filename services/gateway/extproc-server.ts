@@ -180,6 +180,7 @@ export function createExtProcHandler(opts: ExtProcHandlerOptions): grpc.handleBi
             status = Number.parseInt(h[Headers.status] ?? "0", 10) || 0;
             tracker = new ResponseTracker(h[Headers.contentType]);
             const set = routed ? [...targetOf(routed.pod.address, routed.strategy).echo, setHeader(Headers.gatewayRequestId, routed.requestId)] : [];
+            for (const [k, v] of Object.entries(routed?.responseHeaders ?? {})) set.push(setHeader(k, v));
             send({ response_headers: { response: { status: "CONTINUE", header_mutation: { set_headers: set } } } });
             if (req.response_headers?.end_of_stream) finish(status >= 400 ? "error" : "completed");
             return;

@@ -18,6 +18,7 @@ import { Outbox } from "../shared/publish.js";
 import { ChargeLedger } from "../views/charge-ledger.js";
 import { LoadView } from "../views/load-view.js";
 import { PodSet } from "../views/pod-set.js";
+import { UsageView } from "../views/usage-view.js";
 import { Director, type EventSink, type GatewayViews } from "./director.js";
 import { createExtProcHandler } from "./extproc-server.js";
 import { StrictCommitter } from "./strict-commit.js";
@@ -83,6 +84,7 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
     pods: new PodSet(),
     load: new LoadView(o.loadStaleAfterMs ?? 2_000),
     ledger: new ChargeLedger({ self: id, heartbeatTimeoutMs: hbTimeout, maxCharges: o.maxCharges }),
+    usage: new UsageView(),
   };
 
   const cursors = new SubjectCursors();
@@ -105,7 +107,14 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
       // Every live gateway's latest heartbeat lists all the charges it holds, so a few heartbeat
       // periods of history rebuild the whole ledger: boot time does not grow with traffic.
       stream: streamName(prefix, "CHARGES"), startAt: { kind: "time", sinceMs: Date.now() - Math.max(10_000, 3 * hbTimeout) },
-      onEvent: (ev, m) => views.ledger.applyFromStream(ev, m.serverTs, Date.now(), m.seq),
+      onEvent: (ev, m) => {
+        views.ledger.applyFromStream(ev, m.serverTs, Date.now(), m.seq);
+        // Other replicas' users spend tokens too: fairness is per user across the fleet.
+        if (ev.type === "charge" && ev.user) views.usage.record({ user: ev.user, promptTokens: ev.promptTokens, completionTokens: 0, ts: ev.ts });
+        else if (ev.type === "release" && ev.user && ev.completionTokens) {
+          views.usage.record({ user: ev.user, promptTokens: 0, completionTokens: ev.completionTokens, ts: ev.ts });
+        }
+      },
       onMessage: (subject, seq) => cursors.note(subject, seq),
       // Everything we published ourselves was applied when we made it (the ledger ignores its own
       // events anyway): recognise the echoes by a byte search and spare them JSON and schema work.
@@ -146,7 +155,11 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
   };
   heartbeat("up");
   const hbTimer = setInterval(() => heartbeat("up"), hbInterval);
-  const sweepTimer = setInterval(() => views.ledger.sweep(Date.now()), Math.max(50, Math.min(250, hbInterval / 4)));
+  const sweepTimer = setInterval(() => {
+    const now = Date.now();
+    views.ledger.sweep(now);
+    views.usage.sweep(now);
+  }, Math.max(50, Math.min(250, hbInterval / 4)));
 
   let isReady = false;
   const health = new HealthImplementation({ liveness: "SERVING", readiness: "NOT_SERVING", "": "NOT_SERVING", [EXT_PROC_SERVICE_NAME]: "NOT_SERVING" });

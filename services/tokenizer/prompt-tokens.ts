@@ -1,0 +1,58 @@
+/**
+ * Prompt token ids for prefix matching, in the two modes that need no engine: `local` (the
+ * simulator's deterministic tokenizer and chat template — the same ids the simulated engines
+ * compute) and `approximate` (fixed-size character chunks: no tokenizer at all, for engines that
+ * publish no KV events; matches only other requests routed by the gateways). Pure.
+ */
+import { type ChatMessage, fnv1a32, tokenizeChat, tokenizePrompt } from "./sim-tokenizer.js";
+
+export type TokenizerMode = "remote" | "local" | "approximate";
+
+/** What a request body offers for tokenization (chat messages or a completion prompt). */
+export interface PromptInput {
+  messages?: readonly ChatMessage[];
+  prompt?: string | readonly string[];
+}
+
+export function promptInputOf(body: Record<string, unknown>): PromptInput {
+  const out: PromptInput = {};
+  if (Array.isArray(body.messages)) out.messages = body.messages as ChatMessage[];
+  if (typeof body.prompt === "string" || (Array.isArray(body.prompt) && body.prompt.every((p) => typeof p === "string"))) {
+    out.prompt = body.prompt as string | string[];
+  }
+  return out;
+}
+
+function promptText(p: PromptInput["prompt"]): string {
+  return typeof p === "string" ? p : (p ?? []).join("");
+}
+
+export function localTokens(input: PromptInput): number[] {
+  if (input.messages) return tokenizeChat(input.messages, { addGenerationPrompt: true });
+  return tokenizePrompt(promptText(input.prompt), { addSpecialTokens: true });
+}
+
+/** Characters per pseudo-token in approximate mode (≈ one token of English text). */
+export const APPROX_CHARS_PER_TOKEN = 4;
+
+/** The text approximate mode chunks: message roles and contents in order, or the prompt. */
+export function approximateText(input: PromptInput): string {
+  if (input.messages) {
+    let s = "";
+    for (const m of input.messages) {
+      const c = m.content;
+      const text = typeof c === "string" ? c : Array.isArray(c) ? c.map((p) => p.text ?? "").join("") : "";
+      s += `\u0000${m.role}\u0000${text}`;
+    }
+    return s;
+  }
+  return promptText(input.prompt);
+}
+
+export function approximateTokens(input: PromptInput): number[] {
+  const text = approximateText(input);
+  const n = Math.ceil(text.length / APPROX_CHARS_PER_TOKEN);
+  const out = new Array<number>(n);
+  for (let i = 0; i < n; i++) out[i] = fnv1a32(text.slice(i * APPROX_CHARS_PER_TOKEN, (i + 1) * APPROX_CHARS_PER_TOKEN));
+  return out;
+}
