@@ -6,7 +6,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { startFront, type FrontServer } from "../services/front/front.js";
 import { spawnJetroute, type ServiceProcess } from "../services/shared/processes.js";
 import { type SimFleet, startSimFleet } from "../services/sim/fleet.js";
-import { MODEL, quietLog, startTestEnv, type TestEnv, waitFor } from "./harness/env.js";
+import { MODEL, quietLog, startTestEnv, type TestEnv } from "./harness/env.js";
 
 interface Chunk {
   choices: Array<{ delta?: { content?: string } }>;
@@ -37,7 +37,7 @@ describe("end to end - front -> gateway processes -> simulated pods", () => {
   let env: TestEnv;
   let fleet: SimFleet;
   let gws: Array<{ proc: ServiceProcess; target: string }> = [];
-  let fronts: FrontServer[] = [];
+  const fronts: FrontServer[] = [];
   beforeAll(async () => {
     env = await startTestEnv();
     // Slow decode so requests overlap: 40 tokens x 25 ms = 1 s each.
