@@ -1,0 +1,150 @@
+/**
+ * Per-pod engine-hash -> router-hash map: turns engine BlockStored/BlockRemoved events into the
+ * `KvStored`/`KvRemoved` the KV stream carries. Pure.
+ *
+ * Router hashes are recomputed from the event's token ids (services/views/block-hash.ts), chained
+ * from the parent's router hash, which only this map knows: the engine sends its own parent hash.
+ * A parent the map does not know (the bridge restarted after the engine's replay buffer rolled, or
+ * the map dropped it at its bound) still yields a deterministic chain, seeded from the parent's
+ * engine hash, so those blocks never match a prompt (a miss, never a false hit) while removals of
+ * them still apply.
+ *
+ * A block can sit in several tiers (GPU, CPU, storage) under one engine hash; the entry lives until
+ * it has been removed from every tier it was stored in.
+ */
+import { xxh64 } from "@node-rs/xxhash";
+import type { KvRemoved, KvStored } from "../../schemas/events.js";
+import { type BlockHash, chainBlocks, chainSeed, hashToHex } from "../views/block-hash.js";
+import type { EngineBlockRemoved, EngineBlockStored } from "./wire.js";
+
+const UNKNOWN_PARENT_SEED = 0x756e6b6e6f776e70n; // "unknownp"
+
+interface Entry {
+  router: BlockHash;
+  tiers: number;
+}
+
+export interface BlockMapCounters {
+  unknownParents: number;
+  evicted: number;
+}
+
+export class BlockMap {
+  private readonly entries = new Map<string, Entry>();
+  private readonly seeds = new Map<string, BlockHash>();
+  private readonly tierBits = new Map<string, number>();
+  constructor(
+    private readonly model: string,
+    /** Bound on tracked blocks (exceeded by up to 1/16 between evictions); least recently used go first. */
+    private readonly maxEntries = 262_144,
+    readonly counters: BlockMapCounters = { unknownParents: 0, evicted: 0 },
+  ) {}
+
+  get size(): number {
+    return this.entries.size;
+  }
+
+  clear(): void {
+    this.entries.clear();
+  }
+
+  /** The router hash an engine hash maps to, if known (refreshes its recency). */
+  routerHash(engineHash: string): BlockHash | undefined {
+    const e = this.entries.get(engineHash);
+    if (!e) return undefined;
+    this.entries.delete(engineHash);
+    this.entries.set(engineHash, e);
+    return e.router;
+  }
+
+  stored(ev: EngineBlockStored): KvStored {
+    const lora = loraKey(ev);
+    let parent: BlockHash;
+    if (ev.parent === null) parent = this.seed(lora, ev.blockSize);
+    else {
+      const known = this.routerHash(ev.parent);
+      if (known !== undefined) parent = known;
+      else {
+        this.counters.unknownParents++;
+        parent = unknownParent(this.model, lora, ev.blockSize, ev.parent);
+      }
+    }
+    const routers = chainBlocks(parent, ev.tokens, ev.blockSize);
+    const bit = this.tierBit(ev.medium);
+    const routerHex: string[] = new Array(routers.length);
+    for (let i = 0; i < routers.length; i++) {
+      const h = ev.hashes[i] as string;
+      const r = routers[i] as BlockHash;
+      const prev = this.entries.get(h);
+      if (prev) this.entries.delete(h);
+      this.entries.set(h, { router: r, tiers: (prev && prev.router === r ? prev.tiers : 0) | bit });
+      routerHex[i] = hashToHex(r);
+    }
+    this.evict();
+    return {
+      kind: "stored",
+      engineHashes: ev.hashes,
+      routerHashes: routerHex,
+      parentEngineHash: ev.parent,
+      blockSize: ev.blockSize,
+      medium: ev.medium,
+      lora,
+    };
+  }
+
+  removed(ev: EngineBlockRemoved): KvRemoved {
+    const bit = this.tierBit(ev.medium);
+    for (const h of ev.hashes) {
+      const e = this.entries.get(h);
+      if (!e) continue;
+      e.tiers &= ~bit;
+      if (e.tiers === 0) this.entries.delete(h);
+    }
+    return { kind: "removed", engineHashes: ev.hashes, medium: ev.medium };
+  }
+
+  private evict(): void {
+    // Evicting in chunks of 1/16 of the bound: walking the Map from its head past the holes that
+    // earlier deletions left costs more than the deletions, so it should happen rarely.
+    if (this.entries.size <= this.maxEntries + (this.maxEntries >> 4)) return;
+    // Map iteration is insertion order and every store or lookup re-inserts, so the first keys
+    // are the least recently used.
+    for (const k of this.entries.keys()) {
+      this.entries.delete(k);
+      this.counters.evicted++;
+      if (this.entries.size <= this.maxEntries) break;
+    }
+  }
+
+  private seed(lora: string | null, blockSize: number): BlockHash {
+    const k = `${lora ?? ""}\u0000${blockSize}`;
+    let s = this.seeds.get(k);
+    if (s === undefined) this.seeds.set(k, (s = chainSeed(this.model, lora, blockSize)));
+    return s;
+  }
+
+  /** GPU and "no medium" share a bit: engines leave `medium` out for the GPU tier. */
+  private tierBit(medium: string | null): number {
+    const name = medium === null ? "GPU" : medium.toUpperCase();
+    let bit = this.tierBits.get(name);
+    if (bit === undefined) {
+      bit = 1 << Math.min(this.tierBits.size, 30);
+      this.tierBits.set(name, bit);
+    }
+    return bit;
+  }
+}
+
+/**
+ * The adapter part of the chain seed. vLLM >= mid-2026 sends `lora_name`, which is what a gateway
+ * knows from the request; older engines only send the numeric `lora_id`, which no gateway can map
+ * back to a name, so those blocks get a key no prompt will reproduce (misses, not false hits).
+ */
+export function loraKey(ev: Pick<EngineBlockStored, "loraName" | "loraId">): string | null {
+  if (ev.loraName !== null) return ev.loraName;
+  return ev.loraId === null ? null : `lora-id:${ev.loraId}`;
+}
+
+export function unknownParent(model: string, lora: string | null, blockSize: number, parentEngineHash: string): BlockHash {
+  return xxh64(`jetroute-kv/unknown-parent\0${model}\0${lora ?? ""}\0${blockSize}\0${parentEngineHash}`, UNKNOWN_PARENT_SEED);
+}

@@ -1,0 +1,362 @@
+/**
+ * The bridge between real ZMQ sockets (scripted engines, test-engine.ts) and a real nats-server:
+ * what ends up in the KV stream, in what order, under which Msg-Id, and what ends up dead-lettered.
+ */
+import { Packr } from "msgpackr";
+import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
+import type { KvBatch, KvPodCleared } from "../../schemas/events.js";
+import { checkEvent } from "../../schemas/validate.js";
+import { streamName } from "../../streams/definitions.js";
+import { MODEL, quietLog, startTestEnv, type TestEnv, waitFor } from "../../test/harness/env.js";
+import { chainSeed, hashToHex, promptBlockHashes } from "../views/block-hash.js";
+import { type KvBridgeHandle, type KvBridgeOptions, startKvBridge } from "./bridge.js";
+import { KvDlqHeaders } from "./dead-letters.js";
+import { epochName } from "./pod-bridge.js";
+import { ownsPod } from "./shard.js";
+import { type EventSpec, encodeBatch, encodeEvent, TestEngine, type TestEngineOptions } from "./test-engine.js";
+import { seqFrame } from "./wire.js";
+
+type KvMessage = KvBatch | KvPodCleared;
+interface StoredMsg {
+  ev: KvMessage;
+  msgId?: string;
+  schema?: string;
+}
+
+let env: TestEnv;
+let engines: TestEngine[] = [];
+let bridges: KvBridgeHandle[] = [];
+/** Pods published by the running test: removed afterwards so later tests' bridges ignore them. */
+const pods = new Set<string>();
+
+beforeAll(async () => {
+  env = await startTestEnv();
+});
+afterEach(async () => {
+  for (const pod of pods) await env.publishPod({ pod, address: "127.0.0.1:9", action: "remove" });
+  pods.clear();
+  for (const b of bridges) expect(b.stats.internalErrors).toBe(0);
+  await Promise.all(bridges.map((b) => b.close()));
+  await Promise.all(engines.map((e) => e.close()));
+  bridges = [];
+  engines = [];
+});
+afterAll(async () => {
+  await env?.stop();
+});
+
+async function engine(o: TestEngineOptions = {}): Promise<TestEngine> {
+  const e = await new TestEngine(o).start();
+  engines.push(e);
+  return e;
+}
+
+async function bridge(o: Partial<KvBridgeOptions> = {}): Promise<KvBridgeHandle> {
+  const b = await startKvBridge({ nats: env.server.url, log: quietLog, replayTimeoutMs: 300, ...o });
+  bridges.push(b);
+  return b;
+}
+
+async function podFor(pod: string, e: TestEngine, extra: Record<string, unknown> = {}): Promise<void> {
+  pods.add(pod);
+  await env.publishPod({ pod, address: "127.0.0.1:9", kvEvents: { endpoint: e.endpoint, replayEndpoint: e.replayEndpoint, topic: e.topic }, ...extra });
+}
+
+/** Everything the KV stream holds for a pod, in stream order. */
+async function readKv(pod: string): Promise<StoredMsg[]> {
+  const c = await env.nats.js.consumers.get(streamName("jr", "KV"), { filter_subjects: env.subjects.kv(MODEL, pod) });
+  const n = (await c.info(true)).num_pending;
+  const out: StoredMsg[] = [];
+  if (n === 0) return out;
+  const it = await c.fetch({ max_messages: n, expires: 2_000 });
+  for await (const m of it) {
+    out.push({ ev: m.json<KvMessage>(), msgId: m.headers?.get("Nats-Msg-Id"), schema: m.headers?.get("Jr-Schema") });
+    if (out.length >= n) break;
+  }
+  return out;
+}
+
+async function kvUntil(pod: string, ok: (msgs: StoredMsg[]) => boolean, timeoutMs = 5_000): Promise<StoredMsg[]> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const msgs = await readKv(pod);
+    if (ok(msgs)) return msgs;
+    if (Date.now() > deadline) throw new Error(`KV stream for ${pod} never matched; has ${JSON.stringify(msgs.map(brief))}`);
+    await new Promise((r) => setTimeout(r, 20));
+  }
+}
+
+const brief = (m: StoredMsg) => (m.ev.type === "kv" ? `${m.ev.epoch}:${m.ev.seq}` : `cleared(${m.ev.reason})`);
+const batches = (msgs: StoredMsg[]) => msgs.filter((m) => m.ev.type === "kv").map((m) => m.ev as KvBatch);
+const lastSeq = (b: KvBridgeHandle, pod: string) => b.pods().find((p) => p.pod === pod)?.lastSeq;
+
+let tokenBase = 10_000;
+/** A BlockStored of `n` fresh root blocks (unique tokens so every test's hashes differ). */
+function freshStored(n = 1, blockSize = 4): EventSpec {
+  const tokens = Array.from({ length: n * blockSize }, () => tokenBase++);
+  return { type: "BlockStored", hashes: Array.from({ length: n }, () => BigInt(tokenBase++)), parent: null, tokens, blockSize };
+}
+
+/** Publishes until a batch reaches the bridge live (no replay needed): the SUB is subscribed. */
+async function warm(b: KvBridgeHandle, pod: string, e: TestEngine): Promise<void> {
+  for (let i = 0; i < 100; i++) {
+    const replays = b.stats.replays;
+    await e.publish([freshStored()]);
+    try {
+      await waitFor(() => lastSeq(b, pod) === e.seq - 1, 300);
+    } catch {
+      continue;
+    }
+    if (b.stats.replays === replays) return;
+  }
+  throw new Error(`bridge never received ${pod}'s batches live`);
+}
+
+describe("kv-bridge - engines to the KV stream", () => {
+  it("map and array encodings, replayed at connect then live: contiguous KvBatches with the gateway's router hashes", async () => {
+    const tokens = Array.from({ length: 64 }, (_, i) => 500 + i);
+    const events: EventSpec[][] = [
+      [{ type: "BlockStored", hashes: [0xfedcba9876543210n, 2n], parent: null, tokens: tokens.slice(0, 32), blockSize: 16 }],
+      [{ type: "BlockStored", hashes: [3n, -5n], parent: 2n, tokens: tokens.slice(32), blockSize: 16, medium: null }],
+      [{ type: "BlockRemoved", hashes: [3n, -5n] }],
+      [{ type: "AllBlocksCleared" }],
+    ];
+    const setups = [
+      { pod: "enc-map", o: { form: "map", layout: "new" } },
+      { pod: "enc-array", o: { form: "array", layout: "old-delimited", dpRank: "absent" } },
+    ] as const;
+    const es: TestEngine[] = [];
+    for (const s of setups) {
+      const e = await engine(s.o);
+      es.push(e);
+      await podFor(s.pod, e);
+      // Sent before any bridge exists: only the replay at connect can deliver these.
+      for (const ev of events.slice(0, 2)) await e.publish(ev);
+    }
+    const b = await bridge();
+    for (const [i, s] of setups.entries()) {
+      await waitFor(() => lastSeq(b, s.pod) === 1, 3_000, "replayed batches");
+      for (const ev of events.slice(2)) await (es[i] as TestEngine).publish(ev);
+    }
+    const prompt = promptBlockHashes(tokens, chainSeed(MODEL, null, 16), 16).map(hashToHex);
+    for (const [i, s] of setups.entries()) {
+      const msgs = await kvUntil(s.pod, (m) => m.length >= 4);
+      const e = es[i] as TestEngine;
+      const epoch = epochName(0, (e.buffer[0] as { seq: number }) && firstTs(e) * 1000);
+      expect(msgs.map((m) => m.msgId)).toEqual([0, 1, 2, 3].map((q) => `${s.pod}:${epoch}:${q}`));
+      expect(msgs.every((m) => m.schema === "kv/1" && checkEvent("kv", m.ev).ok)).toBe(true);
+      const [b0, b1, b2, b3] = batches(msgs) as [KvBatch, KvBatch, KvBatch, KvBatch];
+      expect(b0).toMatchObject({ model: MODEL, pod: s.pod, epoch, seq: 0, ts: firstTs(e) * 1000 });
+      expect(b0.dpRank).toBe(s.o.form === "map" ? 0 : undefined);
+      expect(b0.events).toEqual([
+        { kind: "stored", engineHashes: ["fedcba9876543210", "2"], routerHashes: prompt.slice(0, 2), parentEngineHash: null, blockSize: 16, medium: "GPU", lora: null },
+      ]);
+      expect(b1.events).toEqual([
+        { kind: "stored", engineHashes: ["3", "fffffffffffffffb"], routerHashes: prompt.slice(2), parentEngineHash: "2", blockSize: 16, medium: null, lora: null },
+      ]);
+      expect(b2.events).toEqual([{ kind: "removed", engineHashes: ["3", "fffffffffffffffb"], medium: "GPU" }]);
+      expect(b3.events).toEqual([{ kind: "all-cleared" }]);
+    }
+    expect(b.stats).toMatchObject({ batches: 8, blocksStored: 8, blocksRemoved: 4, allCleared: 2, unknownParents: 0, malformed: 0 });
+  });
+
+  it("a gap is repaired through replay: the published batches stay contiguous, no kv-cleared", async () => {
+    const e = await engine({ layout: "old" });
+    await podFor("gap", e);
+    const b = await bridge();
+    await warm(b, "gap", e);
+    const anchor = e.seq - 1;
+    for (let i = 0; i < 3; i++) await e.publish([freshStored()], { live: false });
+    await e.publish([freshStored(2)]);
+    const msgs = await kvUntil("gap", (m) => m.length >= e.seq);
+    expect(batches(msgs).map((x) => x.seq)).toEqual(Array.from({ length: e.seq }, (_, i) => i));
+    expect(msgs.some((m) => m.ev.type === "kv-cleared")).toBe(false);
+    expect(e.replayRequests).toContain(anchor);
+    expect(b.stats.gaps).toBeGreaterThanOrEqual(1);
+    expect(b.stats.gapsRepaired).toBeGreaterThanOrEqual(1);
+  });
+
+  it("gaps replay cannot cover publish kv-cleared: buffer rolled, replay hung, no replay endpoint", async () => {
+    const rolled = await engine({ layout: "new-delimited" });
+    const hung = await engine();
+    const noReplay = await engine({ replay: false });
+    await podFor("rolled", rolled);
+    await podFor("hung", hung);
+    await podFor("no-replay", noReplay);
+    const b = await bridge({ replayTimeoutMs: 200 });
+    await Promise.all([warm(b, "rolled", rolled), warm(b, "hung", hung), warm(b, "no-replay", noReplay)]);
+    const before = { rolled: rolled.seq, hung: hung.seq, noReplay: noReplay.seq };
+    for (const e of [rolled, hung, noReplay]) for (let i = 0; i < 5; i++) await e.publish([freshStored()], { live: false });
+    rolled.forgetBefore(before.rolled + 3);
+    hung.replayMuted = true;
+    for (const e of [rolled, hung, noReplay]) await e.publish([freshStored()]);
+
+    const tail = (msgs: StoredMsg[], from: number) => msgs.slice(msgs.findIndex((m) => m.ev.type === "kv" && m.ev.seq === from - 1)).map(brief).map((x) => x.replace(/^.*:/, ""));
+    const r = await kvUntil("rolled", (m) => batches(m).at(-1)?.seq === rolled.seq - 1);
+    expect(tail(r, before.rolled)).toEqual([`${before.rolled - 1}`, "cleared(gap-unrepairable)", ...[3, 4, 5].map((k) => `${before.rolled + k}`)]);
+    const h = await kvUntil("hung", (m) => batches(m).at(-1)?.seq === hung.seq - 1);
+    expect(tail(h, before.hung)).toEqual([`${before.hung - 1}`, "cleared(replay-unavailable)", `${before.hung + 5}`]);
+    const n = await kvUntil("no-replay", (m) => batches(m).at(-1)?.seq === noReplay.seq - 1);
+    expect(tail(n, before.noReplay)).toEqual([`${before.noReplay - 1}`, "cleared(replay-unavailable)", `${before.noReplay + 5}`]);
+    // A kept epoch: the gap does not make a new incarnation.
+    for (const msgs of [r, h, n]) expect(new Set(batches(msgs).map((x) => x.epoch)).size).toBe(1);
+    expect(b.stats.replayFailures).toBeGreaterThanOrEqual(1);
+  });
+
+  it("an engine restart starts a new epoch after kv-cleared(engine-restart), also across a process restart on the same ports", async () => {
+    const e = await engine();
+    await podFor("restart", e);
+    const b = await bridge();
+    await warm(b, "restart", e);
+    await e.publish([freshStored()]);
+    const epoch1 = b.pods().find((p) => p.pod === "restart")?.epoch;
+    // Same sockets, sequence back to 0 (an engine that restarted faster than the SUB noticed).
+    e.restart();
+    for (let i = 0; i < 3; i++) await e.publish([freshStored()]);
+    const epoch2 = epochName(0, firstTs(e) * 1000);
+    const msgs = await kvUntil("restart", (m) => m.some((x) => x.ev.type === "kv" && x.ev.epoch === epoch2 && x.ev.seq === 2));
+    const i = msgs.findIndex((m) => m.ev.type === "kv-cleared");
+    expect(msgs[i]?.ev).toMatchObject({ type: "kv-cleared", reason: "engine-restart", epoch: epoch2 });
+    expect(msgs.slice(0, i).every((m) => m.ev.type === "kv" && m.ev.epoch === epoch1)).toBe(true);
+    expect(msgs.slice(i + 1).map(brief)).toEqual([0, 1, 2].map((q) => `${epoch2}:${q}`));
+    expect(epoch2).not.toBe(epoch1);
+
+    // The process dies and a new one binds the same ports: the SUB reconnects (with backoff), the
+    // bridge finds an engine with nothing buffered and clears the pod before any new event.
+    const at = { endpoint: e.endpoint, replayEndpoint: e.replayEndpoint };
+    await e.close();
+    engines = engines.filter((x) => x !== e);
+    const cleared = b.stats.cleared["engine-restart"];
+    await new Promise((r) => setTimeout(r, 150));
+    const e2 = new TestEngine();
+    engines.push(e2);
+    await e2.start(at);
+    await waitFor(() => b.stats.cleared["engine-restart"] === cleared + 1, 5_000, "clear after the engine came back");
+    expect((await readKv("restart")).at(-1)?.ev).toMatchObject({ type: "kv-cleared", reason: "engine-restart", epoch: epoch2 });
+    for (let k = 0; k < 3; k++) await e2.publish([freshStored()]);
+    const epoch3 = epochName(0, firstTs(e2) * 1000);
+    const after = await kvUntil("restart", (m) => m.some((x) => x.ev.type === "kv" && x.ev.epoch === epoch3 && x.ev.seq === 2));
+    expect(after.slice(after.findLastIndex((m) => m.ev.type === "kv-cleared") + 1).map(brief)).toEqual([0, 1, 2].map((q) => `${epoch3}:${q}`));
+    expect(b.stats.disconnects).toBeGreaterThanOrEqual(1);
+  });
+
+  it("two bridges on one pod store each batch once; a restarted bridge resumes without republishing", async () => {
+    const e = await engine();
+    await podFor("twins", e);
+    for (let i = 0; i < 20; i++) await e.publish([freshStored(2)], { live: false });
+    const [b1, b2] = await Promise.all([bridge({ name: "twin-1" }), bridge({ name: "twin-2" })]);
+    for (let i = 0; i < 200; i++) {
+      await e.publish([freshStored(2)]);
+      if (i % 20 === 0) await new Promise((r) => setTimeout(r, 2));
+    }
+    await waitFor(() => lastSeq(b1, "twins") === 219 && lastSeq(b2, "twins") === 219, 5_000, "both bridges at the head");
+    await Promise.all([b1, b2].map(async (b) => waitFor(() => b.stats.acked >= b.stats.batches, 3_000, "acks")));
+    const msgs = await kvUntil("twins", (m) => m.length >= 220);
+    expect(batches(msgs).map((x) => x.seq)).toEqual(Array.from({ length: 220 }, (_, i) => i));
+    expect(b1.stats.duplicates + b2.stats.duplicates).toBeGreaterThan(0);
+    expect(b1.stats.batches + b2.stats.batches - (b1.stats.duplicates + b2.stats.duplicates)).toBe(220);
+
+    await b1.close();
+    bridges = bridges.filter((x) => x !== b1);
+    await b2.close();
+    bridges = bridges.filter((x) => x !== b2);
+    const b3 = await bridge({ name: "twin-3" });
+    await waitFor(() => lastSeq(b3, "twins") === 219, 3_000, "restarted bridge caught up");
+    expect(b3.stats.batches).toBe(0); // everything up to the stream's last batch is only re-learned
+    await e.publish([freshStored()]);
+    const later = await kvUntil("twins", (m) => m.length >= 221);
+    expect(later).toHaveLength(221);
+    expect(later.at(-1)?.msgId).toBe(`twins:${epochName(0, firstTs(e) * 1000)}:220`);
+  });
+
+  it("malformed frames are counted and dead-lettered; the bridge keeps publishing good batches", async () => {
+    const e = await engine();
+    await podFor("bad", e);
+    const b = await bridge();
+    await warm(b, "bad", e);
+    const good = e.seq - 1;
+    const topic = Buffer.from(e.topic);
+    await e.sendRaw([topic, seqFrame(good + 1)]);
+    await e.sendRaw([topic, Buffer.alloc(7), Buffer.from([0x90])]);
+    await e.publishPayload(Buffer.from("this is not msgpack"));
+    await e.publishPayload(new Packr({ useRecords: false }).pack(["yesterday", []]));
+    await e.publishPayload(Buffer.alloc(10 * 1024 * 1024, 0x91));
+    const bad: unknown[] = [encodeEvent(freshStored(), "map"), ["BlockStored", [1n], null, [1, 2, 3], 2], ["BlockEvicted", [1n]]];
+    await e.publishPayload(encodeBatch(e.ts, bad));
+    await waitFor(() => lastSeq(b, "bad") === good + 4, 5_000, "bridge past the bad batches");
+    // Beyond libzmq's limit (4 x --max-frame-bytes) the engine's session is dropped: the bridge
+    // must notice and resubscribe.
+    await e.sendRaw([topic, seqFrame(good + 5), Buffer.alloc(20 * 1024 * 1024)]);
+    await waitFor(() => b.stats.socketsRecreated >= 1, 3_000, "SUB recreated");
+    await e.publish([freshStored()]);
+    await e.publish([freshStored()]);
+
+    const msgs = await kvUntil("bad", (m) => batches(m).at(-1)?.seq === good + 6);
+    expect(batches(msgs).map((x) => x.seq).slice(-3)).toEqual([good + 4, good + 5, good + 6]);
+    expect(msgs.some((m) => m.ev.type === "kv-cleared")).toBe(false);
+    expect(batches(msgs).find((x) => x.seq === good + 4)?.events).toHaveLength(1);
+    expect(b.stats).toMatchObject({ malformed: 5, oversize: 1, invalidEvents: 1, unknownEvents: 1, deadLetters: 6 });
+
+    const dlq = await env.nats.js.consumers.get(streamName("jr", "DLQ"), { filter_subjects: env.subjects.deadLetter("kv") });
+    const letters: Array<{ reason: string; pod?: string; size: number; truncated?: string; seq?: string }> = [];
+    await waitFor(() => b.stats.deadLetters === 6, 1_000);
+    const it = await dlq.fetch({ max_messages: 6, expires: 2_000 });
+    for await (const m of it) {
+      letters.push({
+        reason: m.headers?.get(KvDlqHeaders.reason) ?? "",
+        pod: m.headers?.get(KvDlqHeaders.pod),
+        size: m.data.length,
+        truncated: m.headers?.get(KvDlqHeaders.truncated) || undefined,
+        seq: m.headers?.get(KvDlqHeaders.engineSeq) || undefined,
+      });
+      if (letters.length === 6) break;
+    }
+    expect(letters.every((l) => l.pod === "bad")).toBe(true);
+    expect(letters.map((l) => l.reason.replace(/:.*/, ""))).toEqual([
+      "live message has 2 frames, expected 3",
+      "sequence frame is 7 bytes, expected 8",
+      "msgpack",
+      "EventBatch ts is not a timestamp",
+      "payload of 10485760 bytes exceeds the 4194304-byte limit",
+      "invalid events skipped",
+    ]);
+    expect(letters[2]).toMatchObject({ size: "this is not msgpack".length, seq: String(good + 1) });
+    expect(letters[4]).toMatchObject({ size: 256 * 1024, truncated: String(10 * 1024 * 1024) });
+  });
+
+  it("shards pods across replicas and follows pod changes: not ready, new endpoint, removal", async () => {
+    const e1 = await engine();
+    const e2 = await engine();
+    const names = Array.from({ length: 8 }, (_, i) => `shard-pod-${i}`);
+    for (const p of names) await podFor(p, e1);
+    const shards = [0, 1].map((i) => ({ index: i, count: 2 }));
+    const [s0, s1] = await Promise.all(shards.map((shard) => bridge({ shard })));
+    const owned = (b: KvBridgeHandle) => b.pods().map((p) => p.pod).sort();
+    await waitFor(() => owned(s0 as KvBridgeHandle).length + owned(s1 as KvBridgeHandle).length === 8, 3_000, "pods bridged");
+    expect(owned(s0 as KvBridgeHandle)).toEqual(names.filter((p) => ownsPod({ index: 0, count: 2 }, p)).sort());
+    expect(owned(s1 as KvBridgeHandle)).toEqual(names.filter((p) => ownsPod({ index: 1, count: 2 }, p)).sort());
+
+    const pod = names.find((p) => ownsPod({ index: 0, count: 2 }, p)) as string;
+    const b = s0 as KvBridgeHandle;
+    const has = () => b.pods().find((p) => p.pod === pod);
+    await podFor(pod, e1, { ready: false });
+    await waitFor(() => !has(), 2_000, "not-ready pod dropped");
+    await podFor(pod, e2);
+    await waitFor(() => has()?.endpoint === e2.endpoint, 2_000, "new endpoint");
+    await warm(b, pod, e2);
+    await env.publishPod({ pod, address: "127.0.0.1:9" });
+    await waitFor(() => !has(), 2_000, "pod without kvEvents dropped");
+    await podFor(pod, e2);
+    await waitFor(() => !!has(), 2_000, "back");
+    await env.publishPod({ pod, address: "127.0.0.1:9", action: "remove" });
+    await waitFor(() => !has(), 2_000, "removed pod dropped");
+    expect(b.stats.pods).toBe(owned(b).length);
+  });
+});
+
+function firstTs(e: TestEngine): number {
+  const first = e.buffer[0];
+  if (!first) throw new Error("engine has no batches");
+  const decoded = new Packr({ useRecords: false }).unpack(first.payload) as [number];
+  return decoded[0];
+}

@@ -1,0 +1,44 @@
+import { type Command, InvalidArgumentError } from "commander";
+import { DEFAULT_NATS, intOption, natsUrlsOption, untilSignal } from "../shared/cli-options.js";
+import { createLogger } from "../shared/log.js";
+import { DEFAULTS, startKvBridge } from "./bridge.js";
+import { formatShard, parseShard, type Shard } from "./shard.js";
+
+const shardOption = (value: string): Shard => {
+  try {
+    return parseShard(value);
+  } catch (err) {
+    throw new InvalidArgumentError((err as Error).message);
+  }
+};
+
+export function registerKvBridgeCommand(program: Command): void {
+  program
+    .command("kv-bridge")
+    .description("bridge engines' ZMQ KV cache events (vLLM, SGLang) to the KV stream, with gap repair and engine-restart detection")
+    .option("--nats <urls>", "NATS server URL(s), comma separated", natsUrlsOption, [DEFAULT_NATS])
+    .option("--prefix <prefix>", "subject prefix", "jr")
+    .option("--shard <i/n>", "this replica's shard: it bridges the pods that rendezvous-hash to i of n", shardOption, { index: 0, count: 1 })
+    .option("--replay-timeout-ms <ms>", "wait this long for each replay reply before giving the replay up", intOption(10), DEFAULTS.replayTimeoutMs)
+    .option("--max-frame-bytes <bytes>", "engine frames larger than this are dead-lettered, not decoded", intOption(1024), DEFAULTS.maxFrameBytes)
+    .option("--window <n>", "JetStream acks in flight per pod", intOption(1, 65_536), DEFAULTS.window)
+    .option("--max-tracked-blocks <n>", "engine-hash -> router-hash entries kept per pod", intOption(1_024), DEFAULTS.maxTrackedBlocks)
+    .action(async (o) => {
+      const log = createLogger("kv-bridge");
+      const bridge = await startKvBridge({
+        nats: o.nats,
+        prefix: o.prefix,
+        shard: o.shard,
+        replayTimeoutMs: o.replayTimeoutMs,
+        maxFrameBytes: o.maxFrameBytes,
+        window: o.window,
+        maxTrackedBlocks: o.maxTrackedBlocks,
+        log,
+      });
+      console.log(JSON.stringify({ kvBridge: formatShard(bridge.shard), prefix: o.prefix, nats: o.nats }));
+      const signal = await untilSignal();
+      log.info({ signal, stats: bridge.stats }, "shutting down");
+      await bridge.close();
+      process.exit(0);
+    });
+}

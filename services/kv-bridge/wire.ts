@@ -1,0 +1,267 @@
+/**
+ * The engines' KV event wire format (vLLM V1 and SGLang, see shared/reference/engines.md §1-2),
+ * decoded defensively. Pure: no sockets, no NATS.
+ *
+ * Everything an engine sends is untrusted input: a decode never throws, it returns a reason that
+ * ends up in a log line and a dead-letter header. The decoder accepts every shape seen in the field:
+ * map and array event encodings, short arrays from older engines, an EventBatch without its third
+ * slot, uint64 hashes above 2^63 (msgpack uint64), SGLang's signed int64 hashes, 32-byte digests,
+ * and both replay reply layouts.
+ */
+import { Unpackr } from "msgpackr";
+
+/** Engine block hash as lower-case hex: uint64 values unpadded, digests byte for byte. */
+export type EngineHash = string;
+
+export interface EngineBlockStored {
+  kind: "stored";
+  hashes: EngineHash[];
+  parent: EngineHash | null;
+  tokens: number[];
+  blockSize: number;
+  loraId: number | null;
+  loraName: string | null;
+  medium: string | null;
+}
+
+export interface EngineBlockRemoved {
+  kind: "removed";
+  hashes: EngineHash[];
+  medium: string | null;
+}
+
+export type EngineEvent = EngineBlockStored | EngineBlockRemoved | { kind: "all-cleared" };
+
+export interface EngineBatch {
+  /** Engine timestamp, epoch seconds (a float64 on the wire). */
+  ts: number;
+  /** Absent (undefined) when the engine predates the third slot. */
+  dpRank: number | null | undefined;
+  events: EngineEvent[];
+  /** Events whose tag this bridge does not know (newer engines): skipped, counted. */
+  unknownTags: string[];
+  /** Known events with missing or mistyped fields: skipped; the batch is dead-lettered once. */
+  invalid: string[];
+}
+
+export type Result<T> = { ok: true; value: T } | { ok: false; reason: string };
+
+/** The replay end marker's sequence frame. */
+export const END_SEQ = Buffer.alloc(8, 0xff);
+
+/**
+ * int64AsType "bigint": msgpack uint64/int64 decode to BigInt, so hashes above 2^53 keep every bit.
+ * Maps decode to `Map` (not objects) so a `__proto__` or `constructor` key from the wire is inert.
+ */
+const unpackr = new Unpackr({ int64AsType: "bigint", mapsAsObjects: false, useRecords: false });
+
+const fail = (reason: string): { ok: false; reason: string } => ({ ok: false, reason });
+
+/** Big-endian unsigned 8-byte sequence number. Sequences above 2^53 are rejected: no engine gets there. */
+export function readSeq(frame: Uint8Array): Result<number> {
+  if (frame.length !== 8) return fail(`sequence frame is ${frame.length} bytes, expected 8`);
+  const v = Buffer.from(frame.buffer, frame.byteOffset, 8).readBigUInt64BE(0);
+  if (v > BigInt(Number.MAX_SAFE_INTEGER)) return fail(`sequence ${v} out of range`);
+  return { ok: true, value: Number(v) };
+}
+
+export function seqFrame(seq: number): Buffer {
+  const b = Buffer.alloc(8);
+  b.writeBigUInt64BE(BigInt(seq), 0);
+  return b;
+}
+
+export interface Frame {
+  seq: number;
+  payload: Uint8Array;
+}
+
+/** A live PUB message: exactly `[topic, seq8, payload]`. */
+export function parseLiveMessage(frames: readonly Uint8Array[]): Result<Frame> {
+  if (frames.length !== 3) return fail(`live message has ${frames.length} frames, expected 3`);
+  const seqBytes = frames[1] as Uint8Array;
+  if (seqBytes.length === 8 && Buffer.compare(seqBytes, END_SEQ) === 0) return fail("replay end marker on the live socket");
+  const seq = readSeq(seqBytes);
+  if (!seq.ok) return seq;
+  return { ok: true, value: { seq: seq.value, payload: frames[2] as Uint8Array } };
+}
+
+/**
+ * One reply on the replay DEALER. Layouts, as the DEALER sees them:
+ *   2 frames `[seq8, payload]`                 older vLLM / SGLang, delimiter already stripped
+ *   3 frames `["", seq8, payload]`             older vLLM, ROUTER's empty delimiter kept
+ *   3 frames `[topic, seq8, payload]`          vLLM >= 0.26
+ *   4 frames `["", topic, seq8, payload]`      vLLM >= 0.26 with the delimiter
+ * In every layout the sequence and payload are the last two frames, so the frame count only decides
+ * whether the message is well-formed. The end marker is the all-ones sequence (an empty payload
+ * ends the stream too: that is how the original example client detects it).
+ */
+export function parseReplayMessage(frames: readonly Uint8Array[]): Result<Frame | "end"> {
+  const n = frames.length;
+  if (n < 2 || n > 4) return fail(`replay reply has ${n} frames, expected 2-4`);
+  if (n === 4 && (frames[0] as Uint8Array).length !== 0) return fail("4-frame replay reply without an empty delimiter");
+  const seqBytes = frames[n - 2] as Uint8Array;
+  const payload = frames[n - 1] as Uint8Array;
+  if (seqBytes.length === 8 && Buffer.compare(seqBytes, END_SEQ) === 0) return { ok: true, value: "end" };
+  const seq = readSeq(seqBytes);
+  if (!seq.ok) return seq;
+  if (payload.length === 0) return { ok: true, value: "end" };
+  return { ok: true, value: { seq: seq.value, payload } };
+}
+
+const U64 = 64;
+
+/** uint64, int64 (SGLang: possibly negative -> two's complement) or digest bytes, as hex. */
+export function hashToHex(v: unknown): EngineHash | undefined {
+  if (typeof v === "bigint") return BigInt.asUintN(U64, v).toString(16);
+  if (typeof v === "number") {
+    if (!Number.isInteger(v) || Math.abs(v) > 2 ** 64) return undefined;
+    return BigInt.asUintN(U64, BigInt(v)).toString(16);
+  }
+  if (v instanceof Uint8Array) {
+    if (v.length === 0 || v.length > 32) return undefined;
+    return Buffer.from(v.buffer, v.byteOffset, v.length).toString("hex");
+  }
+  return undefined;
+}
+
+function hashList(v: unknown, field: string): Result<EngineHash[]> {
+  if (!Array.isArray(v)) return fail(`${field} is not an array`);
+  if (v.length === 0) return fail(`${field} is empty`);
+  const out: EngineHash[] = new Array(v.length);
+  for (let i = 0; i < v.length; i++) {
+    const h = hashToHex(v[i]);
+    if (h === undefined) return fail(`${field}[${i}] is not a hash`);
+    out[i] = h;
+  }
+  return { ok: true, value: out };
+}
+
+/** A non-negative integer below 2^31, whether it came as a msgpack int of any width. */
+function smallUint(v: unknown): number | undefined {
+  if (typeof v === "number") return Number.isInteger(v) && v >= 0 && v < 2 ** 31 ? v : undefined;
+  if (typeof v === "bigint") return v >= 0n && v < 2n ** 31n ? Number(v) : undefined;
+  return undefined;
+}
+
+function optString(v: unknown, field: string): Result<string | null> {
+  if (v === undefined || v === null) return { ok: true, value: null };
+  return typeof v === "string" ? { ok: true, value: v } : fail(`${field} is not a string`);
+}
+
+/** Reads fields by name (map form) or by declaration order (array form: index 0 is the tag). */
+type Fields = (name: string, index: number) => unknown;
+
+function blockStored(get: Fields, arrayLen: number | undefined): Result<EngineBlockStored> {
+  // Array form must carry at least the five fields every engine version has sent.
+  if (arrayLen !== undefined && arrayLen < 5) return fail(`BlockStored array has ${arrayLen} slots, expected >= 5`);
+  const hashes = hashList(get("block_hashes", 1), "block_hashes");
+  if (!hashes.ok) return hashes;
+  const parentRaw = get("parent_block_hash", 2);
+  let parent: EngineHash | null = null;
+  if (parentRaw !== undefined && parentRaw !== null) {
+    const p = hashToHex(parentRaw);
+    if (p === undefined) return fail("parent_block_hash is not a hash");
+    parent = p;
+  }
+  const tokens = get("token_ids", 3);
+  if (!Array.isArray(tokens)) return fail("token_ids is not an array");
+  for (let i = 0; i < tokens.length; i++) {
+    const t = tokens[i];
+    if (typeof t === "number" && Number.isInteger(t) && t >= 0 && t <= 0xffffffff) continue;
+    // Fixed-width encoders send small ids as int64, which decode as BigInt: narrow them in place.
+    if (typeof t === "bigint" && t >= 0n && t <= 0xffffffffn) tokens[i] = Number(t);
+    else return fail(`token_ids[${i}] is not a token id`);
+  }
+  const blockSize = smallUint(get("block_size", 4));
+  if (blockSize === undefined || blockSize === 0) return fail("block_size is not a positive integer");
+  if (tokens.length !== hashes.value.length * blockSize) {
+    return fail(`token_ids has ${tokens.length} ids for ${hashes.value.length} blocks of ${blockSize}`);
+  }
+  const loraIdRaw = get("lora_id", 5);
+  const loraId = loraIdRaw === undefined || loraIdRaw === null ? null : smallUint(loraIdRaw);
+  if (loraId === undefined) return fail("lora_id is not an integer");
+  const medium = optString(get("medium", 6), "medium");
+  if (!medium.ok) return medium;
+  const loraName = optString(get("lora_name", 7), "lora_name");
+  if (!loraName.ok) return loraName;
+  return {
+    ok: true,
+    value: {
+      kind: "stored",
+      hashes: hashes.value,
+      parent,
+      tokens: tokens as number[],
+      blockSize,
+      loraId,
+      loraName: loraName.value,
+      medium: medium.value,
+    },
+  };
+}
+
+function blockRemoved(get: Fields, arrayLen: number | undefined): Result<EngineBlockRemoved> {
+  if (arrayLen !== undefined && arrayLen < 2) return fail(`BlockRemoved array has ${arrayLen} slots, expected >= 2`);
+  const hashes = hashList(get("block_hashes", 1), "block_hashes");
+  if (!hashes.ok) return hashes;
+  const medium = optString(get("medium", 2), "medium");
+  if (!medium.ok) return medium;
+  return { ok: true, value: { kind: "removed", hashes: hashes.value, medium: medium.value } };
+}
+
+type EventResult = { ok: true; value: EngineEvent } | { ok: false; reason: string } | { ok: "unknown"; tag: string };
+
+export function decodeEvent(raw: unknown): EventResult {
+  let tag: unknown;
+  let get: Fields;
+  let arrayLen: number | undefined;
+  if (raw instanceof Map) {
+    tag = raw.get("type");
+    get = (name) => raw.get(name);
+  } else if (Array.isArray(raw)) {
+    tag = raw[0];
+    arrayLen = raw.length;
+    get = (_name, index) => raw[index];
+  } else {
+    return fail("event is neither a map nor an array");
+  }
+  if (typeof tag !== "string") return fail("event has no string tag");
+  switch (tag) {
+    case "BlockStored":
+      return blockStored(get, arrayLen);
+    case "BlockRemoved":
+      return blockRemoved(get, arrayLen);
+    case "AllBlocksCleared":
+      return { ok: true, value: { kind: "all-cleared" } };
+    default:
+      return { ok: "unknown", tag };
+  }
+}
+
+/** Decodes one msgpack `EventBatch` payload: `[ts, events, dp_rank?]`. */
+export function decodeBatch(payload: Uint8Array): Result<EngineBatch> {
+  let raw: unknown;
+  try {
+    raw = unpackr.unpack(payload);
+  } catch (err) {
+    return fail(`msgpack: ${(err as Error).message.slice(0, 200)}`);
+  }
+  if (!Array.isArray(raw)) return fail("EventBatch is not an array");
+  if (raw.length < 2) return fail(`EventBatch has ${raw.length} slots, expected >= 2`);
+  const [ts, events, rank] = raw as [unknown, unknown, unknown];
+  if (typeof ts !== "number" || !Number.isFinite(ts) || ts < 0) return fail("EventBatch ts is not a timestamp");
+  if (!Array.isArray(events)) return fail("EventBatch events is not an array");
+  const batch: EngineBatch = { ts, dpRank: undefined, events: [], unknownTags: [], invalid: [] };
+  if (raw.length >= 3) {
+    const r = rank === null ? null : smallUint(rank);
+    batch.dpRank = r ?? null;
+    if (r === undefined) batch.invalid.push("data_parallel_rank is not an integer");
+  }
+  for (let i = 0; i < events.length; i++) {
+    const ev = decodeEvent(events[i]);
+    if (ev.ok === true) batch.events.push(ev.value);
+    else if (ev.ok === "unknown") batch.unknownTags.push(ev.tag);
+    else batch.invalid.push(`events[${i}]: ${ev.reason}`);
+  }
+  return { ok: true, value: batch };
+}
