@@ -87,12 +87,17 @@ export async function startDemo(o: DemoOptions): Promise<DemoHandle> {
     };
     const sim = spawn("sim", ["sim", "--pods", String(o.pods), "--base-port", String(o.simBasePort), "--model", o.model, "--time-scale", String(o.timeScale)]);
     const pods = await Promise.all(
-      Array.from({ length: o.pods }, (_, i) => sim.waitForLine<{ pod: string; address: string }>((v) => v.pod !== undefined && v.address?.endsWith(`:${o.simBasePort + i}`))),
+      Array.from({ length: o.pods }, (_, i) =>
+        sim.waitForLine<{ pod: string; address: string; kvEvents?: { endpoint: string; replayEndpoint?: string; topic?: string } }>(
+          (v) => v.pod !== undefined && v.address?.endsWith(`:${o.simBasePort + i}`),
+        ),
+      ),
     );
     const podFile = path.join(o.stateDir, "pods.yaml");
-    writeFileSync(podFile, toYaml({ pods: pods.map((p) => ({ name: p.pod, model: o.model, address: p.address, engine: "vllm" })) }));
+    writeFileSync(podFile, toYaml({ pods: pods.map((p) => ({ name: p.pod, model: o.model, address: p.address, engine: "vllm", ...(p.kvEvents ? { kvEvents: p.kvEvents } : {}) })) }));
     spawn("pod-watcher", ["pod-watcher", "--static", podFile, "--nats", natsUrl]);
     spawn("metrics-scraper", ["metrics-scraper", "--nats", natsUrl]);
+    spawn("kv-bridge", ["kv-bridge", "--nats", natsUrl]);
     gwPorts.forEach((port, i) => {
       spawn(`gateway-${i + 1}`, ["gateway", "--nats", natsUrl as string, "--port", String(port), "--admin-port", String(adminPorts[i]), "--id", `demo-gw-${i + 1}`, "--host", "127.0.0.1"]);
     });
@@ -108,7 +113,7 @@ export async function startDemo(o: DemoOptions): Promise<DemoHandle> {
 
 export function demoBanner(d: DemoHandle, o: DemoOptions): string {
   return `
-jetroute demo is up: ${o.pods} simulated vLLM pods, pod-watcher, metrics-scraper, 2 gateway replicas, dev front.
+jetroute demo is up: ${o.pods} simulated vLLM pods, pod-watcher, metrics-scraper, kv-bridge, 2 gateway replicas, dev front.
 
   Try it:
     curl -sN ${d.frontUrl}/v1/chat/completions -H 'content-type: application/json' \\
@@ -121,6 +126,7 @@ jetroute demo is up: ${o.pods} simulated vLLM pods, pod-watcher, metrics-scraper
     nats --server ${d.natsUrl} sub 'jr.charges.>'
     nats --server ${d.natsUrl} stream view JR_DECISIONS
     nats --server ${d.natsUrl} stream view JR_PODS
+    nats --server ${d.natsUrl} sub 'jr.kv.>'                # KV block events from the engines
 
   Logs: ${path.join(o.stateDir, "logs")}/
   Ctrl-C stops everything.
