@@ -4,6 +4,7 @@
  */
 import { Command, InvalidArgumentError } from "commander";
 import { runExtProcBench } from "./benches/extproc.js";
+import { runIndexBench } from "./benches/index.js";
 
 const ints = (v: string) =>
   v.split(",").map((x) => {
@@ -27,6 +28,15 @@ program
     if (o.mode !== "eventual" && o.mode !== "strict") throw new InvalidArgumentError(`--mode must be eventual or strict`);
     const result = await runExtProcBench({ durationMs: o.durationMs, warmupMs: o.warmupMs, concurrencies: o.concurrency, rounds: o.rounds, mode: o.mode });
     console.log(JSON.stringify(result));
+  });
+
+program
+  .command("index")
+  .description("prefix index: ingest rate, longest-match latency for a 512-block prompt over 32 pods, bytes per entry")
+  .option("--lookups <n>", "lookups per case and round", int, 20_000)
+  .option("--rounds <n>", "rounds per lookup case (median reported)", int, 3)
+  .action(async (o) => {
+    console.log(JSON.stringify(await runIndexBench({ lookups: o.lookups, rounds: o.rounds })));
   });
 
 await program.parseAsync(process.argv);

@@ -257,6 +257,25 @@ export const KvPodCleared = Type.Object(
   { $id: "kv-cleared", additionalProperties: false },
 );
 
+/**
+ * KV stream: a gateway routed a prompt with these block hashes to this pod. Engines that publish
+ * no KV events are matched on these alone (approximate mode); with engine events they cover the
+ * moment between routing and the engine's BlockStored. Readers expire them at `ts + ttlMs`.
+ */
+export const KvRouted = Type.Object(
+  {
+    type: Type.Literal("kv-routed"),
+    model: Name,
+    pod: Name,
+    gateway: Name,
+    /** Router hashes of the prompt's blocks, in order (hex). */
+    hashes: Type.Array(Hash, { minItems: 1, maxItems: 65536 }),
+    ts: Millis,
+    ttlMs: Type.Integer({ minimum: 1 }),
+  },
+  { $id: "kv-routed", additionalProperties: false },
+);
+
 export type PodEvent = Static<typeof PodEvent>;
 export type LoadSample = Static<typeof LoadSample>;
 export type EngineLoadFields = Static<typeof EngineLoadSchema>;
@@ -268,6 +287,7 @@ export type DecisionRecord = Static<typeof DecisionRecord>;
 export type KvBatch = Static<typeof KvBatch>;
 export type KvPodCleared = Static<typeof KvPodCleared>;
 export type KvStored = Static<typeof KvStored>;
+export type KvRouted = Static<typeof KvRouted>;
 export type KvRemoved = Static<typeof KvRemoved>;
 export type PodRole = Static<typeof PodRole>;
 export type EngineKind = Static<typeof EngineKind>;
@@ -283,6 +303,7 @@ export const EVENT_SCHEMAS = {
   decision: DecisionRecord,
   kv: KvBatch,
   "kv-cleared": KvPodCleared,
+  "kv-routed": KvRouted,
 } as const;
 
 export type EventType = keyof typeof EVENT_SCHEMAS;

@@ -12,10 +12,11 @@ import type { ChargeLedger } from "../views/charge-ledger.js";
 import type { LoadView } from "../views/load-view.js";
 import type { PodInfo, PodSet } from "../views/pod-set.js";
 import { RouteError } from "./errors.js";
-import { parseRequestBody } from "./request-body.js";
+import { type ParsedRequest, parseRequestBody } from "./request-body.js";
+import { promptInputOf } from "../tokenizer/prompt-tokens.js";
 import type { UsageView } from "../views/usage-view.js";
 import { findStrategy, isStrategySpecError, parseStrategy, strategyNames } from "./strategies/registry.js";
-import type { Pick, Scored, Strategy } from "./strategies/types.js";
+import type { Pick, PrefixMatchInfo, Scored, Strategy } from "./strategies/types.js";
 
 export interface GatewayViews {
   pods: PodSet;
@@ -40,6 +41,7 @@ export interface DirectorOptions {
   sink: EventSink;
   now?: () => number;
   random?: () => number;
+  prefix?: PrefixSupport;
 }
 
 export interface RouteInput {
@@ -70,6 +72,36 @@ export interface RoutedRequest {
   finished: boolean;
 }
 
+export interface Prepared {
+  parsed: ParsedRequest;
+  strategy: Strategy;
+  /** Prompt token ids, when a prefix strategy needs them. */
+  tokens?: number[];
+  tokenizerMode?: string;
+}
+
+export interface PrefixMatchResult {
+  info: PrefixMatchInfo;
+  /** The prompt's block hashes (recorded as a routed prefix for the chosen pod). */
+  hashes: bigint[];
+  /** Per candidate: blocks matched in the engine index and in the routed-prefix history. */
+  detail: Array<{ pod: string; indexBlocks: number; indexGpuBlocks: number; indexWeighted: number; routedBlocks: number }>;
+}
+
+/** What the director needs for prefix-aware routing (absent: prefix strategies fall back). */
+export interface PrefixSupport {
+  tokenizer: { tokenize(model: string, input: ReturnType<typeof promptInputOf>, address: string | undefined): Promise<{ tokens: number[]; mode: string }> };
+  match(model: string, candidates: readonly PodInfo[], tokens: readonly number[], now: number, tokenizerMode?: string): PrefixMatchResult;
+  recordRouted(pod: PodInfo, hashes: readonly bigint[], now: number): void;
+}
+
+export interface Selection {
+  requestId: string;
+  now: number;
+  pick: Pick;
+  prefixMatch?: PrefixMatchResult;
+}
+
 export interface FinishInfo {
   status: number;
   promptTokens?: number;
@@ -94,13 +126,12 @@ export class Director {
   }
 
   /**
-   * Picks a pod and charges it. Throws RouteError for anything the client must be told.
-   * `publish: false` leaves publishing the charge to the caller (strict mode commits it with a
-   * compare-and-set, and may `retract` it).
+   * Everything about a request that does not depend on the views: the parsed body, the strategy,
+   * and — for prefix strategies — the prompt's token ids (which may take a call to an engine's
+   * /tokenize, hence a promise). Throws RouteError for anything the client must be told.
    */
-  route(input: RouteInput, opts: { publish?: boolean } = {}): RoutedRequest {
+  prepare(input: RouteInput): Prepared | Promise<Prepared> {
     const parsed = parseRequestBody(input.body);
-    const requestId = input.headers["x-request-id"] || randomUUID();
     const strategyName = input.headers["routing-strategy"] || this.opts.defaultStrategy;
     let strategy: Strategy;
     try {
@@ -109,7 +140,19 @@ export class Director {
       if (isStrategySpecError(err)) throw new RouteError("invalidStrategy", `${err.message}; known: ${strategyNames().join(", ")}`, "routing-strategy");
       throw err;
     }
-    const user = input.headers.user || undefined;
+    const base: Prepared = { parsed, strategy };
+    const prefix = this.opts.prefix;
+    if (!prefix || !strategy.name.includes("prefix-cache")) return base;
+    const input0 = promptInputOf(parsed.body);
+    const anyPod = this.opts.views.pods.readyPods(parsed.model)[0];
+    const t = prefix.tokenizer.tokenize(parsed.model, input0, anyPod?.address);
+    return t.then((r) => ({ ...base, tokens: r.tokens, tokenizerMode: r.mode }));
+  }
+
+  /** Selects without charging: the candidates, the pick and the prefix match (for /debug/explain too). */
+  select(input: RouteInput, prepared: Prepared, random: () => number = this.random): Selection {
+    const { parsed, strategy } = prepared;
+    const requestId = input.headers["x-request-id"] || randomUUID();
     const { pods, load, ledger, usage } = this.opts.views;
     if (!pods.knows(parsed.model)) {
       throw new RouteError("unknownModel", `The model \`${parsed.model}\` does not exist.`, "model");
@@ -122,15 +165,32 @@ export class Director {
       if (candidates.length === 0) throw new RouteError("noPodInSubset", `no ready pod of \`${parsed.model}\` is in the proxy's endpoint subset`);
     }
     const now = this.now();
+    const prefixMatch = prepared.tokens && this.opts.prefix ? this.opts.prefix.match(parsed.model, candidates, prepared.tokens, now, prepared.tokenizerMode) : undefined;
     const pick = strategy.pick({
-      request: { model: parsed.model, requestId, headers: input.headers, promptTokens: parsed.promptTokens },
+      request: { model: parsed.model, requestId, headers: input.headers, promptTokens: prepared.tokens?.length ?? parsed.promptTokens },
       pods: candidates,
       load,
       ledger,
       usage,
       now,
-      random: this.random,
+      random,
+      ...(prefixMatch ? { prefix: prefixMatch.info } : {}),
     });
+    return { requestId, now, pick, prefixMatch };
+  }
+
+  /**
+   * Picks a pod and charges it, in one synchronous call. `publish: false` leaves publishing the
+   * charge to the caller (strict mode commits it with a compare-and-set, and may `retract` it).
+   */
+  route(input: RouteInput, opts: { publish?: boolean; prepared?: Prepared } = {}): RoutedRequest {
+    const prepared = opts.prepared ?? this.prepare(input);
+    if (prepared instanceof Promise) throw new Error("route() needs a prepared request when tokenization is asynchronous; use routeAuto()");
+    const { parsed, strategy } = prepared;
+    const { requestId, now, pick, prefixMatch } = this.select(input, prepared);
+    const user = input.headers.user || undefined;
+    const { ledger, usage } = this.opts.views;
+    const promptTokens = prepared.tokens?.length ?? parsed.promptTokens;
     // Unique within this gateway process: the ledger keys charges by gateway id + charge id.
     const chargeId = (++this.chargeSeq).toString(36);
     const charge: ChargeEvent = {
@@ -141,13 +201,14 @@ export class Director {
       pod: pick.pod.pod,
       ts: now,
       ttlMs: this.opts.chargeTtlMs,
-      promptTokens: parsed.promptTokens,
+      promptTokens,
       ...(parsed.maxTokens !== undefined ? { maxTokens: parsed.maxTokens } : {}),
       ...(user ? { user } : {}),
     };
     ledger.charge(charge, now);
-    if (user) usage.record({ user, promptTokens: parsed.promptTokens, completionTokens: 0, ts: now });
+    if (user) usage.record({ user, promptTokens, completionTokens: 0, ts: now });
     if (opts.publish !== false) this.opts.sink.charge(charge);
+    if (prefixMatch && prefixMatch.hashes.length > 0) this.opts.prefix?.recordRouted(pick.pod, prefixMatch.hashes, now);
     const routed: RoutedRequest = {
       chargeId,
       charge,
@@ -161,11 +222,18 @@ export class Director {
       ...(pick.responseHeaders ? { responseHeaders: pick.responseHeaders } : {}),
       ...(user ? { user } : {}),
       startedAt: now,
-      promptTokens: parsed.promptTokens,
+      promptTokens,
       finished: false,
     };
     this.inFlight.set(chargeId, routed);
     return routed;
+  }
+
+  /** `route`, awaiting tokenization first when the strategy needs it. */
+  routeAuto(input: RouteInput): RoutedRequest | Promise<RoutedRequest> {
+    const prepared = this.prepare(input);
+    if (prepared instanceof Promise) return prepared.then((p) => this.route(input, { prepared: p }));
+    return this.route(input, { prepared });
   }
 
   /** Publishes a charge made with `publish: false` the eventual way. */

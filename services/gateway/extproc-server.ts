@@ -65,7 +65,7 @@ function subsetHint(req: ProcessingRequest): string[] | undefined {
 
 export function createExtProcHandler(opts: ExtProcHandlerOptions): grpc.handleBidiStreamingCall<ProcessingRequest, ProcessingResponse> {
   const { director, log } = opts;
-  const route = opts.route ?? ((input: RouteInput) => director.route(input));
+  const route = opts.route ?? ((input: RouteInput) => director.routeAuto(input));
   const maxBody = opts.maxBodyBytes ?? 4 * 1024 * 1024;
 
   // The header entries and metadata that name a pod are the same for every request to it:

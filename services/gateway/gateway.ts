@@ -19,8 +19,15 @@ import { ChargeLedger } from "../views/charge-ledger.js";
 import { LoadView } from "../views/load-view.js";
 import { PodSet } from "../views/pod-set.js";
 import { UsageView } from "../views/usage-view.js";
+import { PrefixIndex } from "../views/prefix-index.js";
+import { RoutedPrefixes } from "../views/routed-prefixes.js";
+import type { TokenizerMode } from "../tokenizer/prompt-tokens.js";
 import { Director, type EventSink, type GatewayViews } from "./director.js";
+import { openAIError } from "./errors.js";
+import { explain } from "./explain.js";
 import { createExtProcHandler } from "./extproc-server.js";
+import { createPrefixSupport } from "./prefix-support.js";
+import { Tokenizer } from "./tokenization.js";
 import { StrictCommitter } from "./strict-commit.js";
 import { SubjectCursors } from "./subject-cursor.js";
 
@@ -39,6 +46,11 @@ export interface GatewayOptions {
   heartbeatTimeoutMs?: number;
   loadStaleAfterMs?: number;
   maxCharges?: number;
+  /** Tokenizer mode for prefix routing: default and per model (`remote` | `local` | `approximate`). */
+  tokenizerMode?: TokenizerMode;
+  tokenizerModes?: Record<string, TokenizerMode>;
+  /** Bound on the prefix index, in (block, pod) entries. */
+  prefixMaxEntries?: number;
   /** `eventual` (default): publish charges without waiting; `strict`: per-pod compare-and-set. */
   consistency?: "eventual" | "strict";
   /** Bound on the charges listed in one heartbeat (beyond it the list is marked truncated). */
@@ -86,6 +98,11 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
     ledger: new ChargeLedger({ self: id, heartbeatTimeoutMs: hbTimeout, maxCharges: o.maxCharges }),
     usage: new UsageView(),
   };
+  // Lookups do not touch blocks: every replica then evicts in the same order, driven by the same
+  // stream (engine stores, and routed prefixes touching the blocks they reuse).
+  const prefixIndex = new PrefixIndex({ maxEntries: o.prefixMaxEntries ?? 4_000_000, touchOnMatch: false });
+  const routedPrefixes = new RoutedPrefixes();
+  const tokenizer = new Tokenizer({ defaultMode: o.tokenizerMode ?? "approximate", modes: o.tokenizerModes });
 
   const cursors = new SubjectCursors();
   const followers = [
@@ -94,7 +111,11 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
       stream: streamName(prefix, "PODS"), filter: subjects.all("pods"), startAt: { kind: "last-per-subject" },
       onEvent: (ev, m) => {
         views.pods.apply(ev, m.seq);
-        if (ev.action === "remove") views.load.forget(ev.model, ev.pod);
+        if (ev.action === "remove") {
+          views.load.forget(ev.model, ev.pod);
+          prefixIndex.removePod(ev.model, ev.pod);
+          routedPrefixes.removePod(ev.model, ev.pod);
+        }
       },
     }),
     new StreamFollower({
@@ -120,6 +141,20 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
       // events anyway): recognise the echoes by a byte search and spare them JSON and schema work.
       skipRaw: (data) => ownMarker.length > 0 && indexOfBytes(data, ownMarker) >= 0,
     }),
+    new StreamFollower({
+      nats, subjects, log, name: `gateway-${id}-kv`, family: "kv", types: ["kv", "kv-cleared", "kv-routed"] as const,
+      stream: streamName(prefix, "KV"), filter: subjects.all("kv"), startAt: { kind: "all" },
+      onEvent: (ev, m) => {
+        if (ev.type === "kv") prefixIndex.apply(ev, m.seq);
+        else if (ev.type === "kv-cleared") prefixIndex.applyCleared(ev, m.seq);
+        else {
+          prefixIndex.touch(ev.model, ev.hashes);
+          if (ev.ts + ev.ttlMs > Date.now()) routedPrefixes.apply(ev);
+        }
+      },
+      // Our own routed prefixes were applied when we recorded them.
+      skipRaw: (data) => indexOfBytes(data, ownMarker) >= 0,
+    }),
   ];
 
   const outbox = new Outbox(nats.nc);
@@ -128,7 +163,8 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
     release: (ev) => outbox.fire(subjects.releases(ev.model, ev.pod), ev),
     decision: (rec) => outbox.fire(subjects.decisions(rec.model || "_"), rec),
   };
-  const director = new Director({ gatewayId: id, defaultStrategy: o.defaultStrategy ?? "least-request", chargeTtlMs, views, sink });
+  const prefixSupport = createPrefixSupport({ gatewayId: id, index: prefixIndex, routed: routedPrefixes, tokenizer, load: views.load, subjects, outbox });
+  const director = new Director({ gatewayId: id, defaultStrategy: o.defaultStrategy ?? "least-request", chargeTtlMs, views, sink, prefix: prefixSupport });
   const strict =
     o.consistency === "strict"
       ? new StrictCommitter({ js: nats.js, subjects, director, cursor: cursors, onFallback: (err) => log.warn({ err }, "strict charge commit failed; published without compare-and-set") })
@@ -160,6 +196,9 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
     views.ledger.sweep(now);
     views.usage.sweep(now);
   }, Math.max(50, Math.min(250, hbInterval / 4)));
+  const slowSweep = setInterval(() => {
+    routedPrefixes.sweep(Date.now());
+  }, 5_000);
 
   let isReady = false;
   const health = new HealthImplementation({ liveness: "SERVING", readiness: "NOT_SERVING", "": "NOT_SERVING", [EXT_PROC_SERVICE_NAME]: "NOT_SERVING" });
@@ -188,7 +227,10 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
   const state = () => ({
     id,
     ready: isReady,
-    followers: followers.map((f, i) => ({ view: ["pods", "load", "charges"][i], lastSeq: f.lastSeq, applied: f.applied, invalid: f.invalid, caughtUp: f.caughtUp })),
+    followers: followers.map((f, i) => ({ view: ["pods", "load", "charges", "kv"][i], lastSeq: f.lastSeq, applied: f.applied, skipped: f.skipped, invalid: f.invalid, reopens: f.reopens, caughtUp: f.caughtUp })),
+    prefixIndex: prefixIndex.stats(),
+    routedPrefixes: { blocks: routedPrefixes.size, evicted: routedPrefixes.evicted },
+    tokenizer: tokenizer.stats,
     pods: views.pods.all(),
     ledger: {
       charges: views.ledger.size,
@@ -213,6 +255,27 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
       if (req.url === "/healthz") return json(200, { status: "ok" });
       if (req.url === "/readyz") return json(isReady ? 200 : 503, { ready: isReady });
       if (req.url === "/debug/state") return json(200, state());
+      if (req.url === "/debug/explain" && req.method === "POST") {
+        const chunks: Buffer[] = [];
+        let size = 0;
+        req.on("data", (c: Buffer) => {
+          size += c.length;
+          if (size <= 4 * 1024 * 1024) chunks.push(c);
+        });
+        req.on("end", () => {
+          if (size > 4 * 1024 * 1024) return json(413, openAIError(413, "request_too_large", "request body exceeds 4 MiB"));
+          const headers: Record<string, string> = {};
+          for (const [k, v] of Object.entries(req.headers)) if (typeof v === "string") headers[k] = v;
+          explain(director, views, headers, Buffer.concat(chunks)).then(
+            (r) => json(r.status, r.body),
+            (err: unknown) => {
+              log.error({ err }, "explain failed");
+              json(500, openAIError(500, "internal_error", "explain failed"));
+            },
+          );
+        });
+        return;
+      }
       json(404, { error: { message: "not found", type: "invalid_request_error", code: 404, param: null } });
     });
     adminPort = await new Promise<number>((resolve) => {
@@ -254,6 +317,7 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
       const drained = director.drain();
       clearInterval(hbTimer);
       clearInterval(sweepTimer);
+      clearInterval(slowSweep);
       heartbeat("down");
       outbox.flush();
       admin?.close();

@@ -79,12 +79,13 @@ export class StrictCommitter {
 
   async route(input: RouteInput): Promise<RoutedRequest> {
     const { director, js, subjects, cursor } = this.o;
+    const prepared = await director.prepare(input);
     for (let attempt = 0; ; attempt++) {
       if (attempt > this.maxRetries) {
         this.stats.fallbacks++;
-        return director.route(input);
+        return director.route(input, { prepared });
       }
-      const r = director.route(input, { publish: false });
+      const r = director.route(input, { publish: false, prepared });
       const subject = subjects.charges(r.pod.model, r.pod.pod);
       try {
         const data = encodeEvent(r.charge);

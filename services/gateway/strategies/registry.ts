@@ -12,6 +12,7 @@ import { leastGpuCacheStrategy, leastKvCacheStrategy } from "./least-kv-cache.js
 import { leastLatencyStrategy } from "./least-latency.js";
 import { leastRequestStrategy } from "./least-request.js";
 import { powerOfTwoStrategy } from "./power-of-two.js";
+import { prefixCachePrebleStrategy, prefixCacheStrategy } from "./prefix-cache.js";
 import { randomStrategy } from "./random.js";
 import { sessionAffinityStrategy } from "./session-affinity.js";
 import { sloLeastLoadStrategy, sloPackLoadStrategy, sloStrategy } from "./slo.js";
@@ -33,6 +34,8 @@ const STRATEGIES: readonly Strategy[] = [
   sloStrategy,
   sloLeastLoadStrategy,
   sloPackLoadStrategy,
+  prefixCacheStrategy(),
+  prefixCachePrebleStrategy,
 ];
 
 const byName = new Map(STRATEGIES.map((s) => [s.name, s]));

@@ -78,6 +78,8 @@ describe("registry", () => {
       "slo",
       "slo-least-load",
       "slo-pack-load",
+      "prefix-cache",
+      "prefix-cache-preble",
     ]);
     expect(findStrategy("least-request")).toBe(leastRequestStrategy);
     expect(findStrategy("random")).toBe(randomStrategy);

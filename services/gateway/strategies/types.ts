@@ -41,6 +41,20 @@ export interface RoutingContext {
   readonly usage?: UsageReader;
   /** The model's latency targets (slo*). Absent: the slo* strategies fall back to least-latency. */
   readonly slo?: SloTargets;
+  /**
+   * Cached-prefix match of this request's prompt per candidate (prefix-cache*), computed by the
+   * director from the shared prefix index. Absent: the prefix strategies fall back to least-request.
+   */
+  readonly prefix?: PrefixMatchInfo;
+}
+
+/** How much of the request's prompt each candidate holds, from the prefix index. */
+export interface PrefixMatchInfo {
+  /** Full blocks in the prompt. */
+  readonly queried: number;
+  readonly blockSize: number;
+  /** Matched leading blocks per pod name, weighted by tier (GPU = 1, CPU/storage less). */
+  matched(pod: string): number;
 }
 
 export interface Scored {

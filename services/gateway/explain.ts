@@ -1,0 +1,83 @@
+/**
+ * `POST /debug/explain` on the admin port: an OpenAI request body (and the routing headers of the
+ * HTTP request) in, the decision the gateway would make out — candidates with their prefix match
+ * per tier, load, scores, the strategy and the pick — without charging anything.
+ *
+ * Ties are broken by a random sequence seeded from the request (its `x-request-id`, else its
+ * body), so two caught-up replicas explain the same request identically.
+ */
+import { createHash } from "node:crypto";
+import type { Director } from "./director.js";
+import type { GatewayViews } from "./director.js";
+import { RouteError, routeErrorBody } from "./errors.js";
+
+export interface Explanation {
+  model: string;
+  strategy: string;
+  tokenizer?: string;
+  promptTokens: number;
+  prefix?: { queriedBlocks: number; blockSize: number };
+  pick: { pod: string; address: string };
+  better: "lower" | "higher";
+  fallback?: string;
+  candidates: Array<{
+    pod: string;
+    address: string;
+    score: number | null;
+    inFlight: number;
+    promptTokensInFlight: number;
+    load: { running: number | null; waiting: number | null; kvCacheUsage: number | null } | null;
+    prefix?: { indexBlocks: number; indexGpuBlocks: number; indexWeighted: number; routedBlocks: number };
+  }>;
+}
+
+/** A small deterministic PRNG (mulberry32) for reproducible tie-breaks. */
+function seededRandom(seed: string): () => number {
+  let a = createHash("sha1").update(seed).digest().readUInt32LE(0);
+  return () => {
+    a = (a + 0x6d2b79f5) | 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+export async function explain(director: Director, views: GatewayViews, headers: Record<string, string>, body: Buffer): Promise<{ status: number; body: unknown }> {
+  try {
+    const input = { headers, body };
+    const prepared = await director.prepare(input);
+    const sel = director.select(input, prepared, seededRandom(headers["x-request-id"] || body.toString("utf8")));
+    const detail = new Map((sel.prefixMatch?.detail ?? []).map((d) => [d.pod, d]));
+    const scores = new Map(sel.pick.candidates.map((c) => [c.pod.pod, c.score]));
+    const candidates = views.pods.readyPods(prepared.parsed.model);
+    const out: Explanation = {
+      model: prepared.parsed.model,
+      strategy: prepared.strategy.name,
+      ...(prepared.tokenizerMode ? { tokenizer: prepared.tokenizerMode } : {}),
+      promptTokens: prepared.tokens?.length ?? prepared.parsed.promptTokens,
+      ...(sel.prefixMatch ? { prefix: { queriedBlocks: sel.prefixMatch.info.queried, blockSize: sel.prefixMatch.info.blockSize } } : {}),
+      pick: { pod: sel.pick.pod.pod, address: sel.pick.pod.address },
+      better: sel.pick.better ?? "lower",
+      ...(sel.pick.fallback ? { fallback: sel.pick.fallback } : {}),
+      candidates: candidates.map((p) => {
+        const o = views.ledger.outstanding(p.model, p.pod);
+        const l = views.load.fresh(p.model, p.pod, sel.now);
+        const d = detail.get(p.pod);
+        return {
+          pod: p.pod,
+          address: p.address,
+          score: scores.get(p.pod) ?? null,
+          inFlight: o.requests,
+          promptTokensInFlight: o.promptTokens,
+          load: l ? { running: l.running, waiting: l.waiting, kvCacheUsage: l.kvCacheUsage } : null,
+          ...(d ? { prefix: { indexBlocks: d.indexBlocks, indexGpuBlocks: d.indexGpuBlocks, indexWeighted: d.indexWeighted, routedBlocks: d.routedBlocks } } : {}),
+        };
+      }),
+    };
+    return { status: 200, body: out };
+  } catch (err) {
+    if (err instanceof RouteError) return { status: err.status, body: routeErrorBody(err) };
+    throw err;
+  }
+}

@@ -1,0 +1,70 @@
+/**
+ * Prefix-aware routing inside a gateway: prompt tokens -> router block hashes -> matches in the
+ * engine-fed prefix index and in the shared routed-prefix history; and, after a decision, the
+ * routed prefix published to the KV stream so every replica knows it at once.
+ */
+import type { KvRouted } from "../../schemas/events.js";
+import type { Subjects } from "../../streams/subjects.js";
+import type { Outbox } from "../shared/publish.js";
+import { chainSeed, hashToHex, promptBlockHashes } from "../views/block-hash.js";
+import type { LoadReader } from "../views/load-view.js";
+import type { PodInfo } from "../views/pod-set.js";
+import type { PrefixIndex } from "../views/prefix-index.js";
+import type { RoutedPrefixes } from "../views/routed-prefixes.js";
+import type { PrefixMatchResult, PrefixSupport } from "./director.js";
+import type { Tokenizer } from "./tokenization.js";
+
+export interface PrefixSupportOptions {
+  gatewayId: string;
+  index: PrefixIndex;
+  routed: RoutedPrefixes;
+  tokenizer: Tokenizer;
+  load: LoadReader;
+  subjects: Subjects;
+  outbox: Outbox;
+  /** How long a routed prefix counts (the engine's own events take over well before). */
+  routedTtlMs?: number;
+  /** Block size when the engine reports none (vLLM's default). */
+  defaultBlockSize?: number;
+  /** Longest prompt considered, in blocks (bounds hashing and lookup work per request). */
+  maxBlocks?: number;
+}
+
+/** Approximate-mode hashes live in their own space: they must never match engine blocks. */
+const APPROX_LORA_TAG = "\u0000approximate";
+
+export function createPrefixSupport(o: PrefixSupportOptions): PrefixSupport {
+  const ttl = o.routedTtlMs ?? 120_000;
+  const maxBlocks = o.maxBlocks ?? 8_192;
+  return {
+    tokenizer: o.tokenizer,
+    match(model, candidates, tokens, now, tokenizerMode): PrefixMatchResult {
+      const first = candidates[0] as PodInfo;
+      const base = first.model;
+      // A request for a LoRA adapter names the adapter; its blocks are keyed by base model + adapter.
+      const lora = model !== base ? model : null;
+      const approximate = tokenizerMode === "approximate";
+      const blockSize = approximate ? 16 : (o.load.fresh(base, first.pod, now)?.blockSize ?? o.defaultBlockSize ?? 16);
+      const seed = chainSeed(base, approximate ? `${lora ?? ""}${APPROX_LORA_TAG}` : lora, blockSize);
+      const hashes = promptBlockHashes(tokens, seed, blockSize, maxBlocks);
+      const names = candidates.map((p) => p.pod);
+      const fromIndex = approximate ? undefined : o.index.longestMatch(base, hashes, names);
+      const fromRouted = o.routed.match(base, hashes, now, names);
+      const byPod = new Map<string, number>();
+      const detail = names.map((pod, i) => {
+        const indexBlocks = fromIndex?.blocks[i] ?? 0;
+        const indexWeighted = fromIndex?.weighted[i] ?? 0;
+        const routedBlocks = fromRouted.blocks.get(pod) ?? 0;
+        byPod.set(pod, Math.max(indexWeighted, routedBlocks));
+        return { pod, indexBlocks, indexGpuBlocks: fromIndex?.gpuBlocks[i] ?? 0, indexWeighted, routedBlocks };
+      });
+      return { info: { queried: hashes.length, blockSize, matched: (pod) => byPod.get(pod) ?? 0 }, hashes, detail };
+    },
+    recordRouted(pod, hashes, now) {
+      o.index.touch(pod.model, hashes);
+      o.routed.add({ model: pod.model, pod: pod.pod, ts: now, ttlMs: ttl }, hashes);
+      const ev: KvRouted = { type: "kv-routed", model: pod.model, pod: pod.pod, gateway: o.gatewayId, hashes: hashes.map(hashToHex), ts: now, ttlMs: ttl };
+      o.outbox.fire(o.subjects.kv(pod.model, pod.pod), ev);
+    },
+  };
+}

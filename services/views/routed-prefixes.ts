@@ -1,0 +1,115 @@
+/**
+ * Routed prefixes: which pod each gateway recently sent which prompt blocks to, shared through
+ * the KV stream (`kv-routed` events). Pure, bounded, expiring.
+ *
+ * Two uses: the whole index where engines publish no KV events (approximate mode: hashes of
+ * character chunks), and a short-lived supplement to the engine index covering the time between a
+ * routing decision and the engine's BlockStored (the same router hashes, from token ids).
+ * Matching stops at each pod's first miss, like the engine index.
+ */
+import type { KvRouted } from "../../schemas/events.js";
+import { hexToHash } from "./block-hash.js";
+
+interface Holder {
+  pod: string;
+  expiresAt: number;
+}
+
+export interface RoutedMatch {
+  /** Matched leading blocks per pod (only pods with a match). */
+  readonly blocks: ReadonlyMap<string, number>;
+}
+
+export interface RoutedPrefixesOptions {
+  /** Bound on distinct (model, block) keys; the least recently written go first. */
+  maxBlocks?: number;
+  /** Bound on pods remembered per block (most recent kept). */
+  maxPodsPerBlock?: number;
+}
+
+export class RoutedPrefixes {
+  private readonly blocks = new Map<string, Holder[]>();
+  readonly maxBlocks: number;
+  readonly maxPodsPerBlock: number;
+  evicted = 0;
+
+  constructor(o: RoutedPrefixesOptions = {}) {
+    this.maxBlocks = o.maxBlocks ?? 500_000;
+    this.maxPodsPerBlock = o.maxPodsPerBlock ?? 8;
+  }
+
+  private static key(model: string, hash: bigint): string {
+    return `${model}\u0000${hash.toString(36)}`;
+  }
+
+  add(ev: Pick<KvRouted, "model" | "pod" | "ts" | "ttlMs">, hashes: readonly bigint[]): void {
+    const expiresAt = ev.ts + ev.ttlMs;
+    for (const h of hashes) {
+      const k = RoutedPrefixes.key(ev.model, h);
+      let holders = this.blocks.get(k);
+      if (holders) {
+        this.blocks.delete(k); // re-insert: Map order doubles as write recency
+      } else {
+        holders = [];
+        if (this.blocks.size >= this.maxBlocks) this.evictOldest();
+      }
+      const i = holders.findIndex((x) => x.pod === ev.pod);
+      if (i >= 0) holders.splice(i, 1);
+      holders.push({ pod: ev.pod, expiresAt });
+      if (holders.length > this.maxPodsPerBlock) holders.shift();
+      this.blocks.set(k, holders);
+    }
+  }
+
+  apply(ev: KvRouted): void {
+    this.add(ev, ev.hashes.map(hexToHash));
+  }
+
+  /** Leading blocks of `hashes` each candidate pod was routed, counting only unexpired entries. */
+  match(model: string, hashes: readonly bigint[], now: number, candidates: readonly string[]): RoutedMatch {
+    const alive = new Set(candidates);
+    const counts = new Map<string, number>();
+    for (let i = 0; i < hashes.length && alive.size > 0; i++) {
+      const holders = this.blocks.get(RoutedPrefixes.key(model, hashes[i] as bigint));
+      const next = new Set<string>();
+      for (const h of holders ?? []) if (h.expiresAt > now && alive.has(h.pod)) next.add(h.pod);
+      for (const p of next) counts.set(p, i + 1);
+      for (const p of alive) if (!next.has(p)) alive.delete(p);
+    }
+    return { blocks: counts };
+  }
+
+  /** Drops expired holders (call on a timer); returns blocks removed. */
+  sweep(now: number): number {
+    let n = 0;
+    for (const [k, holders] of this.blocks) {
+      const live = holders.filter((h) => h.expiresAt > now);
+      if (live.length === 0) {
+        this.blocks.delete(k);
+        n++;
+      } else if (live.length !== holders.length) this.blocks.set(k, live);
+    }
+    return n;
+  }
+
+  removePod(model: string, pod: string): void {
+    const prefix = `${model}\u0000`;
+    for (const [k, holders] of this.blocks) {
+      if (!k.startsWith(prefix)) continue;
+      const live = holders.filter((h) => h.pod !== pod);
+      if (live.length === 0) this.blocks.delete(k);
+      else if (live.length !== holders.length) this.blocks.set(k, live);
+    }
+  }
+
+  get size(): number {
+    return this.blocks.size;
+  }
+
+  private evictOldest(): void {
+    const first = this.blocks.keys().next();
+    if (first.done) return;
+    this.blocks.delete(first.value);
+    this.evicted++;
+  }
+}
