@@ -67,6 +67,9 @@ export interface GatewayHandle {
   views: GatewayViews;
   director: Director;
   strict: StrictCommitter | undefined;
+  prefixIndex: PrefixIndex;
+  /** Last KV stream sequence this replica has applied. */
+  kvLastSeq(): number;
   nats: NatsHandles;
   ready(): boolean;
   whenReady(): Promise<void>;
@@ -295,6 +298,8 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
     views,
     director,
     strict,
+    prefixIndex,
+    kvLastSeq: () => followers[3]?.lastSeq ?? 0,
     nats,
     ready: () => isReady,
     whenReady: () => readyPromise,
