@@ -25,7 +25,7 @@ program
   .option("--rounds <n>", "runs per server and concurrency (median reported)", int, 1)
   .option("--mode <mode>", "charge consistency mode: eventual | strict", "eventual")
   .action(async (o) => {
-    if (o.mode !== "eventual" && o.mode !== "strict") throw new InvalidArgumentError(`--mode must be eventual or strict`);
+    if (o.mode !== "eventual" && o.mode !== "strict") throw new InvalidArgumentError("--mode must be eventual or strict");
     const result = await runExtProcBench({ durationMs: o.durationMs, warmupMs: o.warmupMs, concurrencies: o.concurrency, rounds: o.rounds, mode: o.mode });
     console.log(JSON.stringify(result));
   });

@@ -3,10 +3,24 @@ import { DEFAULT_NATS, intOption, natsUrlsOption, untilSignal } from "../shared/
 import { createLogger } from "../shared/log.js";
 import { startGateway } from "./gateway.js";
 import { strategyNames } from "./strategies/registry.js";
+import type { TokenizerMode } from "../tokenizer/prompt-tokens.js";
 
-function consistencyOption(v: string): "eventual" | "strict" {
-  if (v !== "eventual" && v !== "strict") throw new InvalidArgumentError(`expected eventual or strict, got ${JSON.stringify(v)}`);
+function consistencyOption(v: string): "eventual" | "strict" | "off" {
+  if (v !== "eventual" && v !== "strict" && v !== "off") throw new InvalidArgumentError(`expected eventual, strict or off, got ${JSON.stringify(v)}`);
   return v;
+}
+
+const TOKENIZER_MODES = ["remote", "local", "approximate"] as const;
+function tokenizerOption(v: string): TokenizerMode {
+  if (!(TOKENIZER_MODES as readonly string[]).includes(v)) throw new InvalidArgumentError(`expected one of ${TOKENIZER_MODES.join(", ")}, got ${JSON.stringify(v)}`);
+  return v as TokenizerMode;
+}
+
+function tokenizerModelOption(v: string, acc: Record<string, TokenizerMode>): Record<string, TokenizerMode> {
+  const i = v.lastIndexOf("=");
+  if (i <= 0) throw new InvalidArgumentError(`expected <model>=<mode>, got ${JSON.stringify(v)}`);
+  acc[v.slice(0, i)] = tokenizerOption(v.slice(i + 1));
+  return acc;
 }
 
 export function registerGatewayCommand(program: Command): void {
@@ -20,7 +34,10 @@ export function registerGatewayCommand(program: Command): void {
     .option("--admin-port <port>", "admin HTTP port (/healthz /readyz /debug/state); -1 = off", intOption(-1, 65535), 9090)
     .option("--id <id>", "gateway replica id (default: hostname-pid-random)")
     .option("--strategy <name>", `default routing strategy (${strategyNames().join(", ")})`, "least-request")
-    .option("--consistency <mode>", "charges: eventual (publish, apply on delivery) or strict (per-pod compare-and-set)", consistencyOption, "eventual")
+    .option("--consistency <mode>", "charges: eventual (publish, apply on delivery), strict (per-pod compare-and-set), off (own charges only)", consistencyOption, "eventual")
+    .option("--tokenizer <mode>", "prompt tokens for prefix routing: remote (engine /tokenize), local (simulator's tokenizer), approximate", tokenizerOption, "approximate")
+    .option("--tokenizer-model <model=mode>", "tokenizer mode for one model (repeatable)", tokenizerModelOption, {} as Record<string, TokenizerMode>)
+    .option("--prefix-max-entries <n>", "bound on the prefix index, in (block, pod) entries", intOption(1), 4_000_000)
     .option("--charge-ttl-ms <ms>", "a charge stops counting after this long even without a release", intOption(1), 600_000)
     .option("--heartbeat-ms <ms>", "heartbeat interval", intOption(10), 1_000)
     .option("--heartbeat-timeout-ms <ms>", "a gateway silent this long loses its charges (default 3 x interval)", intOption(10))
@@ -43,6 +60,9 @@ export function registerGatewayCommand(program: Command): void {
         loadStaleAfterMs: o.loadStaleMs,
         maxCharges: o.maxCharges,
         consistency: o.consistency,
+        tokenizerMode: o.tokenizer,
+        tokenizerModes: o.tokenizerModel,
+        prefixMaxEntries: o.prefixMaxEntries,
         shutdownGraceMs: o.shutdownGraceMs,
         log,
       });

@@ -51,8 +51,11 @@ export interface GatewayOptions {
   tokenizerModes?: Record<string, TokenizerMode>;
   /** Bound on the prefix index, in (block, pod) entries. */
   prefixMaxEntries?: number;
-  /** `eventual` (default): publish charges without waiting; `strict`: per-pod compare-and-set. */
-  consistency?: "eventual" | "strict";
+  /**
+   * `eventual` (default): publish charges without waiting; `strict`: per-pod compare-and-set;
+   * `off`: count only this replica's own charges (AIBrix's behaviour; for comparison benchmarks).
+   */
+  consistency?: "eventual" | "strict" | "off";
   /** Bound on the charges listed in one heartbeat (beyond it the list is marked truncated). */
   maxHeartbeatCharges?: number;
   /** On close, how long in-flight requests may take before their streams are cancelled. */
@@ -132,7 +135,7 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
       // periods of history rebuild the whole ledger: boot time does not grow with traffic.
       stream: streamName(prefix, "CHARGES"), startAt: { kind: "time", sinceMs: Date.now() - Math.max(10_000, 3 * hbTimeout) },
       onEvent: (ev, m) => {
-        views.ledger.applyFromStream(ev, m.serverTs, Date.now(), m.seq);
+        if (o.consistency !== "off") views.ledger.applyFromStream(ev, m.serverTs, Date.now(), m.seq);
         // Other replicas' users spend tokens too: fairness is per user across the fleet.
         if (ev.type === "charge" && ev.user) views.usage.record({ user: ev.user, promptTokens: ev.promptTokens, completionTokens: 0, ts: ev.ts });
         else if (ev.type === "release" && ev.user && ev.completionTokens) {
