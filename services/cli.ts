@@ -3,6 +3,7 @@
  * Each service registers its own sub-command in its `command.ts`.
  */
 import { Command } from "commander";
+import { registerConfigCommand } from "./admin/config-command.js";
 import { registerStreamsCommand } from "./admin/streams-command.js";
 import { registerDemoCommand } from "./demo/command.js";
 import { registerFrontCommand } from "./front/command.js";
@@ -17,6 +18,7 @@ const program = new Command("jetroute")
   .showHelpAfterError();
 
 registerStreamsCommand(program);
+registerConfigCommand(program);
 registerSimCommand(program);
 registerPodWatcherCommand(program);
 registerMetricsScraperCommand(program);

@@ -6,6 +6,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { ExtProcClient, type PhaseResult } from "../services/extproc/envoy-client.js";
 import type { GatewayHandle } from "../services/gateway/gateway.js";
 import type { DecisionRecord } from "../schemas/events.js";
+import { spawnJetroute } from "../services/shared/processes.js";
 import { MODEL, startTestEnv, type TestEnv, waitFor } from "./harness/env.js";
 
 const chat = (model = MODEL, extra: Record<string, unknown> = {}) =>
@@ -333,5 +334,74 @@ describe("gateway - strict consistency (per-pod compare-and-set)", () => {
     expect((a.strict?.stats.committed ?? 0) + (b.strict?.stats.committed ?? 0)).toBe(24);
     expect((a.strict?.stats.fallbacks ?? 0) + (b.strict?.stats.fallbacks ?? 0)).toBe(0);
     for (const c of clients) c.close();
+  });
+});
+
+describe("gateway - model configs change live on every replica", () => {
+  let env: TestEnv;
+  beforeAll(async () => {
+    env = await startTestEnv();
+    for (let i = 0; i < 2; i++) await env.publishPod({ pod: `pod-${i}`, address: `127.0.0.1:${8800 + i}` });
+  });
+  afterAll(async () => env?.stop());
+
+  const strategyVia = async (c: ExtProcClient, headers: Record<string, string> = {}) => {
+    const ex = c.open();
+    await ex.requestHeaders(reqHeaders(headers));
+    const r = await ex.requestBody(chat());
+    ex.cancel();
+    return r.kind === "continue" ? r.headerMutation.set["routing-strategy"] : `immediate ${r.status}`;
+  };
+  const cli = async (args: string[]) => {
+    const p = spawnJetroute("config", ["config", ...args, "--nats", env.server.url]);
+    const code = await p.exited;
+    return code;
+  };
+
+  it("a locked strategy set with `jetroute config set` overrides the header on both replicas; delete restores it", async () => {
+    const a = await env.gateway({ id: "cfg-a" });
+    const b = await env.gateway({ id: "cfg-b" });
+    const ca = new ExtProcClient(`127.0.0.1:${a.port}`);
+    const cb = new ExtProcClient(`127.0.0.1:${b.port}`);
+    expect(await strategyVia(ca, { "routing-strategy": "random" })).toBe("random");
+
+    expect(await cli(["set", MODEL, "--json", JSON.stringify({ lockedRoutingStrategy: "least-kv-cache", defaultProfile: "p", profiles: { p: { routingStrategy: "power-of-two" } } })])).toBe(0);
+    for (const c of [ca, cb]) {
+      const deadline = Date.now() + 3_000;
+      while ((await strategyVia(c, { "routing-strategy": "random" })) !== "least-kv-cache") {
+        if (Date.now() > deadline) throw new Error("config did not reach a replica");
+        await new Promise((r) => setTimeout(r, 20));
+      }
+    }
+    // An invalid config is refused by the CLI (exit 2) and changes nothing.
+    expect(await cli(["set", MODEL, "--json", JSON.stringify({ lockedRoutingStrategy: "fastest" })])).toBe(2);
+    expect(await strategyVia(cb)).toBe("least-kv-cache");
+
+    expect(await cli(["delete", MODEL])).toBe(0);
+    const deadline = Date.now() + 3_000;
+    while ((await strategyVia(cb, { "routing-strategy": "random" })) !== "random") {
+      if (Date.now() > deadline) throw new Error("delete did not reach the replica");
+      await new Promise((r) => setTimeout(r, 20));
+    }
+    ca.close();
+    cb.close();
+  });
+
+  it("profiles: default profile, then `config-profile: auto` by prompt size", async () => {
+    const g = await env.gateway({ id: "cfg-c" });
+    const c = new ExtProcClient(`127.0.0.1:${g.port}`);
+    expect(
+      await cli([
+        "set", MODEL, "--json",
+        JSON.stringify({ defaultProfile: "chat", profiles: { chat: { routingStrategy: "least-request" }, tiny: { routingStrategy: "random", routingConfig: { promptTokensLt: 50 } } } }),
+      ]),
+    ).toBe(0);
+    const deadline = Date.now() + 3_000;
+    while ((await strategyVia(c, { "config-profile": "auto" })) !== "random") {
+      if (Date.now() > deadline) throw new Error("profile did not apply");
+      await new Promise((r) => setTimeout(r, 20));
+    }
+    expect(await strategyVia(c)).toBe("least-request");
+    c.close();
   });
 });

@@ -15,6 +15,7 @@ import { RouteError } from "./errors.js";
 import { type ParsedRequest, parseRequestBody } from "./request-body.js";
 import { promptInputOf } from "../tokenizer/prompt-tokens.js";
 import type { UsageView } from "../views/usage-view.js";
+import type { ConfigReader } from "../views/model-config.js";
 import { findStrategy, isStrategySpecError, parseStrategy, strategyNames } from "./strategies/registry.js";
 import type { Pick, PrefixMatchInfo, Scored, Strategy } from "./strategies/types.js";
 
@@ -42,6 +43,8 @@ export interface DirectorOptions {
   now?: () => number;
   random?: () => number;
   prefix?: PrefixSupport;
+  /** Model configs (locked strategy, profiles); absent: header, then the default. */
+  config?: ConfigReader;
 }
 
 export interface RouteInput {
@@ -78,6 +81,9 @@ export interface Prepared {
   /** Prompt token ids, when a prefix strategy needs them. */
   tokens?: number[];
   tokenizerMode?: string;
+  /** The model profile that applied, and its latency targets (slo* strategies). */
+  profile?: string;
+  slo?: { ttftMs?: number; tpotMs?: number };
 }
 
 export interface PrefixMatchResult {
@@ -132,7 +138,10 @@ export class Director {
    */
   prepare(input: RouteInput): Prepared | Promise<Prepared> {
     const parsed = parseRequestBody(input.body);
-    const strategyName = input.headers["routing-strategy"] || this.opts.defaultStrategy;
+    const choice = this.opts.config
+      ? this.opts.config.choose(parsed.model, input.headers, { promptTokens: parsed.promptTokens, maxTokens: parsed.maxTokens }, this.opts.defaultStrategy)
+      : { spec: input.headers["routing-strategy"] || this.opts.defaultStrategy, source: "default" as const };
+    const strategyName = choice.spec;
     let strategy: Strategy;
     try {
       strategy = parseStrategy(strategyName);
@@ -140,7 +149,8 @@ export class Director {
       if (isStrategySpecError(err)) throw new RouteError("invalidStrategy", `${err.message}; known: ${strategyNames().join(", ")}`, "routing-strategy");
       throw err;
     }
-    const base: Prepared = { parsed, strategy };
+    const slo = "profileConfig" in choice ? choice.profileConfig?.slo : undefined;
+    const base: Prepared = { parsed, strategy, ...(slo ? { slo } : {}), ...("profile" in choice && choice.profile ? { profile: choice.profile } : {}) };
     const prefix = this.opts.prefix;
     if (!prefix || !strategy.name.includes("prefix-cache")) return base;
     const input0 = promptInputOf(parsed.body);
@@ -175,6 +185,7 @@ export class Director {
       now,
       random,
       ...(prefixMatch ? { prefix: prefixMatch.info } : {}),
+      ...(prepared.slo ? { slo: prepared.slo } : {}),
     });
     return { requestId, now, pick, prefixMatch };
   }

@@ -8,7 +8,7 @@ import { randomBytes } from "node:crypto";
 import * as grpc from "@grpc/grpc-js";
 import { HealthImplementation } from "grpc-health-check";
 import type { GatewayHeartbeat } from "../../schemas/events.js";
-import { streamName } from "../../streams/definitions.js";
+import { configBucketName, streamName } from "../../streams/definitions.js";
 import { Subjects } from "../../streams/subjects.js";
 import { EXT_PROC_SERVER_OPTIONS, EXT_PROC_SERVICE_NAME, loadExtProc } from "../extproc/protos.js";
 import { StreamFollower } from "../shared/follower.js";
@@ -26,6 +26,8 @@ import { Director, type EventSink, type GatewayViews } from "./director.js";
 import { openAIError } from "./errors.js";
 import { explain } from "./explain.js";
 import { createExtProcHandler } from "./extproc-server.js";
+import { watchModelConfigs } from "./config-watch.js";
+import { ModelConfigView } from "../views/model-config.js";
 import { createPrefixSupport } from "./prefix-support.js";
 import { Tokenizer } from "./tokenization.js";
 import { StrictCommitter } from "./strict-commit.js";
@@ -169,8 +171,10 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
     release: (ev) => outbox.fire(subjects.releases(ev.model, ev.pod), ev),
     decision: (rec) => outbox.fire(subjects.decisions(rec.model || "_"), rec),
   };
+  const modelConfigs = new ModelConfigView();
+  const configWatch = await watchModelConfigs(nats.nc, configBucketName(prefix), modelConfigs, log);
   const prefixSupport = createPrefixSupport({ gatewayId: id, index: prefixIndex, routed: routedPrefixes, tokenizer, load: views.load, subjects, outbox });
-  const director = new Director({ gatewayId: id, defaultStrategy: o.defaultStrategy ?? "least-request", chargeTtlMs, views, sink, prefix: prefixSupport });
+  const director = new Director({ gatewayId: id, defaultStrategy: o.defaultStrategy ?? "least-request", chargeTtlMs, views, sink, prefix: prefixSupport, config: modelConfigs });
   const strict =
     o.consistency === "strict"
       ? new StrictCommitter({ js: nats.js, subjects, director, cursor: cursors, onFallback: (err) => log.warn({ err }, "strict charge commit failed; published without compare-and-set") })
@@ -247,6 +251,7 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
     },
     inFlight: director.inFlight.size,
     consistency: o.consistency ?? "eventual",
+    configs: { rejected: configWatch.rejected },
     ...(strict ? { strict: strict.stats } : {}),
   });
 
@@ -329,6 +334,7 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
       heartbeat("down");
       outbox.flush();
       admin?.close();
+      await configWatch.stop();
       await Promise.all(followers.map((f) => f.stop()));
       await nats.nc.drain();
       log.info({ drained }, "gateway stopped");

@@ -1,0 +1,61 @@
+/**
+ * Per-model routing configuration, kept in the config KV bucket under `model.<escaped model>` and
+ * edited with `jetroute config set`. The shape follows AIBrix's `model.aibrix.ai/config`
+ * annotation (locked strategy, default profile, named profiles with routing hints), plus the
+ * settings jetroute adds (consistency, tokenizer, SLO targets).
+ */
+import { type Static, Type } from "@sinclair/typebox";
+import { TypeCompiler } from "@sinclair/typebox/compiler";
+
+const Tokens = Type.Integer({ minimum: 0 });
+
+export const RoutingHints = Type.Object(
+  {
+    promptTokensGte: Type.Optional(Tokens),
+    promptTokensLt: Type.Optional(Tokens),
+    maxTokensGte: Type.Optional(Tokens),
+    maxTokensLt: Type.Optional(Tokens),
+  },
+  { additionalProperties: false },
+);
+
+export const Profile = Type.Object(
+  {
+    routingStrategy: Type.Optional(Type.String({ minLength: 1 })),
+    /** Hints `config-profile: auto` matches against the request. */
+    routingConfig: Type.Optional(RoutingHints),
+    requestsPerSecond: Type.Optional(Type.Number({ exclusiveMinimum: 0 })),
+    slo: Type.Optional(Type.Object({ ttftMs: Type.Optional(Type.Number({ exclusiveMinimum: 0 })), tpotMs: Type.Optional(Type.Number({ exclusiveMinimum: 0 })) }, { additionalProperties: false })),
+  },
+  { additionalProperties: false },
+);
+
+export const ModelConfig = Type.Object(
+  {
+    /** Wins over everything, including the request's `routing-strategy` header. */
+    lockedRoutingStrategy: Type.Optional(Type.String({ minLength: 1 })),
+    defaultProfile: Type.Optional(Type.String({ minLength: 1 })),
+    profiles: Type.Optional(Type.Record(Type.String({ minLength: 1 }), Profile)),
+  },
+  { $id: "model-config", additionalProperties: false },
+);
+
+export type RoutingHints = Static<typeof RoutingHints>;
+export type Profile = Static<typeof Profile>;
+export type ModelConfig = Static<typeof ModelConfig>;
+
+const check = TypeCompiler.Compile(ModelConfig);
+
+/** Validates a parsed config; returns an error message naming the field, or undefined. */
+export function modelConfigError(value: unknown): string | undefined {
+  if (check.Check(value)) {
+    const c = value as ModelConfig;
+    if (c.defaultProfile && !c.profiles?.[c.defaultProfile]) return `/defaultProfile: profile ${JSON.stringify(c.defaultProfile)} is not defined in /profiles`;
+    return undefined;
+  }
+  const e = check.Errors(value).First();
+  return e ? `${e.path || "/"}: ${e.message}` : "invalid model config";
+}
+
+/** Config bucket key of a model's config (the model name escaped as a subject token). */
+export const MODEL_CONFIG_KEY_PREFIX = "model.";

@@ -1,0 +1,61 @@
+/**
+ * Keeps a ModelConfigView in step with the config bucket: current values at start, then every
+ * change, live. A config that fails validation is logged and ignored (the previous one stays), so
+ * a bad `put` from outside `jetroute config set` can never break routing.
+ */
+import { Kvm, type KvEntry } from "@nats-io/kv";
+import type { NatsConnection } from "@nats-io/transport-node";
+import { MODEL_CONFIG_KEY_PREFIX, type ModelConfig, modelConfigError } from "../../schemas/config.js";
+import { decodeToken } from "../../streams/tokens.js";
+import type { Logger } from "../shared/log.js";
+import type { ModelConfigView } from "../views/model-config.js";
+
+export interface ConfigWatch {
+  rejected: number;
+  stop(): Promise<void>;
+}
+
+export async function watchModelConfigs(nc: NatsConnection, bucket: string, view: ModelConfigView, log: Logger): Promise<ConfigWatch> {
+  const kv = await new Kvm(nc).open(bucket);
+  const revisions = new Map<string, number>();
+  const state: ConfigWatch = { rejected: 0, stop: async () => undefined };
+  const apply = (e: KvEntry) => {
+    if (!e.key.startsWith(MODEL_CONFIG_KEY_PREFIX)) return;
+    if ((revisions.get(e.key) ?? 0) >= e.revision) return;
+    revisions.set(e.key, e.revision);
+    let model: string;
+    try {
+      model = decodeToken(e.key.slice(MODEL_CONFIG_KEY_PREFIX.length));
+    } catch {
+      state.rejected++;
+      return log.warn({ key: e.key }, "config key is not an escaped model name; ignored");
+    }
+    if (e.operation !== "PUT") return view.set(model, undefined);
+    let value: unknown;
+    try {
+      value = e.json();
+    } catch {
+      value = undefined;
+    }
+    const err = value === undefined ? "not JSON" : modelConfigError(value);
+    if (err) {
+      state.rejected++;
+      return log.error({ model, revision: e.revision, err }, "invalid model config ignored; the previous one stays");
+    }
+    view.set(model, value as ModelConfig);
+    log.info({ model, revision: e.revision }, "model config applied");
+  };
+  // Watch first, then read the current values: nothing can fall between the two.
+  const watch = await kv.watch({ key: `${MODEL_CONFIG_KEY_PREFIX}>`, include: "updates" });
+  void (async () => {
+    for await (const e of watch) apply(e);
+  })().catch((err: unknown) => log.error({ err }, "config watch ended"));
+  for await (const key of await kv.keys(`${MODEL_CONFIG_KEY_PREFIX}>`)) {
+    const e = await kv.get(key);
+    if (e) apply(e);
+  }
+  state.stop = async () => {
+    watch.stop();
+  };
+  return state;
+}

@@ -1,0 +1,42 @@
+import { describe, expect, it } from "vitest";
+import { modelConfigError } from "../../schemas/config.js";
+import { ModelConfigView } from "./model-config.js";
+
+const view = () => {
+  const v = new ModelConfigView();
+  v.set("m", {
+    defaultProfile: "chat",
+    profiles: {
+      chat: { routingStrategy: "prefix-cache" },
+      batch: { routingStrategy: "least-request", routingConfig: { promptTokensGte: 4000 } },
+      short: { routingStrategy: "random", routingConfig: { promptTokensLt: 100, maxTokensLt: 64 } },
+    },
+  });
+  v.set("locked", { lockedRoutingStrategy: "least-latency" });
+  return v;
+};
+
+describe("model config - strategy selection (locked > header > profile > default)", () => {
+  it.each([
+    { model: "locked", headers: { "routing-strategy": "random" }, p: 10, want: ["least-latency", "locked"] },
+    { model: "m", headers: { "routing-strategy": "random" }, p: 10, want: ["random", "header"] },
+    { model: "m", headers: {}, p: 10, want: ["prefix-cache", "profile"] },
+    { model: "m", headers: { "config-profile": "batch" }, p: 10, want: ["least-request", "profile"] },
+    { model: "m", headers: { "config-profile": "auto" }, p: 5000, want: ["least-request", "profile"] },
+    { model: "m", headers: { "config-profile": "auto" }, p: 50, max: 10, want: ["random", "profile"] },
+    { model: "m", headers: { "config-profile": "auto" }, p: 500, want: ["prefix-cache", "profile"] },
+    { model: "m", headers: { "config-profile": "nope" }, p: 10, want: ["prefix-cache", "profile"] },
+    { model: "unconfigured", headers: {}, p: 10, want: ["least-request", "default"] },
+  ])("$model $headers prompt=$p", ({ model, headers, p, max, want }) => {
+    const c = view().choose(model, headers as Record<string, string>, { promptTokens: p, maxTokens: max }, "least-request");
+    expect([c.spec, c.source]).toEqual(want);
+  });
+
+  it("validates configs, naming the field", () => {
+    expect(modelConfigError({ profiles: { a: { routingStrategy: "x" } }, defaultProfile: "a" })).toBeUndefined();
+    expect(modelConfigError({ defaultProfile: "missing" })).toMatch(/defaultProfile/);
+    expect(modelConfigError({ profiles: { a: { requestsPerSecond: -1 } } })).toMatch(/requestsPerSecond/);
+    expect(modelConfigError({ lockedRoutingStrategy: 3 })).toMatch(/lockedRoutingStrategy/);
+    expect(modelConfigError({ unknown: true })).toBeDefined();
+  });
+});

@@ -1,0 +1,83 @@
+/**
+ * Model configs folded from the config bucket, and the strategy-selection rule. Pure.
+ *
+ * Selection, highest first (as AIBrix): the model's `lockedRoutingStrategy`; the request's
+ * `routing-strategy` header; the selected profile's `routingStrategy` (header `config-profile`
+ * names it, `auto` picks the profile whose routing hints match the request best, else the
+ * model's `defaultProfile`); the gateway's default.
+ */
+import type { ModelConfig, Profile, RoutingHints } from "../../schemas/config.js";
+
+export interface StrategyChoice {
+  spec: string;
+  source: "locked" | "header" | "profile" | "default";
+  profile?: string;
+}
+
+export interface ConfigReader {
+  get(model: string): ModelConfig | undefined;
+  choose(model: string, headers: Readonly<Record<string, string>>, hints: { promptTokens: number; maxTokens?: number }, fallback: string): StrategyChoice & { profileConfig?: Profile };
+}
+
+function hintScore(h: RoutingHints | undefined, promptTokens: number, maxTokens: number | undefined): number {
+  if (!h) return 0;
+  let score = 0;
+  const test = (v: number | undefined, ok: (x: number) => boolean) => {
+    if (v === undefined) return true;
+    if (!ok(v)) return false;
+    score++;
+    return true;
+  };
+  const m = maxTokens ?? 0;
+  const fits =
+    test(h.promptTokensGte, (x) => promptTokens >= x) &&
+    test(h.promptTokensLt, (x) => promptTokens < x) &&
+    test(h.maxTokensGte, (x) => m >= x) &&
+    test(h.maxTokensLt, (x) => m < x);
+  return fits ? score : -1;
+}
+
+export class ModelConfigView implements ConfigReader {
+  private readonly models = new Map<string, ModelConfig>();
+  version = 0;
+
+  set(model: string, config: ModelConfig | undefined): void {
+    if (config) this.models.set(model, config);
+    else this.models.delete(model);
+    this.version++;
+  }
+
+  get(model: string): ModelConfig | undefined {
+    return this.models.get(model);
+  }
+
+  choose(model: string, headers: Readonly<Record<string, string>>, hints: { promptTokens: number; maxTokens?: number }, fallback: string) {
+    const c = this.models.get(model);
+    if (c?.lockedRoutingStrategy) return { spec: c.lockedRoutingStrategy, source: "locked" as const };
+    const profileName = this.profileFor(c, headers["config-profile"], hints);
+    const profileConfig = profileName ? c?.profiles?.[profileName] : undefined;
+    const header = headers["routing-strategy"];
+    if (header) return { spec: header, source: "header" as const, ...(profileName ? { profile: profileName, profileConfig } : {}) };
+    if (profileConfig?.routingStrategy) return { spec: profileConfig.routingStrategy, source: "profile" as const, profile: profileName, profileConfig };
+    return { spec: fallback, source: "default" as const, ...(profileName ? { profile: profileName, profileConfig } : {}) };
+  }
+
+  private profileFor(c: ModelConfig | undefined, requested: string | undefined, hints: { promptTokens: number; maxTokens?: number }): string | undefined {
+    const profiles = c?.profiles;
+    if (!profiles) return undefined;
+    if (requested && requested !== "auto") return profiles[requested] ? requested : c.defaultProfile;
+    if (requested === "auto") {
+      let best: string | undefined;
+      let bestScore = 0;
+      for (const [name, p] of Object.entries(profiles)) {
+        const s = hintScore(p.routingConfig, hints.promptTokens, hints.maxTokens);
+        if (s > bestScore) {
+          best = name;
+          bestScore = s;
+        }
+      }
+      if (best) return best;
+    }
+    return c.defaultProfile;
+  }
+}
