@@ -7,7 +7,15 @@
  * synchronous on purpose: a view applies an event without awaiting anything, so events are
  * applied strictly in stream order.
  */
-import { DeliverPolicy, type ConsumerMessages, type JsMsg, type OrderedConsumerOptions } from "@nats-io/jetstream";
+import {
+  type Consumer,
+  type ConsumerMessages,
+  DeliverPolicy,
+  JetStreamApiCodes,
+  JetStreamApiError,
+  type JsMsg,
+  type OrderedConsumerOptions,
+} from "@nats-io/jetstream";
 import type { EventOf, EventType } from "../../schemas/events.js";
 import { decodeEvent } from "../../schemas/validate.js";
 import type { Family, Subjects } from "../../streams/subjects.js";
@@ -45,6 +53,8 @@ export interface FollowerOptions<T extends EventType> {
    * Skipped messages still advance `lastSeq`.
    */
   skipRaw?(data: Uint8Array): boolean;
+  /** How often the server is asked whether the consumer still exists (default 3 s). */
+  probeEveryMs?: number;
   /** Sees every message's subject and sequence first, skipped or not (per-subject cursors). */
   onMessage?(subject: string, seq: number): void;
 }
@@ -60,6 +70,8 @@ export class StreamFollower<T extends EventType> {
   private caughtUpFlag = false;
   private readonly caughtUpWaiters: Array<() => void> = [];
   private messages?: ConsumerMessages;
+  private consumer?: Consumer;
+  private probeTimer?: NodeJS.Timeout;
   private stopped = false;
 
   constructor(private readonly opts: FollowerOptions<T>) {
@@ -104,6 +116,7 @@ export class StreamFollower<T extends EventType> {
         break;
     }
     const consumer = await o.nats.js.consumers.get(o.stream, consumerOpts);
+    this.consumer = consumer;
     const info = await consumer.info(true);
     if (info.num_pending === 0) this.markCaughtUp();
     const messages = await consumer.consume({
@@ -125,6 +138,7 @@ export class StreamFollower<T extends EventType> {
   private watch(messages: ConsumerMessages): void {
     const reopen = (why: string) => {
       if (this.stopped || this.messages !== messages) return;
+      clearInterval(this.probeTimer);
       this.messages = undefined;
       this.reopens++;
       this.opts.log.warn({ stream: this.opts.stream, lastSeq: this.lastSeq, why }, "reopening stream consumer");
@@ -137,6 +151,24 @@ export class StreamFollower<T extends EventType> {
       }
     })().catch(() => undefined);
     void messages.closed().then((err) => reopen(err ? `closed: ${(err as Error).message}` : "closed"));
+    // Also ask the server, every few seconds, whether the consumer still exists: a consumer whose
+    // server died can stay silent without any heartbeat notification reaching us.
+    clearInterval(this.probeTimer);
+    this.probeTimer = setInterval(() => {
+      const c = this.consumer;
+      if (!c || this.stopped) return;
+      c.info(false).then(
+        () => {
+              },
+        (err: unknown) => {
+          // Reopening is cheap and safe (an ordered consumer is ephemeral; we resume at lastSeq + 1),
+          // so one failed probe is enough: waiting for more only prolongs a blind spell.
+          const gone = err instanceof JetStreamApiError && err.code === JetStreamApiCodes.ConsumerNotFound;
+          reopen(gone ? "consumer not found on the server" : `consumer info failing: ${(err as Error).message}`);
+        },
+      );
+    }, this.opts.probeEveryMs ?? 3_000);
+    this.probeTimer.unref?.();
   }
 
   private async reopenWithBackoff(): Promise<void> {
@@ -183,6 +215,7 @@ export class StreamFollower<T extends EventType> {
   async stop(): Promise<void> {
     if (this.stopped) return;
     this.stopped = true;
+    clearInterval(this.probeTimer);
     await this.messages?.close().catch(() => undefined);
   }
 }
