@@ -5,6 +5,8 @@
 import { Command, InvalidArgumentError } from "commander";
 import { runExtProcBench } from "./benches/extproc.js";
 import { runIndexBench } from "./benches/index.js";
+import { runChargeLagBench } from "./benches/charge-lag.js";
+import { type HerdingMode, runHerdingBench } from "./benches/herding.js";
 
 const ints = (v: string) =>
   v.split(",").map((x) => {
@@ -13,6 +15,17 @@ const ints = (v: string) =>
     return n;
   });
 const int = (v: string) => ints(v)[0] as number;
+const nonNegative = (v: string) => {
+  const n = Number(v);
+  if (!Number.isInteger(n) || n < 0) throw new InvalidArgumentError(`expected an integer >= 0, got ${JSON.stringify(v)}`);
+  return n;
+};
+const HERDING_MODES: readonly HerdingMode[] = ["off", "eventual", "strict"];
+const herdingModes = (v: string) =>
+  v.split(",").map((m) => {
+    if (!(HERDING_MODES as readonly string[]).includes(m)) throw new InvalidArgumentError(`modes are off, eventual, strict; got ${JSON.stringify(m)}`);
+    return m as HerdingMode;
+  });
 
 const program = new Command("bench").description("jetroute benchmarks; each prints one final JSON line").showHelpAfterError();
 
@@ -37,6 +50,38 @@ program
   .option("--rounds <n>", "rounds per lookup case (median reported)", int, 3)
   .action(async (o) => {
     console.log(JSON.stringify(await runIndexBench({ lookups: o.lookups, rounds: o.rounds })));
+  });
+
+program
+  .command("herding")
+  .description("a burst of simultaneous requests over R gateway replicas, per consistency mode: busiest pod / even share")
+  .option("--replicas <list>", "replica counts, comma separated", ints, [1, 2, 4, 8])
+  .option("--modes <list>", "consistency modes, comma separated (off, eventual, strict)", herdingModes, [...HERDING_MODES])
+  .option("--bursts <n>", "bursts per cell (mean and worst reported)", int, 5)
+  .option("--requests <n>", "requests per burst", int, 64)
+  .option("--pods <n>", "pods of the model", int, 8)
+  .option("--spread <how>", "requests to replicas: round-robin | random", "random")
+  .option("--stagger-ms <ms>", "gap between the bodies of a burst (0 = all at once)", nonNegative, 0)
+  .option("--in-process", "replicas as in-process gateways (one event loop) instead of processes", false)
+  .option("--seed <n>", "seed of the random spread", int, 1)
+  .action(async (o) => {
+    if (o.spread !== "round-robin" && o.spread !== "random") throw new InvalidArgumentError("--spread must be round-robin or random");
+    const result = await runHerdingBench({
+      replicas: o.replicas, modes: o.modes, bursts: o.bursts, requests: o.requests, pods: o.pods, spread: o.spread, staggerMs: o.staggerMs, inProcess: o.inProcess, seed: o.seed,
+    });
+    console.log(JSON.stringify(result));
+  });
+
+program
+  .command("charge-lag")
+  .description("time from gateway A's routing decision to gateway B's ledger holding the charge (in-process A and B)")
+  .option("--rate <n>", "requests per second to A, one at a time", int, 200)
+  .option("--duration-ms <ms>", "measured window", int, 10_000)
+  .option("--warmup-ms <ms>", "unmeasured warm-up at the same rate", nonNegative, 1_000)
+  .option("--mode <mode>", "consistency mode of both gateways: eventual | strict", "eventual")
+  .action(async (o) => {
+    if (o.mode !== "eventual" && o.mode !== "strict") throw new InvalidArgumentError("--mode must be eventual or strict");
+    console.log(JSON.stringify(await runChargeLagBench({ rate: o.rate, durationMs: o.durationMs, warmupMs: o.warmupMs, mode: o.mode })));
   });
 
 await program.parseAsync(process.argv);

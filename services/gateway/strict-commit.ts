@@ -34,7 +34,7 @@ export interface StrictCommitOptions {
   subjects: Subjects;
   director: Director;
   cursor: SubjectCursor;
-  /** Re-selections after a lost race before falling back (default 3). */
+  /** Re-selections after a lost race before falling back (default 6). */
   maxRetries?: number;
   /** How long to wait for the view to reach the winner's sequence (default 50 ms). */
   catchUpMs?: number;
@@ -55,7 +55,7 @@ export class StrictCommitter {
   private readonly catchUpMs: number;
 
   constructor(private readonly o: StrictCommitOptions) {
-    this.maxRetries = o.maxRetries ?? 3;
+    this.maxRetries = o.maxRetries ?? 6;
     this.catchUpMs = o.catchUpMs ?? 50;
   }
 
@@ -104,7 +104,9 @@ export class StrictCommitter {
         }
         this.stats.conflicts++;
         director.retract(r);
-        await cursor.waitFor(subject, winner, this.catchUpMs);
+        // The winner's message may predate this replica's view (a replica that started after the
+        // pod's last charge never sees that sequence): then the server's number is the truth.
+        if (!(await cursor.waitFor(subject, winner, this.catchUpMs))) cursor.note(subject, winner);
       }
     }
   }

@@ -1,0 +1,335 @@
+/**
+ * `node --expose-gc dist/loadtest/bench.js herding`: how evenly a simultaneous burst lands on the
+ * pods when several gateway replicas route it (issue "Consistent load across gateway replicas";
+ * AIBrix issue 2422: bursts land on the same pod between selection and accounting).
+ *
+ * Per cell (replica count R x consistency mode): a fresh nats-server, `pods` pods published to
+ * PODS (never contacted: nothing is forwarded), R gateway replicas with least-request. Each burst
+ * opens `requests` ext_proc streams spread over the replicas, sends every stream's request headers
+ * and waits for their replies, then sends every body in one synchronous loop so the selections
+ * race (or `staggerMs` apart). The pod each request went to is read from the reply's
+ * `x-gateway-destination-endpoint`; `max_over_mean` = the busiest pod's count / (requests / pods).
+ * All streams are then cancelled and the bench waits until every replica's ledger is empty
+ * before the next burst.
+ *
+ * Reading the figures: a replica charges its own pick synchronously, so it never stacks its own
+ * requests. With the default round-robin spread every replica gets requests/R of a burst from an
+ * idle state and least-request spreads those evenly by itself: `off` is 1.000 by construction,
+ * whatever R. Herding needs replicas with unequal shares (`spread: "random"`) or pre-existing load
+ * one replica cannot see; and `eventual` can only help with what has propagated, so bodies sent
+ * at once (inside the charge lag) leave it about as blind as `off`; `staggerMs` above the lag
+ * shows the difference.
+ *
+ * Replicas are separate processes by default so that they decide in parallel (two cores), as real
+ * replicas do; `inProcess` runs them on this process's event loop instead, where a replica's
+ * bodies and other replicas' charge deliveries are serialised by one loop — a different race.
+ * A fresh nats-server per cell keeps one cell's stream history out of the next cell's replay.
+ */
+import { ExtProcClient, type PhaseResult } from "../../services/extproc/envoy-client.js";
+import { type GatewayHandle, startGateway } from "../../services/gateway/gateway.js";
+import type { StrictStats } from "../../services/gateway/strict-commit.js";
+import { createLogger } from "../../services/shared/log.js";
+import { connectNats, type NatsHandles } from "../../services/shared/nats.js";
+import { type NatsServerHandle, startNatsServer } from "../../services/shared/nats-server.js";
+import { type ServiceProcess, spawnJetroute } from "../../services/shared/processes.js";
+import { acked } from "../../services/shared/publish.js";
+import { applyStreams } from "../../streams/apply.js";
+import { Subjects } from "../../streams/subjects.js";
+
+export type HerdingMode = "off" | "eventual" | "strict";
+
+export interface HerdingBenchOptions {
+  /** Replica counts to test (default 1, 2, 4, 8). */
+  replicas?: number[];
+  modes?: HerdingMode[];
+  /** Bursts per cell (default 5). */
+  bursts?: number;
+  /** Requests per burst (default 64). */
+  requests?: number;
+  /** Pods of the one model (default 8). */
+  pods?: number;
+  /**
+   * How a burst's requests are assigned to replicas: `round-robin` (request i to replica i mod R,
+   * every replica gets the same share) or `random` (independent uniform picks, as an L4 balancer
+   * in front of the replicas would make; shares differ from burst to burst). Default round-robin.
+   */
+  spread?: "round-robin" | "random";
+  /** Replicas on this process's event loop instead of child processes (faster, different race). */
+  inProcess?: boolean;
+  /** Seed for the `random` spread (the gateways' own tie-breaking is not seeded). */
+  seed?: number;
+  /** Heartbeat interval of the replicas (default 200 ms). */
+  heartbeatMs?: number;
+  /**
+   * Gap between consecutive bodies (default 0: all in one synchronous loop). Above the charge
+   * propagation lag (see the charge-lag bench) each replica sees the others' earlier charges, so
+   * this separates "blind during the lag" from "blind for good" (off).
+   */
+  staggerMs?: number;
+}
+
+export interface HerdingRow {
+  replicas: number;
+  mode: HerdingMode;
+  /** Mean over the bursts of max-per-pod / (requests / pods). */
+  max_over_mean: number;
+  /** Worst burst. */
+  max_over_mean_worst: number;
+  /** Strict mode only: lost compare-and-sets and charges published without one, over the cell. */
+  strict_conflicts?: number;
+  strict_fallbacks?: number;
+}
+
+export interface HerdingResult {
+  bench: "herding";
+  spread: "round-robin" | "random";
+  replica_kind: "process" | "in-process";
+  stagger_ms: number;
+  bursts: number;
+  requests: number;
+  pods: number;
+  results: HerdingRow[];
+}
+
+const MODEL = "bench/herding";
+const ENDPOINT_HEADER = "x-gateway-destination-endpoint";
+const HEADERS = { ":method": "POST", ":path": "/v1/chat/completions", ":authority": "bench", "content-type": "application/json" };
+const BODY = Buffer.from(JSON.stringify({ model: MODEL, messages: [{ role: "user", content: "hello there" }], stream: true }));
+/** Upper bound for a replica to become ready, and for ledgers to drain after a burst. */
+const READY_TIMEOUT_MS = 30_000;
+const DRAIN_TIMEOUT_MS = 10_000;
+
+/** What the bench needs to see of a replica, whichever way it runs. */
+interface ReplicaState {
+  ready: boolean;
+  pods: number;
+  /** Entries in the replica's ledger (its own charges, plus other replicas' unless mode is off). */
+  charges: number;
+  inFlight: number;
+  strict?: StrictStats;
+}
+
+interface Replica {
+  id: string;
+  port: number;
+  state(): Promise<ReplicaState>;
+  stop(): Promise<void>;
+}
+
+interface DebugState {
+  ready: boolean;
+  pods: unknown[];
+  ledger: { charges: number };
+  inFlight: number;
+  strict?: StrictStats;
+}
+
+async function processReplica(id: string, natsUrl: string, mode: HerdingMode, heartbeatMs: number): Promise<Replica> {
+  // The admin port (not -1) is on so the bench can see readiness and the ledger drain between bursts.
+  const proc: ServiceProcess = spawnJetroute(
+    id,
+    [
+      "gateway", "--nats", natsUrl, "--id", id, "--port", "0", "--admin-port", "0", "--host", "127.0.0.1",
+      "--heartbeat-ms", String(heartbeatMs), "--strategy", "least-request", "--consistency", mode, "--shutdown-grace-ms", "500",
+    ],
+    { env: { JETROUTE_LOG_LEVEL: "warn" } },
+  );
+  try {
+    const line = await proc.waitForLine<{ port: number; adminPort: number }>((v) => typeof v.port === "number", READY_TIMEOUT_MS);
+    const url = `http://127.0.0.1:${line.adminPort}/debug/state`;
+    return {
+      id,
+      port: line.port,
+      async state() {
+        const s = (await (await fetch(url)).json()) as DebugState;
+        return { ready: s.ready, pods: s.pods.length, charges: s.ledger.charges, inFlight: s.inFlight, ...(s.strict ? { strict: s.strict } : {}) };
+      },
+      stop: () => proc.stop(),
+    };
+  } catch (err) {
+    await proc.stop();
+    throw err;
+  }
+}
+
+const silent = createLogger("bench-herding", "silent");
+
+async function inProcessReplica(id: string, natsUrl: string, mode: HerdingMode, heartbeatMs: number): Promise<Replica> {
+  const gw: GatewayHandle = await startGateway({
+    nats: natsUrl, id, port: 0, host: "127.0.0.1", adminPort: -1, log: silent, defaultStrategy: "least-request",
+    consistency: mode, heartbeatIntervalMs: heartbeatMs, shutdownGraceMs: 500,
+  });
+  return {
+    id,
+    port: gw.port,
+    state: async () => ({
+      ready: gw.ready(),
+      pods: gw.views.pods.size,
+      charges: gw.views.ledger.size,
+      inFlight: gw.director.inFlight.size,
+      ...(gw.strict ? { strict: { ...gw.strict.stats } } : {}),
+    }),
+    stop: () => gw.close(),
+  };
+}
+
+async function pollAll(replicas: Replica[], ok: (s: ReplicaState) => boolean, timeoutMs: number, what: string): Promise<ReplicaState[]> {
+  const deadline = performance.now() + timeoutMs;
+  for (;;) {
+    const states = await Promise.all(replicas.map((r) => r.state()));
+    if (states.every(ok)) return states;
+    if (performance.now() > deadline) {
+      throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}: ${JSON.stringify(states.map((s, i) => ({ id: replicas[i]?.id, ...s })))}`);
+    }
+    await new Promise((r) => setTimeout(r, 5));
+  }
+}
+
+/** mulberry32: a tiny seeded PRNG, so a `random` spread is the same from run to run. */
+function prng(seed: number): () => number {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+interface BurstOutcome {
+  perPod: Map<string, number>;
+  maxOverMean: number;
+}
+
+async function burst(clients: ExtProcClient[], assign: (i: number) => number, requests: number, pods: number, staggerMs: number): Promise<BurstOutcome> {
+  const exchanges = Array.from({ length: requests }, (_, i) => (clients[assign(i)] as ExtProcClient).open());
+  try {
+    const heads = await Promise.all(exchanges.map((ex) => ex.requestHeaders(HEADERS)));
+    const refused = heads.find((h) => h.kind !== "continue");
+    if (refused) throw new Error(`request headers refused: ${describe(refused)}`);
+    let pending: Array<Promise<PhaseResult>>;
+    if (staggerMs <= 0) {
+      // One synchronous loop: every body is written before any reply can be handled here.
+      pending = exchanges.map((ex) => ex.requestBody(BODY));
+    } else {
+      // On a fixed schedule from the first body, so timer lateness does not accumulate.
+      pending = [];
+      const t0 = performance.now();
+      for (const [i, ex] of exchanges.entries()) {
+        const wait = t0 + i * staggerMs - performance.now();
+        if (wait > 0) await new Promise((r) => setTimeout(r, wait));
+        const reply = ex.requestBody(BODY);
+        // Handled by Promise.all below; until then a failure must not count as unhandled.
+        reply.catch(() => {});
+        pending.push(reply);
+      }
+    }
+    const replies = await Promise.all(pending);
+    const perPod = new Map<string, number>();
+    for (const r of replies) {
+      const endpoint = r.kind === "continue" ? r.headerMutation.set[ENDPOINT_HEADER] : undefined;
+      if (endpoint === undefined) throw new Error(`a request was not routed: ${describe(r)}`);
+      perPod.set(endpoint, (perPod.get(endpoint) ?? 0) + 1);
+    }
+    const max = Math.max(...perPod.values());
+    return { perPod, maxOverMean: max / (requests / pods) };
+  } finally {
+    // Client gone, as Envoy reports it: every replica releases its charges.
+    for (const ex of exchanges) ex.cancel();
+  }
+}
+
+function describe(r: PhaseResult): string {
+  return r.kind === "immediate" ? `immediate ${r.status} ${r.body.toString().slice(0, 200)}` : `continue without ${ENDPOINT_HEADER}`;
+}
+
+const round3 = (x: number) => Math.round(x * 1000) / 1000;
+
+async function runCell(replicaCount: number, mode: HerdingMode, o: Required<HerdingBenchOptions>, cellIndex: number): Promise<HerdingRow> {
+  let nats: NatsServerHandle | undefined;
+  let h: NatsHandles | undefined;
+  const replicas: Replica[] = [];
+  const clients: ExtProcClient[] = [];
+  try {
+    nats = await startNatsServer();
+    h = await connectNats(nats.url);
+    await applyStreams(h.nc, h.jsm);
+    const s = new Subjects();
+    for (let i = 0; i < o.pods; i++) {
+      const pod = `pod-${i}`;
+      await acked(h.js, s.pod(MODEL, pod), { type: "pod", action: "upsert", model: MODEL, pod, address: `127.0.0.1:${19000 + i}`, ready: true, engine: "vllm", ts: Date.now() });
+    }
+    const start = o.inProcess ? inProcessReplica : processReplica;
+    const natsUrl = nats.url;
+    const started = await Promise.allSettled(Array.from({ length: replicaCount }, (_, i) => start(`herd-${mode}-${replicaCount}-${i}`, natsUrl, mode, o.heartbeatMs)));
+    for (const r of started) if (r.status === "fulfilled") replicas.push(r.value);
+    const failed = started.find((r) => r.status === "rejected");
+    if (failed) throw failed.reason;
+    await pollAll(replicas, (st) => st.ready && st.pods === o.pods, READY_TIMEOUT_MS, "replicas ready with every pod");
+    for (const r of replicas) clients.push(new ExtProcClient(`127.0.0.1:${r.port}`, { messageTimeoutMs: 10_000, closeMode: "reset" }));
+
+    const rand = prng(o.seed + cellIndex);
+    const assign = o.spread === "round-robin" ? (i: number) => i % replicaCount : () => Math.floor(rand() * replicaCount);
+    const before = await Promise.all(replicas.map((r) => r.state()));
+    const ratios: number[] = [];
+    for (let b = 0; b < o.bursts; b++) {
+      const out = await burst(clients, assign, o.requests, o.pods, o.staggerMs);
+      ratios.push(out.maxOverMean);
+      await pollAll(replicas, (st) => st.charges === 0 && st.inFlight === 0, DRAIN_TIMEOUT_MS, "every ledger to drain after a burst");
+    }
+    const after = await Promise.all(replicas.map((r) => r.state()));
+    const row: HerdingRow = {
+      replicas: replicaCount,
+      mode,
+      max_over_mean: round3(ratios.reduce((a, x) => a + x, 0) / ratios.length),
+      max_over_mean_worst: round3(Math.max(...ratios)),
+    };
+    if (mode === "strict") {
+      const sum = (st: ReplicaState[], k: keyof StrictStats) => st.reduce((a, x) => a + (x.strict?.[k] ?? 0), 0);
+      row.strict_conflicts = sum(after, "conflicts") - sum(before, "conflicts");
+      row.strict_fallbacks = sum(after, "fallbacks") - sum(before, "fallbacks");
+    }
+    const strictNote = mode === "strict" ? `  (strict: ${row.strict_conflicts} conflicts, ${row.strict_fallbacks} fallbacks)` : "";
+    console.error(
+      `R=${String(replicaCount).padStart(2)} ${mode.padEnd(8)}  max/mean ${row.max_over_mean.toFixed(3)} (worst ${row.max_over_mean_worst.toFixed(3)})  bursts: ${ratios.map((x) => x.toFixed(3)).join(" ")}${strictNote}`,
+    );
+    return row;
+  } finally {
+    for (const c of clients) c.close();
+    await Promise.allSettled(replicas.map((r) => r.stop()));
+    await h?.nc.close();
+    await nats?.stop();
+  }
+}
+
+export async function runHerdingBench(opts: HerdingBenchOptions = {}): Promise<HerdingResult> {
+  const o: Required<HerdingBenchOptions> = {
+    replicas: opts.replicas ?? [1, 2, 4, 8],
+    modes: opts.modes ?? ["off", "eventual", "strict"],
+    bursts: opts.bursts ?? 5,
+    requests: opts.requests ?? 64,
+    pods: opts.pods ?? 8,
+    spread: opts.spread ?? "round-robin",
+    inProcess: opts.inProcess ?? false,
+    seed: opts.seed ?? 1,
+    heartbeatMs: opts.heartbeatMs ?? 200,
+    staggerMs: opts.staggerMs ?? 0,
+  };
+  console.error(
+    `herding: ${o.requests} requests per burst over ${o.pods} pods, least-request, ${o.bursts} bursts per cell, ${o.spread} spread, ${o.staggerMs ? `bodies ${o.staggerMs} ms apart` : "bodies at once"}, replicas as ${o.inProcess ? "in-process gateways" : "processes"}`,
+  );
+  const results: HerdingRow[] = [];
+  let cell = 0;
+  for (const r of o.replicas) for (const mode of o.modes) results.push(await runCell(r, mode, o, cell++));
+  return {
+    bench: "herding",
+    spread: o.spread,
+    replica_kind: o.inProcess ? "in-process" : "process",
+    stagger_ms: o.staggerMs,
+    bursts: o.bursts,
+    requests: o.requests,
+    pods: o.pods,
+    results,
+  };
+}
