@@ -144,7 +144,7 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
           views.usage.record({ user: ev.user, promptTokens: 0, completionTokens: ev.completionTokens, ts: ev.ts });
         }
       },
-      onMessage: (subject, seq) => cursors.note(subject, seq),
+      onMessage: (subject, seq) => cursors.seen(subject, seq),
       // Everything we published ourselves was applied when we made it (the ledger ignores its own
       // events anyway): recognise the echoes by a byte search and spare them JSON and schema work.
       skipRaw: (data) => ownMarker.length > 0 && indexOfBytes(data, ownMarker) >= 0,

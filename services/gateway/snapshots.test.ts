@@ -219,7 +219,7 @@ describe("snapshot round trip", () => {
     const index = new PrefixIndex(INDEX_OPTS);
     for (let i = 0; i < 5; i++) {
       await publish(subjects, work.next(3));
-      (await follow(prefix, subjects, index, index.lastSeq + 1)).stop();
+      await (await follow(prefix, subjects, index, index.lastSeq + 1)).stop();
       await writeSnapshot({ nats: env.nats, prefix, index, gatewayId: "gw", keep: 2 });
     }
     const store = await new Objm(env.nats.js).open(snapshotBucketName(prefix));
@@ -354,7 +354,11 @@ describe("snapshot lease", () => {
   /** An index with content at stream seq `seq` (the lease tests never load, so seqs need no stream). */
   function indexAt(seq: number, index = new PrefixIndex(INDEX_OPTS), work = new Workload(["a", "b"], seq)) {
     const evs = work.next(5);
-    evs.forEach((ev, i) => (ev.type === "kv" ? index.apply(ev, seq - evs.length + i + 1) : index.applyCleared(ev, seq - evs.length + i + 1)));
+    for (const [i, ev] of evs.entries()) {
+      const at = seq - evs.length + i + 1;
+      if (ev.type === "kv") index.apply(ev, at);
+      else index.applyCleared(ev, at);
+    }
     return index;
   }
 
@@ -388,7 +392,7 @@ describe("snapshot lease", () => {
       await waitFor(() => other.isLeader(), 5_000, "takeover");
       const takeoverMs = performance.now() - t0;
       expect(takeoverMs).toBeGreaterThan(300);
-      expect(takeoverMs).toBeLessThan(2_000);
+      expect(takeoverMs).toBeLessThan(3_000);
       // The new leader does not rewrite an unchanged index, and writes the next change.
       expect(other.stats.writes).toBe(0);
       indexAt(60, index);
@@ -416,7 +420,7 @@ describe("snapshot lease", () => {
       await a.close();
       await waitFor(() => b.isLeader(), 2_000, "takeover");
       // Well under the 3 s lease: the key was deleted, not left to expire.
-      expect(performance.now() - t0).toBeLessThan(1_000);
+      expect(performance.now() - t0).toBeLessThan(1_500);
       expect(c.isLeader()).toBe(false);
       expect(c.stats).toMatchObject({ acquired: 0, writes: 0, holder: undefined });
     } finally {

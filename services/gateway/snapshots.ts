@@ -116,8 +116,10 @@ export interface LoadedSnapshot {
   ageMs: number;
   name: string;
   gateway: string;
-  /** Fetch + deserialize time. */
+  /** List + fetch + deserialize time, and the last two alone. */
   loadMs: number;
+  fetchMs: number;
+  deserializeMs: number;
   /** Present when the stream has dropped events after `seq`: the index misses them. */
   lost?: { from: number; to: number };
 }
@@ -384,13 +386,19 @@ export async function loadNewestSnapshot(o: LoadSnapshotOptions): Promise<Loaded
       continue;
     }
     let index: PrefixIndex;
+    let fetchMs = 0;
+    let deserializeMs = 0;
     try {
+      const t1 = performance.now();
       const bytes = await store.getBlob(m.name);
       if (!bytes) {
         skip("object vanished (pruned while loading)");
         continue;
       }
+      const t2 = performance.now();
+      fetchMs = t2 - t1;
       index = PrefixIndex.deserialize(bytes, o.indexOptions);
+      deserializeMs = performance.now() - t2;
     } catch (err) {
       skip(`corrupt snapshot: ${(err as Error).message}`);
       continue;
@@ -407,6 +415,8 @@ export async function loadNewestSnapshot(o: LoadSnapshotOptions): Promise<Loaded
       name: m.name,
       gateway: m.gateway,
       loadMs: performance.now() - t0,
+      fetchMs,
+      deserializeMs,
       ...(lost ? { lost } : {}),
     };
     if (lost) {
@@ -484,7 +494,7 @@ class Lease {
     }
     const e = await this.kv.get(this.key);
     try {
-      if (!e || e.operation !== "PUT") return won(await this.kv.create(this.key, value));
+      if (e?.operation !== "PUT") return won(await this.kv.create(this.key, value));
       const v = parseLease(e);
       // Ours (a renewal whose ack was lost, or a restart under the same id), unreadable, or expired.
       if (!v || v.holder === this.id || this.expired(e.revision, v)) return won(await this.kv.update(this.key, value, e.revision));

@@ -20,6 +20,8 @@ export interface SubjectCursor {
   note(subject: string, seq: number): void;
   /** Resolves true once `lastSeq(subject) >= seq`, false after `timeoutMs`. */
   waitFor(subject: string, seq: number, timeoutMs: number): Promise<boolean>;
+  /** True when `seq` is older than anything this replica's view was built from. */
+  predatesView(seq: number): boolean;
 }
 
 export interface StrictStats {
@@ -105,8 +107,10 @@ export class StrictCommitter {
         this.stats.conflicts++;
         director.retract(r);
         // The winner's message may predate this replica's view (a replica that started after the
-        // pod's last charge never sees that sequence): then the server's number is the truth.
-        if (!(await cursor.waitFor(subject, winner, this.catchUpMs))) cursor.note(subject, winner);
+        // pod's last charge never sees that sequence): then the server's number is the truth. A
+        // winner inside our window we must really see first, or we would charge on a stale view.
+        if (cursor.predatesView(winner)) cursor.note(subject, winner);
+        else await cursor.waitFor(subject, winner, this.catchUpMs);
       }
     }
   }

@@ -6,6 +6,18 @@ import type { SubjectCursor } from "./strict-commit.js";
 
 export class SubjectCursors implements SubjectCursor {
   private readonly seqs = new Map<string, number>();
+  /** First stream sequence the follower delivered: anything older predates this replica's view. */
+  private firstSeen: number | undefined;
+
+  /** Fed by the follower with every message (before `note`). */
+  seen(subject: string, seq: number): void {
+    if (this.firstSeen === undefined || seq < this.firstSeen) this.firstSeen = seq;
+    this.note(subject, seq);
+  }
+
+  predatesView(seq: number): boolean {
+    return this.firstSeen === undefined || seq < this.firstSeen;
+  }
   private readonly waiters = new Map<string, Array<{ seq: number; resolve: (ok: boolean) => void }>>();
 
   lastSeq(subject: string): number {
