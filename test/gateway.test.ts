@@ -405,3 +405,35 @@ describe("gateway - model configs change live on every replica", () => {
     c.close();
   });
 });
+
+describe("gateway - admin /metrics (Prometheus)", () => {
+  let env: TestEnv;
+  beforeAll(async () => {
+    env = await startTestEnv();
+    await env.publishPod({ pod: "pod-0", address: "127.0.0.1:8900" });
+  });
+  afterAll(async () => env?.stop());
+
+  it("counts requests by strategy and outcome, and reports view and ledger figures", async () => {
+    const g = await env.gateway({ id: "metrics-gw", adminPort: 0 });
+    const c = new ExtProcClient(`127.0.0.1:${g.port}`);
+    for (let i = 0; i < 3; i++) {
+      const ex = c.open();
+      await ex.requestHeaders(reqHeaders());
+      await ex.requestBody(chat());
+      await ex.responseHeaders(200, { "content-type": "application/json" });
+      await ex.responseBodyChunk(Buffer.from("{}"), true);
+      await ex.end();
+    }
+    const ex = c.open();
+    await ex.requestHeaders(reqHeaders());
+    await ex.requestBody(chat("no/such"));
+    c.close();
+    const text = await (await fetch(`http://127.0.0.1:${g.adminPort}/metrics`)).text();
+    expect(text).toMatch(/jetroute_gateway_requests_total\{strategy="least-request",outcome="completed",status="200",gateway="metrics-gw"\} 3/);
+    expect(text).toMatch(/jetroute_gateway_requests_total\{strategy="least-request",outcome="rejected",status="404",gateway="metrics-gw"\} 1/);
+    expect(text).toMatch(/jetroute_gateway_pick_seconds_count\{gateway="metrics-gw",strategy="least-request"\} 3/);
+    expect(text).toMatch(/jetroute_gateway_ready\{gateway="metrics-gw"\} 1/);
+    expect(text).toMatch(/jetroute_gateway_view_last_seq\{view="pods",gateway="metrics-gw"\} [1-9]/);
+  });
+});

@@ -45,6 +45,8 @@ export interface DirectorOptions {
   prefix?: PrefixSupport;
   /** Model configs (locked strategy, profiles); absent: header, then the default. */
   config?: ConfigReader;
+  /** Observes how long each pick took (seconds). */
+  onPick?: (strategy: string, seconds: number) => void;
 }
 
 export interface RouteInput {
@@ -175,6 +177,7 @@ export class Director {
       if (candidates.length === 0) throw new RouteError("noPodInSubset", `no ready pod of \`${parsed.model}\` is in the proxy's endpoint subset`);
     }
     const now = this.now();
+    const t0 = performance.now();
     const prefixMatch = prepared.tokens && this.opts.prefix ? this.opts.prefix.match(parsed.model, candidates, prepared.tokens, now, prepared.tokenizerMode) : undefined;
     const pick = strategy.pick({
       request: { model: parsed.model, requestId, headers: input.headers, promptTokens: prepared.tokens?.length ?? parsed.promptTokens },
@@ -187,6 +190,7 @@ export class Director {
       ...(prefixMatch ? { prefix: prefixMatch.info } : {}),
       ...(prepared.slo ? { slo: prepared.slo } : {}),
     });
+    this.opts.onPick?.(strategy.name, (performance.now() - t0) / 1000);
     return { requestId, now, pick, prefixMatch };
   }
 

@@ -26,6 +26,7 @@ import { Director, type EventSink, type GatewayViews } from "./director.js";
 import { openAIError } from "./errors.js";
 import { explain } from "./explain.js";
 import { createExtProcHandler } from "./extproc-server.js";
+import { GatewayMetrics } from "./metrics.js";
 import { watchModelConfigs } from "./config-watch.js";
 import { ModelConfigView } from "../views/model-config.js";
 import { createPrefixSupport } from "./prefix-support.js";
@@ -166,15 +167,37 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
   ];
 
   const outbox = new Outbox(nats.nc);
+  const viewNames = ["pods", "load", "charges", "kv"];
+  const metrics = new GatewayMetrics(id, {
+    followers: () => followers.map((f, i) => ({ view: viewNames[i] ?? String(i), lastSeq: f.lastSeq, applied: f.applied, invalid: f.invalid, reopens: f.reopens })),
+    ledger: () => ({
+      charges: views.ledger.size,
+      evicted: views.ledger.evicted,
+      expired: views.ledger.expired,
+      reconciledAdded: views.ledger.reconciledAdded,
+      reconciledRemoved: views.ledger.reconciledRemoved,
+      liveGateways: views.ledger.liveGateways(Date.now()).length,
+    }),
+    prefixIndex: () => {
+      const st = prefixIndex.stats();
+      return { entries: st.entries, blocks: st.blocks, evictedEntries: st.evictedEntries };
+    },
+    strict: () => strict?.stats,
+    inFlight: () => director.inFlight.size,
+    ready: () => isReady,
+  });
   const sink: EventSink = {
     charge: (ev) => outbox.fire(subjects.charges(ev.model, ev.pod), ev),
     release: (ev) => outbox.fire(subjects.releases(ev.model, ev.pod), ev),
-    decision: (rec) => outbox.fire(subjects.decisions(rec.model || "_"), rec),
+    decision: (rec) => {
+      metrics.decision(rec);
+      outbox.fire(subjects.decisions(rec.model || "_"), rec);
+    },
   };
   const modelConfigs = new ModelConfigView();
   const configWatch = await watchModelConfigs(nats.nc, configBucketName(prefix), modelConfigs, log);
   const prefixSupport = createPrefixSupport({ gatewayId: id, index: prefixIndex, routed: routedPrefixes, tokenizer, load: views.load, subjects, outbox });
-  const director = new Director({ gatewayId: id, defaultStrategy: o.defaultStrategy ?? "least-request", chargeTtlMs, views, sink, prefix: prefixSupport, config: modelConfigs });
+  const director = new Director({ gatewayId: id, defaultStrategy: o.defaultStrategy ?? "least-request", chargeTtlMs, views, sink, prefix: prefixSupport, config: modelConfigs, onPick: (st, sec) => metrics.pick(st, sec) });
   const strict =
     o.consistency === "strict"
       ? new StrictCommitter({ js: nats.js, subjects, director, cursor: cursors, onFallback: (err) => log.warn({ err }, "strict charge commit failed; published without compare-and-set") })
@@ -266,6 +289,13 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
       if (req.url === "/healthz") return json(200, { status: "ok" });
       if (req.url === "/readyz") return json(isReady ? 200 : 503, { ready: isReady });
       if (req.url === "/debug/state") return json(200, state());
+      if (req.url === "/metrics") {
+        metrics.render().then((text) => {
+          res.writeHead(200, { "content-type": metrics.contentType });
+          res.end(text);
+        });
+        return;
+      }
       if (req.url === "/debug/explain" && req.method === "POST") {
         const chunks: Buffer[] = [];
         let size = 0;

@@ -1,0 +1,85 @@
+/**
+ * Prometheus metrics of a gateway, served on the admin port at `/metrics`. Counters are bumped
+ * from the decision records the gateway publishes anyway; view and ledger figures are read at
+ * scrape time, so nothing here sits on the request path beyond two increments.
+ */
+import client from "prom-client";
+import type { DecisionRecord } from "../../schemas/events.js";
+
+export interface GatewayMetricsSources {
+  followers: () => Array<{ view: string; lastSeq: number; applied: number; invalid: number; reopens: number }>;
+  ledger: () => { charges: number; evicted: number; expired: number; reconciledAdded: number; reconciledRemoved: number; liveGateways: number };
+  prefixIndex: () => { entries: number; blocks: number; evictedEntries: number };
+  strict: () => { committed: number; conflicts: number; fallbacks: number } | undefined;
+  inFlight: () => number;
+  ready: () => boolean;
+}
+
+export class GatewayMetrics {
+  readonly registry = new client.Registry();
+  private readonly decisions: client.Counter<"strategy" | "outcome" | "status">;
+  private readonly pickSeconds: client.Histogram<"strategy">;
+
+  constructor(gatewayId: string, src: GatewayMetricsSources) {
+    const r = this.registry;
+    r.setDefaultLabels({ gateway: gatewayId });
+    client.collectDefaultMetrics({ register: r, prefix: "jetroute_gateway_process_" });
+    this.decisions = new client.Counter({ name: "jetroute_gateway_requests_total", help: "Requests by strategy, outcome and status", labelNames: ["strategy", "outcome", "status"], registers: [r] });
+    this.pickSeconds = new client.Histogram({
+      name: "jetroute_gateway_pick_seconds",
+      help: "Time to select a pod (strategy pick, prefix match included)",
+      labelNames: ["strategy"],
+      buckets: [0.00001, 0.00003, 0.0001, 0.0003, 0.001, 0.003, 0.01, 0.03],
+      registers: [r],
+    });
+    const gauge = (name: string, help: string, labelNames: string[], collect: (g: client.Gauge<string>) => void) =>
+      new client.Gauge({
+        name,
+        help,
+        labelNames,
+        registers: [r],
+        collect() {
+          collect(this);
+        },
+      });
+    gauge("jetroute_gateway_ready", "1 once every view caught up with its stream", [], (g) => g.set(src.ready() ? 1 : 0));
+    gauge("jetroute_gateway_in_flight", "Requests routed by this replica and not finished", [], (g) => g.set(src.inFlight()));
+    gauge("jetroute_gateway_view_last_seq", "Last stream sequence applied, per view", ["view"], (g) => {
+      for (const f of src.followers()) g.set({ view: f.view }, f.lastSeq);
+    });
+    gauge("jetroute_gateway_view_applied", "Events applied, per view", ["view"], (g) => {
+      for (const f of src.followers()) g.set({ view: f.view }, f.applied);
+    });
+    gauge("jetroute_gateway_dead_letters", "Invalid events dead-lettered, per view", ["view"], (g) => {
+      for (const f of src.followers()) g.set({ view: f.view }, f.invalid);
+    });
+    gauge("jetroute_gateway_consumer_reopens", "Stream consumers reopened after being lost, per view", ["view"], (g) => {
+      for (const f of src.followers()) g.set({ view: f.view }, f.reopens);
+    });
+    gauge("jetroute_gateway_ledger", "Charge ledger: charges held, evicted, expired, healed by heartbeats, live replicas", ["figure"], (g) => {
+      for (const [k, v] of Object.entries(src.ledger())) g.set({ figure: k }, v);
+    });
+    gauge("jetroute_gateway_prefix_index", "Prefix index: (block, pod) entries, blocks, evicted entries", ["figure"], (g) => {
+      for (const [k, v] of Object.entries(src.prefixIndex())) g.set({ figure: k }, v);
+    });
+    gauge("jetroute_gateway_strict", "Strict mode: committed charges, lost races, fallbacks", ["figure"], (g) => {
+      for (const [k, v] of Object.entries(src.strict() ?? {})) g.set({ figure: k }, v);
+    });
+  }
+
+  decision(rec: DecisionRecord): void {
+    this.decisions.inc({ strategy: rec.strategy, outcome: rec.outcome, status: String(rec.status) });
+  }
+
+  pick(strategy: string, seconds: number): void {
+    this.pickSeconds.observe({ strategy }, seconds);
+  }
+
+  render(): Promise<string> {
+    return this.registry.metrics();
+  }
+
+  get contentType(): string {
+    return this.registry.contentType;
+  }
+}
