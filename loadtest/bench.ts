@@ -7,6 +7,7 @@ import { runExtProcBench } from "./benches/extproc.js";
 import { runIndexBench } from "./benches/index.js";
 import { runChargeLagBench } from "./benches/charge-lag.js";
 import { type HerdingMode, runHerdingBench } from "./benches/herding.js";
+import { PREFIX_QUALITY_CASES, type PrefixQualityCaseName, runPrefixQualityBench } from "./benches/prefix-quality.js";
 
 const ints = (v: string) =>
   v.split(",").map((x) => {
@@ -82,6 +83,38 @@ program
   .action(async (o) => {
     if (o.mode !== "eventual" && o.mode !== "strict") throw new InvalidArgumentError("--mode must be eventual or strict");
     console.log(JSON.stringify(await runChargeLagBench({ rate: o.rate, durationMs: o.durationMs, warmupMs: o.warmupMs, mode: o.mode })));
+  });
+
+const caseNames = Object.keys(PREFIX_QUALITY_CASES) as PrefixQualityCaseName[];
+const caseList = (v: string) =>
+  v.split(",").map((x) => {
+    const name = x.trim() as PrefixQualityCaseName;
+    if (!caseNames.includes(name)) throw new InvalidArgumentError(`expected a comma list of ${caseNames.join(", ")}, got ${JSON.stringify(x)}`);
+    return name;
+  });
+const positive = (v: string) => {
+  const n = Number(v);
+  if (!Number.isFinite(n) || n <= 0) throw new InvalidArgumentError(`expected a number > 0, got ${JSON.stringify(v)}`);
+  return n;
+};
+
+program
+  .command("prefix-quality")
+  .description("shared-prefix chat load on 8 simulated pods at ~80% load: engine prefix-cache hit rate and client TTFT for random, least-request, prefix-cache approximate / precise, 1 vs 4 gateways")
+  .option("--cases <list>", `cases to run, comma separated (${caseNames.join(", ")})`, caseList, caseNames)
+  .option("--duration-ms <ms>", "arrivals per case, warm-up included", int, 36_000)
+  .option("--warmup-ms <ms>", "unmeasured start of each case", int, 10_000)
+  .option("--rate <rps>", "request rate per wall second (default: calibrated with least-request)", positive)
+  .option("--target-util <x>", "calibration target: fraction of time the engines are busy", positive, 0.8)
+  .option("--time-scale <x>", "simulated time runs x times faster than wall time", positive, 10)
+  .option("--seed <n>", "workload seed", int, 42)
+  .option("--log-dir <dir>", "keep the services' logs here")
+  .action(async (o) => {
+    const result = await runPrefixQualityBench({
+      cases: o.cases, durationMs: o.durationMs, warmupMs: o.warmupMs, rate: o.rate, targetUtil: o.targetUtil,
+      engine: { timeScale: o.timeScale }, workload: { seed: o.seed }, logDir: o.logDir,
+    });
+    console.log(JSON.stringify(result));
   });
 
 await program.parseAsync(process.argv);

@@ -22,8 +22,13 @@ export interface PrefixSupportOptions {
   load: LoadReader;
   subjects: Subjects;
   outbox: Outbox;
-  /** How long a routed prefix counts (the engine's own events take over well before). */
+  /** How long a routed prefix counts in approximate mode (it is all there is). */
   routedTtlMs?: number;
+  /**
+   * How long a routed prefix counts next to the engine index (precise mode): long enough to cover
+   * the engine's BlockStored arriving, short enough not to hide the engine's evictions.
+   */
+  routedPreciseMaxAgeMs?: number;
   /** Block size when the engine reports none (vLLM's default). */
   defaultBlockSize?: number;
   /** Longest prompt considered, in blocks (bounds hashing and lookup work per request). */
@@ -49,7 +54,7 @@ export function createPrefixSupport(o: PrefixSupportOptions): PrefixSupport {
       const hashes = promptBlockHashes(tokens, seed, blockSize, maxBlocks);
       const names = candidates.map((p) => p.pod);
       const fromIndex = approximate ? undefined : o.index.longestMatch(base, hashes, names);
-      const fromRouted = o.routed.match(base, hashes, now, names);
+      const fromRouted = o.routed.match(base, hashes, now, names, approximate ? Number.POSITIVE_INFINITY : (o.routedPreciseMaxAgeMs ?? 5_000));
       const byPod = new Map<string, number>();
       const detail = names.map((pod, i) => {
         const indexBlocks = fromIndex?.blocks[i] ?? 0;

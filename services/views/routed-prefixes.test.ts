@@ -32,4 +32,12 @@ describe("routed prefixes - shared routing history", () => {
     expect(r.match("m", H(5), 1, ["a", "b"]).blocks.get("b")).toBe(1);
     expect(r.match("m", H(3), 1, ["a", "b"]).blocks.size).toBe(0);
   });
+
+  it("a maximum age bounds what counts, independently of the publisher's TTL", () => {
+    const r = new RoutedPrefixes();
+    r.add({ model: "m", pod: "a", ts: 0, ttlMs: 120_000 }, H(1, 2));
+    expect(r.match("m", H(1, 2), 4_000, ["a"], 5_000).blocks.get("a")).toBe(2);
+    expect(r.match("m", H(1, 2), 6_000, ["a"], 5_000).blocks.size).toBe(0);
+    expect(r.match("m", H(1, 2), 6_000, ["a"]).blocks.get("a")).toBe(2);
+  });
 });

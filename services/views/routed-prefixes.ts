@@ -12,6 +12,7 @@ import { hexToHash } from "./block-hash.js";
 
 interface Holder {
   pod: string;
+  ts: number;
   expiresAt: number;
 }
 
@@ -55,7 +56,7 @@ export class RoutedPrefixes {
       }
       const i = holders.findIndex((x) => x.pod === ev.pod);
       if (i >= 0) holders.splice(i, 1);
-      holders.push({ pod: ev.pod, expiresAt });
+      holders.push({ pod: ev.pod, ts: ev.ts, expiresAt });
       if (holders.length > this.maxPodsPerBlock) holders.shift();
       this.blocks.set(k, holders);
     }
@@ -65,14 +66,18 @@ export class RoutedPrefixes {
     this.add(ev, ev.hashes.map(hexToHash));
   }
 
-  /** Leading blocks of `hashes` each candidate pod was routed, counting only unexpired entries. */
-  match(model: string, hashes: readonly bigint[], now: number, candidates: readonly string[]): RoutedMatch {
+  /**
+   * Leading blocks of `hashes` each candidate pod was routed, counting only unexpired entries
+   * no older than `maxAgeMs` (where engines report their caches, a routed entry only has to cover
+   * the moment before the engine's own event; kept longer, it would hide the engine's evictions).
+   */
+  match(model: string, hashes: readonly bigint[], now: number, candidates: readonly string[], maxAgeMs = Number.POSITIVE_INFINITY): RoutedMatch {
     const alive = new Set(candidates);
     const counts = new Map<string, number>();
     for (let i = 0; i < hashes.length && alive.size > 0; i++) {
       const holders = this.blocks.get(RoutedPrefixes.key(model, hashes[i] as bigint));
       const next = new Set<string>();
-      for (const h of holders ?? []) if (h.expiresAt > now && alive.has(h.pod)) next.add(h.pod);
+      for (const h of holders ?? []) if (h.expiresAt > now && now - h.ts <= maxAgeMs && alive.has(h.pod)) next.add(h.pod);
       for (const p of next) counts.set(p, i + 1);
       for (const p of alive) if (!next.has(p)) alive.delete(p);
     }

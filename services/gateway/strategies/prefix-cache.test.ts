@@ -23,7 +23,8 @@ describe("prefix-cache - AIBrix semantics on the shared index", () => {
   it.each([
     { name: "longest match wins", inFlight: { a: 1, b: 1, c: 1 }, matched: { a: 2, b: 7, c: 0 }, want: "b", fallback: undefined },
     { name: "equal match: fewer in flight", inFlight: { a: 2, b: 1, c: 3 }, matched: { a: 5, b: 5, c: 5 }, want: "b", fallback: undefined },
-    { name: "a pod above mean + 1 sd is not eligible", inFlight: { a: 6, b: 1, c: 1, d: 1 }, matched: { a: 9, b: 3, c: 0, d: 0 }, want: "b", fallback: undefined },
+    { name: "a pod above mean + 2 sd is not eligible", inFlight: { a: 7, b: 1, c: 1, d: 1, e: 1, f: 1, g: 1, h: 1 }, matched: { a: 9, b: 3 }, want: "b", fallback: undefined },
+    { name: "one request in flight on the holder of the prefix keeps it eligible", inFlight: { a: 1, b: 0, c: 0 }, matched: { a: 9, b: 0, c: 0 }, want: "a", fallback: undefined },
     { name: "imbalance beyond 8 -> least-request", inFlight: { a: 10, b: 1 }, matched: { a: 0, b: 9 }, want: "b", fallback: "least-request (imbalance)" },
     { name: "imbalance guard even against the match", inFlight: { a: 1, b: 10 }, matched: { a: 0, b: 9 }, want: "a", fallback: "least-request (imbalance)" },
     { name: "no match -> least-request", inFlight: { a: 3, b: 1 }, matched: { a: 0, b: 0 }, want: "b", fallback: "least-request (no match)" },
