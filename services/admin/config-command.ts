@@ -61,7 +61,7 @@ export function registerConfigCommand(program: Command): void {
     });
   common(cfg.command("get <model>").description("print a model's config")).action(async (model: string, o: { nats: string[]; prefix: string }) => {
     const e = await withBucket(o, (kv) => kv.get(`${MODEL_CONFIG_KEY_PREFIX}${encodeToken(model)}`));
-    if (!e || e.operation !== "PUT") {
+    if (e?.operation !== "PUT") {
       console.error(`no config for ${model}`);
       process.exit(1);
     }
