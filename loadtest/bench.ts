@@ -5,6 +5,7 @@
 import { Command, InvalidArgumentError } from "commander";
 import { runExtProcBench } from "./benches/extproc.js";
 import { runIndexBench } from "./benches/index.js";
+import { runBootstrapBench } from "./benches/bootstrap.js";
 import { runChargeLagBench } from "./benches/charge-lag.js";
 import { type HerdingMode, runHerdingBench } from "./benches/herding.js";
 import { PREFIX_QUALITY_CASES, type PrefixQualityCaseName, runPrefixQualityBench } from "./benches/prefix-quality.js";
@@ -115,6 +116,16 @@ program
       engine: { timeScale: o.timeScale }, workload: { seed: o.seed }, logDir: o.logDir,
     });
     console.log(JSON.stringify(result));
+  });
+
+program
+  .command("bootstrap")
+  .description("new replica ready from the newest prefix-index snapshot + KV tail vs replaying the KV stream (1 M blocks)")
+  .option("--blocks <n>", "distinct blocks in the index at snapshot time", int, 1_000_000)
+  .option("--rounds <n>", "bootstraps of each kind (median reported)", int, 5)
+  .option("--kv-filter", "give the KV followers the redundant `<prefix>.kv.>` filter (the gateway before the change)", false)
+  .action(async (o) => {
+    console.log(JSON.stringify(await runBootstrapBench({ blocks: o.blocks, rounds: o.rounds, kvFilter: o.kvFilter })));
   });
 
 await program.parseAsync(process.argv);

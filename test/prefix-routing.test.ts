@@ -7,6 +7,7 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { GatewayHandle } from "../services/gateway/gateway.js";
 import { startKvBridge } from "../services/kv-bridge/bridge.js";
+import { writeSnapshot } from "../services/gateway/snapshots.js";
 import { type SimFleet, startSimFleet } from "../services/sim/fleet.js";
 import { chainBlocks, chainSeed } from "../services/views/block-hash.js";
 import { streamName } from "../streams/definitions.js";
@@ -133,6 +134,20 @@ describe("prefix index - engines -> kv-bridge -> KV stream -> gateways", () => {
         return (await res.json()) as { pick: { pod: string }; candidates: Array<{ pod: string; prefix?: { indexBlocks: number } }>; strategy: string; tokenizer: string };
       }),
     );
+    // A third replica started later boots from a snapshot of the index plus the stream's tail.
+    await writeSnapshot({ nats: env.nats, prefix: "jr", index: (gws[0] as GatewayHandle).prefixIndex, seq: (gws[0] as GatewayHandle).kvLastSeq, gatewayId: "test" });
+    await chat(holder.address, "an unrelated prompt published after the snapshot", "tail");
+    await waitFor(() => fleet.pods.every((p) => fleet.cacheListing(p.name).pendingEvents === 0), 5_000, "engines idle");
+    const late = await env.gateway({ id: "px-late", adminPort: 0, tokenizerMode: "local" });
+    const lastNow = (await env.nats.jsm.streams.info(streamName("jr", "KV"))).state.last_seq;
+    await waitFor(() => [...gws, late].every((g) => lastKvSeq(g) >= lastNow), 10_000, "all replicas caught up");
+    const state = (await (await fetch(`http://127.0.0.1:${late.adminPort}/debug/state`)).json()) as { snapshots: { booted: { seq: number } | null } };
+    expect(state.snapshots.booted?.seq).toBeGreaterThan(0);
+    const lateAnswer = await (
+      await fetch(`http://127.0.0.1:${late.adminPort}/debug/explain`, { method: "POST", body, headers: { "routing-strategy": "prefix-cache", "x-request-id": "explain-1" } })
+    ).json();
+    expect(lateAnswer).toEqual(answers[0]);
+    expect(late.prefixIndex.stats().entries).toBe((gws[0] as GatewayHandle).prefixIndex.stats().entries);
     expect(answers[0]).toEqual(answers[1]);
     const a = answers[0] as (typeof answers)[0];
     expect(a.strategy).toBe("prefix-cache");

@@ -38,6 +38,8 @@ export function registerGatewayCommand(program: Command): void {
     .option("--tokenizer <mode>", "prompt tokens for prefix routing: remote (engine /tokenize), local (simulator's tokenizer), approximate", tokenizerOption, "approximate")
     .option("--tokenizer-model <model=mode>", "tokenizer mode for one model (repeatable)", tokenizerModelOption, {} as Record<string, TokenizerMode>)
     .option("--prefix-max-entries <n>", "bound on the prefix index, in (block, pod) entries", intOption(1), 4_000_000)
+    .option("--no-snapshots", "neither boot from nor write prefix-index snapshots")
+    .option("--snapshot-interval-ms <ms>", "how often the lease holder writes a prefix-index snapshot", intOption(1_000), 30_000)
     .option("--charge-ttl-ms <ms>", "a charge stops counting after this long even without a release", intOption(1), 600_000)
     .option("--heartbeat-ms <ms>", "heartbeat interval", intOption(10), 1_000)
     .option("--heartbeat-timeout-ms <ms>", "a gateway silent this long loses its charges (default 3 x interval)", intOption(10))
@@ -63,6 +65,8 @@ export function registerGatewayCommand(program: Command): void {
         tokenizerMode: o.tokenizer,
         tokenizerModes: o.tokenizerModel,
         prefixMaxEntries: o.prefixMaxEntries,
+        snapshots: o.snapshots !== false,
+        snapshotIntervalMs: o.snapshotIntervalMs,
         shutdownGraceMs: o.shutdownGraceMs,
         log,
       });

@@ -27,6 +27,7 @@ import { openAIError } from "./errors.js";
 import { explain } from "./explain.js";
 import { createExtProcHandler } from "./extproc-server.js";
 import { GatewayMetrics } from "./metrics.js";
+import { type LoadedSnapshot, loadNewestSnapshot, startSnapshotter } from "./snapshots.js";
 import { watchModelConfigs } from "./config-watch.js";
 import { ModelConfigView } from "../views/model-config.js";
 import { createPrefixSupport } from "./prefix-support.js";
@@ -54,6 +55,12 @@ export interface GatewayOptions {
   tokenizerModes?: Record<string, TokenizerMode>;
   /** Bound on the prefix index, in (block, pod) entries. */
   prefixMaxEntries?: number;
+  /** Prefix-index snapshots: boot from the newest one and contend for the snapshot lease (default on). */
+  snapshots?: boolean;
+  /** How often the lease holder writes a snapshot (default 30 s; with the lease at most KV max_age / 10). */
+  snapshotIntervalMs?: number;
+  /** Snapshot lease (default 15 s): how long a crashed holder keeps the others from writing. */
+  snapshotLeaseMs?: number;
   /**
    * `eventual` (default): publish charges without waiting; `strict`: per-pod compare-and-set;
    * `off`: count only this replica's own charges (AIBrix's behaviour; for comparison benchmarks).
@@ -109,7 +116,11 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
   };
   // Lookups do not touch blocks: every replica then evicts in the same order, driven by the same
   // stream (engine stores, and routed prefixes touching the blocks they reuse).
-  const prefixIndex = new PrefixIndex({ maxEntries: o.prefixMaxEntries ?? 4_000_000, touchOnMatch: false });
+  const prefixIndexOptions = { maxEntries: o.prefixMaxEntries ?? 4_000_000, touchOnMatch: false };
+  // A snapshot (snapshots.ts) holds the index as of a KV stream sequence: the KV follower starts
+  // right after it instead of replaying the whole stream.
+  const snapshot: LoadedSnapshot | undefined = o.snapshots === false ? undefined : await loadNewestSnapshot({ nats, prefix, log, indexOptions: prefixIndexOptions });
+  const prefixIndex = snapshot?.index ?? new PrefixIndex(prefixIndexOptions);
   const routedPrefixes = new RoutedPrefixes();
   const tokenizer = new Tokenizer({ defaultMode: o.tokenizerMode ?? "approximate", modes: o.tokenizerModes });
 
@@ -152,7 +163,9 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
     }),
     new StreamFollower({
       nats, subjects, log, name: `gateway-${id}-kv`, family: "kv", types: ["kv", "kv-cleared", "kv-routed"] as const,
-      stream: streamName(prefix, "KV"), filter: subjects.all("kv"), startAt: { kind: "all" },
+      // No subject filter: the KV stream captures only `<prefix>.kv.>`, and on nats-server 2.9.10 the
+      // redundant filter makes catching up a tail several times slower (loadtest/benches/bootstrap.ts).
+      stream: streamName(prefix, "KV"), startAt: snapshot ? { kind: "sequence", seq: snapshot.seq + 1 } : { kind: "all" },
       onEvent: (ev, m) => {
         if (ev.type === "kv") prefixIndex.apply(ev, m.seq);
         else if (ev.type === "kv-cleared") prefixIndex.applyCleared(ev, m.seq);
@@ -242,6 +255,18 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
     log.info({ pods: views.pods.size, charges: views.ledger.size }, "views caught up; gateway ready");
   });
 
+  // Everything up to the snapshot's sequence is in the index before the follower's first message.
+  const kvLastSeq = () => Math.max(followers[3]?.lastSeq ?? 0, snapshot?.seq ?? 0);
+  const snapshotter =
+    o.snapshots === false
+      ? undefined
+      : await startSnapshotter({
+          nats, prefix, gatewayId: id, log, index: () => prefixIndex, seq: kvLastSeq,
+          // A replica still catching up must neither hold the lease nor publish a partial index.
+          ready: () => isReady,
+          intervalMs: o.snapshotIntervalMs, leaseMs: o.snapshotLeaseMs,
+        });
+
   const server = new grpc.Server(EXT_PROC_SERVER_OPTIONS);
   server.addService(loadExtProc().service, {
     Process: createExtProcHandler({
@@ -262,6 +287,10 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
     ready: isReady,
     followers: followers.map((f, i) => ({ view: ["pods", "load", "charges", "kv"][i], lastSeq: f.lastSeq, applied: f.applied, skipped: f.skipped, invalid: f.invalid, reopens: f.reopens, caughtUp: f.caughtUp })),
     prefixIndex: prefixIndex.stats(),
+    snapshots: {
+      booted: snapshot ? { name: snapshot.name, seq: snapshot.seq, bytes: snapshot.bytes, ageMs: snapshot.ageMs, loadMs: Math.round(snapshot.loadMs), lost: snapshot.lost } : null,
+      ...snapshotter?.stats,
+    },
     routedPrefixes: { blocks: routedPrefixes.size, evicted: routedPrefixes.evicted },
     tokenizer: tokenizer.stats,
     pods: views.pods.all(),
@@ -337,7 +366,7 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
     director,
     strict,
     prefixIndex,
-    kvLastSeq: () => followers[3]?.lastSeq ?? 0,
+    kvLastSeq,
     nats,
     ready: () => isReady,
     whenReady: () => readyPromise,
@@ -365,6 +394,8 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
       outbox.flush();
       admin?.close();
       await configWatch.stop();
+      // Releases the lease: another replica takes over at its next tick instead of after expiry.
+      await snapshotter?.close();
       await Promise.all(followers.map((f) => f.stop()));
       await nats.nc.drain();
       log.info({ drained }, "gateway stopped");
