@@ -34,6 +34,7 @@ import { connectNats, type NatsHandles } from "../../services/shared/nats.js";
 import { startNatsServer } from "../../services/shared/nats-server.js";
 import { encodeEvent } from "../../services/shared/publish.js";
 import { PrefixIndex, type PrefixIndexOptions } from "../../services/views/prefix-index.js";
+import { xorshift32 } from "../../services/shared/seeded-random.js";
 
 export interface BootstrapBenchOptions {
   /** Distinct blocks in the index before the snapshot. */
@@ -139,15 +140,6 @@ class Fleet {
   }
 }
 
-function xorshift(seed: number): () => number {
-  let s = seed >>> 0 || 1;
-  return () => {
-    s ^= s << 13;
-    s ^= s >>> 17;
-    s ^= s << 5;
-    return (s >>> 0) / 2 ** 32;
-  };
-}
 
 async function publishAll(nats: NatsHandles, subjects: Subjects, n: number, make: () => KvBatch, window: number, msgIds: boolean): Promise<number> {
   const inflight: Promise<PubAck>[] = [];
@@ -292,7 +284,7 @@ export async function runBootstrapBench(opts: BootstrapBenchOptions = {}): Promi
     await applyStreams(h.nc, h.jsm);
     const subjects = new Subjects(PREFIX);
     const fleet = new Fleet(o.pods, o.blocksPerBatch);
-    const rand = xorshift(42);
+    const rand = xorshift32(42);
     const pickPod = () => Math.floor(rand() * o.pods);
 
     // ---- base: 1 M blocks

@@ -18,6 +18,7 @@
  */
 import type { KvBatch } from "../../schemas/events.js";
 import { PrefixIndex } from "../../services/views/prefix-index.js";
+import { xorshift32 } from "../../services/shared/seeded-random.js";
 
 export interface IndexBenchOptions {
   /** Simulated engines (pods) of one model. */
@@ -52,15 +53,6 @@ function settledMemory(): number {
   return m.heapUsed + m.arrayBuffers;
 }
 
-function xorshift(seed: number): () => number {
-  let s = seed >>> 0 || 1;
-  return () => {
-    s ^= s << 13;
-    s ^= s >>> 17;
-    s ^= s << 5;
-    return (s >>> 0) / 2 ** 32;
-  };
-}
 
 const hex64 = (hi: number, lo: number) => (hi === 0 ? lo.toString(16) : hi.toString(16) + lo.toString(16).padStart(8, "0"));
 const big64 = (hi: number, lo: number) => (BigInt(hi) << 32n) | BigInt(lo);
@@ -224,7 +216,7 @@ class Fleet {
 function bytesPerEntryWorstCase(entries: number, pods: number): Record<string, number | boolean> {
   const m0 = settledMemory();
   const index = new PrefixIndex({ maxEntries: entries });
-  const rand = xorshift(7);
+  const rand = xorshift32(7);
   const total = Math.ceil((entries * 1.1) / BLOCKS_PER_EVENT) * BLOCKS_PER_EVENT;
   let applyMs = 0;
   let seq = 0;
@@ -281,7 +273,7 @@ export async function runIndexBench(opts: IndexBenchOptions = {}): Promise<Recor
 
   // ---- workload
   console.error(`index bench: simulating ${o.pods} engines (capacity ${o.podCapacity} blocks each) until ${o.ingestBlocks} blocks are stored ...`);
-  const rand = xorshift(o.seed);
+  const rand = xorshift32(o.seed);
   const blocks = new Blocks(rand);
   const fleet = new Fleet(o.pods, o.podCapacity, blocks, rand);
   const families = Array.from({ length: 48 }, () => Array.from({ length: 8 + Math.floor(rand() * 120) }, () => blocks.add()));

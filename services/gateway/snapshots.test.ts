@@ -20,6 +20,7 @@ import {
   validateSnapshotTiming,
   writeSnapshot,
 } from "./snapshots.js";
+import { xorshift32 } from "../shared/seeded-random.js";
 
 const M = "org/Model-3.1-8B";
 const INDEX_OPTS = { maxEntries: 100_000, touchOnMatch: false };
@@ -31,15 +32,6 @@ function captureLog() {
   return { log, lines };
 }
 
-function xorshift(seed: number): () => number {
-  let s = seed >>> 0 || 1;
-  return () => {
-    s ^= s << 13;
-    s ^= s >>> 17;
-    s ^= s << 5;
-    return (s >>> 0) / 2 ** 32;
-  };
-}
 
 /**
  * Engine-like batches for a few pods: chained stores of 4-blocks runs, removals of older blocks,
@@ -58,7 +50,7 @@ class Workload {
     readonly pods: string[],
     seed = 1,
   ) {
-    this.rand = xorshift(seed);
+    this.rand = xorshift32(seed);
     this.system = Array.from({ length: 6 }, () => this.hash());
     this.chains.push(this.system);
   }
