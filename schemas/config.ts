@@ -59,3 +59,27 @@ export function modelConfigError(value: unknown): string | undefined {
 
 /** Config bucket key of a model's config (the model name escaped as a subject token). */
 export const MODEL_CONFIG_KEY_PREFIX = "model.";
+
+/** Per-user limits, under the config bucket key `limits`; `users.default` applies to anyone not listed. */
+export const RateLimits = Type.Object(
+  {
+    users: Type.Optional(
+      Type.Record(
+        Type.String({ minLength: 1 }),
+        Type.Object({ rpm: Type.Optional(Type.Integer({ minimum: 1 })), tpm: Type.Optional(Type.Integer({ minimum: 1 })) }, { additionalProperties: false }),
+      ),
+    ),
+  },
+  { $id: "rate-limits", additionalProperties: false },
+);
+export type RateLimits = Static<typeof RateLimits>;
+
+export const RATE_LIMITS_KEY = "limits";
+
+const checkLimits = TypeCompiler.Compile(RateLimits);
+
+export function rateLimitsError(value: unknown): string | undefined {
+  if (checkLimits.Check(value)) return undefined;
+  const e = checkLimits.Errors(value).First();
+  return e ? `${e.path || "/"}: ${e.message}` : "invalid rate limits";
+}

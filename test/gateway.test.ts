@@ -437,3 +437,49 @@ describe("gateway - admin /metrics (Prometheus)", () => {
     expect(text).toMatch(/jetroute_gateway_view_last_seq\{view="pods",gateway="metrics-gw"\} [1-9]/);
   });
 });
+
+describe("gateway - rate limits shared across replicas", () => {
+  let env: TestEnv;
+  beforeAll(async () => {
+    env = await startTestEnv();
+    for (let i = 0; i < 2; i++) await env.publishPod({ pod: `pod-${i}`, address: `127.0.0.1:${8950 + i}` });
+  });
+  afterAll(async () => env?.stop());
+
+  it("a user cannot get 3x the per-minute limit by spreading requests over 3 replicas; 429 says so in OpenAI's shape", async () => {
+    const gws = [await env.gateway({ id: "rl-a" }), await env.gateway({ id: "rl-b" }), await env.gateway({ id: "rl-c" })];
+    const set = spawnJetroute("config", ["config", "set-limits", "--nats", env.server.url, "--json", JSON.stringify({ users: { default: { rpm: 1000 }, alice: { rpm: 10 } } })]);
+    expect(await set.exited).toBe(0);
+    const clients = gws.map((g) => new ExtProcClient(`127.0.0.1:${g.port}`));
+    // The limits reach every replica through the config bucket's watch (milliseconds on loopback).
+    await new Promise((r) => setTimeout(r, 300));
+    // A minute boundary would reset the window mid-test: start early in a minute.
+    const intoMinute = Date.now() % 60_000;
+    if (intoMinute > 50_000) await new Promise((r) => setTimeout(r, 60_000 - intoMinute + 50));
+    let accepted = 0;
+    let last429: { status: number; headers: Record<string, string>; body: { error: { type: string; code: string } } } | undefined;
+    for (let i = 0; i < 30; i++) {
+      const ex = (clients[i % 3] as ExtProcClient).open();
+      await ex.requestHeaders(reqHeaders({ user: "alice" }));
+      const r = await ex.requestBody(chat());
+      if (r.kind === "continue") accepted++;
+      else last429 = { status: r.status, headers: r.headers, body: JSON.parse(r.body.toString()) };
+      ex.cancel();
+    }
+    console.log(`alice (limit 10/min) sent 30 requests round-robin over 3 replicas: ${accepted} admitted`);
+    // Sequential requests leave charges time to propagate: the allowed overshoot is what other
+    // replicas admit within one propagation delay, here at most one request per replica.
+    expect(accepted).toBeGreaterThanOrEqual(10);
+    expect(accepted).toBeLessThanOrEqual(12);
+    expect(last429?.status).toBe(429);
+    expect(last429?.body.error).toMatchObject({ type: "rate_limit_error", code: "rate_limit_exceeded" });
+    expect(last429?.headers["x-ratelimit-limit-requests"]).toBe("10");
+    expect(Number(last429?.headers["retry-after"])).toBeGreaterThan(0);
+    // Another user is not affected.
+    const ex = (clients[0] as ExtProcClient).open();
+    await ex.requestHeaders(reqHeaders({ user: "bob" }));
+    expect((await ex.requestBody(chat())).kind).toBe("continue");
+    ex.cancel();
+    for (const c of clients) c.close();
+  }, 90_000);
+});

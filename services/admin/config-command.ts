@@ -2,7 +2,7 @@
 import { readFileSync } from "node:fs";
 import { Kvm } from "@nats-io/kv";
 import type { Command } from "commander";
-import { MODEL_CONFIG_KEY_PREFIX, modelConfigError } from "../../schemas/config.js";
+import { MODEL_CONFIG_KEY_PREFIX, modelConfigError, RATE_LIMITS_KEY, rateLimitsError } from "../../schemas/config.js";
 import { configBucketName } from "../../streams/definitions.js";
 import { decodeToken, encodeToken } from "../../streams/tokens.js";
 import { parseStrategy } from "../gateway/strategies/registry.js";
@@ -71,6 +71,31 @@ export function registerConfigCommand(program: Command): void {
     await withBucket(o, async (kv) => {
       for await (const k of await kv.keys(`${MODEL_CONFIG_KEY_PREFIX}>`)) console.log(decodeToken(k.slice(MODEL_CONFIG_KEY_PREFIX.length)));
     });
+  });
+  common(cfg.command("set-limits").description('validate and store per-user limits: {"users": {"default": {"rpm": 100, "tpm": 100000}, "alice": {"rpm": 10}}}'))
+    .requiredOption("--json <json>", "the limits as JSON")
+    .action(async (o: { nats: string[]; prefix: string; json: string }) => {
+      let value: unknown;
+      try {
+        value = JSON.parse(o.json);
+      } catch (e) {
+        throw new Error(`limits are not valid JSON: ${(e as Error).message}`);
+      }
+      const err = rateLimitsError(value);
+      if (err) {
+        console.error(`invalid limits: ${err}`);
+        process.exit(2);
+      }
+      const rev = await withBucket(o, (kv) => kv.put(RATE_LIMITS_KEY, JSON.stringify(value)));
+      console.log(`stored limits (revision ${rev})`);
+    });
+  common(cfg.command("get-limits").description("print the per-user limits")).action(async (o: { nats: string[]; prefix: string }) => {
+    const e = await withBucket(o, (kv) => kv.get(RATE_LIMITS_KEY));
+    if (e?.operation !== "PUT") {
+      console.error("no limits set");
+      process.exit(1);
+    }
+    console.log(JSON.stringify(e.json(), null, 2));
   });
   common(cfg.command("delete <model>").description("remove a model's config")).action(async (model: string, o: { nats: string[]; prefix: string }) => {
     await withBucket(o, (kv) => kv.delete(`${MODEL_CONFIG_KEY_PREFIX}${encodeToken(model)}`));

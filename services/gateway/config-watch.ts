@@ -5,7 +5,7 @@
  */
 import { Kvm, type KvEntry } from "@nats-io/kv";
 import type { NatsConnection } from "@nats-io/transport-node";
-import { MODEL_CONFIG_KEY_PREFIX, type ModelConfig, modelConfigError } from "../../schemas/config.js";
+import { MODEL_CONFIG_KEY_PREFIX, type ModelConfig, modelConfigError, RATE_LIMITS_KEY, type RateLimits, rateLimitsError } from "../../schemas/config.js";
 import { decodeToken } from "../../streams/tokens.js";
 import type { Logger } from "../shared/log.js";
 import type { ModelConfigView } from "../views/model-config.js";
@@ -20,9 +20,25 @@ export async function watchModelConfigs(nc: NatsConnection, bucket: string, view
   const revisions = new Map<string, number>();
   const state: ConfigWatch = { rejected: 0, stop: async () => undefined };
   const apply = (e: KvEntry) => {
-    if (!e.key.startsWith(MODEL_CONFIG_KEY_PREFIX)) return;
+    if (e.key !== RATE_LIMITS_KEY && !e.key.startsWith(MODEL_CONFIG_KEY_PREFIX)) return;
     if ((revisions.get(e.key) ?? 0) >= e.revision) return;
     revisions.set(e.key, e.revision);
+    if (e.key === RATE_LIMITS_KEY) {
+      if (e.operation !== "PUT") return view.setLimits(undefined);
+      let value: unknown;
+      try {
+        value = e.json();
+      } catch {
+        value = undefined;
+      }
+      const err = value === undefined ? "not JSON" : rateLimitsError(value);
+      if (err) {
+        state.rejected++;
+        return log.error({ revision: e.revision, err }, "invalid rate limits ignored; the previous ones stay");
+      }
+      view.setLimits(value as RateLimits);
+      return log.info({ revision: e.revision }, "rate limits applied");
+    }
     let model: string;
     try {
       model = decodeToken(e.key.slice(MODEL_CONFIG_KEY_PREFIX.length));
@@ -46,11 +62,11 @@ export async function watchModelConfigs(nc: NatsConnection, bucket: string, view
     log.info({ model, revision: e.revision }, "model config applied");
   };
   // Watch first, then read the current values: nothing can fall between the two.
-  const watch = await kv.watch({ key: `${MODEL_CONFIG_KEY_PREFIX}>`, include: "updates" });
+  const watch = await kv.watch({ include: "updates" });
   void (async () => {
     for await (const e of watch) apply(e);
   })().catch((err: unknown) => log.error({ err }, "config watch ended"));
-  for await (const key of await kv.keys(`${MODEL_CONFIG_KEY_PREFIX}>`)) {
+  for await (const key of await kv.keys()) {
     const e = await kv.get(key);
     if (e) apply(e);
   }

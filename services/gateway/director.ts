@@ -16,6 +16,7 @@ import { type ParsedRequest, parseRequestBody } from "./request-body.js";
 import { promptInputOf } from "../tokenizer/prompt-tokens.js";
 import type { UsageView } from "../views/usage-view.js";
 import type { ConfigReader } from "../views/model-config.js";
+import type { RateView } from "../views/rate-view.js";
 import { findStrategy, isStrategySpecError, parseStrategy, strategyNames } from "./strategies/registry.js";
 import type { Pick, PrefixMatchInfo, Scored, Strategy } from "./strategies/types.js";
 
@@ -25,6 +26,8 @@ export interface GatewayViews {
   ledger: ChargeLedger;
   /** Per-user token usage across all replicas (vtc-basic fairness). */
   usage: UsageView;
+  /** Request and token counts for rate limits, across all replicas. */
+  rates: RateView;
 }
 
 /** Where the director's events go (JetStream in production, an array in unit tests). */
@@ -151,6 +154,7 @@ export class Director {
       if (isStrategySpecError(err)) throw new RouteError("invalidStrategy", `${err.message}; known: ${strategyNames().join(", ")}`, "routing-strategy");
       throw err;
     }
+    this.checkLimits(parsed.model, input.headers.user || undefined, parsed.promptTokens, "profileConfig" in choice ? choice.profileConfig?.requestsPerSecond : undefined);
     const slo = "profileConfig" in choice ? choice.profileConfig?.slo : undefined;
     const base: Prepared = { parsed, strategy, ...(slo ? { slo } : {}), ...("profile" in choice && choice.profile ? { profile: choice.profile } : {}) };
     const prefix = this.opts.prefix;
@@ -159,6 +163,36 @@ export class Director {
     const anyPod = this.opts.views.pods.readyPods(parsed.model)[0];
     const t = prefix.tokenizer.tokenize(parsed.model, input0, anyPod?.address);
     return t.then((r) => ({ ...base, tokens: r.tokens, tokenizerMode: r.mode }));
+  }
+
+  /**
+   * Shared rate limits: per user requests and tokens per minute (config key `limits`), per model
+   * requests per second (the profile's `requestsPerSecond`). Counts come from every replica's
+   * charges, so spreading requests over replicas does not multiply the limit.
+   */
+  private checkLimits(model: string, user: string | undefined, promptTokens: number, rps: number | undefined): void {
+    const now = this.now();
+    const { rates, pods } = this.opts.views;
+    const base = pods.readyPods(model)[0]?.model ?? model;
+    if (rps !== undefined && rates.modelRequests(base, now) >= rps) {
+      const reset = (1000 - (now % 1000)) / 1000;
+      throw new RouteError("rateLimited", `model \`${model}\` is limited to ${rps} requests per second`, null, { "retry-after": String(Math.ceil(reset)), "x-ratelimit-limit-requests": String(rps), "x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": `${reset.toFixed(3)}s` });
+    }
+    const limits = this.opts.config?.userLimits(user);
+    if (!limits || !user) return;
+    const reset = (60_000 - (now % 60_000)) / 1000;
+    const headers = (kind: "requests" | "tokens", limit: number) => ({
+      "retry-after": String(Math.ceil(reset)),
+      [`x-ratelimit-limit-${kind}`]: String(limit),
+      [`x-ratelimit-remaining-${kind}`]: "0",
+      [`x-ratelimit-reset-${kind}`]: `${reset.toFixed(1)}s`,
+    });
+    if (limits.rpm !== undefined && rates.userRequests(user, now) >= limits.rpm) {
+      throw new RouteError("rateLimited", `user \`${user}\` exceeded ${limits.rpm} requests per minute`, null, headers("requests", limits.rpm));
+    }
+    if (limits.tpm !== undefined && rates.userTokens(user, now) + promptTokens > limits.tpm) {
+      throw new RouteError("rateLimited", `user \`${user}\` exceeded ${limits.tpm} tokens per minute`, null, headers("tokens", limits.tpm));
+    }
   }
 
   /** Selects without charging: the candidates, the pick and the prefix match (for /debug/explain too). */
@@ -222,6 +256,7 @@ export class Director {
     };
     ledger.charge(charge, now);
     if (user) usage.record({ user, promptTokens, completionTokens: 0, ts: now });
+    this.opts.views.rates.request(user, charge.model, promptTokens, now);
     if (opts.publish !== false) this.opts.sink.charge(charge);
     if (prefixMatch && prefixMatch.hashes.length > 0) this.opts.prefix?.recordRouted(pick.pod, prefixMatch.hashes, now);
     const routed: RoutedRequest = {
@@ -282,7 +317,10 @@ export class Director {
       ...(r.user ? { user: r.user } : {}),
     };
     this.opts.views.ledger.release(release);
-    if (r.user && info.completionTokens) this.opts.views.usage.record({ user: r.user, promptTokens: 0, completionTokens: info.completionTokens, ts: now });
+    if (r.user && info.completionTokens) {
+      this.opts.views.usage.record({ user: r.user, promptTokens: 0, completionTokens: info.completionTokens, ts: now });
+      this.opts.views.rates.completion(r.user, info.completionTokens, now);
+    }
     this.opts.sink.release(release);
     this.opts.sink.decision({
       type: "decision",

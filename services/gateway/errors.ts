@@ -11,6 +11,7 @@ export const ErrorCodes = {
   unknownModel: { status: 404, code: "model_not_found" },
   unsupportedPath: { status: 404, code: "unsupported_path" },
   bodyTooLarge: { status: 413, code: "request_too_large" },
+  rateLimited: { status: 429, code: "rate_limit_exceeded" },
   noReadyPod: { status: 503, code: "no_ready_pod" },
   noPodInSubset: { status: 503, code: "no_ready_pod_in_subset" },
   notReady: { status: 503, code: "gateway_not_ready" },
@@ -24,6 +25,8 @@ export class RouteError extends Error {
     readonly kind: ErrorCode,
     message: string,
     readonly param: string | null = null,
+    /** Extra response headers (e.g. rate-limit headers on a 429). */
+    readonly headers: Readonly<Record<string, string>> = {},
   ) {
     super(message);
   }

@@ -43,11 +43,11 @@ export interface ExtProcHandlerOptions {
 const CONTINUE = { response: { status: "CONTINUE" as const } };
 const STRIP_CLIENT_ROUTING: HeaderMutation = { remove_headers: [...ROUTING_CONTROLLED_HEADERS] };
 
-function immediate(status: number, body: unknown): ProcessingResponse {
+function immediate(status: number, body: unknown, extra: Readonly<Record<string, string>> = {}): ProcessingResponse {
   return {
     immediate_response: {
       status: { code: status },
-      headers: { set_headers: [setHeader(Headers.contentType, "application/json")] },
+      headers: { set_headers: [setHeader(Headers.contentType, "application/json"), ...Object.entries(extra).map(([k, v]) => setHeader(k, v))] },
       body: Buffer.from(JSON.stringify(body)),
       details: `jetroute_${status}`,
     },
@@ -106,7 +106,7 @@ export function createExtProcHandler(opts: ExtProcHandlerOptions): grpc.handleBi
     };
     const reject = (err: RouteError, model?: string) => {
       director.reject(headers, model, err);
-      send(immediate(err.status, routeErrorBody(err)));
+      send(immediate(err.status, routeErrorBody(err), err.headers));
     };
 
     const onRequestBody = (chunk: Buffer | Uint8Array | undefined, endOfStream: boolean) => {

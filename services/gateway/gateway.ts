@@ -19,6 +19,7 @@ import { ChargeLedger } from "../views/charge-ledger.js";
 import { LoadView } from "../views/load-view.js";
 import { PodSet } from "../views/pod-set.js";
 import { UsageView } from "../views/usage-view.js";
+import { RateView } from "../views/rate-view.js";
 import { PrefixIndex } from "../views/prefix-index.js";
 import { RoutedPrefixes } from "../views/routed-prefixes.js";
 import type { TokenizerMode } from "../tokenizer/prompt-tokens.js";
@@ -113,6 +114,7 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
     load: new LoadView(o.loadStaleAfterMs ?? 2_000),
     ledger: new ChargeLedger({ self: id, heartbeatTimeoutMs: hbTimeout, maxCharges: o.maxCharges }),
     usage: new UsageView(),
+    rates: new RateView(),
   };
   // Lookups do not touch blocks: every replica then evicts in the same order, driven by the same
   // stream (engine stores, and routed prefixes touching the blocks they reuse).
@@ -151,9 +153,12 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
       onEvent: (ev, m) => {
         if (o.consistency !== "off") views.ledger.applyFromStream(ev, m.serverTs, Date.now(), m.seq);
         // Other replicas' users spend tokens too: fairness is per user across the fleet.
-        if (ev.type === "charge" && ev.user) views.usage.record({ user: ev.user, promptTokens: ev.promptTokens, completionTokens: 0, ts: ev.ts });
-        else if (ev.type === "release" && ev.user && ev.completionTokens) {
+        if (ev.type === "charge") {
+          views.rates.request(ev.user, ev.model, ev.promptTokens, ev.ts);
+          if (ev.user) views.usage.record({ user: ev.user, promptTokens: ev.promptTokens, completionTokens: 0, ts: ev.ts });
+        } else if (ev.type === "release" && ev.user && ev.completionTokens) {
           views.usage.record({ user: ev.user, promptTokens: 0, completionTokens: ev.completionTokens, ts: ev.ts });
+          views.rates.completion(ev.user, ev.completionTokens, ev.ts);
         }
       },
       onMessage: (subject, seq) => cursors.seen(subject, seq),
@@ -241,6 +246,7 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
     const now = Date.now();
     views.ledger.sweep(now);
     views.usage.sweep(now);
+    views.rates.sweep(now);
   }, Math.max(50, Math.min(250, hbInterval / 4)));
   const slowSweep = setInterval(() => {
     routedPrefixes.sweep(Date.now());

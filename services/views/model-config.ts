@@ -6,7 +6,7 @@
  * names it, `auto` picks the profile whose routing hints match the request best, else the
  * model's `defaultProfile`); the gateway's default.
  */
-import type { ModelConfig, Profile, RoutingHints } from "../../schemas/config.js";
+import type { ModelConfig, Profile, RateLimits, RoutingHints } from "../../schemas/config.js";
 
 export interface StrategyChoice {
   spec: string;
@@ -16,6 +16,8 @@ export interface StrategyChoice {
 
 export interface ConfigReader {
   get(model: string): ModelConfig | undefined;
+  /** A user's per-minute limits (the user's own entry, else `default`), if any. */
+  userLimits(user: string | undefined): { rpm?: number; tpm?: number } | undefined;
   choose(model: string, headers: Readonly<Record<string, string>>, hints: { promptTokens: number; maxTokens?: number }, fallback: string): StrategyChoice & { profileConfig?: Profile };
 }
 
@@ -39,7 +41,19 @@ function hintScore(h: RoutingHints | undefined, promptTokens: number, maxTokens:
 
 export class ModelConfigView implements ConfigReader {
   private readonly models = new Map<string, ModelConfig>();
+  private limits: RateLimits = {};
   version = 0;
+
+  setLimits(limits: RateLimits | undefined): void {
+    this.limits = limits ?? {};
+    this.version++;
+  }
+
+  userLimits(user: string | undefined): { rpm?: number; tpm?: number } | undefined {
+    const users = this.limits.users;
+    if (!users) return undefined;
+    return (user ? users[user] : undefined) ?? users.default;
+  }
 
   set(model: string, config: ModelConfig | undefined): void {
     if (config) this.models.set(model, config);
