@@ -51,4 +51,51 @@ describe("gateway crash - charges of a dead replica expire by heartbeat", () => 
     expect(total()).toBe(0);
     expect(survivor.views.ledger.isAlive("victim", Date.now())).toBe(false);
   });
+
+  it("kill -9 of one of 3 gateways mid-burst: its charges expire, nothing is released twice, the ledgers return to zero", async () => {
+    const s1 = await env.gateway({ id: "s1", heartbeatIntervalMs: 200, heartbeatTimeoutMs: 600 });
+    const s2 = await env.gateway({ id: "s2", heartbeatIntervalMs: 200, heartbeatTimeoutMs: 600 });
+    const v = spawnJetroute("victim2", ["gateway", "--nats", env.server.url, "--port", "0", "--admin-port", "-1", "--host", "127.0.0.1", "--id", "victim2", "--heartbeat-ms", "200", "--heartbeat-timeout-ms", "600"]);
+    victim = v;
+    const { port } = await v.waitForLine<{ port: number }>((x) => typeof x.port === "number");
+    const releases = new Map<string, number>();
+    const sub = env.nats.nc.subscribe(env.subjects.all("releases"), {
+      callback: (_e, m) => {
+        const r = m.json<{ gateway: string; id: string }>();
+        const k = `${r.gateway}/${r.id}`;
+        releases.set(k, (releases.get(k) ?? 0) + 1);
+      },
+    });
+    await env.nats.nc.flush();
+    const clients = [new ExtProcClient(`127.0.0.1:${s1.port}`), new ExtProcClient(`127.0.0.1:${s2.port}`), new ExtProcClient(`127.0.0.1:${port}`)];
+    const body = Buffer.from(JSON.stringify({ model: MODEL, messages: [{ role: "user", content: "burst" }] }));
+    const open = await Promise.all(
+      Array.from({ length: 30 }, async (_, i) => {
+        const ex = (clients[i % 3] as ExtProcClient).open();
+        await ex.requestHeaders({ ":method": "POST", ":path": "/v1/chat/completions", ":authority": "gw" });
+        await ex.requestBody(body);
+        return { ex, i };
+      }),
+    );
+    await waitFor(() => s1.views.ledger.size === 30 && s2.views.ledger.size === 30, 3_000, "every replica to see the 30 charges");
+    await v.kill();
+    // The survivors finish their own requests normally.
+    await Promise.all(
+      open
+        .filter(({ i }) => i % 3 !== 2)
+        .map(async ({ ex }) => {
+          await ex.responseHeaders(200, { "content-type": "application/json" });
+          await ex.responseBodyChunk(Buffer.from("{}"), true);
+          await ex.end();
+        }),
+    );
+    const drained = await waitFor(() => s1.views.ledger.size === 0 && s2.views.ledger.size === 0, 3_000, "ledgers back to zero");
+    await new Promise((r) => setTimeout(r, 200));
+    sub.unsubscribe();
+    for (const c of clients) c.close();
+    console.log(`3 replicas, 30 requests, one killed: ledgers at zero ${drained.toFixed(0)} ms after the survivors finished; ${releases.size} releases seen`);
+    expect([...releases.values()].every((n) => n === 1)).toBe(true);
+    expect(releases.size).toBe(20);
+    expect([...releases.keys()].every((k) => !k.startsWith("victim2/"))).toBe(true);
+  });
 });
