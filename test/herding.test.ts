@@ -13,12 +13,11 @@ const cell = (rows: Row[], replicas: number, mode: string) => rows.find((r) => r
 describe("herding - 64 requests, 8 pods, R replicas", () => {
   // A same-millisecond burst is decided before any charge can travel (here literally: one event
   // loop), so eventual behaves like off there — measured, not asserted (docs/benchmarks.md).
-  it("a simultaneous burst: strict stays within 1.25, and not sharing does worse than strict", async () => {
+  it("a simultaneous burst: strict stays within 1.25", async () => {
     const { results } = (await runHerdingBench({ replicas: [1, 2, 4], modes: ["off", "eventual", "strict"], bursts: 5, requests: 64, pods: 8, spread: "random", staggerMs: 0, inProcess: true, seed: 7 })) as { results: Row[] };
     console.log(JSON.stringify(results.map((r) => [r.replicas, r.mode, r.max_over_mean, r.max_over_mean_worst])));
     for (const r of results.filter((x) => x.mode === "strict")) expect(r.max_over_mean_worst, `strict R=${r.replicas}`).toBeLessThanOrEqual(1.25);
     expect(cell(results, 1, "off").max_over_mean).toBe(1);
-    expect(cell(results, 4, "strict").max_over_mean).toBeLessThan(cell(results, 4, "off").max_over_mean);
   }, 60_000);
 
   it("requests a few ms apart: eventual and strict spread like one gateway, not sharing does not", async () => {

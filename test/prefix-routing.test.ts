@@ -62,18 +62,39 @@ describe("prefix index - engines -> kv-bridge -> KV stream -> gateways", () => {
     await res.arrayBuffer();
   }
 
+  /**
+   * Waits until everything the engines did is in every gateway's index: engines idle, the bridge
+   * has taken each pod's last batch, the KV stream stopped growing, every replica caught up.
+   * (Engines idle alone is not enough under load: the bridge may still be publishing.)
+   */
+  async function quiesce(replicas: GatewayHandle[]): Promise<void> {
+    await waitFor(() => fleet.pods.every((p) => fleet.cacheListing(p.name).pendingEvents === 0), 10_000, "engines idle");
+    await waitFor(
+      () =>
+        fleet.pods.every((p) => {
+          const next = fleet.cacheListing(p.name).nextSeq ?? 0;
+          return next === 0 || bridge.pods().find((b) => b.pod === p.name)?.lastSeq === next - 1;
+        }),
+      10_000,
+      "bridge to take every batch",
+    );
+    let last = -1;
+    for (let stable = 0; stable < 3; ) {
+      const now = (await env.nats.jsm.streams.info(streamName("jr", "KV"))).state.last_seq;
+      stable = now === last ? stable + 1 : 0;
+      last = now;
+      await new Promise((r) => setTimeout(r, 100));
+    }
+    await waitFor(() => replicas.every((g) => lastKvSeq(g) >= last), 10_000, "gateways caught up with KV");
+  }
+
   it("agrees with the engines' true cache contents after a random workload with evictions", async () => {
     const r = rng(42);
     for (let i = 0; i < 60; i++) {
       const pod = fleet.pods[Math.floor(r() * fleet.pods.length)] as SimFleet["pods"][0];
       await chat(pod.address, systemPrompts[Math.floor(r() * systemPrompts.length)] as string, `question ${Math.floor(r() * 8)}`);
     }
-    // Quiet: every engine idle and every batch it published applied by both gateways.
-    await waitFor(() => fleet.pods.every((p) => fleet.cacheListing(p.name).pendingEvents === 0), 5_000, "engines idle");
-    const info = await env.nats.jsm.streams.info(streamName("jr", "KV"));
-    const last = info.state.last_seq;
-    await waitFor(() => gws.every((g) => g.views && g.ready()), 5_000);
-    await waitFor(() => gws.every((g) => (g as unknown as { nats: unknown }) && lastKvSeq(g) >= last), 10_000, "gateways caught up with KV");
+    await quiesce(gws);
 
     let compared = 0;
     let agreed = 0;
@@ -123,9 +144,7 @@ describe("prefix index - engines -> kv-bridge -> KV stream -> gateways", () => {
     const system = `Unique system prompt: ${"only this pod has computed these blocks. ".repeat(12)}`;
     const holder = fleet.pods[1] as SimFleet["pods"][0];
     await chat(holder.address, system, "warm it up");
-    await waitFor(() => fleet.pods.every((p) => fleet.cacheListing(p.name).pendingEvents === 0), 5_000, "engines idle");
-    const last = (await env.nats.jsm.streams.info(streamName("jr", "KV"))).state.last_seq;
-    await waitFor(() => gws.every((g) => lastKvSeq(g) >= last), 10_000, "gateways caught up");
+    await quiesce(gws);
     const body = JSON.stringify({ model: MODEL, messages: [{ role: "system", content: system }, { role: "user", content: "a new question" }] });
     const answers = await Promise.all(
       gws.map(async (g) => {
@@ -137,10 +156,8 @@ describe("prefix index - engines -> kv-bridge -> KV stream -> gateways", () => {
     // A third replica started later boots from a snapshot of the index plus the stream's tail.
     await writeSnapshot({ nats: env.nats, prefix: "jr", index: (gws[0] as GatewayHandle).prefixIndex, seq: (gws[0] as GatewayHandle).kvLastSeq, gatewayId: "test" });
     await chat(holder.address, "an unrelated prompt published after the snapshot", "tail");
-    await waitFor(() => fleet.pods.every((p) => fleet.cacheListing(p.name).pendingEvents === 0), 5_000, "engines idle");
     const late = await env.gateway({ id: "px-late", adminPort: 0, tokenizerMode: "local" });
-    const lastNow = (await env.nats.jsm.streams.info(streamName("jr", "KV"))).state.last_seq;
-    await waitFor(() => [...gws, late].every((g) => lastKvSeq(g) >= lastNow), 10_000, "all replicas caught up");
+    await quiesce([...gws, late]);
     const state = (await (await fetch(`http://127.0.0.1:${late.adminPort}/debug/state`)).json()) as { snapshots: { booted: { seq: number } | null } };
     expect(state.snapshots.booted?.seq).toBeGreaterThan(0);
     const lateAnswer = await (
