@@ -86,6 +86,10 @@ async function kvUntil(pod: string, ok: (msgs: StoredMsg[]) => boolean, timeoutM
   }
 }
 
+async function kvHas(pod: string, seq: number): Promise<boolean> {
+  return batches(await readKv(pod)).some((x) => x.seq === seq);
+}
+
 const brief = (m: StoredMsg) => (m.ev.type === "kv" ? `${m.ev.epoch}:${m.ev.seq}` : `cleared(${m.ev.reason})`);
 const batches = (msgs: StoredMsg[]) => msgs.filter((m) => m.ev.type === "kv").map((m) => m.ev as KvBatch);
 const lastSeq = (b: KvBridgeHandle, pod: string) => b.pods().find((p) => p.pod === pod)?.lastSeq;
@@ -290,9 +294,18 @@ describe("kv-bridge - engines to the KV stream", () => {
     await waitFor(() => b.stats.socketsRecreated >= 1, 3_000, "SUB recreated");
     await e.publish([freshStored()]);
     await e.publish([freshStored()]);
+    // A fresh SUB can miss what is published before its subscription registers (ZMQ's slow
+    // joiner; likelier on a loaded machine). A real engine keeps publishing, and the next batch
+    // reveals the gap, which replay repairs: do the same until the stream has both batches.
+    for (let i = 0; i < 10 && !(await kvHas("bad", good + 6)); i++) {
+      await new Promise((r) => setTimeout(r, 300));
+      if (!(await kvHas("bad", good + 6))) await e.publish([freshStored()]);
+    }
 
-    const msgs = await kvUntil("bad", (m) => batches(m).at(-1)?.seq === good + 6);
-    expect(batches(msgs).map((x) => x.seq).slice(-3)).toEqual([good + 4, good + 5, good + 6]);
+    const msgs = await kvUntil("bad", (m) => batches(m).some((x) => x.seq === good + 6));
+    const seqs = batches(msgs).map((x) => x.seq);
+    for (const want of [good + 4, good + 5, good + 6]) expect(seqs).toContain(want);
+    expect(new Set(seqs).size).toBe(seqs.length);
     expect(msgs.some((m) => m.ev.type === "kv-cleared")).toBe(false);
     expect(batches(msgs).find((x) => x.seq === good + 4)?.events).toHaveLength(1);
     expect(b.stats).toMatchObject({ malformed: 5, oversize: 1, invalidEvents: 1, unknownEvents: 1, deadLetters: 6 });
