@@ -35,6 +35,7 @@ import { type ServiceProcess, spawnJetroute } from "../../services/shared/proces
 import { acked } from "../../services/shared/publish.js";
 import { applyStreams } from "../../streams/apply.js";
 import { Subjects } from "../../streams/subjects.js";
+import { mulberry32 } from "../../services/shared/seeded-random.js";
 
 export type HerdingMode = "off" | "eventual" | "strict";
 
@@ -185,17 +186,6 @@ async function pollAll(replicas: Replica[], ok: (s: ReplicaState) => boolean, ti
   }
 }
 
-/** mulberry32: a tiny seeded PRNG, so a `random` spread is the same from run to run. */
-function prng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 interface BurstOutcome {
   perPod: Map<string, number>;
@@ -269,7 +259,7 @@ async function runCell(replicaCount: number, mode: HerdingMode, o: Required<Herd
     await pollAll(replicas, (st) => st.ready && st.pods === o.pods, READY_TIMEOUT_MS, "replicas ready with every pod");
     for (const r of replicas) clients.push(new ExtProcClient(`127.0.0.1:${r.port}`, { messageTimeoutMs: 10_000, closeMode: "reset" }));
 
-    const rand = prng(o.seed + cellIndex);
+    const rand = mulberry32(o.seed + cellIndex);
     const assign = o.spread === "round-robin" ? (i: number) => i % replicaCount : () => Math.floor(rand() * replicaCount);
     const before = await Promise.all(replicas.map((r) => r.state()));
     const ratios: number[] = [];

@@ -19,6 +19,7 @@
  * (with its leading space) is one token and each full stop another, so sizes given in words are
  * close to sizes in tokens.
  */
+import { mulberry32 } from "../../services/shared/seeded-random.js";
 
 export interface SharedPrefixWorkloadOptions {
   seed: number;
@@ -78,17 +79,8 @@ export interface SharedPrefixWorkload {
   schedule: ScheduledTurn[];
 }
 
-/** mulberry32: small, fast, good enough for workload generation, and identical on every platform. */
-export function seededRandom(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
+/** The workload's seeded PRNG (mulberry32). */
+export const seededRandom = mulberry32;
 
 const uniformInt = (rand: () => number, [lo, hi]: readonly [number, number]): number => lo + Math.floor(rand() * (hi - lo + 1));
 

@@ -10,6 +10,7 @@ import { createHash } from "node:crypto";
 import type { Director } from "./director.js";
 import type { GatewayViews } from "./director.js";
 import { RouteError, routeErrorBody } from "./errors.js";
+import { mulberry32 } from "../shared/seeded-random.js";
 
 export interface Explanation {
   model: string;
@@ -31,16 +32,9 @@ export interface Explanation {
   }>;
 }
 
-/** A small deterministic PRNG (mulberry32) for reproducible tie-breaks. */
+/** Tie-breaks seeded from the request, so every replica breaks ties the same way. */
 function seededRandom(seed: string): () => number {
-  let a = createHash("sha1").update(seed).digest().readUInt32LE(0);
-  return () => {
-    a = (a + 0x6d2b79f5) | 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
+  return mulberry32(createHash("sha1").update(seed).digest().readUInt32LE(0));
 }
 
 export async function explain(director: Director, views: GatewayViews, headers: Record<string, string>, body: Buffer): Promise<{ status: number; body: unknown }> {
