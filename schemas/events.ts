@@ -189,6 +189,8 @@ export const DecisionRecord = Type.Object(
     outcome: Type.Union([ReleaseOutcome, Type.Literal("rejected")]),
     errorCode: Type.Optional(Type.String()),
     ttftMs: Type.Optional(Type.Number({ minimum: 0 })),
+    /** Mean time per output token after the first (ms), from the streamed chunks. */
+    tpotMs: Type.Optional(Type.Number({ minimum: 0 })),
     durationMs: Type.Optional(Type.Number({ minimum: 0 })),
     promptTokens: Type.Optional(Count),
     completionTokens: Type.Optional(Count),

@@ -195,12 +195,17 @@ describe("gateway - routing through ext_proc", () => {
     await ex.requestHeaders(reqHeaders({ "x-request-id": "req-42" }));
     await ex.requestBody(chat());
     await ex.responseHeaders(200, { "content-type": "text/event-stream" });
+    await ex.responseBodyChunk(Buffer.from('data: {"choices":[{"delta":{"content":"a"}}]}\n\n'), false);
+    await new Promise((r) => setTimeout(r, 40));
     await ex.responseBodyChunk(Buffer.from('data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":9,"total_tokens":14}}\n\ndata: [DONE]\n\n'), true);
     await ex.end();
     await waitFor(() => seen.some((d) => d.id === "req-42"), 2_000, "decision record");
     sub.unsubscribe();
     const d = seen.find((x) => x.id === "req-42");
     expect(d).toMatchObject({ model: MODEL, strategy: "least-request", status: 200, outcome: "completed", completionTokens: 9 });
+    // 8 tokens after the first over >= 40 ms.
+    expect(d?.tpotMs).toBeGreaterThanOrEqual(4);
+    expect(d?.ttftMs).toBeGreaterThanOrEqual(0);
     expect(d?.candidates).toHaveLength(4);
   });
 });

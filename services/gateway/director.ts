@@ -337,6 +337,9 @@ export class Director {
       status: info.status,
       outcome,
       ...(r.firstChunkAt !== undefined ? { ttftMs: r.firstChunkAt - r.startedAt } : {}),
+      ...(r.firstChunkAt !== undefined && info.completionTokens !== undefined && info.completionTokens > 1
+        ? { tpotMs: (now - r.firstChunkAt) / (info.completionTokens - 1) }
+        : {}),
       durationMs: now - r.startedAt,
       promptTokens: info.promptTokens ?? r.promptTokens,
       ...(info.completionTokens !== undefined ? { completionTokens: info.completionTokens } : {}),

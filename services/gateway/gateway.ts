@@ -209,6 +209,8 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
     release: (ev) => outbox.fire(subjects.releases(ev.model, ev.pod), ev),
     decision: (rec) => {
       metrics.decision(rec);
+      // Per-request line at debug level (off by default: JETROUTE_LOG_LEVEL=debug turns it on).
+      if (log.isLevelEnabled("debug")) log.debug({ requestId: rec.id, model: rec.model, strategy: rec.strategy, pick: rec.pick, status: rec.status, outcome: rec.outcome, ttftMs: rec.ttftMs }, "decision");
       outbox.fire(subjects.decisions(rec.model || "_"), rec);
     },
   };
