@@ -23,7 +23,7 @@ export class GatewayMetrics {
   constructor(gatewayId: string, src: GatewayMetricsSources) {
     const r = this.registry;
     r.setDefaultLabels({ gateway: gatewayId });
-    client.collectDefaultMetrics({ register: r, prefix: "jetroute_gateway_process_" });
+    client.collectDefaultMetrics({ register: r, prefix: "jetroute_gateway_" });
     this.decisions = new client.Counter({ name: "jetroute_gateway_requests_total", help: "Requests by strategy, outcome and status", labelNames: ["strategy", "outcome", "status"], registers: [r] });
     this.pickSeconds = new client.Histogram({
       name: "jetroute_gateway_pick_seconds",

@@ -1,4 +1,5 @@
 import { type Command, InvalidArgumentError } from "commander";
+import { startMetricsServer, statsRegistry } from "../shared/metrics-server.js";
 import { DEFAULT_NATS, intOption, natsUrlsOption, untilSignal } from "../shared/cli-options.js";
 import { createLogger } from "../shared/log.js";
 import { DEFAULTS, startKvBridge } from "./bridge.js";
@@ -23,6 +24,8 @@ export function registerKvBridgeCommand(program: Command): void {
     .option("--max-frame-bytes <bytes>", "engine frames larger than this are dead-lettered, not decoded", intOption(1024), DEFAULTS.maxFrameBytes)
     .option("--window <n>", "JetStream acks in flight per pod", intOption(1, 65_536), DEFAULTS.window)
     .option("--max-tracked-blocks <n>", "engine-hash -> router-hash entries kept per pod", intOption(1_024), DEFAULTS.maxTrackedBlocks)
+    .option("--metrics-port <port>", "Prometheus /metrics port (-1 = off)", intOption(-1, 65535), -1)
+    .option("--metrics-host <host>", "metrics listen address", "0.0.0.0")
     .action(async (o) => {
       const log = createLogger("kv-bridge");
       const bridge = await startKvBridge({
@@ -35,7 +38,8 @@ export function registerKvBridgeCommand(program: Command): void {
         maxTrackedBlocks: o.maxTrackedBlocks,
         log,
       });
-      console.log(JSON.stringify({ kvBridge: formatShard(bridge.shard), prefix: o.prefix, nats: o.nats }));
+      const metrics = o.metricsPort >= 0 ? await startMetricsServer(o.metricsPort, o.metricsHost, statsRegistry("kv-bridge", () => bridge.stats), log) : undefined;
+      console.log(JSON.stringify({ kvBridge: formatShard(bridge.shard), prefix: o.prefix, nats: o.nats, ...(metrics ? { metricsPort: metrics.port } : {}) }));
       const signal = await untilSignal();
       log.info({ signal, stats: bridge.stats }, "shutting down");
       await bridge.close();

@@ -27,6 +27,7 @@ export interface PodWatcherOptions {
 }
 
 export interface PodWatcherHandle {
+  stats: { pods: number; ready: number; published: number; removed: number; probeRounds: number; reloadsRejected: number };
   /** Resolves after the first full round of probes was published. */
   firstRound: Promise<void>;
   close(): Promise<void>;
@@ -61,6 +62,7 @@ export async function startPodWatcher(o: PodWatcherOptions): Promise<PodWatcherH
   await follower.stop();
 
   const lastReady = new Map<string, boolean>();
+  const stats = { pods: 0, ready: 0, published: 0, removed: 0, probeRounds: 0, reloadsRejected: 0 };
   const keyOf = (p: { model: string; name?: string; pod?: string }) => `${p.model}\u0000${p.name ?? p.pod}`;
   for (const p of published.all()) lastReady.set(keyOf(p), p.ready);
 
@@ -90,6 +92,7 @@ export async function startPodWatcher(o: PodWatcherOptions): Promise<PodWatcherH
         type: "pod", action: "remove", model: p.model, pod: p.pod, address: p.address, ready: false, engine: p.engine, ts: Date.now(),
       } satisfies PodEvent);
       lastReady.delete(k);
+      stats.removed++;
       log.info({ model: p.model, pod: p.pod }, "pod removed");
     }
   };
@@ -98,6 +101,9 @@ export async function startPodWatcher(o: PodWatcherOptions): Promise<PodWatcherH
   let round: Promise<void> = Promise.resolve();
   const probeRound = async () => {
     const results = await Promise.all(pods.map(async (p) => [p, o.noProbe ? true : await probe(p.address, o.probeTimeoutMs ?? 1_000)] as const));
+    stats.probeRounds++;
+    stats.pods = results.length;
+    stats.ready = results.filter(([, r]) => r).length;
     for (const [p, ready] of results) {
       if (stopped) return;
       const k = keyOf(p);
@@ -106,6 +112,7 @@ export async function startPodWatcher(o: PodWatcherOptions): Promise<PodWatcherH
       await acked(nats.js, subjects.pod(p.model, p.name), ev);
       published.apply(ev);
       lastReady.set(k, ready);
+      stats.published++;
       log.info({ model: p.model, pod: p.name, address: p.address, ready }, "pod readiness published");
     }
   };
@@ -123,11 +130,13 @@ export async function startPodWatcher(o: PodWatcherOptions): Promise<PodWatcherH
       log.info({ pods: pods.length }, "pod list reloaded");
       round = round.then(publishRemovals).then(probeRound).catch((err: unknown) => log.error({ err }, "reload failed"));
     } catch (err) {
+      stats.reloadsRejected++;
       log.error({ err: (err as Error).message }, "pod list rejected; keeping the previous one");
     }
   });
 
   return {
+    stats,
     firstRound,
     async close() {
       stopped = true;
