@@ -91,6 +91,12 @@ describe("end to end - front -> gateway processes -> simulated pods", () => {
     expect(r404.status).toBe(404);
     expect(r404.headers.get("content-type")).toMatch(/application\/json/);
     expect(((await r404.json()) as { error: { type: string; code: string } }).error).toMatchObject({ type: "invalid_request_error", code: "model_not_found" });
+    // An engine's own 400 (vLLM shape, integer code) reaches the client normalised.
+    const upstream = await post(base, { model: MODEL, messages: [{ role: "user", content: "hi" }], n: 2 });
+    expect(upstream.status).toBe(400);
+    const ue = ((await upstream.json()) as { error: { type: string; code: string; message: string } }).error;
+    expect(ue).toMatchObject({ type: "invalid_request_error", code: "upstream_400" });
+    expect(ue.message.length).toBeGreaterThan(3);
     const r400 = await post(base, "{this is not json");
     expect(r400.status).toBe(400);
     expect(((await r400.json()) as { error: { code: string } }).error.code).toBe("invalid_json");

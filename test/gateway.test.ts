@@ -156,6 +156,23 @@ describe("gateway - routing through ext_proc", () => {
     await waitFor(() => gw.views.ledger.size === 0, 2_000, "releases");
   });
 
+  it("an upstream error body becomes OpenAI-shaped JSON, whatever the engine sent", async () => {
+    const ex = client.open();
+    await ex.requestHeaders(reqHeaders());
+    await ex.requestBody(chat());
+    const h = await ex.responseHeaders(500, { "content-type": "text/plain", "content-length": "14" });
+    if (h.kind !== "continue") throw new Error("expected continue");
+    expect(h.headerMutation.set["content-type"]).toBe("application/json");
+    expect(h.headerMutation.remove).toContain("content-length");
+    const first = await ex.responseBodyChunk(Buffer.from("Internal "), false);
+    expect(first.kind === "continue" && first.bodyMutation?.length).toBe(0);
+    const last = await ex.responseBodyChunk(Buffer.from("error!"), true);
+    if (last.kind !== "continue" || !last.bodyMutation) throw new Error("expected a body mutation");
+    expect(JSON.parse(last.bodyMutation.toString())).toEqual({ error: { message: "Internal error!", type: "api_error", code: "upstream_500", param: null } });
+    await ex.end();
+    await waitFor(() => gw.views.ledger.size === 0, 2_000, "release");
+  });
+
   it("unknown routing-strategy header -> 400", async () => {
     const ex = client.open();
     await ex.requestHeaders(reqHeaders({ "routing-strategy": "fastest-please" }));

@@ -11,6 +11,7 @@ import type * as grpc from "@grpc/grpc-js";
 import { openAIError, RouteError, routeErrorBody } from "./errors.js";
 import type { Director, RoutedRequest, RouteInput } from "./director.js";
 import { ResponseTracker } from "./response-tracker.js";
+import { normaliseUpstreamError } from "./upstream-error.js";
 import type { HeaderMutation, HeaderValueOption, ProcessingRequest, ProcessingResponse, ProtoStruct } from "../extproc/types.js";
 import {
   fromProtoStruct,
@@ -95,6 +96,9 @@ export function createExtProcHandler(opts: ExtProcHandlerOptions): grpc.handleBi
     let routed: RoutedRequest | undefined;
     let status = 0;
     let tracker: ResponseTracker | undefined;
+    let normalising = false;
+    const errorBody: Buffer[] = [];
+    let errorBytes = 0;
 
     const finish = (outcome: "completed" | "error" | "cancelled") => {
       if (!routed || routed.finished) return;
@@ -181,7 +185,14 @@ export function createExtProcHandler(opts: ExtProcHandlerOptions): grpc.handleBi
             tracker = new ResponseTracker(h[Headers.contentType]);
             const set = routed ? [...targetOf(routed.pod.address, routed.strategy).echo, setHeader(Headers.gatewayRequestId, routed.requestId)] : [];
             for (const [k, v] of Object.entries(routed?.responseHeaders ?? {})) set.push(setHeader(k, v));
-            send({ response_headers: { response: { status: "CONTINUE", header_mutation: { set_headers: set } } } });
+            // An upstream error gets an OpenAI-shaped body: collect it, answer at its last chunk.
+            normalising = status >= 400 && !req.response_headers?.end_of_stream;
+            if (normalising) set.push(setHeader(Headers.contentType, "application/json"));
+            send({
+              response_headers: {
+                response: { status: "CONTINUE", header_mutation: { set_headers: set, ...(normalising ? { remove_headers: [Headers.contentLength] } : {}) } },
+              },
+            });
             if (req.response_headers?.end_of_stream) finish(status >= 400 ? "error" : "completed");
             return;
           }
@@ -189,7 +200,17 @@ export function createExtProcHandler(opts: ExtProcHandlerOptions): grpc.handleBi
             const b = req.response_body;
             if (routed && routed.firstChunkAt === undefined && b?.body?.length) routed.firstChunkAt = Date.now();
             if (b?.body?.length) tracker?.push(b.body);
-            send({ response_body: CONTINUE });
+            if (normalising) {
+              if (b?.body?.length && errorBytes < 65_536) {
+                errorBody.push(Buffer.from(b.body));
+                errorBytes += b.body.length;
+              }
+              if (!b?.end_of_stream) send({ response_body: { response: { status: "CONTINUE", body_mutation: { clear_body: true } } } });
+              else {
+                const normal = normaliseUpstreamError(status, Buffer.concat(errorBody));
+                send({ response_body: { response: { status: "CONTINUE", body_mutation: { body: Buffer.from(JSON.stringify(normal)) } } } });
+              }
+            } else send({ response_body: CONTINUE });
             if (b?.end_of_stream) finish(status >= 400 ? "error" : "completed");
             return;
           }
