@@ -2,10 +2,11 @@
  * Idempotent creation/update of jetroute's streams and config bucket.
  * Returns one line per stream saying what happened, for the CLI and the demo to print.
  */
-import { type JetStreamManager, JetStreamApiCodes, JetStreamApiError, type StreamConfig } from "@nats-io/jetstream";
+import { type JetStreamManager, JetStreamApiCodes, JetStreamApiError, StorageType, type StreamConfig } from "@nats-io/jetstream";
+import { Objm } from "@nats-io/obj";
 import { Kvm } from "@nats-io/kv";
 import type { NatsConnection } from "@nats-io/transport-node";
-import { configBucketName, type StreamOptions, streamDefinitions } from "./definitions.js";
+import { configBucketName, leaseBucketName, snapshotBucketName, type StreamOptions, streamDefinitions } from "./definitions.js";
 
 export interface ApplyChange {
   name: string;
@@ -58,5 +59,15 @@ export async function applyStreams(nc: NatsConnection, jsm: JetStreamManager, op
     await kvm.create(bucket, { history: 10, replicas: opts.replicas ?? 1 });
   }
   changes.push({ name: `KV_${bucket}`, action: existed ? "unchanged" : "created", diff: [] });
+  // Snapshot lease and store: created here so they get the cluster's replica count (gateways would
+  // otherwise create them with one replica on first use).
+  const leases = leaseBucketName(opts.prefix ?? "jr");
+  const hadLeases = await jsm.streams.info(`KV_${leases}`).then(() => true, () => false);
+  if (!hadLeases) await kvm.create(leases, { history: 1, storage: StorageType.File, replicas: opts.replicas ?? 1 });
+  changes.push({ name: `KV_${leases}`, action: hadLeases ? "unchanged" : "created", diff: [] });
+  const snaps = snapshotBucketName(opts.prefix ?? "jr");
+  const hadSnaps = await jsm.streams.info(`OBJ_${snaps}`).then(() => true, () => false);
+  if (!hadSnaps) await new Objm(nc).create(snaps, { storage: StorageType.File, replicas: opts.replicas ?? 1 });
+  changes.push({ name: `OBJ_${snaps}`, action: hadSnaps ? "unchanged" : "created", diff: [] });
   return changes;
 }

@@ -49,6 +49,11 @@ export function configBucketName(prefix: string): string {
   return `${prefix.replace(/[^A-Za-z0-9_-]/g, "_")}-config`;
 }
 
+/** KV bucket holding the prefix-index snapshot lease (see services/gateway/snapshots.ts). */
+export const leaseBucketName = (prefix: string): string => `${prefix.replace(/[^A-Za-z0-9_-]/g, "_")}-leases`;
+/** Object store holding prefix-index snapshots. */
+export const snapshotBucketName = (prefix: string): string => `${prefix.replace(/[^A-Za-z0-9_-]/g, "_")}-snapshots`;
+
 export function streamDefinitions(opts: StreamOptions = {}): StreamDefinition[] {
   const s = new Subjects(opts.prefix);
   const replicas = opts.replicas ?? 1;

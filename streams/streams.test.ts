@@ -56,6 +56,8 @@ describe("streams apply - against nats-server 2.9", () => {
     expect(first.filter((c) => c.action === "created").map((c) => c.name)).toEqual([
       ...streamDefinitions().map((d) => d.config.name),
       "KV_jr-config",
+      "KV_jr-leases",
+      "OBJ_jr-snapshots",
     ]);
     const second = await applyStreams(h.nc, h.jsm, { prefix: "jr" });
     expect(second.every((c) => c.action === "unchanged")).toBe(true);

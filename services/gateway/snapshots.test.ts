@@ -198,6 +198,8 @@ describe("snapshot round trip", () => {
   it("no bucket and an empty bucket both mean: replay from the start", async () => {
     const { prefix } = await freshPrefix();
     const { log, lines } = captureLog();
+    // `streams apply` creates the bucket; an older deployment may not have it.
+    await env.nats.jsm.streams.delete(`OBJ_${snapshotBucketName(prefix)}`).catch(() => undefined);
     expect(await loadNewestSnapshot({ nats: env.nats, prefix, log })).toBeUndefined();
     expect(lines.at(-1)?.msg).toMatch(/no snapshot bucket/);
     await new Objm(env.nats.js).create(snapshotBucketName(prefix));

@@ -52,7 +52,7 @@
 import { type JetStreamManager, StorageType, type StreamInfo } from "@nats-io/jetstream";
 import { type KV, type KvEntry, Kvm } from "@nats-io/kv";
 import { type ObjectInfo, type ObjectStore, Objm, setSha256Backend } from "@nats-io/obj";
-import { streamName } from "../../streams/definitions.js";
+import { leaseBucketName, snapshotBucketName, streamName } from "../../streams/definitions.js";
 import type { Logger } from "../shared/log.js";
 import type { NatsHandles } from "../shared/nats.js";
 import { PrefixIndex, type PrefixIndexOptions } from "../views/prefix-index.js";
@@ -79,9 +79,7 @@ const META = {
   createdMs: "jetroute-created-ms",
 } as const;
 
-const sanitize = (prefix: string) => prefix.replace(/[^A-Za-z0-9_-]/g, "_");
-export const snapshotBucketName = (prefix: string) => `${sanitize(prefix)}-snapshots`;
-export const leaseBucketName = (prefix: string) => `${sanitize(prefix)}-leases`;
+export { leaseBucketName, snapshotBucketName } from "../../streams/definitions.js";
 const objectName = (seq: number) => `${OBJECT_PREFIX}${String(seq).padStart(16, "0")}`;
 
 /** What a snapshot's metadata says about it. */
@@ -171,7 +169,15 @@ async function openStore(nats: NatsHandles, prefix: string, create: boolean, rep
   useNativeSha();
   const objm = new Objm(nats.js);
   const name = snapshotBucketName(prefix);
-  if (create) return objm.create(name, { storage: StorageType.File, replicas });
+  if (create) {
+    try {
+      return await objm.create(name, { storage: StorageType.File, replicas });
+    } catch (err) {
+      // Another replica creating the bucket at the same moment can make ours fail on 2.9
+      // ("subjects overlap"): the bucket exists either way.
+      return await objm.open(name).catch(() => Promise.reject(err));
+    }
+  }
   try {
     return await objm.open(name);
   } catch (err) {
@@ -579,7 +585,11 @@ export async function startSnapshotter(o: SnapshotterOptions): Promise<Snapshott
   const si = await kvStreamInfo(o.nats.jsm, o.prefix);
   validateSnapshotTiming({ intervalMs, leaseMs, maxAgeMs: si.config.max_age / 1e6 });
   const store = (await openStore(o.nats, o.prefix, true, o.replicas)) as ObjectStore;
-  const kv = await new Kvm(o.nats.js).create(leaseBucketName(o.prefix), { history: 1, storage: StorageType.File, replicas: o.replicas ?? 1 });
+  const kvm = new Kvm(o.nats.js);
+  // Concurrent creation by two replicas can fail on 2.9; the bucket exists either way.
+  const kv = await kvm
+    .create(leaseBucketName(o.prefix), { history: 1, storage: StorageType.File, replicas: o.replicas ?? 1 })
+    .catch((err: unknown) => kvm.open(leaseBucketName(o.prefix)).catch(() => Promise.reject(err)));
   const lease = new Lease(kv, LEASE_KEY, o.gatewayId, leaseMs);
   const log = o.log;
   const tickMs = Math.max(10, Math.min(intervalMs, leaseMs / 3));
