@@ -137,7 +137,7 @@ export const ReleaseEvent = Type.Object(
 
 /** One charge a gateway still holds, as listed in its heartbeat. */
 export const OutstandingCharge = Type.Object(
-  { id: Name, model: Name, pod: Name, promptTokens: Count, ts: Millis },
+  { id: Name, model: Name, pod: Name, promptTokens: Count, ts: Millis, decoding: Type.Optional(Type.Boolean({ description: "past its first token" })) },
   { additionalProperties: false },
 );
 

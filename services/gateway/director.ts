@@ -286,6 +286,13 @@ export class Director {
     return this.route(input, { prepared });
   }
 
+  /** The request's first response bytes arrived: it moved from prefill to decode. */
+  firstToken(r: RoutedRequest, at: number): void {
+    if (r.firstChunkAt !== undefined || r.finished) return;
+    r.firstChunkAt = at;
+    this.opts.views.ledger.markDecoding(this.gatewayId, r.chargeId);
+  }
+
   /** Publishes a charge made with `publish: false` the eventual way. */
   publishCharge(r: RoutedRequest): void {
     this.opts.sink.charge(r.charge);

@@ -10,6 +10,7 @@ import { createHash } from "node:crypto";
 import type { Director } from "./director.js";
 import type { GatewayViews } from "./director.js";
 import { RouteError, routeErrorBody } from "./errors.js";
+import { tokenLoad } from "../views/charge-ledger.js";
 import { mulberry32 } from "../shared/seeded-random.js";
 
 export interface Explanation {
@@ -27,6 +28,10 @@ export interface Explanation {
     score: number | null;
     inFlight: number;
     promptTokensInFlight: number;
+    /** Prompt tokens of requests still in prefill. */
+    prefillTokensInFlight: number;
+    /** AIBrix's token load: prefill tokens + 0.3 x KV (prompt) tokens. */
+    tokenLoad: number;
     load: { running: number | null; waiting: number | null; kvCacheUsage: number | null } | null;
     prefix?: { indexBlocks: number; indexGpuBlocks: number; indexWeighted: number; routedBlocks: number };
   }>;
@@ -64,6 +69,8 @@ export async function explain(director: Director, views: GatewayViews, headers: 
           score: scores.get(p.pod) ?? null,
           inFlight: o.requests,
           promptTokensInFlight: o.promptTokens,
+          prefillTokensInFlight: o.prefillTokens,
+          tokenLoad: tokenLoad(o),
           load: l ? { running: l.running, waiting: l.waiting, kvCacheUsage: l.kvCacheUsage } : null,
           ...(d ? { prefix: { indexBlocks: d.indexBlocks, indexGpuBlocks: d.indexGpuBlocks, indexWeighted: d.indexWeighted, routedBlocks: d.routedBlocks } } : {}),
         };

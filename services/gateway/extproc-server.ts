@@ -198,7 +198,7 @@ export function createExtProcHandler(opts: ExtProcHandlerOptions): grpc.handleBi
           }
           case "response_body": {
             const b = req.response_body;
-            if (routed && routed.firstChunkAt === undefined && b?.body?.length) routed.firstChunkAt = Date.now();
+            if (routed && routed.firstChunkAt === undefined && b?.body?.length) director.firstToken(routed, Date.now());
             if (b?.body?.length) tracker?.push(b.body);
             if (normalising) {
               if (b?.body?.length && errorBytes < 65_536) {

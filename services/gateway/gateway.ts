@@ -235,7 +235,7 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
           hb.truncated = true;
           break;
         }
-        outstanding.push({ id: r.chargeId, model: r.pod.model, pod: r.pod.pod, promptTokens: r.promptTokens, ts: r.startedAt });
+        outstanding.push({ id: r.chargeId, model: r.pod.model, pod: r.pod.pod, promptTokens: r.promptTokens, ts: r.startedAt, ...(r.firstChunkAt !== undefined ? { decoding: true } : {}) });
       }
       hb.chargeTtlMs = chargeTtlMs;
       hb.outstanding = outstanding;

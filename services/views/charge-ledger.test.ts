@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
 import type { ChargeEvent, GatewayHeartbeat } from "../../schemas/events.js";
-import { ChargeLedger } from "./charge-ledger.js";
+import { ChargeLedger, tokenLoad } from "./charge-ledger.js";
 
 const charge = (id: string, gateway: string, pod: string, ts: number, extra: Partial<ChargeEvent> = {}): ChargeEvent => ({
   type: "charge", id, gateway, model: "m", pod, ts, ttlMs: 60_000, promptTokens: 10, ...extra,
@@ -15,7 +15,7 @@ describe("charge ledger - counting", () => {
     l.charge(charge("r1", "a", "p1", 1000), 1000);
     l.charge(charge("r2", "a", "p1", 1000), 1000);
     l.charge(charge("r3", "a", "p2", 1000), 1000);
-    expect(l.outstanding("m", "p1")).toEqual({ requests: 2, promptTokens: 20 });
+    expect(l.outstanding("m", "p1")).toEqual({ requests: 2, promptTokens: 20, prefillRequests: 2, prefillTokens: 20 });
     expect(l.release({ gateway: "a", id: "r1" })).toBe(true);
     expect(l.release({ gateway: "a", id: "r1" })).toBe(false);
     expect(l.outstanding("m", "p1").requests).toBe(1);
@@ -89,7 +89,7 @@ describe("charge ledger - counting", () => {
     l.applyFromStream(charge("r2", "b", "p1", 1000), 1000, 1000);
     // r1's release was lost; r3's charge was lost. The next heartbeat lists r2 and r3.
     l.applyFromStream(hbWith(2000, ["r2", "r3"]), 2000, 2000);
-    expect(l.outstanding("m", "p1")).toEqual({ requests: 2, promptTokens: 15 });
+    expect(l.outstanding("m", "p1")).toMatchObject({ requests: 2, promptTokens: 15 });
     expect(l.release({ gateway: "b", id: "r1" })).toBe(false);
     expect(l.release({ gateway: "b", id: "r3" })).toBe(true);
     expect(l.reconciledRemoved).toBe(1);
@@ -103,5 +103,27 @@ describe("charge ledger - counting", () => {
     l.applyFromStream({ ...hb("b", 2000), truncated: true, outstanding: [{ id: "r9", model: "m", pod: "p2", promptTokens: 1, ts: 2000 }] }, 2000, 2000);
     expect(l.outstanding("m", "p1").requests).toBe(1);
     expect(l.outstanding("m", "p2").requests).toBe(1);
+  });
+
+  it("tracks prefill vs decode: token load = active prefill tokens + 0.3 x KV tokens", () => {
+    const l = new ChargeLedger({ self: "a" });
+    l.charge(charge("r1", "a", "p1", 1000, { promptTokens: 100 }), 1000);
+    l.charge(charge("r2", "a", "p1", 1000, { promptTokens: 50 }), 1000);
+    expect(tokenLoad(l.outstanding("m", "p1"))).toBe(150 + 0.3 * 150);
+    expect(l.markDecoding("a", "r1")).toBe(true);
+    expect(l.markDecoding("a", "r1")).toBe(false);
+    expect(l.outstanding("m", "p1")).toEqual({ requests: 2, promptTokens: 150, prefillRequests: 1, prefillTokens: 50 });
+    l.release({ gateway: "a", id: "r1" });
+    l.release({ gateway: "a", id: "r2" });
+    expect(l.outstanding("m", "p1")).toEqual({ requests: 0, promptTokens: 0, prefillRequests: 0, prefillTokens: 0 });
+  });
+
+  it("learns another replica's first tokens from its heartbeat list", () => {
+    const l = new ChargeLedger({ self: "a" });
+    l.applyFromStream(hb("b", 1000), 1000, 1000);
+    l.applyFromStream(charge("r1", "b", "p1", 1000, { promptTokens: 80 }), 1000, 1000);
+    expect(l.outstanding("m", "p1").prefillTokens).toBe(80);
+    l.applyFromStream({ ...hb("b", 1500), outstanding: [{ id: "r1", model: "m", pod: "p1", promptTokens: 80, ts: 1000, decoding: true }] }, 1500, 1500);
+    expect(l.outstanding("m", "p1")).toMatchObject({ requests: 1, prefillRequests: 0, prefillTokens: 0 });
   });
 });

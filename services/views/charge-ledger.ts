@@ -15,8 +15,17 @@ import type { ChargeEvent, GatewayHeartbeat, ReleaseEvent } from "../../schemas/
 export interface Outstanding {
   /** Requests charged and not yet released. */
   requests: number;
-  /** Prompt tokens of those requests (AIBrix TokenLoadTracker's "active" tokens, simplified). */
+  /** Prompt tokens of those requests: the KV cache they hold ("kv" tokens, AIBrix TokenLoadTracker). */
   promptTokens: number;
+  /** Of those requests, the ones still in prefill (no first token yet). */
+  prefillRequests: number;
+  /** Their prompt tokens: the prefill work still to do ("active" tokens). */
+  prefillTokens: number;
+}
+
+/** AIBrix's token-load priority: active (prefill) tokens + 0.3 x KV tokens. */
+export function tokenLoad(o: Readonly<Outstanding>): number {
+  return o.prefillTokens + 0.3 * o.promptTokens;
 }
 
 export interface LedgerReader {
@@ -29,6 +38,8 @@ interface Entry {
   readonly gateway: string;
   readonly expiresAt: number;
   readonly promptTokens: number;
+  /** Past its first token (decode): no longer counted as prefill work. */
+  decoding: boolean;
 }
 
 interface GatewayState {
@@ -45,7 +56,7 @@ export interface ChargeLedgerOptions {
   maxCharges?: number;
 }
 
-const ZERO: Readonly<Outstanding> = Object.freeze({ requests: 0, promptTokens: 0 });
+const ZERO: Readonly<Outstanding> = Object.freeze({ requests: 0, promptTokens: 0, prefillRequests: 0, prefillTokens: 0 });
 const podKeyOf = (model: string, pod: string) => `${model}\u0000${pod}`;
 
 export class ChargeLedger implements LedgerReader {
@@ -83,14 +94,29 @@ export class ChargeLedger implements LedgerReader {
     if (expiresAt <= now) return false;
     if (this.entries.size >= this.maxCharges) this.evictOldest();
     const podKey = podKeyOf(ev.model, ev.pod);
-    this.entries.set(key, { key, podKey, gateway: ev.gateway, expiresAt, promptTokens: ev.promptTokens });
+    this.entries.set(key, { key, podKey, gateway: ev.gateway, expiresAt, promptTokens: ev.promptTokens, decoding: false });
     let mine = this.byGateway.get(ev.gateway);
     if (!mine) this.byGateway.set(ev.gateway, (mine = new Set()));
     mine.add(key);
     let t = this.totals.get(podKey);
-    if (!t) this.totals.set(podKey, (t = { requests: 0, promptTokens: 0 }));
+    if (!t) this.totals.set(podKey, (t = { requests: 0, promptTokens: 0, prefillRequests: 0, prefillTokens: 0 }));
     t.requests++;
     t.promptTokens += ev.promptTokens;
+    t.prefillRequests++;
+    t.prefillTokens += ev.promptTokens;
+    return true;
+  }
+
+  /** A charged request produced its first token: its prompt is no longer prefill work. */
+  markDecoding(gateway: string, id: string): boolean {
+    const e = this.entries.get(`${gateway}/${id}`);
+    if (!e || e.decoding) return false;
+    e.decoding = true;
+    const t = this.totals.get(e.podKey);
+    if (t) {
+      t.prefillRequests--;
+      t.prefillTokens -= e.promptTokens;
+    }
     return true;
   }
 
@@ -119,12 +145,17 @@ export class ChargeLedger implements LedgerReader {
     for (const c of hb.outstanding ?? []) {
       const key = `${hb.gateway}/${c.id}`;
       listed.add(key);
-      if (this.entries.has(key)) continue;
+      if (this.entries.has(key)) {
+        // Other replicas learn of first tokens from the owner's heartbeat (no event per token).
+        if (c.decoding) this.markDecoding(hb.gateway, c.id);
+        continue;
+      }
       const added = this.charge(
         { type: "charge", id: c.id, gateway: hb.gateway, model: c.model, pod: c.pod, ts: c.ts, ttlMs: hb.chargeTtlMs ?? 600_000, promptTokens: c.promptTokens },
         now,
       );
       if (added) this.reconciledAdded++;
+      if (added && c.decoding) this.markDecoding(hb.gateway, c.id);
     }
     if (hb.truncated) return;
     for (const key of [...(this.byGateway.get(hb.gateway) ?? [])]) {
@@ -224,6 +255,10 @@ export class ChargeLedger implements LedgerReader {
     if (!t) return;
     t.requests--;
     t.promptTokens -= e.promptTokens;
+    if (!e.decoding) {
+      t.prefillRequests--;
+      t.prefillTokens -= e.promptTokens;
+    }
     if (t.requests <= 0) this.totals.delete(e.podKey);
   }
 }

@@ -12,7 +12,7 @@ function ctx(inFlight: Record<string, number | undefined>, matched: Record<strin
     pods: Object.keys(inFlight).map(pod),
     now: 0,
     random,
-    ledger: { outstanding: (_m, p) => ({ requests: inFlight[p] ?? 0, promptTokens: (inFlight[p] ?? 0) * 100 }) },
+    ledger: { outstanding: (_m, p) => ({ requests: inFlight[p] ?? 0, promptTokens: (inFlight[p] ?? 0) * 100, prefillRequests: 0, prefillTokens: 0 }) },
     load: { fresh: () => undefined, get: () => undefined },
     ...(matched ? { prefix: { queried, blockSize: 16, matched: (p: string) => matched[p] ?? 0 } } : {}),
   };

@@ -22,7 +22,7 @@ function ctx(inFlight: Record<string, number | undefined>, waiting: Record<strin
     pods,
     now: 1000,
     random,
-    ledger: { outstanding: (_m, p): Outstanding => ({ requests: inFlight[p] ?? 0, promptTokens: 0 }) },
+    ledger: { outstanding: (_m, p): Outstanding => ({ requests: inFlight[p] ?? 0, promptTokens: 0, prefillRequests: 0, prefillTokens: 0 }) },
     load: {
       fresh: (_m, p) => (waiting[p] === undefined ? undefined : load(waiting[p] as number)),
       get: () => undefined,

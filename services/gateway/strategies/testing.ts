@@ -92,7 +92,7 @@ export function ctxOf(spec: CtxSpec): RoutingContext {
     now,
     random: spec.random ?? (() => 0),
     ledger: {
-      outstanding: (_m, p): Outstanding => ({ requests: spec.inFlight?.[p] ?? 0, promptTokens: spec.promptTokensInFlight?.[p] ?? 0 }),
+      outstanding: (_m, p): Outstanding => ({ requests: spec.inFlight?.[p] ?? 0, promptTokens: spec.promptTokensInFlight?.[p] ?? 0, prefillRequests: 0, prefillTokens: 0 }),
     },
     load,
     ...(spec.usage ? { usage: spec.usage } : {}),
