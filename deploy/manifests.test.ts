@@ -296,7 +296,7 @@ describe("deploy/ YAML", () => {
 
 describe("jetroute command lines", () => {
   it("the CLI parser finds the sub-commands these manifests run", () => {
-    for (const sub of ["gateway", "pod-watcher", "metrics-scraper", "streams"]) expect(COMMANDS.has(sub), `services/cli.ts registers ${sub}`).toBe(true);
+    for (const sub of ["gateway", "pod-watcher", "metrics-scraper", "kv-bridge", "streams"]) expect(COMMANDS.has(sub), `services/cli.ts registers ${sub}`).toBe(true);
     expect(COMMANDS.get("streams")?.children).toContain("apply");
     expect(COMMANDS.get("gateway")?.flags.get("--port")?.takesValue).toBe(true);
   });
@@ -310,7 +310,7 @@ describe("jetroute command lines", () => {
       invocation(c); // throws with the reason
     }
     const run = jetrouteContainers().map(invocation).map((inv) => (inv.child ? `${inv.sub} ${inv.child}` : inv.sub));
-    expect(run.sort()).toEqual(["gateway", "metrics-scraper", "pod-watcher", "streams apply"]);
+    expect(run.sort()).toEqual(["gateway", "kv-bridge", "metrics-scraper", "pod-watcher", "streams apply"]);
   });
 
   it("every $(VAR) in args is defined for its container (Kubernetes leaves undefined ones verbatim)", () => {
