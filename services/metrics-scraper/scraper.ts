@@ -38,8 +38,8 @@ interface PodScrapeState {
   lastOk: number;
 }
 
-/** Scrapes one pod once. Exported for tests of the mapping on a live endpoint. */
-export async function scrapeOnce(pod: PodInfo, timeoutMs: number): Promise<LoadSample> {
+/** Scrapes one pod once. */
+async function scrapeOnce(pod: PodInfo, timeoutMs: number): Promise<LoadSample> {
   const started = performance.now();
   const res = await fetch(`http://${pod.metricsAddress ?? pod.address}/metrics`, { signal: AbortSignal.timeout(timeoutMs) });
   const text = await res.text();

@@ -118,8 +118,3 @@ export function pickBest(scored: readonly Scored[], better: Better, random: () =
   }
   return scored[0] as Scored;
 }
-
-/** Picks uniformly among the entries sharing the lowest score. */
-export function pickLowest(scored: readonly Scored[], random: () => number): Scored {
-  return pickBest(scored, "lower", random);
-}
