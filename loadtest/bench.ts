@@ -3,6 +3,7 @@
  * JSON line (progress and tables go to stderr).
  */
 import { Command, InvalidArgumentError } from "commander";
+import { intOption } from "../services/shared/cli-options.js";
 import { runExtProcBench } from "./benches/extproc.js";
 import { runIndexBench } from "./benches/index.js";
 import { runBootstrapBench } from "./benches/bootstrap.js";
@@ -17,11 +18,7 @@ const ints = (v: string) =>
     return n;
   });
 const int = (v: string) => ints(v)[0] as number;
-const nonNegative = (v: string) => {
-  const n = Number(v);
-  if (!Number.isInteger(n) || n < 0) throw new InvalidArgumentError(`expected an integer >= 0, got ${JSON.stringify(v)}`);
-  return n;
-};
+const nonNegative = intOption(0);
 const HERDING_MODES: readonly HerdingMode[] = ["off", "eventual", "strict"];
 const herdingModes = (v: string) =>
   v.split(",").map((m) => {

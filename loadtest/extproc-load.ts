@@ -11,6 +11,7 @@ import http2 from "node:http2";
 import { pathToFileURL } from "node:url";
 import * as grpc from "@grpc/grpc-js";
 import { Command, InvalidArgumentError } from "commander";
+import { intOption } from "../services/shared/cli-options.js";
 import { ExtProcClient, type ExtProcExchange, type Phase } from "../services/extproc/envoy-client.js";
 import { EXT_PROC_METHOD_PATH, loadExtProc } from "../services/extproc/protos.js";
 import type { ProcessingRequest, ProcessingResponse } from "../services/extproc/types.js";
@@ -357,14 +358,6 @@ export async function runExtProcLoad(opts: ExtProcLoadOptions): Promise<ExtProcL
   return result;
 }
 
-function integer(name: string, min: number) {
-  return (v: string): number => {
-    const n = Number(v);
-    if (!Number.isInteger(n) || n < min) throw new InvalidArgumentError(`${name} must be an integer >= ${min}`);
-    return n;
-  };
-}
-
 function transportKind(v: string): "http2" | "grpc-js" {
   if (v !== "http2" && v !== "grpc-js") throw new InvalidArgumentError("transport must be http2 or grpc-js");
   return v;
@@ -386,13 +379,13 @@ export async function main(argv: string[]): Promise<void> {
   const program = new Command("extproc-load")
     .description("Closed-loop ext_proc load generator; prints one JSON result line")
     .requiredOption("--target <host:port>", "ext_proc server")
-    .option("--concurrency <n>", "streams in flight", integer("concurrency", 1), 64)
-    .option("--duration-ms <ms>", "measured window", integer("duration-ms", 1), 5_000)
-    .option("--warmup-ms <ms>", "unmeasured warm-up", integer("warmup-ms", 0), 1_000)
-    .option("--body-bytes <n>", "request body size", integer("body-bytes", 0), 2_048)
+    .option("--concurrency <n>", "streams in flight", intOption(1), 64)
+    .option("--duration-ms <ms>", "measured window", intOption(1), 5_000)
+    .option("--warmup-ms <ms>", "unmeasured warm-up", intOption(0), 1_000)
+    .option("--body-bytes <n>", "request body size", intOption(0), 2_048)
     .option("--model <name>", "model in the request body", "sim-model")
-    .option("--response-chunks <n>", "response body messages per stream", integer("response-chunks", 1), 1)
-    .option("--message-timeout-ms <ms>", "per-message timeout", integer("message-timeout-ms", 1), 30_000)
+    .option("--response-chunks <n>", "response body messages per stream", intOption(1), 1)
+    .option("--message-timeout-ms <ms>", "per-message timeout", intOption(1), 30_000)
     .option("--transport <kind>", "http2 (fast) or grpc-js (reference client)", transportKind, "http2")
     .option("--close-mode <mode>", "graceful (wait for the server's status) or reset (cancel after half-close)", closeMode, "graceful")
     .option("--header <name:value>", "extra request header (repeatable)", headerPair, {} as Record<string, string>)

@@ -1,15 +1,8 @@
 /** `jetroute front`: the dev front, Envoy's stand-in for local use. */
 import { type Command, InvalidArgumentError, Option } from "commander";
+import { intOption } from "../shared/cli-options.js";
 import { createLogger } from "../shared/log.js";
 import { startFront } from "./front.js";
-
-function integer(name: string, min: number, max = Number.MAX_SAFE_INTEGER) {
-  return (v: string): number => {
-    const n = Number(v);
-    if (!Number.isInteger(n) || n < min || n > max) throw new InvalidArgumentError(`${name} must be an integer in [${min}, ${max}]`);
-    return n;
-  };
-}
 
 function targetList(v: string): string[] {
   const targets = v
@@ -27,15 +20,15 @@ export function registerFrontCommand(program: Command): void {
   program
     .command("front")
     .description("Dev front: an HTTP proxy that speaks ext_proc to the gateway as Envoy does (local use only)")
-    .option("--port <port>", "HTTP listen port", integer("port", 0, 65_535), 8080)
+    .option("--port <port>", "HTTP listen port", intOption(0, 65_535), 8080)
     .option("--host <host>", "HTTP listen address", "127.0.0.1")
     .addOption(
       new Option("--gateway <list>", "gateway ext_proc targets, comma-separated host:port")
         .argParser(targetList)
         .default(["127.0.0.1:9002"], "127.0.0.1:9002"),
     )
-    .option("--message-timeout-ms <ms>", "per-message ext_proc timeout (Envoy's message_timeout)", integer("message-timeout-ms", 1), 30_000)
-    .option("--max-body-bytes <n>", "request body buffer limit", integer("max-body-bytes", 1), 4 * 1024 * 1024)
+    .option("--message-timeout-ms <ms>", "per-message ext_proc timeout (Envoy's message_timeout)", intOption(1), 30_000)
+    .option("--max-body-bytes <n>", "request body buffer limit", intOption(1), 4 * 1024 * 1024)
     .action(async (o: { port: number; host: string; gateway: string[]; messageTimeoutMs: number; maxBodyBytes: number }) => {
       const logger = createLogger("front");
       const front = await startFront({
