@@ -1,7 +1,8 @@
 /**
  * Herding: R gateway replicas receive a burst of 64 requests for 8 pods (least-request, replicas
  * get unequal shares). The busiest pod over the even share must stay <= 1.25 with the shared
- * ledger, and the same test with the ledger not shared ("off", AIBrix's behaviour) does worse.
+ * ledger (eventual and strict), and the same test with the ledger not shared ("off", AIBrix's
+ * behaviour) does worse.
  * In-process replicas (one event loop) keep this fast; `npm run bench -- herding` runs processes.
  */
 import { describe, expect, it } from "vitest";
@@ -12,12 +13,18 @@ const cell = (rows: Row[], replicas: number, mode: string) => rows.find((r) => r
 
 describe("herding - 64 requests, 8 pods, R replicas", () => {
   // A same-millisecond burst is decided before any charge can travel (here literally: one event
-  // loop), so eventual behaves like off there — measured, not asserted (docs/benchmarks.md).
-  it("a simultaneous burst: strict stays within 1.25", async () => {
+  // loop). Sharing helps anyway: every replica knows its rank among the live gateways from their
+  // heartbeats and walks tied pods in its own order (TieOrder), so the replicas' remainders land
+  // on different pods; with the ledger off a replica knows no peer and breaks ties at random.
+  it("a simultaneous burst: eventual and strict stay within 1.25, and not sharing does worse", async () => {
     const { results } = (await runHerdingBench({ replicas: [1, 2, 4], modes: ["off", "eventual", "strict"], bursts: 5, requests: 64, pods: 8, spread: "random", staggerMs: 0, inProcess: true, seed: 7 })) as { results: Row[] };
     console.log(JSON.stringify(results.map((r) => [r.replicas, r.mode, r.max_over_mean, r.max_over_mean_worst])));
-    for (const r of results.filter((x) => x.mode === "strict")) expect(r.max_over_mean_worst, `strict R=${r.replicas}`).toBeLessThanOrEqual(1.25);
+    for (const r of results.filter((x) => x.mode !== "off")) expect(r.max_over_mean_worst, `${r.mode} R=${r.replicas}`).toBeLessThanOrEqual(1.25);
     expect(cell(results, 1, "off").max_over_mean).toBe(1);
+    // Two replicas pair up on opposite ends of the pod list: their remainders never meet.
+    expect(cell(results, 2, "eventual").max_over_mean_worst).toBe(1);
+    const sum = (mode: string) => cell(results, 2, mode).max_over_mean + cell(results, 4, mode).max_over_mean;
+    expect(sum("off")).toBeGreaterThan(sum("eventual"));
   }, 60_000);
 
   it("requests a few ms apart: eventual and strict spread like one gateway, not sharing does not", async () => {

@@ -107,6 +107,8 @@ interface ReplicaState {
   /** Entries in the replica's ledger (its own charges, plus other replicas' unless mode is off). */
   charges: number;
   inFlight: number;
+  /** Live gateways this replica knows of, itself included (what its tie-break stagger is based on). */
+  gateways: number;
   strict?: StrictStats;
 }
 
@@ -120,7 +122,7 @@ interface Replica {
 interface DebugState {
   ready: boolean;
   pods: unknown[];
-  ledger: { charges: number };
+  ledger: { charges: number; liveGateways: Array<{ gateway: string }> };
   inFlight: number;
   strict?: StrictStats;
 }
@@ -143,7 +145,8 @@ async function processReplica(id: string, natsUrl: string, mode: HerdingMode, he
       port: line.port,
       async state() {
         const s = (await (await fetch(url)).json()) as DebugState;
-        return { ready: s.ready, pods: s.pods.length, charges: s.ledger.charges, inFlight: s.inFlight, ...(s.strict ? { strict: s.strict } : {}) };
+        const gateways = new Set([id, ...s.ledger.liveGateways.map((g) => g.gateway)]).size;
+        return { ready: s.ready, pods: s.pods.length, charges: s.ledger.charges, inFlight: s.inFlight, gateways, ...(s.strict ? { strict: s.strict } : {}) };
       },
       stop: () => proc.stop(),
     };
@@ -168,6 +171,7 @@ async function inProcessReplica(id: string, natsUrl: string, mode: HerdingMode, 
       pods: gw.views.pods.size,
       charges: gw.views.ledger.size,
       inFlight: gw.director.inFlight.size,
+      gateways: gw.views.ledger.rank(Date.now()).count,
       ...(gw.strict ? { strict: { ...gw.strict.stats } } : {}),
     }),
     stop: () => gw.close(),
@@ -257,6 +261,9 @@ async function runCell(replicaCount: number, mode: HerdingMode, o: Required<Herd
     const failed = started.find((r) => r.status === "rejected");
     if (failed) throw failed.reason;
     await pollAll(replicas, (st) => st.ready && st.pods === o.pods, READY_TIMEOUT_MS, "replicas ready with every pod");
+    // Sharing modes: every replica has heard every other's heartbeat, as in a running deployment
+    // (a replica that knows no peers breaks ties at random, like `off`).
+    if (mode !== "off") await pollAll(replicas, (st) => st.gateways === replicaCount, READY_TIMEOUT_MS, "replicas to see each other's heartbeats");
     for (const r of replicas) clients.push(new ExtProcClient(`127.0.0.1:${r.port}`, { messageTimeoutMs: 10_000, closeMode: "reset" }));
 
     const rand = mulberry32(o.seed + cellIndex);

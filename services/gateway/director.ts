@@ -18,7 +18,7 @@ import type { UsageView } from "../views/usage-view.js";
 import type { ConfigReader } from "../views/model-config.js";
 import type { RateView } from "../views/rate-view.js";
 import { findStrategy, isStrategySpecError, parseStrategy, strategyNames } from "./strategies/registry.js";
-import type { Pick, PrefixMatchInfo, Scored, Strategy } from "./strategies/types.js";
+import { type Pick, type PrefixMatchInfo, type Scored, type Strategy, type TieOrder, tieOrderOf } from "./strategies/types.js";
 
 export interface GatewayViews {
   pods: PodSet;
@@ -195,8 +195,12 @@ export class Director {
     }
   }
 
-  /** Selects without charging: the candidates, the pick and the prefix match (for /debug/explain too). */
-  select(input: RouteInput, prepared: Prepared, random: () => number = this.random): Selection {
+  /**
+   * Selects without charging: the candidates, the pick and the prefix match (for /debug/explain
+   * too). `stagger: false` breaks ties with `random` alone, as /debug/explain does so that every
+   * replica explains a request the same way.
+   */
+  select(input: RouteInput, prepared: Prepared, random: () => number = this.random, stagger = true): Selection {
     const { parsed, strategy } = prepared;
     const requestId = input.headers["x-request-id"] || randomUUID();
     const { pods, load, ledger, usage } = this.opts.views;
@@ -221,11 +225,23 @@ export class Director {
       usage,
       now,
       random,
+      ...(stagger ? this.tieOrder(now) : {}),
       ...(prefixMatch ? { prefix: prefixMatch.info } : {}),
       ...(prepared.slo ? { slo: prepared.slo } : {}),
     });
     this.opts.onPick?.(strategy.name, (performance.now() - t0) / 1000);
     return { requestId, now, pick, prefixMatch };
+  }
+
+  /**
+   * This replica's tie order from its rank among the live gateways (TieOrder). All replicas
+   * rotate it together every second, in golden-ratio steps. One gateway, or `consistency: off`
+   * (which follows no peers): no order, ties stay random.
+   */
+  private tieOrder(now: number): { tieOrder?: TieOrder } {
+    const { index, count } = this.opts.views.ledger.rank(now);
+    const order = tieOrderOf(index, count, (Math.floor(now / 1000) * 0.6180339887498949) % 1);
+    return order ? { tieOrder: order } : {};
   }
 
   /**

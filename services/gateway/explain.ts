@@ -4,7 +4,8 @@
  * per tier, load, scores, the strategy and the pick — without charging anything.
  *
  * Ties are broken by a random sequence seeded from the request (its `x-request-id`, else its
- * body), so two caught-up replicas explain the same request identically.
+ * body), so two caught-up replicas explain the same request identically. (Live routing instead
+ * staggers ties by replica: see TieOrder in strategies/types.ts.)
  */
 import { createHash } from "node:crypto";
 import type { Director } from "./director.js";
@@ -46,7 +47,7 @@ export async function explain(director: Director, views: GatewayViews, headers: 
   try {
     const input = { headers, body };
     const prepared = await director.prepare(input);
-    const sel = director.select(input, prepared, seededRandom(headers["x-request-id"] || body.toString("utf8")));
+    const sel = director.select(input, prepared, seededRandom(headers["x-request-id"] || body.toString("utf8")), false);
     const detail = new Map((sel.prefixMatch?.detail ?? []).map((d) => [d.pod, d]));
     const scores = new Map(sel.pick.candidates.map((c) => [c.pod.pod, c.score]));
     const candidates = views.pods.readyPods(prepared.parsed.model);

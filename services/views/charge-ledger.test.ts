@@ -127,3 +127,28 @@ describe("charge ledger - counting", () => {
     expect(l.outstanding("m", "p1")).toMatchObject({ requests: 1, prefillRequests: 0, prefillTokens: 0 });
   });
 });
+
+describe("charge ledger - replica rank", () => {
+  it("ranks itself among the live gateways by id, the same on every replica", () => {
+    const a = new ChargeLedger({ self: "gw-b", heartbeatTimeoutMs: 3000 });
+    expect(a.rank(1000)).toEqual({ index: 0, count: 1 });
+    a.applyFromStream(hb("gw-c", 1000), 1000, 1000);
+    a.applyFromStream(hb("gw-a", 1000), 1000, 1000);
+    expect(a.rank(1001)).toEqual({ index: 1, count: 3 });
+    const c = new ChargeLedger({ self: "gw-c", heartbeatTimeoutMs: 3000 });
+    c.applyFromStream(hb("gw-a", 1000), 1000, 1000);
+    c.applyFromStream(hb("gw-b", 1000), 1000, 1000);
+    expect(c.rank(1001)).toEqual({ index: 2, count: 3 });
+  });
+
+  it("drops a gateway whose heartbeat lapsed or that said down", () => {
+    const l = new ChargeLedger({ self: "gw-b", heartbeatTimeoutMs: 3000 });
+    l.applyFromStream(hb("gw-a", 1000), 1000, 1000);
+    l.applyFromStream(hb("gw-c", 1000), 1000, 1000);
+    expect(l.rank(1000).count).toBe(3);
+    l.applyFromStream(hb("gw-a", 1500, "down"), 1500, 1500);
+    expect(l.rank(1500)).toEqual({ index: 0, count: 2 });
+    // gw-c's last heartbeat is now older than the timeout (the cache lasts at most 250 ms).
+    expect(l.rank(4100)).toEqual({ index: 0, count: 1 });
+  });
+});

@@ -78,6 +78,8 @@ export class ChargeLedger implements LedgerReader {
   expired = 0;
   lastSeq = 0;
   private lastTtlScan = Number.NEGATIVE_INFINITY;
+  private rankAt = Number.NEGATIVE_INFINITY;
+  private cachedRank: Readonly<{ index: number; count: number }> = { index: 0, count: 1 };
 
   constructor(opts: ChargeLedgerOptions = {}) {
     this.self = opts.self;
@@ -135,6 +137,7 @@ export class ChargeLedger implements LedgerReader {
   heartbeat(hb: GatewayHeartbeat, seenAt: number, now = seenAt): void {
     const g = this.gateways.get(hb.gateway);
     if (g && g.lastSeen > seenAt) return;
+    if (!g || g.down !== (hb.state === "down")) this.rankAt = Number.NEGATIVE_INFINITY;
     this.gateways.set(hb.gateway, { lastSeen: seenAt, down: hb.state === "down" });
     if (hb.state === "down") this.dropGateway(hb.gateway);
     else if (hb.outstanding) this.reconcile(hb, now);
@@ -224,6 +227,24 @@ export class ChargeLedger implements LedgerReader {
 
   liveGateways(now: number): string[] {
     return [...this.gateways.keys()].filter((g) => this.isAlive(g, now));
+  }
+
+  /**
+   * This gateway's position among the live gateways it knows of (itself included), ordered by id:
+   * every replica computes the same order from the same heartbeats, so replicas can stagger their
+   * tie-breaks. `{ index: 0, count: 1 }` when it knows no peer (or has no id). Recomputed at most
+   * every 250 ms: membership changes at heartbeat pace.
+   */
+  rank(now: number): Readonly<{ index: number; count: number }> {
+    if (now - this.rankAt < 250 && now >= this.rankAt) return this.cachedRank;
+    this.rankAt = now;
+    const self = this.self;
+    if (self === undefined) return this.cachedRank;
+    const live = this.liveGateways(now);
+    if (!live.includes(self)) live.push(self);
+    live.sort();
+    this.cachedRank = { index: live.indexOf(self), count: live.length };
+    return this.cachedRank;
   }
 
   get size(): number {

@@ -41,7 +41,7 @@ export function pickByScorers(ctx: RoutingContext, parts: readonly WeightedScore
     const scores = raw[0] as readonly (number | undefined)[];
     const candidates = ctx.pods.map((pod, i) => ({ pod, score: scores[i] ?? worstScore(scorer.better) }));
     const eligible = candidates.filter((_, i) => scores[i] !== undefined);
-    return withHeaders(ctx, parts, { pod: pickBest(eligible, scorer.better, ctx.random).pod, candidates, better: scorer.better });
+    return withHeaders(ctx, parts, { pod: pickBest(eligible, scorer.better, ctx.random, ctx.tieOrder).pod, candidates, better: scorer.better });
   }
   const total = new Array<number>(ctx.pods.length).fill(0);
   parts.forEach((part, j) => {
@@ -50,7 +50,7 @@ export function pickByScorers(ctx: RoutingContext, parts: readonly WeightedScore
     for (let i = 0; i < total.length; i++) total[i] = (total[i] as number) + part.weight * (norm[i] as number);
   });
   const candidates = ctx.pods.map((pod, i) => ({ pod, score: total[i] as number }));
-  return withHeaders(ctx, parts, { pod: pickBest(candidates, "higher", ctx.random).pod, candidates, better: "higher" });
+  return withHeaders(ctx, parts, { pod: pickBest(candidates, "higher", ctx.random, ctx.tieOrder).pod, candidates, better: "higher" });
 }
 
 /**
@@ -76,7 +76,7 @@ export function normalise(scores: readonly (number | undefined)[], better: Bette
 function leastRequestPick(ctx: RoutingContext): Pick {
   const scores = inFlightScorer.score(ctx);
   const candidates: Scored[] = ctx.pods.map((pod, i) => ({ pod, score: scores[i] ?? 0 }));
-  return { pod: pickBest(candidates, "lower", ctx.random).pod, candidates };
+  return { pod: pickBest(candidates, "lower", ctx.random, ctx.tieOrder).pod, candidates };
 }
 
 /** Lets every scorer of the pick add its response headers for the pod finally chosen. */

@@ -37,7 +37,7 @@ const matchScorer = (name: string): Scorer => ({
 
 function leastRequest(ctx: RoutingContext, fallback: string): Pick {
   const candidates = ctx.pods.map((pod) => ({ pod, score: inFlightScore(ctx, pod) }));
-  return { pod: pickBest(candidates, "lower", ctx.random).pod, candidates, fallback };
+  return { pod: pickBest(candidates, "lower", ctx.random, ctx.tieOrder).pod, candidates, fallback };
 }
 
 export function prefixCacheStrategy(config: PrefixCacheConfig = DEFAULT_PREFIX_CACHE_CONFIG): Strategy {
@@ -64,6 +64,7 @@ export function prefixCacheStrategy(config: PrefixCacheConfig = DEFAULT_PREFIX_C
         top.filter((t) => t.ok),
         "lower",
         ctx.random,
+        ctx.tieOrder,
       ).pod;
       return { pod, candidates, better: "higher" };
     },
@@ -80,7 +81,7 @@ export const prefixCachePrebleStrategy: Strategy = {
     const best = Math.max(...matched);
     if (best / prefix.queried > 0.5) {
       const top: Scored[] = ctx.pods.filter((_, i) => matched[i] === best).map((pod) => ({ pod, score: inFlightScore(ctx, pod) }));
-      return { pod: pickBest(top, "lower", ctx.random).pod, candidates: ctx.pods.map((pod, i) => ({ pod, score: matched[i] as number })), better: "higher" };
+      return { pod: pickBest(top, "lower", ctx.random, ctx.tieOrder).pod, candidates: ctx.pods.map((pod, i) => ({ pod, score: matched[i] as number })), better: "higher" };
     }
     const candidates: Scored[] = ctx.pods.map((pod: PodInfo, i) => {
       const o = ctx.ledger.outstanding(pod.model, pod.pod);
@@ -88,7 +89,7 @@ export const prefixCachePrebleStrategy: Strategy = {
       const uncached = Math.max(0, ctx.request.promptTokens - (matched[i] as number) * prefix.blockSize);
       return { pod, score: uncached + o.requests * meanPrompt };
     });
-    return { pod: pickBest(candidates, "lower", ctx.random).pod, candidates };
+    return { pod: pickBest(candidates, "lower", ctx.random, ctx.tieOrder).pod, candidates };
   },
 };
 

@@ -5,7 +5,7 @@ import type { PodInfo } from "../../views/pod-set.js";
 import { leastRequestStrategy } from "./least-request.js";
 import { randomStrategy } from "./random.js";
 import { findStrategy, strategyNames } from "./registry.js";
-import type { RoutingContext } from "./types.js";
+import { pickBest, type RoutingContext, type Scored, tieOrderOf } from "./types.js";
 
 const pod = (name: string): PodInfo => ({
   model: "m", pod: name, address: `10.0.0.${name.slice(1)}:8000`, engine: "vllm", role: "combined", adapters: [], labels: {}, ready: true, updatedAt: 0,
@@ -49,6 +49,60 @@ describe("least-request - table", () => {
   it("reports every candidate's score", () => {
     const p = leastRequestStrategy.pick(ctx({ p1: 2, p2: 1 }));
     expect(p.candidates.map((c) => [c.pod.pod, c.score])).toEqual([["p1", 2], ["p2", 1]]);
+  });
+});
+
+describe("tie order - replicas stagger their ties", () => {
+  const scored = (loads: number[]): Scored[] => loads.map((score, i) => ({ pod: pod(`p${i}`), score }));
+  /** One replica spreading `n` requests from an idle state, charging each pick (as the director does). */
+  function spread(n: number, index: number, count: number, pods = 8, shift = 0): number[] {
+    const loads = new Array<number>(pods).fill(0);
+    const order = tieOrderOf(index, count, shift);
+    for (let i = 0; i < n; i++) {
+      const p = pickBest(scored(loads), "lower", () => 0, order);
+      const i = Number(p.pod.pod.slice(1));
+      loads[i] = (loads[i] ?? 0) + 1;
+    }
+    return loads;
+  }
+  const add = (a: number[], b: number[]) => a.map((x, i) => x + (b[i] ?? 0));
+
+  it.each([
+    { name: "one replica: no order (ties stay random)", index: 0, count: 1, want: undefined },
+    { name: "replica 0 of 2 walks forward from the start", index: 0, count: 2, want: { boundary: 0, slots: 1, reverse: false, shift: 0 } },
+    { name: "replica 1 of 2 walks backward from the end", index: 1, count: 2, want: { boundary: 1, slots: 1, reverse: true, shift: 0 } },
+    { name: "replica 2 of 4 starts the second arc", index: 2, count: 4, want: { boundary: 1, slots: 2, reverse: false, shift: 0 } },
+    { name: "replica 2 of 3 has the second arc alone", index: 2, count: 3, want: { boundary: 1, slots: 2, reverse: false, shift: 0 } },
+  ])("$name", ({ index, count, want }) => {
+    expect(tieOrderOf(index, count, 0)).toEqual(want);
+  });
+
+  it("two replicas splitting a burst unevenly fill the pods exactly evenly", () => {
+    for (let a = 0; a <= 64; a++) {
+      const loads = add(spread(a, 0, 2), spread(64 - a, 1, 2));
+      expect(Math.max(...loads), `shares ${a}/${64 - a}`).toBe(8);
+    }
+  });
+
+  it("the shared rotation keeps the pairing (shares 5 + 3 over 8 pods land on 8 pods)", () => {
+    for (const shift of [0, 0.1, 0.5, 0.93]) {
+      expect(add(spread(5, 0, 2, 8, shift), spread(3, 1, 2, 8, shift)), `shift ${shift}`).toEqual(new Array(8).fill(1));
+    }
+  });
+
+  it("four replicas with remainders that fit their arcs do not overlap", () => {
+    // Arcs of 4 pods: replicas 0/1 share pods 0-3, replicas 2/3 pods 4-7.
+    const loads = [spread(3, 0, 4), spread(1, 1, 4), spread(2, 2, 4), spread(2, 3, 4)].reduce(add);
+    expect(loads).toEqual(new Array(8).fill(1));
+  });
+
+  it("without an order ties follow the random draw", () => {
+    expect(pickBest(scored([0, 0, 0]), "lower", () => 0.99).pod.pod).toBe("p2");
+    expect(pickBest(scored([0, 0, 0]), "lower", () => 0).pod.pod).toBe("p0");
+  });
+
+  it("the order only breaks ties: a better score still wins", () => {
+    expect(pickBest(scored([1, 1, 0, 1]), "lower", () => 0, tieOrderOf(1, 2, 0)).pod.pod).toBe("p2");
   });
 });
 

@@ -37,6 +37,11 @@ export interface RoutingContext {
   readonly now: number;
   /** Uniform in [0, 1); injected so tests are deterministic. */
   readonly random: () => number;
+  /**
+   * How this replica breaks ties when several gateway replicas are live (set by the director;
+   * absent: at random). See TieOrder.
+   */
+  readonly tieOrder?: TieOrder;
   /** Per-user token usage over a recent window (vtc-basic). Absent: vtc-basic falls back to least-request. */
   readonly usage?: UsageReader;
   /** The model's latency targets (slo*). Absent: the slo* strategies fall back to least-latency. */
@@ -46,6 +51,32 @@ export interface RoutingContext {
    * director from the shared prefix index. Absent: the prefix strategies fall back to least-request.
    */
   readonly prefix?: PrefixMatchInfo;
+}
+
+/**
+ * A replica's walk round the candidate list when scores tie. A burst that reaches every replica
+ * before any charge has travelled is split among them without coordination; each replica spreads
+ * its own share evenly (it charges its picks at once), so what piles up is the remainders. The
+ * candidates (sorted by pod name, the same on every replica) are cut into `slots` equal arcs;
+ * replicas 2j and 2j+1 share arc j, the first filling it forwards from its start, the second
+ * backwards from its end, so their remainders meet only when together they exceed the arc. All
+ * replicas rotate the walk by the same `shift` so light traffic does not settle on one pod.
+ */
+export interface TieOrder {
+  /** Arc boundary (0..slots) a forward walk starts at, or a reverse walk starts just before. */
+  readonly boundary: number;
+  readonly slots: number;
+  readonly reverse: boolean;
+  /** Rotation shared by all replicas, in [0, 1) of the list (applied in whole candidates). */
+  readonly shift: number;
+}
+
+/** The tie order of replica `index` of `count` live replicas (sorted by id); none for one replica. */
+export function tieOrderOf(index: number, count: number, shift: number): TieOrder | undefined {
+  if (count < 2) return undefined;
+  const reverse = index % 2 === 1;
+  const arc = Math.floor(index / 2);
+  return { boundary: reverse ? arc + 1 : arc, slots: Math.ceil(count / 2), reverse, shift };
 }
 
 /** How much of the request's prompt each candidate holds, from the prefix index. */
@@ -100,8 +131,12 @@ export interface Scorer {
   responseHeaders?(ctx: RoutingContext, picked: PodInfo): Readonly<Record<string, string>> | undefined;
 }
 
-/** Picks uniformly among the entries sharing the best score. `scored` must not be empty. */
-export function pickBest(scored: readonly Scored[], better: Better, random: () => number): Scored {
+/**
+ * Picks among the entries sharing the best score: with a tie order (RoutingContext.tieOrder) the
+ * first tied entry on the replica's walk round the list; else uniformly at random. `scored` must
+ * not be empty.
+ */
+export function pickBest(scored: readonly Scored[], better: Better, random: () => number, order?: TieOrder): Scored {
   const sign = better === "lower" ? 1 : -1;
   let best = Number.POSITIVE_INFINITY;
   let ties = 0;
@@ -111,6 +146,16 @@ export function pickBest(scored: readonly Scored[], better: Better, random: () =
       best = v;
       ties = 1;
     } else if (v === best) ties++;
+  }
+  if (order !== undefined && ties > 1) {
+    const n = scored.length;
+    const b = Math.floor((order.boundary * n) / order.slots) + Math.floor(order.shift * n);
+    const start = order.reverse ? b - 1 : b;
+    const step = order.reverse ? -1 : 1;
+    for (let k = 0; k < n; k++) {
+      const s = scored[((((start + step * k) % n) + n) % n)] as Scored;
+      if (sign * s.score === best) return s;
+    }
   }
   let nth = Math.floor(random() * ties);
   for (const s of scored) {
