@@ -83,3 +83,42 @@ export function rateLimitsError(value: unknown): string | undefined {
   const e = checkLimits.Errors(value).First();
   return e ? `${e.path || "/"}: ${e.message}` : "invalid rate limits";
 }
+
+/**
+ * API keys for `gateway --auth required`, one config bucket entry per key under
+ * `apikey.<sha256 hex of the key>`. The key itself is never stored: a gateway hashes the bearer
+ * token it receives and looks the hash up. `user` becomes the request's identity (rate limits,
+ * vtc-basic, decision records), whatever `user` header the client sent.
+ */
+export const ApiKeyRecord = Type.Object(
+  {
+    /** Printable, no control characters: it is sent upstream as the `user` header. */
+    user: Type.String({ minLength: 1, maxLength: 256, pattern: "^[^\\u0000-\\u001f\\u007f]+$" }),
+    name: Type.Optional(Type.String({ minLength: 1, maxLength: 256 })),
+    /** Milliseconds since the epoch. */
+    createdAt: Type.Integer({ minimum: 0 }),
+    /** A revoked key: kept for `config list-keys`, refused by every gateway. */
+    disabled: Type.Optional(Type.Boolean()),
+    revokedAt: Type.Optional(Type.Integer({ minimum: 0 })),
+  },
+  { $id: "api-key", additionalProperties: false },
+);
+export type ApiKeyRecord = Static<typeof ApiKeyRecord>;
+
+/** Config bucket key prefix of API key records; the rest of the key is the key's SHA-256 in lower-case hex. */
+export const API_KEY_KEY_PREFIX = "apikey.";
+
+const checkApiKey = TypeCompiler.Compile(ApiKeyRecord);
+
+export function apiKeyRecordError(value: unknown): string | undefined {
+  if (checkApiKey.Check(value)) return undefined;
+  const e = checkApiKey.Errors(value).First();
+  return e ? `${e.path || "/"}: ${e.message}` : "invalid API key record";
+}
+
+/** The config bucket's documents, exported to `schemas/json/` with the event schemas. */
+export const CONFIG_SCHEMAS = {
+  "model-config": ModelConfig,
+  "rate-limits": RateLimits,
+  "api-key": ApiKeyRecord,
+} as const;

@@ -1,11 +1,13 @@
 /**
- * Writes every event schema to `schemas/json/<type>.schema.json` (JSON Schema draft 2020-12
- * compatible), for consumers in other languages and for `nats` CLI users reading payloads.
+ * Writes every event schema to `schemas/json/<type>.schema.json`, and every config bucket document
+ * (model config, rate limits, API key record) to `schemas/json/<name>.schema.json` (JSON Schema
+ * draft 2020-12 compatible), for consumers in other languages and for `nats` CLI users reading payloads.
  * `npm run schemas` regenerates them; a test fails when the committed files drift.
  */
 import { mkdirSync, writeFileSync } from "node:fs";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
+import { CONFIG_SCHEMAS } from "./config.js";
 import { EVENT_SCHEMAS } from "./events.js";
 
 export function renderSchemas(): Record<string, string> {
@@ -13,6 +15,10 @@ export function renderSchemas(): Record<string, string> {
   for (const [type, schema] of Object.entries(EVENT_SCHEMAS)) {
     const doc = { $schema: "https://json-schema.org/draft/2020-12/schema", title: `jetroute ${type} event`, ...schema, $id: `jetroute/${type}` };
     out[`${type}.schema.json`] = `${JSON.stringify(doc, null, 2)}\n`;
+  }
+  for (const [name, schema] of Object.entries(CONFIG_SCHEMAS)) {
+    const doc = { $schema: "https://json-schema.org/draft/2020-12/schema", title: `jetroute ${name} config`, ...schema, $id: `jetroute/${name}` };
+    out[`${name}.schema.json`] = `${JSON.stringify(doc, null, 2)}\n`;
   }
   return out;
 }

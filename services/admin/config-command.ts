@@ -1,10 +1,23 @@
-/** `jetroute config get|set|list|delete`: per-model routing config in the config bucket. */
+/**
+ * `jetroute config get|set|list|delete`: per-model routing config in the config bucket;
+ * `set-limits|get-limits`: per-user rate limits; `add-key|list-keys|revoke-key`: API keys for
+ * `gateway --auth required` (only their SHA-256 is stored; the key is printed once, at creation).
+ */
 import { readFileSync } from "node:fs";
 import { Kvm } from "@nats-io/kv";
 import type { Command } from "commander";
-import { MODEL_CONFIG_KEY_PREFIX, modelConfigError, RATE_LIMITS_KEY, rateLimitsError } from "../../schemas/config.js";
+import {
+  API_KEY_KEY_PREFIX,
+  type ApiKeyRecord,
+  apiKeyRecordError,
+  MODEL_CONFIG_KEY_PREFIX,
+  modelConfigError,
+  RATE_LIMITS_KEY,
+  rateLimitsError,
+} from "../../schemas/config.js";
 import { configBucketName } from "../../streams/definitions.js";
 import { decodeToken, encodeToken } from "../../streams/tokens.js";
+import { apiKeyBucketKey, generateApiKey, hashApiKey, hashOfBucketKey, resolveHashPrefix, revokeTarget, SHOWN_HASH_PREFIX } from "../gateway/auth.js";
 import { parseStrategy } from "../gateway/strategies/registry.js";
 import { DEFAULT_NATS, natsUrlsOption } from "../shared/cli-options.js";
 import { connectNats } from "../shared/nats.js";
@@ -26,7 +39,38 @@ export function validateModelConfig(value: unknown): string | undefined {
   return undefined;
 }
 
-async function withBucket<T>(o: { nats: string[]; prefix: string }, fn: (kv: Awaited<ReturnType<Kvm["open"]>>) => Promise<T>): Promise<T> {
+type Bucket = Awaited<ReturnType<Kvm["open"]>>;
+
+interface StoredKey {
+  hash: string;
+  revision: number;
+  /** Undefined when the stored value does not validate. */
+  record: ApiKeyRecord | undefined;
+}
+
+/** Every API key entry in the bucket (deleted ones left out), by hash order. */
+async function readKeys(kv: Bucket): Promise<StoredKey[]> {
+  const out: StoredKey[] = [];
+  for await (const k of await kv.keys(`${API_KEY_KEY_PREFIX}>`)) {
+    const hash = hashOfBucketKey(k);
+    if (!hash) continue;
+    const e = await kv.get(k);
+    if (e?.operation !== "PUT") continue;
+    let value: unknown;
+    try {
+      value = e.json();
+    } catch {
+      value = undefined;
+    }
+    out.push({ hash, revision: e.revision, record: value !== undefined && !apiKeyRecordError(value) ? (value as ApiKeyRecord) : undefined });
+  }
+  return out.sort((a, b) => (a.hash < b.hash ? -1 : a.hash > b.hash ? 1 : 0));
+}
+
+const shortHash = (h: string) => h.slice(0, SHOWN_HASH_PREFIX);
+const keyStatus = (k: StoredKey) => (!k.record ? "invalid" : k.record.disabled ? "revoked" : "active");
+
+async function withBucket<T>(o: { nats: string[]; prefix: string }, fn: (kv: Bucket) => Promise<T>): Promise<T> {
   const { nc } = await connectNats(o.nats, "jetroute-config");
   try {
     return await fn(await new Kvm(nc).open(configBucketName(o.prefix)));
@@ -97,6 +141,75 @@ export function registerConfigCommand(program: Command): void {
     }
     console.log(JSON.stringify(e.json(), null, 2));
   });
+  common(cfg.command("add-key").description("create an API key for a user; prints the key once (only its SHA-256 is stored)"))
+    .requiredOption("--user <user>", "the user the key authenticates (rate limits and fairness count against this user)")
+    .option("--name <name>", "a label, e.g. what the key is for")
+    .option("--json", "print {key, hash, user, name, createdAt} as one JSON line")
+    .action(async (o: { nats: string[]; prefix: string; user: string; name?: string; json?: boolean }) => {
+      const record: ApiKeyRecord = { user: o.user, ...(o.name !== undefined ? { name: o.name } : {}), createdAt: Date.now() };
+      const err = apiKeyRecordError(record);
+      if (err) {
+        console.error(`invalid key record: ${err}`);
+        process.exit(2);
+      }
+      const key = generateApiKey();
+      const hash = hashApiKey(key);
+      // `create` fails rather than overwrite an existing entry.
+      await withBucket(o, (kv) => kv.create(apiKeyBucketKey(hash), JSON.stringify(record)));
+      if (o.json) console.log(JSON.stringify({ key, hash, ...record }));
+      else {
+        console.log(key);
+        console.error(`created key ${shortHash(hash)} for user ${o.user}${o.name ? ` (${o.name})` : ""}; this is the only time the key is shown: store it now`);
+      }
+    });
+  common(cfg.command("list-keys").description("list API keys: hash prefix, user, name, created, status (never the keys)"))
+    .option("--json", "one JSON line per key")
+    .action(async (o: { nats: string[]; prefix: string; json?: boolean }) => {
+      const keys = await withBucket(o, readKeys);
+      if (o.json) {
+        for (const k of keys) console.log(JSON.stringify({ hash: shortHash(k.hash), status: keyStatus(k), ...k.record }));
+        return;
+      }
+      const rows = [["HASH", "USER", "NAME", "CREATED", "STATUS"]];
+      for (const k of keys) {
+        const r = k.record;
+        rows.push([shortHash(k.hash), r?.user ?? "-", r?.name ?? "-", r ? new Date(r.createdAt).toISOString() : "-", keyStatus(k)]);
+      }
+      const widths = rows[0]?.map((_, i) => Math.max(...rows.map((row) => (row[i] ?? "").length))) ?? [];
+      for (const row of rows) console.log(row.map((c, i) => c.padEnd(widths[i] ?? 0)).join("  ").trimEnd());
+    });
+  common(cfg.command("revoke-key <hash-prefix>").description("revoke an API key, named by a hash prefix from list-keys (or the key itself); every gateway refuses it at once"))
+    .action(async (arg: string, o: { nats: string[]; prefix: string }) => {
+      const target = revokeTarget(arg);
+      if ("error" in target) {
+        console.error(target.error);
+        process.exit(2);
+      }
+      type Outcome = { kind: "unknown" | "ambiguous"; matches: StoredKey[] } | { kind: "already" | "revoked"; key: StoredKey };
+      const outcome = await withBucket(o, async (kv): Promise<Outcome> => {
+        const keys = await readKeys(kv);
+        const found = resolveHashPrefix(keys.map((k) => k.hash), target.prefix);
+        if ("error" in found) return { kind: found.error, matches: keys.filter((k) => found.matches.includes(k.hash)) };
+        const k = keys.find((x) => x.hash === found.hash) as StoredKey;
+        if (k.record?.disabled) return { kind: "already", key: k };
+        // Gateways already refuse a key whose record does not validate; it becomes a valid revoked one.
+        const revoked: ApiKeyRecord = { ...(k.record ?? { user: "(invalid record)", createdAt: 0 }), disabled: true, revokedAt: Date.now() };
+        // Compare-and-set: a concurrent change to this key fails here instead of being overwritten.
+        await kv.update(apiKeyBucketKey(k.hash), JSON.stringify(revoked), k.revision);
+        return { kind: "revoked", key: k };
+      });
+      if ("matches" in outcome && outcome.kind === "unknown") {
+        console.error(`no API key hash starts with ${target.prefix} (see \`jetroute config list-keys\`)`);
+        return process.exit(1);
+      }
+      if ("matches" in outcome) {
+        console.error(`${target.prefix} matches ${outcome.matches.length} keys; give more digits:`);
+        for (const k of outcome.matches) console.error(`  ${shortHash(k.hash)}  ${k.record?.user ?? "-"}  ${k.record?.name ?? "-"}  ${keyStatus(k)}`);
+        return process.exit(2);
+      }
+      const user = outcome.key.record?.user ?? "-";
+      console.log(outcome.kind === "already" ? `key ${shortHash(outcome.key.hash)} (user ${user}) was already revoked` : `revoked key ${shortHash(outcome.key.hash)} (user ${user})`);
+    });
   common(cfg.command("delete <model>").description("remove a model's config")).action(async (model: string, o: { nats: string[]; prefix: string }) => {
     await withBucket(o, (kv) => kv.delete(`${MODEL_CONFIG_KEY_PREFIX}${encodeToken(model)}`));
     console.log(`deleted config for ${model}`);

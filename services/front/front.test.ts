@@ -216,6 +216,17 @@ describe("front - proxying through ext_proc", () => {
     expect(ext.streams[0]?.messages[0]?.request_headers?.end_of_stream ?? false).toBe(false);
   });
 
+  it("passes the client's authorization header to the processor and, unless removed, to the upstream", async () => {
+    const { ext, front, upstream } = await setup(
+      (ep) => router(ep),
+      (_req, res) => res.end("ok"),
+    );
+    const r = await send(front.port, { headers: { ...jsonHeaders, authorization: "Bearer jr-test-key" }, body: chatBody });
+    expect(r.status).toBe(200);
+    expect(headersToRecord(ext.streams[0]?.messages[0]?.request_headers?.headers).authorization).toBe("Bearer jr-test-key");
+    expect(upstream.seen[0]?.headers.authorization).toBe("Bearer jr-test-key");
+  });
+
   it("passes an immediate response through with its status, headers and body", async () => {
     const { front, upstream } = await setup(
       () => (req) =>

@@ -4,9 +4,15 @@ import { createLogger } from "../shared/log.js";
 import { startGateway } from "./gateway.js";
 import { strategyNames } from "./strategies/registry.js";
 import type { TokenizerMode } from "../tokenizer/prompt-tokens.js";
+import type { AuthMode } from "./auth.js";
 
 function consistencyOption(v: string): "eventual" | "strict" | "off" {
   if (v !== "eventual" && v !== "strict" && v !== "off") throw new InvalidArgumentError(`expected eventual, strict or off, got ${JSON.stringify(v)}`);
+  return v;
+}
+
+function authOption(v: string): AuthMode {
+  if (v !== "off" && v !== "required") throw new InvalidArgumentError(`expected off or required, got ${JSON.stringify(v)}`);
   return v;
 }
 
@@ -45,6 +51,7 @@ export function registerGatewayCommand(program: Command): void {
     .option("--heartbeat-timeout-ms <ms>", "a gateway silent this long loses its charges (default 3 x interval)", intOption(10))
     .option("--load-stale-ms <ms>", "a load sample older than this is ignored", intOption(1), 2_000)
     .option("--max-charges <n>", "bound on tracked charges", intOption(1), 1_000_000)
+    .option("--auth <mode>", "off, or required: every request needs `authorization: Bearer <key>` (keys: jetroute config add-key), else 401", authOption, "off")
     .option("--shutdown-grace-ms <ms>", "on SIGTERM, how long in-flight requests may finish before being cancelled", intOption(0), 10_000)
     .action(async (o) => {
       const log = createLogger("gateway");
@@ -68,6 +75,7 @@ export function registerGatewayCommand(program: Command): void {
         snapshots: o.snapshots !== false,
         snapshotIntervalMs: o.snapshotIntervalMs,
         shutdownGraceMs: o.shutdownGraceMs,
+        auth: o.auth,
         log,
       });
       console.log(JSON.stringify({ gateway: gw.id, port: gw.port, adminPort: gw.adminPort }));

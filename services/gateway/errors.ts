@@ -7,6 +7,8 @@ export const ErrorCodes = {
   invalidJson: { status: 400, code: "invalid_json" },
   invalidBody: { status: 400, code: "invalid_request_body" },
   missingModel: { status: 400, code: "model_required" },
+  /** `--auth required`: no bearer token, a malformed one, or an unknown or revoked key. */
+  invalidApiKey: { status: 401, code: "invalid_api_key" },
   invalidStrategy: { status: 400, code: "invalid_routing_strategy" },
   unknownModel: { status: 404, code: "model_not_found" },
   unsupportedPath: { status: 404, code: "unsupported_path" },

@@ -6,8 +6,14 @@
  * that names the pod is sent in the request-body reply. Whatever way the stream ends — last body
  * chunk, an error status, Envoy cancelling because the client left, or the gateway shutting
  * down — the request's charge is released exactly once (the director guarantees the "once").
+ *
+ * With `auth`, the request-headers phase checks the bearer API key before anything else: a
+ * request without a valid one gets 401 there (no routing, no charge, no rate-limit count, no
+ * decision record — unauthenticated traffic writes nothing to the shared streams). The key's user
+ * replaces any client-sent `user` header, for the director and for the upstream request.
  */
 import type * as grpc from "@grpc/grpc-js";
+import { type AuthFailureReason, type AuthResult, authFailureMessage } from "./auth.js";
 import { openAIError, RouteError, routeErrorBody } from "./errors.js";
 import type { Director, RoutedRequest, RouteInput } from "./director.js";
 import { ResponseTracker } from "./response-tracker.js";
@@ -39,7 +45,18 @@ export interface ExtProcHandlerOptions {
   listModels: () => string[];
   /** Selection + charge; defaults to the director's synchronous route (eventual mode). */
   route?: (input: RouteInput) => RoutedRequest | Promise<RoutedRequest>;
+  /** Bearer API-key authentication (`--auth required`); absent: every request is let through. */
+  auth?: {
+    /** Checks the `authorization` header value (never logged). */
+    authenticate(authorization: string | undefined): AuthResult;
+    /** Counts a refusal. */
+    failed?(reason: AuthFailureReason, requestId: string | undefined): void;
+  };
 }
+
+/** The header that carries the request's user identity (rate limits, vtc-basic, decision records). */
+const USER_HEADER = "user";
+const AUTHENTICATE_CHALLENGE = { "www-authenticate": 'Bearer realm="jetroute"' };
 
 const CONTINUE = { response: { status: "CONTINUE" as const } };
 const STRIP_CLIENT_ROUTING: HeaderMutation = { remove_headers: [...ROUTING_CONTROLLED_HEADERS] };
@@ -166,6 +183,18 @@ export function createExtProcHandler(opts: ExtProcHandlerOptions): grpc.handleBi
         switch (req.request) {
           case "request_headers": {
             headers = headersToRecord(req.request_headers?.headers);
+            let mutation = STRIP_CLIENT_ROUTING;
+            if (opts.auth) {
+              const a = opts.auth.authenticate(headers.authorization);
+              if (!a.ok) {
+                opts.auth.failed?.(a.reason, headers[Headers.requestId]);
+                const err = new RouteError("invalidApiKey", authFailureMessage(a.reason), null, AUTHENTICATE_CHALLENGE);
+                return send(immediate(err.status, routeErrorBody(err), err.headers));
+              }
+              // The key says who this is: a client-sent `user` header cannot borrow another user's quota.
+              headers[USER_HEADER] = a.user;
+              mutation = { ...STRIP_CLIENT_ROUTING, set_headers: [setHeader(USER_HEADER, a.user)] };
+            }
             subset = subsetHint(req);
             if (req.request_headers?.end_of_stream) {
               // No body: only model listing is served here; everything else needs a body to route.
@@ -175,7 +204,7 @@ export function createExtProcHandler(opts: ExtProcHandlerOptions): grpc.handleBi
               }
               return reject(new RouteError("unsupportedPath", `${headers[Headers.method] ?? ""} ${headers[Headers.path] ?? ""} has no body to route on`));
             }
-            return send({ request_headers: { response: { status: "CONTINUE", header_mutation: STRIP_CLIENT_ROUTING, clear_route_cache: true } } });
+            return send({ request_headers: { response: { status: "CONTINUE", header_mutation: mutation, clear_route_cache: true } } });
           }
           case "request_body":
             return onRequestBody(req.request_body?.body, req.request_body?.end_of_stream === true);

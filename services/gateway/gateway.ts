@@ -30,6 +30,7 @@ import { createExtProcHandler } from "./extproc-server.js";
 import { GatewayMetrics } from "./metrics.js";
 import { type LoadedSnapshot, loadNewestSnapshot, startSnapshotter } from "./snapshots.js";
 import { watchModelConfigs } from "./config-watch.js";
+import { ApiKeyView, type AuthMode } from "./auth.js";
 import { ModelConfigView } from "../views/model-config.js";
 import { createPrefixSupport } from "./prefix-support.js";
 import { Tokenizer } from "./tokenization.js";
@@ -71,6 +72,11 @@ export interface GatewayOptions {
   maxHeartbeatCharges?: number;
   /** On close, how long in-flight requests may take before their streams are cancelled. */
   shutdownGraceMs?: number;
+  /**
+   * `off` (default): no authentication; `required`: every request needs `authorization: Bearer
+   * <key>` with a key from the config bucket (`jetroute config add-key`), else 401.
+   */
+  auth?: AuthMode;
   log: Logger;
 }
 
@@ -80,6 +86,8 @@ export interface GatewayHandle {
   adminPort: number | undefined;
   views: GatewayViews;
   director: Director;
+  /** API keys folded from the config bucket (whatever the auth mode). */
+  apiKeys: ApiKeyView;
   strict: StrictCommitter | undefined;
   prefixIndex: PrefixIndex;
   /** Last KV stream sequence this replica has applied. */
@@ -203,6 +211,7 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
     strict: () => strict?.stats,
     inFlight: () => director.inFlight.size,
     ready: () => isReady,
+    apiKeys: () => ({ active: apiKeys.active, revoked: apiKeys.size - apiKeys.active }),
   });
   const sink: EventSink = {
     charge: (ev) => outbox.fire(subjects.charges(ev.model, ev.pod), ev),
@@ -215,7 +224,11 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
     },
   };
   const modelConfigs = new ModelConfigView();
-  const configWatch = await watchModelConfigs(nats.nc, configBucketName(prefix), modelConfigs, log);
+  const apiKeys = new ApiKeyView();
+  // Returns once every current entry (API keys included) is applied: the ext_proc server below
+  // never answers a request with the keys half loaded.
+  const configWatch = await watchModelConfigs(nats.nc, configBucketName(prefix), modelConfigs, log, apiKeys);
+  const authMode: AuthMode = o.auth ?? "off";
   const prefixSupport = createPrefixSupport({ gatewayId: id, index: prefixIndex, routed: routedPrefixes, tokenizer, load: views.load, subjects, outbox });
   const director = new Director({ gatewayId: id, defaultStrategy: o.defaultStrategy ?? "least-request", chargeTtlMs, views, sink, prefix: prefixSupport, config: modelConfigs, onPick: (st, sec) => metrics.pick(st, sec) });
   const strict =
@@ -283,6 +296,18 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
       isReady: () => isReady,
       listModels: () => [...new Set(views.pods.all().flatMap((p) => [p.model, ...p.adapters]))].sort(),
       ...(strict ? { route: (input) => strict.route(input) } : {}),
+      ...(authMode === "required"
+        ? {
+            auth: {
+              authenticate: (authorization: string | undefined) => apiKeys.authenticate(authorization),
+              failed: (reason, requestId) => {
+                metrics.authFailure(reason);
+                // The reason only: the header itself is never logged.
+                if (log.isLevelEnabled("debug")) log.debug({ requestId, reason }, "request refused: authentication failed");
+              },
+            },
+          }
+        : {}),
     }),
   });
   health.addToServer(server);
@@ -312,6 +337,7 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
     inFlight: director.inFlight.size,
     consistency: o.consistency ?? "eventual",
     configs: { rejected: configWatch.rejected },
+    auth: { mode: authMode, activeKeys: apiKeys.active, revokedKeys: apiKeys.size - apiKeys.active },
     ...(strict ? { strict: strict.stats } : {}),
   });
 
@@ -363,7 +389,7 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
       });
     });
   }
-  log.info({ id, port, adminPort }, "gateway listening");
+  log.info({ id, port, adminPort, auth: authMode }, "gateway listening");
 
   let closed = false;
   return {
@@ -372,6 +398,7 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
     adminPort,
     views,
     director,
+    apiKeys,
     strict,
     prefixIndex,
     kvLastSeq,

@@ -13,12 +13,15 @@ export interface GatewayMetricsSources {
   strict: () => { committed: number; conflicts: number; fallbacks: number } | undefined;
   inFlight: () => number;
   ready: () => boolean;
+  /** API keys known to this replica: active and revoked. */
+  apiKeys?: () => { active: number; revoked: number };
 }
 
 export class GatewayMetrics {
   readonly registry = new client.Registry();
   private readonly decisions: client.Counter<"strategy" | "outcome" | "status">;
   private readonly pickSeconds: client.Histogram<"strategy">;
+  private readonly authFailures: client.Counter<"reason">;
 
   constructor(gatewayId: string, src: GatewayMetricsSources) {
     const r = this.registry;
@@ -32,6 +35,14 @@ export class GatewayMetrics {
       buckets: [0.00001, 0.00003, 0.0001, 0.0003, 0.001, 0.003, 0.01, 0.03],
       registers: [r],
     });
+    this.authFailures = new client.Counter({
+      name: "jetroute_gateway_auth_failures_total",
+      help: "Requests refused with 401 (--auth required), by reason: missing, malformed, unknown, revoked",
+      labelNames: ["reason"],
+      registers: [r],
+    });
+    // Present from the start (at 0), so rate() over them works before the first failure.
+    for (const reason of ["missing", "malformed", "unknown", "revoked"]) this.authFailures.inc({ reason }, 0);
     const gauge = (name: string, help: string, labelNames: string[], collect: (g: client.Gauge<string>) => void) =>
       new client.Gauge({
         name,
@@ -62,6 +73,9 @@ export class GatewayMetrics {
     gauge("jetroute_gateway_prefix_index", "Prefix index: (block, pod) entries, blocks, evicted entries", ["figure"], (g) => {
       for (const [k, v] of Object.entries(src.prefixIndex())) g.set({ figure: k }, v);
     });
+    gauge("jetroute_gateway_api_keys", "API keys in the config bucket, by state (active, revoked)", ["state"], (g) => {
+      for (const [k, v] of Object.entries(src.apiKeys?.() ?? {})) g.set({ state: k }, v);
+    });
     gauge("jetroute_gateway_strict", "Strict mode: committed charges, lost races, fallbacks", ["figure"], (g) => {
       for (const [k, v] of Object.entries(src.strict() ?? {})) g.set({ figure: k }, v);
     });
@@ -69,6 +83,10 @@ export class GatewayMetrics {
 
   decision(rec: DecisionRecord): void {
     this.decisions.inc({ strategy: rec.strategy, outcome: rec.outcome, status: String(rec.status) });
+  }
+
+  authFailure(reason: string): void {
+    this.authFailures.inc({ reason });
   }
 
   pick(strategy: string, seconds: number): void {
