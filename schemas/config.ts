@@ -36,6 +36,12 @@ export const ModelConfig = Type.Object(
     lockedRoutingStrategy: Type.Optional(Type.String({ minLength: 1 })),
     defaultProfile: Type.Optional(Type.String({ minLength: 1 })),
     profiles: Type.Optional(Type.Record(Type.String({ minLength: 1 }), Profile)),
+    /**
+     * How this model's charges are shared (overrides the gateway's `--consistency`): `eventual`
+     * (published without waiting) or `strict` (per-pod compare-and-set). Ignored by a gateway
+     * started with `--consistency off`, which follows no other replica.
+     */
+    consistency: Type.Optional(Type.Union([Type.Literal("eventual"), Type.Literal("strict")])),
   },
   { $id: "model-config", additionalProperties: false },
 );

@@ -181,6 +181,15 @@ describe("gateway - routing through ext_proc", () => {
     expect(r.body.error.code).toBe("invalid_routing_strategy");
   });
 
+  it("a `user` header too long to share -> 400 naming it, and nothing is charged", async () => {
+    const ex = client.open();
+    await ex.requestHeaders(reqHeaders({ user: "u".repeat(257) }));
+    const r = immediate(await ex.requestBody(chat()));
+    expect(r.status).toBe(400);
+    expect(r.body.error).toMatchObject({ code: "invalid_header", param: "user", type: "invalid_request_error" });
+    expect(gw.views.ledger.size).toBe(0);
+  });
+
   it("honours the proxy's subset hint, and 503s when nothing in it is ready", async () => {
     const ex = client.open({ metadataContext: { "envoy.lb.subset_hint": { "x-gateway-destination-endpoint-subset": ["127.0.0.1:8102"] } } });
     await ex.requestHeaders(reqHeaders());
@@ -424,6 +433,34 @@ describe("gateway - model configs change live on every replica", () => {
       await new Promise((r) => setTimeout(r, 20));
     }
     expect(await strategyVia(c)).toBe("least-request");
+    c.close();
+  });
+
+  it("consistency is chosen per model: a config saying strict makes an eventual gateway commit with compare-and-set", async () => {
+    const g = await env.gateway({ id: "cfg-d", consistency: "eventual" });
+    const c = new ExtProcClient(`127.0.0.1:${g.port}`);
+    const committed = () => g.strict?.stats.committed ?? -1;
+    await strategyVia(c);
+    expect(committed()).toBe(0);
+    expect(await cli(["set", MODEL, "--json", JSON.stringify({ consistency: "strict" })])).toBe(0);
+    const deadline = Date.now() + 3_000;
+    while (committed() < 1) {
+      if (Date.now() > deadline) throw new Error("the model's strict consistency did not apply");
+      await strategyVia(c);
+    }
+    // Back to the gateway's own mode once the model's config says nothing.
+    expect(await cli(["delete", MODEL])).toBe(0);
+    await waitFor(() => g.views.ledger.size === 0, 2_000, "releases");
+    const until = Date.now() + 3_000;
+    let before = committed();
+    for (;;) {
+      await strategyVia(c);
+      if (committed() === before) break;
+      before = committed();
+      if (Date.now() > until) throw new Error("deleting the config did not restore eventual mode");
+    }
+    // A mode that is not one of the two is refused by the CLI.
+    expect(await cli(["set", MODEL, "--json", JSON.stringify({ consistency: "off" })])).toBe(2);
     c.close();
   });
 });

@@ -20,6 +20,9 @@ import type { RateView } from "../views/rate-view.js";
 import { findStrategy, isStrategySpecError, parseStrategy, strategyNames } from "./strategies/registry.js";
 import { type Pick, type PrefixMatchInfo, type Scored, type Strategy, type TieOrder, tieOrderOf } from "./strategies/types.js";
 
+/** Longest `user` header accepted (the charge and decision schemas' bound). */
+export const MAX_USER_LENGTH = 256;
+
 export interface GatewayViews {
   pods: PodSet;
   load: LoadView;
@@ -143,6 +146,11 @@ export class Director {
    */
   prepare(input: RouteInput): Prepared | Promise<Prepared> {
     const parsed = parseRequestBody(input.body);
+    // The user travels in every charge and decision record; the event schemas bound it.
+    const user = input.headers.user;
+    if (user !== undefined && user.length > MAX_USER_LENGTH) {
+      throw new RouteError("invalidHeader", `the \`user\` header is ${user.length} characters long; at most ${MAX_USER_LENGTH} are allowed`, "user");
+    }
     const choice = this.opts.config
       ? this.opts.config.choose(parsed.model, input.headers, { promptTokens: parsed.promptTokens, maxTokens: parsed.maxTokens }, this.opts.defaultStrategy)
       : { spec: input.headers["routing-strategy"] || this.opts.defaultStrategy, source: "default" as const };

@@ -10,6 +10,7 @@ export const ErrorCodes = {
   /** `--auth required`: no bearer token, a malformed one, or an unknown or revoked key. */
   invalidApiKey: { status: 401, code: "invalid_api_key" },
   invalidStrategy: { status: 400, code: "invalid_routing_strategy" },
+  invalidHeader: { status: 400, code: "invalid_header" },
   unknownModel: { status: 404, code: "model_not_found" },
   unsupportedPath: { status: 404, code: "unsupported_path" },
   bodyTooLarge: { status: 413, code: "request_too_large" },

@@ -23,7 +23,7 @@ import { RateView } from "../views/rate-view.js";
 import { PrefixIndex } from "../views/prefix-index.js";
 import { RoutedPrefixes } from "../views/routed-prefixes.js";
 import type { TokenizerMode } from "../tokenizer/prompt-tokens.js";
-import { Director, type EventSink, type GatewayViews } from "./director.js";
+import { Director, type EventSink, type GatewayViews, type Prepared, type RouteInput } from "./director.js";
 import { openAIError } from "./errors.js";
 import { explain } from "./explain.js";
 import { createExtProcHandler } from "./extproc-server.js";
@@ -231,10 +231,19 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
   const authMode: AuthMode = o.auth ?? "off";
   const prefixSupport = createPrefixSupport({ gatewayId: id, index: prefixIndex, routed: routedPrefixes, tokenizer, load: views.load, subjects, outbox });
   const director = new Director({ gatewayId: id, defaultStrategy: o.defaultStrategy ?? "least-request", chargeTtlMs, views, sink, prefix: prefixSupport, config: modelConfigs, onPick: (st, sec) => metrics.pick(st, sec) });
+  // Strict commits are chosen per model (its config's `consistency`, else `--consistency`), so the
+  // committer exists whenever charges are shared; `off` follows no peer and has nothing to commit against.
+  const defaultConsistency = o.consistency ?? "eventual";
   const strict =
-    o.consistency === "strict"
+    defaultConsistency !== "off"
       ? new StrictCommitter({ js: nats.js, subjects, director, cursor: cursors, onFallback: (err) => log.warn({ err }, "strict charge commit failed; published without compare-and-set") })
       : undefined;
+  const routeByConsistency = (committer: StrictCommitter) => (input: RouteInput) => {
+    const go = (prepared: Prepared) =>
+      (modelConfigs.consistency(prepared.parsed.model) ?? defaultConsistency) === "strict" ? committer.route(input, prepared) : director.route(input, { prepared });
+    const p = director.prepare(input);
+    return p instanceof Promise ? p.then(go) : go(p);
+  };
 
   const startedAt = Date.now();
   const maxListed = o.maxHeartbeatCharges ?? 20_000;
@@ -295,7 +304,7 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
       log,
       isReady: () => isReady,
       listModels: () => [...new Set(views.pods.all().flatMap((p) => [p.model, ...p.adapters]))].sort(),
-      ...(strict ? { route: (input) => strict.route(input) } : {}),
+      ...(strict ? { route: routeByConsistency(strict) } : {}),
       ...(authMode === "required"
         ? {
             auth: {
@@ -335,7 +344,8 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
       outstanding: views.pods.all().map((p) => ({ model: p.model, pod: p.pod, ...views.ledger.outstanding(p.model, p.pod) })),
     },
     inFlight: director.inFlight.size,
-    consistency: o.consistency ?? "eventual",
+    consistency: defaultConsistency,
+    consistencyByModel: Object.fromEntries(modelConfigs.modelNames().flatMap((m) => { const c = modelConfigs.consistency(m); return c ? [[m, c]] : []; })),
     configs: { rejected: configWatch.rejected },
     auth: { mode: authMode, activeKeys: apiKeys.active, revokedKeys: apiKeys.size - apiKeys.active },
     ...(strict ? { strict: strict.stats } : {}),

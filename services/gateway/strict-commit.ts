@@ -11,7 +11,7 @@
 import { JetStreamApiCodes, JetStreamApiError, type JetStreamClient } from "@nats-io/jetstream";
 import type { Subjects } from "../../streams/subjects.js";
 import { encodeEvent } from "../shared/publish.js";
-import type { Director, RoutedRequest, RouteInput } from "./director.js";
+import type { Director, Prepared, RoutedRequest, RouteInput } from "./director.js";
 
 export interface SubjectCursor {
   /** Last stream sequence this replica applied on `subject` (0 = none). */
@@ -79,9 +79,9 @@ export class StrictCommitter {
     return next;
   }
 
-  async route(input: RouteInput): Promise<RoutedRequest> {
+  async route(input: RouteInput, preparedAlready?: Prepared): Promise<RoutedRequest> {
     const { director, js, subjects, cursor } = this.o;
-    const prepared = await director.prepare(input);
+    const prepared = preparedAlready ?? (await director.prepare(input));
     for (let attempt = 0; ; attempt++) {
       if (attempt > this.maxRetries) {
         this.stats.fallbacks++;

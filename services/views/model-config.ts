@@ -65,6 +65,16 @@ export class ModelConfigView implements ConfigReader {
     return this.models.get(model);
   }
 
+  /** Models with a config. */
+  modelNames(): string[] {
+    return [...this.models.keys()];
+  }
+
+  /** The model's consistency mode, if its config sets one. */
+  consistency(model: string): "eventual" | "strict" | undefined {
+    return this.models.get(model)?.consistency;
+  }
+
   choose(model: string, headers: Readonly<Record<string, string>>, hints: { promptTokens: number; maxTokens?: number }, fallback: string) {
     const c = this.models.get(model);
     if (c?.lockedRoutingStrategy) return { spec: c.lockedRoutingStrategy, source: "locked" as const };
