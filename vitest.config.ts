@@ -9,5 +9,8 @@ export default defineConfig({
     // Two cores: integration files each start their own nats-server and processes.
     maxWorkers: 2,
     reporters: ["default"],
+    // The tests start their own plain nats-servers: a developer's NATS_* settings for the nats
+    // CLI (read by every jetroute process) must not leak into them. Empty counts as unset.
+    env: Object.fromEntries(["NATS_USER", "NATS_PASSWORD", "NATS_TOKEN", "NATS_CREDS", "NATS_NKEY", "NATS_CA", "NATS_CERT", "NATS_KEY"].map((k) => [k, ""])),
   },
 });

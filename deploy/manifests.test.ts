@@ -119,6 +119,7 @@ const API_VERSIONS: Record<string, string> = {
   BackendTrafficPolicy: "gateway.envoyproxy.io/v1alpha1",
   ClientTrafficPolicy: "gateway.envoyproxy.io/v1alpha1",
   EnvoyPatchPolicy: "gateway.envoyproxy.io/v1alpha1",
+  ServiceMonitor: "monitoring.coreos.com/v1",
 };
 const CLUSTER_SCOPED = new Set(["Namespace", "ClusterRole", "ClusterRoleBinding", "GatewayClass"]);
 
@@ -277,7 +278,7 @@ describe("deploy/ YAML", () => {
 
   it("each kustomization lists every manifest of its directory, and only existing ones", () => {
     const kustomizations = allDocs.filter((d) => isKustomization(d.file));
-    expect(kustomizations.map((d) => d.file).sort()).toEqual(["envoy-gateway/kustomization.yaml", "kubernetes/kustomization.yaml"]);
+    expect(kustomizations.map((d) => d.file).sort()).toEqual(["envoy-gateway/kustomization.yaml", "kubernetes/kustomization.yaml", "monitoring/kustomization.yaml"]);
     for (const { file, value } of kustomizations) {
       const dir = path.dirname(path.join(DEPLOY, file));
       const resources = list(value.resources, `${file} resources`).map((r) => str(r, `${file} resource`));
@@ -612,6 +613,145 @@ describe("pod-watcher, metrics-scraper, streams, NATS", () => {
     expect(url.protocol).toBe("nats:");
     expect(url.hostname.startsWith(`nats.${nsOf(cm)}.svc`)).toBe(true);
     expect(url.port).toBe("4222");
+  });
+});
+
+// ---------------------------------------------------------------- Prometheus scraping
+/** The flag that sets the port serving /metrics, per sub-command, and the source line that serves it. */
+const METRICS_FLAG: Record<string, { flag: string; serves: () => boolean }> = {
+  gateway: { flag: "--admin-port", serves: () => /req\.url === "\/metrics"/.test(read("services/gateway/gateway.ts")) && /adminPort:\s*o\.adminPort/.test(read("services/gateway/command.ts")) },
+  ...Object.fromEntries(
+    ["pod-watcher", "metrics-scraper", "kv-bridge"].map((sub) => [
+      sub,
+      {
+        flag: "--metrics-port",
+        serves: () => /startMetricsServer\(\s*o\.metricsPort\b/.test(read(COMMANDS.get(sub)?.file ?? "")) && /req\.url !== "\/metrics"/.test(read("services/shared/metrics-server.ts")),
+      },
+    ]),
+  ),
+};
+
+/** The Services a ServiceMonitor selects (matchLabels only: anything else fails the test). */
+function servicesSelectedBy(sm: Obj): Obj[] {
+  const where = `ServiceMonitor ${nsOf(sm)}/${nameOf(sm)}`;
+  const sel = obj(at(sm, "spec.selector"), `${where} spec.selector`);
+  expect(Object.keys(sel), `${where}: this test understands selector.matchLabels only`).toEqual(["matchLabels"]);
+  const nsSel = at(sm, "spec.namespaceSelector");
+  expect(at(nsSel, "any"), `${where}: namespaceSelector.any would scrape every namespace`).not.toBe(true);
+  const namespaces = listOrEmpty(at(nsSel, "matchNames")).map((n) => String(n));
+  const allowed = namespaces.length > 0 ? namespaces : [nsOf(sm)];
+  return kinds("Service").filter((svc) => allowed.includes(nsOf(svc)) && selects(sel.matchLabels, at(svc, "metadata.labels")));
+}
+
+/** The jetroute containers behind a Service (pod templates its selector matches, same namespace). */
+function containersBehind(svc: Obj): Array<{ inv: Invocation; port: Obj }> {
+  const out: Array<{ inv: Invocation; port: Obj }> = [];
+  for (const c of jetrouteContainers()) {
+    if (nsOf(c.workload) !== nsOf(svc) || !selects(at(svc, "spec.selector"), at(c.workload, "spec.template.metadata.labels"))) continue;
+    for (const p of listOrEmpty(c.container.ports)) out.push({ inv: invocation(c), port: obj(p, "container port") });
+  }
+  return out;
+}
+
+describe("Prometheus ServiceMonitors", () => {
+  const monitors = () => kinds("ServiceMonitor");
+
+  it("every ServiceMonitor selects an existing Service, by a port name that Service has, leading to a container port", () => {
+    expect(monitors().length).toBeGreaterThan(0);
+    for (const sm of monitors()) {
+      const where = `ServiceMonitor ${nsOf(sm)}/${nameOf(sm)}`;
+      const services = servicesSelectedBy(sm);
+      expect(services.length, `${where} selects no Service`).toBeGreaterThan(0);
+      const endpoints = list(at(sm, "spec.endpoints"), `${where} endpoints`).map((e) => obj(e, `${where} endpoint`));
+      expect(endpoints.length).toBeGreaterThan(0);
+      for (const ep of endpoints) {
+        const portName = str(ep.port, `${where} endpoint port (a Service port name)`);
+        expect(ep.path ?? "/metrics", `${where}: jetroute serves /metrics only`).toBe("/metrics");
+        if (ep.interval !== undefined && ep.scrapeTimeout !== undefined) expect(seconds(ep.scrapeTimeout), `${where}: scrapeTimeout must not exceed interval`).toBeLessThanOrEqual(seconds(ep.interval));
+        for (const svc of services) {
+          const sp = listOrEmpty(at(svc, "spec.ports")).find((p) => at(p, "name") === portName);
+          expect(sp, `${where}: Service ${nameOf(svc)} has no port named ${portName}`).toBeDefined();
+          const target = at(sp, "targetPort") ?? at(sp, "port");
+          const behind = containersBehind(svc).filter(({ port }) => port.name === target || port.containerPort === target);
+          expect(behind.length, `${where}: Service ${nameOf(svc)} port ${portName} (targetPort ${String(target)}) reaches no jetroute container port`).toBeGreaterThan(0);
+        }
+      }
+    }
+  });
+
+  it("gateway, pod-watcher, metrics-scraper and kv-bridge are each scraped once, on the port their metrics flag opens", () => {
+    const scraped = new Map<string, number>();
+    for (const sm of monitors()) {
+      for (const ep of listOrEmpty(at(sm, "spec.endpoints"))) {
+        for (const svc of servicesSelectedBy(sm)) {
+          const sp = listOrEmpty(at(svc, "spec.ports")).find((p) => at(p, "name") === at(ep, "port"));
+          const target = at(sp, "targetPort") ?? at(sp, "port");
+          for (const { inv, port } of containersBehind(svc)) {
+            if (port.name !== target && port.containerPort !== target) continue;
+            const m = METRICS_FLAG[inv.sub];
+            expect(m, `${inv.where}: scraped, but \`jetroute ${inv.sub}\` serves no /metrics`).toBeDefined();
+            const flagPort = intFlag(inv, m?.flag ?? "");
+            expect(port.containerPort, `${inv.where}: the scraped container port must be ${m?.flag}`).toBe(flagPort);
+            scraped.set(inv.sub, (scraped.get(inv.sub) ?? 0) + 1);
+          }
+        }
+      }
+    }
+    for (const sub of Object.keys(METRICS_FLAG)) {
+      expect(scraped.get(sub), `\`jetroute ${sub}\` must be scraped by exactly one ServiceMonitor endpoint`).toBe(1);
+      expect(METRICS_FLAG[sub]?.serves(), `${sub}: the source no longer serves /metrics on ${METRICS_FLAG[sub]?.flag}`).toBe(true);
+      const inv = invocationOf(sub);
+      expect(intFlag(inv, METRICS_FLAG[sub]?.flag ?? "")).toBeGreaterThan(0); // -1 turns the endpoint off
+    }
+  });
+});
+
+// ---------------------------------------------------------------- NATS credentials and TLS
+describe("NATS authentication and TLS wiring", () => {
+  const natsSource = read("services/shared/nats.ts");
+  const block = /export const NATS_ENV = \{([^}]*)\}/.exec(natsSource)?.[1] ?? "";
+  const NATS_VARS = [...block.matchAll(/"(NATS_[A-Z_]+)"/g)].map((m) => m[1] as string);
+  const fileOf = (workload: Obj) => allDocs.find((d) => d.value === workload)?.file ?? "?";
+
+  it("the variables are the ones services/shared/nats.ts reads", () => {
+    expect(NATS_VARS.sort()).toEqual(["NATS_CA", "NATS_CERT", "NATS_CREDS", "NATS_KEY", "NATS_NKEY", "NATS_PASSWORD", "NATS_TOKEN", "NATS_USER"]);
+  });
+
+  it("every jetroute container takes the same optional Secret references, and shows the file-based ones", () => {
+    const shapes = new Set<string>();
+    for (const c of jetrouteContainers()) {
+      const entries = listOrEmpty(c.container.env)
+        .map((e) => obj(e, `${c.where} env`))
+        .filter((e) => String(e.name).startsWith("NATS_"));
+      for (const e of entries) {
+        const name = String(e.name);
+        expect(NATS_VARS, `${c.where}: ${name} is not read by services/shared/nats.ts`).toContain(name);
+        const ref = at(e, "valueFrom.secretKeyRef");
+        if (ref !== undefined) {
+          expect(at(ref, "optional"), `${c.where}: ${name} must be optional (no Secret = no NATS auth)`).toBe(true);
+          continue;
+        }
+        // A file variable switched on: its path must lie in a mounted Secret volume.
+        const file = str(e.value, `${c.where} ${name} value`);
+        const mount = listOrEmpty(c.container.volumeMounts).find((m) => file.startsWith(`${String(at(m, "mountPath")).replace(/\/$/, "")}/`));
+        const volume = listOrEmpty(c.pod.volumes).find((v) => at(v, "name") === at(mount, "name"));
+        expect(at(volume, "secret.secretName"), `${c.where}: ${name}=${file} is not in a mounted Secret`).toBeDefined();
+      }
+      const byRef = entries.filter((e) => at(e, "valueFrom.secretKeyRef") !== undefined);
+      expect(byRef.map((e) => e.name).sort(), `${c.where}`).toEqual(["NATS_PASSWORD", "NATS_TOKEN", "NATS_USER"]);
+      shapes.add(JSON.stringify(byRef.map((e) => [e.name, at(e, "valueFrom.secretKeyRef.name"), at(e, "valueFrom.secretKeyRef.key")])));
+      // The file-based variables are there for the operator to switch on (commented out or set).
+      const text = read(`deploy/${fileOf(c.workload)}`);
+      for (const v of ["NATS_CREDS", "NATS_NKEY", "NATS_CA", "NATS_CERT", "NATS_KEY"]) expect(text, `${fileOf(c.workload)} should show ${v}`).toMatch(new RegExp(`name: ${v}\\b`));
+    }
+    expect(shapes.size, "one Secret must configure every process alike").toBe(1);
+  });
+
+  it("no NATS secret sits in the shared ConfigMap", () => {
+    const cm = one("ConfigMap", "jetroute-config");
+    const keys = Object.keys(obj(cm.data, "jetroute-config data"));
+    expect(keys.filter((k) => NATS_VARS.includes(k))).toEqual([]);
+    expect(String(at(cm, "data.NATS_URL")), "credentials in NATS_URL would sit in a ConfigMap").not.toMatch(/@/);
   });
 });
 

@@ -2,6 +2,7 @@ import { type Command, InvalidArgumentError } from "commander";
 import { startMetricsServer, statsRegistry } from "../shared/metrics-server.js";
 import { DEFAULT_NATS, intOption, natsUrlsOption, untilSignal } from "../shared/cli-options.js";
 import { createLogger } from "../shared/log.js";
+import { redactNatsUrl } from "../shared/nats.js";
 import { DEFAULTS, startKvBridge } from "./bridge.js";
 import { formatShard, parseShard, type Shard } from "./shard.js";
 
@@ -39,7 +40,7 @@ export function registerKvBridgeCommand(program: Command): void {
         log,
       });
       const metrics = o.metricsPort >= 0 ? await startMetricsServer(o.metricsPort, o.metricsHost, statsRegistry("kv-bridge", () => bridge.stats), log) : undefined;
-      console.log(JSON.stringify({ kvBridge: formatShard(bridge.shard), prefix: o.prefix, nats: o.nats, ...(metrics ? { metricsPort: metrics.port } : {}) }));
+      console.log(JSON.stringify({ kvBridge: formatShard(bridge.shard), prefix: o.prefix, nats: (o.nats as string[]).map(redactNatsUrl), ...(metrics ? { metricsPort: metrics.port } : {}) }));
       const signal = await untilSignal();
       log.info({ signal, stats: bridge.stats }, "shutting down");
       await bridge.close();
