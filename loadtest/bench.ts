@@ -9,6 +9,7 @@ import { runIndexBench } from "./benches/index.js";
 import { runBootstrapBench } from "./benches/bootstrap.js";
 import { runChargeLagBench } from "./benches/charge-lag.js";
 import { type HerdingMode, runHerdingBench } from "./benches/herding.js";
+import { runRateLimitBench } from "./benches/rate-limit.js";
 import { PREFIX_QUALITY_CASES, type PrefixQualityCaseName, runPrefixQualityBench } from "./benches/prefix-quality.js";
 
 const ints = (v: string) =>
@@ -69,6 +70,21 @@ program
       replicas: o.replicas, modes: o.modes, bursts: o.bursts, requests: o.requests, pods: o.pods, spread: o.spread, staggerMs: o.staggerMs, inProcess: o.inProcess, seed: o.seed,
     });
     console.log(JSON.stringify(result));
+  });
+
+program
+  .command("rate-limit")
+  .description("a per-user limit shared by R replicas: requests admitted from one user's burst, and the overshoot")
+  .option("--replicas <list>", "replica counts, comma separated", ints, [1, 2, 4])
+  .option("--gaps-ms <list>", "gaps between a burst's bodies, comma separated (0 = all at once)", (v: string) => v.split(",").map((x) => nonNegative(x)), [0, 2])
+  .option("--limit <n>", "requests per minute per user", int, 20)
+  .option("--requests <n>", "requests per burst", int, 60)
+  .option("--bursts <n>", "bursts per cell (one new user each)", int, 5)
+  .option("--mode <mode>", "consistency mode of the replicas: eventual | strict | off", "eventual")
+  .option("--in-process", "replicas as in-process gateways (one event loop) instead of processes", false)
+  .action(async (o) => {
+    if (!(HERDING_MODES as readonly string[]).includes(o.mode)) throw new InvalidArgumentError("--mode must be eventual, strict or off");
+    console.log(JSON.stringify(await runRateLimitBench({ replicas: o.replicas, gapsMs: o.gapsMs, limit: o.limit, requests: o.requests, bursts: o.bursts, mode: o.mode, inProcess: o.inProcess })));
   });
 
 program

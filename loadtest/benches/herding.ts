@@ -26,18 +26,16 @@
  * A fresh nats-server per cell keeps one cell's stream history out of the next cell's replay.
  */
 import { ExtProcClient, type PhaseResult } from "../../services/extproc/envoy-client.js";
-import { type GatewayHandle, startGateway } from "../../services/gateway/gateway.js";
 import type { StrictStats } from "../../services/gateway/strict-commit.js";
-import { createLogger } from "../../services/shared/log.js";
 import { connectNats, type NatsHandles } from "../../services/shared/nats.js";
 import { type NatsServerHandle, startNatsServer } from "../../services/shared/nats-server.js";
-import { type ServiceProcess, spawnJetroute } from "../../services/shared/processes.js";
+import { type ConsistencyMode, DRAIN_TIMEOUT_MS, inProcessReplica, pollAll, processReplica, READY_TIMEOUT_MS, type Replica, type ReplicaState } from "../replicas.js";
 import { acked } from "../../services/shared/publish.js";
 import { applyStreams } from "../../streams/apply.js";
 import { Subjects } from "../../streams/subjects.js";
 import { mulberry32 } from "../../services/shared/seeded-random.js";
 
-export type HerdingMode = "off" | "eventual" | "strict";
+export type HerdingMode = ConsistencyMode;
 
 export interface HerdingBenchOptions {
   /** Replica counts to test (default 1, 2, 4, 8). */
@@ -96,101 +94,6 @@ const MODEL = "bench/herding";
 const ENDPOINT_HEADER = "x-gateway-destination-endpoint";
 const HEADERS = { ":method": "POST", ":path": "/v1/chat/completions", ":authority": "bench", "content-type": "application/json" };
 const BODY = Buffer.from(JSON.stringify({ model: MODEL, messages: [{ role: "user", content: "hello there" }], stream: true }));
-/** Upper bound for a replica to become ready, and for ledgers to drain after a burst. */
-const READY_TIMEOUT_MS = 30_000;
-const DRAIN_TIMEOUT_MS = 10_000;
-
-/** What the bench needs to see of a replica, whichever way it runs. */
-interface ReplicaState {
-  ready: boolean;
-  pods: number;
-  /** Entries in the replica's ledger (its own charges, plus other replicas' unless mode is off). */
-  charges: number;
-  inFlight: number;
-  /** Live gateways this replica knows of, itself included (what its tie-break stagger is based on). */
-  gateways: number;
-  strict?: StrictStats;
-}
-
-interface Replica {
-  id: string;
-  port: number;
-  state(): Promise<ReplicaState>;
-  stop(): Promise<void>;
-}
-
-interface DebugState {
-  ready: boolean;
-  pods: unknown[];
-  ledger: { charges: number; liveGateways: Array<{ gateway: string }> };
-  inFlight: number;
-  strict?: StrictStats;
-}
-
-async function processReplica(id: string, natsUrl: string, mode: HerdingMode, heartbeatMs: number): Promise<Replica> {
-  // The admin port (not -1) is on so the bench can see readiness and the ledger drain between bursts.
-  const proc: ServiceProcess = spawnJetroute(
-    id,
-    [
-      "gateway", "--nats", natsUrl, "--id", id, "--port", "0", "--admin-port", "0", "--host", "127.0.0.1",
-      "--heartbeat-ms", String(heartbeatMs), "--strategy", "least-request", "--consistency", mode, "--shutdown-grace-ms", "500",
-    ],
-    { env: { JETROUTE_LOG_LEVEL: "warn" } },
-  );
-  try {
-    const line = await proc.waitForLine<{ port: number; adminPort: number }>((v) => typeof v.port === "number", READY_TIMEOUT_MS);
-    const url = `http://127.0.0.1:${line.adminPort}/debug/state`;
-    return {
-      id,
-      port: line.port,
-      async state() {
-        const s = (await (await fetch(url)).json()) as DebugState;
-        const gateways = new Set([id, ...s.ledger.liveGateways.map((g) => g.gateway)]).size;
-        return { ready: s.ready, pods: s.pods.length, charges: s.ledger.charges, inFlight: s.inFlight, gateways, ...(s.strict ? { strict: s.strict } : {}) };
-      },
-      stop: () => proc.stop(),
-    };
-  } catch (err) {
-    await proc.stop();
-    throw err;
-  }
-}
-
-const silent = createLogger("bench-herding", "silent");
-
-async function inProcessReplica(id: string, natsUrl: string, mode: HerdingMode, heartbeatMs: number): Promise<Replica> {
-  const gw: GatewayHandle = await startGateway({
-    nats: natsUrl, id, port: 0, host: "127.0.0.1", adminPort: -1, log: silent, defaultStrategy: "least-request",
-    consistency: mode, heartbeatIntervalMs: heartbeatMs, shutdownGraceMs: 500,
-  });
-  return {
-    id,
-    port: gw.port,
-    state: async () => ({
-      ready: gw.ready(),
-      pods: gw.views.pods.size,
-      charges: gw.views.ledger.size,
-      inFlight: gw.director.inFlight.size,
-      gateways: gw.views.ledger.rank(Date.now()).count,
-      ...(gw.strict ? { strict: { ...gw.strict.stats } } : {}),
-    }),
-    stop: () => gw.close(),
-  };
-}
-
-async function pollAll(replicas: Replica[], ok: (s: ReplicaState) => boolean, timeoutMs: number, what: string): Promise<ReplicaState[]> {
-  const deadline = performance.now() + timeoutMs;
-  for (;;) {
-    const states = await Promise.all(replicas.map((r) => r.state()));
-    if (states.every(ok)) return states;
-    if (performance.now() > deadline) {
-      throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}: ${JSON.stringify(states.map((s, i) => ({ id: replicas[i]?.id, ...s })))}`);
-    }
-    await new Promise((r) => setTimeout(r, 5));
-  }
-}
-
-
 interface BurstOutcome {
   perPod: Map<string, number>;
   maxOverMean: number;

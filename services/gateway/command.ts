@@ -51,6 +51,7 @@ export function registerGatewayCommand(program: Command): void {
     .option("--heartbeat-timeout-ms <ms>", "a gateway silent this long loses its charges (default 3 x interval)", intOption(10))
     .option("--load-stale-ms <ms>", "a load sample older than this is ignored", intOption(1), 2_000)
     .option("--max-charges <n>", "bound on tracked charges", intOption(1), 1_000_000)
+    .option("--rate-confirm-ms <ms>", "rate limits: how long this replica's admissions may be unseen by the others (room is reserved for theirs meanwhile); 0 = no reservation", intOption(0), 25)
     .option("--auth <mode>", "off, or required: every request needs `authorization: Bearer <key>` (keys: jetroute config add-key), else 401", authOption, "off")
     .option("--shutdown-grace-ms <ms>", "on SIGTERM, how long in-flight requests may finish before being cancelled", intOption(0), 10_000)
     .action(async (o) => {
@@ -68,6 +69,7 @@ export function registerGatewayCommand(program: Command): void {
         heartbeatTimeoutMs: o.heartbeatTimeoutMs,
         loadStaleAfterMs: o.loadStaleMs,
         maxCharges: o.maxCharges,
+        rateConfirmMs: o.rateConfirmMs,
         consistency: o.consistency,
         tokenizerMode: o.tokenizer,
         tokenizerModes: o.tokenizerModel,

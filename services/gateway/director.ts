@@ -92,6 +92,8 @@ export interface Prepared {
   /** The model profile that applied, and its latency targets (slo* strategies). */
   profile?: string;
   slo?: { ttftMs?: number; tpotMs?: number };
+  /** The profile's per-model request rate limit. */
+  rps?: number;
 }
 
 export interface PrefixMatchResult {
@@ -147,9 +149,9 @@ export class Director {
   prepare(input: RouteInput): Prepared | Promise<Prepared> {
     const parsed = parseRequestBody(input.body);
     // The user travels in every charge and decision record; the event schemas bound it.
-    const user = input.headers.user;
-    if (user !== undefined && user.length > MAX_USER_LENGTH) {
-      throw new RouteError("invalidHeader", `the \`user\` header is ${user.length} characters long; at most ${MAX_USER_LENGTH} are allowed`, "user");
+    const userHeader = input.headers.user;
+    if (userHeader !== undefined && userHeader.length > MAX_USER_LENGTH) {
+      throw new RouteError("invalidHeader", `the \`user\` header is ${userHeader.length} characters long; at most ${MAX_USER_LENGTH} are allowed`, "user");
     }
     const choice = this.opts.config
       ? this.opts.config.choose(parsed.model, input.headers, { promptTokens: parsed.promptTokens, maxTokens: parsed.maxTokens }, this.opts.defaultStrategy)
@@ -162,32 +164,71 @@ export class Director {
       if (isStrategySpecError(err)) throw new RouteError("invalidStrategy", `${err.message}; known: ${strategyNames().join(", ")}`, "routing-strategy");
       throw err;
     }
-    this.checkLimits(parsed.model, input.headers.user || undefined, parsed.promptTokens, "profileConfig" in choice ? choice.profileConfig?.requestsPerSecond : undefined);
+    const rps = "profileConfig" in choice ? choice.profileConfig?.requestsPerSecond : undefined;
     const slo = "profileConfig" in choice ? choice.profileConfig?.slo : undefined;
-    const base: Prepared = { parsed, strategy, ...(slo ? { slo } : {}), ...("profile" in choice && choice.profile ? { profile: choice.profile } : {}) };
-    const prefix = this.opts.prefix;
-    if (!prefix || !strategy.name.includes("prefix-cache")) return base;
-    const input0 = promptInputOf(parsed.body);
-    const anyPod = this.opts.views.pods.readyPods(parsed.model)[0];
-    const t = prefix.tokenizer.tokenize(parsed.model, input0, anyPod?.address);
-    return t.then((r) => ({ ...base, tokens: r.tokens, tokenizerMode: r.mode }));
+    const base: Prepared = { parsed, strategy, ...(slo ? { slo } : {}), ...(rps !== undefined ? { rps } : {}), ...("profile" in choice && choice.profile ? { profile: choice.profile } : {}) };
+    const rest = (): Prepared | Promise<Prepared> => {
+      const prefix = this.opts.prefix;
+      if (!prefix || !strategy.name.includes("prefix-cache")) return base;
+      const input0 = promptInputOf(parsed.body);
+      const anyPod = this.opts.views.pods.readyPods(parsed.model)[0];
+      const t = prefix.tokenizer.tokenize(parsed.model, input0, anyPod?.address);
+      return t.then((r) => ({ ...base, tokens: r.tokens, tokenizerMode: r.mode }));
+    };
+    const user = input.headers.user || undefined;
+    const verdict = this.limitVerdict(parsed.model, user, parsed.promptTokens, rps, this.now(), true);
+    if (verdict === undefined) return rest();
+    if (verdict instanceof RouteError) throw verdict;
+    return this.awaitShare(parsed.model, user, parsed.promptTokens, rps, verdict).then(rest);
+  }
+
+  /** Requests held because room was reserved for other replicas' unseen admissions. */
+  rateWaits = 0;
+
+  /**
+   * Waits until this replica's recent admissions have had time to reach the others, asking
+   * again after each wait; after `4 x unconfirmedMs` the plain limit decides.
+   */
+  private async awaitShare(model: string, user: string | undefined, promptTokens: number, rps: number | undefined, firstWait: number): Promise<void> {
+    this.rateWaits++;
+    const deadline = this.now() + 4 * this.opts.views.rates.unconfirmedMs;
+    let wait = firstWait;
+    for (;;) {
+      await new Promise((r) => setTimeout(r, Math.max(1, wait)));
+      const now = this.now();
+      const v = this.limitVerdict(model, user, promptTokens, rps, now, now < deadline);
+      if (v === undefined) return;
+      if (v instanceof RouteError) throw v;
+      wait = v;
+    }
   }
 
   /**
    * Shared rate limits: per user requests and tokens per minute (config key `limits`), per model
    * requests per second (the profile's `requestsPerSecond`). Counts come from every replica's
    * charges, so spreading requests over replicas does not multiply the limit.
+   *
+   * Returns undefined to admit, a RouteError (429) to refuse, or a number of ms to wait. The
+   * wait is the burst guard (`share`): this replica's own admissions of the last
+   * `unconfirmedMs` may not have reached the other R - 1 live replicas yet, and they may have
+   * admitted as many that we have not seen; so a request is held while count + (R - 1) x
+   * unconfirmed would reach the limit, until our admissions are old enough to have been seen.
    */
-  private checkLimits(model: string, user: string | undefined, promptTokens: number, rps: number | undefined): void {
-    const now = this.now();
-    const { rates, pods } = this.opts.views;
+  private limitVerdict(model: string, user: string | undefined, promptTokens: number, rps: number | undefined, now: number, share: boolean): RouteError | number | undefined {
+    const { rates, pods, ledger } = this.opts.views;
+    const others = share ? ledger.rank(now).count - 1 : 0;
+    let wait = 0;
     const base = pods.readyPods(model)[0]?.model ?? model;
-    if (rps !== undefined && rates.modelRequests(base, now) >= rps) {
-      const reset = (1000 - (now % 1000)) / 1000;
-      throw new RouteError("rateLimited", `model \`${model}\` is limited to ${rps} requests per second`, null, { "retry-after": String(Math.ceil(reset)), "x-ratelimit-limit-requests": String(rps), "x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": `${reset.toFixed(3)}s` });
+    if (rps !== undefined) {
+      const seen = rates.modelRequests(base, now);
+      if (seen >= rps) {
+        const reset = (1000 - (now % 1000)) / 1000;
+        return new RouteError("rateLimited", `model \`${model}\` is limited to ${rps} requests per second`, null, { "retry-after": String(Math.ceil(reset)), "x-ratelimit-limit-requests": String(rps), "x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": `${reset.toFixed(3)}s` });
+      }
+      if (others > 0 && seen + others * rates.ownRecent("model", base, now).requests >= rps) wait = Math.max(wait, rates.ownConfirmedAt("model", base, now) - now);
     }
     const limits = this.opts.config?.userLimits(user);
-    if (!limits || !user) return;
+    if (!limits || !user) return wait > 0 ? wait : undefined;
     const reset = (60_000 - (now % 60_000)) / 1000;
     const headers = (kind: "requests" | "tokens", limit: number) => ({
       "retry-after": String(Math.ceil(reset)),
@@ -195,12 +236,18 @@ export class Director {
       [`x-ratelimit-remaining-${kind}`]: "0",
       [`x-ratelimit-reset-${kind}`]: `${reset.toFixed(1)}s`,
     });
-    if (limits.rpm !== undefined && rates.userRequests(user, now) >= limits.rpm) {
-      throw new RouteError("rateLimited", `user \`${user}\` exceeded ${limits.rpm} requests per minute`, null, headers("requests", limits.rpm));
+    const mine = others > 0 ? rates.ownRecent("user", user, now) : { requests: 0, tokens: 0 };
+    if (limits.rpm !== undefined) {
+      const seen = rates.userRequests(user, now);
+      if (seen >= limits.rpm) return new RouteError("rateLimited", `user \`${user}\` exceeded ${limits.rpm} requests per minute`, null, headers("requests", limits.rpm));
+      if (seen + others * mine.requests >= limits.rpm) wait = Math.max(wait, rates.ownConfirmedAt("user", user, now) - now);
     }
-    if (limits.tpm !== undefined && rates.userTokens(user, now) + promptTokens > limits.tpm) {
-      throw new RouteError("rateLimited", `user \`${user}\` exceeded ${limits.tpm} tokens per minute`, null, headers("tokens", limits.tpm));
+    if (limits.tpm !== undefined) {
+      const seen = rates.userTokens(user, now);
+      if (seen + promptTokens > limits.tpm) return new RouteError("rateLimited", `user \`${user}\` exceeded ${limits.tpm} tokens per minute`, null, headers("tokens", limits.tpm));
+      if (seen + promptTokens + others * mine.tokens > limits.tpm) wait = Math.max(wait, rates.ownConfirmedAt("user", user, now) - now);
     }
+    return wait > 0 ? wait : undefined;
   }
 
   /**
@@ -260,8 +307,13 @@ export class Director {
     const prepared = opts.prepared ?? this.prepare(input);
     if (prepared instanceof Promise) throw new Error("route() needs a prepared request when tokenization is asynchronous; use routeAuto()");
     const { parsed, strategy } = prepared;
-    const { requestId, now, pick, prefixMatch } = this.select(input, prepared);
     const user = input.headers.user || undefined;
+    if (prepared.tokens) {
+      // Tokenization awaited since the limits were checked: other requests may have been admitted meanwhile.
+      const late = this.limitVerdict(parsed.model, user, prepared.tokens.length, prepared.rps, this.now(), false);
+      if (late instanceof RouteError) throw late;
+    }
+    const { requestId, now, pick, prefixMatch } = this.select(input, prepared);
     const { ledger, usage } = this.opts.views;
     const promptTokens = prepared.tokens?.length ?? parsed.promptTokens;
     // Unique within this gateway process: the ledger keys charges by gateway id + charge id.
@@ -281,6 +333,7 @@ export class Director {
     ledger.charge(charge, now);
     if (user) usage.record({ user, promptTokens, completionTokens: 0, ts: now });
     this.opts.views.rates.request(user, charge.model, promptTokens, now);
+    this.opts.views.rates.noteOwn(user, charge.model, promptTokens, now);
     if (opts.publish !== false) this.opts.sink.charge(charge);
     if (prefixMatch && prefixMatch.hashes.length > 0) this.opts.prefix?.recordRouted(pick.pod, prefixMatch.hashes, now);
     const routed: RoutedRequest = {
@@ -328,6 +381,7 @@ export class Director {
     r.finished = true;
     this.inFlight.delete(r.chargeId);
     this.opts.views.ledger.release({ gateway: this.gatewayId, id: r.chargeId });
+    this.opts.views.rates.retract(r.charge.user, r.charge.model, r.charge.promptTokens, r.charge.ts);
   }
 
   /** Ends a routed request: releases its charge and records the decision. Idempotent. */

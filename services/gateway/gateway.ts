@@ -52,6 +52,12 @@ export interface GatewayOptions {
   heartbeatTimeoutMs?: number;
   loadStaleAfterMs?: number;
   maxCharges?: number;
+  /**
+   * Rate limits: how long this replica's own admissions may still be unseen by the other
+   * replicas (above the charge propagation delay); meanwhile room is reserved for as many of
+   * theirs. 0 turns the reservation off. Default 25 ms.
+   */
+  rateConfirmMs?: number;
   /** Tokenizer mode for prefix routing: default and per model (`remote` | `local` | `approximate`). */
   tokenizerMode?: TokenizerMode;
   tokenizerModes?: Record<string, TokenizerMode>;
@@ -122,7 +128,7 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
     load: new LoadView(o.loadStaleAfterMs ?? 2_000),
     ledger: new ChargeLedger({ self: id, heartbeatTimeoutMs: hbTimeout, maxCharges: o.maxCharges }),
     usage: new UsageView(),
-    rates: new RateView(),
+    rates: new RateView(100_000, o.rateConfirmMs ?? 25),
   };
   // Lookups do not touch blocks: every replica then evicts in the same order, driven by the same
   // stream (engine stores, and routed prefixes touching the blocks they reuse).
@@ -344,6 +350,7 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
       outstanding: views.pods.all().map((p) => ({ model: p.model, pod: p.pod, ...views.ledger.outstanding(p.model, p.pod) })),
     },
     inFlight: director.inFlight.size,
+    rateWaits: director.rateWaits,
     consistency: defaultConsistency,
     consistencyByModel: Object.fromEntries(modelConfigs.modelNames().flatMap((m) => { const c = modelConfigs.consistency(m); return c ? [[m, c]] : []; })),
     configs: { rejected: configWatch.rejected },

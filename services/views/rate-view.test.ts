@@ -30,3 +30,39 @@ describe("rate view - fixed windows", () => {
     expect(r.size).toBe(0);
   });
 });
+
+describe("rate view - own admissions not yet seen by other replicas", () => {
+  it("remembers own admissions for unconfirmedMs, per user and per model", () => {
+    const r = new RateView(100, 25);
+    r.noteOwn("alice", "m", 100, 1_000);
+    r.noteOwn("alice", "m", 50, 1_010);
+    r.noteOwn(undefined, "m", 7, 1_012);
+    expect(r.ownRecent("user", "alice", 1_020)).toEqual({ requests: 2, tokens: 150 });
+    expect(r.ownRecent("model", "m", 1_020)).toEqual({ requests: 3, tokens: 0 });
+    expect(r.ownConfirmedAt("user", "alice", 1_020)).toBe(1_025);
+    // The first one is 25 ms old: other replicas have had time to see it.
+    expect(r.ownRecent("user", "alice", 1_025)).toEqual({ requests: 1, tokens: 50 });
+    expect(r.ownRecent("user", "alice", 1_040)).toEqual({ requests: 0, tokens: 0 });
+    expect(r.ownConfirmedAt("user", "alice", 1_040)).toBe(1_040);
+  });
+
+  it("a retracted charge (lost strict race) neither counts nor is reserved for", () => {
+    const r = new RateView(100, 25);
+    r.request("alice", "m", 10, 5_000);
+    r.noteOwn("alice", "m", 10, 5_000);
+    r.retract("alice", "m", 10, 5_000);
+    expect(r.userRequests("alice", 5_001)).toBe(0);
+    expect(r.userTokens("alice", 5_001)).toBe(0);
+    expect(r.modelRequests("m", 5_001)).toBe(0);
+    expect(r.ownRecent("user", "alice", 5_001).requests).toBe(0);
+  });
+
+  it("sweeps own admissions once they are old, and bounds their keys", () => {
+    const r = new RateView(2, 25);
+    r.noteOwn("a", "m", 1, 0);
+    r.noteOwn("b", "m", 1, 0);
+    expect(r.ownRecent("user", "a", 1).requests).toBe(0); // evicted by b's and m's keys
+    r.sweep(100);
+    expect(r.size).toBe(0);
+  });
+});

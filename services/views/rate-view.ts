@@ -5,6 +5,11 @@
  * current minute; per model, requests in the current second. Every replica folds the same
  * CHARGES stream, so all enforce the same counts; the overshoot is bounded by what other
  * replicas admit during one propagation delay (see docs/architecture.md).
+ *
+ * It also remembers this replica's own admissions of the last `unconfirmedMs`: the ones other
+ * replicas may not have seen yet. The director reserves room for as many from each other
+ * replica, so a burst spread over R replicas inside the propagation delay cannot take R x the
+ * limit (docs/architecture.md, "Model configs and rate limits").
  */
 
 interface Window {
@@ -19,11 +24,60 @@ export interface RateReader {
   modelRequests(model: string, now: number): number;
 }
 
+interface OwnAdmission {
+  ts: number;
+  tokens: number;
+}
+
 export class RateView implements RateReader {
   private readonly users = new Map<string, Window>();
   private readonly models = new Map<string, Window>();
+  /** Own admissions of the last `unconfirmedMs`, per `u\0user` / `m\0model`, oldest first. */
+  private readonly own = new Map<string, OwnAdmission[]>();
 
-  constructor(private readonly maxKeys = 100_000) {}
+  constructor(
+    private readonly maxKeys = 100_000,
+    /** How long an own admission may still be unseen by other replicas (above the charge propagation delay). */
+    readonly unconfirmedMs = 25,
+  ) {}
+
+  /** Records one of this replica's own admissions (besides `request`, which counts it). */
+  noteOwn(user: string | undefined, model: string, tokens: number, ts: number): void {
+    if (user) this.pushOwn(`u\u0000${user}`, ts, tokens);
+    this.pushOwn(`m\u0000${model}`, ts, 0);
+  }
+
+  private pushOwn(key: string, ts: number, tokens: number): void {
+    let list = this.own.get(key);
+    if (!list) {
+      if (this.own.size >= this.maxKeys) this.own.delete(this.own.keys().next().value as string);
+      this.own.set(key, (list = []));
+    }
+    list.push({ ts, tokens });
+  }
+
+  /** Own admissions of the last `unconfirmedMs` for a user or a model: requests and tokens. */
+  ownRecent(kind: "user" | "model", name: string, now: number): { requests: number; tokens: number } {
+    const key = `${kind === "user" ? "u" : "m"}\u0000${name}`;
+    const list = this.own.get(key);
+    if (!list) return { requests: 0, tokens: 0 };
+    let drop = 0;
+    while (drop < list.length && (list[drop] as OwnAdmission).ts <= now - this.unconfirmedMs) drop++;
+    if (drop > 0) list.splice(0, drop);
+    if (list.length === 0) {
+      this.own.delete(key);
+      return { requests: 0, tokens: 0 };
+    }
+    let tokens = 0;
+    for (const a of list) tokens += a.tokens;
+    return { requests: list.length, tokens };
+  }
+
+  /** When the oldest own admission of a user or model stops counting as unconfirmed (or `now`). */
+  ownConfirmedAt(kind: "user" | "model", name: string, now: number): number {
+    const first = this.own.get(`${kind === "user" ? "u" : "m"}\u0000${name}`)?.[0];
+    return first ? Math.max(now, first.ts + this.unconfirmedMs) : now;
+  }
 
   private bump(map: Map<string, Window>, key: string, window: number, requests: number, tokens: number): void {
     let w = map.get(key);
@@ -40,6 +94,24 @@ export class RateView implements RateReader {
   request(user: string | undefined, model: string, promptTokens: number, ts: number): void {
     if (user) this.bump(this.users, user, Math.floor(ts / 60_000), 1, promptTokens);
     this.bump(this.models, model, Math.floor(ts / 1_000), 1, 0);
+  }
+
+  /** Undoes `request` + `noteOwn` for a charge that was never published (a lost strict-mode race). */
+  retract(user: string | undefined, model: string, promptTokens: number, ts: number): void {
+    const undo = (map: Map<string, Window>, key: string, window: number, tokens: number) => {
+      const w = map.get(key);
+      if (w && w.window === window) {
+        w.requests = Math.max(0, w.requests - 1);
+        w.tokens = Math.max(0, w.tokens - tokens);
+      }
+    };
+    if (user) undo(this.users, user, Math.floor(ts / 60_000), promptTokens);
+    undo(this.models, model, Math.floor(ts / 1_000), 0);
+    for (const key of [user ? `u\u0000${user}` : undefined, `m\u0000${model}`]) {
+      const list = key ? this.own.get(key) : undefined;
+      const i = list ? list.findIndex((a) => a.ts === ts) : -1;
+      if (list && i >= 0) list.splice(i, 1);
+    }
   }
 
   /** Completion tokens of a request that ended at `ts`. */
@@ -70,9 +142,10 @@ export class RateView implements RateReader {
     const second = Math.floor(now / 1_000);
     for (const [k, w] of this.users) if (w.window < minute) this.users.delete(k);
     for (const [k, w] of this.models) if (w.window < second) this.models.delete(k);
+    for (const [k, list] of this.own) if ((list[list.length - 1]?.ts ?? 0) <= now - this.unconfirmedMs) this.own.delete(k);
   }
 
   get size(): number {
-    return this.users.size + this.models.size;
+    return this.users.size + this.models.size + this.own.size;
   }
 }
