@@ -2,6 +2,7 @@ import { describe, expect, it } from "vitest";
 import { leastBusyTimeStrategy } from "./least-busy-time.js";
 import { leastGpuCacheStrategy, leastKvCacheStrategy } from "./least-kv-cache.js";
 import { leastLatencyStrategy } from "./least-latency.js";
+import { leastTokenLoadStrategy } from "./least-token-load.js";
 import { powerOfTwoStrategy } from "./power-of-two.js";
 import { ctxOf, hist, type PodLoadSpec, sample, seq, vllmSample } from "./testing.js";
 import { throughputStrategy } from "./throughput.js";
@@ -62,6 +63,26 @@ describe.each([leastKvCacheStrategy, leastGpuCacheStrategy])("$name - table", (s
   it("reports raw scores, the worst representable for a pod without metrics", () => {
     const p = strategy.pick(ctxOf({ pods: ["p1", "p2"], load: { p1: kv(0.25) } }));
     expect(p.candidates.map((c) => c.score)).toEqual([0.25, Number.MAX_VALUE]);
+    expect(p.better).toBe("lower");
+  });
+});
+
+describe("least-token-load - table", () => {
+  it.each<{ name: string; prefill?: Record<string, number>; kv?: Record<string, number>; inFlight?: Record<string, number>; load?: Record<string, PodLoadSpec>; random?: number; want: string }>([
+    { name: "one long prompt in prefill outweighs several short chats", prefill: { p1: 30_000 }, kv: { p1: 30_000, p2: 600, p3: 900 }, inFlight: { p1: 1, p2: 3, p3: 4 }, want: "p2" },
+    { name: "prefill work counts fully, KV held counts 0.3", prefill: { p1: 1_000 }, kv: { p1: 1_000, p2: 4_000 }, want: "p3" },
+    { name: "decode-only pod: 0.3 x KV beats prefill of the same size", prefill: { p2: 1_000 }, kv: { p1: 3_000, p2: 1_000, p3: 5_000 }, want: "p1" },
+    { name: "engine queue breaks a tie; missing samples add nothing", kv: { p1: 100, p2: 100, p3: 200 }, load: { p1: sample({ waiting: 3 }) }, want: "p2" },
+    { name: "idle fleet: tie broken at random (high draw)", random: 0.99, want: "p3" },
+  ])("$name", ({ prefill, kv, inFlight, load, random, want }) => {
+    const p = leastTokenLoadStrategy.pick(ctxOf({ pods: PODS3, prefillTokensInFlight: prefill ?? {}, promptTokensInFlight: kv ?? {}, inFlight: inFlight ?? {}, load: load ?? {}, random: () => random ?? 0 }));
+    expect(p.pod.pod).toBe(want);
+    expect(p.fallback).toBeUndefined();
+  });
+
+  it("reports the token-load priority as the score", () => {
+    const p = leastTokenLoadStrategy.pick(ctxOf({ pods: ["p1", "p2"], prefillTokensInFlight: { p1: 100 }, promptTokensInFlight: { p1: 300, p2: 50 } }));
+    expect(p.candidates.map((c) => c.score)).toEqual([190, 15]);
     expect(p.better).toBe("lower");
   });
 });

@@ -11,6 +11,7 @@ import { leastBusyTimeStrategy } from "./least-busy-time.js";
 import { leastGpuCacheStrategy, leastKvCacheStrategy } from "./least-kv-cache.js";
 import { leastLatencyStrategy } from "./least-latency.js";
 import { leastRequestStrategy } from "./least-request.js";
+import { leastTokenLoadStrategy } from "./least-token-load.js";
 import { powerOfTwoStrategy } from "./power-of-two.js";
 import { prefixCachePrebleStrategy, prefixCacheStrategy } from "./prefix-cache.js";
 import { randomStrategy } from "./random.js";
@@ -28,6 +29,7 @@ const STRATEGIES: readonly Strategy[] = [
   leastKvCacheStrategy,
   leastGpuCacheStrategy,
   leastBusyTimeStrategy,
+  leastTokenLoadStrategy,
   throughputStrategy,
   sessionAffinityStrategy,
   vtcBasicStrategy,

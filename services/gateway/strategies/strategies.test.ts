@@ -126,6 +126,7 @@ describe("registry", () => {
       "least-kv-cache",
       "least-gpu-cache",
       "least-busy-time",
+      "least-token-load",
       "throughput",
       "session-affinity",
       "vtc-basic",

@@ -68,6 +68,8 @@ export interface CtxSpec {
   pods: string[];
   inFlight?: Record<string, number>;
   promptTokensInFlight?: Record<string, number>;
+  /** Prompt tokens of the requests still in prefill, per pod (token-load strategies). */
+  prefillTokensInFlight?: Record<string, number>;
   load?: Record<string, PodLoadSpec>;
   headers?: Record<string, string>;
   promptTokens?: number;
@@ -92,7 +94,7 @@ export function ctxOf(spec: CtxSpec): RoutingContext {
     now,
     random: spec.random ?? (() => 0),
     ledger: {
-      outstanding: (_m, p): Outstanding => ({ requests: spec.inFlight?.[p] ?? 0, promptTokens: spec.promptTokensInFlight?.[p] ?? 0, prefillRequests: 0, prefillTokens: 0 }),
+      outstanding: (_m, p): Outstanding => ({ requests: spec.inFlight?.[p] ?? 0, promptTokens: spec.promptTokensInFlight?.[p] ?? 0, prefillRequests: 0, prefillTokens: spec.prefillTokensInFlight?.[p] ?? 0 }),
     },
     load,
     ...(spec.usage ? { usage: spec.usage } : {}),
