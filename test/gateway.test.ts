@@ -494,6 +494,11 @@ describe("gateway - admin /metrics (Prometheus)", () => {
     expect(text).toMatch(/jetroute_gateway_pick_seconds_count\{gateway="metrics-gw",strategy="least-request"\} 3/);
     expect(text).toMatch(/jetroute_gateway_ready\{gateway="metrics-gw"\} 1/);
     expect(text).toMatch(/jetroute_gateway_view_last_seq\{view="pods",gateway="metrics-gw"\} [1-9]/);
+    // Caught up: nothing pending behind the last pod event, which was applied some time after it was stored.
+    expect(text).toMatch(/jetroute_gateway_view_pending\{view="pods",gateway="metrics-gw"\} 0\n/);
+    const delay = Number(/jetroute_gateway_view_delay_seconds\{view="pods",gateway="metrics-gw"\} (\S+)/.exec(text)?.[1]);
+    expect(delay).toBeGreaterThanOrEqual(0);
+    expect(delay).toBeLessThan(60);
   });
 });
 

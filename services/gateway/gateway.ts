@@ -201,7 +201,7 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
   const outbox = new Outbox(nats.nc);
   const viewNames = ["pods", "load", "charges", "kv"];
   const metrics = new GatewayMetrics(id, {
-    followers: () => followers.map((f, i) => ({ view: viewNames[i] ?? String(i), lastSeq: f.lastSeq, applied: f.applied, invalid: f.invalid, reopens: f.reopens })),
+    followers: () => followers.map((f, i) => ({ view: viewNames[i] ?? String(i), lastSeq: f.lastSeq, applied: f.applied, invalid: f.invalid, reopens: f.reopens, pending: f.pending, delayMs: f.delayMs })),
     ledger: () => ({
       charges: views.ledger.size,
       evicted: views.ledger.evicted,

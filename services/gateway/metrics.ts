@@ -7,7 +7,7 @@ import client from "prom-client";
 import type { DecisionRecord } from "../../schemas/events.js";
 
 export interface GatewayMetricsSources {
-  followers: () => Array<{ view: string; lastSeq: number; applied: number; invalid: number; reopens: number }>;
+  followers: () => Array<{ view: string; lastSeq: number; applied: number; invalid: number; reopens: number; pending: number; delayMs: number }>;
   ledger: () => { charges: number; evicted: number; expired: number; reconciledAdded: number; reconciledRemoved: number; liveGateways: number };
   prefixIndex: () => { entries: number; blocks: number; evictedEntries: number };
   strict: () => { committed: number; conflicts: number; fallbacks: number } | undefined;
@@ -57,6 +57,12 @@ export class GatewayMetrics {
     gauge("jetroute_gateway_in_flight", "Requests routed by this replica and not finished", [], (g) => g.set(src.inFlight()));
     gauge("jetroute_gateway_view_last_seq", "Last stream sequence applied, per view", ["view"], (g) => {
       for (const f of src.followers()) g.set({ view: f.view }, f.lastSeq);
+    });
+    gauge("jetroute_gateway_view_pending", "View lag in messages: stream messages after the last one the view handled (0 = caught up)", ["view"], (g) => {
+      for (const f of src.followers()) g.set({ view: f.view }, f.pending);
+    });
+    gauge("jetroute_gateway_view_delay_seconds", "View lag in time: for the last event the view applied, handled minus stored by the server", ["view"], (g) => {
+      for (const f of src.followers()) g.set({ view: f.view }, f.delayMs / 1000);
     });
     gauge("jetroute_gateway_view_applied", "Events applied, per view", ["view"], (g) => {
       for (const f of src.followers()) g.set({ view: f.view }, f.applied);

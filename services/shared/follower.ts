@@ -62,6 +62,10 @@ export interface FollowerOptions<T extends EventType> {
 export class StreamFollower<T extends EventType> {
   /** Stream sequence of the last message handled (applied or dead-lettered). */
   lastSeq = 0;
+  /** Messages in the stream after the last one handled (parsed messages only): 0 = caught up. */
+  pending = 0;
+  /** For the last parsed message: when it was handled minus when the server stored it (ms). */
+  delayMs = 0;
   applied = 0;
   /** Times the consumer had to be reopened (lost with its server, or closed under us). */
   reopens = 0;
@@ -193,9 +197,14 @@ export class StreamFollower<T extends EventType> {
       return;
     }
     const decoded = decodeEvent(m.data, o.types);
+    // The delivery info is parsed here anyway (for the server timestamp): keep the view's lag.
+    const info = m.info;
+    const serverTs = Math.floor(info.timestampNanos / 1_000_000);
+    this.pending = info.pending;
+    this.delayMs = Date.now() - serverTs;
     if (decoded.ok) {
       try {
-        o.onEvent(decoded.event, { seq: m.seq, subject: m.subject, serverTs: Math.floor(m.info.timestampNanos / 1_000_000) });
+        o.onEvent(decoded.event, { seq: m.seq, subject: m.subject, serverTs });
         this.applied++;
       } catch (err) {
         // A view that throws on a schema-valid event is a bug, but the consumer must survive it.
