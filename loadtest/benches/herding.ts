@@ -25,14 +25,9 @@
  * bodies and other replicas' charge deliveries are serialised by one loop — a different race.
  * A fresh nats-server per cell keeps one cell's stream history out of the next cell's replay.
  */
-import { ExtProcClient, type PhaseResult } from "../../services/extproc/envoy-client.js";
+import type { ExtProcClient, PhaseResult } from "../../services/extproc/envoy-client.js";
 import type { StrictStats } from "../../services/gateway/strict-commit.js";
-import { connectNats, type NatsHandles } from "../../services/shared/nats.js";
-import { type NatsServerHandle, startNatsServer } from "../../services/shared/nats-server.js";
-import { type ConsistencyMode, DRAIN_TIMEOUT_MS, inProcessReplica, pollAll, processReplica, READY_TIMEOUT_MS, type Replica, type ReplicaState } from "../replicas.js";
-import { acked } from "../../services/shared/publish.js";
-import { applyStreams } from "../../streams/apply.js";
-import { Subjects } from "../../streams/subjects.js";
+import { type ConsistencyMode, DRAIN_TIMEOUT_MS, pollAll, type ReplicaState, startReplicaCell } from "../replicas.js";
 import { mulberry32 } from "../../services/shared/seeded-random.js";
 
 export type HerdingMode = ConsistencyMode;
@@ -144,31 +139,11 @@ function describe(r: PhaseResult): string {
 const round3 = (x: number) => Math.round(x * 1000) / 1000;
 
 async function runCell(replicaCount: number, mode: HerdingMode, o: Required<HerdingBenchOptions>, cellIndex: number): Promise<HerdingRow> {
-  let nats: NatsServerHandle | undefined;
-  let h: NatsHandles | undefined;
-  const replicas: Replica[] = [];
-  const clients: ExtProcClient[] = [];
+  const cell = await startReplicaCell({
+    model: MODEL, pods: o.pods, basePort: 19000, replicas: replicaCount, mode, inProcess: o.inProcess, heartbeatMs: o.heartbeatMs, idPrefix: `herd-${mode}-${replicaCount}`,
+  });
+  const { replicas, clients } = cell;
   try {
-    nats = await startNatsServer();
-    h = await connectNats(nats.url);
-    await applyStreams(h.nc, h.jsm);
-    const s = new Subjects();
-    for (let i = 0; i < o.pods; i++) {
-      const pod = `pod-${i}`;
-      await acked(h.js, s.pod(MODEL, pod), { type: "pod", action: "upsert", model: MODEL, pod, address: `127.0.0.1:${19000 + i}`, ready: true, engine: "vllm", ts: Date.now() });
-    }
-    const start = o.inProcess ? inProcessReplica : processReplica;
-    const natsUrl = nats.url;
-    const started = await Promise.allSettled(Array.from({ length: replicaCount }, (_, i) => start(`herd-${mode}-${replicaCount}-${i}`, natsUrl, mode, o.heartbeatMs)));
-    for (const r of started) if (r.status === "fulfilled") replicas.push(r.value);
-    const failed = started.find((r) => r.status === "rejected");
-    if (failed) throw failed.reason;
-    await pollAll(replicas, (st) => st.ready && st.pods === o.pods, READY_TIMEOUT_MS, "replicas ready with every pod");
-    // Sharing modes: every replica has heard every other's heartbeat, as in a running deployment
-    // (a replica that knows no peers breaks ties at random, like `off`).
-    if (mode !== "off") await pollAll(replicas, (st) => st.gateways === replicaCount, READY_TIMEOUT_MS, "replicas to see each other's heartbeats");
-    for (const r of replicas) clients.push(new ExtProcClient(`127.0.0.1:${r.port}`, { messageTimeoutMs: 10_000, closeMode: "reset" }));
-
     const rand = mulberry32(o.seed + cellIndex);
     const assign = o.spread === "round-robin" ? (i: number) => i % replicaCount : () => Math.floor(rand() * replicaCount);
     const before = await Promise.all(replicas.map((r) => r.state()));
@@ -196,10 +171,7 @@ async function runCell(replicaCount: number, mode: HerdingMode, o: Required<Herd
     );
     return row;
   } finally {
-    for (const c of clients) c.close();
-    await Promise.allSettled(replicas.map((r) => r.stop()));
-    await h?.nc.close();
-    await nats?.stop();
+    await cell.stop();
   }
 }
 

@@ -16,16 +16,11 @@
  * above the charge propagation delay (see the charge-lag bench) every replica counts every
  * other's admissions and the overshoot is what is admitted inside one delay.
  */
-import { ExtProcClient } from "../../services/extproc/envoy-client.js";
-import { connectNats, type NatsHandles } from "../../services/shared/nats.js";
-import { type NatsServerHandle, startNatsServer } from "../../services/shared/nats-server.js";
-import { acked } from "../../services/shared/publish.js";
-import { applyStreams } from "../../streams/apply.js";
+import type { ExtProcClient } from "../../services/extproc/envoy-client.js";
 import { configBucketName } from "../../streams/definitions.js";
-import { Subjects } from "../../streams/subjects.js";
 import { Kvm } from "@nats-io/kv";
 import { RATE_LIMITS_KEY } from "../../schemas/config.js";
-import { type ConsistencyMode, DRAIN_TIMEOUT_MS, inProcessReplica, pollAll, processReplica, READY_TIMEOUT_MS, type Replica } from "../replicas.js";
+import { type ConsistencyMode, DRAIN_TIMEOUT_MS, pollAll, startReplicaCell } from "../replicas.js";
 
 export interface RateLimitBenchOptions {
   replicas?: number[];
@@ -83,29 +78,15 @@ async function burst(clients: ExtProcClient[], user: string, requests: number, g
 }
 
 async function runCell(replicaCount: number, gapMs: number, o: Required<RateLimitBenchOptions>): Promise<RateLimitRow> {
-  let nats: NatsServerHandle | undefined;
-  let h: NatsHandles | undefined;
-  const replicas: Replica[] = [];
-  const clients: ExtProcClient[] = [];
+  const cell = await startReplicaCell({
+    model: MODEL, pods: 4, basePort: 19100, replicas: replicaCount, mode: o.mode, inProcess: o.inProcess, heartbeatMs: 200, idPrefix: `rl-${replicaCount}-${gapMs}`,
+    before: async (h) => {
+      const kv = await new Kvm(h.nc).open(configBucketName("jr"));
+      await kv.put(RATE_LIMITS_KEY, JSON.stringify({ users: { default: { rpm: o.limit } } }));
+    },
+  });
+  const { replicas, clients } = cell;
   try {
-    nats = await startNatsServer();
-    h = await connectNats(nats.url);
-    await applyStreams(h.nc, h.jsm);
-    const s = new Subjects();
-    for (let i = 0; i < 4; i++) {
-      await acked(h.js, s.pod(MODEL, `pod-${i}`), { type: "pod", action: "upsert", model: MODEL, pod: `pod-${i}`, address: `127.0.0.1:${19100 + i}`, ready: true, engine: "vllm", ts: Date.now() });
-    }
-    const kv = await new Kvm(h.nc).open(configBucketName("jr"));
-    await kv.put(RATE_LIMITS_KEY, JSON.stringify({ users: { default: { rpm: o.limit } } }));
-    const start = o.inProcess ? inProcessReplica : processReplica;
-    const natsUrl = nats.url;
-    const started = await Promise.allSettled(Array.from({ length: replicaCount }, (_, i) => start(`rl-${replicaCount}-${gapMs}-${i}`, natsUrl, o.mode, 200)));
-    for (const r of started) if (r.status === "fulfilled") replicas.push(r.value);
-    const failed = started.find((r) => r.status === "rejected");
-    if (failed) throw failed.reason;
-    await pollAll(replicas, (st) => st.ready && st.pods === 4, READY_TIMEOUT_MS, "replicas ready with every pod");
-    if (o.mode !== "off") await pollAll(replicas, (st) => st.gateways === replicaCount, READY_TIMEOUT_MS, "replicas to see each other's heartbeats");
-    for (const r of replicas) clients.push(new ExtProcClient(`127.0.0.1:${r.port}`, { messageTimeoutMs: 10_000, closeMode: "reset" }));
     // One unmeasured burst first (another user): a replica's first burst runs on cold code and
     // fresh connections, several times slower than a running replica's.
     await burst(clients, `warm-${replicaCount}-${gapMs}`, o.requests, gapMs);
@@ -131,10 +112,7 @@ async function runCell(replicaCount: number, gapMs: number, o: Required<RateLimi
     console.error(`R=${String(replicaCount).padStart(2)} gap ${String(gapMs).padStart(2)} ms  admitted ${row.admitted} (worst ${worst}) of ${o.requests}, limit ${o.limit}: overshoot ${row.overshoot} (worst ${row.overshoot_worst})  bursts: ${admitted.join(" ")}`);
     return row;
   } finally {
-    for (const c of clients) c.close();
-    await Promise.allSettled(replicas.map((r) => r.stop()));
-    await h?.nc.close();
-    await nats?.stop();
+    await cell.stop();
   }
 }
 
