@@ -7,6 +7,7 @@
  */
 import * as grpc from "@grpc/grpc-js";
 import { EXT_PROC_SERVER_OPTIONS, loadExtProc } from "./protos.js";
+import { guardResetBudget } from "./reset-budget.js";
 import type { ProcessingRequest, ProcessingResponse } from "./types.js";
 import { Headers, LB_METADATA_NAMESPACE, setHeader, toProtoStruct } from "./wire.js";
 
@@ -73,6 +74,8 @@ export async function startNoopExtProc(opts: NoopExtProcOptions = {}): Promise<N
       err ? reject(err) : resolve(p),
     );
   });
+  // Same connection handling as the gateway, so benchmarks with Envoy-style resets compare alike.
+  guardResetBudget(server);
   return {
     port,
     close: () =>

@@ -11,6 +11,7 @@ import type { GatewayHeartbeat } from "../../schemas/events.js";
 import { configBucketName, streamName } from "../../streams/definitions.js";
 import { Subjects } from "../../streams/subjects.js";
 import { EXT_PROC_SERVER_OPTIONS, EXT_PROC_SERVICE_NAME, loadExtProc } from "../extproc/protos.js";
+import { type ExtProcConnectionStats, guardResetBudget } from "../extproc/reset-budget.js";
 import { StreamFollower } from "../shared/follower.js";
 import type { Logger } from "../shared/log.js";
 import { connectNats, type NatsHandles } from "../shared/nats.js";
@@ -101,6 +102,8 @@ export interface GatewayHandle {
   nats: NatsHandles;
   ready(): boolean;
   whenReady(): Promise<void>;
+  /** Envoy's HTTP/2 connections to the ext_proc port (undefined if the reset guard could not be installed). */
+  extProcConnections: ExtProcConnectionStats | undefined;
   close(): Promise<void>;
 }
 
@@ -200,6 +203,7 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
 
   const outbox = new Outbox(nats.nc);
   const viewNames = ["pods", "load", "charges", "kv"];
+  let extProcConnections: ExtProcConnectionStats | undefined;
   const metrics = new GatewayMetrics(id, {
     followers: () => followers.map((f, i) => ({ view: viewNames[i] ?? String(i), lastSeq: f.lastSeq, applied: f.applied, invalid: f.invalid, reopens: f.reopens, pending: f.pending, delayMs: f.delayMs })),
     ledger: () => ({
@@ -218,6 +222,7 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
     inFlight: () => director.inFlight.size,
     ready: () => isReady,
     apiKeys: () => ({ active: apiKeys.active, revoked: apiKeys.size - apiKeys.active }),
+    connections: () => extProcConnections,
   });
   const sink: EventSink = {
     charge: (ev) => outbox.fire(subjects.charges(ev.model, ev.pod), ev),
@@ -329,6 +334,9 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
   const port = await new Promise<number>((resolve, reject) =>
     server.bindAsync(`${o.host ?? "0.0.0.0"}:${o.port}`, grpc.ServerCredentials.createInsecure(), (err, p) => (err ? reject(err) : resolve(p))),
   );
+  // Envoy resets every ext_proc stream; Node would drop the connection after ~1000 resets.
+  extProcConnections = guardResetBudget(server, { onRotate: (streams, resets) => log.debug({ streams, resets }, "ext_proc connection rotated before the HTTP/2 reset limit") });
+  if (!extProcConnections) log.warn("cannot reach grpc-js' HTTP/2 servers: ext_proc connections are not rotated before Node's rapid-reset limit");
 
   const state = () => ({
     id,
@@ -351,6 +359,7 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
     },
     inFlight: director.inFlight.size,
     rateWaits: director.rateWaits,
+    extProcConnections,
     consistency: defaultConsistency,
     consistencyByModel: Object.fromEntries(modelConfigs.modelNames().flatMap((m) => { const c = modelConfigs.consistency(m); return c ? [[m, c]] : []; })),
     configs: { rejected: configWatch.rejected },
@@ -422,6 +431,9 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
     nats,
     ready: () => isReady,
     whenReady: () => readyPromise,
+    get extProcConnections() {
+      return extProcConnections;
+    },
     async close() {
       if (closed) return;
       closed = true;

@@ -15,6 +15,8 @@ export interface GatewayMetricsSources {
   ready: () => boolean;
   /** API keys known to this replica: active and revoked. */
   apiKeys?: () => { active: number; revoked: number };
+  /** ext_proc HTTP/2 connections (see services/extproc/reset-budget.ts). */
+  connections?: () => { open: number; opened: number; rotated: number; resets: number } | undefined;
 }
 
 export class GatewayMetrics {
@@ -81,6 +83,9 @@ export class GatewayMetrics {
     });
     gauge("jetroute_gateway_api_keys", "API keys in the config bucket, by state (active, revoked)", ["state"], (g) => {
       for (const [k, v] of Object.entries(src.apiKeys?.() ?? {})) g.set({ state: k }, v);
+    });
+    gauge("jetroute_gateway_extproc_connections", "ext_proc HTTP/2 connections: open, opened, rotated before Node's reset limit; resets: streams seen ending in RST_STREAM", ["figure"], (g) => {
+      for (const [k, v] of Object.entries(src.connections?.() ?? {})) g.set({ figure: k }, v);
     });
     gauge("jetroute_gateway_strict", "Strict mode: committed charges, lost races, fallbacks", ["figure"], (g) => {
       for (const [k, v] of Object.entries(src.strict() ?? {})) g.set({ figure: k }, v);
