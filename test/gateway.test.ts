@@ -547,6 +547,31 @@ describe("gateway - rate limits shared across replicas", () => {
     for (const c of clients) c.close();
   }, 90_000);
 
+  it("TPM counts the engine's prompt tokens, not the estimate, on every replica", async () => {
+    const [a, b] = [await env.gateway({ id: "tpm-a" }), await env.gateway({ id: "tpm-b" })];
+    const set = spawnJetroute("config", ["config", "set-limits", "--nats", env.server.url, "--json", JSON.stringify({ users: { default: { rpm: 1000 }, dave: { tpm: 100 } } })]);
+    expect(await set.exited).toBe(0);
+    await new Promise((r) => setTimeout(r, 300));
+    const intoMinute = Date.now() % 60_000;
+    if (intoMinute > 55_000) await new Promise((r) => setTimeout(r, 60_000 - intoMinute + 50));
+    const [ca, cb] = [new ExtProcClient(`127.0.0.1:${a.port}`), new ExtProcClient(`127.0.0.1:${b.port}`)];
+    // A short prompt (estimated at a few tokens) that the engine reports as 98 prompt tokens.
+    const ex = ca.open();
+    await ex.requestHeaders(reqHeaders({ user: "dave" }));
+    expect((await ex.requestBody(chat())).kind).toBe("continue");
+    await ex.responseHeaders(200, { "content-type": "application/json" });
+    await ex.responseBodyChunk(Buffer.from(JSON.stringify({ usage: { prompt_tokens: 98, completion_tokens: 1, total_tokens: 99 } })), true);
+    await ex.end();
+    await waitFor(() => a.views.rates.userTokens("dave", Date.now()) === 99 && b.views.rates.userTokens("dave", Date.now()) === 99, 3_000, "both replicas to count the engine's 99 tokens");
+    // 99 of 100 used: the next request's own estimate no longer fits, on either replica.
+    const next = cb.open();
+    await next.requestHeaders(reqHeaders({ user: "dave" }));
+    const r = await next.requestBody(chat());
+    expect(r.kind === "immediate" ? r.status : "routed").toBe(429);
+    ca.close();
+    cb.close();
+  }, 30_000);
+
   it("a simultaneous burst spread over 3 replicas cannot take 3x the limit: overshoot stays within R - 1", async () => {
     const gws = [await env.gateway({ id: "rb-a" }), await env.gateway({ id: "rb-b" }), await env.gateway({ id: "rb-c" })];
     const set = spawnJetroute("config", ["config", "set-limits", "--nats", env.server.url, "--json", JSON.stringify({ users: { default: { rpm: 1000 }, carol: { rpm: 10 } } })]);

@@ -398,10 +398,13 @@ export class Director {
       pod: r.pod.pod,
       ts: now,
       outcome,
+      // The engine's own counts: other replicas replace the charge's prompt estimate with it.
+      ...(info.promptTokens !== undefined ? { promptTokens: info.promptTokens } : {}),
       ...(info.completionTokens !== undefined ? { completionTokens: info.completionTokens } : {}),
       ...(r.user ? { user: r.user } : {}),
     };
     this.opts.views.ledger.release(release);
+    if (info.promptTokens !== undefined) this.opts.views.rates.correctPrompt(r.user, info.promptTokens - r.promptTokens, r.charge.ts);
     if (r.user && info.completionTokens) {
       this.opts.views.usage.record({ user: r.user, promptTokens: 0, completionTokens: info.completionTokens, ts: now });
       this.opts.views.rates.completion(r.user, info.completionTokens, now);

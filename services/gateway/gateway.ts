@@ -168,7 +168,10 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
       // periods of history rebuild the whole ledger: boot time does not grow with traffic.
       stream: streamName(prefix, "CHARGES"), startAt: { kind: "time", sinceMs: Date.now() - Math.max(10_000, 3 * hbTimeout) },
       onEvent: (ev, m) => {
+        // Before the ledger forgets the charge: what it was charged with, to correct the prompt estimate.
+        const charged = ev.type === "release" && ev.promptTokens !== undefined ? views.ledger.peek(ev.gateway, ev.id) : undefined;
         if (o.consistency !== "off") views.ledger.applyFromStream(ev, m.serverTs, Date.now(), m.seq);
+        if (charged && ev.type === "release" && ev.promptTokens !== undefined) views.rates.correctPrompt(ev.user, ev.promptTokens - charged.promptTokens, charged.ts);
         // Other replicas' users spend tokens too: fairness is per user across the fleet.
         if (ev.type === "charge") {
           views.rates.request(ev.user, ev.model, ev.promptTokens, ev.ts);

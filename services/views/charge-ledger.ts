@@ -38,6 +38,8 @@ interface Entry {
   readonly gateway: string;
   readonly expiresAt: number;
   readonly promptTokens: number;
+  /** When the charge was made (its gateway's clock). */
+  readonly ts: number;
   /** Past its first token (decode): no longer counted as prefill work. */
   decoding: boolean;
 }
@@ -96,7 +98,7 @@ export class ChargeLedger implements LedgerReader {
     if (expiresAt <= now) return false;
     if (this.entries.size >= this.maxCharges) this.evictOldest();
     const podKey = podKeyOf(ev.model, ev.pod);
-    this.entries.set(key, { key, podKey, gateway: ev.gateway, expiresAt, promptTokens: ev.promptTokens, decoding: false });
+    this.entries.set(key, { key, podKey, gateway: ev.gateway, expiresAt, promptTokens: ev.promptTokens, ts: ev.ts, decoding: false });
     let mine = this.byGateway.get(ev.gateway);
     if (!mine) this.byGateway.set(ev.gateway, (mine = new Set()));
     mine.add(key);
@@ -218,6 +220,12 @@ export class ChargeLedger implements LedgerReader {
 
   outstanding(model: string, pod: string): Readonly<Outstanding> {
     return this.totals.get(podKeyOf(model, pod)) ?? ZERO;
+  }
+
+  /** A charge still held: the prompt tokens it was charged with and when it was made. */
+  peek(gateway: string, id: string): { promptTokens: number; ts: number } | undefined {
+    const e = this.entries.get(`${gateway}/${id}`);
+    return e ? { promptTokens: e.promptTokens, ts: e.ts } : undefined;
   }
 
   /** Outstanding charges of one gateway (for tests and /debug). */

@@ -66,3 +66,24 @@ describe("rate view - own admissions not yet seen by other replicas", () => {
     expect(r.size).toBe(0);
   });
 });
+
+describe("rate view - prompt estimates replaced by the engine's count", () => {
+  it("corrects the user's tokens in the window the request was charged in", () => {
+    const r = new RateView();
+    r.request("alice", "m", 10, 60_000); // estimated 10
+    r.correctPrompt("alice", 90, 60_000); // the engine counted 100
+    expect(r.userTokens("alice", 61_000)).toBe(100);
+    r.correctPrompt("alice", -500, 60_000); // an over-estimate never drives the count below 0
+    expect(r.userTokens("alice", 61_000)).toBe(0);
+  });
+
+  it("leaves a window that is over alone, and ignores requests without a user", () => {
+    const r = new RateView();
+    r.request("alice", "m", 10, 60_000);
+    r.request("alice", "m", 10, 120_500); // a new minute
+    r.correctPrompt("alice", 50, 60_000); // belongs to the finished minute
+    expect(r.userTokens("alice", 121_000)).toBe(10);
+    r.correctPrompt(undefined, 50, 120_500);
+    expect(r.userTokens("alice", 121_000)).toBe(10);
+  });
+});

@@ -114,6 +114,16 @@ export class RateView implements RateReader {
     }
   }
 
+  /**
+   * Replaces a request's estimated prompt tokens by the engine's count (its usage report) in the
+   * window the request was charged in, if that window is still the user's current one.
+   */
+  correctPrompt(user: string | undefined, delta: number, chargedAt: number): void {
+    if (!user || delta === 0) return;
+    const w = this.users.get(user);
+    if (w && w.window === Math.floor(chargedAt / 60_000)) w.tokens = Math.max(0, w.tokens + delta);
+  }
+
   /** Completion tokens of a request that ended at `ts`. */
   completion(user: string | undefined, tokens: number, ts: number): void {
     if (user && tokens > 0) this.bump(this.users, user, Math.floor(ts / 60_000), 0, tokens);
