@@ -333,7 +333,9 @@ export class Director {
     ledger.charge(charge, now);
     if (user) usage.record({ user, promptTokens, completionTokens: 0, ts: now });
     this.opts.views.rates.request(user, charge.model, promptTokens, now);
-    this.opts.views.rates.noteOwn(user, charge.model, promptTokens, now);
+    // Own admissions are remembered only where a limit can read them (the burst guard).
+    const userLimited = user !== undefined && this.opts.config?.userLimits(user) !== undefined;
+    if (userLimited || prepared.rps !== undefined) this.opts.views.rates.noteOwn(userLimited ? user : undefined, prepared.rps !== undefined ? charge.model : undefined, promptTokens, now);
     if (opts.publish !== false) this.opts.sink.charge(charge);
     if (prefixMatch && prefixMatch.hashes.length > 0) this.opts.prefix?.recordRouted(pick.pod, prefixMatch.hashes, now);
     const routed: RoutedRequest = {

@@ -57,6 +57,15 @@ describe("rate view - own admissions not yet seen by other replicas", () => {
     expect(r.ownRecent("user", "alice", 5_001).requests).toBe(0);
   });
 
+  it("keeps only the last unconfirmedMs of own admissions under continuous traffic, read or not", () => {
+    const r = new RateView(100, 25);
+    for (let t = 0; t < 10_000; t++) r.noteOwn("alice", "m", 1, t); // 1 per ms for 10 s, never read
+    // The list holds what was admitted in the last 25 ms, not 10 000 entries.
+    expect(r.ownRecent("user", "alice", 9_999).requests).toBe(25);
+    r.noteOwn(undefined, undefined, 1, 10_000); // nothing limited: nothing recorded
+    expect(r.size).toBe(2);
+  });
+
   it("sweeps own admissions once they are old, and bounds their keys", () => {
     const r = new RateView(2, 25);
     r.noteOwn("a", "m", 1, 0);

@@ -41,10 +41,13 @@ export class RateView implements RateReader {
     readonly unconfirmedMs = 25,
   ) {}
 
-  /** Records one of this replica's own admissions (besides `request`, which counts it). */
-  noteOwn(user: string | undefined, model: string, tokens: number, ts: number): void {
+  /**
+   * Records one of this replica's own admissions (besides `request`, which counts it), for the
+   * user and/or the model; the caller passes only those that have a limit.
+   */
+  noteOwn(user: string | undefined, model: string | undefined, tokens: number, ts: number): void {
     if (user) this.pushOwn(`u\u0000${user}`, ts, tokens);
-    this.pushOwn(`m\u0000${model}`, ts, 0);
+    if (model) this.pushOwn(`m\u0000${model}`, ts, 0);
   }
 
   private pushOwn(key: string, ts: number, tokens: number): void {
@@ -54,6 +57,10 @@ export class RateView implements RateReader {
       this.own.set(key, (list = []));
     }
     list.push({ ts, tokens });
+    // Bounded by what one replica admits within `unconfirmedMs`, whether or not anyone reads it.
+    let drop = 0;
+    while (drop < list.length && (list[drop] as OwnAdmission).ts <= ts - this.unconfirmedMs) drop++;
+    if (drop > 0) list.splice(0, drop);
   }
 
   /** Own admissions of the last `unconfirmedMs` for a user or a model: requests and tokens. */
