@@ -128,8 +128,12 @@ export const ReleaseEvent = Type.Object(
     pod: Name,
     ts: Millis,
     outcome: ReleaseOutcome,
+    /** The engine's counts, from the response's `usage`, when it reported them. */
     promptTokens: Type.Optional(Count),
     completionTokens: Type.Optional(Count),
+    /** With `promptTokens`: what the charge counted (the estimate) and when, so readers can correct rate windows. */
+    chargedPromptTokens: Type.Optional(Count),
+    chargedAt: Type.Optional(Millis),
     user: Type.Optional(Type.String({ maxLength: 256 })),
   },
   { $id: "release", additionalProperties: false },

@@ -118,6 +118,16 @@ describe("auth - gateway --auth required", () => {
     expect(decisions.filter((d) => d.id === "anon-1")).toEqual([]);
   });
 
+  it("a stream that skips the request-headers phase (no key ever shown) is refused at its body, not routed", async () => {
+    const ex = ca.open();
+    const r = await ex.send("request_body", { request_body: { body: chat(), end_of_stream: true } });
+    ex.cancel();
+    const e = asError(r);
+    expect(e.status).toBe(401);
+    expect(e.body.error).toMatchObject({ type: "authentication_error", code: "invalid_api_key" });
+    expect(a.views.ledger.size).toBe(0);
+  });
+
   it("a malformed header or a key nobody issued -> 401, counted by reason", async () => {
     const unknown0 = await metric(a, /jetroute_gateway_auth_failures_total\{reason="unknown",gateway="auth-a"\} (\d+)/);
     const malformed0 = await metric(a, /jetroute_gateway_auth_failures_total\{reason="malformed",gateway="auth-a"\} (\d+)/);

@@ -181,6 +181,14 @@ describe("gateway - routing through ext_proc", () => {
     expect(r.body.error.code).toBe("invalid_routing_strategy");
   });
 
+  it("an `x-request-id` too long for a decision record -> 400 naming it", async () => {
+    const ex = client.open();
+    await ex.requestHeaders(reqHeaders({ "x-request-id": "r".repeat(254) }));
+    const r = immediate(await ex.requestBody(chat()));
+    expect(r.status).toBe(400);
+    expect(r.body.error).toMatchObject({ code: "invalid_header", param: "x-request-id" });
+  });
+
   it("a `user` header too long to share -> 400 naming it, and nothing is charged", async () => {
     const ex = client.open();
     await ex.requestHeaders(reqHeaders({ user: "u".repeat(257) }));
@@ -547,8 +555,35 @@ describe("gateway - rate limits shared across replicas", () => {
     for (const c of clients) c.close();
   }, 90_000);
 
+  it("a request held by the burst guard across a shutdown is never charged, and nothing is thrown", async () => {
+    const [a] = [await env.gateway({ id: "hold-a", shutdownGraceMs: 0 }), await env.gateway({ id: "hold-b" })];
+    const set = spawnJetroute("config", ["config", "set-limits", "--nats", env.server.url, "--json", JSON.stringify({ users: { default: { rpm: 1000 }, erin: { rpm: 2 } } })]);
+    expect(await set.exited).toBe(0);
+    await waitFor(() => a.views.ledger.rank(Date.now()).count >= 2, 5_000, "the replicas to see each other");
+    await new Promise((r) => setTimeout(r, 300));
+    const intoMinute = Date.now() % 60_000;
+    if (intoMinute > 55_000) await new Promise((r) => setTimeout(r, 60_000 - intoMinute + 50));
+    const c = new ExtProcClient(`127.0.0.1:${a.port}`);
+    const first = c.open();
+    await first.requestHeaders(reqHeaders({ user: "erin" }));
+    expect((await first.requestBody(chat())).kind).toBe("continue");
+    // 1 seen + room for the other replica's unseen 1 = the limit of 2: the second is held.
+    const second = c.open();
+    await second.requestHeaders(reqHeaders({ user: "erin" }));
+    const held = second.requestBody(chat());
+    held.catch(() => {});
+    await waitFor(() => a.director.rateWaits >= 1, 2_000, "the second request to be held");
+    await a.close();
+    await new Promise((r) => setTimeout(r, 150)); // past the hold
+    expect(a.director.inFlight.size).toBe(0);
+    expect(a.views.ledger.chargesOf("hold-a")).toBe(0);
+    c.close();
+  });
+
   it("TPM counts the engine's prompt tokens, not the estimate, on every replica", async () => {
     const [a, b] = [await env.gateway({ id: "tpm-a" }), await env.gateway({ id: "tpm-b" })];
+    // A replica that shares no charges (`off`) still shares rate counts, corrections included.
+    const c = await env.gateway({ id: "tpm-c", consistency: "off" });
     const set = spawnJetroute("config", ["config", "set-limits", "--nats", env.server.url, "--json", JSON.stringify({ users: { default: { rpm: 1000 }, dave: { tpm: 100 } } })]);
     expect(await set.exited).toBe(0);
     await new Promise((r) => setTimeout(r, 300));
@@ -562,7 +597,7 @@ describe("gateway - rate limits shared across replicas", () => {
     await ex.responseHeaders(200, { "content-type": "application/json" });
     await ex.responseBodyChunk(Buffer.from(JSON.stringify({ usage: { prompt_tokens: 98, completion_tokens: 1, total_tokens: 99 } })), true);
     await ex.end();
-    await waitFor(() => a.views.rates.userTokens("dave", Date.now()) === 99 && b.views.rates.userTokens("dave", Date.now()) === 99, 3_000, "both replicas to count the engine's 99 tokens");
+    await waitFor(() => [a, b, c].every((g) => g.views.rates.userTokens("dave", Date.now()) === 99), 3_000, "every replica to count the engine's 99 tokens");
     // 99 of 100 used: the next request's own estimate no longer fits, on either replica.
     const next = cb.open();
     await next.requestHeaders(reqHeaders({ user: "dave" }));

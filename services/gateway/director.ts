@@ -20,8 +20,13 @@ import type { RateView } from "../views/rate-view.js";
 import { findStrategy, isStrategySpecError, parseStrategy, strategyNames } from "./strategies/registry.js";
 import { type Pick, type PrefixMatchInfo, type Scored, type Strategy, type TieOrder, tieOrderOf } from "./strategies/types.js";
 
+/** How often every replica's tie order rotates (together). */
+const TIE_ROTATION_MS = 10_000;
+
 /** Longest `user` header accepted (the charge and decision schemas' bound). */
 export const MAX_USER_LENGTH = 256;
+/** Longest `x-request-id` accepted (decision records carry it as their id). */
+export const MAX_REQUEST_ID_LENGTH = 253;
 
 export interface GatewayViews {
   pods: PodSet;
@@ -153,6 +158,10 @@ export class Director {
     if (userHeader !== undefined && userHeader.length > MAX_USER_LENGTH) {
       throw new RouteError("invalidHeader", `the \`user\` header is ${userHeader.length} characters long; at most ${MAX_USER_LENGTH} are allowed`, "user");
     }
+    const requestIdHeader = input.headers["x-request-id"];
+    if (requestIdHeader !== undefined && requestIdHeader.length > MAX_REQUEST_ID_LENGTH) {
+      throw new RouteError("invalidHeader", `the \`x-request-id\` header is ${requestIdHeader.length} characters long; at most ${MAX_REQUEST_ID_LENGTH} are allowed`, "x-request-id");
+    }
     const choice = this.opts.config
       ? this.opts.config.choose(parsed.model, input.headers, { promptTokens: parsed.promptTokens, maxTokens: parsed.maxTokens }, this.opts.defaultStrategy)
       : { spec: input.headers["routing-strategy"] || this.opts.defaultStrategy, source: "default" as const };
@@ -175,32 +184,46 @@ export class Director {
       const t = prefix.tokenizer.tokenize(parsed.model, input0, anyPod?.address);
       return t.then((r) => ({ ...base, tokens: r.tokens, tokenizerMode: r.mode }));
     };
-    const user = input.headers.user || undefined;
-    const verdict = this.limitVerdict(parsed.model, user, parsed.promptTokens, rps, this.now(), true);
-    if (verdict === undefined) return rest();
-    if (verdict instanceof RouteError) throw verdict;
-    return this.awaitShare(parsed.model, user, parsed.promptTokens, rps, verdict).then(rest);
+    // Over a limit already: refuse before any tokenization work. The burst guard runs in admit(),
+    // right before the charge.
+    const early = this.limitVerdict(parsed.model, input.headers.user || undefined, parsed.promptTokens, rps, this.now(), false);
+    if (early instanceof RouteError) throw early;
+    return rest();
   }
 
   /** Requests held because room was reserved for other replicas' unseen admissions. */
   rateWaits = 0;
 
   /**
-   * Waits until this replica's recent admissions have had time to reach the others, asking
-   * again after each wait; after `4 x unconfirmedMs` the plain limit decides.
+   * Admits a prepared request against the shared rate limits, then calls `then` (which charges)
+   * in the same synchronous step as the last verdict, so no other request can be admitted in
+   * between. When the burst guard says wait, the request is held (a timer) until this replica's
+   * recent admissions are old enough for the others to have seen them, and asked again; after
+   * `4 x unconfirmedMs` the plain limit decides. Throws/rejects with a 429 RouteError.
    */
-  private async awaitShare(model: string, user: string | undefined, promptTokens: number, rps: number | undefined, firstWait: number): Promise<void> {
+  admit<T>(input: RouteInput, prepared: Prepared, then: () => T): T | Promise<T> {
+    const user = input.headers.user || undefined;
+    const tokens = prepared.tokens?.length ?? prepared.parsed.promptTokens;
+    const model = prepared.parsed.model;
+    const first = this.limitVerdict(model, user, tokens, prepared.rps, this.now(), true);
+    if (first === undefined) return then();
+    if (first instanceof RouteError) throw first;
     this.rateWaits++;
     const deadline = this.now() + 4 * this.opts.views.rates.unconfirmedMs;
-    let wait = firstWait;
-    for (;;) {
-      await new Promise((r) => setTimeout(r, Math.max(1, wait)));
-      const now = this.now();
-      const v = this.limitVerdict(model, user, promptTokens, rps, now, now < deadline);
-      if (v === undefined) return;
-      if (v instanceof RouteError) throw v;
-      wait = v;
-    }
+    return new Promise<T>((resolve, reject) => {
+      const ask = () => {
+        try {
+          const now = this.now();
+          const v = this.limitVerdict(model, user, tokens, prepared.rps, now, now < deadline);
+          if (v === undefined) resolve(then());
+          else if (v instanceof RouteError) reject(v);
+          else setTimeout(ask, Math.max(1, v));
+        } catch (err) {
+          reject(err);
+        }
+      };
+      setTimeout(ask, Math.max(1, first));
+    });
   }
 
   /**
@@ -290,12 +313,13 @@ export class Director {
 
   /**
    * This replica's tie order from its rank among the live gateways (TieOrder). All replicas
-   * rotate it together every second, in golden-ratio steps. One gateway, or `consistency: off`
-   * (which follows no peers): no order, ties stay random.
+   * rotate it together every 10 s, in golden-ratio steps (rarely enough that a burst seldom
+   * straddles a rotation). One gateway, or `consistency: off` (which follows no peers): no
+   * order, ties stay random.
    */
   private tieOrder(now: number): { tieOrder?: TieOrder } {
     const { index, count } = this.opts.views.ledger.rank(now);
-    const order = tieOrderOf(index, count, (Math.floor(now / 1000) * 0.6180339887498949) % 1);
+    const order = tieOrderOf(index, count, (Math.floor(now / TIE_ROTATION_MS) * 0.6180339887498949) % 1);
     return order ? { tieOrder: order } : {};
   }
 
@@ -307,12 +331,9 @@ export class Director {
     const prepared = opts.prepared ?? this.prepare(input);
     if (prepared instanceof Promise) throw new Error("route() needs a prepared request when tokenization is asynchronous; use routeAuto()");
     const { parsed, strategy } = prepared;
+    // A request that was tokenized or held by a rate limit across a shutdown is not charged.
+    if (this.closed) throw new RouteError("notReady", "gateway is shutting down");
     const user = input.headers.user || undefined;
-    if (prepared.tokens) {
-      // Tokenization awaited since the limits were checked: other requests may have been admitted meanwhile.
-      const late = this.limitVerdict(parsed.model, user, prepared.tokens.length, prepared.rps, this.now(), false);
-      if (late instanceof RouteError) throw late;
-    }
     const { requestId, now, pick, prefixMatch } = this.select(input, prepared);
     const { ledger, usage } = this.opts.views;
     const promptTokens = prepared.tokens?.length ?? parsed.promptTokens;
@@ -358,11 +379,11 @@ export class Director {
     return routed;
   }
 
-  /** `route`, awaiting tokenization first when the strategy needs it. */
+  /** Prepare (awaiting tokenization when the strategy needs it), admit, route: the eventual way. */
   routeAuto(input: RouteInput): RoutedRequest | Promise<RoutedRequest> {
     const prepared = this.prepare(input);
-    if (prepared instanceof Promise) return prepared.then((p) => this.route(input, { prepared: p }));
-    return this.route(input, { prepared });
+    if (prepared instanceof Promise) return prepared.then((p) => this.admit(input, p, () => this.route(input, { prepared: p })));
+    return this.admit(input, prepared, () => this.route(input, { prepared }));
   }
 
   /** The request's first response bytes arrived: it moved from prefill to decode. */
@@ -370,6 +391,14 @@ export class Director {
     if (r.firstChunkAt !== undefined || r.finished) return;
     r.firstChunkAt = at;
     this.opts.views.ledger.markDecoding(this.gatewayId, r.chargeId);
+  }
+
+  /**
+   * A strict-mode charge was acknowledged: other replicas can only see it from now on, so the
+   * burst guard counts it as unseen from now (not from when it was made).
+   */
+  committed(r: RoutedRequest): void {
+    this.opts.views.rates.renoteOwn(r.charge.user, r.charge.model, r.charge.ts, this.now());
   }
 
   /** Publishes a charge made with `publish: false` the eventual way. */
@@ -401,7 +430,7 @@ export class Director {
       ts: now,
       outcome,
       // The engine's own counts: other replicas replace the charge's prompt estimate with it.
-      ...(info.promptTokens !== undefined ? { promptTokens: info.promptTokens } : {}),
+      ...(info.promptTokens !== undefined ? { promptTokens: info.promptTokens, chargedPromptTokens: r.promptTokens, chargedAt: r.charge.ts } : {}),
       ...(info.completionTokens !== undefined ? { completionTokens: info.completionTokens } : {}),
       ...(r.user ? { user: r.user } : {}),
     };
@@ -441,7 +470,8 @@ export class Director {
   reject(headers: Readonly<Record<string, string>>, model: string | undefined, err: RouteError): void {
     this.opts.sink.decision({
       type: "decision",
-      id: headers["x-request-id"] || randomUUID(),
+      // A rejected request's id may be the reason it was rejected: only a valid one is recorded.
+      id: headers["x-request-id"] && headers["x-request-id"].length <= MAX_REQUEST_ID_LENGTH ? headers["x-request-id"] : randomUUID(),
       gateway: this.gatewayId,
       model: model ?? "",
       ts: this.now(),
@@ -454,8 +484,12 @@ export class Director {
     });
   }
 
-  /** Releases everything still in flight (clean shutdown). */
+  /** Set by `drain`: the gateway is shutting down and routes nothing more. */
+  private closed = false;
+
+  /** Releases everything still in flight (clean shutdown); later routing attempts get a 503. */
   drain(): number {
+    this.closed = true;
     let n = 0;
     for (const r of [...this.inFlight.values()]) if (this.finish(r, "shutdown", { status: 503 })) n++;
     return n;

@@ -114,6 +114,10 @@ export function createExtProcHandler(opts: ExtProcHandlerOptions): grpc.handleBi
     let status = 0;
     let tracker: ResponseTracker | undefined;
     let normalising = false;
+    /** The stream is over (Envoy ended or cancelled it): a routing result arriving later is released at once. */
+    let over = false;
+    /** Set by a request-headers phase that passed authentication (`auth` only). */
+    let authenticated = false;
     const errorBody: Buffer[] = [];
     let errorBytes = 0;
 
@@ -135,6 +139,12 @@ export function createExtProcHandler(opts: ExtProcHandlerOptions): grpc.handleBi
         bodyBytes += chunk.length;
         if (bodyBytes <= maxBody) bodyParts.push(Buffer.from(chunk));
       }
+      if (opts.auth && !authenticated) {
+        // A stream that skipped the request-headers phase (a proxy set to SKIP it) never showed a key.
+        opts.auth.failed?.("missing", headers[Headers.requestId]);
+        const err = new RouteError("invalidApiKey", authFailureMessage("missing"), null, AUTHENTICATE_CHALLENGE);
+        return send(immediate(err.status, routeErrorBody(err), err.headers));
+      }
       if (!endOfStream) return send({ request_body: CONTINUE });
       if (bodyBytes > maxBody) return reject(new RouteError("bodyTooLarge", `request body exceeds ${maxBody} bytes`));
       if (!opts.isReady()) return reject(new RouteError("notReady", "gateway is catching up with the streams; retry shortly"));
@@ -154,8 +164,9 @@ export function createExtProcHandler(opts: ExtProcHandlerOptions): grpc.handleBi
       if (result instanceof Promise) {
         result.then((r) => {
           routed = r;
-          // The client may have left while the charge was being committed.
-          if (call.cancelled) return finish("cancelled");
+          // The client may have left (or the stream ended) while the request was being tokenized,
+          // held by a rate limit or committed.
+          if (call.cancelled || over) return finish("cancelled");
           replyRouted(r);
         }, failed);
         return;
@@ -193,6 +204,7 @@ export function createExtProcHandler(opts: ExtProcHandlerOptions): grpc.handleBi
               }
               // The key says who this is: a client-sent `user` header cannot borrow another user's quota.
               headers[USER_HEADER] = a.user;
+              authenticated = true;
               mutation = { ...STRIP_CLIENT_ROUTING, set_headers: [setHeader(USER_HEADER, a.user)] };
             }
             subset = subsetHint(req);
@@ -261,13 +273,20 @@ export function createExtProcHandler(opts: ExtProcHandlerOptions): grpc.handleBi
       // emits "cancelled" after clean closes too, so neither event alone tells them apart:
       // decide one tick later, when `call.cancelled` is settled. The release happens once either way.
       setImmediate(() => {
+        over = true;
         const ended = status >= 400 ? "error" : status && !call.cancelled ? "completed" : "cancelled";
         finish(ended);
         if (!call.cancelled) call.end();
       });
     });
-    call.on("cancelled", () => finish("cancelled"));
-    call.on("error", () => finish("cancelled"));
+    call.on("cancelled", () => {
+      over = true;
+      finish("cancelled");
+    });
+    call.on("error", () => {
+      over = true;
+      finish("cancelled");
+    });
   };
 }
 

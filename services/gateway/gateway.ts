@@ -168,10 +168,11 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
       // periods of history rebuild the whole ledger: boot time does not grow with traffic.
       stream: streamName(prefix, "CHARGES"), startAt: { kind: "time", sinceMs: Date.now() - Math.max(10_000, 3 * hbTimeout) },
       onEvent: (ev, m) => {
-        // Before the ledger forgets the charge: what it was charged with, to correct the prompt estimate.
-        const charged = ev.type === "release" && ev.promptTokens !== undefined ? views.ledger.peek(ev.gateway, ev.id) : undefined;
         if (o.consistency !== "off") views.ledger.applyFromStream(ev, m.serverTs, Date.now(), m.seq);
-        if (charged && ev.type === "release" && ev.promptTokens !== undefined) views.rates.correctPrompt(ev.user, ev.promptTokens - charged.promptTokens, charged.ts);
+        // The engine's prompt count replaces the charge's estimate in the window it was charged in.
+        if (ev.type === "release" && ev.promptTokens !== undefined && ev.chargedPromptTokens !== undefined && ev.chargedAt !== undefined) {
+          views.rates.correctPrompt(ev.user, ev.promptTokens - ev.chargedPromptTokens, ev.chargedAt);
+        }
         // Other replicas' users spend tokens too: fairness is per user across the fleet.
         if (ev.type === "charge") {
           views.rates.request(ev.user, ev.model, ev.promptTokens, ev.ts);
@@ -254,7 +255,9 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
       : undefined;
   const routeByConsistency = (committer: StrictCommitter) => (input: RouteInput) => {
     const go = (prepared: Prepared) =>
-      (modelConfigs.consistency(prepared.parsed.model) ?? defaultConsistency) === "strict" ? committer.route(input, prepared) : director.route(input, { prepared });
+      (modelConfigs.consistency(prepared.parsed.model) ?? defaultConsistency) === "strict"
+        ? committer.route(input, prepared)
+        : director.admit(input, prepared, () => director.route(input, { prepared }));
     const p = director.prepare(input);
     return p instanceof Promise ? p.then(go) : go(p);
   };
@@ -364,7 +367,8 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
     rateWaits: director.rateWaits,
     extProcConnections,
     consistency: defaultConsistency,
-    consistencyByModel: Object.fromEntries(modelConfigs.modelNames().flatMap((m) => { const c = modelConfigs.consistency(m); return c ? [[m, c]] : []; })),
+    // The mode in effect: with `--consistency off` a model's own setting has nothing to share with.
+    consistencyByModel: Object.fromEntries(modelConfigs.modelNames().flatMap((m) => { const c = modelConfigs.consistency(m); return c ? [[m, defaultConsistency === "off" ? "off" : c]] : []; })),
     configs: { rejected: configWatch.rejected },
     auth: { mode: authMode, activeKeys: apiKeys.active, revokedKeys: apiKeys.size - apiKeys.active },
     ...(strict ? { strict: strict.stats } : {}),

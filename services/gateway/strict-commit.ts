@@ -87,13 +87,15 @@ export class StrictCommitter {
         this.stats.fallbacks++;
         return director.route(input, { prepared });
       }
-      const r = director.route(input, { publish: false, prepared });
+      // Rate limits admit a request once (a lost race undoes its counts, a retry redoes them).
+      const r = attempt === 0 ? await director.admit(input, prepared, () => director.route(input, { publish: false, prepared })) : director.route(input, { publish: false, prepared });
       const subject = subjects.charges(r.pod.model, r.pod.pod);
       try {
         const data = encodeEvent(r.charge);
         const ack = await this.serialized(subject, () => js.publish(subject, data, { expect: { lastSubjectSequence: cursor.lastSeq(subject) } }));
         cursor.note(subject, ack.seq);
         this.stats.committed++;
+        director.committed(r);
         return r;
       } catch (err) {
         const winner = isWrongLastSequence(err);

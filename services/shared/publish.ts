@@ -38,7 +38,14 @@ export class Outbox {
 
   constructor(private readonly nc: NatsConnection) {}
 
+  /** Events offered after the connection closed (shutdown): dropped, never thrown. */
+  dropped = 0;
+
   fire(subject: string, ev: unknown): void {
+    if (this.nc.isClosed()) {
+      this.dropped++;
+      return;
+    }
     this.queue.push({ subject, data: encodeEvent(ev) });
     if (!this.scheduled) {
       this.scheduled = true;
@@ -50,6 +57,10 @@ export class Outbox {
     this.scheduled = false;
     const q = this.queue;
     this.queue = [];
+    if (this.nc.isClosed()) {
+      this.dropped += q.length;
+      return;
+    }
     for (const m of q) this.nc.publish(m.subject, m.data);
     this.published += q.length;
   };

@@ -38,8 +38,6 @@ interface Entry {
   readonly gateway: string;
   readonly expiresAt: number;
   readonly promptTokens: number;
-  /** When the charge was made (its gateway's clock). */
-  readonly ts: number;
   /** Past its first token (decode): no longer counted as prefill work. */
   decoding: boolean;
 }
@@ -98,7 +96,7 @@ export class ChargeLedger implements LedgerReader {
     if (expiresAt <= now) return false;
     if (this.entries.size >= this.maxCharges) this.evictOldest();
     const podKey = podKeyOf(ev.model, ev.pod);
-    this.entries.set(key, { key, podKey, gateway: ev.gateway, expiresAt, promptTokens: ev.promptTokens, ts: ev.ts, decoding: false });
+    this.entries.set(key, { key, podKey, gateway: ev.gateway, expiresAt, promptTokens: ev.promptTokens, decoding: false });
     let mine = this.byGateway.get(ev.gateway);
     if (!mine) this.byGateway.set(ev.gateway, (mine = new Set()));
     mine.add(key);
@@ -179,7 +177,10 @@ export class ChargeLedger implements LedgerReader {
     if (ev.gateway === this.self) return;
     if (ev.type === "charge") {
       // A charge is also a sign of life of its gateway: it was alive when it was published.
-      if (!this.gateways.has(ev.gateway)) this.gateways.set(ev.gateway, { lastSeen: serverTs, down: false });
+      if (!this.gateways.has(ev.gateway)) {
+        this.gateways.set(ev.gateway, { lastSeen: serverTs, down: false });
+        this.rankAt = Number.NEGATIVE_INFINITY;
+      }
       this.charge(ev, now);
     } else if (ev.type === "release") this.release(ev);
     else this.heartbeat(ev, serverTs, now);
@@ -220,12 +221,6 @@ export class ChargeLedger implements LedgerReader {
 
   outstanding(model: string, pod: string): Readonly<Outstanding> {
     return this.totals.get(podKeyOf(model, pod)) ?? ZERO;
-  }
-
-  /** A charge still held: the prompt tokens it was charged with and when it was made. */
-  peek(gateway: string, id: string): { promptTokens: number; ts: number } | undefined {
-    const e = this.entries.get(`${gateway}/${id}`);
-    return e ? { promptTokens: e.promptTokens, ts: e.ts } : undefined;
   }
 
   /** Outstanding charges of one gateway (for tests and /debug). */

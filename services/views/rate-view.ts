@@ -63,6 +63,17 @@ export class RateView implements RateReader {
     if (drop > 0) list.splice(0, drop);
   }
 
+  /** Restarts the unseen period of an own admission made at `ts` (its publish was acknowledged only at `now`). */
+  renoteOwn(user: string | undefined, model: string, ts: number, now: number): void {
+    for (const key of [user ? `u\u0000${user}` : undefined, `m\u0000${model}`]) {
+      const list = key ? this.own.get(key) : undefined;
+      const i = list ? list.findIndex((a) => a.ts === ts) : -1;
+      if (!list || i < 0) continue;
+      const [a] = list.splice(i, 1);
+      list.push({ ts: Math.max(now, ts), tokens: (a as OwnAdmission).tokens });
+    }
+  }
+
   /** Own admissions of the last `unconfirmedMs` for a user or a model: requests and tokens. */
   ownRecent(kind: "user" | "model", name: string, now: number): { requests: number; tokens: number } {
     const key = `${kind === "user" ? "u" : "m"}\u0000${name}`;

@@ -1,7 +1,8 @@
 /**
  * Scorers -> one pick. A single scorer picks by its raw scores; several are min-max normalised to
  * [0, 1] (lower-is-better inverted, so 1 is always best), weighted, summed, and the highest sum
- * wins. Exact ties are broken at random in both cases.
+ * wins. Exact ties are broken by the replica's tie order when a scorer tracks this replica's own
+ * charges (types.ts, TieOrder), else at random.
  *
  * A single scorer is not normalised on purpose: its raw scores stay readable in the decision
  * record, and normalising one scorer would not change which pods tie for best.
@@ -41,7 +42,7 @@ export function pickByScorers(ctx: RoutingContext, parts: readonly WeightedScore
     const scores = raw[0] as readonly (number | undefined)[];
     const candidates = ctx.pods.map((pod, i) => ({ pod, score: scores[i] ?? worstScore(scorer.better) }));
     const eligible = candidates.filter((_, i) => scores[i] !== undefined);
-    return withHeaders(ctx, parts, { pod: pickBest(eligible, scorer.better, ctx.random, ctx.tieOrder).pod, candidates, better: scorer.better });
+    return withHeaders(ctx, parts, { pod: pickBest(eligible, scorer.better, ctx.random, scorer.tracksOwnCharges ? ctx.tieOrder : undefined).pod, candidates, better: scorer.better });
   }
   const total = new Array<number>(ctx.pods.length).fill(0);
   parts.forEach((part, j) => {
@@ -50,7 +51,8 @@ export function pickByScorers(ctx: RoutingContext, parts: readonly WeightedScore
     for (let i = 0; i < total.length; i++) total[i] = (total[i] as number) + part.weight * (norm[i] as number);
   });
   const candidates = ctx.pods.map((pod, i) => ({ pod, score: total[i] as number }));
-  return withHeaders(ctx, parts, { pod: pickBest(candidates, "higher", ctx.random, ctx.tieOrder).pod, candidates, better: "higher" });
+  const order = parts.some((part, j) => informative[j] && part.scorer.tracksOwnCharges) ? ctx.tieOrder : undefined;
+  return withHeaders(ctx, parts, { pod: pickBest(candidates, "higher", ctx.random, order).pod, candidates, better: "higher" });
 }
 
 /**

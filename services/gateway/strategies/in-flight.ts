@@ -20,5 +20,6 @@ export function inFlightScore(ctx: RoutingContext, pod: PodInfo): number {
 export const inFlightScorer: Scorer = {
   name: "least-request",
   better: "lower",
+  tracksOwnCharges: true,
   score: (ctx) => ctx.pods.map((pod) => inFlightScore(ctx, pod)),
 };

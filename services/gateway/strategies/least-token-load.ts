@@ -21,6 +21,7 @@ import type { Scorer } from "./types.js";
 export const leastTokenLoadScorer: Scorer = {
   name: "least-token-load",
   better: "lower",
+  tracksOwnCharges: true,
   score: (ctx) =>
     ctx.pods.map((pod) => {
       const waiting = ctx.load.fresh(pod.model, pod.pod, ctx.now)?.waiting ?? 0;

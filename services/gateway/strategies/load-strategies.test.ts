@@ -6,6 +6,8 @@ import { leastTokenLoadStrategy } from "./least-token-load.js";
 import { powerOfTwoStrategy } from "./power-of-two.js";
 import { ctxOf, hist, type PodLoadSpec, sample, seq, vllmSample } from "./testing.js";
 import { throughputStrategy } from "./throughput.js";
+import { tieOrderOf } from "./types.js";
+import { leastRequestStrategy } from "./least-request.js";
 
 const PODS3 = ["p1", "p2", "p3"];
 
@@ -64,6 +66,22 @@ describe.each([leastKvCacheStrategy, leastGpuCacheStrategy])("$name - table", (s
     const p = strategy.pick(ctxOf({ pods: ["p1", "p2"], load: { p1: kv(0.25) } }));
     expect(p.candidates.map((c) => c.score)).toEqual([0.25, Number.MAX_VALUE]);
     expect(p.better).toBe("lower");
+  });
+});
+
+describe("tie order only where a replica's own charges move the score", () => {
+  const kv = (u: number) => sample({ kvCacheUsage: u });
+  const load = { p1: kv(0.3), p2: kv(0.3), p3: kv(0.3) };
+  it("a metric-only strategy keeps random ties under a tie order (its scores do not move between samples)", () => {
+    const order = tieOrderOf(1, 2, 0); // replica 1 of 2 walks backwards from the end: p3 first
+    const picks = [0, 0.5, 0.99].map((r) => leastKvCacheStrategy.pick({ ...ctxOf({ pods: PODS3, load, random: () => r }), ...(order ? { tieOrder: order } : {}) }).pod.pod);
+    expect(picks).toEqual(["p1", "p2", "p3"]);
+  });
+
+  it("least-request follows the tie order (each pick raises the pod's count)", () => {
+    const order = tieOrderOf(1, 2, 0);
+    const picks = [0, 0.5, 0.99].map((r) => leastRequestStrategy.pick({ ...ctxOf({ pods: PODS3, random: () => r }), ...(order ? { tieOrder: order } : {}) }).pod.pod);
+    expect(picks).toEqual(["p3", "p3", "p3"]);
   });
 });
 

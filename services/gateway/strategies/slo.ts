@@ -75,7 +75,7 @@ function makeSloStrategy(name: string, rule: Rule): Strategy {
       }
       const better = rule === "least-load" ? "higher" : "lower";
       const candidates = ctx.pods.map((pod, i) => ({ pod, score: room[i] ?? worstScore("higher") }));
-      return { pod: pickBest(meeting, better, ctx.random, ctx.tieOrder).pod, candidates, better: "higher" };
+      return { pod: pickBest(meeting, better, ctx.random).pod, candidates, better: "higher" };
     },
   };
 }

@@ -21,6 +21,7 @@ import type { Scorer } from "./types.js";
 export const throughputScorer: Scorer = {
   name: "throughput",
   better: "lower",
+  tracksOwnCharges: true,
   score: (ctx) => {
     const means = ctx.pods.map((pod) => {
       const load = ctx.load.fresh(pod.model, pod.pod, ctx.now);

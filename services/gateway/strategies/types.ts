@@ -127,6 +127,13 @@ export interface Scorer {
   readonly name: string;
   readonly better: Better;
   score(ctx: RoutingContext): readonly (number | undefined)[];
+  /**
+   * True when every charge this replica makes raises the charged pod's score at once (it is
+   * read from the shared ledger). Only then may ties follow the replica's tie order: each pick
+   * breaks the next tie. A score from scraped metrics stays put between samples, so a fixed
+   * tie order would send every request to one pod; such scorers break ties at random.
+   */
+  readonly tracksOwnCharges?: boolean;
   /** Response headers to set once `picked` is chosen (by this scorer or by a combination containing it). */
   responseHeaders?(ctx: RoutingContext, picked: PodInfo): Readonly<Record<string, string>> | undefined;
 }

@@ -49,6 +49,6 @@ function vtcScores(ctx: RoutingContext): (number | undefined)[] {
   });
 }
 
-export const vtcBasicScorer: Scorer = { name: "vtc-basic", better: "lower", score: vtcScores };
+export const vtcBasicScorer: Scorer = { name: "vtc-basic", better: "lower", tracksOwnCharges: true, score: vtcScores };
 
 export const vtcBasicStrategy = scorerStrategy(vtcBasicScorer);
