@@ -148,6 +148,8 @@ function cliCommands(): Map<string, SubCommand> {
       const long = /--[\w-]+/.exec(spec as string)?.[0];
       if (long) flags.set(long, { takesValue: /<[^>]+>/.test(spec as string), required: method === "requiredOption" });
     }
+    // The shared `--nats <urls>` option (services/shared/cli-options.ts).
+    if (/\.addOption\(natsOption\(\)\)/.test(text)) flags.set("--nats", { takesValue: true, required: false });
     commands.set(top, { file, children, flags });
   }
   return commands;

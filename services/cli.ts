@@ -27,4 +27,12 @@ registerGatewayCommand(program);
 registerFrontCommand(program);
 registerDemoCommand(program);
 
-await program.parseAsync(process.argv);
+try {
+  await program.parseAsync(process.argv);
+} catch (err) {
+  // An operator gets one line saying what failed (the stack only with JETROUTE_LOG_LEVEL=debug).
+  const e = err as Error;
+  console.error(`jetroute: ${e?.message ?? String(err)}`);
+  if (process.env.JETROUTE_LOG_LEVEL === "debug" && e?.stack) console.error(e.stack);
+  process.exit(1);
+}

@@ -19,7 +19,7 @@ import { configBucketName } from "../../streams/definitions.js";
 import { decodeToken, encodeToken } from "../../streams/tokens.js";
 import { apiKeyBucketKey, generateApiKey, hashApiKey, hashOfBucketKey, resolveHashPrefix, revokeTarget, SHOWN_HASH_PREFIX } from "../gateway/auth.js";
 import { parseStrategy } from "../gateway/strategies/registry.js";
-import { DEFAULT_NATS, natsUrlsOption } from "../shared/cli-options.js";
+import { natsOption } from "../shared/cli-options.js";
 import { connectNats } from "../shared/nats.js";
 
 /** Checks a config beyond its schema: every strategy it names must parse. */
@@ -82,7 +82,7 @@ async function withBucket<T>(o: { nats: string[]; prefix: string }, fn: (kv: Buc
 export function registerConfigCommand(program: Command): void {
   const cfg = program.command("config").description("per-model routing config (locked strategy, profiles), live on every gateway");
   const common = (c: Command) =>
-    c.option("--nats <urls>", "NATS server URL(s), comma separated", natsUrlsOption, [DEFAULT_NATS]).option("--prefix <prefix>", "subject prefix", "jr");
+    c.addOption(natsOption()).option("--prefix <prefix>", "subject prefix", "jr");
   common(cfg.command("set <model>").description("validate and store a model's config (JSON from --json or --file)"))
     .option("--json <json>", "the config as JSON")
     .option("--file <path>", "a file holding the config as JSON")

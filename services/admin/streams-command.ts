@@ -1,4 +1,5 @@
 import type { Command } from "commander";
+import { natsOption } from "../shared/cli-options.js";
 import { connectNats } from "../shared/nats.js";
 import { applyStreams } from "../../streams/apply.js";
 
@@ -7,11 +8,11 @@ export function registerStreamsCommand(program: Command): void {
   streams
     .command("apply")
     .description("create or update every stream and the config bucket (idempotent)")
-    .option("--nats <url>", "NATS server URL(s), comma separated", process.env.NATS_URL ?? "nats://127.0.0.1:4222")
+    .addOption(natsOption())
     .option("--prefix <prefix>", "subject prefix", "jr")
     .option("--replicas <n>", "replicas per stream", (v) => Number.parseInt(v, 10), 1)
-    .action(async (o: { nats: string; prefix: string; replicas: number }) => {
-      const { nc, jsm } = await connectNats(o.nats.split(","), "jetroute-streams");
+    .action(async (o: { nats: string[]; prefix: string; replicas: number }) => {
+      const { nc, jsm } = await connectNats(o.nats, "jetroute-streams");
       try {
         for (const c of await applyStreams(nc, jsm, { prefix: o.prefix, replicas: o.replicas })) {
           console.log(`${c.action.padEnd(9)} ${c.name}${c.diff.length ? `\n  ${c.diff.join("\n  ")}` : ""}`);

@@ -1,5 +1,5 @@
 import { type Command, InvalidArgumentError } from "commander";
-import { DEFAULT_NATS, intOption, natsUrlsOption, untilSignal } from "../shared/cli-options.js";
+import { intOption, natsOption, untilSignal } from "../shared/cli-options.js";
 import { createLogger } from "../shared/log.js";
 import { startGateway } from "./gateway.js";
 import { strategyNames } from "./strategies/registry.js";
@@ -33,7 +33,7 @@ export function registerGatewayCommand(program: Command): void {
   program
     .command("gateway")
     .description("Envoy ext_proc gateway replica: folds the streams into views and picks a pod per request")
-    .option("--nats <urls>", "NATS server URL(s), comma separated", natsUrlsOption, [DEFAULT_NATS])
+    .addOption(natsOption())
     .option("--prefix <prefix>", "subject prefix", "jr")
     .option("--port <port>", "ext_proc gRPC port", intOption(0, 65535), 9002)
     .option("--host <host>", "listen address", "0.0.0.0")

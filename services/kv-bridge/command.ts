@@ -1,6 +1,6 @@
 import { type Command, InvalidArgumentError } from "commander";
 import { startMetricsServer, statsRegistry } from "../shared/metrics-server.js";
-import { DEFAULT_NATS, intOption, natsUrlsOption, untilSignal } from "../shared/cli-options.js";
+import { intOption, natsOption, untilSignal } from "../shared/cli-options.js";
 import { createLogger } from "../shared/log.js";
 import { redactNatsUrl } from "../shared/nats.js";
 import { DEFAULTS, startKvBridge } from "./bridge.js";
@@ -18,7 +18,7 @@ export function registerKvBridgeCommand(program: Command): void {
   program
     .command("kv-bridge")
     .description("bridge engines' ZMQ KV cache events (vLLM, SGLang) to the KV stream, with gap repair and engine-restart detection")
-    .option("--nats <urls>", "NATS server URL(s), comma separated", natsUrlsOption, [DEFAULT_NATS])
+    .addOption(natsOption())
     .option("--prefix <prefix>", "subject prefix", "jr")
     .option("--shard <i/n>", "this replica's shard: it bridges the pods that rendezvous-hash to i of n", shardOption, { index: 0, count: 1 })
     .option("--replay-timeout-ms <ms>", "wait this long for each replay reply before giving the replay up", intOption(10), DEFAULTS.replayTimeoutMs)

@@ -1,6 +1,6 @@
 import type { Command } from "commander";
 import { startMetricsServer, statsRegistry } from "../shared/metrics-server.js";
-import { DEFAULT_NATS, intOption, natsUrlsOption, untilSignal } from "../shared/cli-options.js";
+import { intOption, natsOption, untilSignal } from "../shared/cli-options.js";
 import { createLogger } from "../shared/log.js";
 import { startScraper } from "./scraper.js";
 
@@ -8,7 +8,7 @@ export function registerMetricsScraperCommand(program: Command): void {
   program
     .command("metrics-scraper")
     .description("scrape each ready pod's /metrics (vLLM and SGLang names) and publish load samples to LOAD")
-    .option("--nats <urls>", "NATS server URL(s), comma separated", natsUrlsOption, [DEFAULT_NATS])
+    .addOption(natsOption())
     .option("--prefix <prefix>", "subject prefix", "jr")
     .option("--interval-ms <ms>", "scrape interval per pod", intOption(10), 100)
     .option("--timeout-ms <ms>", "a scrape slower than this fails (default max(500, 5 x interval))", intOption(10))

@@ -1,6 +1,6 @@
 import type { Command } from "commander";
 import { startMetricsServer, statsRegistry } from "../shared/metrics-server.js";
-import { DEFAULT_NATS, intOption, natsUrlsOption, untilSignal } from "../shared/cli-options.js";
+import { intOption, natsOption, untilSignal } from "../shared/cli-options.js";
 import { createLogger } from "../shared/log.js";
 import { startPodWatcher } from "./pod-watcher.js";
 
@@ -9,7 +9,7 @@ export function registerPodWatcherCommand(program: Command): void {
     .command("pod-watcher")
     .description("publish pod readiness to the PODS stream (static file mode; Kubernetes mode is planned)")
     .requiredOption("--static <file>", "YAML/JSON pod list: [{name, model, address, engine?, role?, metricsAddress?, adapters?}]")
-    .option("--nats <urls>", "NATS server URL(s), comma separated", natsUrlsOption, [DEFAULT_NATS])
+    .addOption(natsOption())
     .option("--prefix <prefix>", "subject prefix", "jr")
     .option("--probe-interval-ms <ms>", "how often each pod's /health is probed", intOption(50), 1_000)
     .option("--probe-timeout-ms <ms>", "a probe slower than this fails", intOption(10), 1_000)

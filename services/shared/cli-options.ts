@@ -1,5 +1,6 @@
 /** Flag parsers shared by every sub-command: they fail with a message naming the flag. */
-import { InvalidArgumentError } from "commander";
+import { InvalidArgumentError, Option } from "commander";
+import { redactNatsUrl } from "./nats.js";
 
 export function intOption(min: number, max = Number.MAX_SAFE_INTEGER) {
   return (value: string): number => {
@@ -20,6 +21,11 @@ export function floatOption(minExclusive: number) {
 export const natsUrlsOption = (value: string): string[] => value.split(",").map((s) => s.trim()).filter(Boolean);
 
 export const DEFAULT_NATS = process.env.NATS_URL ?? "nats://127.0.0.1:4222";
+
+/** `--nats <urls>`, defaulting to `$NATS_URL`; `--help` shows the default without its credentials. */
+export function natsOption(): Option {
+  return new Option("--nats <urls>", "NATS server URL(s), comma separated").argParser(natsUrlsOption).default([DEFAULT_NATS], redactNatsUrl(DEFAULT_NATS));
+}
 
 /** Resolves on SIGINT/SIGTERM, after which the caller shuts down cleanly. */
 export function untilSignal(): Promise<NodeJS.Signals> {
