@@ -609,13 +609,13 @@ describe("gateway - rate limits shared across replicas", () => {
 
   it("a simultaneous burst spread over 3 replicas cannot take 3x the limit: overshoot stays within R - 1", async () => {
     const gws = [await env.gateway({ id: "rb-a" }), await env.gateway({ id: "rb-b" }), await env.gateway({ id: "rb-c" })];
-    const set = spawnJetroute("config", ["config", "set-limits", "--nats", env.server.url, "--json", JSON.stringify({ users: { default: { rpm: 1000 }, carol: { rpm: 10 } } })]);
+    const set = spawnJetroute("config", ["config", "set-limits", "--nats", env.server.url, "--json", JSON.stringify({ users: { default: { rpm: 1000 }, carol: { rpm: 10 }, frank: { rpm: 10 } } })]);
     expect(await set.exited).toBe(0);
     await waitFor(() => gws.every((g) => g.views.ledger.rank(Date.now()).count >= 3), 5_000, "replicas to see each other");
     const clients = gws.map((g) => new ExtProcClient(`127.0.0.1:${g.port}`));
-    const burst = async (user: string) => {
+    const burst = async (user: string, extra: Record<string, string> = {}) => {
       const exs = Array.from({ length: 30 }, (_, i) => (clients[i % 3] as ExtProcClient).open());
-      await Promise.all(exs.map((ex) => ex.requestHeaders(reqHeaders({ user }))));
+      await Promise.all(exs.map((ex) => ex.requestHeaders(reqHeaders({ user, ...extra }))));
       // Every body in one synchronous loop: each replica decides its share before any other
       // replica's charge can reach it.
       const replies = await Promise.all(exs.map((ex) => ex.requestBody(chat())));
@@ -630,6 +630,11 @@ describe("gateway - rate limits shared across replicas", () => {
     console.log(`carol (limit 10/min) sent 30 requests at once over 3 replicas: ${admitted} admitted`);
     expect(admitted).toBeGreaterThanOrEqual(10);
     expect(admitted).toBeLessThanOrEqual(12);
+    // The same with a prefix strategy, whose requests are tokenized (asynchronously) before routing.
+    const prefixed = await burst("frank", { "routing-strategy": "prefix-cache" });
+    console.log(`frank (limit 10/min, prefix-cache) sent 30 requests at once over 3 replicas: ${prefixed} admitted`);
+    expect(prefixed).toBeGreaterThanOrEqual(10);
+    expect(prefixed).toBeLessThanOrEqual(12);
     for (const c of clients) c.close();
   }, 90_000);
 });
