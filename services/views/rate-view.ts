@@ -125,9 +125,10 @@ export class RateView implements RateReader {
     };
     if (user) undo(this.users, user, Math.floor(ts / 60_000), promptTokens);
     undo(this.models, model, Math.floor(ts / 1_000), 0);
-    for (const key of [user ? `u\u0000${user}` : undefined, `m\u0000${model}`]) {
+    // The newest matching own admission (a model's entries carry no tokens).
+    for (const [key, tokens] of [[user ? `u\u0000${user}` : undefined, promptTokens] as const, [`m\u0000${model}`, 0] as const]) {
       const list = key ? this.own.get(key) : undefined;
-      const i = list ? list.findIndex((a) => a.ts === ts) : -1;
+      const i = list ? list.findLastIndex((a) => a.ts === ts && a.tokens === tokens) : -1;
       if (list && i >= 0) list.splice(i, 1);
     }
   }
