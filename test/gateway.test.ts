@@ -481,6 +481,29 @@ describe("gateway - admin /metrics (Prometheus)", () => {
   });
   afterAll(async () => env?.stop());
 
+  it("/debug/state shows a request in prefill, then decoding after its first chunk, then gone", async () => {
+    const g = await env.gateway({ id: "phase-gw", adminPort: 0 });
+    const c = new ExtProcClient(`127.0.0.1:${g.port}`);
+    type Row = { pod: string; requests: number; prefillRequests: number; decodeRequests: number; promptTokens: number; tokenLoad: number };
+    const row = async () => ((await (await fetch(`http://127.0.0.1:${g.adminPort}/debug/state`)).json()) as { ledger: { outstanding: Row[] } }).ledger.outstanding.find((o) => o.pod === "pod-0") as Row;
+    const ex = c.open();
+    await ex.requestHeaders(reqHeaders());
+    await ex.requestBody(chat());
+    const prefill = await row();
+    expect(prefill).toMatchObject({ requests: 1, prefillRequests: 1, decodeRequests: 0 });
+    expect(prefill.tokenLoad).toBeCloseTo(prefill.promptTokens * 1.3);
+    await ex.responseHeaders(200, { "content-type": "text/event-stream" });
+    await ex.responseBodyChunk(Buffer.from('data: {"choices":[{"delta":{"content":"hi"}}]}\n\n'), false);
+    const decoding = await row();
+    expect(decoding).toMatchObject({ requests: 1, prefillRequests: 0, decodeRequests: 1 });
+    expect(decoding.tokenLoad).toBeCloseTo(decoding.promptTokens * 0.3);
+    await ex.responseBodyChunk(Buffer.from("data: [DONE]\n\n"), true);
+    await ex.end();
+    await waitFor(() => g.views.ledger.size === 0, 2_000, "the release");
+    expect(await row()).toMatchObject({ requests: 0, decodeRequests: 0 });
+    c.close();
+  });
+
   it("counts requests by strategy and outcome, and reports view and ledger figures", async () => {
     const g = await env.gateway({ id: "metrics-gw", adminPort: 0 });
     const c = new ExtProcClient(`127.0.0.1:${g.port}`);

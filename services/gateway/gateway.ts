@@ -16,7 +16,7 @@ import { StreamFollower } from "../shared/follower.js";
 import type { Logger } from "../shared/log.js";
 import { connectNats, type NatsHandles } from "../shared/nats.js";
 import { Outbox } from "../shared/publish.js";
-import { ChargeLedger } from "../views/charge-ledger.js";
+import { ChargeLedger, tokenLoad } from "../views/charge-ledger.js";
 import { LoadView } from "../views/load-view.js";
 import { PodSet } from "../views/pod-set.js";
 import { UsageView } from "../views/usage-view.js";
@@ -361,7 +361,11 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
       evicted: views.ledger.evicted,
       expired: views.ledger.expired,
       liveGateways: views.ledger.liveGateways(Date.now()).map((g) => ({ gateway: g, charges: views.ledger.chargesOf(g) })),
-      outstanding: views.pods.all().map((p) => ({ model: p.model, pod: p.pod, ...views.ledger.outstanding(p.model, p.pod) })),
+      // Per pod, every replica's charges: in prefill (no first token yet), decoding, and the token-load priority.
+      outstanding: views.pods.all().map((p) => {
+        const o = views.ledger.outstanding(p.model, p.pod);
+        return { model: p.model, pod: p.pod, ...o, decodeRequests: o.requests - o.prefillRequests, tokenLoad: tokenLoad(o) };
+      }),
     },
     inFlight: director.inFlight.size,
     rateWaits: director.rateWaits,
