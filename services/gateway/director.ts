@@ -84,8 +84,20 @@ export interface RoutedRequest {
   readonly user?: string;
   readonly startedAt: number;
   readonly promptTokens: number;
+  /** When the request was counted in the rate windows (its first attempt, for a strict retry). */
+  readonly countedAt: number;
+  /** The own admission the burst guard remembers for it (only where a limit applies). */
+  readonly admission?: OwnAdmissionKey;
   firstChunkAt?: number;
   finished: boolean;
+}
+
+/** Which own-admission entries (rate-view.ts) a routed request holds. */
+export interface OwnAdmissionKey {
+  readonly user?: string;
+  readonly model?: string;
+  readonly tokens: number;
+  readonly ts: number;
 }
 
 export interface Prepared {
@@ -327,7 +339,7 @@ export class Director {
    * Picks a pod and charges it, in one synchronous call. `publish: false` leaves publishing the
    * charge to the caller (strict mode commits it with a compare-and-set, and may `retract` it).
    */
-  route(input: RouteInput, opts: { publish?: boolean; prepared?: Prepared } = {}): RoutedRequest {
+  route(input: RouteInput, opts: { publish?: boolean; prepared?: Prepared; carry?: RoutedRequest } = {}): RoutedRequest {
     const prepared = opts.prepared ?? this.prepare(input);
     if (prepared instanceof Promise) throw new Error("route() needs a prepared request when tokenization is asynchronous; use routeAuto()");
     const { parsed, strategy } = prepared;
@@ -352,11 +364,20 @@ export class Director {
       ...(user ? { user } : {}),
     };
     ledger.charge(charge, now);
-    if (user) usage.record({ user, promptTokens, completionTokens: 0, ts: now });
-    this.opts.views.rates.request(user, charge.model, promptTokens, now);
-    // Own admissions are remembered only where a limit can read them (the burst guard).
-    const userLimited = user !== undefined && this.opts.config?.userLimits(user) !== undefined;
-    if (userLimited || prepared.rps !== undefined) this.opts.views.rates.noteOwn(userLimited ? user : undefined, prepared.rps !== undefined ? charge.model : undefined, promptTokens, now);
+    // A strict-mode retry (`carry`) is the same request: counted once, by its first attempt.
+    let countedAt = opts.carry?.countedAt ?? now;
+    let admission = opts.carry?.admission;
+    if (!opts.carry) {
+      if (user) usage.record({ user, promptTokens, completionTokens: 0, ts: now });
+      this.opts.views.rates.request(user, charge.model, promptTokens, now);
+      // Own admissions are remembered only where a limit can read them (the burst guard).
+      const userLimited = user !== undefined && this.opts.config?.userLimits(user) !== undefined;
+      if (userLimited || prepared.rps !== undefined) {
+        admission = { ...(userLimited ? { user } : {}), ...(prepared.rps !== undefined ? { model: charge.model } : {}), tokens: promptTokens, ts: now };
+        this.opts.views.rates.noteOwn(admission.user, admission.model, promptTokens, now);
+      }
+      countedAt = now;
+    }
     if (opts.publish !== false) this.opts.sink.charge(charge);
     if (prefixMatch && prefixMatch.hashes.length > 0) this.opts.prefix?.recordRouted(pick.pod, prefixMatch.hashes, now);
     const routed: RoutedRequest = {
@@ -373,6 +394,8 @@ export class Director {
       ...(user ? { user } : {}),
       startedAt: now,
       promptTokens,
+      countedAt,
+      ...(admission ? { admission } : {}),
       finished: false,
     };
     this.inFlight.set(chargeId, routed);
@@ -398,7 +421,8 @@ export class Director {
    * burst guard counts it as unseen from now (not from when it was made).
    */
   committed(r: RoutedRequest): void {
-    this.opts.views.rates.renoteOwn(r.charge.user, r.charge.model, r.charge.ts, this.now());
+    const a = r.admission;
+    if (a) this.opts.views.rates.renoteOwn(a.user, a.model, a.tokens, a.ts, this.now());
   }
 
   /** Publishes a charge made with `publish: false` the eventual way. */
@@ -407,12 +431,22 @@ export class Director {
   }
 
   /** Undoes a charge that was never published (a strict-mode commit lost its race). */
-  retract(r: RoutedRequest): void {
+  /**
+   * Undoes a charge that was never published (a strict-mode commit lost its race). With
+   * `keepCounts` the request stays counted in the rate windows: it is about to be retried (pass
+   * it as `carry`), and its slot must not go to another request meanwhile.
+   */
+  retract(r: RoutedRequest, keepCounts = false): void {
     if (r.finished) return;
     r.finished = true;
     this.inFlight.delete(r.chargeId);
     this.opts.views.ledger.release({ gateway: this.gatewayId, id: r.chargeId });
-    this.opts.views.rates.retract(r.charge.user, r.charge.model, r.charge.promptTokens, r.charge.ts);
+    if (!keepCounts) this.uncount(r);
+  }
+
+  /** Takes a request that will not be routed after all out of the rate windows. */
+  uncount(r: RoutedRequest): void {
+    this.opts.views.rates.retract(r.charge.user, r.charge.model, r.promptTokens, r.countedAt, r.admission);
   }
 
   /** Ends a routed request: releases its charge and records the decision. Idempotent. */
@@ -430,12 +464,12 @@ export class Director {
       ts: now,
       outcome,
       // The engine's own counts: other replicas replace the charge's prompt estimate with it.
-      ...(info.promptTokens !== undefined ? { promptTokens: info.promptTokens, chargedPromptTokens: r.promptTokens, chargedAt: r.charge.ts } : {}),
+      ...(info.promptTokens !== undefined ? { promptTokens: info.promptTokens, chargedPromptTokens: r.promptTokens, chargedAt: r.countedAt } : {}),
       ...(info.completionTokens !== undefined ? { completionTokens: info.completionTokens } : {}),
       ...(r.user ? { user: r.user } : {}),
     };
     this.opts.views.ledger.release(release);
-    if (info.promptTokens !== undefined) this.opts.views.rates.correctPrompt(r.user, info.promptTokens - r.promptTokens, r.charge.ts);
+    if (info.promptTokens !== undefined) this.opts.views.rates.correctPrompt(r.user, info.promptTokens - r.promptTokens, r.countedAt);
     if (r.user && info.completionTokens) {
       this.opts.views.usage.record({ user: r.user, promptTokens: 0, completionTokens: info.completionTokens, ts: now });
       this.opts.views.rates.completion(r.user, info.completionTokens, now);

@@ -82,38 +82,53 @@ export class StrictCommitter {
   async route(input: RouteInput, preparedAlready?: Prepared): Promise<RoutedRequest> {
     const { director, js, subjects, cursor } = this.o;
     const prepared = preparedAlready ?? (await director.prepare(input));
-    for (let attempt = 0; ; attempt++) {
-      if (attempt > this.maxRetries) {
-        this.stats.fallbacks++;
-        return director.route(input, { prepared });
-      }
-      // Rate limits admit a request once (a lost race undoes its counts, a retry redoes them).
-      const r = attempt === 0 ? await director.admit(input, prepared, () => director.route(input, { publish: false, prepared })) : director.route(input, { publish: false, prepared });
-      const subject = subjects.charges(r.pod.model, r.pod.pod);
-      try {
-        const data = encodeEvent(r.charge);
-        const ack = await this.serialized(subject, () => js.publish(subject, data, { expect: { lastSubjectSequence: cursor.lastSeq(subject) } }));
-        cursor.note(subject, ack.seq);
-        this.stats.committed++;
-        director.committed(r);
-        return r;
-      } catch (err) {
-        const winner = isWrongLastSequence(err);
-        if (winner === undefined) {
-          // Not a lost race (timeout, no stream leader...): keep the charge, publish it the eventual way.
+    // The rate limits admit a request once, at its first attempt; a lost race keeps its counts
+    // (its slot must not go to another request meanwhile) and the retry carries them over.
+    let lost: RoutedRequest | undefined;
+    try {
+      for (let attempt = 0; ; attempt++) {
+        if (attempt > this.maxRetries) {
           this.stats.fallbacks++;
-          this.o.onFallback?.(err);
-          director.publishCharge(r);
+          const r = director.route(input, { prepared, ...(lost ? { carry: lost } : {}) });
+          director.committed(r);
           return r;
         }
-        this.stats.conflicts++;
-        director.retract(r);
-        // The winner's message may predate this replica's view (a replica that started after the
-        // pod's last charge never sees that sequence): then the server's number is the truth. A
-        // winner inside our window we must really see first, or we would charge on a stale view.
-        if (cursor.predatesView(winner)) cursor.note(subject, winner);
-        else await cursor.waitFor(subject, winner, this.catchUpMs);
+        const r = lost
+          ? director.route(input, { publish: false, prepared, carry: lost })
+          : await director.admit(input, prepared, () => director.route(input, { publish: false, prepared }));
+        lost = undefined;
+        const subject = subjects.charges(r.pod.model, r.pod.pod);
+        try {
+          const data = encodeEvent(r.charge);
+          const ack = await this.serialized(subject, () => js.publish(subject, data, { expect: { lastSubjectSequence: cursor.lastSeq(subject) } }));
+          cursor.note(subject, ack.seq);
+          this.stats.committed++;
+          director.committed(r);
+          return r;
+        } catch (err) {
+          const winner = isWrongLastSequence(err);
+          if (winner === undefined) {
+            // Not a lost race (timeout, no stream leader...): keep the charge, publish it the eventual way.
+            this.stats.fallbacks++;
+            this.o.onFallback?.(err);
+            director.publishCharge(r);
+            director.committed(r);
+            return r;
+          }
+          this.stats.conflicts++;
+          director.retract(r, true);
+          lost = r;
+          // The winner's message may predate this replica's view (a replica that started after the
+          // pod's last charge never sees that sequence): then the server's number is the truth. A
+          // winner inside our window we must really see first, or we would charge on a stale view.
+          if (cursor.predatesView(winner)) cursor.note(subject, winner);
+          else await cursor.waitFor(subject, winner, this.catchUpMs);
+        }
       }
+    } catch (err) {
+      // A retry that could not be routed (no ready pod any more, shutting down): not counted.
+      if (lost) director.uncount(lost);
+      throw err;
     }
   }
 }

@@ -24,7 +24,8 @@ export const DEFAULT_NATS = process.env.NATS_URL ?? "nats://127.0.0.1:4222";
 
 /** `--nats <urls>`, defaulting to `$NATS_URL`; `--help` shows the default without its credentials. */
 export function natsOption(): Option {
-  return new Option("--nats <urls>", "NATS server URL(s), comma separated").argParser(natsUrlsOption).default([DEFAULT_NATS], redactNatsUrl(DEFAULT_NATS));
+  const urls = natsUrlsOption(DEFAULT_NATS);
+  return new Option("--nats <urls>", "NATS server URL(s), comma separated").argParser(natsUrlsOption).default(urls, urls.map(redactNatsUrl).join(","));
 }
 
 /** Resolves on SIGINT/SIGTERM, after which the caller shuts down cleanly. */

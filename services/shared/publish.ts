@@ -41,8 +41,13 @@ export class Outbox {
   /** Events offered after the connection closed (shutdown): dropped, never thrown. */
   dropped = 0;
 
+  /** Draining (on the way to closed) refuses publishes too. */
+  private get closing(): boolean {
+    return this.nc.isClosed() || this.nc.isDraining();
+  }
+
   fire(subject: string, ev: unknown): void {
-    if (this.nc.isClosed()) {
+    if (this.closing) {
       this.dropped++;
       return;
     }
@@ -57,11 +62,19 @@ export class Outbox {
     this.scheduled = false;
     const q = this.queue;
     this.queue = [];
-    if (this.nc.isClosed()) {
+    if (this.closing) {
       this.dropped += q.length;
       return;
     }
-    for (const m of q) this.nc.publish(m.subject, m.data);
-    this.published += q.length;
+    for (const [i, m] of q.entries()) {
+      try {
+        this.nc.publish(m.subject, m.data);
+      } catch {
+        // Closed or draining between the check and here: what is left cannot be sent.
+        this.dropped += q.length - i;
+        return;
+      }
+      this.published++;
+    }
   };
 }

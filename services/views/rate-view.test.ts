@@ -50,7 +50,7 @@ describe("rate view - own admissions not yet seen by other replicas", () => {
     const r = new RateView(100, 25);
     r.request("alice", "m", 10, 5_000);
     r.noteOwn("alice", "m", 10, 5_000);
-    r.retract("alice", "m", 10, 5_000);
+    r.retract("alice", "m", 10, 5_000, { user: "alice", model: "m", tokens: 10, ts: 5_000 });
     expect(r.userRequests("alice", 5_001)).toBe(0);
     expect(r.userTokens("alice", 5_001)).toBe(0);
     expect(r.modelRequests("m", 5_001)).toBe(0);
@@ -64,6 +64,17 @@ describe("rate view - own admissions not yet seen by other replicas", () => {
     expect(r.ownRecent("user", "alice", 9_999).requests).toBe(25);
     r.noteOwn(undefined, undefined, 1, 10_000); // nothing limited: nothing recorded
     expect(r.size).toBe(2);
+  });
+
+  it("a strict charge acknowledged late counts as unseen from its ack, even after its entry aged out", () => {
+    const r = new RateView(100, 25);
+    r.noteOwn("alice", "m", 10, 1_000);
+    r.noteOwn("alice", "m", 10, 1_000); // two in the same millisecond
+    expect(r.ownRecent("user", "alice", 1_030).requests).toBe(0); // aged out before the ack
+    r.renoteOwn("alice", "m", 10, 1_000, 1_040); // acknowledged at 1 040
+    expect(r.ownRecent("user", "alice", 1_050)).toEqual({ requests: 1, tokens: 10 });
+    expect(r.ownRecent("model", "m", 1_050).requests).toBe(1);
+    expect(r.ownRecent("user", "alice", 1_066).requests).toBe(0);
   });
 
   it("sweeps own admissions once they are old, and bounds their keys", () => {

@@ -63,14 +63,18 @@ export class RateView implements RateReader {
     if (drop > 0) list.splice(0, drop);
   }
 
-  /** Restarts the unseen period of an own admission made at `ts` (its publish was acknowledged only at `now`). */
-  renoteOwn(user: string | undefined, model: string, ts: number, now: number): void {
-    for (const key of [user ? `u\u0000${user}` : undefined, `m\u0000${model}`]) {
-      const list = key ? this.own.get(key) : undefined;
-      const i = list ? list.findIndex((a) => a.ts === ts) : -1;
-      if (!list || i < 0) continue;
-      const [a] = list.splice(i, 1);
-      list.push({ ts: Math.max(now, ts), tokens: (a as OwnAdmission).tokens });
+  /**
+   * Restarts the unseen period of an own admission made at `ts` whose publish was acknowledged
+   * only at `now` (strict mode): it is moved to `now`, or noted again if it had already aged out.
+   */
+  renoteOwn(user: string | undefined, model: string | undefined, tokens: number, ts: number, now: number): void {
+    if (user) {
+      this.takeOwn(`u\u0000${user}`, ts, tokens);
+      this.pushOwn(`u\u0000${user}`, Math.max(now, ts), tokens);
+    }
+    if (model) {
+      this.takeOwn(`m\u0000${model}`, ts, 0);
+      this.pushOwn(`m\u0000${model}`, Math.max(now, ts), 0);
     }
   }
 
@@ -114,8 +118,11 @@ export class RateView implements RateReader {
     this.bump(this.models, model, Math.floor(ts / 1_000), 1, 0);
   }
 
-  /** Undoes `request` + `noteOwn` for a charge that was never published (a lost strict-mode race). */
-  retract(user: string | undefined, model: string, promptTokens: number, ts: number): void {
+  /**
+   * Undoes `request` (and the `noteOwn` described by `own`, if any) for a request that will not
+   * be routed after all: counted at `ts`.
+   */
+  retract(user: string | undefined, model: string, promptTokens: number, ts: number, own?: { user?: string; model?: string; tokens: number; ts: number }): void {
     const undo = (map: Map<string, Window>, key: string, window: number, tokens: number) => {
       const w = map.get(key);
       if (w && w.window === window) {
@@ -125,12 +132,19 @@ export class RateView implements RateReader {
     };
     if (user) undo(this.users, user, Math.floor(ts / 60_000), promptTokens);
     undo(this.models, model, Math.floor(ts / 1_000), 0);
-    // The newest matching own admission (a model's entries carry no tokens).
-    for (const [key, tokens] of [[user ? `u\u0000${user}` : undefined, promptTokens] as const, [`m\u0000${model}`, 0] as const]) {
-      const list = key ? this.own.get(key) : undefined;
-      const i = list ? list.findLastIndex((a) => a.ts === ts && a.tokens === tokens) : -1;
-      if (list && i >= 0) list.splice(i, 1);
+    if (own) {
+      if (own.user) this.takeOwn(`u\u0000${own.user}`, own.ts, own.tokens);
+      if (own.model) this.takeOwn(`m\u0000${own.model}`, own.ts, 0);
     }
+  }
+
+  /** Removes the newest own admission made at `ts` with `tokens`; false if none is left. */
+  private takeOwn(key: string, ts: number, tokens: number): boolean {
+    const list = this.own.get(key);
+    const i = list ? list.findLastIndex((a) => a.ts === ts && a.tokens === tokens) : -1;
+    if (!list || i < 0) return false;
+    list.splice(i, 1);
+    return true;
   }
 
   /**
