@@ -29,6 +29,16 @@ interface OwnAdmission {
   tokens: number;
 }
 
+/** Key of a user's or a model's own-admission list. */
+const ownKey = (kind: "user" | "model", name: string) => `${kind === "user" ? "u" : "m"}\u0000${name}`;
+
+/** Drops the admissions at or before `cutoff` from the front of a time-ordered list. */
+function pruneOwn(list: OwnAdmission[], cutoff: number): void {
+  let drop = 0;
+  while (drop < list.length && (list[drop] as OwnAdmission).ts <= cutoff) drop++;
+  if (drop > 0) list.splice(0, drop);
+}
+
 export class RateView implements RateReader {
   private readonly users = new Map<string, Window>();
   private readonly models = new Map<string, Window>();
@@ -46,8 +56,8 @@ export class RateView implements RateReader {
    * user and/or the model; the caller passes only those that have a limit.
    */
   noteOwn(user: string | undefined, model: string | undefined, tokens: number, ts: number): void {
-    if (user) this.pushOwn(`u\u0000${user}`, ts, tokens);
-    if (model) this.pushOwn(`m\u0000${model}`, ts, 0);
+    if (user) this.pushOwn(ownKey("user", user), ts, tokens);
+    if (model) this.pushOwn(ownKey("model", model), ts, 0);
   }
 
   private pushOwn(key: string, ts: number, tokens: number): void {
@@ -58,9 +68,7 @@ export class RateView implements RateReader {
     }
     list.push({ ts, tokens });
     // Bounded by what one replica admits within `unconfirmedMs`, whether or not anyone reads it.
-    let drop = 0;
-    while (drop < list.length && (list[drop] as OwnAdmission).ts <= ts - this.unconfirmedMs) drop++;
-    if (drop > 0) list.splice(0, drop);
+    pruneOwn(list, ts - this.unconfirmedMs);
   }
 
   /**
@@ -68,24 +76,19 @@ export class RateView implements RateReader {
    * only at `now` (strict mode): it is moved to `now`, or noted again if it had already aged out.
    */
   renoteOwn(user: string | undefined, model: string | undefined, tokens: number, ts: number, now: number): void {
-    if (user) {
-      this.takeOwn(`u\u0000${user}`, ts, tokens);
-      this.pushOwn(`u\u0000${user}`, Math.max(now, ts), tokens);
-    }
-    if (model) {
-      this.takeOwn(`m\u0000${model}`, ts, 0);
-      this.pushOwn(`m\u0000${model}`, Math.max(now, ts), 0);
+    for (const [key, t] of [[user && ownKey("user", user), tokens] as const, [model && ownKey("model", model), 0] as const]) {
+      if (!key) continue;
+      this.takeOwn(key, ts, t);
+      this.pushOwn(key, Math.max(now, ts), t);
     }
   }
 
   /** Own admissions of the last `unconfirmedMs` for a user or a model: requests and tokens. */
   ownRecent(kind: "user" | "model", name: string, now: number): { requests: number; tokens: number } {
-    const key = `${kind === "user" ? "u" : "m"}\u0000${name}`;
+    const key = ownKey(kind, name);
     const list = this.own.get(key);
     if (!list) return { requests: 0, tokens: 0 };
-    let drop = 0;
-    while (drop < list.length && (list[drop] as OwnAdmission).ts <= now - this.unconfirmedMs) drop++;
-    if (drop > 0) list.splice(0, drop);
+    pruneOwn(list, now - this.unconfirmedMs);
     if (list.length === 0) {
       this.own.delete(key);
       return { requests: 0, tokens: 0 };
@@ -97,7 +100,7 @@ export class RateView implements RateReader {
 
   /** When the oldest own admission of a user or model stops counting as unconfirmed (or `now`). */
   ownConfirmedAt(kind: "user" | "model", name: string, now: number): number {
-    const first = this.own.get(`${kind === "user" ? "u" : "m"}\u0000${name}`)?.[0];
+    const first = this.own.get(ownKey(kind, name))?.[0];
     return first ? Math.max(now, first.ts + this.unconfirmedMs) : now;
   }
 
@@ -133,8 +136,8 @@ export class RateView implements RateReader {
     if (user) undo(this.users, user, Math.floor(ts / 60_000), promptTokens);
     undo(this.models, model, Math.floor(ts / 1_000), 0);
     if (own) {
-      if (own.user) this.takeOwn(`u\u0000${own.user}`, own.ts, own.tokens);
-      if (own.model) this.takeOwn(`m\u0000${own.model}`, own.ts, 0);
+      if (own.user) this.takeOwn(ownKey("user", own.user), own.ts, own.tokens);
+      if (own.model) this.takeOwn(ownKey("model", own.model), own.ts, 0);
     }
   }
 
