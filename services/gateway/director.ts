@@ -27,6 +27,10 @@ const TIE_ROTATION_MS = 10_000;
 export const MAX_USER_LENGTH = 256;
 /** Longest `x-request-id` accepted (decision records carry it as their id). */
 export const MAX_REQUEST_ID_LENGTH = 253;
+const HEADER_BOUNDS: ReadonlyArray<readonly [string, number]> = [
+  ["user", MAX_USER_LENGTH],
+  ["x-request-id", MAX_REQUEST_ID_LENGTH],
+];
 
 export interface GatewayViews {
   pods: PodSet;
@@ -165,14 +169,12 @@ export class Director {
    */
   prepare(input: RouteInput): Prepared | Promise<Prepared> {
     const parsed = parseRequestBody(input.body);
-    // The user travels in every charge and decision record; the event schemas bound it.
-    const userHeader = input.headers.user;
-    if (userHeader !== undefined && userHeader.length > MAX_USER_LENGTH) {
-      throw new RouteError("invalidHeader", `the \`user\` header is ${userHeader.length} characters long; at most ${MAX_USER_LENGTH} are allowed`, "user");
-    }
-    const requestIdHeader = input.headers["x-request-id"];
-    if (requestIdHeader !== undefined && requestIdHeader.length > MAX_REQUEST_ID_LENGTH) {
-      throw new RouteError("invalidHeader", `the \`x-request-id\` header is ${requestIdHeader.length} characters long; at most ${MAX_REQUEST_ID_LENGTH} are allowed`, "x-request-id");
+    // The user and the request id travel in every charge and decision record; the event schemas bound them.
+    for (const [name, max] of HEADER_BOUNDS) {
+      const value = input.headers[name];
+      if (value !== undefined && value.length > max) {
+        throw new RouteError("invalidHeader", `the \`${name}\` header is ${value.length} characters long; at most ${max} are allowed`, name);
+      }
     }
     const choice = this.opts.config
       ? this.opts.config.choose(parsed.model, input.headers, { promptTokens: parsed.promptTokens, maxTokens: parsed.maxTokens }, this.opts.defaultStrategy)
@@ -188,19 +190,15 @@ export class Director {
     const rps = "profileConfig" in choice ? choice.profileConfig?.requestsPerSecond : undefined;
     const slo = "profileConfig" in choice ? choice.profileConfig?.slo : undefined;
     const base: Prepared = { parsed, strategy, ...(slo ? { slo } : {}), ...(rps !== undefined ? { rps } : {}), ...("profile" in choice && choice.profile ? { profile: choice.profile } : {}) };
-    const rest = (): Prepared | Promise<Prepared> => {
-      const prefix = this.opts.prefix;
-      if (!prefix || !strategy.name.includes("prefix-cache")) return base;
-      const input0 = promptInputOf(parsed.body);
-      const anyPod = this.opts.views.pods.readyPods(parsed.model)[0];
-      const t = prefix.tokenizer.tokenize(parsed.model, input0, anyPod?.address);
-      return t.then((r) => ({ ...base, tokens: r.tokens, tokenizerMode: r.mode }));
-    };
-    // Over a limit already: refuse before any tokenization work. The burst guard runs in admit(),
-    // right before the charge.
+    // Over a limit already: refuse now (also for /debug/explain, and before any tokenization work).
+    // The limits are decided in admit(), right before the charge.
     const early = this.limitVerdict(parsed.model, input.headers.user || undefined, parsed.promptTokens, rps, this.now(), false);
     if (early instanceof RouteError) throw early;
-    return rest();
+    const prefix = this.opts.prefix;
+    if (!prefix || !strategy.name.includes("prefix-cache")) return base;
+    const anyPod = this.opts.views.pods.readyPods(parsed.model)[0];
+    const t = prefix.tokenizer.tokenize(parsed.model, promptInputOf(parsed.body), anyPod?.address);
+    return t.then((r) => ({ ...base, tokens: r.tokens, tokenizerMode: r.mode }));
   }
 
   /** Requests held because room was reserved for other replicas' unseen admissions. */
