@@ -129,6 +129,12 @@ export function createExtProcHandler(opts: ExtProcHandlerOptions): grpc.handleBi
     const send = (msg: ProcessingResponse) => {
       if (!call.cancelled && call.writable) call.write(msg);
     };
+    /** 401: counted by reason; nothing is routed, charged or recorded. */
+    const refuseAuth = (reason: AuthFailureReason) => {
+      opts.auth?.failed?.(reason, headers[Headers.requestId]);
+      const err = new RouteError("invalidApiKey", authFailureMessage(reason), null, AUTHENTICATE_CHALLENGE);
+      send(immediate(err.status, routeErrorBody(err), err.headers));
+    };
     const reject = (err: RouteError, model?: string) => {
       director.reject(headers, model, err);
       send(immediate(err.status, routeErrorBody(err), err.headers));
@@ -139,12 +145,8 @@ export function createExtProcHandler(opts: ExtProcHandlerOptions): grpc.handleBi
         bodyBytes += chunk.length;
         if (bodyBytes <= maxBody) bodyParts.push(Buffer.from(chunk));
       }
-      if (opts.auth && !authenticated) {
-        // A stream that skipped the request-headers phase (a proxy set to SKIP it) never showed a key.
-        opts.auth.failed?.("missing", headers[Headers.requestId]);
-        const err = new RouteError("invalidApiKey", authFailureMessage("missing"), null, AUTHENTICATE_CHALLENGE);
-        return send(immediate(err.status, routeErrorBody(err), err.headers));
-      }
+      // A stream that skipped the request-headers phase (a proxy set to SKIP it) never showed a key.
+      if (opts.auth && !authenticated) return refuseAuth("missing");
       if (!endOfStream) return send({ request_body: CONTINUE });
       if (bodyBytes > maxBody) return reject(new RouteError("bodyTooLarge", `request body exceeds ${maxBody} bytes`));
       if (!opts.isReady()) return reject(new RouteError("notReady", "gateway is catching up with the streams; retry shortly"));
@@ -197,11 +199,7 @@ export function createExtProcHandler(opts: ExtProcHandlerOptions): grpc.handleBi
             let mutation = STRIP_CLIENT_ROUTING;
             if (opts.auth) {
               const a = opts.auth.authenticate(headers.authorization);
-              if (!a.ok) {
-                opts.auth.failed?.(a.reason, headers[Headers.requestId]);
-                const err = new RouteError("invalidApiKey", authFailureMessage(a.reason), null, AUTHENTICATE_CHALLENGE);
-                return send(immediate(err.status, routeErrorBody(err), err.headers));
-              }
+              if (!a.ok) return refuseAuth(a.reason);
               // The key says who this is: a client-sent `user` header cannot borrow another user's quota.
               headers[USER_HEADER] = a.user;
               authenticated = true;
