@@ -14,7 +14,7 @@ import { type EngineConfig, type EngineSnapshot, SimEngine } from "./engine.js";
 import { ApiError, badRequest } from "./errors.js";
 import { serveGeneration } from "./generate.js";
 import { type CacheListing, engineHashSeed } from "./kv-cache.js";
-import { KvEventPublisher, type KvEventEncoding, type ReplayLayout } from "./kv-events.js";
+import { KvEventPublisher, type KvEventEncoding, type KvEventPublisherOptions, type ReplayLayout } from "./kv-events.js";
 import { createPodMetrics, type EngineKind, type PodMetrics } from "./metrics.js";
 import {
   parseChatRequest,
@@ -39,15 +39,8 @@ export interface SimPodOptions {
   logger?: Logger;
 }
 
-export interface SimPodKvEventsOptions {
-  /** 0 picks a free port. */
-  port: number;
-  replayPort: number;
-  topic: string;
-  encoding: KvEventEncoding;
-  replayLayout: ReplayLayout;
-  bufferSteps: number;
-}
+/** The KV-events publisher's options; the pod supplies the host and the logger. */
+export type SimPodKvEventsOptions = Omit<KvEventPublisherOptions, "host" | "logger">;
 
 /** The pod event schema's `kvEvents` field, so a pod list can carry it unchanged. */
 export type KvEventsInfo = Static<typeof KvEventsEndpoint>;
