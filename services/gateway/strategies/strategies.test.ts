@@ -1,19 +1,16 @@
 import { describe, expect, it } from "vitest";
-import type { EngineLoadFields } from "../../../schemas/events.js";
 import type { Outstanding } from "../../views/charge-ledger.js";
 import type { PodInfo } from "../../views/pod-set.js";
 import { leastRequestStrategy } from "./least-request.js";
 import { randomStrategy } from "./random.js";
 import { findStrategy, strategyNames } from "./registry.js";
+import { sample } from "./testing.js";
 import { pickBest, type RoutingContext, type Scored, tieOrderOf } from "./types.js";
 
 const pod = (name: string): PodInfo => ({
   model: "m", pod: name, address: `10.0.0.${name.slice(1)}:8000`, engine: "vllm", role: "combined", adapters: [], labels: {}, ready: true, updatedAt: 0,
 });
-const load = (waiting: number): EngineLoadFields => ({
-  running: 0, waiting, kvCacheUsage: 0, prefixCacheQueries: null, prefixCacheHits: null, cacheHitRate: null, promptTokens: null,
-  generationTokens: null, genThroughput: null, preemptions: null, blockSize: null, numGpuBlocks: null, runningLoras: [], waitingLoras: [], maxLora: null, histograms: {},
-});
+const load = (waiting: number) => sample({ waiting });
 
 function ctx(inFlight: Record<string, number | undefined>, waiting: Record<string, number | undefined> = {}, random = () => 0): RoutingContext {
   const pods = Object.keys(inFlight).map(pod);
