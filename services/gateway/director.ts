@@ -403,7 +403,11 @@ export class Director {
   /** Prepare (awaiting tokenization when the strategy needs it), admit, route: the eventual way. */
   routeAuto(input: RouteInput): RoutedRequest | Promise<RoutedRequest> {
     const prepared = this.prepare(input);
-    if (prepared instanceof Promise) return prepared.then((p) => this.admit(input, p, () => this.route(input, { prepared: p })));
+    return prepared instanceof Promise ? prepared.then((p) => this.admitAndRoute(input, p)) : this.admitAndRoute(input, prepared);
+  }
+
+  /** Admit against the rate limits, then charge and publish, in one step (see `admit`). */
+  admitAndRoute(input: RouteInput, prepared: Prepared): RoutedRequest | Promise<RoutedRequest> {
     return this.admit(input, prepared, () => this.route(input, { prepared }));
   }
 

@@ -257,7 +257,7 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
     const go = (prepared: Prepared) =>
       (modelConfigs.consistency(prepared.parsed.model) ?? defaultConsistency) === "strict"
         ? committer.route(input, prepared)
-        : director.admit(input, prepared, () => director.route(input, { prepared }));
+        : director.admitAndRoute(input, prepared);
     const p = director.prepare(input);
     return p instanceof Promise ? p.then(go) : go(p);
   };
