@@ -1,104 +1,30 @@
 /**
- * Bearer API-key authentication (`gateway --auth required`). Pure: no NATS, no gRPC.
- *
- * Keys live in the config bucket as `apikey.<sha256 hex>` -> ApiKeyRecord; the plaintext key is
- * shown once by `jetroute config add-key` and stored nowhere. A gateway folds the records into an
- * ApiKeyView (a Map from hash to record, updated on every bucket change) and, per request, hashes
- * the bearer token once and looks the hash up. Comparing hashes through a Map leaks nothing useful
- * through timing: an attacker learns at most something about the SHA-256 of the guess.
+ * Bearer API-key authentication (`gateway --auth required`): key generation, the client-facing
+ * messages and the `config revoke-key` helpers. Pure: no NATS, no gRPC. The folded view of the
+ * keys (ApiKeyView) and the per-request check live in services/views/api-keys.ts.
  */
-import { createHash, randomBytes } from "node:crypto";
-import { API_KEY_KEY_PREFIX, type ApiKeyRecord } from "../../schemas/config.js";
+import { randomBytes } from "node:crypto";
+import { API_KEY_PREFIX, type AuthFailureReason, hashApiKey, MIN_HASH_PREFIX } from "../views/api-keys.js";
 
-/** Every generated key starts with this (recognisable in logs and by secret scanners). */
-export const API_KEY_PREFIX = "jr-";
-/** Bearer tokens longer than this are refused unhashed (a generated key has 46 characters). */
-export const MAX_BEARER_TOKEN_LENGTH = 512;
-/** Shortest hash prefix `config revoke-key` accepts. */
-export const MIN_HASH_PREFIX = 6;
-/** How many hex digits `config list-keys` shows. */
-export const SHOWN_HASH_PREFIX = 12;
-
-export type AuthMode = "off" | "required";
-export type AuthFailureReason = "missing" | "malformed" | "unknown" | "revoked";
-
-export type AuthResult = { ok: true; user: string; hash: string } | { ok: false; reason: AuthFailureReason };
+export {
+  API_KEY_PREFIX,
+  type AuthFailureReason,
+  type AuthMode,
+  type AuthResult,
+  ApiKeyView,
+  apiKeyBucketKey,
+  bearerToken,
+  hashApiKey,
+  hashOfBucketKey,
+  isKeyHash,
+  MAX_BEARER_TOKEN_LENGTH,
+  MIN_HASH_PREFIX,
+  SHOWN_HASH_PREFIX,
+} from "../views/api-keys.js";
 
 /** A new random key: `jr-` + base64url of 32 random bytes (256 bits). */
 export function generateApiKey(random: (n: number) => Buffer = randomBytes): string {
   return API_KEY_PREFIX + random(32).toString("base64url");
-}
-
-/** SHA-256 of the key's UTF-8 bytes, lower-case hex: what the config bucket stores. */
-export function hashApiKey(key: string): string {
-  return createHash("sha256").update(key, "utf8").digest("hex");
-}
-
-const HASH = /^[0-9a-f]{64}$/;
-
-export function isKeyHash(s: string): boolean {
-  return HASH.test(s);
-}
-
-/** Config bucket key of a hash. */
-export function apiKeyBucketKey(hash: string): string {
-  return `${API_KEY_KEY_PREFIX}${hash}`;
-}
-
-/** The hash named by a config bucket key, or undefined if the key is not a well-formed API key entry. */
-export function hashOfBucketKey(key: string): string | undefined {
-  if (!key.startsWith(API_KEY_KEY_PREFIX)) return undefined;
-  const h = key.slice(API_KEY_KEY_PREFIX.length);
-  return isKeyHash(h) ? h : undefined;
-}
-
-/**
- * The token of an `authorization: Bearer <token>` header value (scheme case-insensitive, RFC 7235).
- * `undefined`: no header; `null`: a header that is not a usable bearer token.
- */
-export function bearerToken(header: string | undefined): string | undefined | null {
-  if (header === undefined || header === "") return undefined;
-  const m = /^\s*bearer\s+(\S+)\s*$/i.exec(header);
-  const token = m?.[1];
-  if (!token || token.length > MAX_BEARER_TOKEN_LENGTH) return null;
-  return token;
-}
-
-/** The API keys a gateway knows, by hash. Revoked keys stay (to tell `revoked` from `unknown`). */
-export class ApiKeyView {
-  private readonly keys = new Map<string, ApiKeyRecord>();
-
-  set(hash: string, record: ApiKeyRecord | undefined): void {
-    if (record) this.keys.set(hash, record);
-    else this.keys.delete(hash);
-  }
-
-  get(hash: string): ApiKeyRecord | undefined {
-    return this.keys.get(hash);
-  }
-
-  get size(): number {
-    return this.keys.size;
-  }
-
-  /** Keys that authenticate (not revoked). */
-  get active(): number {
-    let n = 0;
-    for (const r of this.keys.values()) if (!r.disabled) n++;
-    return n;
-  }
-
-  /** Checks an `authorization` header value: one SHA-256 and one Map lookup. */
-  authenticate(authorization: string | undefined): AuthResult {
-    const token = bearerToken(authorization);
-    if (token === undefined) return { ok: false, reason: "missing" };
-    if (token === null) return { ok: false, reason: "malformed" };
-    const hash = hashApiKey(token);
-    const rec = this.keys.get(hash);
-    if (!rec) return { ok: false, reason: "unknown" };
-    if (rec.disabled) return { ok: false, reason: "revoked" };
-    return { ok: true, user: rec.user, hash };
-  }
 }
 
 /** The client-facing message of a failure. Unknown and revoked read the same: a probe learns nothing. */

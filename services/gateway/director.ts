@@ -17,6 +17,7 @@ import { promptInputOf } from "../tokenizer/prompt-tokens.js";
 import type { UsageView } from "../views/usage-view.js";
 import type { ConfigReader } from "../views/model-config.js";
 import type { RateView } from "../views/rate-view.js";
+import type { GatewayState, OwnAdmission } from "../views/gateway-state.js";
 import { findStrategy, isStrategySpecError, parseStrategy, strategyNames } from "./strategies/registry.js";
 import { type Pick, type PrefixMatchInfo, type Scored, type Strategy, type TieOrder, tieOrderOf } from "./strategies/types.js";
 
@@ -53,7 +54,8 @@ export interface DirectorOptions {
   gatewayId: string;
   defaultStrategy: string;
   chargeTtlMs: number;
-  views: GatewayViews;
+  /** The fold this director reads its views from and applies its own events to. */
+  state: GatewayState;
   sink: EventSink;
   now?: () => number;
   random?: () => number;
@@ -97,12 +99,7 @@ export interface RoutedRequest {
 }
 
 /** Which own-admission entries (rate-view.ts) a routed request holds. */
-export interface OwnAdmissionKey {
-  readonly user?: string;
-  readonly model?: string;
-  readonly tokens: number;
-  readonly ts: number;
-}
+export type OwnAdmissionKey = OwnAdmission;
 
 export interface Prepared {
   parsed: ParsedRequest;
@@ -147,6 +144,8 @@ export interface FinishInfo {
 
 export class Director {
   readonly gatewayId: string;
+  /** The views routing reads (the state's). */
+  readonly views: GatewayViews;
   private readonly now: () => number;
   private readonly random: () => number;
   /** Requests routed and not yet finished, by charge id (drained on shutdown). */
@@ -158,6 +157,7 @@ export class Director {
       throw new Error(`unknown default strategy ${JSON.stringify(opts.defaultStrategy)}; known: ${strategyNames().join(", ")}`);
     }
     this.gatewayId = opts.gatewayId;
+    this.views = opts.state;
     this.now = opts.now ?? Date.now;
     this.random = opts.random ?? Math.random;
   }
@@ -196,7 +196,7 @@ export class Director {
     if (early instanceof RouteError) throw early;
     const prefix = this.opts.prefix;
     if (!prefix || !strategy.name.includes("prefix-cache")) return base;
-    const anyPod = this.opts.views.pods.readyPods(parsed.model)[0];
+    const anyPod = this.views.pods.readyPods(parsed.model)[0];
     const t = prefix.tokenizer.tokenize(parsed.model, promptInputOf(parsed.body), anyPod?.address);
     return t.then((r) => ({ ...base, tokens: r.tokens, tokenizerMode: r.mode }));
   }
@@ -219,7 +219,7 @@ export class Director {
     if (first === undefined) return then();
     if (first instanceof RouteError) throw first;
     this.rateWaits++;
-    const deadline = this.now() + 4 * this.opts.views.rates.unconfirmedMs;
+    const deadline = this.now() + 4 * this.views.rates.unconfirmedMs;
     return new Promise<T>((resolve, reject) => {
       const ask = () => {
         try {
@@ -248,7 +248,7 @@ export class Director {
    * unconfirmed would reach the limit, until our admissions are old enough to have been seen.
    */
   private limitVerdict(model: string, user: string | undefined, promptTokens: number, rps: number | undefined, now: number, share: boolean): RouteError | number | undefined {
-    const { rates, pods, ledger } = this.opts.views;
+    const { rates, pods, ledger } = this.views;
     const others = share ? ledger.rank(now).count - 1 : 0;
     let wait = 0;
     const base = pods.readyPods(model)[0]?.model ?? model;
@@ -291,7 +291,7 @@ export class Director {
   select(input: RouteInput, prepared: Prepared, random: () => number = this.random, stagger = true): Selection {
     const { parsed, strategy } = prepared;
     const requestId = input.headers["x-request-id"] || randomUUID();
-    const { pods, load, ledger, usage } = this.opts.views;
+    const { pods, load, ledger, usage } = this.views;
     if (!pods.knows(parsed.model)) {
       throw new RouteError("unknownModel", `The model \`${parsed.model}\` does not exist.`, "model");
     }
@@ -328,7 +328,7 @@ export class Director {
    * order, ties stay random.
    */
   private tieOrder(now: number): { tieOrder?: TieOrder } {
-    const { index, count } = this.opts.views.ledger.rank(now);
+    const { index, count } = this.views.ledger.rank(now);
     const order = tieOrderOf(index, count, (Math.floor(now / TIE_ROTATION_MS) * 0.6180339887498949) % 1);
     return order ? { tieOrder: order } : {};
   }
@@ -345,7 +345,6 @@ export class Director {
     if (this.closed) throw new RouteError("notReady", "gateway is shutting down");
     const user = input.headers.user || undefined;
     const { requestId, now, pick, prefixMatch } = this.select(input, prepared);
-    const { ledger, usage } = this.opts.views;
     const promptTokens = prepared.tokens?.length ?? parsed.promptTokens;
     // Unique within this gateway process: the ledger keys charges by gateway id + charge id.
     const chargeId = (++this.chargeSeq).toString(36);
@@ -361,21 +360,17 @@ export class Director {
       ...(parsed.maxTokens !== undefined ? { maxTokens: parsed.maxTokens } : {}),
       ...(user ? { user } : {}),
     };
-    ledger.charge(charge, now);
     // A strict-mode retry (`carry`) is the same request: counted once, by its first attempt.
-    let countedAt = opts.carry?.countedAt ?? now;
+    const countedAt = opts.carry?.countedAt ?? now;
     let admission = opts.carry?.admission;
     if (!opts.carry) {
-      if (user) usage.record({ user, promptTokens, completionTokens: 0, ts: now });
-      this.opts.views.rates.request(user, charge.model, promptTokens, now);
       // Own admissions are remembered only where a limit can read them (the burst guard).
       const userLimited = user !== undefined && this.opts.config?.userLimits(user) !== undefined;
       if (userLimited || prepared.rps !== undefined) {
         admission = { ...(userLimited ? { user } : {}), ...(prepared.rps !== undefined ? { model: charge.model } : {}), tokens: promptTokens, ts: now };
-        this.opts.views.rates.noteOwn(admission.user, admission.model, promptTokens, now);
       }
-      countedAt = now;
     }
+    this.opts.state.ownCharge(charge, now, { ...(opts.carry ? { counted: false } : admission ? { admission } : {}) });
     if (opts.publish !== false) this.opts.sink.charge(charge);
     if (prefixMatch && prefixMatch.hashes.length > 0) this.opts.prefix?.recordRouted(pick.pod, prefixMatch.hashes, now);
     const routed: RoutedRequest = {
@@ -415,7 +410,7 @@ export class Director {
   firstToken(r: RoutedRequest, at: number): void {
     if (r.firstChunkAt !== undefined || r.finished) return;
     r.firstChunkAt = at;
-    this.opts.views.ledger.markDecoding(this.gatewayId, r.chargeId);
+    this.opts.state.ownFirstToken(r.chargeId);
   }
 
   /**
@@ -423,8 +418,7 @@ export class Director {
    * burst guard counts it as unseen from now (not from when it was made).
    */
   committed(r: RoutedRequest): void {
-    const a = r.admission;
-    if (a) this.opts.views.rates.renoteOwn(a.user, a.model, a.tokens, a.ts, this.now());
+    this.opts.state.ownCommitted(r.admission, this.now());
   }
 
   /** Publishes a charge made with `publish: false` the eventual way. */
@@ -432,7 +426,6 @@ export class Director {
     this.opts.sink.charge(r.charge);
   }
 
-  /** Undoes a charge that was never published (a strict-mode commit lost its race). */
   /**
    * Undoes a charge that was never published (a strict-mode commit lost its race). With
    * `keepCounts` the request stays counted in the rate windows: it is about to be retried (pass
@@ -442,13 +435,12 @@ export class Director {
     if (r.finished) return;
     r.finished = true;
     this.inFlight.delete(r.chargeId);
-    this.opts.views.ledger.release({ gateway: this.gatewayId, id: r.chargeId });
-    if (!keepCounts) this.uncount(r);
+    this.opts.state.ownRetract(r.charge, r.countedAt, r.admission, keepCounts);
   }
 
   /** Takes a request that will not be routed after all out of the rate windows. */
   uncount(r: RoutedRequest): void {
-    this.opts.views.rates.retract(r.charge.user, r.charge.model, r.promptTokens, r.countedAt, r.admission);
+    this.opts.state.ownUncount(r.charge, r.countedAt, r.admission);
   }
 
   /** Ends a routed request: releases its charge and records the decision. Idempotent. */
@@ -470,12 +462,7 @@ export class Director {
       ...(info.completionTokens !== undefined ? { completionTokens: info.completionTokens } : {}),
       ...(r.user ? { user: r.user } : {}),
     };
-    this.opts.views.ledger.release(release);
-    if (info.promptTokens !== undefined) this.opts.views.rates.correctPrompt(r.user, info.promptTokens - r.promptTokens, r.countedAt);
-    if (r.user && info.completionTokens) {
-      this.opts.views.usage.record({ user: r.user, promptTokens: 0, completionTokens: info.completionTokens, ts: now });
-      this.opts.views.rates.completion(r.user, info.completionTokens, now);
-    }
+    this.opts.state.ownRelease(release);
     this.opts.sink.release(release);
     this.opts.sink.decision({
       type: "decision",

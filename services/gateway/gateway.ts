@@ -2,7 +2,6 @@
  * The gateway process: folds PODS, LOAD and CHARGES into views, serves Envoy's ext_proc stream
  * and the gRPC health protocol, publishes charges, releases, heartbeats and decision records.
  */
-import http from "node:http";
 import os from "node:os";
 import { randomBytes } from "node:crypto";
 import * as grpc from "@grpc/grpc-js";
@@ -16,23 +15,18 @@ import { StreamFollower } from "../shared/follower.js";
 import type { Logger } from "../shared/log.js";
 import { connectNats, type NatsHandles } from "../shared/nats.js";
 import { Outbox } from "../shared/publish.js";
-import { ChargeLedger, tokenLoad } from "../views/charge-ledger.js";
-import { LoadView } from "../views/load-view.js";
-import { PodSet } from "../views/pod-set.js";
-import { UsageView } from "../views/usage-view.js";
-import { RateView } from "../views/rate-view.js";
-import { PrefixIndex } from "../views/prefix-index.js";
-import { RoutedPrefixes } from "../views/routed-prefixes.js";
+import { tokenLoad } from "../views/charge-ledger.js";
+import { GatewayState, type StateStream } from "../views/gateway-state.js";
+import type { PrefixIndex } from "../views/prefix-index.js";
 import type { TokenizerMode } from "../tokenizer/prompt-tokens.js";
+import { type AdminServer, startAdminServer } from "./admin-server.js";
 import { Director, type EventSink, type GatewayViews, type Prepared, type RouteInput } from "./director.js";
-import { openAIError } from "./errors.js";
 import { explain } from "./explain.js";
 import { createExtProcHandler } from "./extproc-server.js";
 import { GatewayMetrics } from "./metrics.js";
 import { type LoadedSnapshot, loadNewestSnapshot, startSnapshotter } from "./snapshots.js";
 import { watchModelConfigs } from "./config-watch.js";
-import { ApiKeyView, type AuthMode } from "./auth.js";
-import { ModelConfigView } from "../views/model-config.js";
+import type { ApiKeyView, AuthMode } from "./auth.js";
 import { createPrefixSupport } from "./prefix-support.js";
 import { Tokenizer } from "./tokenization.js";
 import { StrictCommitter } from "./strict-commit.js";
@@ -92,11 +86,13 @@ export interface GatewayHandle {
   port: number;
   adminPort: number | undefined;
   views: GatewayViews;
+  /** The whole fold (views, prefix index, configs, keys, cursors). */
+  state: GatewayState;
   director: Director;
   /** API keys folded from the config bucket (whatever the auth mode). */
   apiKeys: ApiKeyView;
   strict: StrictCommitter | undefined;
-  prefixIndex: PrefixIndex;
+  readonly prefixIndex: PrefixIndex;
   /** Last KV stream sequence this replica has applied. */
   kvLastSeq(): number;
   nats: NatsHandles;
@@ -126,64 +122,51 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
   const nats = await connectNats(o.nats, `jetroute-gateway-${id}`);
   // Our events serialize `"gateway":"<id>"` right after `"id"`; this exact byte run marks an echo.
   const ownMarker = new TextEncoder().encode(`"gateway":${JSON.stringify(id)},`);
-  const views: GatewayViews = {
-    pods: new PodSet(),
-    load: new LoadView(o.loadStaleAfterMs ?? 2_000),
-    ledger: new ChargeLedger({ self: id, heartbeatTimeoutMs: hbTimeout, maxCharges: o.maxCharges }),
-    usage: new UsageView(),
-    rates: new RateView(100_000, o.rateConfirmMs ?? 25),
-  };
-  // Lookups do not touch blocks: every replica then evicts in the same order, driven by the same
-  // stream (engine stores, and routed prefixes touching the blocks they reuse).
-  const prefixIndexOptions = { maxEntries: o.prefixMaxEntries ?? 4_000_000, touchOnMatch: false };
+  // The one fold every view changes in (services/views/gateway-state.ts).
+  const state = new GatewayState({
+    self: id,
+    shareCharges: o.consistency !== "off",
+    heartbeatTimeoutMs: hbTimeout,
+    maxCharges: o.maxCharges,
+    loadStaleAfterMs: o.loadStaleAfterMs,
+    rateConfirmMs: o.rateConfirmMs,
+    prefixIndex: { maxEntries: o.prefixMaxEntries ?? 4_000_000 },
+  });
+  const views: GatewayViews = state;
   // A snapshot (snapshots.ts) holds the index as of a KV stream sequence: the KV follower starts
   // right after it instead of replaying the whole stream.
-  const snapshot: LoadedSnapshot | undefined = o.snapshots === false ? undefined : await loadNewestSnapshot({ nats, prefix, log, indexOptions: prefixIndexOptions });
-  const prefixIndex = snapshot?.index ?? new PrefixIndex(prefixIndexOptions);
-  const routedPrefixes = new RoutedPrefixes();
+  const snapshot: LoadedSnapshot | undefined = o.snapshots === false ? undefined : await loadNewestSnapshot({ nats, prefix, log, indexOptions: state.prefixIndexOptions });
+  if (snapshot) state.restorePrefixIndex(snapshot.index, snapshot.seq);
   const tokenizer = new Tokenizer({ defaultMode: o.tokenizerMode ?? "approximate", modes: o.tokenizerModes });
 
   const cursors = new SubjectCursors();
+  // Every message moves its stream's cursor in the state, applied or not (echoes, dead letters).
+  const seen = (stream: StateStream) => (subject: string, seq: number) => state.skip({ stream, subject, seq, serverTs: 0 });
+  const fold = (stream: StateStream) => (ev: Parameters<GatewayState["apply"]>[0], m: { seq: number; subject: string; serverTs: number }) => {
+    state.apply(ev, { stream, ...m });
+  };
   const followers = [
     new StreamFollower({
       nats, subjects, log, name: `gateway-${id}-pods`, family: "pods", types: ["pod"] as const,
       stream: streamName(prefix, "PODS"), filter: subjects.all("pods"), startAt: { kind: "last-per-subject" },
-      onEvent: (ev, m) => {
-        views.pods.apply(ev, m.seq);
-        if (ev.action === "remove") {
-          views.load.forget(ev.model, ev.pod);
-          prefixIndex.removePod(ev.model, ev.pod);
-          routedPrefixes.removePod(ev.model, ev.pod);
-        }
-      },
+      onEvent: fold("pods"), onMessage: seen("pods"),
     }),
     new StreamFollower({
       nats, subjects, log, name: `gateway-${id}-load`, family: "load", types: ["load"] as const,
       stream: streamName(prefix, "LOAD"), filter: subjects.all("load"), startAt: { kind: "last-per-subject" },
-      onEvent: (ev, m) => views.load.apply(ev, m.seq),
+      onEvent: fold("load"), onMessage: seen("load"),
     }),
     new StreamFollower({
       nats, subjects, log, name: `gateway-${id}-charges`, family: "charges", types: ["charge", "release", "heartbeat"] as const,
       // Every live gateway's latest heartbeat lists all the charges it holds, so a few heartbeat
       // periods of history rebuild the whole ledger: boot time does not grow with traffic.
       stream: streamName(prefix, "CHARGES"), startAt: { kind: "time", sinceMs: Date.now() - Math.max(10_000, 3 * hbTimeout) },
-      onEvent: (ev, m) => {
-        if (o.consistency !== "off") views.ledger.applyFromStream(ev, m.serverTs, Date.now(), m.seq);
-        // The engine's prompt count replaces the charge's estimate in the window it was charged in.
-        if (ev.type === "release" && ev.promptTokens !== undefined && ev.chargedPromptTokens !== undefined && ev.chargedAt !== undefined) {
-          views.rates.correctPrompt(ev.user, ev.promptTokens - ev.chargedPromptTokens, ev.chargedAt);
-        }
-        // Other replicas' users spend tokens too: fairness is per user across the fleet.
-        if (ev.type === "charge") {
-          views.rates.request(ev.user, ev.model, ev.promptTokens, ev.ts);
-          if (ev.user) views.usage.record({ user: ev.user, promptTokens: ev.promptTokens, completionTokens: 0, ts: ev.ts });
-        } else if (ev.type === "release" && ev.user && ev.completionTokens) {
-          views.usage.record({ user: ev.user, promptTokens: 0, completionTokens: ev.completionTokens, ts: ev.ts });
-          views.rates.completion(ev.user, ev.completionTokens, ev.ts);
-        }
+      onEvent: fold("charges"),
+      onMessage: (subject, seq) => {
+        state.skip({ stream: "charges", subject, seq, serverTs: 0 });
+        cursors.seen(subject, seq);
       },
-      onMessage: (subject, seq) => cursors.seen(subject, seq),
-      // Everything we published ourselves was applied when we made it (the ledger ignores its own
+      // Everything we published ourselves was applied when we made it (the fold ignores its own
       // events anyway): recognise the echoes by a byte search and spare them JSON and schema work.
       skipRaw: (data) => ownMarker.length > 0 && indexOfBytes(data, ownMarker) >= 0,
     }),
@@ -192,14 +175,7 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
       // No subject filter: the KV stream captures only `<prefix>.kv.>`, and on nats-server 2.9.10 the
       // redundant filter makes catching up a tail several times slower (loadtest/benches/bootstrap.ts).
       stream: streamName(prefix, "KV"), startAt: snapshot ? { kind: "sequence", seq: snapshot.seq + 1 } : { kind: "all" },
-      onEvent: (ev, m) => {
-        if (ev.type === "kv") prefixIndex.apply(ev, m.seq);
-        else if (ev.type === "kv-cleared") prefixIndex.applyCleared(ev, m.seq);
-        else {
-          prefixIndex.touch(ev.model, ev.hashes);
-          if (ev.ts + ev.ttlMs > Date.now()) routedPrefixes.apply(ev);
-        }
-      },
+      onEvent: fold("kv"), onMessage: seen("kv"),
       // Our own routed prefixes were applied when we recorded them.
       skipRaw: (data) => indexOfBytes(data, ownMarker) >= 0,
     }),
@@ -219,13 +195,13 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
       liveGateways: views.ledger.liveGateways(Date.now()).length,
     }),
     prefixIndex: () => {
-      const st = prefixIndex.stats();
+      const st = state.index.stats();
       return { entries: st.entries, blocks: st.blocks, evictedEntries: st.evictedEntries };
     },
     strict: () => strict?.stats,
     inFlight: () => director.inFlight.size,
     ready: () => isReady,
-    apiKeys: () => ({ active: apiKeys.active, revoked: apiKeys.size - apiKeys.active }),
+    apiKeys: () => ({ active: state.apiKeys.active, revoked: state.apiKeys.size - state.apiKeys.active }),
     connections: () => extProcConnections,
   });
   const sink: EventSink = {
@@ -238,14 +214,14 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
       outbox.fire(subjects.decisions(rec.model || "_"), rec);
     },
   };
-  const modelConfigs = new ModelConfigView();
-  const apiKeys = new ApiKeyView();
+  const modelConfigs = state.configs;
+  const apiKeys = state.apiKeys;
   // Returns once every current entry (API keys included) is applied: the ext_proc server below
   // never answers a request with the keys half loaded.
-  const configWatch = await watchModelConfigs(nats.nc, configBucketName(prefix), modelConfigs, log, apiKeys);
+  const configWatch = await watchModelConfigs(nats.nc, configBucketName(prefix), state, log);
   const authMode: AuthMode = o.auth ?? "off";
-  const prefixSupport = createPrefixSupport({ gatewayId: id, index: prefixIndex, routed: routedPrefixes, tokenizer, load: views.load, subjects, outbox });
-  const director = new Director({ gatewayId: id, defaultStrategy: o.defaultStrategy ?? "least-request", chargeTtlMs, views, sink, prefix: prefixSupport, config: modelConfigs, onPick: (st, sec) => metrics.pick(st, sec) });
+  const prefixSupport = createPrefixSupport({ gatewayId: id, state, tokenizer, subjects, outbox });
+  const director = new Director({ gatewayId: id, defaultStrategy: o.defaultStrategy ?? "least-request", chargeTtlMs, state, sink, prefix: prefixSupport, config: modelConfigs, onPick: (st, sec) => metrics.pick(st, sec) });
   // Strict commits are chosen per model (its config's `consistency`, else `--consistency`), so the
   // committer exists whenever charges are shared; `off` follows no peer and has nothing to commit against.
   const defaultConsistency = o.consistency ?? "eventual";
@@ -283,15 +259,8 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
   };
   heartbeat("up");
   const hbTimer = setInterval(() => heartbeat("up"), hbInterval);
-  const sweepTimer = setInterval(() => {
-    const now = Date.now();
-    views.ledger.sweep(now);
-    views.usage.sweep(now);
-    views.rates.sweep(now);
-  }, Math.max(50, Math.min(250, hbInterval / 4)));
-  const slowSweep = setInterval(() => {
-    routedPrefixes.sweep(Date.now());
-  }, 5_000);
+  const sweepTimer = setInterval(() => state.sweep(Date.now()), Math.max(50, Math.min(250, hbInterval / 4)));
+  const slowSweep = setInterval(() => state.sweep(Date.now(), { routed: true }), 5_000);
 
   let isReady = false;
   const health = new HealthImplementation({ liveness: "SERVING", readiness: "NOT_SERVING", "": "NOT_SERVING", [EXT_PROC_SERVICE_NAME]: "NOT_SERVING" });
@@ -303,12 +272,12 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
   });
 
   // Everything up to the snapshot's sequence is in the index before the follower's first message.
-  const kvLastSeq = () => Math.max(followers[3]?.lastSeq ?? 0, snapshot?.seq ?? 0);
+  const kvLastSeq = () => state.cursors.kv;
   const snapshotter =
     o.snapshots === false
       ? undefined
       : await startSnapshotter({
-          nats, prefix, gatewayId: id, log, index: () => prefixIndex, seq: kvLastSeq,
+          nats, prefix, gatewayId: id, log, index: () => state.index, seq: kvLastSeq,
           // A replica still catching up must neither hold the lease nor publish a partial index.
           ready: () => isReady,
           intervalMs: o.snapshotIntervalMs, leaseMs: o.snapshotLeaseMs,
@@ -344,16 +313,16 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
   extProcConnections = guardResetBudget(server, { onRotate: (streams, resets) => log.debug({ streams, resets }, "ext_proc connection rotated before the HTTP/2 reset limit") });
   if (!extProcConnections) log.warn("cannot reach grpc-js' HTTP/2 servers: ext_proc connections are not rotated before Node's rapid-reset limit");
 
-  const state = () => ({
+  const debugState = () => ({
     id,
     ready: isReady,
     followers: followers.map((f, i) => ({ view: ["pods", "load", "charges", "kv"][i], lastSeq: f.lastSeq, applied: f.applied, skipped: f.skipped, invalid: f.invalid, reopens: f.reopens, caughtUp: f.caughtUp })),
-    prefixIndex: prefixIndex.stats(),
+    prefixIndex: state.index.stats(),
     snapshots: {
       booted: snapshot ? { name: snapshot.name, seq: snapshot.seq, bytes: snapshot.bytes, ageMs: snapshot.ageMs, loadMs: Math.round(snapshot.loadMs), lost: snapshot.lost } : null,
       ...snapshotter?.stats,
     },
-    routedPrefixes: { blocks: routedPrefixes.size, evicted: routedPrefixes.evicted },
+    routedPrefixes: { blocks: state.routed.size, evicted: state.routed.evicted },
     tokenizer: tokenizer.stats,
     pods: views.pods.all(),
     ledger: {
@@ -378,54 +347,19 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
     ...(strict ? { strict: strict.stats } : {}),
   });
 
-  let admin: http.Server | undefined;
-  let adminPort: number | undefined;
+  let admin: AdminServer | undefined;
   if ((o.adminPort ?? -1) >= 0) {
-    admin = http.createServer((req, res) => {
-      const json = (code: number, body: unknown) => {
-        res.writeHead(code, { "content-type": "application/json" });
-        res.end(JSON.stringify(body));
-      };
-      if (req.url === "/healthz") return json(200, { status: "ok" });
-      if (req.url === "/readyz") return json(isReady ? 200 : 503, { ready: isReady });
-      if (req.url === "/debug/state") return json(200, state());
-      if (req.url === "/metrics") {
-        metrics.render().then((text) => {
-          res.writeHead(200, { "content-type": metrics.contentType });
-          res.end(text);
-        });
-        return;
-      }
-      if (req.url === "/debug/explain" && req.method === "POST") {
-        const chunks: Buffer[] = [];
-        let size = 0;
-        req.on("data", (c: Buffer) => {
-          size += c.length;
-          if (size <= 4 * 1024 * 1024) chunks.push(c);
-        });
-        req.on("end", () => {
-          if (size > 4 * 1024 * 1024) return json(413, openAIError(413, "request_too_large", "request body exceeds 4 MiB"));
-          const headers: Record<string, string> = {};
-          for (const [k, v] of Object.entries(req.headers)) if (typeof v === "string") headers[k] = v;
-          explain(director, views, headers, Buffer.concat(chunks)).then(
-            (r) => json(r.status, r.body),
-            (err: unknown) => {
-              log.error({ err }, "explain failed");
-              json(500, openAIError(500, "internal_error", "explain failed"));
-            },
-          );
-        });
-        return;
-      }
-      json(404, { error: { message: "not found", type: "invalid_request_error", code: 404, param: null } });
-    });
-    adminPort = await new Promise<number>((resolve) => {
-      admin?.listen(o.adminPort, o.host ?? "0.0.0.0", () => {
-        const a = admin?.address();
-        resolve(typeof a === "object" && a ? a.port : 0);
-      });
+    admin = await startAdminServer({
+      port: o.adminPort ?? 0,
+      host: o.host ?? "0.0.0.0",
+      log,
+      ready: () => isReady,
+      state: debugState,
+      metrics,
+      explain: (headers, body) => explain(director, views, headers, body),
     });
   }
+  const adminPort = admin?.port;
   log.info({ id, port, adminPort, auth: authMode }, "gateway listening");
 
   let closed = false;
@@ -434,10 +368,13 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
     port,
     adminPort,
     views,
+    state,
     director,
     apiKeys,
     strict,
-    prefixIndex,
+    get prefixIndex() {
+      return state.index;
+    },
     kvLastSeq,
     nats,
     ready: () => isReady,

@@ -7,19 +7,16 @@ import type { KvRouted } from "../../schemas/events.js";
 import type { Subjects } from "../../streams/subjects.js";
 import type { Outbox } from "../shared/publish.js";
 import { chainSeed, hashToHex, promptBlockHashes } from "../views/block-hash.js";
-import type { LoadReader } from "../views/load-view.js";
+import type { GatewayState } from "../views/gateway-state.js";
 import type { PodInfo } from "../views/pod-set.js";
-import type { PrefixIndex } from "../views/prefix-index.js";
-import type { RoutedPrefixes } from "../views/routed-prefixes.js";
 import type { PrefixMatchResult, PrefixSupport } from "./director.js";
 import type { Tokenizer } from "./tokenization.js";
 
 export interface PrefixSupportOptions {
   gatewayId: string;
-  index: PrefixIndex;
-  routed: RoutedPrefixes;
+  /** Read for matching (index, routed prefixes, load); routed prefixes are applied to it as own events. */
+  state: GatewayState;
   tokenizer: Tokenizer;
-  load: LoadReader;
   subjects: Subjects;
   outbox: Outbox;
   /** How long a routed prefix counts in approximate mode (it is all there is). */
@@ -49,12 +46,12 @@ export function createPrefixSupport(o: PrefixSupportOptions): PrefixSupport {
       // A request for a LoRA adapter names the adapter; its blocks are keyed by base model + adapter.
       const lora = model !== base ? model : null;
       const approximate = tokenizerMode === "approximate";
-      const blockSize = approximate ? 16 : (o.load.fresh(base, first.pod, now)?.blockSize ?? o.defaultBlockSize ?? 16);
+      const blockSize = approximate ? 16 : (o.state.load.fresh(base, first.pod, now)?.blockSize ?? o.defaultBlockSize ?? 16);
       const seed = chainSeed(base, approximate ? `${lora ?? ""}${APPROX_LORA_TAG}` : lora, blockSize);
       const hashes = promptBlockHashes(tokens, seed, blockSize, maxBlocks);
       const names = candidates.map((p) => p.pod);
-      const fromIndex = approximate ? undefined : o.index.longestMatch(base, hashes, names);
-      const fromRouted = o.routed.match(base, hashes, now, names, approximate ? Number.POSITIVE_INFINITY : (o.routedPreciseMaxAgeMs ?? 5_000));
+      const fromIndex = approximate ? undefined : o.state.index.longestMatch(base, hashes, names);
+      const fromRouted = o.state.routed.match(base, hashes, now, names, approximate ? Number.POSITIVE_INFINITY : (o.routedPreciseMaxAgeMs ?? 5_000));
       const byPod = new Map<string, number>();
       const detail = names.map((pod, i) => {
         const indexBlocks = fromIndex?.blocks[i] ?? 0;
@@ -66,9 +63,8 @@ export function createPrefixSupport(o: PrefixSupportOptions): PrefixSupport {
       return { info: { queried: hashes.length, blockSize, matched: (pod) => byPod.get(pod) ?? 0 }, hashes, detail };
     },
     recordRouted(pod, hashes, now) {
-      o.index.touch(pod.model, hashes);
-      o.routed.add({ model: pod.model, pod: pod.pod, ts: now, ttlMs: ttl }, hashes);
       const ev: KvRouted = { type: "kv-routed", model: pod.model, pod: pod.pod, gateway: o.gatewayId, hashes: hashes.map(hashToHex), ts: now, ttlMs: ttl };
+      o.state.ownRouted(ev, hashes);
       o.outbox.fire(o.subjects.kv(pod.model, pod.pod), ev);
     },
   };

@@ -254,6 +254,15 @@ export class ChargeLedger implements LedgerReader {
     return this.entries.size;
   }
 
+  /** The charges that still count at `now` and the gateways known, in a canonical order (state comparison). */
+  dump(now: number): { charges: Array<[string, string, number, boolean]>; gateways: Array<[string, number, boolean]> } {
+    const charges: Array<[string, string, number, boolean]> = [];
+    for (const e of this.entries.values()) if (e.expiresAt > now) charges.push([e.key, e.podKey, e.promptTokens, e.decoding]);
+    charges.sort((a, b) => (a[0] < b[0] ? -1 : a[0] > b[0] ? 1 : 0));
+    const gateways = [...this.gateways.entries()].map(([g, s]): [string, number, boolean] => [g, s.lastSeen, s.down]).sort((a, b) => (a[0] < b[0] ? -1 : 1));
+    return { charges, gateways };
+  }
+
   private dropGateway(gateway: string): void {
     for (const key of [...(this.byGateway.get(gateway) ?? [])]) {
       const e = this.entries.get(key);

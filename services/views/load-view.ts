@@ -53,4 +53,9 @@ export class LoadView implements LoadReader {
   get size(): number {
     return this.samples.size;
   }
+
+  /** Every sample, in a canonical order (state comparison). */
+  dump(): Array<[string, PodLoad]> {
+    return [...this.samples.entries()].sort((a, b) => (a[0] < b[0] ? -1 : a[0] > b[0] ? 1 : 0));
+  }
 }

@@ -61,6 +61,11 @@ export class ModelConfigView implements ConfigReader {
     this.version++;
   }
 
+  /** The whole rate-limits entry (state comparison). */
+  userLimitsAll(): RateLimits {
+    return this.limits;
+  }
+
   get(model: string): ModelConfig | undefined {
     return this.models.get(model);
   }

@@ -194,4 +194,14 @@ export class RateView implements RateReader {
   get size(): number {
     return this.users.size + this.models.size + this.own.size;
   }
+
+  /** The windows still current at `now`, in a canonical order (state comparison). */
+  dump(now: number): { users: Array<[string, number, number]>; models: Array<[string, number]> } {
+    const minute = Math.floor(now / 60_000);
+    const second = Math.floor(now / 1_000);
+    const users = [...this.users.entries()].filter(([, w]) => w.window === minute).map(([k, w]): [string, number, number] => [k, w.requests, w.tokens]);
+    const models = [...this.models.entries()].filter(([, w]) => w.window === second).map(([k, w]): [string, number] => [k, w.requests]);
+    const byKey = (a: [string, ...unknown[]], b: [string, ...unknown[]]) => (a[0] < b[0] ? -1 : 1);
+    return { users: users.sort(byKey), models: models.sort(byKey) };
+  }
 }

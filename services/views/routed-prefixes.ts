@@ -111,6 +111,16 @@ export class RoutedPrefixes {
     return this.blocks.size;
   }
 
+  /** Unexpired holders per block, in a canonical order (state comparison). */
+  dump(now: number): Array<[string, string[]]> {
+    const out: Array<[string, string[]]> = [];
+    for (const [k, holders] of this.blocks) {
+      const live = holders.filter((h) => h.expiresAt > now).map((h) => `${h.pod}@${h.ts}`);
+      if (live.length > 0) out.push([k, live]);
+    }
+    return out.sort((a, b) => (a[0] < b[0] ? -1 : 1));
+  }
+
   private evictOldest(): void {
     const first = this.blocks.keys().next();
     if (first.done) return;

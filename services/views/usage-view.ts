@@ -163,6 +163,14 @@ export class UsageView implements UsageReader {
     return this.users.size;
   }
 
+  /** Each user's usage in the window ending at `now`, in a canonical order (state comparison). */
+  dump(now: number): Array<[string, number]> {
+    return [...this.users.keys()]
+      .map((u): [string, number] => [u, this.tokens(u, now)])
+      .filter(([, t]) => t > 0)
+      .sort((a, b) => (a[0] < b[0] ? -1 : 1));
+  }
+
   /** Sum of the buckets of `u` inside the window ending at `now` (a future head still counts). */
   private sum(u: UserUsage, now: number): number {
     const lo = Math.max(u.head - this.buckets + 1, Math.floor(now / this.bucketMs) - this.buckets + 1);

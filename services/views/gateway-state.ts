@@ -1,0 +1,349 @@
+/**
+ * The gateway's routing state as one pure event fold. Pure: no I/O, no clock of its own.
+ *
+ * Every view a gateway routes from — pod set, load view, charge ledger, usage and rate windows,
+ * prefix index, routed prefixes, model configs, API keys — changes here and only here:
+ * - `apply(event, meta)` folds a message read from a stream or the config bucket (followers,
+ *   `jetroute replay`). Time inside the fold is the message's server timestamp, never a local
+ *   clock, so two instances fed the same messages end in the same state wherever and whenever
+ *   they run (the snapshot test holds them to it).
+ * - `own*` apply this gateway's own events at the moment it makes them; their echoes from the
+ *   stream are then ignored by `apply` (applying the echo of a charge already released locally
+ *   would resurrect it). Replay feeds a recorded gateway's own events through the same methods.
+ * - `sweep(now)` is the only time-driven change (expiry), called by the shell's timer.
+ *
+ * The cursor of each stream (the last sequence handled, applied or not) is part of the state:
+ * decision records carry them, and replay rebuilds a view by folding a stream up to them.
+ */
+import { createHash } from "node:crypto";
+import {
+  API_KEY_KEY_PREFIX,
+  apiKeyRecordError,
+  type ApiKeyRecord,
+  MODEL_CONFIG_KEY_PREFIX,
+  type ModelConfig,
+  modelConfigError,
+  RATE_LIMITS_KEY,
+  type RateLimits,
+  rateLimitsError,
+} from "../../schemas/config.js";
+import type { ChargeEvent, GatewayHeartbeat, KvBatch, KvPodCleared, KvRouted, LoadSample, PodEvent, ReleaseEvent } from "../../schemas/events.js";
+import { decodeToken } from "../../streams/tokens.js";
+import { ApiKeyView, hashOfBucketKey, SHOWN_HASH_PREFIX } from "./api-keys.js";
+import { ChargeLedger } from "./charge-ledger.js";
+import { LoadView } from "./load-view.js";
+import { ModelConfigView } from "./model-config.js";
+import { PodSet } from "./pod-set.js";
+import { PrefixIndex, type PrefixIndexOptions } from "./prefix-index.js";
+import { RateView } from "./rate-view.js";
+import { RoutedPrefixes } from "./routed-prefixes.js";
+import { UsageView } from "./usage-view.js";
+
+/** The sources a gateway folds; `config` is the config bucket's underlying stream. */
+export type StateStream = "pods" | "load" | "charges" | "kv" | "config";
+export const STATE_STREAMS: readonly StateStream[] = ["pods", "load", "charges", "kv", "config"];
+
+export interface EventMeta {
+  stream: StateStream;
+  subject: string;
+  /** Stream sequence (for the config bucket: the entry's revision, which is its stream sequence). */
+  seq: number;
+  /** Server timestamp of the message (ms). */
+  serverTs: number;
+}
+
+/** One config bucket entry as the watcher delivers it; `value` is the parsed JSON, undefined if it was not JSON. */
+export interface ConfigEntry {
+  type: "config-entry";
+  key: string;
+  operation: "PUT" | "DEL" | "PURGE";
+  value?: unknown;
+  /** True when the bytes were present but not JSON. */
+  notJson?: boolean;
+}
+
+export type StateEvent = PodEvent | LoadSample | ChargeEvent | ReleaseEvent | GatewayHeartbeat | KvBatch | KvPodCleared | KvRouted | ConfigEntry;
+
+/** What `apply` did with an event; `note` is set where an operator should hear of it (logged by the shell). */
+export interface ApplyResult {
+  applied: boolean;
+  /** Why an event changed nothing: "own-echo", "stale", "duplicate", "expired", "not-config". */
+  ignored?: string;
+  note?: { level: "info" | "warn" | "error"; message: string; fields: Record<string, unknown>; rejected?: boolean };
+}
+
+export interface GatewayStateOptions {
+  /** This gateway's id (its echoes are ignored). Absent in a fold that belongs to no gateway. */
+  self?: string;
+  /** `false` = `--consistency off`: other gateways' charges are not counted as load. */
+  shareCharges?: boolean;
+  heartbeatTimeoutMs?: number;
+  maxCharges?: number;
+  loadStaleAfterMs?: number;
+  rateConfirmMs?: number;
+  prefixIndex?: PrefixIndexOptions;
+}
+
+/** How an own charge is remembered for the rate limits' burst guard (only where a limit applies). */
+export interface OwnAdmission {
+  readonly user?: string;
+  readonly model?: string;
+  readonly tokens: number;
+  readonly ts: number;
+}
+
+const APPLIED: ApplyResult = Object.freeze({ applied: true });
+const ignored = (why: string): ApplyResult => ({ applied: false, ignored: why });
+
+export class GatewayState {
+  readonly self: string | undefined;
+  readonly shareCharges: boolean;
+  readonly pods = new PodSet();
+  readonly load: LoadView;
+  readonly ledger: ChargeLedger;
+  readonly usage = new UsageView();
+  readonly rates: RateView;
+  readonly routed = new RoutedPrefixes();
+  readonly configs = new ModelConfigView();
+  readonly apiKeys = new ApiKeyView();
+  private prefixIndex: PrefixIndex;
+  readonly prefixIndexOptions: PrefixIndexOptions;
+  /** Last sequence handled per source (applied, ignored, skipped or dead-lettered). */
+  readonly cursors: Record<StateStream, number> = { pods: 0, load: 0, charges: 0, kv: 0, config: 0 };
+  /** Config entries refused by validation. */
+  configRejected = 0;
+  private readonly configRevisions = new Map<string, number>();
+
+  constructor(o: GatewayStateOptions = {}) {
+    this.self = o.self;
+    this.shareCharges = o.shareCharges ?? true;
+    this.load = new LoadView(o.loadStaleAfterMs ?? 2_000);
+    this.ledger = new ChargeLedger({ self: o.self, heartbeatTimeoutMs: o.heartbeatTimeoutMs, maxCharges: o.maxCharges });
+    this.rates = new RateView(100_000, o.rateConfirmMs ?? 25);
+    // Lookups do not touch blocks: every replica then evicts in the same order, driven by the same
+    // stream (engine stores, and routed prefixes touching the blocks they reuse).
+    this.prefixIndexOptions = { maxEntries: 4_000_000, touchOnMatch: false, ...o.prefixIndex };
+    this.prefixIndex = new PrefixIndex(this.prefixIndexOptions);
+  }
+
+  get index(): PrefixIndex {
+    return this.prefixIndex;
+  }
+
+  /** Boots the prefix index from a snapshot that reflects the KV stream up to `seq`. */
+  restorePrefixIndex(index: PrefixIndex, seq: number): void {
+    this.prefixIndex = index;
+    if (seq > this.cursors.kv) this.cursors.kv = seq;
+  }
+
+  /** A message was handled without being applied (an echo skipped unparsed, a dead letter): only the cursor moves. */
+  skip(meta: EventMeta): void {
+    if (meta.seq > this.cursors[meta.stream]) this.cursors[meta.stream] = meta.seq;
+  }
+
+  apply(ev: StateEvent, meta: EventMeta): ApplyResult {
+    this.skip(meta);
+    const at = meta.serverTs;
+    switch (ev.type) {
+      case "pod":
+        this.pods.apply(ev, meta.seq);
+        if (ev.action === "remove") {
+          this.load.forget(ev.model, ev.pod);
+          this.prefixIndex.removePod(ev.model, ev.pod);
+          this.routed.removePod(ev.model, ev.pod);
+        }
+        return APPLIED;
+      case "load":
+        this.load.apply(ev, meta.seq);
+        return APPLIED;
+      case "kv": {
+        const r = this.prefixIndex.apply(ev, meta.seq);
+        return r === "applied" ? APPLIED : ignored(r);
+      }
+      case "kv-cleared": {
+        const r = this.prefixIndex.applyCleared(ev, meta.seq);
+        return r === "applied" ? APPLIED : ignored(r);
+      }
+      case "kv-routed":
+        if (ev.gateway === this.self) return ignored("own-echo");
+        this.prefixIndex.touch(ev.model, ev.hashes);
+        if (ev.ts + ev.ttlMs <= at) return ignored("expired");
+        this.routed.apply(ev);
+        return APPLIED;
+      case "charge":
+      case "release":
+      case "heartbeat":
+        return this.applyCharges(ev, meta);
+      case "config-entry":
+        return this.applyConfig(ev, meta.seq);
+    }
+  }
+
+  private applyCharges(ev: ChargeEvent | ReleaseEvent | GatewayHeartbeat, meta: EventMeta): ApplyResult {
+    if (ev.gateway === this.self) return ignored("own-echo");
+    if (this.shareCharges) this.ledger.applyFromStream(ev, meta.serverTs, meta.serverTs, meta.seq);
+    // Other replicas' users spend tokens too: fairness and rate limits are per user across the fleet.
+    if (ev.type === "charge") {
+      this.rates.request(ev.user, ev.model, ev.promptTokens, ev.ts);
+      if (ev.user) this.usage.record({ user: ev.user, promptTokens: ev.promptTokens, completionTokens: 0, ts: ev.ts });
+    } else if (ev.type === "release") {
+      // The engine's prompt count replaces the charge's estimate in the window it was charged in.
+      if (ev.promptTokens !== undefined && ev.chargedPromptTokens !== undefined && ev.chargedAt !== undefined) {
+        this.rates.correctPrompt(ev.user, ev.promptTokens - ev.chargedPromptTokens, ev.chargedAt);
+      }
+      if (ev.user && ev.completionTokens) {
+        this.usage.record({ user: ev.user, promptTokens: 0, completionTokens: ev.completionTokens, ts: ev.ts });
+        this.rates.completion(ev.user, ev.completionTokens, ev.ts);
+      }
+    }
+    return APPLIED;
+  }
+
+  /**
+   * Config bucket entries: model configs, rate limits, API keys. A model config or rate limits that
+   * fail validation are ignored (the previous ones stay), so a bad `put` from outside `jetroute
+   * config set` can never break routing; an invalid API key record removes the key (fail closed),
+   * so a botched hand-made revocation never leaves a key working.
+   */
+  private applyConfig(e: ConfigEntry, revision: number): ApplyResult {
+    const isKey = e.key.startsWith(API_KEY_KEY_PREFIX);
+    if (e.key !== RATE_LIMITS_KEY && !e.key.startsWith(MODEL_CONFIG_KEY_PREFIX) && !isKey) return ignored("not-config");
+    if ((this.configRevisions.get(e.key) ?? 0) >= revision) return ignored("stale");
+    this.configRevisions.set(e.key, revision);
+    const reject = (level: "warn" | "error", message: string, fields: Record<string, unknown>): ApplyResult => {
+      this.configRejected++;
+      return { applied: false, ignored: "invalid", note: { level, message, fields, rejected: true } };
+    };
+    const invalid = (check: (v: unknown) => string | undefined) => (e.notJson || e.value === undefined ? "not JSON" : check(e.value));
+    const info = (message: string, fields: Record<string, unknown>): ApplyResult => ({ applied: true, note: { level: "info", message, fields } });
+    if (isKey) {
+      const hash = hashOfBucketKey(e.key);
+      if (!hash) return reject("warn", "API key entry not named by a SHA-256 hex hash; ignored", { key: e.key.slice(0, API_KEY_KEY_PREFIX.length + SHOWN_HASH_PREFIX) });
+      const key = hash.slice(0, SHOWN_HASH_PREFIX);
+      if (e.operation !== "PUT") {
+        this.apiKeys.set(hash, undefined);
+        return info("API key removed", { key, revision });
+      }
+      const err = invalid(apiKeyRecordError);
+      if (err) {
+        this.apiKeys.set(hash, undefined);
+        return reject("error", "invalid API key record; the key is refused until a valid record is stored", { key, revision, err });
+      }
+      const rec = e.value as ApiKeyRecord;
+      this.apiKeys.set(hash, rec);
+      return info("API key applied", { key, user: rec.user, revoked: rec.disabled === true, revision });
+    }
+    if (e.key === RATE_LIMITS_KEY) {
+      if (e.operation !== "PUT") {
+        this.configs.setLimits(undefined);
+        return info("rate limits removed", { revision });
+      }
+      const err = invalid(rateLimitsError);
+      if (err) return reject("error", "invalid rate limits ignored; the previous ones stay", { revision, err });
+      this.configs.setLimits(e.value as RateLimits);
+      return info("rate limits applied", { revision });
+    }
+    let model: string;
+    try {
+      model = decodeToken(e.key.slice(MODEL_CONFIG_KEY_PREFIX.length));
+    } catch {
+      return reject("warn", "config key is not an escaped model name; ignored", { key: e.key.slice(0, 300) });
+    }
+    if (e.operation !== "PUT") {
+      this.configs.set(model, undefined);
+      return info("model config removed", { model, revision });
+    }
+    const err = invalid(modelConfigError);
+    if (err) return reject("error", "invalid model config ignored; the previous one stays", { model, revision, err });
+    this.configs.set(model, e.value as ModelConfig);
+    return info("model config applied", { model, revision });
+  }
+
+  // ---- this gateway's own events, applied when it makes them ----
+
+  /**
+   * A charge this gateway just made: counted in the ledger and the rate and usage windows.
+   * `admission` is remembered for the burst guard (only where a limit applies); `counted: false`
+   * for a strict-mode retry, which is the same request, counted by its first attempt.
+   */
+  ownCharge(charge: ChargeEvent, now: number, o: { admission?: OwnAdmission; counted?: boolean } = {}): void {
+    this.ledger.charge(charge, now);
+    if (o.counted === false) return;
+    if (charge.user) this.usage.record({ user: charge.user, promptTokens: charge.promptTokens, completionTokens: 0, ts: now });
+    this.rates.request(charge.user, charge.model, charge.promptTokens, now);
+    const a = o.admission;
+    if (a) this.rates.noteOwn(a.user, a.model, a.tokens, a.ts);
+  }
+
+  /** A prompt this gateway routed: its blocks touched in the index and remembered as routed to the pod. */
+  ownRouted(ev: KvRouted, hashes: readonly bigint[]): void {
+    this.prefixIndex.touch(ev.model, hashes);
+    this.routed.add(ev, hashes);
+  }
+
+  /** The request's first response bytes arrived: it moved from prefill to decode. */
+  ownFirstToken(chargeId: string): void {
+    if (this.self !== undefined) this.ledger.markDecoding(this.self, chargeId);
+  }
+
+  /** A strict-mode charge was acknowledged at `now`: the burst guard counts it as unseen from then. */
+  ownCommitted(admission: OwnAdmission | undefined, now: number): void {
+    if (admission) this.rates.renoteOwn(admission.user, admission.model, admission.tokens, admission.ts, now);
+  }
+
+  /**
+   * Undoes a charge that was never published (a strict-mode commit lost its race). With
+   * `keepCounts` the request stays counted in the rate windows: it is about to be retried.
+   */
+  ownRetract(charge: ChargeEvent, countedAt: number, admission: OwnAdmission | undefined, keepCounts: boolean): void {
+    this.ledger.release({ gateway: charge.gateway, id: charge.id });
+    if (!keepCounts) this.ownUncount(charge, countedAt, admission);
+  }
+
+  /** Takes a request that will not be routed after all out of the rate windows. */
+  ownUncount(charge: ChargeEvent, countedAt: number, admission: OwnAdmission | undefined): void {
+    this.rates.retract(charge.user, charge.model, charge.promptTokens, countedAt, admission);
+  }
+
+  /** A request this gateway routed ended (the release it publishes). */
+  ownRelease(release: ReleaseEvent): void {
+    this.ledger.release(release);
+    if (release.promptTokens !== undefined && release.chargedPromptTokens !== undefined && release.chargedAt !== undefined) {
+      this.rates.correctPrompt(release.user, release.promptTokens - release.chargedPromptTokens, release.chargedAt);
+    }
+    if (release.user && release.completionTokens) {
+      this.usage.record({ user: release.user, promptTokens: 0, completionTokens: release.completionTokens, ts: release.ts });
+      this.rates.completion(release.user, release.completionTokens, release.ts);
+    }
+  }
+
+  /** Time-driven expiry: charges past their TTL or of lapsed gateways, finished windows, expired routed prefixes. */
+  sweep(now: number, o: { routed?: boolean } = {}): void {
+    this.ledger.sweep(now);
+    this.usage.sweep(now);
+    this.rates.sweep(now);
+    if (o.routed) this.routed.sweep(now);
+  }
+
+  /**
+   * A canonical description of the whole state, for comparing two folds: equal for two instances
+   * fed the same messages (and own events, and sweeps). The prefix index enters as the SHA-256 of
+   * its serialized form.
+   */
+  snapshot(now: number): Record<string, unknown> {
+    const sorted = <T>(xs: Iterable<T>, key: (x: T) => string) => [...xs].sort((a, b) => (key(a) < key(b) ? -1 : key(a) > key(b) ? 1 : 0));
+    return {
+      self: this.self ?? null,
+      cursors: { ...this.cursors },
+      pods: sorted(this.pods.all(), (p) => `${p.model}\u0000${p.pod}`),
+      load: this.load.dump(),
+      ledger: this.ledger.dump(now),
+      usage: this.usage.dump(now),
+      rates: this.rates.dump(now),
+      routed: this.routed.dump(now),
+      configs: { models: this.configs.modelNames().sort().map((m) => [m, this.configs.get(m)]), limits: this.configs.userLimitsAll(), rejected: this.configRejected },
+      apiKeys: this.apiKeys.dump(),
+      prefixIndex: createHash("sha256").update(this.prefixIndex.serialize()).digest("hex"),
+    };
+  }
+}
