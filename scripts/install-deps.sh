@@ -1,21 +1,45 @@
 #!/usr/bin/env bash
-# Installs the system packages jetroute needs (Debian): nats-server. Node 20 and npm are assumed.
+# Installs the system packages jetroute needs (Debian): nats-server, and chromium for the browser
+# test of the replay report (services/replay/report-html.test.ts). Node 20 and npm are assumed.
 set -euo pipefail
+need_nats=1
 if command -v nats-server >/dev/null 2>&1 || [ -x /usr/sbin/nats-server ] || [ -n "${NATS_SERVER_BIN:-}" ]; then
+  need_nats=0
+fi
+need_chromium=1
+if [ -x /usr/bin/chromium ]; then
+  need_chromium=0
+fi
+if [ "$need_nats" = 0 ] && [ "$need_chromium" = 0 ]; then
   exit 0
 fi
 if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
-  echo "installing nats-server (Debian package)..." >&2
   apt-get update -qq >/dev/null
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nats-server >/dev/null
-  # The package enables a system service; jetroute starts its own servers on free ports.
-  systemctl disable --now nats-server >/dev/null 2>&1 || true
+  if [ "$need_nats" = 1 ]; then
+    echo "installing nats-server (Debian package)..." >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nats-server >/dev/null
+    # The package enables a system service; jetroute starts its own servers on free ports.
+    systemctl disable --now nats-server >/dev/null 2>&1 || true
+  fi
+  if [ "$need_chromium" = 1 ]; then
+    echo "installing chromium (Debian package, the headless browser of the report test)..." >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  fi
   exit 0
 fi
-cat >&2 <<'MSG'
+if [ "$need_nats" = 1 ]; then
+  cat >&2 <<'MSG'
 nats-server is not installed. Install it, then run this again:
   Debian/Ubuntu:  sudo apt-get install -y nats-server
   elsewhere:      https://docs.nats.io/running-a-nats-service/introduction/installation
   or point NATS_SERVER_BIN at a nats-server binary (2.9 or newer).
 MSG
+fi
+if [ "$need_chromium" = 1 ]; then
+  cat >&2 <<'MSG'
+chromium is not installed at /usr/bin/chromium (the browser of the replay report test).
+Install it, then run this again:
+  Debian/Ubuntu:  sudo apt-get install -y chromium
+MSG
+fi
 exit 1

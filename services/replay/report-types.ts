@@ -1,0 +1,96 @@
+/**
+ * The result of `jetroute replay`: printed as the final JSON line and rendered as the HTML report.
+ * Plain data only (JSON-safe: no bigint, no Map), so the report can be re-rendered from the line.
+ */
+
+/** A latency distribution: fixed bucket edges (ms) and the count in each bucket. */
+export interface Histogram {
+  /** Upper edges of the buckets, ascending; the last bucket also takes everything above. */
+  edgesMs: number[];
+  counts: number[];
+  n: number;
+  p50Ms: number | null;
+  p99Ms: number | null;
+}
+
+export interface StrategySummary {
+  /** `recorded` for what the gateways really picked; else a strategy spec. */
+  name: string;
+  /** Decisions this strategy was evaluated on. */
+  decisions: number;
+  /** Prompt blocks the pick held (engine index, tier-weighted, as of the decision), summed. */
+  hitBlocks: number;
+  /** Prompt blocks queried (the recorded hashes), summed. */
+  queriedBlocks: number;
+  /** hitBlocks / queriedBlocks (0 when nothing was queried). */
+  hitRate: number;
+  /** Load spread: the busiest pod's in-flight requests over the mean, averaged over decisions (counterfactual ledger). */
+  meanSpread: number;
+  maxSpread: number;
+  /** Blocks lost against the best-matching candidate, averaged over decisions. */
+  meanRegretBlocks: number;
+}
+
+export interface TimelinePoint {
+  /** Start of the bucket (epoch ms). */
+  t: number;
+  /** Per strategy name: hit rate and mean load spread of the decisions in the bucket. */
+  strategies: Record<string, { hitRate: number; spread: number; decisions: number }>;
+}
+
+export interface RegretEntry {
+  requestId: string;
+  gateway: string;
+  /** Decision time (epoch ms). */
+  ts: number;
+  model: string;
+  strategy: string;
+  pick: string;
+  best: string;
+  regretBlocks: number;
+}
+
+export interface SimulationSummary {
+  strategy: string;
+  requests: number;
+  completed: number;
+  ttft: Histogram;
+  /** Engine prefix-cache hit rate (hit tokens / queried tokens) in the simulated fleet. */
+  hitRate: number;
+  /** Simulated span from the first arrival to the last completion (ms). */
+  makespanMs: number;
+}
+
+export interface ReplayReport {
+  report: "jetroute-replay";
+  version: 1;
+  generatedAt: string;
+  source: string;
+  window: { fromMs: number; toMs: number };
+  /** Counters of what was read and what could not be used, by reason. */
+  decisions: {
+    read: number;
+    evaluated: number;
+    rejected: number;
+    skipped: Record<string, number>;
+  };
+  events: { applied: number; skipped: Record<string, number> };
+  fidelity: {
+    evaluated: number;
+    reproduced: number;
+    /** reproduced / evaluated (1 when nothing was evaluated). */
+    ratio: number;
+    /** Picks not reproduced, by explained cause. */
+    residuals: Record<string, number>;
+  };
+  /** `recorded` first, then each counterfactual strategy in the order asked. */
+  strategies: StrategySummary[];
+  timeline: TimelinePoint[];
+  agreement: { strategies: string[]; matrix: number[][] };
+  topRegrets: RegretEntry[];
+  /** Recorded TTFT of the replayed requests (from their decision records). */
+  recordedTtft: Histogram;
+  simulation?: SimulationSummary[];
+  /** Human-readable warnings (purged history, other schema versions, ...). */
+  warnings: string[];
+}
