@@ -12,6 +12,7 @@ const Name = Type.String({ minLength: 1, maxLength: 253 });
 const Address = Type.String({ pattern: "^[^\\s:]+:[0-9]{1,5}$", description: "host:port" });
 const Millis = Type.Number({ minimum: 0, description: "epoch milliseconds" });
 const Count = Type.Integer({ minimum: 0 });
+const Hash = Type.String({ pattern: "^[0-9a-f]{1,64}$", description: "hash as lower-case hex (engine hashes: uint64 or digest bytes)" });
 const Nullable = <T extends TSchema>(t: T) => Type.Union([t, Type.Null()]);
 
 export const PodRole = Type.Union([Type.Literal("combined"), Type.Literal("prefill"), Type.Literal("decode")]);
@@ -168,10 +169,25 @@ export const GatewayHeartbeat = Type.Object(
   { $id: "heartbeat", additionalProperties: false },
 );
 
-/** DECISIONS stream: one record per routed (or rejected) request; the input of offline replay. */
+/** Most prompt blocks a decision record lists (the first ones): 512 x 16 tokens = 8,192 tokens. */
+export const DECISION_MAX_BLOCKS = 512;
+/** The decision record version this code writes (`v`); records without `v` are version 1. */
+export const DECISION_RECORD_VERSION = 2;
+
+const Cursor = Type.Integer({ minimum: 0 });
+
+/**
+ * DECISIONS stream: one record per routed (or rejected) request, published when the request ends;
+ * the input of offline replay. Version 2 records also carry what replay needs to re-decide the
+ * request on the views the gateway had: the charge id (its place among the gateway's own events),
+ * the cursor of every view, the replica's rank, the session hint and the prompt's block hashes.
+ * No prompt text is ever recorded.
+ */
 export const DecisionRecord = Type.Object(
   {
     type: Type.Literal("decision"),
+    /** Record version (absent = 1). */
+    v: Type.Optional(Type.Integer({ minimum: 1 })),
     id: Name,
     gateway: Name,
     model: Type.String(),
@@ -198,11 +214,43 @@ export const DecisionRecord = Type.Object(
     durationMs: Type.Optional(Type.Number({ minimum: 0 })),
     promptTokens: Type.Optional(Count),
     completionTokens: Type.Optional(Count),
+    /** The charge this request made (id unique per gateway process, increasing in routing order). */
+    charge: Type.Optional(Name),
+    /** The model profile that applied. */
+    profile: Type.Optional(Type.String({ maxLength: 256 })),
+    /** The profile's latency targets (slo* strategies). */
+    slo: Type.Optional(Type.Object({ ttftMs: Type.Optional(Type.Number()), tpotMs: Type.Optional(Type.Number()) }, { additionalProperties: false })),
+    maxTokens: Type.Optional(Count),
+    /** Prompt tokens as the strategy saw them at routing time (estimate, or the tokenizer's count). */
+    routedPromptTokens: Type.Optional(Count),
+    /** Session hint: the pod an `x-session-id` named, and the hash of `x-aibrix-session-key`. */
+    session: Type.Optional(Type.Object({ address: Type.Optional(Type.String({ maxLength: 128 })), keyHash: Type.Optional(Hash) }, { additionalProperties: false })),
+    /** The proxy's endpoint subset, when it restricted the candidates. */
+    subset: Type.Optional(Type.Array(Type.String({ maxLength: 300 }), { maxItems: 256 })),
+    /**
+     * The prompt's router block hashes (prefix strategies): block size, tokenizer mode, the first
+     * DECISION_MAX_BLOCKS hashes as big-endian uint64s packed and base64-encoded (8 bytes each;
+     * `jetroute replay` and `decodeBlockHashes` read them), and how many blocks the prompt had.
+     */
+    blocks: Type.Optional(
+      Type.Object(
+        {
+          size: Type.Integer({ minimum: 1 }),
+          mode: Type.Union([Type.Literal("precise"), Type.Literal("approximate")]),
+          hashes: Type.String({ maxLength: Math.ceil((DECISION_MAX_BLOCKS * 8) / 3) * 4, pattern: "^[A-Za-z0-9+/]*={0,2}$" }),
+          total: Count,
+        },
+        { additionalProperties: false },
+      ),
+    ),
+    /** Last sequence the gateway had applied, per view, when it decided. */
+    cursors: Type.Optional(Type.Object({ pods: Cursor, load: Cursor, charges: Cursor, kv: Cursor, config: Cursor }, { additionalProperties: false })),
+    /** The replica's place among the live gateways, when ties followed its tie order. */
+    rank: Type.Optional(Type.Object({ index: Count, count: Type.Integer({ minimum: 2 }) }, { additionalProperties: false })),
   },
   { $id: "decision", additionalProperties: false },
 );
 
-const Hash = Type.String({ pattern: "^[0-9a-f]{1,64}$", description: "hash as lower-case hex (engine hashes: uint64 or digest bytes)" });
 const Medium = Type.Union([Type.String(), Type.Null()], { description: "GPU, CPU, STORAGE (older FS/OBJ), SGLang CPU_PINNED/DISK/EXTERNAL; null = GPU" });
 
 /** One BlockStored, with the router's own chained hash of each block already computed by the bridge. */
@@ -278,6 +326,8 @@ export const KvRouted = Type.Object(
     hashes: Type.Array(Hash, { minItems: 1, maxItems: 65536 }),
     ts: Millis,
     ttlMs: Type.Integer({ minimum: 1 }),
+    /** The routing gateway's charge id for this request (orders it among that gateway's own events). */
+    charge: Type.Optional(Name),
   },
   { $id: "kv-routed", additionalProperties: false },
 );

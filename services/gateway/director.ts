@@ -7,7 +7,7 @@
  * recording the charge, so two requests in this replica can never both see a pod as idle.
  */
 import { randomUUID } from "node:crypto";
-import type { ChargeEvent, DecisionRecord, ReleaseEvent, ReleaseOutcome } from "../../schemas/events.js";
+import { type ChargeEvent, DECISION_MAX_BLOCKS, DECISION_RECORD_VERSION, type DecisionRecord, type ReleaseEvent, type ReleaseOutcome } from "../../schemas/events.js";
 import type { ChargeLedger } from "../views/charge-ledger.js";
 import type { LoadView } from "../views/load-view.js";
 import type { PodInfo, PodSet } from "../views/pod-set.js";
@@ -17,12 +17,14 @@ import { promptInputOf } from "../tokenizer/prompt-tokens.js";
 import type { UsageView } from "../views/usage-view.js";
 import type { ConfigReader } from "../views/model-config.js";
 import type { RateView } from "../views/rate-view.js";
-import type { GatewayState, OwnAdmission } from "../views/gateway-state.js";
+import type { GatewayState, OwnAdmission, StateStream } from "../views/gateway-state.js";
+import { encodeBlockHashes } from "../views/packed-hashes.js";
 import { findStrategy, isStrategySpecError, parseStrategy, strategyNames } from "./strategies/registry.js";
-import { type Pick, type PrefixMatchInfo, type Scored, type Strategy, type TieOrder, tieOrderOf } from "./strategies/types.js";
+import { routingRequestOf } from "./strategies/request.js";
+import type { Pick, RoutingRequest, Scored, SessionHint, Strategy } from "./strategies/types.js";
+import { decisionRandom, type PrefixMatchResult, type Rank, schedule } from "./stages/scheduling.js";
 
-/** How often every replica's tie order rotates (together). */
-const TIE_ROTATION_MS = 10_000;
+export type { PrefixMatchResult } from "./stages/scheduling.js";
 
 /** Longest `user` header accepted (the charge and decision schemas' bound). */
 export const MAX_USER_LENGTH = 256;
@@ -94,8 +96,22 @@ export interface RoutedRequest {
   readonly countedAt: number;
   /** The own admission the burst guard remembers for it (only where a limit applies). */
   readonly admission?: OwnAdmissionKey;
+  /** What the decision record keeps so replay can re-decide the request. */
+  readonly context: DecisionContext;
   firstChunkAt?: number;
   finished: boolean;
+}
+
+/** The inputs of a decision beyond the views, recorded for replay (schemas/events.ts, DecisionRecord v2). */
+export interface DecisionContext {
+  readonly cursors: Readonly<Record<StateStream, number>>;
+  readonly rank?: Rank;
+  readonly session?: SessionHint;
+  readonly subset?: readonly string[];
+  readonly blocks?: { readonly size: number; readonly mode: "precise" | "approximate"; readonly hashes: readonly bigint[] };
+  readonly profile?: string;
+  readonly slo?: { ttftMs?: number; tpotMs?: number };
+  readonly maxTokens?: number;
 }
 
 /** Which own-admission entries (rate-view.ts) a routed request holds. */
@@ -114,25 +130,21 @@ export interface Prepared {
   rps?: number;
 }
 
-export interface PrefixMatchResult {
-  info: PrefixMatchInfo;
-  /** The prompt's block hashes (recorded as a routed prefix for the chosen pod). */
-  hashes: bigint[];
-  /** Per candidate: blocks matched in the engine index and in the routed-prefix history. */
-  detail: Array<{ pod: string; indexBlocks: number; indexGpuBlocks: number; indexWeighted: number; routedBlocks: number }>;
-}
-
 /** What the director needs for prefix-aware routing (absent: prefix strategies fall back). */
 export interface PrefixSupport {
   tokenizer: { tokenize(model: string, input: ReturnType<typeof promptInputOf>, address: string | undefined): Promise<{ tokens: number[]; mode: string }> };
   match(model: string, candidates: readonly PodInfo[], tokens: readonly number[], now: number, tokenizerMode?: string): PrefixMatchResult;
-  recordRouted(pod: PodInfo, hashes: readonly bigint[], now: number): void;
+  recordRouted(pod: PodInfo, hashes: readonly bigint[], now: number, chargeId: string): void;
 }
 
 export interface Selection {
   requestId: string;
   now: number;
   pick: Pick;
+  /** The request as the strategy saw it. */
+  request: RoutingRequest;
+  /** The rank the tie order came from (only with 2 or more live replicas). */
+  rank?: Rank;
   prefixMatch?: PrefixMatchResult;
 }
 
@@ -288,49 +300,28 @@ export class Director {
    * too). `stagger: false` breaks ties with `random` alone, as /debug/explain does so that every
    * replica explains a request the same way.
    */
-  select(input: RouteInput, prepared: Prepared, random: () => number = this.random, stagger = true): Selection {
+  select(input: RouteInput, prepared: Prepared, random?: () => number, stagger = true, chargeId = ""): Selection {
     const { parsed, strategy } = prepared;
     const requestId = input.headers["x-request-id"] || randomUUID();
-    const { pods, load, ledger, usage } = this.views;
-    if (!pods.knows(parsed.model)) {
-      throw new RouteError("unknownModel", `The model \`${parsed.model}\` does not exist.`, "model");
-    }
-    let candidates = pods.readyPods(parsed.model);
-    if (candidates.length === 0) throw new RouteError("noReadyPod", `no ready pod serves model \`${parsed.model}\``);
-    if (input.subset) {
-      const allowed = new Set(input.subset);
-      candidates = candidates.filter((p) => allowed.has(p.address));
-      if (candidates.length === 0) throw new RouteError("noPodInSubset", `no ready pod of \`${parsed.model}\` is in the proxy's endpoint subset`);
-    }
     const now = this.now();
     const t0 = performance.now();
-    const prefixMatch = prepared.tokens && this.opts.prefix ? this.opts.prefix.match(parsed.model, candidates, prepared.tokens, now, prepared.tokenizerMode) : undefined;
-    const pick = strategy.pick({
-      request: { model: parsed.model, requestId, headers: input.headers, promptTokens: prepared.tokens?.length ?? parsed.promptTokens },
-      pods: candidates,
-      load,
-      ledger,
-      usage,
+    const rank = stagger ? this.views.ledger.rank(now) : undefined;
+    const prefix = this.opts.prefix;
+    const tokens = prepared.tokens;
+    const request = routingRequestOf(parsed.model, requestId, input.headers, tokens?.length ?? parsed.promptTokens);
+    const { pick, prefixMatch } = schedule({
+      views: this.views,
+      strategy,
+      request,
+      ...(input.subset ? { subset: input.subset } : {}),
       now,
-      random,
-      ...(stagger ? this.tieOrder(now) : {}),
-      ...(prefixMatch ? { prefix: prefixMatch.info } : {}),
+      random: random ?? decisionRandom(requestId, this.gatewayId, chargeId),
+      ...(rank && rank.count > 1 ? { rank } : {}),
+      ...(tokens && prefix ? { prefix: (candidates: readonly PodInfo[]) => prefix.match(parsed.model, candidates, tokens, now, prepared.tokenizerMode) } : {}),
       ...(prepared.slo ? { slo: prepared.slo } : {}),
     });
     this.opts.onPick?.(strategy.name, (performance.now() - t0) / 1000);
-    return { requestId, now, pick, prefixMatch };
-  }
-
-  /**
-   * This replica's tie order from its rank among the live gateways (TieOrder). All replicas
-   * rotate it together every 10 s, in golden-ratio steps (rarely enough that a burst seldom
-   * straddles a rotation). One gateway, or `consistency: off` (which follows no peers): no
-   * order, ties stay random.
-   */
-  private tieOrder(now: number): { tieOrder?: TieOrder } {
-    const { index, count } = this.views.ledger.rank(now);
-    const order = tieOrderOf(index, count, (Math.floor(now / TIE_ROTATION_MS) * 0.6180339887498949) % 1);
-    return order ? { tieOrder: order } : {};
+    return { requestId, now, pick, request, ...(rank && rank.count > 1 ? { rank } : {}), ...(prefixMatch ? { prefixMatch } : {}) };
   }
 
   /**
@@ -344,10 +335,14 @@ export class Director {
     // A request that was tokenized or held by a rate limit across a shutdown is not charged.
     if (this.closed) throw new RouteError("notReady", "gateway is shutting down");
     const user = input.headers.user || undefined;
-    const { requestId, now, pick, prefixMatch } = this.select(input, prepared);
-    const promptTokens = prepared.tokens?.length ?? parsed.promptTokens;
-    // Unique within this gateway process: the ledger keys charges by gateway id + charge id.
+    // Unique within this gateway process (the ledger keys charges by gateway id + charge id), and
+    // increasing in routing order: replay orders this gateway's own events by it.
     const chargeId = (++this.chargeSeq).toString(36);
+    // The views' cursors at the moment of the decision (before this request's own events).
+    const cursors = { ...this.opts.state.cursors };
+    const sel = this.select(input, prepared, undefined, true, chargeId);
+    const { requestId, now, pick, prefixMatch } = sel;
+    const promptTokens = prepared.tokens?.length ?? parsed.promptTokens;
     const charge: ChargeEvent = {
       type: "charge",
       id: chargeId,
@@ -372,7 +367,7 @@ export class Director {
     }
     this.opts.state.ownCharge(charge, now, { ...(opts.carry ? { counted: false } : admission ? { admission } : {}) });
     if (opts.publish !== false) this.opts.sink.charge(charge);
-    if (prefixMatch && prefixMatch.hashes.length > 0) this.opts.prefix?.recordRouted(pick.pod, prefixMatch.hashes, now);
+    if (prefixMatch && prefixMatch.hashes.length > 0) this.opts.prefix?.recordRouted(pick.pod, prefixMatch.hashes, now, chargeId);
     const routed: RoutedRequest = {
       chargeId,
       charge,
@@ -389,6 +384,18 @@ export class Director {
       promptTokens,
       countedAt,
       ...(admission ? { admission } : {}),
+      context: {
+        cursors,
+        ...(sel.rank ? { rank: sel.rank } : {}),
+        ...(sel.request.session ? { session: sel.request.session } : {}),
+        ...(input.subset ? { subset: input.subset } : {}),
+        ...(prefixMatch && prefixMatch.hashes.length > 0
+          ? { blocks: { size: prefixMatch.info.blockSize, mode: prepared.tokenizerMode === "approximate" ? "approximate" : "precise", hashes: prefixMatch.hashes } }
+          : {}),
+        ...(prepared.profile ? { profile: prepared.profile } : {}),
+        ...(prepared.slo ? { slo: prepared.slo } : {}),
+        ...(parsed.maxTokens !== undefined && Number.isSafeInteger(parsed.maxTokens) && parsed.maxTokens >= 0 ? { maxTokens: parsed.maxTokens } : {}),
+      },
       finished: false,
     };
     this.inFlight.set(chargeId, routed);
@@ -464,8 +471,10 @@ export class Director {
     };
     this.opts.state.ownRelease(release);
     this.opts.sink.release(release);
+    const c = r.context;
     this.opts.sink.decision({
       type: "decision",
+      v: DECISION_RECORD_VERSION,
       id: r.requestId,
       gateway: this.gatewayId,
       model: r.model,
@@ -485,6 +494,16 @@ export class Director {
       durationMs: now - r.startedAt,
       promptTokens: info.promptTokens ?? r.promptTokens,
       ...(info.completionTokens !== undefined ? { completionTokens: info.completionTokens } : {}),
+      charge: r.chargeId,
+      routedPromptTokens: r.promptTokens,
+      cursors: c.cursors,
+      ...(c.rank ? { rank: c.rank } : {}),
+      ...(c.session ? { session: c.session } : {}),
+      ...(c.subset ? { subset: c.subset.slice(0, 256) } : {}),
+      ...(c.blocks ? { blocks: { size: c.blocks.size, mode: c.blocks.mode, hashes: encodeBlockHashes(c.blocks.hashes, DECISION_MAX_BLOCKS), total: c.blocks.hashes.length } } : {}),
+      ...(c.profile ? { profile: c.profile } : {}),
+      ...(c.slo ? { slo: c.slo } : {}),
+      ...(c.maxTokens !== undefined ? { maxTokens: c.maxTokens } : {}),
     });
     return true;
   }
@@ -493,6 +512,7 @@ export class Director {
   reject(headers: Readonly<Record<string, string>>, model: string | undefined, err: RouteError): void {
     this.opts.sink.decision({
       type: "decision",
+      v: DECISION_RECORD_VERSION,
       // A rejected request's id may be the reason it was rejected: only a valid one is recorded.
       id: headers["x-request-id"] && headers["x-request-id"].length <= MAX_REQUEST_ID_LENGTH ? headers["x-request-id"] : randomUUID(),
       gateway: this.gatewayId,

@@ -9,7 +9,9 @@ import type { Outbox } from "../shared/publish.js";
 import { chainSeed, hashToHex, promptBlockHashes } from "../views/block-hash.js";
 import type { GatewayState } from "../views/gateway-state.js";
 import type { PodInfo } from "../views/pod-set.js";
-import type { PrefixMatchResult, PrefixSupport } from "./director.js";
+import type { PrefixSupport } from "./director.js";
+import { matchPrefix } from "./stages/prefix-match.js";
+import type { PrefixMatchResult } from "./stages/scheduling.js";
 import type { Tokenizer } from "./tokenization.js";
 
 export interface PrefixSupportOptions {
@@ -49,21 +51,10 @@ export function createPrefixSupport(o: PrefixSupportOptions): PrefixSupport {
       const blockSize = approximate ? 16 : (o.state.load.fresh(base, first.pod, now)?.blockSize ?? o.defaultBlockSize ?? 16);
       const seed = chainSeed(base, approximate ? `${lora ?? ""}${APPROX_LORA_TAG}` : lora, blockSize);
       const hashes = promptBlockHashes(tokens, seed, blockSize, maxBlocks);
-      const names = candidates.map((p) => p.pod);
-      const fromIndex = approximate ? undefined : o.state.index.longestMatch(base, hashes, names);
-      const fromRouted = o.state.routed.match(base, hashes, now, names, approximate ? Number.POSITIVE_INFINITY : (o.routedPreciseMaxAgeMs ?? 5_000));
-      const byPod = new Map<string, number>();
-      const detail = names.map((pod, i) => {
-        const indexBlocks = fromIndex?.blocks[i] ?? 0;
-        const indexWeighted = fromIndex?.weighted[i] ?? 0;
-        const routedBlocks = fromRouted.blocks.get(pod) ?? 0;
-        byPod.set(pod, Math.max(indexWeighted, routedBlocks));
-        return { pod, indexBlocks, indexGpuBlocks: fromIndex?.gpuBlocks[i] ?? 0, indexWeighted, routedBlocks };
-      });
-      return { info: { queried: hashes.length, blockSize, matched: (pod) => byPod.get(pod) ?? 0 }, hashes, detail };
+      return matchPrefix(o.state, candidates, hashes, blockSize, approximate, now, o.routedPreciseMaxAgeMs);
     },
-    recordRouted(pod, hashes, now) {
-      const ev: KvRouted = { type: "kv-routed", model: pod.model, pod: pod.pod, gateway: o.gatewayId, hashes: hashes.map(hashToHex), ts: now, ttlMs: ttl };
+    recordRouted(pod, hashes, now, chargeId) {
+      const ev: KvRouted = { type: "kv-routed", model: pod.model, pod: pod.pod, gateway: o.gatewayId, hashes: hashes.map(hashToHex), ts: now, ttlMs: ttl, charge: chargeId };
       o.state.ownRouted(ev, hashes);
       o.outbox.fire(o.subjects.kv(pod.model, pod.pod), ev);
     },

@@ -8,7 +8,7 @@ const pod = (name: string): PodInfo => ({ model: "m", pod: name, address: `${nam
 
 function ctx(inFlight: Record<string, number | undefined>, matched: Record<string, number | undefined> | undefined, queried = 10, random = () => 0): RoutingContext {
   return {
-    request: { model: "m", requestId: "r", headers: {}, promptTokens: queried * 16 },
+    request: { model: "m", requestId: "r", promptTokens: queried * 16 },
     pods: Object.keys(inFlight).map(pod),
     now: 0,
     random,

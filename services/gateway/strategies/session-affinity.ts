@@ -4,7 +4,8 @@
  * 1. `x-session-id` (base64 of the pod's `ip:port`, as this strategy hands out) names a candidate:
  *    that pod.
  * 2. Else `x-aibrix-session-key` (1..256 characters): rendezvous (highest random weight) hashing
- *    of the key over the candidates, so every replica maps a key to the same pod, and adding or
+ *    of the key's hash over the candidates (the hash is what decision records keep, so replay maps
+ *    a session exactly as the gateway did), so every replica maps a key to the same pod, and adding or
  *    removing a pod moves only the keys that land on / lived on it (~1/n of them).
  * 3. Else (no header, unknown or no-longer-ready pod): least-request.
  *
@@ -17,7 +18,7 @@
 import { xxh64 } from "@node-rs/xxhash";
 import type { PodInfo } from "../../views/pod-set.js";
 import { scorerStrategy } from "./combine.js";
-import type { RoutingContext, Scorer } from "./types.js";
+import type { RoutingContext, Scorer, SessionHint } from "./types.js";
 
 export const SESSION_ID_HEADER = "x-session-id";
 export const SESSION_KEY_HEADER = "x-aibrix-session-key";
@@ -31,6 +32,16 @@ export const encodeSessionId = (address: string): string => Buffer.from(address,
 export function decodeSessionId(id: string): string | undefined {
   if (!id || id.length > MAX_SESSION_ID || !/^[A-Za-z0-9+/_-]+={0,2}$/.test(id)) return undefined;
   return Buffer.from(id, "base64").toString("utf8");
+}
+
+/** The session hint of a request's headers (invalid or oversized values are ignored). */
+export function sessionHintOf(headers: Readonly<Record<string, string>>): SessionHint | undefined {
+  const id = headers[SESSION_ID_HEADER];
+  const address = id ? decodeSessionId(id) : undefined;
+  const key = headers[SESSION_KEY_HEADER];
+  const keyHash = key && key.length <= MAX_SESSION_KEY ? xxh64(key).toString(16) : undefined;
+  if (address === undefined && keyHash === undefined) return undefined;
+  return { ...(address !== undefined ? { address } : {}), ...(keyHash !== undefined ? { keyHash } : {}) };
 }
 
 /** Rendezvous hashing: the candidate with the highest hash of (key, address). */
@@ -50,14 +61,12 @@ export function rendezvous(key: string, pods: readonly PodInfo[]): number {
 
 /** Index of the session's pod among the candidates, or -1. */
 export function sessionTarget(ctx: RoutingContext): number {
-  const id = ctx.request.headers[SESSION_ID_HEADER];
-  const address = id ? decodeSessionId(id) : undefined;
-  if (address !== undefined) {
-    const i = ctx.pods.findIndex((p) => p.address === address);
+  const s = ctx.request.session;
+  if (s?.address !== undefined) {
+    const i = ctx.pods.findIndex((p) => p.address === s.address);
     if (i >= 0) return i;
   }
-  const key = ctx.request.headers[SESSION_KEY_HEADER];
-  if (key && key.length <= MAX_SESSION_KEY) return rendezvous(key, ctx.pods);
+  if (s?.keyHash !== undefined) return rendezvous(s.keyHash, ctx.pods);
   return -1;
 }
 

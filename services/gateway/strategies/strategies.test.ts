@@ -15,7 +15,7 @@ const load = (waiting: number) => sample({ waiting });
 function ctx(inFlight: Record<string, number | undefined>, waiting: Record<string, number | undefined> = {}, random = () => 0): RoutingContext {
   const pods = Object.keys(inFlight).map(pod);
   return {
-    request: { model: "m", requestId: "r", headers: {}, promptTokens: 10 },
+    request: { model: "m", requestId: "r", promptTokens: 10 },
     pods,
     now: 1000,
     random,

@@ -7,6 +7,7 @@ import type { Outstanding } from "../../views/charge-ledger.js";
 import { LoadView } from "../../views/load-view.js";
 import type { PodInfo } from "../../views/pod-set.js";
 import type { UsageReader } from "../../views/usage-view.js";
+import { routingRequestOf } from "./request.js";
 import type { RoutingContext, SloTargets } from "./types.js";
 
 export const NOW = 100_000;
@@ -89,7 +90,7 @@ export function ctxOf(spec: CtxSpec): RoutingContext {
     else load.apply({ type: "load", model: "m", pod: p, ts: now - 10, stale: false, load: l });
   }
   return {
-    request: { model: "m", requestId: "r", headers: spec.headers ?? {}, promptTokens: spec.promptTokens ?? 100 },
+    request: routingRequestOf("m", "r", spec.headers ?? {}, spec.promptTokens ?? 100),
     pods: spec.pods.map(pod),
     now,
     random: spec.random ?? (() => 0),

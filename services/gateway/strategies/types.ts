@@ -14,10 +14,22 @@ import type { UsageReader } from "../../views/usage-view.js";
 export interface RoutingRequest {
   readonly model: string;
   readonly requestId: string;
-  /** Lower-cased request headers (`user`, `x-session-id`, `x-aibrix-session-key` are read here). */
-  readonly headers: Readonly<Record<string, string>>;
   /** Rough prompt size in tokens (exact when a tokenizer ran). */
   readonly promptTokens: number;
+  /** The requesting user (header `user`, or the API key's user), for fairness. */
+  readonly user?: string;
+  /** What the client said about its session (session-affinity), already decoded and hashed. */
+  readonly session?: SessionHint;
+}
+
+/**
+ * A request's session, as strategies may use it: the pod address an `x-session-id` names, and a
+ * hash of `x-aibrix-session-key` (the key itself never reaches a strategy or a decision record).
+ * Everything here is what a decision record keeps, so replay can hand strategies the same.
+ */
+export interface SessionHint {
+  readonly address?: string;
+  readonly keyHash?: string;
 }
 
 /** A model's latency targets, for the slo* strategies. Absent fields are not targeted. */

@@ -35,7 +35,7 @@ export function ringPlace(tokens: number, bucket: number, n: number): number {
 }
 
 function vtcScores(ctx: RoutingContext): (number | undefined)[] {
-  const user = ctx.request.headers[USER_HEADER];
+  const user = ctx.request.user;
   if (!user || !ctx.usage) return ctx.pods.map(() => undefined);
   const b = ctx.usage.bounds(ctx.now);
   const bucket = Math.max(MIN_BUCKET, b.users > 0 ? (b.min + b.max) / 2 : (MIN_BUCKET + DEFAULT_MAX) / 2);
