@@ -243,6 +243,8 @@ export const DecisionRecord = Type.Object(
         { additionalProperties: false },
       ),
     ),
+    /** How the charge was shared, when not `eventual`. */
+    consistency: Type.Optional(Type.Union([Type.Literal("strict"), Type.Literal("off")])),
     /** Last sequence the gateway had applied, per view, when it decided. */
     cursors: Type.Optional(Type.Object({ pods: Cursor, load: Cursor, charges: Cursor, kv: Cursor, config: Cursor }, { additionalProperties: false })),
     /** The replica's place among the live gateways, when ties followed its tie order. */

@@ -66,6 +66,14 @@ export interface DirectorOptions {
   config?: ConfigReader;
   /** Observes how long each pick took (seconds). */
   onPick?: (strategy: string, seconds: number) => void;
+  /**
+   * Tokenize and hash every prompt for its decision record, also under strategies that do not
+   * need it (after routing, off its path), so replay can ask "what would prefix-cache have hit".
+   * Default true; with `remote` tokenization it costs an engine /tokenize call per uncached prompt.
+   */
+  recordPromptBlocks?: boolean;
+  /** `off`: this replica counts only its own charges (recorded in decision records). */
+  consistency?: "eventual" | "strict" | "off";
 }
 
 export interface RouteInput {
@@ -98,6 +106,8 @@ export interface RoutedRequest {
   readonly admission?: OwnAdmissionKey;
   /** What the decision record keeps so replay can re-decide the request. */
   readonly context: DecisionContext;
+  /** The prompt's blocks, computed after routing for a strategy that did not need them (recorded for counterfactuals). */
+  recordedBlocks?: PromptBlocks;
   firstChunkAt?: number;
   finished: boolean;
 }
@@ -112,6 +122,7 @@ export interface DecisionContext {
   readonly profile?: string;
   readonly slo?: { ttftMs?: number; tpotMs?: number };
   readonly maxTokens?: number;
+  readonly consistency?: "strict" | "off";
 }
 
 /** Which own-admission entries (rate-view.ts) a routed request holds. */
@@ -135,6 +146,14 @@ export interface PrefixSupport {
   tokenizer: { tokenize(model: string, input: ReturnType<typeof promptInputOf>, address: string | undefined): Promise<{ tokens: number[]; mode: string }> };
   match(model: string, candidates: readonly PodInfo[], tokens: readonly number[], now: number, tokenizerMode?: string): PrefixMatchResult;
   recordRouted(pod: PodInfo, hashes: readonly bigint[], now: number, chargeId: string): void;
+  /** The prompt's block hashes for `pod` (decision records of strategies that do not match prefixes). */
+  blocks(model: string, pod: PodInfo, tokens: readonly number[], now: number, tokenizerMode: string | undefined): PromptBlocks;
+}
+
+export interface PromptBlocks {
+  readonly size: number;
+  readonly mode: "precise" | "approximate";
+  readonly hashes: bigint[];
 }
 
 export interface Selection {
@@ -393,12 +412,23 @@ export class Director {
           ? { blocks: { size: prefixMatch.info.blockSize, mode: prepared.tokenizerMode === "approximate" ? "approximate" : "precise", hashes: prefixMatch.hashes } }
           : {}),
         ...(prepared.profile ? { profile: prepared.profile } : {}),
+        ...(opts.publish === false ? { consistency: "strict" as const } : this.opts.consistency === "off" ? { consistency: "off" as const } : {}),
         ...(prepared.slo ? { slo: prepared.slo } : {}),
         ...(parsed.maxTokens !== undefined && Number.isSafeInteger(parsed.maxTokens) && parsed.maxTokens >= 0 ? { maxTokens: parsed.maxTokens } : {}),
       },
       finished: false,
     };
     this.inFlight.set(chargeId, routed);
+    const prefix = this.opts.prefix;
+    if (!routed.context.blocks && prefix && this.opts.recordPromptBlocks !== false) {
+      const pod = pick.pod;
+      prefix.tokenizer.tokenize(parsed.model, promptInputOf(parsed.body), pod.address).then(
+        (t) => {
+          if (!routed.finished) routed.recordedBlocks = prefix.blocks(parsed.model, pod, t.tokens, now, t.mode);
+        },
+        () => undefined,
+      );
+    }
     return routed;
   }
 
@@ -472,6 +502,7 @@ export class Director {
     this.opts.state.ownRelease(release);
     this.opts.sink.release(release);
     const c = r.context;
+    const blocks = c.blocks ?? (r.recordedBlocks && r.recordedBlocks.hashes.length > 0 ? r.recordedBlocks : undefined);
     this.opts.sink.decision({
       type: "decision",
       v: DECISION_RECORD_VERSION,
@@ -500,10 +531,11 @@ export class Director {
       ...(c.rank ? { rank: c.rank } : {}),
       ...(c.session ? { session: c.session } : {}),
       ...(c.subset ? { subset: c.subset.slice(0, 256) } : {}),
-      ...(c.blocks ? { blocks: { size: c.blocks.size, mode: c.blocks.mode, hashes: encodeBlockHashes(c.blocks.hashes, DECISION_MAX_BLOCKS), total: c.blocks.hashes.length } } : {}),
+      ...(blocks ? { blocks: { size: blocks.size, mode: blocks.mode, hashes: encodeBlockHashes(blocks.hashes, DECISION_MAX_BLOCKS), total: blocks.hashes.length } } : {}),
       ...(c.profile ? { profile: c.profile } : {}),
       ...(c.slo ? { slo: c.slo } : {}),
       ...(c.maxTokens !== undefined ? { maxTokens: c.maxTokens } : {}),
+      ...(c.consistency ? { consistency: c.consistency } : {}),
     });
     return true;
   }

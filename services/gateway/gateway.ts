@@ -221,7 +221,7 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
   const configWatch = await watchModelConfigs(nats.nc, configBucketName(prefix), state, log);
   const authMode: AuthMode = o.auth ?? "off";
   const prefixSupport = createPrefixSupport({ gatewayId: id, state, tokenizer, subjects, outbox });
-  const director = new Director({ gatewayId: id, defaultStrategy: o.defaultStrategy ?? "least-request", chargeTtlMs, state, sink, prefix: prefixSupport, config: modelConfigs, onPick: (st, sec) => metrics.pick(st, sec) });
+  const director = new Director({ gatewayId: id, defaultStrategy: o.defaultStrategy ?? "least-request", chargeTtlMs, state, sink, prefix: prefixSupport, config: modelConfigs, consistency: o.consistency, onPick: (st, sec) => metrics.pick(st, sec) });
   // Strict commits are chosen per model (its config's `consistency`, else `--consistency`), so the
   // committer exists whenever charges are shared; `off` follows no peer and has nothing to commit against.
   const defaultConsistency = o.consistency ?? "eventual";

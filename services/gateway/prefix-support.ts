@@ -9,7 +9,7 @@ import type { Outbox } from "../shared/publish.js";
 import { chainSeed, hashToHex, promptBlockHashes } from "../views/block-hash.js";
 import type { GatewayState } from "../views/gateway-state.js";
 import type { PodInfo } from "../views/pod-set.js";
-import type { PrefixSupport } from "./director.js";
+import type { PrefixSupport, PromptBlocks } from "./director.js";
 import { matchPrefix } from "./stages/prefix-match.js";
 import type { PrefixMatchResult } from "./stages/scheduling.js";
 import type { Tokenizer } from "./tokenization.js";
@@ -40,19 +40,23 @@ const APPROX_LORA_TAG = "\u0000approximate";
 export function createPrefixSupport(o: PrefixSupportOptions): PrefixSupport {
   const ttl = o.routedTtlMs ?? 120_000;
   const maxBlocks = o.maxBlocks ?? 8_192;
+  /** The prompt's router block hashes as `pod`'s engine would key them. */
+  const blocks = (model: string, pod: PodInfo, tokens: readonly number[], now: number, tokenizerMode: string | undefined): PromptBlocks => {
+    const base = pod.model;
+    // A request for a LoRA adapter names the adapter; its blocks are keyed by base model + adapter.
+    const lora = model !== base ? model : null;
+    const approximate = tokenizerMode === "approximate";
+    const size = approximate ? 16 : (o.state.load.fresh(base, pod.pod, now)?.blockSize ?? o.defaultBlockSize ?? 16);
+    const seed = chainSeed(base, approximate ? `${lora ?? ""}${APPROX_LORA_TAG}` : lora, size);
+    return { size, mode: approximate ? "approximate" : "precise", hashes: promptBlockHashes(tokens, seed, size, maxBlocks) };
+  };
   return {
     tokenizer: o.tokenizer,
     match(model, candidates, tokens, now, tokenizerMode): PrefixMatchResult {
-      const first = candidates[0] as PodInfo;
-      const base = first.model;
-      // A request for a LoRA adapter names the adapter; its blocks are keyed by base model + adapter.
-      const lora = model !== base ? model : null;
-      const approximate = tokenizerMode === "approximate";
-      const blockSize = approximate ? 16 : (o.state.load.fresh(base, first.pod, now)?.blockSize ?? o.defaultBlockSize ?? 16);
-      const seed = chainSeed(base, approximate ? `${lora ?? ""}${APPROX_LORA_TAG}` : lora, blockSize);
-      const hashes = promptBlockHashes(tokens, seed, blockSize, maxBlocks);
-      return matchPrefix(o.state, candidates, hashes, blockSize, approximate, now, o.routedPreciseMaxAgeMs);
+      const b = blocks(model, candidates[0] as PodInfo, tokens, now, tokenizerMode);
+      return matchPrefix(o.state, candidates, b.hashes, b.size, b.mode === "approximate", now, o.routedPreciseMaxAgeMs);
     },
+    blocks,
     recordRouted(pod, hashes, now, chargeId) {
       const ev: KvRouted = { type: "kv-routed", model: pod.model, pod: pod.pod, gateway: o.gatewayId, hashes: hashes.map(hashToHex), ts: now, ttlMs: ttl, charge: chargeId };
       o.state.ownRouted(ev, hashes);

@@ -140,3 +140,27 @@ describe("GatewayState - one fold", () => {
     expect(s.configRejected).toBe(2);
   });
 });
+
+describe("GatewayState - cloneAs", () => {
+  it("a clone continues exactly like the original, and changes to one never reach the other", () => {
+    const msgs = history(7, 3_000);
+    const half = msgs.slice(0, 1_500);
+    const rest = msgs.slice(1_500);
+    const original = fold(half);
+    const clone = original.cloneAs("self");
+    for (const s of [original, clone]) {
+      for (const m of rest) {
+        if ("ev" in m) s.apply(m.ev, m.meta);
+        else if ("own" in m) m.own(s);
+        else s.sweep(m.sweep);
+      }
+    }
+    const now = T0 + 1_000_000;
+    expect(JSON.stringify(clone.snapshot(now))).toBe(JSON.stringify(original.snapshot(now)));
+    expect(JSON.stringify(clone.snapshot(now))).toBe(JSON.stringify(fold(msgs).snapshot(now)));
+    clone.apply({ type: "pod", action: "remove", model: M, pod: "p0", address: "10.0.0.0:8000", ready: false, engine: "vllm", ts: T0 }, { stream: "pods", subject: "x", seq: 10_000, serverTs: T0 });
+    expect(original.pods.get(M, "p0")).toBeDefined();
+    expect(clone.pods.get(M, "p0")).toBeUndefined();
+    expect(clone.cloneAs("other").ledger.self).toBe("other");
+  });
+});

@@ -326,6 +326,33 @@ export class GatewayState {
   }
 
   /**
+   * A deep copy of this fold that belongs to gateway `self` (replay starts a gateway that appears
+   * mid-window from the fold of everything before it). Every view is plain data (Maps, arrays,
+   * typed arrays), so a structured clone with the classes' prototypes restored is exact.
+   */
+  cloneAs(self: string | undefined): GatewayState {
+    const copy = <T extends object>(x: T): T => Object.assign(Object.create(Object.getPrototypeOf(x)) as T, structuredClone({ ...x }));
+    const c = Object.assign(Object.create(GatewayState.prototype) as GatewayState, {
+      self,
+      shareCharges: this.shareCharges,
+      pods: copy(this.pods),
+      load: copy(this.load),
+      ledger: Object.assign(copy(this.ledger), { self }),
+      usage: copy(this.usage),
+      rates: copy(this.rates),
+      routed: copy(this.routed),
+      configs: copy(this.configs),
+      apiKeys: copy(this.apiKeys),
+      prefixIndex: copy(this.prefixIndex),
+      prefixIndexOptions: this.prefixIndexOptions,
+      cursors: { ...this.cursors },
+      configRejected: this.configRejected,
+      configRevisions: new Map(this.configRevisions),
+    });
+    return c;
+  }
+
+  /**
    * A canonical description of the whole state, for comparing two folds: equal for two instances
    * fed the same messages (and own events, and sweeps). The prefix index enters as the SHA-256 of
    * its serialized form.
