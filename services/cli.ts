@@ -11,6 +11,7 @@ import { registerGatewayCommand } from "./gateway/command.js";
 import { registerKvBridgeCommand } from "./kv-bridge/command.js";
 import { registerMetricsScraperCommand } from "./metrics-scraper/command.js";
 import { registerPodWatcherCommand } from "./pod-watcher/command.js";
+import { registerReplayCommands } from "./replay/command.js";
 import { registerSimCommand } from "./sim/command.js";
 
 const program = new Command("jetroute")
@@ -26,6 +27,7 @@ registerKvBridgeCommand(program);
 registerGatewayCommand(program);
 registerFrontCommand(program);
 registerDemoCommand(program);
+registerReplayCommands(program);
 
 try {
   await program.parseAsync(process.argv);

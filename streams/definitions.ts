@@ -76,10 +76,12 @@ export function streamDefinitions(opts: StreamOptions = {}): StreamDefinition[] 
       max_msgs_per_subject: 5,
       max_age: 30 * 24 * HOUR_NS,
     }),
-    def("LOAD", "engine load samples; only the newest few per pod matter", {
+    // Gateways read only the newest sample per pod (last per subject); the history is kept for
+    // `jetroute replay`, which rebuilds the load view as of each decision.
+    def("LOAD", "engine load samples; gateways read the newest per pod, replay the last 10 minutes", {
       subjects: [s.all("load")],
-      max_msgs_per_subject: 3,
       max_age: 10 * MINUTE_NS,
+      max_bytes: 1024 * MiB,
     }),
     def("KV", "KV cache block events per pod; snapshots cover anything older", {
       subjects: [s.all("kv")],

@@ -68,7 +68,7 @@ describe("streams apply - against nats-server 2.9", () => {
     const third = await applyStreams(h.nc, h.jsm, { prefix: "jr" });
     const load = third.find((c) => c.name === name);
     expect(load?.action).toBe("updated");
-    expect(load?.diff).toEqual(["max_msgs_per_subject: 99 -> 3"]);
+    expect(load?.diff).toEqual(["max_msgs_per_subject: 99 -> -1"]);
   });
 
   it("routes every family's subject into its stream", async () => {

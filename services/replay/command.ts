@@ -1,0 +1,196 @@
+/**
+ * `jetroute replay` (offline routing analysis) and `jetroute export` (a window of the streams to a
+ * file, for replay elsewhere). The work is in engine.ts (pure) and whatif.ts (pure); this shell
+ * reads the source, draws a progress bar on stderr, writes the HTML report and prints the final
+ * JSON line on stdout.
+ */
+import { type Command, InvalidArgumentError } from "commander";
+import { SingleBar } from "cli-progress";
+import { streamName } from "../../streams/definitions.js";
+import { intOption, natsOption } from "../shared/cli-options.js";
+import { connectNats, type NatsHandles } from "../shared/nats.js";
+import { parseStrategy } from "../gateway/strategies/registry.js";
+import { type ReplayMessage, ReplayEngine } from "./engine.js";
+import { writeReportHtml } from "./report-html.js";
+import type { ReplayReport } from "./report-types.js";
+import { EXPORT_FORMAT, EXPORT_VERSION, fileSource, type MessageSource, natsSource, writeExport } from "./sources.js";
+import { simulateWhatIf } from "./whatif.js";
+import { parseWindowBound, type WindowBound } from "./window.js";
+
+function strategiesOption(v: string): string[] {
+  // Specs are separated by spaces or `;` (a combination has commas of its own: "prefix-cache:2,least-request:1").
+  const specs = v.includes(";") || v.includes(" ") ? v.split(/[;\s]+/).filter(Boolean) : v.split(",").filter(Boolean);
+  for (const s of specs) {
+    try {
+      parseStrategy(s);
+    } catch (err) {
+      throw new InvalidArgumentError((err as Error).message);
+    }
+  }
+  return specs;
+}
+
+async function resolveBound(b: WindowBound, nats: NatsHandles | undefined, prefix: string): Promise<number> {
+  if (b.kind === "time") return b.ms;
+  if (!nats) throw new Error("seq:<n> bounds need a NATS source (an export file is bounded by time)");
+  const name = streamName(prefix, "DECISIONS");
+  try {
+    const m = await nats.jsm.streams.getMessage(name, { seq: b.seq });
+    if (!m) throw new Error("no such message");
+    return m.time.getTime();
+  } catch (err) {
+    throw new Error(`DECISIONS sequence ${b.seq} cannot be read from ${name}: ${(err as Error).message} (purged by retention?)`);
+  }
+}
+
+function progressBar(label: string, total: number | undefined): { tick(n?: number): void; stop(): void } {
+  const bar = new SingleBar({
+    format: `${label} [{bar}] {percentage}% | {value}/{total} messages | {eta_formatted} left`,
+    stream: process.stderr,
+    hideCursor: true,
+    noTTYOutput: true,
+    notTTYSchedule: 5_000,
+    etaBuffer: 200,
+  });
+  bar.start(Math.max(1, total ?? 1), 0);
+  let n = 0;
+  return {
+    tick(k = 1) {
+      n += k;
+      if ((n & 1023) === 0) bar.update(n, total === undefined ? { total: n } : {});
+    },
+    stop() {
+      bar.update(n);
+      bar.stop();
+    },
+  };
+}
+
+/** The final JSON line: everything but the per-bucket timeline. */
+export function summaryLine(r: ReplayReport, reportPath: string | undefined): Record<string, unknown> {
+  return {
+    replay: "done",
+    window: { from: new Date(r.window.fromMs).toISOString(), to: new Date(r.window.toMs).toISOString() },
+    decisions: r.decisions,
+    events: r.events,
+    fidelity: r.fidelity,
+    strategies: r.strategies.map((s) => ({ name: s.name, decisions: s.decisions, hitRate: Number(s.hitRate.toFixed(4)), meanSpread: Number(s.meanSpread.toFixed(3)), maxSpread: Number(s.maxSpread.toFixed(3)), meanRegretBlocks: Number(s.meanRegretBlocks.toFixed(3)) })),
+    agreement: r.agreement,
+    topRegrets: r.topRegrets.slice(0, 5),
+    ...(r.simulation ? { simulation: r.simulation.map((s) => ({ strategy: s.strategy, requests: s.requests, completed: s.completed, ttftP50Ms: s.ttft.p50Ms, ttftP99Ms: s.ttft.p99Ms, hitRate: Number(s.hitRate.toFixed(4)) })) } : {}),
+    warnings: r.warnings,
+    ...(reportPath ? { report: reportPath } : {}),
+  };
+}
+
+export interface ReplayRunOptions {
+  source: MessageSource;
+  fromMs: number;
+  toMs: number;
+  strategies: string[];
+  simulate?: string[];
+  reorderMs?: number;
+  prefixMaxEntries?: number;
+  simulateMax?: number;
+  progress?: boolean;
+}
+
+/** Runs a replay over a source; returns the report. */
+export async function runReplay(o: ReplayRunOptions): Promise<ReplayReport> {
+  const engine = new ReplayEngine({
+    fromMs: o.fromMs,
+    toMs: o.toMs,
+    strategies: o.strategies,
+    ...(o.reorderMs !== undefined ? { reorderMs: o.reorderMs } : {}),
+    state: { prefixIndex: { maxEntries: o.prefixMaxEntries ?? 4_000_000 } },
+    source: o.source.describe,
+    traceLimit: o.simulate?.length ? (o.simulateMax ?? 200_000) : 0,
+  });
+  const bar = o.progress ? progressBar("replay", o.source.total) : undefined;
+  for await (const m of o.source.messages) {
+    engine.offer(m as ReplayMessage);
+    bar?.tick();
+  }
+  bar?.stop();
+  const report = engine.finish(new Date().toISOString());
+  if (o.simulate?.length) {
+    report.simulation = o.simulate.map((strategy) => simulateWhatIf(engine.trace, { strategy, podsPerModel: engine.fleet }));
+  }
+  return report;
+}
+
+export function registerReplayCommands(program: Command): void {
+  program
+    .command("replay")
+    .description("re-decide a window of recorded requests on the views their gateways had: fidelity, counterfactual strategies, what-if simulation, HTML report")
+    .addOption(natsOption())
+    .option("--prefix <prefix>", "subject prefix", "jr")
+    .option("--file <path>", "read an export written by `jetroute export` instead of NATS")
+    .option("--from <when>", "window start: ISO time, epoch ms, now, -15m, or seq:<DECISIONS sequence>", "-15m")
+    .option("--to <when>", "window end (same forms)", "now")
+    .option("--strategies <specs>", "counterfactual strategies (comma separated; separate combinations with ';')", strategiesOption, ["least-request", "prefix-cache", "random"])
+    .option("--simulate [specs]", "also re-send the recorded arrivals to a simulated fleet of the recorded size under these strategies (default: --strategies)")
+    .option("--simulate-max <n>", "most requests kept for the simulation", intOption(1), 200_000)
+    .option("--reorder-ms <ms>", "how long a decision may wait for an earlier one of its gateway (stream time)", intOption(0), 60_000)
+    .option("--prefix-max-entries <n>", "prefix index bound, as the gateways ran", intOption(1), 4_000_000)
+    .option("--report <path>", "where to write the HTML report", "replay-report.html")
+    .option("--no-progress", "no progress bar on stderr")
+    .action(async (o) => {
+      const now = Date.now();
+      const from = parseWindowBound(o.from, now);
+      const to = parseWindowBound(o.to, now);
+      let nats: NatsHandles | undefined;
+      try {
+        let source: MessageSource;
+        let fromMs: number;
+        let toMs: number;
+        if (o.file) {
+          const f = await fileSource(o.file);
+          // An export is bounded by its own window unless told otherwise.
+          fromMs = o.from === "-15m" ? f.header.window.fromMs : await resolveBound(from, undefined, o.prefix);
+          toMs = o.to === "now" ? f.header.window.toMs : await resolveBound(to, undefined, o.prefix);
+          source = f;
+        } else {
+          nats = await connectNats(o.nats, "jetroute-replay");
+          fromMs = await resolveBound(from, nats, o.prefix);
+          toMs = await resolveBound(to, nats, o.prefix);
+          if (toMs < fromMs) throw new Error(`--to (${new Date(toMs).toISOString()}) is before --from (${new Date(fromMs).toISOString()})`);
+          source = await natsSource(nats, o.prefix, { fromMs, toMs, tailMs: o.reorderMs });
+        }
+        const simulate = o.simulate === undefined ? undefined : o.simulate === true ? o.strategies : strategiesOption(String(o.simulate));
+        const report = await runReplay({ source, fromMs, toMs, strategies: o.strategies, simulate, reorderMs: o.reorderMs, prefixMaxEntries: o.prefixMaxEntries, simulateMax: o.simulateMax, progress: o.progress !== false });
+        writeReportHtml(o.report, report);
+        console.log(JSON.stringify(summaryLine(report, o.report)));
+      } finally {
+        await nats?.nc.close();
+      }
+    });
+
+  program
+    .command("export")
+    .description("write a window of every stream replay reads (merged, gzip JSON lines) to a file")
+    .addOption(natsOption())
+    .option("--prefix <prefix>", "subject prefix", "jr")
+    .option("--from <when>", "window start (as for replay)", "-15m")
+    .option("--to <when>", "window end (as for replay)", "now")
+    .option("--tail-ms <ms>", "also export this long after --to (decisions arrive when requests end)", intOption(0), 60_000)
+    .requiredOption("--out <path>", "output file (gzip; .jsonl.gz)")
+    .option("--no-progress", "no progress bar on stderr")
+    .action(async (o) => {
+      const now = Date.now();
+      const nats = await connectNats(o.nats, "jetroute-export");
+      try {
+        const fromMs = await resolveBound(parseWindowBound(o.from, now), nats, o.prefix);
+        const toMs = await resolveBound(parseWindowBound(o.to, now), nats, o.prefix);
+        if (toMs < fromMs) throw new Error(`--to is before --from`);
+        const source = await natsSource(nats, o.prefix, { fromMs, toMs, tailMs: o.tailMs });
+        const bar = o.progress !== false ? progressBar("export", source.total) : undefined;
+        const streams = await writeExport(o.out, { format: EXPORT_FORMAT, version: EXPORT_VERSION, prefix: o.prefix, window: { fromMs, toMs }, createdAt: new Date().toISOString() }, source.messages, () => bar?.tick());
+        bar?.stop();
+        console.log(JSON.stringify({ export: o.out, window: { from: new Date(fromMs).toISOString(), to: new Date(toMs).toISOString() }, streams }));
+      } finally {
+        await nats.nc.close();
+      }
+    });
+}
+

@@ -1,0 +1,751 @@
+/**
+ * The replay engine: re-decides recorded requests on the views their gateway had. Pure: it is fed
+ * messages (from NATS or an export file, merged in server-time order by the shell) and returns a
+ * report; no I/O, no clock.
+ *
+ * Per recorded gateway G it keeps a GatewayState of its own (the same fold the gateway runs) and,
+ * for each of G's decisions, advances that fold to exactly what G had applied: every stream up to
+ * the decision's cursors (other gateways' events; G's echoes are ignored, as live), plus G's own
+ * events made before this decision — its charges and releases before the decision's charge on
+ * CHARGES, its routed prefixes with smaller charge ids on KV, the first tokens it had seen (from
+ * its other decision records). Then it runs the scheduling stage with the recorded inputs:
+ * - fidelity: the recorded strategy must pick the recorded pod (tie-breaks are seeded by request
+ *   id, gateway and charge id; the tie order by the recorded rank);
+ * - counterfactuals: each `--strategies` entry picks on the same views, except that its load is a
+ *   ledger of its own picks (each charged at the decision time and released after the recorded
+ *   duration), as if the whole fleet had used it; prefix hits and regret come from the index as
+ *   of the decision.
+ *
+ * Decision records are published when a request ends, so they arrive out of routing order. A
+ * decision is evaluated once every earlier charge of its gateway has its decision (or has been
+ * released without one for `lostDecisionMs`, or is older than `reorderMs`): memory holds the
+ * messages between the slowest gateway's fold and the read head, bounded by those windows.
+ */
+import { checkEvent } from "../../schemas/validate.js";
+import { DECISION_RECORD_VERSION, type DecisionRecord, type EventType } from "../../schemas/events.js";
+import { ChargeLedger } from "../views/charge-ledger.js";
+import { GatewayState, type GatewayStateOptions, STATE_STREAMS, type StateEvent, type StateStream } from "../views/gateway-state.js";
+import { hexToHash } from "../views/block-hash.js";
+import { decodeBlockHashes } from "../views/packed-hashes.js";
+import type { PodInfo } from "../views/pod-set.js";
+import { RouteError } from "../gateway/errors.js";
+import { matchPrefix } from "../gateway/stages/prefix-match.js";
+import { decisionRandom, type PrefixMatchResult, type SchedulingViews, schedule } from "../gateway/stages/scheduling.js";
+import { parseStrategy } from "../gateway/strategies/registry.js";
+import type { RoutingRequest, Strategy } from "../gateway/strategies/types.js";
+import type { RegretEntry, ReplayReport, StrategySummary, TimelinePoint } from "./report-types.js";
+import { type TraceRequest, ttftHistogram } from "./whatif.js";
+
+export type ReplayStream = StateStream | "decisions";
+
+/** One message as a source delivers it. `data` is the payload (parsed JSON, or the raw text when it was not JSON). */
+export interface ReplayMessage {
+  stream: ReplayStream;
+  subject: string;
+  seq: number;
+  /** Server timestamp (ms). */
+  serverTs: number;
+  /** Parsed JSON payload; for the config stream, a config entry (see services/views/gateway-state.ts). */
+  data: unknown;
+  /** Set when the payload was not JSON. */
+  invalid?: string;
+}
+
+export interface ReplayOptions {
+  /** Decisions routed in [fromMs, toMs] are evaluated. */
+  fromMs: number;
+  toMs: number;
+  /** Counterfactual strategy specs. */
+  strategies: readonly string[];
+  /** How long a decision may wait for an earlier one of its gateway (stream time). Default 60 s. */
+  reorderMs?: number;
+  /** A charge released this long ago (stream time) without its decision arriving: the decision is lost. Default 2 s. */
+  lostDecisionMs?: number;
+  /** The folds' bounds (as the gateways were run). */
+  state?: Omit<GatewayStateOptions, "self">;
+  /** Timeline buckets over the window. Default 60. */
+  timelineBuckets?: number;
+  /** Top regrets listed. Default 20. */
+  topRegrets?: number;
+  /** Keep the arrival trace of evaluated decisions (for the what-if simulation), up to this many. Default 0. */
+  traceLimit?: number;
+  source?: string;
+}
+
+interface Buffered {
+  seq: number;
+  serverTs: number;
+  subject: string;
+  ev?: StateEvent;
+  /** The gateway that published it (charges, releases, heartbeats, routed prefixes). */
+  gateway?: string;
+  /** Charge sequence (numeric charge id) for charges and routed prefixes. */
+  chargeSeq?: number;
+}
+
+/** A FIFO with absolute positions, compacted as it is consumed. */
+class Log {
+  private items: Buffered[] = [];
+  /** Absolute position of items[0]. */
+  base = 0;
+  get end(): number {
+    return this.base + this.items.length;
+  }
+  push(b: Buffered): number {
+    this.items.push(b);
+    return this.end - 1;
+  }
+  at(pos: number): Buffered | undefined {
+    return this.items[pos - this.base];
+  }
+  /** Drops everything before `pos`. */
+  trim(pos: number): void {
+    const n = Math.min(pos - this.base, this.items.length);
+    if (n <= 0) return;
+    if (n > 4096 || n * 2 > this.items.length) {
+      this.items = this.items.slice(n);
+      this.base += n;
+    }
+  }
+  get size(): number {
+    return this.items.length;
+  }
+}
+
+interface Pending {
+  d: DecisionRecord;
+  chargeSeq: number;
+  arrivedAt: number;
+}
+
+interface Replica {
+  id: string;
+  state: GatewayState;
+  /** Next position to apply per stream (others' events). */
+  heads: Record<StateStream, number>;
+  /** Positions of this gateway's own messages on CHARGES and KV, in order, and how far they are applied. */
+  own: { charges: number[]; kv: number[]; chargesNext: number; kvNext: number };
+  pending: Pending[];
+  /** Own charges seen on CHARGES without their decision: charge seq -> when seen / released. */
+  awaiting: Map<number, { seenTs: number; releasedTs?: number }>;
+  /** First-token times of own requests (from their decision records), by charge id. */
+  firstToken: Map<string, number>;
+  /** Own charges applied and not yet decoding. */
+  undecoded: Set<string>;
+  lastEvaluated: number;
+  nextSweep: number;
+}
+
+const chargeSeqOf = (id: string | undefined): number | undefined => {
+  if (id === undefined || !/^[0-9a-z]{1,11}$/.test(id)) return undefined;
+  return Number.parseInt(id, 36);
+};
+
+const TYPES: Record<StateStream, readonly EventType[]> = {
+  pods: ["pod"],
+  load: ["load"],
+  charges: ["charge", "release", "heartbeat"],
+  kv: ["kv", "kv-cleared", "kv-routed"],
+  config: [],
+};
+
+interface Arm {
+  name: string;
+  strategy?: Strategy;
+  ledger: ChargeLedger;
+  summary: StrategySummary;
+  spreadSum: number;
+  regretSum: number;
+}
+
+/** A counterfactual ledger's release heap entry. */
+interface Release {
+  at: number;
+  arm: number;
+  gateway: string;
+  id: string;
+}
+
+export class ReplayEngine {
+  private readonly o: Required<Pick<ReplayOptions, "reorderMs" | "lostDecisionMs" | "timelineBuckets" | "topRegrets">> & ReplayOptions;
+  private readonly logs: Record<StateStream, Log> = { pods: new Log(), load: new Log(), charges: new Log(), kv: new Log(), config: new Log() };
+  private readonly lastSeq: Record<ReplayStream, number> = { pods: 0, load: 0, charges: 0, kv: 0, config: 0, decisions: 0 };
+  /** First sequence delivered per stream: a decision whose view predates it cannot be rebuilt. */
+  private readonly firstSeq: Record<ReplayStream, number> = { pods: 0, load: 0, charges: 0, kv: 0, config: 0, decisions: 0 };
+  /** Per stream, how far the base fold has applied the buffer (absolute position). */
+  private readonly baseApplied: Record<StateStream, number> = { pods: 0, load: 0, charges: 0, kv: 0, config: 0 };
+  /** The fold of everything before the buffers: where a gateway that appears later starts. */
+  private readonly base: GatewayState;
+  private readonly replicas = new Map<string, Replica>();
+  private watermark = 0;
+  private readonly arms: Arm[];
+  private readonly releases: Release[] = [];
+  private readonly agreement: number[][];
+  private readonly timeline = new Map<number, Map<string, { hit: number; queried: number; spread: number; n: number }>>();
+  private readonly regrets: RegretEntry[] = [];
+  private readonly ttft: number[] = [];
+  private readonly counts = {
+    read: 0,
+    evaluated: 0,
+    rejected: 0,
+    skipped: {} as Record<string, number>,
+    eventsApplied: 0,
+    eventsSkipped: {} as Record<string, number>,
+    reproduced: 0,
+    residuals: {} as Record<string, number>,
+  };
+  private readonly warnings = new Set<string>();
+  /** Arrival trace for the what-if simulation, and the largest fleet seen per model. */
+  readonly trace: TraceRequest[] = [];
+  readonly fleet: Record<string, number> = {};
+
+  constructor(opts: ReplayOptions) {
+    this.o = { reorderMs: 60_000, lostDecisionMs: 2_000, timelineBuckets: 60, topRegrets: 20, ...opts };
+    this.base = new GatewayState({ ...opts.state });
+    const names = ["recorded", ...opts.strategies];
+    this.arms = names.map((name, i) => ({
+      name,
+      // Validated here: an unknown strategy fails before any work (a StrategySpecError naming it).
+      ...(i === 0 ? {} : { strategy: parseStrategy(name) }),
+      ledger: new ChargeLedger({ maxCharges: 10_000_000, heartbeatTimeoutMs: Number.POSITIVE_INFINITY }),
+      summary: { name, decisions: 0, hitBlocks: 0, queriedBlocks: 0, hitRate: 0, meanSpread: 0, maxSpread: 0, meanRegretBlocks: 0 },
+      spreadSum: 0,
+      regretSum: 0,
+    }));
+    this.agreement = names.map(() => names.map(() => 0));
+  }
+
+  private skip(bucket: Record<string, number>, why: string): void {
+    bucket[why] = (bucket[why] ?? 0) + 1;
+  }
+
+  /** Feeds one message; messages must come in server-time order across streams (per stream: in sequence order). */
+  offer(m: ReplayMessage): void {
+    if (m.serverTs > this.watermark) this.watermark = m.serverTs;
+    const prev = this.lastSeq[m.stream];
+    if (m.seq <= prev) {
+      this.skip(this.counts.eventsSkipped, "duplicate");
+      return;
+    }
+    if (this.firstSeq[m.stream] === 0) {
+      this.firstSeq[m.stream] = m.seq;
+      if (m.stream === "kv" && m.seq > 1) this.warnings.add(`KV history starts at sequence ${m.seq} (older messages were purged): blocks stored before it are missing from the rebuilt prefix index`);
+    }
+    if (prev > 0 && m.seq > prev + 1) {
+      // Messages missing from the stream: purged, deleted, or lost between export and now.
+      this.counts.eventsSkipped.missing = (this.counts.eventsSkipped.missing ?? 0) + (m.seq - prev - 1);
+      this.warnings.add(`${m.stream}: ${m.seq - prev - 1} message(s) missing before sequence ${m.seq} (purged or deleted); views may differ from the gateways'`);
+    }
+    this.lastSeq[m.stream] = m.seq;
+    if (m.stream === "decisions") {
+      this.offerDecision(m);
+      return;
+    }
+    const b: Buffered = { seq: m.seq, serverTs: m.serverTs, subject: m.subject };
+    if (m.invalid) this.skip(this.counts.eventsSkipped, "invalid");
+    else if (m.stream === "config") {
+      b.ev = m.data as StateEvent;
+    } else {
+      const d = checkEventOf(m.data, TYPES[m.stream]);
+      if (d.ok) {
+        b.ev = d.event as StateEvent;
+        const g = (d.event as { gateway?: unknown }).gateway;
+        const ev = b.ev;
+        if (typeof g === "string" && (ev.type === "charge" || ev.type === "release" || ev.type === "heartbeat" || ev.type === "kv-routed")) {
+          b.gateway = g;
+          if (ev.type === "charge") b.chargeSeq = chargeSeqOf(ev.id);
+          if (ev.type === "kv-routed") b.chargeSeq = chargeSeqOf(ev.charge);
+        }
+      } else this.skip(this.counts.eventsSkipped, "invalid");
+    }
+    const pos = this.logs[m.stream].push(b);
+    if (b.gateway !== undefined) {
+      const r = this.replicaOf(b.gateway);
+      if (m.stream === "charges") {
+        r.own.charges.push(pos);
+        const ev = b.ev;
+        if (ev?.type === "charge" && b.chargeSeq !== undefined && b.chargeSeq > r.lastEvaluated) r.awaiting.set(b.chargeSeq, { seenTs: m.serverTs });
+        if (ev?.type === "release") {
+          const a = r.awaiting.get(chargeSeqOf(ev.id) ?? -1);
+          if (a) a.releasedTs = m.serverTs;
+        }
+      } else if (m.stream === "kv") r.own.kv.push(pos);
+    }
+    this.pump();
+  }
+
+  private offerDecision(m: ReplayMessage): void {
+    if (m.invalid) {
+      this.skip(this.counts.skipped, "invalid");
+      return;
+    }
+    const raw = m.data as { type?: unknown; v?: unknown } | null;
+    if (raw?.type !== "decision") {
+      this.skip(this.counts.skipped, "not-a-decision");
+      return;
+    }
+    if (typeof raw.v !== "number" || raw.v < DECISION_RECORD_VERSION) {
+      this.warnings.add(`decision records of version ${typeof raw.v === "number" ? raw.v : 1} cannot be replayed (no view cursors); this build reads version ${DECISION_RECORD_VERSION}`);
+      this.skip(this.counts.skipped, "other-version");
+      return;
+    }
+    if (raw.v > DECISION_RECORD_VERSION) {
+      this.warnings.add(`decision records of version ${raw.v} are newer than this build (${DECISION_RECORD_VERSION}); upgrade jetroute to replay them`);
+      this.skip(this.counts.skipped, "other-version");
+      return;
+    }
+    const c = checkEvent("decision", raw);
+    if (!c.ok) {
+      this.skip(this.counts.skipped, "invalid");
+      return;
+    }
+    const d = c.event;
+    if (d.ts < this.o.fromMs || d.ts > this.o.toMs) {
+      this.skip(this.counts.skipped, "outside-window");
+      return;
+    }
+    this.counts.read++;
+    if (d.pick === null || d.outcome === "rejected") {
+      this.counts.rejected++;
+      return;
+    }
+    if (d.ttftMs !== undefined) this.ttft.push(d.ttftMs);
+    const cs = chargeSeqOf(d.charge);
+    if (cs === undefined || !d.cursors) {
+      this.skip(this.counts.skipped, "no-cursors");
+      return;
+    }
+    const r = this.replicaOf(d.gateway);
+    if (d.ttftMs !== undefined && d.charge) r.firstToken.set(d.charge, d.ts + d.ttftMs);
+    r.awaiting.delete(cs);
+    if (cs <= r.lastEvaluated) {
+      // Its gateway's fold has moved past this decision's place (it arrived after `reorderMs`).
+      this.skip(this.counts.skipped, "late");
+      return;
+    }
+    insertSorted(r.pending, { d, chargeSeq: cs, arrivedAt: m.serverTs });
+    this.pump();
+  }
+
+  private replicaOf(id: string): Replica {
+    let r = this.replicas.get(id);
+    if (r) return r;
+    // A gateway seen for the first time starts from the fold of everything already dropped from the buffers.
+    const heads = {} as Record<StateStream, number>;
+    for (const s of STATE_STREAMS) heads[s] = this.baseApplied[s];
+    r = {
+      id,
+      state: this.base.cloneAs(id),
+      heads,
+      own: { charges: [], kv: [], chargesNext: 0, kvNext: 0 },
+      pending: [],
+      awaiting: new Map(),
+      firstToken: new Map(),
+      undecoded: new Set(),
+      lastEvaluated: 0,
+      nextSweep: 0,
+    };
+    this.replicas.set(id, r);
+    return r;
+  }
+
+  /** Evaluates every decision that is ready, then drops what every fold has passed. */
+  private pump(): void {
+    for (const r of this.replicas.values()) {
+      while (r.pending.length > 0) {
+        const p = r.pending[0] as Pending;
+        if (!this.ready(r, p)) break;
+        r.pending.shift();
+        this.evaluate(r, p.d, p.chargeSeq);
+      }
+    }
+    this.trim();
+  }
+
+  private ready(r: Replica, p: Pending): boolean {
+    for (const [seq, a] of r.awaiting) {
+      if (seq >= p.chargeSeq) continue;
+      const lost = a.releasedTs !== undefined && this.watermark - a.releasedTs >= this.o.lostDecisionMs;
+      const tooOld = this.watermark - a.seenTs >= this.o.reorderMs;
+      if (lost || tooOld) {
+        r.awaiting.delete(seq);
+        this.skip(this.counts.skipped, lost ? "decision-lost" : "waited-too-long");
+        continue;
+      }
+      return false;
+    }
+    return true;
+  }
+
+  /**
+   * Moves the base fold up to what every replica has passed (keeping the last `reorderMs` for a
+   * gateway not seen yet) and lets the buffers drop it.
+   */
+  private trim(): void {
+    for (const s of STATE_STREAMS) {
+      const log = this.logs[s];
+      let keep = log.end;
+      for (const r of this.replicas.values()) keep = Math.min(keep, r.heads[s]);
+      while (keep > this.baseApplied[s]) {
+        const b = log.at(keep - 1);
+        if (!b || this.watermark - b.serverTs > this.o.reorderMs) break;
+        keep--;
+      }
+      for (let pos = this.baseApplied[s]; pos < keep; pos++) this.applyTo(this.base, s, log.at(pos) as Buffered, undefined, false);
+      if (keep > this.baseApplied[s]) this.baseApplied[s] = keep;
+      log.trim(this.baseApplied[s]);
+    }
+  }
+
+  private applyTo(state: GatewayState, stream: StateStream, b: Buffered, self: string | undefined, count = true): void {
+    if (!b.ev) {
+      state.skip({ stream, subject: b.subject, seq: b.seq, serverTs: b.serverTs });
+      return;
+    }
+    if (self !== undefined && b.gateway === self) {
+      state.skip({ stream, subject: b.subject, seq: b.seq, serverTs: b.serverTs });
+      return;
+    }
+    state.apply(b.ev, { stream, subject: b.subject, seq: b.seq, serverTs: b.serverTs });
+    if (count) this.counts.eventsApplied++;
+  }
+
+  /** Applies others' messages of `stream` up to stream sequence `cursor`; true when the fold was already past it. */
+  private advanceToSeq(r: Replica, stream: StateStream, cursor: number): boolean {
+    const log = this.logs[stream];
+    while (r.heads[stream] < log.end) {
+      const b = log.at(r.heads[stream]) as Buffered;
+      if (b.seq > cursor) break;
+      this.applyTo(r.state, stream, b, r.id);
+      r.heads[stream]++;
+    }
+    const prev = log.at(r.heads[stream] - 1);
+    return prev !== undefined && prev.seq > cursor;
+  }
+
+  /** Applies the replica's own events made before its charge number `chargeSeq`. */
+  private applyOwn(r: Replica, chargeSeq: number): void {
+    const charges = this.logs.charges;
+    while (r.own.chargesNext < r.own.charges.length) {
+      const pos = r.own.charges[r.own.chargesNext] as number;
+      const b = charges.at(pos);
+      if (!b) {
+        r.own.chargesNext++;
+        continue;
+      }
+      const ev = b.ev;
+      if (ev?.type === "charge") {
+        if ((b.chargeSeq ?? Number.POSITIVE_INFINITY) >= chargeSeq) break;
+        r.state.ownCharge(ev, ev.ts);
+        r.undecoded.add(ev.id);
+      } else if (ev?.type === "release") {
+        r.state.ownRelease(ev);
+        r.undecoded.delete(ev.id);
+      }
+      r.own.chargesNext++;
+    }
+    const kv = this.logs.kv;
+    while (r.own.kvNext < r.own.kv.length) {
+      const b = kv.at(r.own.kv[r.own.kvNext] as number);
+      if (b?.ev?.type === "kv-routed") {
+        if (b.chargeSeq !== undefined && b.chargeSeq >= chargeSeq) break;
+        r.state.ownRouted(b.ev, b.ev.hashes.map(hexToHash));
+      }
+      r.own.kvNext++;
+    }
+    // Compact the own-position lists now and then.
+    if (r.own.chargesNext > 4096) {
+      r.own.charges = r.own.charges.slice(r.own.chargesNext);
+      r.own.chargesNext = 0;
+    }
+    if (r.own.kvNext > 4096) {
+      r.own.kv = r.own.kv.slice(r.own.kvNext);
+      r.own.kvNext = 0;
+    }
+  }
+
+  private evaluate(r: Replica, d: DecisionRecord, chargeSeq: number): void {
+    r.lastEvaluated = chargeSeq;
+    const cursors = d.cursors as NonNullable<DecisionRecord["cursors"]>;
+    const purged = STATE_STREAMS.find((s) => this.firstSeq[s] > 1 && cursors[s] > 0 && cursors[s] < this.firstSeq[s] - 1);
+    if (purged) {
+      this.warnings.add(`some decisions saw ${purged} messages older than the first one available (sequence ${this.firstSeq[purged]}: purged by retention, or before the read window); they were skipped`);
+      this.skip(this.counts.skipped, "history-purged");
+      return;
+    }
+    let ahead = false;
+    for (const s of STATE_STREAMS) if (this.advanceToSeq(r, s, cursors[s])) ahead = true;
+    this.applyOwn(r, chargeSeq);
+    for (const id of r.undecoded) {
+      const ft = r.firstToken.get(id);
+      if (ft !== undefined && ft <= d.ts) {
+        r.state.ownFirstToken(id);
+        r.undecoded.delete(id);
+        r.firstToken.delete(id);
+      }
+    }
+    if (d.ts >= r.nextSweep) {
+      r.state.sweep(d.ts, { routed: true });
+      r.nextSweep = d.ts + 250;
+    }
+    this.releaseArms(d.ts);
+    this.counts.evaluated++;
+
+    const request: RoutingRequest = {
+      model: d.model,
+      requestId: d.id,
+      promptTokens: d.routedPromptTokens ?? d.promptTokens ?? 0,
+      ...(d.user ? { user: d.user } : {}),
+      ...(d.session ? { session: d.session } : {}),
+    };
+    const hashes = d.blocks ? safeDecode(d.blocks.hashes) : undefined;
+    let match: PrefixMatchResult | undefined;
+    let matchedFor: readonly PodInfo[] | undefined;
+    const prefix = hashes && d.blocks
+      ? (cands: readonly PodInfo[]) => {
+          if (matchedFor !== cands) {
+            match = matchPrefix(r.state, cands, hashes, (d.blocks as { size: number }).size, d.blocks?.mode === "approximate", d.ts);
+            matchedFor = cands;
+          }
+          return match;
+        }
+      : undefined;
+    const base: Omit<Parameters<typeof schedule>[0], "views" | "strategy" | "random"> = {
+      request,
+      ...(d.subset ? { subset: d.subset } : {}),
+      now: d.ts,
+      ...(d.slo ? { slo: d.slo } : {}),
+    };
+    const random = () => decisionRandom(d.id, d.gateway, d.charge as string);
+    const views: SchedulingViews = r.state;
+    // Fidelity: the recorded strategy on the recorded views.
+    let recordedPrefixUse = false;
+    try {
+      const recorded = parseStrategy(d.strategy);
+      recordedPrefixUse = recorded.name.includes("prefix-cache");
+      const s = schedule({ ...base, views, strategy: recorded, random: random(), ...(d.rank ? { rank: d.rank } : {}), ...(recordedPrefixUse && prefix ? { prefix } : {}) });
+      if (s.pick.pod.pod === d.pick) this.counts.reproduced++;
+      else this.skip(this.counts.residuals, this.residualOf(d, ahead));
+    } catch (err) {
+      this.skip(this.counts.residuals, err instanceof RouteError ? `no-candidates (${err.code})` : "strategy-error");
+    }
+    // Counterfactuals, and the recorded picks charged to a ledger of their own for comparison.
+    let candidates: readonly PodInfo[] | undefined;
+    try {
+      candidates = r.state.pods.readyPods(d.model);
+    } catch {
+      candidates = undefined;
+    }
+    if (candidates) this.fleet[d.model] = Math.max(this.fleet[d.model] ?? 0, candidates.length);
+    if (this.trace.length < (this.o.traceLimit ?? 0)) {
+      if (this.trace.length + 1 === this.o.traceLimit) this.warnings.add(`the what-if trace is limited to ${this.o.traceLimit} requests (--simulate-max)`);
+      this.trace.push({
+        requestId: d.id,
+        ts: d.ts,
+        model: d.model,
+        blockSize: d.blocks?.size ?? 16,
+        hashes: hashes && d.blocks?.mode === "precise" ? hashes.map((h) => h.toString(16)) : [],
+        promptTokens: d.routedPromptTokens ?? d.promptTokens ?? 0,
+        outputTokens: d.completionTokens ?? d.maxTokens ?? 64,
+      });
+    }
+    const picks: string[] = [];
+    const m = prefix && candidates && candidates.length > 0 ? prefix(candidates) : undefined;
+    const best = m ? Math.max(0, ...m.detail.map((x) => m.info.matched(x.pod))) : 0;
+    this.arms.forEach((arm, i) => {
+      let pod: string | undefined;
+      if (i === 0) pod = d.pick ?? undefined;
+      else {
+        try {
+          pod = schedule({ ...base, views: { pods: r.state.pods, load: r.state.load, ledger: arm.ledger, usage: r.state.usage }, strategy: arm.strategy as Strategy, random: random(), ...(prefix ? { prefix } : {}) }).pick.pod.pod;
+        } catch {
+          pod = undefined;
+        }
+      }
+      picks.push(pod ?? "");
+      if (pod === undefined) return;
+      this.chargeArm(i, arm, d, pod);
+      const spread = spreadOf(arm.ledger, candidates ?? []);
+      const hit = m ? m.info.matched(pod) : 0;
+      const queried = m ? m.info.queried : 0;
+      const regret = m ? best - hit : 0;
+      arm.summary.decisions++;
+      arm.summary.hitBlocks += hit;
+      arm.summary.queriedBlocks += queried;
+      arm.spreadSum += spread;
+      arm.regretSum += regret;
+      if (spread > arm.summary.maxSpread) arm.summary.maxSpread = spread;
+      this.bucket(d.ts, arm.name, hit, queried, spread);
+      if (regret > 0 && m) this.noteRegret({ requestId: d.id, gateway: d.gateway, ts: d.ts, model: d.model, strategy: arm.name, pick: pod, best: m.detail.reduce((a, x) => (m.info.matched(x.pod) > m.info.matched(a) ? x.pod : a), pod), regretBlocks: regret });
+    });
+    for (let a = 0; a < picks.length; a++) for (let b = 0; b < picks.length; b++) if (picks[a] !== "" && picks[a] === picks[b]) (this.agreement[a] as number[])[b] = ((this.agreement[a] as number[])[b] ?? 0) + 1;
+  }
+
+  private residualOf(d: DecisionRecord, ahead: boolean): string {
+    if (d.consistency === "strict") return "strict-mode race";
+    if (d.consistency === "off") return "consistency off";
+    if (ahead) return "view moved on (late decision)";
+    if (d.blocks && d.strategy.includes("prefix-cache") && d.blocks.total > (safeDecode(d.blocks.hashes)?.length ?? 0)) return "prompt blocks truncated in the record";
+    if (d.strategy.includes("vtc-basic")) return "vtc-basic usage bounds (time-cached)";
+    if (d.strategy.includes("token-load") || d.strategy.includes("throughput")) return "first-token timing";
+    return "unexplained";
+  }
+
+  private chargeArm(i: number, arm: Arm, d: DecisionRecord, pod: string): void {
+    const id = `${d.charge}`;
+    arm.ledger.charge({ type: "charge", id, gateway: d.gateway, model: d.model, pod, ts: d.ts, ttlMs: 3_600_000, promptTokens: d.routedPromptTokens ?? d.promptTokens ?? 0 }, d.ts);
+    heapPush(this.releases, { at: d.ts + Math.max(1, d.durationMs ?? 1), arm: i, gateway: d.gateway, id });
+  }
+
+  private releaseArms(now: number): void {
+    while (this.releases.length > 0 && (this.releases[0] as Release).at <= now) {
+      const r = heapPop(this.releases) as Release;
+      this.arms[r.arm]?.ledger.release({ gateway: r.gateway, id: r.id });
+    }
+  }
+
+  private bucket(ts: number, name: string, hit: number, queried: number, spread: number): void {
+    const width = Math.max(1, Math.ceil((this.o.toMs - this.o.fromMs + 1) / this.o.timelineBuckets));
+    const t = this.o.fromMs + Math.floor((ts - this.o.fromMs) / width) * width;
+    let per = this.timeline.get(t);
+    if (!per) this.timeline.set(t, (per = new Map()));
+    let e = per.get(name);
+    if (!e) per.set(name, (e = { hit: 0, queried: 0, spread: 0, n: 0 }));
+    e.hit += hit;
+    e.queried += queried;
+    e.spread += spread;
+    e.n++;
+  }
+
+  private noteRegret(e: RegretEntry): void {
+    this.regrets.push(e);
+    if (this.regrets.length > this.o.topRegrets * 4) {
+      this.regrets.sort((a, b) => b.regretBlocks - a.regretBlocks);
+      this.regrets.length = this.o.topRegrets;
+    }
+  }
+
+  /** Decisions waiting for an earlier one (for progress displays). */
+  get waiting(): number {
+    let n = 0;
+    for (const r of this.replicas.values()) n += r.pending.length;
+    return n;
+  }
+
+  /** Messages held in the buffers (bounded by the reorder window). */
+  get buffered(): number {
+    let n = 0;
+    for (const s of STATE_STREAMS) n += this.logs[s].size;
+    return n;
+  }
+
+  /** Ends the input: every decision still waiting is evaluated, and the report is built. */
+  finish(generatedAt: string): ReplayReport {
+    this.watermark = Number.POSITIVE_INFINITY;
+    this.pump();
+    for (const r of this.replicas.values()) {
+      for (const p of r.pending.splice(0)) this.evaluate(r, p.d, p.chargeSeq);
+    }
+    const strategies = this.arms.map((a) => ({
+      ...a.summary,
+      hitRate: a.summary.queriedBlocks > 0 ? a.summary.hitBlocks / a.summary.queriedBlocks : 0,
+      meanSpread: a.summary.decisions > 0 ? a.spreadSum / a.summary.decisions : 0,
+      meanRegretBlocks: a.summary.decisions > 0 ? a.regretSum / a.summary.decisions : 0,
+    }));
+    const names = this.arms.map((a) => a.name);
+    const timeline: TimelinePoint[] = [...this.timeline.entries()]
+      .sort((a, b) => a[0] - b[0])
+      .map(([t, per]) => ({
+        t,
+        strategies: Object.fromEntries([...per.entries()].map(([n, e]) => [n, { hitRate: e.queried > 0 ? e.hit / e.queried : 0, spread: e.n > 0 ? e.spread / e.n : 0, decisions: e.n }])),
+      }));
+    const diag = this.agreement.map((row, i) => row[i] ?? 0);
+    const matrix = this.agreement.map((row, i) => row.map((v) => ((diag[i] ?? 0) > 0 ? v / (diag[i] as number) : 0)));
+    const evaluated = this.counts.evaluated;
+    const fidelityEvaluated = this.counts.reproduced + Object.values(this.counts.residuals).reduce((a, b) => a + b, 0);
+    return {
+      report: "jetroute-replay",
+      version: 1,
+      generatedAt,
+      source: this.o.source ?? "",
+      window: { fromMs: this.o.fromMs, toMs: this.o.toMs },
+      decisions: { read: this.counts.read, evaluated, rejected: this.counts.rejected, skipped: this.counts.skipped },
+      events: { applied: this.counts.eventsApplied, skipped: this.counts.eventsSkipped },
+      fidelity: { evaluated: fidelityEvaluated, reproduced: this.counts.reproduced, ratio: fidelityEvaluated > 0 ? this.counts.reproduced / fidelityEvaluated : 1, residuals: this.counts.residuals },
+      strategies,
+      timeline,
+      agreement: { strategies: names, matrix },
+      topRegrets: [...this.regrets].sort((a, b) => b.regretBlocks - a.regretBlocks).slice(0, this.o.topRegrets),
+      recordedTtft: ttftHistogram(this.ttft),
+      warnings: [...this.warnings],
+    };
+  }
+}
+
+function checkEventOf(data: unknown, types: readonly EventType[]) {
+  const type = (data as { type?: unknown } | null)?.type;
+  if (typeof type !== "string" || !(types as readonly string[]).includes(type)) return { ok: false as const, reason: `unexpected event type ${JSON.stringify(type)}` };
+  return checkEvent(type as EventType, data);
+}
+
+function safeDecode(b64: string): bigint[] | undefined {
+  try {
+    return decodeBlockHashes(b64);
+  } catch {
+    return undefined;
+  }
+}
+
+/** The busiest candidate's requests in flight over the mean (1 when nothing is in flight). */
+function spreadOf(ledger: ChargeLedger, candidates: readonly PodInfo[]): number {
+  if (candidates.length === 0) return 1;
+  let max = 0;
+  let sum = 0;
+  for (const p of candidates) {
+    const n = ledger.outstanding(p.model, p.pod).requests;
+    sum += n;
+    if (n > max) max = n;
+  }
+  return sum > 0 ? max / (sum / candidates.length) : 1;
+}
+
+function insertSorted(list: Pending[], p: Pending): void {
+  let i = list.length;
+  while (i > 0 && (list[i - 1] as Pending).chargeSeq > p.chargeSeq) i--;
+  list.splice(i, 0, p);
+}
+
+function heapPush(h: Release[], x: Release): void {
+  h.push(x);
+  let i = h.length - 1;
+  while (i > 0) {
+    const p = (i - 1) >> 1;
+    if ((h[p] as Release).at <= x.at) break;
+    h[i] = h[p] as Release;
+    i = p;
+  }
+  h[i] = x;
+}
+
+function heapPop(h: Release[]): Release | undefined {
+  const top = h[0];
+  const last = h.pop();
+  if (h.length === 0 || last === undefined) return top;
+  let i = 0;
+  for (;;) {
+    const l = 2 * i + 1;
+    const r = l + 1;
+    let m = i;
+    let mAt = last.at;
+    if (l < h.length && (h[l] as Release).at < mAt) {
+      m = l;
+      mAt = (h[l] as Release).at;
+    }
+    if (r < h.length && (h[r] as Release).at < mAt) m = r;
+    if (m === i) break;
+    h[i] = h[m] as Release;
+    i = m;
+  }
+  h[i] = last;
+  return top;
+}

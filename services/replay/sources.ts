@@ -1,0 +1,253 @@
+/**
+ * Where replay reads from: a live NATS (every stream a gateway folds, plus DECISIONS and the
+ * config bucket's stream, merged in server-time order) or an export file written by `jetroute
+ * export` (the same messages, already merged, gzip-compressed JSON lines), so yesterday's window
+ * can be analysed on a laptop without the cluster.
+ *
+ * What is read for a window [from, to]:
+ *   PODS, KV, config   from the stream's first message (a view is the fold of the whole stream)
+ *   LOAD               from `from - 10 s` (a sample older than the staleness bound counts for nothing)
+ *   CHARGES            from `from - 30 s` (heartbeats list every outstanding charge, so a few
+ *                      heartbeat periods rebuild the ledger, as a booting gateway does)
+ *   DECISIONS          from `from`
+ * and every stream up to `to + tail` (decisions arrive when their requests end).
+ */
+import { createReadStream, createWriteStream, mkdirSync } from "node:fs";
+import path from "node:path";
+import { createInterface } from "node:readline";
+import { createGunzip, createGzip } from "node:zlib";
+import { DeliverPolicy, type JsMsg, type OrderedConsumerOptions } from "@nats-io/jetstream";
+import { configBucketName, streamName } from "../../streams/definitions.js";
+import type { NatsHandles } from "../shared/nats.js";
+import type { ConfigEntry } from "../views/gateway-state.js";
+import type { ReplayMessage, ReplayStream } from "./engine.js";
+
+export const EXPORT_FORMAT = "jetroute-export";
+export const EXPORT_VERSION = 1;
+
+export interface ExportHeader {
+  format: typeof EXPORT_FORMAT;
+  version: number;
+  prefix: string;
+  window: { fromMs: number; toMs: number };
+  createdAt: string;
+  /** Per stream: the first and last sequence the export holds. */
+  streams?: Partial<Record<ReplayStream, { first: number; last: number; count: number }>>;
+}
+
+export interface WindowRead {
+  fromMs: number;
+  toMs: number;
+  /** How long after `toMs` messages are still read (decisions of requests routed in the window). Default 60 s. */
+  tailMs?: number;
+}
+
+export interface MessageSource {
+  describe: string;
+  /** Messages expected in all (for a progress bar), when known. */
+  total?: number;
+  messages: AsyncIterable<ReplayMessage>;
+}
+
+const decoder = new TextDecoder("utf-8", { fatal: true });
+
+function parsePayload(data: Uint8Array): { data: unknown; invalid?: string } {
+  try {
+    return { data: JSON.parse(decoder.decode(data)) };
+  } catch (err) {
+    return { data: Buffer.from(data).toString("latin1").slice(0, 1024), invalid: `invalid JSON: ${(err as Error).message}` };
+  }
+}
+
+interface StreamPlan {
+  stream: ReplayStream;
+  name: string;
+  start: { kind: "all" } | { kind: "time"; ms: number };
+  /** For the config bucket's stream: `$KV.<bucket>.` */
+  kvPrefix?: string;
+}
+
+/** One stream read in order, up to `endTs` of server time or the last sequence present when reading began. */
+class StreamReader {
+  private batch: JsMsg[] = [];
+  private i = 0;
+  private done = false;
+  lastSeq = 0;
+  pending = 0;
+  constructor(
+    private readonly nats: NatsHandles,
+    private readonly plan: StreamPlan,
+    private readonly endTs: number,
+    private readonly stopSeq: number,
+  ) {}
+
+  private consumer?: Awaited<ReturnType<NatsHandles["js"]["consumers"]["get"]>>;
+
+  async open(): Promise<void> {
+    const opts: Partial<OrderedConsumerOptions> =
+      this.plan.start.kind === "all" ? { deliver_policy: DeliverPolicy.All } : { deliver_policy: DeliverPolicy.StartTime, opt_start_time: new Date(this.plan.start.ms).toISOString() };
+    this.consumer = await this.nats.js.consumers.get(this.plan.name, opts);
+    this.pending = (await this.consumer.info(true)).num_pending;
+    if (this.pending === 0 || this.stopSeq === 0) this.done = true;
+  }
+
+  async next(): Promise<ReplayMessage | undefined> {
+    for (;;) {
+      if (this.done) return undefined;
+      if (this.i < this.batch.length) {
+        const m = this.batch[this.i++] as JsMsg;
+        this.lastSeq = m.seq;
+        const serverTs = Math.floor(m.info.timestampNanos / 1_000_000);
+        if (m.seq > this.stopSeq || serverTs > this.endTs) {
+          this.done = true;
+          return undefined;
+        }
+        if (m.seq >= this.stopSeq) this.done = true;
+        return this.toMessage(m, serverTs);
+      }
+      const c = this.consumer;
+      if (!c) return undefined;
+      this.batch = [];
+      this.i = 0;
+      const iter = await c.fetch({ max_messages: 2_000, expires: 2_000 });
+      for await (const m of iter) this.batch.push(m);
+      if (this.batch.length === 0) {
+        this.done = true;
+        return undefined;
+      }
+    }
+  }
+
+  private toMessage(m: JsMsg, serverTs: number): ReplayMessage {
+    if (this.plan.kvPrefix !== undefined) {
+      const op = m.headers?.get("KV-Operation");
+      const entry: ConfigEntry = { type: "config-entry", key: m.subject.slice(this.plan.kvPrefix.length), operation: op === "DEL" ? "DEL" : op === "PURGE" ? "PURGE" : "PUT" };
+      if (entry.operation === "PUT") {
+        const p = parsePayload(m.data);
+        if (p.invalid) entry.notJson = true;
+        else entry.value = p.data;
+      }
+      return { stream: this.plan.stream, subject: m.subject, seq: m.seq, serverTs, data: entry };
+    }
+    const p = parsePayload(m.data);
+    return { stream: this.plan.stream, subject: m.subject, seq: m.seq, serverTs, data: p.data, ...(p.invalid ? { invalid: p.invalid } : {}) };
+  }
+}
+
+/** k-way merge of stream readers by server time (ties: the order of `readers`). */
+async function* mergeByTime(readers: StreamReader[]): AsyncGenerator<ReplayMessage> {
+  const heads = await Promise.all(readers.map((r) => r.next()));
+  for (;;) {
+    let best = -1;
+    for (let i = 0; i < heads.length; i++) {
+      const h = heads[i];
+      if (h && (best < 0 || h.serverTs < (heads[best] as ReplayMessage).serverTs)) best = i;
+    }
+    if (best < 0) return;
+    yield heads[best] as ReplayMessage;
+    heads[best] = await (readers[best] as StreamReader).next();
+  }
+}
+
+/** Reads a window of every stream from NATS, merged by server time. */
+export async function natsSource(nats: NatsHandles, prefix: string, w: WindowRead): Promise<MessageSource> {
+  const tail = w.tailMs ?? 60_000;
+  const bucket = configBucketName(prefix);
+  const plans: StreamPlan[] = [
+    { stream: "config", name: `KV_${bucket}`, start: { kind: "all" }, kvPrefix: `$KV.${bucket}.` },
+    { stream: "pods", name: streamName(prefix, "PODS"), start: { kind: "all" } },
+    { stream: "load", name: streamName(prefix, "LOAD"), start: { kind: "time", ms: w.fromMs - 10_000 } },
+    { stream: "charges", name: streamName(prefix, "CHARGES"), start: { kind: "time", ms: w.fromMs - 30_000 } },
+    { stream: "kv", name: streamName(prefix, "KV"), start: { kind: "all" } },
+    { stream: "decisions", name: streamName(prefix, "DECISIONS"), start: { kind: "time", ms: w.fromMs } },
+  ];
+  const readers: StreamReader[] = [];
+  let total = 0;
+  for (const plan of plans) {
+    let last: number;
+    try {
+      last = (await nats.jsm.streams.info(plan.name)).state.last_seq;
+    } catch (err) {
+      throw new Error(`cannot read stream ${plan.name}: ${(err as Error).message} (run \`jetroute streams apply\`, or check --prefix)`);
+    }
+    const r = new StreamReader(nats, plan, w.toMs + tail, last);
+    await r.open();
+    total += Math.min(r.pending, last);
+    readers.push(r);
+  }
+  return { describe: `nats (prefix ${prefix})`, total, messages: mergeByTime(readers) };
+}
+
+/** Writes messages (already merged) as a gzip JSON-lines export; returns the count per stream. */
+export async function writeExport(file: string, header: ExportHeader, messages: AsyncIterable<ReplayMessage>, onMessage?: (m: ReplayMessage) => void): Promise<ExportHeader["streams"]> {
+  mkdirSync(path.dirname(path.resolve(file)), { recursive: true });
+  const gz = createGzip();
+  const out = createWriteStream(file);
+  const done = new Promise<void>((resolve, reject) => {
+    out.on("finish", resolve);
+    out.on("error", reject);
+    gz.on("error", reject);
+  });
+  gz.pipe(out);
+  const write = (line: string) => (gz.write(`${line}\n`) ? Promise.resolve() : new Promise<void>((r) => gz.once("drain", () => r())));
+  await write(JSON.stringify(header));
+  const streams: NonNullable<ExportHeader["streams"]> = {};
+  for await (const m of messages) {
+    const st = (streams[m.stream] ??= { first: m.seq, last: m.seq, count: 0 });
+    st.last = m.seq;
+    st.count++;
+    await write(JSON.stringify(m.invalid ? { s: m.stream, q: m.seq, t: m.serverTs, j: m.subject, x: m.data } : { s: m.stream, q: m.seq, t: m.serverTs, j: m.subject, d: m.data }));
+    onMessage?.(m);
+  }
+  // The counts go last too (the header was written before they were known).
+  await write(JSON.stringify({ end: true, streams }));
+  gz.end();
+  await done;
+  return streams;
+}
+
+const STREAMS = new Set<ReplayStream>(["pods", "load", "charges", "kv", "config", "decisions"]);
+
+/** Reads an export file. Throws a clear error for a file that is not an export or of another version. */
+export async function fileSource(file: string): Promise<MessageSource & { header: ExportHeader; skipped: () => number }> {
+  const input = createReadStream(file);
+  const opened = new Promise<void>((resolve, reject) => {
+    input.once("open", () => resolve());
+    input.once("error", (err) => reject(new Error(`cannot read ${file}: ${err.message}`)));
+  });
+  await opened;
+  const stream = file.endsWith(".gz") ? input.pipe(createGunzip()) : input;
+  const lines = createInterface({ input: stream, crlfDelay: Number.POSITIVE_INFINITY })[Symbol.asyncIterator]();
+  const first = await lines.next().catch((err: Error) => {
+    throw new Error(`${file} is not a readable export (${err.message})`);
+  });
+  let header: ExportHeader;
+  try {
+    header = JSON.parse(String(first.value ?? "")) as ExportHeader;
+  } catch {
+    throw new Error(`${file} is not a jetroute export (its first line is not JSON)`);
+  }
+  if (header?.format !== EXPORT_FORMAT) throw new Error(`${file} is not a jetroute export (format ${JSON.stringify(header?.format)})`);
+  if (header.version !== EXPORT_VERSION) throw new Error(`${file} is export format version ${header.version}; this jetroute reads version ${EXPORT_VERSION}`);
+  let skipped = 0;
+  async function* messages(): AsyncGenerator<ReplayMessage> {
+    for (;;) {
+      const r = await lines.next();
+      if (r.done) return;
+      let o: { s?: unknown; q?: unknown; t?: unknown; j?: unknown; d?: unknown; x?: unknown; end?: unknown };
+      try {
+        o = JSON.parse(r.value) as typeof o;
+      } catch {
+        skipped++;
+        continue;
+      }
+      if (o.end === true) return;
+      if (typeof o.s !== "string" || !STREAMS.has(o.s as ReplayStream) || typeof o.q !== "number" || typeof o.t !== "number" || typeof o.j !== "string") {
+        skipped++;
+        continue;
+      }
+      yield { stream: o.s as ReplayStream, seq: o.q, serverTs: o.t, subject: o.j, data: o.x ?? o.d, ...(o.x !== undefined ? { invalid: "invalid JSON (as exported)" } : {}) };
+    }
+  }
+  return { describe: file, header, messages: messages(), skipped: () => skipped };
+}
