@@ -26,6 +26,8 @@ export const Profile = Type.Object(
     routingConfig: Type.Optional(RoutingHints),
     requestsPerSecond: Type.Optional(Type.Number({ exclusiveMinimum: 0 })),
     slo: Type.Optional(Type.Object({ ttftMs: Type.Optional(Type.Number({ exclusiveMinimum: 0 })), tpotMs: Type.Optional(Type.Number({ exclusiveMinimum: 0 })) }, { additionalProperties: false })),
+    /** Parameters per strategy plugin type, e.g. `{"prefix-cache": {"imbalanceThreshold": 4}}` (each plugin validates its own). */
+    strategyParams: Type.Optional(Type.Record(Type.String({ minLength: 1, maxLength: 64 }), Type.Record(Type.String({ maxLength: 64 }), Type.Union([Type.Number(), Type.String({ maxLength: 256 }), Type.Boolean()])))),
   },
   { additionalProperties: false },
 );

@@ -218,6 +218,8 @@ export const DecisionRecord = Type.Object(
     charge: Type.Optional(Name),
     /** The model profile that applied. */
     profile: Type.Optional(Type.String({ maxLength: 256 })),
+    /** The profile's strategy plugin parameters, when it set any. */
+    strategyParams: Type.Optional(Type.Record(Type.String({ maxLength: 64 }), Type.Record(Type.String({ maxLength: 64 }), Type.Union([Type.Number(), Type.String({ maxLength: 256 }), Type.Boolean()])))),
     /** The profile's latency targets (slo* strategies). */
     slo: Type.Optional(Type.Object({ ttftMs: Type.Optional(Type.Number()), tpotMs: Type.Optional(Type.Number()) }, { additionalProperties: false })),
     maxTokens: Type.Optional(Count),

@@ -12,28 +12,23 @@ import type { ChargeLedger } from "../views/charge-ledger.js";
 import type { LoadView } from "../views/load-view.js";
 import type { PodInfo, PodSet } from "../views/pod-set.js";
 import { RouteError } from "./errors.js";
-import { type ParsedRequest, parseRequestBody } from "./request-body.js";
 import { promptInputOf } from "../tokenizer/prompt-tokens.js";
 import type { UsageView } from "../views/usage-view.js";
 import type { ConfigReader } from "../views/model-config.js";
 import type { RateView } from "../views/rate-view.js";
 import type { GatewayState, OwnAdmission, StateStream } from "../views/gateway-state.js";
 import { encodeBlockHashes } from "../views/packed-hashes.js";
-import { findStrategy, isStrategySpecError, parseStrategy, strategyNames } from "./strategies/registry.js";
+import { findStrategy, type StrategyParams, strategyNames } from "./strategies/registry.js";
+import { MAX_REQUEST_ID_LENGTH, parseRoute, type RoutePlan } from "./stages/parse.js";
 import { routingRequestOf } from "./strategies/request.js";
-import type { Pick, RoutingRequest, Scored, SessionHint, Strategy } from "./strategies/types.js";
+import type { Pick, RoutingRequest, Scored, SessionHint } from "./strategies/types.js";
+import { Admission, type AdmissionClock } from "./stages/admission.js";
+import { type Committer, EventualCommitter } from "./stages/commit.js";
 import { decisionRandom, type PrefixMatchResult, type Rank, schedule } from "./stages/scheduling.js";
 
 export type { PrefixMatchResult } from "./stages/scheduling.js";
 
-/** Longest `user` header accepted (the charge and decision schemas' bound). */
-export const MAX_USER_LENGTH = 256;
-/** Longest `x-request-id` accepted (decision records carry it as their id). */
-export const MAX_REQUEST_ID_LENGTH = 253;
-const HEADER_BOUNDS: ReadonlyArray<readonly [string, number]> = [
-  ["user", MAX_USER_LENGTH],
-  ["x-request-id", MAX_REQUEST_ID_LENGTH],
-];
+export { MAX_REQUEST_ID_LENGTH, MAX_USER_LENGTH } from "./stages/parse.js";
 
 export interface GatewayViews {
   pods: PodSet;
@@ -60,7 +55,8 @@ export interface DirectorOptions {
   state: GatewayState;
   sink: EventSink;
   now?: () => number;
-  random?: () => number;
+  /** The admission stage's clock and timer (default: the system's; `now` alone sets only the clock). */
+  clock?: AdmissionClock;
   prefix?: PrefixSupport;
   /** Model configs (locked strategy, profiles); absent: header, then the default. */
   config?: ConfigReader;
@@ -72,6 +68,8 @@ export interface DirectorOptions {
    * Default true; with `remote` tokenization it costs an engine /tokenize call per uncached prompt.
    */
   recordPromptBlocks?: boolean;
+  /** Whether a model commits its charges in strict mode (its config's `consistency`, else the gateway's). */
+  strictFor?: (model: string) => boolean;
   /** `off`: this replica counts only its own charges (recorded in decision records). */
   consistency?: "eventual" | "strict" | "off";
 }
@@ -120,6 +118,7 @@ export interface DecisionContext {
   readonly subset?: readonly string[];
   readonly blocks?: { readonly size: number; readonly mode: "precise" | "approximate"; readonly hashes: readonly bigint[] };
   readonly profile?: string;
+  readonly strategyParams?: Readonly<Record<string, StrategyParams>>;
   readonly slo?: { ttftMs?: number; tpotMs?: number };
   readonly maxTokens?: number;
   readonly consistency?: "strict" | "off";
@@ -128,17 +127,11 @@ export interface DecisionContext {
 /** Which own-admission entries (rate-view.ts) a routed request holds. */
 export type OwnAdmissionKey = OwnAdmission;
 
-export interface Prepared {
-  parsed: ParsedRequest;
-  strategy: Strategy;
+/** A parsed and planned request (stages/parse.ts), with its prompt token ids when the strategy needs them. */
+export interface Prepared extends RoutePlan {
   /** Prompt token ids, when a prefix strategy needs them. */
   tokens?: number[];
   tokenizerMode?: string;
-  /** The model profile that applied, and its latency targets (slo* strategies). */
-  profile?: string;
-  slo?: { ttftMs?: number; tpotMs?: number };
-  /** The profile's per-model request rate limit. */
-  rps?: number;
 }
 
 /** What the director needs for prefix-aware routing (absent: prefix strategies fall back). */
@@ -178,7 +171,7 @@ export class Director {
   /** The views routing reads (the state's). */
   readonly views: GatewayViews;
   private readonly now: () => number;
-  private readonly random: () => number;
+  private readonly admission: Admission;
   /** Requests routed and not yet finished, by charge id (drained on shutdown). */
   readonly inFlight = new Map<string, RoutedRequest>();
   private chargeSeq = 0;
@@ -190,7 +183,7 @@ export class Director {
     this.gatewayId = opts.gatewayId;
     this.views = opts.state;
     this.now = opts.now ?? Date.now;
-    this.random = opts.random ?? Math.random;
+    this.admission = new Admission(opts.state, opts.config, opts.clock ?? { now: this.now, setTimeout: (fn, ms) => void setTimeout(fn, ms) });
   }
 
   /**
@@ -199,119 +192,29 @@ export class Director {
    * /tokenize, hence a promise). Throws RouteError for anything the client must be told.
    */
   prepare(input: RouteInput): Prepared | Promise<Prepared> {
-    const parsed = parseRequestBody(input.body);
-    // The user and the request id travel in every charge and decision record; the event schemas bound them.
-    for (const [name, max] of HEADER_BOUNDS) {
-      const value = input.headers[name];
-      if (value !== undefined && value.length > max) {
-        throw new RouteError("invalidHeader", `the \`${name}\` header is ${value.length} characters long; at most ${max} are allowed`, name);
-      }
-    }
-    const choice = this.opts.config
-      ? this.opts.config.choose(parsed.model, input.headers, { promptTokens: parsed.promptTokens, maxTokens: parsed.maxTokens }, this.opts.defaultStrategy)
-      : { spec: input.headers["routing-strategy"] || this.opts.defaultStrategy, source: "default" as const };
-    const strategyName = choice.spec;
-    let strategy: Strategy;
-    try {
-      strategy = parseStrategy(strategyName);
-    } catch (err) {
-      if (isStrategySpecError(err)) throw new RouteError("invalidStrategy", `${err.message}; known: ${strategyNames().join(", ")}`, "routing-strategy");
-      throw err;
-    }
-    const rps = "profileConfig" in choice ? choice.profileConfig?.requestsPerSecond : undefined;
-    const slo = "profileConfig" in choice ? choice.profileConfig?.slo : undefined;
-    const base: Prepared = { parsed, strategy, ...(slo ? { slo } : {}), ...(rps !== undefined ? { rps } : {}), ...("profile" in choice && choice.profile ? { profile: choice.profile } : {}) };
+    const base: Prepared = parseRoute(input.headers, input.body, this.opts.config, this.opts.defaultStrategy);
+    const { parsed, strategy, rps } = base;
     // Over a limit already: refuse now (also for /debug/explain, and before any tokenization work).
     // The limits are decided in admit(), right before the charge.
-    const early = this.limitVerdict(parsed.model, input.headers.user || undefined, parsed.promptTokens, rps, this.now(), false);
-    if (early instanceof RouteError) throw early;
+    this.admission.check({ model: parsed.model, user: input.headers.user || undefined, tokens: parsed.promptTokens, rps });
     const prefix = this.opts.prefix;
-    if (!prefix || !strategy.name.includes("prefix-cache")) return base;
+    if (!prefix || !strategy.needs?.promptTokenIds) return base;
     const anyPod = this.views.pods.readyPods(parsed.model)[0];
     const t = prefix.tokenizer.tokenize(parsed.model, promptInputOf(parsed.body), anyPod?.address);
     return t.then((r) => ({ ...base, tokens: r.tokens, tokenizerMode: r.mode }));
   }
 
   /** Requests held because room was reserved for other replicas' unseen admissions. */
-  rateWaits = 0;
-
-  /**
-   * Admits a prepared request against the shared rate limits, then calls `then` (which charges)
-   * in the same synchronous step as the last verdict, so no other request can be admitted in
-   * between. When the burst guard says wait, the request is held (a timer) until this replica's
-   * recent admissions are old enough for the others to have seen them, and asked again; after
-   * `4 x unconfirmedMs` the plain limit decides. Throws/rejects with a 429 RouteError.
-   */
-  admit<T>(input: RouteInput, prepared: Prepared, then: () => T): T | Promise<T> {
-    const user = input.headers.user || undefined;
-    const tokens = prepared.tokens?.length ?? prepared.parsed.promptTokens;
-    const model = prepared.parsed.model;
-    const first = this.limitVerdict(model, user, tokens, prepared.rps, this.now(), true);
-    if (first === undefined) return then();
-    if (first instanceof RouteError) throw first;
-    this.rateWaits++;
-    const deadline = this.now() + 4 * this.views.rates.unconfirmedMs;
-    return new Promise<T>((resolve, reject) => {
-      const ask = () => {
-        try {
-          const now = this.now();
-          const v = this.limitVerdict(model, user, tokens, prepared.rps, now, now < deadline);
-          if (v === undefined) resolve(then());
-          else if (v instanceof RouteError) reject(v);
-          else setTimeout(ask, Math.max(1, v));
-        } catch (err) {
-          reject(err);
-        }
-      };
-      setTimeout(ask, Math.max(1, first));
-    });
+  get rateWaits(): number {
+    return this.admission.waits;
   }
 
   /**
-   * Shared rate limits: per user requests and tokens per minute (config key `limits`), per model
-   * requests per second (the profile's `requestsPerSecond`). Counts come from every replica's
-   * charges, so spreading requests over replicas does not multiply the limit.
-   *
-   * Returns undefined to admit, a RouteError (429) to refuse, or a number of ms to wait. The
-   * wait is the burst guard (`share`): this replica's own admissions of the last
-   * `unconfirmedMs` may not have reached the other R - 1 live replicas yet, and they may have
-   * admitted as many that we have not seen; so a request is held while count + (R - 1) x
-   * unconfirmed would reach the limit, until our admissions are old enough to have been seen.
+   * Admits a prepared request against the shared rate limits (stages/admission.ts), then calls
+   * `then` (which charges) in the same synchronous step as the last verdict.
    */
-  private limitVerdict(model: string, user: string | undefined, promptTokens: number, rps: number | undefined, now: number, share: boolean): RouteError | number | undefined {
-    const { rates, pods, ledger } = this.views;
-    const others = share ? ledger.rank(now).count - 1 : 0;
-    let wait = 0;
-    const base = pods.readyPods(model)[0]?.model ?? model;
-    if (rps !== undefined) {
-      const seen = rates.modelRequests(base, now);
-      if (seen >= rps) {
-        const reset = (1000 - (now % 1000)) / 1000;
-        return new RouteError("rateLimited", `model \`${model}\` is limited to ${rps} requests per second`, null, { "retry-after": String(Math.ceil(reset)), "x-ratelimit-limit-requests": String(rps), "x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": `${reset.toFixed(3)}s` });
-      }
-      if (others > 0 && seen + others * rates.ownRecent("model", base, now).requests >= rps) wait = Math.max(wait, rates.ownConfirmedAt("model", base, now) - now);
-    }
-    const limits = this.opts.config?.userLimits(user);
-    if (!limits || !user) return wait > 0 ? wait : undefined;
-    const reset = (60_000 - (now % 60_000)) / 1000;
-    const headers = (kind: "requests" | "tokens", limit: number) => ({
-      "retry-after": String(Math.ceil(reset)),
-      [`x-ratelimit-limit-${kind}`]: String(limit),
-      [`x-ratelimit-remaining-${kind}`]: "0",
-      [`x-ratelimit-reset-${kind}`]: `${reset.toFixed(1)}s`,
-    });
-    const mine = others > 0 ? rates.ownRecent("user", user, now) : { requests: 0, tokens: 0 };
-    if (limits.rpm !== undefined) {
-      const seen = rates.userRequests(user, now);
-      if (seen >= limits.rpm) return new RouteError("rateLimited", `user \`${user}\` exceeded ${limits.rpm} requests per minute`, null, headers("requests", limits.rpm));
-      if (seen + others * mine.requests >= limits.rpm) wait = Math.max(wait, rates.ownConfirmedAt("user", user, now) - now);
-    }
-    if (limits.tpm !== undefined) {
-      const seen = rates.userTokens(user, now);
-      if (seen + promptTokens > limits.tpm) return new RouteError("rateLimited", `user \`${user}\` exceeded ${limits.tpm} tokens per minute`, null, headers("tokens", limits.tpm));
-      if (seen + promptTokens + others * mine.tokens > limits.tpm) wait = Math.max(wait, rates.ownConfirmedAt("user", user, now) - now);
-    }
-    return wait > 0 ? wait : undefined;
+  admit<T>(input: RouteInput, prepared: Prepared, then: () => T): T | Promise<T> {
+    return this.admission.admit({ model: prepared.parsed.model, user: input.headers.user || undefined, tokens: prepared.tokens?.length ?? prepared.parsed.promptTokens, rps: prepared.rps }, then);
   }
 
   /**
@@ -347,9 +250,9 @@ export class Director {
    * Picks a pod and charges it, in one synchronous call. `publish: false` leaves publishing the
    * charge to the caller (strict mode commits it with a compare-and-set, and may `retract` it).
    */
-  route(input: RouteInput, opts: { publish?: boolean; prepared?: Prepared; carry?: RoutedRequest } = {}): RoutedRequest {
+  charge(input: RouteInput, opts: { publish?: boolean; prepared?: Prepared; carry?: RoutedRequest } = {}): RoutedRequest {
     const prepared = opts.prepared ?? this.prepare(input);
-    if (prepared instanceof Promise) throw new Error("route() needs a prepared request when tokenization is asynchronous; use routeAuto()");
+    if (prepared instanceof Promise) throw new Error("charge() needs a prepared request when tokenization is asynchronous; use route()");
     const { parsed, strategy } = prepared;
     // A request that was tokenized or held by a rate limit across a shutdown is not charged.
     if (this.closed) throw new RouteError("notReady", "gateway is shutting down");
@@ -412,6 +315,7 @@ export class Director {
           ? { blocks: { size: prefixMatch.info.blockSize, mode: prepared.tokenizerMode === "approximate" ? "approximate" : "precise", hashes: prefixMatch.hashes } }
           : {}),
         ...(prepared.profile ? { profile: prepared.profile } : {}),
+        ...(prepared.strategyParams ? { strategyParams: prepared.strategyParams } : {}),
         ...(opts.publish === false ? { consistency: "strict" as const } : this.opts.consistency === "off" ? { consistency: "off" as const } : {}),
         ...(prepared.slo ? { slo: prepared.slo } : {}),
         ...(parsed.maxTokens !== undefined && Number.isSafeInteger(parsed.maxTokens) && parsed.maxTokens >= 0 ? { maxTokens: parsed.maxTokens } : {}),
@@ -432,15 +336,25 @@ export class Director {
     return routed;
   }
 
-  /** Prepare (awaiting tokenization when the strategy needs it), admit, route: the eventual way. */
-  routeAuto(input: RouteInput): RoutedRequest | Promise<RoutedRequest> {
+  /**
+   * The request path: parse and plan (prepare, awaiting tokenization when the strategy needs
+   * it), then the committer of the model's consistency mode admits, schedules and charges.
+   */
+  route(input: RouteInput): RoutedRequest | Promise<RoutedRequest> {
     const prepared = this.prepare(input);
-    return prepared instanceof Promise ? prepared.then((p) => this.admitAndRoute(input, p)) : this.admitAndRoute(input, prepared);
+    return prepared instanceof Promise ? prepared.then((p) => this.committerFor(p).commit(input, p)) : this.committerFor(prepared).commit(input, prepared);
   }
 
-  /** Admit against the rate limits, then charge and publish, in one step (see `admit`). */
-  admitAndRoute(input: RouteInput, prepared: Prepared): RoutedRequest | Promise<RoutedRequest> {
-    return this.admit(input, prepared, () => this.route(input, { prepared }));
+  private readonly eventual: Committer = new EventualCommitter(this);
+  private strict: Committer | undefined;
+
+  /** Strict mode's committer (it needs the director, so it is handed over after construction). */
+  useStrictCommitter(c: Committer): void {
+    this.strict = c;
+  }
+
+  private committerFor(p: Prepared): Committer {
+    return this.strict && this.opts.strictFor?.(p.parsed.model) ? this.strict : this.eventual;
   }
 
   /** The request's first response bytes arrived: it moved from prefill to decode. */
@@ -533,6 +447,7 @@ export class Director {
       ...(c.subset ? { subset: c.subset.slice(0, 256) } : {}),
       ...(blocks ? { blocks: { size: blocks.size, mode: blocks.mode, hashes: encodeBlockHashes(blocks.hashes, DECISION_MAX_BLOCKS), total: blocks.hashes.length } } : {}),
       ...(c.profile ? { profile: c.profile } : {}),
+      ...(c.strategyParams ? { strategyParams: c.strategyParams } : {}),
       ...(c.slo ? { slo: c.slo } : {}),
       ...(c.maxTokens !== undefined ? { maxTokens: c.maxTokens } : {}),
       ...(c.consistency ? { consistency: c.consistency } : {}),

@@ -1,21 +1,23 @@
 /**
- * The ext_proc adapter: one Envoy gRPC stream per HTTP request, translated into director calls.
+ * The ext_proc adapter: one Envoy gRPC stream per HTTP request, translated into calls on the
+ * request path (a `RequestRouter`: the Director in the gateway).
  *
  * Phase order (envoy-extproc.md): request headers -> request body (BUFFERED) -> response headers
  * -> response body chunks (STREAMED). Routing happens on the request body, so the header mutation
  * that names the pod is sent in the request-body reply. Whatever way the stream ends — last body
  * chunk, an error status, Envoy cancelling because the client left, or the gateway shutting
- * down — the request's charge is released exactly once (the director guarantees the "once").
+ * down — the request's charge is released exactly once (the router guarantees the "once").
  *
  * With `auth`, the request-headers phase checks the bearer API key before anything else: a
  * request without a valid one gets 401 there (no routing, no charge, no rate-limit count, no
  * decision record — unauthenticated traffic writes nothing to the shared streams). The key's user
- * replaces any client-sent `user` header, for the director and for the upstream request.
+ * replaces any client-sent `user` header, for the router and for the upstream request.
  */
 import type * as grpc from "@grpc/grpc-js";
 import { type AuthFailureReason, type AuthResult, authFailureMessage } from "./auth.js";
 import { openAIError, RouteError, routeErrorBody } from "./errors.js";
-import type { Director, RoutedRequest, RouteInput } from "./director.js";
+import type { FinishInfo, RoutedRequest, RouteInput } from "./director.js";
+import type { ReleaseOutcome } from "../../schemas/events.js";
 import { ResponseTracker } from "./response-tracker.js";
 import { normaliseUpstreamError } from "./upstream-error.js";
 import type { HeaderMutation, HeaderValueOption, ProcessingRequest, ProcessingResponse, ProtoStruct } from "../extproc/types.js";
@@ -34,8 +36,20 @@ import type { Logger } from "../shared/log.js";
 
 type Stream = grpc.ServerDuplexStream<ProcessingRequest, ProcessingResponse>;
 
+/** What the ext_proc adapter needs of the request path (the Director implements it). */
+export interface RequestRouter {
+  /** Selection + charge, synchronous when nothing needs waiting for. Throws/rejects RouteError. */
+  route(input: RouteInput): RoutedRequest | Promise<RoutedRequest>;
+  /** The request's first response bytes arrived. */
+  firstToken(r: RoutedRequest, at: number): void;
+  /** Ends a routed request: releases its charge and records the decision. Idempotent. */
+  finish(r: RoutedRequest, outcome: ReleaseOutcome, info: FinishInfo): boolean;
+  /** Records a request refused before routing. */
+  reject(headers: Readonly<Record<string, string>>, model: string | undefined, err: RouteError): void;
+}
+
 export interface ExtProcHandlerOptions {
-  director: Director;
+  router: RequestRouter;
   log: Logger;
   /** False until every view caught up: requests get 503 rather than a decision on a partial view. */
   isReady: () => boolean;
@@ -43,8 +57,6 @@ export interface ExtProcHandlerOptions {
   maxBodyBytes?: number;
   /** Answers GET /v1/models from the pod set. */
   listModels: () => string[];
-  /** Selection + charge; defaults to the director's synchronous route (eventual mode). */
-  route?: (input: RouteInput) => RoutedRequest | Promise<RoutedRequest>;
   /** Bearer API-key authentication (`--auth required`); absent: every request is let through. */
   auth?: {
     /** Checks the `authorization` header value (never logged). */
@@ -82,8 +94,7 @@ function subsetHint(req: ProcessingRequest): string[] | undefined {
 }
 
 export function createExtProcHandler(opts: ExtProcHandlerOptions): grpc.handleBidiStreamingCall<ProcessingRequest, ProcessingResponse> {
-  const { director, log } = opts;
-  const route = opts.route ?? ((input: RouteInput) => director.routeAuto(input));
+  const { router, log } = opts;
   const maxBody = opts.maxBodyBytes ?? 4 * 1024 * 1024;
 
   // The header entries and metadata that name a pod are the same for every request to it:
@@ -124,7 +135,7 @@ export function createExtProcHandler(opts: ExtProcHandlerOptions): grpc.handleBi
     const finish = (outcome: "completed" | "error" | "cancelled") => {
       if (!routed || routed.finished) return;
       const usage = tracker?.end() ?? {};
-      director.finish(routed, outcome, { status: status || (outcome === "cancelled" ? 499 : 502), ...usage });
+      router.finish(routed, outcome, { status: status || (outcome === "cancelled" ? 499 : 502), ...usage });
     };
     const send = (msg: ProcessingResponse) => {
       if (!call.cancelled && call.writable) call.write(msg);
@@ -136,7 +147,7 @@ export function createExtProcHandler(opts: ExtProcHandlerOptions): grpc.handleBi
       send(immediate(err.status, routeErrorBody(err), err.headers));
     };
     const reject = (err: RouteError, model?: string) => {
-      director.reject(headers, model, err);
+      router.reject(headers, model, err);
       send(immediate(err.status, routeErrorBody(err), err.headers));
     };
 
@@ -159,7 +170,7 @@ export function createExtProcHandler(opts: ExtProcHandlerOptions): grpc.handleBi
       };
       let result: RoutedRequest | Promise<RoutedRequest>;
       try {
-        result = route({ headers, body, subset });
+        result = router.route({ headers, body, subset });
       } catch (err) {
         return failed(err);
       }
@@ -237,7 +248,7 @@ export function createExtProcHandler(opts: ExtProcHandlerOptions): grpc.handleBi
           }
           case "response_body": {
             const b = req.response_body;
-            if (routed && routed.firstChunkAt === undefined && b?.body?.length) director.firstToken(routed, Date.now());
+            if (routed && routed.firstChunkAt === undefined && b?.body?.length) router.firstToken(routed, Date.now());
             if (b?.body?.length) tracker?.push(b.body);
             if (normalising) {
               if (b?.body?.length && errorBytes < 65_536) {

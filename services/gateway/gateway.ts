@@ -20,7 +20,7 @@ import { GatewayState, type StateStream } from "../views/gateway-state.js";
 import type { PrefixIndex } from "../views/prefix-index.js";
 import type { TokenizerMode } from "../tokenizer/prompt-tokens.js";
 import { type AdminServer, startAdminServer } from "./admin-server.js";
-import { Director, type EventSink, type GatewayViews, type Prepared, type RouteInput } from "./director.js";
+import { Director, type EventSink, type GatewayViews } from "./director.js";
 import { explain } from "./explain.js";
 import { createExtProcHandler } from "./extproc-server.js";
 import { GatewayMetrics } from "./metrics.js";
@@ -221,7 +221,7 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
   const configWatch = await watchModelConfigs(nats.nc, configBucketName(prefix), state, log);
   const authMode: AuthMode = o.auth ?? "off";
   const prefixSupport = createPrefixSupport({ gatewayId: id, state, tokenizer, subjects, outbox });
-  const director = new Director({ gatewayId: id, defaultStrategy: o.defaultStrategy ?? "least-request", chargeTtlMs, state, sink, prefix: prefixSupport, config: modelConfigs, consistency: o.consistency, onPick: (st, sec) => metrics.pick(st, sec) });
+  const director = new Director({ gatewayId: id, defaultStrategy: o.defaultStrategy ?? "least-request", chargeTtlMs, state, sink, prefix: prefixSupport, config: modelConfigs, consistency: o.consistency, strictFor: (model) => defaultConsistency !== "off" && (modelConfigs.consistency(model) ?? defaultConsistency) === "strict", onPick: (st, sec) => metrics.pick(st, sec) });
   // Strict commits are chosen per model (its config's `consistency`, else `--consistency`), so the
   // committer exists whenever charges are shared; `off` follows no peer and has nothing to commit against.
   const defaultConsistency = o.consistency ?? "eventual";
@@ -229,15 +229,7 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
     defaultConsistency !== "off"
       ? new StrictCommitter({ js: nats.js, subjects, director, cursor: cursors, onFallback: (err) => log.warn({ err }, "strict charge commit failed; published without compare-and-set") })
       : undefined;
-  const routeByConsistency = (committer: StrictCommitter) => (input: RouteInput) => {
-    const go = (prepared: Prepared) =>
-      (modelConfigs.consistency(prepared.parsed.model) ?? defaultConsistency) === "strict"
-        ? committer.route(input, prepared)
-        : director.admitAndRoute(input, prepared);
-    const p = director.prepare(input);
-    return p instanceof Promise ? p.then(go) : go(p);
-  };
-
+  if (strict) director.useStrictCommitter(strict);
   const startedAt = Date.now();
   const maxListed = o.maxHeartbeatCharges ?? 20_000;
   const heartbeat = (state: "up" | "down") => {
@@ -286,11 +278,10 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
   const server = new grpc.Server(EXT_PROC_SERVER_OPTIONS);
   server.addService(loadExtProc().service, {
     Process: createExtProcHandler({
-      director,
+      router: director,
       log,
       isReady: () => isReady,
       listModels: () => [...new Set(views.pods.all().flatMap((p) => [p.model, ...p.adapters]))].sort(),
-      ...(strict ? { route: routeByConsistency(strict) } : {}),
       ...(authMode === "required"
         ? {
             auth: {

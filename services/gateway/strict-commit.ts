@@ -12,6 +12,7 @@ import { JetStreamApiCodes, JetStreamApiError, type JetStreamClient } from "@nat
 import type { Subjects } from "../../streams/subjects.js";
 import { encodeEvent } from "../shared/publish.js";
 import type { Director, Prepared, RoutedRequest, RouteInput } from "./director.js";
+import type { Committer } from "./stages/commit.js";
 
 export interface SubjectCursor {
   /** Last stream sequence this replica applied on `subject` (0 = none). */
@@ -51,7 +52,7 @@ export function isWrongLastSequence(err: unknown): number | undefined {
   return m ? Number(m[1]) : 0;
 }
 
-export class StrictCommitter {
+export class StrictCommitter implements Committer {
   readonly stats: StrictStats = { committed: 0, conflicts: 0, fallbacks: 0 };
   private readonly maxRetries: number;
   private readonly catchUpMs: number;
@@ -79,9 +80,8 @@ export class StrictCommitter {
     return next;
   }
 
-  async route(input: RouteInput, preparedAlready?: Prepared): Promise<RoutedRequest> {
+  async commit(input: RouteInput, prepared: Prepared): Promise<RoutedRequest> {
     const { director, js, subjects, cursor } = this.o;
-    const prepared = preparedAlready ?? (await director.prepare(input));
     // The rate limits admit a request once, at its first attempt; a lost race keeps its counts
     // (its slot must not go to another request meanwhile) and the retry carries them over.
     let lost: RoutedRequest | undefined;
@@ -89,13 +89,13 @@ export class StrictCommitter {
       for (let attempt = 0; ; attempt++) {
         if (attempt > this.maxRetries) {
           this.stats.fallbacks++;
-          const r = director.route(input, { prepared, ...(lost ? { carry: lost } : {}) });
+          const r = director.charge(input, { prepared, ...(lost ? { carry: lost } : {}) });
           director.committed(r);
           return r;
         }
         const r = lost
-          ? director.route(input, { publish: false, prepared, carry: lost })
-          : await director.admit(input, prepared, () => director.route(input, { publish: false, prepared }));
+          ? director.charge(input, { publish: false, prepared, carry: lost })
+          : await director.admit(input, prepared, () => director.charge(input, { publish: false, prepared }));
         lost = undefined;
         const subject = subjects.charges(r.pod.model, r.pod.pod);
         try {

@@ -521,8 +521,8 @@ export class ReplayEngine {
     // Fidelity: the recorded strategy on the recorded views.
     let recordedPrefixUse = false;
     try {
-      const recorded = parseStrategy(d.strategy);
-      recordedPrefixUse = recorded.name.includes("prefix-cache");
+      const recorded = parseStrategy(d.strategy, d.strategyParams);
+      recordedPrefixUse = recorded.needs?.promptTokenIds === true;
       const s = schedule({ ...base, views, strategy: recorded, random: random(), ...(d.rank ? { rank: d.rank } : {}), ...(recordedPrefixUse && prefix ? { prefix } : {}) });
       if (s.pick.pod.pod === d.pick) this.counts.reproduced++;
       else this.skip(this.counts.residuals, this.residualOf(d, ahead));

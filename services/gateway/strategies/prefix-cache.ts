@@ -43,6 +43,7 @@ function leastRequest(ctx: RoutingContext, fallback: string): Pick {
 export function prefixCacheStrategy(config: PrefixCacheConfig = DEFAULT_PREFIX_CACHE_CONFIG): Strategy {
   return {
     name: "prefix-cache",
+    needs: { promptTokenIds: true },
     scorer: matchScorer("prefix-cache"),
     pick(ctx) {
       if (!ctx.prefix || ctx.prefix.queried === 0) return leastRequest(ctx, "least-request");
@@ -73,6 +74,7 @@ export function prefixCacheStrategy(config: PrefixCacheConfig = DEFAULT_PREFIX_C
 
 export const prefixCachePrebleStrategy: Strategy = {
   name: "prefix-cache-preble",
+  needs: { promptTokenIds: true },
   scorer: matchScorer("prefix-cache-preble"),
   pick(ctx) {
     const prefix = ctx.prefix;

@@ -1,6 +1,8 @@
 /**
- * Strategies by name, and weighted combinations of them. A strategy is a small plugin: add it to
- * this list and it becomes selectable by the `routing-strategy` header, profiles and `--strategy`.
+ * Strategy plugins by type, and weighted combinations of them. A plugin is a type name, what it
+ * needs computed before it can pick (e.g. prompt token ids), and a factory taking parameters (a
+ * profile's `strategyParams[type]`); register it here and it becomes selectable by the
+ * `routing-strategy` header, profiles and `--strategy`.
  *
  * A spec is one name (`least-request`) or a weighted combination (`least-kv-cache:2,least-request:1`;
  * a missing weight is 1). See combine.ts for how a combination picks. Exclusive strategies (slo*)
@@ -13,34 +15,96 @@ import { leastLatencyStrategy } from "./least-latency.js";
 import { leastRequestStrategy } from "./least-request.js";
 import { leastTokenLoadStrategy } from "./least-token-load.js";
 import { powerOfTwoStrategy } from "./power-of-two.js";
-import { prefixCachePrebleStrategy, prefixCacheStrategy } from "./prefix-cache.js";
+import { DEFAULT_PREFIX_CACHE_CONFIG, prefixCachePrebleStrategy, prefixCacheStrategy } from "./prefix-cache.js";
 import { randomStrategy } from "./random.js";
 import { sessionAffinityStrategy } from "./session-affinity.js";
 import { sloLeastLoadStrategy, sloPackLoadStrategy, sloStrategy } from "./slo.js";
 import { throughputStrategy } from "./throughput.js";
-import type { Strategy } from "./types.js";
+import type { Strategy, StrategyNeeds } from "./types.js";
 import { vtcBasicStrategy } from "./vtc-basic.js";
 
-const STRATEGIES: readonly Strategy[] = [
-  randomStrategy,
-  leastRequestStrategy,
-  powerOfTwoStrategy,
-  leastLatencyStrategy,
-  leastKvCacheStrategy,
-  leastGpuCacheStrategy,
-  leastBusyTimeStrategy,
-  leastTokenLoadStrategy,
-  throughputStrategy,
-  sessionAffinityStrategy,
-  vtcBasicStrategy,
-  sloStrategy,
-  sloLeastLoadStrategy,
-  sloPackLoadStrategy,
-  prefixCacheStrategy(),
-  prefixCachePrebleStrategy,
+/** Parameters of one plugin, as a profile gives them. */
+export type StrategyParams = Readonly<Record<string, number | string | boolean>>;
+
+export interface StrategyPlugin {
+  readonly type: string;
+  readonly needs?: StrategyNeeds;
+  /** Builds the strategy. Throws StrategySpecError for parameters it does not take or that are out of range. */
+  create(params?: StrategyParams): Strategy;
+}
+
+/** A plugin of one fixed strategy: it takes no parameters. */
+function fixed(s: Strategy): StrategyPlugin {
+  return {
+    type: s.name,
+    ...(s.needs ? { needs: s.needs } : {}),
+    create(params) {
+      const extra = Object.keys(params ?? {});
+      if (extra.length > 0) throw new StrategySpecError(`routing strategy ${JSON.stringify(s.name)} takes no parameters (got ${extra.map((k) => JSON.stringify(k)).join(", ")})`, s.name);
+      return s;
+    },
+  };
+}
+
+const prefixCachePlugin: StrategyPlugin = {
+  type: "prefix-cache",
+  needs: { promptTokenIds: true },
+  create(params) {
+    const out = { ...DEFAULT_PREFIX_CACHE_CONFIG };
+    for (const [k, v] of Object.entries(params ?? {})) {
+      if (k !== "imbalanceThreshold" && k !== "stddevFactor") throw new StrategySpecError(`prefix-cache has no parameter ${JSON.stringify(k)} (it takes imbalanceThreshold, stddevFactor)`, "prefix-cache");
+      if (typeof v !== "number" || !(v >= 0) || !Number.isFinite(v)) throw new StrategySpecError(`prefix-cache parameter ${k} must be a number >= 0, got ${JSON.stringify(v)}`, "prefix-cache");
+      out[k] = v;
+    }
+    return params && Object.keys(params).length > 0 ? prefixCacheStrategy(out) : defaultPrefixCache;
+  },
+};
+const defaultPrefixCache = prefixCacheStrategy();
+
+const PLUGINS: StrategyPlugin[] = [
+  fixed(randomStrategy),
+  fixed(leastRequestStrategy),
+  fixed(powerOfTwoStrategy),
+  fixed(leastLatencyStrategy),
+  fixed(leastKvCacheStrategy),
+  fixed(leastGpuCacheStrategy),
+  fixed(leastBusyTimeStrategy),
+  fixed(leastTokenLoadStrategy),
+  fixed(throughputStrategy),
+  fixed(sessionAffinityStrategy),
+  fixed(vtcBasicStrategy),
+  fixed(sloStrategy),
+  fixed(sloLeastLoadStrategy),
+  fixed(sloPackLoadStrategy),
+  prefixCachePlugin,
+  fixed(prefixCachePrebleStrategy),
 ];
 
-const byName = new Map(STRATEGIES.map((s) => [s.name, s]));
+const plugins = new Map(PLUGINS.map((p) => [p.type, p]));
+/** The parameterless instance of every plugin (what a bare name selects). */
+const byName = new Map(PLUGINS.map((p) => [p.type, p.create()]));
+
+/** Why a profile's `strategyParams` would be refused (an unknown plugin, a parameter it does not take), or undefined. */
+export function strategyParamsError(params: Readonly<Record<string, StrategyParams>> | undefined): string | undefined {
+  for (const [type, p] of Object.entries(params ?? {})) {
+    const plugin = plugins.get(type);
+    if (!plugin) return `unknown strategy ${JSON.stringify(type)}; known: ${strategyNames().join(", ")}`;
+    try {
+      plugin.create(p);
+    } catch (err) {
+      if (isStrategySpecError(err)) return err.message;
+      throw err;
+    }
+  }
+  return undefined;
+}
+
+/** Adds a plugin (e.g. from an extension); its type must be new. */
+export function registerStrategy(plugin: StrategyPlugin): void {
+  if (plugins.has(plugin.type)) throw new Error(`strategy type ${JSON.stringify(plugin.type)} is already registered`);
+  plugins.set(plugin.type, plugin);
+  byName.set(plugin.type, plugin.create());
+}
 
 /** Header values are client input: bound what one spec may cost to parse and cache. */
 const MAX_SPEC_LENGTH = 512;
@@ -77,13 +141,15 @@ const parsed = new Map<string, Strategy>();
  * The strategy a spec names, parsing (and caching) combinations. Throws `StrategySpecError` with a
  * message naming the bad part; the director turns it into a 400 `invalid_routing_strategy`.
  */
-export function parseStrategy(spec: string): Strategy {
-  const known = byName.get(spec) ?? parsed.get(spec);
+export function parseStrategy(spec: string, params?: Readonly<Record<string, StrategyParams>>): Strategy {
+  const withParams = params !== undefined && Object.keys(params).length > 0;
+  const key = withParams ? `${spec}\u0000${JSON.stringify(params)}` : spec;
+  const known = (withParams ? undefined : byName.get(spec)) ?? parsed.get(key);
   if (known) return known;
-  const s = parseSpec(spec);
+  const s = parseSpec(spec, withParams ? params : undefined);
   // Bounded: the oldest parsed spec goes first (Map iteration = insertion order).
   if (parsed.size >= MAX_CACHED) parsed.delete(parsed.keys().next().value as string);
-  parsed.set(spec, s);
+  parsed.set(key, s);
   return s;
 }
 
@@ -102,7 +168,7 @@ export function findStrategy(spec: string): Strategy | undefined {
   }
 }
 
-function parseSpec(spec: string): Strategy {
+function parseSpec(spec: string, params: Readonly<Record<string, StrategyParams>> | undefined): Strategy {
   const fail = (message: string, part?: string): never => {
     throw new StrategySpecError(message, spec, part);
   };
@@ -117,12 +183,16 @@ function parseSpec(spec: string): Strategy {
     const colon = part.indexOf(":");
     const name = (colon < 0 ? part : part.slice(0, colon)).trim();
     const weightText = colon < 0 ? undefined : part.slice(colon + 1).trim();
-    const strategy = byName.get(name);
-    if (!strategy) fail(`unknown routing strategy ${JSON.stringify(name)}; known: ${strategyNames().join(", ")}`, part);
+    const plugin = plugins.get(name);
+    if (!plugin) fail(`unknown routing strategy ${JSON.stringify(name)}; known: ${strategyNames().join(", ")}`, part);
+    const strategy = params?.[name] ? (plugin as StrategyPlugin).create(params[name]) : byName.get(name);
     const weight = weightText === undefined ? 1 : WEIGHT.test(weightText) ? Number(weightText) : Number.NaN;
     if (!(weight > 0) || !Number.isFinite(weight)) fail(`weight of ${JSON.stringify(name)} must be a positive number, got ${JSON.stringify(weightText)}`, part);
     if (parts.some((p) => p.strategy.name === name)) fail(`routing strategy ${JSON.stringify(name)} appears twice`, part);
     parts.push({ strategy: strategy as Strategy, weight });
+  }
+  for (const type of Object.keys(params ?? {})) {
+    if (!plugins.has(type)) fail(`strategy parameters for unknown strategy ${JSON.stringify(type)}`, type);
   }
   if (parts.length === 1) return (parts[0] as { strategy: Strategy }).strategy;
   for (const { strategy } of parts) {
@@ -131,5 +201,7 @@ function parseSpec(spec: string): Strategy {
   }
   const scorers: WeightedScorer[] = parts.map((p) => ({ scorer: p.strategy.scorer as WeightedScorer["scorer"], weight: p.weight }));
   // The canonical spec: what the `routing-strategy` response header and decision records show.
-  return combinationStrategy(parts.map((p) => `${p.strategy.name}:${p.weight}`).join(","), scorers);
+  const combined = combinationStrategy(parts.map((p) => `${p.strategy.name}:${p.weight}`).join(","), scorers);
+  const needsTokens = parts.some((p) => p.strategy.needs?.promptTokenIds);
+  return needsTokens ? { ...combined, needs: { promptTokenIds: true } } : combined;
 }

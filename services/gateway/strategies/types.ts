@@ -118,9 +118,16 @@ export interface Pick {
   readonly fallback?: string;
 }
 
+/** What a strategy needs computed for it before it can pick (the director provides only that). */
+export interface StrategyNeeds {
+  /** The prompt's token ids, hence its block hashes and their prefix match (tokenization may be a network call). */
+  readonly promptTokenIds?: boolean;
+}
+
 export interface Strategy {
   /** The name the `routing-strategy` header selects (for a combination: its canonical spec). */
   readonly name: string;
+  readonly needs?: StrategyNeeds;
   pick(ctx: RoutingContext): Pick;
   /** The strategy's metric, for weighted combinations. Every built-in strategy has one. */
   readonly scorer?: Scorer;

@@ -1,0 +1,57 @@
+/**
+ * The parse stage: headers + body -> what the request is (model, prompt size, user) and how it is
+ * to be routed (profile -> strategy, latency targets, rate limit). Pure: no views, no I/O; every
+ * client mistake becomes a RouteError that names it (400), before anything is counted or charged.
+ */
+import type { ConfigReader } from "../../views/model-config.js";
+import { RouteError } from "../errors.js";
+import { type ParsedRequest, parseRequestBody } from "../request-body.js";
+import { isStrategySpecError, parseStrategy, type StrategyParams, strategyNames } from "../strategies/registry.js";
+import type { SloTargets, Strategy } from "../strategies/types.js";
+
+/** Longest `user` header accepted (the charge and decision schemas' bound). */
+export const MAX_USER_LENGTH = 256;
+/** Longest `x-request-id` accepted (decision records carry it as their id). */
+export const MAX_REQUEST_ID_LENGTH = 253;
+const HEADER_BOUNDS: ReadonlyArray<readonly [string, number]> = [
+  ["user", MAX_USER_LENGTH],
+  ["x-request-id", MAX_REQUEST_ID_LENGTH],
+];
+
+export interface RoutePlan {
+  parsed: ParsedRequest;
+  strategy: Strategy;
+  /** The model profile that applied, and its latency targets (slo* strategies). */
+  profile?: string;
+  slo?: SloTargets;
+  /** The profile's per-model request rate limit. */
+  rps?: number;
+  /** The profile's strategy plugin parameters (recorded for replay). */
+  strategyParams?: Readonly<Record<string, StrategyParams>>;
+}
+
+/** Parses a request and plans its routing; throws RouteError for anything the client must be told. */
+export function parseRoute(headers: Readonly<Record<string, string>>, body: Uint8Array, config: ConfigReader | undefined, defaultStrategy: string): RoutePlan {
+  const parsed = parseRequestBody(body);
+  // The user and the request id travel in every charge and decision record; the event schemas bound them.
+  for (const [name, max] of HEADER_BOUNDS) {
+    const value = headers[name];
+    if (value !== undefined && value.length > max) {
+      throw new RouteError("invalidHeader", `the \`${name}\` header is ${value.length} characters long; at most ${max} are allowed`, name);
+    }
+  }
+  const choice = config
+    ? config.choose(parsed.model, headers, { promptTokens: parsed.promptTokens, maxTokens: parsed.maxTokens }, defaultStrategy)
+    : { spec: headers["routing-strategy"] || defaultStrategy, source: "default" as const };
+  const strategyParams = "profileConfig" in choice ? choice.profileConfig?.strategyParams : undefined;
+  let strategy: Strategy;
+  try {
+    strategy = parseStrategy(choice.spec, strategyParams);
+  } catch (err) {
+    if (isStrategySpecError(err)) throw new RouteError("invalidStrategy", `${err.message}; known: ${strategyNames().join(", ")}`, "routing-strategy");
+    throw err;
+  }
+  const rps = "profileConfig" in choice ? choice.profileConfig?.requestsPerSecond : undefined;
+  const slo = "profileConfig" in choice ? choice.profileConfig?.slo : undefined;
+  return { parsed, strategy, ...(strategyParams ? { strategyParams } : {}), ...(slo ? { slo } : {}), ...(rps !== undefined ? { rps } : {}), ...("profile" in choice && choice.profile ? { profile: choice.profile } : {}) };
+}
