@@ -10,7 +10,7 @@ import { apiKeyBucketKey, hashApiKey } from "../services/gateway/auth.js";
 import type { GatewayHandle } from "../services/gateway/gateway.js";
 import { spawnJetroute } from "../services/shared/processes.js";
 import { configBucketName } from "../streams/definitions.js";
-import { MODEL, startTestEnv, type TestEnv, waitFor } from "./harness/env.js";
+import { MODEL, minuteStartClock, startTestEnv, type TestEnv, waitFor } from "./harness/env.js";
 
 const chat = () => Buffer.from(JSON.stringify({ model: MODEL, messages: [{ role: "user", content: "hello there" }], stream: true }));
 const reqHeaders = (extra: Record<string, string> = {}) => ({ ":method": "POST", ":path": "/v1/chat/completions", ":authority": "gw", "content-type": "application/json", ...extra });
@@ -75,11 +75,14 @@ describe("auth - gateway --auth required", () => {
   let b: GatewayHandle;
   let ca: ExtProcClient;
   let cb: ExtProcClient;
+  // Both replicas' clock starts at the beginning of a rate-limit minute: the per-minute test
+  // below runs well inside it.
+  const clock = minuteStartClock();
   beforeAll(async () => {
     env = await startTestEnv();
     for (let i = 0; i < 2; i++) await env.publishPod({ pod: `pod-${i}`, address: `127.0.0.1:${9100 + i}` });
-    a = await env.gateway({ id: "auth-a", auth: "required", adminPort: 0 });
-    b = await env.gateway({ id: "auth-b", auth: "required" });
+    a = await env.gateway({ id: "auth-a", auth: "required", adminPort: 0, clock });
+    b = await env.gateway({ id: "auth-b", auth: "required", clock });
     ca = new ExtProcClient(`127.0.0.1:${a.port}`);
     cb = new ExtProcClient(`127.0.0.1:${b.port}`);
   });
@@ -251,17 +254,13 @@ describe("auth - gateway --auth required", () => {
     const set = await cli(env, ["set-limits", "--json", JSON.stringify({ users: { alice: { rpm: 2 }, bob: { rpm: 1000 } } })]);
     expect(set.code).toBe(0);
     const alice = await addKey(env, "alice");
-    await waitFor(() => [a, b].every((g) => g.apiKeys.get(alice.hash) && g.director !== undefined), 3_000, "alice's key");
-    await new Promise((r) => setTimeout(r, 200));
-    // Start early in a minute: a window reset between the requests would let the third through.
-    const intoMinute = Date.now() % 60_000;
-    if (intoMinute > 57_000) await new Promise((r) => setTimeout(r, 60_000 - intoMinute + 50));
+    await waitFor(() => [a, b].every((g) => g.apiKeys.get(alice.hash) && g.state.configs.userLimits("alice")?.rpm === 2), 3_000, "alice's key and limit");
     const results = [];
     // Spread over both replicas: the limit is shared.
     for (let i = 0; i < 3; i++) results.push(await send(i % 2 === 0 ? ca : cb, { ...bearer(alice.key), user: "bob" }));
     expect(results.map((r) => r.kind)).toEqual(["routed", "routed", "refused"]);
     expect(results[2]).toEqual({ kind: "refused", status: 429, phase: "body" });
-    const now = Date.now();
+    const now = clock();
     expect(a.views.rates.userRequests("bob", now)).toBe(0);
     expect(a.views.rates.userRequests("alice", now)).toBe(2);
     // Bob with his own key is not affected by alice's limit.

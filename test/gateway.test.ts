@@ -7,7 +7,7 @@ import { ExtProcClient, type PhaseResult } from "../services/extproc/envoy-clien
 import type { GatewayHandle } from "../services/gateway/gateway.js";
 import type { DecisionRecord } from "../schemas/events.js";
 import { spawnJetroute } from "../services/shared/processes.js";
-import { MODEL, startTestEnv, type TestEnv, waitFor } from "./harness/env.js";
+import { MODEL, minuteStartClock, startTestEnv, type TestEnv, waitFor } from "./harness/env.js";
 
 const chat = (model = MODEL, extra: Record<string, unknown> = {}) =>
   Buffer.from(JSON.stringify({ model, messages: [{ role: "user", content: "hello there" }], stream: true, ...extra }));
@@ -542,15 +542,14 @@ describe("gateway - rate limits shared across replicas", () => {
   afterAll(async () => env?.stop());
 
   it("a user cannot get 3x the per-minute limit by spreading requests over 3 replicas; 429 says so in OpenAI's shape", async () => {
-    const gws = [await env.gateway({ id: "rl-a" }), await env.gateway({ id: "rl-b" }), await env.gateway({ id: "rl-c" })];
+    // A minute boundary would reset the window mid-test: the replicas' clock starts at one.
+    const clock = minuteStartClock();
+    const gws = [await env.gateway({ id: "rl-a", clock }), await env.gateway({ id: "rl-b", clock }), await env.gateway({ id: "rl-c", clock })];
     const set = spawnJetroute("config", ["config", "set-limits", "--nats", env.server.url, "--json", JSON.stringify({ users: { default: { rpm: 1000 }, alice: { rpm: 10 } } })]);
     expect(await set.exited).toBe(0);
     const clients = gws.map((g) => new ExtProcClient(`127.0.0.1:${g.port}`));
-    // The limits reach every replica through the config bucket's watch (milliseconds on loopback).
-    await new Promise((r) => setTimeout(r, 300));
-    // A minute boundary would reset the window mid-test: start early in a minute.
-    const intoMinute = Date.now() % 60_000;
-    if (intoMinute > 50_000) await new Promise((r) => setTimeout(r, 60_000 - intoMinute + 50));
+    // The limits reach every replica through the config bucket's watch.
+    await waitFor(() => gws.every((g) => g.state.configs.userLimits("alice")?.rpm === 10), 3_000, "the limits on every replica");
     let accepted = 0;
     let last429: { status: number; headers: Record<string, string>; body: { error: { type: string; code: string } } } | undefined;
     for (let i = 0; i < 30; i++) {
@@ -580,13 +579,12 @@ describe("gateway - rate limits shared across replicas", () => {
 
   it("a request held by the burst guard across a shutdown is never charged, and nothing is thrown", async () => {
     // A 300 ms unseen window: the hold does not depend on how fast this machine runs the test.
-    const [a] = [await env.gateway({ id: "hold-a", shutdownGraceMs: 0, rateConfirmMs: 300 }), await env.gateway({ id: "hold-b", rateConfirmMs: 300 })];
+    const clock = minuteStartClock();
+    const [a, b] = [await env.gateway({ id: "hold-a", shutdownGraceMs: 0, rateConfirmMs: 300, clock }), await env.gateway({ id: "hold-b", rateConfirmMs: 300, clock })];
     const set = spawnJetroute("config", ["config", "set-limits", "--nats", env.server.url, "--json", JSON.stringify({ users: { default: { rpm: 1000 }, erin: { rpm: 2 } } })]);
     expect(await set.exited).toBe(0);
     await waitFor(() => a.views.ledger.rank(Date.now()).count >= 2, 5_000, "the replicas to see each other");
-    await new Promise((r) => setTimeout(r, 300));
-    const intoMinute = Date.now() % 60_000;
-    if (intoMinute > 55_000) await new Promise((r) => setTimeout(r, 60_000 - intoMinute + 50));
+    await waitFor(() => [a, b].every((g) => g.state.configs.userLimits("erin")?.rpm === 2), 3_000, "the limits on both replicas");
     const c = new ExtProcClient(`127.0.0.1:${a.port}`);
     const first = c.open();
     await first.requestHeaders(reqHeaders({ user: "erin" }));
@@ -598,21 +596,20 @@ describe("gateway - rate limits shared across replicas", () => {
     held.catch(() => {});
     await waitFor(() => a.director.rateWaits >= 1, 2_000, "the second request to be held");
     await a.close();
-    await new Promise((r) => setTimeout(r, 700)); // past the hold (300 ms after the first admission)
+    await new Promise((r) => setTimeout(r, 700)); // past the hold (300 ms after the first admission): its late verdict must charge nothing
     expect(a.director.inFlight.size).toBe(0);
     expect(a.views.ledger.chargesOf("hold-a")).toBe(0);
     c.close();
   });
 
   it("TPM counts the engine's prompt tokens, not the estimate, on every replica", async () => {
-    const [a, b] = [await env.gateway({ id: "tpm-a" }), await env.gateway({ id: "tpm-b" })];
+    const clock = minuteStartClock();
+    const [a, b] = [await env.gateway({ id: "tpm-a", clock }), await env.gateway({ id: "tpm-b", clock })];
     // A replica that shares no charges (`off`) still shares rate counts, corrections included.
-    const c = await env.gateway({ id: "tpm-c", consistency: "off" });
+    const c = await env.gateway({ id: "tpm-c", consistency: "off", clock });
     const set = spawnJetroute("config", ["config", "set-limits", "--nats", env.server.url, "--json", JSON.stringify({ users: { default: { rpm: 1000 }, dave: { tpm: 100 } } })]);
     expect(await set.exited).toBe(0);
-    await new Promise((r) => setTimeout(r, 300));
-    const intoMinute = Date.now() % 60_000;
-    if (intoMinute > 55_000) await new Promise((r) => setTimeout(r, 60_000 - intoMinute + 50));
+    await waitFor(() => [a, b, c].every((g) => g.state.configs.userLimits("dave")?.tpm === 100), 3_000, "the limits on every replica");
     const [ca, cb] = [new ExtProcClient(`127.0.0.1:${a.port}`), new ExtProcClient(`127.0.0.1:${b.port}`)];
     // A short prompt (estimated at a few tokens) that the engine reports as 98 prompt tokens.
     const ex = ca.open();
@@ -621,7 +618,7 @@ describe("gateway - rate limits shared across replicas", () => {
     await ex.responseHeaders(200, { "content-type": "application/json" });
     await ex.responseBodyChunk(Buffer.from(JSON.stringify({ usage: { prompt_tokens: 98, completion_tokens: 1, total_tokens: 99 } })), true);
     await ex.end();
-    await waitFor(() => [a, b, c].every((g) => g.views.rates.userTokens("dave", Date.now()) === 99), 3_000, "every replica to count the engine's 99 tokens");
+    await waitFor(() => [a, b, c].every((g) => g.views.rates.userTokens("dave", clock()) === 99), 3_000, "every replica to count the engine's 99 tokens");
     // 99 of 100 used: the next request's own estimate no longer fits, on either replica.
     const next = cb.open();
     await next.requestHeaders(reqHeaders({ user: "dave" }));
@@ -632,7 +629,8 @@ describe("gateway - rate limits shared across replicas", () => {
   }, 30_000);
 
   it("a simultaneous burst spread over 3 replicas cannot take 3x the limit: overshoot stays within R - 1", async () => {
-    const gws = [await env.gateway({ id: "rb-a" }), await env.gateway({ id: "rb-b" }), await env.gateway({ id: "rb-c" })];
+    const clock = minuteStartClock();
+    const gws = [await env.gateway({ id: "rb-a", clock }), await env.gateway({ id: "rb-b", clock }), await env.gateway({ id: "rb-c", clock })];
     const set = spawnJetroute("config", ["config", "set-limits", "--nats", env.server.url, "--json", JSON.stringify({ users: { default: { rpm: 1000 }, carol: { rpm: 10 }, frank: { rpm: 10 } } })]);
     expect(await set.exited).toBe(0);
     await waitFor(() => gws.every((g) => g.views.ledger.rank(Date.now()).count >= 3), 5_000, "replicas to see each other");
@@ -646,9 +644,7 @@ describe("gateway - rate limits shared across replicas", () => {
       for (const ex of exs) ex.cancel();
       return replies.filter((r) => r.kind === "continue").length;
     };
-    await new Promise((r) => setTimeout(r, 300)); // the limits reach every replica
-    const intoMinute = Date.now() % 60_000;
-    if (intoMinute > 55_000) await new Promise((r) => setTimeout(r, 60_000 - intoMinute + 50));
+    await waitFor(() => gws.every((g) => g.state.configs.userLimits("carol")?.rpm === 10), 3_000, "the limits on every replica");
     expect(await burst("warm-up")).toBe(30); // far below its limit: nothing is held back
     const admitted = await burst("carol");
     console.log(`carol (limit 10/min) sent 30 requests at once over 3 replicas: ${admitted} admitted`);

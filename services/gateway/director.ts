@@ -358,7 +358,7 @@ export class Director {
   }
 
   /** The request's first response bytes arrived: it moved from prefill to decode. */
-  firstToken(r: RoutedRequest, at: number): void {
+  firstToken(r: RoutedRequest, at = this.now()): void {
     if (r.firstChunkAt !== undefined || r.finished) return;
     r.firstChunkAt = at;
     this.opts.state.ownFirstToken(r.chargeId);
@@ -432,11 +432,11 @@ export class Director {
       ...(r.user ? { user: r.user } : {}),
       status: info.status,
       outcome,
-      ...(r.firstChunkAt !== undefined ? { ttftMs: r.firstChunkAt - r.startedAt } : {}),
+      ...(r.firstChunkAt !== undefined ? { ttftMs: Math.max(0, r.firstChunkAt - r.startedAt) } : {}),
       ...(r.firstChunkAt !== undefined && info.completionTokens !== undefined && info.completionTokens > 1
-        ? { tpotMs: (now - r.firstChunkAt) / (info.completionTokens - 1) }
+        ? { tpotMs: Math.max(0, now - r.firstChunkAt) / (info.completionTokens - 1) }
         : {}),
-      durationMs: now - r.startedAt,
+      durationMs: Math.max(0, now - r.startedAt),
       promptTokens: info.promptTokens ?? r.promptTokens,
       ...(info.completionTokens !== undefined ? { completionTokens: info.completionTokens } : {}),
       charge: r.chargeId,

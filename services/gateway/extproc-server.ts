@@ -40,8 +40,8 @@ type Stream = grpc.ServerDuplexStream<ProcessingRequest, ProcessingResponse>;
 export interface RequestRouter {
   /** Selection + charge, synchronous when nothing needs waiting for. Throws/rejects RouteError. */
   route(input: RouteInput): RoutedRequest | Promise<RoutedRequest>;
-  /** The request's first response bytes arrived. */
-  firstToken(r: RoutedRequest, at: number): void;
+  /** The request's first response bytes arrived (now, on the router's clock). */
+  firstToken(r: RoutedRequest): void;
   /** Ends a routed request: releases its charge and records the decision. Idempotent. */
   finish(r: RoutedRequest, outcome: ReleaseOutcome, info: FinishInfo): boolean;
   /** Records a request refused before routing. */
@@ -248,7 +248,7 @@ export function createExtProcHandler(opts: ExtProcHandlerOptions): grpc.handleBi
           }
           case "response_body": {
             const b = req.response_body;
-            if (routed && routed.firstChunkAt === undefined && b?.body?.length) router.firstToken(routed, Date.now());
+            if (routed && routed.firstChunkAt === undefined && b?.body?.length) router.firstToken(routed);
             if (b?.body?.length) tracker?.push(b.body);
             if (normalising) {
               if (b?.body?.length && errorBytes < 65_536) {

@@ -74,6 +74,11 @@ export interface GatewayOptions {
   /** On close, how long in-flight requests may take before their streams are cancelled. */
   shutdownGraceMs?: number;
   /**
+   * The gateway's clock (ms): decisions, charges, rate windows and expiry read it. Default
+   * Date.now; tests shift it (to start at the beginning of a rate window, or to skew a host).
+   */
+  clock?: () => number;
+  /**
    * `off` (default): no authentication; `required`: every request needs `authorization: Bearer
    * <key>` with a key from the config bucket (`jetroute config add-key`), else 401.
    */
@@ -119,6 +124,7 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
   const chargeTtlMs = o.chargeTtlMs ?? 10 * 60_000;
   const hbInterval = o.heartbeatIntervalMs ?? 1_000;
   const hbTimeout = o.heartbeatTimeoutMs ?? 3 * hbInterval;
+  const clock = o.clock ?? Date.now;
   const nats = await connectNats(o.nats, `jetroute-gateway-${id}`);
   // Our events serialize `"gateway":"<id>"` right after `"id"`; this exact byte run marks an echo.
   const ownMarker = new TextEncoder().encode(`"gateway":${JSON.stringify(id)},`);
@@ -221,7 +227,7 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
   const configWatch = await watchModelConfigs(nats.nc, configBucketName(prefix), state, log);
   const authMode: AuthMode = o.auth ?? "off";
   const prefixSupport = createPrefixSupport({ gatewayId: id, state, tokenizer, subjects, outbox });
-  const director = new Director({ gatewayId: id, defaultStrategy: o.defaultStrategy ?? "least-request", chargeTtlMs, state, sink, prefix: prefixSupport, config: modelConfigs, consistency: o.consistency, strictFor: (model) => defaultConsistency !== "off" && (modelConfigs.consistency(model) ?? defaultConsistency) === "strict", onPick: (st, sec) => metrics.pick(st, sec) });
+  const director = new Director({ gatewayId: id, now: clock, defaultStrategy: o.defaultStrategy ?? "least-request", chargeTtlMs, state, sink, prefix: prefixSupport, config: modelConfigs, consistency: o.consistency, strictFor: (model) => defaultConsistency !== "off" && (modelConfigs.consistency(model) ?? defaultConsistency) === "strict", onPick: (st, sec) => metrics.pick(st, sec) });
   // Strict commits are chosen per model (its config's `consistency`, else `--consistency`), so the
   // committer exists whenever charges are shared; `off` follows no peer and has nothing to commit against.
   const defaultConsistency = o.consistency ?? "eventual";
@@ -251,8 +257,8 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
   };
   heartbeat("up");
   const hbTimer = setInterval(() => heartbeat("up"), hbInterval);
-  const sweepTimer = setInterval(() => state.sweep(Date.now()), Math.max(50, Math.min(250, hbInterval / 4)));
-  const slowSweep = setInterval(() => state.sweep(Date.now(), { routed: true }), 5_000);
+  const sweepTimer = setInterval(() => state.sweep(clock()), Math.max(50, Math.min(250, hbInterval / 4)));
+  const slowSweep = setInterval(() => state.sweep(clock(), { routed: true }), 5_000);
 
   let isReady = false;
   const health = new HealthImplementation({ liveness: "SERVING", readiness: "NOT_SERVING", "": "NOT_SERVING", [EXT_PROC_SERVICE_NAME]: "NOT_SERVING" });

@@ -52,6 +52,16 @@ export async function startTestEnv(): Promise<TestEnv> {
   };
 }
 
+/**
+ * A clock for gateways that starts at the beginning of a rate-limit minute (shifted back by how
+ * far into the minute it is now), so a test of per-minute limits never straddles a window reset.
+ * Give the same clock to every replica of the test.
+ */
+export function minuteStartClock(): () => number {
+  const shift = Date.now() % 60_000;
+  return () => Date.now() - shift;
+}
+
 /** Polls `fn` until it returns true or `timeoutMs` passes; returns the elapsed ms or throws. */
 export async function waitFor(fn: () => boolean, timeoutMs = 5_000, what = "condition"): Promise<number> {
   const t0 = performance.now();

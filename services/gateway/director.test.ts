@@ -1,0 +1,99 @@
+import { describe, expect, it } from "vitest";
+import type { ChargeEvent, DecisionRecord, ReleaseEvent } from "../../schemas/events.js";
+import { checkEvent } from "../../schemas/validate.js";
+import { Director, type EventSink, type Prepared, type RoutedRequest, type RouteInput } from "./director.js";
+import { RouteError } from "./errors.js";
+import type { Committer } from "./stages/commit.js";
+import { chatBody, FakeClock, MODEL, stateWithPods } from "./stages/testing.js";
+
+/** The director's events, kept in memory instead of going to JetStream. */
+class MemorySink implements EventSink {
+  charges: ChargeEvent[] = [];
+  releases: ReleaseEvent[] = [];
+  decisions: DecisionRecord[] = [];
+  charge(ev: ChargeEvent) {
+    this.charges.push(ev);
+  }
+  release(ev: ReleaseEvent) {
+    this.releases.push(ev);
+  }
+  decision(rec: DecisionRecord) {
+    this.decisions.push(rec);
+  }
+}
+
+function setup(o: { strictFor?: (m: string) => boolean } = {}) {
+  const clock = new FakeClock(1_000_000);
+  const state = stateWithPods(3, "gw");
+  const sink = new MemorySink();
+  const director = new Director({ gatewayId: "gw", defaultStrategy: "least-request", chargeTtlMs: 60_000, state, sink, config: state.configs, clock, now: clock.now, ...(o.strictFor ? { strictFor: o.strictFor } : {}) });
+  const input = (headers: Record<string, string> = {}): RouteInput => ({ headers: { "x-request-id": "req-1", ...headers }, body: chatBody(MODEL, { max_tokens: 7 }) });
+  return { clock, state, sink, director, input };
+}
+
+describe("director - the request path on an in-memory sink", () => {
+  it("routes, charges once (locally and on the sink) and records a v2 decision that replay can use", () => {
+    const { clock, state, sink, director, input } = setup();
+    const cursorsBefore = { ...state.cursors };
+    const r = director.route(input()) as RoutedRequest;
+    expect(sink.charges).toHaveLength(1);
+    expect(state.ledger.outstanding(MODEL, r.pod.pod).requests).toBe(1);
+    clock.advance(50);
+    director.firstToken(r);
+    clock.advance(20);
+    expect(state.ledger.outstanding(MODEL, r.pod.pod).prefillRequests).toBe(0);
+    expect(director.finish(r, "completed", { status: 200, promptTokens: 12, completionTokens: 3 })).toBe(true);
+    expect(director.finish(r, "completed", { status: 200 })).toBe(false);
+    expect(state.ledger.size).toBe(0);
+    expect(sink.releases).toEqual([expect.objectContaining({ id: r.chargeId, outcome: "completed", promptTokens: 12, chargedPromptTokens: r.promptTokens })]);
+    const rec = sink.decisions[0] as DecisionRecord;
+    expect(checkEvent("decision", rec)).toEqual({ ok: true, event: rec });
+    expect(rec).toMatchObject({ v: 2, id: "req-1", charge: r.chargeId, pick: r.pod.pod, cursors: cursorsBefore, maxTokens: 7, routedPromptTokens: r.promptTokens, ttftMs: 50, status: 200 });
+  });
+
+  it("a request over its user's limit is refused before anything is charged; a held one is charged once the fake clock passes the hold", async () => {
+    const { clock, state, sink, director, input } = setup();
+    state.apply({ type: "config-entry", key: "limits", operation: "PUT", value: { users: { bob: { rpm: 3 } } } }, { stream: "config", subject: "limits", seq: 1, serverTs: 0 });
+    state.apply({ type: "heartbeat", gateway: "peer", ts: clock.t, intervalMs: 1000, startedAt: 0, state: "up" }, { stream: "charges", subject: "hb", seq: 1, serverTs: clock.t });
+    // Seen + room for as many unseen at the peer: 0 + 0 and 1 + 1 stay below 3; 2 + 2 would reach it: held.
+    expect(director.route(input({ user: "bob" }))).not.toBeInstanceOf(Promise);
+    expect(director.route(input({ user: "bob" }))).not.toBeInstanceOf(Promise);
+    const held = director.route(input({ user: "bob" }));
+    expect(held).toBeInstanceOf(Promise);
+    expect(sink.charges).toHaveLength(2);
+    clock.advance(30);
+    await expect(held).resolves.toMatchObject({ user: "bob" });
+    expect(sink.charges).toHaveLength(3);
+    expect(() => director.route(input({ user: "bob" }))).toThrow(RouteError);
+    expect(sink.charges).toHaveLength(3);
+  });
+
+  it("picks the committer by the model's consistency: strict models go to the strict committer", async () => {
+    const { director, input, sink } = setup({ strictFor: (m) => m === MODEL });
+    const seen: Prepared[] = [];
+    const strict: Committer = {
+      commit(i, p) {
+        seen.push(p);
+        return Promise.resolve(director.charge(i, { publish: false, prepared: p }));
+      },
+    };
+    director.useStrictCommitter(strict);
+    const r = await director.route(input());
+    expect(seen).toHaveLength(1);
+    // publish: false = the strict committer publishes itself (with a compare-and-set).
+    expect(sink.charges).toHaveLength(0);
+    director.finish(r, "completed", { status: 200 });
+    expect(sink.decisions[0]?.consistency).toBe("strict");
+  });
+
+  it("a rejection is recorded; draining releases every request in flight as shutdown and refuses new ones", () => {
+    const { director, input, sink } = setup();
+    director.reject({ "x-request-id": "bad" }, MODEL, new RouteError("invalidJson", "x"));
+    expect(sink.decisions[0]).toMatchObject({ id: "bad", outcome: "rejected", status: 400, pick: null });
+    director.route(input());
+    director.route(input({ "x-request-id": "req-2" }));
+    expect(director.drain()).toBe(2);
+    expect(sink.releases.map((r) => r.outcome)).toEqual(["shutdown", "shutdown"]);
+    expect(() => director.route(input())).toThrow(/shutting down/);
+  });
+});
