@@ -16,17 +16,19 @@ import { promptInputOf } from "../tokenizer/prompt-tokens.js";
 import type { UsageView } from "../views/usage-view.js";
 import type { ConfigReader } from "../views/model-config.js";
 import type { RateView } from "../views/rate-view.js";
-import type { GatewayState, OwnAdmission, StateStream } from "../views/gateway-state.js";
+import type { GatewayState } from "../views/gateway-state.js";
 import { encodeBlockHashes } from "../views/packed-hashes.js";
-import { findStrategy, type StrategyParams, strategyNames } from "./strategies/registry.js";
-import { MAX_REQUEST_ID_LENGTH, parseRoute, type RoutePlan } from "./stages/parse.js";
+import { findStrategy, strategyNames } from "./strategies/registry.js";
+import { MAX_REQUEST_ID_LENGTH, parseRoute } from "./stages/parse.js";
 import { routingRequestOf } from "./strategies/request.js";
-import type { Pick, RoutingRequest, Scored, SessionHint } from "./strategies/types.js";
+import type { Pick, RoutingRequest } from "./strategies/types.js";
 import { Admission, type AdmissionClock } from "./stages/admission.js";
 import { type Committer, EventualCommitter } from "./stages/commit.js";
 import { decisionRandom, type PrefixMatchResult, type Rank, schedule } from "./stages/scheduling.js";
 
 export type { PrefixMatchResult } from "./stages/scheduling.js";
+export type { DecisionContext, OwnAdmissionKey, Prepared, PromptBlocks, RoutedRequest, RouteInput } from "./request.js";
+import type { Prepared, PromptBlocks, RoutedRequest, RouteInput } from "./request.js";
 
 export { MAX_REQUEST_ID_LENGTH, MAX_USER_LENGTH } from "./stages/parse.js";
 
@@ -74,65 +76,6 @@ export interface DirectorOptions {
   consistency?: "eventual" | "strict" | "off";
 }
 
-export interface RouteInput {
-  /** Lower-cased request headers. */
-  headers: Readonly<Record<string, string>>;
-  body: Uint8Array;
-  /** Endpoints the proxy allows (Inference Extension subset hint); undefined = no restriction. */
-  subset?: readonly string[];
-}
-
-export interface RoutedRequest {
-  readonly chargeId: string;
-  /** The charge as recorded in this replica's ledger (and published unless the caller commits it). */
-  readonly charge: ChargeEvent;
-  readonly requestId: string;
-  readonly model: string;
-  readonly pod: PodInfo;
-  readonly strategy: string;
-  readonly candidates: readonly Scored[];
-  readonly better?: Pick["better"];
-  readonly fallback?: string;
-  /** Headers the strategy wants on the response (e.g. `x-session-id`). */
-  readonly responseHeaders?: Readonly<Record<string, string>>;
-  readonly user?: string;
-  readonly startedAt: number;
-  readonly promptTokens: number;
-  /** When the request was counted in the rate windows (its first attempt, for a strict retry). */
-  readonly countedAt: number;
-  /** The own admission the burst guard remembers for it (only where a limit applies). */
-  readonly admission?: OwnAdmissionKey;
-  /** What the decision record keeps so replay can re-decide the request. */
-  readonly context: DecisionContext;
-  /** The prompt's blocks, computed after routing for a strategy that did not need them (recorded for counterfactuals). */
-  recordedBlocks?: PromptBlocks;
-  firstChunkAt?: number;
-  finished: boolean;
-}
-
-/** The inputs of a decision beyond the views, recorded for replay (schemas/events.ts, DecisionRecord v2). */
-export interface DecisionContext {
-  readonly cursors: Readonly<Record<StateStream, number>>;
-  readonly rank?: Rank;
-  readonly session?: SessionHint;
-  readonly subset?: readonly string[];
-  readonly blocks?: { readonly size: number; readonly mode: "precise" | "approximate"; readonly hashes: readonly bigint[] };
-  readonly profile?: string;
-  readonly strategyParams?: Readonly<Record<string, StrategyParams>>;
-  readonly slo?: { ttftMs?: number; tpotMs?: number };
-  readonly maxTokens?: number;
-  readonly consistency?: "strict" | "off";
-}
-
-/** Which own-admission entries (rate-view.ts) a routed request holds. */
-export type OwnAdmissionKey = OwnAdmission;
-
-/** A parsed and planned request (stages/parse.ts), with its prompt token ids when the strategy needs them. */
-export interface Prepared extends RoutePlan {
-  /** Prompt token ids, when a prefix strategy needs them. */
-  tokens?: number[];
-  tokenizerMode?: string;
-}
 
 /** What the director needs for prefix-aware routing (absent: prefix strategies fall back). */
 export interface PrefixSupport {
@@ -143,11 +86,6 @@ export interface PrefixSupport {
   blocks(model: string, pod: PodInfo, tokens: readonly number[], now: number, tokenizerMode: string | undefined): PromptBlocks;
 }
 
-export interface PromptBlocks {
-  readonly size: number;
-  readonly mode: "precise" | "approximate";
-  readonly hashes: bigint[];
-}
 
 export interface Selection {
   requestId: string;

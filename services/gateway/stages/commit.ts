@@ -5,7 +5,7 @@
  * - strict (strict-commit.ts): a per-pod compare-and-set on the charge subject, owning its
  *   retries and the retraction of a charge that lost its race.
  */
-import type { Prepared, RoutedRequest, RouteInput } from "../director.js";
+import type { Prepared, RoutedRequest, RouteInput } from "../request.js";
 
 export interface Committer {
   commit(input: RouteInput, prepared: Prepared): RoutedRequest | Promise<RoutedRequest>;

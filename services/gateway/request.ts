@@ -1,0 +1,79 @@
+/**
+ * The request as it moves through the stages: what the proxy sent (RouteInput), what parsing and
+ * planning made of it (Prepared), and what routing charged (RoutedRequest, with the context its
+ * decision record keeps). Shared by the director and the committers.
+ */
+import type { ChargeEvent } from "../../schemas/events.js";
+import type { OwnAdmission, StateStream } from "../views/gateway-state.js";
+import type { PodInfo } from "../views/pod-set.js";
+import type { RoutePlan } from "./stages/parse.js";
+import type { Rank } from "./stages/scheduling.js";
+import type { StrategyParams } from "./strategies/registry.js";
+import type { Pick, Scored, SessionHint } from "./strategies/types.js";
+
+export interface RouteInput {
+  /** Lower-cased request headers. */
+  headers: Readonly<Record<string, string>>;
+  body: Uint8Array;
+  /** Endpoints the proxy allows (Inference Extension subset hint); undefined = no restriction. */
+  subset?: readonly string[];
+}
+
+export interface RoutedRequest {
+  readonly chargeId: string;
+  /** The charge as recorded in this replica's ledger (and published unless the caller commits it). */
+  readonly charge: ChargeEvent;
+  readonly requestId: string;
+  readonly model: string;
+  readonly pod: PodInfo;
+  readonly strategy: string;
+  readonly candidates: readonly Scored[];
+  readonly better?: Pick["better"];
+  readonly fallback?: string;
+  /** Headers the strategy wants on the response (e.g. `x-session-id`). */
+  readonly responseHeaders?: Readonly<Record<string, string>>;
+  readonly user?: string;
+  readonly startedAt: number;
+  readonly promptTokens: number;
+  /** When the request was counted in the rate windows (its first attempt, for a strict retry). */
+  readonly countedAt: number;
+  /** The own admission the burst guard remembers for it (only where a limit applies). */
+  readonly admission?: OwnAdmissionKey;
+  /** What the decision record keeps so replay can re-decide the request. */
+  readonly context: DecisionContext;
+  /** The prompt's blocks, computed after routing for a strategy that did not need them (recorded for counterfactuals). */
+  recordedBlocks?: PromptBlocks;
+  firstChunkAt?: number;
+  finished: boolean;
+}
+
+/** The inputs of a decision beyond the views, recorded for replay (schemas/events.ts, DecisionRecord v2). */
+export interface DecisionContext {
+  readonly cursors: Readonly<Record<StateStream, number>>;
+  readonly rank?: Rank;
+  readonly session?: SessionHint;
+  readonly subset?: readonly string[];
+  readonly blocks?: { readonly size: number; readonly mode: "precise" | "approximate"; readonly hashes: readonly bigint[] };
+  readonly profile?: string;
+  readonly strategyParams?: Readonly<Record<string, StrategyParams>>;
+  readonly slo?: { ttftMs?: number; tpotMs?: number };
+  readonly maxTokens?: number;
+  readonly consistency?: "strict" | "off";
+}
+
+/** Which own-admission entries (rate-view.ts) a routed request holds. */
+export type OwnAdmissionKey = OwnAdmission;
+
+/** A parsed and planned request (stages/parse.ts), with its prompt token ids when the strategy needs them. */
+export interface Prepared extends RoutePlan {
+  /** Prompt token ids, when a prefix strategy needs them. */
+  tokens?: number[];
+  tokenizerMode?: string;
+}
+
+/** A prompt's router block hashes as one pod's engine keys them. */
+export interface PromptBlocks {
+  readonly size: number;
+  readonly mode: "precise" | "approximate";
+  readonly hashes: bigint[];
+}
