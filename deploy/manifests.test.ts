@@ -621,7 +621,13 @@ describe("pod-watcher, metrics-scraper, streams, NATS", () => {
 // ---------------------------------------------------------------- Prometheus scraping
 /** The flag that sets the port serving /metrics, per sub-command, and the source line that serves it. */
 const METRICS_FLAG: Record<string, { flag: string; serves: () => boolean }> = {
-  gateway: { flag: "--admin-port", serves: () => /req\.url === "\/metrics"/.test(read("services/gateway/gateway.ts")) && /adminPort:\s*o\.adminPort/.test(read("services/gateway/command.ts")) },
+  gateway: {
+    flag: "--admin-port",
+    serves: () =>
+      /req\.url === "\/metrics"/.test(read("services/gateway/admin-server.ts")) &&
+      /startAdminServer\(\{\s*port: o\.adminPort/.test(read("services/gateway/gateway.ts")) &&
+      /adminPort:\s*o\.adminPort/.test(read("services/gateway/command.ts")),
+  },
   ...Object.fromEntries(
     ["pod-watcher", "metrics-scraper", "kv-bridge"].map((sub) => [
       sub,
