@@ -6,7 +6,7 @@
  * had; an export file must replay the same; a window routed `random` must show what prefix-cache
  * would have hit, and the what-if simulation a better TTFT for it.
  */
-import { mkdtempSync } from "node:fs";
+import { mkdtempSync, readFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -15,6 +15,7 @@ import type { GatewayHandle } from "../services/gateway/gateway.js";
 import { startKvBridge } from "../services/kv-bridge/bridge.js";
 import { startScraper } from "../services/metrics-scraper/scraper.js";
 import { runReplay } from "../services/replay/command.js";
+import { spawnJetroute } from "../services/shared/processes.js";
 import { EXPORT_FORMAT, EXPORT_VERSION, fileSource, natsSource, writeExport } from "../services/replay/sources.js";
 import { type SimFleet, startSimFleet } from "../services/sim/fleet.js";
 import { streamName } from "../streams/definitions.js";
@@ -96,6 +97,8 @@ describe("replay - a recorded run of three gateway replicas", () => {
     await drive(N, 12, (i) => STRATEGIES[i % STRATEGIES.length] as string, 1);
     toMs = Date.now();
     await decisionsStored(N);
+    const st = (await env.nats.jsm.streams.info(streamName("jr", "DECISIONS"))).state;
+    console.error(`decision records: ${Math.round(st.bytes / st.messages)} bytes each as stored (${st.messages} records, prompts of ~${Math.round(systems.reduce((a, x) => a + x.length, 0) / systems.length / 4)} tokens)`);
     const report = await runReplay({ source: await natsSource(env.nats, "jr", { fromMs, toMs, tailMs: 5_000 }), fromMs, toMs, strategies: ["prefix-cache", "random"], reorderMs: 5_000 });
     console.error(`replay fidelity: ${report.fidelity.reproduced}/${report.fidelity.evaluated} residuals ${JSON.stringify(report.fidelity.residuals)} skipped ${JSON.stringify(report.decisions.skipped)}`);
     expect(report.decisions.read).toBe(N);
@@ -107,6 +110,29 @@ describe("replay - a recorded run of three gateway replicas", () => {
     expect(recorded?.hitBlocks ?? 0).toBeGreaterThan(0);
     expect(report.agreement.matrix[0]?.[0]).toBe(1);
   }, 120_000);
+
+  it("`jetroute export` then `jetroute replay --file` as processes: a final JSON line and a self-contained HTML report", async () => {
+    const dir = mkdtempSync(path.join(tmpdir(), "jr-cli-"));
+    const file = path.join(dir, "window.jsonl.gz");
+    const html = path.join(dir, "report.html");
+    const window = ["--from", new Date(fromMs).toISOString(), "--to", new Date(toMs + 1).toISOString()];
+    const exp = spawnJetroute("export", ["export", "--nats", env.server.url, ...window, "--tail-ms", "5000", "--out", file, "--no-progress"]);
+    expect(await exp.exited).toBe(0);
+    expect(exp.jsonLines.at(-1)).toMatchObject({ export: file });
+    const rep = spawnJetroute("replay", ["replay", "--file", file, "--strategies", "prefix-cache,least-request", "--reorder-ms", "5000", "--report", html]);
+    expect(await rep.exited).toBe(0);
+    const line = rep.jsonLines.at(-1) as { fidelity: { ratio: number; evaluated: number }; strategies: Array<{ name: string }>; report: string };
+    expect(line.fidelity.evaluated).toBe(N);
+    expect(line.fidelity.ratio).toBeGreaterThanOrEqual(0.999);
+    expect(line.strategies.map((x) => x.name)).toEqual(["recorded", "prefix-cache", "least-request"]);
+    expect(line.report).toBe(html);
+    const page = readFileSync(html, "utf8");
+    expect(page).toContain('id="report-data"');
+    expect(page).not.toMatch(/src="https?:/);
+    // A window that names a DECISIONS sequence the stream never had is refused with the reason.
+    const bad = spawnJetroute("replay", ["replay", "--nats", env.server.url, "--from", "seq:999999", "--report", path.join(dir, "x.html"), "--no-progress"]);
+    expect(await bad.exited).toBe(1);
+  }, 60_000);
 
   it("an export file replays exactly like the live streams", async () => {
     const dir = mkdtempSync(path.join(tmpdir(), "jr-export-"));

@@ -53,6 +53,7 @@ export function registerGatewayCommand(program: Command): void {
     .option("--max-charges <n>", "bound on tracked charges", intOption(1), 1_000_000)
     .option("--rate-confirm-ms <ms>", "rate limits: how long this replica's admissions may be unseen by the others (room is reserved for theirs meanwhile); 0 = no reservation", intOption(0), 25)
     .option("--auth <mode>", "off, or required: every request needs `authorization: Bearer <key>` (keys: jetroute config add-key), else 401", authOption, "off")
+    .option("--no-record-prompt-blocks", "do not tokenize prompts for decision records under strategies that do not need them (replay cannot then ask what prefix-cache would have hit)")
     .option("--shutdown-grace-ms <ms>", "on SIGTERM, how long in-flight requests may finish before being cancelled", intOption(0), 10_000)
     .action(async (o) => {
       const log = createLogger("gateway");
@@ -77,6 +78,7 @@ export function registerGatewayCommand(program: Command): void {
         snapshots: o.snapshots !== false,
         snapshotIntervalMs: o.snapshotIntervalMs,
         shutdownGraceMs: o.shutdownGraceMs,
+        recordPromptBlocks: o.recordPromptBlocks !== false,
         auth: o.auth,
         log,
       });

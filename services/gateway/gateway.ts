@@ -73,6 +73,8 @@ export interface GatewayOptions {
   maxHeartbeatCharges?: number;
   /** On close, how long in-flight requests may take before their streams are cancelled. */
   shutdownGraceMs?: number;
+  /** Tokenize and hash prompts for decision records also under strategies that do not need them (default true). */
+  recordPromptBlocks?: boolean;
   /**
    * The gateway's clock (ms): decisions, charges, rate windows and expiry read it. Default
    * Date.now; tests shift it (to start at the beginning of a rate window, or to skew a host).
@@ -227,7 +229,7 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
   const configWatch = await watchModelConfigs(nats.nc, configBucketName(prefix), state, log);
   const authMode: AuthMode = o.auth ?? "off";
   const prefixSupport = createPrefixSupport({ gatewayId: id, state, tokenizer, subjects, outbox });
-  const director = new Director({ gatewayId: id, now: clock, defaultStrategy: o.defaultStrategy ?? "least-request", chargeTtlMs, state, sink, prefix: prefixSupport, config: modelConfigs, consistency: o.consistency, strictFor: (model) => defaultConsistency !== "off" && (modelConfigs.consistency(model) ?? defaultConsistency) === "strict", onPick: (st, sec) => metrics.pick(st, sec) });
+  const director = new Director({ gatewayId: id, now: clock, recordPromptBlocks: o.recordPromptBlocks, defaultStrategy: o.defaultStrategy ?? "least-request", chargeTtlMs, state, sink, prefix: prefixSupport, config: modelConfigs, consistency: o.consistency, strictFor: (model) => defaultConsistency !== "off" && (modelConfigs.consistency(model) ?? defaultConsistency) === "strict", onPick: (st, sec) => metrics.pick(st, sec) });
   // Strict commits are chosen per model (its config's `consistency`, else `--consistency`), so the
   // committer exists whenever charges are shared; `off` follows no peer and has nothing to commit against.
   const defaultConsistency = o.consistency ?? "eventual";
