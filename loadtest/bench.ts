@@ -11,6 +11,8 @@ import { runChargeLagBench } from "./benches/charge-lag.js";
 import { type HerdingMode, runHerdingBench } from "./benches/herding.js";
 import { runRateLimitBench } from "./benches/rate-limit.js";
 import { PREFIX_QUALITY_CASES, type PrefixQualityCaseName, runPrefixQualityBench } from "./benches/prefix-quality.js";
+import { DEFAULT_RECORDED_STRATEGIES, DEFAULT_REPLAY_STRATEGIES, runReplayBench } from "./benches/replay.js";
+import { parseStrategy } from "../services/gateway/strategies/registry.js";
 
 const ints = (v: string) =>
   v.split(",").map((x) => {
@@ -139,6 +141,37 @@ program
   .option("--kv-filter", "give the KV followers the redundant `<prefix>.kv.>` filter (the gateway before the change)", false)
   .action(async (o) => {
     console.log(JSON.stringify(await runBootstrapBench({ blocks: o.blocks, rounds: o.rounds, kvFilter: o.kvFilter })));
+  });
+
+/** Strategy specs: comma separated, or `;` separated when a combination has commas of its own. */
+const strategySpecs = (v: string) => {
+  const specs = v.includes(";") ? v.split(";").map((x) => x.trim()).filter(Boolean) : v.split(",").map((x) => x.trim()).filter(Boolean);
+  for (const spec of specs) {
+    try {
+      parseStrategy(spec);
+    } catch (err) {
+      throw new InvalidArgumentError((err as Error).message);
+    }
+  }
+  return specs;
+};
+
+program
+  .command("replay")
+  .description("record a window (R gateway processes under ext_proc load), export it, and replay it with counterfactual strategies: decisions/s, fidelity, memory")
+  .option("--duration-ms <ms>", "recording length", int, 10_000)
+  .option("--concurrency <n>", "streams in flight per load generator (one generator per replica)", int, 16)
+  .option("--replicas <n>", "gateway replicas (processes)", int, 3)
+  .option("--strategies <list>", "counterfactual strategies, comma separated (';' when a combination has commas)", strategySpecs, [...DEFAULT_REPLAY_STRATEGIES])
+  .option("--recorded <list>", "strategies the generators ask for (routing-strategy header), one per generator, round-robin", strategySpecs, [...DEFAULT_RECORDED_STRATEGIES])
+  .option("--pods <n>", "pods of the model", int, 8)
+  .option("--heartbeat-ms <ms>", "heartbeat interval of the replicas", int, 500)
+  .option("--keep-export <path>", "keep the exported window here (e.g. to profile a replay of it)")
+  .action(async (o) => {
+    const result = await runReplayBench({
+      durationMs: o.durationMs, concurrency: o.concurrency, replicas: o.replicas, strategies: o.strategies, recorded: o.recorded, pods: o.pods, heartbeatMs: o.heartbeatMs, keepExport: o.keepExport,
+    });
+    console.log(JSON.stringify(result));
   });
 
 await program.parseAsync(process.argv);

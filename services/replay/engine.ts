@@ -22,15 +22,17 @@
  * messages between the slowest gateway's fold and the read head, bounded by those windows.
  */
 import { checkEvent } from "../../schemas/validate.js";
-import { DECISION_RECORD_VERSION, type DecisionRecord, type EventType } from "../../schemas/events.js";
+import { DECISION_RECORD_VERSION, type DecisionRecord, type EngineLoadFields, type EventType } from "../../schemas/events.js";
 import { ChargeLedger } from "../views/charge-ledger.js";
 import { GatewayState, type GatewayStateOptions, STATE_STREAMS, type StateEvent, type StateStream } from "../views/gateway-state.js";
 import { hexToHash } from "../views/block-hash.js";
 import { decodeBlockHashes } from "../views/packed-hashes.js";
-import type { PodInfo } from "../views/pod-set.js";
+import type { LoadReader, PodLoad } from "../views/load-view.js";
+import type { PodInfo, PodSetReader } from "../views/pod-set.js";
+import type { UsageReader } from "../views/usage-view.js";
 import { RouteError } from "../gateway/errors.js";
 import { matchPrefix } from "../gateway/stages/prefix-match.js";
-import { decisionRandom, type PrefixMatchResult, type SchedulingViews, schedule } from "../gateway/stages/scheduling.js";
+import { decisionRandom, type PrefixMatchResult, schedule } from "../gateway/stages/scheduling.js";
 import { parseStrategy } from "../gateway/strategies/registry.js";
 import type { RoutingRequest, Strategy } from "../gateway/strategies/types.js";
 import type { RegretEntry, ReplayReport, StrategySummary, TimelinePoint } from "./report-types.js";
@@ -126,8 +128,10 @@ interface Replica {
   /** Positions of this gateway's own messages on CHARGES and KV, in order, and how far they are applied. */
   own: { charges: number[]; kv: number[]; chargesNext: number; kvNext: number };
   pending: Pending[];
-  /** Own charges seen on CHARGES without their decision: charge seq -> when seen / released. */
-  awaiting: Map<number, { seenTs: number; releasedTs?: number }>;
+  /** Own charges seen on CHARGES without their decision: charge seq -> when seen / released, and the charge's own time. */
+  awaiting: Map<number, { seenTs: number; chargeTs: number; releasedTs?: number }>;
+  /** Charges whose record was given up on (so a record arriving later is counted once, as late). */
+  givenUp: Map<number, "decision-lost" | "waited-too-long">;
   /** First-token times of own requests (from their decision records), by charge id. */
   firstToken: Map<string, number>;
   /** Own charges applied and not yet decoding. */
@@ -158,6 +162,16 @@ interface Arm {
   regretSum: number;
 }
 
+/** What a counterfactual step needs of one decision's views, kept when its fidelity was checked. */
+interface ArmTask {
+  d: DecisionRecord;
+  request: RoutingRequest;
+  candidates: readonly PodInfo[];
+  loads: Map<string, { fresh: EngineLoadFields | undefined; get: PodLoad | undefined }>;
+  usage: UsageReader;
+  match: PrefixMatchResult | undefined;
+}
+
 /** A counterfactual ledger's release heap entry. */
 interface Release {
   at: number;
@@ -180,6 +194,8 @@ export class ReplayEngine {
   private watermark = 0;
   private readonly arms: Arm[];
   private readonly releases: Release[] = [];
+  /** Evaluated decisions whose counterfactual step has not run yet, in time order. */
+  private readonly tasks: ArmTask[] = [];
   private readonly agreement: number[][];
   private readonly timeline = new Map<number, Map<string, { hit: number; queried: number; spread: number; n: number }>>();
   private readonly regrets: RegretEntry[] = [];
@@ -264,7 +280,7 @@ export class ReplayEngine {
       if (m.stream === "charges") {
         r.own.charges.push(pos);
         const ev = b.ev;
-        if (ev?.type === "charge" && b.chargeSeq !== undefined && b.chargeSeq > r.lastEvaluated) r.awaiting.set(b.chargeSeq, { seenTs: m.serverTs });
+        if (ev?.type === "charge" && b.chargeSeq !== undefined && b.chargeSeq > r.lastEvaluated) r.awaiting.set(b.chargeSeq, { seenTs: m.serverTs, chargeTs: ev.ts });
         if (ev?.type === "release") {
           const a = r.awaiting.get(chargeSeqOf(ev.id) ?? -1);
           if (a) a.releasedTs = m.serverTs;
@@ -300,6 +316,9 @@ export class ReplayEngine {
       return;
     }
     const d = c.event;
+    const cs = chargeSeqOf(d.charge);
+    // Whatever becomes of the record, its charge no longer waits for it.
+    if (cs !== undefined) this.replicas.get(d.gateway)?.awaiting.delete(cs);
     if (d.ts < this.o.fromMs || d.ts > this.o.toMs) {
       this.skip(this.counts.skipped, "outside-window");
       return;
@@ -310,16 +329,32 @@ export class ReplayEngine {
       return;
     }
     if (d.ttftMs !== undefined) this.ttft.push(d.ttftMs);
-    const cs = chargeSeqOf(d.charge);
     if (cs === undefined || !d.cursors) {
       this.skip(this.counts.skipped, "no-cursors");
       return;
     }
     const r = this.replicaOf(d.gateway);
     if (d.ttftMs !== undefined && d.charge) r.firstToken.set(d.charge, d.ts + d.ttftMs);
-    r.awaiting.delete(cs);
+    // Everything up to a record's cursors was published before the record, and sources merge by
+    // server time: a stream that has delivered nothing up to its cursor yet never will.
+    const purged = (["pods", "kv", "config", "charges"] as const).find((st) => d.cursors && d.cursors[st] > 0 && (this.firstSeq[st] === 0 || d.cursors[st] < this.firstSeq[st]));
+    if (purged) {
+      this.warnings.add(
+        `some decisions saw ${purged} messages older than the first one available (${this.firstSeq[purged] === 0 ? "none delivered" : `sequence ${this.firstSeq[purged]}`}: purged by retention, or before the read window); they were skipped`,
+      );
+      this.skip(this.counts.skipped, "history-purged");
+      return;
+    }
+    if (d.cursors.load > 0 && this.firstSeq.load === 0) this.warnings.add("no LOAD history for the window (LOAD keeps 10 minutes): load-based picks are re-decided without samples");
     if (cs <= r.lastEvaluated) {
       // Its gateway's fold has moved past this decision's place (it arrived after `reorderMs`).
+      const was = r.givenUp.get(cs);
+      if (was) {
+        r.givenUp.delete(cs);
+        const left = (this.counts.skipped[was] ?? 1) - 1;
+        if (left > 0) this.counts.skipped[was] = left;
+        else delete this.counts.skipped[was];
+      }
       this.skip(this.counts.skipped, "late");
       return;
     }
@@ -332,7 +367,7 @@ export class ReplayEngine {
     if (r) return r;
     // A gateway seen for the first time starts from the fold of everything already dropped from the buffers.
     const heads = {} as Record<StateStream, number>;
-    for (const s of STATE_STREAMS) heads[s] = this.baseApplied[s];
+    for (const st of STATE_STREAMS) heads[st] = this.baseApplied[st];
     r = {
       id,
       state: this.base.cloneAs(id),
@@ -340,6 +375,7 @@ export class ReplayEngine {
       own: { charges: [], kv: [], chargesNext: 0, kvNext: 0 },
       pending: [],
       awaiting: new Map(),
+      givenUp: new Map(),
       firstToken: new Map(),
       undecoded: new Set(),
       lastEvaluated: 0,
@@ -349,7 +385,7 @@ export class ReplayEngine {
     return r;
   }
 
-  /** Evaluates every decision that is ready, then drops what every fold has passed. */
+  /** Evaluates every decision that is ready, runs the counterfactuals that are due, then drops what every fold has passed. */
   private pump(): void {
     for (const r of this.replicas.values()) {
       while (r.pending.length > 0) {
@@ -359,17 +395,23 @@ export class ReplayEngine {
         this.evaluate(r, p.d, p.chargeSeq);
       }
     }
+    this.runArms(false);
     this.trim();
+  }
+
+  private giveUp(r: Replica, seq: number, why: "decision-lost" | "waited-too-long"): void {
+    r.awaiting.delete(seq);
+    this.skip(this.counts.skipped, why);
+    r.givenUp.set(seq, why);
+    if (r.givenUp.size > 10_000) r.givenUp.delete(r.givenUp.keys().next().value as number);
   }
 
   private ready(r: Replica, p: Pending): boolean {
     for (const [seq, a] of r.awaiting) {
       if (seq >= p.chargeSeq) continue;
       const lost = a.releasedTs !== undefined && this.watermark - a.releasedTs >= this.o.lostDecisionMs;
-      const tooOld = this.watermark - a.seenTs >= this.o.reorderMs;
-      if (lost || tooOld) {
-        r.awaiting.delete(seq);
-        this.skip(this.counts.skipped, lost ? "decision-lost" : "waited-too-long");
+      if (lost || this.watermark - a.seenTs >= this.o.reorderMs) {
+        this.giveUp(r, seq, lost ? "decision-lost" : "waited-too-long");
         continue;
       }
       return false;
@@ -377,32 +419,47 @@ export class ReplayEngine {
     return true;
   }
 
+  /** A replica with nothing to evaluate and no charge waiting for its record: it need not hold the buffers back. */
+  private idle(r: Replica): boolean {
+    if (r.pending.length > 0) return false;
+    for (const [seq, a] of r.awaiting) {
+      if (this.watermark - a.seenTs >= this.o.reorderMs) this.giveUp(r, seq, a.releasedTs !== undefined ? "decision-lost" : "waited-too-long");
+      else return false;
+    }
+    return true;
+  }
+
   /**
-   * Moves the base fold up to what every replica has passed (keeping the last `reorderMs` for a
-   * gateway not seen yet) and lets the buffers drop it.
+   * Moves the base fold up to what every busy replica has passed (keeping the last `reorderMs` of
+   * stream time for a gateway not seen yet), brings idle replicas along, and lets the buffers drop it.
    */
   private trim(): void {
-    for (const s of STATE_STREAMS) {
-      const log = this.logs[s];
-      let keep = log.end;
-      for (const r of this.replicas.values()) keep = Math.min(keep, r.heads[s]);
-      while (keep > this.baseApplied[s]) {
-        const b = log.at(keep - 1);
-        if (!b || this.watermark - b.serverTs > this.o.reorderMs) break;
-        keep--;
-      }
-      for (let pos = this.baseApplied[s]; pos < keep; pos++) this.applyTo(this.base, s, log.at(pos) as Buffered, undefined, false);
-      if (keep > this.baseApplied[s]) this.baseApplied[s] = keep;
-      log.trim(this.baseApplied[s]);
+    const busy = [...this.replicas.values()].filter((r) => !this.idle(r));
+    const keep = {} as Record<StateStream, number>;
+    for (const st of STATE_STREAMS) {
+      const log = this.logs[st];
+      let k = log.end;
+      for (const r of busy) k = Math.min(k, r.heads[st]);
+      // Server times never decrease within a log: scan forward from what the base already has.
+      let young = this.baseApplied[st];
+      while (young < k && this.watermark - (log.at(young) as Buffered).serverTs > this.o.reorderMs) young++;
+      keep[st] = Math.max(this.baseApplied[st], young);
+    }
+    for (const r of this.replicas.values()) {
+      if (busy.includes(r)) continue;
+      this.advanceTo(r, (st) => keep[st] - 1, Number.POSITIVE_INFINITY);
+      this.applyOwnBefore(r, Number.POSITIVE_INFINITY, keep.charges, keep.kv);
+    }
+    for (const st of STATE_STREAMS) {
+      const log = this.logs[st];
+      for (let pos = this.baseApplied[st]; pos < keep[st]; pos++) this.applyTo(this.base, st, log.at(pos) as Buffered, undefined, false);
+      this.baseApplied[st] = keep[st];
+      log.trim(keep[st]);
     }
   }
 
   private applyTo(state: GatewayState, stream: StateStream, b: Buffered, self: string | undefined, count = true): void {
-    if (!b.ev) {
-      state.skip({ stream, subject: b.subject, seq: b.seq, serverTs: b.serverTs });
-      return;
-    }
-    if (self !== undefined && b.gateway === self) {
+    if (!b.ev || (self !== undefined && b.gateway === self)) {
       state.skip({ stream, subject: b.subject, seq: b.seq, serverTs: b.serverTs });
       return;
     }
@@ -410,32 +467,43 @@ export class ReplayEngine {
     if (count) this.counts.eventsApplied++;
   }
 
-  /** Applies others' messages of `stream` up to stream sequence `cursor`; true when the fold was already past it. */
-  private advanceToSeq(r: Replica, stream: StateStream, cursor: number): boolean {
-    const log = this.logs[stream];
-    while (r.heads[stream] < log.end) {
-      const b = log.at(r.heads[stream]) as Buffered;
-      if (b.seq > cursor) break;
-      this.applyTo(r.state, stream, b, r.id);
-      r.heads[stream]++;
+  /**
+   * Applies others' messages to the replica, every stream up to its bound (a position from
+   * `uptoPos`, and a sequence `cursor`), merged by server time across streams (ties in the order
+   * config, pods, load, charges, kv), as the followers received them: a pod removal forgets that
+   * pod's load and blocks, so it must fall between the right messages of the other streams.
+   */
+  private advanceTo(r: Replica, uptoPos: (st: StateStream) => number, cursorOf: ((st: StateStream) => number) | number): void {
+    const cursor = typeof cursorOf === "number" ? () => cursorOf : cursorOf;
+    for (;;) {
+      let best: StateStream | undefined;
+      let bestTs = Number.POSITIVE_INFINITY;
+      for (const st of STATE_STREAMS) {
+        const h = r.heads[st];
+        if (h > uptoPos(st) || h >= this.logs[st].end) continue;
+        const b = this.logs[st].at(h) as Buffered;
+        if (b.seq > cursor(st)) continue;
+        if (b.serverTs < bestTs) {
+          best = st;
+          bestTs = b.serverTs;
+        }
+      }
+      if (best === undefined) return;
+      this.applyTo(r.state, best, this.logs[best].at(r.heads[best]) as Buffered, r.id);
+      r.heads[best]++;
     }
-    const prev = log.at(r.heads[stream] - 1);
-    return prev !== undefined && prev.seq > cursor;
   }
 
-  /** Applies the replica's own events made before its charge number `chargeSeq`. */
-  private applyOwn(r: Replica, chargeSeq: number): void {
+  /** Applies the replica's own events made before its charge number `chargeSeq` (and, for idle replicas, before the given positions). */
+  private applyOwnBefore(r: Replica, chargeSeq: number, chargesPos = Number.POSITIVE_INFINITY, kvPos = Number.POSITIVE_INFINITY): void {
     const charges = this.logs.charges;
     while (r.own.chargesNext < r.own.charges.length) {
       const pos = r.own.charges[r.own.chargesNext] as number;
+      if (pos >= chargesPos) break;
       const b = charges.at(pos);
-      if (!b) {
-        r.own.chargesNext++;
-        continue;
-      }
-      const ev = b.ev;
+      const ev = b?.ev;
       if (ev?.type === "charge") {
-        if ((b.chargeSeq ?? Number.POSITIVE_INFINITY) >= chargeSeq) break;
+        if ((b?.chargeSeq ?? Number.POSITIVE_INFINITY) >= chargeSeq) break;
         r.state.ownCharge(ev, ev.ts);
         r.undecoded.add(ev.id);
       } else if (ev?.type === "release") {
@@ -446,7 +514,9 @@ export class ReplayEngine {
     }
     const kv = this.logs.kv;
     while (r.own.kvNext < r.own.kv.length) {
-      const b = kv.at(r.own.kv[r.own.kvNext] as number);
+      const pos = r.own.kv[r.own.kvNext] as number;
+      if (pos >= kvPos) break;
+      const b = kv.at(pos);
       if (b?.ev?.type === "kv-routed") {
         if (b.chargeSeq !== undefined && b.chargeSeq >= chargeSeq) break;
         r.state.ownRouted(b.ev, b.ev.hashes.map(hexToHash));
@@ -467,15 +537,14 @@ export class ReplayEngine {
   private evaluate(r: Replica, d: DecisionRecord, chargeSeq: number): void {
     r.lastEvaluated = chargeSeq;
     const cursors = d.cursors as NonNullable<DecisionRecord["cursors"]>;
-    const purged = STATE_STREAMS.find((s) => this.firstSeq[s] > 1 && cursors[s] > 0 && cursors[s] < this.firstSeq[s] - 1);
-    if (purged) {
-      this.warnings.add(`some decisions saw ${purged} messages older than the first one available (sequence ${this.firstSeq[purged]}: purged by retention, or before the read window); they were skipped`);
-      this.skip(this.counts.skipped, "history-purged");
-      return;
-    }
+    // Already past a cursor: the fold had to move on before this decision could be evaluated.
     let ahead = false;
-    for (const s of STATE_STREAMS) if (this.advanceToSeq(r, s, cursors[s])) ahead = true;
-    this.applyOwn(r, chargeSeq);
+    for (const st of STATE_STREAMS) {
+      const prev = this.logs[st].at(r.heads[st] - 1);
+      if (prev !== undefined && prev.seq > cursors[st]) ahead = true;
+    }
+    this.advanceTo(r, () => Number.POSITIVE_INFINITY, (st) => cursors[st]);
+    this.applyOwnBefore(r, chargeSeq);
     for (const id of r.undecoded) {
       const ft = r.firstToken.get(id);
       if (ft !== undefined && ft <= d.ts) {
@@ -488,7 +557,6 @@ export class ReplayEngine {
       r.state.sweep(d.ts, { routed: true });
       r.nextSweep = d.ts + 250;
     }
-    this.releaseArms(d.ts);
     this.counts.evaluated++;
 
     const request: RoutingRequest = {
@@ -501,42 +569,40 @@ export class ReplayEngine {
     const hashes = d.blocks ? safeDecode(d.blocks.hashes) : undefined;
     let match: PrefixMatchResult | undefined;
     let matchedFor: readonly PodInfo[] | undefined;
-    const prefix = hashes && d.blocks
-      ? (cands: readonly PodInfo[]) => {
-          if (matchedFor !== cands) {
-            match = matchPrefix(r.state, cands, hashes, (d.blocks as { size: number }).size, d.blocks?.mode === "approximate", d.ts);
-            matchedFor = cands;
+    const blocks = d.blocks;
+    const prefix =
+      hashes && blocks
+        ? (cands: readonly PodInfo[]) => {
+            if (matchedFor !== cands) {
+              match = matchPrefix(r.state, cands, hashes, blocks.size, blocks.mode === "approximate", d.ts);
+              matchedFor = cands;
+            }
+            return match;
           }
-          return match;
-        }
-      : undefined;
-    const base: Omit<Parameters<typeof schedule>[0], "views" | "strategy" | "random"> = {
-      request,
-      ...(d.subset ? { subset: d.subset } : {}),
-      now: d.ts,
-      ...(d.slo ? { slo: d.slo } : {}),
-    };
-    const random = () => decisionRandom(d.id, d.gateway, d.charge as string);
-    const views: SchedulingViews = r.state;
+        : undefined;
     // Fidelity: the recorded strategy on the recorded views.
-    let recordedPrefixUse = false;
     try {
       const recorded = parseStrategy(d.strategy, d.strategyParams);
-      recordedPrefixUse = recorded.needs?.promptTokenIds === true;
-      const s = schedule({ ...base, views, strategy: recorded, random: random(), ...(d.rank ? { rank: d.rank } : {}), ...(recordedPrefixUse && prefix ? { prefix } : {}) });
+      const s = schedule({
+        request,
+        ...(d.subset ? { subset: d.subset } : {}),
+        now: d.ts,
+        ...(d.slo ? { slo: d.slo } : {}),
+        views: r.state,
+        strategy: recorded,
+        random: decisionRandom(d.id, d.gateway, d.charge as string),
+        ...(d.rank ? { rank: d.rank } : {}),
+        ...(recorded.needs?.promptTokenIds && prefix ? { prefix } : {}),
+      });
       if (s.pick.pod.pod === d.pick) this.counts.reproduced++;
       else this.skip(this.counts.residuals, this.residualOf(d, ahead));
     } catch (err) {
       this.skip(this.counts.residuals, err instanceof RouteError ? `no-candidates (${err.code})` : "strategy-error");
     }
-    // Counterfactuals, and the recorded picks charged to a ledger of their own for comparison.
-    let candidates: readonly PodInfo[] | undefined;
-    try {
-      candidates = r.state.pods.readyPods(d.model);
-    } catch {
-      candidates = undefined;
-    }
-    if (candidates) this.fleet[d.model] = Math.max(this.fleet[d.model] ?? 0, candidates.length);
+    // The counterfactuals run later, in time order across gateways (their ledgers are shared by
+    // the whole fleet): keep what they need of this decision's views.
+    const candidates = r.state.pods.readyPods(d.model);
+    if (candidates.length > 0) this.fleet[d.model] = Math.max(this.fleet[d.model] ?? 0, candidates.length);
     if (this.trace.length < (this.o.traceLimit ?? 0)) {
       if (this.trace.length + 1 === this.o.traceLimit) this.warnings.add(`the what-if trace is limited to ${this.o.traceLimit} requests (--simulate-max)`);
       this.trace.push({
@@ -549,23 +615,63 @@ export class ReplayEngine {
         outputTokens: d.completionTokens ?? d.maxTokens ?? 64,
       });
     }
+    const loads = new Map<string, { fresh: EngineLoadFields | undefined; get: PodLoad | undefined }>();
+    for (const p of candidates) loads.set(p.pod, { fresh: r.state.load.fresh(p.model, p.pod, d.ts), get: r.state.load.get(p.model, p.pod) });
+    insertTask(this.tasks, {
+      d,
+      request,
+      candidates,
+      loads,
+      usage: r.state.usage,
+      match: prefix && candidates.length > 0 ? prefix(candidates) : undefined,
+    });
+  }
+
+  /**
+   * Runs the counterfactual step of every evaluated decision no later decision can precede: one
+   * whose time is before every busy replica's next decision (or all of them, at the end).
+   */
+  private runArms(all: boolean): void {
+    let horizon = Number.POSITIVE_INFINITY;
+    if (!all) {
+      for (const r of this.replicas.values()) {
+        const next = r.pending[0];
+        if (next) horizon = Math.min(horizon, next.d.ts);
+        for (const a of r.awaiting.values()) horizon = Math.min(horizon, a.chargeTs);
+      }
+    }
+    // Strictly before: a decision of the same millisecond may still come from another gateway.
+    let n = 0;
+    while (n < this.tasks.length && (this.tasks[n] as ArmTask).d.ts < horizon) this.runTask(this.tasks[n++] as ArmTask);
+    if (n > 0) this.tasks.splice(0, n);
+  }
+
+  private runTask(t: ArmTask): void {
+    const d = t.d;
+    this.releaseArms(d.ts);
+    const m = t.match;
+    let best = 0;
+    if (m) for (const x of m.detail) best = Math.max(best, m.info.matched(x.pod));
+    const pods: PodSetReader = { readyPods: () => t.candidates, knows: () => t.candidates.length > 0, get: () => undefined, byAddress: () => undefined, all: () => t.candidates };
+    const load: LoadReader = { fresh: (_m, pod) => t.loads.get(pod)?.fresh, get: (_m, pod) => t.loads.get(pod)?.get };
+    const base = { request: t.request, ...(d.subset ? { subset: d.subset } : {}), now: d.ts, ...(d.slo ? { slo: d.slo } : {}), ...(m ? { prefix: () => m } : {}) };
     const picks: string[] = [];
-    const m = prefix && candidates && candidates.length > 0 ? prefix(candidates) : undefined;
-    const best = m ? Math.max(0, ...m.detail.map((x) => m.info.matched(x.pod))) : 0;
-    this.arms.forEach((arm, i) => {
+    const keys = t.candidates.map((p) => [p.model, p.pod] as const);
+    for (let i = 0; i < this.arms.length; i++) {
+      const arm = this.arms[i] as Arm;
       let pod: string | undefined;
       if (i === 0) pod = d.pick ?? undefined;
       else {
         try {
-          pod = schedule({ ...base, views: { pods: r.state.pods, load: r.state.load, ledger: arm.ledger, usage: r.state.usage }, strategy: arm.strategy as Strategy, random: random(), ...(prefix ? { prefix } : {}) }).pick.pod.pod;
+          pod = schedule({ ...base, views: { pods, load, ledger: arm.ledger, usage: t.usage }, strategy: arm.strategy as Strategy, random: decisionRandom(d.id, d.gateway, d.charge as string) }).pick.pod.pod;
         } catch {
           pod = undefined;
         }
       }
       picks.push(pod ?? "");
-      if (pod === undefined) return;
+      if (pod === undefined) continue;
       this.chargeArm(i, arm, d, pod);
-      const spread = spreadOf(arm.ledger, candidates ?? []);
+      const spread = spreadOf(arm.ledger, keys);
       const hit = m ? m.info.matched(pod) : 0;
       const queried = m ? m.info.queried : 0;
       const regret = m ? best - hit : 0;
@@ -577,8 +683,12 @@ export class ReplayEngine {
       if (spread > arm.summary.maxSpread) arm.summary.maxSpread = spread;
       this.bucket(d.ts, arm.name, hit, queried, spread);
       if (regret > 0 && m) this.noteRegret({ requestId: d.id, gateway: d.gateway, ts: d.ts, model: d.model, strategy: arm.name, pick: pod, best: m.detail.reduce((a, x) => (m.info.matched(x.pod) > m.info.matched(a) ? x.pod : a), pod), regretBlocks: regret });
-    });
-    for (let a = 0; a < picks.length; a++) for (let b = 0; b < picks.length; b++) if (picks[a] !== "" && picks[a] === picks[b]) (this.agreement[a] as number[])[b] = ((this.agreement[a] as number[])[b] ?? 0) + 1;
+    }
+    for (let a = 0; a < picks.length; a++) {
+      if (picks[a] === "") continue;
+      const row = this.agreement[a] as number[];
+      for (let b = 0; b < picks.length; b++) if (picks[a] === picks[b]) row[b] = (row[b] ?? 0) + 1;
+    }
   }
 
   private residualOf(d: DecisionRecord, ahead: boolean): string {
@@ -593,7 +703,8 @@ export class ReplayEngine {
 
   private chargeArm(i: number, arm: Arm, d: DecisionRecord, pod: string): void {
     const id = `${d.charge}`;
-    arm.ledger.charge({ type: "charge", id, gateway: d.gateway, model: d.model, pod, ts: d.ts, ttlMs: 3_600_000, promptTokens: d.routedPromptTokens ?? d.promptTokens ?? 0 }, d.ts);
+    // As a stream event: a ledger counts only charges of gateways it knows alive, and a charge makes its gateway known.
+    arm.ledger.applyFromStream({ type: "charge", id, gateway: d.gateway, model: d.model, pod, ts: d.ts, ttlMs: 3_600_000, promptTokens: d.routedPromptTokens ?? d.promptTokens ?? 0 }, d.ts, d.ts);
     heapPush(this.releases, { at: d.ts + Math.max(1, d.durationMs ?? 1), arm: i, gateway: d.gateway, id });
   }
 
@@ -646,6 +757,7 @@ export class ReplayEngine {
     for (const r of this.replicas.values()) {
       for (const p of r.pending.splice(0)) this.evaluate(r, p.d, p.chargeSeq);
     }
+    this.runArms(true);
     const strategies = this.arms.map((a) => ({
       ...a.summary,
       hitRate: a.summary.queriedBlocks > 0 ? a.summary.hitBlocks / a.summary.queriedBlocks : 0,
@@ -697,16 +809,24 @@ function safeDecode(b64: string): bigint[] | undefined {
 }
 
 /** The busiest candidate's requests in flight over the mean (1 when nothing is in flight). */
-function spreadOf(ledger: ChargeLedger, candidates: readonly PodInfo[]): number {
+function spreadOf(ledger: ChargeLedger, candidates: ReadonlyArray<readonly [string, string]>): number {
   if (candidates.length === 0) return 1;
   let max = 0;
   let sum = 0;
-  for (const p of candidates) {
-    const n = ledger.outstanding(p.model, p.pod).requests;
+  for (const [model, pod] of candidates) {
+    const n = ledger.outstanding(model, pod).requests;
     sum += n;
     if (n > max) max = n;
   }
   return sum > 0 ? max / (sum / candidates.length) : 1;
+}
+
+/** Counterfactual steps in time order (ties: gateway, then charge order). */
+function insertTask(list: ArmTask[], t: ArmTask): void {
+  let i = list.length;
+  const after = (x: ArmTask) => x.d.ts > t.d.ts || (x.d.ts === t.d.ts && (x.d.gateway > t.d.gateway || (x.d.gateway === t.d.gateway && (chargeSeqOf(x.d.charge) ?? 0) > (chargeSeqOf(t.d.charge) ?? 0))));
+  while (i > 0 && after(list[i - 1] as ArmTask)) i--;
+  list.splice(i, 0, t);
 }
 
 function insertSorted(list: Pending[], p: Pending): void {

@@ -74,6 +74,7 @@ class StreamReader {
   private done = false;
   lastSeq = 0;
   pending = 0;
+  private delivered = 0;
   constructor(
     private readonly nats: NatsHandles,
     private readonly plan: StreamPlan,
@@ -97,6 +98,7 @@ class StreamReader {
       if (this.i < this.batch.length) {
         const m = this.batch[this.i++] as JsMsg;
         this.lastSeq = m.seq;
+        this.delivered++;
         const serverTs = Math.floor(m.info.timestampNanos / 1_000_000);
         if (m.seq > this.stopSeq || serverTs > this.endTs) {
           this.done = true;
@@ -106,10 +108,15 @@ class StreamReader {
         return this.toMessage(m, serverTs);
       }
       const c = this.consumer;
-      if (!c) return undefined;
+      // Ask for no more than is left: a pull for more than the stream holds waits out its expiry.
+      const left = this.pending - this.delivered;
+      if (!c || left <= 0) {
+        this.done = true;
+        return undefined;
+      }
       this.batch = [];
       this.i = 0;
-      const iter = await c.fetch({ max_messages: 2_000, expires: 2_000 });
+      const iter = await c.fetch({ max_messages: Math.min(2_000, left), expires: 5_000 });
       for await (const m of iter) this.batch.push(m);
       if (this.batch.length === 0) {
         this.done = true;

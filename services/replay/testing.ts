@@ -1,0 +1,515 @@
+/**
+ * Test fixtures for the replay engine (used by *.test.ts only): a synthetic recording made by
+ * simulated gateways that route exactly as the director does — each folds the streams into a
+ * GatewayState of its own (self = its id, with a delivery lag), applies its own charges and
+ * releases with `ownCharge`/`ownRelease` when it makes them, picks with the scheduling stage and
+ * `decisionRandom(requestId, gateway, chargeId)`, and records v2 decision records (cursors taken
+ * before its own charge) when the request ends. A correct engine reproduces every pick.
+ *
+ * No NATS, no clock: the messages come out merged by server time as the sources merge them
+ * (ties: config, pods, load, charges, kv, decisions; then sequence).
+ */
+import { type ChargeEvent, DECISION_RECORD_VERSION, type DecisionRecord, type EngineLoadFields, type EventType, type GatewayHeartbeat, type LoadSample, type PodEvent, type ReleaseEvent } from "../../schemas/events.js";
+import { checkEvent } from "../../schemas/validate.js";
+import { RouteError } from "../gateway/errors.js";
+import { decisionRandom, schedule } from "../gateway/stages/scheduling.js";
+import { parseStrategy } from "../gateway/strategies/registry.js";
+import type { RoutingRequest } from "../gateway/strategies/types.js";
+import { GatewayState, type StateEvent, type StateStream } from "../views/gateway-state.js";
+import { type ReplayMessage, type ReplayOptions, type ReplayStream, ReplayEngine } from "./engine.js";
+import type { ReplayReport } from "./report-types.js";
+
+export const MODEL = "org/model";
+export const T0 = 1_700_000_000_000;
+export const CHARGE_TTL_MS = 600_000;
+
+/** A tiny seeded PRNG (mulberry32). */
+export function seeded(seed: number): () => number {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+/** One request as the workload sends it. */
+export interface SynthRequest {
+  readonly id: string;
+  /** Arrival (routing) time, ms. */
+  readonly at: number;
+  readonly gateway: string;
+  readonly strategy: string;
+  readonly durationMs: number;
+  /** Time to first token (< durationMs), or none. */
+  readonly ttftMs?: number;
+  readonly promptTokens: number;
+  readonly user?: string;
+  /** How long after the release its decision record is published (Infinity: never). Default 0. */
+  readonly decisionDelayMs?: number;
+}
+
+/** A message published at `at` by someone other than the simulated gateways (pod-watcher, scraper, a broken publisher). */
+export interface Injected {
+  readonly at: number;
+  readonly stream: ReplayStream;
+  readonly data: unknown;
+  /** Marks the payload as not JSON (then `data` is the raw text). */
+  readonly invalid?: string;
+  readonly subject?: string;
+}
+
+export interface SynthOptions {
+  seed?: number;
+  /** Gateways that route. Default ["g1", "g2"]. */
+  gateways?: readonly string[];
+  /** Gateways that only publish heartbeats (never route). */
+  idle?: readonly string[];
+  /** When a gateway starts (heartbeats and routing); default T0. Requests sent to it earlier go to the first gateway. */
+  startAt?: Readonly<Record<string, number>>;
+  /** Delivery lag per gateway (ms) of every stream message to its fold. Default: 0 for the first gateway, 3 for the others. */
+  lagMs?: Readonly<Record<string, number>>;
+  pods?: number;
+  /** Requests sent. */
+  requests: number;
+  /** Requests per burst (same millisecond). Default 1. */
+  burst?: number;
+  /** Time between bursts: fixed, or uniform in [min, max]. Default [0, 20]. */
+  gapMs?: number | readonly [number, number];
+  /** First burst time. Default T0 + 1_250. */
+  startMs?: number;
+  /** Durations, uniform in [min, max]. Default [20, 400]. */
+  durationMs?: readonly [number, number];
+  /** Recorded strategies, chosen at random per request. Default ["least-request", "random"]. */
+  strategies?: readonly string[];
+  heartbeatMs?: number;
+  /** Load samples of every present pod this often; false: none. Default 500. */
+  loadEveryMs?: number | false;
+  /** `waiting` in a pod's load sample at time t. Default: a random 0..3. */
+  waiting?: (pod: string, t: number) => number;
+  inject?: readonly Injected[];
+  /** Rewrites request i (after it was drawn). */
+  request?: (i: number, r: SynthRequest) => SynthRequest;
+  /** Nothing after this time is recorded (requests still running then have no release and no record). */
+  untilMs?: number;
+}
+
+/** What the recording knows about each request (for assertions). */
+export interface RoutedInfo {
+  readonly request: SynthRequest;
+  readonly chargeId: string;
+  readonly chargeSeq: number;
+  readonly pod: string | null;
+  readonly record?: DecisionRecord;
+  readonly releaseTs?: number;
+  /** Server time at which the record was published. */
+  readonly recordTs?: number;
+}
+
+export interface Recording {
+  /** Every message, merged by server time as a source delivers them. */
+  readonly messages: ReplayMessage[];
+  /** Decision records in publish (DECISIONS) order. */
+  readonly records: DecisionRecord[];
+  /** Per request, in arrival order. */
+  readonly routed: RoutedInfo[];
+  /** The routing window of all requests. */
+  readonly fromMs: number;
+  readonly toMs: number;
+  readonly pods: readonly string[];
+}
+
+const STREAM_ORDER: Record<ReplayStream, number> = { config: 0, pods: 1, load: 2, charges: 3, kv: 4, decisions: 5 };
+const TYPES: Record<StateStream, readonly EventType[]> = { pods: ["pod"], load: ["load"], charges: ["charge", "release", "heartbeat"], kv: ["kv", "kv-cleared", "kv-routed"], config: [] };
+
+export function loadFields(waiting: number): EngineLoadFields {
+  return {
+    running: 0,
+    waiting,
+    kvCacheUsage: 0,
+    prefixCacheQueries: null,
+    prefixCacheHits: null,
+    cacheHitRate: null,
+    promptTokens: null,
+    generationTokens: null,
+    genThroughput: null,
+    preemptions: null,
+    blockSize: null,
+    numGpuBlocks: null,
+    runningLoras: [],
+    waitingLoras: [],
+    maxLora: null,
+    histograms: {},
+  };
+}
+
+export const podEvent = (pod: string, ts: number, o: Partial<PodEvent> = {}): PodEvent => ({
+  type: "pod",
+  action: "upsert",
+  model: MODEL,
+  pod,
+  address: `10.0.0.${Number(pod.replace(/\D/g, "")) + 1}:8000`,
+  ready: true,
+  engine: "vllm",
+  ts,
+  ...o,
+});
+
+interface Action {
+  at: number;
+  /** Lower first among actions at the same time. */
+  prio: number;
+  n: number;
+  run: () => void;
+}
+
+/** A binary heap of actions by (at, prio, n). */
+class Queue {
+  private h: Action[] = [];
+  private n = 0;
+  private less(a: Action, b: Action): boolean {
+    return a.at !== b.at ? a.at < b.at : a.prio !== b.prio ? a.prio < b.prio : a.n < b.n;
+  }
+  push(at: number, run: () => void, prio = 1): void {
+    const x: Action = { at, prio, n: this.n++, run };
+    const h = this.h;
+    h.push(x);
+    let i = h.length - 1;
+    while (i > 0) {
+      const p = (i - 1) >> 1;
+      if (!this.less(x, h[p] as Action)) break;
+      h[i] = h[p] as Action;
+      i = p;
+    }
+    h[i] = x;
+  }
+  pop(): Action | undefined {
+    const h = this.h;
+    const top = h[0];
+    const last = h.pop();
+    if (h.length === 0 || last === undefined) return top;
+    let i = 0;
+    for (;;) {
+      const l = 2 * i + 1;
+      const r = l + 1;
+      let m = i;
+      let best = last;
+      if (l < h.length && this.less(h[l] as Action, best)) {
+        m = l;
+        best = h[l] as Action;
+      }
+      if (r < h.length && this.less(h[r] as Action, best)) m = r;
+      if (m === i) break;
+      h[i] = h[m] as Action;
+      i = m;
+    }
+    h[i] = last;
+    return top;
+  }
+  get size(): number {
+    return this.h.length;
+  }
+}
+
+interface InFlight {
+  info: { -readonly [K in keyof RoutedInfo]: RoutedInfo[K] };
+  charge: ChargeEvent;
+  record: Omit<DecisionRecord, "status" | "outcome" | "durationMs" | "completionTokens" | "ttftMs">;
+  decoding: boolean;
+}
+
+interface SimGateway {
+  id: string;
+  state: GatewayState;
+  lag: number;
+  /** Next message (index into `published`) to deliver to its fold. */
+  next: number;
+  chargeSeq: number;
+  inFlight: Map<string, InFlight>;
+}
+
+/** Builds a synthetic recording (see the file comment). */
+export function synthRecording(o: SynthOptions): Recording {
+  const rnd = seeded(o.seed ?? 1);
+  const gateways = o.gateways ?? ["g1", "g2"];
+  const first = gateways[0] as string;
+  const idle = o.idle ?? [];
+  const hbMs = o.heartbeatMs ?? 1_000;
+  const podNames = Array.from({ length: o.pods ?? 4 }, (_, i) => `p${i}`);
+  const startOf = (g: string) => o.startAt?.[g] ?? T0;
+
+  // ---- the workload ----
+  const [dMin, dMax] = o.durationMs ?? [20, 400];
+  const strategies = o.strategies ?? ["least-request", "random"];
+  const burst = o.burst ?? 1;
+  const gap = o.gapMs ?? [0, 20];
+  const requests: SynthRequest[] = [];
+  let t = o.startMs ?? T0 + 1_250;
+  for (let i = 0; i < o.requests; i++) {
+    if (i > 0 && i % burst === 0) t += typeof gap === "number" ? gap : gap[0] + Math.floor(rnd() * (gap[1] - gap[0] + 1));
+    let gateway = gateways[Math.floor(rnd() * gateways.length)] as string;
+    if (t < startOf(gateway)) gateway = first;
+    const durationMs = dMin + Math.floor(rnd() * (dMax - dMin + 1));
+    let r: SynthRequest = {
+      id: `req-${i}`,
+      at: t,
+      gateway,
+      strategy: strategies[Math.floor(rnd() * strategies.length)] as string,
+      durationMs,
+      ...(durationMs > 10 ? { ttftMs: Math.floor(durationMs * 0.3) } : {}),
+      promptTokens: 50 + Math.floor(rnd() * 500),
+      user: `u${Math.floor(rnd() * 3)}`,
+    };
+    if (o.request) r = o.request(i, r);
+    requests.push(r);
+  }
+  let lastEnd = T0;
+  for (const r of requests) {
+    const delay = r.decisionDelayMs ?? 0;
+    lastEnd = Math.max(lastEnd, r.at + r.durationMs + (Number.isFinite(delay) ? delay : 0));
+  }
+  const endMs = o.untilMs ?? lastEnd + hbMs;
+
+  // ---- the streams ----
+  const published: ReplayMessage[] = [];
+  const seqs: Record<ReplayStream, number> = { pods: 0, load: 0, charges: 0, kv: 0, config: 0, decisions: 0 };
+  const records: DecisionRecord[] = [];
+  let now = T0 - 1_000;
+  const publish = (stream: ReplayStream, subject: string, data: unknown, invalid?: string) => {
+    published.push({ stream, subject, seq: ++seqs[stream], serverTs: now, data, ...(invalid !== undefined ? { invalid } : {}) });
+    if (stream === "decisions" && invalid === undefined) records.push(data as DecisionRecord);
+  };
+  const present = new Set<string>();
+  const notePod = (data: unknown) => {
+    const c = checkEvent("pod", data);
+    if (!c.ok) return;
+    if (c.event.action === "upsert" && c.event.ready) present.add(c.event.pod);
+    else present.delete(c.event.pod);
+  };
+  for (const p of podNames) {
+    const ev = podEvent(p, now);
+    notePod(ev);
+    publish("pods", `jr.pods.${p}`, ev);
+  }
+
+  const sims = new Map<string, SimGateway>();
+  gateways.forEach((g, i) => {
+    sims.set(g, { id: g, state: new GatewayState({ self: g }), lag: o.lagMs?.[g] ?? (i === 0 ? 0 : 3), next: 0, chargeSeq: 0, inFlight: new Map() });
+  });
+  /** The gateway's followers: everything published up to `now - lag`, in order, through the fold (invalid messages only move the cursor). */
+  const deliver = (g: SimGateway) => {
+    while (g.next < published.length) {
+      const m = published[g.next] as ReplayMessage;
+      if (m.serverTs > now - g.lag) break;
+      g.next++;
+      if (m.stream === "decisions") continue;
+      const meta = { stream: m.stream, subject: m.subject, seq: m.seq, serverTs: m.serverTs };
+      if (m.invalid !== undefined) {
+        g.state.skip(meta);
+        continue;
+      }
+      const type = (m.data as { type?: unknown } | null)?.type;
+      const ok = typeof type === "string" && (TYPES[m.stream] as readonly string[]).includes(type) && checkEvent(type as EventType, m.data).ok;
+      if (ok) g.state.apply(m.data as StateEvent, meta);
+      else g.state.skip(meta);
+    }
+  };
+
+  const routed: RoutedInfo[] = [];
+  const q = new Queue();
+
+  // Heartbeats (idle gateways too), load samples, injected messages.
+  const allGw = [...gateways, ...idle];
+  allGw.forEach((g, j) => {
+    const startedAt = startOf(g);
+    for (let at = startedAt + Math.floor((j * hbMs) / allGw.length); at <= endMs; at += hbMs) {
+      q.push(at, () => {
+        const sim = sims.get(g);
+        const outstanding: NonNullable<GatewayHeartbeat["outstanding"]> = [];
+        for (const f of sim?.inFlight.values() ?? []) {
+          outstanding.push({ id: f.charge.id, model: f.charge.model, pod: f.charge.pod, promptTokens: f.charge.promptTokens, ts: f.charge.ts, ...(f.decoding ? { decoding: true } : {}) });
+        }
+        const hb: GatewayHeartbeat = { type: "heartbeat", gateway: g, ts: now, intervalMs: hbMs, startedAt, state: "up", chargeTtlMs: CHARGE_TTL_MS, outstanding };
+        publish("charges", `jr.hb.${g}`, hb);
+      });
+    }
+  });
+  const loadEvery = o.loadEveryMs ?? 500;
+  const waiting = o.waiting ?? (() => Math.floor(rnd() * 4));
+  if (loadEvery !== false) {
+    for (let at = T0; at <= endMs; at += loadEvery) {
+      q.push(at, () => {
+        for (const p of podNames) {
+          if (!present.has(p)) continue;
+          const s: LoadSample = { type: "load", model: MODEL, pod: p, ts: now, stale: false, load: loadFields(waiting(p, now)) };
+          publish("load", `jr.load.${p}`, s);
+        }
+      });
+    }
+  }
+  for (const inj of o.inject ?? []) {
+    q.push(inj.at, () => {
+      if (inj.stream === "pods" && inj.invalid === undefined) notePod(inj.data);
+      publish(inj.stream, inj.subject ?? `jr.${inj.stream}.injected`, inj.data, inj.invalid);
+    });
+  }
+
+  // Routing, first tokens, ends: the director's route() and finish().
+  const finish = (g: SimGateway, f: InFlight) => {
+    deliver(g);
+    g.inFlight.delete(f.charge.id);
+    const completionTokens = 8 + (f.charge.promptTokens % 50);
+    const release: ReleaseEvent = {
+      type: "release",
+      id: f.charge.id,
+      gateway: g.id,
+      model: f.charge.model,
+      pod: f.charge.pod,
+      ts: now,
+      outcome: "completed",
+      promptTokens: f.charge.promptTokens,
+      completionTokens,
+      chargedPromptTokens: f.charge.promptTokens,
+      chargedAt: f.charge.ts,
+      ...(f.charge.user ? { user: f.charge.user } : {}),
+    };
+    g.state.ownRelease(release);
+    publish("charges", `jr.release.${f.charge.pod}`, release);
+    f.info.releaseTs = now;
+    const r = f.info.request;
+    const record: DecisionRecord = {
+      ...f.record,
+      status: 200,
+      outcome: "completed",
+      ...(r.ttftMs !== undefined ? { ttftMs: r.ttftMs } : {}),
+      durationMs: now - f.charge.ts,
+      completionTokens,
+    };
+    // Key order as the director writes it does not matter to the engine; the fields do.
+    const delay = r.decisionDelayMs ?? 0;
+    const send = () => {
+      publish("decisions", `jr.decisions.${g.id}`, record);
+      f.info.record = record;
+      f.info.recordTs = now;
+    };
+    if (delay === 0) send();
+    else if (Number.isFinite(delay)) q.push(now + delay, send);
+  };
+  const route = (r: SynthRequest) => {
+    const g = sims.get(r.gateway);
+    if (!g) throw new Error(`unknown gateway ${r.gateway}`);
+    deliver(g);
+    const chargeSeq = ++g.chargeSeq;
+    const chargeId = chargeSeq.toString(36);
+    const cursors = { ...g.state.cursors };
+    const rank = g.state.ledger.rank(now);
+    const strategy = parseStrategy(r.strategy);
+    const request: RoutingRequest = { model: MODEL, requestId: r.id, promptTokens: r.promptTokens, ...(r.user ? { user: r.user } : {}) };
+    const info: InFlight["info"] = { request: r, chargeId, chargeSeq, pod: null };
+    routed.push(info);
+    let pick: ReturnType<typeof schedule>["pick"];
+    try {
+      pick = schedule({ views: g.state, strategy, request, now, random: decisionRandom(r.id, g.id, chargeId), ...(rank.count > 1 ? { rank } : {}) }).pick;
+    } catch (err) {
+      if (!(err instanceof RouteError)) throw err;
+      // Refused before charging: the director records a rejection (no charge, no cursors).
+      const rejected: DecisionRecord = { type: "decision", v: DECISION_RECORD_VERSION, id: r.id, gateway: g.id, model: MODEL, ts: now, strategy: r.strategy, candidates: [], pick: null, status: err.status, outcome: "rejected", errorCode: err.code };
+      publish("decisions", `jr.decisions.${g.id}`, rejected);
+      info.record = rejected;
+      info.recordTs = now;
+      return;
+    }
+    const charge: ChargeEvent = { type: "charge", id: chargeId, gateway: g.id, model: pick.pod.model, pod: pick.pod.pod, ts: now, ttlMs: CHARGE_TTL_MS, promptTokens: r.promptTokens, ...(r.user ? { user: r.user } : {}) };
+    g.state.ownCharge(charge, now);
+    publish("charges", `jr.charge.${pick.pod.pod}`, charge);
+    info.pod = pick.pod.pod;
+    const f: InFlight = {
+      info,
+      charge,
+      decoding: false,
+      record: {
+        type: "decision",
+        v: DECISION_RECORD_VERSION,
+        id: r.id,
+        gateway: g.id,
+        model: MODEL,
+        ts: now,
+        strategy: strategy.name,
+        candidates: pick.candidates.map((c) => ({ pod: c.pod.pod, score: c.score })),
+        pick: pick.pod.pod,
+        ...(pick.better ? { better: pick.better } : {}),
+        ...(pick.fallback ? { fallback: pick.fallback } : {}),
+        ...(r.user ? { user: r.user } : {}),
+        promptTokens: r.promptTokens,
+        charge: chargeId,
+        routedPromptTokens: r.promptTokens,
+        cursors,
+        ...(rank.count > 1 ? { rank: { index: rank.index, count: rank.count } } : {}),
+      },
+    };
+    g.inFlight.set(chargeId, f);
+    if (r.ttftMs !== undefined && r.ttftMs < r.durationMs) {
+      // First bytes before anything else of that millisecond (the engine marks them at `<= ts`).
+      q.push(
+        now + r.ttftMs,
+        () => {
+          if (!g.inFlight.has(chargeId)) return;
+          f.decoding = true;
+          g.state.ownFirstToken(chargeId);
+        },
+        0,
+      );
+    }
+    q.push(now + r.durationMs, () => finish(g, f));
+  };
+  for (const r of requests) q.push(r.at, () => route(r));
+
+  for (let a = q.pop(); a !== undefined; a = q.pop()) {
+    if (a.at > endMs) break;
+    now = a.at;
+    a.run();
+  }
+
+  const order = published.map((m, i) => ({ m, i }));
+  order.sort((a, b) => a.m.serverTs - b.m.serverTs || STREAM_ORDER[a.m.stream] - STREAM_ORDER[b.m.stream] || a.i - b.i);
+  return {
+    messages: order.map((x) => x.m),
+    records,
+    routed,
+    fromMs: requests.reduce((a, r) => Math.min(a, r.at), Number.POSITIVE_INFINITY),
+    toMs: requests.reduce((a, r) => Math.max(a, r.at), Number.NEGATIVE_INFINITY),
+    pods: podNames,
+  };
+}
+
+/** Feeds `messages` to a new engine (calling `each` after every offer) and finishes it. */
+export function replay(messages: readonly ReplayMessage[], o: Partial<ReplayOptions> & Pick<ReplayOptions, "fromMs" | "toMs">, each?: (engine: ReplayEngine, m: ReplayMessage) => void): { report: ReplayReport; engine: ReplayEngine } {
+  const engine = new ReplayEngine({ strategies: [], ...o });
+  for (const m of messages) {
+    engine.offer(m);
+    each?.(engine, m);
+  }
+  return { report: engine.finish("2024-01-01T00:00:00.000Z"), engine };
+}
+
+/** The messages without those matching `drop`. */
+export const without = (messages: readonly ReplayMessage[], drop: (m: ReplayMessage) => boolean): ReplayMessage[] => messages.filter((m) => !drop(m));
+
+/** The messages with those matching `at` replaced (same stream, sequence and server time). */
+export const replacing = (messages: readonly ReplayMessage[], at: (m: ReplayMessage) => boolean, by: (m: ReplayMessage) => Partial<ReplayMessage>): ReplayMessage[] =>
+  messages.map((m) => (at(m) ? { ...m, ...by(m) } : m));
+
+/** Decision records that arrived after a record of the same gateway with a greater charge id (out of routing order). */
+export function outOfOrder(records: readonly DecisionRecord[]): number {
+  const maxSeen = new Map<string, number>();
+  let n = 0;
+  for (const r of records) {
+    if (!r.charge) continue;
+    const cs = Number.parseInt(r.charge, 36);
+    if ((maxSeen.get(r.gateway) ?? 0) > cs) n++;
+    maxSeen.set(r.gateway, Math.max(maxSeen.get(r.gateway) ?? 0, cs));
+  }
+  return n;
+}
