@@ -210,14 +210,16 @@ async function timedReplay(open: () => Promise<MessageSource>, fromMs: number, t
     const source = await open();
     const engine = new ReplayEngine({ fromMs, toMs, strategies, state: { prefixIndex: { maxEntries: 4_000_000 } }, source: source.describe, traceLimit: 0 });
     let n = 0;
-    for await (const m of source.messages) {
-      engine.offer(m);
-      if ((++n & 1023) === 0) {
+    for await (const batch of source.batches) {
+      for (const m of batch) engine.offer(m);
+      const before = n;
+      n += batch.length;
+      if (n >> 10 !== before >> 10) {
         const b = engine.buffered;
         if (b > maxBuffered) maxBuffered = b;
         const w = engine.waiting;
         if (w > maxWaiting) maxWaiting = w;
-        if ((n & 8191) === 0) sample();
+        if (n >> 13 !== before >> 13) sample();
       }
     }
     const report = engine.finish(new Date().toISOString());
@@ -274,7 +276,7 @@ export async function runReplayBench(opts: ReplayBenchOptions = {}): Promise<Rep
     const window = { fromMs: rec.fromMs, toMs: rec.toMs, tailMs };
     const header: ExportHeader = { format: EXPORT_FORMAT, version: EXPORT_VERSION, prefix: PREFIX, window: { fromMs: rec.fromMs, toMs: rec.toMs }, createdAt: new Date().toISOString() };
     const tx = performance.now();
-    const counts = (await writeExport(file, header, (await natsSource(h, PREFIX, window)).messages)) ?? {};
+    const counts = (await writeExport(file, header, (await natsSource(h, PREFIX, window)).batches)) ?? {};
     const exportSeconds = (performance.now() - tx) / 1000;
     const fileBytes = statSync(file).size;
     const streams = Object.fromEntries(Object.entries(counts).map(([k, v]) => [k, v?.count ?? 0]));

@@ -6,7 +6,6 @@ import os from "node:os";
 import { randomBytes } from "node:crypto";
 import * as grpc from "@grpc/grpc-js";
 import { HealthImplementation } from "grpc-health-check";
-import type { GatewayHeartbeat } from "../../schemas/events.js";
 import { configBucketName, streamName } from "../../streams/definitions.js";
 import { Subjects } from "../../streams/subjects.js";
 import { EXT_PROC_SERVER_OPTIONS, EXT_PROC_SERVICE_NAME, loadExtProc } from "../extproc/protos.js";
@@ -28,6 +27,7 @@ import { type LoadedSnapshot, loadNewestSnapshot, startSnapshotter } from "./sna
 import { watchModelConfigs } from "./config-watch.js";
 import type { ApiKeyView, AuthMode } from "./auth.js";
 import { createPrefixSupport } from "./prefix-support.js";
+import { heartbeatOf } from "./heartbeat.js";
 import { Tokenizer } from "./tokenization.js";
 import { StrictCommitter } from "./strict-commit.js";
 import { SubjectCursors } from "./subject-cursor.js";
@@ -240,23 +240,8 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
   if (strict) director.useStrictCommitter(strict);
   const startedAt = Date.now();
   const maxListed = o.maxHeartbeatCharges ?? 20_000;
-  const heartbeat = (state: "up" | "down") => {
-    const hb: GatewayHeartbeat = { type: "heartbeat", gateway: id, ts: Date.now(), intervalMs: hbInterval, startedAt, state };
-    if (state === "up") {
-      // Through the outbox, so the list sits after every charge and release published before it.
-      const outstanding: NonNullable<GatewayHeartbeat["outstanding"]> = [];
-      for (const r of director.inFlight.values()) {
-        if (outstanding.length >= maxListed) {
-          hb.truncated = true;
-          break;
-        }
-        outstanding.push({ id: r.chargeId, model: r.pod.model, pod: r.pod.pod, promptTokens: r.promptTokens, ts: r.startedAt, ...(r.firstChunkAt !== undefined ? { decoding: true } : {}) });
-      }
-      hb.chargeTtlMs = chargeTtlMs;
-      hb.outstanding = outstanding;
-    }
-    outbox.fire(subjects.heartbeat(id), hb);
-  };
+  const heartbeat = (st: "up" | "down") =>
+    outbox.fire(subjects.heartbeat(id), heartbeatOf({ gateway: id, now: Date.now(), intervalMs: hbInterval, startedAt, chargeTtlMs, maxListed }, st, director.inFlight.values()));
   heartbeat("up");
   const hbTimer = setInterval(() => heartbeat("up"), hbInterval);
   const sweepTimer = setInterval(() => state.sweep(clock()), Math.max(50, Math.min(250, hbInterval / 4)));

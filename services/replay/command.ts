@@ -10,7 +10,7 @@ import { streamName } from "../../streams/definitions.js";
 import { intOption, natsOption } from "../shared/cli-options.js";
 import { connectNats, type NatsHandles } from "../shared/nats.js";
 import { parseStrategy } from "../gateway/strategies/registry.js";
-import { type ReplayMessage, ReplayEngine } from "./engine.js";
+import { ReplayEngine } from "./engine.js";
 import { writeReportHtml } from "./report-html.js";
 import type { ReplayReport } from "./report-types.js";
 import { EXPORT_FORMAT, EXPORT_VERSION, fileSource, type MessageSource, natsSource, writeExport } from "./sources.js";
@@ -56,8 +56,9 @@ function progressBar(label: string, total: number | undefined): { tick(n?: numbe
   let n = 0;
   return {
     tick(k = 1) {
+      const before = n;
       n += k;
-      if ((n & 1023) === 0) bar.update(n, total === undefined ? { total: n } : {});
+      if (n >> 10 !== before >> 10) bar.update(n, total === undefined ? { total: n } : {});
     },
     stop() {
       bar.update(n);
@@ -107,14 +108,16 @@ export async function runReplay(o: ReplayRunOptions): Promise<ReplayReport> {
     traceLimit: o.simulate?.length ? (o.simulateMax ?? 200_000) : 0,
   });
   const bar = o.progress ? progressBar("replay", o.source.total) : undefined;
-  for await (const m of o.source.messages) {
-    engine.offer(m as ReplayMessage);
-    bar?.tick();
+  for await (const batch of o.source.batches) {
+    for (const m of batch) engine.offer(m);
+    bar?.tick(batch.length);
   }
   bar?.stop();
   const report = engine.finish(new Date().toISOString());
   if (o.simulate?.length) {
-    report.simulation = o.simulate.map((strategy) => simulateWhatIf(engine.trace, { strategy, podsPerModel: engine.fleet }));
+    // The simulated pods get the recorded pods' KV cache size (their load samples report it), else the simulator's default.
+    const kv = Math.max(0, ...Object.values(engine.kvCapacityTokens));
+    report.simulation = o.simulate.map((strategy) => simulateWhatIf(engine.trace, { strategy, podsPerModel: engine.fleet, ...(kv > 0 ? { engine: { kvCapacityTokens: kv } } : {}) }));
   }
   return report;
 }
@@ -185,7 +188,7 @@ export function registerReplayCommands(program: Command): void {
         if (toMs < fromMs) throw new Error(`--to is before --from`);
         const source = await natsSource(nats, o.prefix, { fromMs, toMs, tailMs: o.tailMs });
         const bar = o.progress !== false ? progressBar("export", source.total) : undefined;
-        const streams = await writeExport(o.out, { format: EXPORT_FORMAT, version: EXPORT_VERSION, prefix: o.prefix, window: { fromMs, toMs }, createdAt: new Date().toISOString() }, source.messages, () => bar?.tick());
+        const streams = await writeExport(o.out, { format: EXPORT_FORMAT, version: EXPORT_VERSION, prefix: o.prefix, window: { fromMs, toMs }, createdAt: new Date().toISOString() }, source.batches, () => bar?.tick());
         bar?.stop();
         console.log(JSON.stringify({ export: o.out, window: { from: new Date(fromMs).toISOString(), to: new Date(toMs).toISOString() }, streams }));
       } finally {

@@ -32,7 +32,7 @@ import type { PodInfo, PodSetReader } from "../views/pod-set.js";
 import type { UsageReader } from "../views/usage-view.js";
 import { RouteError } from "../gateway/errors.js";
 import { matchPrefix } from "../gateway/stages/prefix-match.js";
-import { decisionRandom, type PrefixMatchResult, schedule } from "../gateway/stages/scheduling.js";
+import { decisionRandom, type PrefixMatchResult, type SchedulingInput, schedule } from "../gateway/stages/scheduling.js";
 import { parseStrategy } from "../gateway/strategies/registry.js";
 import type { RoutingRequest, Strategy } from "../gateway/strategies/types.js";
 import type { RegretEntry, ReplayReport, StrategySummary, TimelinePoint } from "./report-types.js";
@@ -140,6 +140,9 @@ interface Replica {
   nextSweep: number;
 }
 
+/** How much recent stream time the buffers keep beyond what every fold has passed. */
+const YOUNG_MS = 5_000;
+
 const chargeSeqOf = (id: string | undefined): number | undefined => {
   if (id === undefined || !/^[0-9a-z]{1,11}$/.test(id)) return undefined;
   return Number.parseInt(id, 36);
@@ -214,6 +217,8 @@ export class ReplayEngine {
   /** Arrival trace for the what-if simulation, and the largest fleet seen per model. */
   readonly trace: TraceRequest[] = [];
   readonly fleet: Record<string, number> = {};
+  /** Per model, the largest KV cache of its pods in tokens, from their load samples (num_gpu_blocks x block_size). */
+  readonly kvCapacityTokens: Record<string, number> = {};
 
   constructor(opts: ReplayOptions) {
     this.o = { reorderMs: 60_000, lostDecisionMs: 2_000, timelineBuckets: 60, topRegrets: 20, ...opts };
@@ -430,10 +435,12 @@ export class ReplayEngine {
   }
 
   /**
-   * Moves the base fold up to what every busy replica has passed (keeping the last `reorderMs` of
-   * stream time for a gateway not seen yet), brings idle replicas along, and lets the buffers drop it.
+   * Moves the base fold up to what every busy replica has passed (keeping the last few seconds of
+   * stream time for a gateway about to appear: it is seen at its first heartbeat, which it sends
+   * once its own views caught up), brings idle replicas along, and lets the buffers drop it.
    */
   private trim(): void {
+    const youngMs = Math.min(this.o.reorderMs, YOUNG_MS);
     const busy = [...this.replicas.values()].filter((r) => !this.idle(r));
     const keep = {} as Record<StateStream, number>;
     for (const st of STATE_STREAMS) {
@@ -442,7 +449,7 @@ export class ReplayEngine {
       for (const r of busy) k = Math.min(k, r.heads[st]);
       // Server times never decrease within a log: scan forward from what the base already has.
       let young = this.baseApplied[st];
-      while (young < k && this.watermark - (log.at(young) as Buffered).serverTs > this.o.reorderMs) young++;
+      while (young < k && this.watermark - (log.at(young) as Buffered).serverTs > youngMs) young++;
       keep[st] = Math.max(this.baseApplied[st], young);
     }
     for (const r of this.replicas.values()) {
@@ -616,7 +623,11 @@ export class ReplayEngine {
       });
     }
     const loads = new Map<string, { fresh: EngineLoadFields | undefined; get: PodLoad | undefined }>();
-    for (const p of candidates) loads.set(p.pod, { fresh: r.state.load.fresh(p.model, p.pod, d.ts), get: r.state.load.get(p.model, p.pod) });
+    for (const p of candidates) {
+      const fresh = r.state.load.fresh(p.model, p.pod, d.ts);
+      loads.set(p.pod, { fresh, get: r.state.load.get(p.model, p.pod) });
+      if (fresh?.numGpuBlocks && fresh.blockSize) this.kvCapacityTokens[d.model] = Math.max(this.kvCapacityTokens[d.model] ?? 0, fresh.numGpuBlocks * fresh.blockSize);
+    }
     insertTask(this.tasks, {
       d,
       request,
@@ -654,7 +665,8 @@ export class ReplayEngine {
     if (m) for (const x of m.detail) best = Math.max(best, m.info.matched(x.pod));
     const pods: PodSetReader = { readyPods: () => t.candidates, knows: () => t.candidates.length > 0, get: () => undefined, byAddress: () => undefined, all: () => t.candidates };
     const load: LoadReader = { fresh: (_m, pod) => t.loads.get(pod)?.fresh, get: (_m, pod) => t.loads.get(pod)?.get };
-    const base = { request: t.request, ...(d.subset ? { subset: d.subset } : {}), now: d.ts, ...(d.slo ? { slo: d.slo } : {}), ...(m ? { prefix: () => m } : {}) };
+    const views = { pods, load, ledger: this.arms[0]?.ledger as ChargeLedger, usage: t.usage };
+    const input: SchedulingInput = { request: t.request, ...(d.subset ? { subset: d.subset } : {}), now: d.ts, ...(d.slo ? { slo: d.slo } : {}), ...(m ? { prefix: () => m } : {}), views, strategy: this.arms[0]?.strategy as Strategy, random: Math.random };
     const picks: string[] = [];
     const keys = t.candidates.map((p) => [p.model, p.pod] as const);
     for (let i = 0; i < this.arms.length; i++) {
@@ -662,8 +674,11 @@ export class ReplayEngine {
       let pod: string | undefined;
       if (i === 0) pod = d.pick ?? undefined;
       else {
+        views.ledger = arm.ledger;
+        input.strategy = arm.strategy as Strategy;
+        input.random = decisionRandom(d.id, d.gateway, d.charge as string);
         try {
-          pod = schedule({ ...base, views: { pods, load, ledger: arm.ledger, usage: t.usage }, strategy: arm.strategy as Strategy, random: decisionRandom(d.id, d.gateway, d.charge as string) }).pick.pod.pod;
+          pod = schedule(input).pick.pod.pod;
         } catch {
           pod = undefined;
         }

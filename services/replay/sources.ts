@@ -46,7 +46,8 @@ export interface MessageSource {
   describe: string;
   /** Messages expected in all (for a progress bar), when known. */
   total?: number;
-  messages: AsyncIterable<ReplayMessage>;
+  /** The messages in server-time order, in batches (one await per batch, not per message). */
+  batches: AsyncIterable<readonly ReplayMessage[]>;
 }
 
 const decoder = new TextDecoder("utf-8", { fatal: true });
@@ -72,6 +73,7 @@ class StreamReader {
   private batch: JsMsg[] = [];
   private i = 0;
   private done = false;
+  private current: ReplayMessage | undefined;
   lastSeq = 0;
   pending = 0;
   private delivered = 0;
@@ -90,11 +92,26 @@ class StreamReader {
     this.consumer = await this.nats.js.consumers.get(this.plan.name, opts);
     this.pending = (await this.consumer.info(true)).num_pending;
     if (this.pending === 0 || this.stopSeq === 0) this.done = true;
+    await this.advance();
   }
 
-  async next(): Promise<ReplayMessage | undefined> {
+  /** The next message, or undefined at the end. */
+  get head(): ReplayMessage | undefined {
+    return this.current;
+  }
+
+  /** True when `advance` can move on without waiting for the server. */
+  get buffered(): boolean {
+    return this.done || this.i < this.batch.length;
+  }
+
+  /** Moves `head` to the next message, pulling from the server only when the buffer is empty. */
+  async advance(): Promise<void> {
     for (;;) {
-      if (this.done) return undefined;
+      if (this.done) {
+        this.current = undefined;
+        return;
+      }
       if (this.i < this.batch.length) {
         const m = this.batch[this.i++] as JsMsg;
         this.lastSeq = m.seq;
@@ -102,27 +119,45 @@ class StreamReader {
         const serverTs = Math.floor(m.info.timestampNanos / 1_000_000);
         if (m.seq > this.stopSeq || serverTs > this.endTs) {
           this.done = true;
-          return undefined;
+          continue;
         }
         if (m.seq >= this.stopSeq) this.done = true;
-        return this.toMessage(m, serverTs);
+        this.current = this.toMessage(m, serverTs);
+        if (this.done) this.batch = [];
+        return;
       }
       const c = this.consumer;
       // Ask for no more than is left: a pull for more than the stream holds waits out its expiry.
       const left = this.pending - this.delivered;
       if (!c || left <= 0) {
         this.done = true;
-        return undefined;
+        continue;
       }
       this.batch = [];
       this.i = 0;
       const iter = await c.fetch({ max_messages: Math.min(2_000, left), expires: 5_000 });
       for await (const m of iter) this.batch.push(m);
-      if (this.batch.length === 0) {
-        this.done = true;
-        return undefined;
-      }
+      if (this.batch.length === 0) this.done = true;
     }
+  }
+
+  /** Moves on without waiting (only when `buffered`). */
+  advanceSync(): void {
+    if (this.done || this.i >= this.batch.length) {
+      this.current = undefined;
+      return;
+    }
+    const m = this.batch[this.i++] as JsMsg;
+    this.lastSeq = m.seq;
+    this.delivered++;
+    const serverTs = Math.floor(m.info.timestampNanos / 1_000_000);
+    if (m.seq > this.stopSeq || serverTs > this.endTs) {
+      this.done = true;
+      this.current = undefined;
+      return;
+    }
+    if (m.seq >= this.stopSeq) this.done = true;
+    this.current = this.toMessage(m, serverTs);
   }
 
   private toMessage(m: JsMsg, serverTs: number): ReplayMessage {
@@ -141,19 +176,31 @@ class StreamReader {
   }
 }
 
-/** k-way merge of stream readers by server time (ties: the order of `readers`). */
-async function* mergeByTime(readers: StreamReader[]): AsyncGenerator<ReplayMessage> {
-  const heads = await Promise.all(readers.map((r) => r.next()));
+/** k-way merge of stream readers by server time (ties: the order of `readers`), in batches. */
+async function* mergeByTime(readers: StreamReader[]): AsyncGenerator<readonly ReplayMessage[]> {
+  let out: ReplayMessage[] = [];
   for (;;) {
     let best = -1;
-    for (let i = 0; i < heads.length; i++) {
-      const h = heads[i];
-      if (h && (best < 0 || h.serverTs < (heads[best] as ReplayMessage).serverTs)) best = i;
+    for (let i = 0; i < readers.length; i++) {
+      const h = (readers[i] as StreamReader).head;
+      if (h && (best < 0 || h.serverTs < ((readers[best] as StreamReader).head as ReplayMessage).serverTs)) best = i;
     }
-    if (best < 0) return;
-    yield heads[best] as ReplayMessage;
-    heads[best] = await (readers[best] as StreamReader).next();
+    if (best < 0) break;
+    const r = readers[best] as StreamReader;
+    out.push(r.head as ReplayMessage);
+    if (r.buffered) r.advanceSync();
+    else {
+      // The reader must wait for the server: hand over what is merged so far first.
+      yield out;
+      out = [];
+      await r.advance();
+    }
+    if (out.length >= 1_024) {
+      yield out;
+      out = [];
+    }
   }
+  if (out.length > 0) yield out;
 }
 
 /** Reads a window of every stream from NATS, merged by server time. */
@@ -182,11 +229,11 @@ export async function natsSource(nats: NatsHandles, prefix: string, w: WindowRea
     total += Math.min(r.pending, last);
     readers.push(r);
   }
-  return { describe: `nats (prefix ${prefix})`, total, messages: mergeByTime(readers) };
+  return { describe: `nats (prefix ${prefix})`, total, batches: mergeByTime(readers) };
 }
 
 /** Writes messages (already merged) as a gzip JSON-lines export; returns the count per stream. */
-export async function writeExport(file: string, header: ExportHeader, messages: AsyncIterable<ReplayMessage>, onMessage?: (m: ReplayMessage) => void): Promise<ExportHeader["streams"]> {
+export async function writeExport(file: string, header: ExportHeader, batches: AsyncIterable<readonly ReplayMessage[]>, onMessage?: (m: ReplayMessage) => void): Promise<ExportHeader["streams"]> {
   mkdirSync(path.dirname(path.resolve(file)), { recursive: true });
   const gz = createGzip();
   const out = createWriteStream(file);
@@ -199,12 +246,16 @@ export async function writeExport(file: string, header: ExportHeader, messages: 
   const write = (line: string) => (gz.write(`${line}\n`) ? Promise.resolve() : new Promise<void>((r) => gz.once("drain", () => r())));
   await write(JSON.stringify(header));
   const streams: NonNullable<ExportHeader["streams"]> = {};
-  for await (const m of messages) {
-    const st = (streams[m.stream] ??= { first: m.seq, last: m.seq, count: 0 });
-    st.last = m.seq;
-    st.count++;
-    await write(JSON.stringify(m.invalid ? { s: m.stream, q: m.seq, t: m.serverTs, j: m.subject, x: m.data } : { s: m.stream, q: m.seq, t: m.serverTs, j: m.subject, d: m.data }));
-    onMessage?.(m);
+  for await (const batch of batches) {
+    let text = "";
+    for (const m of batch) {
+      const st = (streams[m.stream] ??= { first: m.seq, last: m.seq, count: 0 });
+      st.last = m.seq;
+      st.count++;
+      text += `${JSON.stringify(m.invalid ? { s: m.stream, q: m.seq, t: m.serverTs, j: m.subject, x: m.data } : { s: m.stream, q: m.seq, t: m.serverTs, j: m.subject, d: m.data })}\n`;
+      onMessage?.(m);
+    }
+    if (text) await (gz.write(text) ? Promise.resolve() : new Promise<void>((r) => gz.once("drain", () => r())));
   }
   // The counts go last too (the header was written before they were known).
   await write(JSON.stringify({ end: true, streams }));
@@ -237,10 +288,15 @@ export async function fileSource(file: string): Promise<MessageSource & { header
   if (header?.format !== EXPORT_FORMAT) throw new Error(`${file} is not a jetroute export (format ${JSON.stringify(header?.format)})`);
   if (header.version !== EXPORT_VERSION) throw new Error(`${file} is export format version ${header.version}; this jetroute reads version ${EXPORT_VERSION}`);
   let skipped = 0;
-  async function* messages(): AsyncGenerator<ReplayMessage> {
+  async function* batches(): AsyncGenerator<readonly ReplayMessage[]> {
+    let out: ReplayMessage[] = [];
     for (;;) {
+      if (out.length >= 1_024) {
+        yield out;
+        out = [];
+      }
       const r = await lines.next();
-      if (r.done) return;
+      if (r.done) break;
       let o: { s?: unknown; q?: unknown; t?: unknown; j?: unknown; d?: unknown; x?: unknown; end?: unknown };
       try {
         o = JSON.parse(r.value) as typeof o;
@@ -248,13 +304,14 @@ export async function fileSource(file: string): Promise<MessageSource & { header
         skipped++;
         continue;
       }
-      if (o.end === true) return;
+      if (o.end === true) break;
       if (typeof o.s !== "string" || !STREAMS.has(o.s as ReplayStream) || typeof o.q !== "number" || typeof o.t !== "number" || typeof o.j !== "string") {
         skipped++;
         continue;
       }
-      yield { stream: o.s as ReplayStream, seq: o.q, serverTs: o.t, subject: o.j, data: o.x ?? o.d, ...(o.x !== undefined ? { invalid: "invalid JSON (as exported)" } : {}) };
+      out.push({ stream: o.s as ReplayStream, seq: o.q, serverTs: o.t, subject: o.j, data: o.x ?? o.d, ...(o.x !== undefined ? { invalid: "invalid JSON (as exported)" } : {}) });
     }
+    if (out.length > 0) yield out;
   }
-  return { describe: file, header, messages: messages(), skipped: () => skipped };
+  return { describe: file, header, batches: batches(), skipped: () => skipped };
 }
