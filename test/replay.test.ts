@@ -36,7 +36,8 @@ describe("replay - a recorded run of three gateway replicas", () => {
   let scraper: Awaited<ReturnType<typeof startScraper>>;
   let gws: GatewayHandle[];
   let front: FrontServer;
-  const systems = Array.from({ length: 6 }, (_, i) => `System ${i}: ${"you are a careful assistant who answers briefly and cites sources. ".repeat(6 + 2 * i)}`);
+  // 12 system prompts of 7-33 blocks: more than the 4 x 64 blocks the pods can cache, so routing decides the hits.
+  const systems = Array.from({ length: 12 }, (_, i) => `System ${i}: ${"you are a careful assistant who answers briefly and cites sources. ".repeat(6 + 2 * i)}`);
 
   beforeAll(async () => {
     env = await startTestEnv();
