@@ -141,7 +141,7 @@ interface Replica {
 }
 
 /** How much recent stream time the buffers keep beyond what every fold has passed. */
-const YOUNG_MS = 5_000;
+const YOUNG_MS = 1_000;
 
 const chargeSeqOf = (id: string | undefined): number | undefined => {
   if (id === undefined || !/^[0-9a-z]{1,11}$/.test(id)) return undefined;
@@ -401,8 +401,11 @@ export class ReplayEngine {
       }
     }
     this.runArms(false);
-    this.trim();
+    // The buffers are trimmed every 256 messages: often enough to stay bounded, cheap per message.
+    if ((++this.pumps & 255) === 0) this.trim();
   }
+
+  private pumps = 0;
 
   private giveUp(r: Replica, seq: number, why: "decision-lost" | "waited-too-long"): void {
     r.awaiting.delete(seq);
@@ -769,6 +772,7 @@ export class ReplayEngine {
   finish(generatedAt: string): ReplayReport {
     this.watermark = Number.POSITIVE_INFINITY;
     this.pump();
+    this.trim();
     for (const r of this.replicas.values()) {
       for (const p of r.pending.splice(0)) this.evaluate(r, p.d, p.chargeSeq);
     }
