@@ -79,7 +79,11 @@ export interface DirectorOptions {
 
 /** What the director needs for prefix-aware routing (absent: prefix strategies fall back). */
 export interface PrefixSupport {
-  tokenizer: { tokenize(model: string, input: ReturnType<typeof promptInputOf>, address: string | undefined): Promise<{ tokens: number[]; mode: string }> };
+  tokenizer: {
+    tokenize(model: string, input: ReturnType<typeof promptInputOf>, address: string | undefined): Promise<{ tokens: number[]; mode: string }>;
+    /** The model's configured mode (a `remote` request may still fall back to approximate). */
+    modeFor?(model: string): string;
+  };
   match(model: string, candidates: readonly PodInfo[], tokens: readonly number[], now: number, tokenizerMode?: string): PrefixMatchResult;
   recordRouted(pod: PodInfo, hashes: readonly bigint[], now: number, chargeId: string): void;
   /** The prompt's block hashes for `pod` (decision records of strategies that do not match prefixes). */
@@ -262,7 +266,9 @@ export class Director {
     };
     this.inFlight.set(chargeId, routed);
     const prefix = this.opts.prefix;
-    if (!routed.context.blocks && prefix && this.opts.recordPromptBlocks !== false) {
+    // Approximate-mode hashes match only other gateways' routed prefixes, which traffic under a
+    // non-prefix strategy never publishes: recording them would cost every request and tell replay nothing.
+    if (!routed.context.blocks && prefix && this.opts.recordPromptBlocks !== false && prefix.tokenizer.modeFor?.(parsed.model) !== "approximate") {
       const pod = pick.pod;
       prefix.tokenizer.tokenize(parsed.model, promptInputOf(parsed.body), pod.address).then(
         (t) => {
