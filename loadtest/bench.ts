@@ -3,6 +3,7 @@
  * JSON line (progress and tables go to stderr).
  */
 import { Command, InvalidArgumentError } from "commander";
+import { strategiesOption } from "../services/replay/command.js";
 import { intOption } from "../services/shared/cli-options.js";
 import { runExtProcBench } from "./benches/extproc.js";
 import { runIndexBench } from "./benches/index.js";
@@ -12,7 +13,6 @@ import { type HerdingMode, runHerdingBench } from "./benches/herding.js";
 import { runRateLimitBench } from "./benches/rate-limit.js";
 import { PREFIX_QUALITY_CASES, type PrefixQualityCaseName, runPrefixQualityBench } from "./benches/prefix-quality.js";
 import { DEFAULT_RECORDED_STRATEGIES, DEFAULT_REPLAY_STRATEGIES, runReplayBench } from "./benches/replay.js";
-import { parseStrategy } from "../services/gateway/strategies/registry.js";
 
 const ints = (v: string) =>
   v.split(",").map((x) => {
@@ -143,18 +143,6 @@ program
     console.log(JSON.stringify(await runBootstrapBench({ blocks: o.blocks, rounds: o.rounds, kvFilter: o.kvFilter })));
   });
 
-/** Strategy specs: comma separated, or `;` separated when a combination has commas of its own. */
-const strategySpecs = (v: string) => {
-  const specs = v.includes(";") ? v.split(";").map((x) => x.trim()).filter(Boolean) : v.split(",").map((x) => x.trim()).filter(Boolean);
-  for (const spec of specs) {
-    try {
-      parseStrategy(spec);
-    } catch (err) {
-      throw new InvalidArgumentError((err as Error).message);
-    }
-  }
-  return specs;
-};
 
 program
   .command("replay")
@@ -162,8 +150,8 @@ program
   .option("--duration-ms <ms>", "recording length", int, 10_000)
   .option("--concurrency <n>", "streams in flight per load generator (one generator per replica)", int, 16)
   .option("--replicas <n>", "gateway replicas (processes)", int, 3)
-  .option("--strategies <list>", "counterfactual strategies, comma separated (';' when a combination has commas)", strategySpecs, [...DEFAULT_REPLAY_STRATEGIES])
-  .option("--recorded <list>", "strategies the generators ask for (routing-strategy header), one per generator, round-robin", strategySpecs, [...DEFAULT_RECORDED_STRATEGIES])
+  .option("--strategies <list>", "counterfactual strategies, comma separated (';' when a combination has commas)", strategiesOption, [...DEFAULT_REPLAY_STRATEGIES])
+  .option("--recorded <list>", "strategies the generators ask for (routing-strategy header), one per generator, round-robin", strategiesOption, [...DEFAULT_RECORDED_STRATEGIES])
   .option("--pods <n>", "pods of the model", int, 8)
   .option("--heartbeat-ms <ms>", "heartbeat interval of the replicas", int, 500)
   .option("--keep-export <path>", "keep the exported window here (e.g. to profile a replay of it)")

@@ -17,7 +17,8 @@ import { EXPORT_FORMAT, EXPORT_VERSION, fileSource, type MessageSource, natsSour
 import { simulateWhatIf } from "./whatif.js";
 import { parseWindowBound, type WindowBound } from "./window.js";
 
-function strategiesOption(v: string): string[] {
+/** Strategy specs for --strategies / --simulate: comma separated, or `;`/space separated when a combination has commas of its own. */
+export function strategiesOption(v: string): string[] {
   // Specs are separated by spaces or `;` (a combination has commas of its own: "prefix-cache:2,least-request:1").
   const specs = v.includes(";") || v.includes(" ") ? v.split(/[;\s]+/).filter(Boolean) : v.split(",").filter(Boolean);
   for (const s of specs) {

@@ -113,17 +113,7 @@ class StreamReader {
         return;
       }
       if (this.i < this.batch.length) {
-        const m = this.batch[this.i++] as JsMsg;
-        this.lastSeq = m.seq;
-        this.delivered++;
-        const serverTs = Math.floor(m.info.timestampNanos / 1_000_000);
-        if (m.seq > this.stopSeq || serverTs > this.endTs) {
-          this.done = true;
-          continue;
-        }
-        if (m.seq >= this.stopSeq) this.done = true;
-        this.current = this.toMessage(m, serverTs);
-        if (this.done) this.batch = [];
+        this.advanceSync();
         return;
       }
       const c = this.consumer;

@@ -17,23 +17,16 @@ import { parseStrategy } from "../gateway/strategies/registry.js";
 import type { RoutingRequest } from "../gateway/strategies/types.js";
 import { GatewayState, type StateEvent, type StateStream } from "../views/gateway-state.js";
 import { type ReplayMessage, type ReplayOptions, type ReplayStream, ReplayEngine } from "./engine.js";
+import { sample } from "../gateway/strategies/testing.js";
+import { mulberry32 } from "../shared/seeded-random.js";
 import type { ReplayReport } from "./report-types.js";
 
 export const MODEL = "org/model";
 export const T0 = 1_700_000_000_000;
 export const CHARGE_TTL_MS = 600_000;
 
-/** A tiny seeded PRNG (mulberry32). */
-export function seeded(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
+/** A tiny seeded PRNG. */
+export const seeded = mulberry32;
 
 /** One request as the workload sends it. */
 export interface SynthRequest {
@@ -125,24 +118,7 @@ const STREAM_ORDER: Record<ReplayStream, number> = { config: 0, pods: 1, load: 2
 const TYPES: Record<StateStream, readonly EventType[]> = { pods: ["pod"], load: ["load"], charges: ["charge", "release", "heartbeat"], kv: ["kv", "kv-cleared", "kv-routed"], config: [] };
 
 export function loadFields(waiting: number): EngineLoadFields {
-  return {
-    running: 0,
-    waiting,
-    kvCacheUsage: 0,
-    prefixCacheQueries: null,
-    prefixCacheHits: null,
-    cacheHitRate: null,
-    promptTokens: null,
-    generationTokens: null,
-    genThroughput: null,
-    preemptions: null,
-    blockSize: null,
-    numGpuBlocks: null,
-    runningLoras: [],
-    waitingLoras: [],
-    maxLora: null,
-    histograms: {},
-  };
+  return sample({ running: 0, waiting, kvCacheUsage: 0 });
 }
 
 export const podEvent = (pod: string, ts: number, o: Partial<PodEvent> = {}): PodEvent => ({

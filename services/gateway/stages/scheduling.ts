@@ -12,6 +12,7 @@ import type { ChargeLedger } from "../../views/charge-ledger.js";
 import type { LoadReader } from "../../views/load-view.js";
 import type { PodInfo, PodSetReader } from "../../views/pod-set.js";
 import type { UsageReader } from "../../views/usage-view.js";
+import { mulberry32 } from "../../shared/seeded-random.js";
 import { fnv1a32 } from "../../tokenizer/sim-tokenizer.js";
 import { RouteError } from "../errors.js";
 import { type Pick, type PrefixMatchInfo, type RoutingRequest, type SloTargets, type Strategy, tieOrderOf } from "../strategies/types.js";
@@ -107,13 +108,5 @@ export function schedule(i: SchedulingInput): Scheduled {
  * id (all in the decision record): replay draws the same numbers, so random picks reproduce.
  */
 export function decisionRandom(requestId: string, gateway: string, chargeId: string): () => number {
-  let a = fnv1a32(`${requestId}\u0000${gateway}\u0000${chargeId}`) >>> 0;
-  // mulberry32
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
+  return mulberry32(fnv1a32(`${requestId}\u0000${gateway}\u0000${chargeId}`));
 }
