@@ -4,6 +4,7 @@
  */
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { ExtProcClient, type PhaseResult } from "../services/extproc/envoy-client.js";
+import { toProtoStruct } from "../services/extproc/wire.js";
 import type { GatewayHandle } from "../services/gateway/gateway.js";
 import type { DecisionRecord } from "../schemas/events.js";
 import { spawnJetroute } from "../services/shared/processes.js";
@@ -114,9 +115,12 @@ describe("gateway - routing through ext_proc", () => {
     { name: "no model", body: Buffer.from(JSON.stringify({ messages: [] })), status: 400, code: "model_required", type: "invalid_request_error" },
     { name: "unknown model", body: chat("no/such-model"), status: 404, code: "model_not_found", type: "invalid_request_error" },
     { name: "no ready pod", body: chat("sleepy/model"), status: 503, code: "no_ready_pod", type: "overloaded_error" },
-  ])("$name -> $status OpenAI-shaped JSON", async ({ body, status, code, type }) => {
+    { name: "a null content part", body: Buffer.from(JSON.stringify({ model: MODEL, messages: [{ role: "user", content: [null] }] })), status: 400, code: "invalid_request_body", type: "invalid_request_error" },
+    { name: "max_tokens 1.5", body: Buffer.from(JSON.stringify({ model: MODEL, prompt: "x", max_tokens: 1.5 })), status: 400, code: "invalid_request_body", type: "invalid_request_error" },
+    { name: "a path outside the routed set", path: "/v1/rerank", body: chat(), status: 404, code: "unsupported_path", type: "invalid_request_error" },
+  ])("$name -> $status OpenAI-shaped JSON", async ({ body, status, code, type, path }) => {
     const ex = client.open();
-    await ex.requestHeaders(reqHeaders());
+    await ex.requestHeaders(reqHeaders(path ? { ":path": path } : {}));
     const r = immediate(await ex.requestBody(body));
     expect(r.status).toBe(status);
     expect(r.contentType).toBe("application/json");
@@ -196,6 +200,20 @@ describe("gateway - routing through ext_proc", () => {
     expect(r.status).toBe(400);
     expect(r.body.error).toMatchObject({ code: "invalid_header", param: "user", type: "invalid_request_error" });
     expect(gw.views.ledger.size).toBe(0);
+  });
+
+  it("honours a subset hint that arrives only with the request body (current Envoy attaches metadata to body messages)", async () => {
+    const hint = { filter_metadata: { "envoy.lb.subset_hint": toProtoStruct({ "x-gateway-destination-endpoint-subset": ["127.0.0.1:8101"] }) } };
+    // Several at once, all held: least-request alone would spread them over the pods.
+    const exs = Array.from({ length: 6 }, () => client.open());
+    const picks: unknown[] = [];
+    for (const ex of exs) {
+      await ex.requestHeaders(reqHeaders());
+      const b = await ex.send("request_body", { request_body: { body: chat(), end_of_stream: true }, metadata_context: hint });
+      picks.push(b.kind === "continue" ? b.headerMutation.set["x-gateway-destination-endpoint"] : b.kind);
+    }
+    for (const ex of exs) ex.cancel();
+    expect(picks).toEqual(Array(6).fill("127.0.0.1:8101"));
   });
 
   it("honours the proxy's subset hint, and 503s when nothing in it is ready", async () => {
@@ -518,10 +536,18 @@ describe("gateway - admin /metrics (Prometheus)", () => {
     const ex = c.open();
     await ex.requestHeaders(reqHeaders());
     await ex.requestBody(chat("no/such"));
+    // A client-chosen strategy name never becomes a label value of its own.
+    for (const bogus of ["bogus-1", "bogus-2"]) {
+      const b = c.open();
+      await b.requestHeaders(reqHeaders({ "routing-strategy": bogus }));
+      await b.requestBody(chat());
+    }
     c.close();
     const text = await (await fetch(`http://127.0.0.1:${g.adminPort}/metrics`)).text();
     expect(text).toMatch(/jetroute_gateway_requests_total\{strategy="least-request",outcome="completed",status="200",gateway="metrics-gw"\} 3/);
     expect(text).toMatch(/jetroute_gateway_requests_total\{strategy="least-request",outcome="rejected",status="404",gateway="metrics-gw"\} 1/);
+    expect(text).toMatch(/jetroute_gateway_requests_total\{strategy="invalid",outcome="rejected",status="400",gateway="metrics-gw"\} 2/);
+    expect(text).not.toMatch(/bogus/);
     expect(text).toMatch(/jetroute_gateway_pick_seconds_count\{gateway="metrics-gw",strategy="least-request"\} 3/);
     expect(text).toMatch(/jetroute_gateway_ready\{gateway="metrics-gw"\} 1/);
     expect(text).toMatch(/jetroute_gateway_view_last_seq\{view="pods",gateway="metrics-gw"\} [1-9]/);

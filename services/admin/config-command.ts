@@ -11,41 +11,17 @@ import {
   type ApiKeyRecord,
   apiKeyRecordError,
   MODEL_CONFIG_KEY_PREFIX,
-  modelConfigError,
   RATE_LIMITS_KEY,
   rateLimitsError,
 } from "../../schemas/config.js";
-import type { ModelConfig, Profile } from "../../schemas/config.js";
 import { configBucketName } from "../../streams/definitions.js";
 import { decodeToken, encodeToken } from "../../streams/tokens.js";
 import { apiKeyBucketKey, generateApiKey, hashApiKey, hashOfBucketKey, resolveHashPrefix, revokeTarget, SHOWN_HASH_PREFIX } from "../gateway/auth.js";
-import { parseStrategy, strategyParamsError } from "../gateway/strategies/registry.js";
+import { validateModelConfig } from "../gateway/strategies/config-check.js";
 import { natsOption } from "../shared/cli-options.js";
 import { connectNats } from "../shared/nats.js";
 
-/** Checks a config beyond its schema: every strategy it names must parse. */
-export function validateModelConfig(value: unknown): string | undefined {
-  const err = modelConfigError(value);
-  if (err) return err;
-  const c = value as ModelConfig;
-  const specs: Array<[string, string | undefined, Profile["strategyParams"]]> = [
-    ["/lockedRoutingStrategy", c.lockedRoutingStrategy, undefined],
-    ...Object.entries(c.profiles ?? {}).map(([n, p]) => [`/profiles/${n}/routingStrategy`, p.routingStrategy, p.strategyParams] as [string, string | undefined, Profile["strategyParams"]]),
-  ];
-  for (const [n, p] of Object.entries(c.profiles ?? {})) {
-    const e = strategyParamsError(p.strategyParams);
-    if (e) return `/profiles/${n}/strategyParams: ${e}`;
-  }
-  for (const [where, spec, params] of specs) {
-    if (!spec) continue;
-    try {
-      parseStrategy(spec, params);
-    } catch (e) {
-      return `${where}: ${(e as Error).message}`;
-    }
-  }
-  return undefined;
-}
+export { validateModelConfig };
 
 type Bucket = Awaited<ReturnType<Kvm["open"]>>;
 

@@ -12,6 +12,7 @@ import type { ChargeLedger } from "../views/charge-ledger.js";
 import type { LoadView } from "../views/load-view.js";
 import type { PodInfo, PodSet } from "../views/pod-set.js";
 import { RouteError } from "./errors.js";
+import { isModelName } from "./request-body.js";
 import { promptInputOf } from "../tokenizer/prompt-tokens.js";
 import type { UsageView } from "../views/usage-view.js";
 import type { ConfigReader } from "../views/model-config.js";
@@ -141,6 +142,8 @@ export class Director {
     this.admission.check({ model: parsed.model, user: input.headers.user || undefined, tokens: parsed.promptTokens, rps });
     const prefix = this.opts.prefix;
     if (!prefix || !strategy.needs?.promptTokenIds) return base;
+    // A prompt sent as token ids is exactly what the index is keyed on.
+    if (parsed.promptTokenIds) return { ...base, tokens: parsed.promptTokenIds, tokenizerMode: "ids" };
     const anyPod = this.views.pods.readyPods(parsed.model)[0];
     const t = prefix.tokenizer.tokenize(parsed.model, promptInputOf(parsed.body), anyPod?.address);
     return t.then((r) => ({ ...base, tokens: r.tokens, tokenizerMode: r.mode }));
@@ -256,7 +259,7 @@ export class Director {
         ...(prefixMatch && prefixMatch.hashes.length > 0
           ? { blocks: { size: prefixMatch.info.blockSize, mode: prepared.tokenizerMode === "approximate" ? "approximate" : "precise", hashes: prefixMatch.hashes } }
           : {}),
-        ...(prepared.profile ? { profile: prepared.profile } : {}),
+        ...(prepared.profile && prepared.profile.length <= 256 ? { profile: prepared.profile } : {}),
         ...(prepared.strategyParams ? { strategyParams: prepared.strategyParams } : {}),
         ...(opts.publish === false ? { consistency: "strict" as const } : this.opts.consistency === "off" ? { consistency: "off" as const } : {}),
         ...(prepared.slo ? { slo: prepared.slo } : {}),
@@ -268,14 +271,20 @@ export class Director {
     const prefix = this.opts.prefix;
     // Approximate-mode hashes match only other gateways' routed prefixes, which traffic under a
     // non-prefix strategy never publishes: recording them would cost every request and tell replay nothing.
-    if (!routed.context.blocks && prefix && this.opts.recordPromptBlocks !== false && prefix.tokenizer.modeFor?.(parsed.model) !== "approximate") {
+    if (!routed.context.blocks && prefix && this.opts.recordPromptBlocks !== false && parsed.promptTokenIds) {
+      routed.recordedBlocks = prefix.blocks(parsed.model, pick.pod, parsed.promptTokenIds, now, "ids");
+    } else if (!routed.context.blocks && prefix && this.opts.recordPromptBlocks !== false && prefix.tokenizer.modeFor?.(parsed.model) !== "approximate") {
       const pod = pick.pod;
-      prefix.tokenizer.tokenize(parsed.model, promptInputOf(parsed.body), pod.address).then(
-        (t) => {
-          if (!routed.finished) routed.recordedBlocks = prefix.blocks(parsed.model, pod, t.tokens, now, t.mode);
-        },
-        () => undefined,
-      );
+      // After the reply to Envoy has gone out: tokenizing runs synchronously up to its first await.
+      setImmediate(() => {
+        if (routed.finished) return;
+        prefix.tokenizer.tokenize(parsed.model, promptInputOf(parsed.body), pod.address).then(
+          (t) => {
+            if (!routed.finished) routed.recordedBlocks = prefix.blocks(parsed.model, pod, t.tokens, now, t.mode);
+          },
+          () => undefined,
+        );
+      });
     }
     return routed;
   }
@@ -388,7 +397,7 @@ export class Director {
       cursors: c.cursors,
       ...(c.rank ? { rank: c.rank } : {}),
       ...(c.session ? { session: c.session } : {}),
-      ...(c.subset ? { subset: c.subset.slice(0, 256) } : {}),
+      ...(c.subset ? { subset: c.subset.filter((a) => a.length <= 300).slice(0, 256) } : {}),
       ...(blocks ? { blocks: { size: blocks.size, mode: blocks.mode, hashes: encodeBlockHashes(blocks.hashes, DECISION_MAX_BLOCKS), total: blocks.hashes.length } } : {}),
       ...(c.profile ? { profile: c.profile } : {}),
       ...(c.strategyParams ? { strategyParams: c.strategyParams } : {}),
@@ -401,15 +410,19 @@ export class Director {
 
   /** Records a request refused before routing (the decision stream sees rejections too). */
   reject(headers: Readonly<Record<string, string>>, model: string | undefined, err: RouteError): void {
+    // Client strings: only a known strategy and a valid model name are recorded (records are validated by every reader).
+    const spec = headers["routing-strategy"];
+    const strategy = spec ? (spec.length <= 512 && findStrategy(spec) ? spec : "invalid") : this.opts.defaultStrategy;
+    const recordedModel = model !== undefined && isModelName(model) ? model : "";
     this.opts.sink.decision({
       type: "decision",
       v: DECISION_RECORD_VERSION,
       // A rejected request's id may be the reason it was rejected: only a valid one is recorded.
       id: headers["x-request-id"] && headers["x-request-id"].length <= MAX_REQUEST_ID_LENGTH ? headers["x-request-id"] : randomUUID(),
       gateway: this.gatewayId,
-      model: model ?? "",
+      model: recordedModel,
       ts: this.now(),
-      strategy: headers["routing-strategy"] || this.opts.defaultStrategy,
+      strategy,
       candidates: [],
       pick: null,
       status: err.status,

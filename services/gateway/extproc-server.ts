@@ -18,6 +18,7 @@ import { type AuthFailureReason, type AuthResult, authFailureMessage } from "./a
 import { openAIError, RouteError, routeErrorBody } from "./errors.js";
 import type { FinishInfo, RoutedRequest, RouteInput } from "./director.js";
 import type { ReleaseOutcome } from "../../schemas/events.js";
+import { ROUTED_PATHS } from "./request-body.js";
 import { ResponseTracker } from "./response-tracker.js";
 import { normaliseUpstreamError } from "./upstream-error.js";
 import type { HeaderMutation, HeaderValueOption, ProcessingRequest, ProcessingResponse, ProtoStruct } from "../extproc/types.js";
@@ -160,6 +161,10 @@ export function createExtProcHandler(opts: ExtProcHandlerOptions): grpc.handleBi
       if (opts.auth && !authenticated) return refuseAuth("missing");
       if (!endOfStream) return send({ request_body: CONTINUE });
       if (bodyBytes > maxBody) return reject(new RouteError("bodyTooLarge", `request body exceeds ${maxBody} bytes`));
+      const path = (headers[Headers.path] ?? "").split("?")[0] ?? "";
+      if (!(ROUTED_PATHS as readonly string[]).includes(path)) {
+        return reject(new RouteError("unsupportedPath", `${(headers[Headers.method] ?? "").slice(0, 16)} ${path.slice(0, 128)} is not routed; routed paths: ${ROUTED_PATHS.join(", ")}, and GET /v1/models`));
+      }
       if (!opts.isReady()) return reject(new RouteError("notReady", "gateway is catching up with the streams; retry shortly"));
       const body = bodyParts.length === 1 ? (bodyParts[0] as Buffer) : Buffer.concat(bodyParts);
       bodyParts = [];
@@ -228,6 +233,8 @@ export function createExtProcHandler(opts: ExtProcHandlerOptions): grpc.handleBi
             return send({ request_headers: { response: { status: "CONTINUE", header_mutation: mutation, clear_route_cache: true } } });
           }
           case "request_body":
+            // Current Envoy may attach the metadata (the subset hint) to body messages too.
+            if (req.metadata_context) subset = subsetHint(req) ?? subset;
             return onRequestBody(req.request_body?.body, req.request_body?.end_of_stream === true);
           case "response_headers": {
             const h = headersToRecord(req.response_headers?.headers);

@@ -5,6 +5,7 @@
  */
 import client from "prom-client";
 import type { DecisionRecord } from "../../schemas/events.js";
+import { strategyNames } from "./strategies/registry.js";
 
 export interface GatewayMetricsSources {
   followers: () => Array<{ view: string; lastSeq: number; applied: number; invalid: number; reopens: number; pending: number; delayMs: number }>;
@@ -17,6 +18,17 @@ export interface GatewayMetricsSources {
   apiKeys?: () => { active: number; revoked: number };
   /** ext_proc HTTP/2 connections (see services/extproc/reset-budget.ts). */
   connections?: () => { open: number; opened: number; rotated: number; resets: number } | undefined;
+}
+
+const BASE_STRATEGIES = new Set(strategyNames());
+
+/**
+ * A bounded label for a strategy: a built-in name as it is; any weighted combination (a client
+ * can send arbitrarily many different weights) as `combination`; anything else as `invalid`.
+ */
+export function strategyLabel(spec: string): string {
+  if (BASE_STRATEGIES.has(spec)) return spec;
+  return spec.includes(",") && spec.length <= 512 && spec.split(",").every((p) => BASE_STRATEGIES.has(p.split(":")[0]?.trim() ?? "")) ? "combination" : "invalid";
 }
 
 export class GatewayMetrics {
@@ -93,7 +105,7 @@ export class GatewayMetrics {
   }
 
   decision(rec: DecisionRecord): void {
-    this.decisions.inc({ strategy: rec.strategy, outcome: rec.outcome, status: String(rec.status) });
+    this.decisions.inc({ strategy: strategyLabel(rec.strategy), outcome: rec.outcome, status: String(rec.status) });
   }
 
   authFailure(reason: string): void {
@@ -101,7 +113,7 @@ export class GatewayMetrics {
   }
 
   pick(strategy: string, seconds: number): void {
-    this.pickSeconds.observe({ strategy }, seconds);
+    this.pickSeconds.observe({ strategy: strategyLabel(strategy) }, seconds);
   }
 
   render(): Promise<string> {

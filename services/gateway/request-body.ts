@@ -1,29 +1,116 @@
 /**
- * Reading what routing needs out of an OpenAI request body: the model and a prompt size.
- * Pure; the parse error becomes a 400 with a message naming what is wrong.
+ * Reading what routing needs out of an OpenAI request body: the model, a prompt size, the output
+ * bound. Pure. Everything here is client input, so it is checked before any of it reaches a
+ * subject, a metric label, a log line or an event another replica must validate: a mistake
+ * becomes a 400 whose message and `param` name the field.
  */
 import { RouteError } from "./errors.js";
 
 export interface ParsedRequest {
   model: string;
   stream: boolean;
-  /** Rough prompt size in tokens (≈ 4 characters per token) until a tokenizer is wired in. */
+  /** Prompt size in tokens: exact for token-id prompts, else ≈ 4 characters per token until a tokenizer runs. */
   promptTokens: number;
   maxTokens?: number;
+  /** The prompt as token ids, when the client sent them (`/v1/completions`): prefix matching uses them as they are. */
+  promptTokenIds?: number[];
   body: Record<string, unknown>;
 }
 
 /** Paths whose bodies name a model and may be routed. */
 export const ROUTED_PATHS = ["/v1/chat/completions", "/v1/completions", "/v1/embeddings"] as const;
 
-function textLength(v: unknown): number {
-  if (typeof v === "string") return v.length;
-  if (Array.isArray(v)) return v.reduce((n: number, x) => n + textLength(x), 0);
-  if (v && typeof v === "object") {
-    const o = v as Record<string, unknown>;
-    return textLength(o.content) + textLength(o.text);
+/** Longest model name accepted (subjects escape it, so a long one would grow every subject). */
+export const MAX_MODEL_LENGTH = 256;
+/** Deepest nesting of arrays and objects accepted in a body. */
+export const MAX_BODY_DEPTH = 64;
+
+/** A non-empty name of at most MAX_MODEL_LENGTH characters without control characters. */
+export function isModelName(s: string): boolean {
+  if (s.length === 0 || s.length > MAX_MODEL_LENGTH) return false;
+  for (let i = 0; i < s.length; i++) {
+    const c = s.charCodeAt(i);
+    if (c < 0x20 || c === 0x7f) return false;
   }
-  return 0;
+  return true;
+}
+/** Message content part types with text (counted) and without (images, audio, files: no text to count). */
+const TEXT_PARTS = new Set(["text", "input_text"]);
+const OTHER_PARTS = new Set(["image_url", "input_audio", "file", "image", "audio", "video_url", "refusal"]);
+
+const bad = (message: string, param: string | null = null): RouteError => new RouteError("invalidBody", message, param);
+
+/** Deepest nesting of a parsed JSON value, walked without recursion (a client can nest thousands deep). */
+function depthOf(v: unknown, limit: number): number {
+  let max = 0;
+  const stack: Array<[unknown, number]> = [[v, 1]];
+  while (stack.length > 0) {
+    const [x, d] = stack.pop() as [unknown, number];
+    if (x === null || typeof x !== "object") continue;
+    if (d > max) max = d;
+    if (max > limit) return max;
+    for (const c of Array.isArray(x) ? x : Object.values(x)) if (c !== null && typeof c === "object") stack.push([c, d + 1]);
+  }
+  return max;
+}
+
+/** Characters of text in chat messages, checking each message's shape. */
+function messagesText(messages: unknown): number {
+  if (!Array.isArray(messages)) throw bad("`messages` must be an array of messages", "messages");
+  let n = 0;
+  messages.forEach((m, i) => {
+    const at = `messages[${i}]`;
+    if (!m || typeof m !== "object" || Array.isArray(m)) throw bad(`${at} must be an object`, at);
+    const { role, content } = m as { role?: unknown; content?: unknown };
+    if (typeof role !== "string" || role.length === 0) throw bad(`${at}.role must be a non-empty string`, `${at}.role`);
+    if (typeof content === "string") n += content.length;
+    else if (Array.isArray(content)) {
+      content.forEach((p, j) => {
+        const pat = `${at}.content[${j}]`;
+        if (!p || typeof p !== "object" || Array.isArray(p)) throw bad(`${pat} must be a content part object (got ${p === null ? "null" : typeof p})`, pat);
+        const { type, text } = p as { type?: unknown; text?: unknown };
+        if (typeof type !== "string") throw bad(`${pat}.type must be a string`, `${pat}.type`);
+        if (TEXT_PARTS.has(type)) {
+          if (typeof text !== "string") throw bad(`${pat}.text must be a string`, `${pat}.text`);
+          n += text.length;
+        } else if (!OTHER_PARTS.has(type)) throw bad(`${pat}.type ${JSON.stringify(type.slice(0, 64))} is not a known content part type`, `${pat}.type`);
+      });
+    } else if (content !== null && content !== undefined) throw bad(`${at}.content must be a string, an array of content parts or null`, `${at}.content`);
+  });
+  return n;
+}
+
+const isTokenId = (x: unknown): x is number => typeof x === "number" && Number.isSafeInteger(x) && x >= 0;
+
+/**
+ * A completion `prompt`: a string, a list of strings, a list of token ids, or a list of token-id
+ * lists (the batch forms count every prompt; only the first is used for prefix matching).
+ */
+function promptOf(prompt: unknown): { chars: number; tokens: number; ids?: number[] } {
+  if (typeof prompt === "string") return { chars: prompt.length, tokens: 0 };
+  if (!Array.isArray(prompt)) throw bad("`prompt` must be a string, an array of strings, an array of token ids or an array of token-id arrays", "prompt");
+  if (prompt.length === 0) return { chars: 0, tokens: 0 };
+  if (prompt.every((p) => typeof p === "string")) return { chars: (prompt as string[]).reduce((a, p) => a + p.length, 0), tokens: 0 };
+  if (prompt.every(isTokenId)) return { chars: 0, tokens: prompt.length, ids: prompt as number[] };
+  if (prompt.every((p) => Array.isArray(p) && p.every(isTokenId))) {
+    const lists = prompt as number[][];
+    return { chars: 0, tokens: lists.reduce((a, p) => a + p.length, 0), ...(lists[0] ? { ids: lists[0] } : {}) };
+  }
+  throw bad("`prompt` mixes strings, token ids and lists, or has ids that are not non-negative integers", "prompt");
+}
+
+/** Characters of an embeddings `input` (a string, strings, or token ids — counted as tokens). */
+function inputOf(input: unknown): { chars: number; tokens: number } {
+  if (input === undefined || input === null) return { chars: 0, tokens: 0 };
+  const p = promptOf(input);
+  return { chars: p.chars, tokens: p.tokens };
+}
+
+function positiveInt(b: Record<string, unknown>, key: string): number | undefined {
+  const v = b[key];
+  if (v === undefined || v === null) return undefined;
+  if (typeof v !== "number" || !Number.isSafeInteger(v) || v < 1) throw bad(`\`${key}\` must be a positive integer, got ${JSON.stringify(v).slice(0, 32)}`, key);
+  return v;
 }
 
 export function parseRequestBody(raw: Uint8Array): ParsedRequest {
@@ -31,16 +118,44 @@ export function parseRequestBody(raw: Uint8Array): ParsedRequest {
   try {
     body = JSON.parse(Buffer.from(raw.buffer, raw.byteOffset, raw.byteLength).toString("utf8"));
   } catch (err) {
-    throw new RouteError("invalidJson", `request body is not valid JSON: ${(err as Error).message}`);
+    throw new RouteError("invalidJson", `request body is not valid JSON: ${(err as Error).message.slice(0, 200)}`);
   }
   if (!body || typeof body !== "object" || Array.isArray(body)) {
     throw new RouteError("invalidBody", "request body must be a JSON object");
   }
+  if (depthOf(body, MAX_BODY_DEPTH) > MAX_BODY_DEPTH) throw bad(`request body nests deeper than ${MAX_BODY_DEPTH} levels`);
   const b = body as Record<string, unknown>;
   if (typeof b.model !== "string" || b.model.length === 0) {
     throw new RouteError("missingModel", "the request body has no `model` (a non-empty string is required)", "model");
   }
-  const chars = textLength(b.messages) + textLength(b.prompt) + textLength(b.input);
-  const maxTokens = typeof b.max_completion_tokens === "number" ? b.max_completion_tokens : typeof b.max_tokens === "number" ? b.max_tokens : undefined;
-  return { model: b.model, stream: b.stream === true, promptTokens: Math.ceil(chars / 4), maxTokens, body: b };
+  if (!isModelName(b.model)) {
+    throw bad(`\`model\` must be at most ${MAX_MODEL_LENGTH} printable characters`, "model");
+  }
+  let chars = 0;
+  let tokens = 0;
+  let promptTokenIds: number[] | undefined;
+  if (b.messages !== undefined) chars += messagesText(b.messages);
+  if (b.prompt !== undefined) {
+    const p = promptOf(b.prompt);
+    chars += p.chars;
+    tokens += p.tokens;
+    promptTokenIds = p.ids;
+  }
+  if (b.input !== undefined) {
+    const p = inputOf(b.input);
+    chars += p.chars;
+    tokens += p.tokens;
+  }
+  const maxCompletion = positiveInt(b, "max_completion_tokens");
+  const max = positiveInt(b, "max_tokens");
+  positiveInt(b, "n");
+  const maxTokens = maxCompletion ?? max;
+  return {
+    model: b.model,
+    stream: b.stream === true,
+    promptTokens: tokens + Math.ceil(chars / 4),
+    ...(maxTokens !== undefined ? { maxTokens } : {}),
+    ...(promptTokenIds ? { promptTokenIds } : {}),
+    body: b,
+  };
 }

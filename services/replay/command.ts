@@ -14,7 +14,7 @@ import { ReplayEngine } from "./engine.js";
 import { writeReportHtml } from "./report-html.js";
 import type { ReplayReport } from "./report-types.js";
 import { EXPORT_FORMAT, EXPORT_VERSION, fileSource, type MessageSource, natsSource, writeExport } from "./sources.js";
-import { simulateWhatIf } from "./whatif.js";
+import { simulateWhatIf, type TraceRequest } from "./whatif.js";
 import { parseWindowBound, type WindowBound } from "./window.js";
 
 /** Strategy specs for --strategies / --simulate: comma separated, or `;`/space separated when a combination has commas of its own. */
@@ -97,6 +97,19 @@ export interface ReplayRunOptions {
   progress?: boolean;
 }
 
+/** The simulated engines use one block size per model: keep each model's most common one. */
+function oneBlockSizePerModel(trace: readonly TraceRequest[]): { trace: TraceRequest[]; dropped: number } {
+  const counts = new Map<string, Map<number, number>>();
+  for (const t of trace) {
+    const m = counts.get(t.model) ?? new Map<number, number>();
+    m.set(t.blockSize, (m.get(t.blockSize) ?? 0) + 1);
+    counts.set(t.model, m);
+  }
+  const size = new Map([...counts].map(([model, m]) => [model, [...m].sort((a, b) => b[1] - a[1])[0]?.[0]]));
+  const kept = trace.filter((t) => t.blockSize === size.get(t.model) && t.blockSize >= 5);
+  return { trace: kept, dropped: trace.length - kept.length };
+}
+
 /** Runs a replay over a source; returns the report. */
 export async function runReplay(o: ReplayRunOptions): Promise<ReplayReport> {
   const engine = new ReplayEngine({
@@ -118,7 +131,16 @@ export async function runReplay(o: ReplayRunOptions): Promise<ReplayReport> {
   if (o.simulate?.length) {
     // The simulated pods get the recorded pods' KV cache size (their load samples report it), else the simulator's default.
     const kv = Math.max(0, ...Object.values(engine.kvCapacityTokens));
-    report.simulation = o.simulate.map((strategy) => simulateWhatIf(engine.trace, { strategy, podsPerModel: engine.fleet, ...(kv > 0 ? { engine: { kvCapacityTokens: kv } } : {}) }));
+    const { trace, dropped } = oneBlockSizePerModel(engine.trace);
+    if (dropped > 0) report.warnings.push(`what-if: ${dropped} requests hashed with another block size than the rest of their model's were left out`);
+    report.simulation = [];
+    for (const strategy of o.simulate) {
+      try {
+        report.simulation.push(simulateWhatIf(trace, { strategy, podsPerModel: engine.fleet, ...(kv > 0 ? { engine: { kvCapacityTokens: kv } } : {}) }));
+      } catch (err) {
+        report.warnings.push(`what-if under ${strategy} failed: ${(err as Error).message}`);
+      }
+    }
   }
   return report;
 }
@@ -134,7 +156,7 @@ export function registerReplayCommands(program: Command): void {
     .option("--to <when>", "window end (same forms)", "now")
     .option("--strategies <specs>", "counterfactual strategies (comma separated; separate combinations with ';')", strategiesOption, ["least-request", "prefix-cache", "random"])
     .option("--simulate [specs]", "also re-send the recorded arrivals to a simulated fleet of the recorded size under these strategies (default: --strategies)")
-    .option("--simulate-max <n>", "most requests kept for the simulation", intOption(1), 200_000)
+    .option("--simulate-max <n>", "most requests kept for the simulation (each keeps its block hashes in memory)", intOption(1), 50_000)
     .option("--reorder-ms <ms>", "how long a decision may wait for an earlier one of its gateway (stream time)", intOption(0), 60_000)
     .option("--prefix-max-entries <n>", "prefix index bound, as the gateways ran", intOption(1), 4_000_000)
     .option("--report <path>", "where to write the HTML report", "replay-report.html")
@@ -159,7 +181,7 @@ export function registerReplayCommands(program: Command): void {
           fromMs = await resolveBound(from, nats, o.prefix);
           toMs = await resolveBound(to, nats, o.prefix);
           if (toMs < fromMs) throw new Error(`--to (${new Date(toMs).toISOString()}) is before --from (${new Date(fromMs).toISOString()})`);
-          source = await natsSource(nats, o.prefix, { fromMs, toMs, tailMs: o.reorderMs });
+          source = await natsSource(nats, o.prefix, { fromMs, toMs, tailMs: Math.max(o.reorderMs, 5_000) });
         }
         const simulate = o.simulate === undefined ? undefined : o.simulate === true ? o.strategies : strategiesOption(String(o.simulate));
         const report = await runReplay({ source, fromMs, toMs, strategies: o.strategies, simulate, reorderMs: o.reorderMs, prefixMaxEntries: o.prefixMaxEntries, simulateMax: o.simulateMax, progress: o.progress !== false });

@@ -468,3 +468,28 @@ describe("replay engine - views rebuilt across streams", () => {
     expect(report.fidelity).toEqual({ evaluated: 4, reproduced: 4, ratio: 1, residuals: {} });
   });
 });
+
+describe("replay engine - findings of the review", () => {
+  it("charges routed before the window wait for no record: a window cut from a longer recording counts no decision as lost", () => {
+    const rec = bursty(31, 20);
+    const mid = rec.fromMs + Math.floor((rec.toMs - rec.fromMs) / 2);
+    // Records routed before `mid` are not in the source, as with DECISIONS read from `--from`.
+    const messages = without(rec.messages, (m) => isRecord(m) && recordOf(m).ts < mid);
+    const { report } = replay(messages, { fromMs: mid, toMs: rec.toMs });
+    expect(report.decisions.skipped["decision-lost"]).toBeUndefined();
+    expect(report.decisions.skipped["waited-too-long"]).toBeUndefined();
+    expect(report.decisions.evaluated).toBe(routedRecords(rec).filter((r) => r.ts >= mid).length);
+    expect(report.fidelity.ratio).toBe(1);
+  });
+
+  it("config entries that are not config entries (a hand-edited export) are counted invalid, never a crash", () => {
+    const rec = bursty(32, 3);
+    const junk: ReplayMessage[] = [
+      { stream: "config", subject: "$KV.jr-config.x", seq: 1, serverTs: T0 - 10, data: { type: "config-entry", key: 7, operation: "PUT" } },
+      { stream: "config", subject: "$KV.jr-config.y", seq: 2, serverTs: T0 - 9, data: { type: "kv" } },
+    ];
+    const { report } = replay([...junk, ...rec.messages], window(rec));
+    expect(report.events.skipped.invalid).toBe(2);
+    expect(report.fidelity.ratio).toBe(1);
+  });
+});

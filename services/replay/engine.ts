@@ -138,10 +138,15 @@ interface Replica {
   undecoded: Set<string>;
   lastEvaluated: number;
   nextSweep: number;
+  nextRoutedSweep: number;
+  /** Server time of the gateway's last own message or record: a gateway silent for long is dropped. */
+  lastSeenTs: number;
 }
 
 /** How much recent stream time the buffers keep beyond what every fold has passed. */
 const YOUNG_MS = 1_000;
+/** An idle gateway silent this long (stream time: no heartbeat, charge or record) is dropped. */
+const DROP_SILENT_MS = 30_000;
 
 const chargeSeqOf = (id: string | undefined): number | undefined => {
   if (id === undefined || !/^[0-9a-z]{1,11}$/.test(id)) return undefined;
@@ -265,7 +270,9 @@ export class ReplayEngine {
     const b: Buffered = { seq: m.seq, serverTs: m.serverTs, subject: m.subject };
     if (m.invalid) this.skip(this.counts.eventsSkipped, "invalid");
     else if (m.stream === "config") {
-      b.ev = m.data as StateEvent;
+      const e = m.data as { type?: unknown; key?: unknown; operation?: unknown } | null;
+      if (e?.type === "config-entry" && typeof e.key === "string" && (e.operation === "PUT" || e.operation === "DEL" || e.operation === "PURGE")) b.ev = m.data as StateEvent;
+      else this.skip(this.counts.eventsSkipped, "invalid");
     } else {
       const d = checkEventOf(m.data, TYPES[m.stream]);
       if (d.ok) {
@@ -282,10 +289,12 @@ export class ReplayEngine {
     const pos = this.logs[m.stream].push(b);
     if (b.gateway !== undefined) {
       const r = this.replicaOf(b.gateway);
+      r.lastSeenTs = m.serverTs;
       if (m.stream === "charges") {
         r.own.charges.push(pos);
         const ev = b.ev;
-        if (ev?.type === "charge" && b.chargeSeq !== undefined && b.chargeSeq > r.lastEvaluated) r.awaiting.set(b.chargeSeq, { seenTs: m.serverTs, chargeTs: ev.ts });
+        // Only charges routed inside the window have a record to wait for.
+        if (ev?.type === "charge" && b.chargeSeq !== undefined && b.chargeSeq > r.lastEvaluated && ev.ts >= this.o.fromMs && ev.ts <= this.o.toMs) r.awaiting.set(b.chargeSeq, { seenTs: m.serverTs, chargeTs: ev.ts });
         if (ev?.type === "release") {
           const a = r.awaiting.get(chargeSeqOf(ev.id) ?? -1);
           if (a) a.releasedTs = m.serverTs;
@@ -339,10 +348,11 @@ export class ReplayEngine {
       return;
     }
     const r = this.replicaOf(d.gateway);
-    if (d.ttftMs !== undefined && d.charge) r.firstToken.set(d.charge, d.ts + d.ttftMs);
+    r.lastSeenTs = Math.max(r.lastSeenTs, m.serverTs);
     // Everything up to a record's cursors was published before the record, and sources merge by
     // server time: a stream that has delivered nothing up to its cursor yet never will.
-    const purged = (["pods", "kv", "config", "charges"] as const).find((st) => d.cursors && d.cursors[st] > 0 && (this.firstSeq[st] === 0 || d.cursors[st] < this.firstSeq[st]));
+    // (Config is not needed to re-decide: the record names its strategy, parameters and targets.)
+    const purged = (["pods", "kv", "charges"] as const).find((st) => d.cursors && d.cursors[st] > 0 && (this.firstSeq[st] === 0 || d.cursors[st] < this.firstSeq[st]));
     if (purged) {
       this.warnings.add(
         `some decisions saw ${purged} messages older than the first one available (${this.firstSeq[purged] === 0 ? "none delivered" : `sequence ${this.firstSeq[purged]}`}: purged by retention, or before the read window); they were skipped`,
@@ -363,6 +373,15 @@ export class ReplayEngine {
       this.skip(this.counts.skipped, "late");
       return;
     }
+    const was = r.givenUp.get(cs);
+    if (was) {
+      // Given up on while nothing else waited, and evaluated after all: counted once, as evaluated.
+      r.givenUp.delete(cs);
+      const left = (this.counts.skipped[was] ?? 1) - 1;
+      if (left > 0) this.counts.skipped[was] = left;
+      else delete this.counts.skipped[was];
+    }
+    if (d.ttftMs !== undefined && d.charge) r.firstToken.set(d.charge, d.ts + d.ttftMs);
     insertSorted(r.pending, { d, chargeSeq: cs, arrivedAt: m.serverTs });
     this.pump();
   }
@@ -385,6 +404,8 @@ export class ReplayEngine {
       undecoded: new Set(),
       lastEvaluated: 0,
       nextSweep: 0,
+      nextRoutedSweep: 0,
+      lastSeenTs: this.watermark,
     };
     this.replicas.set(id, r);
     return r;
@@ -455,8 +476,14 @@ export class ReplayEngine {
       while (young < k && this.watermark - (log.at(young) as Buffered).serverTs > youngMs) young++;
       keep[st] = Math.max(this.baseApplied[st], young);
     }
-    for (const r of this.replicas.values()) {
+    for (const r of [...this.replicas.values()]) {
       if (busy.includes(r)) continue;
+      // Gone (restarted under a new id, scaled in): its fold is not needed any more; should it
+      // come back, it starts again from the base fold, as a new gateway does.
+      if (this.watermark - r.lastSeenTs > DROP_SILENT_MS) {
+        this.replicas.delete(r.id);
+        continue;
+      }
       this.advanceTo(r, (st) => keep[st] - 1, Number.POSITIVE_INFINITY);
       this.applyOwnBefore(r, Number.POSITIVE_INFINITY, keep.charges, keep.kv);
     }
@@ -473,8 +500,13 @@ export class ReplayEngine {
       state.skip({ stream, subject: b.subject, seq: b.seq, serverTs: b.serverTs });
       return;
     }
-    state.apply(b.ev, { stream, subject: b.subject, seq: b.seq, serverTs: b.serverTs });
-    if (count) this.counts.eventsApplied++;
+    try {
+      state.apply(b.ev, { stream, subject: b.subject, seq: b.seq, serverTs: b.serverTs });
+      if (count) this.counts.eventsApplied++;
+    } catch {
+      // A schema-valid event a view cannot apply is a bug, but a replay must go on (as a follower does).
+      if (count) this.skip(this.counts.eventsSkipped, "apply-failed");
+    }
   }
 
   /**
@@ -519,6 +551,7 @@ export class ReplayEngine {
       } else if (ev?.type === "release") {
         r.state.ownRelease(ev);
         r.undecoded.delete(ev.id);
+        r.firstToken.delete(ev.id);
       }
       r.own.chargesNext++;
     }
@@ -563,9 +596,12 @@ export class ReplayEngine {
         r.firstToken.delete(id);
       }
     }
+    // As live: expiry every 250 ms, routed prefixes every 5 s.
     if (d.ts >= r.nextSweep) {
-      r.state.sweep(d.ts, { routed: true });
+      const routed = d.ts >= r.nextRoutedSweep;
+      r.state.sweep(d.ts, { routed });
       r.nextSweep = d.ts + 250;
+      if (routed) r.nextRoutedSweep = d.ts + 5_000;
     }
     this.counts.evaluated++;
 
@@ -631,12 +667,16 @@ export class ReplayEngine {
       loads.set(p.pod, { fresh, get: r.state.load.get(p.model, p.pod) });
       if (fresh?.numGpuBlocks && fresh.blockSize) this.kvCapacityTokens[d.model] = Math.max(this.kvCapacityTokens[d.model] ?? 0, fresh.numGpuBlocks * fresh.blockSize);
     }
+    // vtc-basic reads the user's usage and the spread of all users' usage: as of this decision.
+    const usage = r.state.usage;
+    const userTokens = d.user ? usage.tokens(d.user, d.ts) : 0;
+    const bounds = usage.bounds(d.ts);
     insertTask(this.tasks, {
       d,
       request,
       candidates,
       loads,
-      usage: r.state.usage,
+      usage: { tokens: (u) => (u === d.user ? userTokens : 0), bounds: () => bounds },
       match: prefix && candidates.length > 0 ? prefix(candidates) : undefined,
     });
   }

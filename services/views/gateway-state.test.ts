@@ -132,12 +132,16 @@ describe("GatewayState - one fold", () => {
     expect(bad.note?.rejected).toBe(true);
     expect(s.configs.get("m")?.lockedRoutingStrategy).toBe("random");
     expect(s.apply({ type: "config-entry", key: "model.m", operation: "DEL" }, at(2)).ignored).toBe("stale");
+    // Written around the CLI: plugin parameters the strategy does not take would 400 every request; kept out.
+    const params = s.apply({ type: "config-entry", key: "model.m", operation: "PUT", value: { defaultProfile: "p", profiles: { p: { strategyParams: { random: { x: 1 } } } } } }, at(2.5));
+    expect(params.note?.rejected).toBe(true);
+    expect(s.configs.get("m")?.lockedRoutingStrategy).toBe("random");
     const hash = "a".repeat(64);
     s.apply({ type: "config-entry", key: `apikey.${hash}`, operation: "PUT", value: { user: "dave", createdAt: T0 } }, at(3));
     expect(s.apiKeys.get(hash)?.user).toBe("dave");
     s.apply({ type: "config-entry", key: `apikey.${hash}`, operation: "PUT", notJson: true }, at(4));
     expect(s.apiKeys.get(hash)).toBeUndefined();
-    expect(s.configRejected).toBe(2);
+    expect(s.configRejected).toBe(3);
   });
 });
 

@@ -22,13 +22,13 @@ import {
   type ApiKeyRecord,
   MODEL_CONFIG_KEY_PREFIX,
   type ModelConfig,
-  modelConfigError,
   RATE_LIMITS_KEY,
   type RateLimits,
   rateLimitsError,
 } from "../../schemas/config.js";
 import type { ChargeEvent, GatewayHeartbeat, KvBatch, KvPodCleared, KvRouted, LoadSample, PodEvent, ReleaseEvent } from "../../schemas/events.js";
 import { decodeToken } from "../../streams/tokens.js";
+import { validateModelConfig } from "../gateway/strategies/config-check.js";
 import { ApiKeyView, hashOfBucketKey, SHOWN_HASH_PREFIX } from "./api-keys.js";
 import { ChargeLedger } from "./charge-ledger.js";
 import { LoadView } from "./load-view.js";
@@ -253,7 +253,7 @@ export class GatewayState {
       this.configs.set(model, undefined);
       return info("model config removed", { model, revision });
     }
-    const err = invalid(modelConfigError);
+    const err = invalid(validateModelConfig);
     if (err) return reject("error", "invalid model config ignored; the previous one stays", { model, revision, err });
     this.configs.set(model, e.value as ModelConfig);
     return info("model config applied", { model, revision });

@@ -1,0 +1,31 @@
+/**
+ * A model config checked beyond its schema: every strategy it names must parse, with its profile's
+ * plugin parameters. `jetroute config set` refuses such a config, and a gateway's fold ignores one
+ * written around the CLI (keeping the previous config): a bad entry must never turn every request
+ * for the model into an error.
+ */
+import { type ModelConfig, modelConfigError, type Profile } from "../../../schemas/config.js";
+import { parseStrategy, strategyParamsError } from "./registry.js";
+
+export function validateModelConfig(value: unknown): string | undefined {
+  const err = modelConfigError(value);
+  if (err) return err;
+  const c = value as ModelConfig;
+  for (const [n, p] of Object.entries(c.profiles ?? {})) {
+    const e = strategyParamsError(p.strategyParams);
+    if (e) return `/profiles/${n}/strategyParams: ${e}`;
+  }
+  const specs: Array<[string, string | undefined, Profile["strategyParams"]]> = [
+    ["/lockedRoutingStrategy", c.lockedRoutingStrategy, undefined],
+    ...Object.entries(c.profiles ?? {}).map(([n, p]) => [`/profiles/${n}/routingStrategy`, p.routingStrategy, p.strategyParams] as [string, string | undefined, Profile["strategyParams"]]),
+  ];
+  for (const [where, spec, params] of specs) {
+    if (!spec) continue;
+    try {
+      parseStrategy(spec, params);
+    } catch (e) {
+      return `${where}: ${(e as Error).message}`;
+    }
+  }
+  return undefined;
+}
