@@ -10,6 +10,9 @@ import { type GatewayHandle, startGateway } from "../services/gateway/gateway.js
 import { connectNats, type NatsHandles } from "../services/shared/nats.js";
 import { type NatsClusterHandle, startNatsCluster } from "../services/shared/nats-server.js";
 import { acked } from "../services/shared/publish.js";
+import { Kvm } from "@nats-io/kv";
+import { configBucketName } from "../streams/definitions.js";
+import { apiKeyBucketKey, generateApiKey, hashApiKey } from "../services/gateway/auth.js";
 import { MODEL, quietLog, waitFor } from "./harness/env.js";
 
 describe("cluster - a NATS node dies under the gateways", () => {
@@ -86,6 +89,71 @@ describe("cluster - a NATS node dies under the gateways", () => {
       `killed ${serverOfA}: charges reached the other replica again after ${recovery.toFixed(0)} ms; B holds all ${a.director.inFlight.size} of A's charges ${converged.toFixed(0)} ms later (healed by heartbeat: ${b.views.ledger.reconciledAdded})`,
     );
     expect(a.ready()).toBe(true);
+    client.close();
+  }, 60_000);
+});
+
+describe("cluster - the config watch outlives its NATS node", () => {
+  let cluster: NatsClusterHandle;
+  let admin: NatsHandles;
+  const gateways: GatewayHandle[] = [];
+  beforeAll(async () => {
+    cluster = await startNatsCluster(3);
+    const deadline = Date.now() + 30_000;
+    for (;;) {
+      try {
+        admin ??= await connectNats(cluster.urls);
+        await applyStreams(admin.nc, admin.jsm, { replicas: 3 });
+        break;
+      } catch (err) {
+        if (Date.now() > deadline) throw err;
+        await new Promise((r) => setTimeout(r, 250));
+      }
+    }
+    await acked(admin.js, new Subjects().pod(MODEL, "pod-0"), { type: "pod", action: "upsert", model: MODEL, pod: "pod-0", address: "127.0.0.1:8800", ready: true, engine: "vllm", ts: Date.now() });
+  }, 60_000);
+  afterAll(async () => {
+    for (const g of gateways) await g.close();
+    await admin?.nc.close();
+    await cluster?.stop();
+  });
+
+  it("applies an API key revoked after the gateway's NATS node died: the config watch comes back", async () => {
+    const live = cluster.servers;
+    const urls = cluster.urls;
+    const g = await startGateway({ nats: urls, id: "gw-auth", port: 0, host: "127.0.0.1", adminPort: -1, log: quietLog, heartbeatIntervalMs: 200, shutdownGraceMs: 100, auth: "required" });
+    gateways.push(g);
+    await g.whenReady();
+    const kv = await new Kvm(admin.nc).open(configBucketName("jr"));
+    const key = generateApiKey();
+    const hash = hashApiKey(key);
+    await kv.put(apiKeyBucketKey(hash), JSON.stringify({ user: "eve", createdAt: Date.now() }));
+    await waitFor(() => g.apiKeys.get(hash) !== undefined, 5_000, "the key at the gateway");
+    const client = new ExtProcClient(`127.0.0.1:${g.port}`);
+    const status = async () => {
+      const ex = client.open();
+      const r = await ex.requestHeaders({ ":method": "POST", ":path": "/v1/chat/completions", ":authority": "gw", authorization: `Bearer ${key}` });
+      ex.cancel();
+      return r.kind === "immediate" ? r.status : 200;
+    };
+    expect(await status()).toBe(200);
+    const own = live.find((s) => g.nats.nc.getServer().includes(String(s.port)));
+    expect(own).toBeDefined();
+    await own?.kill();
+    // Revoked through a surviving node, after the failover.
+    const deadline = Date.now() + 30_000;
+    for (;;) {
+      try {
+        await kv.put(apiKeyBucketKey(hash), JSON.stringify({ user: "eve", createdAt: 1, disabled: true, revokedAt: Date.now() }));
+        break;
+      } catch (err) {
+        if (Date.now() > deadline) throw err;
+        await new Promise((r) => setTimeout(r, 250));
+      }
+    }
+    const took = await waitFor(() => g.apiKeys.get(hash)?.disabled === true, 20_000, "the revocation to reach the gateway");
+    expect(await status()).toBe(401);
+    console.log(`revocation applied at the gateway ${took.toFixed(0)} ms after it was written through a surviving node`);
     client.close();
   }, 60_000);
 });

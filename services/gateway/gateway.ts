@@ -326,7 +326,7 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
     consistency: defaultConsistency,
     // The mode in effect: with `--consistency off` a model's own setting has nothing to share with.
     consistencyByModel: Object.fromEntries(modelConfigs.modelNames().flatMap((m) => { const c = modelConfigs.consistency(m); return c ? [[m, defaultConsistency === "off" ? "off" : c]] : []; })),
-    configs: { rejected: configWatch.rejected },
+    configs: { rejected: configWatch.rejected, watchReopens: configWatch.reopens },
     auth: { mode: authMode, activeKeys: apiKeys.active, revokedKeys: apiKeys.size - apiKeys.active },
     ...(strict ? { strict: strict.stats } : {}),
   });
