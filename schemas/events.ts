@@ -153,6 +153,11 @@ export const OutstandingCharge = Type.Object(
  * charges missing from the list (a lost release) and adds listed ones it never saw (a lost
  * charge), so any loss heals within one heartbeat. `truncated` = the list hit its bound (then
  * only additions are made).
+ *
+ * A list too large for one message (the server's `max_payload`) is sent as `parts` messages of one
+ * `beat`, each with the liveness fields and a slice of `outstanding`: receivers add what each part
+ * lists at once, but remove unlisted charges only once every part of that beat has arrived (a lost
+ * part must never look like released charges). Without `parts`, the message is the whole list.
  */
 export const GatewayHeartbeat = Type.Object(
   {
@@ -165,6 +170,9 @@ export const GatewayHeartbeat = Type.Object(
     chargeTtlMs: Type.Optional(Type.Integer({ minimum: 1 })),
     outstanding: Type.Optional(Type.Array(OutstandingCharge)),
     truncated: Type.Optional(Type.Boolean()),
+    beat: Type.Optional(Type.Integer({ minimum: 0, description: "heartbeat number, increasing within one gateway process (startedAt)" })),
+    part: Type.Optional(Type.Integer({ minimum: 0, description: "0-based index of this part of the beat" })),
+    parts: Type.Optional(Type.Integer({ minimum: 1, description: "how many messages the beat's outstanding list was split into" })),
   },
   { $id: "heartbeat", additionalProperties: false },
 );

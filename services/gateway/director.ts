@@ -71,6 +71,8 @@ export interface DirectorOptions {
    * Default true; with `remote` tokenization it costs an engine /tokenize call per uncached prompt.
    */
   recordPromptBlocks?: boolean;
+  /** The broker's time (liveness of peers is read on it); default: the director's clock. */
+  serverNow?: () => number;
   /** Whether a model commits its charges in strict mode (its config's `consistency`, else the gateway's). */
   strictFor?: (model: string) => boolean;
   /** `off`: this replica counts only its own charges (recorded in decision records). */
@@ -126,7 +128,10 @@ export class Director {
     this.gatewayId = opts.gatewayId;
     this.views = opts.state;
     this.now = opts.now ?? Date.now;
-    this.admission = new Admission(opts.state, opts.config, opts.clock ?? { now: this.now, setTimeout: (fn, ms) => void setTimeout(fn, ms) });
+    const serverNow = opts.serverNow;
+    // Peers' liveness (the rank the burst guard counts) on the broker's time; windows on ours.
+    const admissionViews = serverNow ? { rates: opts.state.rates, pods: opts.state.pods, ledger: { rank: () => opts.state.ledger.rank(serverNow()) } } : opts.state;
+    this.admission = new Admission(admissionViews, opts.config, opts.clock ?? { now: this.now, setTimeout: (fn, ms) => void setTimeout(fn, ms) });
   }
 
   /**
@@ -172,7 +177,7 @@ export class Director {
     const requestId = input.headers["x-request-id"] || randomUUID();
     const now = this.now();
     const t0 = performance.now();
-    const rank = stagger ? this.views.ledger.rank(now) : undefined;
+    const rank = stagger ? this.views.ledger.rank(this.opts.serverNow?.() ?? now) : undefined;
     const prefix = this.opts.prefix;
     const tokens = prepared.tokens;
     const request = routingRequestOf(parsed.model, requestId, input.headers, tokens?.length ?? parsed.promptTokens);

@@ -18,7 +18,7 @@ import { tokenLoad } from "../views/charge-ledger.js";
 import { GatewayState, type StateStream } from "../views/gateway-state.js";
 import type { PrefixIndex } from "../views/prefix-index.js";
 import type { TokenizerMode } from "../tokenizer/prompt-tokens.js";
-import { type AdminServer, startAdminServer } from "./admin-server.js";
+import { type AdminServer, adminAuthorizer, startAdminServer } from "./admin-server.js";
 import { Director, type EventSink, type GatewayViews } from "./director.js";
 import { explain } from "./explain.js";
 import { createExtProcHandler } from "./extproc-server.js";
@@ -28,6 +28,7 @@ import { watchModelConfigs } from "./config-watch.js";
 import type { ApiKeyView, AuthMode } from "./auth.js";
 import { createPrefixSupport } from "./prefix-support.js";
 import { heartbeatOf } from "./heartbeat.js";
+import { ServerClock } from "./server-clock.js";
 import { Tokenizer } from "./tokenization.js";
 import { StrictCommitter } from "./strict-commit.js";
 import { SubjectCursors } from "./subject-cursor.js";
@@ -40,6 +41,8 @@ export interface GatewayOptions {
   host?: string;
   /** Admin HTTP port for /healthz, /readyz, /debug/state (0 = any; -1 = off). */
   adminPort?: number;
+  /** Admin HTTP listen address (default 127.0.0.1: /debug/* dumps the views). */
+  adminHost?: string;
   id?: string;
   defaultStrategy?: string;
   chargeTtlMs?: number;
@@ -127,6 +130,8 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
   const hbInterval = o.heartbeatIntervalMs ?? 1_000;
   const hbTimeout = o.heartbeatTimeoutMs ?? 3 * hbInterval;
   const clock = o.clock ?? Date.now;
+  // Peers' heartbeats carry the server's time: liveness is judged on it, whatever this host's clock says.
+  const serverClock = new ServerClock(clock);
   const nats = await connectNats(o.nats, `jetroute-gateway-${id}`);
   // Our events serialize `"gateway":"<id>"` right after `"id"`; this exact byte run marks an echo.
   const ownMarker = new TextEncoder().encode(`"gateway":${JSON.stringify(id)},`);
@@ -151,6 +156,7 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
   // Every message moves its stream's cursor in the state, applied or not (echoes, dead letters).
   const seen = (stream: StateStream) => (subject: string, seq: number) => state.skip({ stream, subject, seq, serverTs: 0 });
   const fold = (stream: StateStream) => (ev: Parameters<GatewayState["apply"]>[0], m: { seq: number; subject: string; serverTs: number }) => {
+    if (stream === "charges") serverClock.observe(m.serverTs);
     state.apply(ev, { stream, ...m });
   };
   const followers = [
@@ -211,6 +217,7 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
     ready: () => isReady,
     apiKeys: () => ({ active: state.apiKeys.active, revoked: state.apiKeys.size - state.apiKeys.active }),
     connections: () => extProcConnections,
+    outboxDrops: () => outbox.drops(),
   });
   const sink: EventSink = {
     charge: (ev) => outbox.fire(subjects.charges(ev.model, ev.pod), ev),
@@ -229,7 +236,7 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
   const configWatch = await watchModelConfigs(nats.nc, configBucketName(prefix), state, log);
   const authMode: AuthMode = o.auth ?? "off";
   const prefixSupport = createPrefixSupport({ gatewayId: id, state, tokenizer, subjects, outbox });
-  const director = new Director({ gatewayId: id, now: clock, recordPromptBlocks: o.recordPromptBlocks, defaultStrategy: o.defaultStrategy ?? "least-request", chargeTtlMs, state, sink, prefix: prefixSupport, config: modelConfigs, consistency: o.consistency, strictFor: (model) => defaultConsistency !== "off" && (modelConfigs.consistency(model) ?? defaultConsistency) === "strict", onPick: (st, sec) => metrics.pick(st, sec) });
+  const director = new Director({ gatewayId: id, now: clock, serverNow: serverClock.now, recordPromptBlocks: o.recordPromptBlocks, defaultStrategy: o.defaultStrategy ?? "least-request", chargeTtlMs, state, sink, prefix: prefixSupport, config: modelConfigs, consistency: o.consistency, strictFor: (model) => defaultConsistency !== "off" && (modelConfigs.consistency(model) ?? defaultConsistency) === "strict", onPick: (st, sec) => metrics.pick(st, sec) });
   // Strict commits are chosen per model (its config's `consistency`, else `--consistency`), so the
   // committer exists whenever charges are shared; `off` follows no peer and has nothing to commit against.
   const defaultConsistency = o.consistency ?? "eventual";
@@ -240,12 +247,17 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
   if (strict) director.useStrictCommitter(strict);
   const startedAt = Date.now();
   const maxListed = o.maxHeartbeatCharges ?? 20_000;
-  const heartbeat = (st: "up" | "down") =>
-    outbox.fire(subjects.heartbeat(id), heartbeatOf({ gateway: id, now: Date.now(), intervalMs: hbInterval, startedAt, chargeTtlMs, maxListed }, st, director.inFlight.values()));
+  // Parts sized to the server's max_payload (read each beat: a reconnect may land on a server with
+  // another limit), 10% left for the PUB line and headers; all parts fired in one turn, back to back.
+  let beat = 0;
+  const heartbeat = (st: "up" | "down") => {
+    const maxBytes = Math.floor((nats.nc.info?.max_payload ?? 1024 * 1024) * 0.9);
+    for (const hb of heartbeatOf({ gateway: id, now: Date.now(), intervalMs: hbInterval, startedAt, chargeTtlMs, maxListed, beat: beat++, maxBytes }, st, director.inFlight.values())) outbox.fire(subjects.heartbeat(id), hb);
+  };
   heartbeat("up");
   const hbTimer = setInterval(() => heartbeat("up"), hbInterval);
-  const sweepTimer = setInterval(() => state.sweep(clock()), Math.max(50, Math.min(250, hbInterval / 4)));
-  const slowSweep = setInterval(() => state.sweep(clock(), { routed: true }), 5_000);
+  const sweepTimer = setInterval(() => state.sweep(serverClock.now()), Math.max(50, Math.min(250, hbInterval / 4)));
+  const slowSweep = setInterval(() => state.sweep(serverClock.now(), { routed: true }), 5_000);
 
   let isReady = false;
   const health = new HealthImplementation({ liveness: "SERVING", readiness: "NOT_SERVING", "": "NOT_SERVING", [EXT_PROC_SERVICE_NAME]: "NOT_SERVING" });
@@ -335,7 +347,8 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
   if ((o.adminPort ?? -1) >= 0) {
     admin = await startAdminServer({
       port: o.adminPort ?? 0,
-      host: o.host ?? "0.0.0.0",
+      host: o.adminHost ?? "127.0.0.1",
+      ...(authMode === "required" ? { authorize: adminAuthorizer(apiKeys) } : {}),
       log,
       ready: () => isReady,
       state: debugState,

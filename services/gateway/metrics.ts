@@ -18,6 +18,8 @@ export interface GatewayMetricsSources {
   apiKeys?: () => { active: number; revoked: number };
   /** ext_proc HTTP/2 connections (see services/extproc/reset-budget.ts). */
   connections?: () => { open: number; opened: number; rotated: number; resets: number } | undefined;
+  /** Events the outbox did not publish, by reason (services/shared/publish.ts). */
+  outboxDrops?: () => { closed: number; tooLarge: number; failed: number };
 }
 
 const BASE_STRATEGIES = new Set(strategyNames());
@@ -98,6 +100,12 @@ export class GatewayMetrics {
     });
     gauge("jetroute_gateway_extproc_connections", "ext_proc HTTP/2 connections: open, opened, rotated before Node's reset limit; resets: streams seen ending in RST_STREAM", ["figure"], (g) => {
       for (const [k, v] of Object.entries(src.connections?.() ?? {})) g.set({ figure: k }, v);
+    });
+    gauge("jetroute_gateway_outbox_dropped", "Events not published, by reason: closed (fired while shutting down), too_large (over the server's max_payload), failed (refused by the client)", ["reason"], (g) => {
+      const d = src.outboxDrops?.();
+      g.set({ reason: "closed" }, d?.closed ?? 0);
+      g.set({ reason: "too_large" }, d?.tooLarge ?? 0);
+      g.set({ reason: "failed" }, d?.failed ?? 0);
     });
     gauge("jetroute_gateway_strict", "Strict mode: committed charges, lost races, fallbacks", ["figure"], (g) => {
       for (const [k, v] of Object.entries(src.strict() ?? {})) g.set({ figure: k }, v);

@@ -3,6 +3,11 @@
  * `messages`, so the engine's own chat template applies — hashing raw text gets zero overlap with
  * engine blocks), cached by content hash; a slow or failing engine makes that request fall back
  * to `approximate` (counted). `local` and `approximate` run in-process.
+ *
+ * Both what is read and what is kept are bounded in bytes, not counts: an engine's answer is read
+ * up to `maxResponseBytes` (streamed, so a runaway body never sits in memory whole), and the cache
+ * holds at most `cacheBytes` of token ids — a few 100k-token prompts weigh as much as thousands of
+ * short ones, so an entry bound alone did not bound memory.
  */
 import { createHash } from "node:crypto";
 import { approximateTokens, localTokens, type PromptInput, type TokenizerMode } from "../tokenizer/prompt-tokens.js";
@@ -19,23 +24,85 @@ export interface TokenizerOptions {
   modes?: Readonly<Record<string, TokenizerMode>>;
   defaultMode?: TokenizerMode;
   timeoutMs?: number;
-  /** Bound on cached remote results (entries). */
-  cacheEntries?: number;
+  /** Bound on cached remote results, in estimated bytes (`cacheEntryBytes`); least recently used go first. */
+  cacheBytes?: number;
+  /** Bound on an engine's `/tokenize` answer; a longer one makes that request approximate (counted). */
+  maxResponseBytes?: number;
 }
 
 export interface TokenizerStats {
   remote: number;
   cacheHits: number;
+  /** Requests that fell back to approximate (engine slow, failing, or answering too much). */
   fallbacks: number;
+  /** Of the fallbacks: answers over `maxResponseBytes`. */
+  oversized: number;
+  /** Cached results and their estimated bytes. */
+  cacheEntries: number;
+  cacheBytes: number;
+  /** Results evicted to stay within `cacheBytes`. */
+  cacheEvicted: number;
+}
+
+export const DEFAULT_TOKENIZER_CACHE_BYTES = 64 * 1024 * 1024;
+export const DEFAULT_TOKENIZE_RESPONSE_BYTES = 8 * 1024 * 1024;
+
+/**
+ * What a cached result costs, estimated: the key (UTF-16, 2 bytes a char), 8 bytes per token id
+ * (a JS array of small integers: one tagged slot each) and ~100 bytes of Map entry and array
+ * header.
+ */
+export function cacheEntryBytes(key: string, tokens: readonly number[]): number {
+  return 2 * key.length + 8 * tokens.length + 100;
+}
+
+export class BodyTooLargeError extends Error {
+  constructor(
+    readonly what: string,
+    readonly limit: number,
+  ) {
+    super(`${what} is larger than ${limit} bytes`);
+  }
+}
+
+/**
+ * A response body as text, read as a stream up to `limit` bytes: past it, the stream is cancelled
+ * (the connection closes) and `BodyTooLargeError` is thrown. `content-length` is checked first to
+ * refuse early, but not trusted alone: chunked answers have none, and decoded bodies can be longer.
+ */
+export async function readBodyCapped(res: Response, limit: number, what: string): Promise<string> {
+  const declared = Number(res.headers.get("content-length") ?? Number.NaN);
+  if (declared > limit) {
+    await res.body?.cancel().catch(() => undefined);
+    throw new BodyTooLargeError(what, limit);
+  }
+  if (!res.body) return "";
+  const reader = res.body.getReader();
+  const chunks: Uint8Array[] = [];
+  let total = 0;
+  for (;;) {
+    const { done, value } = await reader.read();
+    if (done) break;
+    total += value.byteLength;
+    if (total > limit) {
+      await reader.cancel().catch(() => undefined);
+      throw new BodyTooLargeError(what, limit);
+    }
+    chunks.push(value);
+  }
+  return Buffer.concat(chunks, total).toString("utf8");
 }
 
 export class Tokenizer {
-  readonly stats: TokenizerStats = { remote: 0, cacheHits: 0, fallbacks: 0 };
-  private readonly cache = new Map<string, number[]>();
-  private readonly cacheEntries: number;
+  readonly stats: TokenizerStats = { remote: 0, cacheHits: 0, fallbacks: 0, oversized: 0, cacheEntries: 0, cacheBytes: 0, cacheEvicted: 0 };
+  /** Map iteration order is insertion order: re-inserting on a hit keeps the least recently used first. */
+  private readonly cache = new Map<string, { tokens: number[]; bytes: number }>();
+  private readonly cacheBytes: number;
+  private readonly maxResponseBytes: number;
 
   constructor(private readonly o: TokenizerOptions = {}) {
-    this.cacheEntries = o.cacheEntries ?? 10_000;
+    this.cacheBytes = o.cacheBytes ?? DEFAULT_TOKENIZER_CACHE_BYTES;
+    this.maxResponseBytes = o.maxResponseBytes ?? DEFAULT_TOKENIZE_RESPONSE_BYTES;
   }
 
   modeFor(model: string): TokenizerMode {
@@ -54,7 +121,7 @@ export class Tokenizer {
       this.cache.delete(key);
       this.cache.set(key, hit);
       this.stats.cacheHits++;
-      return { tokens: hit, mode, cached: true };
+      return { tokens: hit.tokens, mode, cached: true };
     }
     try {
       this.stats.remote++;
@@ -67,15 +134,40 @@ export class Tokenizer {
         body: JSON.stringify(body),
         signal: AbortSignal.timeout(this.o.timeoutMs ?? 200),
       });
-      if (!res.ok) throw new Error(`/tokenize answered ${res.status}`);
-      const tokens = ((await res.json()) as { tokens?: unknown }).tokens;
+      if (!res.ok) {
+        await res.body?.cancel().catch(() => undefined);
+        throw new Error(`/tokenize answered ${res.status}`);
+      }
+      const tokens = (JSON.parse(await readBodyCapped(res, this.maxResponseBytes, "/tokenize answer")) as { tokens?: unknown }).tokens;
       if (!Array.isArray(tokens) || !tokens.every((t) => typeof t === "number")) throw new Error("/tokenize returned no token list");
-      if (this.cache.size >= this.cacheEntries) this.cache.delete(this.cache.keys().next().value as string);
-      this.cache.set(key, tokens as number[]);
+      this.remember(key, tokens as number[]);
       return { tokens: tokens as number[], mode };
-    } catch {
+    } catch (err) {
       this.stats.fallbacks++;
+      if (err instanceof BodyTooLargeError) this.stats.oversized++;
       return { tokens: approximateTokens(input), mode: "approximate" };
     }
+  }
+
+  /** Caches a result, evicting the least recently used until the byte bound holds. */
+  private remember(key: string, tokens: number[]): void {
+    const bytes = cacheEntryBytes(key, tokens);
+    // One result larger than the whole bound would evict everything and still not fit.
+    if (bytes > this.cacheBytes) return;
+    const old = this.cache.get(key);
+    if (old) {
+      this.cache.delete(key);
+      this.stats.cacheBytes -= old.bytes;
+    }
+    while (this.stats.cacheBytes + bytes > this.cacheBytes) {
+      const first = this.cache.entries().next();
+      if (first.done) break;
+      this.cache.delete(first.value[0]);
+      this.stats.cacheBytes -= first.value[1].bytes;
+      this.stats.cacheEvicted++;
+    }
+    this.cache.set(key, { tokens, bytes });
+    this.stats.cacheBytes += bytes;
+    this.stats.cacheEntries = this.cache.size;
   }
 }

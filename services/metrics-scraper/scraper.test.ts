@@ -2,11 +2,12 @@
  * The scraper against real simulated engines and a real nats-server: load samples reach LOAD
  * with the engine's numbers, and a pod whose /metrics stops answering is published stale.
  */
+import http from "node:http";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { LoadSample } from "../../schemas/events.js";
 import { MODEL, quietLog, startTestEnv, type TestEnv, waitFor } from "../../test/harness/env.js";
 import { type SimFleet, startSimFleet } from "../sim/fleet.js";
-import { startScraper } from "./scraper.js";
+import { DEFAULT_METRICS_BODY_BYTES, startScraper } from "./scraper.js";
 
 describe("metrics-scraper - engines to LOAD", () => {
   let env: TestEnv;
@@ -53,6 +54,76 @@ describe("metrics-scraper - engines to LOAD", () => {
       expect(latest.get(vllm.name)?.load).toBeNull();
       expect(latest.get(vllm.name)?.error).toBeTruthy();
       expect(scraper.stats.failures).toBeGreaterThan(0);
+    } finally {
+      sub.unsubscribe();
+      await scraper.close();
+    }
+  });
+});
+
+describe("metrics-scraper - /metrics read with a size cap", () => {
+  let env: TestEnv;
+  let engine: http.Server;
+  let address = "";
+  let sent = 0;
+  let closed = 0;
+  beforeAll(async () => {
+    env = await startTestEnv();
+    // An engine whose exposition never ends (label cardinality run away), chunked: no content-length to refuse it by.
+    engine = http.createServer((_req, res) => {
+      res.writeHead(200, { "content-type": "text/plain; version=0.0.4" });
+      const chunk = 'vllm:num_requests_running{model_name="m",engine="0"} 0\n'.repeat(1024);
+      const pump = () => {
+        while (!res.destroyed && res.write(chunk)) sent += chunk.length;
+        if (!res.destroyed) res.once("drain", pump);
+      };
+      res.on("close", () => void closed++);
+      pump();
+    });
+    await new Promise<void>((r) => engine.listen(0, "127.0.0.1", r));
+    address = `127.0.0.1:${(engine.address() as { port: number }).port}`;
+    await env.publishPod({ pod: "endless", address });
+  });
+  afterAll(async () => {
+    engine?.closeAllConnections();
+    await new Promise((r) => engine?.close(r));
+    await env?.stop();
+  });
+
+  it("a body past the cap (16 MiB by default) fails the scrape with a clear error, counted, and the pod is published stale", async () => {
+    const latest = new Map<string, LoadSample>();
+    const sub = env.nats.nc.subscribe(env.subjects.all("load"), {
+      callback: (_e, m) => {
+        const sample = m.json<LoadSample>();
+        latest.set(sample.pod, sample);
+      },
+    });
+    const scraper = await startScraper({ nats: env.server.url, intervalMs: 50, timeoutMs: 10_000, staleAfterMs: 100_000, staleAfterFailures: 2, log: quietLog });
+    try {
+      await waitFor(() => latest.get("endless")?.stale === true, 10_000, "a stale sample for the endless pod");
+      expect(latest.get("endless")?.error).toBe(`/metrics body is larger than ${DEFAULT_METRICS_BODY_BYTES} bytes`);
+      expect(scraper.stats.failures).toBeGreaterThanOrEqual(2);
+      // Each scrape closed its connection after the cap instead of reading on (the timeout is 10 s).
+      expect(closed).toBeGreaterThanOrEqual(2);
+      expect(sent).toBeLessThan(closed * (DEFAULT_METRICS_BODY_BYTES + 32 * 1024 * 1024));
+    } finally {
+      sub.unsubscribe();
+      await scraper.close();
+    }
+  });
+
+  it("maxBodyBytes sets the cap", async () => {
+    const latest = new Map<string, LoadSample>();
+    const sub = env.nats.nc.subscribe(env.subjects.all("load"), {
+      callback: (_e, m) => {
+        const sample = m.json<LoadSample>();
+        latest.set(sample.pod, sample);
+      },
+    });
+    const scraper = await startScraper({ nats: env.server.url, intervalMs: 50, timeoutMs: 10_000, staleAfterFailures: 1, maxBodyBytes: 64 * 1024, log: quietLog });
+    try {
+      await waitFor(() => latest.get("endless")?.error === "/metrics body is larger than 65536 bytes", 5_000, "the small cap's error");
+      expect(scraper.stats.published).toBeGreaterThan(0);
     } finally {
       sub.unsubscribe();
       await scraper.close();

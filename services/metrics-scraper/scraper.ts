@@ -3,6 +3,8 @@
  * interval and publishes one load sample per scrape to LOAD. A pod whose scrapes keep failing is
  * published as stale, so gateways stop trusting its last good numbers. At most one scrape per pod
  * is in flight: a slow engine is skipped, never queued up (scraping must never stall an engine).
+ * A `/metrics` body is read up to `maxBodyBytes` (streamed: a runaway exposition — label
+ * cardinality gone wrong — never sits in memory whole); past it the scrape fails like any other.
  */
 import type { LoadSample } from "../../schemas/events.js";
 import { streamName } from "../../streams/definitions.js";
@@ -23,8 +25,12 @@ export interface ScraperOptions {
   /** Failing this long (or this many scrapes in a row, whichever first) makes a pod stale. */
   staleAfterMs?: number;
   staleAfterFailures?: number;
+  /** Bound on a `/metrics` body; a longer one fails the scrape. Default 16 MiB. */
+  maxBodyBytes?: number;
   log: Logger;
 }
+
+export const DEFAULT_METRICS_BODY_BYTES = 16 * 1024 * 1024;
 
 export interface ScraperHandle {
   stats: { scrapes: number; failures: number; published: number };
@@ -38,12 +44,45 @@ interface PodScrapeState {
   lastOk: number;
 }
 
+/**
+ * A response body as text, read as a stream up to `limit` bytes: past it the stream is cancelled
+ * (the connection closes) and an error thrown. `content-length` refuses early but is not trusted
+ * alone: chunked answers have none. (The same reader as services/gateway/tokenization.ts; the
+ * scraper may not import the gateway.)
+ */
+export async function readBodyCapped(res: Response, limit: number, what: string): Promise<string> {
+  const tooLarge = () => new Error(`${what} is larger than ${limit} bytes`);
+  if (Number(res.headers.get("content-length") ?? Number.NaN) > limit) {
+    await res.body?.cancel().catch(() => undefined);
+    throw tooLarge();
+  }
+  if (!res.body) return "";
+  const reader = res.body.getReader();
+  const chunks: Uint8Array[] = [];
+  let total = 0;
+  for (;;) {
+    const { done, value } = await reader.read();
+    if (done) break;
+    total += value.byteLength;
+    if (total > limit) {
+      await reader.cancel().catch(() => undefined);
+      throw tooLarge();
+    }
+    chunks.push(value);
+  }
+  return Buffer.concat(chunks, total).toString("utf8");
+}
+
 /** Scrapes one pod once. */
-async function scrapeOnce(pod: PodInfo, timeoutMs: number): Promise<LoadSample> {
+export async function scrapeOnce(pod: PodInfo, timeoutMs: number, maxBodyBytes = DEFAULT_METRICS_BODY_BYTES, stop?: AbortSignal): Promise<LoadSample> {
   const started = performance.now();
-  const res = await fetch(`http://${pod.metricsAddress ?? pod.address}/metrics`, { signal: AbortSignal.timeout(timeoutMs) });
-  const text = await res.text();
-  if (!res.ok) throw new Error(`/metrics answered ${res.status}`);
+  const timeout = AbortSignal.timeout(timeoutMs);
+  const res = await fetch(`http://${pod.metricsAddress ?? pod.address}/metrics`, { signal: stop ? AbortSignal.any([timeout, stop]) : timeout });
+  if (!res.ok) {
+    await res.body?.cancel().catch(() => undefined);
+    throw new Error(`/metrics answered ${res.status}`);
+  }
+  const text = await readBodyCapped(res, maxBodyBytes, "/metrics body");
   const families = parsePrometheusText(text);
   return {
     type: "load",
@@ -64,10 +103,14 @@ export async function startScraper(o: ScraperOptions): Promise<ScraperHandle> {
   const timeoutMs = o.timeoutMs ?? Math.max(500, interval * 5);
   const staleAfterMs = o.staleAfterMs ?? 1_000;
   const staleAfterFailures = o.staleAfterFailures ?? 3;
+  const maxBodyBytes = o.maxBodyBytes ?? DEFAULT_METRICS_BODY_BYTES;
   const nats = await connectNats(o.nats, "jetroute-metrics-scraper");
   const pods = new PodSet();
   const state = new Map<string, PodScrapeState>();
   const stats = { scrapes: 0, failures: 0, published: 0 };
+  // Closing aborts the scrapes in flight (a large body can take a while) and nothing is published
+  // after it: the connection is draining, and a publish there throws.
+  const stopping = new AbortController();
 
   const follower = new StreamFollower({
     nats, subjects, log, name: "metrics-scraper", family: "pods", types: ["pod"] as const,
@@ -83,12 +126,14 @@ export async function startScraper(o: ScraperOptions): Promise<ScraperHandle> {
     st.inFlight = true;
     stats.scrapes++;
     try {
-      const sample = await scrapeOnce(pod, timeoutMs);
+      const sample = await scrapeOnce(pod, timeoutMs, maxBodyBytes, stopping.signal);
+      if (stopping.signal.aborted) return;
       st.failures = 0;
       st.lastOk = Date.now();
       fire(nats.nc, subjects.load(pod.model, pod.pod), sample);
       stats.published++;
     } catch (err) {
+      if (stopping.signal.aborted) return;
       stats.failures++;
       st.failures++;
       const now = Date.now();
@@ -118,6 +163,7 @@ export async function startScraper(o: ScraperOptions): Promise<ScraperHandle> {
     pods,
     async close() {
       clearInterval(timer);
+      stopping.abort();
       await follower.stop();
       await nats.nc.drain();
     },

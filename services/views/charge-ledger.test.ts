@@ -152,3 +152,90 @@ describe("charge ledger - replica rank", () => {
     expect(l.rank(4100)).toEqual({ index: 0, count: 1 });
   });
 });
+
+describe("charge ledger - heartbeats split into parts (lists past max_payload)", () => {
+  const listed = (ids: string[], ts: number) => ids.map((id) => ({ id, model: "m", pod: "p1", promptTokens: 5, ts }));
+  const whole = (ts: number, ids: string[]): GatewayHeartbeat => ({ ...hb("b", ts), chargeTtlMs: 60_000, outstanding: listed(ids, ts) });
+  /** The beat's parts: `slices[i]` is what part i lists. */
+  const parted = (ts: number, beat: number, slices: string[][]): GatewayHeartbeat[] =>
+    slices.map((ids, part) => ({ ...hb("b", ts), beat, part, parts: slices.length, chargeTtlMs: 60_000, outstanding: listed(ids, ts) }));
+  const ids = (n: number, from = 0) => Array.from({ length: n }, (_, i) => `r${from + i}`);
+  /** A ledger that saw b's charges r0..r9 (and so b alive), one of whose releases (r9) was lost. */
+  const seeded = () => {
+    const l = new ChargeLedger({ self: "a", heartbeatTimeoutMs: 3000 });
+    l.applyFromStream(whole(1000, []), 1000, 1000);
+    for (const id of ids(10)) l.applyFromStream(charge(id, "b", "p1", 1000), 1000, 1000);
+    return l;
+  };
+
+  it("a split beat reconciles exactly like the whole list", () => {
+    // The list: r0..r8 held, r9 released (release lost), r10 and r11 charged (charges lost).
+    const list = [...ids(9), "r10", "r11"];
+    const a = seeded();
+    a.applyFromStream(whole(2000, list), 2000, 2000);
+    const b = seeded();
+    for (const p of parted(2000, 7, [list.slice(0, 4), list.slice(4, 8), list.slice(8)])) b.applyFromStream(p, 2000, 2000);
+    expect(b.dump(2000)).toEqual(a.dump(2000));
+    expect(b.chargesOf("b")).toBe(11);
+    expect([b.reconciledAdded, b.reconciledRemoved]).toEqual([2, 1]);
+    expect(b.incompleteBeats).toBe(0);
+  });
+
+  it("adds what each part lists at once, but removes nothing until the last part is in", () => {
+    const l = seeded();
+    const [p0, p1] = parted(2000, 1, [["r0", "r20"], ["r1"]]) as [GatewayHeartbeat, GatewayHeartbeat];
+    l.applyFromStream(p0, 2000, 2000);
+    expect(l.chargesOf("b")).toBe(11); // r20 added, nothing removed yet
+    l.applyFromStream(p1, 2000, 2000);
+    expect(l.chargesOf("b")).toBe(3); // r0, r1, r20
+    expect(l.reconciledRemoved).toBe(8);
+    // A duplicate of a part of a completed beat changes nothing.
+    l.applyFromStream(p0, 2000, 2000);
+    expect(l.chargesOf("b")).toBe(3);
+  });
+
+  it("a missing part never removes anything, however many beats go by incomplete", () => {
+    const l = seeded();
+    for (let beat = 1; beat <= 5; beat++) {
+      const [p0] = parted(1000 + beat * 500, beat, [["r0"], ["r1"], ["r2"]]);
+      l.applyFromStream(p0 as GatewayHeartbeat, 1000 + beat * 500, 1000 + beat * 500); // parts 1 and 2 lost
+    }
+    expect(l.chargesOf("b")).toBe(10);
+    expect(l.reconciledRemoved).toBe(0);
+    expect(l.incompleteBeats).toBe(4); // the fifth is still in progress
+    expect(l.isAlive("b", 3500)).toBe(true); // every part is a sign of life
+  });
+
+  it("a newer beat arriving before the older one completed discards the older partial beat", () => {
+    const l = seeded();
+    const older = parted(2000, 3, [["r0"], ["r1"]]) as [GatewayHeartbeat, GatewayHeartbeat];
+    const newer = parted(2000, 4, [["r0", "r1", "r2"], ["r3"]]) as [GatewayHeartbeat, GatewayHeartbeat];
+    l.applyFromStream(older[0], 2000, 2000);
+    l.applyFromStream(newer[0], 2000, 2000);
+    // The older beat's last part, late: completing it would remove r2..r9, which beat 4 still lists in part.
+    l.applyFromStream(older[1], 2000, 2000);
+    expect(l.chargesOf("b")).toBe(10);
+    expect(l.incompleteBeats).toBe(1);
+    l.applyFromStream(newer[1], 2000, 2000);
+    expect(l.chargesOf("b")).toBe(4); // beat 4's list: r0..r3
+  });
+
+  it("parts keyed by process: a restarted gateway's beat 0 is newer than the old process's beat 900", () => {
+    const l = seeded();
+    const old = parted(2000, 900, [["r0"], ["r1"]]);
+    l.applyFromStream(old[0] as GatewayHeartbeat, 2000, 2000);
+    const restarted = parted(2100, 0, [["r5"], ["r6"]]).map((p) => ({ ...p, startedAt: 2050 }));
+    for (const p of restarted) l.applyFromStream(p, 2100, 2100);
+    expect(l.chargesOf("b")).toBe(2);
+  });
+
+  it("a truncated split beat only adds; a whole heartbeat after a partial beat behaves as ever", () => {
+    const l = seeded();
+    for (const p of parted(2000, 1, [["r0"], ["r30"]])) l.applyFromStream({ ...p, truncated: true }, 2000, 2000);
+    expect(l.chargesOf("b")).toBe(11);
+    l.applyFromStream(parted(2500, 2, [["r0"], ["r1"]])[0] as GatewayHeartbeat, 2500, 2500);
+    l.applyFromStream(whole(3000, ["r0", "r1"]), 3000, 3000);
+    expect(l.chargesOf("b")).toBe(2);
+    expect(l.incompleteBeats).toBe(1);
+  });
+});

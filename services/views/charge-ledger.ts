@@ -47,6 +47,21 @@ interface GatewayState {
   down: boolean;
 }
 
+/**
+ * The beat a gateway's parted heartbeat is at: the keys its parts listed so far. One per gateway
+ * (a newer beat replaces it), so memory stays at one list per live gateway.
+ */
+interface BeatState {
+  startedAt: number;
+  beat: number;
+  parts: number;
+  got: Set<number>;
+  listed: Set<string>;
+  truncated: boolean;
+  /** All parts arrived and the removals were made: later copies of its parts change nothing. */
+  done: boolean;
+}
+
 export interface ChargeLedgerOptions {
   /** This gateway's id; its events from the stream are echoes and are skipped. */
   self?: string;
@@ -68,10 +83,14 @@ export class ChargeLedger implements LedgerReader {
   private readonly gateways = new Map<string, GatewayState>();
   /** Charge keys per gateway: heartbeat reconciliation and drops touch only that gateway's charges. */
   private readonly byGateway = new Map<string, Set<string>>();
+  /** Per gateway, the beat its parted heartbeats are at (see `heartbeat`). */
+  private readonly beats = new Map<string, BeatState>();
   /** Charges removed because the owner's heartbeat no longer listed them (lost releases healed). */
   reconciledRemoved = 0;
   /** Charges added because the owner's heartbeat listed them and we had not seen them (lost charges healed). */
   reconciledAdded = 0;
+  /** Parted heartbeats given up incomplete (a newer beat started first): nothing was removed for them. */
+  incompleteBeats = 0;
   /** Charges dropped because the bound was reached. */
   evicted = 0;
   /** Charges dropped by TTL or heartbeat lapse (not by a release). */
@@ -133,6 +152,12 @@ export class ChargeLedger implements LedgerReader {
   /**
    * Records a heartbeat at `seenAt` (the server's timestamp of the message, ms) and, when it lists
    * the gateway's outstanding charges, makes this ledger agree with that list.
+   *
+   * A heartbeat split into `parts` (its list passed the server's max_payload) is one beat: every
+   * part is a sign of life and its listed charges are added at once, but unlisted charges are
+   * removed only when every part of the beat has arrived — a lost part must not read as released
+   * charges. A part of a newer beat gives up the older incomplete one; parts of an older beat than
+   * the current one are only signs of life.
    */
   heartbeat(hb: GatewayHeartbeat, seenAt: number, now = seenAt): void {
     const g = this.gateways.get(hb.gateway);
@@ -140,11 +165,53 @@ export class ChargeLedger implements LedgerReader {
     if (!g || g.down !== (hb.state === "down")) this.rankAt = Number.NEGATIVE_INFINITY;
     this.gateways.set(hb.gateway, { lastSeen: seenAt, down: hb.state === "down" });
     if (hb.state === "down") this.dropGateway(hb.gateway);
-    else if (hb.outstanding) this.reconcile(hb, now);
+    else if (hb.parts !== undefined && hb.parts > 1) this.reconcilePart(hb, hb.parts, now);
+    else if (hb.outstanding) {
+      // A whole list supersedes any parted beat in progress (the list shrank below one message).
+      this.endBeat(hb.gateway);
+      this.reconcile(hb, now);
+    }
+  }
+
+  private reconcilePart(hb: GatewayHeartbeat, parts: number, now: number): void {
+    const beat = hb.beat ?? 0;
+    const part = hb.part ?? 0;
+    let b = this.beats.get(hb.gateway);
+    const order = b ? (hb.startedAt !== b.startedAt ? hb.startedAt - b.startedAt : beat - b.beat) : 1;
+    if (order < 0 || part >= parts) return;
+    if (!b || order > 0) {
+      this.endBeat(hb.gateway);
+      b = { startedAt: hb.startedAt, beat, parts, got: new Set(), listed: new Set(), truncated: false, done: false };
+      this.beats.set(hb.gateway, b);
+    }
+    // A part disagreeing on the count is not of this beat as we know it (malformed): ignored.
+    if (b.done || b.got.has(part) || parts !== b.parts) return;
+    b.got.add(part);
+    if (hb.truncated) b.truncated = true;
+    this.addListed(hb, now, b.listed);
+    if (b.got.size < b.parts) return;
+    b.done = true;
+    const listed = b.listed;
+    b.listed = new Set();
+    if (!b.truncated) this.removeUnlisted(hb.gateway, listed);
+  }
+
+  /** Forgets the gateway's parted beat, counting it when it was given up incomplete. */
+  private endBeat(gateway: string): void {
+    const b = this.beats.get(gateway);
+    if (!b) return;
+    if (!b.done) this.incompleteBeats++;
+    this.beats.delete(gateway);
   }
 
   private reconcile(hb: GatewayHeartbeat, now: number): void {
     const listed = new Set<string>();
+    this.addListed(hb, now, listed);
+    if (!hb.truncated) this.removeUnlisted(hb.gateway, listed);
+  }
+
+  /** Adds the listed charges this ledger does not hold, and notes every listed key in `listed`. */
+  private addListed(hb: GatewayHeartbeat, now: number, listed: Set<string>): void {
     for (const c of hb.outstanding ?? []) {
       const key = `${hb.gateway}/${c.id}`;
       listed.add(key);
@@ -160,8 +227,11 @@ export class ChargeLedger implements LedgerReader {
       if (added) this.reconciledAdded++;
       if (added && c.decoding) this.markDecoding(hb.gateway, c.id);
     }
-    if (hb.truncated) return;
-    for (const key of [...(this.byGateway.get(hb.gateway) ?? [])]) {
+  }
+
+  /** Removes the gateway's charges missing from its (complete, untruncated) list: lost releases. */
+  private removeUnlisted(gateway: string, listed: Set<string>): void {
+    for (const key of [...(this.byGateway.get(gateway) ?? [])]) {
       if (listed.has(key)) continue;
       const e = this.entries.get(key);
       if (e) {
@@ -264,6 +334,8 @@ export class ChargeLedger implements LedgerReader {
   }
 
   private dropGateway(gateway: string): void {
+    // A beat in progress of a gateway that is gone must not remove anything if it ever completes.
+    this.endBeat(gateway);
     for (const key of [...(this.byGateway.get(gateway) ?? [])]) {
       const e = this.entries.get(key);
       if (e) this.remove(e);
