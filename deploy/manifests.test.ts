@@ -120,6 +120,7 @@ const API_VERSIONS: Record<string, string> = {
   ClientTrafficPolicy: "gateway.envoyproxy.io/v1alpha1",
   EnvoyPatchPolicy: "gateway.envoyproxy.io/v1alpha1",
   ServiceMonitor: "monitoring.coreos.com/v1",
+  NetworkPolicy: "networking.k8s.io/v1",
 };
 const CLUSTER_SCOPED = new Set(["Namespace", "ClusterRole", "ClusterRoleBinding", "GatewayClass"]);
 
@@ -414,6 +415,15 @@ describe("gateway Deployment and Service", () => {
       expect(at(hc, "type")).toBe("GRPC");
       expect(at(hc, "grpc.service")).toBe("readiness");
     }
+  });
+
+  it("the admin port listens beyond loopback (Prometheus scrapes it), and only --admin-host opens it", () => {
+    const inv = gw();
+    // `--admin-host` defaults to 127.0.0.1: the scrape from the Prometheus pod would fail.
+    const host = inv.flags.get("--admin-host");
+    expect(host, "the gateway needs --admin-host=0.0.0.0 (or the pod IP) for Prometheus").toBeDefined();
+    expect(String(host)).not.toMatch(/^(127\.|localhost$|::1$)/);
+    expect(read("services/gateway/command.ts")).toMatch(/\.option\("--admin-host <host>",[^\n]*"127\.0\.0\.1"\)/);
   });
 
   it("shutdown grace covers the route timeout, and the pod's grace period covers both", () => {
@@ -747,12 +757,17 @@ describe("NATS authentication and TLS wiring", () => {
       }
       const byRef = entries.filter((e) => at(e, "valueFrom.secretKeyRef") !== undefined);
       expect(byRef.map((e) => e.name).sort(), `${c.where}`).toEqual(["NATS_PASSWORD", "NATS_TOKEN", "NATS_USER"]);
-      shapes.add(JSON.stringify(byRef.map((e) => [e.name, at(e, "valueFrom.secretKeyRef.name"), at(e, "valueFrom.secretKeyRef.key")])));
+      // One Secret per process (each has its own NATS user, deploy/nats/values.yaml), the same
+      // keys in each: jetroute-nats-<component>, the Job that applies streams as the admin.
+      const component = String((at(c.workload, "spec.template.metadata.labels") as Obj | undefined)?.["app.kubernetes.io/component"] ?? "");
+      const secret = `jetroute-nats-${component === "streams-apply" ? "admin" : component}`;
+      for (const e of byRef) expect(at(e, "valueFrom.secretKeyRef.name"), `${c.where}: ${String(e.name)}`).toBe(secret);
+      shapes.add(JSON.stringify(byRef.map((e) => [e.name, at(e, "valueFrom.secretKeyRef.key")])));
       // The file-based variables are there for the operator to switch on (commented out or set).
       const text = read(`deploy/${fileOf(c.workload)}`);
       for (const v of ["NATS_CREDS", "NATS_NKEY", "NATS_CA", "NATS_CERT", "NATS_KEY"]) expect(text, `${fileOf(c.workload)} should show ${v}`).toMatch(new RegExp(`name: ${v}\\b`));
     }
-    expect(shapes.size, "one Secret must configure every process alike").toBe(1);
+    expect(shapes.size, "every process's Secret must have the same keys").toBe(1);
   });
 
   it("no NATS secret sits in the shared ConfigMap", () => {
@@ -789,5 +804,82 @@ describe("container image", () => {
     expect(runtime).toMatch(/^USER\s+\d+/m);
     // The compiled CLI bin/jetroute.js loads.
     expect(read("bin/jetroute.js")).toContain("../dist/services/cli.js");
+  });
+});
+
+// ---------------------------------------------------------------- NetworkPolicies
+describe("NetworkPolicies", () => {
+  const policies = () => kinds("NetworkPolicy");
+  const policy = (name: string) => one("NetworkPolicy", name, "jetroute");
+  /** The pod templates of jetroute workloads a policy's podSelector picks (matchLabels and matchExpressions In). */
+  const selected = (np: Obj) => {
+    const sel = obj(at(np, "spec.podSelector"), `NetworkPolicy ${nameOf(np)} podSelector`);
+    return jetrouteContainers().filter(({ workload }) => {
+      if (nsOf(workload) !== nsOf(np)) return false;
+      const labels = obj(at(workload, "spec.template.metadata.labels"), "pod labels");
+      const ml = isObj(sel.matchLabels) ? sel.matchLabels : {};
+      const okLabels = Object.entries(ml).every(([k, v]) => labels[k] === v);
+      const okExpr = listOrEmpty(sel.matchExpressions).every((e) => at(e, "operator") === "In" && listOrEmpty(at(e, "values")).includes(labels[String(at(e, "key"))]));
+      return okLabels && okExpr && (Object.keys(ml).length > 0 || listOrEmpty(sel.matchExpressions).length > 0);
+    });
+  };
+  const ingressPorts = (np: Obj) => listOrEmpty(at(np, "spec.ingress")).flatMap((r) => listOrEmpty(at(r, "ports")).map((p) => at(p, "port")));
+
+  it("every long-running jetroute process and the Job sit behind a policy that names only ports their containers open", () => {
+    const covered = new Set<string>();
+    for (const np of policies().filter((p) => nameOf(p) !== "nats")) {
+      expect(at(np, "spec.policyTypes"), nameOf(np)).toEqual(["Ingress"]);
+      const pods = selected(np);
+      expect(pods.length, `NetworkPolicy ${nameOf(np)} selects no jetroute pod`).toBeGreaterThan(0);
+      for (const c of pods) {
+        covered.add(invocation(c).sub);
+        const open = listOrEmpty(c.container.ports).flatMap((p) => [at(p, "name"), at(p, "containerPort")]);
+        for (const port of ingressPorts(np)) expect(open, `${nameOf(np)}: ${c.where} has no port ${String(port)}`).toContain(port);
+      }
+    }
+    expect([...covered].sort()).toEqual(["gateway", "kv-bridge", "metrics-scraper", "pod-watcher", "streams"]);
+  });
+
+  it("gateway: ext_proc from the Envoy proxies of the route's Gateway only, admin from Prometheus only", () => {
+    const np = policy("jetroute-gateway");
+    const rules = listOrEmpty(at(np, "spec.ingress"));
+    const byPort = (port: string) => rules.filter((r) => listOrEmpty(at(r, "ports")).some((p) => at(p, "port") === port));
+    const grpc = byPort("grpc");
+    expect(grpc.length).toBe(1);
+    const envoy = listOrEmpty(at(grpc[0], "from"));
+    expect(envoy.length).toBe(1);
+    const route = one("HTTPRoute");
+    const parent = obj(list(at(route, "spec.parentRefs"), "parentRefs")[0], "parentRef");
+    expect(at(envoy[0], "podSelector.matchLabels")).toEqual({
+      "gateway.envoyproxy.io/owning-gateway-name": parent.name,
+      "gateway.envoyproxy.io/owning-gateway-namespace": (parent.namespace as string | undefined) ?? nsOf(route),
+    });
+    const admin = byPort("admin");
+    expect(admin.length).toBe(1);
+    expect(at(listOrEmpty(at(admin[0], "from"))[0], "podSelector.matchLabels")).toEqual({ "app.kubernetes.io/name": "prometheus" });
+    expect(rules.length, "no other ingress").toBe(2);
+  });
+
+  it("NATS: clients (4222) only from pods labelled part-of jetroute, which every jetroute pod template is", () => {
+    const np = policy("nats");
+    const client = listOrEmpty(at(np, "spec.ingress")).filter((r) => listOrEmpty(at(r, "ports")).some((p) => at(p, "port") === 4222));
+    expect(client.length).toBe(1);
+    expect(listOrEmpty(at(client[0], "from"))).toEqual([{ podSelector: { matchLabels: { "app.kubernetes.io/part-of": "jetroute" } } }]);
+    for (const c of jetrouteContainers()) expect((at(c.workload, "spec.template.metadata.labels") as Obj | undefined)?.["app.kubernetes.io/part-of"], `${c.where}: NATS would refuse it`).toBe("jetroute");
+    const url = new URL(str(at(one("ConfigMap", "jetroute-config"), "data.NATS_URL"), "NATS_URL").split(",")[0] as string);
+    expect(url.port).toBe("4222");
+  });
+
+  it("NATS: the values define one user per process, and the Helm env supplies each password variable", () => {
+    const values = obj(allDocs.find((d) => d.file === "nats/values.yaml")?.value, "deploy/nats/values.yaml");
+    const users = list(at(values, "config.merge.accounts.JETROUTE.users"), "accounts.JETROUTE.users").map((u) => obj(u, "user"));
+    expect(at(values, "config.merge.accounts.JETROUTE.jetstream")).toBe("enabled");
+    const env = obj(at(values, "container.env"), "container.env");
+    for (const u of users) {
+      const v = /^<< \$([A-Z0-9_]+) >>$/.exec(String(u.password))?.[1];
+      expect(v, `user ${String(u.user)}: password must be a << $VAR >> reference`).toBeDefined();
+      expect(at(env[v ?? ""], "valueFrom.secretKeyRef.name"), `${v} must come from a Secret`).toBe("jetroute-nats-users");
+    }
+    expect(users.map((u) => u.user).sort()).toEqual(["jr-admin", "jr-analyst", "jr-gateway", "jr-kv-bridge", "jr-metrics-scraper", "jr-pod-watcher"]);
   });
 });

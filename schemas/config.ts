@@ -108,6 +108,12 @@ export const ApiKeyRecord = Type.Object(
     /** A revoked key: kept for `config list-keys`, refused by every gateway. */
     disabled: Type.Optional(Type.Boolean()),
     revokedAt: Type.Optional(Type.Integer({ minimum: 0 })),
+    /**
+     * An operator key (`config add-key --admin`): besides routing requests it opens the gateway's
+     * `/debug/*` endpoints under `--auth required`. Absent = false, so records written before the
+     * field existed stay plain client keys.
+     */
+    admin: Type.Optional(Type.Boolean()),
   },
   { $id: "api-key", additionalProperties: false },
 );

@@ -128,9 +128,11 @@ export function registerConfigCommand(program: Command): void {
   common(cfg.command("add-key").description("create an API key for a user; prints the key once (only its SHA-256 is stored)"))
     .requiredOption("--user <user>", "the user the key authenticates (rate limits and fairness count against this user)")
     .option("--name <name>", "a label, e.g. what the key is for")
-    .option("--json", "print {key, hash, user, name, createdAt} as one JSON line")
-    .action(async (o: { nats: string[]; prefix: string; user: string; name?: string; json?: boolean }) => {
-      const record: ApiKeyRecord = { user: o.user, ...(o.name !== undefined ? { name: o.name } : {}), createdAt: Date.now() };
+    .option("--admin", "an operator key: also opens the gateways' /debug/* endpoints under --auth required")
+    .option("--json", "print {key, hash, user, name, createdAt, admin} as one JSON line")
+    .action(async (o: { nats: string[]; prefix: string; user: string; name?: string; admin?: boolean; json?: boolean }) => {
+      // `admin` only when set: a plain key's record stays as it was before the field existed.
+      const record: ApiKeyRecord = { user: o.user, ...(o.name !== undefined ? { name: o.name } : {}), createdAt: Date.now(), ...(o.admin ? { admin: true } : {}) };
       const err = apiKeyRecordError(record);
       if (err) {
         console.error(`invalid key record: ${err}`);
@@ -143,21 +145,21 @@ export function registerConfigCommand(program: Command): void {
       if (o.json) console.log(JSON.stringify({ key, hash, ...record }));
       else {
         console.log(key);
-        console.error(`created key ${shortHash(hash)} for user ${o.user}${o.name ? ` (${o.name})` : ""}; this is the only time the key is shown: store it now`);
+        console.error(`created ${o.admin ? "admin " : ""}key ${shortHash(hash)} for user ${o.user}${o.name ? ` (${o.name})` : ""}; this is the only time the key is shown: store it now`);
       }
     });
-  common(cfg.command("list-keys").description("list API keys: hash prefix, user, name, created, status (never the keys)"))
+  common(cfg.command("list-keys").description("list API keys: hash prefix, user, name, created, admin, status (never the keys)"))
     .option("--json", "one JSON line per key")
     .action(async (o: { nats: string[]; prefix: string; json?: boolean }) => {
       const keys = await withBucket(o, readKeys);
       if (o.json) {
-        for (const k of keys) console.log(JSON.stringify({ hash: shortHash(k.hash), status: keyStatus(k), ...k.record }));
+        for (const k of keys) console.log(JSON.stringify({ hash: shortHash(k.hash), status: keyStatus(k), ...k.record, ...(k.record ? { admin: k.record.admin === true } : {}) }));
         return;
       }
-      const rows = [["HASH", "USER", "NAME", "CREATED", "STATUS"]];
+      const rows = [["HASH", "USER", "NAME", "CREATED", "ADMIN", "STATUS"]];
       for (const k of keys) {
         const r = k.record;
-        rows.push([shortHash(k.hash), r?.user ?? "-", r?.name ?? "-", r ? new Date(r.createdAt).toISOString() : "-", keyStatus(k)]);
+        rows.push([shortHash(k.hash), r?.user ?? "-", r?.name ?? "-", r ? new Date(r.createdAt).toISOString() : "-", r ? (r.admin ? "yes" : "no") : "-", keyStatus(k)]);
       }
       const widths = rows[0]?.map((_, i) => Math.max(...rows.map((row) => (row[i] ?? "").length))) ?? [];
       for (const row of rows) console.log(row.map((c, i) => c.padEnd(widths[i] ?? 0)).join("  ").trimEnd());

@@ -2,10 +2,37 @@
  * The gateway's admin HTTP port: `/healthz`, `/readyz`, `/debug/state`, `/debug/explain` (POST)
  * and Prometheus `/metrics`. Separate from the ext_proc port so probes and scrapes never queue
  * behind Envoy's streams.
+ *
+ * With `authorize` (the gateway passes it under `--auth required`) every `/debug/*` path needs an
+ * admin API key: the state dump lists pods, users' in-flight charges and rate waits, and explain
+ * runs the router on arbitrary input. `/healthz`, `/readyz` and `/metrics` stay open: kubelet
+ * probes and Prometheus carry no bearer token, and they reveal nothing a client could use.
  */
 import http from "node:http";
 import { openAIError } from "./errors.js";
 import type { Logger } from "../shared/log.js";
+import { type ApiKeyView, authFailureMessage } from "./auth.js";
+
+/** What `authorize` answers for one `authorization` header value. */
+export type AdminAuthorization = { ok: true } | { ok: false; status: 401 | 403; reason: string };
+
+/** Sent with a 401, as the ext_proc port does: tells a client which scheme to use. */
+const AUTHENTICATE_CHALLENGE = { "www-authenticate": 'Bearer realm="jetroute-admin"' };
+
+/**
+ * The admin check on top of the folded API keys: the key must authenticate like any client key
+ * (unknown, revoked, missing and malformed all read 401, with the ext_proc port's messages) and
+ * its record must carry `admin: true` (else 403). Reads the live view, so `config revoke-key`
+ * and `add-key --admin` take effect on the next request.
+ */
+export function adminAuthorizer(keys: Pick<ApiKeyView, "authenticate" | "get">): (authorization: string | undefined) => AdminAuthorization {
+  return (authorization) => {
+    const r = keys.authenticate(authorization);
+    if (!r.ok) return { ok: false, status: 401, reason: authFailureMessage(r.reason) };
+    if (keys.get(r.hash)?.admin !== true) return { ok: false, status: 403, reason: "This API key is not an admin key: /debug/* needs a key created with `jetroute config add-key --admin`." };
+    return { ok: true };
+  };
+}
 
 /** Largest `/debug/explain` body read. */
 const MAX_EXPLAIN_BODY = 4 * 1024 * 1024;
@@ -18,6 +45,12 @@ export interface AdminServerOptions {
   state(): unknown;
   metrics: { render(): Promise<string>; readonly contentType: string };
   explain(headers: Record<string, string>, body: Buffer): Promise<{ status: number; body: unknown }>;
+  /**
+   * When given, `/debug/*` requires it to accept the request's `authorization` header (see
+   * adminAuthorizer). Without it the admin port is open, as under `--auth off`: keep it on
+   * loopback (`--admin-host`, default 127.0.0.1) or behind a NetworkPolicy.
+   */
+  authorize?(authorization: string | undefined): AdminAuthorization;
 }
 
 export interface AdminServer {
@@ -33,6 +66,20 @@ export async function startAdminServer(o: AdminServerOptions): Promise<AdminServ
     };
     if (req.url === "/healthz") return json(200, { status: "ok" });
     if (req.url === "/readyz") return json(o.ready() ? 200 : 503, { ready: o.ready() });
+    // Every /debug path (unknown ones and query strings included), before any body is read: an
+    // unauthorized client can neither tell which debug endpoints exist nor make us buffer 4 MiB.
+    if (o.authorize && (req.url ?? "").startsWith("/debug")) {
+      const a = o.authorize(req.headers.authorization);
+      if (!a.ok) {
+        const code = a.status === 401 ? "invalid_api_key" : "admin_key_required";
+        res.writeHead(a.status, { "content-type": "application/json", ...(a.status === 401 ? AUTHENTICATE_CHALLENGE : {}) });
+        // The reason only: the header itself is never echoed.
+        res.end(JSON.stringify(openAIError(a.status, code, a.reason)));
+        // Drain an unread request body so the connection can be reused.
+        req.resume();
+        return;
+      }
+    }
     if (req.url === "/debug/state") return json(200, o.state());
     if (req.url === "/metrics") {
       o.metrics.render().then(

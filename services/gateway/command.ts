@@ -36,8 +36,11 @@ export function registerGatewayCommand(program: Command): void {
     .addOption(natsOption())
     .option("--prefix <prefix>", "subject prefix", "jr")
     .option("--port <port>", "ext_proc gRPC port", intOption(0, 65535), 9002)
-    .option("--host <host>", "listen address", "0.0.0.0")
-    .option("--admin-port <port>", "admin HTTP port (/healthz /readyz /debug/state); -1 = off", intOption(-1, 65535), 9090)
+    .option("--host <host>", "ext_proc listen address", "0.0.0.0")
+    .option("--admin-port <port>", "admin HTTP port (/healthz /readyz /metrics /debug/*); -1 = off", intOption(-1, 65535), 9090)
+    // Loopback by default: /debug/* dumps the views, and without --auth required it is open to
+    // whoever reaches the port. Kubernetes passes --admin-host=0.0.0.0 for probes and Prometheus.
+    .option("--admin-host <host>", "admin HTTP listen address (0.0.0.0 for probes and Prometheus from other hosts)", "127.0.0.1")
     .option("--id <id>", "gateway replica id (default: hostname-pid-random)")
     .option("--strategy <name>", `default routing strategy (${strategyNames().join(", ")})`, "least-request")
     .option("--consistency <mode>", "charges: eventual (publish, apply on delivery), strict (per-pod compare-and-set), off (own charges only)", consistencyOption, "eventual")
@@ -63,6 +66,7 @@ export function registerGatewayCommand(program: Command): void {
         port: o.port,
         host: o.host,
         adminPort: o.adminPort,
+        adminHost: o.adminHost,
         id: o.id,
         defaultStrategy: o.strategy,
         chargeTtlMs: o.chargeTtlMs,

@@ -1,0 +1,349 @@
+/**
+ * The NATS users and permissions shipped in deploy/nats/values.yaml (`config.merge.accounts`),
+ * on a real nats-server started with exactly that block: the file is read and rendered the way
+ * the Helm chart renders it (YAML to the server's JSON-compatible config, `<< $VAR >>` as an
+ * unquoted variable reference the server resolves from its environment), so this checks the
+ * shipped configuration, not a copy.
+ *
+ * Each user does its job with real jetroute processes (admin: `streams apply`, `config set`,
+ * `config add-key --admin`; pod-watcher: publishes pods; gateway: turns ready, routes a request,
+ * publishes its charge and decision) and is refused everything else: the client's
+ * PermissionViolationError (a JetStream publish is a request, so the client fails exactly that
+ * request) and the server's own "Publish Violation" log line, never a timeout or a sleep.
+ */
+import { randomBytes } from "node:crypto";
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+import { Kvm } from "@nats-io/kv";
+import { Objm } from "@nats-io/obj";
+import { errors } from "@nats-io/transport-node";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { parse } from "yaml";
+import { ExtProcClient } from "../services/extproc/envoy-client.js";
+import { apiKeyBucketKey, hashApiKey } from "../services/gateway/auth.js";
+import { connectNats, type NatsHandles } from "../services/shared/nats.js";
+import { type NatsServerHandle, startNatsServer } from "../services/shared/nats-server.js";
+import { type ServiceProcess, spawnJetroute } from "../services/shared/processes.js";
+import { configBucketName, leaseBucketName, snapshotBucketName, streamName } from "../streams/definitions.js";
+import { Family, Subjects } from "../streams/subjects.js";
+import { encodeToken } from "../streams/tokens.js";
+import { MODEL_CONFIG_KEY_PREFIX } from "../schemas/config.js";
+
+const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
+const VALUES = path.join(ROOT, "deploy/nats/values.yaml");
+const MODEL = "perm/model";
+const subjects = new Subjects("jr");
+
+interface Permissions {
+  publish?: { allow?: string[]; deny?: string[] };
+  subscribe?: { allow?: string[]; deny?: string[] };
+}
+interface ShippedUser {
+  user: string;
+  password: string;
+  permissions: Permissions;
+}
+
+/** The accounts block of the shipped values, and each user's password variable. */
+function shippedAccounts(): { accounts: Record<string, { jetstream?: unknown; users: ShippedUser[] }>; passwordVar: Map<string, string> } {
+  const values = parse(readFileSync(VALUES, "utf8")) as { config?: { merge?: { accounts?: Record<string, { users: ShippedUser[] }> } } };
+  const accounts = values.config?.merge?.accounts;
+  if (!accounts) throw new Error(`${VALUES}: no config.merge.accounts`);
+  const passwordVar = new Map<string, string>();
+  for (const a of Object.values(accounts)) {
+    for (const u of a.users) {
+      const m = /^<< \$([A-Z0-9_]+) >>$/.exec(u.password);
+      if (!m?.[1]) throw new Error(`${VALUES}: user ${u.user}: the password must be a << $VAR >> reference, not a literal`);
+      passwordVar.set(u.user, m[1]);
+    }
+  }
+  return { accounts, passwordVar };
+}
+
+/** As the chart renders `merge`: JSON, with `<< x >>` strings unquoted. */
+function renderNatsConfig(block: unknown): string {
+  return JSON.stringify(block, null, 2).replace(/"<< (.*?) >>"/g, "$1");
+}
+
+const dir = mkdtempSync(path.join(os.tmpdir(), "jetroute-nats-permissions-"));
+const { accounts, passwordVar } = shippedAccounts();
+const passwords = new Map<string, string>();
+let server: NatsServerHandle;
+/** The server's permission-violation log lines, as they arrive. */
+const violations: string[] = [];
+const violationWaiters: Array<{ re: RegExp; resolve: (line: string) => void }> = [];
+const conns: NatsHandles[] = [];
+const procs: ServiceProcess[] = [];
+
+/** Every NATS_* variable blanked, so the runner's environment cannot leak into a child. */
+const BLANK = { NATS_CREDS: "", NATS_NKEY: "", NATS_USER: "", NATS_PASSWORD: "", NATS_TOKEN: "", NATS_CA: "", NATS_CERT: "", NATS_KEY: "" };
+const envOf = (user: string) => ({ ...BLANK, NATS_USER: user, NATS_PASSWORD: passwords.get(user) ?? "" });
+
+async function as(user: string): Promise<NatsHandles> {
+  const h = await connectNats(server.url, `perm-test-${user}`, envOf(user));
+  conns.push(h);
+  return h;
+}
+
+/** Resolves with the server's violation line for `user` and `subject` (already logged or to come). */
+function serverViolation(user: string, subject: string | RegExp): Promise<string> {
+  const esc = (s: string) => s.replace(/[.*+?^${}()|[\]\\]/g, "\\$&");
+  const re = new RegExp(`Publish Violation - User "${esc(user)}", Subject "${typeof subject === "string" ? esc(subject) : subject.source}"`);
+  const seen = violations.find((l) => re.test(l));
+  if (seen) return Promise.resolve(seen);
+  // The server logs the refusal as it sends the -ERR, so it is here within milliseconds of the
+  // client's error; the bound only turns a missing line into a readable failure.
+  return new Promise((resolve, reject) => {
+    const t = setTimeout(() => reject(new Error(`the server logged no violation matching ${re}; seen: ${violations.join("\n")}`)), 5_000);
+    violationWaiters.push({ re, resolve: (l) => {
+        clearTimeout(t);
+        resolve(l);
+      } });
+  });
+}
+
+type PermissionViolation = InstanceType<typeof errors.PermissionViolationError>;
+
+/**
+ * The PermissionViolationError behind a failed call. A core request fails with it directly; the
+ * JetStream and KV clients wrap it in a RequestError whose `cause` it is.
+ */
+function permissionViolation(err: unknown): PermissionViolation | undefined {
+  for (let e = err; e instanceof Error; e = e.cause) if (e instanceof errors.PermissionViolationError) return e;
+  return undefined;
+}
+
+/** `fn` must fail with the client's PermissionViolationError for a publish to `subject`, and the server must log it. */
+async function refused(user: string, subject: string, fn: () => Promise<unknown>): Promise<void> {
+  let err: unknown;
+  try {
+    await fn();
+  } catch (e) {
+    err = e;
+  }
+  const pe = permissionViolation(err);
+  expect(pe, `${user} publishing to ${subject} should have been refused, got ${String(err)}`).toBeInstanceOf(errors.PermissionViolationError);
+  expect(pe?.operation).toBe("publish");
+  expect(pe?.subject).toBe(subject);
+  expect(await serverViolation(user, subject)).toBeTruthy();
+}
+
+async function run(name: string, args: string[], user: string): Promise<{ code: number | null; json: Array<Record<string, unknown>>; log: string }> {
+  const logFile = path.join(dir, `${name}.log`);
+  const p = spawnJetroute(name, [...args, "--nats", server.url], { env: envOf(user), logFile });
+  const code = await p.exited;
+  return { code, json: p.jsonLines as Array<Record<string, unknown>>, log: readFileSync(logFile, "utf8") };
+}
+
+beforeAll(async () => {
+  // The server resolves each `$VAR` from its own environment, as in the chart's container.env.
+  for (const [user, v] of passwordVar) {
+    // The recipe values.yaml gives: nats-server parses the variable's value as a config token,
+    // so it must start with a letter (a leading digit reads as a number or a date and fails).
+    const pw = `p${randomBytes(24).toString("hex")}`;
+    passwords.set(user, pw);
+    process.env[v] = pw;
+  }
+  server = await startNatsServer({ config: `accounts: ${renderNatsConfig(accounts)}` });
+  let buf = "";
+  server.proc.stderr?.on("data", (d: Buffer) => {
+    buf += d.toString();
+    const lines = buf.split("\n");
+    buf = lines.pop() ?? "";
+    for (const line of lines) {
+      if (!/Violation/.test(line)) continue;
+      violations.push(line);
+      for (const w of [...violationWaiters]) {
+        if (w.re.test(line)) {
+          violationWaiters.splice(violationWaiters.indexOf(w), 1);
+          w.resolve(line);
+        }
+      }
+    }
+  });
+}, 30_000);
+
+afterAll(async () => {
+  await Promise.all(procs.map((p) => p.stop()));
+  await Promise.all(conns.map((c) => c.nc.close().catch(() => undefined)));
+  await server?.stop();
+  for (const v of passwordVar.values()) delete process.env[v];
+  rmSync(dir, { recursive: true, force: true });
+});
+
+describe("the shipped NATS permissions (deploy/nats/values.yaml)", () => {
+  it("name the subjects and buckets of prefix jr that streams/ defines, one user per process", () => {
+    const users = Object.values(accounts).flatMap((a) => a.users);
+    expect(users.map((u) => u.user).sort()).toEqual(["jr-admin", "jr-analyst", "jr-gateway", "jr-kv-bridge", "jr-metrics-scraper", "jr-pod-watcher"]);
+    const families = Object.values(Family) as string[];
+    const buckets = [configBucketName("jr"), leaseBucketName("jr"), snapshotBucketName("jr")];
+    for (const u of users) {
+      for (const s of [...(u.permissions.publish?.allow ?? []), ...(u.permissions.publish?.deny ?? [])]) {
+        const fam = /^jr\.([^.]+)\.>$/.exec(s);
+        if (s.startsWith("jr.")) expect(fam && families.includes(fam[1] ?? ""), `${u.user}: ${s} is not a jr.<family>.> of streams/subjects.ts`).toBe(true);
+        const b = /^\$(?:KV|O)\.([^.]+)\.>$/.exec(s);
+        if (b) expect(buckets, `${u.user}: ${s} names no bucket of streams/definitions.ts`).toContain(b[1]);
+      }
+    }
+  });
+});
+
+describe("each user does its job", () => {
+  it("admin: `streams apply`, `config set`, `config add-key --admin`, `config list-keys`", async () => {
+    const apply = await run("streams-apply", ["streams", "apply"], "jr-admin");
+    expect(apply.code, apply.log).toBe(0);
+    const set = await run("config-set", ["config", "set", MODEL, "--json", JSON.stringify({ lockedRoutingStrategy: "least-request" })], "jr-admin");
+    expect(set.code, set.log).toBe(0);
+    const add = await run("add-key", ["config", "add-key", "--user", "ops", "--admin", "--json"], "jr-admin");
+    expect(add.code, add.log).toBe(0);
+    expect(add.json[0]).toMatchObject({ user: "ops", admin: true });
+    const list = await run("list-keys", ["config", "list-keys", "--json"], "jr-admin");
+    expect(list.code, list.log).toBe(0);
+    expect(list.json).toEqual([expect.objectContaining({ user: "ops", admin: true, status: "active" })]);
+  }, 60_000);
+
+  it("pod-watcher publishes pods; a gateway on its own user turns ready, routes a request, publishes its charge and decision", async () => {
+    const pods = path.join(dir, "pods.yaml");
+    writeFileSync(pods, `pods:\n  - name: perm-pod-0\n    model: ${MODEL}\n    address: 127.0.0.1:18000\n    engine: vllm\n`);
+    const watcher = spawnJetroute("pod-watcher", ["pod-watcher", "--static", pods, "--no-probe", "--nats", server.url], { env: envOf("jr-pod-watcher"), logFile: path.join(dir, "pod-watcher.log") });
+    procs.push(watcher);
+    const gw = spawnJetroute("gateway", ["gateway", "--nats", server.url, "--host", "127.0.0.1", "--port", "0", "--admin-port", "0", "--heartbeat-ms", "200", "--snapshot-interval-ms", "1000"], {
+      env: envOf("jr-gateway"),
+      logFile: path.join(dir, "gateway.log"),
+    });
+    procs.push(gw);
+    const started = await gw.waitForLine<{ gateway: string; port: number; adminPort: number }>((l) => typeof l.port === "number", 30_000);
+
+    const admin = await as("jr-admin");
+    const ready = async () => (await fetch(`http://127.0.0.1:${started.adminPort}/readyz`)).status === 200;
+    const deadline = Date.now() + 20_000;
+    while (!(await ready())) {
+      if (Date.now() > deadline) throw new Error(`gateway not ready: ${readFileSync(path.join(dir, "gateway.log"), "utf8").slice(-2000)}`);
+      await new Promise((r) => setTimeout(r, 50));
+    }
+
+    // Route one request over ext_proc; the pod may reach the gateway just after readiness.
+    const decisions = admin.nc.subscribe(subjects.all("decisions"));
+    const charges = admin.nc.subscribe(subjects.all("charges"));
+    await admin.nc.flush();
+    const c = new ExtProcClient(`127.0.0.1:${started.port}`);
+    try {
+      let endpoint: string | undefined;
+      while (!endpoint) {
+        if (Date.now() > deadline) throw new Error("the gateway never routed to perm-pod-0");
+        const ex = c.open();
+        await ex.requestHeaders({ ":method": "POST", ":path": "/v1/chat/completions", ":authority": "gw", "content-type": "application/json", "x-request-id": `perm-${Date.now()}` });
+        const b = await ex.requestBody(Buffer.from(JSON.stringify({ model: MODEL, messages: [{ role: "user", content: "hello" }] })));
+        ex.cancel();
+        if (b.kind !== "immediate") endpoint = b.headerMutation.set["x-gateway-destination-endpoint"] as string;
+        else await new Promise((r) => setTimeout(r, 50));
+      }
+      expect(endpoint).toBe("127.0.0.1:18000");
+      // The pod reached PODS through the pod-watcher's user.
+      const podMsg = await admin.jsm.streams.getMessage(streamName("jr", "PODS"), { last_by_subj: subjects.pod(MODEL, "perm-pod-0") });
+      expect(podMsg?.subject).toBe(subjects.pod(MODEL, "perm-pod-0"));
+    } finally {
+      c.close();
+    }
+    for await (const m of charges) {
+      expect(m.subject).toBe(subjects.charges(MODEL, "perm-pod-0"));
+      break;
+    }
+    for await (const m of decisions) {
+      expect(m.subject).toBe(subjects.decisions(MODEL));
+      break;
+    }
+    // The gateway took the snapshot lease (compare-and-set writes to the lease bucket) with its
+    // own user. (It writes a snapshot only once the prefix index changes; the object store
+    // allowances are exercised by the denial test below from the other side.)
+    const leases = await new Kvm(admin.nc).open(leaseBucketName("jr"));
+    while ((await leases.get("snapshotter.prefix-index"))?.operation !== "PUT") {
+      if (Date.now() > deadline) throw new Error(`no snapshot lease taken: ${readFileSync(path.join(dir, "gateway.log"), "utf8").slice(-2000)}`);
+      await new Promise((r) => setTimeout(r, 50));
+    }
+    expect((await leases.get("snapshotter.prefix-index"))?.json<{ holder: string }>().holder).toBe(started.gateway);
+    // Heartbeats, KV watch, lease and snapshot bucket access all ran without a single refusal.
+    expect(violations.filter((l) => /User "jr-(gateway|pod-watcher)"/.test(l))).toEqual([]);
+  }, 60_000);
+
+  it("metrics-scraper, kv-bridge and analyst read PODS; each publishes its own family", async () => {
+    for (const [user, family] of [
+      ["jr-metrics-scraper", "load"],
+      ["jr-kv-bridge", "kv"],
+    ] as const) {
+      const h = await as(user);
+      const ack = await h.js.publish(`jr.${family}.${MODEL.replace("/", "_")}.p`, "{}");
+      expect(ack.stream).toBe(streamName("jr", family === "load" ? "LOAD" : "KV"));
+    }
+    for (const user of ["jr-metrics-scraper", "jr-kv-bridge", "jr-analyst"]) {
+      const h = await as(user);
+      const consumer = await h.js.consumers.get(streamName("jr", "PODS"), { filter_subjects: subjects.all("pods") });
+      const m = await consumer.next({ expires: 5_000 });
+      expect(m?.subject, user).toMatch(/^jr\.pods\./);
+      await consumer.delete();
+      // KV reads (direct get) of the config bucket: the model config the admin stored above.
+      const kv = await new Kvm(h.nc).open(configBucketName("jr"));
+      expect((await kv.get(`${MODEL_CONFIG_KEY_PREFIX}${encodeToken(MODEL)}`))?.json(), user).toEqual({ lockedRoutingStrategy: "least-request" });
+    }
+  }, 30_000);
+});
+
+describe("each denial", () => {
+  const apiKeyPut = (h: NatsHandles) => async () => {
+    const kv = await new Kvm(h.nc).open(configBucketName("jr"));
+    await kv.put(apiKeyBucketKey(hashApiKey("jr-forged")), JSON.stringify({ user: "mallory", createdAt: 0, admin: true }));
+  };
+  const apiKeySubject = `$KV.${configBucketName("jr")}.${apiKeyBucketKey(hashApiKey("jr-forged"))}`;
+
+  it("gateway: no pods, no load samples, no config or API keys, no stream deletion", async () => {
+    const h = await as("jr-gateway");
+    const pod = subjects.pod(MODEL, "forged");
+    await refused("jr-gateway", pod, () => h.js.publish(pod, "{}"));
+    const load = subjects.load(MODEL, "forged");
+    await refused("jr-gateway", load, () => h.js.publish(load, "{}"));
+    await refused("jr-gateway", apiKeySubject, apiKeyPut(h));
+    await refused("jr-gateway", `$JS.API.STREAM.DELETE.${streamName("jr", "PODS")}`, () => h.jsm.streams.delete(streamName("jr", "PODS")));
+    await refused("jr-gateway", `$JS.API.STREAM.PURGE.${streamName("jr", "CHARGES")}`, () => h.jsm.streams.purge(streamName("jr", "CHARGES")));
+  });
+
+  it("pod-watcher: no charges, releases, heartbeats or decisions", async () => {
+    const h = await as("jr-pod-watcher");
+    for (const s of [subjects.charges(MODEL, "p"), subjects.releases(MODEL, "p"), subjects.heartbeat("forged-gw"), subjects.decisions(MODEL), subjects.load(MODEL, "p")]) {
+      await refused("jr-pod-watcher", s, () => h.js.publish(s, "{}"));
+    }
+  });
+
+  it("metrics-scraper: no pods, no charges; kv-bridge: no pods, no charges", async () => {
+    for (const user of ["jr-metrics-scraper", "jr-kv-bridge"]) {
+      const h = await as(user);
+      for (const s of [subjects.pod(MODEL, "forged"), subjects.charges(MODEL, "p")]) await refused(user, s, () => h.js.publish(s, "{}"));
+    }
+  });
+
+  it("analyst: publishes nothing (no family, no config, no snapshot, no stream change)", async () => {
+    const h = await as("jr-analyst");
+    for (const family of Object.values(Family)) {
+      const s = `jr.${family}.x.y`;
+      await refused("jr-analyst", s, () => h.js.publish(s, "{}"));
+    }
+    await refused("jr-analyst", apiKeySubject, apiKeyPut(h));
+    const lease = `$KV.${leaseBucketName("jr")}.snapshot`;
+    await refused("jr-analyst", lease, async () => (await new Kvm(h.nc).open(leaseBucketName("jr"))).put("snapshot", "{}"));
+    await refused("jr-analyst", `$JS.API.STREAM.CREATE.JR_EVIL`, () => h.jsm.streams.add({ name: "JR_EVIL", subjects: ["evil.>"] }));
+    // Object store writes start with a chunk publish under $O.<bucket>.C.
+    let err: unknown;
+    try {
+      await (await new Objm(h.nc).open(snapshotBucketName("jr"))).putBlob({ name: "forged" }, new Uint8Array([1]));
+    } catch (e) {
+      err = e;
+    }
+    // The chunk is a plain publish (refused on the server, reported asynchronously); the first
+    // request to fail is the purge of the object's old chunks.
+    expect(permissionViolation(err), String(err)).toBeInstanceOf(errors.PermissionViolationError);
+    expect(await serverViolation("jr-analyst", new RegExp(`\\$O\\.${snapshotBucketName("jr")}\\.C\\.[^"]+`))).toBeTruthy();
+    const admin = await as("jr-admin");
+    expect(await (await new Objm(admin.nc).open(snapshotBucketName("jr"))).info("forged")).toBeNull();
+  });
+});
