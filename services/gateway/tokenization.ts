@@ -9,6 +9,7 @@
  * holds at most `cacheBytes` of token ids — a few 100k-token prompts weigh as much as thousands of
  * short ones, so an entry bound alone did not bound memory.
  */
+import { BodyTooLargeError, readBodyCapped } from "../shared/http-body.js";
 import { createHash } from "node:crypto";
 import { approximateTokens, localTokens, type PromptInput, type TokenizerMode } from "../tokenizer/prompt-tokens.js";
 
@@ -56,42 +57,6 @@ export function cacheEntryBytes(key: string, tokens: readonly number[]): number 
   return 2 * key.length + 8 * tokens.length + 100;
 }
 
-export class BodyTooLargeError extends Error {
-  constructor(
-    readonly what: string,
-    readonly limit: number,
-  ) {
-    super(`${what} is larger than ${limit} bytes`);
-  }
-}
-
-/**
- * A response body as text, read as a stream up to `limit` bytes: past it, the stream is cancelled
- * (the connection closes) and `BodyTooLargeError` is thrown. `content-length` is checked first to
- * refuse early, but not trusted alone: chunked answers have none, and decoded bodies can be longer.
- */
-export async function readBodyCapped(res: Response, limit: number, what: string): Promise<string> {
-  const declared = Number(res.headers.get("content-length") ?? Number.NaN);
-  if (declared > limit) {
-    await res.body?.cancel().catch(() => undefined);
-    throw new BodyTooLargeError(what, limit);
-  }
-  if (!res.body) return "";
-  const reader = res.body.getReader();
-  const chunks: Uint8Array[] = [];
-  let total = 0;
-  for (;;) {
-    const { done, value } = await reader.read();
-    if (done) break;
-    total += value.byteLength;
-    if (total > limit) {
-      await reader.cancel().catch(() => undefined);
-      throw new BodyTooLargeError(what, limit);
-    }
-    chunks.push(value);
-  }
-  return Buffer.concat(chunks, total).toString("utf8");
-}
 
 export class Tokenizer {
   readonly stats: TokenizerStats = { remote: 0, cacheHits: 0, fallbacks: 0, oversized: 0, cacheEntries: 0, cacheBytes: 0, cacheEvicted: 0 };

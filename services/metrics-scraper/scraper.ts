@@ -6,6 +6,7 @@
  * A `/metrics` body is read up to `maxBodyBytes` (streamed: a runaway exposition — label
  * cardinality gone wrong — never sits in memory whole); past it the scrape fails like any other.
  */
+import { readBodyCapped } from "../shared/http-body.js";
 import type { LoadSample } from "../../schemas/events.js";
 import { streamName } from "../../streams/definitions.js";
 import { Subjects } from "../../streams/subjects.js";
@@ -44,34 +45,6 @@ interface PodScrapeState {
   lastOk: number;
 }
 
-/**
- * A response body as text, read as a stream up to `limit` bytes: past it the stream is cancelled
- * (the connection closes) and an error thrown. `content-length` refuses early but is not trusted
- * alone: chunked answers have none. (The same reader as services/gateway/tokenization.ts; the
- * scraper may not import the gateway.)
- */
-export async function readBodyCapped(res: Response, limit: number, what: string): Promise<string> {
-  const tooLarge = () => new Error(`${what} is larger than ${limit} bytes`);
-  if (Number(res.headers.get("content-length") ?? Number.NaN) > limit) {
-    await res.body?.cancel().catch(() => undefined);
-    throw tooLarge();
-  }
-  if (!res.body) return "";
-  const reader = res.body.getReader();
-  const chunks: Uint8Array[] = [];
-  let total = 0;
-  for (;;) {
-    const { done, value } = await reader.read();
-    if (done) break;
-    total += value.byteLength;
-    if (total > limit) {
-      await reader.cancel().catch(() => undefined);
-      throw tooLarge();
-    }
-    chunks.push(value);
-  }
-  return Buffer.concat(chunks, total).toString("utf8");
-}
 
 /** Scrapes one pod once. */
 export async function scrapeOnce(pod: PodInfo, timeoutMs: number, maxBodyBytes = DEFAULT_METRICS_BODY_BYTES, stop?: AbortSignal): Promise<LoadSample> {
