@@ -83,6 +83,8 @@ export function registerGatewayCommand(program: Command): void {
         snapshotIntervalMs: o.snapshotIntervalMs,
         shutdownGraceMs: o.shutdownGraceMs,
         recordPromptBlocks: o.recordPromptBlocks !== false,
+        // From the environment (a Kubernetes Secret), never a flag: flags show in `ps`.
+        ...(process.env.JETROUTE_SESSION_SECRET ? { sessionSecret: process.env.JETROUTE_SESSION_SECRET } : {}),
         auth: o.auth,
         log,
       });

@@ -29,6 +29,7 @@ import type { ApiKeyView, AuthMode } from "./auth.js";
 import { createPrefixSupport } from "./prefix-support.js";
 import { heartbeatOf } from "./heartbeat.js";
 import { ServerClock } from "./server-clock.js";
+import { configureSessionSigning } from "./strategies/session-affinity.js";
 import { Tokenizer } from "./tokenization.js";
 import { StrictCommitter } from "./strict-commit.js";
 import { SubjectCursors } from "./subject-cursor.js";
@@ -76,6 +77,11 @@ export interface GatewayOptions {
   maxHeartbeatCharges?: number;
   /** On close, how long in-flight requests may take before their streams are cancelled. */
   shutdownGraceMs?: number;
+  /**
+   * Secret every replica shares to sign the `x-session-id` values it hands out (session-affinity):
+   * with it, a client cannot pin an arbitrary pod by forging one. Absent: AIBrix's unsigned ids.
+   */
+  sessionSecret?: string;
   /** Tokenize and hash prompts for decision records also under strategies that do not need them (default true). */
   recordPromptBlocks?: boolean;
   /**
@@ -130,6 +136,7 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
   const hbInterval = o.heartbeatIntervalMs ?? 1_000;
   const hbTimeout = o.heartbeatTimeoutMs ?? 3 * hbInterval;
   const clock = o.clock ?? Date.now;
+  if (o.sessionSecret !== undefined) configureSessionSigning(o.sessionSecret || undefined);
   // Peers' heartbeats carry the server's time: liveness is judged on it, whatever this host's clock says.
   const serverClock = new ServerClock(clock);
   const nats = await connectNats(o.nats, `jetroute-gateway-${id}`);

@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
 import { parseStrategy } from "./registry.js";
-import { decodeSessionId, encodeSessionId, rendezvous, sessionAffinityStrategy } from "./session-affinity.js";
+import { configureSessionSigning, decodeSessionId, encodeSessionId, rendezvous, sessionAffinityStrategy } from "./session-affinity.js";
 import { ctxOf, pod } from "./testing.js";
 
 const PODS = ["p1", "p2", "p3"];
@@ -84,5 +84,28 @@ describe("session-affinity - table", () => {
     const loadFirst = parseStrategy("session-affinity:1,least-request:2").pick(ctxOf({ pods: ["p1", "p2"], headers, inFlight }));
     expect(loadFirst.pod.pod).toBe("p2");
     expect(loadFirst.responseHeaders).toEqual({ "x-session-id": encodeSessionId(addr("p2")) });
+  });
+});
+
+describe("session-affinity - signed session ids", () => {
+  it("with a shared secret, only ids this fleet signed name a pod: a forged or tampered id pins nothing", () => {
+    configureSessionSigning("fleet-secret");
+    try {
+      const id = encodeSessionId("10.0.0.7:8000");
+      expect(id).toMatch(/^[A-Za-z0-9_-]+\.[A-Za-z0-9_-]{16}$/);
+      expect(decodeSessionId(id)).toBe("10.0.0.7:8000");
+      // A client's own plain base64 (AIBrix's format) or a signature for another address.
+      expect(decodeSessionId(Buffer.from("10.0.0.7:8000").toString("base64"))).toBeUndefined();
+      const other = encodeSessionId("10.0.0.8:8000");
+      expect(decodeSessionId(`${id.split(".")[0]}.${other.split(".")[1]}`)).toBeUndefined();
+      expect(decodeSessionId(`${id}x`)).toBeUndefined();
+      // Another fleet's secret.
+      configureSessionSigning("another-secret");
+      expect(decodeSessionId(id)).toBeUndefined();
+    } finally {
+      configureSessionSigning(undefined);
+    }
+    // Unsigned again: plain ids are accepted, signed ones are not ours.
+    expect(decodeSessionId(encodeSessionId("10.0.0.7:8000"))).toBe("10.0.0.7:8000");
   });
 });

@@ -15,6 +15,7 @@
  * what AIBrix hands out. As a scorer: 1 for the session's pod, 0 for the others (higher is better);
  * without a usable header it has no opinion (no value for any pod).
  */
+import { createHmac, timingSafeEqual } from "node:crypto";
 import { xxh64 } from "@node-rs/xxhash";
 import type { PodInfo } from "../../views/pod-set.js";
 import { scorerStrategy } from "./combine.js";
@@ -26,12 +27,40 @@ const MAX_SESSION_KEY = 256;
 // An encoded ip:port (IPv6 included) is far shorter; longer values are not ours.
 const MAX_SESSION_ID = 128;
 
-export const encodeSessionId = (address: string): string => Buffer.from(address, "utf8").toString("base64url");
+/** Bytes of HMAC-SHA256 kept in a signed session id (96 bits: forging one is out of reach). */
+const MAC_BYTES = 12;
+let signingKey: Buffer | undefined;
 
-/** The address in a session id, or undefined when it is not one. Node decodes both base64 alphabets. */
+/**
+ * Signs the session ids this gateway hands out (`<base64url address>.<base64url HMAC>`), with a
+ * secret every replica shares: with it set, an id without a valid signature names no pod, so a
+ * client cannot pin an arbitrary pod by forging `x-session-id`. Without it (the default) ids are
+ * AIBrix's plain base64 of `ip:port`, accepted as they are.
+ */
+export function configureSessionSigning(secret: string | undefined): void {
+  signingKey = secret ? Buffer.from(secret, "utf8") : undefined;
+}
+
+const macOf = (key: Buffer, address: string): Buffer => createHmac("sha256", key).update(address, "utf8").digest().subarray(0, MAC_BYTES);
+
+export const encodeSessionId = (address: string): string => {
+  const id = Buffer.from(address, "utf8").toString("base64url");
+  return signingKey ? `${id}.${macOf(signingKey, address).toString("base64url")}` : id;
+};
+
+/** The address in a session id, or undefined when it is not one (or, when signing, not signed by us). Node decodes both base64 alphabets. */
 export function decodeSessionId(id: string): string | undefined {
-  if (!id || id.length > MAX_SESSION_ID || !/^[A-Za-z0-9+/_-]+={0,2}$/.test(id)) return undefined;
-  return Buffer.from(id, "base64").toString("utf8");
+  if (!id || id.length > MAX_SESSION_ID) return undefined;
+  const dot = id.indexOf(".");
+  const body = dot < 0 ? id : id.slice(0, dot);
+  if (!/^[A-Za-z0-9+/_-]+={0,2}$/.test(body)) return undefined;
+  const address = Buffer.from(body, "base64").toString("utf8");
+  if (!signingKey) return dot < 0 ? address : undefined;
+  if (dot < 0) return undefined;
+  // Compared as text: base64 decoding ignores trailing characters, so a padded copy must not pass.
+  const mac = Buffer.from(id.slice(dot + 1), "utf8");
+  const want = Buffer.from(macOf(signingKey, address).toString("base64url"), "utf8");
+  return mac.length === want.length && timingSafeEqual(mac, want) ? address : undefined;
 }
 
 /** The session hint of a request's headers (invalid or oversized values are ignored). */
