@@ -66,6 +66,8 @@ export type PhaseResult =
 export type HeaderInput = Record<string, string | readonly string[] | undefined>;
 
 export interface ExtProcClientOptions {
+  /** Channel credentials (TLS / mutual TLS, as Envoy's ext_proc cluster can be set up); default insecure. */
+  credentials?: grpc.ChannelCredentials;
   /**
    * Envoy's `message_timeout`: how long one message may wait for its reply. Generous by default
    * because a gateway may call a remote tokenizer (Envoy Gateway's 200 ms default is too short).
@@ -179,7 +181,7 @@ export class ExtProcClient {
     this.messageTimeoutMs = opts.messageTimeoutMs ?? DEFAULT_MESSAGE_TIMEOUT_MS;
     this.closeMode = opts.closeMode ?? "graceful";
     this.gracefulCloseTimeoutMs = opts.gracefulCloseTimeoutMs ?? DEFAULT_GRACEFUL_CLOSE_TIMEOUT_MS;
-    this.client = new grpc.Client(target, grpc.credentials.createInsecure(), {
+    this.client = new grpc.Client(target, opts.credentials ?? grpc.credentials.createInsecure(), {
       // A body mutation may be as large as the buffered body (4 MiB in AIBrix's setup) plus framing.
       "grpc.max_receive_message_length": 64 * 1024 * 1024,
       "grpc.max_send_message_length": 64 * 1024 * 1024,

@@ -29,6 +29,11 @@ function tokenizerModelOption(v: string, acc: Record<string, TokenizerMode>): Re
   return acc;
 }
 
+function tlsOption(cert: string | undefined, key: string | undefined, clientCa: string | undefined): { certFile: string; keyFile: string; clientCaFile?: string } {
+  if (!cert || !key) throw new InvalidArgumentError("--tls-cert and --tls-key go together (and --tls-client-ca needs them)");
+  return { certFile: cert, keyFile: key, ...(clientCa ? { clientCaFile: clientCa } : {}) };
+}
+
 export function registerGatewayCommand(program: Command): void {
   program
     .command("gateway")
@@ -56,6 +61,9 @@ export function registerGatewayCommand(program: Command): void {
     .option("--max-charges <n>", "bound on tracked charges", intOption(1), 1_000_000)
     .option("--rate-confirm-ms <ms>", "rate limits: how long this replica's admissions may be unseen by the others (room is reserved for theirs meanwhile); 0 = no reservation", intOption(0), 25)
     .option("--auth <mode>", "off, or required: every request needs `authorization: Bearer <key>` (keys: jetroute config add-key), else 401", authOption, "off")
+    .option("--tls-cert <file>", "PEM certificate for TLS on the ext_proc port (with --tls-key)")
+    .option("--tls-key <file>", "PEM private key for --tls-cert")
+    .option("--tls-client-ca <file>", "PEM CA: mutual TLS, only clients (Envoy) with a certificate it signed may connect")
     .option("--no-record-prompt-blocks", "do not tokenize prompts for decision records under strategies that do not need them (replay cannot then ask what prefix-cache would have hit)")
     .option("--shutdown-grace-ms <ms>", "on SIGTERM, how long in-flight requests may finish before being cancelled", intOption(0), 10_000)
     .action(async (o) => {
@@ -83,6 +91,7 @@ export function registerGatewayCommand(program: Command): void {
         snapshotIntervalMs: o.snapshotIntervalMs,
         shutdownGraceMs: o.shutdownGraceMs,
         recordPromptBlocks: o.recordPromptBlocks !== false,
+        ...(o.tlsCert || o.tlsKey || o.tlsClientCa ? { tls: tlsOption(o.tlsCert, o.tlsKey, o.tlsClientCa) } : {}),
         // From the environment (a Kubernetes Secret), never a flag: flags show in `ps`.
         ...(process.env.JETROUTE_SESSION_SECRET ? { sessionSecret: process.env.JETROUTE_SESSION_SECRET } : {}),
         auth: o.auth,

@@ -2,6 +2,7 @@
  * The gateway process: folds PODS, LOAD and CHARGES into views, serves Envoy's ext_proc stream
  * and the gRPC health protocol, publishes charges, releases, heartbeats and decision records.
  */
+import { readFileSync } from "node:fs";
 import os from "node:os";
 import { randomBytes } from "node:crypto";
 import * as grpc from "@grpc/grpc-js";
@@ -78,6 +79,11 @@ export interface GatewayOptions {
   /** On close, how long in-flight requests may take before their streams are cancelled. */
   shutdownGraceMs?: number;
   /**
+   * TLS on the ext_proc port (PEM files): Envoy's ext_proc cluster then uses a TLS transport
+   * socket. With `clientCaFile`, mutual TLS: only clients with a certificate that CA signed connect.
+   */
+  tls?: { certFile: string; keyFile: string; clientCaFile?: string };
+  /**
    * Secret every replica shares to sign the `x-session-id` values it hands out (session-affinity):
    * with it, a client cannot pin an arbitrary pod by forging one. Absent: AIBrix's unsigned ids.
    */
@@ -123,6 +129,21 @@ function indexOfBytes(hay: Uint8Array, needle: Uint8Array): number {
   return Buffer.from(hay.buffer, hay.byteOffset, hay.byteLength).indexOf(needle);
 }
 
+/** Server credentials from PEM files; a missing or unreadable file is an error naming it. */
+function tlsCredentials(t: NonNullable<GatewayOptions["tls"]>): grpc.ServerCredentials {
+  const read = (what: string, file: string) => {
+    try {
+      return readFileSync(file);
+    } catch (err) {
+      throw new Error(`cannot read the ext_proc TLS ${what} ${file}: ${(err as Error).message}`);
+    }
+  };
+  const cert = read("certificate", t.certFile);
+  const key = read("key", t.keyFile);
+  const ca = t.clientCaFile ? read("client CA", t.clientCaFile) : null;
+  return grpc.ServerCredentials.createSsl(ca, [{ cert_chain: cert, private_key: key }], ca !== null);
+}
+
 export function defaultGatewayId(): string {
   return `${os.hostname()}-${process.pid}-${randomBytes(2).toString("hex")}`;
 }
@@ -135,6 +156,8 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
   const chargeTtlMs = o.chargeTtlMs ?? 10 * 60_000;
   const hbInterval = o.heartbeatIntervalMs ?? 1_000;
   const hbTimeout = o.heartbeatTimeoutMs ?? 3 * hbInterval;
+  // Read before anything starts: a bad TLS file stops the gateway before it connects anywhere.
+  const credentials = o.tls ? tlsCredentials(o.tls) : grpc.ServerCredentials.createInsecure();
   const clock = o.clock ?? Date.now;
   if (o.sessionSecret !== undefined) configureSessionSigning(o.sessionSecret || undefined);
   // Peers' heartbeats carry the server's time: liveness is judged on it, whatever this host's clock says.
@@ -310,7 +333,7 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
   });
   health.addToServer(server);
   const port = await new Promise<number>((resolve, reject) =>
-    server.bindAsync(`${o.host ?? "0.0.0.0"}:${o.port}`, grpc.ServerCredentials.createInsecure(), (err, p) => (err ? reject(err) : resolve(p))),
+    server.bindAsync(`${o.host ?? "0.0.0.0"}:${o.port}`, credentials, (err, p) => (err ? reject(err) : resolve(p))),
   );
   // Envoy resets every ext_proc stream; Node would drop the connection after ~1000 resets.
   extProcConnections = guardResetBudget(server, { onRotate: (streams, resets) => log.debug({ streams, resets }, "ext_proc connection rotated before the HTTP/2 reset limit") });
