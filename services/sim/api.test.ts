@@ -116,12 +116,14 @@ describe("errors in vLLM's shape", () => {
     expect((await postJson(address, "/tokenize", { model: "nope/model", prompt: "x" })).status).toBe(404);
   });
 
-  it("400s malformed JSON, missing messages and oversized requests", async () => {
+  it("400s malformed JSON, missing messages, malformed content parts and oversized requests (never a 500)", async () => {
     for (const [path, body, fragment] of [
       ["/v1/chat/completions", "{not json", "Invalid JSON"],
       ["/v1/chat/completions", { model: MODEL }, "messages"],
       ["/v1/completions", { model: MODEL, prompt: "x", max_tokens: 1_000 }, "maximum context length is 256 tokens"],
       ["/v1/completions", { prompt: "x", stream_options: { include_usage: true } }, "stream=True"],
+      ["/v1/chat/completions", { model: MODEL, messages: [{ role: "user", content: [null] }] }, "messages.0.content.0"],
+      ["/v1/chat/completions", { model: MODEL, messages: [{ role: "user", content: [{ type: "text", text: 5 }] }] }, "messages.0.content.0.text"],
     ] as const) {
       const res = await postJson(address, path, body);
       expect(res.status).toBe(400);

@@ -54,6 +54,16 @@ export function parseMessages(body: Body): ChatMessage[] {
     if (content !== undefined && content !== null && typeof content !== "string" && !Array.isArray(content)) {
       throw badRequest(`messages.${i}.content: Input should be a valid string or list of parts`, "messages");
     }
+    // As vLLM's request validation: every part an object with a string `type`, text parts with a string `text`.
+    if (Array.isArray(content)) {
+      for (const [j, part] of content.entries()) {
+        const p = part as { type?: unknown; text?: unknown } | null;
+        if (typeof p !== "object" || p === null || typeof p.type !== "string") {
+          throw badRequest(`messages.${i}.content.${j}: Input should be a valid content part (an object with a type)`, "messages");
+        }
+        if (p.type === "text" && typeof p.text !== "string") throw badRequest(`messages.${i}.content.${j}.text: Input should be a valid string`, "messages");
+      }
+    }
   }
   return messages as ChatMessage[];
 }
