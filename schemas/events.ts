@@ -11,7 +11,13 @@ import { type Static, type TSchema, Type } from "@sinclair/typebox";
 const Name = Type.String({ minLength: 1, maxLength: 253 });
 const Address = Type.String({ pattern: "^[^\\s:]+:[0-9]{1,5}$", description: "host:port" });
 const Millis = Type.Number({ minimum: 0, description: "epoch milliseconds" });
-const Count = Type.Integer({ minimum: 0 });
+/**
+ * Token and request counts. Bounded so that a ledger's running per-pod sums (float64) stay exact:
+ * without a maximum, one schema-valid charge of 1e300 tokens rounded every other charge on its pod
+ * away (found by test/properties/ledger-precision.test.ts).
+ */
+export const MAX_COUNT = 2 ** 31 - 1;
+const Count = Type.Integer({ minimum: 0, maximum: MAX_COUNT });
 const Hash = Type.String({ pattern: "^[0-9a-f]{1,64}$", description: "hash as lower-case hex (engine hashes: uint64 or digest bytes)" });
 const Nullable = <T extends TSchema>(t: T) => Type.Union([t, Type.Null()]);
 

@@ -4,6 +4,7 @@
  * subject, a metric label, a log line or an event another replica must validate: a mistake
  * becomes a 400 whose message and `param` name the field.
  */
+import { MAX_COUNT } from "../../schemas/events.js";
 import { RouteError } from "./errors.js";
 
 export interface ParsedRequest {
@@ -109,7 +110,7 @@ function inputOf(input: unknown): { chars: number; tokens: number } {
 function positiveInt(b: Record<string, unknown>, key: string): number | undefined {
   const v = b[key];
   if (v === undefined || v === null) return undefined;
-  if (typeof v !== "number" || !Number.isSafeInteger(v) || v < 1) throw bad(`\`${key}\` must be a positive integer, got ${JSON.stringify(v).slice(0, 32)}`, key);
+  if (typeof v !== "number" || !Number.isSafeInteger(v) || v < 1 || v > MAX_COUNT) throw bad(`\`${key}\` must be a positive integer of at most ${MAX_COUNT}, got ${JSON.stringify(v).slice(0, 32)}`, key);
   return v;
 }
 
