@@ -13,6 +13,7 @@ import { type HerdingMode, runHerdingBench } from "./benches/herding.js";
 import { runRateLimitBench } from "./benches/rate-limit.js";
 import { PREFIX_QUALITY_CASES, type PrefixQualityCaseName, runPrefixQualityBench } from "./benches/prefix-quality.js";
 import { DEFAULT_RECORDED_STRATEGIES, DEFAULT_REPLAY_STRATEGIES, runReplayBench } from "./benches/replay.js";
+import { FAULT_CASES, type FaultCaseName, runFaultsBench } from "./benches/faults.js";
 
 const ints = (v: string) =>
   v.split(",").map((x) => {
@@ -158,6 +159,31 @@ program
   .action(async (o) => {
     const result = await runReplayBench({
       durationMs: o.durationMs, concurrency: o.concurrency, replicas: o.replicas, strategies: o.strategies, recorded: o.recorded, pods: o.pods, heartbeatMs: o.heartbeatMs, keepExport: o.keepExport,
+    });
+    console.log(JSON.stringify(result));
+  });
+
+const faultCases = (v: string) =>
+  v.split(",").map((x) => {
+    const name = x.trim() as FaultCaseName;
+    if (!FAULT_CASES.includes(name)) throw new InvalidArgumentError(`expected a comma list of ${FAULT_CASES.join(", ")}, got ${JSON.stringify(x)}`);
+    return name;
+  });
+
+program
+  .command("faults")
+  .description("faults under load: kill a gateway, a NATS node (eventual, strict), NATS down, kill the kv-bridge, clock skew: failed requests, acked events lost, heal time")
+  .option("--cases <list>", `cases to run, comma separated (${FAULT_CASES.join(", ")})`, faultCases, [...FAULT_CASES])
+  .option("--rate <rps>", "requests per second over the gateway processes", int, 500)
+  .option("--in-process-rate <rps>", "requests per second in the cases with in-process gateways (NATS node, clock skew)", int, 200)
+  .option("--hold-ms <ms>", "how long each request stays in flight after its routing", nonNegative, 200)
+  .option("--phase-ms <ms>", "load before and after each fault", int, 5_000)
+  .option("--outage-ms <ms>", "nats-down-30s: how long NATS is down", int, 30_000)
+  .option("--heartbeat-ms <ms>", "gateways' heartbeat interval (timeout 3x)", int, 200)
+  .option("--kv-requests <n>", "kill-kv-bridge: chat requests around the kill", int, 60)
+  .action(async (o) => {
+    const result = await runFaultsBench({
+      cases: o.cases, rate: o.rate, inProcessRate: o.inProcessRate, holdMs: o.holdMs, phaseMs: o.phaseMs, outageMs: o.outageMs, heartbeatMs: o.heartbeatMs, kvRequests: o.kvRequests,
     });
     console.log(JSON.stringify(result));
   });

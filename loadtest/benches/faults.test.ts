@@ -1,0 +1,44 @@
+/**
+ * Short versions of the faults bench (seconds, small load). The kill-gateway case drives gateway
+ * processes: needs the build (`npm run build --silent`; npm test builds first).
+ */
+import { describe, expect, it } from "vitest";
+import { clockSkewCase, faultsDefaults, killGatewayCase, killNatsNodeCase } from "./faults.js";
+
+const short = faultsDefaults({ rate: 150, inProcessRate: 80, holdMs: 150, phaseMs: 1_500, heartbeatMs: 200 });
+
+describe("faults bench (short)", () => {
+  it("kill -9 of one of 3 gateways: only its in-flight requests fail, its charges leave the survivors within the heartbeat timeout", async () => {
+    const r = await killGatewayCase(short);
+    expect(r.case).toBe("kill-gateway");
+    expect(r.requests).toBeGreaterThan(200);
+    expect(r.failed_before_kill).toBe(0);
+    expect(r.failed).toBeLessThanOrEqual(r.in_flight_at_victim as number);
+    // Timeout (3 x 200 ms) + a sweep + slack for a loaded 2-core machine.
+    expect(r.heal_ms).toBeLessThan(600 + 250 + 1_000);
+    expect(r.heal_ms).toBeGreaterThan(200);
+  }, 60_000);
+
+  it("kill of the CHARGES leader of a 3-node cluster, strict mode: no acked charge lost, routing goes on, a key revoked afterwards is refused", async () => {
+    const r = await killNatsNodeCase("strict", short);
+    expect(r.case).toBe("kill-nats-node-strict");
+    expect(r.strict_acks as number).toBeGreaterThan(0);
+    expect(r.acked_events_lost).toBe(0);
+    expect(r.failed).toBe(0);
+    expect(r.revoked_key_refused).toBe(true);
+    expect(r.heal_ms).toBeLessThan(45_000);
+  }, 90_000);
+
+  it("a gateway with its clock off by +/-5 s drops no peer charge, and its own charges are released everywhere", async () => {
+    const r = await clockSkewCase({ ...short, phaseMs: 1_200 });
+    expect(r.case).toBe("clock-skew");
+    expect(r.failed).toBe(0);
+    expect(r.peer_charges_dropped).toBe(0);
+    for (const row of r.skews as Array<Record<string, unknown>>) {
+      expect(row, JSON.stringify(row)).toMatchObject({ peer_dead_at_skewed_samples: 0, skewed_dead_at_peer_samples: 0, expired_at_skewed: 0, expired_at_peer: 0, left_after_ms: { skewed_ledger: 0, peer_ledger: 0 } });
+      expect(row.peer_charges_at_skewed_mid_load as number).toBeGreaterThan(0);
+      expect(row.skewed_charges_at_peer_mid_load as number).toBeGreaterThan(0);
+    }
+    expect(r.heal_ms).toBeLessThan(3_000);
+  }, 30_000);
+});
