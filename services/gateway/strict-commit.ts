@@ -27,6 +27,8 @@ export interface SubjectCursor {
 
 export interface StrictStats {
   committed: number;
+  /** Of those, committed only after the stream failed to take writes for a while (a failover). */
+  committedAfterError: number;
   conflicts: number;
   /** Charges published without a compare-and-set after retries ran out or the CAS failed otherwise. */
   fallbacks: number;
@@ -41,6 +43,8 @@ export interface StrictCommitOptions {
   maxRetries?: number;
   /** How long to wait for the view to reach the winner's sequence (default 50 ms). */
   catchUpMs?: number;
+  /** How long a compare-and-set that failed for another reason than a lost race is retried (default 3 s). */
+  failoverWaitMs?: number;
   onFallback?: (err: unknown) => void;
 }
 
@@ -53,13 +57,34 @@ export function isWrongLastSequence(err: unknown): number | undefined {
 }
 
 export class StrictCommitter implements Committer {
-  readonly stats: StrictStats = { committed: 0, conflicts: 0, fallbacks: 0 };
+  readonly stats: StrictStats = { committed: 0, committedAfterError: 0, conflicts: 0, fallbacks: 0 };
   private readonly maxRetries: number;
   private readonly catchUpMs: number;
 
   constructor(private readonly o: StrictCommitOptions) {
     this.maxRetries = o.maxRetries ?? 6;
     this.catchUpMs = o.catchUpMs ?? 50;
+    this.failoverWaitMs = o.failoverWaitMs ?? 3_000;
+  }
+
+  private readonly failoverWaitMs: number;
+
+  /** Retries a compare-and-set with backoff until it is acknowledged, loses a race, or the deadline passes. */
+  private async retryAfterError(subject: string, data: Uint8Array, deadline: number): Promise<{ ack: { seq: number } } | { winner: number } | { error: unknown }> {
+    const { js, cursor } = this.o;
+    let lastError: unknown;
+    for (let delay = 50; Date.now() < deadline; delay = Math.min(delay * 2, 500)) {
+      await new Promise((r) => setTimeout(r, Math.min(delay, Math.max(0, deadline - Date.now()))));
+      try {
+        const ack = await this.serialized(subject, () => js.publish(subject, data, { expect: { lastSubjectSequence: cursor.lastSeq(subject) }, timeout: Math.max(100, Math.min(1_000, deadline - Date.now())) }));
+        return { ack };
+      } catch (err) {
+        const winner = isWrongLastSequence(err);
+        if (winner !== undefined) return { winner };
+        lastError = err;
+      }
+    }
+    return { error: lastError };
   }
 
   /**
@@ -98,31 +123,46 @@ export class StrictCommitter implements Committer {
           : await director.admit(input, prepared, () => director.charge(input, { publish: false, prepared }));
         lost = undefined;
         const subject = subjects.charges(r.pod.model, r.pod.pod);
+        const data = encodeEvent(r.charge);
         try {
-          const data = encodeEvent(r.charge);
           const ack = await this.serialized(subject, () => js.publish(subject, data, { expect: { lastSubjectSequence: cursor.lastSeq(subject) } }));
           cursor.note(subject, ack.seq);
           this.stats.committed++;
           director.committed(r);
           return r;
         } catch (err) {
-          const winner = isWrongLastSequence(err);
-          if (winner === undefined) {
-            // Not a lost race (timeout, no stream leader...): keep the charge, publish it the eventual way.
-            this.stats.fallbacks++;
-            this.o.onFallback?.(err);
-            director.publishCharge(r);
-            director.committed(r);
-            return r;
+          let raced = isWrongLastSequence(err);
+          if (raced === undefined) {
+            // Not a lost race: the stream has no leader (a failover) or the publish timed out. A
+            // charge published without its compare-and-set now would most likely be lost too (a
+            // fault run lost all 903 such fallbacks): keep trying the compare-and-set until the
+            // stream takes writes again, within `failoverWaitMs`; only then fall back.
+            const retried = await this.retryAfterError(subject, data, Date.now() + this.failoverWaitMs);
+            if ("ack" in retried) {
+              cursor.note(subject, retried.ack.seq);
+              this.stats.committed++;
+              this.stats.committedAfterError++;
+              director.committed(r);
+              return r;
+            }
+            if ("error" in retried) {
+              this.stats.fallbacks++;
+              this.o.onFallback?.(retried.error ?? err);
+              director.publishCharge(r);
+              director.committed(r);
+              return r;
+            }
+            raced = retried.winner;
           }
+          const winnerSeq = raced;
           this.stats.conflicts++;
           director.retract(r, true);
           lost = r;
           // The winner's message may predate this replica's view (a replica that started after the
           // pod's last charge never sees that sequence): then the server's number is the truth. A
           // winner inside our window we must really see first, or we would charge on a stale view.
-          if (cursor.predatesView(winner)) cursor.note(subject, winner);
-          else await cursor.waitFor(subject, winner, this.catchUpMs);
+          if (cursor.predatesView(winnerSeq)) cursor.note(subject, winnerSeq);
+          else await cursor.waitFor(subject, winnerSeq, this.catchUpMs);
         }
       }
     } catch (err) {
