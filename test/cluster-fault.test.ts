@@ -15,24 +15,29 @@ import { configBucketName } from "../streams/definitions.js";
 import { apiKeyBucketKey, generateApiKey, hashApiKey } from "../services/gateway/auth.js";
 import { MODEL, quietLog, waitFor } from "./harness/env.js";
 
+/** A 3-node cluster with jetroute's streams at R3 (JetStream answers once a meta leader is elected: retried until then). */
+async function clusterWithStreams(): Promise<{ cluster: NatsClusterHandle; admin: NatsHandles }> {
+  const cluster = await startNatsCluster(3);
+  const deadline = Date.now() + 30_000;
+  let admin: NatsHandles | undefined;
+  for (;;) {
+    try {
+      admin ??= await connectNats(cluster.urls);
+      await applyStreams(admin.nc, admin.jsm, { replicas: 3 });
+      return { cluster, admin };
+    } catch (err) {
+      if (Date.now() > deadline) throw err;
+      await new Promise((r) => setTimeout(r, 250));
+    }
+  }
+}
+
 describe("cluster - a NATS node dies under the gateways", () => {
   let cluster: NatsClusterHandle;
   let admin: NatsHandles;
   const gateways: GatewayHandle[] = [];
   beforeAll(async () => {
-    cluster = await startNatsCluster(3);
-    // JetStream answers only once the cluster elected a meta leader: retry until it does.
-    const deadline = Date.now() + 30_000;
-    for (;;) {
-      try {
-        admin ??= await connectNats(cluster.urls);
-        await applyStreams(admin.nc, admin.jsm, { replicas: 3 });
-        break;
-      } catch (err) {
-        if (Date.now() > deadline) throw err;
-        await new Promise((r) => setTimeout(r, 250));
-      }
-    }
+    ({ cluster, admin } = await clusterWithStreams());
     const s = new Subjects();
     for (let i = 0; i < 4; i++) {
       await acked(admin.js, s.pod(MODEL, `pod-${i}`), { type: "pod", action: "upsert", model: MODEL, pod: `pod-${i}`, address: `127.0.0.1:${8700 + i}`, ready: true, engine: "vllm", ts: Date.now() });
@@ -98,18 +103,7 @@ describe("cluster - the config watch outlives its NATS node", () => {
   let admin: NatsHandles;
   const gateways: GatewayHandle[] = [];
   beforeAll(async () => {
-    cluster = await startNatsCluster(3);
-    const deadline = Date.now() + 30_000;
-    for (;;) {
-      try {
-        admin ??= await connectNats(cluster.urls);
-        await applyStreams(admin.nc, admin.jsm, { replicas: 3 });
-        break;
-      } catch (err) {
-        if (Date.now() > deadline) throw err;
-        await new Promise((r) => setTimeout(r, 250));
-      }
-    }
+    ({ cluster, admin } = await clusterWithStreams());
     await acked(admin.js, new Subjects().pod(MODEL, "pod-0"), { type: "pod", action: "upsert", model: MODEL, pod: "pod-0", address: "127.0.0.1:8800", ready: true, engine: "vllm", ts: Date.now() });
   }, 60_000);
   afterAll(async () => {

@@ -361,25 +361,12 @@ export class ReplayEngine {
       return;
     }
     if (d.cursors.load > 0 && this.firstSeq.load === 0) this.warnings.add("no LOAD history for the window (LOAD keeps 10 minutes): load-based picks are re-decided without samples");
+    // A record given up on that still came is counted once: as late, or as evaluated.
+    this.unGiveUp(r, cs);
     if (cs <= r.lastEvaluated) {
       // Its gateway's fold has moved past this decision's place (it arrived after `reorderMs`).
-      const was = r.givenUp.get(cs);
-      if (was) {
-        r.givenUp.delete(cs);
-        const left = (this.counts.skipped[was] ?? 1) - 1;
-        if (left > 0) this.counts.skipped[was] = left;
-        else delete this.counts.skipped[was];
-      }
       this.skip(this.counts.skipped, "late");
       return;
-    }
-    const was = r.givenUp.get(cs);
-    if (was) {
-      // Given up on while nothing else waited, and evaluated after all: counted once, as evaluated.
-      r.givenUp.delete(cs);
-      const left = (this.counts.skipped[was] ?? 1) - 1;
-      if (left > 0) this.counts.skipped[was] = left;
-      else delete this.counts.skipped[was];
     }
     if (d.ttftMs !== undefined && d.charge) r.firstToken.set(d.charge, d.ts + d.ttftMs);
     insertSorted(r.pending, { d, chargeSeq: cs, arrivedAt: m.serverTs });
@@ -433,6 +420,16 @@ export class ReplayEngine {
     this.skip(this.counts.skipped, why);
     r.givenUp.set(seq, why);
     if (r.givenUp.size > 10_000) r.givenUp.delete(r.givenUp.keys().next().value as number);
+  }
+
+  /** Takes back the skip counted when `seq`'s record was given up on. */
+  private unGiveUp(r: Replica, seq: number): void {
+    const was = r.givenUp.get(seq);
+    if (!was) return;
+    r.givenUp.delete(seq);
+    const left = (this.counts.skipped[was] ?? 1) - 1;
+    if (left > 0) this.counts.skipped[was] = left;
+    else delete this.counts.skipped[was];
   }
 
   private ready(r: Replica, p: Pending): boolean {
