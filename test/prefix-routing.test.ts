@@ -9,7 +9,7 @@ import type { GatewayHandle } from "../services/gateway/gateway.js";
 import { startKvBridge } from "../services/kv-bridge/bridge.js";
 import { writeSnapshot } from "../services/gateway/snapshots.js";
 import { type SimFleet, startSimFleet } from "../services/sim/fleet.js";
-import { chainBlocks, chainSeed } from "../services/views/block-hash.js";
+import { routerHashesOf } from "../services/sim/router-hashes.js";
 import { streamName } from "../streams/definitions.js";
 import { MODEL, quietLog, startTestEnv, type TestEnv, waitFor } from "./harness/env.js";
 
@@ -101,19 +101,7 @@ describe("prefix index - engines -> kv-bridge -> KV stream -> gateways", () => {
     let skipped = 0;
     for (const p of fleet.pods) {
       const listing = fleet.cacheListing(p.name);
-      const byHash = new Map(listing.blocks.map((b) => [b.hash, b]));
-      const memo = new Map<string, bigint | null>();
-      const routerHash = (h: string): bigint | null => {
-        if (memo.has(h)) return memo.get(h) as bigint | null;
-        const b = byHash.get(h);
-        let out: bigint | null = null;
-        if (b) {
-          const parent = b.parentHash === null ? chainSeed(MODEL, null, BLOCK) : routerHash(b.parentHash);
-          out = parent === null ? null : (chainBlocks(parent, b.tokenIds, BLOCK)[0] as bigint);
-        }
-        memo.set(h, out);
-        return out;
-      };
+      const routerHash = routerHashesOf(listing, MODEL, BLOCK);
       for (const g of gws) {
         const idx = prefixIndexOf(g);
         let here = 0;

@@ -46,7 +46,7 @@ import { freePort, type NatsServerHandle, startNatsCluster, startNatsServer } fr
 import { type ServiceProcess, spawnJetroute } from "../../services/shared/processes.js";
 import { acked } from "../../services/shared/publish.js";
 import { type SimFleet, startSimFleet } from "../../services/sim/fleet.js";
-import { chainBlocks, chainSeed } from "../../services/views/block-hash.js";
+import { routerHashesOf } from "../../services/sim/router-hashes.js";
 import { applyStreams } from "../../streams/apply.js";
 import { configBucketName, streamName } from "../../streams/definitions.js";
 import { Subjects } from "../../streams/subjects.js";
@@ -697,19 +697,7 @@ function agreement(fleet: SimFleet, gw: GatewayHandle, model: string): { compare
   let extra = 0;
   for (const p of fleet.pods) {
     const listing = fleet.cacheListing(p.name);
-    const byHash = new Map(listing.blocks.map((b) => [b.hash, b]));
-    const memo = new Map<string, bigint | null>();
-    const routerHash = (hh: string): bigint | null => {
-      if (memo.has(hh)) return memo.get(hh) as bigint | null;
-      const b = byHash.get(hh);
-      let out: bigint | null = null;
-      if (b) {
-        const parent = b.parentHash === null ? chainSeed(model, null, BLOCK) : routerHash(b.parentHash);
-        out = parent === null ? null : (chainBlocks(parent, b.tokenIds, BLOCK)[0] as bigint);
-      }
-      memo.set(hh, out);
-      return out;
-    };
+    const routerHash = routerHashesOf(listing, model, BLOCK);
     for (const b of listing.blocks) {
       const rh = routerHash(b.hash);
       if (rh === null) continue;
