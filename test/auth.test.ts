@@ -256,8 +256,12 @@ describe("auth - gateway --auth required", () => {
     const alice = await addKey(env, "alice");
     await waitFor(() => [a, b].every((g) => g.apiKeys.get(alice.hash) && g.state.configs.userLimits("alice")?.rpm === 2), 3_000, "alice's key and limit");
     const results = [];
-    // Spread over both replicas: the limit is shared.
-    for (let i = 0; i < 3; i++) results.push(await send(i % 2 === 0 ? ca : cb, { ...bearer(alice.key), user: "bob" }));
+    // Spread over both replicas: the limit is shared. Each request's charge reaches both replicas
+    // before the next (this test is about whose quota is spent, not about propagation races).
+    for (let i = 0; i < 3; i++) {
+      results.push(await send(i % 2 === 0 ? ca : cb, { ...bearer(alice.key), user: "bob" }));
+      if (i < 2) await waitFor(() => [a, b].every((g) => g.views.rates.userRequests("alice", clock()) === i + 1), 3_000, "the charge on both replicas");
+    }
     expect(results.map((r) => r.kind)).toEqual(["routed", "routed", "refused"]);
     expect(results[2]).toEqual({ kind: "refused", status: 429, phase: "body" });
     const now = clock();
