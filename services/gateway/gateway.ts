@@ -286,8 +286,8 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
   };
   heartbeat("up");
   const hbTimer = setInterval(() => heartbeat("up"), hbInterval);
-  const sweepTimer = setInterval(() => state.sweep(serverClock.now()), Math.max(50, Math.min(250, hbInterval / 4)));
-  const slowSweep = setInterval(() => state.sweep(serverClock.now(), { routed: true }), 5_000);
+  const sweepTimer = setInterval(() => state.sweep(clock(), { liveNow: serverClock.now() }), Math.max(50, Math.min(250, hbInterval / 4)));
+  const slowSweep = setInterval(() => state.sweep(clock(), { routed: true, liveNow: serverClock.now() }), 5_000);
 
   let isReady = false;
   const health = new HealthImplementation({ liveness: "SERVING", readiness: "NOT_SERVING", "": "NOT_SERVING", [EXT_PROC_SERVICE_NAME]: "NOT_SERVING" });

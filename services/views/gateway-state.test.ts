@@ -168,3 +168,14 @@ describe("GatewayState - cloneAs", () => {
     expect(clone.cloneAs("other").ledger.self).toBe("other");
   });
 });
+
+describe("GatewayState - sweep clocks", () => {
+  it("rate windows follow the gateway's clock, liveness the broker's: a host clock behind the broker keeps its minute's counts", () => {
+    const s = new GatewayState({ self: "self" });
+    const local = 60_000 * 100 + 59_000; // second 59 of minute 100 on this host
+    s.ownCharge({ type: "charge", id: "1", gateway: "self", model: M, pod: "p0", ts: local, ttlMs: 600_000, promptTokens: 3, user: "u" }, local);
+    // The broker is already in minute 101 (this host runs 2 s behind).
+    s.sweep(local + 500, { liveNow: local + 2_500 });
+    expect(s.rates.userRequests("u", local + 500)).toBe(1);
+  });
+});

@@ -317,9 +317,13 @@ export class GatewayState {
     }
   }
 
-  /** Time-driven expiry: charges past their TTL or of lapsed gateways, finished windows, expired routed prefixes. */
-  sweep(now: number, o: { routed?: boolean } = {}): void {
-    this.ledger.sweep(now);
+  /**
+   * Time-driven expiry: charges past their TTL or of lapsed gateways, finished windows, expired
+   * routed prefixes. `liveNow` is the time liveness is judged on (the broker's, as heartbeats carry
+   * it; default `now`); rate and usage windows follow the gateways' own clocks (their events' `ts`).
+   */
+  sweep(now: number, o: { routed?: boolean; liveNow?: number } = {}): void {
+    this.ledger.sweep(o.liveNow ?? now);
     this.usage.sweep(now);
     this.rates.sweep(now);
     if (o.routed) this.routed.sweep(now);
