@@ -195,6 +195,8 @@ export async function runChargeLagBench(opts: ChargeLagBenchOptions = {}): Promi
     // Give the last charges time to arrive; anything still missing after that is reported.
     const graceEnd = performance.now() + 2_000;
     while (decidedAt.size > 0 && performance.now() < graceEnd) await new Promise((r) => setTimeout(r, 5));
+    // The plain core subscriber may come second (a loaded machine): let its breakdown catch up too.
+    while (toCoreSub.length < lags.length && performance.now() < graceEnd) await new Promise((r) => setTimeout(r, 5));
 
     const sorted = Float64Array.from(lags).sort();
     const result: ChargeLagResult = {
