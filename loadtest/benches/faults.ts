@@ -47,6 +47,7 @@ import { type ServiceProcess, spawnJetroute } from "../../services/shared/proces
 import { acked } from "../../services/shared/publish.js";
 import { type SimFleet, startSimFleet } from "../../services/sim/fleet.js";
 import { routerHashesOf } from "../../services/sim/router-hashes.js";
+import { mulberry32 } from "../../services/shared/seeded-random.js";
 import { applyStreams } from "../../streams/apply.js";
 import { configBucketName, streamName } from "../../streams/definitions.js";
 import { Subjects } from "../../streams/subjects.js";
@@ -682,13 +683,6 @@ export async function natsDownCase(o: Required<FaultsOptions>): Promise<FaultCas
 
 const BLOCK = 16;
 
-function rng(seed: number): () => number {
-  let s = seed >>> 0;
-  return () => {
-    s = (Math.imul(s, 1664525) + 1013904223) >>> 0;
-    return s / 2 ** 32;
-  };
-}
 
 /** Blocks of the engines' caches found in the gateway's index, as test/prefix-routing.test.ts compares. */
 function agreement(fleet: SimFleet, gw: GatewayHandle, model: string): { compared: number; agreed: number; extra: number } {
@@ -732,7 +726,7 @@ export async function killKvBridgeCase(o: Required<FaultsOptions>): Promise<Faul
     const f = fleet;
     await sleep(500);
     const systemPrompts = Array.from({ length: 5 }, (_, i) => `System prompt ${i}: ${"you are a careful assistant who answers briefly and cites sources. ".repeat(16 + 3 * i)}`);
-    const r = rng(42);
+    const r = mulberry32(42);
     let requests = 0;
     let failed = 0;
     const chat = async () => {
