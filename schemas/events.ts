@@ -45,6 +45,8 @@ export const PodEvent = Type.Object(
     engine: EngineKind,
     role: Type.Optional(PodRole),
     roleset: Type.Optional(Name),
+    /** SGLang P/D: the prefill pod's bootstrap port (annotation `model.aibrix.ai/sglang-bootstrap-port`; SGLang's default 8998). */
+    bootstrapPort: Type.Optional(Type.Integer({ minimum: 1, maximum: 65535 })),
     metricsAddress: Type.Optional(Address),
     kvEvents: Type.Optional(KvEventsEndpoint),
     adapters: Type.Optional(Type.Array(Name)),

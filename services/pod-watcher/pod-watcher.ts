@@ -76,6 +76,7 @@ export async function startPodWatcher(o: PodWatcherOptions): Promise<PodWatcherH
     engine: p.engine ?? "vllm",
     ...(p.role ? { role: p.role } : {}),
     ...(p.roleset ? { roleset: p.roleset } : {}),
+    ...(p.bootstrapPort ? { bootstrapPort: p.bootstrapPort } : {}),
     ...(p.metricsAddress ? { metricsAddress: p.metricsAddress } : {}),
     ...(p.kvEvents ? { kvEvents: p.kvEvents } : {}),
     ...(p.adapters ? { adapters: p.adapters } : {}),

@@ -16,6 +16,7 @@ export const StaticPod = Type.Object(
     engine: Type.Optional(EngineKind),
     role: Type.Optional(PodRole),
     roleset: Type.Optional(Type.String({ minLength: 1 })),
+    bootstrapPort: Type.Optional(Type.Integer({ minimum: 1, maximum: 65535 })),
     metricsAddress: Type.Optional(Type.String({ pattern: "^[^\\s:]+:[0-9]{1,5}$" })),
     kvEvents: Type.Optional(KvEventsEndpoint),
     adapters: Type.Optional(Type.Array(Type.String({ minLength: 1 }))),

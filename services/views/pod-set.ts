@@ -11,6 +11,8 @@ export interface PodInfo {
   readonly engine: EngineKind;
   readonly role: PodRole;
   readonly roleset?: string;
+  /** SGLang P/D prefill pods: the bootstrap port decode pods fetch the KV from. */
+  readonly bootstrapPort?: number;
   readonly metricsAddress?: string;
   readonly kvEvents?: PodEvent["kvEvents"];
   readonly adapters: readonly string[];
@@ -52,6 +54,7 @@ export class PodSet implements PodSetReader {
         engine: ev.engine,
         role: ev.role ?? "combined",
         roleset: ev.roleset,
+        ...(ev.bootstrapPort !== undefined ? { bootstrapPort: ev.bootstrapPort } : {}),
         metricsAddress: ev.metricsAddress,
         kvEvents: ev.kvEvents,
         adapters: ev.adapters ?? [],
