@@ -155,6 +155,9 @@ export class Director {
     }
   }
 
+  /** P/D plans made: disaggregated, prefill skipped by the decider, combined fallbacks, unusable rolesets seen. */
+  readonly pdStats = { disaggregated: 0, skipped: 0, combined: 0, unusableRolesets: 0 };
+
   /** The P/D legs stage (absent without a leg client). */
   readonly legs: PdLegs | undefined;
 
@@ -297,6 +300,7 @@ export class Director {
       },
       finished: false,
     };
+    if (pick.pd) this.countPlan(pick.pd);
     if (pick.pd?.kind === "pd") {
       const plan = pick.pd;
       const pd: PdRouted = { plan, prefillPod: plan.prefill, tried: new Set([plan.prefill.pod]), attempts: 0 };
@@ -346,6 +350,14 @@ export class Director {
     return this.legs.run(r, input, p.parsed.body, input.headers[":path"]?.split("?")[0] || "/v1/chat/completions");
   }
 
+  private countPlan(plan: NonNullable<Pick["pd"]>): void {
+    const st = this.pdStats;
+    if (plan.kind === "combined") st.combined++;
+    else if (plan.skipPrefill) st.skipped++;
+    else st.disaggregated++;
+    st.unusableRolesets += plan.unusable.length;
+  }
+
   /** Charges a prefill pod for the request's prefill leg (an attempt; a retry charges another pod). */
   private chargePrefill(r: RoutedRequest, pod: PodInfo): void {
     const pd = r.pd as PdRouted;
@@ -354,7 +366,7 @@ export class Director {
     pd.tried.add(pod.pod);
     const charge: ChargeEvent = {
       ...r.charge,
-      id: `${r.chargeId}p${pd.attempts}`,
+      id: `${r.chargeId}.p${pd.attempts}`,
       pod: pod.pod,
       model: pod.model,
       ts: this.now(),

@@ -254,6 +254,7 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
     apiKeys: () => ({ active: state.apiKeys.active, revoked: state.apiKeys.size - state.apiKeys.active }),
     connections: () => extProcConnections,
     outboxDrops: () => outbox.drops(),
+    pd: () => ({ ...director.pdStats, ...director.legs?.stats }),
   });
   const sink: EventSink = {
     charge: (ev) => outbox.fire(subjects.charges(ev.model, ev.pod), ev),

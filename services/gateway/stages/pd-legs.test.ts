@@ -73,7 +73,7 @@ describe("pd legs - vLLM", () => {
     expect(decodeBody.stream).toBe(true);
     // Both legs were charged on the shared stream; the prefill's is already released.
     expect(s.sink.charges.map((c) => c.phase)).toEqual(["decode", "prefill"]);
-    expect(s.sink.releases.map((x) => x.id)).toEqual([`${r.chargeId}p1`]);
+    expect(s.sink.releases.map((x) => x.id)).toEqual([`${r.chargeId}.p1`]);
     expect(s.outstanding()).toBe(1);
     s.director.finish(r, "completed", { status: 200, completionTokens: 8 });
     expect(s.outstanding()).toBe(0);
