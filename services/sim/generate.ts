@@ -33,10 +33,11 @@ export interface HeldBlocks {
 export interface GenerationHooks {
   /**
    * Runs before the engine sees the request; `signal` fires when the client leaves or the request
-   * is cancelled. Resolves with whether the prompt's KV arrived from elsewhere; rejects with an
-   * ApiError to fail the request.
+   * is cancelled. Resolves with whether the prompt's KV arrived from elsewhere (and, optionally,
+   * where the request's latency metrics start instead of its arrival); rejects with an ApiError to
+   * fail the request.
    */
-  before?(signal: AbortSignal): Promise<{ prefilled: boolean }>;
+  before?(signal: AbortSignal): Promise<{ prefilled: boolean; arrivedAtMs?: number }>;
   /**
    * Keep the request's blocks after it finishes. `after` gets them (it owns releasing them) and
    * resolves with extra top-level fields for the JSON answer, or rejects with an ApiError; the
@@ -113,14 +114,14 @@ export function serveGeneration(
     res.writeHead(e.status, { "content-type": "application/json", "x-request-id": requestId }).end(JSON.stringify(e.body()));
   };
 
-  const submit = (prefilled: boolean): void => {
+  const submit = (prefilled: boolean, startMs = arrivedAtMs): void => {
     handle = engine.submit({
       promptTokens: gen.promptTokens,
       outputTokens,
       cacheSalt: gen.cacheSalt,
       holdKv: hooks.hold !== undefined,
       prefilled,
-      arrivedAtMs,
+      arrivedAtMs: startMs,
       onToken(tokenId, index, _atMs, finish) {
         generated = index + 1;
         const piece = tokenText(tokenId);
@@ -164,13 +165,13 @@ export function serveGeneration(
 
   if (hooks.before) {
     hooks.before(stop.signal).then(
-      ({ prefilled }) => {
+      ({ prefilled, arrivedAtMs: startMs }) => {
         if (stop.signal.aborted || over()) {
           if (cancelled) answer("abort");
           return;
         }
         try {
-          submit(prefilled);
+          submit(prefilled, startMs);
         } catch (err) {
           fail(err);
         }

@@ -165,8 +165,11 @@ function vllmHooks(pod: PdPod, body: Record<string, unknown>, requestId: string)
         return { prefilled: false };
       }
       stats.reads++;
+      // The read stands for a control message: its wall time, multiplied by the time scale, would
+      // dwarf the transfer, so the decode's latency starts when the read is answered.
+      const readAtMs = pod.clock().now();
       await transferTime(pod.clock(), answer.blocks * pod.timings.kvTransferMsPerBlock, signal);
-      return { prefilled: true };
+      return { prefilled: true, arrivedAtMs: readAtMs };
     },
   };
 }
