@@ -382,11 +382,16 @@ describe("fault injection", () => {
     f.setFaults(f.pods[0]?.name ?? "", { hang: true });
     const ac = new AbortController();
     const leaving = postJson(addr(f, 0), "/v1/completions", { model: MODEL, prompt: "x", max_tokens: 1 }, { signal: ac.signal }).catch((e: Error) => e);
-    const staying = postJson(addr(f, 0), "/v1/completions", { model: MODEL, prompt: "x", max_tokens: 1 });
-    const settled = await Promise.race([staying.then(() => "answered"), new Promise((r) => setTimeout(() => r("hung"), 100))]);
-    expect(settled).toBe("hung");
+    let answered = false;
+    const staying = postJson(addr(f, 0), "/v1/completions", { model: MODEL, prompt: "x", max_tokens: 1 }).finally(() => {
+      answered = true;
+    });
+    expect((await waitFor(() => state(addr(f, 0)), (v) => v.hungRequests === 2)).hungRequests).toBe(2);
     ac.abort();
     expect(await leaving).toBeInstanceOf(Error);
+    expect((await waitFor(() => state(addr(f, 0)), (v) => v.hungRequests === 1)).hungRequests).toBe(1);
+    expect(answered).toBe(false);
+    expect((await state(addr(f, 0))).totals.requests).toBe(0);
     expect((await postJson(addr(f, 0), "/debug/faults", {})).status).toBe(200);
     expect((await staying).status).toBe(200);
     expect((await state(addr(f, 0))).totals.requests).toBe(1);

@@ -83,6 +83,8 @@ export interface SimPodState extends EngineSnapshot {
   sideChannel?: { host: string; port: number };
   pd: PdSnapshot;
   faults: PodFaults;
+  /** Completion requests held by a `hang` fault right now. */
+  hungRequests: number;
   model: string;
   config: EngineConfig & { maxModelLen: number; timeScale: number };
   kvEvents: (KvEventsInfo & { encoding: KvEventEncoding; replayLayout: ReplayLayout; nextSeq: number }) | null;
@@ -243,6 +245,7 @@ export async function startSimPod(opts: SimPodOptions): Promise<SimPod> {
     ...(pd.sideChannel ? { sideChannel: pd.sideChannel } : {}),
     pd: pdStats.snapshot(engine.snapshot().heldRequests),
     faults: faults.current,
+    hungRequests: faults.hungRequests,
     model: opts.model,
     ...engine.snapshot(),
     config: { ...opts.engineConfig, maxModelLen: opts.maxModelLen, timeScale: opts.timeScale },
