@@ -49,6 +49,8 @@ export interface GenerationHooks {
 export interface GenerationSession {
   /** Ends the request (waiting, running or held) with finish_reason "abort", as SGLang's /abort_request does. */
   cancel(): void;
+  /** Drops the connection, as a crashed engine would (a restart); the client-left path frees everything. */
+  drop(): void;
   /** Resolves once the response is over, whichever way. */
   readonly done: Promise<void>;
 }
@@ -185,6 +187,9 @@ export function serveGeneration(
 
   return {
     done,
+    drop: () => {
+      if (!res.writableEnded) res.destroy();
+    },
     cancel() {
       if (cancelled || over()) return;
       cancelled = true;

@@ -186,6 +186,16 @@ describe("vLLM prefill/decode legs", () => {
     expect(s.totals.finished.abort).toBe(1);
   });
 
+  it("a restart forgets held KV: the old params then read as unknown", async () => {
+    const f = await fleet();
+    const p = await runPrefill(addr(f, 0), "req-restart");
+    f.restart(f.pods[0]?.name ?? "");
+    expect((await state(addr(f, 0))).pd.heldRequests).toBe(0);
+    const res = await postJson(addr(f, 1), "/v1/completions", { model: MODEL, prompt: PROMPT, max_tokens: 2, kv_transfer_params: p.kv_transfer_params });
+    expect(res.status).toBe(200);
+    expect((await state(addr(f, 1))).pd.failures.unknown_request).toBe(1);
+  });
+
   it("a prefill leg on a decode pod is served without holding anything", async () => {
     const f = await fleet({ pods: 1, role: "decode" });
     const body = await json(postJson(addr(f, 0), "/v1/completions", prefillLeg()));
@@ -339,6 +349,21 @@ describe("SGLang prefill/decode legs", () => {
     const s = await state(addr(f, 0));
     expect(s).toMatchObject({ running: 0, usedBlocks: 0 });
     expect(s.pd).toMatchObject({ leaks: 0, heldRequests: 0, prefillBootstrapQueue: 0 });
+  });
+
+  it("a restart drops a prefill waiting for its decode and a decode waiting for its room", async () => {
+    const f = await sglang();
+    const prefill = postJson(addr(f, 0), "/v1/completions", legBody(f, "11", false)).catch((e: Error) => e);
+    const decode = postJson(addr(f, 1), "/v1/completions", legBody(f, "12", false)).catch((e: Error) => e);
+    await waitFor(() => state(addr(f, 0)), (v) => v.pd.prefillBootstrapQueue === 1);
+    await waitFor(() => state(addr(f, 1)), (v) => v.pd.decodePreallocQueue === 1);
+    f.restart(f.pods[0]?.name ?? "");
+    f.restart(f.pods[1]?.name ?? "");
+    expect(await prefill).toBeInstanceOf(Error);
+    expect(await decode).toBeInstanceOf(Error);
+    const p = await state(addr(f, 0));
+    expect(p.pd).toMatchObject({ heldRequests: 0, prefillBootstrapQueue: 0, leaks: 0 });
+    expect(p.usedBlocks).toBe(0);
   });
 
   it("a decode pod refuses a request without bootstrap fields", async () => {

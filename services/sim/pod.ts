@@ -263,6 +263,9 @@ export async function startSimPod(opts: SimPodOptions): Promise<SimPod> {
     const old = engine;
     const oldHeld = held;
     boot();
+    // Requests outside the engine (a decode waiting for its KV, a prefill waiting for its decode)
+    // lose their connection too; then the old engine drops what it still runs or holds.
+    for (const set of [...sessions.values()]) for (const s of [...set]) s.drop();
     oldHeld.clear();
     old.abortAll();
     publisher?.reset();
