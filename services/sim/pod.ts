@@ -1,6 +1,7 @@
 /**
  * One simulated engine pod: an engine model behind its own HTTP server speaking vLLM's API, and
- * (vLLM pods, when enabled) a KV-events publisher fed by the engine's prefix cache.
+ * (vLLM pods, when enabled) a KV-events publisher fed by the engine's prefix cache. Prefill-capable
+ * pods also serve a KV channel (vLLM side channel or SGLang bootstrap server, see pd-legs.ts).
  */
 import { randomUUID } from "node:crypto";
 import { createServer, type IncomingMessage, type ServerResponse } from "node:http";
@@ -215,7 +216,12 @@ export async function startSimPod(opts: SimPodOptions): Promise<SimPod> {
         logger: log,
       })
     : undefined;
-  await channel?.start();
+  try {
+    await channel?.start();
+  } catch (err) {
+    await publisher?.close();
+    throw err;
+  }
   if (channel && opts.engine === "vllm") pd.sideChannel = { host: advertisedHost, port: channel.port };
   const bootstrapPort = channel && opts.engine === "sglang" ? channel.port : undefined;
 
