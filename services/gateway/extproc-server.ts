@@ -150,6 +150,7 @@ export function createExtProcHandler(opts: ExtProcHandlerOptions): grpc.handleBi
     const gone = new AbortController();
     /** Response headers reached the gateway (from then on an error can only travel in the body). */
     let responseStarted = false;
+    let responseIsSse = false;
     /** P/D: the error that ended the decode after its response had started (sent as a last SSE event). */
     let pdError: RouteError | undefined;
     let watchdog: NodeJS.Timeout | undefined;
@@ -314,6 +315,7 @@ export function createExtProcHandler(opts: ExtProcHandlerOptions): grpc.handleBi
             const h = headersToRecord(req.response_headers?.headers);
             status = Number.parseInt(h[Headers.status] ?? "0", 10) || 0;
             responseStarted = true;
+            responseIsSse = (h[Headers.contentType] ?? "").includes("text/event-stream");
             tracker = new ResponseTracker(h[Headers.contentType]);
             const set = routed ? [...targetOf(routed.pod.address, routed.strategy).echo, setHeader(Headers.gatewayRequestId, routed.requestId)] : [];
             for (const [k, v] of Object.entries(routed?.responseHeaders ?? {})) set.push(setHeader(k, v));
@@ -336,13 +338,17 @@ export function createExtProcHandler(opts: ExtProcHandlerOptions): grpc.handleBi
             if (routed && routed.firstChunkAt === undefined && b?.body?.length) router.firstToken(routed);
             if (b?.body?.length) tracker?.push(b.body);
             if (routed?.pd && !pdError && !b?.end_of_stream && b?.body?.length) armWatchdog(routed, watchdogCfg.idleMs, "no next chunk");
-            if (pdError && b?.end_of_stream && !normalising) {
-              // The decode was ended by the gateway: its stream closes with the reason, as an SSE event.
-              status = pdError.status;
-              const event = Buffer.from(`data: ${JSON.stringify(routeErrorBody(pdError))}\n\n`);
-              send({ response_body: { response: { status: "CONTINUE", body_mutation: { body: Buffer.concat([Buffer.from(b.body ?? []), event]) } } } });
-              if (routed && !routed.finished) router.finish(routed, "error", { status: pdError.status, errorCode: pdError.code, ...(tracker?.end() ?? {}) });
-              stopWatchdog();
+            if (pdError && !normalising && responseIsSse) {
+              // The decode was ended by the gateway: its stream closes with the reason as an SSE
+              // event, before the `[DONE]` the aborted engine sends (clients stop reading there).
+              const text = Buffer.from(b?.body ?? []).toString("utf8").replaceAll("data: [DONE]\n\n", "");
+              const tail = b?.end_of_stream ? `data: ${JSON.stringify(routeErrorBody(pdError))}\n\ndata: [DONE]\n\n` : "";
+              send({ response_body: { response: { status: "CONTINUE", body_mutation: { body: Buffer.from(text + tail) } } } });
+              if (b?.end_of_stream) {
+                status = pdError.status;
+                if (routed && !routed.finished) router.finish(routed, "error", { status: pdError.status, errorCode: pdError.code, ...(tracker?.end() ?? {}) });
+                stopWatchdog();
+              }
               return;
             }
             if (normalising) {
