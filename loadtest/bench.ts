@@ -14,6 +14,7 @@ import { runRateLimitBench } from "./benches/rate-limit.js";
 import { PREFIX_QUALITY_CASES, type PrefixQualityCaseName, runPrefixQualityBench } from "./benches/prefix-quality.js";
 import { DEFAULT_RECORDED_STRATEGIES, DEFAULT_REPLAY_STRATEGIES, runReplayBench } from "./benches/replay.js";
 import { FAULT_CASES, type FaultCaseName, runFaultsBench } from "./benches/faults.js";
+import { runPdBench } from "./benches/pd.js";
 
 const ints = (v: string) =>
   v.split(",").map((x) => {
@@ -43,6 +44,20 @@ program
   .action(async (o) => {
     if (o.mode !== "eventual" && o.mode !== "strict") throw new InvalidArgumentError("--mode must be eventual or strict");
     const result = await runExtProcBench({ durationMs: o.durationMs, warmupMs: o.warmupMs, concurrencies: o.concurrency, rounds: o.rounds, mode: o.mode });
+    console.log(JSON.stringify(result));
+  });
+
+program
+  .command("pd")
+  .description("prefill/decode disaggregation (2 prefill + 2 decode pods) vs aggregated (4 combined), long shared-prefix prompts; and the gateway's overhead on the prefill leg")
+  .option("--rate <n>", "request arrivals per second (Poisson)", Number, 1.5)
+  .option("--duration-ms <ms>", "arrivals are generated over this long, per mode", int, 30_000)
+  .option("--system-words <n>", "words (about tokens) of each shared system prompt", int, 3_600)
+  .option("--user-words <n>", "words of each user message", int, 600)
+  .option("--max-tokens <n>", "tokens generated per request", int, 64)
+  .option("--overhead-iterations <n>", "prefill-leg overhead samples (gateway-issued and direct each)", int, 200)
+  .action(async (o) => {
+    const result = await runPdBench({ rate: o.rate, durationMs: o.durationMs, systemWords: o.systemWords, userWords: o.userWords, maxTokens: o.maxTokens, overheadIterations: o.overheadIterations });
     console.log(JSON.stringify(result));
   });
 

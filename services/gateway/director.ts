@@ -267,7 +267,11 @@ export class Director {
     }
     this.opts.state.ownCharge(charge, now, { ...(opts.carry ? { counted: false } : admission ? { admission } : {}) });
     if (opts.publish !== false) this.opts.sink.charge(charge);
-    if (prefixMatch && prefixMatch.hashes.length > 0) this.opts.prefix?.recordRouted(pick.pod, prefixMatch.hashes, now, chargeId);
+    if (prefixMatch && prefixMatch.hashes.length > 0) {
+      this.opts.prefix?.recordRouted(pick.pod, prefixMatch.hashes, now, chargeId);
+      // P/D: the prefill pod computes the prompt (and keeps it cached); decode holds it after the transfer.
+      if (pick.pd?.kind === "pd" && !pick.pd.skipPrefill) this.opts.prefix?.recordRouted(pick.pd.prefill, prefixMatch.hashes, now, `${chargeId}.p1`);
+    }
     const routed: RoutedRequest = {
       chargeId,
       charge,
