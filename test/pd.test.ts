@@ -216,8 +216,24 @@ describe("P/D - vLLM and SGLang through the front, two replicas", () => {
     const reqs = ctls.map((c) => post(chat(MODEL, { stream: true }), c.signal).catch((e: unknown) => e));
     // Decodes hang after their prefill: 8 pending decode charges, seen by both replicas.
     await waitFor(() => gws.every((g) => decodes.reduce((a, p) => a + g.views.ledger.outstanding(MODEL, p).requests, 0) === 8), 4_000, "8 decode charges on both replicas");
-    const perPod = decodes.map((p) => (gws[0] as GatewayHandle).views.ledger.outstanding(MODEL, p).requests);
-    expect(Math.max(...perPod) / (8 / decodes.length)).toBeLessThanOrEqual(1.25);
+    for (const g of gws) {
+      const perPod = decodes.map((p) => g.views.ledger.outstanding(MODEL, p).requests);
+      expect(Math.max(...perPod) / (8 / decodes.length)).toBeLessThanOrEqual(1.25);
+    }
+    for (const c of ctls) c.abort();
+    await Promise.all(reqs);
+  });
+
+  it("prefill load is shared too: hung prefills spread over the prefill pods, as both replicas see", async () => {
+    vllm.setFaults("v0", { hang: true });
+    vllm.setFaults("v1", { hang: true });
+    const ctls = Array.from({ length: 8 }, () => new AbortController());
+    const reqs = ctls.map((c) => post(chat(MODEL), c.signal).catch((e: unknown) => e));
+    await waitFor(() => gws.every((g) => prefills.reduce((a, p) => a + g.views.ledger.outstanding(MODEL, p).requests, 0) === 8), 4_000, "8 prefill charges on both replicas");
+    for (const g of gws) {
+      const perPod = prefills.map((p) => g.views.ledger.outstanding(MODEL, p).requests);
+      expect(Math.max(...perPod) / (8 / prefills.length)).toBeLessThanOrEqual(1.25);
+    }
     for (const c of ctls) c.abort();
     await Promise.all(reqs);
   });
