@@ -15,6 +15,7 @@ import { PREFIX_QUALITY_CASES, type PrefixQualityCaseName, runPrefixQualityBench
 import { DEFAULT_RECORDED_STRATEGIES, DEFAULT_REPLAY_STRATEGIES, runReplayBench } from "./benches/replay.js";
 import { FAULT_CASES, type FaultCaseName, runFaultsBench } from "./benches/faults.js";
 import { runPdBench } from "./benches/pd.js";
+import { runFoldBench } from "./benches/fold.js";
 
 const ints = (v: string) =>
   v.split(",").map((x) => {
@@ -45,6 +46,17 @@ program
     if (o.mode !== "eventual" && o.mode !== "strict") throw new InvalidArgumentError("--mode must be eventual or strict");
     const result = await runExtProcBench({ durationMs: o.durationMs, warmupMs: o.warmupMs, concurrencies: o.concurrency, rounds: o.rounds, mode: o.mode });
     console.log(JSON.stringify(result));
+  });
+
+program
+  .command("fold")
+  .description("CPU per folded event, per family (charge, release, heartbeat, load, kv, pod): NATS delivery, JSON parse, schema check, view update")
+  .option("--events <n>", "messages per family and round", int, 20_000)
+  .option("--rounds <n>", "rounds (median reported)", int, 3)
+  .option("--in-flight <n>", "requests a heartbeat lists (the router's concurrency)", int, 32)
+  .option("--foreign-rate <n>", "the router's requests per second (the heartbeats' share per request)", int, 1_000)
+  .action(async (o) => {
+    console.log(JSON.stringify(await runFoldBench({ events: o.events, rounds: o.rounds, inFlight: o.inFlight, foreignRate: o.foreignRate })));
   });
 
 program

@@ -4,6 +4,7 @@
  * SGLang prefill and decode pods that enforce the handoff protocol (services/sim/pd-legs.ts).
  * After every scenario the ledgers of both replicas return to zero.
  */
+import { randomUUID } from "node:crypto";
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
 import type { DecisionRecord } from "../schemas/events.js";
 import { startFront, type FrontServer } from "../services/front/front.js";
@@ -42,18 +43,24 @@ describe("P/D - vLLM and SGLang through the front, two replicas", () => {
   let front: FrontServer;
   let base: string;
   const decisions: DecisionRecord[] = [];
+  const perReplica: Array<{ front: FrontServer; base: string }> = [];
 
   beforeAll(async () => {
     env = await startTestEnv();
-    vllm = await startSimFleet({ pods: 4, model: MODEL, role: ["prefill", "prefill", "decode", "decode"], roleset: "rs-a", namePrefix: "v", decodeMsPerStep: 5, logger: quietLog });
+    vllm = await startSimFleet({ pods: 6, model: MODEL, role: ["prefill", "prefill", "prefill", "decode", "decode", "decode"], roleset: "rs-a", namePrefix: "v", decodeMsPerStep: 5, logger: quietLog });
     sglang = await startSimFleet({ pods: 2, model: SG_MODEL, engine: "sglang", role: ["prefill", "decode"], roleset: "rs-s", namePrefix: "s", decodeMsPerStep: 5, disaggTimeoutMs: 60_000, logger: quietLog });
     for (const p of [...vllm.pods, ...sglang.pods]) {
       await env.publishPod({ model: p.engine === "sglang" ? SG_MODEL : MODEL, pod: p.name, address: p.address, engine: p.engine, role: p.role, ...(p.roleset ? { roleset: p.roleset } : {}), ...(p.bootstrapPort ? { bootstrapPort: p.bootstrapPort } : {}) });
     }
     gws = [await env.gateway({ id: "pd-gw-1", defaultStrategy: "pd", pd: PD }), await env.gateway({ id: "pd-gw-2", defaultStrategy: "pd", pd: PD })];
-    await waitFor(() => gws.every((g) => g.views.pods.readyPods(MODEL).length === 4 && g.views.pods.readyPods(SG_MODEL).length === 2), 5_000, "pods in both replicas");
+    await waitFor(() => gws.every((g) => g.views.pods.readyPods(MODEL).length === 6 && g.views.pods.readyPods(SG_MODEL).length === 2), 5_000, "pods in both replicas");
     front = await startFront({ port: 0, host: "127.0.0.1", gateways: gws.map((g) => `127.0.0.1:${g.port}`), logger: quietLog });
     base = `http://127.0.0.1:${front.port}`;
+    // One front per replica too, to address each replica on its own.
+    for (const g of gws) {
+      const f = await startFront({ port: 0, host: "127.0.0.1", gateways: [`127.0.0.1:${g.port}`], logger: quietLog });
+      perReplica.push({ front: f, base: `http://127.0.0.1:${f.port}` });
+    }
     const sub = env.nats.nc.subscribe("jr.decisions.>");
     (async () => {
       for await (const m of sub) decisions.push(m.json() as DecisionRecord);
@@ -61,6 +68,7 @@ describe("P/D - vLLM and SGLang through the front, two replicas", () => {
   });
   afterAll(async () => {
     await front?.close();
+    for (const r of perReplica) await r.front.close();
     await vllm?.close();
     await sglang?.close();
     await env?.stop();
@@ -72,18 +80,21 @@ describe("P/D - vLLM and SGLang through the front, two replicas", () => {
   });
 
   const chat = (model: string, extra: Record<string, unknown> = {}) => ({ model, messages: [{ role: "user", content: "Tell me about disaggregated serving of large language models." }], max_tokens: 12, ...extra });
-  const post = (body: unknown, signal?: AbortSignal) => fetch(`${base}/v1/chat/completions`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body), ...(signal ? { signal } : {}) });
+  const post = (body: unknown, signal?: AbortSignal, at = base) => fetch(`${at}/v1/chat/completions`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body), ...(signal ? { signal } : {}) });
   const state = async (fleet: SimFleet, pod: string) => ((await (await fetch(`http://${fleet.pods.find((p) => p.name === pod)?.address}/debug/state`)).json()) as { pd: PdState; hungRequests: number; running: number });
   const sum = async (fleet: SimFleet, names: string[], f: (s: PdState) => number) => (await Promise.all(names.map((n) => state(fleet, n)))).reduce((a, s) => a + f(s.pd), 0);
-  const decodes = ["v2", "v3"];
-  const prefills = ["v0", "v1"];
+  const decodes = ["v3", "v4", "v5"];
+  const prefills = ["v0", "v1", "v2"];
+  const faultAll = (pods: string[], f: Record<string, unknown>) => {
+    for (const p of pods) vllm.setFaults(p, f);
+  };
 
   it("vLLM: non-streaming and streaming answers through both legs; the decode really used the transfer", async () => {
     const before = await sum(vllm, decodes, (s) => s.reads);
     const r1 = await post(chat(MODEL));
     expect(r1.status).toBe(200);
     expect(prefills).toContain(r1.headers.get("prefill-target-pod"));
-    expect(r1.headers.get("prefill-target-pod-ip")).toMatch(/^127\.0\.0\.1:\d+$/);
+    expect(r1.headers.get("prefill-target-pod-ip")).toBe("127.0.0.1");
     const j = (await r1.json()) as { choices: Array<{ message: { content: string } }>; usage: { completion_tokens: number } };
     expect(j.usage.completion_tokens).toBe(12);
     const r2 = await post(chat(MODEL, { stream: true, stream_options: { include_usage: true } }));
@@ -103,42 +114,41 @@ describe("P/D - vLLM and SGLang through the front, two replicas", () => {
 
   it("vLLM: a prefill pod answering 503 or refusing connections is retried on the other one", async () => {
     vllm.setFaults("v0", { status: 503 });
-    vllm.setFaults("v1", {});
-    for (let i = 0; i < 4; i++) {
+    for (let i = 0; i < 6; i++) {
       const r = await post(chat(MODEL));
       expect(r.status).toBe(200);
-      expect(r.headers.get("prefill-target-pod")).toBe("v1");
+      expect(r.headers.get("prefill-target-pod")).not.toBe("v0");
     }
     vllm.setFaults("v0", {});
     await vllm.stop("v1");
     try {
-      const r = await post(chat(MODEL));
-      expect(r.status).toBe(200);
-      expect(r.headers.get("prefill-target-pod")).toBe("v0");
+      for (let i = 0; i < 6; i++) {
+        const r = await post(chat(MODEL));
+        expect(r.status).toBe(200);
+        expect(r.headers.get("prefill-target-pod")).not.toBe("v1");
+      }
     } finally {
       await vllm.start("v1");
     }
   });
 
   it("vLLM: every prefill pod failing, or a timeout, ends the request with a clean OpenAI error", async () => {
-    vllm.setFaults("v0", { status: 503 });
-    vllm.setFaults("v1", { status: 503 });
+    faultAll(prefills, { status: 503 });
     const t0 = performance.now();
     const r = await post(chat(MODEL));
     expect(r.status).toBe(502);
     expect(r.headers.get("content-type")).toContain("application/json");
     expect(((await r.json()) as { error: { code: string } }).error.code).toBe("prefill_failed");
-    expect(performance.now() - t0).toBeLessThan(1_000);
-    vllm.setFaults("v0", { hang: true });
-    vllm.setFaults("v1", { hang: true });
+    // "Within about a second" (peers: minutes), with room for a loaded 2-core CI machine.
+    expect(performance.now() - t0).toBeLessThan(1_500);
+    faultAll(prefills, { hang: true });
     const t = await post(chat(MODEL));
     expect(t.status).toBe(504);
     expect(((await t.json()) as { error: { code: string } }).error.code).toBe("prefill_timeout");
   });
 
   it("vLLM: a stuck decode is ended by the watchdog with a 504 before headers", async () => {
-    vllm.setFaults("v2", { hang: true });
-    vllm.setFaults("v3", { hang: true });
+    faultAll(decodes, { hang: true });
     const t0 = performance.now();
     const r = await post(chat(MODEL, { stream: true }));
     expect(r.status).toBe(504);
@@ -146,9 +156,15 @@ describe("P/D - vLLM and SGLang through the front, two replicas", () => {
     expect(performance.now() - t0).toBeGreaterThanOrEqual(PD.firstChunkTimeoutMs - 50);
   });
 
+  it("vLLM: a non-streamed answer longer than the first-chunk timeout is not cut by the watchdog", async () => {
+    // 400 tokens x 5 ms: about 2 s, beyond the 1.5 s first-chunk timeout; the body arrives whole at the end.
+    const r = await post(chat(MODEL, { max_tokens: 400 }));
+    expect(r.status).toBe(200);
+    expect(((await r.json()) as { usage: { completion_tokens: number } }).usage.completion_tokens).toBe(400);
+  });
+
   it("vLLM: a client cancel mid-prefill ends both legs", async () => {
-    vllm.setFaults("v0", { hang: true });
-    vllm.setFaults("v1", { hang: true });
+    faultAll(prefills, { hang: true });
     const ctl = new AbortController();
     const pending = post(chat(MODEL), ctl.signal).catch((e: unknown) => e);
     // Wait until both legs are charged on a replica, then leave.
@@ -157,7 +173,10 @@ describe("P/D - vLLM and SGLang through the front, two replicas", () => {
     await pending;
     await waitFor(() => gws.every((g) => g.views.ledger.size === 0), 3_000, "charges released");
     // The prefill pod saw its client (the gateway's leg) leave: nothing hangs there any more.
-    await eventually("no hung prefill", async () => (await state(vllm, "v0")).hungRequests + (await state(vllm, "v1")).hungRequests === 0);
+    await eventually("no hung prefill", async () => (await Promise.all(prefills.map((p) => state(vllm, p)))).every((x) => x.hungRequests === 0));
+    const rec = decisions.filter((d) => d.pd?.leg === "decode").at(-1);
+    await waitFor(() => decisions.some((d) => d.pd?.leg === "decode" && d.outcome === "cancelled"), 3_000, "the cancelled request's record");
+    expect(rec).toBeDefined();
   });
 
   it("a client body carrying kv_transfer_params or bootstrap fields is refused with a 400", async () => {
@@ -190,7 +209,7 @@ describe("P/D - vLLM and SGLang through the front, two replicas", () => {
       const r = await post(chat(SG_MODEL, { stream }));
       const text = await r.text();
       const ms = performance.now() - t0;
-      expect(ms).toBeLessThan(1_000);
+      expect(ms).toBeLessThan(1_500);
       expect(text).toContain("prefill_failed");
       if (!stream) expect(r.status).toBe(502);
     }
@@ -209,38 +228,45 @@ describe("P/D - vLLM and SGLang through the front, two replicas", () => {
     await eventually("decode prealloc queue empty", async () => ((await state(sglang, "s1")).pd.decodePreallocQueue ?? 0) === 0, 1_000);
   });
 
-  it("both replicas see each other's prefill and decode charges while requests are in flight", async () => {
-    vllm.setFaults("v2", { hang: true });
-    vllm.setFaults("v3", { hang: true });
-    const ctls = Array.from({ length: 8 }, () => new AbortController());
-    const reqs = ctls.map((c) => post(chat(MODEL, { stream: true }), c.signal).catch((e: unknown) => e));
-    // Decodes hang after their prefill: 8 pending decode charges, seen by both replicas.
-    await waitFor(() => gws.every((g) => decodes.reduce((a, p) => a + g.views.ledger.outstanding(MODEL, p).requests, 0) === 8), 4_000, "8 decode charges on both replicas");
-    for (const g of gws) {
-      const perPod = decodes.map((p) => g.views.ledger.outstanding(MODEL, p).requests);
-      expect(Math.max(...perPod) / (8 / decodes.length)).toBeLessThanOrEqual(1.25);
+  /**
+   * 9 requests, 30 ms apart, alternating between the replicas, every leg held: with the legs'
+   * charges shared, each replica sees 3 per pod; a replica that saw only its own (5 or 4 requests
+   * spread over 3 pods on its own) would pile 4 onto some pod now and then.
+   */
+  const spreadOf = async (pods: string[], hold: string[], stream: boolean) => {
+    faultAll(hold, { hang: true });
+    const ctls = Array.from({ length: 9 }, () => new AbortController());
+    const reqs: Array<Promise<unknown>> = [];
+    for (let i = 0; i < 9; i++) {
+      // A prompt of its own (from the first token on): no cached prefix pulls requests onto one pod.
+      const body = { ...chat(MODEL, { stream }), messages: [{ role: "user", content: `${randomUUID()} request ${i} of the spread test` }] };
+      reqs.push(post(body, ctls[i]?.signal, perReplica[i % 2]?.base).catch((e: unknown) => e));
+      await waitFor(() => gws.every((g) => pods.reduce((a, p) => a + g.views.ledger.outstanding(MODEL, p).requests, 0) === i + 1), 3_000, `${i + 1} charges on ${pods.join(",")} in both replicas`);
+      await new Promise((r) => setTimeout(r, 30));
     }
+    const perPod = gws.map((g) => pods.map((p) => g.views.ledger.outstanding(MODEL, p).requests));
     for (const c of ctls) c.abort();
     await Promise.all(reqs);
+    return perPod;
+  };
+
+  it("prefill load is shared: 9 held prefills from two replicas land 3 per prefill pod, as both see", async () => {
+    expect(await spreadOf(prefills, prefills, false)).toEqual([
+      [3, 3, 3],
+      [3, 3, 3],
+    ]);
   });
 
-  it("prefill load is shared too: hung prefills spread over the prefill pods, as both replicas see", async () => {
-    vllm.setFaults("v0", { hang: true });
-    vllm.setFaults("v1", { hang: true });
-    const ctls = Array.from({ length: 8 }, () => new AbortController());
-    const reqs = ctls.map((c) => post(chat(MODEL), c.signal).catch((e: unknown) => e));
-    await waitFor(() => gws.every((g) => prefills.reduce((a, p) => a + g.views.ledger.outstanding(MODEL, p).requests, 0) === 8), 4_000, "8 prefill charges on both replicas");
-    for (const g of gws) {
-      const perPod = prefills.map((p) => g.views.ledger.outstanding(MODEL, p).requests);
-      expect(Math.max(...perPod) / (8 / prefills.length)).toBeLessThanOrEqual(1.25);
-    }
-    for (const c of ctls) c.abort();
-    await Promise.all(reqs);
+  it("pending-decode load is shared: 9 held decodes from two replicas land 3 per decode pod, as both see", async () => {
+    expect(await spreadOf(decodes, decodes, true)).toEqual([
+      [3, 3, 3],
+      [3, 3, 3],
+    ]);
   });
 
   it("combined fallback when no decode pod is ready", async () => {
     await env.publishPod({ model: MODEL, pod: "c0", address: vllm.pods[0]?.address as string, engine: "vllm", role: "combined" });
-    for (const p of ["v2", "v3"]) await env.publishPod({ model: MODEL, pod: p, address: vllm.pods.find((x) => x.name === p)?.address as string, role: "decode", roleset: "rs-a", ready: false });
+    for (const p of decodes) await env.publishPod({ model: MODEL, pod: p, address: vllm.pods.find((x) => x.name === p)?.address as string, role: "decode", roleset: "rs-a", ready: false });
     try {
       await waitFor(() => gws.every((g) => g.views.pods.readyPods(MODEL).every((p) => p.role !== "decode")), 3_000, "decode pods not ready");
       const r = await post(chat(MODEL));
@@ -248,7 +274,7 @@ describe("P/D - vLLM and SGLang through the front, two replicas", () => {
       expect(r.headers.get("target-pod")).toBe(vllm.pods[0]?.address);
       expect(r.headers.get("prefill-target-pod")).toBeNull();
     } finally {
-      for (const p of ["v2", "v3"]) await env.publishPod({ model: MODEL, pod: p, address: vllm.pods.find((x) => x.name === p)?.address as string, role: "decode", roleset: "rs-a" });
+      for (const p of decodes) await env.publishPod({ model: MODEL, pod: p, address: vllm.pods.find((x) => x.name === p)?.address as string, role: "decode", roleset: "rs-a" });
       await env.publishPod({ model: MODEL, pod: "c0", address: vllm.pods[0]?.address as string, engine: "vllm", role: "combined", ready: false });
     }
   });

@@ -67,6 +67,8 @@ export function registerGatewayCommand(program: Command): void {
     .option("--no-record-prompt-blocks", "do not tokenize prompts for decision records under strategies that do not need them (replay cannot then ask what prefix-cache would have hit)")
     .option("--shutdown-grace-ms <ms>", "on SIGTERM, how long in-flight requests may finish before being cancelled", intOption(0), 10_000)
     .option("--pd-prefill-timeout-ms <ms>", "P/D: timeout of one prefill leg attempt", intOption(1), 30_000)
+    .option("--pd-prefill-budget-ms <ms>", "P/D: all vLLM prefill attempts together (keep below Envoy's ext_proc messageTimeout)", intOption(1), 50_000)
+    .option("--pd-sglang-prefill-timeout-ms <ms>", "P/D: an SGLang prefill leg (it answers only once its decode took the KV)", intOption(1), 300_000)
     .option("--pd-prefill-retries <n>", "P/D: retries of a failed prefill leg (502/503/504, connection errors) on other prefill pods", intOption(0, 16), 2)
     .option("--pd-first-chunk-timeout-ms <ms>", "P/D decode watchdog: time to the decode's first chunk", intOption(1), 60_000)
     .option("--pd-idle-timeout-ms <ms>", "P/D decode watchdog: time between the decode's chunks", intOption(1), 120_000)
@@ -99,7 +101,7 @@ export function registerGatewayCommand(program: Command): void {
         // From the environment (a Kubernetes Secret), never a flag: flags show in `ps`.
         ...(process.env.JETROUTE_SESSION_SECRET ? { sessionSecret: process.env.JETROUTE_SESSION_SECRET } : {}),
         auth: o.auth,
-        pd: { prefillTimeoutMs: o.pdPrefillTimeoutMs, maxRetries: o.pdPrefillRetries, firstChunkTimeoutMs: o.pdFirstChunkTimeoutMs, idleTimeoutMs: o.pdIdleTimeoutMs },
+        pd: { prefillTimeoutMs: o.pdPrefillTimeoutMs, prefillBudgetMs: o.pdPrefillBudgetMs, sglangPrefillTimeoutMs: o.pdSglangPrefillTimeoutMs, maxRetries: o.pdPrefillRetries, firstChunkTimeoutMs: o.pdFirstChunkTimeoutMs, idleTimeoutMs: o.pdIdleTimeoutMs },
         log,
       });
       console.log(JSON.stringify({ gateway: gw.id, port: gw.port, adminPort: gw.adminPort }));

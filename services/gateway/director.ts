@@ -28,6 +28,8 @@ import { type Committer, EventualCommitter } from "./stages/commit.js";
 import { decisionRandom, type PrefixMatchResult, type Rank, schedule } from "./stages/scheduling.js";
 import { type LegClient, type PdLegOptions, PdLegs } from "./stages/pd-legs.js";
 import type { PdRouted } from "./request.js";
+import { DEFAULT_ROLESET } from "./strategies/pd.js";
+import { refuseBatch } from "./stages/pd-bodies.js";
 
 export type { PrefixMatchResult } from "./stages/scheduling.js";
 export type { DecisionContext, OwnAdmissionKey, Prepared, PromptBlocks, RoutedRequest, RouteInput } from "./request.js";
@@ -126,6 +128,14 @@ export class Director {
   private readonly admission: Admission;
   /** Requests routed and not yet finished, by charge id (drained on shutdown). */
   readonly inFlight = new Map<string, RoutedRequest>();
+  /** Finished requests whose SGLang prefill leg is still out (its charge is released when it returns). */
+  readonly lingering = new Set<RoutedRequest>();
+
+  /** Every request holding a charge of this replica: what heartbeats list. */
+  *holdingCharges(): Iterable<RoutedRequest> {
+    yield* this.inFlight.values();
+    yield* this.lingering;
+  }
   private chargeSeq = 0;
 
   constructor(private readonly opts: DirectorOptions) {
@@ -146,7 +156,7 @@ export class Director {
           endPrefill: (r, outcome, status) => this.endPrefill(r, outcome, status),
           retryPrefill: (r) => this.retryPrefill(r),
           fail: (r, err) => {
-            this.finish(r, "error", { status: err.status, errorCode: err.code });
+            this.finish(r, err.kind === "clientCancelled" ? "cancelled" : "error", { status: err.status, errorCode: err.code });
           },
           now: this.now,
         },
@@ -241,6 +251,8 @@ export class Director {
     const cursors = { ...this.opts.state.cursors };
     const sel = this.select(input, prepared, undefined, true, chargeId);
     const { requestId, now, pick, prefixMatch } = sel;
+    // Before anything is charged: a batch cannot be disaggregated.
+    if (pick.pd?.kind === "pd") refuseBatch(parsed.body);
     const promptTokens = prepared.tokens?.length ?? parsed.promptTokens;
     const charge: ChargeEvent = {
       type: "charge",
@@ -269,8 +281,6 @@ export class Director {
     if (opts.publish !== false) this.opts.sink.charge(charge);
     if (prefixMatch && prefixMatch.hashes.length > 0) {
       this.opts.prefix?.recordRouted(pick.pod, prefixMatch.hashes, now, chargeId);
-      // P/D: the prefill pod computes the prompt (and keeps it cached); decode holds it after the transfer.
-      if (pick.pd?.kind === "pd" && !pick.pd.skipPrefill) this.opts.prefix?.recordRouted(pick.pd.prefill, prefixMatch.hashes, now, `${chargeId}.p1`);
     }
     const routed: RoutedRequest = {
       chargeId,
@@ -287,6 +297,7 @@ export class Director {
       startedAt: now,
       promptTokens,
       countedAt,
+      ...(parsed.body.stream === true ? { stream: true } : {}),
       ...(admission ? { admission } : {}),
       context: {
         cursors,
@@ -389,7 +400,11 @@ export class Director {
     const charge = pd?.prefillCharge;
     if (!pd || !charge) return;
     pd.prefillCharge = undefined;
+    this.lingering.delete(r);
     const now = this.now();
+    // The prefill pod that computed the prompt keeps it cached (the one of the attempt that succeeded).
+    const hashes = r.context.blocks?.hashes;
+    if (outcome === "completed" && hashes && hashes.length > 0) this.opts.prefix?.recordRouted(pd.prefillPod, [...hashes], charge.ts, charge.id);
     const release: ReleaseEvent = { type: "release", id: charge.id, gateway: this.gatewayId, model: charge.model, pod: charge.pod, ts: now, outcome, ...(r.user ? { user: r.user } : {}) };
     this.opts.state.ownRelease(release);
     this.opts.sink.release(release);
@@ -419,7 +434,8 @@ export class Director {
   private retryPrefill(r: RoutedRequest): boolean {
     const pd = r.pd;
     if (!pd || r.finished) return false;
-    const left = pd.plan.prefillCandidates.map((c) => c.pod).filter((p) => !pd.tried.has(p.pod) && this.views.pods.get(p.model, p.pod)?.ready !== false);
+    // Only the plan's roleset: its decode pod reads the KV from one of its own prefill pods.
+    const left = pd.plan.prefillCandidates.map((c) => c.pod).filter((p) => (p.roleset ?? DEFAULT_ROLESET) === pd.plan.roleset && !pd.tried.has(p.pod) && this.views.pods.get(p.model, p.pod)?.ready !== false);
     if (left.length === 0) return false;
     const next = left.reduce((a, b) => (this.views.ledger.outstanding(b.model, b.pod).requests < this.views.ledger.outstanding(a.model, a.pod).requests ? b : a));
     this.chargePrefill(r, next);
@@ -491,6 +507,7 @@ export class Director {
       // The request ended while its prefill leg was still out (client gone, decode failed or done).
       if (outcome !== "completed") pd.cancelPrefill?.();
       if (outcome !== "completed" || pd.plan.engine !== "sglang") this.endPrefill(r, outcome === "completed" ? "cancelled" : outcome, outcome === "completed" ? 499 : info.status);
+      else this.lingering.add(r);
     }
     const now = this.now();
     const release: ReleaseEvent = {
@@ -596,6 +613,10 @@ export class Director {
     this.closed = true;
     let n = 0;
     for (const r of [...this.inFlight.values()]) if (this.finish(r, "shutdown", { status: 503 })) n++;
+    for (const r of [...this.lingering]) {
+      r.pd?.cancelPrefill?.();
+      this.endPrefill(r, "shutdown", 503);
+    }
     return n;
   }
 }

@@ -243,7 +243,8 @@ export function createExtProcHandler(opts: ExtProcHandlerOptions): grpc.handleBi
         routed.pd.onFailure = (err) => endDecode(routed, err);
         // The prefill may have failed before Envoy was even told where decode goes.
         if (routed.pd.failure) return endDecode(routed, routed.pd.failure);
-        armWatchdog(routed, watchdogCfg.firstChunkMs, "no first chunk");
+        // Streams only: a non-streamed answer arrives whole at the end, however long it generates.
+        if (routed.stream) armWatchdog(routed, watchdogCfg.firstChunkMs, "no first chunk");
       }
     };
 
@@ -320,7 +321,8 @@ export function createExtProcHandler(opts: ExtProcHandlerOptions): grpc.handleBi
             const set = routed ? [...targetOf(routed.pod.address, routed.strategy).echo, setHeader(Headers.gatewayRequestId, routed.requestId)] : [];
             for (const [k, v] of Object.entries(routed?.responseHeaders ?? {})) set.push(setHeader(k, v));
             if (routed?.pd && !routed.pd.plan.skipPrefill) {
-              set.push(setHeader(Headers.prefillTargetPod, routed.pd.prefillPod.pod), setHeader(Headers.prefillTargetPodIp, routed.pd.prefillPod.address));
+              const a = routed.pd.prefillPod.address;
+              set.push(setHeader(Headers.prefillTargetPod, routed.pd.prefillPod.pod), setHeader(Headers.prefillTargetPodIp, a.slice(0, a.lastIndexOf(":"))));
             }
             // An upstream error gets an OpenAI-shaped body: collect it, answer at its last chunk.
             normalising = status >= 400 && !req.response_headers?.end_of_stream;
@@ -337,7 +339,7 @@ export function createExtProcHandler(opts: ExtProcHandlerOptions): grpc.handleBi
             const b = req.response_body;
             if (routed && routed.firstChunkAt === undefined && b?.body?.length) router.firstToken(routed);
             if (b?.body?.length) tracker?.push(b.body);
-            if (routed?.pd && !pdError && !b?.end_of_stream && b?.body?.length) armWatchdog(routed, watchdogCfg.idleMs, "no next chunk");
+            if (routed?.pd && routed.stream && !pdError && !b?.end_of_stream && b?.body?.length) armWatchdog(routed, watchdogCfg.idleMs, "no next chunk");
             if (pdError && !normalising && responseIsSse) {
               // The decode was ended by the gateway: its stream closes with the reason as an SSE
               // event, before the `[DONE]` the aborted engine sends (clients stop reading there).
@@ -350,6 +352,12 @@ export function createExtProcHandler(opts: ExtProcHandlerOptions): grpc.handleBi
                 stopWatchdog();
               }
               return;
+            }
+            if (pdError && b?.end_of_stream && routed && !routed.finished) {
+              // A non-streamed answer that ended after the gateway gave up on it: recorded as the gateway's error.
+              status = pdError.status;
+              router.finish(routed, "error", { status: pdError.status, errorCode: pdError.code, ...(tracker?.end() ?? {}) });
+              stopWatchdog();
             }
             if (normalising) {
               if (b?.body?.length && errorBytes < 65_536) {

@@ -105,7 +105,7 @@ export interface GatewayOptions {
    * Prefill/decode disaggregation (the `pd` strategy): the prefill leg's timeout per attempt and
    * retries on other prefill pods, and the decode watchdog (first chunk, then between chunks).
    */
-  pd?: { prefillTimeoutMs?: number; maxRetries?: number; firstChunkTimeoutMs?: number; idleTimeoutMs?: number };
+  pd?: { prefillTimeoutMs?: number; prefillBudgetMs?: number; sglangPrefillTimeoutMs?: number; maxRetries?: number; firstChunkTimeoutMs?: number; idleTimeoutMs?: number };
   log: Logger;
 }
 
@@ -279,7 +279,7 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
     strictFor: (model) => defaultConsistency !== "off" && (modelConfigs.consistency(model) ?? defaultConsistency) === "strict",
     onPick: (st, sec) => metrics.pick(st, sec),
     pdLegClient: pdClient,
-    pdLegOptions: { ...(o.pd?.prefillTimeoutMs !== undefined ? { prefillTimeoutMs: o.pd.prefillTimeoutMs } : {}), ...(o.pd?.maxRetries !== undefined ? { maxRetries: o.pd.maxRetries } : {}) },
+    pdLegOptions: Object.fromEntries(Object.entries({ prefillTimeoutMs: o.pd?.prefillTimeoutMs, prefillBudgetMs: o.pd?.prefillBudgetMs, sglangPrefillTimeoutMs: o.pd?.sglangPrefillTimeoutMs, maxRetries: o.pd?.maxRetries }).filter(([, v]) => v !== undefined)),
   });
   // Strict commits are chosen per model (its config's `consistency`, else `--consistency`), so the
   // committer exists whenever charges are shared; `off` follows no peer and has nothing to commit against.
@@ -296,7 +296,7 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
   let beat = 0;
   const heartbeat = (st: "up" | "down") => {
     const maxBytes = Math.floor((nats.nc.info?.max_payload ?? 1024 * 1024) * 0.9);
-    for (const hb of heartbeatOf({ gateway: id, now: Date.now(), intervalMs: hbInterval, startedAt, chargeTtlMs, maxListed, beat: beat++, maxBytes }, st, director.inFlight.values())) outbox.fire(subjects.heartbeat(id), hb);
+    for (const hb of heartbeatOf({ gateway: id, now: Date.now(), intervalMs: hbInterval, startedAt, chargeTtlMs, maxListed, beat: beat++, maxBytes }, st, director.holdingCharges())) outbox.fire(subjects.heartbeat(id), hb);
   };
   heartbeat("up");
   const hbTimer = setInterval(() => heartbeat("up"), hbInterval);

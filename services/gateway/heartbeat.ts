@@ -78,7 +78,10 @@ export function heartbeatOf(o: HeartbeatInput, state: "up" | "down", inFlight: I
       truncated = true;
       break;
     }
-    outstanding.push({ id: r.chargeId, model: r.pod.model, pod: r.pod.pod, promptTokens: r.promptTokens, ts: r.startedAt, ...(r.firstChunkAt !== undefined ? { decoding: true } : {}) });
+    if (!r.finished) outstanding.push({ id: r.chargeId, model: r.pod.model, pod: r.pod.pod, promptTokens: r.promptTokens, ts: r.startedAt, ...(r.firstChunkAt !== undefined ? { decoding: true } : {}) });
+    // A P/D request's prefill leg is a charge of its own: listed too, or peers drop it at this beat.
+    const leg = r.pd?.prefillCharge;
+    if (leg && outstanding.length < o.maxListed) outstanding.push({ id: leg.id, model: leg.model, pod: leg.pod, promptTokens: leg.promptTokens, ts: leg.ts });
   }
   const whole: GatewayHeartbeat = { ...base, chargeTtlMs: o.chargeTtlMs, ...(truncated ? { truncated } : {}), outstanding };
   const maxBytes = o.maxBytes ?? Number.POSITIVE_INFINITY;

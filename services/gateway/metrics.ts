@@ -123,6 +123,8 @@ export class GatewayMetrics {
   }
 
   decision(rec: DecisionRecord): void {
+    // A P/D request is counted once, by its decode leg's record (prefill attempts: jetroute_gateway_pd).
+    if (rec.pd?.leg === "prefill") return;
     this.decisions.inc({ strategy: strategyLabel(rec.strategy), outcome: rec.outcome, status: String(rec.status) });
   }
 

@@ -20,7 +20,8 @@ export class PdHttpClient implements LegClient {
 
   constructor(o: PdClientOptions = {}) {
     this.maxAnswer = o.maxAnswerBytes ?? 1024 * 1024;
-    this.agent = new Agent({ connections: o.connectionsPerPod ?? 64, keepAliveTimeout: 30_000, pipelining: 1 });
+    // Below uvicorn's 5 s keep-alive (vLLM, SGLang): a request never lands on a socket the engine is closing.
+    this.agent = new Agent({ connections: o.connectionsPerPod ?? 64, keepAliveTimeout: 4_000, keepAliveMaxTimeout: 4_000, pipelining: 1 });
   }
 
   async post(address: string, path: string, body: Buffer, headers: Readonly<Record<string, string>>, o: { signal?: AbortSignal; timeoutMs: number }): Promise<LegAnswer> {
@@ -55,7 +56,8 @@ export class PdHttpClient implements LegClient {
     }
   }
 
+  /** Ends every leg still in flight (shutdown: nothing waits for a prefill whose request is over). */
   close(): Promise<void> {
-    return this.agent.close();
+    return this.agent.destroy();
   }
 }

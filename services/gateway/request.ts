@@ -49,6 +49,8 @@ export interface RoutedRequest {
   recordedBlocks?: PromptBlocks;
   firstChunkAt?: number;
   finished: boolean;
+  /** The client asked for a streamed answer (the P/D decode watchdog watches only those). */
+  readonly stream?: boolean;
   /** P/D: the prefill leg of a disaggregated request (absent: an ordinary request). */
   pd?: PdRouted;
   /** A body the upstream request is sent with instead of the client's (P/D's decode leg). */

@@ -183,7 +183,8 @@ export class GatewayState {
     if (ev.gateway === this.self) return ignored("own-echo");
     if (this.shareCharges) this.ledger.applyFromStream(ev, meta.serverTs, meta.serverTs, meta.seq);
     // Other replicas' users spend tokens too: fairness and rate limits are per user across the fleet.
-    if (ev.type === "charge") {
+    // A P/D prefill leg is the same request as its decode leg's charge: counted once, by that one.
+    if (ev.type === "charge" && ev.phase !== "prefill") {
       this.rates.request(ev.user, ev.model, ev.promptTokens, ev.ts);
       if (ev.user) this.usage.record({ user: ev.user, promptTokens: ev.promptTokens, completionTokens: 0, ts: ev.ts });
     } else if (ev.type === "release") {
@@ -268,7 +269,7 @@ export class GatewayState {
    */
   ownCharge(charge: ChargeEvent, now: number, o: { admission?: OwnAdmission; counted?: boolean } = {}): void {
     this.ledger.charge(charge, now);
-    if (o.counted === false) return;
+    if (o.counted === false || charge.phase === "prefill") return;
     if (charge.user) this.usage.record({ user: charge.user, promptTokens: charge.promptTokens, completionTokens: 0, ts: now });
     this.rates.request(charge.user, charge.model, charge.promptTokens, now);
     const a = o.admission;

@@ -22,6 +22,16 @@ export function refuseControlledFields(body: Readonly<Record<string, unknown>>):
   }
 }
 
+/**
+ * `n > 1` and batched completion prompts would need one handoff per sequence (SGLang takes arrays
+ * of bootstrap fields, vLLM one `kv_transfer_params` per request): not disaggregated, refused.
+ */
+export function refuseBatch(body: Readonly<Record<string, unknown>>): void {
+  if (typeof body.n === "number" && body.n > 1) throw new RouteError("invalidBody", "`n` > 1 is not supported with prefill/decode disaggregation (routing-strategy pd); send n = 1", "n");
+  const p = body.prompt;
+  if (Array.isArray(p) && p.length > 1 && typeof p[0] !== "number") throw new RouteError("invalidBody", "batched prompts are not supported with prefill/decode disaggregation (routing-strategy pd); send one prompt per request", "prompt");
+}
+
 /** vLLM's prefill leg: one token, no streaming, the KV kept for a remote decode. */
 export function vllmPrefillBody(body: Readonly<Record<string, unknown>>): Buffer {
   const b: Record<string, unknown> = { ...body };
@@ -76,7 +86,9 @@ export function sglangBody(body: Readonly<Record<string, unknown>>, o: { host: s
   if (!/^\d{1,19}$/.test(o.room)) throw new Error(`bootstrap room must be a decimal integer, got ${JSON.stringify(o.room)}`);
   const marker = "\u0000room\u0000";
   const text = JSON.stringify({ ...body, bootstrap_host: o.host, bootstrap_port: o.port, bootstrap_room: marker, rid: o.rid });
-  return Buffer.from(text.replace(JSON.stringify(marker), o.room));
+  // The room comes after every client field: the last occurrence is the gateway's.
+  const at = text.lastIndexOf(JSON.stringify(marker));
+  return Buffer.from(text.slice(0, at) + o.room + text.slice(at + JSON.stringify(marker).length));
 }
 
 /** How one prefill attempt ended, as the legs stage saw it. */

@@ -83,6 +83,20 @@ describe("pd legs - vLLM", () => {
     for (const d of s.sink.decisions) expect(checkEvent("decision", d).ok).toBe(true);
   });
 
+  it("a request is counted once in every replica's rate windows and usage, retries included", async () => {
+    let n = 0;
+    const s = setup(() => (++n === 1 ? Promise.resolve({ status: 503, body: Buffer.from("{}") }) : ok()));
+    const r = await s.director.route({ ...s.input, headers: { ...s.input.headers, user: "bob" } });
+    expect(s.sink.charges.map((c) => c.phase)).toEqual(["decode", "prefill", "prefill"]);
+    const peer = new GatewayState({ self: "peer" });
+    s.sink.charges.forEach((c, i) => peer.apply(c, { stream: "charges", subject: `c${i}`, seq: i + 1, serverTs: c.ts }));
+    for (const st of [s.state, peer]) {
+      expect(st.rates.userRequests("bob", s.clock.t)).toBe(1);
+      expect(st.rates.modelRequests(MODEL, s.clock.t)).toBe(1);
+    }
+    s.director.finish(r, "completed", { status: 200 });
+  });
+
   it("a 503 or a refused connection is retried on the other prefill pod", async () => {
     let n = 0;
     const s = setup(() => (++n === 1 ? Promise.resolve({ status: 503, body: Buffer.from("{}") }) : ok()));
@@ -124,6 +138,8 @@ describe("pd legs - vLLM", () => {
     const err = (await routed) as RouteError;
     expect(err.code).toBe("client_cancelled");
     expect(s.outstanding()).toBe(0);
+    expect(s.sink.releases.map((x) => x.outcome)).toEqual(["cancelled", "cancelled"]);
+    expect(s.sink.decisions.find((d) => d.pd?.leg === "decode")).toMatchObject({ outcome: "cancelled", status: 499 });
     expect(s.client.calls).toHaveLength(1);
   });
 
@@ -144,8 +160,10 @@ describe("pd legs - SGLang", () => {
     const decodeBody = JSON.parse((r.body as Buffer).toString());
     const prefill = s.client.calls[0]?.body as Record<string, unknown>;
     const port = Number(r.pd?.prefillPod.address.split(".")[3]?.split(":")[0]) + 9100;
-    expect(decodeBody).toMatchObject({ bootstrap_host: r.pd?.prefillPod.address.split(":")[0], bootstrap_port: port, rid: "req-1" });
-    expect(prefill).toMatchObject({ bootstrap_host: decodeBody.bootstrap_host, bootstrap_port: port, rid: "req-1", stream: true });
+    // The rid is minted (never the client's x-request-id: two clients sending one id must not share a handoff).
+    expect(decodeBody.rid).toMatch(/^jr-[0-9a-f-]{36}$/);
+    expect(decodeBody).toMatchObject({ bootstrap_host: r.pd?.prefillPod.address.split(":")[0], bootstrap_port: port, rid: r.pd?.rid });
+    expect(prefill).toMatchObject({ bootstrap_host: decodeBody.bootstrap_host, bootstrap_port: port, rid: decodeBody.rid, stream: true });
     expect(String(prefill.bootstrap_room)).toBe(String(decodeBody.bootstrap_room));
     expect(s.outstanding()).toBe(2);
     release({ status: 200, body: Buffer.from("{}") });
@@ -163,9 +181,24 @@ describe("pd legs - SGLang", () => {
     await new Promise((x) => setImmediate(x));
     expect(failures.map((e) => e.status)).toEqual([502]);
     const abort = s.client.calls.find((c) => c.path === "/abort_request");
-    expect(abort).toMatchObject({ address: r.pod.address, body: { rid: "req-1", abort_all: false } });
+    expect(abort).toMatchObject({ address: r.pod.address, body: { rid: r.pd?.rid, abort_all: false } });
     s.director.finish(r, "error", { status: 502, errorCode: "prefill_failed" });
     expect(s.outstanding()).toBe(0);
+  });
+
+  it("a prefill that answers after its decode finished is released as completed, not aborted", async () => {
+    let release: (a: LegAnswer) => void = () => {};
+    const aborts: string[] = [];
+    const s = setup((a, path) => (path === "/abort_request" ? (aborts.push(a), Promise.resolve({ status: 200, body: Buffer.alloc(0) })) : new Promise((resolve) => (release = resolve))), { engine: "sglang" });
+    const r = s.director.route(s.input) as RoutedRequest;
+    s.ctl.abort(); // the ext_proc stream's signal: grpc-js reports "cancelled" after clean ends too
+    s.director.finish(r, "completed", { status: 200 });
+    expect(s.outstanding()).toBe(1);
+    release({ status: 200, body: Buffer.from("{}") });
+    await new Promise((x) => setImmediate(x));
+    expect(s.outstanding()).toBe(0);
+    expect(aborts).toEqual([]);
+    expect(s.sink.releases.map((x) => x.outcome)).toEqual(["completed", "completed"]);
   });
 
   it("a client cancel reaches the prefill leg too", async () => {
@@ -184,6 +217,31 @@ describe("pd legs - SGLang", () => {
     s.director.finish(r, "cancelled", { status: 499 });
     await new Promise((x) => setImmediate(x));
     expect(aborted).toEqual([r.pd?.prefillPod.address]);
+    expect(s.outstanding()).toBe(0);
+  });
+});
+
+describe("pd legs - rolesets and batches", () => {
+  it("a retry stays in the plan's roleset (its decode pod reads the KV from it)", async () => {
+    let n = 0;
+    const s = setup(() => (++n === 1 ? Promise.resolve({ status: 503, body: Buffer.from("{}") }) : ok()), { prefill: 1 });
+    // A second roleset with an idle prefill pod: not a candidate for this request's retry.
+    s.state.apply({ type: "pod", action: "upsert", model: MODEL, pod: "other-pre", address: "10.0.9.1:8000", ready: true, engine: "vllm", role: "prefill", roleset: "other", ts: 0 }, { stream: "pods", subject: "x1", seq: 90, serverTs: 0 });
+    s.state.apply({ type: "pod", action: "upsert", model: MODEL, pod: "other-dec", address: "10.0.9.2:8000", ready: true, engine: "vllm", role: "decode", roleset: "other", ts: 0 }, { stream: "pods", subject: "x2", seq: 91, serverTs: 0 });
+    // Each roleset has one prefill pod: whichever the plan chose, a 503 there has nowhere to go in it.
+    const err = await Promise.resolve(s.director.route(s.input)).catch((e: unknown) => e);
+    expect((err as RouteError).status).toBe(502);
+    expect(s.client.calls).toHaveLength(1);
+    const rs = s.sink.decisions.find((d) => d.pd?.leg === "decode")?.pd?.roleset;
+    expect(s.client.calls[0]?.address.startsWith(rs === "other" ? "10.0.9." : "10.0.1.")).toBe(true);
+    expect(s.outstanding()).toBe(0);
+  });
+
+  it("n > 1 and batched prompts are refused under pd with a 400 naming the field", () => {
+    const s = setup(() => ok());
+    expect(() => s.director.route({ ...s.input, body: chatBody(MODEL, { n: 2 }) })).toThrow(expect.objectContaining({ status: 400, param: "n" }));
+    const batch = Buffer.from(JSON.stringify({ model: MODEL, prompt: ["a", "b"], max_tokens: 4 }));
+    expect(() => s.director.route({ ...s.input, headers: { ...s.input.headers, ":path": "/v1/completions" }, body: batch })).toThrow(expect.objectContaining({ status: 400, param: "prompt" }));
     expect(s.outstanding()).toBe(0);
   });
 });

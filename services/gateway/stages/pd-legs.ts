@@ -11,6 +11,7 @@
  * (`POST /abort_request`) and ends the client's request with an OpenAI error — at once, not after
  * SGLang's 300 s bootstrap timeout.
  */
+import { randomUUID } from "node:crypto";
 import type { RouteError } from "../errors.js";
 import type { PdRouted, RoutedRequest, RouteInput } from "../request.js";
 import {
@@ -54,15 +55,22 @@ export interface PdChargeSteps {
 }
 
 export interface PdLegOptions {
-  /** Per prefill attempt (AIBrix: AIBRIX_PREFILL_REQUEST_TIMEOUT, 30 s). */
+  /** Per vLLM prefill attempt (AIBrix: AIBRIX_PREFILL_REQUEST_TIMEOUT, 30 s). */
   prefillTimeoutMs: number;
+  /**
+   * All vLLM attempts together: the leg runs inside Envoy's request-body phase, so this must stay
+   * below the ext_proc `messageTimeout` (60 s in deploy/), or Envoy answers with its own error.
+   */
+  prefillBudgetMs: number;
+  /** An SGLang prefill answers only once its decode took the KV, so it waits for the decode too (SGLang's own bound: 300 s). */
+  sglangPrefillTimeoutMs: number;
   /** Retries on other prefill pods after 502/503/504 or a connection failure. */
   maxRetries: number;
   /** How long a `/abort_request` call may take. */
   abortTimeoutMs: number;
 }
 
-export const DEFAULT_PD_LEG_OPTIONS: Readonly<PdLegOptions> = { prefillTimeoutMs: 30_000, maxRetries: 2, abortTimeoutMs: 1_000 };
+export const DEFAULT_PD_LEG_OPTIONS: Readonly<PdLegOptions> = { prefillTimeoutMs: 30_000, prefillBudgetMs: 50_000, sglangPrefillTimeoutMs: 300_000, maxRetries: 2, abortTimeoutMs: 1_000 };
 
 export interface PdLegStats {
   prefillAttempts: number;
@@ -74,6 +82,7 @@ export interface PdLegStats {
 }
 
 const hostOf = (address: string) => address.slice(0, address.lastIndexOf(":"));
+const legId = () => `jr-${randomUUID()}`;
 
 export class PdLegs {
   readonly stats: PdLegStats = { prefillAttempts: 0, prefillRetries: 0, prefillFailures: 0, paramsMissing: 0, decodeAborts: 0 };
@@ -94,13 +103,15 @@ export class PdLegs {
   run(r: RoutedRequest, input: RouteInput, body: Readonly<Record<string, unknown>>, path: string): RoutedRequest | Promise<RoutedRequest> {
     const pd = r.pd as PdRouted;
     if (!pd.prefillCharge) return r; // the decider skipped the leg: decode computes the prompt
-    return pd.plan.engine === "sglang" ? this.startSglang(r, input, body, path) : this.runVllm(r, input, body, path);
+    return pd.plan.engine === "sglang" ? this.startSglang(r, body, path) : this.runVllm(r, input, body, path);
   }
 
   private async runVllm(r: RoutedRequest, input: RouteInput, body: Readonly<Record<string, unknown>>, path: string): Promise<RoutedRequest> {
     const pd = r.pd as PdRouted;
     const prefillBody = vllmPrefillBody(body);
-    const headers = { "content-type": "application/json", "x-request-id": r.requestId };
+    // The engines key the handoff by this id: minted, never the client's (two clients sending one id must not collide).
+    const headers = { "content-type": "application/json", "x-request-id": legId() };
+    const deadline = Date.now() + this.o.prefillBudgetMs;
     let retries = 0;
     for (;;) {
       const pod = pd.prefillPod;
@@ -108,7 +119,8 @@ export class PdLegs {
       pd.prefillStartedAt ??= this.steps.now();
       let failure: LegFailure;
       try {
-        const a = await this.client.post(pod.address, path, prefillBody, headers, { ...(input.signal ? { signal: input.signal } : {}), timeoutMs: this.o.prefillTimeoutMs });
+        const timeoutMs = Math.max(1, Math.min(this.o.prefillTimeoutMs, deadline - Date.now()));
+        const a = await this.client.post(pod.address, path, prefillBody, headers, { ...(input.signal ? { signal: input.signal } : {}), timeoutMs });
         if (a.status >= 200 && a.status < 300) {
           pd.prefillMs = this.steps.now() - pd.prefillStartedAt;
           this.steps.endPrefill(r, "completed", a.status);
@@ -143,16 +155,17 @@ export class PdLegs {
     }
   }
 
-  private startSglang(r: RoutedRequest, input: RouteInput, body: Readonly<Record<string, unknown>>, path: string): RoutedRequest {
+  private startSglang(r: RoutedRequest, body: Readonly<Record<string, unknown>>, path: string): RoutedRequest {
     const pd = r.pd as PdRouted;
     const pod = pd.prefillPod;
-    const rid = r.requestId;
+    const rid = legId();
     pd.rid = rid;
     const legBody = sglangBody(body, { host: hostOf(pod.address), port: pod.bootstrapPort ?? SGLANG_DEFAULT_BOOTSTRAP_PORT, room: bootstrapRoom(), rid });
     r.body = legBody;
+    // Not tied to the ext_proc stream's signal: grpc-js reports "cancelled" after clean ends too,
+    // and a prefill whose decode already finished must still complete. A client that leaves ends
+    // the request (Director.finish), which cancels this leg.
     const ctl = new AbortController();
-    const onClientGone = () => ctl.abort();
-    input.signal?.addEventListener("abort", onClientGone, { once: true });
     pd.cancelPrefill = () => {
       ctl.abort();
       // The prefill engine may be holding the KV for a decode that will never come.
@@ -161,7 +174,6 @@ export class PdLegs {
     this.stats.prefillAttempts++;
     pd.prefillStartedAt = this.steps.now();
     const failed = (failure: LegFailure) => {
-      input.signal?.removeEventListener("abort", onClientGone);
       const cancelled = failure.kind === "cancelled" || ctl.signal.aborted;
       this.steps.endPrefill(r, cancelled ? "cancelled" : "error", failure.kind === "status" ? failure.status : cancelled ? 499 : failure.kind === "timeout" ? 504 : 502);
       if (cancelled || r.finished) return;
@@ -175,11 +187,10 @@ export class PdLegs {
       pd.onFailure?.(err);
     };
     this.client
-      .post(pod.address, path, legBody, { "content-type": "application/json", "x-request-id": r.requestId }, { signal: ctl.signal, timeoutMs: this.o.prefillTimeoutMs })
+      .post(pod.address, path, legBody, { "content-type": "application/json", "x-request-id": rid }, { signal: ctl.signal, timeoutMs: this.o.sglangPrefillTimeoutMs })
       .then(
         (a) => {
           if (a.status >= 200 && a.status < 300) {
-            input.signal?.removeEventListener("abort", onClientGone);
             pd.prefillMs = this.steps.now() - (pd.prefillStartedAt as number);
             this.steps.endPrefill(r, "completed", a.status);
           } else failed({ kind: "status", status: a.status, body: a.body });

@@ -1,0 +1,219 @@
+/**
+ * `npm run bench -- fold`: what folding one event costs a gateway replica, per event family
+ * (charge, release, heartbeat, load sample, KV batch, pod), split into the four things it does:
+ *
+ * - delivery: the NATS client reading the messages off a JetStream ordered consumer (socket, protocol
+ *   parse, message objects, the delivery info the follower reads: subject, sequence, server time,
+ *   pending), measured by consuming a stream of N pre-published messages with a callback that only
+ *   touches those fields;
+ * - parse: `JSON.parse` of the payload bytes;
+ * - validate: the compiled schema check (`checkEvent`);
+ * - apply: `GatewayState.apply`, the view update, on a fold that holds what it would in a live
+ *   replica (pods, the charges a release finds, the previous heartbeats).
+ *
+ * CPU is `process.cpuUsage()` (user + system) over each loop divided by N, median of `rounds`;
+ * this process holds only the bench (nats-server is another process). `per_request_us` is what a
+ * replica pays per request another replica routed: its charge and its release, plus that
+ * request's share of the router's heartbeats (one per second listing its in-flight requests, at
+ * `foreignRate` requests per second).
+ */
+import { DeliverPolicy } from "@nats-io/jetstream";
+import type { ChargeEvent, EventType, GatewayHeartbeat, KvBatch, LoadSample, PodEvent, ReleaseEvent } from "../../schemas/events.js";
+import { checkEvent } from "../../schemas/validate.js";
+import { connectNats, type NatsHandles } from "../../services/shared/nats.js";
+import { startNatsServer } from "../../services/shared/nats-server.js";
+import { GatewayState, type StateStream } from "../../services/views/gateway-state.js";
+import { applyStreams } from "../../streams/apply.js";
+import { type StreamKey, streamName } from "../../streams/definitions.js";
+import { Subjects } from "../../streams/subjects.js";
+
+export type FoldFamily = "charge" | "release" | "heartbeat" | "load" | "kv" | "pod";
+export const FOLD_FAMILIES: readonly FoldFamily[] = ["charge", "release", "heartbeat", "load", "kv", "pod"];
+
+export interface FoldBenchOptions {
+  /** Messages per family and round. */
+  events?: number;
+  rounds?: number;
+  /** In-flight requests a heartbeat lists (the router's concurrency: 32 streams). */
+  inFlight?: number;
+  /** The router's request rate, for the heartbeats' share per request. */
+  foreignRate?: number;
+}
+
+export interface FamilyCost {
+  delivery_us: number;
+  parse_us: number;
+  validate_us: number;
+  apply_us: number;
+  total_us: number;
+  bytes: number;
+}
+
+export interface FoldBenchResult {
+  bench: "fold";
+  per_request_us: number;
+  families: Record<FoldFamily, number>;
+  detail: Record<FoldFamily, FamilyCost>;
+  options: Required<FoldBenchOptions>;
+}
+
+const MODEL = "bench/fold-model";
+const PODS = 8;
+const PEER = "gw-peer";
+const SELF = "gw-self";
+const progress = (line: string) => process.stderr.write(`[fold] ${line}\n`);
+const round = (x: number, d = 2) => Number(x.toFixed(d));
+const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)] as number;
+const cpuUs = () => {
+  const c = process.cpuUsage();
+  return c.user + c.system;
+};
+const hex = (n: number) => (n >>> 0).toString(16).padStart(8, "0") + ((n * 2654435761) >>> 0).toString(16).padStart(8, "0");
+
+interface Fixture {
+  family: FoldFamily;
+  type: EventType;
+  stream: "pods" | "load" | "charges" | "kv";
+  subjects: string[];
+  events: object[];
+  /** Events applied (not measured) before the measured ones, so the fold is in its live state. */
+  setup: Array<{ ev: object; subject: string }>;
+}
+
+function fixtures(n: number, inFlight: number, s: Subjects): Fixture[] {
+  const t0 = Date.now();
+  const pod = (i: number) => `pod-${i % PODS}`;
+  const charge = (i: number): ChargeEvent => ({ type: "charge", id: i.toString(36), gateway: PEER, model: MODEL, pod: pod(i), ts: t0 + i, ttlMs: 600_000, promptTokens: 300 + (i % 200), maxTokens: 128, user: `user-${i % 50}` });
+  const release = (i: number): ReleaseEvent => ({ type: "release", id: i.toString(36), gateway: PEER, model: MODEL, pod: pod(i), ts: t0 + i + 500, outcome: "completed", promptTokens: 310, chargedPromptTokens: 300 + (i % 200), chargedAt: t0 + i, completionTokens: 120, user: `user-${i % 50}` });
+  const heartbeat = (i: number): GatewayHeartbeat => ({
+    type: "heartbeat", gateway: PEER, ts: t0 + i * 1000, intervalMs: 1000, startedAt: t0, state: "up", chargeTtlMs: 600_000, beat: i,
+    outstanding: Array.from({ length: inFlight }, (_, k) => ({ id: (i * inFlight + k).toString(36), model: MODEL, pod: pod(k), promptTokens: 300, ts: t0 + i * 1000 }))
+  });
+  const load = (i: number): LoadSample => ({
+    type: "load", model: MODEL, pod: pod(i), ts: t0 + i, stale: false, scrapeMs: 1.2,
+    load: { running: 12, waiting: 3, kvCacheUsage: 0.42, prefixCacheQueries: 1e6 + i, prefixCacheHits: 4e5 + i, cacheHitRate: null, promptTokens: 2e6 + i, generationTokens: 1e6 + i, genThroughput: null, preemptions: 0, blockSize: 16, numGpuBlocks: 4096, runningLoras: [], waitingLoras: [], maxLora: null,
+      histograms: { ttft: { sum: 12.5, count: 100 }, itl: { sum: 1.5, count: 1000 }, queue: { sum: 0.5, count: 100 }, prefill: { sum: 5, count: 100 }, decode: { sum: 50, count: 100 }, e2e: { sum: 60, count: 100 }, promptTokens: { sum: 30000, count: 100 }, generationTokens: { sum: 12000, count: 100 } } },
+  });
+  // One engine step's batch: one request's 4 new blocks stored (a typical decode-time step).
+  const kv = (i: number): KvBatch => ({
+    type: "kv", model: MODEL, pod: pod(i), epoch: "e1", seq: Math.floor(i / PODS), ts: t0 + i,
+    events: [{ kind: "stored", engineHashes: [0, 1, 2, 3].map((k) => hex(i * 4 + k + 1)), routerHashes: [0, 1, 2, 3].map((k) => hex(i * 4 + k + 7)), parentEngineHash: i > 0 ? hex(i * 4) : null, blockSize: 16, medium: "GPU", lora: null }],
+  });
+  const podEv = (i: number): PodEvent => ({ type: "pod", action: "upsert", model: MODEL, pod: pod(i), address: `10.0.0.${i % PODS}:8000`, ready: i % 7 !== 0, engine: "vllm", role: "combined", ts: t0 + i });
+  const pods = Array.from({ length: PODS }, (_, i) => ({ ev: podEv(i * 7 + 1), subject: s.pod(MODEL, pod(i)) }));
+  const range = <T,>(f: (i: number) => T): T[] => Array.from({ length: n }, (_, i) => f(i));
+  return [
+    { family: "charge", type: "charge", stream: "charges", subjects: range((i) => s.charges(MODEL, pod(i))), events: range(charge), setup: pods },
+    { family: "release", type: "release", stream: "charges", subjects: range((i) => s.releases(MODEL, pod(i))), events: range(release), setup: [...pods, ...range((i) => ({ ev: charge(i) as object, subject: s.charges(MODEL, pod(i)) }))] },
+    { family: "heartbeat", type: "heartbeat", stream: "charges", subjects: range(() => s.heartbeat(PEER)), events: range(heartbeat), setup: pods },
+    { family: "load", type: "load", stream: "load", subjects: range((i) => s.load(MODEL, pod(i))), events: range(load), setup: pods },
+    { family: "kv", type: "kv", stream: "kv", subjects: range((i) => s.kv(MODEL, pod(i))), events: range(kv), setup: pods },
+    { family: "pod", type: "pod", stream: "pods", subjects: range((i) => s.pod(MODEL, pod(i))), events: range(podEv), setup: [] },
+  ];
+}
+
+const STREAM_KEY: Record<Fixture["stream"], StreamKey> = { pods: "PODS", load: "LOAD", charges: "CHARGES", kv: "KV" };
+
+async function deliveryUs(nats: NatsHandles, stream: string, filter: string, n: number): Promise<number> {
+  const consumer = await nats.js.consumers.get(stream, { filter_subjects: filter, deliver_policy: DeliverPolicy.All });
+  let got = 0;
+  let sink = 0;
+  let start = 0;
+  let end = 0;
+  await new Promise<void>((resolve) => {
+    void consumer.consume({
+      max_messages: 2048,
+      callback: (m) => {
+        if (got === 0) start = cpuUs();
+        // What StreamFollower.handle touches besides the payload.
+        sink += m.seq + m.subject.length + m.data.length + m.info.timestampNanos + m.info.pending;
+        if (++got === n) {
+          end = cpuUs();
+          resolve();
+        }
+      },
+    }).then((msgs) => {
+      const t = setInterval(() => {
+        if (got >= n) {
+          clearInterval(t);
+          void msgs.close();
+        }
+      }, 5);
+    });
+  });
+  if (sink < 0) progress("unreachable");
+  // The first message's own cost is not in the window: n - 1 messages measured.
+  return (end - start) / (n - 1);
+}
+
+export async function runFoldBench(opts: FoldBenchOptions = {}): Promise<FoldBenchResult> {
+  const o: Required<FoldBenchOptions> = { events: opts.events ?? 20_000, rounds: opts.rounds ?? 3, inFlight: opts.inFlight ?? 32, foreignRate: opts.foreignRate ?? 1_000 };
+  const server = await startNatsServer();
+  const nats = await connectNats(server.url, "jetroute-bench-fold");
+  const s = new Subjects();
+  await applyStreams(nats.nc, nats.jsm);
+  const encoder = new TextEncoder();
+  const decoder = new TextDecoder();
+  const detail = {} as Record<FoldFamily, FamilyCost>;
+  try {
+    for (const f of fixtures(o.events, o.inFlight, s)) {
+      const payloads = f.events.map((e) => encoder.encode(JSON.stringify(e)));
+      for (const e of f.events) {
+        const c = checkEvent(f.type, e);
+        if (!c.ok) throw new Error(`fold bench fixture ${f.family} does not validate: ${c.reason}`);
+      }
+      // Every family gets a stream of its own name's messages under a distinct token, so one filter selects exactly them.
+      const stream = streamName(s.prefix, STREAM_KEY[f.stream]);
+      const base = f.subjects[0] as string;
+      const filter = `${base.split(".").slice(0, 2).join(".")}.>`;
+      await nats.jsm.streams.purge(stream);
+      let pending: Promise<unknown>[] = [];
+      for (let i = 0; i < payloads.length; i++) {
+        pending.push(nats.js.publish(f.subjects[i] as string, payloads[i] as Uint8Array));
+        if (pending.length >= 512) {
+          await Promise.all(pending);
+          pending = [];
+        }
+      }
+      await Promise.all(pending);
+      const cost = { delivery: [] as number[], parse: [] as number[], validate: [] as number[], apply: [] as number[] };
+      for (let r = 0; r < o.rounds; r++) {
+        cost.delivery.push(await deliveryUs(nats, stream, filter, payloads.length));
+        let t = cpuUs();
+        const parsed: unknown[] = new Array(payloads.length);
+        for (let i = 0; i < payloads.length; i++) parsed[i] = JSON.parse(decoder.decode(payloads[i] as Uint8Array));
+        cost.parse.push((cpuUs() - t) / payloads.length);
+        t = cpuUs();
+        let okCount = 0;
+        for (let i = 0; i < parsed.length; i++) if (checkEvent(f.type, parsed[i]).ok) okCount++;
+        cost.validate.push((cpuUs() - t) / parsed.length);
+        if (okCount !== parsed.length) throw new Error(`${f.family}: ${parsed.length - okCount} events failed validation`);
+        const state = new GatewayState({ self: SELF });
+        let seq = 0;
+        const now = Date.now();
+        const metaOf = (stream: StateStream, subject: string) => ({ stream, subject, seq: ++seq, serverTs: now });
+        for (const x of f.setup) state.apply(x.ev as never, metaOf(x.subject.includes(".pods.") ? "pods" : "charges", x.subject));
+        t = cpuUs();
+        for (let i = 0; i < parsed.length; i++) state.apply(parsed[i] as never, metaOf(f.stream, f.subjects[i] as string));
+        cost.apply.push((cpuUs() - t) / parsed.length);
+      }
+      const c: FamilyCost = {
+        delivery_us: round(median(cost.delivery)),
+        parse_us: round(median(cost.parse)),
+        validate_us: round(median(cost.validate)),
+        apply_us: round(median(cost.apply)),
+        total_us: 0,
+        bytes: Math.round(payloads.reduce((a, p) => a + p.length, 0) / payloads.length),
+      };
+      c.total_us = round(c.delivery_us + c.parse_us + c.validate_us + c.apply_us);
+      detail[f.family] = c;
+      progress(`${f.family}: ${JSON.stringify(c)}`);
+    }
+  } finally {
+    await nats.nc.close();
+    await server.stop();
+  }
+  const families = Object.fromEntries(FOLD_FAMILIES.map((f) => [f, detail[f].total_us])) as Record<FoldFamily, number>;
+  const perRequest = detail.charge.total_us + detail.release.total_us + detail.heartbeat.total_us / o.foreignRate;
+  return { bench: "fold", per_request_us: round(perRequest), families, detail, options: o };
+}
