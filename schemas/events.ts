@@ -51,9 +51,34 @@ export const PodEvent = Type.Object(
     kvEvents: Type.Optional(KvEventsEndpoint),
     adapters: Type.Optional(Type.Array(Name)),
     labels: Type.Optional(Type.Record(Type.String(), Type.String())),
+    /**
+     * The watcher source that vouches for this pod (a cluster or pod-list name): a watcher removes
+     * only its own source's pods, and a source silent beyond the gateways' `--pod-source-timeout`
+     * stops being routable. Absent on events from before sources existed (never timed out).
+     */
+    source: Type.Optional(Name),
     ts: Millis,
   },
   { $id: "pod", additionalProperties: false },
+);
+
+/**
+ * PODS stream (`<prefix>.podsrc.<source>`): a pod-watcher's heartbeat for its source, published by
+ * the source's leader every `intervalMs`. Gateways judge a source's liveness on the broker time
+ * of the last heartbeat (or pod event) it published.
+ */
+export const PodSourceHeartbeat = Type.Object(
+  {
+    type: Type.Literal("pod-source"),
+    source: Name,
+    /** The watcher instance holding the source's lease. */
+    watcher: Name,
+    /** Pods this source currently publishes. */
+    pods: Count,
+    intervalMs: Type.Integer({ minimum: 1, maximum: MAX_COUNT }),
+    ts: Millis,
+  },
+  { $id: "pod-source", additionalProperties: false },
 );
 
 const HistogramSummary = Type.Object({ sum: Type.Number(), count: Type.Number({ minimum: 0 }) }, { additionalProperties: false });
@@ -353,6 +378,7 @@ export const KvRouted = Type.Object(
 );
 
 export type PodEvent = Static<typeof PodEvent>;
+export type PodSourceHeartbeat = Static<typeof PodSourceHeartbeat>;
 export type LoadSample = Static<typeof LoadSample>;
 export type EngineLoadFields = Static<typeof EngineLoadSchema>;
 export type ChargeEvent = Static<typeof ChargeEvent>;
@@ -372,6 +398,7 @@ export type ReleaseOutcome = Static<typeof ReleaseOutcome>;
 /** Every event schema, by its `type`. */
 export const EVENT_SCHEMAS = {
   pod: PodEvent,
+  "pod-source": PodSourceHeartbeat,
   load: LoadSample,
   charge: ChargeEvent,
   release: ReleaseEvent,

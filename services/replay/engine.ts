@@ -154,7 +154,7 @@ const chargeSeqOf = (id: string | undefined): number | undefined => {
 };
 
 const TYPES: Record<StateStream, readonly EventType[]> = {
-  pods: ["pod"],
+  pods: ["pod", "pod-source"],
   load: ["load"],
   charges: ["charge", "release", "heartbeat"],
   kv: ["kv", "kv-cleared", "kv-routed"],
