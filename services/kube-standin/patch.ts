@@ -33,14 +33,14 @@ export function stripDirectives(patch: unknown): unknown {
   return out;
 }
 
-const unescape = (t: string) => t.replace(/~1/g, "/").replace(/~0/g, "~");
+const unescapePointer = (t: string) => t.replace(/~1/g, "/").replace(/~0/g, "~");
 
 export function jsonPatch(target: unknown, ops: unknown): Json {
   if (!Array.isArray(ops)) throw new PatchError("a JSON patch is an array of operations");
   let doc = structuredClone(target as Json);
   for (const op of ops as Array<{ op?: string; path?: string; value?: Json }>) {
     if (typeof op?.path !== "string" || !op.path.startsWith("/")) throw new PatchError(`bad JSON patch path ${JSON.stringify(op?.path)}`);
-    const parts = op.path.slice(1).split("/").map(unescape);
+    const parts = op.path.slice(1).split("/").map(unescapePointer);
     const last = parts.pop() as string;
     let parent: Json = doc;
     for (const p of parts) {

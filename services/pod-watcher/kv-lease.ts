@@ -34,7 +34,7 @@ export async function natsKvLeaseStore(nats: NatsHandles, prefix: string, source
     describe: `nats kv ${bucket}/${key}`,
     async read(): Promise<LeaseRecord | undefined> {
       const e = await kv.get(key);
-      if (!e || e.operation !== "PUT") return undefined;
+      if (e?.operation !== "PUT") return undefined;
       let v: KvLeaseValue | undefined;
       try {
         v = parse(e.json());

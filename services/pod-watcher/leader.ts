@@ -32,7 +32,6 @@ export interface LeaderElectorOptions {
 export class LeaderElector {
   private timer: NodeJS.Timeout | undefined;
   private seen: LeaseObservation | undefined;
-  private last: LeaseRecord | undefined;
   private until = Number.NEGATIVE_INFINITY;
   private leader = false;
   private running: Promise<void> = Promise.resolve();
@@ -75,7 +74,6 @@ export class LeaderElector {
     const lease = await this.o.store.read();
     const now = this.now();
     this.seen = observe(lease, this.seen, now);
-    this.last = lease;
     const action = decideLease(this.o.me, lease, this.seen, now);
     if (action.kind === "follow") {
       this.set(false);

@@ -49,7 +49,6 @@ describe("pod-watcher (static) - ownership, liveness, HA, on a real nats-server"
     watchers.push(w);
     return w;
   };
-  const readyNames = () => view.readyPods(MODEL).map((p) => p.pod);
 
   beforeAll(async () => {
     env = await startTestEnv();

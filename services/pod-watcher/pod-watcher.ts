@@ -17,7 +17,7 @@ import { connectNats, type NatsHandles } from "../shared/nats.js";
 import { natsKvLeaseStore } from "./kv-lease.js";
 import { LeaderElector, type LeaseStore } from "./leader.js";
 import { podKey, type PodState } from "./reconcile.js";
-import { SourcePublisher } from "./source-publisher.js";
+import { SourcePublisher, type SourcePublisherStats } from "./source-publisher.js";
 import { readPodList, type StaticPod } from "./static-pods.js";
 
 export const DEFAULT_HEARTBEAT_MS = 5_000;
@@ -51,7 +51,8 @@ export interface PodWatcherOptions extends CommonWatcherOptions {
 export interface PodWatcherHandle {
   readonly source: string;
   readonly watcherId: string;
-  readonly stats: Record<string, number>;
+  /** Publisher counters (published, removed, reasserted, heartbeats, publishFailures, ...) plus the mode's own. */
+  readonly stats: Readonly<SourcePublisherStats & { leader: number } & Record<string, number>>;
   isLeader(): boolean;
   /** Resolves after the first full round was observed (and, when this instance publishes, published). */
   firstRound: Promise<void>;
