@@ -118,6 +118,12 @@ export const LoadSample = Type.Object(
     scrapeMs: Type.Optional(Type.Number({ minimum: 0 })),
     error: Type.Optional(Type.String()),
     load: Nullable(EngineLoadSchema),
+    /**
+     * LoRA adapters the engine itself reports (vLLM `/v1/models` entries with a `parent`, and the
+     * running/waiting adapters of `vllm:lora_requests_info`); absent when it could not tell.
+     * Gateways route an adapter's requests to pods that publish it here or in PODS.
+     */
+    adapters: Type.Optional(Type.Array(Name, { maxItems: 256 })),
   },
   { $id: "load", additionalProperties: false },
 );

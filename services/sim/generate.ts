@@ -45,6 +45,7 @@ export function serveGeneration(
     promptTokens: gen.promptTokens,
     outputTokens,
     cacheSalt: gen.cacheSalt,
+    ...(gen.loraName ? { loraName: gen.loraName } : {}),
     onToken(tokenId, index, _atMs, finish) {
       generated = index + 1;
       const piece = tokenText(tokenId);

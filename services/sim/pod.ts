@@ -15,6 +15,7 @@ import { ApiError, badRequest } from "./errors.js";
 import { serveGeneration } from "./generate.js";
 import { type CacheListing, engineHashSeed } from "./kv-cache.js";
 import { KvEventPublisher, type KvEventEncoding, type KvEventPublisherOptions, type ReplayLayout } from "./kv-events.js";
+import { SimLora } from "./lora.js";
 import { createPodMetrics, type EngineKind, type PodMetrics } from "./metrics.js";
 import {
   parseChatRequest,
@@ -36,6 +37,8 @@ export interface SimPodOptions {
   engineConfig: EngineConfig;
   /** KV events publisher settings; absent = no publisher. */
   kvEvents?: SimPodKvEventsOptions;
+  /** LoRA: adapters loaded at start and `--max-loras` (services/sim/lora.ts). */
+  lora?: { initial?: readonly string[]; maxLoras?: number };
   logger?: Logger;
 }
 
@@ -103,6 +106,7 @@ async function readJson(req: IncomingMessage): Promise<unknown> {
 
 export async function startSimPod(opts: SimPodOptions): Promise<SimPod> {
   const served: ServedModel = { name: opts.model, maxModelLen: opts.maxModelLen };
+  const lora = new SimLora({ base: opts.model, ...opts.lora });
   const log = opts.logger?.child({ pod: opts.name });
   const publisher = opts.kvEvents
     ? await KvEventPublisher.start({ host: opts.host, ...opts.kvEvents, logger: log })
@@ -159,8 +163,16 @@ export async function startSimPod(opts: SimPodOptions): Promise<SimPod> {
   const generation =
     (kind: "chat" | "completion"): Handler =>
     async (req, res) => {
-      const body = await readJson(req);
+      const raw = await readJson(req);
+      // A request naming a loaded adapter runs on the base model with the adapter's blocks.
+      const adapter = lora.adapterOf(raw);
+      const body = adapter ? { ...(raw as object), model: opts.model } : raw;
       const gen = kind === "chat" ? parseChatRequest(body, served) : parseCompletionRequest(body, served);
+      if (adapter) {
+        lora.track(adapter, res);
+        gen.model = adapter;
+        gen.loraName = adapter;
+      }
       const header = req.headers["x-request-id"];
       const requestId = typeof header === "string" && header !== "" ? header : randomUUID().replaceAll("-", "");
       serveGeneration(res, engine, gen, kind, requestId);
@@ -183,9 +195,11 @@ export async function startSimPod(opts: SimPodOptions): Promise<SimPod> {
               max_model_len: opts.maxModelLen,
               permission: [],
             },
+            ...lora.modelEntries(opts.engine, opts.maxModelLen),
           ],
         }),
     },
+    ...lora.routes(readJson),
     "/v1/chat/completions": { POST: generation("chat") },
     "/v1/completions": { POST: generation("completion") },
     "/tokenize": {
@@ -199,7 +213,7 @@ export async function startSimPod(opts: SimPodOptions): Promise<SimPod> {
     },
     "/metrics": {
       GET: (_req, res) =>
-        void res.writeHead(200, { "content-type": "text/plain; version=0.0.4; charset=utf-8" }).end(metrics.render(engine.snapshot())),
+        void res.writeHead(200, { "content-type": "text/plain; version=0.0.4; charset=utf-8" }).end(metrics.render(engine.snapshot()) + lora.metricsText()),
     },
     // vLLM serves this in dev mode; 200 even when refused, as vLLM does.
     "/reset_prefix_cache": {

@@ -165,6 +165,7 @@ export class GatewayState {
         return APPLIED;
       case "load":
         this.load.apply(ev, meta.seq);
+        if (ev.adapters !== undefined) this.pods.setEngineAdapters(ev.model, ev.pod, ev.adapters);
         return APPLIED;
       case "kv": {
         const r = this.prefixIndex.apply(ev, meta.seq);

@@ -28,6 +28,9 @@ export interface PodInfo {
   readonly source?: string;
 }
 
+/** Bound on adapters an engine may report for one pod (the LOAD schema's bound). */
+const MAX_ENGINE_ADAPTERS = 256;
+
 /** What a gateway knows of one watcher source. */
 export interface PodSourceInfo {
   readonly source: string;
@@ -59,12 +62,19 @@ export interface PodSetReader {
 
 const key = (model: string, pod: string) => `${model}\u0000${pod}`;
 
+const merged = (published: readonly string[], engine: readonly string[] | undefined): readonly string[] =>
+  engine === undefined || engine.length === 0 ? published : [...new Set([...published, ...engine])].sort();
+
 export class PodSet implements PodSetReader {
   private readonly pods = new Map<string, PodInfo>();
   private readyCache = new Map<string, readonly PodInfo[]>();
   private served = new Set<string>();
   private addresses = new Map<string, PodInfo>();
   private readonly sources = new Map<string, { lastSeen: number; watcher?: string }>();
+  /** Adapters the engines report (LOAD samples), by pod key; merged into `adapters`. */
+  private readonly engineAdapters = new Map<string, readonly string[]>();
+  /** Adapters as PODS published them, by pod key. */
+  private readonly publishedAdapters = new Map<string, readonly string[]>();
   private readonly silentSources = new Set<string>();
   lastSeq = 0;
   version = 0;
@@ -75,8 +85,11 @@ export class PodSet implements PodSetReader {
     if (ev.source !== undefined && at > 0) this.seen(ev.source, at, undefined);
     const k = key(ev.model, ev.pod);
     if (ev.action === "remove") {
+      this.engineAdapters.delete(k);
+      this.publishedAdapters.delete(k);
       if (!this.pods.delete(k)) return;
     } else {
+      this.publishedAdapters.set(k, ev.adapters ?? []);
       this.pods.set(k, {
         model: ev.model,
         pod: ev.pod,
@@ -87,13 +100,30 @@ export class PodSet implements PodSetReader {
         ...(ev.bootstrapPort !== undefined ? { bootstrapPort: ev.bootstrapPort } : {}),
         metricsAddress: ev.metricsAddress,
         kvEvents: ev.kvEvents,
-        adapters: ev.adapters ?? [],
+        adapters: merged(ev.adapters ?? [], this.engineAdapters.get(k)),
         labels: ev.labels ?? {},
         ready: ev.ready,
         updatedAt: ev.ts,
         ...(ev.source !== undefined ? { source: ev.source } : {}),
       });
     }
+    this.rebuild();
+  }
+
+  /**
+   * The adapters a pod's engine reports about itself (a LOAD sample's `adapters`): routable by
+   * name together with those PODS lists. A runtime `/v1/load_lora_adapter` shows up here within a
+   * scrape. Unknown pods are ignored (PODS decides which pods exist).
+   */
+  setEngineAdapters(model: string, pod: string, adapters: readonly string[]): void {
+    const k = key(model, pod);
+    const p = this.pods.get(k);
+    if (!p) return;
+    const next = [...new Set(adapters)].slice(0, MAX_ENGINE_ADAPTERS).sort();
+    const prev = this.engineAdapters.get(k);
+    if (prev && prev.length === next.length && prev.every((a, i) => a === next[i])) return;
+    this.engineAdapters.set(k, next);
+    this.pods.set(k, { ...p, adapters: merged(this.publishedAdapters.get(k) ?? [], next) });
     this.rebuild();
   }
 
