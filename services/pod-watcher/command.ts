@@ -22,6 +22,7 @@ export function registerPodWatcherCommand(program: Command): void {
     .option("--heartbeat-ms <ms>", "source heartbeat interval (gateways: --pod-source-timeout-ms)", intOption(10), DEFAULT_HEARTBEAT_MS)
     .option("--reassert-ms <ms>", "republish every pod at least this often, so PODS retention never ages a healthy pod out", intOption(100), DEFAULT_REASSERT_MS)
     .option("--leader-election", "run as one of an HA pair: only the holder of the source's lease publishes (Kubernetes Lease, or NATS KV in static mode)")
+    .option("--adopt-unowned", "also remove pods published without a source (by a pod-watcher from before sources) that this watcher does not list: run once per fleet when upgrading")
     .option("--lease-ms <ms>", "lease duration; the standby takes over within it after the leader dies", intOption(30), DEFAULT_LEASE_MS)
     .option("--probe-interval-ms <ms>", "static mode: how often each pod's /health is probed", intOption(50), 1_000)
     .option("--probe-timeout-ms <ms>", "static mode: a probe slower than this fails", intOption(10), 1_000)
@@ -36,7 +37,7 @@ export function registerPodWatcherCommand(program: Command): void {
       }
       const common = {
         nats: o.nats, prefix: o.prefix, source: o.source, watcherId: o.watcherId, heartbeatMs: o.heartbeatMs, reassertMs: o.reassertMs,
-        leaderElection: o.leaderElection === true, leaseMs: o.leaseMs, log,
+        leaderElection: o.leaderElection === true, leaseMs: o.leaseMs, adoptUnowned: o.adoptUnowned === true, log,
       };
       const w: PodWatcherHandle = o.kubernetes
         ? await startKubernetesWatcher({

@@ -5,7 +5,7 @@ import { mapPod, routable } from "./k8s-pods.js";
 import { decideLease, leaderUntil, observe } from "./lease.js";
 import { leaseNameFor } from "./kubernetes.js";
 import { planReconcile, podKey, type PodState } from "./reconcile.js";
-import { staticSourceName } from "./pod-watcher.js";
+import { checkWatcherName, staticSourceName } from "./pod-watcher.js";
 
 const state = (pod: string, o: Partial<PodState> = {}): PodState => ({ model: "m", pod, address: `10.0.0.${pod.length}:8000`, ready: true, engine: "vllm", ...o });
 const ev = (pod: string, source: string | undefined, o: Partial<PodState> = {}): PodEvent => ({ type: "pod", action: "upsert", ...state(pod, o), ...(source ? { source } : {}), ts: 1 });
@@ -33,6 +33,22 @@ describe("reconcile: what a watcher publishes", () => {
     expect(planReconcile({ ...input, complete: false }).removes).toEqual([]);
     const plan = planReconcile({ ...input, complete: true });
     expect(plan.removes.map((r) => [r.pod, r.action, r.source])).toEqual([["mine", "remove", "a"]]);
+  });
+  it("with adoptUnowned, pods published without a source count as its own (the upgrade migration)", () => {
+    const input = {
+      ...base, complete: true,
+      desired: map([[podKey("m", "kept"), state("kept")]]),
+      published: map([[podKey("m", "kept"), ev("kept", undefined)], [podKey("m", "legacy"), ev("legacy", undefined)], [podKey("m", "theirs"), ev("theirs", "b")]]),
+      publishedAt: map([[podKey("m", "kept"), 9_999]]),
+    };
+    const plain = planReconcile(input);
+    expect(plain.removes).toEqual([]);
+    expect(plain.conflicts).toEqual([]);
+    expect(plain.upserts.map((u) => [u.pod, u.source])).toEqual([["kept", "a"]]); // listed: taken over
+    const adopt = planReconcile({ ...input, adoptUnowned: true });
+    expect(adopt.removes.map((r) => r.pod)).toEqual(["legacy"]);
+    expect(adopt.conflicts).toEqual([]);
+    expect(adopt.upserts.map((u) => [u.pod, u.source])).toEqual([["kept", "a"]]);
   });
   it("re-asserts pods whose last event is older than the interval (retention never ages them out)", () => {
     const plan = planReconcile({
@@ -92,8 +108,8 @@ describe("lease decisions", () => {
 });
 
 describe("kubernetes pod -> published pod", () => {
-  const pod = (o: { labels?: Record<string, string>; annotations?: Record<string, string>; ip?: string; ready?: string; deleting?: boolean } = {}) => ({
-    metadata: { name: "vllm-0", namespace: "ns1", labels: { "model.aibrix.ai/name": "llama", ...o.labels }, annotations: o.annotations, ...(o.deleting ? { deletionTimestamp: "2026-01-01T00:00:00Z" } : {}) },
+  const pod = (o: { name?: string; labels?: Record<string, string>; annotations?: Record<string, string>; ip?: string; ready?: string; deleting?: boolean } = {}) => ({
+    metadata: { name: o.name ?? "vllm-0", namespace: "ns1", labels: { "model.aibrix.ai/name": "llama", ...o.labels }, annotations: o.annotations, ...(o.deleting ? { deletionTimestamp: "2026-01-01T00:00:00Z" } : {}) },
     status: { ...(o.ip === "" ? {} : { podIP: o.ip ?? "10.1.2.3" }), conditions: [{ type: "Ready", status: o.ready ?? "True" }] },
   });
   it("maps the discovery labels and annotations", () => {
@@ -129,6 +145,7 @@ describe("kubernetes pod -> published pod", () => {
     [{ labels: { "role-name": "boss" } }, /prefill or decode/],
     [{ annotations: { "model.aibrix.ai/config": "x".repeat(17_000) } }, /larger than/],
     [{ ip: "fd00::1" }, /IPv6/],
+    [{ name: "p".repeat(250) }, /longer than 253/],
   ])("refuses bad discovery input with a reason: %j", (o, reason) => {
     const m = mapPod(pod(o));
     expect(m.ok).toBe(false);
@@ -141,6 +158,12 @@ describe("kubernetes pod -> published pod", () => {
 });
 
 describe("names", () => {
+  it("source and watcher names must fit the PODS schema", () => {
+    expect(checkWatcherName("--source", "cluster-a")).toBe("cluster-a");
+    expect(() => checkWatcherName("--source", "")).toThrow(/1-253/);
+    expect(() => checkWatcherName("--source", "a b")).toThrow(/without whitespace/);
+    expect(() => checkWatcherName("--source", "x".repeat(254))).toThrow(RangeError);
+  });
   it("sources and lease names derived from files and sources", () => {
     expect(staticSourceName("/etc/jr/pods-east.yaml")).toBe("static-pods-east");
     expect(leaseNameFor("static-Pods_East")).toBe("jetroute-pod-watcher-static-pods-east");

@@ -87,9 +87,11 @@ export function mapPod(p: KubePod): PodMapping {
   // PODS addresses are host:port with no colon in the host: IPv6 pod IPs cannot be expressed yet.
   if (ip.includes(":")) return invalid(`pod IP ${ip.slice(0, 60)} is IPv6, which PODS addresses do not support`);
   const host = ip;
+  const published = publishedPodName(name, p.metadata?.namespace);
+  if (published.length > 253) return invalid(`pod name ${published.slice(0, 60)}... is longer than 253 characters with its namespace`);
   const state: PodState = {
     model,
-    pod: publishedPodName(name, p.metadata?.namespace),
+    pod: published,
     address: `${host}:${servePort}`,
     ready: routable(p),
     engine,

@@ -37,6 +37,8 @@ export interface CommonWatcherOptions {
   /** Contend for the source's lease; only the holder publishes (run two for HA). */
   leaderElection?: boolean;
   leaseMs?: number;
+  /** Remove pods published without a source (before sources existed) when this watcher does not list them: the upgrade's one-off migration. */
+  adoptUnowned?: boolean;
   log: Logger;
 }
 
@@ -105,13 +107,22 @@ export interface SourceRuntime {
   close(release: boolean): Promise<void>;
 }
 
+/** Names that travel in every event: what the PODS schema accepts (1-253 characters, no whitespace). */
+export function checkWatcherName(what: string, v: string): string {
+  if (!/^\S{1,253}$/.test(v)) throw new RangeError(`${what} must be 1-253 characters without whitespace, got ${JSON.stringify(v.slice(0, 80))}`);
+  return v;
+}
+
 export async function startSourceRuntime(o: CommonWatcherOptions, source: string, leaseStore?: (nats: NatsHandles) => Promise<LeaseStore>): Promise<SourceRuntime> {
+  checkWatcherName("--source", source);
+  if (o.watcherId !== undefined) checkWatcherName("--watcher-id", o.watcherId);
   const prefix = o.prefix ?? "jr";
   const subjects = new Subjects(prefix);
   const nats = await connectNats(o.nats, "jetroute-pod-watcher");
   const watcher = o.watcherId ?? defaultWatcherId();
   const publisher = new SourcePublisher({
     nats, subjects, prefix, source, watcher, log: o.log, heartbeatMs: o.heartbeatMs ?? DEFAULT_HEARTBEAT_MS, reassertMs: o.reassertMs ?? DEFAULT_REASSERT_MS,
+    adoptUnowned: o.adoptUnowned ?? false,
   });
   let elector: LeaderElector | undefined;
   if (o.leaderElection) {

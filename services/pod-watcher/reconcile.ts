@@ -31,6 +31,11 @@ export interface ReconcileInput {
   publishedAt: ReadonlyMap<string, number>;
   now: number;
   reassertMs: number;
+  /**
+   * Treat pods published without a source (before sources existed) as this source's, so they
+   * are removed when not wanted: the one-off migration of an upgrade. Default false.
+   */
+  adoptUnowned?: boolean;
 }
 
 export interface ReconcilePlan {
@@ -57,9 +62,11 @@ export function planReconcile(i: ReconcileInput): ReconcilePlan {
   const plan: ReconcilePlan = { upserts: [], removes: [], conflicts: [], reasserted: 0 };
   for (const [k, want] of i.desired) {
     const have = i.published.get(k);
-    const theirs = have !== undefined && have.source !== i.source;
+    // Pods from before sources (no source) are taken over silently; another source's is a conflict.
+    const theirs = have?.source !== undefined && have.source !== i.source;
     if (theirs) plan.conflicts.push(k);
-    const changed = have === undefined || theirs || !sameState(have, want);
+    // A pod under another source (or none) is republished under ours: ownership moves with it.
+    const changed = have === undefined || have.source !== i.source || !sameState(have, want);
     const due = !changed && i.now - (i.publishedAt.get(k) ?? Number.NEGATIVE_INFINITY) >= i.reassertMs;
     if (!changed && !due) continue;
     if (due) plan.reasserted++;
@@ -67,7 +74,8 @@ export function planReconcile(i: ReconcileInput): ReconcilePlan {
   }
   if (!i.complete) return plan;
   for (const [k, have] of i.published) {
-    if (have.source !== i.source || i.desired.has(k)) continue;
+    const ours = have.source === i.source || (i.adoptUnowned === true && have.source === undefined);
+    if (!ours || i.desired.has(k)) continue;
     plan.removes.push({
       type: "pod", action: "remove", model: have.model, pod: have.pod, address: have.address, ready: false, engine: have.engine, source: i.source, ts: i.now,
     });

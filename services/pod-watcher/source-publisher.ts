@@ -30,6 +30,8 @@ export interface SourcePublisherOptions {
   log: Logger;
   heartbeatMs: number;
   reassertMs: number;
+  /** See reconcile.ts `adoptUnowned`. */
+  adoptUnowned?: boolean;
   backoff?: BackoffOptions;
   clock?: () => number;
 }
@@ -166,6 +168,7 @@ export class SourcePublisher {
   private async syncOnce(): Promise<void> {
     const plan = planReconcile({
       source: this.o.source, desired: this.desired, complete: this.complete, published: this.published, publishedAt: this.publishedAt, now: this.clock(), reassertMs: this.o.reassertMs,
+      adoptUnowned: this.o.adoptUnowned ?? false,
     });
     this.stats.pending = plan.upserts.length + plan.removes.length;
     this.stats.reasserted += plan.reasserted;
