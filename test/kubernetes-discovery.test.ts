@@ -133,6 +133,18 @@ describe("Kubernetes discovery: kubectl -> API stand-in -> pod-watcher --kuberne
     await waitFor(() => inEvery((g) => pod(g, "cut-1") === undefined && routable(g, "cut-3") && pod(g, "cut-2")?.ready === false), 8_000, "relist mirrored");
     expect(kube.stats.expired).toBeGreaterThan(expiredBefore);
     expect(kube.stats.lists).toBeGreaterThan(listsBefore);
+    // Bookmarks keep the informer's resourceVersion current: after a quiet spell, history
+    // compacted and the watch cut, it resumes from the bookmark instead of relisting.
+    // The resourceVersion moves on with a write the informer's selector never shows it.
+    kube.store.create("pods", "default", { apiVersion: "v1", kind: "Pod", metadata: { name: "unrelated-0", labels: { app: "web" } } }, Date.now());
+    const bookmarks = kube.stats.bookmarks;
+    await waitFor(() => kube.stats.bookmarks >= bookmarks + 3, 5_000, "bookmarks sent");
+    const [lists, expired] = [kube.stats.lists, kube.stats.expired];
+    kube.store.compact();
+    kube.cutWatches();
+    kube.setPodStatus("default", "cut-2", { ready: true });
+    await waitFor(() => inEvery((g) => routable(g, "cut-2")), 8_000, "change after the cut");
+    expect([kube.stats.lists, kube.stats.expired]).toEqual([lists, expired]);
   });
 
   it("watcher down while pods were deleted and added: reconciled on restart; another source's pods untouched; its pods unroutable while it is down", async () => {

@@ -9,9 +9,14 @@
  *
  * The informer stops on any watch error (a dropped connection fires "Premature close"); it is
  * restarted with backoff, resuming from its last resourceVersion (a 410 makes it relist).
+ * client-node's `makeInformer` never asks for bookmarks; ours is the same ListWatch on a Watch
+ * that adds `allowWatchBookmarks=true` (the server's BOOKMARKs keep the resourceVersion recent, so
+ * a reconnect after a quiet spell resumes instead of relisting) and `timeoutSeconds`, so the
+ * server ends each watch after 5-10 minutes, as client-go's reflector asks, and a connection that
+ * died silently is replaced.
  */
 import { readFileSync } from "node:fs";
-import { CoreV1Api, type Informer, KubeConfig, type KubernetesObject, makeInformer, type ObjectCache, type V1Pod } from "@kubernetes/client-node";
+import { CoreV1Api, type Informer, KubeConfig, type KubernetesObject, ListWatch, type ObjectCache, type V1Pod, Watch } from "@kubernetes/client-node";
 import type { NatsHandles } from "../shared/nats.js";
 import { backoffDelayMs, DEFAULT_BACKOFF } from "./backoff.js";
 import { kubeLeaseStore } from "./k8s-lease.js";
@@ -58,6 +63,14 @@ export function leaseNameFor(source: string): string {
   return s.slice(0, 63).replace(/[^a-z0-9]+$/, "");
 }
 
+/** A Watch that asks for bookmarks and a server-side timeout on every watch request. */
+class BookmarkingWatch extends Watch {
+  override watch(path: string, queryParams: Record<string, unknown>, callback: (phase: string, apiObj: unknown, watchObj?: unknown) => void, done: (err: unknown) => void): Promise<AbortController> {
+    const timeoutSeconds = 300 + Math.floor(Math.random() * 300);
+    return super.watch(path, { ...queryParams, allowWatchBookmarks: true, timeoutSeconds }, callback, done);
+  }
+}
+
 interface Watched {
   namespace: string | undefined;
   informer: Informer<V1Pod> & ObjectCache<V1Pod>;
@@ -83,7 +96,7 @@ export async function startKubernetesWatcher(o: KubernetesWatcherOptions): Promi
   const watched: Watched[] = namespaces.map((namespace) => {
     const path = namespace ? `/api/v1/namespaces/${encodeURIComponent(namespace)}/pods` : "/api/v1/pods";
     const list = namespace ? () => api.listNamespacedPod({ namespace, labelSelector }) : () => api.listPodForAllNamespaces({ labelSelector });
-    return { namespace, informer: makeInformer<V1Pod>(kc, path, list, labelSelector), synced: false, attempt: 0 };
+    return { namespace, informer: new ListWatch<V1Pod>(path, new BookmarkingWatch(kc), list, false, labelSelector), synced: false, attempt: 0 };
   });
 
   const derive = () => {
