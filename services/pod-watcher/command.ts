@@ -48,7 +48,7 @@ export function registerPodWatcherCommand(program: Command): void {
       log.info({ source: w.source, watcher: w.watcherId }, "pod-watcher started");
       if (o.metricsPort >= 0) await startMetricsServer(o.metricsPort, o.metricsHost, statsRegistry("pod-watcher", () => w.stats), log);
       await w.firstRound;
-      log.info("first round published");
+      log.info({ leader: w.isLeader() }, w.isLeader() ? "first round published" : "first round observed (standby: publishing when it holds the lease)");
       await untilSignal();
       await w.close();
       process.exit(0);
