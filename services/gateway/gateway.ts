@@ -356,6 +356,7 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
     routedPrefixes: { blocks: state.routed.size, evicted: state.routed.evicted },
     tokenizer: tokenizer.stats,
     pods: views.pods.all(),
+    podSources: state.pods.sourceInfo(),
     ledger: {
       charges: views.ledger.size,
       evicted: views.ledger.evicted,
