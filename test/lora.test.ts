@@ -46,7 +46,8 @@ describe("LoRA adapters end to end", () => {
     });
     await f.start();
     closers.push(() => f.stop());
-    for (const id of ["gw-lora-1", "gw-lora-2"]) gws.push(await env.gateway({ id }));
+    // Local tokenization (the simulator's tokenizer): router block hashes match the engines' blocks.
+    for (const id of ["gw-lora-1", "gw-lora-2"]) gws.push(await env.gateway({ id, adminPort: 0, tokenizerMode: "local" }));
     front = await startFront({ port: 0, host: "127.0.0.1", gateways: gws.map((g) => `127.0.0.1:${g.port}`), logger: quietLog });
     base = `http://127.0.0.1:${front.port}`;
   });
@@ -116,5 +117,29 @@ describe("LoRA adapters end to end", () => {
     await waitFor(() => gws.every((g) => adapterPods(g, "sql-lora").length > 0), 5_000, "sql-lora routable");
     for (const model of ["sql-lora", MODEL]) expect((await complete(model, long)).status).toBe(200);
     await waitFor(() => kvLoras.includes("sql-lora") && kvLoras.includes(null), 5_000, "adapter and base blocks in KV");
+  });
+
+  it("prefix hashes are seeded by the adapter: the adapter's cached prompt matches for the adapter, not for the base model", async () => {
+    const p0 = fleet.pods[0] as SimFleet["pods"][number];
+    const prompt = "Explain the query plan of a hash join over two large tables, step by step. ".repeat(6);
+    expect((await complete("sql-lora", prompt)).status).toBe(200);
+    const explain = async (g: GatewayHandle, model: string) => {
+      const res = await fetch(`http://127.0.0.1:${g.adminPort}/debug/explain`, { method: "POST", headers: { "content-type": "application/json", "routing-strategy": "prefix-cache" }, body: JSON.stringify({ model, prompt, max_tokens: 4 }) });
+      expect(res.status).toBe(200);
+      return ((await res.json()) as { candidates: Array<{ pod: string; prefix?: { indexBlocks: number } }> }).candidates;
+    };
+    const blocksOn = (cs: Array<{ pod: string; prefix?: { indexBlocks: number } }>, pod: string) => cs.find((c) => c.pod === pod)?.prefix?.indexBlocks ?? 0;
+    for (const g of gws) {
+      let adapterView: Array<{ pod: string; prefix?: { indexBlocks: number } }> = [];
+      const t0 = Date.now();
+      while (Date.now() - t0 < 5_000) {
+        adapterView = await explain(g, "sql-lora");
+        if (blocksOn(adapterView, p0.name) > 0) break;
+        await new Promise((r) => setTimeout(r, 50));
+      }
+      expect(blocksOn(adapterView, p0.name)).toBeGreaterThan(2);
+      const baseView = await explain(g, MODEL);
+      expect(baseView.map((c) => blocksOn([c], c.pod))).toEqual(baseView.map(() => 0));
+    }
   });
 });
