@@ -84,9 +84,8 @@ describe("pod-watcher (static) - ownership, liveness, HA, on a real nats-server"
     const w = await watch({ nats: env.server.url, file, probeIntervalMs: 100, probeTimeoutMs: 300, heartbeatMs: 200, log: quietLog });
     expect(w.source).toBe("static-list-a");
     await w.firstRound;
-    expect(view.get(MODEL, "live.0")?.ready).toBe(true);
+    await waitFor(() => view.get(MODEL, "live.0")?.ready === true && view.get(MODEL, "dead")?.ready === false, 3_000, "first round in the view");
     expect(view.get(MODEL, "live.0")?.source).toBe("static-list-a");
-    expect(view.get(MODEL, "dead")?.ready).toBe(false);
     await waitFor(() => view.get(MODEL, "ghost") === undefined, 2_000, "ghost removed");
     expect(view.get(MODEL, "foreign")).toBeDefined();
     expect(view.get(MODEL, "legacy")).toBeDefined();
@@ -146,6 +145,7 @@ describe("pod-watcher (static) - ownership, liveness, HA, on a real nats-server"
   it("re-asserts unchanged pods so retention never ages them out", async () => {
     const w = await watch({ nats: env.server.url, file: list("reassert.yaml", ["steady-0"]), probeIntervalMs: 100, heartbeatMs: 100, reassertMs: 300, log: quietLog });
     await w.firstRound;
+    await waitFor(() => view.get(MODEL, "steady-0") !== undefined, 2_000, "first publish seen");
     const first = view.get(MODEL, "steady-0")?.updatedAt ?? 0;
     await waitFor(() => (view.get(MODEL, "steady-0")?.updatedAt ?? 0) > first + 250, 3_000, "a re-assertion");
     expect(w.stats.reasserted).toBeGreaterThan(0);
