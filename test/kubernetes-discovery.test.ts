@@ -79,9 +79,8 @@ describe("Kubernetes discovery: kubectl -> API stand-in -> pod-watcher --kuberne
       const rvs: string[] = [];
       await kubectl("apply", "--validate=false", "-f", podYaml("vllm-0"));
       rvs.push(await kubectl("get", "pod", "vllm-0", "-o", "jsonpath={.metadata.resourceVersion}"));
-      // Created, no IP yet: not published (cannot be addressed).
-      const t0 = Date.now();
-      await waitFor(() => Date.now() - t0 > 300, 1_000, "a moment");
+      // Created, no IP yet: seen by the watcher, not published (it cannot be addressed).
+      await waitFor(() => w.stats.skippedNoIp === 1, 5_000, "watcher saw the pod without an IP");
       expect(inEvery((g) => pod(g, "vllm-0") === undefined)).toBe(true);
 
       rvs.push(await setStatus("vllm-0", false));
@@ -186,7 +185,8 @@ describe("Kubernetes discovery: kubectl -> API stand-in -> pod-watcher --kuberne
     await one.close({ release: false });
     await waitFor(() => two.isLeader(), 3 * leaseMs, "standby takes over");
     const takeover = performance.now() - killedAt;
-    expect(takeover).toBeLessThan(leaseMs + leaseMs / 3 + 1_000);
+    // A correctness bound (expiry on the standby's clock + one renewal round), with room for a loaded machine.
+    expect(takeover).toBeLessThan(leaseMs + leaseMs / 3 + 1_500);
     const sourceOf = (g: GatewayHandle) => g.views.pods.sourceInfo().find((s) => s.source === "cluster-ha");
     await waitFor(() => inEvery((g) => sourceOf(g)?.watcher === "ha-two"), 3_000, "gateways hear the new leader");
     expect(await kubectl("get", "lease", "jetroute-pod-watcher-cluster-ha", "-n", "default", "-o", "jsonpath={.spec.holderIdentity}")).toBe("ha-two");
