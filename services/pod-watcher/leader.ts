@@ -49,6 +49,8 @@ export class LeaderElector {
 
   start(): void {
     const tick = () => {
+      // Leadership lapses by the clock even while a store call hangs (the rounds queue behind it).
+      if (this.leader && this.now() >= this.until) this.set(false);
       this.running = this.running.then(() => this.round()).catch((err: unknown) => {
         this.stats.errors++;
         this.o.log.warn({ err: (err as Error).message, lease: this.o.store.describe }, "lease round failed");
@@ -69,7 +71,6 @@ export class LeaderElector {
 
   private async round(): Promise<void> {
     if (this.stopped) return;
-    // Leadership lapses by the clock even while the store cannot be reached.
     if (this.leader && this.now() >= this.until) this.set(false);
     const lease = await this.o.store.read();
     const now = this.now();
