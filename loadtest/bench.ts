@@ -15,6 +15,7 @@ import { PREFIX_QUALITY_CASES, type PrefixQualityCaseName, runPrefixQualityBench
 import { DEFAULT_RECORDED_STRATEGIES, DEFAULT_REPLAY_STRATEGIES, runReplayBench } from "./benches/replay.js";
 import { FAULT_CASES, type FaultCaseName, runFaultsBench } from "./benches/faults.js";
 import { runDiscoveryBench } from "./benches/discovery.js";
+import { runPdBench } from "./benches/pd.js";
 
 const ints = (v: string) =>
   v.split(",").map((x) => {
@@ -54,6 +55,20 @@ program
   .option("--rate <n>", "pod changes per second (half are measured Ready transitions)", int, 10)
   .option("--duration-ms <ms>", "measured window", int, 20_000)
   .action(async (o) => console.log(JSON.stringify(await runDiscoveryBench({ pods: o.pods, rate: o.rate, durationMs: o.durationMs }))));
+
+program
+  .command("pd")
+  .description("prefill/decode disaggregation (2 prefill + 2 decode pods) vs aggregated (4 combined), long shared-prefix prompts; and the gateway's overhead on the prefill leg")
+  .option("--rate <n>", "request arrivals per second (Poisson)", Number, 1.5)
+  .option("--duration-ms <ms>", "arrivals are generated over this long, per mode", int, 30_000)
+  .option("--system-words <n>", "words (about tokens) of each shared system prompt", int, 3_600)
+  .option("--user-words <n>", "words of each user message", int, 600)
+  .option("--max-tokens <n>", "tokens generated per request", int, 64)
+  .option("--overhead-iterations <n>", "prefill-leg overhead samples (gateway-issued and direct each)", int, 200)
+  .action(async (o) => {
+    const result = await runPdBench({ rate: o.rate, durationMs: o.durationMs, systemWords: o.systemWords, userWords: o.userWords, maxTokens: o.maxTokens, overheadIterations: o.overheadIterations });
+    console.log(JSON.stringify(result));
+  });
 
 program
   .command("index")

@@ -298,6 +298,31 @@ export const DecisionRecord = Type.Object(
     cursors: Type.Optional(Type.Object({ pods: Cursor, load: Cursor, charges: Cursor, kv: Cursor, config: Cursor }, { additionalProperties: false })),
     /** The replica's place among the live gateways, when ties followed its tie order. */
     rank: Type.Optional(Type.Object({ index: Count, count: Type.Integer({ minimum: 2 }) }, { additionalProperties: false })),
+    /**
+     * Prefill/decode disaggregation (`pd`): one record per leg, both with the request's id. The
+     * decode record's `pick` is the decode pod and its `ttftMs` runs from routing to the decode's
+     * first chunk; `prefillMs` is the prefill leg's share of it.
+     */
+    pd: Type.Optional(
+      Type.Object(
+        {
+          leg: Type.Union([Type.Literal("prefill"), Type.Literal("decode")]),
+          roleset: Type.String({ maxLength: 253 }),
+          engine: EngineKind,
+          prefillPod: Type.Optional(Name),
+          decodePod: Type.Optional(Name),
+          /** The decider skipped the prefill leg (the decode pod held nearly all of the prompt). */
+          skipped: Type.Optional(Type.Boolean()),
+          /** Prefill attempts made (retries on other prefill pods included). */
+          attempts: Type.Optional(Count),
+          prefillMs: Type.Optional(Type.Number({ minimum: 0 })),
+          fastPath: Type.Optional(Type.String({ maxLength: 64 })),
+          /** Why the prefill leg failed, when it did. */
+          error: Type.Optional(Type.String({ maxLength: 64 })),
+        },
+        { additionalProperties: false },
+      ),
+    ),
   },
   { $id: "decision", additionalProperties: false },
 );

@@ -118,6 +118,12 @@ export interface ExtProcExchange {
   end(): Promise<void>;
   /** True once the stream is finished from this side (immediate response, error, cancel or end). */
   readonly closed: boolean;
+  /**
+   * Called with an immediate response the processor sent while no phase awaited a reply (e.g. a
+   * gateway watchdog ending a request whose upstream stalled). Envoy acts on one at any time:
+   * before response headers it sends it to the client, after them it can only reset the stream.
+   */
+  onUnsolicitedImmediate?: (result: Extract<PhaseResult, { kind: "immediate" }>) => void;
 }
 
 /** Base class of every failure an exchange reports; `cause` carries the underlying error. */
@@ -245,6 +251,7 @@ class ExchangeImpl implements ExtProcExchange {
   private serverDone = false;
   private readonly serverDoneWaiters: Array<() => void> = [];
   private closing: Promise<void> | undefined;
+  onUnsolicitedImmediate?: (result: Extract<PhaseResult, { kind: "immediate" }>) => void;
 
   constructor(
     private readonly call: grpc.ClientDuplexStream<ProcessingRequest | Buffer, ProcessingResponse>,
@@ -361,6 +368,7 @@ class ExchangeImpl implements ExtProcExchange {
         head.resolve(result);
       }
       this.finish("exchange ended by an immediate response");
+      if (!head) this.onUnsolicitedImmediate?.(result as Extract<PhaseResult, { kind: "immediate" }>);
       // Envoy stops talking to the processor once it has an immediate response.
       void this.closeStream();
       return;

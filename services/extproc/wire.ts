@@ -13,6 +13,9 @@ export const Headers = {
   requestId: "x-request-id",
   /** Set by the gateway on the request it forwards, so the engine and logs agree on one id. */
   gatewayRequestId: "request-id",
+  /** P/D (AIBrix): the pod that ran the prefill leg, and its address, echoed on the response. */
+  prefillTargetPod: "prefill-target-pod",
+  prefillTargetPodIp: "prefill-target-pod-ip",
   contentType: "content-type",
   contentLength: "content-length",
   path: ":path",

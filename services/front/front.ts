@@ -171,6 +171,20 @@ async function handle(st: RequestState, pool: GatewayPool, agent: http.Agent, ma
     headers.set("content-length", [String(upstreamBody.length)]);
   }
 
+  // While the upstream works, the processor may end the request itself (the gateway's P/D
+  // watchdog or a failed prefill leg): before response headers that reply goes to the client,
+  // after them the stream can only be reset — what Envoy does.
+  if (st.exchange) {
+    st.exchange.onUnsolicitedImmediate = (r) => {
+      st.processing = false;
+      if (st.res.headersSent) {
+        st.upstream.abort();
+        st.res.destroy();
+      } else sendImmediate(st, r);
+      // Nothing more goes to this client: what the upstream still does is abandoned.
+      st.gone = true;
+    };
+  }
   const endpoint = chosenEndpoint(headers);
   if (!endpoint) {
     return localReply(st, 503, openAiError(503, "no healthy upstream: the gateway named no endpoint"));

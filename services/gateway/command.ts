@@ -67,6 +67,10 @@ export function registerGatewayCommand(program: Command): void {
     .option("--tls-client-ca <file>", "PEM CA: mutual TLS, only clients (Envoy) with a certificate it signed may connect")
     .option("--no-record-prompt-blocks", "do not tokenize prompts for decision records under strategies that do not need them (replay cannot then ask what prefix-cache would have hit)")
     .option("--shutdown-grace-ms <ms>", "on SIGTERM, how long in-flight requests may finish before being cancelled", intOption(0), 10_000)
+    .option("--pd-prefill-timeout-ms <ms>", "P/D: timeout of one prefill leg attempt", intOption(1), 30_000)
+    .option("--pd-prefill-retries <n>", "P/D: retries of a failed prefill leg (502/503/504, connection errors) on other prefill pods", intOption(0, 16), 2)
+    .option("--pd-first-chunk-timeout-ms <ms>", "P/D decode watchdog: time to the decode's first chunk", intOption(1), 60_000)
+    .option("--pd-idle-timeout-ms <ms>", "P/D decode watchdog: time between the decode's chunks", intOption(1), 120_000)
     .action(async (o) => {
       const log = createLogger("gateway");
       const gw = await startGateway({
@@ -97,6 +101,7 @@ export function registerGatewayCommand(program: Command): void {
         // From the environment (a Kubernetes Secret), never a flag: flags show in `ps`.
         ...(process.env.JETROUTE_SESSION_SECRET ? { sessionSecret: process.env.JETROUTE_SESSION_SECRET } : {}),
         auth: o.auth,
+        pd: { prefillTimeoutMs: o.pdPrefillTimeoutMs, maxRetries: o.pdPrefillRetries, firstChunkTimeoutMs: o.pdFirstChunkTimeoutMs, idleTimeoutMs: o.pdIdleTimeoutMs },
         log,
       });
       console.log(JSON.stringify({ gateway: gw.id, port: gw.port, adminPort: gw.adminPort }));

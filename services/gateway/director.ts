@@ -26,6 +26,8 @@ import type { Pick, RoutingRequest } from "./strategies/types.js";
 import { Admission, type AdmissionClock } from "./stages/admission.js";
 import { type Committer, EventualCommitter } from "./stages/commit.js";
 import { decisionRandom, type PrefixMatchResult, type Rank, schedule } from "./stages/scheduling.js";
+import { type LegClient, type PdLegOptions, PdLegs } from "./stages/pd-legs.js";
+import type { PdRouted } from "./request.js";
 
 export type { PrefixMatchResult } from "./stages/scheduling.js";
 export type { DecisionContext, OwnAdmissionKey, Prepared, PromptBlocks, RoutedRequest, RouteInput } from "./request.js";
@@ -77,6 +79,9 @@ export interface DirectorOptions {
   strictFor?: (model: string) => boolean;
   /** `off`: this replica counts only its own charges (recorded in decision records). */
   consistency?: "eventual" | "strict" | "off";
+  /** P/D: how the gateway sends prefill legs (absent: a `pd` plan routes decode only, the decode pod computing the prompt). */
+  pdLegClient?: LegClient;
+  pdLegOptions?: Partial<PdLegOptions>;
 }
 
 
@@ -107,6 +112,8 @@ export interface Selection {
 
 export interface FinishInfo {
   status: number;
+  /** The gateway's own error code, when it ended the request (e.g. `decode_timeout`). */
+  errorCode?: string;
   promptTokens?: number;
   completionTokens?: number;
 }
@@ -132,7 +139,27 @@ export class Director {
     // Peers' liveness (the rank the burst guard counts) on the broker's time; windows on ours.
     const admissionViews = serverNow ? { rates: opts.state.rates, pods: opts.state.pods, ledger: { rank: () => opts.state.ledger.rank(serverNow()) } } : opts.state;
     this.admission = new Admission(admissionViews, opts.config, opts.clock ?? { now: this.now, setTimeout: (fn, ms) => void setTimeout(fn, ms) });
+    if (opts.pdLegClient) {
+      this.legs = new PdLegs(
+        opts.pdLegClient,
+        {
+          endPrefill: (r, outcome, status) => this.endPrefill(r, outcome, status),
+          retryPrefill: (r) => this.retryPrefill(r),
+          fail: (r, err) => {
+            this.finish(r, "error", { status: err.status, errorCode: err.code });
+          },
+          now: this.now,
+        },
+        opts.pdLegOptions,
+      );
+    }
   }
+
+  /** P/D plans made: disaggregated, prefill skipped by the decider, combined fallbacks, unusable rolesets seen. */
+  readonly pdStats = { disaggregated: 0, skipped: 0, combined: 0, unusableRolesets: 0 };
+
+  /** The P/D legs stage (absent without a leg client). */
+  readonly legs: PdLegs | undefined;
 
   /**
    * Everything about a request that does not depend on the views: the parsed body, the strategy,
@@ -226,6 +253,7 @@ export class Director {
       promptTokens,
       ...(parsed.maxTokens !== undefined ? { maxTokens: parsed.maxTokens } : {}),
       ...(user ? { user } : {}),
+      ...(pick.pd?.kind === "pd" ? { phase: "decode" as const } : {}),
     };
     // A strict-mode retry (`carry`) is the same request: counted once, by its first attempt.
     const countedAt = opts.carry?.countedAt ?? now;
@@ -239,7 +267,11 @@ export class Director {
     }
     this.opts.state.ownCharge(charge, now, { ...(opts.carry ? { counted: false } : admission ? { admission } : {}) });
     if (opts.publish !== false) this.opts.sink.charge(charge);
-    if (prefixMatch && prefixMatch.hashes.length > 0) this.opts.prefix?.recordRouted(pick.pod, prefixMatch.hashes, now, chargeId);
+    if (prefixMatch && prefixMatch.hashes.length > 0) {
+      this.opts.prefix?.recordRouted(pick.pod, prefixMatch.hashes, now, chargeId);
+      // P/D: the prefill pod computes the prompt (and keeps it cached); decode holds it after the transfer.
+      if (pick.pd?.kind === "pd" && !pick.pd.skipPrefill) this.opts.prefix?.recordRouted(pick.pd.prefill, prefixMatch.hashes, now, `${chargeId}.p1`);
+    }
     const routed: RoutedRequest = {
       chargeId,
       charge,
@@ -272,6 +304,13 @@ export class Director {
       },
       finished: false,
     };
+    if (pick.pd) this.countPlan(pick.pd);
+    if (pick.pd?.kind === "pd") {
+      const plan = pick.pd;
+      const pd: PdRouted = { plan, prefillPod: plan.prefill, tried: new Set([plan.prefill.pod]), attempts: 0 };
+      routed.pd = pd;
+      if (!plan.skipPrefill) this.chargePrefill(routed, plan.prefill);
+    }
     this.inFlight.set(chargeId, routed);
     const prefix = this.opts.prefix;
     // Approximate-mode hashes match only other gateways' routed prefixes, which traffic under a
@@ -300,7 +339,91 @@ export class Director {
    */
   route(input: RouteInput): RoutedRequest | Promise<RoutedRequest> {
     const prepared = this.prepare(input);
-    return prepared instanceof Promise ? prepared.then((p) => this.committerFor(p).commit(input, p)) : this.committerFor(prepared).commit(input, prepared);
+    const commit = (p: Prepared) => {
+      const r = this.committerFor(p).commit(input, p);
+      if (!p.strategy.pd) return r;
+      return r instanceof Promise ? r.then((x) => this.runLegs(x, input, p)) : this.runLegs(r, input, p);
+    };
+    return prepared instanceof Promise ? prepared.then(commit) : commit(prepared);
+  }
+
+  /** P/D: runs the prefill leg (stages/pd-legs.ts) of a request the `pd` strategy disaggregated. */
+  private runLegs(r: RoutedRequest, input: RouteInput, p: Prepared): RoutedRequest | Promise<RoutedRequest> {
+    if (!r.pd || !this.legs) return r;
+    if (r.pd.plan.engine === "sglang" && !r.pd.prefillCharge) return r;
+    return this.legs.run(r, input, p.parsed.body, input.headers[":path"]?.split("?")[0] || "/v1/chat/completions");
+  }
+
+  private countPlan(plan: NonNullable<Pick["pd"]>): void {
+    const st = this.pdStats;
+    if (plan.kind === "combined") st.combined++;
+    else if (plan.skipPrefill) st.skipped++;
+    else st.disaggregated++;
+    st.unusableRolesets += plan.unusable.length;
+  }
+
+  /** Charges a prefill pod for the request's prefill leg (an attempt; a retry charges another pod). */
+  private chargePrefill(r: RoutedRequest, pod: PodInfo): void {
+    const pd = r.pd as PdRouted;
+    pd.attempts++;
+    pd.prefillPod = pod;
+    pd.tried.add(pod.pod);
+    const charge: ChargeEvent = {
+      ...r.charge,
+      id: `${r.chargeId}.p${pd.attempts}`,
+      pod: pod.pod,
+      model: pod.model,
+      ts: this.now(),
+      phase: "prefill",
+    };
+    delete (charge as { maxTokens?: number }).maxTokens;
+    pd.prefillCharge = charge;
+    // One request, counted once in the rate windows: by its decode charge.
+    this.opts.state.ownCharge(charge, charge.ts, { counted: false });
+    this.opts.sink.charge(charge);
+  }
+
+  /** Ends the current prefill attempt's charge (once) and records the prefill leg. */
+  private endPrefill(r: RoutedRequest, outcome: ReleaseOutcome, status: number): void {
+    const pd = r.pd;
+    const charge = pd?.prefillCharge;
+    if (!pd || !charge) return;
+    pd.prefillCharge = undefined;
+    const now = this.now();
+    const release: ReleaseEvent = { type: "release", id: charge.id, gateway: this.gatewayId, model: charge.model, pod: charge.pod, ts: now, outcome, ...(r.user ? { user: r.user } : {}) };
+    this.opts.state.ownRelease(release);
+    this.opts.sink.release(release);
+    this.opts.sink.decision({
+      type: "decision",
+      v: DECISION_RECORD_VERSION,
+      id: r.requestId,
+      gateway: this.gatewayId,
+      model: r.model,
+      ts: charge.ts,
+      strategy: r.strategy,
+      candidates: pd.plan.prefillCandidates.map((c) => ({ pod: c.pod.pod, score: c.score })),
+      pick: charge.pod,
+      ...(r.user ? { user: r.user } : {}),
+      status,
+      outcome,
+      durationMs: Math.max(0, now - charge.ts),
+      promptTokens: r.promptTokens,
+      charge: charge.id,
+      routedPromptTokens: r.promptTokens,
+      cursors: r.context.cursors,
+      pd: { leg: "prefill", roleset: pd.plan.roleset, engine: pd.plan.engine, prefillPod: charge.pod, decodePod: r.pod.pod, attempts: pd.attempts, ...(pd.plan.fastPath ? { fastPath: pd.plan.fastPath } : {}) },
+    });
+  }
+
+  /** A retry: charges the least loaded prefill pod of the roleset not tried yet. */
+  private retryPrefill(r: RoutedRequest): boolean {
+    const pd = r.pd;
+    if (!pd || r.finished) return false;
+    const left = pd.plan.prefillCandidates.map((c) => c.pod).filter((p) => !pd.tried.has(p.pod) && this.views.pods.get(p.model, p.pod)?.ready !== false);
+    if (left.length === 0) return false;
+    const next = left.reduce((a, b) => (this.views.ledger.outstanding(b.model, b.pod).requests < this.views.ledger.outstanding(a.model, a.pod).requests ? b : a));
+    this.chargePrefill(r, next);
+    return true;
   }
 
   private readonly eventual: Committer = new EventualCommitter(this);
@@ -312,7 +435,13 @@ export class Director {
   }
 
   private committerFor(p: Prepared): Committer {
-    return this.strict && this.opts.strictFor?.(p.parsed.model) ? this.strict : this.eventual;
+    // P/D charges two pods per request; strict mode's per-pod compare-and-set covers one.
+    return this.strict && !p.strategy.pd && this.opts.strictFor?.(p.parsed.model) ? this.strict : this.eventual;
+  }
+
+  /** P/D: the decode watchdog fired; SGLang's decode engine is told to stop the request. */
+  abortDecode(r: RoutedRequest): void {
+    void this.legs?.abortDecode(r);
   }
 
   /** The request's first response bytes arrived: it moved from prefill to decode. */
@@ -357,6 +486,12 @@ export class Director {
     if (r.finished) return false;
     r.finished = true;
     this.inFlight.delete(r.chargeId);
+    const pd = r.pd;
+    if (pd?.prefillCharge) {
+      // The request ended while its prefill leg was still out (client gone, decode failed or done).
+      if (outcome !== "completed") pd.cancelPrefill?.();
+      if (outcome !== "completed" || pd.plan.engine !== "sglang") this.endPrefill(r, outcome === "completed" ? "cancelled" : outcome, outcome === "completed" ? 499 : info.status);
+    }
     const now = this.now();
     const release: ReleaseEvent = {
       type: "release",
@@ -409,6 +544,23 @@ export class Director {
       ...(c.slo ? { slo: c.slo } : {}),
       ...(c.maxTokens !== undefined ? { maxTokens: c.maxTokens } : {}),
       ...(c.consistency ? { consistency: c.consistency } : {}),
+      ...(info.errorCode ? { errorCode: info.errorCode } : pd?.failure ? { errorCode: pd.failure.code } : {}),
+      ...(pd
+        ? {
+            pd: {
+              leg: "decode" as const,
+              roleset: pd.plan.roleset,
+              engine: pd.plan.engine,
+              prefillPod: pd.prefillPod.pod,
+              decodePod: r.pod.pod,
+              ...(pd.plan.skipPrefill ? { skipped: true } : {}),
+              attempts: pd.attempts,
+              ...(pd.prefillMs !== undefined ? { prefillMs: pd.prefillMs } : {}),
+              ...(pd.plan.fastPath ? { fastPath: pd.plan.fastPath } : {}),
+              ...(pd.failureReason ? { error: pd.failureReason } : {}),
+            },
+          }
+        : {}),
     });
     return true;
   }

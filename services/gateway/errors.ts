@@ -19,22 +19,37 @@ export const ErrorCodes = {
   noPodInSubset: { status: 503, code: "no_ready_pod_in_subset" },
   notReady: { status: 503, code: "gateway_not_ready" },
   internal: { status: 500, code: "internal_error" },
+  /** P/D: the client's body carries a handoff field only the gateway may set. */
+  pdControlledField: { status: 400, code: "pd_controlled_field" },
+  /** P/D: the prefill leg failed on every prefill pod tried (5xx, refused connection). */
+  prefillFailed: { status: 502, code: "prefill_failed" },
+  /** P/D: the prefill engine refused the request itself (its 4xx status is passed on). */
+  prefillRejected: { status: 400, code: "prefill_rejected" },
+  prefillTimeout: { status: 504, code: "prefill_timeout" },
+  /** P/D: the decode watchdog saw no first chunk, or no next one, in time. */
+  decodeTimeout: { status: 504, code: "decode_timeout" },
+  /** The client left while the gateway was still working on the request (nothing is sent). */
+  clientCancelled: { status: 499, code: "client_cancelled" },
 } as const;
 export type ErrorCode = keyof typeof ErrorCodes;
 
 export class RouteError extends Error {
   override name = "RouteError";
+  /** Set when the request was routed (charged, recorded) before this error ended it: the adapter only answers. */
+  afterRouting = false;
   constructor(
     readonly kind: ErrorCode,
     message: string,
     readonly param: string | null = null,
     /** Extra response headers (e.g. rate-limit headers on a 429). */
     readonly headers: Readonly<Record<string, string>> = {},
+    /** A status other than the code's (an engine's own 4xx passed on). */
+    private readonly statusOverride?: number,
   ) {
     super(message);
   }
   get status(): number {
-    return ErrorCodes[this.kind].status;
+    return this.statusOverride ?? ErrorCodes[this.kind].status;
   }
   get code(): string {
     return ErrorCodes[this.kind].code;

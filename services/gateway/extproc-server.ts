@@ -47,7 +47,18 @@ export interface RequestRouter {
   finish(r: RoutedRequest, outcome: ReleaseOutcome, info: FinishInfo): boolean;
   /** Records a request refused before routing. */
   reject(headers: Readonly<Record<string, string>>, model: string | undefined, err: RouteError): void;
+  /** P/D: the decode watchdog fired; asks the decode engine to stop the request (SGLang `/abort_request`). */
+  abortDecode?(r: RoutedRequest): void;
 }
+
+/** Decode watchdog of disaggregated requests (AIBrix's defaults: 60 s to the first chunk, 120 s between chunks). */
+export interface PdWatchdog {
+  firstChunkMs: number;
+  idleMs: number;
+  /** After the engine was told to stop mid-stream: how long its stream may take to end before the gateway resets it. */
+  graceMs?: number;
+}
+export const DEFAULT_PD_WATCHDOG: Readonly<PdWatchdog> = { firstChunkMs: 60_000, idleMs: 120_000, graceMs: 1_000 };
 
 export interface ExtProcHandlerOptions {
   router: RequestRouter;
@@ -58,6 +69,8 @@ export interface ExtProcHandlerOptions {
   maxBodyBytes?: number;
   /** Answers GET /v1/models from the pod set. */
   listModels: () => string[];
+  /** Decode watchdog for P/D requests (default DEFAULT_PD_WATCHDOG). */
+  pdWatchdog?: PdWatchdog;
   /** Bearer API-key authentication (`--auth required`); absent: every request is let through. */
   auth?: {
     /** Checks the `authorization` header value (never logged). */
@@ -97,6 +110,7 @@ function subsetHint(req: ProcessingRequest): string[] | undefined {
 export function createExtProcHandler(opts: ExtProcHandlerOptions): grpc.handleBidiStreamingCall<ProcessingRequest, ProcessingResponse> {
   const { router, log } = opts;
   const maxBody = opts.maxBodyBytes ?? 4 * 1024 * 1024;
+  const watchdogCfg = opts.pdWatchdog ?? DEFAULT_PD_WATCHDOG;
 
   // The header entries and metadata that name a pod are the same for every request to it:
   // built once per (endpoint, strategy), bounded by pods x strategies.
@@ -132,8 +146,21 @@ export function createExtProcHandler(opts: ExtProcHandlerOptions): grpc.handleBi
     let authenticated = false;
     const errorBody: Buffer[] = [];
     let errorBytes = 0;
+    /** Aborted when the stream is over: work for this request (a P/D prefill leg) stops. */
+    const gone = new AbortController();
+    /** Response headers reached the gateway (from then on an error can only travel in the body). */
+    let responseStarted = false;
+    let responseIsSse = false;
+    /** P/D: the error that ended the decode after its response had started (sent as a last SSE event). */
+    let pdError: RouteError | undefined;
+    let watchdog: NodeJS.Timeout | undefined;
+    const stopWatchdog = () => {
+      if (watchdog) clearTimeout(watchdog);
+      watchdog = undefined;
+    };
 
     const finish = (outcome: "completed" | "error" | "cancelled") => {
+      stopWatchdog();
       if (!routed || routed.finished) return;
       const usage = tracker?.end() ?? {};
       router.finish(routed, outcome, { status: status || (outcome === "cancelled" ? 499 : 502), ...usage });
@@ -169,13 +196,16 @@ export function createExtProcHandler(opts: ExtProcHandlerOptions): grpc.handleBi
       const body = bodyParts.length === 1 ? (bodyParts[0] as Buffer) : Buffer.concat(bodyParts);
       bodyParts = [];
       const failed = (err: unknown) => {
+        // The client left while the request was being worked on: nobody to answer.
+        if (over || call.cancelled) return;
+        if (err instanceof RouteError && err.afterRouting) return send(immediate(err.status, routeErrorBody(err), err.headers));
         if (err instanceof RouteError) return reject(err, safeModel(body));
         log.error({ err }, "routing failed");
         return reject(new RouteError("internal", "internal routing error"));
       };
       let result: RoutedRequest | Promise<RoutedRequest>;
       try {
-        result = router.route({ headers, body, subset });
+        result = router.route({ headers, body, subset, signal: gone.signal });
       } catch (err) {
         return failed(err);
       }
@@ -195,16 +225,61 @@ export function createExtProcHandler(opts: ExtProcHandlerOptions): grpc.handleBi
 
     const replyRouted = (routed: RoutedRequest) => {
       const target = targetOf(routed.pod.address, routed.strategy);
+      const set = [...target.headers, setHeader(Headers.requestId, routed.requestId)];
+      // P/D's decode leg goes out with the gateway's body (transfer params or bootstrap fields).
+      if (routed.body) set.push(setHeader(Headers.contentLength, String(routed.body.length)));
       send({
         request_body: {
           response: {
             status: "CONTINUE",
-            header_mutation: { set_headers: [...target.headers, setHeader(Headers.requestId, routed.requestId)] },
+            header_mutation: { set_headers: set },
+            ...(routed.body ? { body_mutation: { body: routed.body } } : {}),
             clear_route_cache: true,
           },
         },
         dynamic_metadata: target.metadata,
       });
+      if (routed.pd) {
+        routed.pd.onFailure = (err) => endDecode(routed, err);
+        // The prefill may have failed before Envoy was even told where decode goes.
+        if (routed.pd.failure) return endDecode(routed, routed.pd.failure);
+        armWatchdog(routed, watchdogCfg.firstChunkMs, "no first chunk");
+      }
+    };
+
+    const armWatchdog = (r: RoutedRequest, ms: number, what: string) => {
+      stopWatchdog();
+      watchdog = setTimeout(() => {
+        watchdog = undefined;
+        if (r.finished || over) return;
+        router.abortDecode?.(r);
+        endDecode(r, new RouteError("decodeTimeout", `decode on ${r.pod.pod}: ${what} within ${ms} ms`));
+      }, ms);
+      watchdog.unref?.();
+    };
+
+    /**
+     * Ends a disaggregated request from the gateway's side. Before response headers: an immediate
+     * OpenAI error (Envoy acts on one whenever it arrives). After: the error goes out as a last SSE
+     * event when the engine ends its stream, or the stream is reset after a grace period.
+     */
+    const endDecode = (r: RoutedRequest, err: RouteError) => {
+      if (r.finished || over) return;
+      if (!responseStarted) {
+        stopWatchdog();
+        send(immediate(err.status, routeErrorBody(err), err.headers));
+        router.finish(r, "error", { status: err.status, errorCode: err.code });
+        return;
+      }
+      pdError ??= err;
+      stopWatchdog();
+      watchdog = setTimeout(() => {
+        watchdog = undefined;
+        if (r.finished || over) return;
+        send(immediate(err.status, routeErrorBody(err), err.headers));
+        router.finish(r, "error", { status: err.status, errorCode: err.code });
+      }, watchdogCfg.graceMs ?? 1_000);
+      watchdog.unref?.();
     };
 
     call.on("data", (req: ProcessingRequest) => {
@@ -239,9 +314,14 @@ export function createExtProcHandler(opts: ExtProcHandlerOptions): grpc.handleBi
           case "response_headers": {
             const h = headersToRecord(req.response_headers?.headers);
             status = Number.parseInt(h[Headers.status] ?? "0", 10) || 0;
+            responseStarted = true;
+            responseIsSse = (h[Headers.contentType] ?? "").includes("text/event-stream");
             tracker = new ResponseTracker(h[Headers.contentType]);
             const set = routed ? [...targetOf(routed.pod.address, routed.strategy).echo, setHeader(Headers.gatewayRequestId, routed.requestId)] : [];
             for (const [k, v] of Object.entries(routed?.responseHeaders ?? {})) set.push(setHeader(k, v));
+            if (routed?.pd && !routed.pd.plan.skipPrefill) {
+              set.push(setHeader(Headers.prefillTargetPod, routed.pd.prefillPod.pod), setHeader(Headers.prefillTargetPodIp, routed.pd.prefillPod.address));
+            }
             // An upstream error gets an OpenAI-shaped body: collect it, answer at its last chunk.
             normalising = status >= 400 && !req.response_headers?.end_of_stream;
             if (normalising) set.push(setHeader(Headers.contentType, "application/json"));
@@ -257,6 +337,20 @@ export function createExtProcHandler(opts: ExtProcHandlerOptions): grpc.handleBi
             const b = req.response_body;
             if (routed && routed.firstChunkAt === undefined && b?.body?.length) router.firstToken(routed);
             if (b?.body?.length) tracker?.push(b.body);
+            if (routed?.pd && !pdError && !b?.end_of_stream && b?.body?.length) armWatchdog(routed, watchdogCfg.idleMs, "no next chunk");
+            if (pdError && !normalising && responseIsSse) {
+              // The decode was ended by the gateway: its stream closes with the reason as an SSE
+              // event, before the `[DONE]` the aborted engine sends (clients stop reading there).
+              const text = Buffer.from(b?.body ?? []).toString("utf8").replaceAll("data: [DONE]\n\n", "");
+              const tail = b?.end_of_stream ? `data: ${JSON.stringify(routeErrorBody(pdError))}\n\ndata: [DONE]\n\n` : "";
+              send({ response_body: { response: { status: "CONTINUE", body_mutation: { body: Buffer.from(text + tail) } } } });
+              if (b?.end_of_stream) {
+                status = pdError.status;
+                if (routed && !routed.finished) router.finish(routed, "error", { status: pdError.status, errorCode: pdError.code, ...(tracker?.end() ?? {}) });
+                stopWatchdog();
+              }
+              return;
+            }
             if (normalising) {
               if (b?.body?.length && errorBytes < 65_536) {
                 errorBody.push(Buffer.from(b.body));
@@ -285,6 +379,8 @@ export function createExtProcHandler(opts: ExtProcHandlerOptions): grpc.handleBi
       }
     });
     call.on("end", () => {
+      // Not an abort: Envoy half-closes after the response (or early when it skips response
+      // phases), and a SGLang prefill leg in flight must go on.
       // Envoy half-closed. grpc-js reports a client cancel as "end" followed by "cancelled", and
       // emits "cancelled" after clean closes too, so neither event alone tells them apart:
       // decide one tick later, when `call.cancelled` is settled. The release happens once either way.
@@ -297,10 +393,12 @@ export function createExtProcHandler(opts: ExtProcHandlerOptions): grpc.handleBi
     });
     call.on("cancelled", () => {
       over = true;
+      gone.abort();
       finish("cancelled");
     });
     call.on("error", () => {
       over = true;
+      gone.abort();
       finish("cancelled");
     });
   };

@@ -23,7 +23,8 @@ import type { TokenizerMode } from "../tokenizer/prompt-tokens.js";
 import { type AdminServer, adminAuthorizer, startAdminServer } from "./admin-server.js";
 import { Director, type EventSink, type GatewayViews } from "./director.js";
 import { explain } from "./explain.js";
-import { createExtProcHandler } from "./extproc-server.js";
+import { createExtProcHandler, DEFAULT_PD_WATCHDOG } from "./extproc-server.js";
+import { PdHttpClient } from "./pd-client.js";
 import { GatewayMetrics } from "./metrics.js";
 import { type LoadedSnapshot, loadNewestSnapshot, startSnapshotter } from "./snapshots.js";
 import { watchModelConfigs } from "./config-watch.js";
@@ -103,6 +104,11 @@ export interface GatewayOptions {
    * <key>` with a key from the config bucket (`jetroute config add-key`), else 401.
    */
   auth?: AuthMode;
+  /**
+   * Prefill/decode disaggregation (the `pd` strategy): the prefill leg's timeout per attempt and
+   * retries on other prefill pods, and the decode watchdog (first chunk, then between chunks).
+   */
+  pd?: { prefillTimeoutMs?: number; maxRetries?: number; firstChunkTimeoutMs?: number; idleTimeoutMs?: number };
   log: Logger;
 }
 
@@ -253,6 +259,7 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
     apiKeys: () => ({ active: state.apiKeys.active, revoked: state.apiKeys.size - state.apiKeys.active }),
     connections: () => extProcConnections,
     outboxDrops: () => outbox.drops(),
+    pd: () => ({ ...director.pdStats, ...director.legs?.stats }),
   });
   const sink: EventSink = {
     charge: (ev) => outbox.fire(subjects.charges(ev.model, ev.pod), ev),
@@ -271,7 +278,14 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
   const configWatch = await watchModelConfigs(nats.nc, configBucketName(prefix), state, log);
   const authMode: AuthMode = o.auth ?? "off";
   const prefixSupport = createPrefixSupport({ gatewayId: id, state, tokenizer, subjects, outbox });
-  const director = new Director({ gatewayId: id, now: clock, serverNow: serverClock.now, recordPromptBlocks: o.recordPromptBlocks, defaultStrategy: o.defaultStrategy ?? "least-request", chargeTtlMs, state, sink, prefix: prefixSupport, config: modelConfigs, consistency: o.consistency, strictFor: (model) => defaultConsistency !== "off" && (modelConfigs.consistency(model) ?? defaultConsistency) === "strict", onPick: (st, sec) => metrics.pick(st, sec) });
+  const pdClient = new PdHttpClient();
+  const director = new Director({
+    gatewayId: id, now: clock, serverNow: serverClock.now, recordPromptBlocks: o.recordPromptBlocks, defaultStrategy: o.defaultStrategy ?? "least-request", chargeTtlMs, state, sink, prefix: prefixSupport, config: modelConfigs, consistency: o.consistency,
+    strictFor: (model) => defaultConsistency !== "off" && (modelConfigs.consistency(model) ?? defaultConsistency) === "strict",
+    onPick: (st, sec) => metrics.pick(st, sec),
+    pdLegClient: pdClient,
+    pdLegOptions: { ...(o.pd?.prefillTimeoutMs !== undefined ? { prefillTimeoutMs: o.pd.prefillTimeoutMs } : {}), ...(o.pd?.maxRetries !== undefined ? { maxRetries: o.pd.maxRetries } : {}) },
+  });
   // Strict commits are chosen per model (its config's `consistency`, else `--consistency`), so the
   // committer exists whenever charges are shared; `off` follows no peer and has nothing to commit against.
   const defaultConsistency = o.consistency ?? "eventual";
@@ -321,6 +335,7 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
       router: director,
       log,
       isReady: () => isReady,
+      pdWatchdog: { ...DEFAULT_PD_WATCHDOG, ...(o.pd?.firstChunkTimeoutMs !== undefined ? { firstChunkMs: o.pd.firstChunkTimeoutMs } : {}), ...(o.pd?.idleTimeoutMs !== undefined ? { idleMs: o.pd.idleTimeoutMs } : {}) },
       listModels: () => [...new Set(views.pods.all().flatMap((p) => [p.model, ...p.adapters]))].sort(),
       ...(authMode === "required"
         ? {
@@ -443,6 +458,7 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
       await snapshotter?.close();
       await Promise.all(followers.map((f) => f.stop()));
       await nats.nc.drain();
+      await pdClient.close();
       log.info({ drained }, "gateway stopped");
     },
   };

@@ -18,6 +18,8 @@ export interface GatewayMetricsSources {
   apiKeys?: () => { active: number; revoked: number };
   /** ext_proc HTTP/2 connections (see services/extproc/reset-budget.ts). */
   connections?: () => { open: number; opened: number; rotated: number; resets: number } | undefined;
+  /** P/D: plans and legs (Director.pdStats and PdLegs.stats). */
+  pd?: () => Readonly<Record<string, number>>;
   /** Events the outbox did not publish, by reason (services/shared/publish.ts). */
   outboxDrops?: () => { closed: number; tooLarge: number; failed: number };
 }
@@ -107,6 +109,14 @@ export class GatewayMetrics {
       g.set({ reason: "too_large" }, d?.tooLarge ?? 0);
       g.set({ reason: "failed" }, d?.failed ?? 0);
     });
+    gauge(
+      "jetroute_gateway_pd",
+      "P/D: disaggregated requests, decider skips, combined fallbacks, unusable rolesets seen, prefill attempts/retries/failures, answers without transfer params, decode aborts",
+      ["figure"],
+      (g) => {
+        for (const [k, v] of Object.entries(src.pd?.() ?? {})) g.set({ figure: k }, v);
+      },
+    );
     gauge("jetroute_gateway_strict", "Strict mode: committed charges, lost races, fallbacks", ["figure"], (g) => {
       for (const [k, v] of Object.entries(src.strict() ?? {})) g.set({ figure: k }, v);
     });

@@ -3,6 +3,8 @@
  * planning made of it (Prepared), and what routing charged (RoutedRequest, with the context its
  * decision record keeps). Shared by the director and the committers.
  */
+import type { RouteError } from "./errors.js";
+import type { PdPlan } from "./strategies/pd.js";
 import type { ChargeEvent } from "../../schemas/events.js";
 import type { OwnAdmission, StateStream } from "../views/gateway-state.js";
 import type { PodInfo } from "../views/pod-set.js";
@@ -17,6 +19,8 @@ export interface RouteInput {
   body: Uint8Array;
   /** Endpoints the proxy allows (Inference Extension subset hint); undefined = no restriction. */
   subset?: readonly string[];
+  /** Aborted when the client is gone: work on its behalf (a P/D prefill leg) stops. */
+  signal?: AbortSignal;
 }
 
 export interface RoutedRequest {
@@ -45,6 +49,34 @@ export interface RoutedRequest {
   recordedBlocks?: PromptBlocks;
   firstChunkAt?: number;
   finished: boolean;
+  /** P/D: the prefill leg of a disaggregated request (absent: an ordinary request). */
+  pd?: PdRouted;
+  /** A body the upstream request is sent with instead of the client's (P/D's decode leg). */
+  body?: Buffer;
+}
+
+/** The prefill leg of a disaggregated request, as the director and the legs stage track it. */
+export interface PdRouted {
+  readonly plan: Extract<PdPlan, { kind: "pd" }>;
+  /** The prefill pod of the current attempt. */
+  prefillPod: PodInfo;
+  /** The current attempt's prefill charge, until its release (none when the decider skipped the leg). */
+  prefillCharge?: ChargeEvent;
+  /** Prefill pods tried so far (retries go to another one). */
+  readonly tried: Set<string>;
+  attempts: number;
+  prefillStartedAt?: number;
+  prefillMs?: number;
+  /** SGLang: the request id both legs carry, for /abort_request. */
+  rid?: string;
+  /** Set when the prefill leg failed for good: the decode is ended with this error. */
+  failure?: RouteError;
+  /** Why the prefill failed (bounded code for the decision record). */
+  failureReason?: string;
+  /** Called once when the prefill leg fails after the decode was routed (SGLang), so the adapter can end the request. */
+  onFailure?: (err: RouteError) => void;
+  /** Ends the prefill leg still in flight (client gone, decode failed). */
+  cancelPrefill?: () => void;
 }
 
 /** The inputs of a decision beyond the views, recorded for replay (schemas/events.ts, DecisionRecord v2). */

@@ -148,10 +148,16 @@ const YOUNG_MS = 1_000;
 /** An idle gateway silent this long (stream time: no heartbeat, charge or record) is dropped. */
 const DROP_SILENT_MS = 30_000;
 
+/**
+ * The routing-order number of a charge id: base 36. A P/D prefill leg's charge (`<id>.p<attempt>`)
+ * belongs to its request's number — it was made right after that request's decode charge.
+ */
 const chargeSeqOf = (id: string | undefined): number | undefined => {
-  if (id === undefined || !/^[0-9a-z]{1,11}$/.test(id)) return undefined;
-  return Number.parseInt(id, 36);
+  const m = id === undefined ? null : /^([0-9a-z]{1,11})(?:\.p\d{1,3})?$/.exec(id);
+  return m ? Number.parseInt(m[1] as string, 36) : undefined;
 };
+/** A prefill leg's charge: it has no decision record of its own to wait for. */
+const isLegCharge = (id: string) => id.includes(".p");
 
 const TYPES: Record<StateStream, readonly EventType[]> = {
   pods: ["pod", "pod-source"],
@@ -294,8 +300,8 @@ export class ReplayEngine {
         r.own.charges.push(pos);
         const ev = b.ev;
         // Only charges routed inside the window have a record to wait for.
-        if (ev?.type === "charge" && b.chargeSeq !== undefined && b.chargeSeq > r.lastEvaluated && ev.ts >= this.o.fromMs && ev.ts <= this.o.toMs) r.awaiting.set(b.chargeSeq, { seenTs: m.serverTs, chargeTs: ev.ts });
-        if (ev?.type === "release") {
+        if (ev?.type === "charge" && b.chargeSeq !== undefined && !isLegCharge(ev.id) && b.chargeSeq > r.lastEvaluated && ev.ts >= this.o.fromMs && ev.ts <= this.o.toMs) r.awaiting.set(b.chargeSeq, { seenTs: m.serverTs, chargeTs: ev.ts });
+        if (ev?.type === "release" && !isLegCharge(ev.id)) {
           const a = r.awaiting.get(chargeSeqOf(ev.id) ?? -1);
           if (a) a.releasedTs = m.serverTs;
         }
@@ -330,6 +336,11 @@ export class ReplayEngine {
       return;
     }
     const d = c.event;
+    // A P/D prefill leg's record: its request is re-decided by the decode leg's record.
+    if (d.pd?.leg === "prefill") {
+      this.skip(this.counts.skipped, "pd-prefill-leg");
+      return;
+    }
     const cs = chargeSeqOf(d.charge);
     // Whatever becomes of the record, its charge no longer waits for it.
     if (cs !== undefined) this.replicas.get(d.gateway)?.awaiting.delete(cs);

@@ -4,6 +4,7 @@ import { Value } from "@sinclair/typebox/value";
 import { Command, CommanderError } from "commander";
 import { describe, expect, it } from "vitest";
 import { KvEventsEndpoint } from "../../schemas/events.js";
+import { StaticPod } from "../pod-watcher/static-pods.js";
 import { registerSimCommand } from "./command.js";
 
 /** Runs `sim` in-process with commander's exits turned into exceptions; returns what it printed to stderr. */
@@ -35,6 +36,10 @@ describe("jetroute sim flags", () => {
     [["--kv-events-encoding", "json"], "--kv-events-encoding"],
     [["--kv-events-replay-layout", "map"], "--kv-events-replay-layout"],
     [["--kv-cache-blocks", "64", "--kv-capacity-tokens", "1024", "--pods", "1"], "--kv-cache-blocks"],
+    [["--role", "both"], "--role"],
+    [["--roleset", "a b", "--pods", "1"], "--roleset"],
+    [["--disagg-timeout-ms", "-5"], "--disagg-timeout-ms"],
+    [["--bootstrap-base-port", "65535", "--pods", "2"], "--bootstrap-base-port"],
   ])("rejects %j with an error naming %s", async (args, name) => {
     const { error, stderr } = await runInProcess(args);
     expect(error?.exitCode).toBe(1);
@@ -53,12 +58,12 @@ describe("jetroute sim process", () => {
     ].join("\n");
     const child = spawn(
       process.execPath,
-      ["--import", "tsx", "--input-type=module", "-e", script, "--", "sim", "--pods", "2", "--engine", "vllm,sglang", "--time-scale", "50"],
+      ["--import", "tsx", "--input-type=module", "-e", script, "--", "sim", "--pods", "2", "--engine", "vllm,sglang", "--time-scale", "50", "--role", "decode,prefill", "--roleset", "rs-1"],
       { cwd: process.cwd(), stdio: ["ignore", "pipe", "pipe"], env: { ...process.env, JETROUTE_LOG_LEVEL: "warn" } },
     );
     const exited = new Promise<number | null>((resolve) => child.once("exit", (code) => resolve(code)));
     try {
-      const pods: Array<{ pod: string; address: string; engine: string; model: string; kvEvents?: unknown }> = [];
+      const pods: Array<{ pod: string; address: string; engine: string; model: string; kvEvents?: unknown; role?: string; bootstrapPort?: number }> = [];
       for await (const line of createInterface({ input: child.stdout })) {
         const parsed = JSON.parse(line);
         if ("pod" in parsed) pods.push(parsed);
@@ -76,6 +81,15 @@ describe("jetroute sim process", () => {
       });
       expect(Value.Check(KvEventsEndpoint, pods[0]?.kvEvents)).toBe(true);
       expect(pods[1]).not.toHaveProperty("kvEvents");
+      // P/D fields: role and roleset on every line, bootstrapPort on the SGLang prefill pod only.
+      expect(pods.map((p) => [p.role, (p as { roleset?: string }).roleset])).toEqual([
+        ["decode", "rs-1"],
+        ["prefill", "rs-1"],
+      ]);
+      expect(pods[0]).not.toHaveProperty("bootstrapPort");
+      expect(pods[1]?.bootstrapPort).toBeGreaterThan(0);
+      // A line is a static pod list entry once `pod` is called `name`.
+      for (const { pod, ...rest } of pods) expect(Value.Check(StaticPod, { name: pod, ...rest })).toBe(true);
       for (const p of pods) expect((await fetch(`http://${p.address}/health`)).status).toBe(200);
       child.kill("SIGTERM");
       expect(await exited).toBe(0);

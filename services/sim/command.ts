@@ -1,6 +1,6 @@
 /**
  * `jetroute sim`: a fleet of simulated engines. Prints one JSON line per pod on stdout
- * (`{"pod","address","engine","model","kvEvents"?}`) for the demo and scripts to parse; `kvEvents`
+ * (`{"pod","address","engine","model","role","roleset"?,"bootstrapPort"?,"kvEvents"?}`) for the demo and scripts to parse; `kvEvents`
  * has the pod event schema's shape, so it can go into a pod list as it is.
  */
 import { type Command, InvalidArgumentError, Option } from "commander";
@@ -9,7 +9,8 @@ import { createLogger } from "../shared/log.js";
 import { startSimFleet } from "./fleet.js";
 import { KV_EVENT_ENCODINGS, type KvEventEncoding, REPLAY_LAYOUTS, type ReplayLayout } from "./kv-events.js";
 import { ENGINE_KINDS, type EngineKind } from "./metrics.js";
-import { FLEET_DEFAULTS as D, SimOptionsError } from "./options.js";
+import { FLEET_DEFAULTS as D, POD_ROLES, SimOptionsError } from "./options.js";
+import type { PodRole } from "../../schemas/events.js";
 
 function nonNegative(value: string): number {
   const n = Number(value);
@@ -32,6 +33,8 @@ function cycledList<T extends string>(allowed: readonly T[]) {
 const engineList = cycledList<EngineKind>(ENGINE_KINDS);
 const encodingList = cycledList<KvEventEncoding>(KV_EVENT_ENCODINGS);
 const layoutList = cycledList<ReplayLayout>(REPLAY_LAYOUTS);
+const roleList = cycledList<PodRole>(POD_ROLES);
+const nameList = (value: string): string[] => value.split(",").map((s) => s.trim()).filter(Boolean);
 
 export function registerSimCommand(program: Command): void {
   program
@@ -76,6 +79,17 @@ export function registerSimCommand(program: Command): void {
     .option("--kv-events-buffer-steps <n>", "KV event batches kept for replay", intOption(1), D.kvEventsBufferSteps)
     .option("--max-model-len <n>", "longest prompt + max_tokens accepted (default min(8192, KV capacity))", intOption(2))
     .option("--name-prefix <prefix>", "pod names are <prefix><index>", D.namePrefix)
+    .addOption(
+      new Option("--role <roles>", "combined, prefill or decode (P/D disaggregation); a comma list cycles over pods")
+        .argParser(roleList)
+        .default([D.role], D.role),
+    )
+    .option("--roleset <names>", "P/D group name(s) reported in the pod line; a comma list cycles over pods", nameList)
+    .option("--kv-abort-timeout-ms <n>", "vLLM prefill holds a finished prefill's KV at most this long for its decode", nonNegative, D.kvAbortTimeoutMs)
+    .option("--disagg-timeout-ms <n>", "SGLang: decode waits for the bootstrap handoff, prefill for the decode, this long", nonNegative, D.disaggTimeoutMs)
+    .option("--bootstrap-base-port <port>", "SGLang prefill pod i serves bootstrap on base+i (0 = free ports)", intOption(0, 65535), D.bootstrapBasePort)
+    .option("--kv-read-timeout-ms <n>", "vLLM decode gives up a KV side-channel read after this many wall ms", nonNegative, D.kvReadTimeoutMs)
+    .option("--kv-transfer-ms-per-block <ms>", "simulated time to move one KV block from prefill to decode", nonNegative, D.kvTransferMsPerBlock)
     .action(async (o, cmd: Command) => {
       const log = createLogger("sim");
       let fleet: Awaited<ReturnType<typeof startSimFleet>>;
@@ -103,6 +117,13 @@ export function registerSimCommand(program: Command): void {
           kvEventsBufferSteps: o.kvEventsBufferSteps,
           maxModelLen: o.maxModelLen,
           namePrefix: o.namePrefix,
+          role: o.role,
+          roleset: o.roleset,
+          kvAbortTimeoutMs: o.kvAbortTimeoutMs,
+          disaggTimeoutMs: o.disaggTimeoutMs,
+          bootstrapBasePort: o.bootstrapBasePort,
+          kvReadTimeoutMs: o.kvReadTimeoutMs,
+          kvTransferMsPerBlock: o.kvTransferMsPerBlock,
           logger: log,
         });
       } catch (err) {
@@ -118,7 +139,16 @@ export function registerSimCommand(program: Command): void {
         throw err;
       }
       for (const p of fleet.pods) {
-        const line = { pod: p.name, address: p.address, engine: p.engine, model: o.model, ...(p.kvEvents ? { kvEvents: p.kvEvents } : {}) };
+        const line = {
+          pod: p.name,
+          address: p.address,
+          engine: p.engine,
+          model: o.model,
+          role: p.role,
+          ...(p.roleset !== undefined ? { roleset: p.roleset } : {}),
+          ...(p.bootstrapPort !== undefined ? { bootstrapPort: p.bootstrapPort } : {}),
+          ...(p.kvEvents ? { kvEvents: p.kvEvents } : {}),
+        };
         process.stdout.write(`${JSON.stringify(line)}\n`);
       }
       log.info({ pods: fleet.pods.length, model: o.model, timeScale: o.timeScale }, "sim fleet ready");

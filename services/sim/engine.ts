@@ -75,6 +75,21 @@ export interface SubmitRequest {
   cacheSalt?: string;
   /** Hashed into every block, as vLLM does with the LoRA name. */
   loraName?: string;
+  /**
+   * Prefill leg of prefill/decode disaggregation: when the request finishes, its blocks stay
+   * allocated (and count as used KV) until `RequestHandle.releaseKv()`, as a vLLM prefill engine
+   * holds them for the decode engine to read.
+   */
+  holdKv?: boolean;
+  /**
+   * Decode leg whose prompt KV was transferred from a prefill engine: admitted with every prompt
+   * token but the last computed, and that last token (recomputed for its logits, as vLLM does)
+   * counts as decode work, so the request puts no prefill tokens into any step. A preempted
+   * request has lost the transferred KV and recomputes its prompt like any other.
+   */
+  prefilled?: boolean;
+  /** When the request reached the pod (simulated ms), if earlier than `submit`; latency metrics start there. */
+  arrivedAtMs?: number;
 }
 
 export interface KvCacheHooks {
@@ -86,6 +101,10 @@ export interface KvCacheHooks {
 
 export interface RequestHandle {
   abort(): void;
+  /** Ids of the blocks the request holds (the prefill leg's `remote_block_ids`). */
+  blockIds(): number[];
+  /** Frees the blocks of a finished `holdKv` request; no-op otherwise or when already freed. */
+  releaseKv(): void;
 }
 
 export interface EngineTotals {
@@ -108,6 +127,8 @@ export interface EngineSnapshot {
   cachedBlocks: number;
   totalBlocks: number;
   kvUsage: number;
+  /** Finished `holdKv` requests whose blocks are still held. */
+  heldRequests: number;
   totals: EngineTotals;
 }
 
@@ -116,6 +137,8 @@ type State = "waiting" | "running" | "done";
 interface Req {
   readonly input: SubmitRequest;
   readonly arrivalMs: number;
+  /** Start of the request's latency metrics: `arrivedAtMs`, else `arrivalMs`. */
+  readonly metricsStartMs: number;
   readonly maxTokens: number;
   state: State;
   generated: number;
@@ -145,6 +168,7 @@ export class SimEngine {
   private readonly hashSeed: bigint;
   private readonly waiting: Req[] = [];
   private readonly running: Req[] = [];
+  private readonly held = new Set<Req>();
   private current: Step | undefined;
   private cursorMs = 0;
   private cancelTimer: (() => void) | undefined;
@@ -183,9 +207,11 @@ export class SimEngine {
     if (this.blocksFor(maxTokensHeld) > this.totalBlocks) {
       throw new RangeError(`request needs ${maxTokensHeld} tokens of KV, capacity is ${this.totalBlocks * this.config.blockSize}`);
     }
+    const now = this.clock.now();
     const req: Req = {
       input,
-      arrivalMs: this.clock.now(),
+      arrivalMs: now,
+      metricsStartMs: Math.min(now, input.arrivedAtMs ?? now),
       maxTokens: input.outputTokens.length,
       state: "waiting",
       generated: 0,
@@ -201,7 +227,11 @@ export class SimEngine {
     this.totals.requests++;
     this.waiting.push(req);
     this.pump();
-    return { abort: () => this.abort(req) };
+    return {
+      abort: () => this.abort(req),
+      blockIds: () => req.blocks.map((b) => b.id),
+      releaseKv: () => this.releaseHeld(req),
+    };
   }
 
   snapshot(): EngineSnapshot {
@@ -213,6 +243,7 @@ export class SimEngine {
       cachedBlocks: this.pool.cachedBlocks,
       totalBlocks: this.totalBlocks,
       kvUsage: this.totalBlocks > 0 ? this.pool.usedBlocks / this.totalBlocks : 0,
+      heldRequests: this.held.size,
       totals: { ...this.totals, finished: { ...this.totals.finished } },
     };
   }
@@ -235,6 +266,7 @@ export class SimEngine {
   /** Aborts every queued and running request (each gets onFinish("abort")), then closes. */
   abortAll(): void {
     for (const req of [...this.running, ...this.waiting]) this.abort(req);
+    for (const req of [...this.held]) this.releaseHeld(req);
     this.close();
   }
 
@@ -311,7 +343,9 @@ export class SimEngine {
       const req = this.waiting[0];
       if (!req || req.arrivalMs > startMs) break;
       const hit = this.cacheHit(req);
-      const computed = hit.length * this.config.blockSize;
+      const computed = this.isTransferred(req)
+        ? Math.max(hit.length * this.config.blockSize, req.input.promptTokens.length - 1)
+        : hit.length * this.config.blockSize;
       const tokens = Math.min(this.numTokens(req) - computed, budget);
       const needed = this.blocksFor(computed + tokens) - hit.length;
       if (!this.pool.canAllocate(needed, hit)) break;
@@ -336,7 +370,7 @@ export class SimEngine {
     let decoding = 0;
     let prefill = 0;
     for (const w of work) {
-      if (w.tokens === 1 && w.req.generated > 0) decoding++;
+      if (w.tokens === 1 && (w.req.generated > 0 || this.isTransferred(w.req))) decoding++;
       else prefill += w.tokens;
     }
     const { decodeMsPerStep, decodeBatchSlope, prefillMsPerToken } = this.config;
@@ -448,13 +482,16 @@ export class SimEngine {
     if (req.firstTokenMs === undefined) {
       req.firstTokenMs = atMs;
       this.totals.promptTokens += req.input.promptTokens.length;
-      this.observer.onFirstToken?.(atMs - req.arrivalMs);
+      this.observer.onFirstToken?.(atMs - req.metricsStartMs);
     } else if (req.lastTokenMs !== undefined) {
       this.observer.onInterToken?.(atMs - req.lastTokenMs);
     }
     req.lastTokenMs = atMs;
     const done = req.generated >= req.maxTokens;
-    if (done) this.release(req);
+    if (done && req.input.holdKv) {
+      this.running.splice(this.running.indexOf(req), 1);
+      this.held.add(req);
+    } else if (done) this.release(req);
     req.input.onToken(token, index, atMs, done ? "length" : undefined);
     if (done && req.state !== "done") this.finish(req, "length", atMs);
   }
@@ -468,12 +505,12 @@ export class SimEngine {
       promptTokens: req.input.promptTokens.length,
       generationTokens: req.generated,
       maxTokens: req.maxTokens,
-      queueMs: first === undefined ? undefined : first - req.arrivalMs,
+      queueMs: first === undefined ? undefined : first - req.metricsStartMs,
       prefillMs: first === undefined || req.firstTokenMs === undefined ? undefined : req.firstTokenMs - first,
       decodeMs:
         req.firstTokenMs === undefined || req.lastTokenMs === undefined ? undefined : req.lastTokenMs - req.firstTokenMs,
       inferenceMs: first === undefined ? undefined : atMs - first,
-      e2eMs: atMs - req.arrivalMs,
+      e2eMs: atMs - req.metricsStartMs,
     });
     req.input.onFinish(reason);
   }
@@ -485,6 +522,18 @@ export class SimEngine {
     req.computed = 0;
     this.waiting.unshift(req);
     this.totals.preemptions++;
+  }
+
+  /** A transferred prompt counts as computed until a preemption throws its KV away. */
+  private isTransferred(req: Req): boolean {
+    return req.input.prefilled === true && !req.preempted;
+  }
+
+  private releaseHeld(req: Req): void {
+    if (!this.held.delete(req)) return;
+    this.pool.free(req.blocks);
+    req.blocks = [];
+    req.registered = 0;
   }
 
   private release(req: Req): void {

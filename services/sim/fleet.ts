@@ -2,7 +2,9 @@
  * Programmatic entry point: many simulated pods in one process, each on its own port, so tests,
  * the demo and load tests get a "cluster" without GPUs.
  */
+import type { PodRole } from "../../schemas/events.js";
 import type { Logger } from "../shared/log.js";
+import type { PodFaults } from "./faults.js";
 import type { KvEventEncoding, ReplayLayout } from "./kv-events.js";
 import type { EngineKind } from "./metrics.js";
 import { resolveFleetOptions, type SimFleetOptions } from "./options.js";
@@ -12,6 +14,7 @@ export type { KvEventEncoding, ReplayLayout } from "./kv-events.js";
 export type { SimFleetOptions } from "./options.js";
 export { SimOptionsError } from "./options.js";
 export type { KvEventsInfo, SimPodCacheListing } from "./pod.js";
+export type { PodFaults } from "./faults.js";
 
 export interface SimFleetPod {
   name: string;
@@ -23,6 +26,10 @@ export interface SimFleetPod {
   kvEvents?: KvEventsInfo;
   kvEventsEncoding?: KvEventEncoding;
   kvEventsReplayLayout?: ReplayLayout;
+  role: PodRole;
+  roleset?: string;
+  /** SGLang prefill pods: the bootstrap server's port (a static pod list's `bootstrapPort`). */
+  bootstrapPort?: number;
 }
 
 export interface SimFleet {
@@ -31,6 +38,12 @@ export interface SimFleet {
   restart(pod: string): void;
   /** The pod's current prefix-cache contents, what `GET /debug/cache` returns. */
   cacheListing(pod: string): SimPodCacheListing;
+  /** Replaces the pod's injected faults (what `POST /debug/faults` does); `{}` clears them. */
+  setFaults(pod: string, faults: PodFaults): void;
+  /** Closes the pod's listeners so connections are refused; its engine state stays. */
+  stop(pod: string): Promise<void>;
+  /** Listens again on the same ports after `stop`. */
+  start(pod: string): Promise<void>;
   close(): Promise<void>;
 }
 
@@ -40,6 +53,7 @@ export async function startSimFleet(options: SimFleetOptions & { logger?: Logger
   try {
     for (let i = 0; i < o.pods; i++) {
       const engine = o.engines[i % o.engines.length] ?? "vllm";
+      const role = o.roles[i % o.roles.length] ?? "combined";
       const kv = o.kvEvents;
       started.push(
         await startSimPod({
@@ -63,6 +77,10 @@ export async function startSimFleet(options: SimFleetOptions & { logger?: Logger
                   bufferSteps: kv.bufferSteps,
                 }
               : undefined,
+          role,
+          roleset: o.rolesets.length > 0 ? o.rolesets[i % o.rolesets.length] : undefined,
+          pd: o.pd,
+          bootstrapPort: o.bootstrapBasePort === 0 ? 0 : o.bootstrapBasePort + i,
           logger: options.logger,
         }),
       );
@@ -86,11 +104,17 @@ export async function startSimFleet(options: SimFleetOptions & { logger?: Logger
         address: p.address,
         port: p.port,
         engine: p.engine,
+        role: p.role,
+        ...(p.roleset !== undefined ? { roleset: p.roleset } : {}),
+        ...(p.bootstrapPort !== undefined ? { bootstrapPort: p.bootstrapPort } : {}),
         ...(p.kvEvents && kv ? { kvEvents: p.kvEvents, kvEventsEncoding: kv.encoding, kvEventsReplayLayout: kv.replayLayout } : {}),
       };
     }),
     restart: (name) => byName(name).restart(),
     cacheListing: (name) => byName(name).cacheListing(),
+    setFaults: (name, faults) => byName(name).setFaults(faults),
+    stop: (name) => byName(name).stop(),
+    start: (name) => byName(name).start(),
     close() {
       closing ??= Promise.all(started.map((p) => p.close())).then(() => undefined);
       return closing;

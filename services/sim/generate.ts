@@ -2,9 +2,15 @@
  * Bridges one HTTP generation request to the engine: streams SSE chunks or buffers a JSON body,
  * and turns a client disconnect into an engine abort so the batch slot frees at once (the
  * gateway's release-on-cancel is only observable through `num_requests_running` because of this).
+ *
+ * The prefill/decode legs hook in at two points: `before` runs ahead of the engine (a decode's KV
+ * read or bootstrap wait), `hold` keeps a finished prefill's blocks and decides when and with what
+ * the answer goes out. A session can also be cancelled by `/abort_request`, which ends the
+ * request cleanly with finish_reason "abort" (unlike an engine restart, which drops the connection).
  */
 import type { ServerResponse } from "node:http";
-import type { SimEngine } from "./engine.js";
+import type { RequestHandle, SimEngine } from "./engine.js";
+import { ApiError } from "./errors.js";
 import type { GenerationRequest } from "./requests.js";
 import {
   type ApiKind,
@@ -18,64 +24,178 @@ import {
 } from "./responses.js";
 import { outputTokensFor, tokenText } from "./textgen.js";
 
+/** A finished request's blocks, kept until `release()`. */
+export interface HeldBlocks {
+  blockIds: number[];
+  release(): void;
+}
+
+export interface GenerationHooks {
+  /**
+   * Runs before the engine sees the request; `signal` fires when the client leaves or the request
+   * is cancelled. Resolves with whether the prompt's KV arrived from elsewhere (and, optionally,
+   * where the request's latency metrics start instead of its arrival); rejects with an ApiError to
+   * fail the request.
+   */
+  before?(signal: AbortSignal): Promise<{ prefilled: boolean; arrivedAtMs?: number }>;
+  /**
+   * Keep the request's blocks after it finishes. `after` gets them (it owns releasing them) and
+   * resolves with extra top-level fields for the JSON answer, or rejects with an ApiError; the
+   * answer waits for it. `signal` fires when the client leaves or the request is cancelled.
+   */
+  hold?: { after(kv: HeldBlocks, signal: AbortSignal): Promise<Record<string, unknown>> };
+}
+
+export interface GenerationSession {
+  /** Ends the request (waiting, running or held) with finish_reason "abort", as SGLang's /abort_request does. */
+  cancel(): void;
+  /** Drops the connection, as a crashed engine would (a restart); the client-left path frees everything. */
+  drop(): void;
+  /** Resolves once the response is over, whichever way. */
+  readonly done: Promise<void>;
+}
+
 export function serveGeneration(
   res: ServerResponse,
   engine: SimEngine,
   gen: GenerationRequest,
   kind: ApiKind,
   requestId: string,
-): void {
+  hooks: GenerationHooks = {},
+): GenerationSession {
   const meta: ResponseMeta = {
     kind,
     id: `${kind === "chat" ? "chatcmpl" : "cmpl"}-${requestId}`,
     created: Math.floor(Date.now() / 1000),
     model: gen.model,
   };
+  const arrivedAtMs = engine.now();
   const outputTokens = outputTokensFor(gen.promptTokens, gen.maxTokens, gen.seed);
   const promptCount = gen.promptTokens.length;
+  const stop = new AbortController();
   let text = "";
   let generated = 0;
+  let handle: RequestHandle | undefined;
+  let cancelled = false;
+  let resolveDone: () => void = () => {};
+  const done = new Promise<void>((r) => {
+    resolveDone = r;
+  });
+  const over = (): boolean => res.writableEnded || res.destroyed;
 
   if (gen.stream) {
     res.writeHead(200, { "content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache", "x-request-id": requestId });
     res.flushHeaders();
   }
 
-  const handle = engine.submit({
-    promptTokens: gen.promptTokens,
-    outputTokens,
-    cacheSalt: gen.cacheSalt,
-    ...(gen.loraName ? { loraName: gen.loraName } : {}),
-    onToken(tokenId, index, _atMs, finish) {
-      generated = index + 1;
-      const piece = tokenText(tokenId);
-      if (!gen.stream) {
-        text += piece;
-        return;
-      }
-      if (index === 0 && kind === "chat") res.write(sse(roleChunk(meta)));
-      res.write(sse(tokenChunk(meta, piece, finish)));
-    },
-    onFinish(reason) {
-      if (res.writableEnded || res.destroyed) return;
-      // An abort the client did not cause (the engine restarted) drops the connection, as a
-      // crashed engine would.
-      if (reason === "abort") {
-        res.destroy();
-        return;
-      }
-      const u = usage(promptCount, generated);
-      if (gen.stream) {
-        if (gen.includeUsage) res.write(sse(usageChunk(meta, u)));
-        res.end(sse("[DONE]"));
-        return;
-      }
-      const body = JSON.stringify(fullResponse(meta, text, reason, u));
-      res.writeHead(200, { "content-type": "application/json", "x-request-id": requestId }).end(body);
-    },
-  });
+  const answer = (finish: "length" | "abort", extra: Record<string, unknown> = {}): void => {
+    if (over()) return;
+    const u = usage(promptCount, generated);
+    if (gen.stream) {
+      if (finish === "abort") res.write(sse(tokenChunk(meta, "", "abort")));
+      if (gen.includeUsage) res.write(sse(usageChunk(meta, u)));
+      res.end(sse("[DONE]"));
+      return;
+    }
+    const body = JSON.stringify({ ...fullResponse(meta, text, finish, u), ...extra });
+    res.writeHead(200, { "content-type": "application/json", "x-request-id": requestId }).end(body);
+  };
+
+  const fail = (err: unknown): void => {
+    if (cancelled) {
+      answer("abort");
+      return;
+    }
+    if (over()) return;
+    const e = err instanceof ApiError ? err : new ApiError(500, "InternalServerError", String((err as Error)?.message ?? err));
+    // A stream already answered 200: the error goes out as an event, then the stream ends.
+    if (res.headersSent) {
+      res.end(sse(e.body()) + sse("[DONE]"));
+      return;
+    }
+    res.writeHead(e.status, { "content-type": "application/json", "x-request-id": requestId }).end(JSON.stringify(e.body()));
+  };
+
+  const submit = (prefilled: boolean, startMs = arrivedAtMs): void => {
+    handle = engine.submit({
+      promptTokens: gen.promptTokens,
+      outputTokens,
+      cacheSalt: gen.cacheSalt,
+      ...(gen.loraName ? { loraName: gen.loraName } : {}),
+      holdKv: hooks.hold !== undefined,
+      prefilled,
+      arrivedAtMs: startMs,
+      onToken(tokenId, index, _atMs, finish) {
+        generated = index + 1;
+        const piece = tokenText(tokenId);
+        if (!gen.stream) {
+          text += piece;
+          return;
+        }
+        if (index === 0 && kind === "chat") res.write(sse(roleChunk(meta)));
+        res.write(sse(tokenChunk(meta, piece, finish)));
+      },
+      onFinish(reason) {
+        const h = handle as RequestHandle;
+        if (reason === "abort") {
+          // An abort the client did not ask for (the engine restarted) drops the connection, as a
+          // crashed engine would.
+          if (cancelled) answer("abort");
+          else if (!over()) res.destroy();
+          return;
+        }
+        if (!hooks.hold) {
+          answer("length");
+          return;
+        }
+        const kv: HeldBlocks = { blockIds: h.blockIds(), release: () => h.releaseKv() };
+        // The client left while the request ran its last step: nobody will read the KV.
+        if (over() || stop.signal.aborted) {
+          kv.release();
+          return;
+        }
+        hooks.hold.after(kv, stop.signal).then((extra) => (cancelled ? answer("abort") : answer("length", extra)), fail);
+      },
+    });
+  };
 
   res.on("close", () => {
-    if (!res.writableEnded) handle.abort();
+    resolveDone();
+    if (res.writableEnded) return;
+    stop.abort();
+    handle?.abort();
   });
+
+  if (hooks.before) {
+    hooks.before(stop.signal).then(
+      ({ prefilled, arrivedAtMs: startMs }) => {
+        if (stop.signal.aborted || over()) {
+          if (cancelled) answer("abort");
+          return;
+        }
+        try {
+          submit(prefilled, startMs);
+        } catch (err) {
+          fail(err);
+        }
+      },
+      (err: unknown) => fail(err),
+    );
+  } else {
+    // Synchronous, so an engine refusal reaches the route's error handler as a plain HTTP error.
+    submit(false);
+  }
+
+  return {
+    done,
+    drop: () => {
+      if (!res.writableEnded) res.destroy();
+    },
+    cancel() {
+      if (cancelled || over()) return;
+      cancelled = true;
+      stop.abort();
+      if (handle) handle.abort();
+    },
+  };
 }

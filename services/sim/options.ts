@@ -1,7 +1,11 @@
 /** Fleet options, their defaults and validation, shared by the programmatic API and the CLI. */
+import type { PodRole } from "../../schemas/events.js";
 import type { EngineConfig } from "./engine.js";
 import { KV_EVENT_ENCODINGS, type KvEventEncoding, REPLAY_LAYOUTS, type ReplayLayout } from "./kv-events.js";
 import { ENGINE_KINDS, type EngineKind } from "./metrics.js";
+import type { PdTimings } from "./pd-legs.js";
+
+export const POD_ROLES: readonly PodRole[] = ["combined", "prefill", "decode"];
 
 export interface SimFleetOptions {
   pods: number;
@@ -38,6 +42,20 @@ export interface SimFleetOptions {
   kvEventsBasePort?: number;
   /** Batches kept for replay (vLLM buffer_steps). */
   kvEventsBufferSteps?: number;
+  /** Prefill/decode role, one for all pods or a list cycled over the pods. Default "combined". */
+  role?: PodRole | readonly PodRole[];
+  /** P/D group name(s), cycled over the pods like `role`; only reported (pod line, /debug/state). */
+  roleset?: string | readonly string[];
+  /** vLLM prefill: longest hold of a finished prefill's blocks for its decode (VLLM_NIXL_ABORT_REQUEST_TIMEOUT), simulated ms. */
+  kvAbortTimeoutMs?: number;
+  /** SGLang: how long a decode waits for its room's KV and a prefill for its decode, simulated ms. */
+  disaggTimeoutMs?: number;
+  /** SGLang prefill pod i serves its bootstrap server on bootstrapBasePort + i; 0 (default) = free ports. */
+  bootstrapBasePort?: number;
+  /** vLLM decode: a KV side-channel read gives up after this many wall ms. */
+  kvReadTimeoutMs?: number;
+  /** Simulated ms to transfer one KV block from prefill to decode. */
+  kvTransferMsPerBlock?: number;
 }
 
 export interface ResolvedKvEventsOptions {
@@ -60,6 +78,11 @@ export interface ResolvedFleetOptions {
   engineConfig: EngineConfig;
   /** Undefined when KV events are off. */
   kvEvents: ResolvedKvEventsOptions | undefined;
+  roles: PodRole[];
+  /** Empty when no roleset is given. */
+  rolesets: string[];
+  pd: PdTimings;
+  bootstrapBasePort: number;
 }
 
 export const FLEET_DEFAULTS = {
@@ -83,6 +106,13 @@ export const FLEET_DEFAULTS = {
   kvEventsTopic: "kv-events",
   kvEventsBasePort: 0,
   kvEventsBufferSteps: 10_000,
+  role: "combined" as PodRole,
+  kvAbortTimeoutMs: 480_000,
+  disaggTimeoutMs: 300_000,
+  bootstrapBasePort: 0,
+  kvReadTimeoutMs: 2_000,
+  // ~128 KiB of KV per token (8B model, bf16) over a ~25 GB/s link: ~0.08 ms per 16-token block.
+  kvTransferMsPerBlock: 0.08,
 } as const;
 
 /** `option` is the SimFleetOptions key, so the CLI can name the matching flag. */
@@ -169,6 +199,31 @@ export function resolveFleetOptions(o: SimFleetOptions): ResolvedFleetOptions {
     kvEvents = { encodings, replayLayouts, topic: o.kvEventsTopic ?? d.kvEventsTopic, basePort: kvBase, bufferSteps };
   }
 
+  const roles = cycleList(o.role, d.role);
+  check(roles.length > 0 && roles.every((r) => POD_ROLES.includes(r)), "role", `must be one of ${POD_ROLES.join(", ")}, got ${roles.join(",")}`);
+  const rolesets = o.roleset === undefined ? [] : cycleList(o.roleset, "");
+  check(
+    rolesets.every((r) => typeof r === "string" && /^[A-Za-z0-9._-]{1,63}$/.test(r)),
+    "roleset",
+    `must be names of 1-63 letters, digits, '.', '_' or '-', got ${rolesets.join(",")}`,
+  );
+  const pd: PdTimings = {
+    kvAbortTimeoutMs: o.kvAbortTimeoutMs ?? d.kvAbortTimeoutMs,
+    disaggTimeoutMs: o.disaggTimeoutMs ?? d.disaggTimeoutMs,
+    kvReadTimeoutMs: o.kvReadTimeoutMs ?? d.kvReadTimeoutMs,
+    kvTransferMsPerBlock: o.kvTransferMsPerBlock ?? d.kvTransferMsPerBlock,
+  };
+  check(isNum(pd.kvAbortTimeoutMs, 0), "kvAbortTimeoutMs", `must be >= 0, got ${pd.kvAbortTimeoutMs}`);
+  check(isNum(pd.disaggTimeoutMs, 0), "disaggTimeoutMs", `must be >= 0, got ${pd.disaggTimeoutMs}`);
+  check(isNum(pd.kvReadTimeoutMs, 0), "kvReadTimeoutMs", `must be >= 0, got ${pd.kvReadTimeoutMs}`);
+  check(isNum(pd.kvTransferMsPerBlock, 0), "kvTransferMsPerBlock", `must be >= 0, got ${pd.kvTransferMsPerBlock}`);
+  const bootstrapBasePort = o.bootstrapBasePort ?? d.bootstrapBasePort;
+  check(
+    isInt(bootstrapBasePort, 0) && bootstrapBasePort + o.pods - 1 <= 65535,
+    "bootstrapBasePort",
+    `must leave room for ${o.pods} ports below 65536, got ${bootstrapBasePort}`,
+  );
+
   return {
     pods: o.pods,
     basePort,
@@ -180,5 +235,9 @@ export function resolveFleetOptions(o: SimFleetOptions): ResolvedFleetOptions {
     namePrefix: o.namePrefix ?? d.namePrefix,
     engineConfig,
     kvEvents,
+    roles,
+    rolesets,
+    pd,
+    bootstrapBasePort,
   };
 }

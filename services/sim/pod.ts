@@ -1,23 +1,31 @@
 /**
  * One simulated engine pod: an engine model behind its own HTTP server speaking vLLM's API, and
- * (vLLM pods, when enabled) a KV-events publisher fed by the engine's prefix cache.
+ * (vLLM pods, when enabled) a KV-events publisher fed by the engine's prefix cache. Prefill-capable
+ * pods also serve a KV channel (vLLM side channel or SGLang bootstrap server, see pd-legs.ts).
  */
 import { randomUUID } from "node:crypto";
 import { createServer, type IncomingMessage, type ServerResponse } from "node:http";
 import type { AddressInfo } from "node:net";
 import type { Logger } from "../shared/log.js";
 import type { Static } from "@sinclair/typebox";
-import type { KvEventsEndpoint } from "../../schemas/events.js";
+import type { KvEventsEndpoint, PodRole } from "../../schemas/events.js";
 import { detokenize } from "../tokenizer/sim-tokenizer.js";
-import { scaledClock } from "./clock.js";
+import { type SimClock, scaledClock } from "./clock.js";
 import { type EngineConfig, type EngineSnapshot, SimEngine } from "./engine.js";
 import { ApiError, badRequest } from "./errors.js";
-import { serveGeneration } from "./generate.js";
+import { FaultState, type PodFaults, parseFaults } from "./faults.js";
+import { type GenerationSession, serveGeneration } from "./generate.js";
+import { HeldKvRegistry } from "./held-kv.js";
+import { KvChannelServer } from "./kv-channel.js";
 import { type CacheListing, engineHashSeed } from "./kv-cache.js";
 import { KvEventPublisher, type KvEventEncoding, type KvEventPublisherOptions, type ReplayLayout } from "./kv-events.js";
 import { SimLora } from "./lora.js";
 import { createPodMetrics, type EngineKind, type PodMetrics } from "./metrics.js";
+import { FLEET_DEFAULTS } from "./options.js";
+import { answerKvChannel, channelFault, type PdPod, type PdTimings, pdHooks } from "./pd-legs.js";
+import { type PdSnapshot, PdStats, renderPdMetrics } from "./pd-stats.js";
 import {
+  asObject,
   parseChatRequest,
   parseCompletionRequest,
   parseDetokenizeRequest,
@@ -37,10 +45,25 @@ export interface SimPodOptions {
   engineConfig: EngineConfig;
   /** KV events publisher settings; absent = no publisher. */
   kvEvents?: SimPodKvEventsOptions;
+  /** Prefill/decode role (default combined). */
+  role?: PodRole;
+  /** The P/D group the pod belongs to; only reported. */
+  roleset?: string;
+  /** P/D timeouts and transfer cost; defaults in DEFAULT_PD_TIMINGS. */
+  pd?: Partial<PdTimings>;
+  /** SGLang prefill pods: the bootstrap server's port (0 = free port). */
+  bootstrapPort?: number;
   /** LoRA: adapters loaded at start and `--max-loras` (services/sim/lora.ts). */
   lora?: { initial?: readonly string[]; maxLoras?: number };
   logger?: Logger;
 }
+
+export const DEFAULT_PD_TIMINGS: PdTimings = {
+  kvAbortTimeoutMs: FLEET_DEFAULTS.kvAbortTimeoutMs,
+  disaggTimeoutMs: FLEET_DEFAULTS.disaggTimeoutMs,
+  kvReadTimeoutMs: FLEET_DEFAULTS.kvReadTimeoutMs,
+  kvTransferMsPerBlock: FLEET_DEFAULTS.kvTransferMsPerBlock,
+};
 
 /** The KV-events publisher's options; the pod supplies the host and the logger. */
 export type SimPodKvEventsOptions = Omit<KvEventPublisherOptions, "host" | "logger">;
@@ -57,6 +80,15 @@ export interface SimPodCacheListing extends CacheListing {
 export interface SimPodState extends EngineSnapshot {
   pod: string;
   engine: EngineKind;
+  role: PodRole;
+  roleset?: string;
+  bootstrapPort?: number;
+  /** vLLM prefill-capable pods: the KV side channel's address. */
+  sideChannel?: { host: string; port: number };
+  pd: PdSnapshot;
+  faults: PodFaults;
+  /** Completion requests held by a `hang` fault right now. */
+  hungRequests: number;
   model: string;
   config: EngineConfig & { maxModelLen: number; timeScale: number };
   kvEvents: (KvEventsInfo & { encoding: KvEventEncoding; replayLayout: ReplayLayout; nextSeq: number }) | null;
@@ -68,7 +100,17 @@ export interface SimPod {
   readonly port: number;
   readonly address: string;
   readonly kvEvents: KvEventsInfo | undefined;
+  readonly role: PodRole;
+  readonly roleset: string | undefined;
+  /** SGLang prefill pods only. */
+  readonly bootstrapPort: number | undefined;
   state(): SimPodState;
+  /** Replaces the pod's injected faults; `{}` clears them. */
+  setFaults(faults: PodFaults): void;
+  /** Closes the pod's listeners (HTTP, side channel, bootstrap) and drops its connections: clients get connection refused. */
+  stop(): Promise<void>;
+  /** Listens again on the same ports after `stop()`. */
+  start(): Promise<void>;
   cacheListing(): SimPodCacheListing;
   /** vLLM's reset_prefix_cache (AllBlocksCleared); false while requests hold blocks. */
   resetPrefixCache(): boolean;
@@ -90,6 +132,11 @@ function sendJson(res: ServerResponse, status: number, body: unknown): void {
 }
 
 async function readJson(req: IncomingMessage): Promise<unknown> {
+  return (await readJsonText(req)).body;
+}
+
+/** The body parsed, and its text (SGLang's bootstrap_room needs digits a JSON number loses). */
+async function readJsonText(req: IncomingMessage): Promise<{ body: unknown; raw: string }> {
   const chunks: Buffer[] = [];
   let size = 0;
   for await (const chunk of req) {
@@ -97,8 +144,9 @@ async function readJson(req: IncomingMessage): Promise<unknown> {
     if (size > MAX_BODY_BYTES) throw new ApiError(413, "BadRequestError", `Request body exceeds ${MAX_BODY_BYTES} bytes`);
     chunks.push(chunk as Buffer);
   }
+  const raw = Buffer.concat(chunks).toString("utf8");
   try {
-    return JSON.parse(Buffer.concat(chunks).toString("utf8"));
+    return { body: JSON.parse(raw), raw };
   } catch (err) {
     throw badRequest(`Invalid JSON body: ${(err as Error).message}`);
   }
@@ -118,10 +166,24 @@ export async function startSimPod(opts: SimPodOptions): Promise<SimPod> {
   };
   const hashSeed = engineHashSeed(opts.name);
 
-  // A restart swaps both for fresh ones; handlers always read the current pair.
+  const role: PodRole = opts.role ?? "combined";
+  const timings: PdTimings = { ...DEFAULT_PD_TIMINGS, ...opts.pd };
+  const faults = new FaultState();
+  // Advertised addresses use loopback for a wildcard bind, as the HTTP address does.
+  const advertisedHost = opts.host === "0.0.0.0" || opts.host === "::" ? "127.0.0.1" : opts.host;
+
+  // A restart swaps these for fresh ones; handlers always read the current set.
   let metrics: PodMetrics;
   let engine: SimEngine;
+  let clock: SimClock;
+  let held: HeldKvRegistry;
+  let pdStats: PdStats;
+  let engineId: string;
   const boot = (): void => {
+    clock = scaledClock(opts.timeScale);
+    held = new HeldKvRegistry(clock);
+    pdStats = new PdStats();
+    engineId = `${opts.name}-${randomUUID()}`;
     metrics = createPodMetrics(opts.engine, {
       model: opts.model,
       maxModelLen: opts.maxModelLen,
@@ -129,16 +191,71 @@ export async function startSimPod(opts: SimPodOptions): Promise<SimPod> {
       numGpuBlocks: Math.floor(opts.engineConfig.kvCapacityTokens / opts.engineConfig.blockSize),
       prefixCaching: true,
     });
-    engine = new SimEngine(opts.engineConfig, scaledClock(opts.timeScale), metrics.observer, {
+    engine = new SimEngine(opts.engineConfig, clock, metrics.observer, {
       hashSeed,
       onEvents: publisher ? (events) => publisher.publish(events) : undefined,
     });
   };
   boot();
 
+  // vLLM prefill-capable pods serve a KV side channel, SGLang prefill pods a bootstrap server.
+  const pd: PdPod = {
+    engine: opts.engine,
+    role,
+    engineId: () => engineId,
+    clock: () => clock,
+    held: () => held,
+    stats: () => pdStats,
+    faults,
+    timings,
+    sideChannel: undefined,
+  };
+  const wantsChannel = opts.engine === "vllm" ? role !== "decode" : role === "prefill";
+  const channel = wantsChannel
+    ? new KvChannelServer({
+        host: opts.host,
+        port: opts.engine === "sglang" ? (opts.bootstrapPort ?? 0) : 0,
+        handle: (request, signal) => answerKvChannel(pd, request, signal),
+        fault: () => channelFault(pd),
+        logger: log,
+      })
+    : undefined;
+  try {
+    await channel?.start();
+  } catch (err) {
+    await publisher?.close();
+    throw err;
+  }
+  if (channel && opts.engine === "vllm") pd.sideChannel = { host: advertisedHost, port: channel.port };
+  const bootstrapPort = channel && opts.engine === "sglang" ? channel.port : undefined;
+
+  /** Live generation sessions by request id and SGLang rid, for /abort_request. */
+  const sessions = new Map<string, Set<GenerationSession>>();
+  const track = (keys: string[], session: GenerationSession): void => {
+    for (const k of new Set(keys)) {
+      const set = sessions.get(k) ?? new Set();
+      set.add(session);
+      sessions.set(k, set);
+    }
+    void session.done.then(() => {
+      for (const k of keys) {
+        const set = sessions.get(k);
+        set?.delete(session);
+        if (set?.size === 0) sessions.delete(k);
+      }
+    });
+  };
+
   const state = (): SimPodState => ({
     pod: opts.name,
     engine: opts.engine,
+    role,
+    ...(opts.roleset !== undefined ? { roleset: opts.roleset } : {}),
+    ...(bootstrapPort !== undefined ? { bootstrapPort } : {}),
+    ...(pd.sideChannel ? { sideChannel: pd.sideChannel } : {}),
+    pd: pdStats.snapshot(engine.snapshot().heldRequests),
+    faults: faults.current,
+    hungRequests: faults.hungRequests,
     model: opts.model,
     ...engine.snapshot(),
     config: { ...opts.engineConfig, maxModelLen: opts.maxModelLen, timeScale: opts.timeScale },
@@ -154,7 +271,12 @@ export async function startSimPod(opts: SimPodOptions): Promise<SimPod> {
   });
   const restart = (): void => {
     const old = engine;
+    const oldHeld = held;
     boot();
+    // Requests outside the engine (a decode waiting for its KV, a prefill waiting for its decode)
+    // lose their connection too; then the old engine drops what it still runs or holds.
+    for (const set of [...sessions.values()]) for (const s of [...set]) s.drop();
+    oldHeld.clear();
     old.abortAll();
     publisher?.reset();
     log?.info("simulated engine restarted");
@@ -163,19 +285,37 @@ export async function startSimPod(opts: SimPodOptions): Promise<SimPod> {
   const generation =
     (kind: "chat" | "completion"): Handler =>
     async (req, res) => {
-      const raw = await readJson(req);
+      const { body, raw } = await readJsonText(req);
+      const fault = faults.next();
+      if (fault.kind === "status") {
+        const type = fault.status === 400 ? "BadRequestError" : fault.status === 404 ? "NotFoundError" : "InternalServerError";
+        throw new ApiError(fault.status, type, `Injected fault: HTTP ${fault.status}`);
+      }
+      if (fault.kind === "hang") {
+        const left = new AbortController();
+        res.on("close", () => left.abort());
+        try {
+          await faults.waitUnhung(left.signal);
+        } catch {
+          return;
+        }
+      }
       // A request naming a loaded adapter runs on the base model with the adapter's blocks.
-      const adapter = lora.adapterOf(raw);
-      const body = adapter ? { ...(raw as object), model: opts.model } : raw;
-      const gen = kind === "chat" ? parseChatRequest(body, served) : parseCompletionRequest(body, served);
+      const adapter = lora.adapterOf(body);
+      const forBase = adapter ? { ...(body as object), model: opts.model } : body;
+      const gen = kind === "chat" ? parseChatRequest(forBase, served) : parseCompletionRequest(forBase, served);
       if (adapter) {
         lora.track(adapter, res);
         gen.model = adapter;
         gen.loraName = adapter;
       }
+      const obj = asObject(body);
+      const rid = typeof obj.rid === "string" && obj.rid !== "" ? obj.rid : undefined;
       const header = req.headers["x-request-id"];
-      const requestId = typeof header === "string" && header !== "" ? header : randomUUID().replaceAll("-", "");
-      serveGeneration(res, engine, gen, kind, requestId);
+      const requestId = typeof header === "string" && header !== "" ? header : (rid ?? randomUUID().replaceAll("-", ""));
+      const hooks = pdHooks(pd, obj, raw, gen, requestId);
+      const session = serveGeneration(res, engine, gen, kind, requestId, hooks);
+      track(rid ? [requestId, rid] : [requestId], session);
     };
 
   const routes: Record<string, Record<string, Handler>> = {
@@ -213,7 +353,9 @@ export async function startSimPod(opts: SimPodOptions): Promise<SimPod> {
     },
     "/metrics": {
       GET: (_req, res) =>
-        void res.writeHead(200, { "content-type": "text/plain; version=0.0.4; charset=utf-8" }).end(metrics.render(engine.snapshot()) + lora.metricsText()),
+        void res
+          .writeHead(200, { "content-type": "text/plain; version=0.0.4; charset=utf-8" })
+          .end(metrics.render(engine.snapshot()) + renderPdMetrics(opts.engine, opts.model, pdStats.snapshot(engine.snapshot().heldRequests)) + lora.metricsText()),
     },
     // vLLM serves this in dev mode; 200 even when refused, as vLLM does.
     "/reset_prefix_cache": {
@@ -222,7 +364,24 @@ export async function startSimPod(opts: SimPodOptions): Promise<SimPod> {
         res.writeHead(200).end();
       },
     },
+    // SGLang's abort endpoint; 200 whether or not the rid matched anything, as SGLang answers.
+    "/abort_request": {
+      POST: async (req, res) => {
+        const body = asObject(await readJson(req));
+        if (body.rid !== undefined && body.rid !== null && typeof body.rid !== "string") throw badRequest("rid must be a string", "rid");
+        const targets = body.abort_all === true ? [...sessions.values()] : [sessions.get(String(body.rid ?? "")) ?? new Set()];
+        for (const set of targets) for (const s of [...set]) s.cancel();
+        res.writeHead(200).end();
+      },
+    },
     "/debug/state": { GET: (_req, res) => sendJson(res, 200, state()) },
+    "/debug/faults": {
+      GET: (_req, res) => sendJson(res, 200, faults.current),
+      POST: async (req, res) => {
+        faults.set(parseFaults(await readJson(req)));
+        sendJson(res, 200, faults.current);
+      },
+    },
     "/debug/cache": { GET: (_req, res) => sendJson(res, 200, cacheListing()) },
     "/debug/restart": {
       POST: (_req, res) => {
@@ -242,6 +401,7 @@ export async function startSimPod(opts: SimPodOptions): Promise<SimPod> {
     Promise.resolve()
       .then(() => handler(req, res))
       .catch((err: unknown) => {
+        if (res.destroyed) return;
         if (res.headersSent) {
           res.destroy();
           return;
@@ -252,23 +412,30 @@ export async function startSimPod(opts: SimPodOptions): Promise<SimPod> {
       });
   });
 
-  try {
-    await new Promise<void>((resolve, reject) => {
+  const listen = (port: number): Promise<void> =>
+    new Promise<void>((resolve, reject) => {
       server.once("error", reject);
-      server.listen(opts.port, opts.host, () => {
+      server.listen(port, opts.host, () => {
         server.off("error", reject);
         resolve();
       });
     });
+  const closeServer = (): Promise<void> =>
+    new Promise<void>((resolve) => {
+      server.close(() => resolve());
+      server.closeAllConnections();
+    });
+  try {
+    await listen(opts.port);
   } catch (err) {
-    await publisher?.close();
+    await Promise.all([publisher?.close(), channel?.stop()]);
     throw err;
   }
   const port = (server.address() as AddressInfo).port;
   // A wildcard bind is reachable on loopback; advertising the wildcard itself would be useless to clients.
-  const advertised = opts.host === "0.0.0.0" || opts.host === "::" ? "127.0.0.1" : opts.host;
-  const address = `${advertised}:${port}`;
-  log?.info({ address, engine: opts.engine, model: opts.model, kvEvents }, "simulated pod listening");
+  const address = `${advertisedHost}:${port}`;
+  let stopped = false;
+  log?.info({ address, engine: opts.engine, model: opts.model, role, kvEvents, bootstrapPort, sideChannel: pd.sideChannel }, "simulated pod listening");
 
   return {
     name: opts.name,
@@ -276,19 +443,29 @@ export async function startSimPod(opts: SimPodOptions): Promise<SimPod> {
     port,
     address,
     kvEvents,
+    role,
+    roleset: opts.roleset,
+    bootstrapPort,
     state,
+    setFaults: (f) => faults.set(parseFaults(f)),
+    async stop() {
+      if (stopped) return;
+      stopped = true;
+      await Promise.all([closeServer(), channel?.stop()]);
+    },
+    async start() {
+      if (!stopped) return;
+      await Promise.all([listen(port), channel?.start()]);
+      stopped = false;
+    },
     cacheListing,
     resetPrefixCache: () => engine.resetPrefixCache(),
     restart,
     async close() {
       engine.close();
-      await Promise.all([
-        new Promise<void>((resolve) => {
-          server.close(() => resolve());
-          server.closeAllConnections();
-        }),
-        publisher?.close(),
-      ]);
+      held.clear();
+      faults.set({});
+      await Promise.all([stopped ? undefined : closeServer(), channel?.stop(), publisher?.close()]);
     },
   };
 }

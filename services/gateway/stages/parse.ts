@@ -8,6 +8,7 @@ import { RouteError } from "../errors.js";
 import { type ParsedRequest, parseRequestBody } from "../request-body.js";
 import { isStrategySpecError, parseStrategy, type StrategyParams, strategyNames } from "../strategies/registry.js";
 import type { SloTargets, Strategy } from "../strategies/types.js";
+import { refuseControlledFields } from "./pd-bodies.js";
 
 /** Longest `user` header accepted (the charge and decision schemas' bound). */
 export const MAX_USER_LENGTH = 256;
@@ -33,6 +34,7 @@ export interface RoutePlan {
 /** Parses a request and plans its routing; throws RouteError for anything the client must be told. */
 export function parseRoute(headers: Readonly<Record<string, string>>, body: Uint8Array, config: ConfigReader | undefined, defaultStrategy: string): RoutePlan {
   const parsed = parseRequestBody(body);
+  refuseControlledFields(parsed.body);
   // The user and the request id travel in every charge and decision record; the event schemas bound them.
   for (const [name, max] of HEADER_BOUNDS) {
     const value = headers[name];

@@ -15,7 +15,7 @@ import type { UsageReader } from "../../views/usage-view.js";
 import { mulberry32 } from "../../shared/seeded-random.js";
 import { fnv1a32 } from "../../tokenizer/sim-tokenizer.js";
 import { RouteError } from "../errors.js";
-import { type Pick, type PrefixMatchInfo, type RoutingRequest, type SloTargets, type Strategy, tieOrderOf } from "../strategies/types.js";
+import { NoCandidateError, type Pick, type PrefixMatchInfo, type RoutingContext, type RoutingRequest, type SloTargets, type Strategy, tieOrderOf } from "../strategies/types.js";
 
 /** How often every replica's tie order rotates (together). */
 export const TIE_ROTATION_MS = 10_000;
@@ -71,11 +71,21 @@ export interface Scheduled {
   prefixMatch?: PrefixMatchResult;
 }
 
-/** The candidates for a model: ready pods, restricted to the proxy's subset. Throws the client-facing RouteError. */
-export function candidatesFor(pods: PodSetReader, model: string, subset?: readonly string[]): readonly PodInfo[] {
+/**
+ * The candidates for a model: ready pods, restricted to the proxy's subset. Throws the
+ * client-facing RouteError. Strategies other than `pd` (`disaggregated: false`) see combined pods
+ * when there are any; a fleet of prefill/decode pods only leaves them its vLLM pods (which serve a
+ * plain request whole), never SGLang ones (a decode-mode SGLang server needs the bootstrap fields).
+ */
+export function candidatesFor(pods: PodSetReader, model: string, subset?: readonly string[], disaggregated = false): readonly PodInfo[] {
   if (!pods.knows(model)) throw new RouteError("unknownModel", `The model \`${model}\` does not exist.`, "model");
   let candidates = pods.readyPods(model);
   if (candidates.length === 0) throw new RouteError("noReadyPod", `no ready pod serves model \`${model}\``);
+  if (!disaggregated && candidates.some((p) => p.role !== "combined")) {
+    const combined = candidates.filter((p) => p.role === "combined");
+    candidates = combined.length > 0 ? combined : candidates.filter((p) => p.engine === "vllm");
+    if (candidates.length === 0) throw new RouteError("noReadyPod", `only SGLang prefill/decode pods serve model \`${model}\`: route it with routing-strategy pd`);
+  }
   if (subset) {
     const allowed = new Set(subset);
     candidates = candidates.filter((p) => allowed.has(p.address));
@@ -85,10 +95,10 @@ export function candidatesFor(pods: PodSetReader, model: string, subset?: readon
 }
 
 export function schedule(i: SchedulingInput): Scheduled {
-  const candidates = candidatesFor(i.views.pods, i.request.model, i.subset);
+  const candidates = candidatesFor(i.views.pods, i.request.model, i.subset, i.strategy.pd !== undefined);
   const prefixMatch = i.prefix?.(candidates);
   const tieOrder = i.rank ? tieOrderOf(i.rank.index, i.rank.count, (Math.floor(i.now / TIE_ROTATION_MS) * 0.6180339887498949) % 1) : undefined;
-  const pick = i.strategy.pick({
+  const pick = pickOrRefuse(i.strategy, {
     request: i.request,
     pods: candidates,
     load: i.views.load,
@@ -101,6 +111,15 @@ export function schedule(i: SchedulingInput): Scheduled {
     ...(i.slo ? { slo: i.slo } : {}),
   });
   return { pick, candidates, ...(prefixMatch ? { prefixMatch } : {}) };
+}
+
+function pickOrRefuse(strategy: Strategy, ctx: RoutingContext): Pick {
+  try {
+    return strategy.pick(ctx);
+  } catch (err) {
+    if (err instanceof NoCandidateError) throw new RouteError("noReadyPod", err.message);
+    throw err;
+  }
 }
 
 /**

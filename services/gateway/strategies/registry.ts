@@ -16,6 +16,7 @@ import { leastRequestStrategy } from "./least-request.js";
 import { leastTokenLoadStrategy } from "./least-token-load.js";
 import { powerOfTwoStrategy } from "./power-of-two.js";
 import { DEFAULT_PREFIX_CACHE_CONFIG, prefixCachePrebleStrategy, prefixCacheStrategy } from "./prefix-cache.js";
+import { PD_STRATEGY, pdConfigOf, pdStrategy } from "./pd.js";
 import { randomStrategy } from "./random.js";
 import { sessionAffinityStrategy } from "./session-affinity.js";
 import { sloLeastLoadStrategy, sloPackLoadStrategy, sloStrategy } from "./slo.js";
@@ -61,6 +62,20 @@ const prefixCachePlugin: StrategyPlugin = {
 };
 const defaultPrefixCache = prefixCacheStrategy();
 
+const pdPlugin: StrategyPlugin = {
+  type: PD_STRATEGY,
+  needs: { promptTokenIds: true },
+  create(params) {
+    if (!params || Object.keys(params).length === 0) return defaultPd;
+    try {
+      return pdStrategy(pdConfigOf(params));
+    } catch (err) {
+      throw new StrategySpecError((err as Error).message, PD_STRATEGY);
+    }
+  },
+};
+const defaultPd = pdStrategy();
+
 const PLUGINS: StrategyPlugin[] = [
   fixed(randomStrategy),
   fixed(leastRequestStrategy),
@@ -78,6 +93,7 @@ const PLUGINS: StrategyPlugin[] = [
   fixed(sloPackLoadStrategy),
   prefixCachePlugin,
   fixed(prefixCachePrebleStrategy),
+  pdPlugin,
 ];
 
 const plugins = new Map(PLUGINS.map((p) => [p.type, p]));

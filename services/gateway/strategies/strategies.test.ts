@@ -132,13 +132,16 @@ describe("registry", () => {
       "slo-pack-load",
       "prefix-cache",
       "prefix-cache-preble",
+      "pd",
     ]);
     expect(findStrategy("least-request")).toBe(leastRequestStrategy);
     expect(findStrategy("random")).toBe(randomStrategy);
     expect(findStrategy("nope")).toBeUndefined();
   });
 
-  it("every base strategy exposes a scorer named like it", () => {
-    for (const name of strategyNames()) expect(findStrategy(name)?.scorer?.name).toBe(name);
+  it("every base strategy but pd exposes a scorer named like it", () => {
+    // pd picks two pods (prefill and decode) and is exclusive: no single metric to combine.
+    for (const name of strategyNames().filter((n) => n !== "pd")) expect(findStrategy(name)?.scorer?.name).toBe(name);
+    expect(findStrategy("pd")?.exclusive).toBe(true);
   });
 });

@@ -1,0 +1,61 @@
+/**
+ * The gateway's HTTP client for P/D prefill legs and SGLang `/abort_request`: one keep-alive
+ * undici Pool per pod address (connections reused across requests — a new TCP handshake per leg
+ * would cost more than the routing), a deadline per call, answers read up to a byte bound.
+ * Failures become `LegError`s the legs stage decides on (stages/pd-bodies.ts `retryPrefill`).
+ */
+import { Agent, errors } from "undici";
+import { LegError, type LegAnswer, type LegClient } from "./stages/pd-legs.js";
+
+export interface PdClientOptions {
+  /** Largest answer read (a prefill answer is one token plus the transfer params). */
+  maxAnswerBytes?: number;
+  /** Keep-alive connections per pod. */
+  connectionsPerPod?: number;
+}
+
+export class PdHttpClient implements LegClient {
+  private readonly agent: Agent;
+  private readonly maxAnswer: number;
+
+  constructor(o: PdClientOptions = {}) {
+    this.maxAnswer = o.maxAnswerBytes ?? 1024 * 1024;
+    this.agent = new Agent({ connections: o.connectionsPerPod ?? 64, keepAliveTimeout: 30_000, pipelining: 1 });
+  }
+
+  async post(address: string, path: string, body: Buffer, headers: Readonly<Record<string, string>>, o: { signal?: AbortSignal; timeoutMs: number }): Promise<LegAnswer> {
+    const deadline = AbortSignal.timeout(o.timeoutMs);
+    const signal = o.signal ? AbortSignal.any([o.signal, deadline]) : deadline;
+    try {
+      const res = await this.agent.request({
+        origin: `http://${address}`,
+        path,
+        method: "POST",
+        headers: { ...headers, "content-length": String(body.length) },
+        body,
+        signal,
+      });
+      const chunks: Buffer[] = [];
+      let size = 0;
+      for await (const c of res.body) {
+        size += (c as Buffer).length;
+        if (size > this.maxAnswer) {
+          res.body.destroy();
+          throw new LegError({ kind: "connect", code: "answer-too-large" });
+        }
+        chunks.push(c as Buffer);
+      }
+      return { status: res.statusCode, body: Buffer.concat(chunks) };
+    } catch (err) {
+      if (err instanceof LegError) throw err;
+      if (o.signal?.aborted) throw new LegError({ kind: "cancelled" });
+      if (deadline.aborted || err instanceof errors.HeadersTimeoutError || err instanceof errors.BodyTimeoutError) throw new LegError({ kind: "timeout" });
+      const code = (err as NodeJS.ErrnoException).code ?? (err as Error).name ?? "error";
+      throw new LegError({ kind: "connect", code: String(code).slice(0, 64) });
+    }
+  }
+
+  close(): Promise<void> {
+    return this.agent.close();
+  }
+}

@@ -1,0 +1,246 @@
+/**
+ * `pd`: prefill/decode disaggregation. Picks a roleset, then a prefill pod and a decode pod in it
+ * (AIBrix's pd plugin, with every load term read from the shared ledger, so both legs' load is the
+ * fleet's and not this replica's alone). Pure: the director charges the plan and the legs stage
+ * (stages/pd-legs.ts) runs it.
+ *
+ * - Rolesets: pods grouped by `roleset` (no label: roleset "default"). Usable only with at least
+ *   one ready prefill and one ready decode pod of one engine; anything else is reported unusable
+ *   (counted by the gateway), never an error.
+ * - Prompt-length buckets: a pod label `prompt-len-bucket-min-length` / `-max-length` (tokens,
+ *   min inclusive, max exclusive) restricts its roleset to prompts in the range.
+ * - Combined fallback: no usable roleset fits, or the prompt is shorter than `minPromptTokens`
+ *   while combined pods exist.
+ * - Fast paths (AIBrix): when the prefill requests in flight across usable prefill pods differ by
+ *   more than `prefillImbalance`, the least loaded prefill pod wins outright (and its roleset);
+ *   likewise decode with `decodeImbalance`.
+ * - Scores (lower is better, each in [0, 2]): prefill = (1 - matched prefix fraction) + prefill
+ *   requests / the most loaded prefill pod's; decode = pending decode requests / the most loaded
+ *   decode pod's + KV cache usage. A roleset's score is its best prefill plus its best decode;
+ *   the lowest roleset wins, ties at random.
+ * - Decider (vLLM only): when the chosen decode pod already holds all but fewer than
+ *   `skipPrefillBelowTokens` of the prompt, the prefill leg is skipped: decode computes the rest.
+ */
+import type { LedgerReader } from "../../views/charge-ledger.js";
+import type { LoadReader } from "../../views/load-view.js";
+import type { PodInfo } from "../../views/pod-set.js";
+import { leastRequestStrategy } from "./least-request.js";
+import {
+  type CombinedReason,
+  NoCandidateError,
+  type PdConfig,
+  type PdPlan,
+  type Pick,
+  type PrefixMatchInfo,
+  type Roleset,
+  type Rolesets,
+  type RoutingContext,
+  type RoutingRequest,
+  type Strategy,
+  type UnusableReason,
+} from "./types.js";
+
+export type { CombinedReason, PdConfig, PdPlan, Roleset, Rolesets, UnusableReason } from "./types.js";
+
+export const PD_STRATEGY = "pd";
+export const DEFAULT_ROLESET = "default";
+export const BUCKET_MIN_LABEL = "prompt-len-bucket-min-length";
+export const BUCKET_MAX_LABEL = "prompt-len-bucket-max-length";
+
+export const DEFAULT_PD_CONFIG: Readonly<PdConfig> = { prefillImbalance: 16, decodeImbalance: 16, minPromptTokens: 0, skipPrefillBelowTokens: 0 };
+
+/** Groups ready pods into rolesets (sorted by name, the same on every replica). */
+export function rolesetsOf(pods: readonly PodInfo[]): Rolesets {
+  const groups = new Map<string, { prefill: PodInfo[]; decode: PodInfo[] }>();
+  const combined: PodInfo[] = [];
+  for (const p of pods) {
+    if (p.role === "combined") {
+      combined.push(p);
+      continue;
+    }
+    const name = p.roleset ?? DEFAULT_ROLESET;
+    let g = groups.get(name);
+    if (!g) groups.set(name, (g = { prefill: [], decode: [] }));
+    (p.role === "prefill" ? g.prefill : g.decode).push(p);
+  }
+  const usable: Roleset[] = [];
+  const unusable: { name: string; reason: UnusableReason }[] = [];
+  for (const name of [...groups.keys()].sort()) {
+    const g = groups.get(name) as { prefill: PodInfo[]; decode: PodInfo[] };
+    if (g.prefill.length === 0) unusable.push({ name, reason: "no-prefill" });
+    else if (g.decode.length === 0) unusable.push({ name, reason: "no-decode" });
+    else {
+      const engine = (g.prefill[0] as PodInfo).engine;
+      if (![...g.prefill, ...g.decode].every((p) => p.engine === engine)) unusable.push({ name, reason: "mixed-engines" });
+      else usable.push({ name, engine, prefill: byName(g.prefill), decode: byName(g.decode) });
+    }
+  }
+  return { usable, unusable, combined };
+}
+
+const byName = (pods: PodInfo[]) => pods.sort((a, b) => (a.pod < b.pod ? -1 : a.pod > b.pod ? 1 : 0));
+
+/** The bucket a roleset's labels declare: [min, max) in prompt tokens. Malformed labels declare nothing. */
+export function bucketOf(rs: Roleset): { min: number; max: number } {
+  let min = 0;
+  let max = Number.POSITIVE_INFINITY;
+  for (const p of [...rs.prefill, ...rs.decode]) {
+    const lo = intLabel(p.labels[BUCKET_MIN_LABEL]);
+    const hi = intLabel(p.labels[BUCKET_MAX_LABEL]);
+    if (lo !== undefined) min = Math.max(min, lo);
+    if (hi !== undefined) max = Math.min(max, hi);
+  }
+  return { min, max };
+}
+
+function intLabel(v: string | undefined): number | undefined {
+  if (v === undefined || !/^\d{1,9}$/.test(v)) return undefined;
+  return Number(v);
+}
+
+export interface PdContext {
+  readonly request: RoutingRequest;
+  /** Ready candidates for the model (any role). */
+  readonly pods: readonly PodInfo[];
+  readonly load: LoadReader;
+  readonly ledger: LedgerReader;
+  readonly now: number;
+  readonly random: () => number;
+  /** The prompt's prefix match over the candidates (absent: no prefix term). */
+  readonly prefix?: PrefixMatchInfo;
+  readonly config?: Readonly<PdConfig>;
+}
+
+export function planPd(ctx: PdContext): PdPlan {
+  const cfg = ctx.config ?? DEFAULT_PD_CONFIG;
+  const sets = rolesetsOf(ctx.pods);
+  const tokens = ctx.request.promptTokens;
+  const combined = (reason: CombinedReason): PdPlan => ({ kind: "combined", reason, combined: sets.combined, unusable: sets.unusable });
+  if (sets.usable.length === 0) return combined("no-usable-roleset");
+  if (tokens < cfg.minPromptTokens && sets.combined.length > 0) return combined("short-prompt");
+  const fitting = sets.usable.filter((rs) => {
+    const b = bucketOf(rs);
+    return tokens >= b.min && tokens < b.max;
+  });
+  if (fitting.length === 0) return combined("no-bucket");
+
+  const prefillPods = fitting.flatMap((rs) => rs.prefill);
+  const decodePods = fitting.flatMap((rs) => rs.decode);
+  const info = ctx.prefix;
+  const out = (p: PodInfo) => ctx.ledger.outstanding(p.model, p.pod).requests;
+  const prefillLoad = prefillPods.map(out);
+  const decodeLoad = decodePods.map(out);
+  const maxPrefill = Math.max(1, ...prefillLoad);
+  const maxDecode = Math.max(1, ...decodeLoad);
+  const queried = info?.queried ?? 0;
+  const prefillScore = new Map<PodInfo, number>();
+  prefillPods.forEach((p, i) => {
+    const matched = queried > 0 && info ? Math.min(1, info.matched(p.pod) / queried) : 0;
+    prefillScore.set(p, 1 - matched + (prefillLoad[i] as number) / maxPrefill);
+  });
+  const decodeScore = new Map<PodInfo, number>();
+  decodePods.forEach((p, i) => {
+    const kv = ctx.load.fresh(p.model, p.pod, ctx.now)?.kvCacheUsage ?? 0;
+    decodeScore.set(p, (decodeLoad[i] as number) / maxDecode + Math.min(1, Math.max(0, kv)));
+  });
+  const rolesetOf = new Map<PodInfo, Roleset>();
+  for (const rs of fitting) for (const p of [...rs.prefill, ...rs.decode]) rolesetOf.set(p, rs);
+
+  let roleset: Roleset;
+  let prefill: PodInfo;
+  let decode: PodInfo;
+  let fastPath: "prefill-imbalance" | "decode-imbalance" | undefined;
+  const spread = (loads: number[]) => Math.max(...loads) - Math.min(...loads);
+  if (prefillPods.length > 1 && spread(prefillLoad) > cfg.prefillImbalance) {
+    fastPath = "prefill-imbalance";
+    prefill = lowest(prefillPods, (p) => out(p), ctx.random);
+    roleset = rolesetOf.get(prefill) as Roleset;
+    decode = lowest(roleset.decode, (p) => decodeScore.get(p) as number, ctx.random);
+  } else if (decodePods.length > 1 && spread(decodeLoad) > cfg.decodeImbalance) {
+    fastPath = "decode-imbalance";
+    decode = lowest(decodePods, (p) => out(p), ctx.random);
+    roleset = rolesetOf.get(decode) as Roleset;
+    prefill = lowest(roleset.prefill, (p) => prefillScore.get(p) as number, ctx.random);
+  } else {
+    const best = fitting.map((rs) => {
+      const bp = lowest(rs.prefill, (p) => prefillScore.get(p) as number, ctx.random);
+      const bd = lowest(rs.decode, (p) => decodeScore.get(p) as number, ctx.random);
+      return { rs, bp, bd, score: (prefillScore.get(bp) as number) + (decodeScore.get(bd) as number) };
+    });
+    const win = lowest(best, (b) => b.score, ctx.random);
+    roleset = win.rs;
+    prefill = win.bp;
+    decode = win.bd;
+  }
+  const matchedOnDecode = info ? info.matched(decode.pod) * info.blockSize : 0;
+  const skipPrefill = roleset.engine === "vllm" && cfg.skipPrefillBelowTokens > 0 && tokens - matchedOnDecode < cfg.skipPrefillBelowTokens;
+  return {
+    kind: "pd",
+    roleset: roleset.name,
+    engine: roleset.engine,
+    prefill,
+    decode,
+    skipPrefill,
+    candidates: fitting.map((rs) => {
+      const bp = lowest(rs.prefill, (p) => prefillScore.get(p) as number, () => 0);
+      const bd = lowest(rs.decode, (p) => decodeScore.get(p) as number, () => 0);
+      return { pod: bp, score: round((prefillScore.get(bp) as number) + (decodeScore.get(bd) as number)) };
+    }),
+    prefillCandidates: prefillPods.map((p) => ({ pod: p, score: round(prefillScore.get(p) as number) })),
+    decodeCandidates: decodePods.map((p) => ({ pod: p, score: round(decodeScore.get(p) as number) })),
+    ...(fastPath ? { fastPath } : {}),
+    unusable: sets.unusable,
+  };
+}
+
+const round = (x: number) => Math.round(x * 1e6) / 1e6;
+
+/** The lowest-scoring item; ties broken by one draw of `random` (so a replica's picks reproduce in replay). */
+function lowest<T>(items: readonly T[], score: (x: T) => number, random: () => number): T {
+  let best = Number.POSITIVE_INFINITY;
+  const tied: T[] = [];
+  for (const it of items) {
+    const s = score(it);
+    if (s < best - 1e-12) {
+      best = s;
+      tied.length = 0;
+      tied.push(it);
+    } else if (Math.abs(s - best) <= 1e-12) tied.push(it);
+  }
+  if (tied.length === 1) return tied[0] as T;
+  return tied[Math.min(tied.length - 1, Math.floor(random() * tied.length))] as T;
+}
+
+/** Parses a profile's `strategyParams.pd`; throws a message naming the bad parameter. */
+export function pdConfigOf(params: Readonly<Record<string, number | string | boolean>> | undefined): PdConfig {
+  const out: PdConfig = { ...DEFAULT_PD_CONFIG };
+  for (const [k, v] of Object.entries(params ?? {})) {
+    if (!(k in out)) throw new Error(`pd has no parameter ${JSON.stringify(k)} (it takes ${Object.keys(DEFAULT_PD_CONFIG).join(", ")})`);
+    if (typeof v !== "number" || !Number.isFinite(v) || v < 0) throw new Error(`pd parameter ${k} must be a number >= 0, got ${JSON.stringify(v)}`);
+    out[k as keyof PdConfig] = v;
+  }
+  return out;
+}
+
+/**
+ * The strategy the registry holds: its pick is the decode pod (what Envoy is sent to), with the
+ * whole plan attached for the director; a combined plan picks least-request among combined pods.
+ */
+export function pdStrategy(config: Readonly<PdConfig> = DEFAULT_PD_CONFIG): Strategy {
+  return {
+    name: PD_STRATEGY,
+    needs: { promptTokenIds: true },
+    exclusive: true,
+    pd: config,
+    pick(ctx: RoutingContext): Pick {
+      const plan = planPd({ ...ctx, config });
+      if (plan.kind === "pd") return { pod: plan.decode, candidates: plan.decodeCandidates, pd: plan };
+      if (plan.combined.length === 0) {
+        const why = plan.unusable.length > 0 ? `; unusable rolesets: ${plan.unusable.slice(0, 8).map((u) => `${u.name} (${u.reason})`).join(", ")}` : "";
+        throw new NoCandidateError(`no usable prefill/decode roleset and no combined pod serves model \`${ctx.request.model}\`${why}`);
+      }
+      const pick = leastRequestStrategy.pick({ ...ctx, pods: plan.combined });
+      return { ...pick, fallback: `combined:${plan.reason}`, pd: plan };
+    },
+  };
+}
