@@ -559,41 +559,65 @@ describe("Envoy Gateway wiring", () => {
 });
 
 describe("pod-watcher, metrics-scraper, streams, NATS", () => {
-  it("the pod list ConfigMap is mounted where --static points, without subPath, and is a valid pod list", () => {
+  it("the pod-watcher runs in Kubernetes mode as an HA pair: 2 replicas, leader election, distinct identities, API token mounted", () => {
     const inv = invocationOf("pod-watcher");
-    const file = String(inv.flags.get("--static"));
-    const mount = obj(
-      listOrEmpty(inv.container.volumeMounts).find((m) => file.startsWith(`${String(at(m, "mountPath")).replace(/\/$/, "")}/`)),
-      `volumeMount containing ${file}`,
-    );
-    expect(mount.subPath, "ConfigMap updates never reach subPath mounts").toBeUndefined();
-    const volume = obj(
-      listOrEmpty(inv.pod.volumes).find((v) => at(v, "name") === mount.name),
-      `volume ${String(mount.name)}`,
-    );
-    const cm = one("ConfigMap", str(at(volume, "configMap.name"), "configMap volume"), nsOf(inv.workload));
-    const key = path.posix.relative(String(mount.mountPath), file);
-    const text = str(obj(cm.data, `ConfigMap ${nameOf(cm)} data`)[key], `ConfigMap ${nameOf(cm)} key ${key}`);
-    const pods = parsePodList(text, `ConfigMap ${nameOf(cm)}/${key}`); // the pod-watcher's own validation
-    expect(pods.length).toBeGreaterThan(0);
-    expect(Number(at(inv.workload, "spec.replicas"))).toBe(1);
+    expect(inv.flags.get("--kubernetes")).toBe(true);
+    expect(inv.flags.has("--static")).toBe(false);
+    expect(inv.flags.get("--leader-election")).toBe(true);
+    expect(Number(at(inv.workload, "spec.replicas"))).toBe(2);
+    expect(at(inv.pod, "automountServiceAccountToken")).not.toBe(false);
+    // The watcher id and lease namespace come from the downward API: the pod's own name and namespace.
+    const env = listOrEmpty(inv.container.env);
+    const fieldOf = (name: string) => at(env.find((e) => at(e, "name") === name), "valueFrom.fieldRef.fieldPath");
+    expect(inv.flags.get("--watcher-id")).toBe("$(POD_NAME)");
+    expect(fieldOf("POD_NAME")).toBe("metadata.name");
+    expect(inv.flags.get("--lease-namespace")).toBe("$(POD_NAMESPACE)");
+    expect(fieldOf("POD_NAMESPACE")).toBe("metadata.namespace");
+    expect(String(inv.flags.get("--source"))).toMatch(/^[A-Za-z0-9][-A-Za-z0-9_.]*$/);
   });
 
-  it("the pod-watcher's ServiceAccount can read pods (ready for the informer mode)", () => {
+  it("a leader takeover (lease + one renewal) fits inside the gateways' pod source timeout; heartbeats are well within it", () => {
+    const pw = invocationOf("pod-watcher");
+    const gw = invocationOf("gateway");
+    const lease = intFlag(pw, "--lease-ms");
+    const heartbeat = intFlag(pw, "--heartbeat-ms");
+    const timeout = intFlag(gw, "--pod-source-timeout-ms");
+    expect(lease + lease / 3 + heartbeat).toBeLessThan(timeout);
+    expect(heartbeat * 3).toBeLessThanOrEqual(timeout);
+    // PODS keeps messages 30 days (streams/definitions.ts): re-assertion must come well before.
+    expect(intFlag(pw, "--reassert-ms")).toBeLessThan(24 * 3600_000);
+  });
+
+  const rulesOf = (sa: string, saNamespace: string, namespace: string | undefined) => {
+    const bindings = [...kinds("RoleBinding").filter((b) => namespace === undefined || nsOf(b) === namespace), ...kinds("ClusterRoleBinding")].filter((b) =>
+      listOrEmpty(at(b, "subjects")).some((s) => at(s, "kind") === "ServiceAccount" && at(s, "name") === sa && at(s, "namespace") === saNamespace),
+    );
+    return bindings.flatMap((b) => {
+      const role = one(str(at(b, "roleRef.kind"), "roleRef kind"), str(at(b, "roleRef.name"), "roleRef name"), at(b, "roleRef.kind") === "Role" ? nsOf(b) : undefined);
+      return listOrEmpty(role.rules);
+    });
+  };
+  const verbsFor = (rules: unknown[], group: string, resource: string) =>
+    rules.filter((r) => listOrEmpty(at(r, "apiGroups")).includes(group) && listOrEmpty(at(r, "resources")).includes(resource)).flatMap((r) => listOrEmpty(at(r, "verbs")));
+
+  it("RBAC: pods get/list/watch in every namespace the pod-watcher watches; leases get/create/update where its Lease lives", () => {
     const inv = invocationOf("pod-watcher");
     const sa = str(at(inv.pod, "serviceAccountName"), "pod-watcher serviceAccountName");
     one("ServiceAccount", sa, nsOf(inv.workload));
-    const bindings = [...kinds("RoleBinding"), ...kinds("ClusterRoleBinding")].filter((b) =>
-      listOrEmpty(at(b, "subjects")).some((s) => at(s, "kind") === "ServiceAccount" && at(s, "name") === sa && at(s, "namespace") === nsOf(inv.workload)),
-    );
-    expect(bindings.length).toBeGreaterThan(0);
-    for (const b of bindings) {
-      const role = one(str(at(b, "roleRef.kind"), "roleRef kind"), str(at(b, "roleRef.name"), "roleRef name"), at(b, "roleRef.kind") === "Role" ? nsOf(b) : undefined);
-      const verbs = listOrEmpty(role.rules)
-        .filter((r) => listOrEmpty(at(r, "apiGroups")).includes("") && listOrEmpty(at(r, "resources")).includes("pods"))
-        .flatMap((r) => listOrEmpty(at(r, "verbs")));
-      expect(verbs).toEqual(expect.arrayContaining(["get", "list", "watch"]));
-    }
+    const namespaces = String(inv.flags.get("--namespaces") ?? "").split(",").filter(Boolean);
+    expect(namespaces.length, "--namespaces (all namespaces would need a ClusterRoleBinding)").toBeGreaterThan(0);
+    for (const ns of namespaces) expect(verbsFor(rulesOf(sa, nsOf(inv.workload), ns), "", "pods"), `pods in ${ns}`).toEqual(expect.arrayContaining(["get", "list", "watch"]));
+    // --lease-namespace is the pod's own namespace (downward API, checked above).
+    expect(verbsFor(rulesOf(sa, nsOf(inv.workload), nsOf(inv.workload)), "coordination.k8s.io", "leases")).toEqual(expect.arrayContaining(["get", "create", "update"]));
+    // Least privilege: nothing that writes pods.
+    const all = rulesOf(sa, nsOf(inv.workload), undefined);
+    expect(verbsFor(all, "", "pods").filter((v) => !["get", "list", "watch"].includes(String(v)))).toEqual([]);
+  });
+
+  it("the default label selector of the manifest is the discovery label the code maps", () => {
+    const inv = invocationOf("pod-watcher");
+    const mapping = read("services/pod-watcher/k8s-pods.ts");
+    expect(mapping).toContain(`LABEL_MODEL = "${String(inv.flags.get("--label-selector"))}"`);
   });
 
   it("metrics-scraper runs as a single replica", () => {

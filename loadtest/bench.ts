@@ -14,6 +14,7 @@ import { runRateLimitBench } from "./benches/rate-limit.js";
 import { PREFIX_QUALITY_CASES, type PrefixQualityCaseName, runPrefixQualityBench } from "./benches/prefix-quality.js";
 import { DEFAULT_RECORDED_STRATEGIES, DEFAULT_REPLAY_STRATEGIES, runReplayBench } from "./benches/replay.js";
 import { FAULT_CASES, type FaultCaseName, runFaultsBench } from "./benches/faults.js";
+import { runDiscoveryBench } from "./benches/discovery.js";
 import { runPdBench } from "./benches/pd.js";
 import { runFoldBench } from "./benches/fold.js";
 
@@ -58,6 +59,14 @@ program
   .action(async (o) => {
     console.log(JSON.stringify(await runFoldBench({ events: o.events, rounds: o.rounds, inFlight: o.inFlight, foreignRate: o.foreignRate })));
   });
+
+program
+  .command("discovery")
+  .description("Kubernetes discovery: pod Ready in the API -> a gateway routes to it (1,000 pods, 10 changes/s), and the PODS apply cost per event")
+  .option("--pods <n>", "pods of the one model", int, 1_000)
+  .option("--rate <n>", "pod changes per second (half are measured Ready transitions)", int, 10)
+  .option("--duration-ms <ms>", "measured window", int, 20_000)
+  .action(async (o) => console.log(JSON.stringify(await runDiscoveryBench({ pods: o.pods, rate: o.rate, durationMs: o.durationMs }))));
 
 program
   .command("pd")

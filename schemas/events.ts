@@ -51,9 +51,34 @@ export const PodEvent = Type.Object(
     kvEvents: Type.Optional(KvEventsEndpoint),
     adapters: Type.Optional(Type.Array(Name)),
     labels: Type.Optional(Type.Record(Type.String(), Type.String())),
+    /**
+     * The watcher source that vouches for this pod (a cluster or pod-list name): a watcher removes
+     * only its own source's pods, and a source silent beyond the gateways' `--pod-source-timeout`
+     * stops being routable. Absent on events from before sources existed (never timed out).
+     */
+    source: Type.Optional(Name),
     ts: Millis,
   },
   { $id: "pod", additionalProperties: false },
+);
+
+/**
+ * PODS stream (`<prefix>.podsrc.<source>`): a pod-watcher's heartbeat for its source, published by
+ * the source's leader every `intervalMs`. Gateways judge a source's liveness on the broker time
+ * of the last heartbeat (or pod event) it published.
+ */
+export const PodSourceHeartbeat = Type.Object(
+  {
+    type: Type.Literal("pod-source"),
+    source: Name,
+    /** The watcher instance holding the source's lease. */
+    watcher: Name,
+    /** Pods this source currently publishes. */
+    pods: Count,
+    intervalMs: Type.Integer({ minimum: 1, maximum: MAX_COUNT }),
+    ts: Millis,
+  },
+  { $id: "pod-source", additionalProperties: false },
 );
 
 const HistogramSummary = Type.Object({ sum: Type.Number(), count: Type.Number({ minimum: 0 }) }, { additionalProperties: false });
@@ -93,6 +118,12 @@ export const LoadSample = Type.Object(
     scrapeMs: Type.Optional(Type.Number({ minimum: 0 })),
     error: Type.Optional(Type.String()),
     load: Nullable(EngineLoadSchema),
+    /**
+     * LoRA adapters the engine itself reports (vLLM `/v1/models` entries with a `parent`, and the
+     * running/waiting adapters of `vllm:lora_requests_info`); absent when it could not tell.
+     * Gateways route an adapter's requests to pods that publish it here or in PODS.
+     */
+    adapters: Type.Optional(Type.Array(Name, { maxItems: 256 })),
   },
   { $id: "load", additionalProperties: false },
 );
@@ -378,6 +409,7 @@ export const KvRouted = Type.Object(
 );
 
 export type PodEvent = Static<typeof PodEvent>;
+export type PodSourceHeartbeat = Static<typeof PodSourceHeartbeat>;
 export type LoadSample = Static<typeof LoadSample>;
 export type EngineLoadFields = Static<typeof EngineLoadSchema>;
 export type ChargeEvent = Static<typeof ChargeEvent>;
@@ -397,6 +429,7 @@ export type ReleaseOutcome = Static<typeof ReleaseOutcome>;
 /** Every event schema, by its `type`. */
 export const EVENT_SCHEMAS = {
   pod: PodEvent,
+  "pod-source": PodSourceHeartbeat,
   load: LoadSample,
   charge: ChargeEvent,
   release: ReleaseEvent,

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Installs the system packages jetroute needs (Debian): nats-server, and chromium for the browser
-# test of the replay report (services/replay/report-html.test.ts). Node 20 and npm are assumed.
+# Installs the system packages jetroute needs (Debian): nats-server, chromium for the browser
+# test of the replay report (services/replay/report-html.test.ts), and kubectl for the tests that
+# drive the Kubernetes API stand-in with the real client (Debian's `kubernetes-client`; an
+# existing kubectl is never replaced). Node 20 and npm are assumed.
 set -euo pipefail
 need_nats=1
 if command -v nats-server >/dev/null 2>&1 || [ -x /usr/sbin/nats-server ] || [ -n "${NATS_SERVER_BIN:-}" ]; then
@@ -10,7 +12,11 @@ need_chromium=1
 if [ -x /usr/bin/chromium ]; then
   need_chromium=0
 fi
-if [ "$need_nats" = 0 ] && [ "$need_chromium" = 0 ]; then
+need_kubectl=1
+if command -v kubectl >/dev/null 2>&1; then
+  need_kubectl=0
+fi
+if [ "$need_nats" = 0 ] && [ "$need_chromium" = 0 ] && [ "$need_kubectl" = 0 ]; then
   exit 0
 fi
 if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
@@ -24,6 +30,10 @@ if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
   if [ "$need_chromium" = 1 ]; then
     echo "installing chromium (Debian package, the headless browser of the report test)..." >&2
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  fi
+  if [ "$need_kubectl" = 1 ]; then
+    echo "installing kubectl (Debian package kubernetes-client)..." >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq kubernetes-client >/dev/null
   fi
   exit 0
 fi
@@ -40,6 +50,12 @@ if [ "$need_chromium" = 1 ]; then
 chromium is not installed at /usr/bin/chromium (the browser of the replay report test).
 Install it, then run this again:
   Debian/Ubuntu:  sudo apt-get install -y chromium
+MSG
+fi
+if [ "$need_kubectl" = 1 ]; then
+  cat >&2 <<'MSG'
+kubectl is not installed (the Kubernetes stand-in tests drive it). Install it, then run this again:
+  Debian/Ubuntu:  sudo apt-get install -y kubernetes-client
 MSG
 fi
 exit 1

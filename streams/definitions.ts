@@ -72,7 +72,7 @@ export function streamDefinitions(opts: StreamOptions = {}): StreamDefinition[] 
   });
   return [
     def("PODS", "pod readiness; last message per subject is the pod's state", {
-      subjects: [s.all("pods")],
+      subjects: [s.all("pods"), s.all("podsrc")],
       max_msgs_per_subject: 5,
       max_age: 30 * 24 * HOUR_NS,
     }),

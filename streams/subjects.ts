@@ -2,6 +2,8 @@
  * Subject builders and parsers. Every subject jetroute publishes or consumes is built here.
  *
  *   <prefix>.pods.<model>.<pod>        PODS       pod readiness (pod-watcher)
+ *   <prefix>.podsrc.<source>           PODS       pod-watcher source heartbeats (own family, so
+ *                                                 followers filtering `pods.>` never see them)
  *   <prefix>.load.<model>.<pod>        LOAD       engine load samples (metrics-scraper)
  *   <prefix>.kv.<model>.<pod>          KV         KV block events (kv-bridge; reserved)
  *   <prefix>.charges.<model>.<pod>     CHARGES    provisional charges (gateways)
@@ -17,6 +19,7 @@ export const DEFAULT_PREFIX = "jr";
 
 export const Family = {
   pods: "pods",
+  podsrc: "podsrc",
   load: "load",
   kv: "kv",
   charges: "charges",
@@ -34,6 +37,9 @@ export class Subjects {
 
   pod(model: string, pod: string): string {
     return `${this.prefix}.pods.${encodeToken(model)}.${encodeToken(pod)}`;
+  }
+  podSource(source: string): string {
+    return `${this.prefix}.podsrc.${encodeToken(source)}`;
   }
   load(model: string, pod: string): string {
     return `${this.prefix}.load.${encodeToken(model)}.${encodeToken(pod)}`;

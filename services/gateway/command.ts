@@ -57,6 +57,7 @@ export function registerGatewayCommand(program: Command): void {
     .option("--charge-ttl-ms <ms>", "a charge stops counting after this long even without a release", intOption(1), 600_000)
     .option("--heartbeat-ms <ms>", "heartbeat interval", intOption(10), 1_000)
     .option("--heartbeat-timeout-ms <ms>", "a gateway silent this long loses its charges (default 3 x interval)", intOption(10))
+    .option("--pod-source-timeout-ms <ms>", "pods of a pod-watcher source silent this long stop being routable (0 = never)", intOption(0), 30_000)
     .option("--load-stale-ms <ms>", "a load sample older than this is ignored", intOption(1), 2_000)
     .option("--max-charges <n>", "bound on tracked charges", intOption(1), 1_000_000)
     .option("--rate-confirm-ms <ms>", "rate limits: how long this replica's admissions may be unseen by the others (room is reserved for theirs meanwhile); 0 = no reservation", intOption(0), 25)
@@ -86,6 +87,7 @@ export function registerGatewayCommand(program: Command): void {
         chargeTtlMs: o.chargeTtlMs,
         heartbeatIntervalMs: o.heartbeatMs,
         heartbeatTimeoutMs: o.heartbeatTimeoutMs,
+        podSourceTimeoutMs: o.podSourceTimeoutMs,
         loadStaleAfterMs: o.loadStaleMs,
         maxCharges: o.maxCharges,
         rateConfirmMs: o.rateConfirmMs,

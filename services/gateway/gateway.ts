@@ -17,6 +17,7 @@ import { connectNats, type NatsHandles } from "../shared/nats.js";
 import { Outbox } from "../shared/publish.js";
 import { tokenLoad } from "../views/charge-ledger.js";
 import { GatewayState, type StateStream } from "../views/gateway-state.js";
+import { DEFAULT_POD_SOURCE_TIMEOUT_MS } from "../views/pod-set.js";
 import type { PrefixIndex } from "../views/prefix-index.js";
 import type { TokenizerMode } from "../tokenizer/prompt-tokens.js";
 import { type AdminServer, adminAuthorizer, startAdminServer } from "./admin-server.js";
@@ -51,6 +52,8 @@ export interface GatewayOptions {
   chargeTtlMs?: number;
   heartbeatIntervalMs?: number;
   heartbeatTimeoutMs?: number;
+  /** Pods of a pod-watcher source silent this long stop being routable (0 = never; default 30 s). */
+  podSourceTimeoutMs?: number;
   loadStaleAfterMs?: number;
   maxCharges?: number;
   /**
@@ -179,6 +182,7 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
     maxCharges: o.maxCharges,
     loadStaleAfterMs: o.loadStaleAfterMs,
     rateConfirmMs: o.rateConfirmMs,
+    podSourceTimeoutMs: o.podSourceTimeoutMs ?? DEFAULT_POD_SOURCE_TIMEOUT_MS,
     prefixIndex: { maxEntries: o.prefixMaxEntries ?? 4_000_000 },
   });
   const views: GatewayViews = state;
@@ -197,8 +201,9 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
   };
   const followers = [
     new StreamFollower({
-      nats, subjects, log, name: `gateway-${id}-pods`, family: "pods", types: ["pod"] as const,
-      stream: streamName(prefix, "PODS"), filter: subjects.all("pods"), startAt: { kind: "last-per-subject" },
+      // The whole stream: pod events and the watcher sources' heartbeats (`podsrc`) in one fold.
+      nats, subjects, log, name: `gateway-${id}-pods`, family: "pods", types: ["pod", "pod-source"] as const,
+      stream: streamName(prefix, "PODS"), startAt: { kind: "last-per-subject" },
       onEvent: fold("pods"), onMessage: seen("pods"),
     }),
     new StreamFollower({
@@ -366,6 +371,7 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
     routedPrefixes: { blocks: state.routed.size, evicted: state.routed.evicted },
     tokenizer: tokenizer.stats,
     pods: views.pods.all(),
+    podSources: state.pods.sourceInfo(),
     ledger: {
       charges: views.ledger.size,
       evicted: views.ledger.evicted,

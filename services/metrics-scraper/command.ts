@@ -13,11 +13,12 @@ export function registerMetricsScraperCommand(program: Command): void {
     .option("--interval-ms <ms>", "scrape interval per pod", intOption(10), 100)
     .option("--timeout-ms <ms>", "a scrape slower than this fails (default max(500, 5 x interval))", intOption(10))
     .option("--stale-after-ms <ms>", "failing this long marks a pod stale", intOption(10), 1_000)
+    .option("--no-read-models", "do not read each engine's /v1/models for its loaded LoRA adapters (the LoRA metric still counts)")
     .option("--metrics-port <port>", "Prometheus /metrics port (-1 = off)", intOption(-1, 65535), -1)
     .option("--metrics-host <host>", "metrics listen address", "0.0.0.0")
     .action(async (o) => {
       const log = createLogger("metrics-scraper");
-      const s = await startScraper({ nats: o.nats, prefix: o.prefix, intervalMs: o.intervalMs, timeoutMs: o.timeoutMs, staleAfterMs: o.staleAfterMs, log });
+      const s = await startScraper({ nats: o.nats, prefix: o.prefix, intervalMs: o.intervalMs, timeoutMs: o.timeoutMs, staleAfterMs: o.staleAfterMs, readModels: o.readModels !== false, log });
       if (o.metricsPort >= 0) await startMetricsServer(o.metricsPort, o.metricsHost, statsRegistry("metrics-scraper", () => ({ ...s.stats, pods: s.pods.size })), log);
       log.info({ intervalMs: o.intervalMs }, "scraping");
       await untilSignal();

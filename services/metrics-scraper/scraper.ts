@@ -15,6 +15,7 @@ import type { Logger } from "../shared/log.js";
 import { connectNats } from "../shared/nats.js";
 import { fire } from "../shared/publish.js";
 import { type PodInfo, PodSet } from "../views/pod-set.js";
+import { adaptersFromModels, engineAdapters } from "./adapters.js";
 import { extractEngineLoad } from "./engine-load.js";
 import { parsePrometheusText } from "./prom-text.js";
 
@@ -28,7 +29,26 @@ export interface ScraperOptions {
   staleAfterFailures?: number;
   /** Bound on a `/metrics` body; a longer one fails the scrape. Default 16 MiB. */
   maxBodyBytes?: number;
+  /** Also read `/v1/models` on every scrape for the engine's loaded LoRA adapters (default true). */
+  readModels?: boolean;
   log: Logger;
+}
+
+/** Bound on a `/v1/models` body (256 adapters fit many times over). */
+const MODELS_BODY_BYTES = 1024 * 1024;
+
+/** The engine's `/v1/models` adapters; undefined when the list cannot be read (not a scrape failure). */
+async function readAdapters(pod: PodInfo, signal: AbortSignal): Promise<string[] | undefined> {
+  try {
+    const res = await fetch(`http://${pod.address}/v1/models`, { signal });
+    if (!res.ok) {
+      await res.body?.cancel().catch(() => undefined);
+      return undefined;
+    }
+    return adaptersFromModels(JSON.parse(await readBodyCapped(res, MODELS_BODY_BYTES, "/v1/models body")), pod.model);
+  } catch {
+    return undefined;
+  }
 }
 
 export const DEFAULT_METRICS_BODY_BYTES = 16 * 1024 * 1024;
@@ -47,16 +67,20 @@ interface PodScrapeState {
 
 
 /** Scrapes one pod once. */
-export async function scrapeOnce(pod: PodInfo, timeoutMs: number, maxBodyBytes = DEFAULT_METRICS_BODY_BYTES, stop?: AbortSignal): Promise<LoadSample> {
+export async function scrapeOnce(pod: PodInfo, timeoutMs: number, maxBodyBytes = DEFAULT_METRICS_BODY_BYTES, stop?: AbortSignal, readModels = false): Promise<LoadSample> {
   const started = performance.now();
   const timeout = AbortSignal.timeout(timeoutMs);
-  const res = await fetch(`http://${pod.metricsAddress ?? pod.address}/metrics`, { signal: stop ? AbortSignal.any([timeout, stop]) : timeout });
+  const signal = stop ? AbortSignal.any([timeout, stop]) : timeout;
+  const models = readModels ? readAdapters(pod, signal) : Promise.resolve(undefined);
+  const res = await fetch(`http://${pod.metricsAddress ?? pod.address}/metrics`, { signal });
   if (!res.ok) {
     await res.body?.cancel().catch(() => undefined);
     throw new Error(`/metrics answered ${res.status}`);
   }
   const text = await readBodyCapped(res, maxBodyBytes, "/metrics body");
   const families = parsePrometheusText(text);
+  const load = extractEngineLoad(families, pod.engine, pod.model);
+  const adapters = engineAdapters(await models, load.runningLoras, load.waitingLoras, pod.model);
   return {
     type: "load",
     model: pod.model,
@@ -64,7 +88,8 @@ export async function scrapeOnce(pod: PodInfo, timeoutMs: number, maxBodyBytes =
     ts: Date.now(),
     stale: false,
     scrapeMs: Math.round((performance.now() - started) * 100) / 100,
-    load: extractEngineLoad(families, pod.engine, pod.model),
+    load,
+    ...(adapters !== undefined ? { adapters } : {}),
   };
 }
 
@@ -99,7 +124,7 @@ export async function startScraper(o: ScraperOptions): Promise<ScraperHandle> {
     st.inFlight = true;
     stats.scrapes++;
     try {
-      const sample = await scrapeOnce(pod, timeoutMs, maxBodyBytes, stopping.signal);
+      const sample = await scrapeOnce(pod, timeoutMs, maxBodyBytes, stopping.signal, o.readModels ?? true);
       if (stopping.signal.aborted) return;
       st.failures = 0;
       st.lastOk = Date.now();

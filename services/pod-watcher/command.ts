@@ -2,28 +2,53 @@ import type { Command } from "commander";
 import { startMetricsServer, statsRegistry } from "../shared/metrics-server.js";
 import { intOption, natsOption, untilSignal } from "../shared/cli-options.js";
 import { createLogger } from "../shared/log.js";
-import { startPodWatcher } from "./pod-watcher.js";
+import { DEFAULT_LABEL_SELECTOR, startKubernetesWatcher } from "./kubernetes.js";
+import { DEFAULT_HEARTBEAT_MS, DEFAULT_LEASE_MS, DEFAULT_REASSERT_MS, type PodWatcherHandle, startPodWatcher } from "./pod-watcher.js";
 
 export function registerPodWatcherCommand(program: Command): void {
   program
     .command("pod-watcher")
-    .description("publish pod readiness to the PODS stream (static file mode; Kubernetes mode is planned)")
-    .requiredOption("--static <file>", "YAML/JSON pod list: [{name, model, address, engine?, role?, metricsAddress?, adapters?}]")
+    .description("publish the pods of one source (a static list, or a Kubernetes cluster) to the PODS stream")
+    .option("--static <file>", "YAML/JSON pod list: [{name, model, address, engine?, role?, metricsAddress?, adapters?}]")
+    .option("--kubernetes", "watch pods in Kubernetes (in-cluster config, or --kubeconfig)")
+    .option("--kubeconfig <file>", "Kubernetes mode: kubeconfig file (default: in-cluster, else $KUBECONFIG / ~/.kube/config)")
+    .option("--namespaces <list>", "Kubernetes mode: comma-separated namespaces to watch (default: all)")
+    .option("--label-selector <selector>", "Kubernetes mode: which pods", DEFAULT_LABEL_SELECTOR)
+    .option("--lease-namespace <ns>", "Kubernetes mode: namespace of the leader-election Lease (default: $POD_NAMESPACE, else default)")
+    .option("--source <name>", "the source this watcher vouches for; watchers remove only their own source's pods (default: static-<file name> / kubernetes)")
+    .option("--watcher-id <id>", "this instance's identity in the lease and heartbeats (default: <hostname>-<pid>-<random>)")
     .addOption(natsOption())
     .option("--prefix <prefix>", "subject prefix", "jr")
-    .option("--probe-interval-ms <ms>", "how often each pod's /health is probed", intOption(50), 1_000)
-    .option("--probe-timeout-ms <ms>", "a probe slower than this fails", intOption(10), 1_000)
-    .option("--no-probe", "treat every listed pod as ready without probing")
+    .option("--heartbeat-ms <ms>", "source heartbeat interval (gateways: --pod-source-timeout-ms)", intOption(10), DEFAULT_HEARTBEAT_MS)
+    .option("--reassert-ms <ms>", "republish every pod at least this often, so PODS retention never ages a healthy pod out", intOption(100), DEFAULT_REASSERT_MS)
+    .option("--leader-election", "run as one of an HA pair: only the holder of the source's lease publishes (Kubernetes Lease, or NATS KV in static mode)")
+    .option("--adopt-unowned", "also remove pods published without a source (by a pod-watcher from before sources) that this watcher does not list: run once per fleet when upgrading")
+    .option("--lease-ms <ms>", "lease duration; the standby takes over within it after the leader dies", intOption(30), DEFAULT_LEASE_MS)
+    .option("--probe-interval-ms <ms>", "static mode: how often each pod's /health is probed", intOption(50), 1_000)
+    .option("--probe-timeout-ms <ms>", "static mode: a probe slower than this fails", intOption(10), 1_000)
+    .option("--no-probe", "static mode: treat every listed pod as ready without probing")
     .option("--metrics-port <port>", "Prometheus /metrics port (-1 = off)", intOption(-1, 65535), -1)
     .option("--metrics-host <host>", "metrics listen address", "0.0.0.0")
     .action(async (o) => {
       const log = createLogger("pod-watcher");
-      const w = await startPodWatcher({
-        nats: o.nats, prefix: o.prefix, file: o.static, probeIntervalMs: o.probeIntervalMs, probeTimeoutMs: o.probeTimeoutMs, noProbe: o.probe === false, log,
-      });
+      if ((o.static === undefined) === (o.kubernetes !== true)) {
+        log.error("give exactly one of --static <file> or --kubernetes");
+        process.exit(2);
+      }
+      const common = {
+        nats: o.nats, prefix: o.prefix, source: o.source, watcherId: o.watcherId, heartbeatMs: o.heartbeatMs, reassertMs: o.reassertMs,
+        leaderElection: o.leaderElection === true, leaseMs: o.leaseMs, adoptUnowned: o.adoptUnowned === true, log,
+      };
+      const w: PodWatcherHandle = o.kubernetes
+        ? await startKubernetesWatcher({
+            ...common, kubeconfig: o.kubeconfig, labelSelector: o.labelSelector, leaseNamespace: o.leaseNamespace,
+            namespaces: typeof o.namespaces === "string" ? o.namespaces.split(",").map((s: string) => s.trim()).filter(Boolean) : undefined,
+          })
+        : await startPodWatcher({ ...common, file: o.static, probeIntervalMs: o.probeIntervalMs, probeTimeoutMs: o.probeTimeoutMs, noProbe: o.probe === false });
+      log.info({ source: w.source, watcher: w.watcherId }, "pod-watcher started");
       if (o.metricsPort >= 0) await startMetricsServer(o.metricsPort, o.metricsHost, statsRegistry("pod-watcher", () => w.stats), log);
       await w.firstRound;
-      log.info("first readiness round published");
+      log.info({ leader: w.isLeader() }, w.isLeader() ? "first round published" : "first round observed (standby: publishing when it holds the lease)");
       await untilSignal();
       await w.close();
       process.exit(0);

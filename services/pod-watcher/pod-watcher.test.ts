@@ -1,14 +1,16 @@
-import { writeFileSync, mkdtempSync } from "node:fs";
+import { mkdtempSync, writeFileSync } from "node:fs";
 import http from "node:http";
 import os from "node:os";
 import path from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import type { PodEvent, PodSourceHeartbeat } from "../../schemas/events.js";
+import { applyStreams } from "../../streams/apply.js";
 import { streamName } from "../../streams/definitions.js";
 import { MODEL, quietLog, startTestEnv, type TestEnv, waitFor } from "../../test/harness/env.js";
 import { StreamFollower } from "../shared/follower.js";
 import { PodSet } from "../views/pod-set.js";
 import { parsePodList, PodListError } from "./static-pods.js";
-import { startPodWatcher } from "./pod-watcher.js";
+import { type PodWatcherHandle, startPodWatcher } from "./pod-watcher.js";
 
 describe("static pod list - parsing", () => {
   it("accepts YAML and JSON, bare arrays and {pods}", () => {
@@ -28,13 +30,26 @@ describe("static pod list - parsing", () => {
   });
 });
 
-describe("pod-watcher - publishes readiness to PODS", () => {
+describe("pod-watcher (static) - ownership, liveness, HA, on a real nats-server", () => {
   let env: TestEnv;
   let healthy = true;
   let engine: http.Server;
   let enginePort = 0;
   const view = new PodSet();
-  let follower: StreamFollower<"pod">;
+  let follower: StreamFollower<"pod" | "pod-source">;
+  const dir = mkdtempSync(path.join(os.tmpdir(), "jr-pw-"));
+  const watchers: PodWatcherHandle[] = [];
+  const list = (file: string, names: string[], port = () => enginePort) => {
+    const p = path.join(dir, file);
+    writeFileSync(p, names.length === 0 ? "pods: []\n" : `pods:\n${names.map((n) => `  - {name: ${n}, model: ${MODEL}, address: '127.0.0.1:${n.startsWith("dead") ? 1 : port()}'}`).join("\n")}\n`);
+    return p;
+  };
+  const watch = async (o: Parameters<typeof startPodWatcher>[0]) => {
+    const w = await startPodWatcher(o);
+    watchers.push(w);
+    return w;
+  };
+
   beforeAll(async () => {
     env = await startTestEnv();
     engine = http.createServer((_req, res) => {
@@ -44,43 +59,159 @@ describe("pod-watcher - publishes readiness to PODS", () => {
     await new Promise<void>((r) => engine.listen(0, "127.0.0.1", r));
     enginePort = (engine.address() as { port: number }).port;
     follower = new StreamFollower({
-      nats: env.nats, subjects: env.subjects, log: quietLog, name: "test", family: "pods", types: ["pod"] as const,
-      stream: streamName("jr", "PODS"), filter: env.subjects.all("pods"), startAt: { kind: "all" }, onEvent: (ev) => view.apply(ev),
+      nats: env.nats, subjects: env.subjects, log: quietLog, name: "test", family: "pods", types: ["pod", "pod-source"] as const,
+      stream: streamName("jr", "PODS"), startAt: { kind: "all" },
+      onEvent: (ev, m) => (ev.type === "pod" ? view.apply(ev, m.seq, m.serverTs) : view.applySource(ev, m.serverTs)),
     });
     await follower.start();
   });
   afterAll(async () => {
+    for (const w of watchers) await w.close().catch(() => undefined);
     await follower?.stop();
     engine?.close();
     await env?.stop();
   });
 
-  it("publishes probe results, follows health changes, and removes pods that leave the list", async () => {
-    // A pod published by an earlier run that is no longer listed must be removed at start.
-    await env.publishPod({ pod: "ghost", address: "127.0.0.1:1" });
-    await waitFor(() => view.get(MODEL, "ghost") !== undefined, 2_000, "ghost pod");
+  it("publishes probe results, follows health changes, removes its own pods that leave the list and never another source's", async () => {
+    // Pods of this source from an earlier run that are no longer listed are removed at start;
+    // another source's pod (and a pod from before sources existed) are left alone.
+    await env.publishPod({ pod: "ghost", address: "127.0.0.1:1", source: "static-list-a" });
+    await env.publishPod({ pod: "foreign", address: "127.0.0.1:2", source: "static-other" });
+    await env.publishPod({ pod: "legacy", address: "127.0.0.1:3" });
+    await waitFor(() => view.get(MODEL, "ghost") !== undefined && view.get(MODEL, "legacy") !== undefined, 2_000, "seeded pods");
 
-    const dir = mkdtempSync(path.join(os.tmpdir(), "jr-pw-"));
-    const file = path.join(dir, "pods.yaml");
-    const listed = (names: string[]) =>
-      writeFileSync(file, `pods:\n${names.map((n) => `  - {name: ${n}, model: ${MODEL}, address: '127.0.0.1:${n === "dead" ? 1 : enginePort}'}`).join("\n")}\n`);
-    listed(["live.0", "dead"]);
-    const w = await startPodWatcher({ nats: env.server.url, file, probeIntervalMs: 100, probeTimeoutMs: 300, log: quietLog });
+    const file = list("list-a.yaml", ["live.0", "dead"]);
+    const w = await watch({ nats: env.server.url, file, probeIntervalMs: 100, probeTimeoutMs: 300, heartbeatMs: 200, log: quietLog });
+    expect(w.source).toBe("static-list-a");
+    await w.firstRound;
+    await waitFor(() => view.get(MODEL, "live.0")?.ready === true && view.get(MODEL, "dead")?.ready === false, 3_000, "first round in the view");
+    expect(view.get(MODEL, "live.0")?.source).toBe("static-list-a");
+    await waitFor(() => view.get(MODEL, "ghost") === undefined, 2_000, "ghost removed");
+    expect(view.get(MODEL, "foreign")).toBeDefined();
+    expect(view.get(MODEL, "legacy")).toBeDefined();
+
+    healthy = false;
+    await waitFor(() => view.get(MODEL, "live.0")?.ready === false, 3_000, "pod turning unready");
+    healthy = true;
+    await waitFor(() => view.get(MODEL, "live.0")?.ready === true, 3_000, "pod ready again");
+
+    list("list-a.yaml", ["live.0"]);
+    await waitFor(() => view.get(MODEL, "dead") === undefined, 5_000, "removal after the list changed");
+    expect(view.get(MODEL, "foreign")).toBeDefined();
+    await w.close();
+  });
+
+  it("a second watcher with another list adds its pods and removes none of the first's", async () => {
+    const a = await watch({ nats: env.server.url, file: list("east.yaml", ["east-0", "east-1"]), probeIntervalMs: 100, heartbeatMs: 200, log: quietLog });
+    await a.firstRound;
+    const b = await watch({ nats: env.server.url, file: list("west.yaml", ["west-0"]), probeIntervalMs: 100, heartbeatMs: 200, log: quietLog });
+    await b.firstRound;
+    await waitFor(() => ["east-0", "east-1", "west-0"].every((n) => view.get(MODEL, n)?.ready), 3_000, "both sources' pods");
+    // The second watcher's list shrinks to nothing: only its pod goes.
+    list("west.yaml", []);
+    await waitFor(() => view.get(MODEL, "west-0") === undefined, 5_000, "west pod removed");
+    expect(view.get(MODEL, "east-0")?.ready).toBe(true);
+    expect(view.get(MODEL, "east-1")?.ready).toBe(true);
+    // The first keeps publishing: its pods follow their health.
+    healthy = false;
+    await waitFor(() => view.get(MODEL, "east-0")?.ready === false, 3_000, "east pod unready");
+    healthy = true;
+    await waitFor(() => view.get(MODEL, "east-0")?.ready === true, 3_000, "east pod ready");
+    await a.close();
+    await b.close();
+  });
+
+  it("a gateway stops routing to a killed watcher's pods after --pod-source-timeout, and routes again when it is back", async () => {
+    const gw = await env.gateway({ id: "gw-liveness", podSourceTimeoutMs: 1_500 });
+    const file = list("lively.yaml", ["lively-0"]);
+    const w = await watch({ nats: env.server.url, file, probeIntervalMs: 100, heartbeatMs: 200, log: quietLog });
+    await w.firstRound;
+    const routable = () => gw.views.pods.readyPods(MODEL).some((p) => p.pod === "lively-0");
+    await waitFor(routable, 3_000, "routable while the watcher is alive");
+    // Alive and heartbeating: still routable after heartbeats spanning more than the timeout.
+    const heard = () => gw.state.pods.sourceInfo().find((x) => x.source === "static-lively")?.lastSeen ?? 0;
+    const first = heard();
+    await waitFor(() => heard() > first + 2_000, 4_000, "heartbeats spanning 2 s");
+    expect(routable()).toBe(true);
+    await w.close({ release: false });
+    const gone = await waitFor(() => !routable(), 5_000, "not routable after the timeout");
+    expect(gone).toBeGreaterThan(1_000);
+    expect(gw.views.pods.get(MODEL, "lively-0")?.ready).toBe(true); // still published, just unvouched
+    const again = await watch({ nats: env.server.url, file, probeIntervalMs: 100, heartbeatMs: 200, log: quietLog });
+    await again.firstRound;
+    await waitFor(routable, 3_000, "routable again");
+    await again.close();
+  });
+
+  it("re-asserts unchanged pods so retention never ages them out", async () => {
+    const w = await watch({ nats: env.server.url, file: list("reassert.yaml", ["steady-0"]), probeIntervalMs: 100, heartbeatMs: 100, reassertMs: 300, log: quietLog });
+    await w.firstRound;
+    await waitFor(() => view.get(MODEL, "steady-0") !== undefined, 2_000, "first publish seen");
+    const first = view.get(MODEL, "steady-0")?.updatedAt ?? 0;
+    await waitFor(() => (view.get(MODEL, "steady-0")?.updatedAt ?? 0) > first + 250, 3_000, "a re-assertion");
+    expect(w.stats.reasserted).toBeGreaterThan(0);
+    await w.close();
+  });
+
+  it("retries a publish that failed (PODS gone) until it lands", async () => {
+    const w = await watch({ nats: env.server.url, file: list("retry.yaml", ["retry-0"]), probeIntervalMs: 100, heartbeatMs: 200, log: quietLog });
+    await w.firstRound;
+    await follower.stop();
+    await env.nats.jsm.streams.delete(streamName("jr", "PODS"));
+    healthy = false;
+    await waitFor(() => w.stats.publishFailures > 0, 5_000, "a failed publish");
+    await applyStreams(env.nats.nc, env.nats.jsm);
+    const last = async () => {
+      try {
+        const m = await env.nats.jsm.streams.getMessage(streamName("jr", "PODS"), { last_by_subj: env.subjects.pod(MODEL, "retry-0") });
+        return m?.json<PodEvent>();
+      } catch {
+        return undefined;
+      }
+    };
+    let ev: PodEvent | undefined;
+    const t0 = Date.now();
+    while (!(ev?.ready === false) && Date.now() - t0 < 10_000) {
+      ev = await last();
+      await new Promise((r) => setTimeout(r, 50));
+    }
+    expect(ev).toMatchObject({ pod: "retry-0", ready: false, source: "static-retry" });
+    healthy = true;
+    await w.close();
+  });
+
+  it("HA pair on a NATS KV lease: one publishes; kill it and the other takes over within the lease", async () => {
+    const leaseMs = 1_500;
+    // A fresh view: the stream was recreated by the previous test.
+    const hbs: PodSourceHeartbeat[] = [];
+    const f = new StreamFollower({
+      nats: env.nats, subjects: env.subjects, log: quietLog, name: "test-ha", family: "podsrc", types: ["pod-source"] as const,
+      stream: streamName("jr", "PODS"), filter: env.subjects.all("podsrc"), startAt: { kind: "all" }, onEvent: (ev) => hbs.push(ev),
+    });
+    await f.start();
     try {
-      await w.firstRound;
-      await waitFor(() => view.get(MODEL, "live.0")?.ready === true && view.get(MODEL, "dead")?.ready === false, 3_000, "first round");
-      await waitFor(() => view.get(MODEL, "ghost") === undefined, 2_000, "ghost removed");
-
-      healthy = false;
-      await waitFor(() => view.get(MODEL, "live.0")?.ready === false, 3_000, "pod turning unready");
-      healthy = true;
-      await waitFor(() => view.get(MODEL, "live.0")?.ready === true, 3_000, "pod ready again");
-
-      listed(["live.0"]);
-      await waitFor(() => view.get(MODEL, "dead") === undefined, 5_000, "removal after the list changed");
-      expect(view.readyPods(MODEL).map((p) => p.pod)).toEqual(["live.0"]);
+      const file = list("ha.yaml", ["ha-0"]);
+      const opts = { nats: env.server.url, file, probeIntervalMs: 100, heartbeatMs: 100, leaderElection: true, leaseMs, log: quietLog };
+      const one = await watch({ ...opts, watcherId: "ha-one" });
+      await waitFor(() => one.isLeader(), 3_000, "first leader");
+      const two = await watch({ ...opts, watcherId: "ha-two" });
+      await one.firstRound;
+      // Only the leader heartbeats.
+      const since = hbs.length;
+      await waitFor(() => hbs.slice(since).filter((h) => h.source === "static-ha").length > 5, 3_000, "heartbeats");
+      expect(new Set(hbs.slice(since).filter((h) => h.source === "static-ha").map((h) => h.watcher))).toEqual(new Set(["ha-one"]));
+      expect(two.isLeader()).toBe(false);
+      const killedAt = performance.now();
+      await one.close({ release: false });
+      await waitFor(() => hbs.some((h) => h.source === "static-ha" && h.watcher === "ha-two"), 3 * leaseMs, "the standby's first heartbeat");
+      const takeover = performance.now() - killedAt;
+      // Expiry is judged on the standby's clock from when it last saw the lease change: at most a
+      // lease plus one renewal interval after the kill (plus scheduling).
+      expect(takeover).toBeLessThan(leaseMs + leaseMs / 3 + 1_000);
+      expect(two.isLeader()).toBe(true);
+      await two.close();
     } finally {
-      await w.close();
+      await f.stop();
     }
   });
 });

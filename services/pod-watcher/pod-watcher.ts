@@ -1,37 +1,75 @@
 /**
- * pod-watcher (static mode): publishes each listed pod's readiness to PODS, probing the engine's
- * `/health`, and a removal for every pod that left the list (including pods published by an
- * earlier run, found by reading PODS back at start). Publishes only changes; each publish is
- * acknowledged by the stream, because a lost readiness event would hide a pod until the next change.
+ * pod-watcher: publishes the pods of one source (a static list or a Kubernetes cluster) to PODS.
+ *
+ * A driver turns what it watches into desired pod states; a SourcePublisher keeps PODS equal to
+ * them (ownership, heartbeats, re-assertion, retried publishes); with leader election only the
+ * source's lease holder publishes. Static mode: each listed pod's readiness comes from probing
+ * the engine's `/health`; a pod that leaves the list (or was published by an earlier run of the
+ * same source and is no longer listed) is removed after the next full probe round.
  */
+import { randomBytes } from "node:crypto";
 import { unwatchFile, watchFile } from "node:fs";
-import type { PodEvent } from "../../schemas/events.js";
-import { streamName } from "../../streams/definitions.js";
+import os from "node:os";
+import path from "node:path";
 import { Subjects } from "../../streams/subjects.js";
-import { StreamFollower } from "../shared/follower.js";
 import type { Logger } from "../shared/log.js";
-import { connectNats } from "../shared/nats.js";
-import { acked } from "../shared/publish.js";
-import { PodSet } from "../views/pod-set.js";
+import { connectNats, type NatsHandles } from "../shared/nats.js";
+import { natsKvLeaseStore } from "./kv-lease.js";
+import { LeaderElector, type LeaseStore } from "./leader.js";
+import { podKey, type PodState } from "./reconcile.js";
+import { SourcePublisher, type SourcePublisherStats } from "./source-publisher.js";
 import { readPodList, type StaticPod } from "./static-pods.js";
 
-export interface PodWatcherOptions {
+export const DEFAULT_HEARTBEAT_MS = 5_000;
+/** PODS keeps pods 30 days (`max_age`); re-asserting every 10 minutes costs one message per pod per 10 minutes. */
+export const DEFAULT_REASSERT_MS = 600_000;
+export const DEFAULT_LEASE_MS = 15_000;
+
+export interface CommonWatcherOptions {
   nats: string | string[];
   prefix?: string;
+  /** The source this watcher vouches for (default: derived from the list file / cluster). */
+  source?: string;
+  /** This instance's id (default `<hostname>-<pid>-<random>`). */
+  watcherId?: string;
+  heartbeatMs?: number;
+  reassertMs?: number;
+  /** Contend for the source's lease; only the holder publishes (run two for HA). */
+  leaderElection?: boolean;
+  leaseMs?: number;
+  /** Remove pods published without a source (before sources existed) when this watcher does not list them: the upgrade's one-off migration. */
+  adoptUnowned?: boolean;
+  log: Logger;
+}
+
+export interface PodWatcherOptions extends CommonWatcherOptions {
   file: string;
   probeIntervalMs?: number;
   probeTimeoutMs?: number;
   /** Skip /health probes: every listed pod is ready. */
   noProbe?: boolean;
-  log: Logger;
 }
 
 export interface PodWatcherHandle {
-  stats: { pods: number; ready: number; published: number; removed: number; probeRounds: number; reloadsRejected: number };
-  /** Resolves after the first full round of probes was published. */
+  readonly source: string;
+  readonly watcherId: string;
+  /** Publisher counters (published, removed, reasserted, heartbeats, publishFailures, ...) plus the mode's own. */
+  readonly stats: Readonly<SourcePublisherStats & { leader: number } & Record<string, number>>;
+  isLeader(): boolean;
+  /** Resolves after the first full round was observed (and, when this instance publishes, published). */
   firstRound: Promise<void>;
-  close(): Promise<void>;
+  /** Stops; with `release` (default) a held lease is given up so the standby takes over at once. */
+  close(o?: { release?: boolean }): Promise<void>;
 }
+
+/** A source name from a list file: `static-<file name without extension>`. */
+export function staticSourceName(file: string): string {
+  const base = path.basename(file).replace(/\.[^.]*$/, "") || "pods";
+  return `static-${base}`.slice(0, 253);
+}
+
+/** `<hostname>-<pid>-<random>`: unique per process, so two watchers never share a lease identity. */
+export const defaultWatcherId = (): string => `${os.hostname()}-${process.pid}-${randomBytes(3).toString("hex")}`.slice(0, 253);
 
 async function probe(address: string, timeoutMs: number): Promise<boolean> {
   try {
@@ -43,32 +81,8 @@ async function probe(address: string, timeoutMs: number): Promise<boolean> {
   }
 }
 
-export async function startPodWatcher(o: PodWatcherOptions): Promise<PodWatcherHandle> {
-  const log = o.log;
-  const prefix = o.prefix ?? "jr";
-  const subjects = new Subjects(prefix);
-  let pods = readPodList(o.file);
-  const nats = await connectNats(o.nats, "jetroute-pod-watcher");
-
-  // What the stream says now: our last word on each pod (from this or an earlier run).
-  const published = new PodSet();
-  const follower = new StreamFollower({
-    nats, subjects, log, name: "pod-watcher", family: "pods", types: ["pod"] as const,
-    stream: streamName(prefix, "PODS"), filter: subjects.all("pods"), startAt: { kind: "last-per-subject" },
-    onEvent: (ev, m) => published.apply(ev, m.seq),
-  });
-  await follower.start();
-  await follower.whenCaughtUp();
-  await follower.stop();
-
-  const lastReady = new Map<string, boolean>();
-  const stats = { pods: 0, ready: 0, published: 0, removed: 0, probeRounds: 0, reloadsRejected: 0 };
-  const keyOf = (p: { model: string; name?: string; pod?: string }) => `${p.model}\u0000${p.name ?? p.pod}`;
-  for (const p of published.all()) lastReady.set(keyOf(p), p.ready);
-
-  const event = (p: StaticPod, action: PodEvent["action"], ready: boolean): PodEvent => ({
-    type: "pod",
-    action,
+export function staticPodState(p: StaticPod, ready: boolean): PodState {
+  return {
     model: p.model,
     pod: p.name,
     address: p.address,
@@ -81,46 +95,80 @@ export async function startPodWatcher(o: PodWatcherOptions): Promise<PodWatcherH
     ...(p.kvEvents ? { kvEvents: p.kvEvents } : {}),
     ...(p.adapters ? { adapters: p.adapters } : {}),
     ...(p.labels ? { labels: p.labels } : {}),
-    ts: Date.now(),
-  });
-
-  const publishRemovals = async () => {
-    const listed = new Set(pods.map(keyOf));
-    for (const p of published.all()) {
-      const k = keyOf(p);
-      if (listed.has(k) || !lastReady.has(k)) continue;
-      await acked(nats.js, subjects.pod(p.model, p.pod), {
-        type: "pod", action: "remove", model: p.model, pod: p.pod, address: p.address, ready: false, engine: p.engine, ts: Date.now(),
-      } satisfies PodEvent);
-      lastReady.delete(k);
-      stats.removed++;
-      log.info({ model: p.model, pod: p.pod }, "pod removed");
-    }
   };
+}
+
+/** The parts every mode shares: NATS, the source publisher, and (optionally) the lease. */
+export interface SourceRuntime {
+  nats: NatsHandles;
+  publisher: SourcePublisher;
+  elector: LeaderElector | undefined;
+  isLeader(): boolean;
+  close(release: boolean): Promise<void>;
+}
+
+/** Names that travel in every event: what the PODS schema accepts (1-253 characters, no whitespace). */
+export function checkWatcherName(what: string, v: string): string {
+  if (!/^\S{1,253}$/.test(v)) throw new RangeError(`${what} must be 1-253 characters without whitespace, got ${JSON.stringify(v.slice(0, 80))}`);
+  return v;
+}
+
+export async function startSourceRuntime(o: CommonWatcherOptions, source: string, leaseStore?: (nats: NatsHandles) => Promise<LeaseStore>): Promise<SourceRuntime> {
+  checkWatcherName("--source", source);
+  if (o.watcherId !== undefined) checkWatcherName("--watcher-id", o.watcherId);
+  const prefix = o.prefix ?? "jr";
+  const subjects = new Subjects(prefix);
+  const nats = await connectNats(o.nats, "jetroute-pod-watcher");
+  const watcher = o.watcherId ?? defaultWatcherId();
+  const publisher = new SourcePublisher({
+    nats, subjects, prefix, source, watcher, log: o.log, heartbeatMs: o.heartbeatMs ?? DEFAULT_HEARTBEAT_MS, reassertMs: o.reassertMs ?? DEFAULT_REASSERT_MS,
+    adoptUnowned: o.adoptUnowned ?? false,
+  });
+  let elector: LeaderElector | undefined;
+  if (o.leaderElection) {
+    const store = await (leaseStore ?? ((n) => natsKvLeaseStore(n, prefix, source)))(nats);
+    elector = new LeaderElector({ store, me: watcher, durationMs: o.leaseMs ?? DEFAULT_LEASE_MS, log: o.log, onChange: (leader) => publisher.setActive(leader) });
+    elector.start();
+  } else publisher.setActive(true);
+  return {
+    nats,
+    publisher,
+    elector,
+    isLeader: () => (elector ? elector.isLeader() : true),
+    async close(release) {
+      await elector?.stop(release);
+      await publisher.close();
+      await nats.nc.drain().catch(() => undefined);
+    },
+  };
+}
+
+export async function startPodWatcher(o: PodWatcherOptions): Promise<PodWatcherHandle> {
+  const log = o.log;
+  const source = o.source ?? staticSourceName(o.file);
+  let pods = readPodList(o.file);
+  const watcherId = o.watcherId ?? defaultWatcherId();
+  const rt = await startSourceRuntime({ ...o, watcherId }, source);
+  const own = { pods: 0, ready: 0, probeRounds: 0, reloadsRejected: 0 };
 
   let stopped = false;
-  let round: Promise<void> = Promise.resolve();
   const probeRound = async () => {
-    const results = await Promise.all(pods.map(async (p) => [p, o.noProbe ? true : await probe(p.address, o.probeTimeoutMs ?? 1_000)] as const));
-    stats.probeRounds++;
-    stats.pods = results.length;
-    stats.ready = results.filter(([, r]) => r).length;
-    for (const [p, ready] of results) {
-      if (stopped) return;
-      const k = keyOf(p);
-      if (lastReady.get(k) === ready && published.get(p.model, p.name)?.address === p.address) continue;
-      const ev = event(p, "upsert", ready);
-      await acked(nats.js, subjects.pod(p.model, p.name), ev);
-      published.apply(ev);
-      lastReady.set(k, ready);
-      stats.published++;
-      log.info({ model: p.model, pod: p.name, address: p.address, ready }, "pod readiness published");
-    }
+    const listed = pods;
+    const results = await Promise.all(listed.map(async (p) => [p, o.noProbe ? true : await probe(p.address, o.probeTimeoutMs ?? 1_000)] as const));
+    if (stopped) return;
+    own.probeRounds++;
+    own.pods = results.length;
+    own.ready = results.filter(([, r]) => r).length;
+    const desired = new Map<string, PodState>();
+    for (const [p, ready] of results) desired.set(podKey(p.model, p.name), staticPodState(p, ready));
+    // A round of the list as it was when the round started: removals only for that list.
+    rt.publisher.setDesired(desired, listed === pods);
   };
 
-  await publishRemovals();
-  const firstRound = probeRound();
-  round = firstRound;
+  let round: Promise<void> = probeRound();
+  const firstRound = round.then(async () => {
+    if (rt.publisher.isActive) await rt.publisher.whenSynced();
+  });
   const timer = setInterval(() => {
     round = round.then(probeRound).catch((err: unknown) => log.error({ err }, "probe round failed"));
   }, o.probeIntervalMs ?? 1_000);
@@ -129,22 +177,27 @@ export async function startPodWatcher(o: PodWatcherOptions): Promise<PodWatcherH
     try {
       pods = readPodList(o.file);
       log.info({ pods: pods.length }, "pod list reloaded");
-      round = round.then(publishRemovals).then(probeRound).catch((err: unknown) => log.error({ err }, "reload failed"));
+      round = round.then(probeRound).catch((err: unknown) => log.error({ err }, "reload failed"));
     } catch (err) {
-      stats.reloadsRejected++;
+      own.reloadsRejected++;
       log.error({ err: (err as Error).message }, "pod list rejected; keeping the previous one");
     }
   });
 
   return {
-    stats,
+    source,
+    watcherId,
+    get stats() {
+      return { ...own, ...rt.publisher.stats, leader: rt.isLeader() ? 1 : 0 };
+    },
+    isLeader: () => rt.isLeader(),
     firstRound,
-    async close() {
+    async close(c = {}) {
       stopped = true;
       clearInterval(timer);
       unwatchFile(o.file);
       await round.catch(() => undefined);
-      await nats.nc.drain();
+      await rt.close(c.release ?? true);
     },
   };
 }

@@ -160,7 +160,7 @@ const chargeSeqOf = (id: string | undefined): number | undefined => {
 const isLegCharge = (id: string) => id.includes(".p");
 
 const TYPES: Record<StateStream, readonly EventType[]> = {
-  pods: ["pod"],
+  pods: ["pod", "pod-source"],
   load: ["load"],
   charges: ["charge", "release", "heartbeat"],
   kv: ["kv", "kv-cleared", "kv-routed"],

@@ -121,6 +121,7 @@ export function serveGeneration(
       promptTokens: gen.promptTokens,
       outputTokens,
       cacheSalt: gen.cacheSalt,
+      ...(gen.loraName ? { loraName: gen.loraName } : {}),
       holdKv: hooks.hold !== undefined,
       prefilled,
       arrivedAtMs: startMs,

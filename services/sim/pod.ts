@@ -19,6 +19,7 @@ import { HeldKvRegistry } from "./held-kv.js";
 import { KvChannelServer } from "./kv-channel.js";
 import { type CacheListing, engineHashSeed } from "./kv-cache.js";
 import { KvEventPublisher, type KvEventEncoding, type KvEventPublisherOptions, type ReplayLayout } from "./kv-events.js";
+import { SimLora } from "./lora.js";
 import { createPodMetrics, type EngineKind, type PodMetrics } from "./metrics.js";
 import { FLEET_DEFAULTS } from "./options.js";
 import { answerKvChannel, channelFault, type PdPod, type PdTimings, pdHooks } from "./pd-legs.js";
@@ -52,6 +53,8 @@ export interface SimPodOptions {
   pd?: Partial<PdTimings>;
   /** SGLang prefill pods: the bootstrap server's port (0 = free port). */
   bootstrapPort?: number;
+  /** LoRA: adapters loaded at start and `--max-loras` (services/sim/lora.ts). */
+  lora?: { initial?: readonly string[]; maxLoras?: number };
   logger?: Logger;
 }
 
@@ -151,6 +154,7 @@ async function readJsonText(req: IncomingMessage): Promise<{ body: unknown; raw:
 
 export async function startSimPod(opts: SimPodOptions): Promise<SimPod> {
   const served: ServedModel = { name: opts.model, maxModelLen: opts.maxModelLen };
+  const lora = new SimLora({ base: opts.model, ...opts.lora });
   const log = opts.logger?.child({ pod: opts.name });
   const publisher = opts.kvEvents
     ? await KvEventPublisher.start({ host: opts.host, ...opts.kvEvents, logger: log })
@@ -296,7 +300,15 @@ export async function startSimPod(opts: SimPodOptions): Promise<SimPod> {
           return;
         }
       }
-      const gen = kind === "chat" ? parseChatRequest(body, served) : parseCompletionRequest(body, served);
+      // A request naming a loaded adapter runs on the base model with the adapter's blocks.
+      const adapter = lora.adapterOf(body);
+      const forBase = adapter ? { ...(body as object), model: opts.model } : body;
+      const gen = kind === "chat" ? parseChatRequest(forBase, served) : parseCompletionRequest(forBase, served);
+      if (adapter) {
+        lora.track(adapter, res);
+        gen.model = adapter;
+        gen.loraName = adapter;
+      }
       const obj = asObject(body);
       const rid = typeof obj.rid === "string" && obj.rid !== "" ? obj.rid : undefined;
       const header = req.headers["x-request-id"];
@@ -323,9 +335,11 @@ export async function startSimPod(opts: SimPodOptions): Promise<SimPod> {
               max_model_len: opts.maxModelLen,
               permission: [],
             },
+            ...lora.modelEntries(opts.engine, opts.maxModelLen),
           ],
         }),
     },
+    ...lora.routes(readJson),
     "/v1/chat/completions": { POST: generation("chat") },
     "/v1/completions": { POST: generation("completion") },
     "/tokenize": {
@@ -341,7 +355,7 @@ export async function startSimPod(opts: SimPodOptions): Promise<SimPod> {
       GET: (_req, res) =>
         void res
           .writeHead(200, { "content-type": "text/plain; version=0.0.4; charset=utf-8" })
-          .end(metrics.render(engine.snapshot()) + renderPdMetrics(opts.engine, opts.model, pdStats.snapshot(engine.snapshot().heldRequests))),
+          .end(metrics.render(engine.snapshot()) + renderPdMetrics(opts.engine, opts.model, pdStats.snapshot(engine.snapshot().heldRequests)) + lora.metricsText()),
     },
     // vLLM serves this in dev mode; 200 even when refused, as vLLM does.
     "/reset_prefix_cache": {

@@ -15,6 +15,8 @@ export interface ServedModel {
 
 export interface GenerationRequest {
   model: string;
+  /** The LoRA adapter the request runs with (services/sim/lora.ts). */
+  loraName?: string;
   promptTokens: number[];
   maxTokens: number;
   stream: boolean;

@@ -26,7 +26,7 @@ import {
   type RateLimits,
   rateLimitsError,
 } from "../../schemas/config.js";
-import type { ChargeEvent, GatewayHeartbeat, KvBatch, KvPodCleared, KvRouted, LoadSample, PodEvent, ReleaseEvent } from "../../schemas/events.js";
+import type { ChargeEvent, GatewayHeartbeat, KvBatch, KvPodCleared, KvRouted, LoadSample, PodEvent, PodSourceHeartbeat, ReleaseEvent } from "../../schemas/events.js";
 import { decodeToken } from "../../streams/tokens.js";
 import { validateModelConfig } from "../gateway/strategies/config-check.js";
 import { ApiKeyView, hashOfBucketKey, SHOWN_HASH_PREFIX } from "./api-keys.js";
@@ -62,7 +62,7 @@ export interface ConfigEntry {
   notJson?: boolean;
 }
 
-export type StateEvent = PodEvent | LoadSample | ChargeEvent | ReleaseEvent | GatewayHeartbeat | KvBatch | KvPodCleared | KvRouted | ConfigEntry;
+export type StateEvent = PodEvent | PodSourceHeartbeat | LoadSample | ChargeEvent | ReleaseEvent | GatewayHeartbeat | KvBatch | KvPodCleared | KvRouted | ConfigEntry;
 
 /** What `apply` did with an event; `note` is set where an operator should hear of it (logged by the shell). */
 export interface ApplyResult {
@@ -82,6 +82,11 @@ export interface GatewayStateOptions {
   loadStaleAfterMs?: number;
   rateConfirmMs?: number;
   prefixIndex?: PrefixIndexOptions;
+  /**
+   * Pods of a watcher source silent (no heartbeat, no pod event) for longer than this, on broker
+   * time, are not routable (docs/architecture.md, "Pod source liveness"). 0 or absent = never.
+   */
+  podSourceTimeoutMs?: number;
 }
 
 /** How an own charge is remembered for the rate limits' burst guard (only where a limit applies). */
@@ -112,11 +117,13 @@ export class GatewayState {
   readonly cursors: Record<StateStream, number> = { pods: 0, load: 0, charges: 0, kv: 0, config: 0 };
   /** Config entries refused by validation. */
   configRejected = 0;
+  readonly podSourceTimeoutMs: number;
   private readonly configRevisions = new Map<string, number>();
 
   constructor(o: GatewayStateOptions = {}) {
     this.self = o.self;
     this.shareCharges = o.shareCharges ?? true;
+    this.podSourceTimeoutMs = o.podSourceTimeoutMs ?? 0;
     this.load = new LoadView(o.loadStaleAfterMs ?? 2_000);
     this.ledger = new ChargeLedger({ self: o.self, heartbeatTimeoutMs: o.heartbeatTimeoutMs, maxCharges: o.maxCharges });
     this.rates = new RateView(100_000, o.rateConfirmMs ?? 25);
@@ -145,8 +152,11 @@ export class GatewayState {
     this.skip(meta);
     const at = meta.serverTs;
     switch (ev.type) {
+      case "pod-source":
+        this.pods.applySource(ev, at);
+        return APPLIED;
       case "pod":
-        this.pods.apply(ev, meta.seq);
+        this.pods.apply(ev, meta.seq, at);
         if (ev.action === "remove") {
           this.load.forget(ev.model, ev.pod);
           this.prefixIndex.removePod(ev.model, ev.pod);
@@ -155,6 +165,7 @@ export class GatewayState {
         return APPLIED;
       case "load":
         this.load.apply(ev, meta.seq);
+        if (ev.adapters !== undefined) this.pods.setEngineAdapters(ev.model, ev.pod, ev.adapters);
         return APPLIED;
       case "kv": {
         const r = this.prefixIndex.apply(ev, meta.seq);
@@ -325,6 +336,7 @@ export class GatewayState {
    */
   sweep(now: number, o: { routed?: boolean; liveNow?: number } = {}): void {
     this.ledger.sweep(o.liveNow ?? now);
+    this.pods.sweepSources(o.liveNow ?? now, this.podSourceTimeoutMs);
     this.usage.sweep(now);
     this.rates.sweep(now);
     if (o.routed) this.routed.sweep(now);
@@ -340,6 +352,7 @@ export class GatewayState {
     const c = Object.assign(Object.create(GatewayState.prototype) as GatewayState, {
       self,
       shareCharges: this.shareCharges,
+      podSourceTimeoutMs: this.podSourceTimeoutMs,
       pods: copy(this.pods),
       load: copy(this.load),
       ledger: Object.assign(copy(this.ledger), { self }),
@@ -368,6 +381,7 @@ export class GatewayState {
       self: this.self ?? null,
       cursors: { ...this.cursors },
       pods: sorted(this.pods.all(), (p) => `${p.model}\u0000${p.pod}`),
+      podSources: sorted(this.pods.sourceInfo(), (s) => s.source),
       load: this.load.dump(),
       ledger: this.ledger.dump(now),
       usage: this.usage.dump(now),

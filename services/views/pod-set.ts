@@ -1,8 +1,13 @@
 /**
  * Pod set view: model -> pods, folded from PODS events. Pure: no I/O.
  * A request may name a base model or a LoRA adapter served by some of its pods.
+ *
+ * Source liveness: a pod event names the watcher source that vouches for it. Every event of a
+ * source (its heartbeats, its pod events) renews the source at the event's broker time `at`;
+ * `sweepSources(now, timeoutMs)` marks sources silent beyond the timeout, and their pods leave
+ * the routable lists until the source speaks again. Time comes only from the caller.
  */
-import type { EngineKind, PodEvent, PodRole } from "../../schemas/events.js";
+import type { EngineKind, PodEvent, PodRole, PodSourceHeartbeat } from "../../schemas/events.js";
 
 export interface PodInfo {
   readonly model: string;
@@ -19,7 +24,31 @@ export interface PodInfo {
   readonly labels: Readonly<Record<string, string>>;
   readonly ready: boolean;
   readonly updatedAt: number;
+  /** The watcher source vouching for the pod (absent: published before sources existed). */
+  readonly source?: string;
 }
+
+/** Bound on adapters an engine may report for one pod (the LOAD schema's bound). */
+const MAX_ENGINE_ADAPTERS = 256;
+
+/** What a gateway knows of one watcher source. */
+export interface PodSourceInfo {
+  readonly source: string;
+  /** Broker time (ms) of the newest event the source published. */
+  readonly lastSeen: number;
+  readonly watcher?: string;
+  /** True once a sweep found it silent beyond the timeout (until it speaks again). */
+  readonly silent: boolean;
+}
+
+/**
+ * Default for the gateways' `--pod-source-timeout-ms`: six missed watcher heartbeats (5 s apart),
+ * longer than a leader takeover (15 s lease + one renewal), so failover never blanks a model.
+ */
+export const DEFAULT_POD_SOURCE_TIMEOUT_MS = 30_000;
+
+/** Bound on remembered sources; a source with no pods left is the first forgotten. */
+export const MAX_POD_SOURCES = 10_000;
 
 export interface PodSetReader {
   /** Ready pods serving `model` (a base model or an adapter). Stable array until the next change. */
@@ -33,20 +62,34 @@ export interface PodSetReader {
 
 const key = (model: string, pod: string) => `${model}\u0000${pod}`;
 
+const merged = (published: readonly string[], engine: readonly string[] | undefined): readonly string[] =>
+  engine === undefined || engine.length === 0 ? published : [...new Set([...published, ...engine])].sort();
+
 export class PodSet implements PodSetReader {
   private readonly pods = new Map<string, PodInfo>();
   private readyCache = new Map<string, readonly PodInfo[]>();
   private served = new Set<string>();
   private addresses = new Map<string, PodInfo>();
+  private readonly sources = new Map<string, { lastSeen: number; watcher?: string }>();
+  /** Adapters the engines report (LOAD samples), by pod key; merged into `adapters`. */
+  private readonly engineAdapters = new Map<string, readonly string[]>();
+  /** Adapters as PODS published them, by pod key. */
+  private readonly publishedAdapters = new Map<string, readonly string[]>();
+  private readonly silentSources = new Set<string>();
   lastSeq = 0;
   version = 0;
 
-  apply(ev: PodEvent, seq = 0): void {
+  /** `at`: the event's broker time (renews its source's liveness; 0 = not known). */
+  apply(ev: PodEvent, seq = 0, at = 0): void {
     if (seq) this.lastSeq = seq;
+    if (ev.source !== undefined && at > 0) this.seen(ev.source, at, undefined);
     const k = key(ev.model, ev.pod);
     if (ev.action === "remove") {
+      this.engineAdapters.delete(k);
+      this.publishedAdapters.delete(k);
       if (!this.pods.delete(k)) return;
     } else {
+      this.publishedAdapters.set(k, ev.adapters ?? []);
       this.pods.set(k, {
         model: ev.model,
         pod: ev.pod,
@@ -57,13 +100,99 @@ export class PodSet implements PodSetReader {
         ...(ev.bootstrapPort !== undefined ? { bootstrapPort: ev.bootstrapPort } : {}),
         metricsAddress: ev.metricsAddress,
         kvEvents: ev.kvEvents,
-        adapters: ev.adapters ?? [],
+        adapters: merged(ev.adapters ?? [], this.engineAdapters.get(k)),
         labels: ev.labels ?? {},
         ready: ev.ready,
         updatedAt: ev.ts,
+        ...(ev.source !== undefined ? { source: ev.source } : {}),
       });
     }
     this.rebuild();
+  }
+
+  /**
+   * The adapters a pod's engine reports about itself (a LOAD sample's `adapters`): routable by
+   * name together with those PODS lists. A runtime `/v1/load_lora_adapter` shows up here within a
+   * scrape. Unknown pods are ignored (PODS decides which pods exist).
+   */
+  setEngineAdapters(model: string, pod: string, adapters: readonly string[]): void {
+    const k = key(model, pod);
+    const p = this.pods.get(k);
+    if (!p) return;
+    const next = [...new Set(adapters)].slice(0, MAX_ENGINE_ADAPTERS).sort();
+    const prev = this.engineAdapters.get(k);
+    if (prev && prev.length === next.length && prev.every((a, i) => a === next[i])) return;
+    this.engineAdapters.set(k, next);
+    this.pods.set(k, { ...p, adapters: merged(this.publishedAdapters.get(k) ?? [], next) });
+    this.rebuild();
+  }
+
+  /** A watcher heartbeat at broker time `at`. */
+  applySource(ev: PodSourceHeartbeat, at: number): void {
+    this.seen(ev.source, at, ev.watcher);
+  }
+
+  private seen(source: string, at: number, watcher: string | undefined): void {
+    const s = this.sources.get(source);
+    if (s) {
+      if (at > s.lastSeen) s.lastSeen = at;
+      if (watcher !== undefined) s.watcher = watcher;
+    } else {
+      if (this.sources.size >= MAX_POD_SOURCES) this.forgetOneSource();
+      this.sources.set(source, { lastSeen: at, ...(watcher !== undefined ? { watcher } : {}) });
+    }
+    // A silent source that speaks again is routable at once, not at the next sweep.
+    if (this.silentSources.delete(source)) this.rebuild();
+  }
+
+  /** Forgets the longest-silent source without pods (or, if every source has pods, the longest-silent one). */
+  private forgetOneSource(): void {
+    const used = new Set<string>();
+    for (const p of this.pods.values()) if (p.source !== undefined) used.add(p.source);
+    const oldest = (skipUsed: boolean): string | undefined => {
+      let victim: string | undefined;
+      let at = Number.POSITIVE_INFINITY;
+      for (const [name, s] of this.sources) {
+        if (skipUsed && used.has(name)) continue;
+        if (s.lastSeen < at) {
+          at = s.lastSeen;
+          victim = name;
+        }
+      }
+      return victim;
+    };
+    const victim = oldest(true) ?? oldest(false);
+    if (victim === undefined) return;
+    this.sources.delete(victim);
+    this.silentSources.delete(victim);
+  }
+
+  /**
+   * Marks sources silent for longer than `timeoutMs` at broker time `now` (and live ones live).
+   * A pod whose source was never heard of at all is judged from its own event's arrival, which
+   * `apply` recorded as the source's first sighting. Returns true when routability changed.
+   */
+  sweepSources(now: number, timeoutMs: number): boolean {
+    if (!(timeoutMs > 0)) return false;
+    let changed = false;
+    for (const [name, s] of this.sources) {
+      const silent = now - s.lastSeen > timeoutMs;
+      if (silent === this.silentSources.has(name)) continue;
+      if (silent) this.silentSources.add(name);
+      else this.silentSources.delete(name);
+      changed = true;
+    }
+    if (changed) this.rebuild();
+    return changed;
+  }
+
+  /** False for a pod whose source is silent (published ready or not). */
+  vouched(p: PodInfo): boolean {
+    return p.source === undefined || !this.silentSources.has(p.source);
+  }
+
+  sourceInfo(): PodSourceInfo[] {
+    return [...this.sources].map(([source, s]) => ({ source, lastSeen: s.lastSeen, ...(s.watcher !== undefined ? { watcher: s.watcher } : {}), silent: this.silentSources.has(source) }));
   }
 
   private rebuild(): void {
@@ -73,7 +202,7 @@ export class PodSet implements PodSetReader {
     const addresses = new Map<string, PodInfo>();
     const add = (m: string, p: PodInfo) => {
       served.add(m);
-      if (!p.ready) return;
+      if (!p.ready || !this.vouched(p)) return;
       let list = ready.get(m);
       if (!list) ready.set(m, (list = []));
       list.push(p);

@@ -1,0 +1,44 @@
+import { describe, expect, it } from "vitest";
+import type { PodEvent } from "../../schemas/events.js";
+import { GatewayState } from "../views/gateway-state.js";
+import { adaptersFromModels, engineAdapters, MAX_ENGINE_ADAPTERS } from "./adapters.js";
+
+describe("engine-reported LoRA adapters", () => {
+  it("reads adapters (entries with a parent) from vLLM's /v1/models", () => {
+    const body = { object: "list", data: [{ id: "base", parent: null }, { id: "sql", parent: "base" }, { id: "bad name", parent: "base" }, { id: 7 }, { id: "x", parent: "" }] };
+    expect(adaptersFromModels(body, "base")).toEqual(["sql"]);
+    expect(adaptersFromModels({ detail: "Not Found" }, "base")).toBeUndefined();
+    expect(adaptersFromModels(null, "base")).toBeUndefined();
+  });
+  it("unions the model list with the LoRA metric, bounded; undefined when nothing was said", () => {
+    expect(engineAdapters(undefined, [], [], "base")).toBeUndefined();
+    expect(engineAdapters([], [], [], "base")).toEqual([]);
+    expect(engineAdapters(["b"], ["a", "b"], ["c", "base"], "base")).toEqual(["a", "b", "c"]);
+    expect(engineAdapters(Array.from({ length: 400 }, (_, i) => `a${i}`), [], [], "base")).toHaveLength(MAX_ENGINE_ADAPTERS);
+  });
+  it("the gateway fold routes an adapter to pods whose engine reports it, merged with what PODS lists", () => {
+    const g = new GatewayState();
+    const pod = (name: string, adapters?: string[]): PodEvent => ({ type: "pod", action: "upsert", model: "base", pod: name, address: `10.0.0.${name.length}:8000`, ready: true, engine: "vllm", ...(adapters ? { adapters } : {}), ts: 1 });
+    let seq = 0;
+    const meta = (stream: "pods" | "load") => ({ stream, subject: "x", seq: ++seq, serverTs: 1_000 + seq });
+    g.apply(pod("p1", ["listed"]), meta("pods"));
+    g.apply(pod("p22"), meta("pods"));
+    const sample = (p: string, adapters?: string[]) => ({ type: "load" as const, model: "base", pod: p, ts: 5, stale: false, load: null, ...(adapters ? { adapters } : {}) });
+    g.apply(sample("p22", ["sql"]), meta("load"));
+    expect(g.pods.readyPods("sql").map((p) => p.pod)).toEqual(["p22"]);
+    g.apply(sample("p1", ["sql"]), meta("load"));
+    expect(g.pods.readyPods("sql").map((p) => p.pod)).toEqual(["p1", "p22"]);
+    expect(g.pods.get("base", "p1")?.adapters).toEqual(["listed", "sql"]);
+    // A PODS update keeps the engine's adapters; a sample without `adapters` changes nothing.
+    g.apply(pod("p1", ["listed"]), meta("pods"));
+    g.apply(sample("p1"), meta("load"));
+    expect(g.pods.get("base", "p1")?.adapters).toEqual(["listed", "sql"]);
+    // Unloaded on the engine: gone from routing; the listed one stays.
+    g.apply(sample("p1", []), meta("load"));
+    expect(g.pods.readyPods("sql").map((p) => p.pod)).toEqual(["p22"]);
+    expect(g.pods.readyPods("listed").map((p) => p.pod)).toEqual(["p1"]);
+    // Samples for pods PODS does not know are ignored.
+    g.apply(sample("ghost", ["sql"]), meta("load"));
+    expect(g.pods.get("base", "ghost")).toBeUndefined();
+  });
+});

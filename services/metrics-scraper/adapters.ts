@@ -1,0 +1,35 @@
+/**
+ * LoRA adapters an engine reports about itself. Pure.
+ * - vLLM's `/v1/models`: the base model, then one entry per loaded adapter with `parent` = the
+ *   base model (SGLang lists only the base model).
+ * - `vllm:lora_requests_info`: the adapters running and waiting right now.
+ * Names are validated like any name on the wire and the list is bounded.
+ */
+export const MAX_ENGINE_ADAPTERS = 256;
+const NAME = /^[^\s]{1,253}$/;
+
+/** Adapter ids in a `/v1/models` body; undefined when the body is not a model list. */
+export function adaptersFromModels(body: unknown, base: string): string[] | undefined {
+  const data = (body as { data?: unknown } | null)?.data;
+  if (!Array.isArray(data)) return undefined;
+  const out: string[] = [];
+  for (const m of data) {
+    const id = (m as { id?: unknown } | null)?.id;
+    const parent = (m as { parent?: unknown } | null)?.parent;
+    if (typeof id !== "string" || !NAME.test(id) || id === base) continue;
+    if (typeof parent !== "string" || parent === "") continue;
+    out.push(id);
+  }
+  return out;
+}
+
+/**
+ * The adapters to publish with a load sample: the union of the model list (when it was read)
+ * and the LoRA metric; undefined when neither source said anything.
+ */
+export function engineAdapters(fromModels: readonly string[] | undefined, running: readonly string[], waiting: readonly string[], base: string): string[] | undefined {
+  if (fromModels === undefined && running.length === 0 && waiting.length === 0) return undefined;
+  const all = new Set<string>();
+  for (const a of [...(fromModels ?? []), ...running, ...waiting]) if (NAME.test(a) && a !== base && all.size < MAX_ENGINE_ADAPTERS) all.add(a);
+  return [...all].sort();
+}

@@ -1,0 +1,196 @@
+/**
+ * pod-watcher --kubernetes: one `@kubernetes/client-node` informer per watched namespace (or one
+ * across all namespaces) on pods matching the label selector. The informers' caches are the
+ * desired state: every add/update/delete re-derives it (k8s-pods.ts) and hands it to the source
+ * publisher, which publishes the difference to PODS. Once every informer finished its first list
+ * the state is complete, and pods of this source that PODS still holds but the cluster no longer
+ * does (deleted while the watcher was down) are removed; an informer that relists after a 410
+ * emits deletes for what vanished meanwhile, so the same diff covers relists.
+ *
+ * The informer stops on any watch error (a dropped connection fires "Premature close"); it is
+ * restarted with backoff, resuming from its last resourceVersion (a 410 makes it relist).
+ * client-node's `makeInformer` never asks for bookmarks; ours is the same ListWatch on a Watch
+ * that adds `allowWatchBookmarks=true` (the server's BOOKMARKs keep the resourceVersion recent, so
+ * a reconnect after a quiet spell resumes instead of relisting) and `timeoutSeconds`, so the
+ * server ends each watch after 5-10 minutes, as client-go's reflector asks, and a connection that
+ * died silently is replaced.
+ */
+import { readFileSync } from "node:fs";
+import { CoreV1Api, type Informer, KubeConfig, type KubernetesObject, ListWatch, type ObjectCache, type V1Pod, Watch } from "@kubernetes/client-node";
+import type { NatsHandles } from "../shared/nats.js";
+import { backoffDelayMs, DEFAULT_BACKOFF } from "./backoff.js";
+import { kubeLeaseStore } from "./k8s-lease.js";
+import { type KubePod, LABEL_MODEL, mapPod } from "./k8s-pods.js";
+import { type CommonWatcherOptions, defaultWatcherId, type PodWatcherHandle, startSourceRuntime } from "./pod-watcher.js";
+import { podKey, type PodState } from "./reconcile.js";
+
+export const DEFAULT_LABEL_SELECTOR = LABEL_MODEL;
+export const DEFAULT_SOURCE = "kubernetes";
+const SA_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
+
+export interface KubernetesWatcherOptions extends CommonWatcherOptions {
+  /** kubeconfig file; absent = in-cluster config when running in a pod, else the default kubeconfig. */
+  kubeconfig?: string;
+  /** Namespaces to watch; absent or empty = all. */
+  namespaces?: string[];
+  labelSelector?: string;
+  /** Namespace of the leader-election Lease (default $POD_NAMESPACE, the service account's, else "default"). */
+  leaseNamespace?: string;
+  /** Lease name (default `jetroute-pod-watcher-<source>`). */
+  leaseName?: string;
+}
+
+export function loadKubeConfig(file: string | undefined): KubeConfig {
+  const kc = new KubeConfig();
+  if (file) kc.loadFromFile(file);
+  else if (process.env.KUBERNETES_SERVICE_HOST) kc.loadFromCluster();
+  else kc.loadFromDefault();
+  return kc;
+}
+
+function defaultLeaseNamespace(): string {
+  if (process.env.POD_NAMESPACE) return process.env.POD_NAMESPACE;
+  try {
+    return readFileSync(SA_NAMESPACE_FILE, "utf8").trim() || "default";
+  } catch {
+    return "default";
+  }
+}
+
+/** A lease name from a source: lower-case RFC 1123, at most 63 characters. */
+export function leaseNameFor(source: string): string {
+  const s = `jetroute-pod-watcher-${source}`.toLowerCase().replace(/[^a-z0-9.-]+/g, "-").replace(/^[^a-z0-9]+|[^a-z0-9]+$/g, "");
+  return s.slice(0, 63).replace(/[^a-z0-9]+$/, "");
+}
+
+/** A Watch that asks for bookmarks and a server-side timeout on every watch request. */
+class BookmarkingWatch extends Watch {
+  override watch(path: string, queryParams: Record<string, unknown>, callback: (phase: string, apiObj: unknown, watchObj?: unknown) => void, done: (err: unknown) => void): Promise<AbortController> {
+    const timeoutSeconds = 300 + Math.floor(Math.random() * 300);
+    return super.watch(path, { ...queryParams, allowWatchBookmarks: true, timeoutSeconds }, callback, done);
+  }
+}
+
+interface Watched {
+  namespace: string | undefined;
+  informer: Informer<V1Pod> & ObjectCache<V1Pod>;
+  synced: boolean;
+  attempt: number;
+  restart?: NodeJS.Timeout;
+}
+
+export async function startKubernetesWatcher(o: KubernetesWatcherOptions): Promise<PodWatcherHandle> {
+  const log = o.log;
+  const kc = loadKubeConfig(o.kubeconfig);
+  const source = o.source ?? DEFAULT_SOURCE;
+  const watcherId = o.watcherId ?? defaultWatcherId();
+  const labelSelector = o.labelSelector ?? DEFAULT_LABEL_SELECTOR;
+  const leaseNamespace = o.leaseNamespace ?? defaultLeaseNamespace();
+  const rt = await startSourceRuntime({ ...o, watcherId }, source, async (_n: NatsHandles) => kubeLeaseStore(kc, leaseNamespace, o.leaseName ?? leaseNameFor(source)));
+  const api = kc.makeApiClient(CoreV1Api);
+  const own = { pods: 0, ready: 0, skippedInvalid: 0, skippedNoIp: 0, informerErrors: 0, informerRestarts: 0, events: 0 };
+  const invalidLogged = new Set<string>();
+  let stopped = false;
+
+  const namespaces = o.namespaces && o.namespaces.length > 0 ? o.namespaces : [undefined];
+  const watched: Watched[] = namespaces.map((namespace) => {
+    const path = namespace ? `/api/v1/namespaces/${encodeURIComponent(namespace)}/pods` : "/api/v1/pods";
+    const list = namespace ? () => api.listNamespacedPod({ namespace, labelSelector }) : () => api.listPodForAllNamespaces({ labelSelector });
+    return { namespace, informer: new ListWatch<V1Pod>(path, new BookmarkingWatch(kc), list, false, labelSelector), synced: false, attempt: 0 };
+  });
+
+  const derive = () => {
+    const desired = new Map<string, PodState>();
+    let ready = 0;
+    let invalid = 0;
+    let noIp = 0;
+    for (const w of watched) {
+      for (const p of w.informer.list()) {
+        const m = mapPod(p as KubePod);
+        if (m.ok) {
+          desired.set(podKey(m.state.model, m.state.pod), m.state);
+          if (m.state.ready) ready++;
+        } else if (m.skip === "invalid") {
+          invalid++;
+          const id = `${p.metadata?.namespace}/${p.metadata?.name}`;
+          if (!invalidLogged.has(id) && invalidLogged.size < 1_000) {
+            invalidLogged.add(id);
+            log.warn({ pod: id.slice(0, 300), reason: m.reason }, "pod skipped: bad discovery labels");
+          }
+        } else if (m.skip === "no-ip") noIp++;
+      }
+    }
+    own.pods = desired.size;
+    own.ready = ready;
+    own.skippedInvalid = invalid;
+    own.skippedNoIp = noIp;
+    rt.publisher.setDesired(desired, watched.every((w) => w.synced));
+  };
+
+  // Coalesce bursts (a relist of 1,000 pods is 1,000 callbacks) into one derivation per loop turn.
+  let scheduled = false;
+  const changed = () => {
+    own.events++;
+    if (scheduled) return;
+    scheduled = true;
+    setImmediate(() => {
+      scheduled = false;
+      if (!stopped) derive();
+    });
+  };
+
+  const start = async (w: Watched): Promise<void> => {
+    try {
+      await w.informer.start();
+      // A failed list does not reject start(): it fires "error" (which schedules the restart)
+      // and leaves no resourceVersion behind.
+      if (!(w.informer as unknown as { latestResourceVersion(): string }).latestResourceVersion()) return;
+      w.attempt = 0;
+      if (!w.synced) {
+        w.synced = true;
+        log.info({ namespace: w.namespace ?? "(all)", pods: w.informer.list().length }, "informer synced");
+      }
+      changed();
+    } catch (err) {
+      onError(w, err);
+    }
+  };
+  const onError = (w: Watched, err: unknown) => {
+    if (stopped || w.restart) return;
+    own.informerErrors++;
+    const delay = backoffDelayMs(w.attempt++, Math.random(), DEFAULT_BACKOFF);
+    log.warn({ namespace: w.namespace ?? "(all)", err: (err as Error)?.message ?? String(err), retryInMs: delay }, "pod watch failed; restarting");
+    w.restart = setTimeout(() => {
+      w.restart = undefined;
+      own.informerRestarts++;
+      void start(w);
+    }, delay);
+  };
+  for (const w of watched) {
+    for (const verb of ["add", "update", "delete"] as const) w.informer.on(verb, (_obj: KubernetesObject) => changed());
+    w.informer.on("error", (err: unknown) => onError(w, err));
+  }
+  const starting = Promise.all(watched.map((w) => start(w)));
+  const firstRound = starting.then(async () => {
+    await new Promise((r) => setImmediate(r));
+    if (watched.every((w) => w.synced) && rt.publisher.isActive) await rt.publisher.whenSynced();
+  });
+
+  return {
+    source,
+    watcherId,
+    get stats() {
+      return { ...own, ...rt.publisher.stats, leader: rt.isLeader() ? 1 : 0 };
+    },
+    isLeader: () => rt.isLeader(),
+    firstRound,
+    async close(c = {}) {
+      stopped = true;
+      for (const w of watched) {
+        if (w.restart) clearTimeout(w.restart);
+        await w.informer.stop().catch(() => undefined);
+      }
+      await rt.close(c.release ?? true);
+    },
+  };
+}

@@ -1,0 +1,57 @@
+/**
+ * Leader election for a watcher pair: the rules, apart from where the lease lives (a
+ * coordination.k8s.io Lease in Kubernetes mode, a NATS KV key in static mode). Pure.
+ *
+ * Expiry is judged on the candidate's own clock, never on the holder's: a lease is expired when
+ * its version (resourceVersion / KV revision) has not changed for `durationMs` since this
+ * candidate first saw that version — the rule client-go's leader election follows, immune to
+ * clock skew between hosts. The holder renews every `durationMs / 3` and believes itself leader
+ * only until half a lease after its last successful renewal started, so it stops publishing well
+ * before anyone else may take over.
+ */
+
+export interface LeaseRecord {
+  /** Empty or absent: released. */
+  holder?: string;
+  durationMs: number;
+  /** Optimistic-concurrency token: resourceVersion or KV revision. */
+  version: string;
+  transitions: number;
+}
+
+export interface LeaseObservation {
+  version: string;
+  /** Candidate's clock when it first saw this version. */
+  since: number;
+}
+
+export type LeaseAction =
+  /** Write ourselves as holder (lease absent, released or expired); `transitions` for the new record. */
+  | { kind: "acquire"; transitions: number }
+  /** We hold it: write a renewal against its version. */
+  | { kind: "renew" }
+  /** Someone else holds a live lease. */
+  | { kind: "follow"; holder: string; expiresIn: number };
+
+export function decideLease(me: string, lease: LeaseRecord | undefined, seen: LeaseObservation | undefined, now: number): LeaseAction {
+  if (lease === undefined) return { kind: "acquire", transitions: 0 };
+  if (lease.holder === me) return { kind: "renew" };
+  if (!lease.holder) return { kind: "acquire", transitions: lease.transitions + 1 };
+  const since = seen && seen.version === lease.version ? seen.since : now;
+  const expiresIn = since + lease.durationMs - now;
+  if (expiresIn <= 0) return { kind: "acquire", transitions: lease.transitions + 1 };
+  return { kind: "follow", holder: lease.holder, expiresIn };
+}
+
+/** The observation to keep after reading `lease` at `now`. */
+export function observe(lease: LeaseRecord | undefined, seen: LeaseObservation | undefined, now: number): LeaseObservation | undefined {
+  if (lease === undefined) return undefined;
+  return seen && seen.version === lease.version ? seen : { version: lease.version, since: now };
+}
+
+/** Until when (candidate's clock) a holder whose renewal started at `renewStartedAt` may act as leader. */
+export function leaderUntil(renewStartedAt: number, durationMs: number): number {
+  return renewStartedAt + durationMs / 2;
+}
+
+export const renewIntervalMs = (durationMs: number): number => Math.max(10, Math.floor(durationMs / 3));
