@@ -2,11 +2,20 @@
  * Prompt token ids for prefix matching, in the two modes that need no engine: `local` (the
  * simulator's deterministic tokenizer and chat template — the same ids the simulated engines
  * compute) and `approximate` (fixed-size character chunks: no tokenizer at all, for engines that
- * publish no KV events; matches only other requests routed by the gateways). Pure.
+ * publish no KV events; matches only other requests routed by the gateways). Pure. The other two
+ * modes: `remote` (the engine's /tokenize) and `hf` (a real model's tokenizer, hf-tokenizer.ts).
  */
 import { type ChatMessage, fnv1a32, tokenizeChat, tokenizePrompt } from "./sim-tokenizer.js";
 
-export type TokenizerMode = "remote" | "local" | "approximate";
+export type TokenizerMode = "remote" | "local" | "approximate" | "hf";
+
+/** How a model's prompts are tokenized, as configured: a mode, or `hf:<dir>` (a Hugging Face tokenizer directory). */
+export type TokenizerSetting = Exclude<TokenizerMode, "hf"> | `hf:${string}`;
+
+/** The directory of an `hf:<dir>` setting, else undefined. */
+export function hfTokenizerDir(setting: TokenizerSetting): string | undefined {
+  return setting.startsWith("hf:") ? setting.slice(3) : undefined;
+}
 
 /** What a request body offers for tokenization (chat messages or a completion prompt). */
 export interface PromptInput {
