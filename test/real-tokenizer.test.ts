@@ -14,7 +14,7 @@ import { QueueFullError } from "../services/tokenizer/bounded-queue.js";
 import { ChatTemplateError } from "../services/tokenizer/chat-template.js";
 import type { HfTokenizer } from "../services/tokenizer/hf-tokenizer.js";
 import { approximateTokens } from "../services/tokenizer/prompt-tokens.js";
-import { jsTokenizer, pythonRender, RAND_CASES, randomConversation, REAL_MODELS, type RealModel, tokenizerDir } from "./harness/real-tokenizers.js";
+import { jsTokenizer, pythonRender, RAND_CASES, type RenderCase, randomConversation, REAL_MODELS, type RealModel, tokenizerDir } from "./harness/real-tokenizers.js";
 
 const chat = [
   { role: "system", content: "You are a terse assistant for the routing team." },
@@ -53,7 +53,7 @@ describe.each(REAL_MODELS)("real tokenizer %s", (model) => {
   it("chat ids equal an independent render (python jinja2) + encode (pure-JS tokenizers)", async () => {
     const t = hf(model);
     const js = jsTokenizer(model);
-    const cases = [
+    const cases: RenderCase[] = [
       { messages: chat },
       { messages: chat, addGenerationPrompt: false },
       { messages: [{ role: "user", content: [{ type: "text", text: "part one" }, { type: "text", text: " part two " }] }] },
