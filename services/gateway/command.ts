@@ -3,6 +3,7 @@ import { intOption, natsOption, untilSignal } from "../shared/cli-options.js";
 import { createLogger } from "../shared/log.js";
 import { startGateway } from "./gateway.js";
 import { strategyNames } from "./strategies/registry.js";
+import { TokenizerFilesError } from "../tokenizer/hf-tokenizer.js";
 import type { TokenizerSetting } from "../tokenizer/prompt-tokens.js";
 import type { AuthMode } from "./auth.js";
 
@@ -69,7 +70,7 @@ export function registerGatewayCommand(program: Command): void {
     .option("--tls-client-ca <file>", "PEM CA: mutual TLS, only clients (Envoy) with a certificate it signed may connect")
     .option("--no-record-prompt-blocks", "do not tokenize prompts for decision records under strategies that do not need them (replay cannot then ask what prefix-cache would have hit)")
     .option("--shutdown-grace-ms <ms>", "on SIGTERM, how long in-flight requests may finish before being cancelled", intOption(0), 10_000)
-    .action(async (o) => {
+    .action(async (o, cmd: Command) => {
       const log = createLogger("gateway");
       const gw = await startGateway({
         nats: o.nats,
@@ -99,6 +100,9 @@ export function registerGatewayCommand(program: Command): void {
         ...(process.env.JETROUTE_SESSION_SECRET ? { sessionSecret: process.env.JETROUTE_SESSION_SECRET } : {}),
         auth: o.auth,
         log,
+      }).catch((err: unknown) => {
+        if (err instanceof TokenizerFilesError) cmd.error(`error: ${err.message}`);
+        throw err;
       });
       console.log(JSON.stringify({ gateway: gw.id, port: gw.port, adminPort: gw.adminPort }));
       await untilSignal();

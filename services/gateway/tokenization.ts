@@ -154,7 +154,12 @@ export class Tokenizer {
     try {
       this.stats.hf++;
       const tokens = input.messages
-        ? await t.chatIds(input.messages)
+        ? await t.chatIds(input.messages, {
+            ...(input.tools ? { tools: input.tools } : {}),
+            ...(input.templateKwargs ? { templateKwargs: input.templateKwargs } : {}),
+            addGenerationPrompt: input.addGenerationPrompt ?? true,
+            addSpecialTokens: input.addSpecialTokens ?? false,
+          })
         : await t.promptIds(Array.isArray(input.prompt) ? input.prompt.join("") : ((input.prompt as string | undefined) ?? ""));
       return { tokens, mode: "hf" };
     } catch (err) {
@@ -183,7 +188,14 @@ export class Tokenizer {
     try {
       this.stats.remote++;
       const body = input.messages
-        ? { model, messages: input.messages, add_generation_prompt: true, add_special_tokens: false }
+        ? {
+            model,
+            messages: input.messages,
+            add_generation_prompt: input.addGenerationPrompt ?? true,
+            add_special_tokens: input.addSpecialTokens ?? false,
+            ...(input.tools ? { tools: input.tools } : {}),
+            ...(input.templateKwargs ? { chat_template_kwargs: input.templateKwargs } : {}),
+          }
         : { model, prompt: Array.isArray(input.prompt) ? input.prompt.join("") : (input.prompt ?? ""), add_special_tokens: true };
       const res = await fetch(`http://${address}/tokenize`, {
         method: "POST",

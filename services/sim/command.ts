@@ -9,6 +9,7 @@ import { createLogger } from "../shared/log.js";
 import { startSimFleet } from "./fleet.js";
 import { KV_EVENT_ENCODINGS, type KvEventEncoding, REPLAY_LAYOUTS, type ReplayLayout } from "./kv-events.js";
 import { ENGINE_KINDS, type EngineKind } from "./metrics.js";
+import { TokenizerFilesError } from "../tokenizer/hf-tokenizer.js";
 import { FLEET_DEFAULTS as D, SimOptionsError } from "./options.js";
 
 function nonNegative(value: string): number {
@@ -76,6 +77,7 @@ export function registerSimCommand(program: Command): void {
     .option("--kv-events-buffer-steps <n>", "KV event batches kept for replay", intOption(1), D.kvEventsBufferSteps)
     .option("--max-model-len <n>", "longest prompt + max_tokens accepted (default min(8192, KV capacity))", intOption(2))
     .option("--name-prefix <prefix>", "pod names are <prefix><index>", D.namePrefix)
+    .option("--tokenizer <hf:dir>", "a real model's tokenizer for /tokenize, prompts and KV events: hf:<dir> with tokenizer.json + tokenizer_config.json (default: the built-in one)")
     .action(async (o, cmd: Command) => {
       const log = createLogger("sim");
       let fleet: Awaited<ReturnType<typeof startSimFleet>>;
@@ -103,10 +105,12 @@ export function registerSimCommand(program: Command): void {
           kvEventsBufferSteps: o.kvEventsBufferSteps,
           maxModelLen: o.maxModelLen,
           namePrefix: o.namePrefix,
+          ...(o.tokenizer ? { tokenizer: o.tokenizer } : {}),
           logger: log,
         });
       } catch (err) {
         const code = (err as NodeJS.ErrnoException).code;
+        if (err instanceof TokenizerFilesError) cmd.error(`error: --tokenizer ${err.message}`);
         if (err instanceof SimOptionsError) {
           cmd.error(`error: --${err.option.replace(/[A-Z]/g, (c) => `-${c.toLowerCase()}`)} ${err.detail}`);
         }

@@ -7,6 +7,7 @@ import type { KvEventEncoding, ReplayLayout } from "./kv-events.js";
 import type { EngineKind } from "./metrics.js";
 import { resolveFleetOptions, type SimFleetOptions } from "./options.js";
 import { type KvEventsInfo, type SimPod, type SimPodCacheListing, startSimPod } from "./pod.js";
+import { loadSimTokenizer } from "./real-tokenizer.js";
 
 export type { KvEventEncoding, ReplayLayout } from "./kv-events.js";
 export type { SimFleetOptions } from "./options.js";
@@ -36,6 +37,8 @@ export interface SimFleet {
 
 export async function startSimFleet(options: SimFleetOptions & { logger?: Logger }): Promise<SimFleet> {
   const o = resolveFleetOptions(options);
+  // Loaded once for all pods (before any port is taken): a bad directory fails the start, naming the file.
+  const tokenizer = o.tokenizer ? await loadSimTokenizer(o.tokenizer) : undefined;
   const started: SimPod[] = [];
   try {
     for (let i = 0; i < o.pods; i++) {
@@ -51,6 +54,7 @@ export async function startSimFleet(options: SimFleetOptions & { logger?: Logger
           timeScale: o.timeScale,
           maxModelLen: o.maxModelLen,
           engineConfig: o.engineConfig,
+          ...(tokenizer ? { tokenizer } : {}),
           // SGLang's KV events differ (signed hashes, other fields): not simulated, so none at all.
           kvEvents:
             kv && engine === "vllm"

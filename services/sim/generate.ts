@@ -16,6 +16,7 @@ import {
   usage,
   usageChunk,
 } from "./responses.js";
+import type { GenerationVocab } from "./real-tokenizer.js";
 import { outputTokensFor, tokenText } from "./textgen.js";
 
 export function serveGeneration(
@@ -24,6 +25,8 @@ export function serveGeneration(
   gen: GenerationRequest,
   kind: ApiKind,
   requestId: string,
+  /** A real tokenizer's generation words (sim --tokenizer hf:); default: the built-in tokenizer's. */
+  vocab?: GenerationVocab,
 ): void {
   const meta: ResponseMeta = {
     kind,
@@ -31,7 +34,7 @@ export function serveGeneration(
     created: Math.floor(Date.now() / 1000),
     model: gen.model,
   };
-  const outputTokens = outputTokensFor(gen.promptTokens, gen.maxTokens, gen.seed);
+  const outputTokens = outputTokensFor(gen.promptTokens, gen.maxTokens, gen.seed, vocab?.ids);
   const promptCount = gen.promptTokens.length;
   let text = "";
   let generated = 0;
@@ -47,7 +50,7 @@ export function serveGeneration(
     cacheSalt: gen.cacheSalt,
     onToken(tokenId, index, _atMs, finish) {
       generated = index + 1;
-      const piece = tokenText(tokenId);
+      const piece = vocab ? vocab.text(tokenId) : tokenText(tokenId);
       if (!gen.stream) {
         text += piece;
         return;

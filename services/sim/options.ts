@@ -38,6 +38,8 @@ export interface SimFleetOptions {
   kvEventsBasePort?: number;
   /** Batches kept for replay (vLLM buffer_steps). */
   kvEventsBufferSteps?: number;
+  /** `hf:<dir>`: a real model's Hugging Face tokenizer instead of the built-in one (services/sim/real-tokenizer.ts). */
+  tokenizer?: string;
 }
 
 export interface ResolvedKvEventsOptions {
@@ -60,6 +62,8 @@ export interface ResolvedFleetOptions {
   engineConfig: EngineConfig;
   /** Undefined when KV events are off. */
   kvEvents: ResolvedKvEventsOptions | undefined;
+  /** `hf:<dir>`, or undefined for the built-in tokenizer. */
+  tokenizer: string | undefined;
 }
 
 export const FLEET_DEFAULTS = {
@@ -131,6 +135,7 @@ export function resolveFleetOptions(o: SimFleetOptions): ResolvedFleetOptions {
   check(isInt(basePort, 0) && basePort + o.pods - 1 <= 65535, "basePort", `must leave room for ${o.pods} ports below 65536, got ${basePort}`);
   check(engines.length > 0 && engines.every((e) => ENGINE_KINDS.includes(e)), "engine", `must be one of ${ENGINE_KINDS.join(", ")}, got ${engines.join(",")}`);
   check(isNum(timeScale, 0) && timeScale > 0, "timeScale", `must be > 0, got ${timeScale}`);
+  check(o.tokenizer === undefined || (o.tokenizer.startsWith("hf:") && o.tokenizer.length > 3), "tokenizer", `must be hf:<dir>, got ${JSON.stringify(o.tokenizer)}`);
   check(isInt(c.maxBatch, 1), "maxBatch", `must be an integer >= 1, got ${c.maxBatch}`);
   check(isInt(c.blockSize, 1), "blockSize", `must be an integer >= 1, got ${c.blockSize}`);
   check(isNum(c.prefillMsPerToken, 0), "prefillMsPerToken", `must be >= 0, got ${c.prefillMsPerToken}`);
@@ -180,5 +185,6 @@ export function resolveFleetOptions(o: SimFleetOptions): ResolvedFleetOptions {
     namePrefix: o.namePrefix ?? d.namePrefix,
     engineConfig,
     kvEvents,
+    tokenizer: o.tokenizer,
   };
 }

@@ -16,7 +16,10 @@ import { serveGeneration } from "./generate.js";
 import { type CacheListing, engineHashSeed } from "./kv-cache.js";
 import { KvEventPublisher, type KvEventEncoding, type KvEventPublisherOptions, type ReplayLayout } from "./kv-events.js";
 import { createPodMetrics, type EngineKind, type PodMetrics } from "./metrics.js";
+import { realPromptTokens, realTokenize, type SimRealTokenizer } from "./real-tokenizer.js";
 import {
+  asObject,
+  checkModel,
   parseChatRequest,
   parseCompletionRequest,
   parseDetokenizeRequest,
@@ -34,6 +37,8 @@ export interface SimPodOptions {
   timeScale: number;
   maxModelLen: number;
   engineConfig: EngineConfig;
+  /** A real model's tokenizer (sim --tokenizer hf:<dir>) instead of the built-in one. */
+  tokenizer?: SimRealTokenizer;
   /** KV events publisher settings; absent = no publisher. */
   kvEvents?: SimPodKvEventsOptions;
   logger?: Logger;
@@ -102,7 +107,8 @@ async function readJson(req: IncomingMessage): Promise<unknown> {
 }
 
 export async function startSimPod(opts: SimPodOptions): Promise<SimPod> {
-  const served: ServedModel = { name: opts.model, maxModelLen: opts.maxModelLen };
+  const real = opts.tokenizer;
+  const served: ServedModel = { name: opts.model, maxModelLen: opts.maxModelLen, ...(real ? { vocabSize: real.tokenizer.vocabSize } : {}) };
   const log = opts.logger?.child({ pod: opts.name });
   const publisher = opts.kvEvents
     ? await KvEventPublisher.start({ host: opts.host, ...opts.kvEvents, logger: log })
@@ -160,10 +166,16 @@ export async function startSimPod(opts: SimPodOptions): Promise<SimPod> {
     (kind: "chat" | "completion"): Handler =>
     async (req, res) => {
       const body = await readJson(req);
-      const gen = kind === "chat" ? parseChatRequest(body, served) : parseCompletionRequest(body, served);
+      // With a real tokenizer: the model is checked first (404 before any tokenizing), as vLLM does.
+      let ids: number[] | undefined;
+      if (real) {
+        checkModel(asObject(body), served);
+        ids = await realPromptTokens(kind, body, real.tokenizer);
+      }
+      const gen = kind === "chat" ? parseChatRequest(body, served, ids) : parseCompletionRequest(body, served, ids);
       const header = req.headers["x-request-id"];
       const requestId = typeof header === "string" && header !== "" ? header : randomUUID().replaceAll("-", "");
-      serveGeneration(res, engine, gen, kind, requestId);
+      serveGeneration(res, engine, gen, kind, requestId, real?.vocab);
     };
 
   const routes: Record<string, Record<string, Handler>> = {
@@ -190,12 +202,21 @@ export async function startSimPod(opts: SimPodOptions): Promise<SimPod> {
     "/v1/completions": { POST: generation("completion") },
     "/tokenize": {
       POST: async (req, res) => {
-        const tokens = parseTokenizeRequest(await readJson(req), served);
+        const body = await readJson(req);
+        let tokens: number[] | undefined;
+        if (real) {
+          checkModel(asObject(body), served);
+          tokens = await realTokenize(body, real.tokenizer);
+        }
+        tokens ??= parseTokenizeRequest(body, served);
         sendJson(res, 200, { count: tokens.length, max_model_len: opts.maxModelLen, tokens, token_strs: null });
       },
     },
     "/detokenize": {
-      POST: async (req, res) => sendJson(res, 200, { prompt: detokenize(parseDetokenizeRequest(await readJson(req), served)) }),
+      POST: async (req, res) => {
+        const ids = parseDetokenizeRequest(await readJson(req), served);
+        sendJson(res, 200, { prompt: real ? await real.tokenizer.decode(ids) : detokenize(ids) });
+      },
     },
     "/metrics": {
       GET: (_req, res) =>

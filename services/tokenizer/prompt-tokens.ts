@@ -21,11 +21,23 @@ export function hfTokenizerDir(setting: TokenizerSetting): string | undefined {
 export interface PromptInput {
   messages?: readonly ChatMessage[];
   prompt?: string | readonly string[];
+  /** Chat request fields that change the rendered prompt (vLLM): `tools`, `chat_template_kwargs`, `add_generation_prompt`, `add_special_tokens`. */
+  tools?: readonly unknown[];
+  templateKwargs?: Readonly<Record<string, unknown>>;
+  addGenerationPrompt?: boolean;
+  addSpecialTokens?: boolean;
 }
 
 export function promptInputOf(body: Record<string, unknown>): PromptInput {
   const out: PromptInput = {};
-  if (Array.isArray(body.messages)) out.messages = body.messages as ChatMessage[];
+  if (Array.isArray(body.messages)) {
+    out.messages = body.messages as ChatMessage[];
+    if (Array.isArray(body.tools) && body.tools.length > 0) out.tools = body.tools;
+    const kw = body.chat_template_kwargs;
+    if (kw && typeof kw === "object" && !Array.isArray(kw)) out.templateKwargs = kw as Record<string, unknown>;
+    if (typeof body.add_generation_prompt === "boolean") out.addGenerationPrompt = body.add_generation_prompt;
+    if (typeof body.add_special_tokens === "boolean") out.addSpecialTokens = body.add_special_tokens;
+  }
   if (typeof body.prompt === "string" || (Array.isArray(body.prompt) && body.prompt.every((p) => typeof p === "string"))) {
     out.prompt = body.prompt as string | string[];
   }
@@ -37,7 +49,7 @@ function promptText(p: PromptInput["prompt"]): string {
 }
 
 export function localTokens(input: PromptInput): number[] {
-  if (input.messages) return tokenizeChat(input.messages, { addGenerationPrompt: true });
+  if (input.messages) return tokenizeChat(input.messages, { addGenerationPrompt: input.addGenerationPrompt ?? true, addSpecialTokens: input.addSpecialTokens ?? false });
   return tokenizePrompt(promptText(input.prompt), { addSpecialTokens: true });
 }
 
