@@ -77,6 +77,7 @@ export function registerSimCommand(program: Command): void {
     .option("--kv-events-buffer-steps <n>", "KV event batches kept for replay", intOption(1), D.kvEventsBufferSteps)
     .option("--max-model-len <n>", "longest prompt + max_tokens accepted (default min(8192, KV capacity))", intOption(2))
     .option("--name-prefix <prefix>", "pod names are <prefix><index>", D.namePrefix)
+    .option("--sglang-kv-events", "SGLang pods publish KV events too, in SGLang's wire format (one event per page, CPython tuple hashes, old replay layout)")
     .option("--tokenizer <hf:dir>", "a real model's tokenizer for /tokenize, prompts and KV events: hf:<dir> with tokenizer.json + tokenizer_config.json (default: the built-in one)")
     .action(async (o, cmd: Command) => {
       const log = createLogger("sim");
@@ -106,6 +107,7 @@ export function registerSimCommand(program: Command): void {
           maxModelLen: o.maxModelLen,
           namePrefix: o.namePrefix,
           ...(o.tokenizer ? { tokenizer: o.tokenizer } : {}),
+          ...(o.sglangKvEvents ? { sglangKvEvents: true } : {}),
           logger: log,
         });
       } catch (err) {

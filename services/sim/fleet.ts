@@ -3,7 +3,7 @@
  * the demo and load tests get a "cluster" without GPUs.
  */
 import type { Logger } from "../shared/log.js";
-import type { KvEventEncoding, ReplayLayout } from "./kv-events.js";
+import type { KvEventWire, ReplayLayout } from "./kv-events.js";
 import type { EngineKind } from "./metrics.js";
 import { resolveFleetOptions, type SimFleetOptions } from "./options.js";
 import { type KvEventsInfo, type SimPod, type SimPodCacheListing, startSimPod } from "./pod.js";
@@ -22,7 +22,7 @@ export interface SimFleetPod {
   engine: EngineKind;
   /** The pod event schema's `kvEvents` field; absent when the pod publishes no KV events. */
   kvEvents?: KvEventsInfo;
-  kvEventsEncoding?: KvEventEncoding;
+  kvEventsEncoding?: KvEventWire;
   kvEventsReplayLayout?: ReplayLayout;
 }
 
@@ -44,6 +44,13 @@ export async function startSimFleet(options: SimFleetOptions & { logger?: Logger
     for (let i = 0; i < o.pods; i++) {
       const engine = o.engines[i % o.engines.length] ?? "vllm";
       const kv = o.kvEvents;
+      // SGLang pods publish only in the SGLang mode (sglangKvEvents): SGLang's own wire, "old" replay layout.
+      const wire =
+        engine === "vllm"
+          ? { encoding: kv?.encodings[i % kv.encodings.length] ?? ("map" as const), replayLayout: kv?.replayLayouts[i % kv.replayLayouts.length] ?? ("new" as const) }
+          : o.sglangKvEvents
+            ? { encoding: "sglang" as const, replayLayout: "old" as const }
+            : undefined;
       started.push(
         await startSimPod({
           name: `${o.namePrefix}${i}`,
@@ -55,18 +62,15 @@ export async function startSimFleet(options: SimFleetOptions & { logger?: Logger
           maxModelLen: o.maxModelLen,
           engineConfig: o.engineConfig,
           ...(tokenizer ? { tokenizer } : {}),
-          // SGLang's KV events differ (signed hashes, other fields): not simulated, so none at all.
-          kvEvents:
-            kv && engine === "vllm"
-              ? {
-                  port: kv.basePort === 0 ? 0 : kv.basePort + 2 * i,
-                  replayPort: kv.basePort === 0 ? 0 : kv.basePort + 2 * i + 1,
-                  topic: kv.topic,
-                  encoding: kv.encodings[i % kv.encodings.length] ?? "map",
-                  replayLayout: kv.replayLayouts[i % kv.replayLayouts.length] ?? "new",
-                  bufferSteps: kv.bufferSteps,
-                }
-              : undefined,
+          kvEvents: kv && wire
+            ? {
+                port: kv.basePort === 0 ? 0 : kv.basePort + 2 * i,
+                replayPort: kv.basePort === 0 ? 0 : kv.basePort + 2 * i + 1,
+                topic: kv.topic,
+                ...wire,
+                bufferSteps: kv.bufferSteps,
+              }
+            : undefined,
           logger: options.logger,
         }),
       );

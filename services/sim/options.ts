@@ -38,6 +38,8 @@ export interface SimFleetOptions {
   kvEventsBasePort?: number;
   /** Batches kept for replay (vLLM buffer_steps). */
   kvEventsBufferSteps?: number;
+  /** SGLang pods publish KV events too, in SGLang's wire format (default false: they publish none). */
+  sglangKvEvents?: boolean;
   /** `hf:<dir>`: a real model's Hugging Face tokenizer instead of the built-in one (services/sim/real-tokenizer.ts). */
   tokenizer?: string;
 }
@@ -64,6 +66,7 @@ export interface ResolvedFleetOptions {
   kvEvents: ResolvedKvEventsOptions | undefined;
   /** `hf:<dir>`, or undefined for the built-in tokenizer. */
   tokenizer: string | undefined;
+  sglangKvEvents: boolean;
 }
 
 export const FLEET_DEFAULTS = {
@@ -186,5 +189,6 @@ export function resolveFleetOptions(o: SimFleetOptions): ResolvedFleetOptions {
     engineConfig,
     kvEvents,
     tokenizer: o.tokenizer,
+    sglangKvEvents: o.sglangKvEvents ?? false,
   };
 }

@@ -14,7 +14,7 @@ import { type EngineConfig, type EngineSnapshot, SimEngine } from "./engine.js";
 import { ApiError, badRequest } from "./errors.js";
 import { serveGeneration } from "./generate.js";
 import { type CacheListing, engineHashSeed } from "./kv-cache.js";
-import { KvEventPublisher, type KvEventEncoding, type KvEventPublisherOptions, type ReplayLayout } from "./kv-events.js";
+import { KvEventPublisher, type KvEventPublisherOptions, type KvEventWire, type ReplayLayout } from "./kv-events.js";
 import { createPodMetrics, type EngineKind, type PodMetrics } from "./metrics.js";
 import { realPromptTokens, realTokenize, type SimRealTokenizer } from "./real-tokenizer.js";
 import {
@@ -61,7 +61,7 @@ export interface SimPodState extends EngineSnapshot {
   engine: EngineKind;
   model: string;
   config: EngineConfig & { maxModelLen: number; timeScale: number };
-  kvEvents: (KvEventsInfo & { encoding: KvEventEncoding; replayLayout: ReplayLayout; nextSeq: number }) | null;
+  kvEvents: (KvEventsInfo & { encoding: KvEventWire; replayLayout: ReplayLayout; nextSeq: number }) | null;
 }
 
 export interface SimPod {
