@@ -14,6 +14,7 @@ import { runRateLimitBench } from "./benches/rate-limit.js";
 import { PREFIX_QUALITY_CASES, type PrefixQualityCaseName, runPrefixQualityBench } from "./benches/prefix-quality.js";
 import { DEFAULT_RECORDED_STRATEGIES, DEFAULT_REPLAY_STRATEGIES, runReplayBench } from "./benches/replay.js";
 import { FAULT_CASES, type FaultCaseName, runFaultsBench } from "./benches/faults.js";
+import { registerTokenizerBench } from "./benches/tokenizer.js";
 
 const ints = (v: string) =>
   v.split(",").map((x) => {
@@ -187,5 +188,7 @@ program
     });
     console.log(JSON.stringify(result));
   });
+
+registerTokenizerBench(program);
 
 await program.parseAsync(process.argv);

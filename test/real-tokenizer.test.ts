@@ -11,10 +11,11 @@ import { join } from "node:path";
 import { describe, expect, it } from "vitest";
 import { loadHfTokenizerDir, Tokenizer } from "../services/gateway/tokenization.js";
 import { QueueFullError } from "../services/tokenizer/bounded-queue.js";
-import { ChatTemplateError } from "../services/tokenizer/chat-template.js";
+import { ChatTemplateError, normaliseMessages } from "../services/tokenizer/chat-template.js";
+import { RenderPool } from "../services/tokenizer/render-pool.js";
 import type { HfTokenizer } from "../services/tokenizer/hf-tokenizer.js";
 import { approximateTokens } from "../services/tokenizer/prompt-tokens.js";
-import { jsTokenizer, pythonRender, RAND_CASES, type RenderCase, randomConversation, REAL_MODELS, type RealModel, tokenizerDir } from "./harness/real-tokenizers.js";
+import { jsTokenizer, pythonRender, RAND_CASES, readConfig, type RenderCase, randomConversation, REAL_MODELS, type RealModel, tokenizerDir } from "./harness/real-tokenizers.js";
 
 const chat = [
   { role: "system", content: "You are a terse assistant for the routing team." },
@@ -141,6 +142,23 @@ describe("real tokenizer - failure paths", () => {
     expect((await t.tokenize("m", image as never, undefined)).mode).toBe("approximate");
     expect(t.stats).toMatchObject({ hf: 2, fallbacks: 2, templateErrors: 2, queueFull: 0 });
     expect((await t.tokenize("m", { messages: [{ role: "system", content: "ok" }] }, undefined)).mode).toBe("hf");
+  });
+
+  it("templates render on worker threads, identically; a full render queue refuses at once", async () => {
+    const t = hf("qwen3");
+    const conv = randomConversation(77, 10, "x ".repeat(3000));
+    expect(t.renderPool?.threads).toBe(1);
+    const before = t.renderPool?.rendered ?? 0;
+    expect(await t.renderChatOffLoop(conv)).toBe(t.renderChat(conv));
+    expect(t.renderPool?.rendered).toBe(before + 1);
+    const pool = new RenderPool(new Map([["default", readConfig("qwen3").chat_template as string]]), 1, 1);
+    const job = { name: "default", context: { messages: normaliseMessages(conv), add_generation_prompt: true } };
+    const results = await Promise.allSettled(Array.from({ length: 5 }, () => pool.render(job)));
+    // One rendering + one waiting were taken; the other three were refused without waiting.
+    expect(results.filter((r) => r.status === "fulfilled").map((r) => (r as PromiseFulfilledResult<string>).value)).toEqual([t.renderChat(conv), t.renderChat(conv)]);
+    expect(results.filter((r) => r.status === "rejected").every((r) => (r as PromiseRejectedResult).reason instanceof QueueFullError)).toBe(true);
+    expect([pool.refused, pool.inFlight]).toEqual([3, 0]);
+    await pool.close();
   });
 
   it("a full encode queue refuses at once: that request is approximate, counted", async () => {

@@ -439,6 +439,7 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
       await snapshotter?.close();
       await Promise.all(followers.map((f) => f.stop()));
       await nats.nc.drain();
+      await tokenizer.close();
       log.info({ drained }, "gateway stopped");
     },
   };

@@ -116,6 +116,11 @@ export class Tokenizer {
     return hfTokenizerDir(s) !== undefined ? "hf" : (s as TokenizerMode);
   }
 
+  /** Stops the `hf:` tokenizers' render workers. */
+  async close(): Promise<void> {
+    await Promise.all([...this.hfByDir.values()].map((t) => t.close()));
+  }
+
   /** The loaded `hf:` tokenizers, by directory (for stats and benches). */
   hfTokenizers(): ReadonlyMap<string, HfTokenizer> {
     return this.hfByDir;

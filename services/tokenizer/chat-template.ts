@@ -93,13 +93,21 @@ export function normaliseMessages(messages: readonly HfChatMessage[]): Record<st
   });
 }
 
+/** Which template to render and with what: all a renderer (this thread or a worker) needs. */
+export interface RenderJob {
+  name: string;
+  context: Record<string, unknown>;
+}
+
 /** The template(s) of a model: `chat_template` is a string or a list of `{name, template}`. */
 export class ChatTemplates {
   private readonly byName = new Map<string, Template>();
+  /** Template sources by name (what a render worker compiles). */
+  readonly sources = new Map<string, string>();
   private readonly variables: Record<string, unknown>;
 
   constructor(chatTemplate: unknown, config: Readonly<Record<string, unknown>>) {
-    const sources = new Map<string, string>();
+    const sources = this.sources;
     if (typeof chatTemplate === "string") sources.set("default", chatTemplate);
     else if (Array.isArray(chatTemplate)) {
       for (const t of chatTemplate) {
@@ -119,24 +127,30 @@ export class ChatTemplates {
     this.variables = specialTokenVariables(config);
   }
 
-  render(messages: readonly HfChatMessage[], o: RenderChatOptions = {}): string {
+  /** The template and variables for a conversation (cheap; throws ChatTemplateError on messages it cannot take). */
+  job(messages: readonly HfChatMessage[], o: RenderChatOptions = {}): RenderJob {
     const tools = o.tools && o.tools.length > 0 ? o.tools : undefined;
-    const template = (tools ? this.byName.get("tool_use") : undefined) ?? (this.byName.get("default") as Template);
+    const name = tools && this.byName.has("tool_use") ? "tool_use" : "default";
     const extra: Record<string, unknown> = {};
     for (const [k, v] of Object.entries(o.templateKwargs ?? {})) {
       if (k !== "messages" && (typeof v === "boolean" || typeof v === "number" || typeof v === "string" || v === null)) extra[k] = v;
     }
+    return {
+      name,
+      context: { ...this.variables, ...extra, messages: normaliseMessages(messages), tools: tools ?? null, add_generation_prompt: o.addGenerationPrompt ?? true },
+    };
+  }
+
+  /** Renders a job on this thread. */
+  renderJob(job: RenderJob): string {
     try {
-      return template.render({
-        ...this.variables,
-        ...extra,
-        messages: normaliseMessages(messages),
-        tools: tools ?? null,
-        add_generation_prompt: o.addGenerationPrompt ?? true,
-      });
+      return (this.byName.get(job.name) as Template).render(job.context);
     } catch (err) {
-      if (err instanceof ChatTemplateError) throw err;
       throw new ChatTemplateError(`chat template failed: ${(err as Error).message}`);
     }
+  }
+
+  render(messages: readonly HfChatMessage[], o: RenderChatOptions = {}): string {
+    return this.renderJob(this.job(messages, o));
   }
 }

@@ -6,16 +6,18 @@
  * - completion: the prompt encoded with special tokens (the tokenizer.json post-processor adds
  *   BOS where the model wants one).
  *
- * Encoding uses Hugging Face's Rust `tokenizers` bindings: its `encode` runs on libuv's worker
- * threads, so the event loop pays only for rendering and hashing (~0.01 ms on the loop against
- * ~0.9 ms off it per 4 KB prompt, docs/benchmarks.md). Encodes go through a bounded queue: beyond
- * it, QueueFullError, and the caller falls back. Chat prompts reuse cached prefix ids
- * (prefix-ids.ts) where the tokenizer allows exact cuts (split-points.ts).
+ * Neither costly step runs on the event loop: templates render on worker threads (render-pool.ts;
+ * a long Qwen3 chat costs milliseconds), and Hugging Face's Rust `tokenizers` bindings encode on
+ * libuv's threads (~0.01 ms on the loop against ~1.3 ms off it per 4 KB prompt,
+ * docs/benchmarks.md). Both go through bounded queues: beyond them, QueueFullError, and the
+ * caller falls back. Chat prompts reuse cached prefix ids (prefix-ids.ts) where the tokenizer
+ * allows exact cuts (split-points.ts).
  *
  * Files are read by the caller (`read`), so this stays free of file-system I/O.
  */
 import { Tokenizer as NativeTokenizer } from "tokenizers";
 import { BoundedQueue } from "./bounded-queue.js";
+import { RenderPool } from "./render-pool.js";
 import { ChatTemplateError, ChatTemplates, type HfChatMessage, type RenderChatOptions } from "./chat-template.js";
 import { PrefixIdsCache } from "./prefix-ids.js";
 import { type AddedTokenSpec, planSplits, type SplitPlan, SplitPoints } from "./split-points.js";
@@ -36,6 +38,8 @@ export interface HfTokenizerOptions {
   maxQueued?: number;
   /** Bound on cached prefix ids, in estimated bytes; 0 turns the prefix cache off. */
   prefixCacheBytes?: number;
+  /** Worker threads rendering chat templates (default 1); 0 renders on the calling thread. */
+  renderThreads?: number;
 }
 
 export const DEFAULT_PREFIX_CACHE_BYTES = 32 * 1024 * 1024;
@@ -60,6 +64,8 @@ export class HfTokenizer {
   private readonly templates: ChatTemplates | undefined;
   private readonly prefixes: PrefixIdsCache | undefined;
   readonly queue: BoundedQueue;
+  /** Template render workers; undefined when rendering on the calling thread. */
+  readonly renderPool: RenderPool | undefined;
   readonly splitPlan: SplitPlan;
   readonly vocabSize: number;
   /** Why chat requests cannot be rendered (no template), if so. */
@@ -102,6 +108,8 @@ export class HfTokenizer {
     this.templates = templates;
     this.templateProblem = templateProblem;
     this.queue = new BoundedQueue(o.concurrency ?? 2, o.maxQueued ?? 256);
+    const threads = o.renderThreads ?? 1;
+    this.renderPool = templates && threads > 0 ? new RenderPool(templates.sources, threads, o.maxQueued ?? 256) : undefined;
     const added = (Array.isArray(spec.added_tokens) ? spec.added_tokens : []) as AddedTokenSpec[];
     this.splitPlan = planSplits({ added_tokens: added, pre_tokenizer: spec.pre_tokenizer });
     const cacheBytes = o.prefixCacheBytes ?? DEFAULT_PREFIX_CACHE_BYTES;
@@ -116,10 +124,22 @@ export class HfTokenizer {
     return this.prefixes?.stats;
   }
 
-  /** The chat prompt text vLLM would build. Throws ChatTemplateError. */
+  /** The chat prompt text vLLM would build, rendered on this thread. Throws ChatTemplateError. */
   renderChat(messages: readonly HfChatMessage[], o: RenderChatOptions = {}): string {
     if (!this.templates) throw new ChatTemplateError(this.templateProblem ?? "no chat template");
     return this.templates.render(messages, o);
+  }
+
+  /** The same text, rendered on a worker thread when there are any. Throws ChatTemplateError, QueueFullError. */
+  async renderChatOffLoop(messages: readonly HfChatMessage[], o: RenderChatOptions = {}): Promise<string> {
+    if (!this.templates) throw new ChatTemplateError(this.templateProblem ?? "no chat template");
+    const job = this.templates.job(messages, o);
+    return this.renderPool ? this.renderPool.render(job) : this.templates.renderJob(job);
+  }
+
+  /** Stops the render workers (they never keep a process alive; this frees them early). */
+  async close(): Promise<void> {
+    await this.renderPool?.close();
   }
 
   /**
@@ -127,7 +147,7 @@ export class HfTokenizer {
    * Throws ChatTemplateError (template) or QueueFullError (too many waiting).
    */
   async chatIds(messages: readonly HfChatMessage[], o: RenderChatOptions & { addSpecialTokens?: boolean } = {}): Promise<number[]> {
-    const text = this.renderChat(messages, o);
+    const text = await this.renderChatOffLoop(messages, o);
     if (o.addSpecialTokens) return this.queue.run(() => this.encodeNow(text, true));
     const prefixes = this.prefixes;
     if (!prefixes) return this.queue.run(() => this.encodeNow(text, false));
