@@ -6,8 +6,8 @@
  * Each worker compiles the model's templates once (@huggingface/jinja, loaded by absolute path so
  * the worker needs no module resolution of its own) and renders one job at a time; jobs go to the
  * least busy worker. Outstanding jobs are bounded: past `maxQueued` waiting beyond one per worker,
- * a render is refused at once (QueueFullError) and the caller falls back. Workers are unref'd
- * (they never keep a process alive) and started on first use; one that dies fails its jobs as
+ * a render is refused at once (QueueFullError) and the caller falls back. Workers start on first
+ * use and hold the process open only while they owe an answer; one that dies fails its jobs as
  * template errors and is replaced on the next render.
  */
 import { createRequire } from "node:module";
@@ -71,6 +71,8 @@ export class RenderPool {
     const id = this.nextId++;
     this.outstanding++;
     return new Promise<string>((resolve, reject) => {
+      // Referenced only while it owes an answer: an idle pool never keeps a process alive.
+      if (slot.pending.size === 0) slot.worker.ref();
       slot.pending.set(id, { resolve, reject });
       slot.worker.postMessage({ id, name: job.name, context: job.context });
     });
@@ -93,13 +95,13 @@ export class RenderPool {
 
   private spawn(i: number): Slot {
     const worker = new Worker(WORKER_SOURCE, { eval: true, workerData: { jinja: this.jinja, templates: Object.fromEntries(this.templates) } });
-    worker.unref();
     const slot: Slot = { worker, pending: new Map() };
     worker.on("message", (m: { id: number; text?: string; error?: string }) => {
       const p = slot.pending.get(m.id);
       if (!p) return;
       slot.pending.delete(m.id);
       this.outstanding--;
+      if (slot.pending.size === 0) worker.unref();
       if (m.error !== undefined) p.reject(new ChatTemplateError(`chat template failed: ${m.error}`));
       else {
         this.rendered++;
@@ -114,6 +116,8 @@ export class RenderPool {
     };
     worker.on("error", (err) => fail(`failed: ${err.message}`));
     worker.on("exit", (code) => fail(`exited (${code})`));
+    // After the listeners: adding a "message" listener refs the worker again.
+    worker.unref();
     this.slots[i] = slot;
     return slot;
   }

@@ -57,6 +57,22 @@ export interface RenderCase {
   addGenerationPrompt?: boolean;
 }
 
+let python: string | undefined;
+/** A python3 that has jinja2: the one on PATH, else the system's (where Debian's python3-jinja2 installs). */
+function pythonWithJinja(): string {
+  if (python) return python;
+  for (const candidate of ["python3", "/usr/bin/python3"]) {
+    try {
+      execFileSync(candidate, ["-c", "import jinja2"], { stdio: "ignore" });
+      python = candidate;
+      return candidate;
+    } catch {
+      // try the next one
+    }
+  }
+  throw new Error("no python3 with jinja2 (install Debian's python3-jinja2: scripts/install-deps.sh does)");
+}
+
 /** Renders every case with Python's jinja2 in one process (python3 with jinja2: Debian's python3-jinja2). */
 export function pythonRender(model: RealModel, cases: readonly RenderCase[]): string[] {
   const config = readConfig(model);
@@ -65,7 +81,7 @@ export function pythonRender(model: RealModel, cases: readonly RenderCase[]): st
     variables: specialTokenVariables(config),
     cases: cases.map((c) => ({ messages: normaliseMessages(c.messages), add_generation_prompt: c.addGenerationPrompt ?? true, tools: null })),
   };
-  const out = execFileSync("python3", ["-c", RENDER_PY], { input: JSON.stringify(job), maxBuffer: 256 * 1024 * 1024 });
+  const out = execFileSync(pythonWithJinja(), ["-c", RENDER_PY], { input: JSON.stringify(job), maxBuffer: 256 * 1024 * 1024 });
   return JSON.parse(out.toString("utf8")) as string[];
 }
 
