@@ -5,7 +5,8 @@
  * random conversations; and the production failure paths (bad directory, template error, full
  * queue).
  */
-import { mkdtempSync, writeFileSync, copyFileSync } from "node:fs";
+import { spawn } from "node:child_process";
+import { copyFileSync, mkdtempSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
@@ -127,6 +128,26 @@ describe("real tokenizer - failure paths", () => {
     const badTemplate = copyDir();
     writeFileSync(join(badTemplate, "chat_template.jinja"), "{% for m in messages %}{{ m.content ");
     expect(() => new Tokenizer({ modes: { m: `hf:${badTemplate}` } })).toThrow(/chat_template\.jinja: chat_template "default" does not parse/);
+  });
+
+  it("the gateway and sim commands refuse a bad directory at start, naming the file", async () => {
+    const empty = mkdtempSync(join(tmpdir(), "jr-tok-"));
+    const run = (args: string[]) =>
+      new Promise<{ code: number | null; stderr: string }>((resolve) => {
+        // Port 1 refuses: the gateway must fail on the tokenizer before it ever dials NATS.
+        const child = spawn(process.execPath, ["bin/jetroute.js", ...args], { stdio: ["ignore", "ignore", "pipe"], env: { ...process.env, NATS_URL: "nats://127.0.0.1:1" } });
+        let stderr = "";
+        child.stderr.on("data", (d: Buffer) => {
+          stderr += d.toString();
+        });
+        child.once("exit", (code) => resolve({ code, stderr }));
+      });
+    const gw = await run(["gateway", "--admin-port", "-1", "--port", "0", "--tokenizer-model", `org/m=hf:${empty}`]);
+    expect(gw.code).not.toBe(0);
+    expect(gw.stderr).toContain(`error: ${empty}/tokenizer.json: file not found`);
+    const sim = await run(["sim", "--pods", "1", "--tokenizer", `hf:${empty}`]);
+    expect(sim.code).not.toBe(0);
+    expect(sim.stderr).toContain(`error: --tokenizer ${empty}/tokenizer.json: file not found`);
   });
 
   it("a template error makes that request approximate, counted; nothing crashes", async () => {
