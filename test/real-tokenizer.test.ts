@@ -9,6 +9,7 @@ import { spawn } from "node:child_process";
 import { copyFileSync, mkdtempSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import client from "prom-client";
 import { describe, expect, it } from "vitest";
 import { loadHfTokenizerDir, Tokenizer } from "../services/gateway/tokenization.js";
 import { QueueFullError } from "../services/tokenizer/bounded-queue.js";
@@ -162,6 +163,12 @@ describe("real tokenizer - failure paths", () => {
     const image = { messages: [{ role: "system", content: [{ type: "image_url", image_url: { url: "x" } }] }] };
     expect((await t.tokenize("m", image as never, undefined)).mode).toBe("approximate");
     expect(t.stats).toMatchObject({ hf: 2, fallbacks: 2, templateErrors: 2, queueFull: 0 });
+    // Counted where Prometheus sees it.
+    const registry = new client.Registry();
+    t.registerMetrics(registry);
+    const text = await registry.metrics();
+    expect(text).toContain('jetroute_gateway_tokenizer{figure="template_errors"} 2');
+    expect(text).toContain('jetroute_gateway_tokenizer{figure="fallbacks"} 2');
     expect((await t.tokenize("m", { messages: [{ role: "system", content: "ok" }] }, undefined)).mode).toBe("hf");
   });
 
