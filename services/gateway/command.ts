@@ -25,7 +25,7 @@ function tokenizerOption(v: string): TokenizerSetting {
 }
 
 function tokenizerModelOption(v: string, acc: Record<string, TokenizerSetting>): Record<string, TokenizerSetting> {
-  // The model name comes first and may itself contain "=" only before the mode; `hf:<dir>` may contain "=" in the path.
+  // A directory may contain "=": split at the first "=hf:" when there is one, else at the last "=".
   const hf = v.indexOf("=hf:");
   const i = hf > 0 ? hf : v.lastIndexOf("=");
   if (i <= 0) throw new InvalidArgumentError(`expected <model>=<mode>, got ${JSON.stringify(v)}`);
