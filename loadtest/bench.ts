@@ -17,6 +17,7 @@ import { FAULT_CASES, type FaultCaseName, runFaultsBench } from "./benches/fault
 import { runDiscoveryBench } from "./benches/discovery.js";
 import { runPdBench } from "./benches/pd.js";
 import { runFoldBench } from "./benches/fold.js";
+import { registerTokenizerBench } from "./benches/tokenizer.js";
 
 const ints = (v: string) =>
   v.split(",").map((x) => {
@@ -223,5 +224,7 @@ program
     });
     console.log(JSON.stringify(result));
   });
+
+registerTokenizerBench(program);
 
 await program.parseAsync(process.argv);

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs the system packages jetroute needs (Debian): nats-server, chromium for the browser
-# test of the replay report (services/replay/report-html.test.ts), and kubectl for the tests that
+# test of the replay report (services/replay/report-html.test.ts), kubectl for the tests that
 # drive the Kubernetes API stand-in with the real client (Debian's `kubernetes-client`; an
-# existing kubectl is never replaced). Node 20 and npm are assumed.
+# existing kubectl is never replaced), and python3-jinja2, the independent chat-template renderer
+# of the real-tokenizer tests (test/real-tokenizer.test.ts). Node 20 and npm are assumed.
 set -euo pipefail
 need_nats=1
 if command -v nats-server >/dev/null 2>&1 || [ -x /usr/sbin/nats-server ] || [ -n "${NATS_SERVER_BIN:-}" ]; then
@@ -16,7 +17,11 @@ need_kubectl=1
 if command -v kubectl >/dev/null 2>&1; then
   need_kubectl=0
 fi
-if [ "$need_nats" = 0 ] && [ "$need_chromium" = 0 ] && [ "$need_kubectl" = 0 ]; then
+need_jinja=1
+if command -v python3 >/dev/null 2>&1 && python3 -c 'import jinja2' >/dev/null 2>&1; then
+  need_jinja=0
+fi
+if [ "$need_nats" = 0 ] && [ "$need_chromium" = 0 ] && [ "$need_kubectl" = 0 ] && [ "$need_jinja" = 0 ]; then
   exit 0
 fi
 if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
@@ -35,6 +40,10 @@ if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
     echo "installing kubectl (Debian package kubernetes-client)..." >&2
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq kubernetes-client >/dev/null
   fi
+  if [ "$need_jinja" = 1 ]; then
+    echo "installing python3-jinja2 (Debian package, the real-tokenizer tests' template renderer)..." >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3 python3-jinja2 >/dev/null
+  fi
   exit 0
 fi
 if [ "$need_nats" = 1 ]; then
@@ -43,6 +52,13 @@ nats-server is not installed. Install it, then run this again:
   Debian/Ubuntu:  sudo apt-get install -y nats-server
   elsewhere:      https://docs.nats.io/running-a-nats-service/introduction/installation
   or point NATS_SERVER_BIN at a nats-server binary (2.9 or newer).
+MSG
+fi
+if [ "$need_jinja" = 1 ]; then
+  cat >&2 <<'MSG'
+python3 with jinja2 is not available (the real-tokenizer tests render chat templates with it).
+Install it, then run this again:
+  Debian/Ubuntu:  sudo apt-get install -y python3-jinja2
 MSG
 fi
 if [ "$need_chromium" = 1 ]; then

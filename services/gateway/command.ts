@@ -3,7 +3,8 @@ import { intOption, natsOption, untilSignal } from "../shared/cli-options.js";
 import { createLogger } from "../shared/log.js";
 import { startGateway } from "./gateway.js";
 import { strategyNames } from "./strategies/registry.js";
-import type { TokenizerMode } from "../tokenizer/prompt-tokens.js";
+import { TokenizerFilesError } from "../tokenizer/hf-tokenizer.js";
+import type { TokenizerSetting } from "../tokenizer/prompt-tokens.js";
 import type { AuthMode } from "./auth.js";
 
 function consistencyOption(v: string): "eventual" | "strict" | "off" {
@@ -17,13 +18,16 @@ function authOption(v: string): AuthMode {
 }
 
 const TOKENIZER_MODES = ["remote", "local", "approximate"] as const;
-function tokenizerOption(v: string): TokenizerMode {
-  if (!(TOKENIZER_MODES as readonly string[]).includes(v)) throw new InvalidArgumentError(`expected one of ${TOKENIZER_MODES.join(", ")}, got ${JSON.stringify(v)}`);
-  return v as TokenizerMode;
+function tokenizerOption(v: string): TokenizerSetting {
+  if (v.startsWith("hf:") && v.length > 3) return v as TokenizerSetting;
+  if (!(TOKENIZER_MODES as readonly string[]).includes(v)) throw new InvalidArgumentError(`expected one of ${TOKENIZER_MODES.join(", ")} or hf:<dir>, got ${JSON.stringify(v)}`);
+  return v as TokenizerSetting;
 }
 
-function tokenizerModelOption(v: string, acc: Record<string, TokenizerMode>): Record<string, TokenizerMode> {
-  const i = v.lastIndexOf("=");
+function tokenizerModelOption(v: string, acc: Record<string, TokenizerSetting>): Record<string, TokenizerSetting> {
+  // A directory may contain "=": split at the first "=hf:" when there is one, else at the last "=".
+  const hf = v.indexOf("=hf:");
+  const i = hf > 0 ? hf : v.lastIndexOf("=");
   if (i <= 0) throw new InvalidArgumentError(`expected <model>=<mode>, got ${JSON.stringify(v)}`);
   acc[v.slice(0, i)] = tokenizerOption(v.slice(i + 1));
   return acc;
@@ -49,8 +53,8 @@ export function registerGatewayCommand(program: Command): void {
     .option("--id <id>", "gateway replica id (default: hostname-pid-random)")
     .option("--strategy <name>", `default routing strategy (${strategyNames().join(", ")})`, "least-request")
     .option("--consistency <mode>", "charges: eventual (publish, apply on delivery), strict (per-pod compare-and-set), off (own charges only)", consistencyOption, "eventual")
-    .option("--tokenizer <mode>", "prompt tokens for prefix routing: remote (engine /tokenize), local (simulator's tokenizer), approximate", tokenizerOption, "approximate")
-    .option("--tokenizer-model <model=mode>", "tokenizer mode for one model (repeatable)", tokenizerModelOption, {} as Record<string, TokenizerMode>)
+    .option("--tokenizer <mode>", "prompt tokens for prefix routing: remote (engine /tokenize), local (simulator's tokenizer), approximate, or hf:<dir> (a Hugging Face tokenizer directory: tokenizer.json + tokenizer_config.json)", tokenizerOption, "approximate")
+    .option("--tokenizer-model <model=mode>", "tokenizer mode for one model, e.g. Qwen/Qwen3-8B=hf:/models/qwen3 (repeatable)", tokenizerModelOption, {} as Record<string, TokenizerSetting>)
     .option("--prefix-max-entries <n>", "bound on the prefix index, in (block, pod) entries", intOption(1), 4_000_000)
     .option("--no-snapshots", "neither boot from nor write prefix-index snapshots")
     .option("--snapshot-interval-ms <ms>", "how often the lease holder writes a prefix-index snapshot", intOption(1_000), 30_000)
@@ -73,7 +77,7 @@ export function registerGatewayCommand(program: Command): void {
     .option("--pd-prefill-retries <n>", "P/D: retries of a failed prefill leg (502/503/504, connection errors) on other prefill pods", intOption(0, 16), 2)
     .option("--pd-first-chunk-timeout-ms <ms>", "P/D decode watchdog: time to the decode's first chunk", intOption(1), 60_000)
     .option("--pd-idle-timeout-ms <ms>", "P/D decode watchdog: time between the decode's chunks", intOption(1), 120_000)
-    .action(async (o) => {
+    .action(async (o, cmd: Command) => {
       const log = createLogger("gateway");
       const gw = await startGateway({
         nats: o.nats,
@@ -105,6 +109,9 @@ export function registerGatewayCommand(program: Command): void {
         auth: o.auth,
         pd: { prefillTimeoutMs: o.pdPrefillTimeoutMs, prefillBudgetMs: o.pdPrefillBudgetMs, sglangPrefillTimeoutMs: o.pdSglangPrefillTimeoutMs, maxRetries: o.pdPrefillRetries, firstChunkTimeoutMs: o.pdFirstChunkTimeoutMs, idleTimeoutMs: o.pdIdleTimeoutMs },
         log,
+      }).catch((err: unknown) => {
+        if (err instanceof TokenizerFilesError) cmd.error(`error: ${err.message}`);
+        throw err;
       });
       console.log(JSON.stringify({ gateway: gw.id, port: gw.port, adminPort: gw.adminPort }));
       await untilSignal();

@@ -19,7 +19,7 @@ import { tokenLoad } from "../views/charge-ledger.js";
 import { GatewayState, type StateStream } from "../views/gateway-state.js";
 import { DEFAULT_POD_SOURCE_TIMEOUT_MS } from "../views/pod-set.js";
 import type { PrefixIndex } from "../views/prefix-index.js";
-import type { TokenizerMode } from "../tokenizer/prompt-tokens.js";
+import type { TokenizerSetting } from "../tokenizer/prompt-tokens.js";
 import { type AdminServer, adminAuthorizer, startAdminServer } from "./admin-server.js";
 import { Director, type EventSink, type GatewayViews } from "./director.js";
 import { explain } from "./explain.js";
@@ -62,9 +62,9 @@ export interface GatewayOptions {
    * theirs. 0 turns the reservation off. Default 25 ms.
    */
   rateConfirmMs?: number;
-  /** Tokenizer mode for prefix routing: default and per model (`remote` | `local` | `approximate`). */
-  tokenizerMode?: TokenizerMode;
-  tokenizerModes?: Record<string, TokenizerMode>;
+  /** Tokenizer mode for prefix routing: default and per model (`remote` | `local` | `approximate` | `hf:<dir>`). */
+  tokenizerMode?: TokenizerSetting;
+  tokenizerModes?: Record<string, TokenizerSetting>;
   /** Bound on the prefix index, in (block, pod) entries. */
   prefixMaxEntries?: number;
   /** Prefix-index snapshots: boot from the newest one and contend for the snapshot lease (default on). */
@@ -171,6 +171,8 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
   if (o.sessionSecret !== undefined) configureSessionSigning(o.sessionSecret || undefined);
   // Peers' heartbeats carry the server's time: liveness is judged on it, whatever this host's clock says.
   const serverClock = new ServerClock(clock);
+  // Also before connecting: an `hf:` tokenizer directory that is missing or corrupt stops the gateway here, naming the file.
+  const tokenizer = new Tokenizer({ defaultMode: o.tokenizerMode ?? "approximate", modes: o.tokenizerModes });
   const nats = await connectNats(o.nats, `jetroute-gateway-${id}`);
   // Our events serialize `"gateway":"<id>"` right after `"id"`; this exact byte run marks an echo.
   const ownMarker = new TextEncoder().encode(`"gateway":${JSON.stringify(id)},`);
@@ -190,7 +192,6 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
   // right after it instead of replaying the whole stream.
   const snapshot: LoadedSnapshot | undefined = o.snapshots === false ? undefined : await loadNewestSnapshot({ nats, prefix, log, indexOptions: state.prefixIndexOptions });
   if (snapshot) state.restorePrefixIndex(snapshot.index, snapshot.seq);
-  const tokenizer = new Tokenizer({ defaultMode: o.tokenizerMode ?? "approximate", modes: o.tokenizerModes });
 
   const cursors = new SubjectCursors();
   // Every message moves its stream's cursor in the state, applied or not (echoes, dead letters).
@@ -261,6 +262,7 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
     outboxDrops: () => outbox.drops(),
     pd: () => ({ ...director.pdStats, ...director.legs?.stats }),
   });
+  tokenizer.registerMetrics(metrics.registry);
   const sink: EventSink = {
     charge: (ev) => outbox.fire(subjects.charges(ev.model, ev.pod), ev),
     release: (ev) => outbox.fire(subjects.releases(ev.model, ev.pod), ev),
@@ -459,6 +461,7 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
       await Promise.all(followers.map((f) => f.stop()));
       await nats.nc.drain();
       await pdClient.close();
+      await tokenizer.close();
       log.info({ drained }, "gateway stopped");
     },
   };

@@ -2,7 +2,11 @@
  * Tokenization for prefix routing, per model: `remote` asks a pod's `/tokenize` (chat form with
  * `messages`, so the engine's own chat template applies — hashing raw text gets zero overlap with
  * engine blocks), cached by content hash; a slow or failing engine makes that request fall back
- * to `approximate` (counted). `local` and `approximate` run in-process.
+ * to `approximate` (counted). `local` and `approximate` run in-process. `hf:<dir>` uses the
+ * model's real Hugging Face tokenizer (services/tokenizer/hf-tokenizer.ts), loaded at start — a
+ * missing or corrupt directory fails the constructor with the file named; a request its template
+ * cannot render, or one arriving while the encode queue is full, falls back to `approximate`
+ * (counted: `templateErrors`, `queueFull`).
  *
  * Both what is read and what is kept are bounded in bytes, not counts: an engine's answer is read
  * up to `maxResponseBytes` (streamed, so a runaway body never sits in memory whole), and the cache
@@ -11,7 +15,13 @@
  */
 import { BodyTooLargeError, readBodyCapped } from "../shared/http-body.js";
 import { createHash } from "node:crypto";
-import { approximateTokens, localTokens, type PromptInput, type TokenizerMode } from "../tokenizer/prompt-tokens.js";
+import { readFileSync } from "node:fs";
+import { join } from "node:path";
+import client from "prom-client";
+import { QueueFullError } from "../tokenizer/bounded-queue.js";
+import { ChatTemplateError } from "../tokenizer/chat-template.js";
+import { HfTokenizer, type HfTokenizerOptions } from "../tokenizer/hf-tokenizer.js";
+import { approximateTokens, hfTokenizerDir, localTokens, type PromptInput, type TokenizerMode, type TokenizerSetting } from "../tokenizer/prompt-tokens.js";
 
 export interface TokenizeResult {
   tokens: number[];
@@ -21,9 +31,11 @@ export interface TokenizeResult {
 }
 
 export interface TokenizerOptions {
-  /** Mode per model; `defaultMode` for the rest. */
-  modes?: Readonly<Record<string, TokenizerMode>>;
-  defaultMode?: TokenizerMode;
+  /** Mode per model (`hf:<dir>` for a real tokenizer); `defaultMode` for the rest. */
+  modes?: Readonly<Record<string, TokenizerSetting>>;
+  defaultMode?: TokenizerSetting;
+  /** Queue and prefix-cache bounds of every `hf:` tokenizer. */
+  hf?: HfTokenizerOptions;
   timeoutMs?: number;
   /** Bound on cached remote results, in estimated bytes (`cacheEntryBytes`); least recently used go first. */
   cacheBytes?: number;
@@ -43,6 +55,12 @@ export interface TokenizerStats {
   cacheBytes: number;
   /** Results evicted to stay within `cacheBytes`. */
   cacheEvicted: number;
+  /** Requests tokenized by a real (`hf:`) tokenizer. */
+  hf: number;
+  /** Of the fallbacks: chat templates that failed to render (or content they cannot tokenize, e.g. images). */
+  templateErrors: number;
+  /** Of the fallbacks: requests refused by a full encode queue. */
+  queueFull: number;
 }
 
 export const DEFAULT_TOKENIZER_CACHE_BYTES = 64 * 1024 * 1024;
@@ -58,8 +76,22 @@ export function cacheEntryBytes(key: string, tokens: readonly number[]): number 
 }
 
 
+/** Reads a Hugging Face tokenizer directory from disk (missing files as undefined). */
+export function loadHfTokenizerDir(dir: string, o: HfTokenizerOptions = {}): HfTokenizer {
+  return HfTokenizer.fromDir(dir, (name) => {
+    try {
+      return readFileSync(join(dir, name), "utf8");
+    } catch (err) {
+      if ((err as NodeJS.ErrnoException).code === "ENOENT") return undefined;
+      throw new Error(`${join(dir, name)}: ${(err as Error).message}`);
+    }
+  }, o);
+}
+
 export class Tokenizer {
-  readonly stats: TokenizerStats = { remote: 0, cacheHits: 0, fallbacks: 0, oversized: 0, cacheEntries: 0, cacheBytes: 0, cacheEvicted: 0 };
+  readonly stats: TokenizerStats = { remote: 0, cacheHits: 0, fallbacks: 0, oversized: 0, cacheEntries: 0, cacheBytes: 0, cacheEvicted: 0, hf: 0, templateErrors: 0, queueFull: 0 };
+  /** One loaded tokenizer per directory, shared by the models naming it. */
+  private readonly hfByDir = new Map<string, HfTokenizer>();
   /** Map iteration order is insertion order: re-inserting on a hit keeps the least recently used first. */
   private readonly cache = new Map<string, { tokens: number[]; bytes: number }>();
   private readonly cacheBytes: number;
@@ -68,15 +100,85 @@ export class Tokenizer {
   constructor(private readonly o: TokenizerOptions = {}) {
     this.cacheBytes = o.cacheBytes ?? DEFAULT_TOKENIZER_CACHE_BYTES;
     this.maxResponseBytes = o.maxResponseBytes ?? DEFAULT_TOKENIZE_RESPONSE_BYTES;
+    // Loaded now, so a bad directory stops the gateway at start rather than at the first request.
+    for (const setting of [o.defaultMode, ...Object.values(o.modes ?? {})]) {
+      const dir = setting ? hfTokenizerDir(setting) : undefined;
+      if (dir !== undefined && !this.hfByDir.has(dir)) this.hfByDir.set(dir, loadHfTokenizerDir(dir, o.hf));
+    }
+  }
+
+  private settingFor(model: string): TokenizerSetting {
+    return this.o.modes?.[model] ?? this.o.defaultMode ?? "approximate";
   }
 
   modeFor(model: string): TokenizerMode {
-    return this.o.modes?.[model] ?? this.o.defaultMode ?? "approximate";
+    const s = this.settingFor(model);
+    return hfTokenizerDir(s) !== undefined ? "hf" : (s as TokenizerMode);
+  }
+
+  /** Stops the `hf:` tokenizers' render workers. */
+  async close(): Promise<void> {
+    await Promise.all([...this.hfByDir.values()].map((t) => t.close()));
+  }
+
+  /** The loaded `hf:` tokenizers, by directory (for stats and benches). */
+  hfTokenizers(): ReadonlyMap<string, HfTokenizer> {
+    return this.hfByDir;
+  }
+
+  /** Gauges of these stats on a gateway's metrics registry (`jetroute_gateway_tokenizer{figure}`). */
+  registerMetrics(registry: client.Registry): void {
+    const stats = this.stats;
+    const hf = this.hfByDir;
+    new client.Gauge({
+      name: "jetroute_gateway_tokenizer",
+      help: "Prompt tokenization: remote calls, cache hits, fallbacks to approximate (of which oversized, template_errors, queue_full), hf requests, hf prefix-cache hits and reused characters",
+      labelNames: ["figure"],
+      registers: [registry],
+      collect() {
+        this.set({ figure: "remote" }, stats.remote);
+        this.set({ figure: "cache_hits" }, stats.cacheHits);
+        this.set({ figure: "fallbacks" }, stats.fallbacks);
+        this.set({ figure: "oversized" }, stats.oversized);
+        this.set({ figure: "template_errors" }, stats.templateErrors);
+        this.set({ figure: "queue_full" }, stats.queueFull);
+        this.set({ figure: "hf" }, stats.hf);
+        let hits = 0;
+        let reused = 0;
+        for (const t of hf.values()) {
+          hits += t.prefixStats?.hits ?? 0;
+          reused += t.prefixStats?.reusedChars ?? 0;
+        }
+        this.set({ figure: "hf_prefix_hits" }, hits);
+        this.set({ figure: "hf_prefix_reused_chars" }, reused);
+      },
+    });
+  }
+
+  private async hfTokens(t: HfTokenizer, input: PromptInput): Promise<TokenizeResult> {
+    try {
+      this.stats.hf++;
+      const tokens = input.messages
+        ? await t.chatIds(input.messages, {
+            ...(input.tools ? { tools: input.tools } : {}),
+            ...(input.templateKwargs ? { templateKwargs: input.templateKwargs } : {}),
+            addGenerationPrompt: input.addGenerationPrompt ?? true,
+            addSpecialTokens: input.addSpecialTokens ?? false,
+          })
+        : await t.promptIds(Array.isArray(input.prompt) ? input.prompt.join("") : ((input.prompt as string | undefined) ?? ""));
+      return { tokens, mode: "hf" };
+    } catch (err) {
+      this.stats.fallbacks++;
+      if (err instanceof ChatTemplateError) this.stats.templateErrors++;
+      else if (err instanceof QueueFullError) this.stats.queueFull++;
+      return { tokens: approximateTokens(input), mode: "approximate" };
+    }
   }
 
   /** `address` = a ready pod of the model, asked in `remote` mode. */
   async tokenize(model: string, input: PromptInput, address: string | undefined): Promise<TokenizeResult> {
     const mode = this.modeFor(model);
+    if (mode === "hf") return this.hfTokens(this.hfByDir.get(hfTokenizerDir(this.settingFor(model)) as string) as HfTokenizer, input);
     if (mode === "local") return { tokens: localTokens(input), mode };
     if (mode === "approximate" || !address) return { tokens: approximateTokens(input), mode: "approximate" };
     const key = createHash("sha1").update(model).update("\u0000").update(JSON.stringify(input)).digest("base64");
@@ -91,7 +193,14 @@ export class Tokenizer {
     try {
       this.stats.remote++;
       const body = input.messages
-        ? { model, messages: input.messages, add_generation_prompt: true, add_special_tokens: false }
+        ? {
+            model,
+            messages: input.messages,
+            add_generation_prompt: input.addGenerationPrompt ?? true,
+            add_special_tokens: input.addSpecialTokens ?? false,
+            ...(input.tools ? { tools: input.tools } : {}),
+            ...(input.templateKwargs ? { chat_template_kwargs: input.templateKwargs } : {}),
+          }
         : { model, prompt: Array.isArray(input.prompt) ? input.prompt.join("") : (input.prompt ?? ""), add_special_tokens: true };
       const res = await fetch(`http://${address}/tokenize`, {
         method: "POST",

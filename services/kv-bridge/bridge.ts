@@ -70,7 +70,7 @@ const DLQ_MAX_BYTES = 256 * 1024;
 const podKey = (model: string, pod: string) => `${model}\u0000${pod}`;
 
 function sameTarget(a: PodTarget, b: PodTarget): boolean {
-  return a.endpoint === b.endpoint && a.replayEndpoint === b.replayEndpoint && (a.topic ?? "") === (b.topic ?? "");
+  return a.endpoint === b.endpoint && a.replayEndpoint === b.replayEndpoint && (a.topic ?? "") === (b.topic ?? "") && (a.engine ?? "vllm") === (b.engine ?? "vllm");
 }
 
 export async function startKvBridge(o: KvBridgeOptions): Promise<KvBridgeHandle> {
@@ -114,7 +114,7 @@ export async function startKvBridge(o: KvBridgeOptions): Promise<KvBridgeHandle>
     if (ev.action !== "upsert" || !ev.ready || !ev.kvEvents) return undefined;
     if (!ownsPod(shard, ev.pod)) return undefined;
     const k = ev.kvEvents;
-    return { model: ev.model, pod: ev.pod, endpoint: k.endpoint, replayEndpoint: k.replayEndpoint, topic: k.topic };
+    return { model: ev.model, pod: ev.pod, engine: ev.engine === "sglang" ? "sglang" : "vllm", endpoint: k.endpoint, replayEndpoint: k.replayEndpoint, topic: k.topic };
   };
 
   const reconcile = (key: string, target: PodTarget | undefined) => {

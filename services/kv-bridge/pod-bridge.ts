@@ -34,7 +34,7 @@ import { BlockMap, type BlockMapCounters } from "./block-map.js";
 import type { DeadLetterCounters, KvDeadLetters } from "./dead-letters.js";
 import { EngineLink, type LinkCounters } from "./engine-link.js";
 import { OrderedPublisher, type PublishCounters } from "./ordered-publisher.js";
-import { type EngineBatch, type Frame, decodeBatch, parseLiveMessage } from "./wire.js";
+import { type EngineBatch, type EngineDialect, type Frame, decodeBatch, parseLiveMessage } from "./wire.js";
 
 export type ClearReason = KvPodCleared["reason"];
 
@@ -78,6 +78,8 @@ export function newStats(): KvBridgeStats {
 export interface PodTarget {
   model: string;
   pod: string;
+  /** Which engine's wire dialect to decode (default vllm). */
+  engine?: EngineDialect;
   endpoint: string;
   replayEndpoint?: string;
   topic?: string;
@@ -582,7 +584,7 @@ export class PodBridge {
       if (r.payload.length > this.o.maxFrameBytes) {
         info = r.info = { d: {}, reported: false, reason: `payload of ${r.payload.length} bytes exceeds the ${this.o.maxFrameBytes}-byte limit`, oversize: true };
       } else {
-        const b = decodeBatch(r.payload);
+        const b = decodeBatch(r.payload, this.target.engine ?? "vllm");
         info = r.info = b.ok ? { d: { tsMs: b.value.ts * 1000, batch: b.value }, reported: false } : { d: {}, reported: false, reason: b.reason };
       }
     }

@@ -7,6 +7,11 @@
  * map and array event encodings, short arrays from older engines, an EventBatch without its third
  * slot, uint64 hashes above 2^63 (msgpack uint64), SGLang's signed int64 hashes, 32-byte digests,
  * and both replay reply layouts.
+ *
+ * The engine kind picks the dialect (README "SGLang"): SGLang's array-form BlockStored carries
+ * `medium` at slot 6 and then its own optional fields (`cache_salt`, `session_id`) where vLLM has
+ * `lora_name`, and SGLang names the radix tree's empty root, `hash(())`, as the parent of a
+ * sequence's first page: that parent means "none".
  */
 import { Unpackr } from "msgpackr";
 
@@ -45,6 +50,16 @@ export interface EngineBatch {
 }
 
 export type Result<T> = { ok: true; value: T } | { ok: false; reason: string };
+
+/** Which engine's wire rules apply (PODS `engine`). */
+export type EngineDialect = "vllm" | "sglang";
+
+/**
+ * SGLang's parent hash for the first page of a sequence: CPython's `hash(())` (the root key of its
+ * radix tree is the empty tuple; tuple-of-int hashes are not salted by PYTHONHASHSEED), as hex of
+ * the unsigned 64-bit pattern.
+ */
+export const SGLANG_ROOT_PARENT: EngineHash = (5740354900026072187n).toString(16);
 
 /** The replay end marker's sequence frame. */
 export const END_SEQ = Buffer.alloc(8, 0xff);
@@ -152,7 +167,7 @@ function optString(v: unknown, field: string): Result<string | null> {
 /** Reads fields by name (map form) or by declaration order (array form: index 0 is the tag). */
 type Fields = (name: string, index: number) => unknown;
 
-function blockStored(get: Fields, arrayLen: number | undefined): Result<EngineBlockStored> {
+function blockStored(get: Fields, arrayLen: number | undefined, dialect: EngineDialect): Result<EngineBlockStored> {
   // Array form must carry at least the five fields every engine version has sent.
   if (arrayLen !== undefined && arrayLen < 5) return fail(`BlockStored array has ${arrayLen} slots, expected >= 5`);
   const hashes = hashList(get("block_hashes", 1), "block_hashes");
@@ -162,7 +177,7 @@ function blockStored(get: Fields, arrayLen: number | undefined): Result<EngineBl
   if (parentRaw !== undefined && parentRaw !== null) {
     const p = hashToHex(parentRaw);
     if (p === undefined) return fail("parent_block_hash is not a hash");
-    parent = p;
+    parent = dialect === "sglang" && p === SGLANG_ROOT_PARENT ? null : p;
   }
   const tokens = get("token_ids", 3);
   if (!Array.isArray(tokens)) return fail("token_ids is not an array");
@@ -183,7 +198,8 @@ function blockStored(get: Fields, arrayLen: number | undefined): Result<EngineBl
   if (loraId === undefined) return fail("lora_id is not an integer");
   const medium = optString(get("medium", 6), "medium");
   if (!medium.ok) return medium;
-  const loraName = optString(get("lora_name", 7), "lora_name");
+  // SGLang has no lora_name; its array slot 7 is cache_salt.
+  const loraName = dialect === "sglang" && arrayLen !== undefined ? { ok: true as const, value: null } : optString(get("lora_name", 7), "lora_name");
   if (!loraName.ok) return loraName;
   return {
     ok: true,
@@ -211,7 +227,7 @@ function blockRemoved(get: Fields, arrayLen: number | undefined): Result<EngineB
 
 type EventResult = { ok: true; value: EngineEvent } | { ok: false; reason: string } | { ok: "unknown"; tag: string };
 
-export function decodeEvent(raw: unknown): EventResult {
+export function decodeEvent(raw: unknown, dialect: EngineDialect = "vllm"): EventResult {
   let tag: unknown;
   let get: Fields;
   let arrayLen: number | undefined;
@@ -228,7 +244,7 @@ export function decodeEvent(raw: unknown): EventResult {
   if (typeof tag !== "string") return fail("event has no string tag");
   switch (tag) {
     case "BlockStored":
-      return blockStored(get, arrayLen);
+      return blockStored(get, arrayLen, dialect);
     case "BlockRemoved":
       return blockRemoved(get, arrayLen);
     case "AllBlocksCleared":
@@ -238,8 +254,8 @@ export function decodeEvent(raw: unknown): EventResult {
   }
 }
 
-/** Decodes one msgpack `EventBatch` payload: `[ts, events, dp_rank?]`. */
-export function decodeBatch(payload: Uint8Array): Result<EngineBatch> {
+/** Decodes one msgpack `EventBatch` payload: `[ts, events, dp_rank?]` (SGLang: `attn_dp_rank`). */
+export function decodeBatch(payload: Uint8Array, dialect: EngineDialect = "vllm"): Result<EngineBatch> {
   let raw: unknown;
   try {
     raw = unpackr.unpack(payload);
@@ -258,7 +274,7 @@ export function decodeBatch(payload: Uint8Array): Result<EngineBatch> {
     if (r === undefined) batch.invalid.push("data_parallel_rank is not an integer");
   }
   for (let i = 0; i < events.length; i++) {
-    const ev = decodeEvent(events[i]);
+    const ev = decodeEvent(events[i], dialect);
     if (ev.ok === true) batch.events.push(ev.value);
     else if (ev.ok === "unknown") batch.unknownTags.push(ev.tag);
     else batch.invalid.push(`events[${i}]: ${ev.reason}`);

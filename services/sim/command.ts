@@ -11,6 +11,7 @@ import { KV_EVENT_ENCODINGS, type KvEventEncoding, REPLAY_LAYOUTS, type ReplayLa
 import { ENGINE_KINDS, type EngineKind } from "./metrics.js";
 import { FLEET_DEFAULTS as D, POD_ROLES, SimOptionsError } from "./options.js";
 import type { PodRole } from "../../schemas/events.js";
+import { TokenizerFilesError } from "../tokenizer/hf-tokenizer.js";
 
 function nonNegative(value: string): number {
   const n = Number(value);
@@ -90,6 +91,8 @@ export function registerSimCommand(program: Command): void {
     .option("--bootstrap-base-port <port>", "SGLang prefill pod i serves bootstrap on base+i (0 = free ports)", intOption(0, 65535), D.bootstrapBasePort)
     .option("--kv-read-timeout-ms <n>", "vLLM decode gives up a KV side-channel read after this many wall ms", nonNegative, D.kvReadTimeoutMs)
     .option("--kv-transfer-ms-per-block <ms>", "simulated time to move one KV block from prefill to decode", nonNegative, D.kvTransferMsPerBlock)
+    .option("--sglang-kv-events", "SGLang pods publish KV events too, in SGLang's wire format (one event per page, CPython tuple hashes, old replay layout)")
+    .option("--tokenizer <hf:dir>", "a real model's tokenizer for /tokenize, prompts and KV events: hf:<dir> with tokenizer.json + tokenizer_config.json (default: the built-in one)")
     .action(async (o, cmd: Command) => {
       const log = createLogger("sim");
       let fleet: Awaited<ReturnType<typeof startSimFleet>>;
@@ -124,10 +127,13 @@ export function registerSimCommand(program: Command): void {
           bootstrapBasePort: o.bootstrapBasePort,
           kvReadTimeoutMs: o.kvReadTimeoutMs,
           kvTransferMsPerBlock: o.kvTransferMsPerBlock,
+          ...(o.tokenizer ? { tokenizer: o.tokenizer } : {}),
+          ...(o.sglangKvEvents ? { sglangKvEvents: true } : {}),
           logger: log,
         });
       } catch (err) {
         const code = (err as NodeJS.ErrnoException).code;
+        if (err instanceof TokenizerFilesError) cmd.error(`error: --tokenizer ${err.message}`);
         if (err instanceof SimOptionsError) {
           cmd.error(`error: --${err.option.replace(/[A-Z]/g, (c) => `-${c.toLowerCase()}`)} ${err.detail}`);
         }

@@ -5,10 +5,11 @@
 import type { PodRole } from "../../schemas/events.js";
 import type { Logger } from "../shared/log.js";
 import type { PodFaults } from "./faults.js";
-import type { KvEventEncoding, ReplayLayout } from "./kv-events.js";
+import type { KvEventWire, ReplayLayout } from "./kv-events.js";
 import type { EngineKind } from "./metrics.js";
 import { resolveFleetOptions, type SimFleetOptions } from "./options.js";
 import { type KvEventsInfo, type SimPod, type SimPodCacheListing, startSimPod } from "./pod.js";
+import { loadSimTokenizer } from "./real-tokenizer.js";
 
 export type { KvEventEncoding, ReplayLayout } from "./kv-events.js";
 export type { SimFleetOptions } from "./options.js";
@@ -24,7 +25,7 @@ export interface SimFleetPod {
   engine: EngineKind;
   /** The pod event schema's `kvEvents` field; absent when the pod publishes no KV events. */
   kvEvents?: KvEventsInfo;
-  kvEventsEncoding?: KvEventEncoding;
+  kvEventsEncoding?: KvEventWire;
   kvEventsReplayLayout?: ReplayLayout;
   role: PodRole;
   roleset?: string;
@@ -49,12 +50,21 @@ export interface SimFleet {
 
 export async function startSimFleet(options: SimFleetOptions & { logger?: Logger }): Promise<SimFleet> {
   const o = resolveFleetOptions(options);
+  // Loaded once for all pods (before any port is taken): a bad directory fails the start, naming the file.
+  const tokenizer = o.tokenizer ? await loadSimTokenizer(o.tokenizer) : undefined;
   const started: SimPod[] = [];
   try {
     for (let i = 0; i < o.pods; i++) {
       const engine = o.engines[i % o.engines.length] ?? "vllm";
       const role = o.roles[i % o.roles.length] ?? "combined";
       const kv = o.kvEvents;
+      // SGLang pods publish only in the SGLang mode (sglangKvEvents): SGLang's own wire, "old" replay layout.
+      const wire =
+        engine === "vllm"
+          ? { encoding: kv?.encodings[i % kv.encodings.length] ?? ("map" as const), replayLayout: kv?.replayLayouts[i % kv.replayLayouts.length] ?? ("new" as const) }
+          : o.sglangKvEvents
+            ? { encoding: "sglang" as const, replayLayout: "old" as const }
+            : undefined;
       started.push(
         await startSimPod({
           name: `${o.namePrefix}${i}`,
@@ -65,18 +75,16 @@ export async function startSimFleet(options: SimFleetOptions & { logger?: Logger
           timeScale: o.timeScale,
           maxModelLen: o.maxModelLen,
           engineConfig: o.engineConfig,
-          // SGLang's KV events differ (signed hashes, other fields): not simulated, so none at all.
-          kvEvents:
-            kv && engine === "vllm"
-              ? {
-                  port: kv.basePort === 0 ? 0 : kv.basePort + 2 * i,
-                  replayPort: kv.basePort === 0 ? 0 : kv.basePort + 2 * i + 1,
-                  topic: kv.topic,
-                  encoding: kv.encodings[i % kv.encodings.length] ?? "map",
-                  replayLayout: kv.replayLayouts[i % kv.replayLayouts.length] ?? "new",
-                  bufferSteps: kv.bufferSteps,
-                }
-              : undefined,
+          ...(tokenizer ? { tokenizer } : {}),
+          kvEvents: kv && wire
+            ? {
+                port: kv.basePort === 0 ? 0 : kv.basePort + 2 * i,
+                replayPort: kv.basePort === 0 ? 0 : kv.basePort + 2 * i + 1,
+                topic: kv.topic,
+                ...wire,
+                bufferSteps: kv.bufferSteps,
+              }
+            : undefined,
           role,
           roleset: o.rolesets.length > 0 ? o.rolesets[i % o.rolesets.length] : undefined,
           pd: o.pd,

@@ -22,6 +22,7 @@ import {
   usage,
   usageChunk,
 } from "./responses.js";
+import type { GenerationVocab } from "./real-tokenizer.js";
 import { outputTokensFor, tokenText } from "./textgen.js";
 
 /** A finished request's blocks, kept until `release()`. */
@@ -62,6 +63,8 @@ export function serveGeneration(
   kind: ApiKind,
   requestId: string,
   hooks: GenerationHooks = {},
+  /** A real tokenizer's generation words (sim --tokenizer hf:); default: the built-in tokenizer's. */
+  vocab?: GenerationVocab,
 ): GenerationSession {
   const meta: ResponseMeta = {
     kind,
@@ -70,7 +73,7 @@ export function serveGeneration(
     model: gen.model,
   };
   const arrivedAtMs = engine.now();
-  const outputTokens = outputTokensFor(gen.promptTokens, gen.maxTokens, gen.seed);
+  const outputTokens = outputTokensFor(gen.promptTokens, gen.maxTokens, gen.seed, vocab?.ids);
   const promptCount = gen.promptTokens.length;
   const stop = new AbortController();
   let text = "";
@@ -127,7 +130,7 @@ export function serveGeneration(
       arrivedAtMs: startMs,
       onToken(tokenId, index, _atMs, finish) {
         generated = index + 1;
-        const piece = tokenText(tokenId);
+        const piece = vocab ? vocab.text(tokenId) : tokenText(tokenId);
         if (!gen.stream) {
           text += piece;
           return;

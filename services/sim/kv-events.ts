@@ -15,13 +15,23 @@
  * Replay layouts (frames the ROUTER sends after the identity; a DEALER client sees all of them):
  * - "new" (vLLM >= 0.26): `["", topic, seq, payload]` per batch, end `["", "", 0xFF×8, ""]`.
  * - "old": `["", seq, payload]` per batch, end `["", 0xFF×8, ""]`.
+ *
+ * A third wire, "sglang", is SGLang's publisher (python/sglang/srt/disaggregation/kv_events.py,
+ * events from mem_cache/radix_cache.py): same sockets and frames, "old" replay layout, array-form
+ * events with one event per page — `["BlockStored", [hash], parent, page_tokens, page_size,
+ * lora_id, medium]`, `["BlockRemoved", [hash], medium]`, `["AllBlocksCleared"]` — and the batch
+ * `[ts, events, attn_dp_rank]`. Hashes are CPython's `hash(tuple(page_tokens))` (signed int64,
+ * not chained: python-hash.ts); the first page's parent is `hash(())`, the radix tree's empty root.
  */
 import { Publisher, Router } from "zeromq";
 import type { Logger } from "../shared/log.js";
 import type { KvCacheEvent } from "./kv-cache.js";
 import { F64, type Msg, packMsg } from "./msgpack.js";
+import { pythonTupleHash } from "./python-hash.js";
 
 export type KvEventEncoding = "map" | "array";
+/** What a publisher speaks: one of vLLM's encodings, or SGLang's. */
+export type KvEventWire = KvEventEncoding | "sglang";
 export type ReplayLayout = "new" | "old";
 export const KV_EVENT_ENCODINGS: readonly KvEventEncoding[] = ["map", "array"];
 export const REPLAY_LAYOUTS: readonly ReplayLayout[] = ["new", "old"];
@@ -79,6 +89,58 @@ function tagged(tag: string, fields: Array<[string, Msg]>, firstDefaulted: numbe
   return out;
 }
 
+/** SGLang's parent hash for a sequence's first page: `hash(())` of the radix tree's root key. */
+export const SGLANG_ROOT_HASH = pythonTupleHash([]);
+
+/**
+ * SGLang's view of the simulated cache: its block hashes are the pages' tuple hashes, so the
+ * encoder keeps the simulator's hash -> SGLang hash of every stored block (bounded by the engine's
+ * cache: entries leave with their BlockRemoved, all of them with AllBlocksCleared).
+ */
+export class SglangEventEncoder {
+  private readonly hashes = new Map<bigint, bigint>();
+
+  get tracked(): number {
+    return this.hashes.size;
+  }
+
+  clear(): void {
+    this.hashes.clear();
+  }
+
+  events(events: readonly KvCacheEvent[]): Msg[] {
+    const out: Msg[] = [];
+    for (const e of events) {
+      if (e.type === "BlockStored") {
+        let parent: bigint | null = e.parentBlockHash === null ? SGLANG_ROOT_HASH : (this.hashes.get(e.parentBlockHash) ?? null);
+        for (let i = 0; i < e.blockHashes.length; i++) {
+          const page = e.tokenIds.slice(i * e.blockSize, (i + 1) * e.blockSize);
+          const h = pythonTupleHash(page);
+          this.hashes.set(e.blockHashes[i] as bigint, h);
+          out.push(["BlockStored", [h], parent, page, e.blockSize, null, MEDIUM_GPU]);
+          parent = h;
+        }
+      } else if (e.type === "BlockRemoved") {
+        for (const sim of e.blockHashes) {
+          const h = this.hashes.get(sim);
+          if (h === undefined) continue;
+          this.hashes.delete(sim);
+          out.push(["BlockRemoved", [h], MEDIUM_GPU]);
+        }
+      } else {
+        this.hashes.clear();
+        out.push(["AllBlocksCleared"]);
+      }
+    }
+    return out;
+  }
+}
+
+/** One msgpack EventBatch as SGLang's publisher writes it: `[ts, events, attn_dp_rank]`. */
+export function encodeSglangBatch(ts: number, events: readonly KvCacheEvent[], encoder: SglangEventEncoder, attnDpRank = 0): Buffer {
+  return packMsg([new F64(ts), encoder.events(events), attnDpRank]);
+}
+
 /** One msgpack EventBatch exactly as vLLM's msgspec encoder writes it. */
 export function encodeEventBatch(ts: number, events: readonly KvCacheEvent[], encoding: KvEventEncoding, dataParallelRank = 0): Buffer {
   return packMsg([new F64(ts), events.map((e) => wireEvent(e, encoding)), dataParallelRank]);
@@ -97,7 +159,7 @@ export interface KvEventPublisherOptions {
   port: number;
   replayPort: number;
   topic: string;
-  encoding: KvEventEncoding;
+  encoding: KvEventWire;
   replayLayout: ReplayLayout;
   /** Batches kept for replay (vLLM's buffer_steps). */
   bufferSteps: number;
@@ -116,6 +178,7 @@ export class KvEventPublisher {
   private replayChain: Promise<void> = Promise.resolve();
   private closed = false;
   private readonly topic: Buffer;
+  private readonly sglang: SglangEventEncoder | undefined;
 
   private constructor(
     private readonly opts: KvEventPublisherOptions,
@@ -125,6 +188,7 @@ export class KvEventPublisher {
     readonly replayEndpoint: string,
   ) {
     this.topic = Buffer.from(opts.topic, "utf8");
+    this.sglang = opts.encoding === "sglang" ? new SglangEventEncoder() : undefined;
     void this.serveReplay();
   }
 
@@ -148,7 +212,7 @@ export class KvEventPublisher {
     return this.opts.topic;
   }
 
-  get encoding(): KvEventEncoding {
+  get encoding(): KvEventWire {
     return this.opts.encoding;
   }
 
@@ -165,7 +229,7 @@ export class KvEventPublisher {
   publish(events: readonly KvCacheEvent[], ts = Date.now() / 1000): number {
     if (this.closed) return -1;
     const seq = this.nextSeq++;
-    const payload = encodeEventBatch(ts, events, this.opts.encoding);
+    const payload = this.sglang ? encodeSglangBatch(ts, events, this.sglang) : encodeEventBatch(ts, events, this.opts.encoding as KvEventEncoding);
     const size = this.opts.bufferSteps;
     if (this.buffer.length < size) this.buffer.push({ seq, payload });
     else {
@@ -179,6 +243,7 @@ export class KvEventPublisher {
 
   /** An engine restart: the sequence starts again at 0 and the replay buffer is empty. */
   reset(): void {
+    this.sglang?.clear();
     this.nextSeq = 0;
     this.buffer.length = 0;
     this.start = 0;

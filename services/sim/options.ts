@@ -56,6 +56,10 @@ export interface SimFleetOptions {
   kvReadTimeoutMs?: number;
   /** Simulated ms to transfer one KV block from prefill to decode. */
   kvTransferMsPerBlock?: number;
+  /** SGLang pods publish KV events too, in SGLang's wire format (default false: they publish none). */
+  sglangKvEvents?: boolean;
+  /** `hf:<dir>`: a real model's Hugging Face tokenizer instead of the built-in one (services/sim/real-tokenizer.ts). */
+  tokenizer?: string;
 }
 
 export interface ResolvedKvEventsOptions {
@@ -83,6 +87,9 @@ export interface ResolvedFleetOptions {
   rolesets: string[];
   pd: PdTimings;
   bootstrapBasePort: number;
+  /** `hf:<dir>`, or undefined for the built-in tokenizer. */
+  tokenizer: string | undefined;
+  sglangKvEvents: boolean;
 }
 
 export const FLEET_DEFAULTS = {
@@ -161,6 +168,7 @@ export function resolveFleetOptions(o: SimFleetOptions): ResolvedFleetOptions {
   check(isInt(basePort, 0) && basePort + o.pods - 1 <= 65535, "basePort", `must leave room for ${o.pods} ports below 65536, got ${basePort}`);
   check(engines.length > 0 && engines.every((e) => ENGINE_KINDS.includes(e)), "engine", `must be one of ${ENGINE_KINDS.join(", ")}, got ${engines.join(",")}`);
   check(isNum(timeScale, 0) && timeScale > 0, "timeScale", `must be > 0, got ${timeScale}`);
+  check(o.tokenizer === undefined || (o.tokenizer.startsWith("hf:") && o.tokenizer.length > 3), "tokenizer", `must be hf:<dir>, got ${JSON.stringify(o.tokenizer)}`);
   check(isInt(c.maxBatch, 1), "maxBatch", `must be an integer >= 1, got ${c.maxBatch}`);
   check(isInt(c.blockSize, 1), "blockSize", `must be an integer >= 1, got ${c.blockSize}`);
   check(isNum(c.prefillMsPerToken, 0), "prefillMsPerToken", `must be >= 0, got ${c.prefillMsPerToken}`);
@@ -239,5 +247,7 @@ export function resolveFleetOptions(o: SimFleetOptions): ResolvedFleetOptions {
     rolesets,
     pd,
     bootstrapBasePort,
+    tokenizer: o.tokenizer,
+    sglangKvEvents: o.sglangKvEvents ?? false,
   };
 }

@@ -18,14 +18,16 @@ import { type GenerationSession, serveGeneration } from "./generate.js";
 import { HeldKvRegistry } from "./held-kv.js";
 import { KvChannelServer } from "./kv-channel.js";
 import { type CacheListing, engineHashSeed } from "./kv-cache.js";
-import { KvEventPublisher, type KvEventEncoding, type KvEventPublisherOptions, type ReplayLayout } from "./kv-events.js";
+import { KvEventPublisher, type KvEventPublisherOptions, type KvEventWire, type ReplayLayout } from "./kv-events.js";
 import { SimLora } from "./lora.js";
 import { createPodMetrics, type EngineKind, type PodMetrics } from "./metrics.js";
 import { FLEET_DEFAULTS } from "./options.js";
 import { answerKvChannel, channelFault, type PdPod, type PdTimings, pdHooks } from "./pd-legs.js";
 import { type PdSnapshot, PdStats, renderPdMetrics } from "./pd-stats.js";
+import { realPromptTokens, realTokenize, type SimRealTokenizer } from "./real-tokenizer.js";
 import {
   asObject,
+  checkModel,
   parseChatRequest,
   parseCompletionRequest,
   parseDetokenizeRequest,
@@ -43,6 +45,8 @@ export interface SimPodOptions {
   timeScale: number;
   maxModelLen: number;
   engineConfig: EngineConfig;
+  /** A real model's tokenizer (sim --tokenizer hf:<dir>) instead of the built-in one. */
+  tokenizer?: SimRealTokenizer;
   /** KV events publisher settings; absent = no publisher. */
   kvEvents?: SimPodKvEventsOptions;
   /** Prefill/decode role (default combined). */
@@ -91,7 +95,7 @@ export interface SimPodState extends EngineSnapshot {
   hungRequests: number;
   model: string;
   config: EngineConfig & { maxModelLen: number; timeScale: number };
-  kvEvents: (KvEventsInfo & { encoding: KvEventEncoding; replayLayout: ReplayLayout; nextSeq: number }) | null;
+  kvEvents: (KvEventsInfo & { encoding: KvEventWire; replayLayout: ReplayLayout; nextSeq: number }) | null;
 }
 
 export interface SimPod {
@@ -153,7 +157,8 @@ async function readJsonText(req: IncomingMessage): Promise<{ body: unknown; raw:
 }
 
 export async function startSimPod(opts: SimPodOptions): Promise<SimPod> {
-  const served: ServedModel = { name: opts.model, maxModelLen: opts.maxModelLen };
+  const real = opts.tokenizer;
+  const served: ServedModel = { name: opts.model, maxModelLen: opts.maxModelLen, ...(real ? { vocabSize: real.tokenizer.vocabSize } : {}) };
   const lora = new SimLora({ base: opts.model, ...opts.lora });
   const log = opts.logger?.child({ pod: opts.name });
   const publisher = opts.kvEvents
@@ -303,7 +308,13 @@ export async function startSimPod(opts: SimPodOptions): Promise<SimPod> {
       // A request naming a loaded adapter runs on the base model with the adapter's blocks.
       const adapter = lora.adapterOf(body);
       const forBase = adapter ? { ...(body as object), model: opts.model } : body;
-      const gen = kind === "chat" ? parseChatRequest(forBase, served) : parseCompletionRequest(forBase, served);
+      // With a real tokenizer: the model is checked first (404 before any tokenizing), as vLLM does.
+      let ids: number[] | undefined;
+      if (real) {
+        checkModel(asObject(forBase), served);
+        ids = await realPromptTokens(kind, forBase, real.tokenizer);
+      }
+      const gen = kind === "chat" ? parseChatRequest(forBase, served, ids) : parseCompletionRequest(forBase, served, ids);
       if (adapter) {
         lora.track(adapter, res);
         gen.model = adapter;
@@ -314,7 +325,7 @@ export async function startSimPod(opts: SimPodOptions): Promise<SimPod> {
       const header = req.headers["x-request-id"];
       const requestId = typeof header === "string" && header !== "" ? header : (rid ?? randomUUID().replaceAll("-", ""));
       const hooks = pdHooks(pd, obj, raw, gen, requestId);
-      const session = serveGeneration(res, engine, gen, kind, requestId, hooks);
+      const session = serveGeneration(res, engine, gen, kind, requestId, hooks, real?.vocab);
       track(rid ? [requestId, rid] : [requestId], session);
     };
 
@@ -344,12 +355,21 @@ export async function startSimPod(opts: SimPodOptions): Promise<SimPod> {
     "/v1/completions": { POST: generation("completion") },
     "/tokenize": {
       POST: async (req, res) => {
-        const tokens = parseTokenizeRequest(await readJson(req), served);
+        const body = await readJson(req);
+        let tokens: number[] | undefined;
+        if (real) {
+          checkModel(asObject(body), served);
+          tokens = await realTokenize(body, real.tokenizer);
+        }
+        tokens ??= parseTokenizeRequest(body, served);
         sendJson(res, 200, { count: tokens.length, max_model_len: opts.maxModelLen, tokens, token_strs: null });
       },
     },
     "/detokenize": {
-      POST: async (req, res) => sendJson(res, 200, { prompt: detokenize(parseDetokenizeRequest(await readJson(req), served)) }),
+      POST: async (req, res) => {
+        const ids = parseDetokenizeRequest(await readJson(req), served);
+        sendJson(res, 200, { prompt: real ? await real.tokenizer.decode(ids) : detokenize(ids) });
+      },
     },
     "/metrics": {
       GET: (_req, res) =>

@@ -11,6 +11,8 @@ export const DEFAULT_MAX_TOKENS = 16;
 export interface ServedModel {
   name: string;
   maxModelLen: number;
+  /** Ids at or above this are out of vocabulary (default: the built-in tokenizer's; a real tokenizer's with --tokenizer hf:). */
+  vocabSize?: number;
 }
 
 export interface GenerationRequest {
@@ -84,23 +86,23 @@ function optionalInt(body: Body, key: string): number | undefined {
   return v;
 }
 
-export function tokenIds(value: unknown, param: string): number[] | undefined {
+export function tokenIds(value: unknown, param: string, vocabSize = VOCAB_SIZE): number[] | undefined {
   if (!Array.isArray(value) || !value.every((x) => typeof x === "number")) return undefined;
   for (const id of value as number[]) {
-    if (!Number.isInteger(id) || id < 0 || id >= VOCAB_SIZE) throw badRequest(`Token id ${id} is out of vocabulary`, param);
+    if (!Number.isInteger(id) || id < 0 || id >= vocabSize) throw badRequest(`Token id ${id} is out of vocabulary`, param);
   }
   return value as number[];
 }
 
-function completionPrompt(body: Body): number[] {
+function completionPrompt(body: Body, served: ServedModel, realTokens: number[] | undefined): number[] {
   let prompt = body.prompt;
   if (prompt === undefined || prompt === null) throw badRequest("prompt: Field required", "prompt");
   // A batch of one is common in clients; larger batches are outside what the simulator models.
   if (Array.isArray(prompt) && prompt.length === 1 && (typeof prompt[0] === "string" || Array.isArray(prompt[0]))) {
     prompt = prompt[0];
   }
-  if (typeof prompt === "string") return tokenizePrompt(prompt, { addSpecialTokens: true });
-  const ids = tokenIds(prompt, "prompt");
+  if (typeof prompt === "string") return realTokens ?? tokenizePrompt(prompt, { addSpecialTokens: true });
+  const ids = tokenIds(prompt, "prompt", served.vocabSize);
   if (ids && ids.length > 0) return ids;
   throw badRequest("prompt: a single string or a single list of token ids is supported", "prompt");
 }
@@ -133,21 +135,24 @@ function common(body: Body, served: ServedModel, model: string, promptTokens: nu
   return { model, promptTokens, maxTokens, stream, includeUsage, seed: optionalInt(body, "seed"), cacheSalt };
 }
 
-export function parseChatRequest(raw: unknown, served: ServedModel): GenerationRequest {
+/** `realTokens`: the prompt's ids from a real tokenizer (sim --tokenizer hf:), instead of the built-in one. */
+export function parseChatRequest(raw: unknown, served: ServedModel, realTokens?: number[]): GenerationRequest {
   const body = asObject(raw);
   const model = checkModel(body, served);
   const messages = parseMessages(body);
-  const promptTokens = tokenizeChat(messages, {
-    addGenerationPrompt: optionalBool(body, "add_generation_prompt", true),
-    addSpecialTokens: optionalBool(body, "add_special_tokens", false),
-  });
+  const promptTokens =
+    realTokens ??
+    tokenizeChat(messages, {
+      addGenerationPrompt: optionalBool(body, "add_generation_prompt", true),
+      addSpecialTokens: optionalBool(body, "add_special_tokens", false),
+    });
   return common(body, served, model, promptTokens);
 }
 
-export function parseCompletionRequest(raw: unknown, served: ServedModel): GenerationRequest {
+export function parseCompletionRequest(raw: unknown, served: ServedModel, realTokens?: number[]): GenerationRequest {
   const body = asObject(raw);
   const model = checkModel(body, served);
-  return common(body, served, model, completionPrompt(body));
+  return common(body, served, model, completionPrompt(body, served, realTokens));
 }
 
 /** `/tokenize` in both of vLLM's forms: `{prompt, add_special_tokens=true}` or `{messages, add_generation_prompt=true}`. */
@@ -167,7 +172,7 @@ export function parseTokenizeRequest(raw: unknown, served: ServedModel): number[
 export function parseDetokenizeRequest(raw: unknown, served: ServedModel): number[] {
   const body = asObject(raw);
   checkModel(body, served);
-  const ids = tokenIds(body.tokens, "tokens");
+  const ids = tokenIds(body.tokens, "tokens", served.vocabSize);
   if (!ids) throw badRequest("tokens: Input should be a valid list of integers", "tokens");
   return ids;
 }

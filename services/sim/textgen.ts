@@ -7,14 +7,14 @@ import { detokenize, fnv1a32, GENERATION_WORD_IDS } from "../tokenizer/sim-token
 /** Only the tail of a long prompt feeds the seed: it already differs between prompts and keeps this O(1). */
 const SEED_TAIL_TOKENS = 64;
 
-export function outputTokensFor(promptTokens: readonly number[], count: number, seed?: number): number[] {
+export function outputTokensFor(promptTokens: readonly number[], count: number, seed?: number, words: readonly number[] = GENERATION_WORD_IDS): number[] {
   let h = fnv1a32(`${promptTokens.length}:${seed ?? ""}`);
   for (const id of promptTokens.slice(-SEED_TAIL_TOKENS)) h = Math.imul(h ^ id, 0x01000193) >>> 0;
   const out = new Array<number>(count);
   for (let i = 0; i < count; i++) {
     h = Math.imul(h ^ (i + 0x9e37), 0x01000193) >>> 0;
     // FNV's low bits mix poorly; take the high half.
-    out[i] = GENERATION_WORD_IDS[(h >>> 16) % GENERATION_WORD_IDS.length] ?? 0;
+    out[i] = words[(h >>> 16) % words.length] ?? 0;
   }
   return out;
 }

@@ -2,21 +2,42 @@
  * Prompt token ids for prefix matching, in the two modes that need no engine: `local` (the
  * simulator's deterministic tokenizer and chat template — the same ids the simulated engines
  * compute) and `approximate` (fixed-size character chunks: no tokenizer at all, for engines that
- * publish no KV events; matches only other requests routed by the gateways). Pure.
+ * publish no KV events; matches only other requests routed by the gateways). Pure. The other two
+ * modes: `remote` (the engine's /tokenize) and `hf` (a real model's tokenizer, hf-tokenizer.ts).
  */
 import { type ChatMessage, fnv1a32, tokenizeChat, tokenizePrompt } from "./sim-tokenizer.js";
 
-export type TokenizerMode = "remote" | "local" | "approximate";
+export type TokenizerMode = "remote" | "local" | "approximate" | "hf";
+
+/** How a model's prompts are tokenized, as configured: a mode, or `hf:<dir>` (a Hugging Face tokenizer directory). */
+export type TokenizerSetting = Exclude<TokenizerMode, "hf"> | `hf:${string}`;
+
+/** The directory of an `hf:<dir>` setting, else undefined. */
+export function hfTokenizerDir(setting: TokenizerSetting): string | undefined {
+  return setting.startsWith("hf:") ? setting.slice(3) : undefined;
+}
 
 /** What a request body offers for tokenization (chat messages or a completion prompt). */
 export interface PromptInput {
   messages?: readonly ChatMessage[];
   prompt?: string | readonly string[];
+  /** Chat request fields that change the rendered prompt (vLLM): `tools`, `chat_template_kwargs`, `add_generation_prompt`, `add_special_tokens`. */
+  tools?: readonly unknown[];
+  templateKwargs?: Readonly<Record<string, unknown>>;
+  addGenerationPrompt?: boolean;
+  addSpecialTokens?: boolean;
 }
 
 export function promptInputOf(body: Record<string, unknown>): PromptInput {
   const out: PromptInput = {};
-  if (Array.isArray(body.messages)) out.messages = body.messages as ChatMessage[];
+  if (Array.isArray(body.messages)) {
+    out.messages = body.messages as ChatMessage[];
+    if (Array.isArray(body.tools) && body.tools.length > 0) out.tools = body.tools;
+    const kw = body.chat_template_kwargs;
+    if (kw && typeof kw === "object" && !Array.isArray(kw)) out.templateKwargs = kw as Record<string, unknown>;
+    if (typeof body.add_generation_prompt === "boolean") out.addGenerationPrompt = body.add_generation_prompt;
+    if (typeof body.add_special_tokens === "boolean") out.addSpecialTokens = body.add_special_tokens;
+  }
   if (typeof body.prompt === "string" || (Array.isArray(body.prompt) && body.prompt.every((p) => typeof p === "string"))) {
     out.prompt = body.prompt as string | string[];
   }
@@ -28,7 +49,7 @@ function promptText(p: PromptInput["prompt"]): string {
 }
 
 export function localTokens(input: PromptInput): number[] {
-  if (input.messages) return tokenizeChat(input.messages, { addGenerationPrompt: true });
+  if (input.messages) return tokenizeChat(input.messages, { addGenerationPrompt: input.addGenerationPrompt ?? true, addSpecialTokens: input.addSpecialTokens ?? false });
   return tokenizePrompt(promptText(input.prompt), { addSpecialTokens: true });
 }
 

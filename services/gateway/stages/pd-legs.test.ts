@@ -89,7 +89,7 @@ describe("pd legs - vLLM", () => {
     const r = await s.director.route({ ...s.input, headers: { ...s.input.headers, user: "bob" } });
     expect(s.sink.charges.map((c) => c.phase)).toEqual(["decode", "prefill", "prefill"]);
     const peer = new GatewayState({ self: "peer" });
-    s.sink.charges.forEach((c, i) => peer.apply(c, { stream: "charges", subject: `c${i}`, seq: i + 1, serverTs: c.ts }));
+    for (const [i, c] of s.sink.charges.entries()) peer.apply(c, { stream: "charges", subject: `c${i}`, seq: i + 1, serverTs: c.ts });
     for (const st of [s.state, peer]) {
       expect(st.rates.userRequests("bob", s.clock.t)).toBe(1);
       expect(st.rates.modelRequests(MODEL, s.clock.t)).toBe(1);
@@ -189,7 +189,14 @@ describe("pd legs - SGLang", () => {
   it("a prefill that answers after its decode finished is released as completed, not aborted", async () => {
     let release: (a: LegAnswer) => void = () => {};
     const aborts: string[] = [];
-    const s = setup((a, path) => (path === "/abort_request" ? (aborts.push(a), Promise.resolve({ status: 200, body: Buffer.alloc(0) })) : new Promise((resolve) => (release = resolve))), { engine: "sglang" });
+    const s = setup(
+      (a, path) => {
+        if (path !== "/abort_request") return new Promise((resolve) => (release = resolve));
+        aborts.push(a);
+        return Promise.resolve({ status: 200, body: Buffer.alloc(0) });
+      },
+      { engine: "sglang" },
+    );
     const r = s.director.route(s.input) as RoutedRequest;
     s.ctl.abort(); // the ext_proc stream's signal: grpc-js reports "cancelled" after clean ends too
     s.director.finish(r, "completed", { status: 200 });

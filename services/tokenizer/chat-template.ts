@@ -1,0 +1,156 @@
+/**
+ * A Hugging Face model's chat template rendered the way vLLM's `/v1/chat/completions` and chat
+ * `/tokenize` do: messages normalised as vLLM normalises them for a "string content" template
+ * (text parts joined by newlines, missing content as "", tool-call arguments parsed from JSON),
+ * the tokenizer's special tokens passed as template variables (as transformers'
+ * `apply_chat_template` does), `add_generation_prompt` defaulting to true, and `trim_blocks` /
+ * `lstrip_blocks` on. Pure: the template text comes from the caller.
+ */
+import { Template } from "@huggingface/jinja";
+
+export interface HfChatMessage {
+  role: string;
+  content?: unknown;
+  name?: unknown;
+  tool_calls?: unknown;
+  tool_call_id?: unknown;
+}
+
+export interface RenderChatOptions {
+  /** Open the assistant's turn (vLLM's default: true). */
+  addGenerationPrompt?: boolean;
+  /** OpenAI `tools`, passed to the template as `tools` (and selecting a `tool_use` template if the model has one). */
+  tools?: readonly unknown[];
+  /** vLLM's `chat_template_kwargs` (e.g. `enable_thinking`): extra template variables; only scalars are taken. */
+  templateKwargs?: Readonly<Record<string, unknown>>;
+}
+
+/** The error a template raised (or a message it could not render): the caller falls back, it never crashes. */
+export class ChatTemplateError extends Error {
+  override name = "ChatTemplateError";
+}
+
+/** A token in tokenizer_config.json is a string or a serialised AddedToken `{content, ...}`. */
+export function tokenContent(v: unknown): string | undefined {
+  if (typeof v === "string") return v;
+  if (v && typeof v === "object" && typeof (v as { content?: unknown }).content === "string") return (v as { content: string }).content;
+  return undefined;
+}
+
+const SPECIAL_TOKEN_KEYS = ["bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"] as const;
+
+/** Template variables transformers adds from the tokenizer: its special tokens, as strings. */
+export function specialTokenVariables(config: Readonly<Record<string, unknown>>): Record<string, unknown> {
+  const out: Record<string, unknown> = {};
+  for (const k of SPECIAL_TOKEN_KEYS) {
+    const v = tokenContent(config[k]);
+    if (v !== undefined) out[k] = v;
+  }
+  const extra = config.additional_special_tokens;
+  if (Array.isArray(extra)) out.additional_special_tokens = extra.map(tokenContent).filter((t) => t !== undefined);
+  return out;
+}
+
+function contentText(content: unknown): string {
+  if (content === undefined || content === null) return "";
+  if (typeof content === "string") return content;
+  if (!Array.isArray(content)) throw new ChatTemplateError("message content must be a string or a list of parts");
+  const texts: string[] = [];
+  for (const part of content) {
+    if (part && typeof part === "object" && (part as { type?: unknown }).type === "text" && typeof (part as { text?: unknown }).text === "string") {
+      texts.push((part as { text: string }).text);
+    } else {
+      // Images, audio and other parts change the engine's prompt (placeholders, multimodal ids):
+      // the gateway cannot compute those ids, so it must not pretend to.
+      throw new ChatTemplateError("only text content parts can be tokenized locally");
+    }
+  }
+  return texts.join("\n");
+}
+
+function toolCalls(v: unknown): unknown {
+  if (!Array.isArray(v)) return v;
+  return v.map((call) => {
+    const fn = (call as { function?: { arguments?: unknown } } | null)?.function;
+    if (!fn || typeof fn.arguments !== "string") return call;
+    try {
+      return { ...call, function: { ...fn, arguments: JSON.parse(fn.arguments) } };
+    } catch {
+      return call;
+    }
+  });
+}
+
+/** vLLM's conversation as the template sees it. */
+export function normaliseMessages(messages: readonly HfChatMessage[]): Record<string, unknown>[] {
+  return messages.map((m) => {
+    if (!m || typeof m !== "object" || typeof m.role !== "string") throw new ChatTemplateError("every message needs a string role");
+    const out: Record<string, unknown> = { role: m.role, content: contentText(m.content) };
+    if (typeof m.name === "string") out.name = m.name;
+    if (typeof m.tool_call_id === "string") out.tool_call_id = m.tool_call_id;
+    if (m.tool_calls !== undefined && m.tool_calls !== null) out.tool_calls = toolCalls(m.tool_calls);
+    return out;
+  });
+}
+
+/** Which template to render and with what: all a renderer (this thread or a worker) needs. */
+export interface RenderJob {
+  name: string;
+  context: Record<string, unknown>;
+}
+
+/** The template(s) of a model: `chat_template` is a string or a list of `{name, template}`. */
+export class ChatTemplates {
+  private readonly byName = new Map<string, Template>();
+  /** Template sources by name (what a render worker compiles). */
+  readonly sources = new Map<string, string>();
+  private readonly variables: Record<string, unknown>;
+
+  constructor(chatTemplate: unknown, config: Readonly<Record<string, unknown>>) {
+    const sources = this.sources;
+    if (typeof chatTemplate === "string") sources.set("default", chatTemplate);
+    else if (Array.isArray(chatTemplate)) {
+      for (const t of chatTemplate) {
+        const name = (t as { name?: unknown })?.name;
+        const template = (t as { template?: unknown })?.template;
+        if (typeof name === "string" && typeof template === "string") sources.set(name, template);
+      }
+    }
+    if (!sources.has("default")) throw new ChatTemplateError("no chat_template (a string, or a list with a \"default\" entry)");
+    for (const [name, src] of sources) {
+      try {
+        this.byName.set(name, new Template(src));
+      } catch (err) {
+        throw new ChatTemplateError(`chat_template ${JSON.stringify(name)} does not parse: ${(err as Error).message}`);
+      }
+    }
+    this.variables = specialTokenVariables(config);
+  }
+
+  /** The template and variables for a conversation (cheap; throws ChatTemplateError on messages it cannot take). */
+  job(messages: readonly HfChatMessage[], o: RenderChatOptions = {}): RenderJob {
+    const tools = o.tools && o.tools.length > 0 ? o.tools : undefined;
+    const name = tools && this.byName.has("tool_use") ? "tool_use" : "default";
+    const extra: Record<string, unknown> = {};
+    for (const [k, v] of Object.entries(o.templateKwargs ?? {})) {
+      if (k !== "messages" && (typeof v === "boolean" || typeof v === "number" || typeof v === "string" || v === null)) extra[k] = v;
+    }
+    return {
+      name,
+      context: { ...this.variables, ...extra, messages: normaliseMessages(messages), tools: tools ?? null, add_generation_prompt: o.addGenerationPrompt ?? true },
+    };
+  }
+
+  /** Renders a job on this thread. */
+  renderJob(job: RenderJob): string {
+    try {
+      return (this.byName.get(job.name) as Template).render(job.context);
+    } catch (err) {
+      throw new ChatTemplateError(`chat template failed: ${(err as Error).message}`);
+    }
+  }
+
+  render(messages: readonly HfChatMessage[], o: RenderChatOptions = {}): string {
+    return this.renderJob(this.job(messages, o));
+  }
+}

@@ -1,0 +1,177 @@
+/**
+ * A real model's tokenizer, from a Hugging Face tokenizer directory (`tokenizer.json`,
+ * `tokenizer_config.json`, optionally `chat_template.jinja`), producing the ids vLLM produces:
+ * - chat: the model's chat template rendered as vLLM renders it (chat-template.ts), then encoded
+ *   without adding special tokens (vLLM's chat default; the template writes BOS itself);
+ * - completion: the prompt encoded with special tokens (the tokenizer.json post-processor adds
+ *   BOS where the model wants one).
+ *
+ * Neither costly step runs on the event loop: templates render on worker threads (render-pool.ts;
+ * a long Qwen3 chat costs milliseconds), and Hugging Face's Rust `tokenizers` bindings encode on
+ * libuv's threads (~0.01 ms on the loop against ~1.3 ms off it per 4 KB prompt,
+ * docs/benchmarks.md). Both go through bounded queues: beyond them, QueueFullError, and the
+ * caller falls back. Chat prompts reuse cached prefix ids (prefix-ids.ts) where the tokenizer
+ * allows exact cuts (split-points.ts).
+ *
+ * Files are read by the caller (`read`), so this stays free of file-system I/O.
+ */
+import { Tokenizer as NativeTokenizer } from "tokenizers";
+import { BoundedQueue } from "./bounded-queue.js";
+import { RenderPool } from "./render-pool.js";
+import { ChatTemplateError, ChatTemplates, type HfChatMessage, type RenderChatOptions } from "./chat-template.js";
+import { PrefixIdsCache } from "./prefix-ids.js";
+import { type AddedTokenSpec, planSplits, type SplitPlan, SplitPoints } from "./split-points.js";
+
+export const TOKENIZER_FILE = "tokenizer.json";
+export const TOKENIZER_CONFIG_FILE = "tokenizer_config.json";
+export const CHAT_TEMPLATE_FILE = "chat_template.jinja";
+
+/** A tokenizer directory that cannot be used; the message names the file and what is wrong with it. */
+export class TokenizerFilesError extends Error {
+  override name = "TokenizerFilesError";
+}
+
+export interface HfTokenizerOptions {
+  /** Encodes running at once (each occupies one libuv worker thread). */
+  concurrency?: number;
+  /** Encodes allowed to wait; more are refused (QueueFullError). */
+  maxQueued?: number;
+  /** Bound on cached prefix ids, in estimated bytes; 0 turns the prefix cache off. */
+  prefixCacheBytes?: number;
+  /** Worker threads rendering chat templates (default 1); 0 renders on the calling thread. */
+  renderThreads?: number;
+}
+
+export const DEFAULT_PREFIX_CACHE_BYTES = 32 * 1024 * 1024;
+
+/** Reads one file of the directory by name: its text, or undefined when it does not exist. */
+export type ReadTokenizerFile = (name: string) => string | undefined;
+
+function parseJsonFile(source: string, name: string, text: string | undefined): Record<string, unknown> {
+  if (text === undefined) throw new TokenizerFilesError(`${source}/${name}: file not found`);
+  let v: unknown;
+  try {
+    v = JSON.parse(text);
+  } catch (err) {
+    throw new TokenizerFilesError(`${source}/${name}: not valid JSON (${(err as Error).message})`);
+  }
+  if (!v || typeof v !== "object" || Array.isArray(v)) throw new TokenizerFilesError(`${source}/${name}: expected a JSON object`);
+  return v as Record<string, unknown>;
+}
+
+export class HfTokenizer {
+  private readonly native: NativeTokenizer;
+  private readonly templates: ChatTemplates | undefined;
+  private readonly prefixes: PrefixIdsCache | undefined;
+  readonly queue: BoundedQueue;
+  /** Template render workers; undefined when rendering on the calling thread. */
+  readonly renderPool: RenderPool | undefined;
+  readonly splitPlan: SplitPlan;
+  readonly vocabSize: number;
+  /** Why chat requests cannot be rendered (no template), if so. */
+  readonly templateProblem: string | undefined;
+
+  /** `source` names the directory in errors and stats. */
+  static fromDir(source: string, read: ReadTokenizerFile, o: HfTokenizerOptions = {}): HfTokenizer {
+    return new HfTokenizer(source, read(TOKENIZER_FILE), read(TOKENIZER_CONFIG_FILE), read(CHAT_TEMPLATE_FILE), o);
+  }
+
+  constructor(
+    readonly source: string,
+    tokenizerJson: string | undefined,
+    configJson: string | undefined,
+    chatTemplateFile: string | undefined,
+    o: HfTokenizerOptions = {},
+  ) {
+    const spec = parseJsonFile(source, TOKENIZER_FILE, tokenizerJson);
+    const config = parseJsonFile(source, TOKENIZER_CONFIG_FILE, configJson);
+    if (!spec.model || typeof spec.model !== "object") throw new TokenizerFilesError(`${source}/${TOKENIZER_FILE}: no "model" section (not a tokenizers file)`);
+    try {
+      this.native = NativeTokenizer.fromString(tokenizerJson as string);
+    } catch (err) {
+      throw new TokenizerFilesError(`${source}/${TOKENIZER_FILE}: rejected by tokenizers (${(err as Error).message})`);
+    }
+    this.vocabSize = this.native.getVocabSize(true);
+    // transformers prefers chat_template.jinja over the config's chat_template.
+    const template = chatTemplateFile ?? config.chat_template;
+    let templates: ChatTemplates | undefined;
+    let templateProblem: string | undefined;
+    if (template === undefined || template === null) templateProblem = `${source}: no chat template (${TOKENIZER_CONFIG_FILE} has no chat_template, no ${CHAT_TEMPLATE_FILE})`;
+    else {
+      try {
+        templates = new ChatTemplates(template, config);
+      } catch (err) {
+        const file = chatTemplateFile !== undefined ? CHAT_TEMPLATE_FILE : TOKENIZER_CONFIG_FILE;
+        throw new TokenizerFilesError(`${source}/${file}: ${(err as Error).message}`);
+      }
+    }
+    this.templates = templates;
+    this.templateProblem = templateProblem;
+    this.queue = new BoundedQueue(o.concurrency ?? 2, o.maxQueued ?? 256);
+    const threads = o.renderThreads ?? 1;
+    this.renderPool = templates && threads > 0 ? new RenderPool(templates.sources, threads, o.maxQueued ?? 256) : undefined;
+    const added = (Array.isArray(spec.added_tokens) ? spec.added_tokens : []) as AddedTokenSpec[];
+    this.splitPlan = planSplits({ added_tokens: added, pre_tokenizer: spec.pre_tokenizer });
+    const cacheBytes = o.prefixCacheBytes ?? DEFAULT_PREFIX_CACHE_BYTES;
+    if (cacheBytes > 0 && this.splitPlan.boundaryTokens.length > 0) {
+      const byContent = new Map(added.map((t) => [t.content, t.id]));
+      const boundaryIds = new Map(this.splitPlan.boundaryTokens.map((t) => [t, byContent.get(t) as number]));
+      this.prefixes = new PrefixIdsCache({ splits: new SplitPoints(this.splitPlan), boundaryIds, maxBytes: cacheBytes, encode: (t) => this.encodeNow(t, false) });
+    }
+  }
+
+  get prefixStats(): PrefixIdsCache["stats"] | undefined {
+    return this.prefixes?.stats;
+  }
+
+  /** The chat prompt text vLLM would build, rendered on this thread. Throws ChatTemplateError. */
+  renderChat(messages: readonly HfChatMessage[], o: RenderChatOptions = {}): string {
+    if (!this.templates) throw new ChatTemplateError(this.templateProblem ?? "no chat template");
+    return this.templates.render(messages, o);
+  }
+
+  /** The same text, rendered on a worker thread when there are any. Throws ChatTemplateError, QueueFullError. */
+  async renderChatOffLoop(messages: readonly HfChatMessage[], o: RenderChatOptions = {}): Promise<string> {
+    if (!this.templates) throw new ChatTemplateError(this.templateProblem ?? "no chat template");
+    const job = this.templates.job(messages, o);
+    return this.renderPool ? this.renderPool.render(job) : this.templates.renderJob(job);
+  }
+
+  /** Stops the render workers (they never keep a process alive; this frees them early). */
+  async close(): Promise<void> {
+    await this.renderPool?.close();
+  }
+
+  /**
+   * Ids of a chat request (vLLM: template, then `add_special_tokens` false unless asked).
+   * Throws ChatTemplateError (template) or QueueFullError (too many waiting).
+   */
+  async chatIds(messages: readonly HfChatMessage[], o: RenderChatOptions & { addSpecialTokens?: boolean } = {}): Promise<number[]> {
+    const text = await this.renderChatOffLoop(messages, o);
+    if (o.addSpecialTokens) return this.queue.run(() => this.encodeNow(text, true));
+    const prefixes = this.prefixes;
+    if (!prefixes) return this.queue.run(() => this.encodeNow(text, false));
+    // The end of the first message's text: a system prompt shared by many conversations.
+    const first = messages[0]?.content;
+    const at = typeof first === "string" && first.length > 0 ? text.indexOf(first) : -1;
+    return this.queue.run(() => prefixes.encode("", text, at >= 0 ? [at + (first as string).length] : []));
+  }
+
+  /** Ids of a completion prompt (vLLM: `add_special_tokens` true by default). Throws QueueFullError. */
+  async promptIds(text: string, addSpecialTokens = true): Promise<number[]> {
+    return this.queue.run(() => this.encodeNow(text, addSpecialTokens));
+  }
+
+  async decode(ids: readonly number[], skipSpecialTokens = false): Promise<string> {
+    return this.native.decode([...ids], skipSpecialTokens);
+  }
+
+  /** Id of a single token's text, if the vocabulary has it. */
+  tokenId(token: string): number | undefined {
+    return this.native.tokenToId(token) ?? undefined;
+  }
+
+  private async encodeNow(text: string, addSpecialTokens: boolean): Promise<number[]> {
+    return (await this.native.encode(text, null, { addSpecialTokens })).getIds();
+  }
+}

@@ -1,0 +1,103 @@
+/**
+ * Where a prompt may be cut so that encoding the pieces separately gives exactly the ids of
+ * encoding the whole — the ground the prefix cache (prefix-ids.ts) stands on.
+ *
+ * A Hugging Face tokenizer first splits its input on the added tokens that are matched in the raw
+ * text (`normalized: false`), then normalises, pre-tokenises and BPE-encodes every piece between
+ * them on its own. BPE merges and pre-tokenizer regexes (lookaheads included) therefore never
+ * reach across such a token. Cutting right after an occurrence of one is exact provided that:
+ * - the token is always matched where it occurs: no other raw-matched added token contains it or
+ *   overlaps it (a longer or overlapping match would win the leftmost-longest scan instead);
+ * - its match does not depend on what follows it: `rstrip` (eats following whitespace) and
+ *   `single_word` (needs a word boundary after it) are off, and `lstrip` too (kept simple);
+ * - no step of the pipeline depends on a piece's position in the whole input: the one such step
+ *   in tokenizers today is Metaspace with `prepend_scheme: "first"`; unknown pre-tokenizer types
+ *   are treated as unsafe;
+ * - special tokens are not added around the pieces (chat prompts: `add_special_tokens` false).
+ * Pure: works on the parsed tokenizer.json.
+ */
+
+export interface AddedTokenSpec {
+  id: number;
+  content: string;
+  single_word?: boolean;
+  lstrip?: boolean;
+  rstrip?: boolean;
+  normalized?: boolean;
+  special?: boolean;
+}
+
+export interface SplitPlan {
+  /** Tokens after whose occurrences a prompt may be cut; empty when the tokenizer allows no safe cut. */
+  boundaryTokens: string[];
+  /** Why there are none, when there are none. */
+  unsafe?: string;
+}
+
+/** Pre-tokenizers that work on each piece alone, whatever its position. */
+const PER_PIECE_PRE_TOKENIZERS = new Set([
+  "ByteLevel", "Split", "Whitespace", "WhitespaceSplit", "Punctuation", "Digits", "BertPreTokenizer",
+  "UnicodeScripts", "CharDelimiterSplit", "FixedLength",
+]);
+
+function preTokenizerProblem(p: unknown): string | undefined {
+  if (p === null || p === undefined) return undefined;
+  const type = (p as { type?: unknown }).type;
+  if (type === "Sequence") {
+    for (const inner of ((p as { pretokenizers?: unknown[] }).pretokenizers ?? [])) {
+      const problem = preTokenizerProblem(inner);
+      if (problem) return problem;
+    }
+    return undefined;
+  }
+  if (type === "Metaspace") {
+    const scheme = (p as { prepend_scheme?: unknown }).prepend_scheme;
+    return scheme === "first" ? "Metaspace pre-tokenizer with prepend_scheme \"first\" depends on the piece's position" : undefined;
+  }
+  if (typeof type === "string" && PER_PIECE_PRE_TOKENIZERS.has(type)) return undefined;
+  return `pre-tokenizer ${JSON.stringify(type)} is not known to be position independent`;
+}
+
+function overlaps(a: string, b: string): boolean {
+  // A proper suffix of `a` that is a proper prefix of `b`.
+  for (let n = 1; n < Math.min(a.length, b.length); n++) if (a.endsWith(b.slice(0, n))) return true;
+  return false;
+}
+
+export function planSplits(tokenizerJson: { added_tokens?: readonly AddedTokenSpec[]; pre_tokenizer?: unknown }): SplitPlan {
+  const problem = preTokenizerProblem(tokenizerJson.pre_tokenizer);
+  if (problem) return { boundaryTokens: [], unsafe: problem };
+  const raw = (tokenizerJson.added_tokens ?? []).filter((t) => !t.normalized && t.content.length > 0);
+  const boundaryTokens = raw
+    .filter((t) => !t.lstrip && !t.rstrip && !t.single_word)
+    .filter((t) => raw.every((o) => o.content === t.content || (!o.content.includes(t.content) && !overlaps(o.content, t.content) && !overlaps(t.content, o.content))))
+    .map((t) => t.content);
+  return boundaryTokens.length > 0 ? { boundaryTokens } : { boundaryTokens: [], unsafe: "no added token is a safe cut point" };
+}
+
+function escapeRegExp(s: string): string {
+  return s.replace(/[.*+?^${}()|[\]\\]/g, "\\$&");
+}
+
+/** Finds the cut points (end offsets of boundary-token occurrences) in a text. */
+export class SplitPoints {
+  private readonly re: RegExp | undefined;
+
+  constructor(readonly plan: SplitPlan) {
+    const tokens = [...plan.boundaryTokens].sort((a, b) => b.length - a.length);
+    this.re = tokens.length > 0 ? new RegExp(tokens.map(escapeRegExp).join("|"), "g") : undefined;
+  }
+
+  get enabled(): boolean {
+    return this.re !== undefined;
+  }
+
+  /** End offsets (UTF-16) of every boundary token in `text`, ascending. */
+  of(text: string): number[] {
+    if (!this.re) return [];
+    const out: number[] = [];
+    this.re.lastIndex = 0;
+    for (let m = this.re.exec(text); m; m = this.re.exec(text)) out.push(m.index + m[0].length);
+    return out;
+  }
+}

