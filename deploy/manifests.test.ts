@@ -510,6 +510,14 @@ describe("Envoy Gateway wiring", () => {
     expect(ext.failOpen).toBe(false);
   });
 
+  it("ext_proc's message timeout outlasts the gateway's P/D prefill budget (the vLLM prefill leg runs inside the request-body phase)", () => {
+    const ext = obj(at(one("EnvoyExtensionPolicy"), "spec.extProc.0"), "extProc[0]");
+    const gw = invocationOf("gateway");
+    // The flag's default when the manifest leaves it out (services/gateway/command.ts).
+    const budgetMs = gw.flags.has("--pd-prefill-budget-ms") ? intFlag(gw, "--pd-prefill-budget-ms") : 50_000;
+    expect(seconds(ext.messageTimeout) * 1000).toBeGreaterThan(budgetMs);
+  });
+
   it("endpointOverride reads the header the gateway sets", () => {
     const lb = obj(at(one("BackendTrafficPolicy"), "spec.loadBalancer"), "loadBalancer");
     expect(typeof lb.type).toBe("string"); // required by the CRD

@@ -103,6 +103,9 @@ export const EngineLoadSchema = Type.Object(
     waitingLoras: Type.Array(Type.String()),
     maxLora: NullableNumber,
     histograms: Type.Record(Type.String(), HistogramSummary),
+    /** SGLang P/D queues: prefills waiting for their decode, decodes waiting for their KV. */
+    pdPrefillQueue: Type.Optional(NullableNumber),
+    pdDecodeQueue: Type.Optional(NullableNumber),
   },
   { additionalProperties: false },
 );

@@ -24,6 +24,8 @@ const EMPTY: EngineLoad = {
   runningLoras: [],
   waitingLoras: [],
   maxLora: null,
+  pdPrefillQueue: null,
+  pdDecodeQueue: null,
   histograms: {},
 };
 
@@ -43,6 +45,8 @@ const VLLM_0_11: EngineLoad = {
   runningLoras: ["sql-lora", "chat-lora"],
   waitingLoras: [],
   maxLora: 4,
+  pdPrefillQueue: null,
+  pdDecodeQueue: null,
   histograms: {
     ttft: { sum: 287.4193119812012, count: 1344 },
     itl: { sum: 10491.377246379852, count: 402115 },
@@ -150,6 +154,8 @@ describe("engine-load - SGLang", () => {
       promptTokens: 1904227,
       generationTokens: 288130,
       genThroughput: 412.7351937014245,
+      // SGLang exports its P/D queues even when not disaggregated (this one: the decode one only).
+      pdDecodeQueue: 0,
       histograms: {
         ttft: { sum: 205.13378477096558, count: 955 },
         itl: { sum: 3374.296019554138, count: 287136 },
@@ -157,6 +163,13 @@ describe("engine-load - SGLang", () => {
         queue: { sum: 14.62093186378479, count: 955 },
       },
     });
+  });
+
+  it("reads the P/D queues of prefill and decode servers", () => {
+    const prefill = 'sglang:num_prefill_bootstrap_queue_reqs{model_name="m"} 3.0\nsglang:num_decode_prealloc_queue_reqs{model_name="m"} 0.0\n';
+    expect(load(prefill, "sglang")).toMatchObject({ pdPrefillQueue: 3, pdDecodeQueue: 0 });
+    expect(load('sglang:num_decode_prealloc_queue_reqs{model_name="m"} 5\n', "sglang")).toMatchObject({ pdPrefillQueue: null, pdDecodeQueue: 5 });
+    expect(load(prefill, "vllm")).toMatchObject({ pdPrefillQueue: null, pdDecodeQueue: null });
   });
 
   it("does not read vLLM names as SGLang or the other way round", () => {

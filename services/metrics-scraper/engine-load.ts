@@ -30,6 +30,10 @@ export interface EngineLoad {
   waitingLoras: string[];
   maxLora: number | null;
   histograms: Partial<Record<HistogramKey, HistogramSummary>>;
+  /** SGLang P/D: prefills waiting for their decode to connect (sglang:num_prefill_bootstrap_queue_reqs). */
+  pdPrefillQueue?: number | null;
+  /** SGLang P/D: decodes waiting for their KV (sglang:num_decode_prealloc_queue_reqs). */
+  pdDecodeQueue?: number | null;
 }
 
 /** How several label sets of one metric combine into a pod figure. */
@@ -45,7 +49,9 @@ type ScalarField =
   | "promptTokens"
   | "generationTokens"
   | "genThroughput"
-  | "preemptions";
+  | "preemptions"
+  | "pdPrefillQueue"
+  | "pdDecodeQueue";
 
 interface ScalarSource {
   /** Sample names in order of preference: the first one present wins (newest name first). */
@@ -83,6 +89,8 @@ const ENGINES: Readonly<Record<EngineKind, EngineMetricNames>> = {
       generationTokens: { names: ["vllm:generation_tokens_total"], combine: "sum" },
       genThroughput: NONE,
       preemptions: { names: ["vllm:num_preemptions_total"], combine: "sum" },
+      pdPrefillQueue: NONE,
+      pdDecodeQueue: NONE,
     },
     histograms: {
       ttft: ["vllm:time_to_first_token_seconds"],
@@ -110,6 +118,8 @@ const ENGINES: Readonly<Record<EngineKind, EngineMetricNames>> = {
       generationTokens: { names: ["sglang:generation_tokens_total"], combine: "sum" },
       genThroughput: { names: ["sglang:gen_throughput"], combine: "sum" },
       preemptions: NONE,
+      pdPrefillQueue: { names: ["sglang:num_prefill_bootstrap_queue_reqs"], combine: "sum" },
+      pdDecodeQueue: { names: ["sglang:num_decode_prealloc_queue_reqs"], combine: "sum" },
     },
     histograms: {
       ttft: ["sglang:time_to_first_token_seconds"],

@@ -16,7 +16,7 @@
  *   likewise decode with `decodeImbalance`.
  * - Scores (lower is better, each in [0, 2]): prefill = (1 - matched prefix fraction) + prefill
  *   requests / the most loaded prefill pod's; decode = pending decode requests / the most loaded
- *   decode pod's + KV cache usage. A roleset's score is its best prefill plus its best decode;
+ *   decode pod's + KV cache usage (+ the engine's SGLang prealloc queue / 1000, a tie-break). A roleset's score is its best prefill plus its best decode;
  *   the lowest roleset wins, ties at random.
  * - Decider (vLLM only): when the chosen decode pod already holds all but fewer than
  *   `skipPrefillBelowTokens` of the prompt, the prefill leg is skipped: decode computes the rest.
@@ -140,8 +140,11 @@ export function planPd(ctx: PdContext): PdPlan {
   });
   const decodeScore = new Map<PodInfo, number>();
   decodePods.forEach((p, i) => {
-    const kv = ctx.load.fresh(p.model, p.pod, ctx.now)?.kvCacheUsage ?? 0;
-    decodeScore.set(p, (decodeLoad[i] as number) / maxDecode + Math.min(1, Math.max(0, kv)));
+    const sample = ctx.load.fresh(p.model, p.pod, ctx.now);
+    const kv = sample?.kvCacheUsage ?? 0;
+    // The engine's own count of decodes waiting for their KV (SGLang) breaks ties the ledger leaves.
+    const queued = Math.min(Math.max(sample?.pdDecodeQueue ?? 0, 0), 999) / 1000;
+    decodeScore.set(p, (decodeLoad[i] as number) / maxDecode + Math.min(1, Math.max(0, kv)) + queued);
   });
   const rolesetOf = new Map<PodInfo, Roleset>();
   for (const rs of fitting) for (const p of [...rs.prefill, ...rs.decode]) rolesetOf.set(p, rs);
