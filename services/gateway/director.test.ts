@@ -1,26 +1,11 @@
 import { describe, expect, it } from "vitest";
-import type { ChargeEvent, DecisionRecord, ReleaseEvent } from "../../schemas/events.js";
+import type { DecisionRecord, } from "../../schemas/events.js";
 import { checkEvent } from "../../schemas/validate.js";
-import { Director, type EventSink, type Prepared, type RoutedRequest, type RouteInput } from "./director.js";
+import { Director, type Prepared, type RoutedRequest, type RouteInput } from "./director.js";
 import { RouteError } from "./errors.js";
 import type { Committer } from "./stages/commit.js";
-import { chatBody, FakeClock, MODEL, stateWithPods } from "./stages/testing.js";
+import { chatBody, FakeClock, MemorySink, MODEL, stateWithPods } from "./stages/testing.js";
 
-/** The director's events, kept in memory instead of going to JetStream. */
-class MemorySink implements EventSink {
-  charges: ChargeEvent[] = [];
-  releases: ReleaseEvent[] = [];
-  decisions: DecisionRecord[] = [];
-  charge(ev: ChargeEvent) {
-    this.charges.push(ev);
-  }
-  release(ev: ReleaseEvent) {
-    this.releases.push(ev);
-  }
-  decision(rec: DecisionRecord) {
-    this.decisions.push(rec);
-  }
-}
 
 function setup(o: { strictFor?: (m: string) => boolean } = {}) {
   const clock = new FakeClock(1_000_000);

@@ -4,28 +4,14 @@
  * cancellation, and the ledger back at zero after each.
  */
 import { describe, expect, it } from "vitest";
-import type { ChargeEvent, DecisionRecord, EngineKind, PodEvent, ReleaseEvent } from "../../../schemas/events.js";
+import type { EngineKind, PodEvent, } from "../../../schemas/events.js";
 import { checkEvent } from "../../../schemas/validate.js";
 import { GatewayState } from "../../views/gateway-state.js";
-import { Director, type EventSink, type RoutedRequest } from "../director.js";
+import { Director, type RoutedRequest } from "../director.js";
 import { RouteError } from "../errors.js";
 import { type LegAnswer, type LegClient, LegError } from "./pd-legs.js";
-import { chatBody, FakeClock, MODEL } from "./testing.js";
+import { chatBody, FakeClock, MemorySink, MODEL } from "./testing.js";
 
-class MemorySink implements EventSink {
-  charges: ChargeEvent[] = [];
-  releases: ReleaseEvent[] = [];
-  decisions: DecisionRecord[] = [];
-  charge(ev: ChargeEvent) {
-    this.charges.push(ev);
-  }
-  release(ev: ReleaseEvent) {
-    this.releases.push(ev);
-  }
-  decision(rec: DecisionRecord) {
-    this.decisions.push(rec);
-  }
-}
 
 type Script = (address: string, path: string, body: unknown, signal?: AbortSignal) => Promise<LegAnswer>;
 

@@ -1,5 +1,5 @@
 /** Test helpers for the request-path stages: a fake clock with timers, pods, a fold to route from. */
-import type { PodEvent } from "../../../schemas/events.js";
+import type { ChargeEvent, DecisionRecord, PodEvent, ReleaseEvent } from "../../../schemas/events.js";
 import { GatewayState } from "../../views/gateway-state.js";
 import type { AdmissionClock } from "./admission.js";
 
@@ -43,3 +43,19 @@ export function stateWithPods(n: number, self = "self"): GatewayState {
 
 export const chatBody = (model = MODEL, extra: Record<string, unknown> = {}): Buffer =>
   Buffer.from(JSON.stringify({ model, messages: [{ role: "user", content: "hello there" }], ...extra }));
+
+/** The director's events, kept in memory instead of going to JetStream. */
+export class MemorySink {
+  charges: ChargeEvent[] = [];
+  releases: ReleaseEvent[] = [];
+  decisions: DecisionRecord[] = [];
+  charge(ev: ChargeEvent) {
+    this.charges.push(ev);
+  }
+  release(ev: ReleaseEvent) {
+    this.releases.push(ev);
+  }
+  decision(rec: DecisionRecord) {
+    this.decisions.push(rec);
+  }
+}

@@ -22,7 +22,6 @@
  *   `skipPrefillBelowTokens` of the prompt, the prefill leg is skipped: decode computes the rest.
  */
 import type { LedgerReader } from "../../views/charge-ledger.js";
-import type { LoadReader } from "../../views/load-view.js";
 import type { PodInfo } from "../../views/pod-set.js";
 import { leastRequestStrategy } from "./least-request.js";
 import {
@@ -31,11 +30,9 @@ import {
   type PdConfig,
   type PdPlan,
   type Pick,
-  type PrefixMatchInfo,
   type Roleset,
   type Rolesets,
   type RoutingContext,
-  type RoutingRequest,
   type Strategy,
   type UnusableReason,
 } from "./types.js";
@@ -98,18 +95,8 @@ function intLabel(v: string | undefined): number | undefined {
   return Number(v);
 }
 
-export interface PdContext {
-  readonly request: RoutingRequest;
-  /** Ready candidates for the model (any role). */
-  readonly pods: readonly PodInfo[];
-  readonly load: LoadReader;
-  readonly ledger: LedgerReader;
-  readonly now: number;
-  readonly random: () => number;
-  /** The prompt's prefix match over the candidates (absent: no prefix term). */
-  readonly prefix?: PrefixMatchInfo;
-  readonly config?: Readonly<PdConfig>;
-}
+/** What the planner reads: a strategy's context (prefix match over every candidate, any role) and its parameters. */
+export type PdContext = Omit<RoutingContext, "tieOrder" | "usage" | "slo"> & { readonly config?: Readonly<PdConfig> };
 
 export function planPd(ctx: PdContext): PdPlan {
   const cfg = ctx.config ?? DEFAULT_PD_CONFIG;
