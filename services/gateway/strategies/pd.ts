@@ -21,7 +21,6 @@
  * - Decider (vLLM only): when the chosen decode pod already holds all but fewer than
  *   `skipPrefillBelowTokens` of the prompt, the prefill leg is skipped: decode computes the rest.
  */
-import type { LedgerReader } from "../../views/charge-ledger.js";
 import type { PodInfo } from "../../views/pod-set.js";
 import { leastRequestStrategy } from "./least-request.js";
 import {
