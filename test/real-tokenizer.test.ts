@@ -6,7 +6,7 @@
  * queue).
  */
 import { spawn } from "node:child_process";
-import { copyFileSync, mkdtempSync, writeFileSync } from "node:fs";
+import { copyFileSync, mkdtempSync, readFileSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import client from "prom-client";
@@ -116,6 +116,21 @@ describe("real tokenizer - failure paths", () => {
     for (const f of ["tokenizer.json", "tokenizer_config.json"]) copyFileSync(join(tokenizerDir("qwen3"), f), join(d, f));
     return d;
   }
+
+  it("tokenizer.json truncation and padding are not applied (transformers disables both for a default encode)", async () => {
+    const d = copyDir();
+    const spec = JSON.parse(readFileSync(join(d, "tokenizer.json"), "utf8")) as Record<string, unknown>;
+    spec.truncation = { direction: "Right", max_length: 8, strategy: "LongestFirst", stride: 0 };
+    spec.padding = { strategy: { Fixed: 64 }, direction: "Right", pad_to_multiple_of: null, pad_id: 151643, pad_type_id: 0, pad_token: "<|endoftext|>" };
+    writeFileSync(join(d, "tokenizer.json"), JSON.stringify(spec));
+    const modified = loadHfTokenizerDir(d, { prefixCacheBytes: 0 });
+    const plain = hf("qwen3");
+    const long = "The gateway routes requests to warm pods, and this sentence is longer than eight tokens.";
+    expect(await modified.promptIds(long)).toEqual(await plain.promptIds(long));
+    expect(await modified.promptIds("short")).toEqual(await plain.promptIds("short"));
+    expect(await modified.chatIds(chat)).toEqual(GOLDEN.qwen3.chat);
+    await modified.close();
+  });
 
   it("a missing or corrupt directory fails at start, naming the file", () => {
     const empty = mkdtempSync(join(tmpdir(), "jr-tok-"));

@@ -91,6 +91,10 @@ export class HfTokenizer {
     } catch (err) {
       throw new TokenizerFilesError(`${source}/${TOKENIZER_FILE}: rejected by tokenizers (${(err as Error).message})`);
     }
+    // tokenizer.json may carry `truncation` / `padding` (saved from a training setup); transformers
+    // turns both off for an encode that does not ask for them, and so does vLLM's prompt path.
+    this.native.disableTruncation();
+    this.native.disablePadding();
     this.vocabSize = this.native.getVocabSize(true);
     // transformers prefers chat_template.jinja over the config's chat_template.
     const template = chatTemplateFile ?? config.chat_template;
