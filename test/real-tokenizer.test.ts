@@ -16,7 +16,7 @@ import { QueueFullError } from "../services/tokenizer/bounded-queue.js";
 import { ChatTemplateError, normaliseMessages } from "../services/tokenizer/chat-template.js";
 import { RenderPool } from "../services/tokenizer/render-pool.js";
 import type { HfTokenizer } from "../services/tokenizer/hf-tokenizer.js";
-import { approximateTokens } from "../services/tokenizer/prompt-tokens.js";
+import { approximateTokens, promptInputOf } from "../services/tokenizer/prompt-tokens.js";
 import { jsTokenizer, pythonRender, RAND_CASES, readConfig, type RenderCase, randomConversation, REAL_MODELS, type RealModel, tokenizerDir } from "./harness/real-tokenizers.js";
 
 const chat = [
@@ -68,6 +68,61 @@ describe.each(REAL_MODELS)("real tokenizer %s", (model) => {
       const ids = await t.chatIds(c.messages, { addGenerationPrompt: c.addGenerationPrompt ?? true });
       expect(ids).toEqual(js.encode(rendered[i] as string, { add_special_tokens: false }).ids);
     }
+  });
+
+  it("tools and tool calls: ids equal a render of vLLM's normalisation done in Python", async () => {
+    const t = hf(model);
+    const js = jsTokenizer(model);
+    const weather = { type: "function", function: { name: "get_weather", description: "Weather of a city", parameters: { type: "object", properties: { city: { type: "string" }, days: { type: "integer", minimum: 1 } }, required: ["city"] } } };
+    // Out of pydantic's order, no description, no parameters, extra fields: model_dump reorders and fills in.
+    const bare = { function: { strict: true, name: "ping" }, extra: "x" };
+    const call = (args: string | undefined) => ({ role: "assistant", content: "", tool_calls: [{ id: "c1", type: "function", function: { name: "get_weather", ...(args === undefined ? {} : { arguments: args }) } }] });
+    const cases: RenderCase[] = [
+      { messages: chat, tools: [weather] },
+      { messages: chat, tools: [bare, weather] },
+      { messages: [...chat, call('{"city": "Paris", "days": 2, "unit": 0.5}'), { role: "tool", tool_call_id: "c1", content: "sunny" }], tools: [weather] },
+      { messages: [...chat, call(""), { role: "tool", content: "ok" }], tools: [weather] },
+      { messages: [...chat, call(undefined), { role: "user", content: "and?" }] },
+    ];
+    const rendered = pythonRender(model, cases);
+    for (const [i, c] of cases.entries()) {
+      const o = { ...(c.tools ? { tools: c.tools } : {}) };
+      expect(t.renderChat(c.messages, o), `case ${i}`).toBe(rendered[i]);
+      expect(await t.chatIds(c.messages, o)).toEqual(js.encode(rendered[i] as string, { add_special_tokens: false }).ids);
+    }
+  });
+
+  it("tool JSON a JavaScript parse changes (20.0, integer-like keys, integers above 2^53) falls back, counted", async () => {
+    const tok = new Tokenizer({ modes: { m: `hf:${tokenizerDir(model)}` } });
+    const t = tok.hfTokenizers().get(tokenizerDir(model)) as HfTokenizer;
+    const tool = (params: string) => `{"type":"function","function":{"name":"f","parameters":${params}}}`;
+    const callWith = (args: string) => `{"role":"assistant","content":"","tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":${JSON.stringify(args)}}}]}`;
+    const msgs = JSON.stringify(chat).slice(1, -1);
+    const raws = [
+      `{"messages":[${msgs}],"tools":[${tool('{"type":"object","default":20.0}')}]}`,
+      `{"messages":[${msgs}],"tools":[${tool('{"type":"object","properties":{"b":{},"1":{}}}')}]}`,
+      `{"messages":[${msgs}],"tools":[${tool('{"maximum":12345678901234567890}')}]}`,
+      `{"messages":[${msgs},${callWith('{"x": 1.50e1}')}]}`,
+      `{"messages":[${msgs},${callWith('{"10": "a", "2": "b"}')}]}`,
+    ];
+    const parsed = raws.map((r) => JSON.parse(r) as Record<string, unknown>);
+    const rendered = pythonRender(model, raws.map((r, i) => ({ messages: parsed[i]?.messages as never, request: r })));
+    let differs = 0;
+    for (const [i, raw] of raws.entries()) {
+      const body = parsed[i] as Record<string, unknown>;
+      const input = promptInputOf(body, raw);
+      // What a render from the parsed JSON would give, without the check.
+      const loose = t.renderChat(body.messages as never, { ...(input.tools ? { tools: input.tools } : {}), exactJson: false });
+      if (loose !== rendered[i]) differs++;
+      expect((await tok.tokenize("m", input, undefined)).mode, `case ${i}`).toBe("approximate");
+    }
+    // Llama-3's template ignores tools and tool calls: nothing differs there, the check is only cautious.
+    expect(differs).toBe(model === "qwen3" ? raws.length : 0);
+    expect(tok.stats).toMatchObject({ fallbacks: raws.length, templateErrors: raws.length });
+    // The same requests without the raw text: all but the integer-valued float are still caught.
+    const noRaw = await Promise.all(parsed.map((b) => tok.tokenize("m", promptInputOf(b), undefined)));
+    expect(noRaw.map((r) => r.mode)).toEqual(["hf", "approximate", "approximate", "approximate", "approximate"]);
+    await tok.close();
   });
 
   it("completion ids equal the pure-JS tokenizer's with special tokens added", async () => {

@@ -162,6 +162,7 @@ export class Tokenizer {
         ? await t.chatIds(input.messages, {
             ...(input.tools ? { tools: input.tools } : {}),
             ...(input.templateKwargs ? { templateKwargs: input.templateKwargs } : {}),
+            ...(input.rawToolJsonProblem ? { rawToolJsonProblem: input.rawToolJsonProblem } : {}),
             addGenerationPrompt: input.addGenerationPrompt ?? true,
             addSpecialTokens: input.addSpecialTokens ?? false,
           })

@@ -67,6 +67,8 @@ async function chatIds(t: HfTokenizer, body: Body): Promise<number[]> {
     return await t.chatIds(body.messages as never, {
       addGenerationPrompt: bool(body, "add_generation_prompt", true),
       addSpecialTokens: bool(body, "add_special_tokens", false),
+      // The engine stand-in renders what it can; only the gateway must refuse inexact tool JSON.
+      exactJson: false,
       ...(Array.isArray(body.tools) ? { tools: body.tools } : {}),
       ...(kw && typeof kw === "object" && !Array.isArray(kw) ? { templateKwargs: kw as Record<string, unknown> } : {}),
     });

@@ -7,6 +7,7 @@
  * `lstrip_blocks` on. Pure: the template text comes from the caller.
  */
 import { Template } from "@huggingface/jinja";
+import { InexactToolJsonError, normaliseTool, normaliseToolCalls, parsedJsonProblem } from "./tool-json.js";
 
 export interface HfChatMessage {
   role: string;
@@ -23,6 +24,13 @@ export interface RenderChatOptions {
   tools?: readonly unknown[];
   /** vLLM's `chat_template_kwargs` (e.g. `enable_thinking`): extra template variables; only scalars are taken. */
   templateKwargs?: Readonly<Record<string, unknown>>;
+  /**
+   * Refuse (ChatTemplateError) tools and tool calls whose JSON a JavaScript parse prints
+   * differently from Python (tool-json.ts); default true. `rawToolJsonProblem`: what the caller
+   * found in the raw request text (integer-valued floats such as `20.0` are invisible once parsed).
+   */
+  exactJson?: boolean;
+  rawToolJsonProblem?: string;
 }
 
 /** The error a template raised (or a message it could not render): the caller falls back, it never crashes. */
@@ -68,27 +76,17 @@ function contentText(content: unknown): string {
   return texts.join("\n");
 }
 
-function toolCalls(v: unknown): unknown {
-  if (!Array.isArray(v)) return v;
-  return v.map((call) => {
-    const fn = (call as { function?: { arguments?: unknown } } | null)?.function;
-    if (!fn || typeof fn.arguments !== "string") return call;
-    try {
-      return { ...call, function: { ...fn, arguments: JSON.parse(fn.arguments) } };
-    } catch {
-      return call;
-    }
-  });
-}
-
-/** vLLM's conversation as the template sees it. */
-export function normaliseMessages(messages: readonly HfChatMessage[]): Record<string, unknown>[] {
+/**
+ * vLLM's conversation as the template sees it. `exact` (default): refuse tool-call JSON a
+ * JavaScript parse would print differently from Python's (tool-json.ts).
+ */
+export function normaliseMessages(messages: readonly HfChatMessage[], exact = true): Record<string, unknown>[] {
   return messages.map((m) => {
     if (!m || typeof m !== "object" || typeof m.role !== "string") throw new ChatTemplateError("every message needs a string role");
     const out: Record<string, unknown> = { role: m.role, content: contentText(m.content) };
     if (typeof m.name === "string") out.name = m.name;
     if (typeof m.tool_call_id === "string") out.tool_call_id = m.tool_call_id;
-    if (m.tool_calls !== undefined && m.tool_calls !== null) out.tool_calls = toolCalls(m.tool_calls);
+    if (m.tool_calls !== undefined && m.tool_calls !== null) out.tool_calls = m.role === "assistant" ? normaliseToolCalls(m.tool_calls, exact) : m.tool_calls;
     return out;
   });
 }
@@ -129,7 +127,27 @@ export class ChatTemplates {
 
   /** The template and variables for a conversation (cheap; throws ChatTemplateError on messages it cannot take). */
   job(messages: readonly HfChatMessage[], o: RenderChatOptions = {}): RenderJob {
-    const tools = o.tools && o.tools.length > 0 ? o.tools : undefined;
+    const exact = o.exactJson ?? true;
+    let tools: Record<string, unknown>[] | undefined;
+    let normalised: Record<string, unknown>[];
+    try {
+      if (exact && o.rawToolJsonProblem) throw new InexactToolJsonError(o.rawToolJsonProblem);
+      if (o.tools && o.tools.length > 0) {
+        const problem = exact ? parsedJsonProblem(o.tools) : undefined;
+        if (problem) throw new InexactToolJsonError(`tools: ${problem}`);
+        tools = o.tools.map(normaliseTool);
+      }
+      normalised = normaliseMessages(messages, exact);
+      if (exact) {
+        for (const m of normalised) {
+          const problem = m.tool_calls === undefined ? undefined : parsedJsonProblem(m.tool_calls);
+          if (problem) throw new InexactToolJsonError(`tool_calls: ${problem}`);
+        }
+      }
+    } catch (err) {
+      if (err instanceof InexactToolJsonError) throw new ChatTemplateError(err.message);
+      throw err;
+    }
     const name = tools && this.byName.has("tool_use") ? "tool_use" : "default";
     const extra: Record<string, unknown> = {};
     for (const [k, v] of Object.entries(o.templateKwargs ?? {})) {
@@ -137,7 +155,7 @@ export class ChatTemplates {
     }
     return {
       name,
-      context: { ...this.variables, ...extra, messages: normaliseMessages(messages), tools: tools ?? null, add_generation_prompt: o.addGenerationPrompt ?? true },
+      context: { ...this.variables, ...extra, messages: normalised, tools: tools ?? null, add_generation_prompt: o.addGenerationPrompt ?? true },
     };
   }
 

@@ -6,6 +6,7 @@
  * modes: `remote` (the engine's /tokenize) and `hf` (a real model's tokenizer, hf-tokenizer.ts).
  */
 import { type ChatMessage, fnv1a32, tokenizeChat, tokenizePrompt } from "./sim-tokenizer.js";
+import { rawToolJsonInexact } from "./tool-json.js";
 
 export type TokenizerMode = "remote" | "local" | "approximate" | "hf";
 
@@ -26,11 +27,21 @@ export interface PromptInput {
   templateKwargs?: Readonly<Record<string, unknown>>;
   addGenerationPrompt?: boolean;
   addSpecialTokens?: boolean;
+  /** Tool JSON in the raw request a JavaScript parse changes (tool-json.ts): `hf` falls back for it. */
+  rawToolJsonProblem?: string;
 }
 
-export function promptInputOf(body: Record<string, unknown>): PromptInput {
+/**
+ * `rawBody`: the request's JSON text, when the caller has it; only then can `hf` mode see an
+ * integer-valued float such as `20.0` in `tools` (parsed, it is `20`; Python prints `20.0`).
+ */
+export function promptInputOf(body: Record<string, unknown>, rawBody?: string | Uint8Array): PromptInput {
   const out: PromptInput = {};
   if (Array.isArray(body.messages)) {
+    if (rawBody !== undefined && (Array.isArray(body.tools) || body.messages.some((m) => m && typeof m === "object" && (m as { tool_calls?: unknown }).tool_calls != null))) {
+      const problem = rawToolJsonInexact(typeof rawBody === "string" ? rawBody : new TextDecoder().decode(rawBody));
+      if (problem) out.rawToolJsonProblem = problem;
+    }
     out.messages = body.messages as ChatMessage[];
     if (Array.isArray(body.tools) && body.tools.length > 0) out.tools = body.tools;
     const kw = body.chat_template_kwargs;
