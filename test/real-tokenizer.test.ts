@@ -125,6 +125,38 @@ describe.each(REAL_MODELS)("real tokenizer %s", (model) => {
     await tok.close();
   });
 
+  it("continue_final_message: ids equal python jinja2 + transformers' cut; with add_generation_prompt it falls back, counted", async () => {
+    const t = hf(model);
+    const js = jsTokenizer(model);
+    const cases: RenderCase[] = [
+      { messages: [...chat, { role: "assistant", content: "A KV cache holds  " }], addGenerationPrompt: false, continueFinalMessage: true },
+      { messages: [...chat, { role: "assistant", content: "\nKV" }, { role: "user", content: "KV" }, { role: "assistant", content: "KV" }], addGenerationPrompt: false, continueFinalMessage: true },
+      ...Array.from({ length: 10 }, (_, i) => {
+        const m = randomConversation(4000 + i, 1 + (i % 4));
+        // "Sure:" first: @huggingface/jinja's lstrip('\n') strips all leading whitespace (a known
+        // divergence of that renderer, not of the cut), which Qwen3's template applies to the last reply.
+        return { messages: [...m, { role: "assistant", content: `Sure: ${m[m.length - 1]?.content as string}` }], addGenerationPrompt: false, continueFinalMessage: true };
+      }),
+    ];
+    const rendered = pythonRender(model, cases);
+    for (const [i, c] of cases.entries()) {
+      const o = { addGenerationPrompt: false, continueFinalMessage: true };
+      const expected = rendered[i];
+      if (expected === null) {
+        await expect(t.chatIds(c.messages, o)).rejects.toBeInstanceOf(ChatTemplateError);
+        continue;
+      }
+      expect(t.renderChat(c.messages, o), `case ${i}`).toBe(expected);
+      expect(await t.chatIds(c.messages, o)).toEqual(js.encode(expected, { add_special_tokens: false }).ids);
+    }
+    const tok = new Tokenizer({ modes: { m: `hf:${tokenizerDir(model)}` } });
+    const input = promptInputOf({ messages: cases[0]?.messages, continue_final_message: true });
+    expect((await tok.tokenize("m", input, undefined)).mode).toBe("approximate");
+    expect(tok.stats).toMatchObject({ fallbacks: 1, templateErrors: 1 });
+    expect((await tok.tokenize("m", { ...input, addGenerationPrompt: false }, undefined)).tokens).toEqual(js.encode(rendered[0] as string, { add_special_tokens: false }).ids);
+    await tok.close();
+  });
+
   it("completion ids equal the pure-JS tokenizer's with special tokens added", async () => {
     const t = hf(model);
     const js = jsTokenizer(model);

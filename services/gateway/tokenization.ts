@@ -163,6 +163,7 @@ export class Tokenizer {
             ...(input.tools ? { tools: input.tools } : {}),
             ...(input.templateKwargs ? { templateKwargs: input.templateKwargs } : {}),
             ...(input.rawToolJsonProblem ? { rawToolJsonProblem: input.rawToolJsonProblem } : {}),
+            ...(input.continueFinalMessage ? { continueFinalMessage: true } : {}),
             addGenerationPrompt: input.addGenerationPrompt ?? true,
             addSpecialTokens: input.addSpecialTokens ?? false,
           })
@@ -199,6 +200,7 @@ export class Tokenizer {
             messages: input.messages,
             add_generation_prompt: input.addGenerationPrompt ?? true,
             add_special_tokens: input.addSpecialTokens ?? false,
+            ...(input.continueFinalMessage ? { continue_final_message: true } : {}),
             ...(input.tools ? { tools: input.tools } : {}),
             ...(input.templateKwargs ? { chat_template_kwargs: input.templateKwargs } : {}),
           }

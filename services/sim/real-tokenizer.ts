@@ -69,6 +69,7 @@ async function chatIds(t: HfTokenizer, body: Body): Promise<number[]> {
       addSpecialTokens: bool(body, "add_special_tokens", false),
       // The engine stand-in renders what it can; only the gateway must refuse inexact tool JSON.
       exactJson: false,
+      continueFinalMessage: bool(body, "continue_final_message", false),
       ...(Array.isArray(body.tools) ? { tools: body.tools } : {}),
       ...(kw && typeof kw === "object" && !Array.isArray(kw) ? { templateKwargs: kw as Record<string, unknown> } : {}),
     });

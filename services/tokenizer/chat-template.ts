@@ -31,6 +31,12 @@ export interface RenderChatOptions {
    */
   exactJson?: boolean;
   rawToolJsonProblem?: string;
+  /**
+   * vLLM's `continue_final_message`: the prompt ends inside the last message (transformers renders,
+   * then cuts right after the last occurrence of that message's stripped content). Refused with
+   * `addGenerationPrompt` true, as vLLM refuses it.
+   */
+  continueFinalMessage?: boolean;
 }
 
 /** The error a template raised (or a message it could not render): the caller falls back, it never crashes. */
@@ -95,6 +101,26 @@ export function normaliseMessages(messages: readonly HfChatMessage[], exact = tr
 export interface RenderJob {
   name: string;
   context: Record<string, unknown>;
+  /** continue_final_message: the text the render is cut after (finishRender). */
+  cutAfter?: string;
+}
+
+// CPython's str.strip() whitespace (JavaScript's trim() differs: it strips U+FEFF, keeps U+001C-U+001F).
+const PY_SPACE = "[\\t\\n\\v\\f\\r\\x1c-\\x1f \\x85\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]";
+const PY_STRIP = new RegExp(`^${PY_SPACE}+|${PY_SPACE}+$`, "g");
+
+/** Python's `s.strip()`. */
+export function pythonStrip(s: string): string {
+  return s.replace(PY_STRIP, "");
+}
+
+/** A rendered prompt as the job wants it: cut after the final message for continue_final_message. Throws ChatTemplateError. */
+export function finishRender(job: RenderJob, text: string): string {
+  if (job.cutAfter === undefined) return text;
+  const at = text.lastIndexOf(job.cutAfter);
+  // transformers raises: the final message does not appear in the rendered chat.
+  if (at < 0) throw new ChatTemplateError("continue_final_message: the final message's content does not appear in the rendered prompt");
+  return text.slice(0, at + job.cutAfter.length);
 }
 
 /** The template(s) of a model: `chat_template` is a string or a list of `{name, template}`. */
@@ -153,19 +179,29 @@ export class ChatTemplates {
     for (const [k, v] of Object.entries(o.templateKwargs ?? {})) {
       if (k !== "messages" && (typeof v === "boolean" || typeof v === "number" || typeof v === "string" || v === null)) extra[k] = v;
     }
+    let cutAfter: string | undefined;
+    if (o.continueFinalMessage) {
+      if (o.addGenerationPrompt ?? true) throw new ChatTemplateError("continue_final_message and add_generation_prompt cannot both be true");
+      const last = normalised[normalised.length - 1];
+      if (!last) throw new ChatTemplateError("continue_final_message needs a final message");
+      cutAfter = pythonStrip(last.content as string);
+    }
     return {
       name,
+      ...(cutAfter !== undefined ? { cutAfter } : {}),
       context: { ...this.variables, ...extra, messages: normalised, tools: tools ?? null, add_generation_prompt: o.addGenerationPrompt ?? true },
     };
   }
 
   /** Renders a job on this thread. */
   renderJob(job: RenderJob): string {
+    let text: string;
     try {
-      return (this.byName.get(job.name) as Template).render(job.context);
+      text = (this.byName.get(job.name) as Template).render(job.context);
     } catch (err) {
       throw new ChatTemplateError(`chat template failed: ${(err as Error).message}`);
     }
+    return finishRender(job, text);
   }
 
   render(messages: readonly HfChatMessage[], o: RenderChatOptions = {}): string {

@@ -18,7 +18,7 @@
 import { Tokenizer as NativeTokenizer } from "tokenizers";
 import { BoundedQueue } from "./bounded-queue.js";
 import { RenderPool } from "./render-pool.js";
-import { ChatTemplateError, ChatTemplates, type HfChatMessage, type RenderChatOptions } from "./chat-template.js";
+import { ChatTemplateError, ChatTemplates, finishRender, type HfChatMessage, type RenderChatOptions } from "./chat-template.js";
 import { PrefixIdsCache } from "./prefix-ids.js";
 import { type AddedTokenSpec, planSplits, type SplitPlan, SplitPoints } from "./split-points.js";
 
@@ -138,7 +138,7 @@ export class HfTokenizer {
   async renderChatOffLoop(messages: readonly HfChatMessage[], o: RenderChatOptions = {}): Promise<string> {
     if (!this.templates) throw new ChatTemplateError(this.templateProblem ?? "no chat template");
     const job = this.templates.job(messages, o);
-    return this.renderPool ? this.renderPool.render(job) : this.templates.renderJob(job);
+    return this.renderPool ? finishRender(job, await this.renderPool.render(job)) : this.templates.renderJob(job);
   }
 
   /** Stops the render workers (they never keep a process alive; this frees them early). */

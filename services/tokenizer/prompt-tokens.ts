@@ -22,11 +22,12 @@ export function hfTokenizerDir(setting: TokenizerSetting): string | undefined {
 export interface PromptInput {
   messages?: readonly ChatMessage[];
   prompt?: string | readonly string[];
-  /** Chat request fields that change the rendered prompt (vLLM): `tools`, `chat_template_kwargs`, `add_generation_prompt`, `add_special_tokens`. */
+  /** Chat request fields that change the rendered prompt (vLLM): `tools`, `chat_template_kwargs`, `add_generation_prompt`, `add_special_tokens`, `continue_final_message`. */
   tools?: readonly unknown[];
   templateKwargs?: Readonly<Record<string, unknown>>;
   addGenerationPrompt?: boolean;
   addSpecialTokens?: boolean;
+  continueFinalMessage?: boolean;
   /** Tool JSON in the raw request a JavaScript parse changes (tool-json.ts): `hf` falls back for it. */
   rawToolJsonProblem?: string;
 }
@@ -48,6 +49,7 @@ export function promptInputOf(body: Record<string, unknown>, rawBody?: string | 
     if (kw && typeof kw === "object" && !Array.isArray(kw)) out.templateKwargs = kw as Record<string, unknown>;
     if (typeof body.add_generation_prompt === "boolean") out.addGenerationPrompt = body.add_generation_prompt;
     if (typeof body.add_special_tokens === "boolean") out.addSpecialTokens = body.add_special_tokens;
+    if (typeof body.continue_final_message === "boolean") out.continueFinalMessage = body.continue_final_message;
   }
   if (typeof body.prompt === "string" || (Array.isArray(body.prompt) && body.prompt.every((p) => typeof p === "string"))) {
     out.prompt = body.prompt as string | string[];
