@@ -219,6 +219,24 @@ describe("real tokenizer - failure paths", () => {
     await modified.close();
   });
 
+  it("a template that iterates over content parts (vLLM's openai content format) is marked; its requests fall back, counted", async () => {
+    for (const model of REAL_MODELS) expect(hf(model).templateProblem).toBeUndefined();
+    const loops = [
+      "{% for m in messages %}{% for part in m['content'] %}{{ part['text'] }}{% endfor %}{% endfor %}",
+      "{%- for message in messages %}{%- for c in message.content | selectattr('type', 'equalto', 'text') %}{{ c.text }}{%- endfor %}{%- endfor %}",
+    ];
+    for (const template of loops) {
+      const d = copyDir();
+      writeFileSync(join(d, "chat_template.jinja"), template);
+      const t = new Tokenizer({ modes: { m: `hf:${d}` } });
+      const h = t.hfTokenizers().get(d) as HfTokenizer;
+      expect(h.templateProblem).toMatch(/iterates over message content parts/);
+      expect((await t.tokenize("m", { messages: chat }, undefined)).mode).toBe("approximate");
+      expect(t.stats).toMatchObject({ fallbacks: 1, templateErrors: 1 });
+      await t.close();
+    }
+  });
+
   it("a missing or corrupt directory fails at start, naming the file", () => {
     const empty = mkdtempSync(join(tmpdir(), "jr-tok-"));
     expect(() => new Tokenizer({ defaultMode: `hf:${empty}` })).toThrow(`${empty}/tokenizer.json: file not found`);

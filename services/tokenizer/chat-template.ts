@@ -123,6 +123,17 @@ export function finishRender(job: RenderJob, text: string): string {
   return text.slice(0, at + job.cutAfter.length);
 }
 
+/**
+ * Whether a template iterates over a message's content as a list of parts (`{% for part in
+ * message['content'] %}`, `message.content`, optionally through a filter): vLLM's
+ * `_detect_content_format` then passes OpenAI-style part lists, even for string content, which
+ * this renderer does not reproduce. A textual check over the template source.
+ */
+const CONTENT_LOOP = /\{%-?\s*for\s+[\w\s,()]+\s+in\s+\(?\s*\w+\s*(?:\[\s*['"]content['"]\s*\]|\.content\b)/;
+export function iteratesContentParts(source: string): boolean {
+  return CONTENT_LOOP.test(source);
+}
+
 /** The template(s) of a model: `chat_template` is a string or a list of `{name, template}`. */
 export class ChatTemplates {
   private readonly byName = new Map<string, Template>();
@@ -149,7 +160,11 @@ export class ChatTemplates {
       }
     }
     this.variables = specialTokenVariables(config);
+    for (const [name, src] of sources) if (iteratesContentParts(src)) this.contentParts.add(name);
   }
+
+  /** Templates (by name) that want content as a list of parts (iteratesContentParts): requests on them are refused. */
+  readonly contentParts = new Set<string>();
 
   /** The template and variables for a conversation (cheap; throws ChatTemplateError on messages it cannot take). */
   job(messages: readonly HfChatMessage[], o: RenderChatOptions = {}): RenderJob {
@@ -175,6 +190,7 @@ export class ChatTemplates {
       throw err;
     }
     const name = tools && this.byName.has("tool_use") ? "tool_use" : "default";
+    if (this.contentParts.has(name)) throw new ChatTemplateError(`chat_template ${JSON.stringify(name)} iterates over message content parts (vLLM's "openai" content format), not rendered here`);
     const extra: Record<string, unknown> = {};
     for (const [k, v] of Object.entries(o.templateKwargs ?? {})) {
       if (k !== "messages" && (typeof v === "boolean" || typeof v === "number" || typeof v === "string" || v === null)) extra[k] = v;

@@ -109,6 +109,7 @@ export class HfTokenizer {
         throw new TokenizerFilesError(`${source}/${file}: ${(err as Error).message}`);
       }
     }
+    if (templates?.contentParts.has("default")) templateProblem = `${source}: the chat template iterates over message content parts (vLLM's "openai" content format); chat requests fall back`;
     this.templates = templates;
     this.templateProblem = templateProblem;
     this.queue = new BoundedQueue(o.concurrency ?? 2, o.maxQueued ?? 256);
