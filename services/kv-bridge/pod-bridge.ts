@@ -70,7 +70,7 @@ export function newStats(): KvBridgeStats {
     cleared: { "engine-restart": 0, "gap-unrepairable": 0, "replay-unavailable": 0, "bridge-start": 0 },
     gaps: 0, gapsRepaired: 0, restarts: 0, replays: 0, replayFailures: 0, liveDuplicates: 0,
     malformed: 0, oversize: 0, invalidEvents: 0, unknownEvents: 0, splitBatches: 0, internalErrors: 0,
-    acked: 0, duplicates: 0, publishErrors: 0, unknownParents: 0, evicted: 0, disconnects: 0, socketsRecreated: 0,
+    acked: 0, duplicates: 0, publishErrors: 0, unknownParents: 0, evicted: 0, ambiguousParents: 0, disconnects: 0, socketsRecreated: 0,
     deadLetters: 0, deadLetterErrors: 0,
   };
 }
@@ -177,7 +177,7 @@ export class PodBridge {
     private readonly o: PodBridgeOptions,
   ) {
     this.subject = o.subjects.kv(target.model, target.pod);
-    this.map = new BlockMap(target.model, o.maxTrackedBlocks, o.stats);
+    this.map = new BlockMap(target.model, o.maxTrackedBlocks, o.stats, target.engine ?? "vllm");
     this.publisher = new OrderedPublisher({ js: o.js, window: o.window, log: o.log, counters: o.stats });
     this.link = new EngineLink({
       endpoint: target.endpoint,
