@@ -237,6 +237,35 @@ describe("real tokenizer - failure paths", () => {
     }
   });
 
+  it("completions: add_special_tokens false is honoured; a batch of prompts falls back, counted", async () => {
+    // Llama-3 as Meta ships it: the post-processor adds BOS (the packaged file's does not).
+    const d = mkdtempSync(join(tmpdir(), "jr-tok-"));
+    copyFileSync(join(tokenizerDir("llama3"), "tokenizer_config.json"), join(d, "tokenizer_config.json"));
+    const spec = JSON.parse(readFileSync(join(tokenizerDir("llama3"), "tokenizer.json"), "utf8")) as Record<string, unknown>;
+    spec.post_processor = {
+      type: "Sequence",
+      processors: [
+        { type: "ByteLevel", add_prefix_space: true, trim_offsets: false, use_regex: true },
+        { type: "TemplateProcessing", single: [{ SpecialToken: { id: "<|begin_of_text|>", type_id: 0 } }, { Sequence: { id: "A", type_id: 0 } }], pair: [{ Sequence: { id: "A", type_id: 0 } }, { Sequence: { id: "B", type_id: 1 } }], special_tokens: { "<|begin_of_text|>": { id: "<|begin_of_text|>", ids: [128000], tokens: ["<|begin_of_text|>"] } } },
+      ],
+    };
+    writeFileSync(join(d, "tokenizer.json"), JSON.stringify(spec));
+    const tok = new Tokenizer({ modes: { m: `hf:${d}` } });
+    const text = "The gateway routes requests to warm pods.";
+    const withBos = await tok.tokenize("m", promptInputOf({ prompt: text }), undefined);
+    expect(withBos.tokens).toEqual([128000, ...GOLDEN.llama3.completion]);
+    const bare = await tok.tokenize("m", promptInputOf({ prompt: text, add_special_tokens: false }), undefined);
+    expect(bare).toEqual({ tokens: GOLDEN.llama3.completion, mode: "hf" });
+    expect((await tok.tokenize("m", promptInputOf({ prompt: [text], add_special_tokens: false }), undefined)).tokens).toEqual(bare.tokens);
+    const batch = promptInputOf({ prompt: [text, "a second prompt"] });
+    expect(await tok.tokenize("m", batch, undefined)).toEqual({ tokens: approximateTokens(batch), mode: "approximate" });
+    expect(tok.stats).toMatchObject({ fallbacks: 1, promptBatches: 1, templateErrors: 0 });
+    const registry = new client.Registry();
+    tok.registerMetrics(registry);
+    expect(await registry.metrics()).toContain('jetroute_gateway_tokenizer{figure="prompt_batches"} 1');
+    await tok.close();
+  });
+
   it("a missing or corrupt directory fails at start, naming the file", () => {
     const empty = mkdtempSync(join(tmpdir(), "jr-tok-"));
     expect(() => new Tokenizer({ defaultMode: `hf:${empty}` })).toThrow(`${empty}/tokenizer.json: file not found`);

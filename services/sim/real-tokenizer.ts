@@ -90,7 +90,7 @@ export async function realPromptTokens(kind: "chat" | "completion", raw: unknown
   if (kind === "chat") return Array.isArray(body.messages) ? chatIds(t, body) : undefined;
   let prompt = body.prompt;
   if (Array.isArray(prompt) && prompt.length === 1 && typeof prompt[0] === "string") prompt = prompt[0];
-  return typeof prompt === "string" ? t.promptIds(prompt, true) : undefined;
+  return typeof prompt === "string" ? t.promptIds(prompt, bool(body, "add_special_tokens", true)) : undefined;
 }
 
 /** `/tokenize` on the real tokenizer, both of vLLM's forms; undefined = let the parser report the error. */

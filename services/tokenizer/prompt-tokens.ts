@@ -48,13 +48,23 @@ export function promptInputOf(body: Record<string, unknown>, rawBody?: string | 
     const kw = body.chat_template_kwargs;
     if (kw && typeof kw === "object" && !Array.isArray(kw)) out.templateKwargs = kw as Record<string, unknown>;
     if (typeof body.add_generation_prompt === "boolean") out.addGenerationPrompt = body.add_generation_prompt;
-    if (typeof body.add_special_tokens === "boolean") out.addSpecialTokens = body.add_special_tokens;
     if (typeof body.continue_final_message === "boolean") out.continueFinalMessage = body.continue_final_message;
   }
+  // Chat (default false) and completion (default true) requests both take it.
+  if (typeof body.add_special_tokens === "boolean") out.addSpecialTokens = body.add_special_tokens;
   if (typeof body.prompt === "string" || (Array.isArray(body.prompt) && body.prompt.every((p) => typeof p === "string"))) {
     out.prompt = body.prompt as string | string[];
   }
   return out;
+}
+
+/**
+ * A completion prompt that is one text: a string, or a list of one string. A longer list is a
+ * batch (one engine request per prompt, each with its own blocks): undefined.
+ */
+export function singlePrompt(p: PromptInput["prompt"]): string | undefined {
+  if (typeof p === "string") return p;
+  return p && p.length === 1 ? p[0] : undefined;
 }
 
 function promptText(p: PromptInput["prompt"]): string {
@@ -63,6 +73,7 @@ function promptText(p: PromptInput["prompt"]): string {
 
 export function localTokens(input: PromptInput): number[] {
   if (input.messages) return tokenizeChat(input.messages, { addGenerationPrompt: input.addGenerationPrompt ?? true, addSpecialTokens: input.addSpecialTokens ?? false });
+  // Completions always with special tokens here: the simulator's local mode ignores the field too.
   return tokenizePrompt(promptText(input.prompt), { addSpecialTokens: true });
 }
 
