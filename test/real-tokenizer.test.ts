@@ -14,7 +14,7 @@ import { describe, expect, it } from "vitest";
 import { loadHfTokenizerDir, Tokenizer } from "../services/gateway/tokenization.js";
 import { QueueFullError } from "../services/tokenizer/bounded-queue.js";
 import { ChatTemplateError, normaliseMessages } from "../services/tokenizer/chat-template.js";
-import { RenderPool } from "../services/tokenizer/render-pool.js";
+import { MAX_STARTUP_FAILURES, RenderPool, RenderPoolUnavailableError } from "../services/tokenizer/render-pool.js";
 import type { HfTokenizer } from "../services/tokenizer/hf-tokenizer.js";
 import { approximateTokens, promptInputOf } from "../services/tokenizer/prompt-tokens.js";
 import { jsTokenizer, pythonRender, RAND_CASES, readConfig, type RenderCase, randomConversation, REAL_MODELS, type RealModel, tokenizerDir } from "./harness/real-tokenizers.js";
@@ -336,6 +336,32 @@ describe("real tokenizer - failure paths", () => {
     expect(results.filter((r) => r.status === "rejected").every((r) => (r as PromiseRejectedResult).reason instanceof QueueFullError)).toBe(true);
     expect([pool.refused, pool.inFlight]).toEqual([3, 0]);
     await pool.close();
+  });
+
+  it("render workers that fail to start: after 3 in a row the pool backs off and refuses at once; later it tries again", async () => {
+    let now = 0;
+    const missing = join(mkdtempSync(join(tmpdir(), "jr-tok-")), "no-such-jinja.js");
+    const pool = new RenderPool(new Map([["default", "{{ messages[0].content }}"]]), 1, 4, { jinjaModule: missing, now: () => now });
+    const job = { name: "default", context: { messages: [{ role: "user", content: "hi" }] } };
+    for (let i = 1; i <= MAX_STARTUP_FAILURES; i++) {
+      await expect(pool.render(job)).rejects.toBeInstanceOf(ChatTemplateError);
+      expect([pool.spawned, pool.startupFailures]).toEqual([i, i]);
+    }
+    // Backing off: refused without a new worker, many times over.
+    for (let i = 0; i < 10; i++) await expect(pool.render(job)).rejects.toBeInstanceOf(RenderPoolUnavailableError);
+    expect(pool.spawned).toBe(MAX_STARTUP_FAILURES);
+    now += 1_000;
+    await expect(pool.render(job)).rejects.toBeInstanceOf(ChatTemplateError);
+    expect(pool.spawned).toBe(MAX_STARTUP_FAILURES + 1);
+    // The backoff doubled: 1 s later it still refuses.
+    now += 1_000;
+    await expect(pool.render(job)).rejects.toBeInstanceOf(RenderPoolUnavailableError);
+    await pool.close();
+    // A pool whose workers start renders, and a startup resets the count.
+    const good = new RenderPool(new Map([["default", "{{ messages[0].content }}"]]), 1, 4);
+    expect(await good.render(job)).toBe("hi");
+    expect([good.spawned, good.startupFailures]).toEqual([1, 0]);
+    await good.close();
   });
 
   it("a full encode queue refuses at once: that request is approximate, counted", async () => {

@@ -17,7 +17,7 @@
  */
 import { Tokenizer as NativeTokenizer } from "tokenizers";
 import { BoundedQueue } from "./bounded-queue.js";
-import { RenderPool } from "./render-pool.js";
+import { RenderPool, RenderPoolUnavailableError } from "./render-pool.js";
 import { ChatTemplateError, ChatTemplates, finishRender, type HfChatMessage, type RenderChatOptions } from "./chat-template.js";
 import { PrefixIdsCache } from "./prefix-ids.js";
 import { type AddedTokenSpec, planSplits, type SplitPlan, SplitPoints } from "./split-points.js";
@@ -139,7 +139,14 @@ export class HfTokenizer {
   async renderChatOffLoop(messages: readonly HfChatMessage[], o: RenderChatOptions = {}): Promise<string> {
     if (!this.templates) throw new ChatTemplateError(this.templateProblem ?? "no chat template");
     const job = this.templates.job(messages, o);
-    return this.renderPool ? finishRender(job, await this.renderPool.render(job)) : this.templates.renderJob(job);
+    if (!this.renderPool) return this.templates.renderJob(job);
+    try {
+      return finishRender(job, await this.renderPool.render(job));
+    } catch (err) {
+      // Workers that cannot start: render here rather than lose the request (the pool retries later).
+      if (err instanceof RenderPoolUnavailableError) return this.templates.renderJob(job);
+      throw err;
+    }
   }
 
   /** Stops the render workers (they never keep a process alive; this frees them early). */
