@@ -266,6 +266,32 @@ describe("real tokenizer - failure paths", () => {
     await tok.close();
   });
 
+  it("split_special_tokens, or added-token flags that differ between the two files, turn the prefix-id cache off (warned once)", async () => {
+    for (const model of REAL_MODELS) expect([hf(model).prefixCacheProblem, hf(model).prefixStats]).toEqual([undefined, expect.anything()]);
+    const edits: Array<(c: Record<string, unknown>) => void> = [
+      (c) => {
+        c.split_special_tokens = true;
+      },
+      (c) => {
+        (c.added_tokens_decoder as Record<string, Record<string, unknown>>)["151645"] = { content: "<|im_end|>", lstrip: false, normalized: false, rstrip: true, single_word: false, special: true };
+      },
+    ];
+    for (const edit of edits) {
+      const d = copyDir();
+      const config = JSON.parse(readFileSync(join(d, "tokenizer_config.json"), "utf8")) as Record<string, unknown>;
+      edit(config);
+      writeFileSync(join(d, "tokenizer_config.json"), JSON.stringify(config));
+      const warnings: string[] = [];
+      const t = loadHfTokenizerDir(d, { warn: (m) => warnings.push(m) });
+      expect(t.prefixStats).toBeUndefined();
+      expect(warnings).toHaveLength(1);
+      expect(warnings[0]).toContain(`${d}: prefix-id cache off: `);
+      // Still the same ids, only without reuse.
+      expect(await t.chatIds(chat)).toEqual(GOLDEN.qwen3.chat);
+      await t.close();
+    }
+  });
+
   it("a missing or corrupt directory fails at start, naming the file", () => {
     const empty = mkdtempSync(join(tmpdir(), "jr-tok-"));
     expect(() => new Tokenizer({ defaultMode: `hf:${empty}` })).toThrow(`${empty}/tokenizer.json: file not found`);
