@@ -14,6 +14,8 @@ import { describe, expect, it } from "vitest";
 import { loadHfTokenizerDir, Tokenizer } from "../services/gateway/tokenization.js";
 import { QueueFullError } from "../services/tokenizer/bounded-queue.js";
 import { ChatTemplateError, normaliseMessages } from "../services/tokenizer/chat-template.js";
+import { PrefixIdsCache } from "../services/tokenizer/prefix-ids.js";
+import { SplitPoints } from "../services/tokenizer/split-points.js";
 import { MAX_STARTUP_FAILURES, RenderPool, RenderPoolUnavailableError } from "../services/tokenizer/render-pool.js";
 import type { HfTokenizer } from "../services/tokenizer/hf-tokenizer.js";
 import { approximateTokens, promptInputOf } from "../services/tokenizer/prompt-tokens.js";
@@ -184,6 +186,33 @@ describe.each(REAL_MODELS)("real tokenizer %s", (model) => {
     expect(st?.hits).toBeGreaterThan(200);
     expect(st?.reusedChars).toBeGreaterThan(0);
     expect(st?.unaligned).toBe(0);
+  });
+
+  it("the prefix-cache comparison catches a cut moved by one character (a plan cutting inside <|im_end|>)", async () => {
+    const whole = loadHfTokenizerDir(tokenizerDir(model), { prefixCacheBytes: 0 });
+    const native = loadHfTokenizerDir(tokenizerDir(model), { prefixCacheBytes: 0 });
+    const encode = (text: string) => native.promptIds(text, false);
+    const real = new SplitPoints(whole.splitPlan);
+    const boundaryIds = new Map(whole.splitPlan.boundaryTokens.map((t) => [t, whole.tokenId(t) as number]));
+    const run = async (splits: SplitPoints) => {
+      const cache = new PrefixIdsCache({ splits, boundaryIds, maxBytes: 1 << 20, encode });
+      let mismatches = 0;
+      for (let conv = 0; conv < 5; conv++) {
+        const full = randomConversation(6000 + conv, 4, "A shared system prompt.");
+        for (let end = 2; end <= full.length; end += 2) {
+          const text = whole.renderChat(full.slice(0, end));
+          if (JSON.stringify(await cache.encode("", text)) !== JSON.stringify(await encode(text))) mismatches++;
+        }
+      }
+      return { mismatches, hits: cache.stats.hits };
+    };
+    const exact = await run(real);
+    expect(exact).toMatchObject({ mismatches: 0 });
+    expect(exact.hits).toBeGreaterThan(5);
+    // Every cut one character early: inside the closing token (`<|im_end|` + `>`, `<|eot_id|` + `>`).
+    const early = { of: (text: string) => real.of(text).map((c) => c - 1), plan: whole.splitPlan, enabled: true } as unknown as SplitPoints;
+    expect((await run(early)).mismatches).toBeGreaterThan(0);
+    await Promise.all([whole.close(), native.close()]);
   });
 
   it("the prefix cache stays within its byte bound", async () => {
