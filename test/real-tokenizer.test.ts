@@ -6,7 +6,7 @@
  * queue).
  */
 import { spawn } from "node:child_process";
-import { copyFileSync, mkdtempSync, writeFileSync } from "node:fs";
+import { copyFileSync, mkdtempSync, readFileSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import client from "prom-client";
@@ -14,9 +14,11 @@ import { describe, expect, it } from "vitest";
 import { loadHfTokenizerDir, Tokenizer } from "../services/gateway/tokenization.js";
 import { QueueFullError } from "../services/tokenizer/bounded-queue.js";
 import { ChatTemplateError, normaliseMessages } from "../services/tokenizer/chat-template.js";
-import { RenderPool } from "../services/tokenizer/render-pool.js";
+import { PrefixIdsCache } from "../services/tokenizer/prefix-ids.js";
+import { SplitPoints } from "../services/tokenizer/split-points.js";
+import { MAX_STARTUP_FAILURES, RenderPool, RenderPoolUnavailableError } from "../services/tokenizer/render-pool.js";
 import type { HfTokenizer } from "../services/tokenizer/hf-tokenizer.js";
-import { approximateTokens } from "../services/tokenizer/prompt-tokens.js";
+import { approximateTokens, promptInputOf } from "../services/tokenizer/prompt-tokens.js";
 import { jsTokenizer, pythonRender, RAND_CASES, readConfig, type RenderCase, randomConversation, REAL_MODELS, type RealModel, tokenizerDir } from "./harness/real-tokenizers.js";
 
 const chat = [
@@ -70,6 +72,93 @@ describe.each(REAL_MODELS)("real tokenizer %s", (model) => {
     }
   });
 
+  it("tools and tool calls: ids equal a render of vLLM's normalisation done in Python", async () => {
+    const t = hf(model);
+    const js = jsTokenizer(model);
+    const weather = { type: "function", function: { name: "get_weather", description: "Weather of a city", parameters: { type: "object", properties: { city: { type: "string" }, days: { type: "integer", minimum: 1 } }, required: ["city"] } } };
+    // Out of pydantic's order, no description, no parameters, extra fields: model_dump reorders and fills in.
+    const bare = { function: { strict: true, name: "ping" }, extra: "x" };
+    const call = (args: string | undefined) => ({ role: "assistant", content: "", tool_calls: [{ id: "c1", type: "function", function: { name: "get_weather", ...(args === undefined ? {} : { arguments: args }) } }] });
+    const cases: RenderCase[] = [
+      { messages: chat, tools: [weather] },
+      { messages: chat, tools: [bare, weather] },
+      { messages: [...chat, call('{"city": "Paris", "days": 2, "unit": 0.5}'), { role: "tool", tool_call_id: "c1", content: "sunny" }], tools: [weather] },
+      { messages: [...chat, call(""), { role: "tool", content: "ok" }], tools: [weather] },
+      { messages: [...chat, call(undefined), { role: "user", content: "and?" }] },
+    ];
+    const rendered = pythonRender(model, cases);
+    for (const [i, c] of cases.entries()) {
+      const o = { ...(c.tools ? { tools: c.tools } : {}) };
+      expect(t.renderChat(c.messages, o), `case ${i}`).toBe(rendered[i]);
+      expect(await t.chatIds(c.messages, o)).toEqual(js.encode(rendered[i] as string, { add_special_tokens: false }).ids);
+    }
+  });
+
+  it("tool JSON a JavaScript parse changes (20.0, integer-like keys, integers above 2^53) falls back, counted", async () => {
+    const tok = new Tokenizer({ modes: { m: `hf:${tokenizerDir(model)}` } });
+    const t = tok.hfTokenizers().get(tokenizerDir(model)) as HfTokenizer;
+    const tool = (params: string) => `{"type":"function","function":{"name":"f","parameters":${params}}}`;
+    const callWith = (args: string) => `{"role":"assistant","content":"","tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":${JSON.stringify(args)}}}]}`;
+    const msgs = JSON.stringify(chat).slice(1, -1);
+    const raws = [
+      `{"messages":[${msgs}],"tools":[${tool('{"type":"object","default":20.0}')}]}`,
+      `{"messages":[${msgs}],"tools":[${tool('{"type":"object","properties":{"b":{},"1":{}}}')}]}`,
+      `{"messages":[${msgs}],"tools":[${tool('{"maximum":12345678901234567890}')}]}`,
+      `{"messages":[${msgs},${callWith('{"x": 1.50e1}')}]}`,
+      `{"messages":[${msgs},${callWith('{"10": "a", "2": "b"}')}]}`,
+    ];
+    const parsed = raws.map((r) => JSON.parse(r) as Record<string, unknown>);
+    const rendered = pythonRender(model, raws.map((r, i) => ({ messages: parsed[i]?.messages as never, request: r })));
+    let differs = 0;
+    for (const [i, raw] of raws.entries()) {
+      const body = parsed[i] as Record<string, unknown>;
+      const input = promptInputOf(body, raw);
+      // What a render from the parsed JSON would give, without the check.
+      const loose = t.renderChat(body.messages as never, { ...(input.tools ? { tools: input.tools } : {}), exactJson: false });
+      if (loose !== rendered[i]) differs++;
+      expect((await tok.tokenize("m", input, undefined)).mode, `case ${i}`).toBe("approximate");
+    }
+    // Llama-3's template ignores tools and tool calls: nothing differs there, the check is only cautious.
+    expect(differs).toBe(model === "qwen3" ? raws.length : 0);
+    expect(tok.stats).toMatchObject({ fallbacks: raws.length, templateErrors: raws.length });
+    // The same requests without the raw text: all but the integer-valued float are still caught.
+    const noRaw = await Promise.all(parsed.map((b) => tok.tokenize("m", promptInputOf(b), undefined)));
+    expect(noRaw.map((r) => r.mode)).toEqual(["hf", "approximate", "approximate", "approximate", "approximate"]);
+    await tok.close();
+  });
+
+  it("continue_final_message: ids equal python jinja2 + transformers' cut; with add_generation_prompt it falls back, counted", async () => {
+    const t = hf(model);
+    const js = jsTokenizer(model);
+    const cases: RenderCase[] = [
+      { messages: [...chat, { role: "assistant", content: "A KV cache holds  " }], addGenerationPrompt: false, continueFinalMessage: true },
+      { messages: [...chat, { role: "assistant", content: "\nKV" }, { role: "user", content: "KV" }, { role: "assistant", content: "KV" }], addGenerationPrompt: false, continueFinalMessage: true },
+      ...Array.from({ length: 10 }, (_, i) => {
+        const m = randomConversation(4000 + i, 1 + (i % 4));
+        // "Sure:" first: @huggingface/jinja's lstrip('\n') strips all leading whitespace (a known
+        // divergence of that renderer, not of the cut), which Qwen3's template applies to the last reply.
+        return { messages: [...m, { role: "assistant", content: `Sure: ${m[m.length - 1]?.content as string}` }], addGenerationPrompt: false, continueFinalMessage: true };
+      }),
+    ];
+    const rendered = pythonRender(model, cases);
+    for (const [i, c] of cases.entries()) {
+      const o = { addGenerationPrompt: false, continueFinalMessage: true };
+      const expected = rendered[i];
+      if (expected === null) {
+        await expect(t.chatIds(c.messages, o)).rejects.toBeInstanceOf(ChatTemplateError);
+        continue;
+      }
+      expect(t.renderChat(c.messages, o), `case ${i}`).toBe(expected);
+      expect(await t.chatIds(c.messages, o)).toEqual(js.encode(expected, { add_special_tokens: false }).ids);
+    }
+    const tok = new Tokenizer({ modes: { m: `hf:${tokenizerDir(model)}` } });
+    const input = promptInputOf({ messages: cases[0]?.messages, continue_final_message: true });
+    expect((await tok.tokenize("m", input, undefined)).mode).toBe("approximate");
+    expect(tok.stats).toMatchObject({ fallbacks: 1, templateErrors: 1 });
+    expect((await tok.tokenize("m", { ...input, addGenerationPrompt: false }, undefined)).tokens).toEqual(js.encode(rendered[0] as string, { add_special_tokens: false }).ids);
+    await tok.close();
+  });
+
   it("completion ids equal the pure-JS tokenizer's with special tokens added", async () => {
     const t = hf(model);
     const js = jsTokenizer(model);
@@ -99,6 +188,33 @@ describe.each(REAL_MODELS)("real tokenizer %s", (model) => {
     expect(st?.unaligned).toBe(0);
   });
 
+  it("the prefix-cache comparison catches a cut moved by one character (a plan cutting inside <|im_end|>)", async () => {
+    const whole = loadHfTokenizerDir(tokenizerDir(model), { prefixCacheBytes: 0 });
+    const native = loadHfTokenizerDir(tokenizerDir(model), { prefixCacheBytes: 0 });
+    const encode = (text: string) => native.promptIds(text, false);
+    const real = new SplitPoints(whole.splitPlan);
+    const boundaryIds = new Map(whole.splitPlan.boundaryTokens.map((t) => [t, whole.tokenId(t) as number]));
+    const run = async (splits: SplitPoints) => {
+      const cache = new PrefixIdsCache({ splits, boundaryIds, maxBytes: 1 << 20, encode });
+      let mismatches = 0;
+      for (let conv = 0; conv < 5; conv++) {
+        const full = randomConversation(6000 + conv, 4, "A shared system prompt.");
+        for (let end = 2; end <= full.length; end += 2) {
+          const text = whole.renderChat(full.slice(0, end));
+          if (JSON.stringify(await cache.encode("", text)) !== JSON.stringify(await encode(text))) mismatches++;
+        }
+      }
+      return { mismatches, hits: cache.stats.hits };
+    };
+    const exact = await run(real);
+    expect(exact).toMatchObject({ mismatches: 0 });
+    expect(exact.hits).toBeGreaterThan(5);
+    // Every cut one character early: inside the closing token (`<|im_end|` + `>`, `<|eot_id|` + `>`).
+    const early = { of: (text: string) => real.of(text).map((c) => c - 1), plan: whole.splitPlan, enabled: true } as unknown as SplitPoints;
+    expect((await run(early)).mismatches).toBeGreaterThan(0);
+    await Promise.all([whole.close(), native.close()]);
+  });
+
   it("the prefix cache stays within its byte bound", async () => {
     const t = loadHfTokenizerDir(tokenizerDir(model), { prefixCacheBytes: 64 * 1024 });
     for (let conv = 0; conv < 30; conv++) {
@@ -116,6 +232,94 @@ describe("real tokenizer - failure paths", () => {
     for (const f of ["tokenizer.json", "tokenizer_config.json"]) copyFileSync(join(tokenizerDir("qwen3"), f), join(d, f));
     return d;
   }
+
+  it("tokenizer.json truncation and padding are not applied (transformers disables both for a default encode)", async () => {
+    const d = copyDir();
+    const spec = JSON.parse(readFileSync(join(d, "tokenizer.json"), "utf8")) as Record<string, unknown>;
+    spec.truncation = { direction: "Right", max_length: 8, strategy: "LongestFirst", stride: 0 };
+    spec.padding = { strategy: { Fixed: 64 }, direction: "Right", pad_to_multiple_of: null, pad_id: 151643, pad_type_id: 0, pad_token: "<|endoftext|>" };
+    writeFileSync(join(d, "tokenizer.json"), JSON.stringify(spec));
+    const modified = loadHfTokenizerDir(d, { prefixCacheBytes: 0 });
+    const plain = hf("qwen3");
+    const long = "The gateway routes requests to warm pods, and this sentence is longer than eight tokens.";
+    expect(await modified.promptIds(long)).toEqual(await plain.promptIds(long));
+    expect(await modified.promptIds("short")).toEqual(await plain.promptIds("short"));
+    expect(await modified.chatIds(chat)).toEqual(GOLDEN.qwen3.chat);
+    await modified.close();
+  });
+
+  it("a template that iterates over content parts (vLLM's openai content format) is marked; its requests fall back, counted", async () => {
+    for (const model of REAL_MODELS) expect(hf(model).templateProblem).toBeUndefined();
+    const loops = [
+      "{% for m in messages %}{% for part in m['content'] %}{{ part['text'] }}{% endfor %}{% endfor %}",
+      "{%- for message in messages %}{%- for c in message.content | selectattr('type', 'equalto', 'text') %}{{ c.text }}{%- endfor %}{%- endfor %}",
+    ];
+    for (const template of loops) {
+      const d = copyDir();
+      writeFileSync(join(d, "chat_template.jinja"), template);
+      const t = new Tokenizer({ modes: { m: `hf:${d}` } });
+      const h = t.hfTokenizers().get(d) as HfTokenizer;
+      expect(h.templateProblem).toMatch(/iterates over message content parts/);
+      expect((await t.tokenize("m", { messages: chat }, undefined)).mode).toBe("approximate");
+      expect(t.stats).toMatchObject({ fallbacks: 1, templateErrors: 1 });
+      await t.close();
+    }
+  });
+
+  it("completions: add_special_tokens false is honoured; a batch of prompts falls back, counted", async () => {
+    // Llama-3 as Meta ships it: the post-processor adds BOS (the packaged file's does not).
+    const d = mkdtempSync(join(tmpdir(), "jr-tok-"));
+    copyFileSync(join(tokenizerDir("llama3"), "tokenizer_config.json"), join(d, "tokenizer_config.json"));
+    const spec = JSON.parse(readFileSync(join(tokenizerDir("llama3"), "tokenizer.json"), "utf8")) as Record<string, unknown>;
+    spec.post_processor = {
+      type: "Sequence",
+      processors: [
+        { type: "ByteLevel", add_prefix_space: true, trim_offsets: false, use_regex: true },
+        { type: "TemplateProcessing", single: [{ SpecialToken: { id: "<|begin_of_text|>", type_id: 0 } }, { Sequence: { id: "A", type_id: 0 } }], pair: [{ Sequence: { id: "A", type_id: 0 } }, { Sequence: { id: "B", type_id: 1 } }], special_tokens: { "<|begin_of_text|>": { id: "<|begin_of_text|>", ids: [128000], tokens: ["<|begin_of_text|>"] } } },
+      ],
+    };
+    writeFileSync(join(d, "tokenizer.json"), JSON.stringify(spec));
+    const tok = new Tokenizer({ modes: { m: `hf:${d}` } });
+    const text = "The gateway routes requests to warm pods.";
+    const withBos = await tok.tokenize("m", promptInputOf({ prompt: text }), undefined);
+    expect(withBos.tokens).toEqual([128000, ...GOLDEN.llama3.completion]);
+    const bare = await tok.tokenize("m", promptInputOf({ prompt: text, add_special_tokens: false }), undefined);
+    expect(bare).toEqual({ tokens: GOLDEN.llama3.completion, mode: "hf" });
+    expect((await tok.tokenize("m", promptInputOf({ prompt: [text], add_special_tokens: false }), undefined)).tokens).toEqual(bare.tokens);
+    const batch = promptInputOf({ prompt: [text, "a second prompt"] });
+    expect(await tok.tokenize("m", batch, undefined)).toEqual({ tokens: approximateTokens(batch), mode: "approximate" });
+    expect(tok.stats).toMatchObject({ fallbacks: 1, promptBatches: 1, templateErrors: 0 });
+    const registry = new client.Registry();
+    tok.registerMetrics(registry);
+    expect(await registry.metrics()).toContain('jetroute_gateway_tokenizer{figure="prompt_batches"} 1');
+    await tok.close();
+  });
+
+  it("split_special_tokens, or added-token flags that differ between the two files, turn the prefix-id cache off (warned once)", async () => {
+    for (const model of REAL_MODELS) expect([hf(model).prefixCacheProblem, hf(model).prefixStats]).toEqual([undefined, expect.anything()]);
+    const edits: Array<(c: Record<string, unknown>) => void> = [
+      (c) => {
+        c.split_special_tokens = true;
+      },
+      (c) => {
+        (c.added_tokens_decoder as Record<string, Record<string, unknown>>)["151645"] = { content: "<|im_end|>", lstrip: false, normalized: false, rstrip: true, single_word: false, special: true };
+      },
+    ];
+    for (const edit of edits) {
+      const d = copyDir();
+      const config = JSON.parse(readFileSync(join(d, "tokenizer_config.json"), "utf8")) as Record<string, unknown>;
+      edit(config);
+      writeFileSync(join(d, "tokenizer_config.json"), JSON.stringify(config));
+      const warnings: string[] = [];
+      const t = loadHfTokenizerDir(d, { warn: (m) => warnings.push(m) });
+      expect(t.prefixStats).toBeUndefined();
+      expect(warnings).toHaveLength(1);
+      expect(warnings[0]).toContain(`${d}: prefix-id cache off: `);
+      // Still the same ids, only without reuse.
+      expect(await t.chatIds(chat)).toEqual(GOLDEN.qwen3.chat);
+      await t.close();
+    }
+  });
 
   it("a missing or corrupt directory fails at start, naming the file", () => {
     const empty = mkdtempSync(join(tmpdir(), "jr-tok-"));
@@ -187,6 +391,32 @@ describe("real tokenizer - failure paths", () => {
     expect(results.filter((r) => r.status === "rejected").every((r) => (r as PromiseRejectedResult).reason instanceof QueueFullError)).toBe(true);
     expect([pool.refused, pool.inFlight]).toEqual([3, 0]);
     await pool.close();
+  });
+
+  it("render workers that fail to start: after 3 in a row the pool backs off and refuses at once; later it tries again", async () => {
+    let now = 0;
+    const missing = join(mkdtempSync(join(tmpdir(), "jr-tok-")), "no-such-jinja.js");
+    const pool = new RenderPool(new Map([["default", "{{ messages[0].content }}"]]), 1, 4, { jinjaModule: missing, now: () => now });
+    const job = { name: "default", context: { messages: [{ role: "user", content: "hi" }] } };
+    for (let i = 1; i <= MAX_STARTUP_FAILURES; i++) {
+      await expect(pool.render(job)).rejects.toBeInstanceOf(ChatTemplateError);
+      expect([pool.spawned, pool.startupFailures]).toEqual([i, i]);
+    }
+    // Backing off: refused without a new worker, many times over.
+    for (let i = 0; i < 10; i++) await expect(pool.render(job)).rejects.toBeInstanceOf(RenderPoolUnavailableError);
+    expect(pool.spawned).toBe(MAX_STARTUP_FAILURES);
+    now += 1_000;
+    await expect(pool.render(job)).rejects.toBeInstanceOf(ChatTemplateError);
+    expect(pool.spawned).toBe(MAX_STARTUP_FAILURES + 1);
+    // The backoff doubled: 1 s later it still refuses.
+    now += 1_000;
+    await expect(pool.render(job)).rejects.toBeInstanceOf(RenderPoolUnavailableError);
+    await pool.close();
+    // A pool whose workers start renders, and a startup resets the count.
+    const good = new RenderPool(new Map([["default", "{{ messages[0].content }}"]]), 1, 4);
+    expect(await good.render(job)).toBe("hi");
+    expect([good.spawned, good.startupFailures]).toEqual([1, 0]);
+    await good.close();
   });
 
   it("a full encode queue refuses at once: that request is approximate, counted", async () => {

@@ -21,7 +21,7 @@ import client from "prom-client";
 import { QueueFullError } from "../tokenizer/bounded-queue.js";
 import { ChatTemplateError } from "../tokenizer/chat-template.js";
 import { HfTokenizer, type HfTokenizerOptions } from "../tokenizer/hf-tokenizer.js";
-import { approximateTokens, hfTokenizerDir, localTokens, type PromptInput, type TokenizerMode, type TokenizerSetting } from "../tokenizer/prompt-tokens.js";
+import { approximateTokens, hfTokenizerDir, localTokens, type PromptInput, singlePrompt, type TokenizerMode, type TokenizerSetting } from "../tokenizer/prompt-tokens.js";
 
 export interface TokenizeResult {
   tokens: number[];
@@ -61,6 +61,12 @@ export interface TokenizerStats {
   templateErrors: number;
   /** Of the fallbacks: requests refused by a full encode queue. */
   queueFull: number;
+  /** Of the fallbacks: completion requests with several prompts (a batch: no one prompt to match; remote and hf modes). */
+  promptBatches: number;
+}
+
+class PromptBatchError extends Error {
+  override name = "PromptBatchError";
 }
 
 export const DEFAULT_TOKENIZER_CACHE_BYTES = 64 * 1024 * 1024;
@@ -89,7 +95,7 @@ export function loadHfTokenizerDir(dir: string, o: HfTokenizerOptions = {}): HfT
 }
 
 export class Tokenizer {
-  readonly stats: TokenizerStats = { remote: 0, cacheHits: 0, fallbacks: 0, oversized: 0, cacheEntries: 0, cacheBytes: 0, cacheEvicted: 0, hf: 0, templateErrors: 0, queueFull: 0 };
+  readonly stats: TokenizerStats = { remote: 0, cacheHits: 0, fallbacks: 0, oversized: 0, cacheEntries: 0, cacheBytes: 0, cacheEvicted: 0, hf: 0, templateErrors: 0, queueFull: 0, promptBatches: 0 };
   /** One loaded tokenizer per directory, shared by the models naming it. */
   private readonly hfByDir = new Map<string, HfTokenizer>();
   /** Map iteration order is insertion order: re-inserting on a hit keeps the least recently used first. */
@@ -132,7 +138,7 @@ export class Tokenizer {
     const hf = this.hfByDir;
     new client.Gauge({
       name: "jetroute_gateway_tokenizer",
-      help: "Prompt tokenization: remote calls, cache hits, fallbacks to approximate (of which oversized, template_errors, queue_full), hf requests, hf prefix-cache hits and reused characters",
+      help: "Prompt tokenization: remote calls, cache hits, fallbacks to approximate (of which oversized, template_errors, queue_full, prompt_batches), hf requests, hf prefix-cache hits and reused characters",
       labelNames: ["figure"],
       registers: [registry],
       collect() {
@@ -142,6 +148,7 @@ export class Tokenizer {
         this.set({ figure: "oversized" }, stats.oversized);
         this.set({ figure: "template_errors" }, stats.templateErrors);
         this.set({ figure: "queue_full" }, stats.queueFull);
+        this.set({ figure: "prompt_batches" }, stats.promptBatches);
         this.set({ figure: "hf" }, stats.hf);
         let hits = 0;
         let reused = 0;
@@ -162,17 +169,34 @@ export class Tokenizer {
         ? await t.chatIds(input.messages, {
             ...(input.tools ? { tools: input.tools } : {}),
             ...(input.templateKwargs ? { templateKwargs: input.templateKwargs } : {}),
+            ...(input.rawToolJsonProblem ? { rawToolJsonProblem: input.rawToolJsonProblem } : {}),
+            ...(input.continueFinalMessage ? { continueFinalMessage: true } : {}),
             addGenerationPrompt: input.addGenerationPrompt ?? true,
             addSpecialTokens: input.addSpecialTokens ?? false,
           })
-        : await t.promptIds(Array.isArray(input.prompt) ? input.prompt.join("") : ((input.prompt as string | undefined) ?? ""));
+        : await t.promptIds(this.completionText(input), input.addSpecialTokens ?? true);
       return { tokens, mode: "hf" };
     } catch (err) {
+      if (err instanceof PromptBatchError) return this.batchFallback(input);
       this.stats.fallbacks++;
       if (err instanceof ChatTemplateError) this.stats.templateErrors++;
       else if (err instanceof QueueFullError) this.stats.queueFull++;
       return { tokens: approximateTokens(input), mode: "approximate" };
     }
+  }
+
+  /** The one text of a completion request; a batch of prompts throws PromptBatchError. */
+  private completionText(input: PromptInput): string {
+    if (input.prompt === undefined) return "";
+    const text = singlePrompt(input.prompt);
+    if (text === undefined) throw new PromptBatchError();
+    return text;
+  }
+
+  private batchFallback(input: PromptInput): TokenizeResult {
+    this.stats.fallbacks++;
+    this.stats.promptBatches++;
+    return { tokens: approximateTokens(input), mode: "approximate" };
   }
 
   /** `address` = a ready pod of the model, asked in `remote` mode. */
@@ -181,6 +205,7 @@ export class Tokenizer {
     if (mode === "hf") return this.hfTokens(this.hfByDir.get(hfTokenizerDir(this.settingFor(model)) as string) as HfTokenizer, input);
     if (mode === "local") return { tokens: localTokens(input), mode };
     if (mode === "approximate" || !address) return { tokens: approximateTokens(input), mode: "approximate" };
+    if (!input.messages && input.prompt !== undefined && singlePrompt(input.prompt) === undefined) return this.batchFallback(input);
     const key = createHash("sha1").update(model).update("\u0000").update(JSON.stringify(input)).digest("base64");
     const hit = this.cache.get(key);
     if (hit) {
@@ -198,10 +223,11 @@ export class Tokenizer {
             messages: input.messages,
             add_generation_prompt: input.addGenerationPrompt ?? true,
             add_special_tokens: input.addSpecialTokens ?? false,
+            ...(input.continueFinalMessage ? { continue_final_message: true } : {}),
             ...(input.tools ? { tools: input.tools } : {}),
             ...(input.templateKwargs ? { chat_template_kwargs: input.templateKwargs } : {}),
           }
-        : { model, prompt: Array.isArray(input.prompt) ? input.prompt.join("") : (input.prompt ?? ""), add_special_tokens: true };
+        : { model, prompt: singlePrompt(input.prompt) ?? "", add_special_tokens: input.addSpecialTokens ?? true };
       const res = await fetch(`http://${address}/tokenize`, {
         method: "POST",
         headers: { "content-type": "application/json" },

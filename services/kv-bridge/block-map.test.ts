@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { chainSeed, hashToHex, promptBlockHashes } from "../views/block-hash.js";
+import { chainBlocks, chainSeed, hashToHex, promptBlockHashes } from "../views/block-hash.js";
 import { BlockMap } from "./block-map.js";
 import type { EngineBlockStored } from "./wire.js";
 
@@ -65,5 +65,45 @@ describe("kv-bridge block map - router hashes from engine events", () => {
     expect(m.routerHash("a1")).toBeDefined();
     expect(m.routerHash("a2")).toBeUndefined();
     expect(m.routerHash("b1")).toBeUndefined();
+  });
+
+  it("SGLang: one page stored under two parents makes its children misses, never the other copy's chain", () => {
+    const page = (base: number) => Array.from({ length: 16 }, (_, i) => base + i);
+    const one = (hash: string, parent: string | null, toks: number[]): EngineBlockStored => stored({ hashes: [hash], parent, tokens: toks });
+    for (const dialect of ["sglang", "vllm"] as const) {
+      const m = new BlockMap(MODEL, 1024, undefined, dialect);
+      // Parents A and B, then the same page P (one engine hash: hash(tuple(page))) under each.
+      m.stored(one("A", null, page(100)));
+      m.stored(one("B", null, page(200)));
+      const firstCopy = m.stored(one("P", "A", page(300)));
+      const secondCopy = m.stored(one("P", "B", page(300)));
+      expect(firstCopy.routerHashes).not.toEqual(secondCopy.routerHashes);
+      // A child C of the first copy (the prompt A, P, C).
+      const child = m.stored(one("C", "P", page(400)));
+      const wrong = hashToHex(chainBlocks(BigInt(`0x${secondCopy.routerHashes[0]}`), page(400), 16)[0] as bigint);
+      const right = hashToHex(chainBlocks(BigInt(`0x${firstCopy.routerHashes[0]}`), page(400), 16)[0] as bigint);
+      if (dialect === "sglang") {
+        expect(child.routerHashes[0]).not.toBe(wrong);
+        expect(child.routerHashes[0]).not.toBe(right);
+        expect(m.counters.ambiguousParents).toBe(1);
+        expect(m.ambiguousHashes).toBe(1);
+        m.clear();
+        expect(m.ambiguousHashes).toBe(0);
+      } else {
+        // vLLM hashes are chained: one engine hash is one chain, so the map is trusted.
+        expect(child.routerHashes[0]).toBe(wrong);
+        expect(m.counters.ambiguousParents).toBe(0);
+      }
+    }
+  });
+
+  it("SGLang: the ambiguous-hash memory is bounded", () => {
+    const m = new BlockMap(MODEL, 1024, undefined, "sglang");
+    const toks = Array.from({ length: 16 }, (_, i) => i);
+    for (let i = 0; i < 3000; i++) {
+      m.stored(stored({ hashes: [`p${i}`], parent: null, tokens: toks }));
+      m.stored(stored({ hashes: [`p${i}`], parent: "unknown-x", tokens: toks }));
+    }
+    expect(m.ambiguousHashes).toBe(1024);
   });
 });

@@ -11,11 +11,18 @@
  *
  * A block can sit in several tiers (GPU, CPU, storage) under one engine hash; the entry lives until
  * it has been removed from every tier it was stored in.
+ *
+ * SGLang's block hash is `hash(tuple(page_tokens))`, not chained: one page at two places of the
+ * radix tree has one engine hash, and the map can only keep one of its router hashes. A child
+ * naming such a parent could then chain from the wrong copy — a false prefix hit. So in the SGLang
+ * dialect an engine hash seen with two different router hashes is remembered as ambiguous
+ * (bounded), and a child of an ambiguous parent chains as from an unknown parent: a miss, never a
+ * false hit.
  */
 import { xxh64 } from "@node-rs/xxhash";
 import type { KvRemoved, KvStored } from "../../schemas/events.js";
 import { type BlockHash, chainBlocks, chainSeed, hashToHex } from "../views/block-hash.js";
-import type { EngineBlockRemoved, EngineBlockStored } from "./wire.js";
+import type { EngineBlockRemoved, EngineBlockStored, EngineDialect } from "./wire.js";
 
 const UNKNOWN_PARENT_SEED = 0x756e6b6e6f776e70n; // "unknownp"
 
@@ -27,18 +34,26 @@ interface Entry {
 export interface BlockMapCounters {
   unknownParents: number;
   evicted: number;
+  /** SGLang: stored blocks whose parent's engine hash stood for two different chains (chained as unknown). */
+  ambiguousParents: number;
 }
 
 export class BlockMap {
   private readonly entries = new Map<string, Entry>();
   private readonly seeds = new Map<string, BlockHash>();
   private readonly tierBits = new Map<string, number>();
+  /** SGLang: engine hashes stored with two different router hashes (insertion-ordered, bounded). */
+  private readonly ambiguous = new Set<string>();
+  private readonly maxAmbiguous: number;
   constructor(
     private readonly model: string,
     /** Bound on tracked blocks (exceeded by up to 1/16 between evictions); least recently used go first. */
     private readonly maxEntries = 262_144,
-    readonly counters: BlockMapCounters = { unknownParents: 0, evicted: 0 },
-  ) {}
+    readonly counters: BlockMapCounters = { unknownParents: 0, evicted: 0, ambiguousParents: 0 },
+    private readonly dialect: EngineDialect = "vllm",
+  ) {
+    this.maxAmbiguous = Math.max(1024, maxEntries >> 4);
+  }
 
   get size(): number {
     return this.entries.size;
@@ -46,6 +61,12 @@ export class BlockMap {
 
   clear(): void {
     this.entries.clear();
+    this.ambiguous.clear();
+  }
+
+  /** SGLang engine hashes currently known to stand for more than one chain. */
+  get ambiguousHashes(): number {
+    return this.ambiguous.size;
   }
 
   /** The router hash an engine hash maps to, if known (refreshes its recency). */
@@ -63,7 +84,10 @@ export class BlockMap {
     if (ev.parent === null) parent = this.seed(lora, ev.blockSize);
     else {
       const known = this.routerHash(ev.parent);
-      if (known !== undefined) parent = known;
+      if (known !== undefined && this.ambiguous.has(ev.parent)) {
+        this.counters.ambiguousParents++;
+        parent = unknownParent(this.model, lora, ev.blockSize, ev.parent);
+      } else if (known !== undefined) parent = known;
       else {
         this.counters.unknownParents++;
         parent = unknownParent(this.model, lora, ev.blockSize, ev.parent);
@@ -76,7 +100,10 @@ export class BlockMap {
       const h = ev.hashes[i] as string;
       const r = routers[i] as BlockHash;
       const prev = this.entries.get(h);
-      if (prev) this.entries.delete(h);
+      if (prev) {
+        this.entries.delete(h);
+        if (prev.router !== r && this.dialect === "sglang") this.markAmbiguous(h);
+      }
       this.entries.set(h, { router: r, tiers: (prev && prev.router === r ? prev.tiers : 0) | bit });
       routerHex[i] = hashToHex(r);
     }
@@ -101,6 +128,13 @@ export class BlockMap {
       if (e.tiers === 0) this.entries.delete(h);
     }
     return { kind: "removed", engineHashes: ev.hashes, medium: ev.medium };
+  }
+
+  private markAmbiguous(h: string): void {
+    this.ambiguous.delete(h);
+    this.ambiguous.add(h);
+    // Forgetting the oldest can only bring back the old risk for that one page; bounded regardless.
+    if (this.ambiguous.size > this.maxAmbiguous) this.ambiguous.delete(this.ambiguous.values().next().value as string);
   }
 
   private evict(): void {

@@ -60,6 +60,8 @@ export interface KvBridgeStats extends PublishCounters, BlockMapCounters, LinkCo
   invalidEvents: number;
   /** Events with a tag this bridge does not know, skipped. */
   unknownEvents: number;
+  /** SGLang BlockStored events with a cache_salt, skipped (the gateway does not key on salt). */
+  saltedSkipped: number;
   splitBatches: number;
   internalErrors: number;
 }
@@ -69,8 +71,8 @@ export function newStats(): KvBridgeStats {
     pods: 0, batches: 0, blocksStored: 0, blocksRemoved: 0, allCleared: 0,
     cleared: { "engine-restart": 0, "gap-unrepairable": 0, "replay-unavailable": 0, "bridge-start": 0 },
     gaps: 0, gapsRepaired: 0, restarts: 0, replays: 0, replayFailures: 0, liveDuplicates: 0,
-    malformed: 0, oversize: 0, invalidEvents: 0, unknownEvents: 0, splitBatches: 0, internalErrors: 0,
-    acked: 0, duplicates: 0, publishErrors: 0, unknownParents: 0, evicted: 0, disconnects: 0, socketsRecreated: 0,
+    malformed: 0, oversize: 0, invalidEvents: 0, unknownEvents: 0, saltedSkipped: 0, splitBatches: 0, internalErrors: 0,
+    acked: 0, duplicates: 0, publishErrors: 0, unknownParents: 0, evicted: 0, ambiguousParents: 0, disconnects: 0, socketsRecreated: 0,
     deadLetters: 0, deadLetterErrors: 0,
   };
 }
@@ -177,7 +179,7 @@ export class PodBridge {
     private readonly o: PodBridgeOptions,
   ) {
     this.subject = o.subjects.kv(target.model, target.pod);
-    this.map = new BlockMap(target.model, o.maxTrackedBlocks, o.stats);
+    this.map = new BlockMap(target.model, o.maxTrackedBlocks, o.stats, target.engine ?? "vllm");
     this.publisher = new OrderedPublisher({ js: o.js, window: o.window, log: o.log, counters: o.stats });
     this.link = new EngineLink({
       endpoint: target.endpoint,
@@ -597,6 +599,7 @@ export class PodBridge {
         this.o.deadLetters.send({ ...this.dlBase(r.source), reason: info.reason ?? "undecodable payload", frames: [r.payload], engineSeq: r.seq });
       } else {
         this.o.stats.unknownEvents += b.unknownTags.length;
+        this.o.stats.saltedSkipped += b.salted ?? 0;
         if (b.invalid.length > 0) {
           this.o.stats.invalidEvents += b.invalid.length;
           this.o.deadLetters.send({ ...this.dlBase(r.source), reason: `invalid events skipped: ${b.invalid.join("; ")}`, frames: [r.payload], engineSeq: r.seq });

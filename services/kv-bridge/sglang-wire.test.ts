@@ -70,17 +70,41 @@ describe("kv-bridge wire - SGLang", () => {
   });
 
   it("newer shape: attn_dp_rank, medium, then cache_salt/session_id where vLLM has lora_name", () => {
-    const stored = bytes(mp.arr(9), mp.str("BlockStored"), mp.arr(1), mp.i64(7n), mp.i64(3n), page(20), mp.uint(4), mp.nil, mp.str("CPU_PINNED"), mp.str("salt"), mp.str("sess"));
+    const storedAs = (salt: number[] | Buffer) => bytes(mp.arr(9), mp.str("BlockStored"), mp.arr(1), mp.i64(7n), mp.i64(3n), page(20), mp.uint(4), mp.nil, mp.str("CPU_PINNED"), salt, mp.str("sess"));
     const removed = bytes(mp.arr(3), mp.str("BlockRemoved"), mp.arr(1), mp.i64(7n), mp.str("DISK"));
-    const payload = bytes(mp.arr(3), mp.f64(2), mp.arr(2), stored, removed, mp.uint(1));
+    const payload = bytes(mp.arr(3), mp.f64(2), mp.arr(2), storedAs(mp.nil), removed, mp.uint(1));
     const b = decode(payload);
     expect(b.dpRank).toBe(1);
     expect(b.events).toEqual([
       { kind: "stored", hashes: ["7"], parent: "3", tokens: [20, 21, 22, 23], blockSize: 4, loraId: null, loraName: null, medium: "CPU_PINNED" },
       { kind: "removed", hashes: ["7"], medium: "DISK" },
     ]);
+    expect(b.salted).toBeUndefined();
     // The vLLM dialect would take the cache salt for a LoRA name (a different prefix-cache key).
-    expect((decode(payload, "vllm").events[0] as { loraName: string }).loraName).toBe("salt");
+    const salted = bytes(mp.arr(3), mp.f64(2), mp.arr(2), storedAs(mp.str("salt")), removed, mp.uint(1));
+    expect((decode(salted, "vllm").events[0] as { loraName: string }).loraName).toBe("salt");
+  });
+
+  it("a BlockStored with a cache_salt is skipped and counted (array and map form); the rest of the batch stays", () => {
+    const arrayForm = bytes(mp.arr(9), mp.str("BlockStored"), mp.arr(1), mp.i64(7n), mp.i64(3n), page(20), mp.uint(4), mp.nil, mp.str("GPU"), mp.str("tenant-a"), mp.nil);
+    const mapForm = bytes(
+      mp.map(6),
+      mp.str("type"), mp.str("BlockStored"),
+      mp.str("block_hashes"), mp.arr(1), mp.i64(8n),
+      mp.str("parent_block_hash"), mp.i64(ROOT),
+      mp.str("token_ids"), page(30),
+      mp.str("block_size"), mp.uint(4),
+      mp.str("cache_salt"), mp.str("tenant-b"),
+    );
+    const plain = bytes(mp.arr(6), mp.str("BlockStored"), mp.arr(1), mp.i64(9n), mp.i64(ROOT), page(40), mp.uint(4), mp.nil);
+    const removed = bytes(mp.arr(2), mp.str("BlockRemoved"), mp.arr(1), mp.i64(7n));
+    const b = decode(bytes(mp.arr(3), mp.f64(4), mp.arr(4), arrayForm, mapForm, plain, removed, mp.uint(0)));
+    expect(b.salted).toBe(2);
+    expect(b.invalid).toEqual([]);
+    expect(b.events).toEqual([
+      { kind: "stored", hashes: ["9"], parent: null, tokens: [40, 41, 42, 43], blockSize: 4, loraId: null, loraName: null, medium: null },
+      { kind: "removed", hashes: ["7"], medium: null },
+    ]);
   });
 
   it("map form (tagged maps, None fields omitted)", () => {
@@ -92,7 +116,7 @@ describe("kv-bridge wire - SGLang", () => {
       mp.str("token_ids"), page(30),
       mp.str("block_size"), mp.uint(4),
       mp.str("lora_id"), mp.nil,
-      mp.str("cache_salt"), mp.str("x"),
+      mp.str("session_id"), mp.str("x"),
     );
     const b = decode(bytes(mp.arr(3), mp.f64(3), mp.arr(1), stored, mp.uint(0)));
     expect(b.events).toEqual([{ kind: "stored", hashes: [BigInt.asUintN(64, NEG).toString(16)], parent: null, tokens: [30, 31, 32, 33], blockSize: 4, loraId: null, loraName: null, medium: null }]);

@@ -47,6 +47,12 @@ export interface EngineBatch {
   unknownTags: string[];
   /** Known events with missing or mistyped fields: skipped; the batch is dead-lettered once. */
   invalid: string[];
+  /**
+   * BlockStored events carrying a `cache_salt` (SGLang), skipped: their blocks are only reusable
+   * by requests with the same salt, and the gateway's keys have no salt — published unsalted they
+   * would be false prefix hits for every unsalted prompt. Set when > 0.
+   */
+  salted?: number;
 }
 
 export type Result<T> = { ok: true; value: T } | { ok: false; reason: string };
@@ -167,6 +173,15 @@ function optString(v: unknown, field: string): Result<string | null> {
 /** Reads fields by name (map form) or by declaration order (array form: index 0 is the tag). */
 type Fields = (name: string, index: number) => unknown;
 
+/** A BlockStored event skipped for its cache salt (EngineBatch.salted). */
+const SALTED = { ok: false as const, reason: "salted" };
+
+/** The event's `cache_salt`: by name in map form; SGLang's array slot 7 (vLLM's array has no such slot). */
+function cacheSalt(get: Fields, arrayLen: number | undefined, dialect: EngineDialect): unknown {
+  if (arrayLen === undefined) return get("cache_salt", -1);
+  return dialect === "sglang" ? get("", 7) : undefined;
+}
+
 function blockStored(get: Fields, arrayLen: number | undefined, dialect: EngineDialect): Result<EngineBlockStored> {
   // Array form must carry at least the five fields every engine version has sent.
   if (arrayLen !== undefined && arrayLen < 5) return fail(`BlockStored array has ${arrayLen} slots, expected >= 5`);
@@ -198,7 +213,9 @@ function blockStored(get: Fields, arrayLen: number | undefined, dialect: EngineD
   if (loraId === undefined) return fail("lora_id is not an integer");
   const medium = optString(get("medium", 6), "medium");
   if (!medium.ok) return medium;
-  // SGLang has no lora_name; its array slot 7 is cache_salt.
+  // SGLang has no lora_name; its array slot 7 is cache_salt. A map form names it (either engine).
+  const salt = cacheSalt(get, arrayLen, dialect);
+  if (salt !== undefined && salt !== null) return SALTED;
   const loraName = dialect === "sglang" && arrayLen !== undefined ? { ok: true as const, value: null } : optString(get("lora_name", 7), "lora_name");
   if (!loraName.ok) return loraName;
   return {
@@ -225,7 +242,7 @@ function blockRemoved(get: Fields, arrayLen: number | undefined): Result<EngineB
   return { ok: true, value: { kind: "removed", hashes: hashes.value, medium: medium.value } };
 }
 
-type EventResult = { ok: true; value: EngineEvent } | { ok: false; reason: string } | { ok: "unknown"; tag: string };
+type EventResult = { ok: true; value: EngineEvent } | { ok: false; reason: string } | { ok: "unknown"; tag: string } | { ok: "salted" };
 
 export function decodeEvent(raw: unknown, dialect: EngineDialect = "vllm"): EventResult {
   let tag: unknown;
@@ -243,8 +260,10 @@ export function decodeEvent(raw: unknown, dialect: EngineDialect = "vllm"): Even
   }
   if (typeof tag !== "string") return fail("event has no string tag");
   switch (tag) {
-    case "BlockStored":
-      return blockStored(get, arrayLen, dialect);
+    case "BlockStored": {
+      const r = blockStored(get, arrayLen, dialect);
+      return r === SALTED ? { ok: "salted" } : r;
+    }
     case "BlockRemoved":
       return blockRemoved(get, arrayLen);
     case "AllBlocksCleared":
@@ -277,6 +296,7 @@ export function decodeBatch(payload: Uint8Array, dialect: EngineDialect = "vllm"
     const ev = decodeEvent(events[i], dialect);
     if (ev.ok === true) batch.events.push(ev.value);
     else if (ev.ok === "unknown") batch.unknownTags.push(ev.tag);
+    else if (ev.ok === "salted") batch.salted = (batch.salted ?? 0) + 1;
     else batch.invalid.push(`events[${i}]: ${ev.reason}`);
   }
   return { ok: true, value: batch };

@@ -67,6 +67,9 @@ async function chatIds(t: HfTokenizer, body: Body): Promise<number[]> {
     return await t.chatIds(body.messages as never, {
       addGenerationPrompt: bool(body, "add_generation_prompt", true),
       addSpecialTokens: bool(body, "add_special_tokens", false),
+      // The engine stand-in renders what it can; only the gateway must refuse inexact tool JSON.
+      exactJson: false,
+      continueFinalMessage: bool(body, "continue_final_message", false),
       ...(Array.isArray(body.tools) ? { tools: body.tools } : {}),
       ...(kw && typeof kw === "object" && !Array.isArray(kw) ? { templateKwargs: kw as Record<string, unknown> } : {}),
     });
@@ -87,7 +90,7 @@ export async function realPromptTokens(kind: "chat" | "completion", raw: unknown
   if (kind === "chat") return Array.isArray(body.messages) ? chatIds(t, body) : undefined;
   let prompt = body.prompt;
   if (Array.isArray(prompt) && prompt.length === 1 && typeof prompt[0] === "string") prompt = prompt[0];
-  return typeof prompt === "string" ? t.promptIds(prompt, true) : undefined;
+  return typeof prompt === "string" ? t.promptIds(prompt, bool(body, "add_special_tokens", true)) : undefined;
 }
 
 /** `/tokenize` on the real tokenizer, both of vLLM's forms; undefined = let the parser report the error. */

@@ -17,8 +17,8 @@
  */
 import { Tokenizer as NativeTokenizer } from "tokenizers";
 import { BoundedQueue } from "./bounded-queue.js";
-import { RenderPool } from "./render-pool.js";
-import { ChatTemplateError, ChatTemplates, type HfChatMessage, type RenderChatOptions } from "./chat-template.js";
+import { RenderPool, RenderPoolUnavailableError } from "./render-pool.js";
+import { ChatTemplateError, ChatTemplates, finishRender, type HfChatMessage, type RenderChatOptions } from "./chat-template.js";
 import { PrefixIdsCache } from "./prefix-ids.js";
 import { type AddedTokenSpec, planSplits, type SplitPlan, SplitPoints } from "./split-points.js";
 
@@ -40,6 +40,36 @@ export interface HfTokenizerOptions {
   prefixCacheBytes?: number;
   /** Worker threads rendering chat templates (default 1); 0 renders on the calling thread. */
   renderThreads?: number;
+  /** Where the one warning of a load goes (default: a process warning). */
+  warn?: (message: string) => void;
+}
+
+function defaultWarn(message: string): void {
+  process.emitWarning(message, "JetrouteTokenizer");
+}
+
+const ADDED_TOKEN_FLAGS = ["content", "lstrip", "rstrip", "single_word", "normalized", "special"] as const;
+
+/**
+ * Why the split points (read from tokenizer.json) might not be where the engine's tokenizer splits:
+ * `split_special_tokens` (transformers then encodes special tokens as text), or
+ * `added_tokens_decoder` flags that differ from tokenizer.json's (transformers applies the config's).
+ */
+export function prefixCacheProblem(config: Readonly<Record<string, unknown>>, added: readonly AddedTokenSpec[]): string | undefined {
+  if (config.split_special_tokens === true) return `${TOKENIZER_CONFIG_FILE} sets split_special_tokens`;
+  const decoder = config.added_tokens_decoder;
+  if (!decoder || typeof decoder !== "object") return undefined;
+  const byId = new Map(added.map((t) => [String(t.id), t as unknown as Record<string, unknown>]));
+  for (const [id, flags] of Object.entries(decoder as Record<string, unknown>)) {
+    if (!flags || typeof flags !== "object") continue;
+    const spec = byId.get(id);
+    if (!spec) return `${TOKENIZER_CONFIG_FILE} added_tokens_decoder has token ${id.slice(0, 16)}, ${TOKENIZER_FILE} does not`;
+    for (const k of ADDED_TOKEN_FLAGS) {
+      const v = (flags as Record<string, unknown>)[k];
+      if (v !== undefined && spec[k] !== undefined && v !== spec[k]) return `added token ${id.slice(0, 16)}: ${k} differs between ${TOKENIZER_CONFIG_FILE} and ${TOKENIZER_FILE}`;
+    }
+  }
+  return undefined;
 }
 
 export const DEFAULT_PREFIX_CACHE_BYTES = 32 * 1024 * 1024;
@@ -70,6 +100,8 @@ export class HfTokenizer {
   readonly vocabSize: number;
   /** Why chat requests cannot be rendered (no template), if so. */
   readonly templateProblem: string | undefined;
+  /** Why the prefix-id cache is off for this model although asked for (tokenizer_config.json disagrees with tokenizer.json), if so. */
+  readonly prefixCacheProblem: string | undefined;
 
   /** `source` names the directory in errors and stats. */
   static fromDir(source: string, read: ReadTokenizerFile, o: HfTokenizerOptions = {}): HfTokenizer {
@@ -91,6 +123,10 @@ export class HfTokenizer {
     } catch (err) {
       throw new TokenizerFilesError(`${source}/${TOKENIZER_FILE}: rejected by tokenizers (${(err as Error).message})`);
     }
+    // tokenizer.json may carry `truncation` / `padding` (saved from a training setup); transformers
+    // turns both off for an encode that does not ask for them, and so does vLLM's prompt path.
+    this.native.disableTruncation();
+    this.native.disablePadding();
     this.vocabSize = this.native.getVocabSize(true);
     // transformers prefers chat_template.jinja over the config's chat_template.
     const template = chatTemplateFile ?? config.chat_template;
@@ -105,6 +141,7 @@ export class HfTokenizer {
         throw new TokenizerFilesError(`${source}/${file}: ${(err as Error).message}`);
       }
     }
+    if (templates?.contentParts.has("default")) templateProblem = `${source}: the chat template iterates over message content parts (vLLM's "openai" content format); chat requests fall back`;
     this.templates = templates;
     this.templateProblem = templateProblem;
     this.queue = new BoundedQueue(o.concurrency ?? 2, o.maxQueued ?? 256);
@@ -113,7 +150,9 @@ export class HfTokenizer {
     const added = (Array.isArray(spec.added_tokens) ? spec.added_tokens : []) as AddedTokenSpec[];
     this.splitPlan = planSplits({ added_tokens: added, pre_tokenizer: spec.pre_tokenizer });
     const cacheBytes = o.prefixCacheBytes ?? DEFAULT_PREFIX_CACHE_BYTES;
-    if (cacheBytes > 0 && this.splitPlan.boundaryTokens.length > 0) {
+    this.prefixCacheProblem = prefixCacheProblem(config, added);
+    if (this.prefixCacheProblem && cacheBytes > 0) (o.warn ?? defaultWarn)(`${source}: prefix-id cache off: ${this.prefixCacheProblem}`);
+    if (cacheBytes > 0 && this.splitPlan.boundaryTokens.length > 0 && !this.prefixCacheProblem) {
       const byContent = new Map(added.map((t) => [t.content, t.id]));
       const boundaryIds = new Map(this.splitPlan.boundaryTokens.map((t) => [t, byContent.get(t) as number]));
       this.prefixes = new PrefixIdsCache({ splits: new SplitPoints(this.splitPlan), boundaryIds, maxBytes: cacheBytes, encode: (t) => this.encodeNow(t, false) });
@@ -134,7 +173,14 @@ export class HfTokenizer {
   async renderChatOffLoop(messages: readonly HfChatMessage[], o: RenderChatOptions = {}): Promise<string> {
     if (!this.templates) throw new ChatTemplateError(this.templateProblem ?? "no chat template");
     const job = this.templates.job(messages, o);
-    return this.renderPool ? this.renderPool.render(job) : this.templates.renderJob(job);
+    if (!this.renderPool) return this.templates.renderJob(job);
+    try {
+      return finishRender(job, await this.renderPool.render(job));
+    } catch (err) {
+      // Workers that cannot start: render here rather than lose the request (the pool retries later).
+      if (err instanceof RenderPoolUnavailableError) return this.templates.renderJob(job);
+      throw err;
+    }
   }
 
   /** Stops the render workers (they never keep a process alive; this frees them early). */

@@ -6,6 +6,7 @@
  * modes: `remote` (the engine's /tokenize) and `hf` (a real model's tokenizer, hf-tokenizer.ts).
  */
 import { type ChatMessage, fnv1a32, tokenizeChat, tokenizePrompt } from "./sim-tokenizer.js";
+import { rawToolJsonInexact } from "./tool-json.js";
 
 export type TokenizerMode = "remote" | "local" | "approximate" | "hf";
 
@@ -21,27 +22,49 @@ export function hfTokenizerDir(setting: TokenizerSetting): string | undefined {
 export interface PromptInput {
   messages?: readonly ChatMessage[];
   prompt?: string | readonly string[];
-  /** Chat request fields that change the rendered prompt (vLLM): `tools`, `chat_template_kwargs`, `add_generation_prompt`, `add_special_tokens`. */
+  /** Chat request fields that change the rendered prompt (vLLM): `tools`, `chat_template_kwargs`, `add_generation_prompt`, `add_special_tokens`, `continue_final_message`. */
   tools?: readonly unknown[];
   templateKwargs?: Readonly<Record<string, unknown>>;
   addGenerationPrompt?: boolean;
   addSpecialTokens?: boolean;
+  continueFinalMessage?: boolean;
+  /** Tool JSON in the raw request a JavaScript parse changes (tool-json.ts): `hf` falls back for it. */
+  rawToolJsonProblem?: string;
 }
 
-export function promptInputOf(body: Record<string, unknown>): PromptInput {
+/**
+ * `rawBody`: the request's JSON text, when the caller has it; only then can `hf` mode see an
+ * integer-valued float such as `20.0` in `tools` (parsed, it is `20`; Python prints `20.0`).
+ */
+export function promptInputOf(body: Record<string, unknown>, rawBody?: string | Uint8Array): PromptInput {
   const out: PromptInput = {};
   if (Array.isArray(body.messages)) {
+    if (rawBody !== undefined && (Array.isArray(body.tools) || body.messages.some((m) => m && typeof m === "object" && (m as { tool_calls?: unknown }).tool_calls != null))) {
+      const problem = rawToolJsonInexact(typeof rawBody === "string" ? rawBody : new TextDecoder().decode(rawBody));
+      if (problem) out.rawToolJsonProblem = problem;
+    }
     out.messages = body.messages as ChatMessage[];
     if (Array.isArray(body.tools) && body.tools.length > 0) out.tools = body.tools;
     const kw = body.chat_template_kwargs;
     if (kw && typeof kw === "object" && !Array.isArray(kw)) out.templateKwargs = kw as Record<string, unknown>;
     if (typeof body.add_generation_prompt === "boolean") out.addGenerationPrompt = body.add_generation_prompt;
-    if (typeof body.add_special_tokens === "boolean") out.addSpecialTokens = body.add_special_tokens;
+    if (typeof body.continue_final_message === "boolean") out.continueFinalMessage = body.continue_final_message;
   }
+  // Chat (default false) and completion (default true) requests both take it.
+  if (typeof body.add_special_tokens === "boolean") out.addSpecialTokens = body.add_special_tokens;
   if (typeof body.prompt === "string" || (Array.isArray(body.prompt) && body.prompt.every((p) => typeof p === "string"))) {
     out.prompt = body.prompt as string | string[];
   }
   return out;
+}
+
+/**
+ * A completion prompt that is one text: a string, or a list of one string. A longer list is a
+ * batch (one engine request per prompt, each with its own blocks): undefined.
+ */
+export function singlePrompt(p: PromptInput["prompt"]): string | undefined {
+  if (typeof p === "string") return p;
+  return p && p.length === 1 ? p[0] : undefined;
 }
 
 function promptText(p: PromptInput["prompt"]): string {
@@ -50,6 +73,7 @@ function promptText(p: PromptInput["prompt"]): string {
 
 export function localTokens(input: PromptInput): number[] {
   if (input.messages) return tokenizeChat(input.messages, { addGenerationPrompt: input.addGenerationPrompt ?? true, addSpecialTokens: input.addSpecialTokens ?? false });
+  // Completions always with special tokens here: the simulator's local mode ignores the field too.
   return tokenizePrompt(promptText(input.prompt), { addSpecialTokens: true });
 }
 

@@ -8,7 +8,10 @@
  * least busy worker. Outstanding jobs are bounded: past `maxQueued` waiting beyond one per worker,
  * a render is refused at once (QueueFullError) and the caller falls back. Workers start on first
  * use and hold the process open only while they owe an answer; one that dies fails its jobs as
- * template errors and is replaced on the next render.
+ * template errors and is replaced on the next render. A worker that dies before it is ready (its
+ * module or templates do not load) counts as a startup failure: after 3 in a row the pool stops
+ * spawning and refuses at once (RenderPoolUnavailableError: the caller renders on its own thread)
+ * until a backoff passes (1 s, doubling to 60 s), then tries one worker again.
  */
 import { createRequire } from "node:module";
 import { Worker } from "node:worker_threads";
@@ -20,6 +23,7 @@ const WORKER_SOURCE = `
 const { parentPort, workerData } = require("node:worker_threads");
 const { Template } = require(workerData.jinja);
 const templates = new Map(Object.entries(workerData.templates).map(([name, src]) => [name, new Template(src)]));
+parentPort.postMessage({ ready: true });
 parentPort.on("message", ({ id, name, context }) => {
   try {
     parentPort.postMessage({ id, text: templates.get(name).render(context) });
@@ -37,24 +41,56 @@ interface Pending {
 interface Slot {
   worker: Worker;
   pending: Map<number, Pending>;
+  ready: boolean;
 }
+
+/** The pool is backing off after workers failed to start: render elsewhere. */
+export class RenderPoolUnavailableError extends Error {
+  override name = "RenderPoolUnavailableError";
+}
+
+export interface RenderPoolOptions {
+  /** Module the workers load the Jinja engine from (default: @huggingface/jinja, resolved here). */
+  jinjaModule?: string;
+  /** Clock for the startup backoff (ms). */
+  now?: () => number;
+}
+
+/** Consecutive startup failures after which the pool backs off. */
+export const MAX_STARTUP_FAILURES = 3;
+const BACKOFF_MIN_MS = 1_000;
+const BACKOFF_MAX_MS = 60_000;
 
 export class RenderPool {
   private readonly slots: Array<Slot | undefined>;
   private readonly jinja: string;
   private nextId = 0;
   private outstanding = 0;
+  private readonly now: () => number;
   refused = 0;
   rendered = 0;
+  /** Workers started, and consecutive ones that died before they were ready. */
+  spawned = 0;
+  startupFailures = 0;
+  /** While backing off: when to try a worker again (ms on `now`). */
+  private retryAt = 0;
+  private backoffMs = BACKOFF_MIN_MS;
 
   constructor(
     private readonly templates: ReadonlyMap<string, string>,
     readonly threads: number,
     readonly maxQueued: number,
+    o: RenderPoolOptions = {},
   ) {
     if (!(threads >= 1)) throw new Error("RenderPool needs at least one thread");
     this.slots = new Array(threads).fill(undefined);
-    this.jinja = createRequire(import.meta.url).resolve("@huggingface/jinja");
+    this.jinja = o.jinjaModule ?? createRequire(import.meta.url).resolve("@huggingface/jinja");
+    this.now = o.now ?? Date.now;
+  }
+
+  /** True while startup failures keep the pool from spawning (renders are refused with RenderPoolUnavailableError). */
+  get backingOff(): boolean {
+    return this.startupFailures >= MAX_STARTUP_FAILURES && this.now() < this.retryAt;
   }
 
   /** Jobs sent to a worker and not answered yet. */
@@ -63,6 +99,7 @@ export class RenderPool {
   }
 
   render(job: RenderJob): Promise<string> {
+    if (this.backingOff) return Promise.reject(new RenderPoolUnavailableError(`template workers failed to start ${this.startupFailures} times; retrying after a backoff`));
     if (this.outstanding >= this.threads + this.maxQueued) {
       this.refused++;
       return Promise.reject(new QueueFullError(`template render queue full (${this.maxQueued} waiting)`));
@@ -95,8 +132,15 @@ export class RenderPool {
 
   private spawn(i: number): Slot {
     const worker = new Worker(WORKER_SOURCE, { eval: true, workerData: { jinja: this.jinja, templates: Object.fromEntries(this.templates) } });
-    const slot: Slot = { worker, pending: new Map() };
-    worker.on("message", (m: { id: number; text?: string; error?: string }) => {
+    const slot: Slot = { worker, pending: new Map(), ready: false };
+    this.spawned++;
+    worker.on("message", (m: { id: number; text?: string; error?: string; ready?: boolean }) => {
+      if (m.ready) {
+        slot.ready = true;
+        this.startupFailures = 0;
+        this.backoffMs = BACKOFF_MIN_MS;
+        return;
+      }
       const p = slot.pending.get(m.id);
       if (!p) return;
       slot.pending.delete(m.id);
@@ -108,7 +152,16 @@ export class RenderPool {
         p.resolve(m.text as string);
       }
     });
+    let failed = false;
     const fail = (why: string) => {
+      if (!failed && !slot.ready) {
+        this.startupFailures++;
+        if (this.startupFailures >= MAX_STARTUP_FAILURES) {
+          this.retryAt = this.now() + this.backoffMs;
+          this.backoffMs = Math.min(this.backoffMs * 2, BACKOFF_MAX_MS);
+        }
+      }
+      failed = true;
       if (this.slots[i] === slot) this.slots[i] = undefined;
       for (const p of slot.pending.values()) p.reject(new ChatTemplateError(`template worker ${why}`));
       this.outstanding -= slot.pending.size;

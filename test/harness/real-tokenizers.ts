@@ -10,7 +10,7 @@ import { createRequire } from "node:module";
 import { dirname, join } from "node:path";
 import { Tokenizer as JsTokenizer } from "@huggingface/tokenizers";
 import { mulberry32 } from "../../services/shared/seeded-random.js";
-import { type HfChatMessage, normaliseMessages, specialTokenVariables } from "../../services/tokenizer/chat-template.js";
+import { type HfChatMessage, specialTokenVariables } from "../../services/tokenizer/chat-template.js";
 
 const require = createRequire(import.meta.url);
 
@@ -47,14 +47,68 @@ env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extens
 env.filters["tojson"] = tojson
 env.globals["raise_exception"] = raise_exception
 env.globals["strftime_now"] = lambda f: datetime.now().strftime(f)
+# vLLM's request normalisation, done here independently of the gateway's: content parts joined
+# by newlines, assistant tool-call arguments parsed (empty or missing: {}), tools as
+# ChatCompletionToolsParam.model_dump() (declared fields first, defaults filled, extras after).
+def norm_content(c):
+    if c is None:
+        return ""
+    if isinstance(c, str):
+        return c
+    return "\\n".join(p["text"] for p in c)
+def norm_messages(messages):
+    out = []
+    for m in messages:
+        o = {"role": m["role"], "content": norm_content(m.get("content"))}
+        for k in ("name", "tool_call_id"):
+            if isinstance(m.get(k), str):
+                o[k] = m[k]
+        calls = m.get("tool_calls")
+        if calls is not None:
+            if m["role"] == "assistant":
+                calls = [dict(c, function=dict(c["function"])) for c in calls]
+                for c in calls:
+                    args = c["function"].get("arguments")
+                    if args:
+                        if not isinstance(args, (dict, list)):
+                            c["function"]["arguments"] = json.loads(args)
+                    else:
+                        c["function"]["arguments"] = {}
+            o["tool_calls"] = calls
+        out.append(o)
+    return out
+def norm_tool(t):
+    f = t["function"]
+    fn = {"name": f["name"], "description": f.get("description"), "parameters": f.get("parameters")}
+    fn.update({k: v for k, v in f.items() if k not in fn})
+    out = {"type": t.get("type", "function"), "function": fn}
+    out.update({k: v for k, v in t.items() if k not in out})
+    return out
+def render(case):
+    # The request as the client wrote it, parsed by Python (so 20.0 stays a float).
+    req = json.loads(case["request"])
+    messages = norm_messages(req["messages"])
+    tools = [norm_tool(t) for t in req["tools"]] if req.get("tools") else None
+    text = template.render(**job["variables"], messages=messages, tools=tools, add_generation_prompt=case["add_generation_prompt"])
+    if case.get("continue_final_message"):
+        # transformers: cut right after the last occurrence of the final message's (stripped) content.
+        final = messages[-1]["content"].strip()
+        if final not in text:
+            return None
+        text = text[: text.rindex(final) + len(final)]
+    return text
 job = json.load(sys.stdin)
 template = env.from_string(job["template"])
-json.dump([template.render(**job["variables"], **case) for case in job["cases"]], sys.stdout, ensure_ascii=False)
+json.dump([render(case) for case in job["cases"]], sys.stdout, ensure_ascii=False)
 `;
 
 export interface RenderCase {
   messages: readonly HfChatMessage[];
   addGenerationPrompt?: boolean;
+  tools?: readonly unknown[];
+  continueFinalMessage?: boolean;
+  /** The request body's JSON as the client wrote it (default: JSON of messages and tools). */
+  request?: string;
 }
 
 let python: string | undefined;
@@ -74,15 +128,20 @@ function pythonWithJinja(): string {
 }
 
 /** Renders every case with Python's jinja2 in one process (python3 with jinja2: Debian's python3-jinja2). */
-export function pythonRender(model: RealModel, cases: readonly RenderCase[]): string[] {
+/** null: transformers refuses the case (continue_final_message whose content the render lost). */
+export function pythonRender(model: RealModel, cases: readonly RenderCase[]): Array<string | null> {
   const config = readConfig(model);
   const job = {
     template: config.chat_template,
     variables: specialTokenVariables(config),
-    cases: cases.map((c) => ({ messages: normaliseMessages(c.messages), add_generation_prompt: c.addGenerationPrompt ?? true, tools: null })),
+    cases: cases.map((c) => ({
+      request: c.request ?? JSON.stringify({ messages: c.messages, ...(c.tools ? { tools: c.tools } : {}) }),
+      add_generation_prompt: c.addGenerationPrompt ?? true,
+      continue_final_message: c.continueFinalMessage ?? false,
+    })),
   };
   const out = execFileSync(pythonWithJinja(), ["-c", RENDER_PY], { input: JSON.stringify(job), maxBuffer: 256 * 1024 * 1024 });
-  return JSON.parse(out.toString("utf8")) as string[];
+  return JSON.parse(out.toString("utf8")) as Array<string | null>;
 }
 
 /** Pieces of text that stress a byte-level BPE around message boundaries. */

@@ -1,0 +1,203 @@
+/**
+ * Tools and tool calls as vLLM hands them to a chat template, and the JSON a JavaScript renderer
+ * cannot reproduce exactly. Pure.
+ *
+ * vLLM renders `[tool.model_dump() for tool in request.tools]`: pydantic puts the declared fields
+ * first, in declaration order, defaults filled in (`type`, then `function` = `name`, `description`
+ * or null, `parameters` or null), and extra fields after them. Assistant tool-call `arguments` are
+ * parsed from their JSON string; empty or missing ones become `{}`.
+ *
+ * Python prints the parsed JSON back (`tojson`) differently from JavaScript in three cases, and a
+ * request showing any of them must not be tokenized here (the caller falls back):
+ * - a float written with a fraction or exponent that Python's `repr` prints differently from
+ *   JavaScript's `String` (`20.0` is `20.0` in Python, `20` here; `1e-05` vs `0.00001`);
+ * - integer-like object keys (`"1"`, `"20"`): JavaScript objects list them first, in numeric order;
+ * - integers beyond 2^53, which JavaScript rounds.
+ * Parsed values hide the first case for integer-valued floats (`20.0` is already `20`), so the raw
+ * request text is checked when the caller has it (`rawToolJsonInexact`).
+ */
+
+export class InexactToolJsonError extends Error {
+  override name = "InexactToolJsonError";
+}
+
+const INDEX_KEY = /^(0|[1-9][0-9]*)$/;
+
+function isIndexKey(k: string): boolean {
+  return INDEX_KEY.test(k) && Number(k) < 2 ** 32 - 1;
+}
+
+/** CPython's `repr` of a finite float (what `json.dumps` writes for a Python float). */
+export function pythonFloatRepr(x: number): string {
+  if (Object.is(x, -0)) return "-0.0";
+  const [mantissa, expText] = x.toExponential().split("e") as [string, string];
+  const exp = Number(expText);
+  if (exp < -4 || exp >= 16) return `${mantissa}e${exp < 0 ? "-" : "+"}${String(Math.abs(exp)).padStart(2, "0")}`;
+  const s = String(x);
+  return Number.isInteger(x) ? `${s}.0` : s;
+}
+
+/** Why a number literal (as written in JSON) would print differently after a JavaScript parse, or undefined. */
+function literalProblem(lit: string): string | undefined {
+  const x = Number(lit);
+  if (!Number.isFinite(x)) return `number ${lit.slice(0, 32)} out of range`;
+  if (/[.eE]/.test(lit)) return pythonFloatRepr(x) === String(x) ? undefined : `float ${lit.slice(0, 32)} prints as ${String(x)} here`;
+  return Number.isSafeInteger(x) ? undefined : `integer ${lit.slice(0, 32)} beyond 2^53`;
+}
+
+/** Why a parsed value would print differently from Python's parse of the same JSON, or undefined (integer-valued floats are invisible here). */
+export function parsedJsonProblem(v: unknown, depth = 0): string | undefined {
+  if (depth > 64) return "JSON nested too deeply";
+  if (typeof v === "number") {
+    if (Number.isInteger(v)) return Number.isSafeInteger(v) ? undefined : `integer ${v} beyond 2^53`;
+    return pythonFloatRepr(v) === String(v) ? undefined : `float ${v} prints differently in Python`;
+  }
+  if (Array.isArray(v)) {
+    for (const x of v) {
+      const p = parsedJsonProblem(x, depth + 1);
+      if (p) return p;
+    }
+    return undefined;
+  }
+  if (v && typeof v === "object") {
+    for (const [k, x] of Object.entries(v)) {
+      if (isIndexKey(k)) return `integer-like key ${JSON.stringify(k.slice(0, 32))} (reordered by JavaScript)`;
+      const p = parsedJsonProblem(x, depth + 1);
+      if (p) return p;
+    }
+  }
+  return undefined;
+}
+
+/**
+ * A minimal JSON scanner over raw text that reports the first number literal or key that would
+ * not survive a JavaScript parse, inside the parts `inScope` selects by path. Returns undefined
+ * for text that is fine or not JSON (the request parser reports that).
+ */
+function scanRaw(text: string, inScope: (path: readonly (string | number)[]) => boolean): string | undefined {
+  let i = 0;
+  const ws = () => {
+    while (i < text.length && (text[i] === " " || text[i] === "\n" || text[i] === "\r" || text[i] === "\t")) i++;
+  };
+  const str = (): string => {
+    const start = i;
+    i++;
+    while (i < text.length && text[i] !== '"') i += text[i] === "\\" ? 2 : 1;
+    i++;
+    return JSON.parse(text.slice(start, i)) as string;
+  };
+  const value = (path: (string | number)[], scoped: boolean, depth: number): string | undefined => {
+    if (depth > 128) throw new Error("deep");
+    ws();
+    const c = text[i];
+    if (c === "{") {
+      i++;
+      ws();
+      if (text[i] === "}") {
+        i++;
+        return undefined;
+      }
+      for (;;) {
+        ws();
+        const key = str();
+        if (scoped && isIndexKey(key)) return `integer-like key ${JSON.stringify(key.slice(0, 32))} (reordered by JavaScript)`;
+        ws();
+        i++; // ':'
+        path.push(key);
+        const p = value(path, scoped || inScope(path), depth + 1);
+        path.pop();
+        if (p) return p;
+        ws();
+        if (text[i++] === "}") return undefined;
+      }
+    }
+    if (c === "[") {
+      i++;
+      ws();
+      if (text[i] === "]") {
+        i++;
+        return undefined;
+      }
+      for (let n = 0; ; n++) {
+        path.push(n);
+        const p = value(path, scoped || inScope(path), depth + 1);
+        path.pop();
+        if (p) return p;
+        ws();
+        if (text[i++] === "]") return undefined;
+      }
+    }
+    if (c === '"') {
+      const s = str();
+      // A tool call's `arguments` is JSON inside a string: the template sees it parsed.
+      if (scoped && path[path.length - 1] === "arguments" && s.trim() !== "") {
+        try {
+          return rawJsonProblem(s);
+        } catch {
+          return undefined;
+        }
+      }
+      return undefined;
+    }
+    const m = /^-?[0-9][0-9]*(\.[0-9]+)?([eE][+-]?[0-9]+)?|^(true|false|null)/.exec(text.slice(i, i + 400));
+    if (!m) throw new Error("not JSON");
+    i += m[0].length;
+    return scoped && m[3] === undefined ? literalProblem(m[0]) : undefined;
+  };
+  try {
+    return value([], inScope([]), 0);
+  } catch {
+    return undefined;
+  }
+}
+
+/** The first problem anywhere in a JSON text (a tool call's arguments string). */
+export function rawJsonProblem(text: string): string | undefined {
+  return scanRaw(text, () => true);
+}
+
+/** The first problem in a raw chat request body's `tools` and `messages[].tool_calls`, or undefined. */
+export function rawToolJsonInexact(body: string): string | undefined {
+  return scanRaw(body, (p) => (p.length === 1 && p[0] === "tools") || (p.length === 3 && p[0] === "messages" && p[2] === "tool_calls"));
+}
+
+function isObject(v: unknown): v is Record<string, unknown> {
+  return !!v && typeof v === "object" && !Array.isArray(v);
+}
+
+/** One OpenAI tool as vLLM's `ChatCompletionToolsParam.model_dump()` gives it to the template. */
+export function normaliseTool(tool: unknown): Record<string, unknown> {
+  if (!isObject(tool) || !isObject(tool.function) || typeof tool.function.name !== "string") throw new InexactToolJsonError("a tool needs a function with a string name");
+  const { type, function: fn, ...extraTool } = tool;
+  const { name, description, parameters, ...extraFn } = fn;
+  return {
+    type: type ?? "function",
+    function: { name, description: description ?? null, parameters: parameters ?? null, ...extraFn },
+    ...extraTool,
+  };
+}
+
+/**
+ * Assistant tool calls as vLLM passes them: `arguments` parsed from JSON, empty or missing as `{}`.
+ * `exact`: refuse arguments whose numbers or keys a JavaScript parse changes (InexactToolJsonError).
+ */
+export function normaliseToolCalls(calls: unknown, exact = true): unknown {
+  if (!Array.isArray(calls)) return calls;
+  return calls.map((call) => {
+    if (!isObject(call) || !isObject(call.function)) return call;
+    const args = call.function.arguments;
+    let parsed: unknown;
+    if (args === undefined || args === null || args === "") parsed = {};
+    else if (typeof args === "string") {
+      const problem = exact ? rawJsonProblem(args) : undefined;
+      if (problem) throw new InexactToolJsonError(`tool call arguments: ${problem}`);
+      try {
+        parsed = JSON.parse(args);
+      } catch {
+        // vLLM's json.loads raises: the engine refuses the request.
+        throw new InexactToolJsonError("tool call arguments are not JSON");
+      }
+    } else parsed = args;
+    return { ...call, function: { ...call.function, arguments: parsed } };
+  });
+}
