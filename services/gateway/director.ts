@@ -187,7 +187,7 @@ export class Director {
     // A prompt sent as token ids is exactly what the index is keyed on.
     if (parsed.promptTokenIds) return { ...base, tokens: parsed.promptTokenIds, tokenizerMode: "ids" };
     const anyPod = this.views.pods.readyPods(parsed.model)[0];
-    const t = prefix.tokenizer.tokenize(parsed.model, promptInputOf(parsed.body), anyPod?.address);
+    const t = prefix.tokenizer.tokenize(parsed.model, promptInputOf(parsed.body, input.body), anyPod?.address);
     return t.then((r) => ({ ...base, tokens: r.tokens, tokenizerMode: r.mode }));
   }
 
@@ -333,7 +333,7 @@ export class Director {
       // After the reply to Envoy has gone out: tokenizing runs synchronously up to its first await.
       setImmediate(() => {
         if (routed.finished) return;
-        prefix.tokenizer.tokenize(parsed.model, promptInputOf(parsed.body), pod.address).then(
+        prefix.tokenizer.tokenize(parsed.model, promptInputOf(parsed.body, input.body), pod.address).then(
           (t) => {
             if (!routed.finished) routed.recordedBlocks = prefix.blocks(parsed.model, pod, t.tokens, now, t.mode);
           },
