@@ -1,5 +1,6 @@
 import { mkdtempSync, writeFileSync } from "node:fs";
 import http from "node:http";
+import net from "node:net";
 import os from "node:os";
 import path from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -9,6 +10,8 @@ import { streamName } from "../../streams/definitions.js";
 import { MODEL, quietLog, startTestEnv, type TestEnv, waitFor } from "../../test/harness/env.js";
 import { StreamFollower } from "../shared/follower.js";
 import { PodSet } from "../views/pod-set.js";
+import { spawnJetroute } from "../shared/processes.js";
+import { natsKvLeaseStore } from "./kv-lease.js";
 import { parsePodList, PodListError } from "./static-pods.js";
 import { type PodWatcherHandle, startPodWatcher } from "./pod-watcher.js";
 
@@ -141,8 +144,8 @@ describe("pod-watcher (static) - ownership, liveness, HA, on a real nats-server"
       // A drops it (and keeps another pod): A must see that the pod is B's now and leave it alone.
       list("share-a.yaml", ["only-a"]);
       await waitFor(() => a.stats.pods === 1, 5_000, "A reloaded its list");
-      const rounds = a.stats.probeRounds;
-      await waitFor(() => a.stats.probeRounds >= rounds + 3, 3_000, "A probed the new list");
+      const rounds = a.stats.probeRounds ?? 0;
+      await waitFor(() => (a.stats.probeRounds ?? 0) >= rounds + 3, 3_000, "A probed the new list");
       expect(removedBy).toEqual([]);
       expect(view.get(MODEL, "shared-0")?.source).toBe("static-share-b");
       await a.close();
@@ -271,6 +274,29 @@ describe("pod-watcher (static) - ownership, liveness, HA, on a real nats-server"
       await two.close();
     } finally {
       await f.stop();
+    }
+  });
+
+  it("SIGTERM while the first round cannot complete (PODS missing) still closes the process and releases its lease", async () => {
+    // An engine that accepts and never answers: the first probe round takes the whole probe timeout,
+    // so the watcher is leader (and owes a publish it cannot make) before its first round ends.
+    const mute = net.createServer(() => undefined);
+    await new Promise<void>((r) => mute.listen(0, "127.0.0.1", r));
+    const file = list("sigterm.yaml", ["sig-0"], () => (mute.address() as net.AddressInfo).port);
+    const store = await natsKvLeaseStore(env.nats, "jr", "static-sigterm");
+    await env.nats.jsm.streams.delete(streamName("jr", "PODS"));
+    const proc = spawnJetroute("pod-watcher", ["pod-watcher", "--static", file, "--probe-timeout-ms", "1500", "--leader-election", "--lease-ms", "30000", "--watcher-id", "sig-one", "--heartbeat-ms", "200", "--nats", env.server.url]);
+    try {
+      let holder: string | undefined;
+      for (const t0 = Date.now(); holder !== "sig-one" && Date.now() - t0 < 10_000; await new Promise((r) => setTimeout(r, 50))) holder = (await store.read())?.holder;
+      expect(holder).toBe("sig-one");
+      await proc.stop(10_000);
+      // Released on the way out: the standby need not wait out a 30 s lease.
+      expect((await store.read())?.holder).toBe("");
+    } finally {
+      await proc.kill().catch(() => undefined);
+      mute.close();
+      await applyStreams(env.nats.nc, env.nats.jsm);
     }
   });
 });
