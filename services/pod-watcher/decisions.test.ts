@@ -60,9 +60,17 @@ describe("reconcile: what a watcher publishes", () => {
     expect(plan.upserts.map((u) => u.pod)).toEqual(["old"]);
     expect(plan.reasserted).toBe(1);
   });
-  it("claims a pod another source published, and reports the conflict", () => {
+  it("claims a pod a silent source published, and reports the conflict", () => {
     const plan = planReconcile({ ...base, complete: true, desired: map([[podKey("m", "x"), state("x")]]), published: map([[podKey("m", "x"), ev("x", "b")]]), publishedAt: new Map() });
     expect(plan.upserts.map((u) => u.source)).toEqual(["a"]);
+    expect(plan.conflicts).toEqual([podKey("m", "x")]);
+  });
+  it("leaves a pod of a live source alone (two followers would take it from each other forever), reporting the conflict", () => {
+    const plan = planReconcile({
+      ...base, complete: true, desired: map([[podKey("m", "x"), state("x")]]), published: map([[podKey("m", "x"), ev("x", "b")]]), publishedAt: new Map(), liveSources: new Set(["b"]),
+    });
+    expect(plan.upserts).toEqual([]);
+    expect(plan.removes).toEqual([]);
     expect(plan.conflicts).toEqual([podKey("m", "x")]);
   });
   it("label order does not make a change; a label value does", () => {

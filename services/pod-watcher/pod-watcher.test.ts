@@ -124,13 +124,13 @@ describe("pod-watcher (static) - ownership, liveness, HA, on a real nats-server"
     await b.close();
   });
 
-  it("a pod another source took over is never removed by the first when it drops it (the publisher follows PODS)", async () => {
-    const removedBy: string[] = [];
+  it("a pod two sources list stays with its live owner; when the owner drops it, the other publishes it (never removed for good)", async () => {
+    const owners: string[] = [];
     const f = new StreamFollower({
       nats: env.nats, subjects: env.subjects, log: quietLog, name: "test-share", family: "pods", types: ["pod"] as const,
       stream: streamName("jr", "PODS"), filter: env.subjects.all("pods"), startAt: { kind: "all" },
       onEvent: (ev) => {
-        if (ev.pod === "shared-0" && ev.action === "remove") removedBy.push(ev.source ?? "");
+        if (ev.pod === "shared-0") owners.push(`${ev.action}:${ev.source ?? ""}`);
       },
     });
     await f.start();
@@ -140,14 +140,18 @@ describe("pod-watcher (static) - ownership, liveness, HA, on a real nats-server"
       await waitFor(() => view.get(MODEL, "shared-0")?.source === "static-share-a", 3_000, "A publishes the shared pod");
       const b = await watch({ nats: env.server.url, file: list("share-b.yaml", ["shared-0"]), probeIntervalMs: 100, heartbeatMs: 200, log: quietLog });
       await b.firstRound;
-      await waitFor(() => view.get(MODEL, "shared-0")?.source === "static-share-b", 3_000, "B takes the shared pod over");
-      // A drops it (and keeps another pod): A must see that the pod is B's now and leave it alone.
+      await waitFor(() => (b.stats.conflicts ?? 0) > 0, 3_000, "B reports the conflict");
+      expect(view.get(MODEL, "shared-0")?.source).toBe("static-share-a");
+      // A drops it: A removes its own pod, and B, which lists it, publishes it as B's at once.
       list("share-a.yaml", ["only-a"]);
-      await waitFor(() => a.stats.pods === 1, 5_000, "A reloaded its list");
+      await waitFor(() => view.get(MODEL, "shared-0")?.source === "static-share-b", 8_000, "B publishes the pod A dropped");
       const rounds = a.stats.probeRounds ?? 0;
-      await waitFor(() => (a.stats.probeRounds ?? 0) >= rounds + 3, 3_000, "A probed the new list");
-      expect(removedBy).toEqual([]);
-      expect(view.get(MODEL, "shared-0")?.source).toBe("static-share-b");
+      await waitFor(() => (a.stats.probeRounds ?? 0) >= rounds + 3, 3_000, "A probed the new list again");
+      expect(view.get(MODEL, "shared-0")).toMatchObject({ source: "static-share-b", ready: true });
+      // No tug of war: A's publishes, A's one removal, then B's.
+      const firstB = owners.indexOf("upsert:static-share-b");
+      expect(owners.slice(0, firstB).every((o) => o.endsWith(":static-share-a"))).toBe(true);
+      expect(owners.slice(firstB).every((o) => o === "upsert:static-share-b")).toBe(true);
       await a.close();
       await b.close();
     } finally {

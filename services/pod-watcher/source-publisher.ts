@@ -73,6 +73,11 @@ export interface SourcePublisherStats {
   pending: number;
 }
 
+/** Bound on other sources remembered (their heartbeats). */
+const MAX_SOURCES = 10_000;
+/** A source is live while its last heartbeat is younger than this many of its intervals (the gateways' default timeout is six). */
+const LIVE_BEATS = 6;
+
 const isWrongLastSequence = (err: unknown): boolean => /wrong last sequence/i.test((err as Error)?.message ?? "");
 
 export class SourcePublisher {
@@ -87,6 +92,8 @@ export class SourcePublisher {
   private follower: StreamFollower<"pod" | "pod-source"> | undefined;
   /** Local time of the last heartbeat of this source from another watcher (exclusive mode). */
   private foreignBeatAt = Number.NEGATIVE_INFINITY;
+  /** Other sources' newest heartbeat (server time, interval), to tell live owners from silent ones. */
+  private readonly beats = new Map<string, { at: number; intervalMs: number }>();
   /** Local time since when heartbeats or publishes have been failing (undefined: not failing). */
   private failingSince: number | undefined;
   private active = false;
@@ -233,6 +240,7 @@ export class SourcePublisher {
     this.publishedAt.clear();
     this.seqs.clear();
     this.maxSeq = 0;
+    this.beats.clear();
     this.stats.reloads++;
     const follower: StreamFollower<"pod" | "pod-source"> = new StreamFollower({
       // The whole stream (2.9 allows one filter): pods, and the sources' heartbeats for clash detection.
@@ -242,6 +250,7 @@ export class SourcePublisher {
         if (this.follower !== follower) return;
         if (m.seq > this.maxSeq) this.maxSeq = m.seq;
         if (ev.type === "pod-source") {
+          if (ev.source !== this.o.source && (this.beats.has(ev.source) || this.beats.size < MAX_SOURCES)) this.beats.set(ev.source, { at: m.serverTs, intervalMs: ev.intervalMs });
           // Only live beats count: the replay holds the last beat of this source's earlier runs.
           if (follower.caughtUp && this.o.exclusive && ev.source === this.o.source && ev.watcher !== this.o.watcher) {
             if (this.stats.clash === 0) this.o.log.error({ source: this.o.source, me: this.o.watcher, other: ev.watcher }, "another pod-watcher publishes this source without leader election; refusing to publish (give each watcher its own --source, or run the pair with --leader-election)");
@@ -308,10 +317,17 @@ export class SourcePublisher {
     this.kick();
   }
 
+  private liveSources(): Set<string> {
+    const now = this.clock();
+    const live = new Set<string>();
+    for (const [name, b] of this.beats) if (now - b.at <= LIVE_BEATS * b.intervalMs) live.add(name);
+    return live;
+  }
+
   private async syncOnce(): Promise<void> {
     const plan = planReconcile({
       source: this.o.source, desired: this.desired, complete: this.complete, published: this.published, publishedAt: this.publishedAt, now: this.clock(), reassertMs: this.o.reassertMs,
-      adoptUnowned: this.o.adoptUnowned ?? false,
+      adoptUnowned: this.o.adoptUnowned ?? false, liveSources: this.liveSources(),
     });
     this.stats.pending = plan.upserts.length + plan.removes.length;
     this.stats.reasserted += plan.reasserted;
@@ -320,7 +336,7 @@ export class SourcePublisher {
       this.conflictsLogged.add(k);
       this.stats.conflicts++;
       const [model, pod] = k.split("\u0000");
-      this.o.log.warn({ source: this.o.source, model, pod, other: this.published.get(k)?.source ?? null }, "pod also published by another source; ours wins until fixed");
+      this.o.log.warn({ source: this.o.source, model, pod, other: this.published.get(k)?.source ?? null }, "pod also listed by another source; the live owner keeps it until fixed");
     }
     for (const ev of [...plan.upserts, ...plan.removes]) {
       if (!this.mayPublish()) return;
