@@ -192,4 +192,38 @@ describe("Kubernetes discovery: kubectl -> API stand-in -> pod-watcher --kuberne
     expect(await kubectl("get", "lease", "jetroute-pod-watcher-cluster-ha", "-n", "default", "-o", "jsonpath={.spec.holderIdentity}")).toBe("ha-two");
     expect(inEvery((g) => routable(g, "ha-0", "ha"))).toBe(true);
   });
+
+  it("a half-open watch (connection up, nothing ever arrives, never closed) is aborted by the watchdog and the change is seen", async () => {
+    const w = await startKubernetesWatcher({
+      nats: env.server.url, kubeconfig, source: "cluster-stall", namespaces: ["stall"], heartbeatMs: 200, watchTimeoutSeconds: [1, 2], watchdogMarginMs: 500, log: quietLog,
+    });
+    watchers.push(w);
+    await kubectl("apply", "--validate=false", "-f", podYaml("stall-0", {}, "stall"));
+    await setStatus("stall-0", true, "10.0.4.1", "stall");
+    await waitFor(() => inEvery((g) => routable(g, "stall-0", "stall")), 8_000, "first pod routable");
+    expect(kube.muteWatches()).toBeGreaterThan(0);
+    await kubectl("apply", "--validate=false", "-f", podYaml("stall-1", {}, "stall"));
+    await setStatus("stall-1", true, "10.0.4.2", "stall");
+    // The muted watch will never deliver this: only the watchdog's restart can.
+    await waitFor(() => inEvery((g) => routable(g, "stall-1", "stall")), 10_000, "pod seen after the watchdog restarted the watch");
+    expect(w.stats.watchStalls).toBeGreaterThan(0);
+  });
+
+  it("an informer refused (403) for longer than blindAfterMs stops the heartbeats: the source goes silent, and routable again once it sees", async () => {
+    const w = await startKubernetesWatcher({ nats: env.server.url, kubeconfig, source: "cluster-blind", namespaces: ["blind"], heartbeatMs: 200, blindAfterMs: 1_000, log: quietLog });
+    watchers.push(w);
+    await kubectl("apply", "--validate=false", "-f", podYaml("blind-0", {}, "blind"));
+    await setStatus("blind-0", true, "10.0.5.1", "blind");
+    await waitFor(() => inEvery((g) => routable(g, "blind-0", "blind")), 8_000, "routable while the informer sees");
+    kube.forbid("pods");
+    try {
+      kube.cutWatches();
+      await waitFor(() => inEvery((g) => !routable(g, "blind-0", "blind")), 10_000, "unroutable: nobody can see the pod");
+      expect(inEvery((g) => pod(g, "blind-0", "blind")?.ready === true)).toBe(true); // still published, just unvouched
+      expect(w.stats.blind).toBe(1);
+    } finally {
+      kube.forbid("pods", false);
+    }
+    await waitFor(() => inEvery((g) => routable(g, "blind-0", "blind")), 15_000, "routable again once the informer sees");
+  });
 });

@@ -2,7 +2,7 @@ import type { Command } from "commander";
 import { startMetricsServer, statsRegistry } from "../shared/metrics-server.js";
 import { intOption, natsOption, untilSignal } from "../shared/cli-options.js";
 import { createLogger } from "../shared/log.js";
-import { DEFAULT_LABEL_SELECTOR, startKubernetesWatcher } from "./kubernetes.js";
+import { DEFAULT_BLIND_AFTER_MS, DEFAULT_LABEL_SELECTOR, startKubernetesWatcher } from "./kubernetes.js";
 import { DEFAULT_HEARTBEAT_MS, DEFAULT_LEASE_MS, DEFAULT_REASSERT_MS, DEFAULT_STEP_DOWN_AFTER_MS, type PodWatcherHandle, startPodWatcher } from "./pod-watcher.js";
 
 export function registerPodWatcherCommand(program: Command): void {
@@ -14,6 +14,7 @@ export function registerPodWatcherCommand(program: Command): void {
     .option("--kubeconfig <file>", "Kubernetes mode: kubeconfig file (default: in-cluster, else $KUBECONFIG / ~/.kube/config)")
     .option("--namespaces <list>", "Kubernetes mode: comma-separated namespaces to watch (default: all)")
     .option("--label-selector <selector>", "Kubernetes mode: which pods", DEFAULT_LABEL_SELECTOR)
+    .option("--blind-after-ms <ms>", "Kubernetes mode: stop heartbeating (the source goes silent in every gateway) once a pod informer has been failing or unsynced this long", intOption(100), DEFAULT_BLIND_AFTER_MS)
     .option("--lease-namespace <ns>", "Kubernetes mode: namespace of the leader-election Lease (default: $POD_NAMESPACE, else default)")
     .option("--source <name>", "the source this watcher vouches for; watchers remove only their own source's pods (default: static-<file name> / kubernetes)")
     .option("--watcher-id <id>", "this instance's identity in the lease and heartbeats (default: <hostname>-<pid>-<random>)")
@@ -44,7 +45,7 @@ export function registerPodWatcherCommand(program: Command): void {
       const signal = untilSignal();
       const w: PodWatcherHandle = o.kubernetes
         ? await startKubernetesWatcher({
-            ...common, kubeconfig: o.kubeconfig, labelSelector: o.labelSelector, leaseNamespace: o.leaseNamespace,
+            ...common, kubeconfig: o.kubeconfig, labelSelector: o.labelSelector, leaseNamespace: o.leaseNamespace, blindAfterMs: o.blindAfterMs,
             namespaces: typeof o.namespaces === "string" ? o.namespaces.split(",").map((s: string) => s.trim()).filter(Boolean) : undefined,
           })
         : await startPodWatcher({ ...common, file: o.static, probeIntervalMs: o.probeIntervalMs, probeTimeoutMs: o.probeTimeoutMs, noProbe: o.probe === false });
