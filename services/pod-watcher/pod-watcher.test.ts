@@ -205,6 +205,31 @@ describe("pod-watcher (static) - ownership, liveness, HA, on a real nats-server"
     await again.close();
   });
 
+  it("a lone gateway whose clock runs a minute ahead judges source liveness on broker time (fed by PODS heartbeats)", async () => {
+    // Alone: no peer's CHARGES to learn the broker's clock from; the watcher's heartbeats must do.
+    const gw = await env.gateway({ id: "gw-skewed", podSourceTimeoutMs: 2_000, clock: () => Date.now() + 60_000, adminPort: 0 });
+    const w = await watch({ nats: env.server.url, file: list("skew.yaml", ["skew-0"]), probeIntervalMs: 100, heartbeatMs: 200, log: quietLog });
+    await w.firstRound;
+    const routable = () => gw.views.pods.readyPods(MODEL).some((p) => p.pod === "skew-0");
+    await waitFor(routable, 5_000, "routable despite the skewed clock");
+    // On the local clock every source would be a minute old: silent at every sweep (and live again
+    // for a moment at each heartbeat). Sample while heartbeats span more than the timeout.
+    const samples: boolean[] = [];
+    const sampler = setInterval(() => samples.push(routable()), 20);
+    const heard = () => gw.state.pods.sourceInfo().find((x) => x.source === "static-skew")?.lastSeen ?? 0;
+    const first = heard();
+    try {
+      await waitFor(() => heard() > first + 2_500, 6_000, "heartbeats spanning more than the timeout");
+    } finally {
+      clearInterval(sampler);
+    }
+    expect(samples.length).toBeGreaterThan(10);
+    expect(samples.filter((r) => !r)).toEqual([]);
+    const text = await (await fetch(`http://127.0.0.1:${gw.adminPort}/metrics`)).text();
+    expect(text).toMatch(/jetroute_gateway_pod_sources\{state="live"[^}]*\} [1-9]/);
+    await w.close();
+  });
+
   it("re-asserts unchanged pods so retention never ages them out", async () => {
     const w = await watch({ nats: env.server.url, file: list("reassert.yaml", ["steady-0"]), probeIntervalMs: 100, heartbeatMs: 100, reassertMs: 300, log: quietLog });
     await w.firstRound;
