@@ -16,7 +16,7 @@ export function registerPodWatcherCommand(program: Command): void {
     .option("--label-selector <selector>", "Kubernetes mode: which pods", DEFAULT_LABEL_SELECTOR)
     .option("--blind-after-ms <ms>", "Kubernetes mode: stop heartbeating (the source goes silent in every gateway) once a pod informer has been failing or unsynced this long", intOption(100), DEFAULT_BLIND_AFTER_MS)
     .option("--lease-namespace <ns>", "Kubernetes mode: namespace of the leader-election Lease (default: $POD_NAMESPACE, else default)")
-    .option("--source <name>", "the source this watcher vouches for; watchers remove only their own source's pods (default: static-<file name> / kubernetes)")
+    .option("--source <name>", "the source this watcher vouches for; watchers remove only their own source's pods (default: static-<file name>; Kubernetes: kubernetes-<kubeconfig context>, required in-cluster)")
     .option("--watcher-id <id>", "this instance's identity in the lease and heartbeats (default: <hostname>-<pid>-<random>)")
     .addOption(natsOption())
     .option("--prefix <prefix>", "subject prefix", "jr")

@@ -34,7 +34,23 @@ import { type CommonWatcherOptions, defaultWatcherId, type PodWatcherHandle, sta
 import { podKey, type PodState } from "./reconcile.js";
 
 export const DEFAULT_LABEL_SELECTOR = LABEL_MODEL;
-export const DEFAULT_SOURCE = "kubernetes";
+/**
+ * The source name when --source is not given: `kubernetes-<context or API host>` from a kubeconfig,
+ * sanitized and bounded. In-cluster every cluster's API is `kubernetes.default.svc` (or the same
+ * service IP): a derived name would make two clusters' watchers one source that removes the
+ * other's pods, so in-cluster --source is required (undefined here).
+ */
+export function clusterSourceName(kc: KubeConfig, inCluster: boolean): string | undefined {
+  if (inCluster) return undefined;
+  let host = "";
+  try {
+    host = new URL(kc.getCurrentCluster()?.server ?? "").host;
+  } catch {
+    host = "";
+  }
+  const id = (kc.getCurrentContext() || host).replace(/[^A-Za-z0-9._-]+/g, "-").replace(/^-+|-+$/g, "").slice(0, 100);
+  return id ? `kubernetes-${id}` : undefined;
+}
 const SA_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
 
 export interface KubernetesWatcherOptions extends CommonWatcherOptions {
@@ -64,6 +80,8 @@ export function loadKubeConfig(file: string | undefined): KubeConfig {
   else kc.loadFromDefault();
   return kc;
 }
+
+const inClusterConfig = (file: string | undefined): boolean => !file && !!process.env.KUBERNETES_SERVICE_HOST;
 
 function defaultLeaseNamespace(): string {
   if (process.env.POD_NAMESPACE) return process.env.POD_NAMESPACE;
@@ -143,7 +161,8 @@ interface Watched {
 export async function startKubernetesWatcher(o: KubernetesWatcherOptions): Promise<PodWatcherHandle> {
   const log = o.log;
   const kc = loadKubeConfig(o.kubeconfig);
-  const source = o.source ?? DEFAULT_SOURCE;
+  const source = o.source ?? clusterSourceName(kc, inClusterConfig(o.kubeconfig));
+  if (source === undefined) throw new RangeError("--source is required in-cluster: name this cluster (every cluster's API looks the same from inside, so a derived name would collide)");
   const watcherId = o.watcherId ?? defaultWatcherId();
   const labelSelector = o.labelSelector ?? DEFAULT_LABEL_SELECTOR;
   const leaseNamespace = o.leaseNamespace ?? defaultLeaseNamespace();

@@ -230,6 +230,26 @@ describe("pod-watcher (static) - ownership, liveness, HA, on a real nats-server"
     await w.close();
   });
 
+  it("two watchers without leader election that derive the same source (same file name, other hosts) detect the clash: the older refuses to publish", async () => {
+    const other = mkdtempSync(path.join(os.tmpdir(), "jr-pw-other-"));
+    const fileA = list("clash.yaml", ["clash-a"]);
+    const fileB = path.join(other, "clash.yaml");
+    writeFileSync(fileB, `pods:\n  - {name: clash-b, model: ${MODEL}, address: '127.0.0.1:${enginePort}'}\n`);
+    const a = await watch({ nats: env.server.url, file: fileA, probeIntervalMs: 100, heartbeatMs: 200, watcherId: "clash-one", log: quietLog });
+    await a.firstRound;
+    const b = await watch({ nats: env.server.url, file: fileB, probeIntervalMs: 100, heartbeatMs: 200, watcherId: "clash-two", log: quietLog });
+    expect([a.source, b.source]).toEqual(["static-clash", "static-clash"]);
+    await b.firstRound;
+    await waitFor(() => a.stats.clash === 1, 3_000, "the first watcher sees another watcher heartbeat its source");
+    // Refusing, it stops publishing (no heartbeats, no pod changes): no tug of war over the pods.
+    const [hb, pub] = [a.stats.heartbeats, a.stats.published + a.stats.removed];
+    const bBeats = b.stats.heartbeats;
+    await waitFor(() => b.stats.heartbeats > bBeats + 5, 3_000, "the other keeps beating");
+    expect([a.stats.heartbeats, a.stats.published + a.stats.removed]).toEqual([hb, pub]);
+    await a.close();
+    await b.close();
+  });
+
   it("re-asserts unchanged pods so retention never ages them out", async () => {
     const w = await watch({ nats: env.server.url, file: list("reassert.yaml", ["steady-0"]), probeIntervalMs: 100, heartbeatMs: 100, reassertMs: 300, log: quietLog });
     await w.firstRound;
