@@ -23,7 +23,8 @@ import { readPodList, type StaticPod } from "./static-pods.js";
 export const DEFAULT_HEARTBEAT_MS = 5_000;
 /** PODS keeps pods 30 days (`max_age`); re-asserting every 10 minutes costs one message per pod per 10 minutes. */
 export const DEFAULT_REASSERT_MS = 600_000;
-export const DEFAULT_LEASE_MS = 15_000;
+/** 12 s: lease + two renewal rounds + a heartbeat (12 + 8 + 5 s) stays under the gateways' 30 s source timeout. */
+export const DEFAULT_LEASE_MS = 12_000;
 /**
  * A leader whose heartbeats or publishes have failed this long steps down and releases its lease:
  * a third of the gateways' default source timeout (30 s), so the standby takes over (lease

@@ -50,7 +50,8 @@ export interface PodSourceInfo {
 
 /**
  * Default for the gateways' `--pod-source-timeout-ms`: six missed watcher heartbeats (5 s apart),
- * longer than a leader takeover (15 s lease + one renewal), so failover never blanks a model.
+ * longer than a leader takeover's budget (12 s lease + two 4 s renewal rounds + a 5 s heartbeat),
+ * so a failover normally keeps the source live (a budget, not a guarantee: see docs/architecture.md).
  */
 export const DEFAULT_POD_SOURCE_TIMEOUT_MS = 30_000;
 
