@@ -15,7 +15,9 @@ import type { GatewayHandle } from "../services/gateway/gateway.js";
 import { KubeStandin } from "../services/kube-standin/server.js";
 import { startKubernetesWatcher } from "../services/pod-watcher/kubernetes.js";
 import type { PodWatcherHandle } from "../services/pod-watcher/pod-watcher.js";
+import { StreamFollower } from "../services/shared/follower.js";
 import { spawnJetroute } from "../services/shared/processes.js";
+import { streamName } from "../streams/definitions.js";
 import { quietLog, startTestEnv, type TestEnv, waitFor } from "./harness/env.js";
 
 const run = promisify(execFile);
@@ -181,12 +183,26 @@ describe("Kubernetes discovery: kubectl -> API stand-in -> pod-watcher --kuberne
     await waitFor(() => inEvery((g) => routable(g, "ha-0", "ha")), 5_000, "ha pod routable");
     expect(await kubectl("get", "lease", "jetroute-pod-watcher-cluster-ha", "-n", "default", "-o", "jsonpath={.spec.holderIdentity}")).toBe("ha-one");
     expect(two.isLeader()).toBe(false);
+    // Every heartbeat of the source, in stream order: never two publishers.
+    const beats: string[] = [];
+    const f = new StreamFollower({
+      nats: env.nats, subjects: env.subjects, log: quietLog, name: "test-k8s-ha", family: "podsrc", types: ["pod-source"] as const,
+      stream: streamName("jr", "PODS"), filter: env.subjects.all("podsrc"), startAt: { kind: "all" },
+      onEvent: (ev) => {
+        if (ev.source === "cluster-ha") beats.push(ev.watcher);
+      },
+    });
+    await f.start();
     const killedAt = performance.now();
     await one.close({ release: false });
+    // The waitFor bound (3 leases) is the correctness bound: lease + two renewal rounds, with room for a loaded machine.
     await waitFor(() => two.isLeader(), 3 * leaseMs, "standby takes over");
-    const takeover = performance.now() - killedAt;
-    // A correctness bound (expiry on the standby's clock + one renewal round), with room for a loaded machine.
-    expect(takeover).toBeLessThan(leaseMs + leaseMs / 3 + 1_500);
+    // Not before the lease ran out on the standby's clock (it never saw a release).
+    expect(performance.now() - killedAt).toBeGreaterThan(leaseMs / 2);
+    await waitFor(() => beats.includes("ha-two"), 3_000, "the new leader's heartbeat");
+    await f.stop();
+    const firstTwo = beats.indexOf("ha-two");
+    expect(beats.slice(firstTwo).every((w) => w === "ha-two")).toBe(true);
     const sourceOf = (g: GatewayHandle) => g.views.pods.sourceInfo().find((s) => s.source === "cluster-ha");
     await waitFor(() => inEvery((g) => sourceOf(g)?.watcher === "ha-two"), 3_000, "gateways hear the new leader");
     expect(await kubectl("get", "lease", "jetroute-pod-watcher-cluster-ha", "-n", "default", "-o", "jsonpath={.spec.holderIdentity}")).toBe("ha-two");
