@@ -233,6 +233,8 @@ describe("Kubernetes discovery: kubectl -> API stand-in -> pod-watcher --kuberne
     await waitFor(() => inEvery((g) => routable(g, "blind-0", "blind")), 8_000, "routable while the informer sees");
     kube.forbid("pods");
     try {
+      // What kubectl makes of it: the API's Forbidden Status.
+      await expect(kubectl("get", "pods", "-n", "blind")).rejects.toThrow(/forbidden/i);
       kube.cutWatches();
       await waitFor(() => inEvery((g) => !routable(g, "blind-0", "blind")), 10_000, "unroutable: nobody can see the pod");
       expect(inEvery((g) => pod(g, "blind-0", "blind")?.ready === true)).toBe(true); // still published, just unvouched
