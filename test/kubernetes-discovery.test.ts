@@ -244,4 +244,24 @@ describe("Kubernetes discovery: kubectl -> API stand-in -> pod-watcher --kuberne
     }
     await waitFor(() => inEvery((g) => routable(g, "blind-0", "blind")), 15_000, "routable again once the informer sees");
   });
+
+  it("a watch that fails right after connecting keeps backing off (the backoff restarts only after a watch delivered)", async () => {
+    const w = await startKubernetesWatcher({ nats: env.server.url, kubeconfig, source: "cluster-flaky", namespaces: ["flaky"], heartbeatMs: 200, log: quietLog });
+    watchers.push(w);
+    await kubectl("apply", "--validate=false", "-f", podYaml("flaky-0", {}, "flaky"));
+    await setStatus("flaky-0", true, "10.0.6.1", "flaky");
+    await waitFor(() => inEvery((g) => routable(g, "flaky-0", "flaky")), 8_000, "routable");
+    const errors = w.stats.informerErrors ?? 0;
+    kube.cutWatchesOnConnect = true;
+    try {
+      kube.cutWatches();
+      await waitFor(() => (w.stats.informerErrors ?? 0) >= errors + 4, 15_000, "four failed watches");
+      // Each restart connected, then failed before delivering anything: the attempt count grows.
+      expect(w.stats.backoffAttempt).toBeGreaterThanOrEqual(4);
+    } finally {
+      kube.cutWatchesOnConnect = false;
+    }
+    await setStatus("flaky-0", false, "10.0.6.1", "flaky");
+    await waitFor(() => inEvery((g) => pod(g, "flaky-0", "flaky")?.ready === false), 15_000, "watching again");
+  });
 });

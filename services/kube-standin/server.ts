@@ -152,6 +152,9 @@ export class KubeStandin {
     return this.muted.size;
   }
 
+  /** While true, every new watch is cut right after its response headers (a watch that fails as soon as it connects). */
+  cutWatchesOnConnect = false;
+
   /** Refuses list and watch of `resource` with 403 Forbidden until `forbid(resource, false)`. */
   forbid(resource: string, on = true): void {
     if (on) this.forbidden.add(resource);
@@ -317,6 +320,10 @@ export class KubeStandin {
 
     res.writeHead(200, { "content-type": "application/json", "transfer-encoding": "chunked", "cache-control": "no-cache" });
     res.flushHeaders();
+    if (this.cutWatchesOnConnect) {
+      res.socket?.destroy();
+      return;
+    }
     const send = (type: string, object: unknown) => {
       if (!this.muted.has(res)) res.write(`${JSON.stringify({ type, object })}\n`);
     };

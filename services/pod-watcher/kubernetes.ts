@@ -184,7 +184,7 @@ export async function startKubernetesWatcher(o: KubernetesWatcherOptions): Promi
     canVouch,
   });
   const api = kc.makeApiClient(CoreV1Api);
-  const own = { pods: 0, ready: 0, skippedInvalid: 0, skippedNoIp: 0, informerErrors: 0, informerRestarts: 0, events: 0, watchStalls: 0, blind: 0 };
+  const own = { pods: 0, ready: 0, skippedInvalid: 0, skippedNoIp: 0, informerErrors: 0, informerRestarts: 0, events: 0, watchStalls: 0, blind: 0, backoffAttempt: 0 };
   const invalidLogged = new Set<string>();
   let stopped = false;
 
@@ -268,6 +268,7 @@ export async function startKubernetesWatcher(o: KubernetesWatcherOptions): Promi
     w.errors++;
     w.blindSince ??= Date.now();
     const delay = backoffDelayMs(w.attempt++, Math.random(), DEFAULT_BACKOFF);
+    own.backoffAttempt = Math.max(...watched.map((x) => x.attempt));
     log.warn({ namespace: w.namespace ?? "(all)", err: (err as Error)?.message ?? String(err), retryInMs: delay }, "pod watch failed; restarting");
     w.restart = setTimeout(() => {
       w.restart = undefined;
