@@ -73,6 +73,8 @@ export interface SourcePublisherStats {
   pending: number;
 }
 
+/** Bound on removed pod subjects whose last sequence is remembered. */
+const MAX_REMOVED_SEQS = 50_000;
 /** Bound on other sources remembered (their heartbeats). */
 const MAX_SOURCES = 10_000;
 /** A source is live while its last heartbeat is younger than this many of its intervals (the gateways' default timeout is six). */
@@ -86,8 +88,13 @@ export class SourcePublisher {
   private complete = false;
   private readonly published = new Map<string, PodEvent>();
   private readonly publishedAt = new Map<string, number>();
-  /** Each pod subject's last stream sequence as far as this publisher knows (removes included). */
+  /** Each published pod subject's last stream sequence as far as this publisher knows. */
   private readonly seqs = new Map<string, number>();
+  /**
+   * The same for subjects whose last message is a remove, oldest first and bounded (pod names churn
+   * with every rollout). One forgotten costs a refused publish and a re-read, nothing more.
+   */
+  private readonly removedSeqs = new Map<string, number>();
   private maxSeq = 0;
   private follower: StreamFollower<"pod" | "pod-source"> | undefined;
   /** Local time of the last heartbeat of this source from another watcher (exclusive mode). */
@@ -211,17 +218,26 @@ export class SourcePublisher {
 
   /** Folds one write (ours, acknowledged, or anyone's, as followed) in; false if not newer than what is known. */
   private fold(k: string, ev: PodEvent, seq: number, at: number): boolean {
-    if (seq <= (this.seqs.get(k) ?? 0)) return false;
-    this.seqs.set(k, seq);
+    if (seq <= this.lastSeqOf(k)) return false;
     if (seq > this.maxSeq) this.maxSeq = seq;
     if (ev.action === "remove") {
+      this.seqs.delete(k);
+      this.removedSeqs.delete(k);
+      this.removedSeqs.set(k, seq);
+      if (this.removedSeqs.size > MAX_REMOVED_SEQS) this.removedSeqs.delete(this.removedSeqs.keys().next().value as string);
       this.published.delete(k);
       this.publishedAt.delete(k);
     } else {
+      this.removedSeqs.delete(k);
+      this.seqs.set(k, seq);
       this.published.set(k, ev);
       this.publishedAt.set(k, at);
     }
     return true;
+  }
+
+  private lastSeqOf(k: string): number {
+    return this.seqs.get(k) ?? this.removedSeqs.get(k) ?? 0;
   }
 
   private async stopFollower(): Promise<void> {
@@ -239,6 +255,7 @@ export class SourcePublisher {
     this.published.clear();
     this.publishedAt.clear();
     this.seqs.clear();
+    this.removedSeqs.clear();
     this.maxSeq = 0;
     this.beats.clear();
     this.stats.reloads++;
@@ -306,7 +323,7 @@ export class SourcePublisher {
     let lost = last < this.maxSeq;
     if (!lost)
       for (const [k, ev] of this.published) {
-        if (ev.source === this.o.source && (this.seqs.get(k) ?? 0) < first) {
+        if (ev.source === this.o.source && this.lastSeqOf(k) < first) {
           lost = true;
           break;
         }
@@ -344,7 +361,7 @@ export class SourcePublisher {
       const subject = this.o.subjects.pod(ev.model, ev.pod);
       let ack: PubAck;
       try {
-        ack = await this.o.nats.js.publish(subject, encodeEvent(ev), { expect: { lastSubjectSequence: this.seqs.get(k) ?? 0 } });
+        ack = await this.o.nats.js.publish(subject, encodeEvent(ev), { expect: { lastSubjectSequence: this.lastSeqOf(k) } });
       } catch (err) {
         if (!isWrongLastSequence(err)) throw err;
         // Someone wrote this pod since we last looked: learn what, and plan again.
