@@ -584,14 +584,19 @@ describe("pod-watcher, metrics-scraper, streams, NATS", () => {
     expect(String(inv.flags.get("--source"))).toMatch(/^[A-Za-z0-9][-A-Za-z0-9_.]*$/);
   });
 
-  it("a leader takeover (lease + one renewal) fits inside the gateways' pod source timeout; heartbeats are well within it", () => {
+  it("a leader takeover (lease + two renewals + a heartbeat + slack) fits inside the gateways' pod source timeout; a cut-off leader steps down within a third of it", () => {
     const pw = invocationOf("pod-watcher");
     const gw = invocationOf("gateway");
     const lease = intFlag(pw, "--lease-ms");
     const heartbeat = intFlag(pw, "--heartbeat-ms");
     const timeout = intFlag(gw, "--pod-source-timeout-ms");
-    expect(lease + lease / 3 + heartbeat).toBeLessThan(timeout);
+    // The standby sees the last renewal up to one renewal interval late (its rounds are a third of
+    // the lease apart) and acts at its next round: lease + 2 renewals, then its first heartbeat.
+    const renewal = Math.floor(lease / 3);
+    const slack = 2_000;
+    expect(lease + 2 * renewal + heartbeat + slack).toBeLessThanOrEqual(timeout);
     expect(heartbeat * 3).toBeLessThanOrEqual(timeout);
+    expect(intFlag(pw, "--step-down-after-ms")).toBeLessThanOrEqual(timeout / 3);
     // PODS keeps messages 30 days (streams/definitions.ts): re-assertion must come well before.
     expect(intFlag(pw, "--reassert-ms")).toBeLessThan(24 * 3600_000);
   });

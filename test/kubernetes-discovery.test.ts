@@ -15,7 +15,9 @@ import type { GatewayHandle } from "../services/gateway/gateway.js";
 import { KubeStandin } from "../services/kube-standin/server.js";
 import { startKubernetesWatcher } from "../services/pod-watcher/kubernetes.js";
 import type { PodWatcherHandle } from "../services/pod-watcher/pod-watcher.js";
+import { StreamFollower } from "../services/shared/follower.js";
 import { spawnJetroute } from "../services/shared/processes.js";
+import { streamName } from "../streams/definitions.js";
 import { quietLog, startTestEnv, type TestEnv, waitFor } from "./harness/env.js";
 
 const run = promisify(execFile);
@@ -181,15 +183,85 @@ describe("Kubernetes discovery: kubectl -> API stand-in -> pod-watcher --kuberne
     await waitFor(() => inEvery((g) => routable(g, "ha-0", "ha")), 5_000, "ha pod routable");
     expect(await kubectl("get", "lease", "jetroute-pod-watcher-cluster-ha", "-n", "default", "-o", "jsonpath={.spec.holderIdentity}")).toBe("ha-one");
     expect(two.isLeader()).toBe(false);
+    // Every heartbeat of the source, in stream order: never two publishers.
+    const beats: string[] = [];
+    const f = new StreamFollower({
+      nats: env.nats, subjects: env.subjects, log: quietLog, name: "test-k8s-ha", family: "podsrc", types: ["pod-source"] as const,
+      stream: streamName("jr", "PODS"), filter: env.subjects.all("podsrc"), startAt: { kind: "all" },
+      onEvent: (ev) => {
+        if (ev.source === "cluster-ha") beats.push(ev.watcher);
+      },
+    });
+    await f.start();
     const killedAt = performance.now();
     await one.close({ release: false });
+    // The waitFor bound (3 leases) is the correctness bound: lease + two renewal rounds, with room for a loaded machine.
     await waitFor(() => two.isLeader(), 3 * leaseMs, "standby takes over");
-    const takeover = performance.now() - killedAt;
-    // A correctness bound (expiry on the standby's clock + one renewal round), with room for a loaded machine.
-    expect(takeover).toBeLessThan(leaseMs + leaseMs / 3 + 1_500);
+    // Not before the lease ran out on the standby's clock (it never saw a release).
+    expect(performance.now() - killedAt).toBeGreaterThan(leaseMs / 2);
+    await waitFor(() => beats.includes("ha-two"), 3_000, "the new leader's heartbeat");
+    await f.stop();
+    const firstTwo = beats.indexOf("ha-two");
+    expect(beats.slice(firstTwo).every((w) => w === "ha-two")).toBe(true);
     const sourceOf = (g: GatewayHandle) => g.views.pods.sourceInfo().find((s) => s.source === "cluster-ha");
     await waitFor(() => inEvery((g) => sourceOf(g)?.watcher === "ha-two"), 3_000, "gateways hear the new leader");
     expect(await kubectl("get", "lease", "jetroute-pod-watcher-cluster-ha", "-n", "default", "-o", "jsonpath={.spec.holderIdentity}")).toBe("ha-two");
     expect(inEvery((g) => routable(g, "ha-0", "ha"))).toBe(true);
+  });
+
+  it("a half-open watch (connection up, nothing ever arrives, never closed) is aborted by the watchdog and the change is seen", async () => {
+    const w = await startKubernetesWatcher({
+      nats: env.server.url, kubeconfig, source: "cluster-stall", namespaces: ["stall"], heartbeatMs: 200, watchTimeoutSeconds: [1, 2], watchdogMarginMs: 500, log: quietLog,
+    });
+    watchers.push(w);
+    await kubectl("apply", "--validate=false", "-f", podYaml("stall-0", {}, "stall"));
+    await setStatus("stall-0", true, "10.0.4.1", "stall");
+    await waitFor(() => inEvery((g) => routable(g, "stall-0", "stall")), 8_000, "first pod routable");
+    expect(kube.muteWatches()).toBeGreaterThan(0);
+    await kubectl("apply", "--validate=false", "-f", podYaml("stall-1", {}, "stall"));
+    await setStatus("stall-1", true, "10.0.4.2", "stall");
+    // The muted watch will never deliver this: only the watchdog's restart can.
+    await waitFor(() => inEvery((g) => routable(g, "stall-1", "stall")), 10_000, "pod seen after the watchdog restarted the watch");
+    expect(w.stats.watchStalls).toBeGreaterThan(0);
+  });
+
+  it("an informer refused (403) for longer than blindAfterMs stops the heartbeats: the source goes silent, and routable again once it sees", async () => {
+    const w = await startKubernetesWatcher({ nats: env.server.url, kubeconfig, source: "cluster-blind", namespaces: ["blind"], heartbeatMs: 200, blindAfterMs: 1_000, log: quietLog });
+    watchers.push(w);
+    await kubectl("apply", "--validate=false", "-f", podYaml("blind-0", {}, "blind"));
+    await setStatus("blind-0", true, "10.0.5.1", "blind");
+    await waitFor(() => inEvery((g) => routable(g, "blind-0", "blind")), 8_000, "routable while the informer sees");
+    kube.forbid("pods");
+    try {
+      // What kubectl makes of it: the API's Forbidden Status.
+      await expect(kubectl("get", "pods", "-n", "blind")).rejects.toThrow(/forbidden/i);
+      kube.cutWatches();
+      await waitFor(() => inEvery((g) => !routable(g, "blind-0", "blind")), 10_000, "unroutable: nobody can see the pod");
+      expect(inEvery((g) => pod(g, "blind-0", "blind")?.ready === true)).toBe(true); // still published, just unvouched
+      expect(w.stats.blind).toBe(1);
+    } finally {
+      kube.forbid("pods", false);
+    }
+    await waitFor(() => inEvery((g) => routable(g, "blind-0", "blind")), 15_000, "routable again once the informer sees");
+  });
+
+  it("a watch that fails right after connecting keeps backing off (the backoff restarts only after a watch delivered)", async () => {
+    const w = await startKubernetesWatcher({ nats: env.server.url, kubeconfig, source: "cluster-flaky", namespaces: ["flaky"], heartbeatMs: 200, log: quietLog });
+    watchers.push(w);
+    await kubectl("apply", "--validate=false", "-f", podYaml("flaky-0", {}, "flaky"));
+    await setStatus("flaky-0", true, "10.0.6.1", "flaky");
+    await waitFor(() => inEvery((g) => routable(g, "flaky-0", "flaky")), 8_000, "routable");
+    const errors = w.stats.informerErrors ?? 0;
+    kube.cutWatchesOnConnect = true;
+    try {
+      kube.cutWatches();
+      await waitFor(() => (w.stats.informerErrors ?? 0) >= errors + 4, 15_000, "four failed watches");
+      // Each restart connected, then failed before delivering anything: the attempt count grows.
+      expect(w.stats.backoffAttempt).toBeGreaterThanOrEqual(4);
+    } finally {
+      kube.cutWatchesOnConnect = false;
+    }
+    await setStatus("flaky-0", false, "10.0.6.1", "flaky");
+    await waitFor(() => inEvery((g) => pod(g, "flaky-0", "flaky")?.ready === false), 15_000, "watching again");
   });
 });

@@ -197,7 +197,8 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
   // Every message moves its stream's cursor in the state, applied or not (echoes, dead letters).
   const seen = (stream: StateStream) => (subject: string, seq: number) => state.skip({ stream, subject, seq, serverTs: 0 });
   const fold = (stream: StateStream) => (ev: Parameters<GatewayState["apply"]>[0], m: { seq: number; subject: string; serverTs: number }) => {
-    if (stream === "charges") serverClock.observe(m.serverTs);
+    // PODS too: a lone gateway skips its own CHARGES echoes, and watcher heartbeats come every 5 s.
+    if (stream === "charges" || stream === "pods") serverClock.observe(m.serverTs);
     state.apply(ev, { stream, ...m });
   };
   const followers = [
@@ -261,6 +262,7 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
     connections: () => extProcConnections,
     outboxDrops: () => outbox.drops(),
     pd: () => ({ ...director.pdStats, ...director.legs?.stats }),
+    podSources: () => state.pods.sourceInfo(),
   });
   tokenizer.registerMetrics(metrics.registry);
   const sink: EventSink = {

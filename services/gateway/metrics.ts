@@ -22,6 +22,8 @@ export interface GatewayMetricsSources {
   pd?: () => Readonly<Record<string, number>>;
   /** Events the outbox did not publish, by reason (services/shared/publish.ts). */
   outboxDrops?: () => { closed: number; tooLarge: number; failed: number };
+  /** Pod-watcher sources known to the pod set (services/views/pod-set.ts). */
+  podSources?: () => ReadonlyArray<{ silent: boolean }>;
 }
 
 const BASE_STRATEGIES = new Set(strategyNames());
@@ -102,6 +104,12 @@ export class GatewayMetrics {
     });
     gauge("jetroute_gateway_extproc_connections", "ext_proc HTTP/2 connections: open, opened, rotated before Node's reset limit; resets: streams seen ending in RST_STREAM", ["figure"], (g) => {
       for (const [k, v] of Object.entries(src.connections?.() ?? {})) g.set({ figure: k }, v);
+    });
+    gauge("jetroute_gateway_pod_sources", "Pod-watcher sources by state: live, or silent beyond --pod-source-timeout-ms (their pods not routed)", ["state"], (g) => {
+      const all = src.podSources?.() ?? [];
+      const silent = all.filter((x) => x.silent).length;
+      g.set({ state: "live" }, all.length - silent);
+      g.set({ state: "silent" }, silent);
     });
     gauge("jetroute_gateway_outbox_dropped", "Events not published, by reason: closed (fired while shutting down), too_large (over the server's max_payload), failed (refused by the client)", ["reason"], (g) => {
       const d = src.outboxDrops?.();

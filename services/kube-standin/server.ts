@@ -138,11 +138,35 @@ export class KubeStandin {
     return file;
   }
 
+  /** Watches that went half-open (`muteWatches`): nothing more is sent on them and the server never ends them. */
+  private readonly muted = new Set<http.ServerResponse>();
+  /** Resources whose list/watch requests are refused with 403 (`forbid`): RBAC taken away. */
+  private readonly forbidden = new Set<string>();
+
+  /**
+   * Makes every open watch half-open: the connection stays up, but no event, BOOKMARK or
+   * end-of-watch ever arrives on it (a network fault that left the client's side open).
+   */
+  muteWatches(): number {
+    for (const res of this.watches) this.muted.add(res);
+    return this.muted.size;
+  }
+
+  /** While true, every new watch is cut right after its response headers (a watch that fails as soon as it connects). */
+  cutWatchesOnConnect = false;
+
+  /** Refuses list and watch of `resource` with 403 Forbidden until `forbid(resource, false)`. */
+  forbid(resource: string, on = true): void {
+    if (on) this.forbidden.add(resource);
+    else this.forbidden.delete(resource);
+  }
+
   /** Drops every open watch connection mid-stream (a network cut, an API server restart). */
   cutWatches(): number {
     const n = this.watches.size;
     for (const res of this.watches) res.socket?.destroy();
     this.watches.clear();
+    this.muted.clear();
     return n;
   }
 
@@ -220,6 +244,7 @@ export class KubeStandin {
     const q = url.searchParams;
     const now = Date.now();
     if (r.name === undefined) {
+      if (method === "GET" && this.forbidden.has(r.resource)) throw new ApiError(403, "Forbidden", `${r.resource} is forbidden: User "standin" cannot list resource "${r.resource}"`);
       if (method === "GET") {
         const watch = q.get("watch");
         if (watch === "true" || watch === "1") return this.watch(req, res, r, q);
@@ -295,7 +320,13 @@ export class KubeStandin {
 
     res.writeHead(200, { "content-type": "application/json", "transfer-encoding": "chunked", "cache-control": "no-cache" });
     res.flushHeaders();
-    const send = (type: string, object: unknown) => res.write(`${JSON.stringify({ type, object })}\n`);
+    if (this.cutWatchesOnConnect) {
+      res.socket?.destroy();
+      return;
+    }
+    const send = (type: string, object: unknown) => {
+      if (!this.muted.has(res)) res.write(`${JSON.stringify({ type, object })}\n`);
+    };
     const inScope = (o: KubeObject) => r.namespace === undefined || o.metadata.namespace === r.namespace;
     const emit = (ev: StoredEvent) => {
       if (ev.resource !== r.resource || !inScope(ev.object)) return;
@@ -330,8 +361,11 @@ export class KubeStandin {
           send("BOOKMARK", { kind: r.resource === "pods" ? "Pod" : "Lease", apiVersion: r.resource === "pods" ? "v1" : "coordination.k8s.io/v1", metadata: { resourceVersion: this.store.resourceVersion } });
         }, this.o.bookmarkIntervalMs ?? 5_000)
       : undefined;
-    const end = setTimeout(() => res.end(), durationMs);
+    const end = setTimeout(() => {
+      if (!this.muted.has(res)) res.end();
+    }, durationMs);
     const cleanup = () => {
+      this.muted.delete(res);
       off();
       clearTimeout(end);
       if (bookmarkTimer) clearInterval(bookmarkTimer);

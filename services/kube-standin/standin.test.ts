@@ -151,6 +151,37 @@ describe("kube stand-in - the list/watch protocol over HTTP", () => {
     await expect(res.text()).rejects.toThrow();
   });
 
+  it("fault injection: forbid answers list and watch with a 403 Status; muteWatches leaves a watch open with nothing, ever, on it", async () => {
+    k.forbid("pods");
+    const refused = await api("/api/v1/namespaces/ns1/pods?watch=true");
+    expect(refused.status).toBe(403);
+    expect(await refused.json()).toMatchObject({ kind: "Status", reason: "Forbidden", code: 403 });
+    expect((await api("/api/v1/pods")).status).toBe(403);
+    k.forbid("pods", false);
+    expect((await api("/api/v1/pods")).status).toBe(200);
+    // A watch with a 1 s timeout and bookmarks every 50 ms: muted, it neither ends nor delivers.
+    const bookmarks = k.stats.bookmarks;
+    const ctl = new AbortController();
+    const res = await fetch(`${k.url}/api/v1/pods?watch=true&allowWatchBookmarks=true&timeoutSeconds=1&resourceVersion=${k.store.resourceVersion}`, { signal: ctl.signal });
+    await new Promise((r) => setTimeout(r, 20));
+    expect(k.muteWatches()).toBe(1);
+    const reader = (res.body as ReadableStream<Uint8Array>).getReader();
+    let received = 0;
+    const reading = (async () => {
+      for (;;) {
+        const { done, value } = await reader.read();
+        if (done) return "ended";
+        received += value.length;
+      }
+    })().catch(() => "aborted");
+    // Until well past its 1 s timeout: the server's bookmark timer (50 ms) keeps firing on it, unsent.
+    for (const t0 = Date.now(); k.stats.bookmarks < bookmarks + 30 && Date.now() - t0 < 10_000; ) await new Promise((r) => setTimeout(r, 20));
+    expect(k.stats.bookmarks).toBeGreaterThanOrEqual(bookmarks + 30);
+    ctl.abort();
+    expect(await reading).toBe("aborted");
+    expect(received).toBeLessThanOrEqual(200); // at most what arrived before the mute
+  });
+
   it("leases: create, optimistic replace (409 on a stale resourceVersion), AlreadyExists", async () => {
     const path = "/apis/coordination.k8s.io/v1/namespaces/ns1/leases";
     const lease = { apiVersion: "coordination.k8s.io/v1", kind: "Lease", metadata: { name: "l" }, spec: { holderIdentity: "a", leaseDurationSeconds: 15 } };

@@ -1,6 +1,7 @@
 import { describe, expect, it } from "vitest";
 import type { PodEvent } from "../../schemas/events.js";
 import { GatewayState } from "../views/gateway-state.js";
+import { ENGINE_ADAPTERS_TTL_MS } from "../views/pod-set.js";
 import { adaptersFromModels, engineAdapters, MAX_ENGINE_ADAPTERS } from "./adapters.js";
 
 describe("engine-reported LoRA adapters", () => {
@@ -10,8 +11,10 @@ describe("engine-reported LoRA adapters", () => {
     expect(adaptersFromModels({ detail: "Not Found" }, "base")).toBeUndefined();
     expect(adaptersFromModels(null, "base")).toBeUndefined();
   });
-  it("unions the model list with the LoRA metric, bounded; undefined when nothing was said", () => {
+  it("unions the model list with the LoRA metric, bounded; undefined whenever /v1/models was not read (the metric only adds)", () => {
     expect(engineAdapters(undefined, [], [], "base")).toBeUndefined();
+    // The metric alone would replace the pod's list with the running adapters, dropping idle loaded ones.
+    expect(engineAdapters(undefined, ["busy"], ["queued"], "base")).toBeUndefined();
     expect(engineAdapters([], [], [], "base")).toEqual([]);
     expect(engineAdapters(["b"], ["a", "b"], ["c", "base"], "base")).toEqual(["a", "b", "c"]);
     expect(engineAdapters(Array.from({ length: 400 }, (_, i) => `a${i}`), [], [], "base")).toHaveLength(MAX_ENGINE_ADAPTERS);
@@ -40,5 +43,21 @@ describe("engine-reported LoRA adapters", () => {
     // Samples for pods PODS does not know are ignored.
     g.apply(sample("ghost", ["sql"]), meta("load"));
     expect(g.pods.get("base", "ghost")).toBeUndefined();
+  });
+  it("engine adapters expire once the pod's samples stop carrying them (scraper gone, --no-read-models): no adapter routed forever", () => {
+    const g = new GatewayState();
+    g.apply({ type: "pod", action: "upsert", model: "base", pod: "p1", address: "10.0.0.1:8000", ready: true, engine: "vllm", ts: 1 }, { stream: "pods", subject: "x", seq: 1, serverTs: 1_000 });
+    g.apply({ type: "load", model: "base", pod: "p1", ts: 5, stale: false, load: null, adapters: ["sql"] }, { stream: "load", subject: "y", seq: 1, serverTs: 1_100 });
+    g.sweep(2_000, { liveNow: 2_000 });
+    expect(g.pods.readyPods("sql").map((p) => p.pod)).toEqual(["p1"]);
+    // Still refreshed by samples: kept.
+    g.sweep(9_000, { liveNow: 9_000 });
+    g.apply({ type: "load", model: "base", pod: "p1", ts: 6, stale: false, load: null, adapters: ["sql"] }, { stream: "load", subject: "y", seq: 2, serverTs: 9_000 });
+    g.sweep(9_000 + ENGINE_ADAPTERS_TTL_MS - 1, { liveNow: 9_000 + ENGINE_ADAPTERS_TTL_MS - 1 });
+    expect(g.pods.knows("sql")).toBe(true);
+    // Nothing refreshes it any more: after the TTL the adapter is gone (404), the base model stays.
+    g.sweep(9_000 + ENGINE_ADAPTERS_TTL_MS + 1, { liveNow: 9_000 + ENGINE_ADAPTERS_TTL_MS + 1 });
+    expect(g.pods.knows("sql")).toBe(false);
+    expect(g.pods.readyPods("base").map((p) => p.pod)).toEqual(["p1"]);
   });
 });

@@ -24,11 +24,13 @@ export function adaptersFromModels(body: unknown, base: string): string[] | unde
 }
 
 /**
- * The adapters to publish with a load sample: the union of the model list (when it was read)
- * and the LoRA metric; undefined when neither source said anything.
+ * The adapters to publish with a load sample: the model list plus what the LoRA metric shows
+ * running or waiting; undefined whenever `/v1/models` was not read. The sample's list replaces the
+ * pod's previous one in the gateways, so a list from the metric alone would drop every adapter
+ * loaded but idle right now (404s for a model the engine serves): the metric only adds.
  */
 export function engineAdapters(fromModels: readonly string[] | undefined, running: readonly string[], waiting: readonly string[], base: string): string[] | undefined {
-  if (fromModels === undefined && running.length === 0 && waiting.length === 0) return undefined;
+  if (fromModels === undefined) return undefined;
   const all = new Set<string>();
   for (const a of [...(fromModels ?? []), ...running, ...waiting]) if (NAME.test(a) && a !== base && all.size < MAX_ENGINE_ADAPTERS) all.add(a);
   return [...all].sort();

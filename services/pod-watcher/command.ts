@@ -2,8 +2,8 @@ import type { Command } from "commander";
 import { startMetricsServer, statsRegistry } from "../shared/metrics-server.js";
 import { intOption, natsOption, untilSignal } from "../shared/cli-options.js";
 import { createLogger } from "../shared/log.js";
-import { DEFAULT_LABEL_SELECTOR, startKubernetesWatcher } from "./kubernetes.js";
-import { DEFAULT_HEARTBEAT_MS, DEFAULT_LEASE_MS, DEFAULT_REASSERT_MS, type PodWatcherHandle, startPodWatcher } from "./pod-watcher.js";
+import { DEFAULT_BLIND_AFTER_MS, DEFAULT_LABEL_SELECTOR, startKubernetesWatcher } from "./kubernetes.js";
+import { DEFAULT_HEARTBEAT_MS, DEFAULT_LEASE_MS, DEFAULT_REASSERT_MS, DEFAULT_STEP_DOWN_AFTER_MS, type PodWatcherHandle, startPodWatcher } from "./pod-watcher.js";
 
 export function registerPodWatcherCommand(program: Command): void {
   program
@@ -14,8 +14,9 @@ export function registerPodWatcherCommand(program: Command): void {
     .option("--kubeconfig <file>", "Kubernetes mode: kubeconfig file (default: in-cluster, else $KUBECONFIG / ~/.kube/config)")
     .option("--namespaces <list>", "Kubernetes mode: comma-separated namespaces to watch (default: all)")
     .option("--label-selector <selector>", "Kubernetes mode: which pods", DEFAULT_LABEL_SELECTOR)
+    .option("--blind-after-ms <ms>", "Kubernetes mode: stop heartbeating (the source goes silent in every gateway) once a pod informer has been failing or unsynced this long", intOption(100), DEFAULT_BLIND_AFTER_MS)
     .option("--lease-namespace <ns>", "Kubernetes mode: namespace of the leader-election Lease (default: $POD_NAMESPACE, else default)")
-    .option("--source <name>", "the source this watcher vouches for; watchers remove only their own source's pods (default: static-<file name> / kubernetes)")
+    .option("--source <name>", "the source this watcher vouches for; watchers remove only their own source's pods (default: static-<file name>; Kubernetes: kubernetes-<kubeconfig context>, required in-cluster)")
     .option("--watcher-id <id>", "this instance's identity in the lease and heartbeats (default: <hostname>-<pid>-<random>)")
     .addOption(natsOption())
     .option("--prefix <prefix>", "subject prefix", "jr")
@@ -24,6 +25,7 @@ export function registerPodWatcherCommand(program: Command): void {
     .option("--leader-election", "run as one of an HA pair: only the holder of the source's lease publishes (Kubernetes Lease, or NATS KV in static mode)")
     .option("--adopt-unowned", "also remove pods published without a source (by a pod-watcher from before sources) that this watcher does not list: run once per fleet when upgrading")
     .option("--lease-ms <ms>", "lease duration; the standby takes over within it after the leader dies", intOption(30), DEFAULT_LEASE_MS)
+    .option("--step-down-after-ms <ms>", "with --leader-election: a leader whose NATS publishes have failed this long releases the lease (keep it below a third of the gateways' --pod-source-timeout-ms)", intOption(100), DEFAULT_STEP_DOWN_AFTER_MS)
     .option("--probe-interval-ms <ms>", "static mode: how often each pod's /health is probed", intOption(50), 1_000)
     .option("--probe-timeout-ms <ms>", "static mode: a probe slower than this fails", intOption(10), 1_000)
     .option("--no-probe", "static mode: treat every listed pod as ready without probing")
@@ -37,19 +39,23 @@ export function registerPodWatcherCommand(program: Command): void {
       }
       const common = {
         nats: o.nats, prefix: o.prefix, source: o.source, watcherId: o.watcherId, heartbeatMs: o.heartbeatMs, reassertMs: o.reassertMs,
-        leaderElection: o.leaderElection === true, leaseMs: o.leaseMs, adoptUnowned: o.adoptUnowned === true, log,
+        leaderElection: o.leaderElection === true, leaseMs: o.leaseMs, stepDownAfterMs: o.stepDownAfterMs, adoptUnowned: o.adoptUnowned === true, log,
       };
+      // Listening before anything is awaited: a SIGTERM during start or the first round still closes (and releases the lease).
+      const signal = untilSignal();
       const w: PodWatcherHandle = o.kubernetes
         ? await startKubernetesWatcher({
-            ...common, kubeconfig: o.kubeconfig, labelSelector: o.labelSelector, leaseNamespace: o.leaseNamespace,
+            ...common, kubeconfig: o.kubeconfig, labelSelector: o.labelSelector, leaseNamespace: o.leaseNamespace, blindAfterMs: o.blindAfterMs,
             namespaces: typeof o.namespaces === "string" ? o.namespaces.split(",").map((s: string) => s.trim()).filter(Boolean) : undefined,
           })
         : await startPodWatcher({ ...common, file: o.static, probeIntervalMs: o.probeIntervalMs, probeTimeoutMs: o.probeTimeoutMs, noProbe: o.probe === false });
       log.info({ source: w.source, watcher: w.watcherId }, "pod-watcher started");
       if (o.metricsPort >= 0) await startMetricsServer(o.metricsPort, o.metricsHost, statsRegistry("pod-watcher", () => w.stats), log);
-      await w.firstRound;
-      log.info({ leader: w.isLeader() }, w.isLeader() ? "first round published" : "first round observed (standby: publishing when it holds the lease)");
-      await untilSignal();
+      const first = await Promise.race([w.firstRound.then(() => "round" as const), signal.then(() => "signal" as const)]);
+      if (first === "round") {
+        log.info({ leader: w.isLeader() }, w.isLeader() ? "first round published" : "first round observed (standby: publishing when it holds the lease)");
+        await signal;
+      }
       await w.close();
       process.exit(0);
     });

@@ -3,7 +3,8 @@ import type { PodEvent } from "../../schemas/events.js";
 import { backoffDelayMs } from "./backoff.js";
 import { mapPod, routable } from "./k8s-pods.js";
 import { decideLease, leaderUntil, observe } from "./lease.js";
-import { leaseNameFor } from "./kubernetes.js";
+import { KubeConfig } from "@kubernetes/client-node";
+import { clusterSourceName, leaseNameFor } from "./kubernetes.js";
 import { planReconcile, podKey, type PodState } from "./reconcile.js";
 import { checkWatcherName, staticSourceName } from "./pod-watcher.js";
 
@@ -60,9 +61,17 @@ describe("reconcile: what a watcher publishes", () => {
     expect(plan.upserts.map((u) => u.pod)).toEqual(["old"]);
     expect(plan.reasserted).toBe(1);
   });
-  it("claims a pod another source published, and reports the conflict", () => {
+  it("claims a pod a silent source published, and reports the conflict", () => {
     const plan = planReconcile({ ...base, complete: true, desired: map([[podKey("m", "x"), state("x")]]), published: map([[podKey("m", "x"), ev("x", "b")]]), publishedAt: new Map() });
     expect(plan.upserts.map((u) => u.source)).toEqual(["a"]);
+    expect(plan.conflicts).toEqual([podKey("m", "x")]);
+  });
+  it("leaves a pod of a live source alone (two followers would take it from each other forever), reporting the conflict", () => {
+    const plan = planReconcile({
+      ...base, complete: true, desired: map([[podKey("m", "x"), state("x")]]), published: map([[podKey("m", "x"), ev("x", "b")]]), publishedAt: new Map(), liveSources: new Set(["b"]),
+    });
+    expect(plan.upserts).toEqual([]);
+    expect(plan.removes).toEqual([]);
     expect(plan.conflicts).toEqual([podKey("m", "x")]);
   });
   it("label order does not make a change; a label value does", () => {
@@ -168,5 +177,18 @@ describe("names", () => {
     expect(staticSourceName("/etc/jr/pods-east.yaml")).toBe("static-pods-east");
     expect(leaseNameFor("static-Pods_East")).toBe("jetroute-pod-watcher-static-pods-east");
     expect(leaseNameFor("x".repeat(100)).length).toBeLessThanOrEqual(63);
+  });
+  it("a Kubernetes source name comes from the kubeconfig's context (sanitized, bounded); in-cluster there is none (--source required)", () => {
+    const kc = (context: string, server: string) => {
+      const k = new KubeConfig();
+      k.loadFromOptions({ clusters: [{ name: "c", server }], users: [{ name: "u" }], contexts: [{ name: context, cluster: "c", user: "u" }], currentContext: context });
+      return k;
+    };
+    expect(clusterSourceName(kc("prod-east", "https://10.0.0.1:6443"), false)).toBe("kubernetes-prod-east");
+    expect(clusterSourceName(kc("arn:aws:eks:us-east-1:1234:cluster/prod west", "https://x"), false)).toBe("kubernetes-arn-aws-eks-us-east-1-1234-cluster-prod-west");
+    expect(clusterSourceName(kc("c".repeat(400), "https://x"), false)?.length).toBeLessThanOrEqual(111);
+    // Two clusters' watchers no longer share the fixed name "kubernetes".
+    expect(clusterSourceName(kc("a", "https://a"), false)).not.toBe(clusterSourceName(kc("b", "https://b"), false));
+    expect(clusterSourceName(kc("prod-east", "https://10.96.0.1:443"), true)).toBeUndefined();
   });
 });

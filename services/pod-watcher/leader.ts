@@ -1,6 +1,13 @@
 /**
  * The leader-election shell: reads and writes a lease through a `LeaseStore` on a timer and tells
  * the watcher when it gains or loses leadership. The rules are in lease.ts.
+ *
+ * Every store call is bounded by a timeout no longer than the renewal interval, and a tick while
+ * a round is still in flight is skipped: a hung API call can never queue rounds behind it.
+ * Leadership is granted only while the renewal's `until` is still ahead, and a timer ends it at
+ * `until` even if no round runs. A holder whose publishes have been failing (`healthy` false:
+ * cut off from NATS, say) steps down and releases the lease: renewing it would keep the healthy
+ * standby out while every gateway times the source out.
  */
 import { performance } from "node:perf_hooks";
 import type { Logger } from "../shared/log.js";
@@ -27,6 +34,20 @@ export interface LeaderElectorOptions {
   onChange(leader: boolean): void;
   /** Monotonic clock (ms). */
   now?: () => number;
+  /** False = this candidate cannot do the leader's job (publishes failing): do not hold the lease. */
+  healthy?: () => boolean;
+}
+
+class StoreTimeout extends Error {
+  override name = "StoreTimeout";
+}
+
+function bounded<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  const t = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(new StoreTimeout(`${what} took longer than ${ms} ms`)), ms);
+  });
+  return Promise.race([p, t]).finally(() => clearTimeout(timer));
 }
 
 export class LeaderElector {
@@ -35,8 +56,12 @@ export class LeaderElector {
   private until = Number.NEGATIVE_INFINITY;
   private leader = false;
   private running: Promise<void> = Promise.resolve();
+  private inFlight = false;
+  private lapseTimer: NodeJS.Timeout | undefined;
+  /** After stepping down as unhealthy, do not contend again before this (own clock). */
+  private holdOffUntil = Number.NEGATIVE_INFINITY;
   private stopped = false;
-  readonly stats = { acquired: 0, lost: 0, conflicts: 0, errors: 0 };
+  readonly stats = { acquired: 0, lost: 0, conflicts: 0, errors: 0, skippedTicks: 0, timeouts: 0, steppedDown: 0 };
   private readonly now: () => number;
 
   constructor(private readonly o: LeaderElectorOptions) {
@@ -47,20 +72,37 @@ export class LeaderElector {
     return this.leader && this.now() < this.until;
   }
 
+  private get callTimeoutMs(): number {
+    return renewIntervalMs(this.o.durationMs);
+  }
+
   start(): void {
     const tick = () => {
-      // Leadership lapses by the clock even while a store call hangs (the rounds queue behind it).
       if (this.leader && this.now() >= this.until) this.set(false);
-      this.running = this.running.then(() => this.round()).catch((err: unknown) => {
-        this.stats.errors++;
-        this.o.log.warn({ err: (err as Error).message, lease: this.o.store.describe }, "lease round failed");
-      });
+      if (this.inFlight) {
+        this.stats.skippedTicks++;
+        return;
+      }
+      this.inFlight = true;
+      this.running = this.round()
+        .catch((err: unknown) => {
+          this.stats.errors++;
+          if (err instanceof StoreTimeout) this.stats.timeouts++;
+          this.o.log.warn({ err: (err as Error).message, lease: this.o.store.describe }, "lease round failed");
+        })
+        .finally(() => {
+          this.inFlight = false;
+        });
     };
     tick();
     this.timer = setInterval(tick, renewIntervalMs(this.o.durationMs));
   }
 
   private set(leader: boolean): void {
+    if (!leader && this.lapseTimer) {
+      clearTimeout(this.lapseTimer);
+      this.lapseTimer = undefined;
+    }
     if (leader === this.leader) return;
     this.leader = leader;
     if (leader) this.stats.acquired++;
@@ -71,25 +113,59 @@ export class LeaderElector {
 
   private async round(): Promise<void> {
     if (this.stopped) return;
-    if (this.leader && this.now() >= this.until) this.set(false);
-    const lease = await this.o.store.read();
-    const now = this.now();
-    this.seen = observe(lease, this.seen, now);
-    const action = decideLease(this.o.me, lease, this.seen, now);
+    const started = this.now();
+    if (this.leader && started >= this.until) this.set(false);
+    if (this.o.healthy && !this.o.healthy()) {
+      await this.stepDown();
+      return;
+    }
+    if (started < this.holdOffUntil) return;
+    const lease = await bounded(this.o.store.read(), this.callTimeoutMs, `reading ${this.o.store.describe}`);
+    if (this.stopped) return;
+    // Expiry counts from when this round started: the version was current at least since then.
+    this.seen = observe(lease, this.seen, started);
+    const action = decideLease(this.o.me, lease, this.seen, this.now());
     if (action.kind === "follow") {
       this.set(false);
       return;
     }
-    const started = this.now();
-    const ok = await this.o.store.write(this.o.me, this.o.durationMs, action.kind === "acquire" ? action.transitions : (lease?.transitions ?? 0), action.kind === "acquire", lease);
+    const writeStarted = this.now();
+    const ok = await bounded(
+      this.o.store.write(this.o.me, this.o.durationMs, action.kind === "acquire" ? action.transitions : (lease?.transitions ?? 0), action.kind === "acquire", lease),
+      this.callTimeoutMs,
+      `writing ${this.o.store.describe}`,
+    );
     if (this.stopped) return;
     if (!ok) {
       this.stats.conflicts++;
       this.set(false);
       return;
     }
-    this.until = leaderUntil(started, this.o.durationMs);
+    const until = leaderUntil(writeStarted, this.o.durationMs);
+    // A write that came back too late grants nothing: the lease may be someone else's by now.
+    if (this.now() >= until) {
+      this.set(false);
+      return;
+    }
+    this.until = until;
+    if (this.lapseTimer) clearTimeout(this.lapseTimer);
+    this.lapseTimer = setTimeout(() => {
+      this.lapseTimer = undefined;
+      if (this.now() >= this.until) this.set(false);
+    }, Math.max(0, until - this.now()) + 1);
     this.set(true);
+  }
+
+  /** Gives leadership (and the lease, if ours) up because this candidate cannot publish. */
+  private async stepDown(): Promise<void> {
+    const wasLeader = this.leader;
+    this.set(false);
+    if (!wasLeader) return;
+    this.holdOffUntil = this.now() + this.o.durationMs;
+    this.stats.steppedDown++;
+    this.o.log.error({ me: this.o.me, lease: this.o.store.describe }, "publishes failing: stepping down and releasing the lease for the standby");
+    const lease = await bounded(this.o.store.read(), this.callTimeoutMs, `reading ${this.o.store.describe}`);
+    if (lease?.holder === this.o.me) await bounded(this.o.store.release(this.o.me, lease), this.callTimeoutMs, `releasing ${this.o.store.describe}`);
   }
 
   /** Stops contending; with `release`, a held lease is given up for the other candidate. */
@@ -100,8 +176,8 @@ export class LeaderElector {
     const wasLeader = this.leader;
     this.set(false);
     if (release && wasLeader) {
-      const lease = await this.o.store.read().catch(() => undefined);
-      if (lease?.holder === this.o.me) await this.o.store.release(this.o.me, lease).catch(() => undefined);
+      const lease = await bounded(this.o.store.read(), this.callTimeoutMs, "reading the lease").catch(() => undefined);
+      if (lease?.holder === this.o.me) await bounded(this.o.store.release(this.o.me, lease), this.callTimeoutMs, "releasing the lease").catch(() => undefined);
     }
   }
 }

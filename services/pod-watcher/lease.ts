@@ -7,7 +7,9 @@
  * candidate first saw that version — the rule client-go's leader election follows, immune to
  * clock skew between hosts. The holder renews every `durationMs / 3` and believes itself leader
  * only until half a lease after its last successful renewal started, so it stops publishing well
- * before anyone else may take over.
+ * before anyone else may take over. A standby sees a renewal up to one of its rounds late and acts
+ * at a round, so a dead holder is replaced within `durationMs` plus up to two renewal intervals
+ * (the shell counts `since` from the start of the round that read the version, not its end).
  */
 
 export interface LeaseRecord {

@@ -23,7 +23,14 @@ import { readPodList, type StaticPod } from "./static-pods.js";
 export const DEFAULT_HEARTBEAT_MS = 5_000;
 /** PODS keeps pods 30 days (`max_age`); re-asserting every 10 minutes costs one message per pod per 10 minutes. */
 export const DEFAULT_REASSERT_MS = 600_000;
-export const DEFAULT_LEASE_MS = 15_000;
+/** 12 s: lease + two renewal rounds + a heartbeat (12 + 8 + 5 s) stays under the gateways' 30 s source timeout. */
+export const DEFAULT_LEASE_MS = 12_000;
+/**
+ * A leader whose heartbeats or publishes have failed this long steps down and releases its lease:
+ * a third of the gateways' default source timeout (30 s), so the standby takes over (lease
+ * release, then its next round) before any gateway gives the source up.
+ */
+export const DEFAULT_STEP_DOWN_AFTER_MS = 10_000;
 
 export interface CommonWatcherOptions {
   nats: string | string[];
@@ -37,6 +44,8 @@ export interface CommonWatcherOptions {
   /** Contend for the source's lease; only the holder publishes (run two for HA). */
   leaderElection?: boolean;
   leaseMs?: number;
+  /** With leader election: step down after publishes have failed this long (default 10 s). */
+  stepDownAfterMs?: number;
   /** Remove pods published without a source (before sources existed) when this watcher does not list them: the upgrade's one-off migration. */
   adoptUnowned?: boolean;
   log: Logger;
@@ -113,21 +122,33 @@ export function checkWatcherName(what: string, v: string): string {
   return v;
 }
 
-export async function startSourceRuntime(o: CommonWatcherOptions, source: string, leaseStore?: (nats: NatsHandles) => Promise<LeaseStore>): Promise<SourceRuntime> {
+export interface SourceRuntimeExtras {
+  /** See SourcePublisherOptions.canVouch. */
+  canVouch?: () => boolean;
+}
+
+export async function startSourceRuntime(o: CommonWatcherOptions, source: string, leaseStore?: (nats: NatsHandles) => Promise<LeaseStore>, extras: SourceRuntimeExtras = {}): Promise<SourceRuntime> {
   checkWatcherName("--source", source);
   if (o.watcherId !== undefined) checkWatcherName("--watcher-id", o.watcherId);
   const prefix = o.prefix ?? "jr";
   const subjects = new Subjects(prefix);
   const nats = await connectNats(o.nats, "jetroute-pod-watcher");
   const watcher = o.watcherId ?? defaultWatcherId();
+  let elector: LeaderElector | undefined;
   const publisher = new SourcePublisher({
     nats, subjects, prefix, source, watcher, log: o.log, heartbeatMs: o.heartbeatMs ?? DEFAULT_HEARTBEAT_MS, reassertMs: o.reassertMs ?? DEFAULT_REASSERT_MS,
     adoptUnowned: o.adoptUnowned ?? false,
+    stillLeader: () => (elector ? elector.isLeader() : true),
+    exclusive: !o.leaderElection,
+    ...(extras.canVouch ? { canVouch: extras.canVouch } : {}),
   });
-  let elector: LeaderElector | undefined;
   if (o.leaderElection) {
     const store = await (leaseStore ?? ((n) => natsKvLeaseStore(n, prefix, source)))(nats);
-    elector = new LeaderElector({ store, me: watcher, durationMs: o.leaseMs ?? DEFAULT_LEASE_MS, log: o.log, onChange: (leader) => publisher.setActive(leader) });
+    const stepDownAfterMs = o.stepDownAfterMs ?? DEFAULT_STEP_DOWN_AFTER_MS;
+    elector = new LeaderElector({
+      store, me: watcher, durationMs: o.leaseMs ?? DEFAULT_LEASE_MS, log: o.log, onChange: (leader) => publisher.setActive(leader),
+      healthy: () => publisher.failingForMs() < stepDownAfterMs,
+    });
     elector.start();
   } else publisher.setActive(true);
   return {

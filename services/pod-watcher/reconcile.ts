@@ -3,8 +3,10 @@
  * states and the stream's last word on each pod. Pure: no I/O, time from the caller.
  *
  * Ownership: a watcher only ever removes pods its own source published. A pod it wants that the
- * stream holds under another source is published anyway (its desired state wins) and reported as
- * a conflict: two sources claiming one model/pod is a misconfiguration for an operator to fix.
+ * stream holds under another source is a conflict (two sources claiming one model/pod is a
+ * misconfiguration for an operator to fix): while that source is live (heartbeating) it keeps the
+ * pod — claiming it would make two publishers that follow PODS take it from each other forever;
+ * a pod of a silent source (or of none) is republished under ours, and ownership moves with it.
  *
  * Re-assertion: a pod whose last event is older than `reassertMs` is published again even if
  * nothing changed, so stream retention (`max_age`) can never age a healthy pod out.
@@ -36,6 +38,8 @@ export interface ReconcileInput {
    * are removed when not wanted: the one-off migration of an upgrade. Default false.
    */
   adoptUnowned?: boolean;
+  /** Other sources heard heartbeating recently: their pods are not claimed. */
+  liveSources?: ReadonlySet<string>;
 }
 
 export interface ReconcilePlan {
@@ -65,6 +69,7 @@ export function planReconcile(i: ReconcileInput): ReconcilePlan {
     // Pods from before sources (no source) are taken over silently; another source's is a conflict.
     const theirs = have?.source !== undefined && have.source !== i.source;
     if (theirs) plan.conflicts.push(k);
+    if (theirs && i.liveSources?.has(have.source as string)) continue;
     // A pod under another source (or none) is republished under ours: ownership moves with it.
     const changed = have === undefined || have.source !== i.source || !sameState(have, want);
     const due = !changed && i.now - (i.publishedAt.get(k) ?? Number.NEGATIVE_INFINITY) >= i.reassertMs;

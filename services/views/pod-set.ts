@@ -31,6 +31,13 @@ export interface PodInfo {
 /** Bound on adapters an engine may report for one pod (the LOAD schema's bound). */
 const MAX_ENGINE_ADAPTERS = 256;
 
+/**
+ * Adapters an engine reported expire when no sample has repeated them for this long (broker time):
+ * a scraper refreshes them every scrape (100 ms by default), so only a pod whose load went stale
+ * (scraper gone, engine unreachable, `--no-read-models`) loses them, instead of keeping them forever.
+ */
+export const ENGINE_ADAPTERS_TTL_MS = 10_000;
+
 /** What a gateway knows of one watcher source. */
 export interface PodSourceInfo {
   readonly source: string;
@@ -43,7 +50,8 @@ export interface PodSourceInfo {
 
 /**
  * Default for the gateways' `--pod-source-timeout-ms`: six missed watcher heartbeats (5 s apart),
- * longer than a leader takeover (15 s lease + one renewal), so failover never blanks a model.
+ * longer than a leader takeover's budget (12 s lease + two 4 s renewal rounds + a 5 s heartbeat),
+ * so a failover normally keeps the source live (a budget, not a guarantee: see docs/architecture.md).
  */
 export const DEFAULT_POD_SOURCE_TIMEOUT_MS = 30_000;
 
@@ -73,6 +81,10 @@ export class PodSet implements PodSetReader {
   private readonly sources = new Map<string, { lastSeen: number; watcher?: string }>();
   /** Adapters the engines report (LOAD samples), by pod key; merged into `adapters`. */
   private readonly engineAdapters = new Map<string, readonly string[]>();
+  /** When each pod's engine adapters were last reported (the newest broker time known then). */
+  private readonly engineAdaptersAt = new Map<string, number>();
+  /** The newest broker time seen (events' `at`, sweeps' `now`): time for samples that carry none. */
+  private latest = 0;
   /** Adapters as PODS published them, by pod key. */
   private readonly publishedAdapters = new Map<string, readonly string[]>();
   private readonly silentSources = new Set<string>();
@@ -82,10 +94,12 @@ export class PodSet implements PodSetReader {
   /** `at`: the event's broker time (renews its source's liveness; 0 = not known). */
   apply(ev: PodEvent, seq = 0, at = 0): void {
     if (seq) this.lastSeq = seq;
+    if (at > this.latest) this.latest = at;
     if (ev.source !== undefined && at > 0) this.seen(ev.source, at, undefined);
     const k = key(ev.model, ev.pod);
     if (ev.action === "remove") {
       this.engineAdapters.delete(k);
+      this.engineAdaptersAt.delete(k);
       this.publishedAdapters.delete(k);
       if (!this.pods.delete(k)) return;
     } else {
@@ -120,6 +134,7 @@ export class PodSet implements PodSetReader {
     const p = this.pods.get(k);
     if (!p) return;
     const next = [...new Set(adapters)].slice(0, MAX_ENGINE_ADAPTERS).sort();
+    this.engineAdaptersAt.set(k, this.latest);
     const prev = this.engineAdapters.get(k);
     if (prev && prev.length === next.length && prev.every((a, i) => a === next[i])) return;
     this.engineAdapters.set(k, next);
@@ -129,6 +144,7 @@ export class PodSet implements PodSetReader {
 
   /** A watcher heartbeat at broker time `at`. */
   applySource(ev: PodSourceHeartbeat, at: number): void {
+    if (at > this.latest) this.latest = at;
     this.seen(ev.source, at, ev.watcher);
   }
 
@@ -173,8 +189,12 @@ export class PodSet implements PodSetReader {
    * `apply` recorded as the source's first sighting. Returns true when routability changed.
    */
   sweepSources(now: number, timeoutMs: number): boolean {
-    if (!(timeoutMs > 0)) return false;
-    let changed = false;
+    if (now > this.latest) this.latest = now;
+    let changed = this.expireEngineAdapters(now);
+    if (!(timeoutMs > 0)) {
+      if (changed) this.rebuild();
+      return changed;
+    }
     for (const [name, s] of this.sources) {
       const silent = now - s.lastSeen > timeoutMs;
       if (silent === this.silentSources.has(name)) continue;
@@ -183,6 +203,22 @@ export class PodSet implements PodSetReader {
       changed = true;
     }
     if (changed) this.rebuild();
+    return changed;
+  }
+
+  /** Drops engine-reported adapters nobody repeated within ENGINE_ADAPTERS_TTL_MS; true if any pod changed. */
+  private expireEngineAdapters(now: number): boolean {
+    let changed = false;
+    for (const [k, at] of this.engineAdaptersAt) {
+      if (now - at <= ENGINE_ADAPTERS_TTL_MS) continue;
+      this.engineAdaptersAt.delete(k);
+      const had = this.engineAdapters.get(k);
+      this.engineAdapters.delete(k);
+      const p = this.pods.get(k);
+      if (!p || !had || had.length === 0) continue;
+      this.pods.set(k, { ...p, adapters: this.publishedAdapters.get(k) ?? [] });
+      changed = true;
+    }
     return changed;
   }
 
@@ -210,7 +246,10 @@ export class PodSet implements PodSetReader {
     for (const p of this.pods.values()) {
       add(p.model, p);
       for (const a of p.adapters) add(a, p);
-      addresses.set(p.address, p);
+      // Two pods on one address: an upgrade's leftover unowned copy and its sourced successor (same
+      // pod, new name). The one a source vouches for is the live one.
+      const there = addresses.get(p.address);
+      if (!there || (there.source === undefined && p.source !== undefined)) addresses.set(p.address, p);
     }
     for (const list of ready.values()) list.sort((a, b) => (a.pod < b.pod ? -1 : a.pod > b.pod ? 1 : 0));
     this.readyCache = ready;
