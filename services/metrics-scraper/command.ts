@@ -13,7 +13,7 @@ export function registerMetricsScraperCommand(program: Command): void {
     .option("--interval-ms <ms>", "scrape interval per pod", intOption(10), 100)
     .option("--timeout-ms <ms>", "a scrape slower than this fails (default max(500, 5 x interval))", intOption(10))
     .option("--stale-after-ms <ms>", "failing this long marks a pod stale", intOption(10), 1_000)
-    .option("--no-read-models", "do not read each engine's /v1/models for its loaded LoRA adapters (the LoRA metric still counts)")
+    .option("--no-read-models", "do not read each engine's /v1/models for its loaded LoRA adapters (engine-reported adapters are then not known: use a pod annotation or the pod list)")
     .option("--metrics-port <port>", "Prometheus /metrics port (-1 = off)", intOption(-1, 65535), -1)
     .option("--metrics-host <host>", "metrics listen address", "0.0.0.0")
     .action(async (o) => {
