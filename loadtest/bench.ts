@@ -69,9 +69,10 @@ program
   .option("--duration-ms <ms>", "each loaded and each idle window", int, 5_000)
   .option("--rounds <n>", "idle/loaded window pairs (median reported)", int, 3)
   .option("--heartbeat-ms <ms>", "the replicas' heartbeat interval", int, 1_000)
-  .option("--profile-dir <dir>", "write a V8 CPU profile of B (node --cpu-prof) into this directory")
+  .option("--release-batch-ms <list>", "the gateways' release batch windows to compare, comma separated (0 = none)", (v: string) => v.split(",").map((x) => nonNegative(x)), [0, 5])
+  .option("--profile-dir <dir>", "write V8 CPU profiles of B (node --cpu-prof, first round) into this directory")
   .action(async (o) => {
-    console.log(JSON.stringify(await runFoldLiveBench({ concurrency: o.concurrency, durationMs: o.durationMs, rounds: o.rounds, heartbeatMs: o.heartbeatMs, profileDir: o.profileDir })));
+    console.log(JSON.stringify(await runFoldLiveBench({ concurrency: o.concurrency, durationMs: o.durationMs, rounds: o.rounds, heartbeatMs: o.heartbeatMs, releaseBatchMs: o.releaseBatchMs, profileDir: o.profileDir })));
   });
 
 program

@@ -12,16 +12,20 @@
  * this includes messages arriving one by one: socket reads, event-loop turns, pull refills,
  * timers, GC.
  *
- * `profileDir` runs B under `node --cpu-prof` (written when B exits) to see where its µs go.
+ * `releaseBatchMs` settings (the gateways' `--release-batch-ms`) are measured side by side: each
+ * round runs one fresh pair of replicas per setting, settings alternating.
+ *
+ * `profileDir` runs B under `node --cpu-prof` in the first round (written when B exits).
  */
 import { spawn } from "node:child_process";
 import { readFileSync } from "node:fs";
 import { createInterface } from "node:readline";
-import { connectNats } from "../../services/shared/nats.js";
+import { connectNats, type NatsHandles } from "../../services/shared/nats.js";
 import { startNatsServer } from "../../services/shared/nats-server.js";
 import { cliPath } from "../../services/shared/processes.js";
 import { acked } from "../../services/shared/publish.js";
 import { applyStreams } from "../../streams/apply.js";
+import { streamName } from "../../streams/definitions.js";
 import { Subjects } from "../../streams/subjects.js";
 import { loadtestScript, runNode } from "../child.js";
 import type { ExtProcLoadResult } from "../extproc-load.js";
@@ -32,6 +36,8 @@ export interface FoldLiveOptions {
   durationMs?: number;
   rounds?: number;
   heartbeatMs?: number;
+  /** Gateways' `--release-batch-ms` settings to compare, side by side (default 0 and 5). */
+  releaseBatchMs?: number[];
   /** Write a V8 CPU profile of replica B into this directory. */
   profileDir?: string;
 }
@@ -42,13 +48,16 @@ export interface FoldLiveRound {
   a_us: number;
   b_us: number;
   nats_us: number;
+  /** Of `b_us`, the kernel's share (system time: socket reads, epoll), idle subtracted. */
+  b_sys_us: number;
   idle_b_us_per_s: number;
   idle_nats_us_per_s: number;
+  /** CHARGES stream messages per request routed (charges, releases or release batches, heartbeats). */
+  charges_msgs_per_request: number;
 }
 
-export interface FoldLiveResult {
-  bench: "fold-live";
-  concurrency: number;
+export interface FoldLiveConfigResult {
+  release_batch_ms: number;
   rps: number;
   /** B's CPU per request A routed, idle subtracted: the fold cost of one foreign request. */
   fold_cpu_us_per_foreign_request: number;
@@ -58,7 +67,19 @@ export interface FoldLiveResult {
   router_us_per_request: number;
   /** B / A: what folding a request costs relative to routing it. */
   fold_to_route_ratio: number;
+  charges_msgs_per_request: number;
   rounds: FoldLiveRound[];
+}
+
+export interface FoldLiveResult {
+  bench: "fold-live";
+  concurrency: number;
+  /** Of the last setting of `releaseBatchMs` (the default: 5 ms, the gateway's default). */
+  fold_cpu_us_per_foreign_request: number;
+  nats_us_per_request: number;
+  /** Last setting's fold cost over the first's (batching vs none, by default), measured side by side. */
+  fold_ratio_last_to_first?: number;
+  results: FoldLiveConfigResult[];
 }
 
 const MODEL = "bench/fold-live";
@@ -72,10 +93,15 @@ const TICK_US = 10_000;
 
 /** CPU time (user + system, µs) a process has used so far. */
 function cpuOf(pid: number): number {
+  return userSys(pid).reduce((a, b) => a + b, 0);
+}
+
+/** [user, system] CPU time (µs) of a process, every thread. */
+function userSys(pid: number): [number, number] {
   const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
   // The command name (field 2) may hold spaces: count fields after its closing parenthesis.
   const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
-  return (Number(fields[11]) + Number(fields[12])) * TICK_US;
+  return [Number(fields[11]) * TICK_US, Number(fields[12]) * TICK_US];
 }
 
 function pidOf(p: { pid?: number }, what: string): number {
@@ -94,8 +120,8 @@ interface GatewayProc {
  * A gateway child process. Spawned here rather than with `spawnJetroute` because a profile needs
  * node flags (`--cpu-prof` is refused in NODE_OPTIONS).
  */
-async function gateway(id: string, natsUrl: string, heartbeatMs: number, profileDir?: string): Promise<GatewayProc> {
-  const args = ["gateway", "--nats", natsUrl, "--id", id, "--port", "0", "--admin-port", "0", "--host", "127.0.0.1", "--heartbeat-ms", String(heartbeatMs), "--strategy", "least-request", "--consistency", "eventual", "--no-snapshots"];
+async function gateway(id: string, natsUrl: string, heartbeatMs: number, releaseBatchMs: number, profileDir?: string): Promise<GatewayProc> {
+  const args = ["gateway", "--release-batch-ms", String(releaseBatchMs), "--nats", natsUrl, "--id", id, "--port", "0", "--admin-port", "0", "--host", "127.0.0.1", "--heartbeat-ms", String(heartbeatMs), "--strategy", "least-request", "--consistency", "eventual", "--no-snapshots"];
   const proc = spawn(process.execPath, [...(profileDir ? ["--cpu-prof", `--cpu-prof-dir=${profileDir}`] : []), cliPath(), ...args], {
     stdio: ["ignore", "pipe", "pipe"],
     env: { ...process.env, JETROUTE_LOG_LEVEL: "warn" },
@@ -143,28 +169,24 @@ async function waitFor(what: string, ok: () => Promise<boolean>, timeoutMs = 30_
   }
 }
 
-export async function runFoldLiveBench(opts: FoldLiveOptions = {}): Promise<FoldLiveResult> {
-  const o = { concurrency: opts.concurrency ?? 32, durationMs: opts.durationMs ?? 5_000, rounds: opts.rounds ?? 3, heartbeatMs: opts.heartbeatMs ?? 1_000 };
-  const nats = await startNatsServer();
-  const h = await connectNats(nats.url, "jetroute-bench-fold-live");
+interface Cell {
+  rounds: FoldLiveRound[];
+}
+
+/** One idle window and one loaded window on a fresh pair of replicas (A routes, B folds). */
+async function measurePair(natsUrl: string, natsPid: number, h: NatsHandles, s: Subjects, o: Required<Omit<FoldLiveOptions, "profileDir">>, releaseBatchMs: number, profileDir: string | undefined): Promise<FoldLiveRound> {
   const procs: GatewayProc[] = [];
   try {
-    await applyStreams(h.nc, h.jsm);
-    const s = new Subjects();
-    for (let i = 0; i < PODS; i++) {
-      await acked(h.js, s.pod(MODEL, `pod-${i}`), { type: "pod", action: "upsert", model: MODEL, pod: `pod-${i}`, address: `127.0.0.1:${19000 + i}`, ready: true, engine: "vllm", ts: Date.now() });
-    }
-    const a = await gateway("fold-live-a", nats.url, o.heartbeatMs);
+    const a = await gateway("fold-live-a", natsUrl, o.heartbeatMs, releaseBatchMs);
     procs.push(a);
-    const b = await gateway("fold-live-b", nats.url, o.heartbeatMs, opts.profileDir);
+    const b = await gateway("fold-live-b", natsUrl, o.heartbeatMs, releaseBatchMs, profileDir);
     procs.push(b);
     const state = async (port: number) => (await (await fetch(`http://127.0.0.1:${port}/debug/state`)).json()) as { ready: boolean; pods: unknown[]; ledger: { charges: number; liveGateways: Array<{ gateway: string }> } };
     await waitFor("both replicas ready and aware of each other", async () => {
       const [sa, sb] = await Promise.all([state(a.adminPort), state(b.adminPort)]);
       return sa.ready && sb.ready && sa.pods.length === PODS && sb.pods.length === PODS && sb.ledger.liveGateways.some((g) => g.gateway === "fold-live-a");
     });
-    const pids = { a: a.pid, b: b.pid, nats: pidOf(nats.proc, "nats-server") };
-    const sample = () => ({ t: performance.now(), a: cpuOf(pids.a), b: cpuOf(pids.b), nats: cpuOf(pids.nats) });
+    const sample = () => ({ t: performance.now(), a: cpuOf(a.pid), b: cpuOf(b.pid), bSys: userSys(b.pid)[1], nats: cpuOf(natsPid) });
     const drive = async (durationMs: number): Promise<ExtProcLoadResult> => {
       const gen = runNode(loadtestScript("extproc-load.js"), ["--target", `127.0.0.1:${a.port}`, "--concurrency", String(o.concurrency), "--duration-ms", String(durationMs), "--warmup-ms", "0", "--model", MODEL]);
       try {
@@ -173,45 +195,80 @@ export async function runFoldLiveBench(opts: FoldLiveOptions = {}): Promise<Fold
         await gen.stop();
       }
     };
-    progress("warm-up");
+    // Warm-up (JIT, connections), then the ledgers drain before the idle window.
     await drive(Math.min(2_000, o.durationMs));
-    const rounds: FoldLiveRound[] = [];
-    for (let r = 0; r < o.rounds; r++) {
-      // Idle: both replicas heartbeating and sweeping, nothing routed.
-      await waitFor("B's ledger to drain", async () => (await state(b.adminPort)).ledger.charges === 0, 10_000);
-      const i0 = sample();
-      await new Promise((res) => setTimeout(res, o.durationMs));
-      const i1 = sample();
-      const idleS = (i1.t - i0.t) / 1000;
-      const idle = { a: (i1.a - i0.a) / idleS, b: (i1.b - i0.b) / idleS, nats: (i1.nats - i0.nats) / idleS };
-      const l0 = sample();
-      const res = await drive(o.durationMs);
-      const l1 = sample();
-      if (res.immediate > 0 || res.errors > 0) throw new Error(`A answered ${res.immediate} immediate responses and ${res.errors} errors (first: ${res.firstError ?? "-"}): not a routing run`);
-      const loadS = (l1.t - l0.t) / 1000;
-      const per = (k: "a" | "b" | "nats") => (l1[k] - l0[k] - idle[k] * loadS) / res.completed;
-      const row: FoldLiveRound = {
-        requests: res.completed, rps: Math.round(res.rps), a_us: round(per("a")), b_us: round(per("b")), nats_us: round(per("nats")),
-        idle_b_us_per_s: Math.round(idle.b), idle_nats_us_per_s: Math.round(idle.nats),
-      };
-      rounds.push(row);
-      progress(`round ${r + 1}: ${JSON.stringify(row)}`);
-    }
-    const a_us = median(rounds.map((x) => x.a_us));
-    const b_us = median(rounds.map((x) => x.b_us));
+    await waitFor("B's ledger to drain", async () => (await state(b.adminPort)).ledger.charges === 0, 10_000);
+    // Idle: both replicas heartbeating and sweeping, nothing routed.
+    const i0 = sample();
+    await new Promise((res) => setTimeout(res, o.durationMs));
+    const i1 = sample();
+    const idleS = (i1.t - i0.t) / 1000;
+    const idle = { a: (i1.a - i0.a) / idleS, b: (i1.b - i0.b) / idleS, bSys: (i1.bSys - i0.bSys) / idleS, nats: (i1.nats - i0.nats) / idleS };
+    const chargesStream = streamName(s.prefix, "CHARGES");
+    const m0 = (await h.jsm.streams.info(chargesStream)).state.messages;
+    const l0 = sample();
+    const res = await drive(o.durationMs);
+    const l1 = sample();
+    const m1 = (await h.jsm.streams.info(chargesStream)).state.messages;
+    if (res.immediate > 0 || res.errors > 0) throw new Error(`A answered ${res.immediate} immediate responses and ${res.errors} errors (first: ${res.firstError ?? "-"}): not a routing run`);
+    const loadS = (l1.t - l0.t) / 1000;
+    const per = (k: "a" | "b" | "bSys" | "nats") => (l1[k] - l0[k] - idle[k] * loadS) / res.completed;
     return {
-      bench: "fold-live",
-      concurrency: o.concurrency,
-      rps: median(rounds.map((x) => x.rps)),
-      fold_cpu_us_per_foreign_request: b_us,
-      nats_us_per_request: median(rounds.map((x) => x.nats_us)),
-      router_us_per_request: a_us,
-      fold_to_route_ratio: round(b_us / a_us, 3),
-      rounds,
+      requests: res.completed, rps: Math.round(res.rps), a_us: round(per("a")), b_us: round(per("b")), nats_us: round(per("nats")), b_sys_us: round(per("bSys")),
+      idle_b_us_per_s: Math.round(idle.b), idle_nats_us_per_s: Math.round(idle.nats), charges_msgs_per_request: round((m1 - m0) / res.completed, 3),
     };
   } finally {
     // B exits on SIGTERM, which is when --cpu-prof writes its profile.
     await Promise.allSettled(procs.map((p) => p.stop()));
+  }
+}
+
+function summary(releaseBatchMs: number, rounds: FoldLiveRound[]): FoldLiveConfigResult {
+  const a_us = median(rounds.map((x) => x.a_us));
+  const b_us = median(rounds.map((x) => x.b_us));
+  return {
+    release_batch_ms: releaseBatchMs,
+    rps: median(rounds.map((x) => x.rps)),
+    fold_cpu_us_per_foreign_request: b_us,
+    nats_us_per_request: median(rounds.map((x) => x.nats_us)),
+    router_us_per_request: a_us,
+    fold_to_route_ratio: round(b_us / a_us, 3),
+    charges_msgs_per_request: median(rounds.map((x) => x.charges_msgs_per_request)),
+    rounds,
+  };
+}
+
+export async function runFoldLiveBench(opts: FoldLiveOptions = {}): Promise<FoldLiveResult> {
+  const o = { concurrency: opts.concurrency ?? 32, durationMs: opts.durationMs ?? 5_000, rounds: opts.rounds ?? 3, heartbeatMs: opts.heartbeatMs ?? 1_000, releaseBatchMs: opts.releaseBatchMs ?? [0, 5] };
+  const nats = await startNatsServer();
+  const h = await connectNats(nats.url, "jetroute-bench-fold-live");
+  try {
+    await applyStreams(h.nc, h.jsm);
+    const s = new Subjects();
+    for (let i = 0; i < PODS; i++) {
+      await acked(h.js, s.pod(MODEL, `pod-${i}`), { type: "pod", action: "upsert", model: MODEL, pod: `pod-${i}`, address: `127.0.0.1:${19000 + i}`, ready: true, engine: "vllm", ts: Date.now() });
+    }
+    const cells = new Map<number, Cell>(o.releaseBatchMs.map((ms) => [ms, { rounds: [] }]));
+    // Settings alternate within each round, so a busy spell of the machine hits them alike.
+    for (let r = 0; r < o.rounds; r++) {
+      for (const ms of o.releaseBatchMs) {
+        const row = await measurePair(nats.url, pidOf(nats.proc, "nats-server"), h, s, o, ms, r === 0 ? opts.profileDir : undefined);
+        (cells.get(ms) as Cell).rounds.push(row);
+        progress(`round ${r + 1}, release batch ${ms} ms: ${JSON.stringify(row)}`);
+      }
+    }
+    const results = o.releaseBatchMs.map((ms) => summary(ms, (cells.get(ms) as Cell).rounds));
+    const last = results.at(-1) as FoldLiveConfigResult;
+    const first = results[0] as FoldLiveConfigResult;
+    return {
+      bench: "fold-live",
+      concurrency: o.concurrency,
+      fold_cpu_us_per_foreign_request: last.fold_cpu_us_per_foreign_request,
+      nats_us_per_request: last.nats_us_per_request,
+      ...(results.length > 1 ? { fold_ratio_last_to_first: round(last.fold_cpu_us_per_foreign_request / first.fold_cpu_us_per_foreign_request, 3) } : {}),
+      results,
+    };
+  } finally {
     await h.nc.close();
     await nats.stop();
   }
