@@ -58,8 +58,9 @@ program
   .option("--rounds <n>", "rounds (median reported)", int, 3)
   .option("--in-flight <n>", "requests a heartbeat lists (the router's concurrency)", int, 32)
   .option("--foreign-rate <n>", "the router's requests per second (the heartbeats' share per request)", int, 1_000)
+  .option("--release-batch <n>", "releases per `releases` batch (family releases)", int, 8)
   .action(async (o) => {
-    console.log(JSON.stringify(await runFoldBench({ events: o.events, rounds: o.rounds, inFlight: o.inFlight, foreignRate: o.foreignRate })));
+    console.log(JSON.stringify(await runFoldBench({ events: o.events, rounds: o.rounds, inFlight: o.inFlight, foreignRate: o.foreignRate, releaseBatch: o.releaseBatch })));
   });
 
 program

@@ -138,6 +138,8 @@ interface Replica {
   undecoded: Set<string>;
   /** Own releases applied ahead of their stream position (batched after later charges); bounded by the look-ahead. */
   releasedAhead: Set<string>;
+  /** The gateway stamps its releases with `afterCharge` (it batches them): its decisions are held back `RELEASE_HOLD_MS`. */
+  batchesReleases: boolean;
   lastEvaluated: number;
   nextSweep: number;
   nextRoutedSweep: number;
@@ -145,6 +147,11 @@ interface Replica {
   lastSeenTs: number;
 }
 
+/**
+ * Stream time a decision is held back before it is evaluated, so that releases its gateway batched
+ * (5 ms by default, `--release-batch-ms`) and published after the decision's charge are buffered.
+ */
+const RELEASE_HOLD_MS = 50;
 /** Own messages looked past for releases batched after later charges (a window of a few ms of one gateway's traffic). */
 const DELAYED_RELEASE_LOOKAHEAD = 512;
 /** How much recent stream time the buffers keep beyond what every fold has passed. */
@@ -306,6 +313,7 @@ export class ReplayEngine {
         // Only charges routed inside the window have a record to wait for.
         if (ev?.type === "charge" && b.chargeSeq !== undefined && !isLegCharge(ev.id) && b.chargeSeq > r.lastEvaluated && ev.ts >= this.o.fromMs && ev.ts <= this.o.toMs) r.awaiting.set(b.chargeSeq, { seenTs: m.serverTs, chargeTs: ev.ts });
         for (const rel of ev?.type === "release" ? [ev] : ev?.type === "releases" ? ev.releases : []) {
+          if (rel.afterCharge !== undefined) r.batchesReleases = true;
           if (isLegCharge(rel.id)) continue;
           const a = r.awaiting.get(chargeSeqOf(rel.id) ?? -1);
           if (a) a.releasedTs = m.serverTs;
@@ -406,6 +414,7 @@ export class ReplayEngine {
       firstToken: new Map(),
       undecoded: new Set(),
       releasedAhead: new Set(),
+      batchesReleases: false,
       lastEvaluated: 0,
       nextSweep: 0,
       nextRoutedSweep: 0,
@@ -450,6 +459,9 @@ export class ReplayEngine {
   }
 
   private ready(r: Replica, p: Pending): boolean {
+    // Releases made before this charge may still be in a batch published after it: wait until the
+    // stream has moved past any batch window (`applyDelayedReleases` then finds them buffered).
+    if (r.batchesReleases && this.watermark - p.arrivedAt < RELEASE_HOLD_MS) return false;
     for (const [seq, a] of r.awaiting) {
       if (seq >= p.chargeSeq) continue;
       const lost = a.releasedTs !== undefined && this.watermark - a.releasedTs >= this.o.lostDecisionMs;
