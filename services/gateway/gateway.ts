@@ -243,7 +243,7 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
   ];
 
   const outbox = new Outbox(nats.nc);
-  const releases = new ReleaseBatcher(outbox, (model, pod) => subjects.releases(model, pod), o.releaseBatchMs ?? 5, () => director.chargesMade);
+  const releases = new ReleaseBatcher(outbox, (model, pod) => subjects.releases(model, pod), o.releaseBatchMs ?? 5, () => director.chargesMade, undefined, () => nats.nc.info?.max_payload);
   const viewNames = ["pods", "load", "charges", "kv"];
   let extProcConnections: ExtProcConnectionStats | undefined;
   const metrics = new GatewayMetrics(id, {

@@ -7,7 +7,7 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { connectNats } from "./nats.js";
 import { type NatsServerHandle, startNatsServer } from "./nats-server.js";
-import type { ReleaseEvent } from "../../schemas/events.js";
+import { MAX_RELEASE_BATCH, type ReleaseEvent } from "../../schemas/events.js";
 import { checkEvent } from "../../schemas/validate.js";
 import { Outbox, ReleaseBatcher } from "./publish.js";
 
@@ -165,6 +165,20 @@ describe("release batcher", () => {
     none.add(rel("7", "p0"));
     await until(() => w.got.length === 4);
     expect(w.got.slice(2).map((g) => g.ev.type)).toEqual(["release", "release"]);
+    await w.close();
+  });
+
+  it("a batch too large for the server's max_payload is split until it fits: nothing dropped", async () => {
+    const w = await wire();
+    const b = new ReleaseBatcher(w.outbox, (model, pod) => `rb.${model}.${pod}`, 60_000, () => 1, MAX_RELEASE_BATCH, () => 4_000);
+    const user = "u".repeat(200);
+    for (let i = 1; i <= 40; i++) b.add(rel(i.toString(36), "p0", { user }));
+    b.flush();
+    await until(() => w.got.flatMap((g) => (g.ev.releases as unknown[] | undefined) ?? [g.ev]).length === 40);
+    expect(w.got.length).toBeGreaterThan(1);
+    expect(w.got.every((g) => JSON.stringify(g.ev).length <= 3_600)).toBe(true);
+    expect(w.got.flatMap((g) => (g.ev.releases as Array<{ id: string }>).map((r) => r.id))).toEqual(Array.from({ length: 40 }, (_, i) => (i + 1).toString(36)));
+    expect(w.outbox.dropped).toBe(0);
     await w.close();
   });
 });

@@ -150,6 +150,8 @@ export class ReleaseBatcher {
     /** The gateway's count of charges made so far: stamped on each release as `afterCharge` (replay's ordering). */
     private readonly chargesMade: () => number,
     private readonly maxBatch = MAX_RELEASE_BATCH,
+    /** The server's bound on a message (`max_payload`), when known: a batch past 90% of it is split. */
+    private readonly maxBytes: () => number | undefined = () => undefined,
   ) {}
 
   add(ev: Release): void {
@@ -188,11 +190,23 @@ export class ReleaseBatcher {
     }
     // `gateway` right after `type`: the byte run a gateway spots its own echoes by.
     const batch: ReleaseBatch = { type: "releases", gateway: first.gateway, model: first.model, pod: first.pod, releases: list.map(itemOf) };
+    // A small batch is far below any usable max_payload (a release is at most ~700 bytes); a large
+    // one is measured, and halved until it fits, so the outbox never drops a batch as too large.
+    const max = this.maxBytes();
+    if (list.length >= SIZE_CHECK_FROM && max !== undefined && max > 0 && Buffer.byteLength(JSON.stringify(batch)) > max * 0.9) {
+      const half = Math.ceil(list.length / 2);
+      this.send(subject, list.slice(0, half));
+      this.send(subject, list.slice(half));
+      return;
+    }
     this.batches++;
     this.batched += list.length;
     this.out.fire(subject, batch);
   }
 }
+
+/** Batches of this many releases or more are measured against `max_payload` before they go. */
+const SIZE_CHECK_FROM = 16;
 
 function itemOf(r: Release): ReleaseItem {
   const { type: _t, gateway: _g, model: _m, pod: _p, ...item } = r;
