@@ -17,6 +17,7 @@ import { FAULT_CASES, type FaultCaseName, runFaultsBench } from "./benches/fault
 import { runDiscoveryBench } from "./benches/discovery.js";
 import { runPdBench } from "./benches/pd.js";
 import { runFoldBench } from "./benches/fold.js";
+import { runFoldLiveBench } from "./benches/fold-live.js";
 import { registerTokenizerBench } from "./benches/tokenizer.js";
 
 const ints = (v: string) =>
@@ -57,8 +58,22 @@ program
   .option("--rounds <n>", "rounds (median reported)", int, 3)
   .option("--in-flight <n>", "requests a heartbeat lists (the router's concurrency)", int, 32)
   .option("--foreign-rate <n>", "the router's requests per second (the heartbeats' share per request)", int, 1_000)
+  .option("--release-batch <n>", "releases per `releases` batch (family releases)", int, 8)
   .action(async (o) => {
-    console.log(JSON.stringify(await runFoldBench({ events: o.events, rounds: o.rounds, inFlight: o.inFlight, foreignRate: o.foreignRate })));
+    console.log(JSON.stringify(await runFoldBench({ events: o.events, rounds: o.rounds, inFlight: o.inFlight, foreignRate: o.foreignRate, releaseBatch: o.releaseBatch })));
+  });
+
+program
+  .command("fold-live")
+  .description("live fold cost: 2 gateways on one nats-server, load on A only; CPU of B (and nats-server, and A) per request A routed, idle subtracted")
+  .option("--concurrency <n>", "ext_proc streams driven at A", int, 32)
+  .option("--duration-ms <ms>", "each loaded and each idle window", int, 5_000)
+  .option("--rounds <n>", "idle/loaded window pairs (median reported)", int, 3)
+  .option("--heartbeat-ms <ms>", "the replicas' heartbeat interval", int, 1_000)
+  .option("--release-batch-ms <list>", "the gateways' release batch windows to compare, comma separated (0 = none)", (v: string) => v.split(",").map((x) => nonNegative(x)), [0, 5])
+  .option("--profile-dir <dir>", "write V8 CPU profiles of B (node --cpu-prof, first round) into this directory")
+  .action(async (o) => {
+    console.log(JSON.stringify(await runFoldLiveBench({ concurrency: o.concurrency, durationMs: o.durationMs, rounds: o.rounds, heartbeatMs: o.heartbeatMs, releaseBatchMs: o.releaseBatchMs, profileDir: o.profileDir })));
   });
 
 program

@@ -178,8 +178,51 @@ export const ReleaseEvent = Type.Object(
     chargedPromptTokens: Type.Optional(Count),
     chargedAt: Type.Optional(Millis),
     user: Type.Optional(Type.String({ maxLength: 256 })),
+    /**
+     * The gateway's count of charges made when it made this release (the number in charge ids, as an
+     * integer). Set when releases are batched: the release may then be published after later
+     * charges, and replay orders it before them by this.
+     */
+    afterCharge: Type.Optional(Count),
   },
   { $id: "release", additionalProperties: false },
+);
+
+/** Most releases one `releases` batch carries (a gateway flushes earlier, by time). */
+export const MAX_RELEASE_BATCH = 1024;
+
+/** One release inside a `releases` batch: a `release` event without what the batch states once. */
+export const ReleaseItem = Type.Object(
+  {
+    id: Name,
+    ts: Millis,
+    outcome: ReleaseOutcome,
+    promptTokens: Type.Optional(Count),
+    completionTokens: Type.Optional(Count),
+    chargedPromptTokens: Type.Optional(Count),
+    chargedAt: Type.Optional(Millis),
+    user: Type.Optional(Type.String({ maxLength: 256 })),
+    afterCharge: Type.Optional(Count),
+  },
+  { additionalProperties: false },
+);
+
+/**
+ * CHARGES stream (subject `<prefix>.releases.<model>.<pod>`, like `release`): several releases of
+ * one gateway on one pod, in the order the gateway made them. Exactly the same as that many
+ * `release` events published back to back; a gateway batches the releases it makes within a few
+ * milliseconds (one message instead of one per request, so every other replica folds fewer
+ * messages) and sends a lone release as a plain `release`.
+ */
+export const ReleaseBatch = Type.Object(
+  {
+    type: Type.Literal("releases"),
+    gateway: Name,
+    model: Name,
+    pod: Name,
+    releases: Type.Array(ReleaseItem, { minItems: 1, maxItems: MAX_RELEASE_BATCH }),
+  },
+  { $id: "releases", additionalProperties: false },
 );
 
 /** One charge a gateway still holds, as listed in its heartbeat. */
@@ -417,6 +460,8 @@ export type LoadSample = Static<typeof LoadSample>;
 export type EngineLoadFields = Static<typeof EngineLoadSchema>;
 export type ChargeEvent = Static<typeof ChargeEvent>;
 export type ReleaseEvent = Static<typeof ReleaseEvent>;
+export type ReleaseItem = Static<typeof ReleaseItem>;
+export type ReleaseBatch = Static<typeof ReleaseBatch>;
 export type GatewayHeartbeat = Static<typeof GatewayHeartbeat>;
 export type OutstandingCharge = Static<typeof OutstandingCharge>;
 export type DecisionRecord = Static<typeof DecisionRecord>;
@@ -436,6 +481,7 @@ export const EVENT_SCHEMAS = {
   load: LoadSample,
   charge: ChargeEvent,
   release: ReleaseEvent,
+  releases: ReleaseBatch,
   heartbeat: GatewayHeartbeat,
   decision: DecisionRecord,
   kv: KvBatch,

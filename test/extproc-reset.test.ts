@@ -201,8 +201,9 @@ describe("ext_proc - Envoy resetting every stream", () => {
       const subs = [
         env.nats.nc.subscribe(env.subjects.all("releases"), {
           callback: (_e, m) => {
-            const id = m.json<{ id: string }>().id;
-            releases.set(id, (releases.get(id) ?? 0) + 1);
+            // A `release`, or a `releases` batch of one pod's releases.
+            const r = m.json<{ id?: string; releases?: Array<{ id: string }> }>();
+            for (const id of r.releases ? r.releases.map((x) => x.id) : [r.id as string]) releases.set(id, (releases.get(id) ?? 0) + 1);
           },
         }),
         env.nats.nc.subscribe(env.subjects.all("decisions"), {

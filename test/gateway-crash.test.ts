@@ -61,9 +61,12 @@ describe("gateway crash - charges of a dead replica expire by heartbeat", () => 
     const releases = new Map<string, number>();
     const sub = env.nats.nc.subscribe(env.subjects.all("releases"), {
       callback: (_e, m) => {
-        const r = m.json<{ gateway: string; id: string }>();
-        const k = `${r.gateway}/${r.id}`;
-        releases.set(k, (releases.get(k) ?? 0) + 1);
+        // A `release`, or a `releases` batch of one gateway's releases on one pod.
+        const r = m.json<{ gateway: string; id?: string; releases?: Array<{ id: string }> }>();
+        for (const id of r.releases ? r.releases.map((x) => x.id) : [r.id]) {
+          const k = `${r.gateway}/${id}`;
+          releases.set(k, (releases.get(k) ?? 0) + 1);
+        }
       },
     });
     await env.nats.nc.flush();

@@ -15,10 +15,11 @@
  * this process holds only the bench (nats-server is another process). `per_request_us` is what a
  * replica pays per request another replica routed: its charge and its release, plus that
  * request's share of the router's heartbeats (one per second listing its in-flight requests, at
- * `foreignRate` requests per second).
+ * `foreignRate` requests per second); `per_request_batched_us` counts the release as its share of a
+ * `releases` batch of `releaseBatch` (family `releases`, reported per release it carries).
  */
 import { DeliverPolicy } from "@nats-io/jetstream";
-import type { ChargeEvent, EventType, GatewayHeartbeat, KvBatch, LoadSample, PodEvent, ReleaseEvent } from "../../schemas/events.js";
+import type { ChargeEvent, EventType, GatewayHeartbeat, KvBatch, LoadSample, PodEvent, ReleaseBatch, ReleaseEvent } from "../../schemas/events.js";
 import { checkEvent } from "../../schemas/validate.js";
 import { connectNats, type NatsHandles } from "../../services/shared/nats.js";
 import { startNatsServer } from "../../services/shared/nats-server.js";
@@ -27,8 +28,8 @@ import { applyStreams } from "../../streams/apply.js";
 import { type StreamKey, streamName } from "../../streams/definitions.js";
 import { Subjects } from "../../streams/subjects.js";
 
-export type FoldFamily = "charge" | "release" | "heartbeat" | "load" | "kv" | "pod";
-export const FOLD_FAMILIES: readonly FoldFamily[] = ["charge", "release", "heartbeat", "load", "kv", "pod"];
+export type FoldFamily = "charge" | "release" | "releases" | "heartbeat" | "load" | "kv" | "pod";
+export const FOLD_FAMILIES: readonly FoldFamily[] = ["charge", "release", "releases", "heartbeat", "load", "kv", "pod"];
 
 export interface FoldBenchOptions {
   /** Messages per family and round. */
@@ -38,6 +39,8 @@ export interface FoldBenchOptions {
   inFlight?: number;
   /** The router's request rate, for the heartbeats' share per request. */
   foreignRate?: number;
+  /** Releases per `releases` batch (a gateway batches a pod's releases over a few ms). */
+  releaseBatch?: number;
 }
 
 export interface FamilyCost {
@@ -51,7 +54,10 @@ export interface FamilyCost {
 
 export interface FoldBenchResult {
   bench: "fold";
+  /** Charge + release + heartbeat share, every release its own message (`--release-batch-ms 0`). */
   per_request_us: number;
+  /** The same with releases arriving `releaseBatch` per `releases` message (the gateway's default batching). */
+  per_request_batched_us: number;
   families: Record<FoldFamily, number>;
   detail: Record<FoldFamily, FamilyCost>;
   options: Required<FoldBenchOptions>;
@@ -80,11 +86,22 @@ interface Fixture {
   setup: Array<{ ev: object; subject: string }>;
 }
 
-function fixtures(n: number, inFlight: number, s: Subjects): Fixture[] {
+function fixtures(n: number, inFlight: number, batch: number, s: Subjects): Fixture[] {
   const t0 = Date.now();
   const pod = (i: number) => `pod-${i % PODS}`;
   const charge = (i: number): ChargeEvent => ({ type: "charge", id: i.toString(36), gateway: PEER, model: MODEL, pod: pod(i), ts: t0 + i, ttlMs: 600_000, promptTokens: 300 + (i % 200), maxTokens: 128, user: `user-${i % 50}` });
   const release = (i: number): ReleaseEvent => ({ type: "release", id: i.toString(36), gateway: PEER, model: MODEL, pod: pod(i), ts: t0 + i + 500, outcome: "completed", promptTokens: 310, chargedPromptTokens: 300 + (i % 200), chargedAt: t0 + i, completionTokens: 120, user: `user-${i % 50}` });
+  // Batch i holds releases i*batch .. i*batch+batch-1, all of one pod (as a gateway batches them).
+  // Request numbers on pod i % PODS, so batch i's charges and releases share that pod.
+  const batchedIndex = (i: number, k: number) => (i * batch + k) * PODS + (i % PODS);
+  const releasesOf = (i: number): ReleaseBatch => ({
+    type: "releases", gateway: PEER, model: MODEL, pod: pod(i),
+    releases: Array.from({ length: batch }, (_, k) => {
+      const { type: _t, gateway: _g, model: _m, pod: _p, ...item } = release(batchedIndex(i, k));
+      return { ...item, afterCharge: i * batch + k };
+    }),
+  });
+  const nBatches = Math.max(2, Math.floor(n / batch));
   const heartbeat = (i: number): GatewayHeartbeat => ({
     type: "heartbeat", gateway: PEER, ts: t0 + i * 1000, intervalMs: 1000, startedAt: t0, state: "up", chargeTtlMs: 600_000, beat: i,
     outstanding: Array.from({ length: inFlight }, (_, k) => ({ id: (i * inFlight + k).toString(36), model: MODEL, pod: pod(k), promptTokens: 300, ts: t0 + i * 1000 }))
@@ -105,6 +122,11 @@ function fixtures(n: number, inFlight: number, s: Subjects): Fixture[] {
   return [
     { family: "charge", type: "charge", stream: "charges", subjects: range((i) => s.charges(MODEL, pod(i))), events: range(charge), setup: pods },
     { family: "release", type: "release", stream: "charges", subjects: range((i) => s.releases(MODEL, pod(i))), events: range(release), setup: [...pods, ...range((i) => ({ ev: charge(i) as object, subject: s.charges(MODEL, pod(i)) }))] },
+    {
+      family: "releases", type: "releases", stream: "charges",
+      subjects: Array.from({ length: nBatches }, (_, i) => s.releases(MODEL, pod(i))), events: Array.from({ length: nBatches }, (_, i) => releasesOf(i)),
+      setup: [...pods, ...Array.from({ length: nBatches * batch }, (_, j) => batchedIndex(Math.floor(j / batch), j % batch)).map((i) => ({ ev: charge(i) as object, subject: s.charges(MODEL, pod(i)) }))],
+    },
     { family: "heartbeat", type: "heartbeat", stream: "charges", subjects: range(() => s.heartbeat(PEER)), events: range(heartbeat), setup: pods },
     { family: "load", type: "load", stream: "load", subjects: range((i) => s.load(MODEL, pod(i))), events: range(load), setup: pods },
     { family: "kv", type: "kv", stream: "kv", subjects: range((i) => s.kv(MODEL, pod(i))), events: range(kv), setup: pods },
@@ -147,7 +169,7 @@ async function deliveryUs(nats: NatsHandles, stream: string, filter: string, n: 
 }
 
 export async function runFoldBench(opts: FoldBenchOptions = {}): Promise<FoldBenchResult> {
-  const o: Required<FoldBenchOptions> = { events: opts.events ?? 20_000, rounds: opts.rounds ?? 3, inFlight: opts.inFlight ?? 32, foreignRate: opts.foreignRate ?? 1_000 };
+  const o: Required<FoldBenchOptions> = { events: opts.events ?? 20_000, rounds: opts.rounds ?? 3, inFlight: opts.inFlight ?? 32, foreignRate: opts.foreignRate ?? 1_000, releaseBatch: opts.releaseBatch ?? 8 };
   const server = await startNatsServer();
   const nats = await connectNats(server.url, "jetroute-bench-fold");
   const s = new Subjects();
@@ -156,7 +178,7 @@ export async function runFoldBench(opts: FoldBenchOptions = {}): Promise<FoldBen
   const decoder = new TextDecoder();
   const detail = {} as Record<FoldFamily, FamilyCost>;
   try {
-    for (const f of fixtures(o.events, o.inFlight, s)) {
+    for (const f of fixtures(o.events, o.inFlight, o.releaseBatch, s)) {
       const payloads = f.events.map((e) => encoder.encode(JSON.stringify(e)));
       for (const e of f.events) {
         const c = checkEvent(f.type, e);
@@ -176,9 +198,12 @@ export async function runFoldBench(opts: FoldBenchOptions = {}): Promise<FoldBen
         }
       }
       await Promise.all(pending);
+      const stored = Math.min(payloads.length, (await nats.jsm.streams.info(stream)).state.messages);
+      if (stored < 2) throw new Error(`fold bench: the ${stream} stream kept ${stored} of ${payloads.length} ${f.family} messages`);
       const cost = { delivery: [] as number[], parse: [] as number[], validate: [] as number[], apply: [] as number[] };
       for (let r = 0; r < o.rounds; r++) {
-        cost.delivery.push(await deliveryUs(nats, stream, filter, payloads.length));
+        // PODS keeps 5 messages per subject: delivery is timed over what the stream still holds.
+        cost.delivery.push(await deliveryUs(nats, stream, filter, stored));
         let t = cpuUs();
         const parsed: unknown[] = new Array(payloads.length);
         for (let i = 0; i < payloads.length; i++) parsed[i] = JSON.parse(decoder.decode(payloads[i] as Uint8Array));
@@ -206,6 +231,8 @@ export async function runFoldBench(opts: FoldBenchOptions = {}): Promise<FoldBen
         bytes: Math.round(payloads.reduce((a, p) => a + p.length, 0) / payloads.length),
       };
       c.total_us = round(c.delivery_us + c.parse_us + c.validate_us + c.apply_us);
+      // A batch is reported per release it carries (its bytes stay per message).
+      if (f.family === "releases") for (const k of ["delivery_us", "parse_us", "validate_us", "apply_us", "total_us"] as const) c[k] = round(c[k] / o.releaseBatch);
       detail[f.family] = c;
       progress(`${f.family}: ${JSON.stringify(c)}`);
     }
@@ -215,5 +242,6 @@ export async function runFoldBench(opts: FoldBenchOptions = {}): Promise<FoldBen
   }
   const families = Object.fromEntries(FOLD_FAMILIES.map((f) => [f, detail[f].total_us])) as Record<FoldFamily, number>;
   const perRequest = detail.charge.total_us + detail.release.total_us + detail.heartbeat.total_us / o.foreignRate;
-  return { bench: "fold", per_request_us: round(perRequest), families, detail, options: o };
+  const perRequestBatched = detail.charge.total_us + detail.releases.total_us + detail.heartbeat.total_us / o.foreignRate;
+  return { bench: "fold", per_request_us: round(perRequest), per_request_batched_us: round(perRequestBatched), families, detail, options: o };
 }

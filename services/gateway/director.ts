@@ -137,6 +137,10 @@ export class Director {
     yield* this.lingering;
   }
   private chargeSeq = 0;
+  /** Charges made so far (the number in the last charge id): the release batcher stamps releases with it. */
+  get chargesMade(): number {
+    return this.chargeSeq;
+  }
 
   constructor(private readonly opts: DirectorOptions) {
     if (!findStrategy(opts.defaultStrategy)) {

@@ -14,7 +14,7 @@ import { type ExtProcConnectionStats, guardResetBudget } from "../extproc/reset-
 import { StreamFollower } from "../shared/follower.js";
 import type { Logger } from "../shared/log.js";
 import { connectNats, type NatsHandles } from "../shared/nats.js";
-import { Outbox } from "../shared/publish.js";
+import { Outbox, ReleaseBatcher } from "../shared/publish.js";
 import { tokenLoad } from "../views/charge-ledger.js";
 import { GatewayState, type StateStream } from "../views/gateway-state.js";
 import { DEFAULT_POD_SOURCE_TIMEOUT_MS } from "../views/pod-set.js";
@@ -80,6 +80,11 @@ export interface GatewayOptions {
   consistency?: "eventual" | "strict" | "off";
   /** Bound on the charges listed in one heartbeat (beyond it the list is marked truncated). */
   maxHeartbeatCharges?: number;
+  /**
+   * Releases are sent per pod in batches over this window (a `releases` event; a lone release stays
+   * a `release`). Default 5 ms; 0 sends every release on its own.
+   */
+  releaseBatchMs?: number;
   /** On close, how long in-flight requests may take before their streams are cancelled. */
   shutdownGraceMs?: number;
   /**
@@ -214,7 +219,7 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
       onEvent: fold("load"), onMessage: seen("load"),
     }),
     new StreamFollower({
-      nats, subjects, log, name: `gateway-${id}-charges`, family: "charges", types: ["charge", "release", "heartbeat"] as const,
+      nats, subjects, log, name: `gateway-${id}-charges`, family: "charges", types: ["charge", "release", "releases", "heartbeat"] as const,
       // Every live gateway's latest heartbeat lists all the charges it holds, so a few heartbeat
       // periods of history rebuild the whole ledger: boot time does not grow with traffic.
       stream: streamName(prefix, "CHARGES"), startAt: { kind: "time", sinceMs: Date.now() - Math.max(10_000, 3 * hbTimeout) },
@@ -239,6 +244,7 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
   ];
 
   const outbox = new Outbox(nats.nc);
+  const releases = new ReleaseBatcher(outbox, (model, pod) => subjects.releases(model, pod), o.releaseBatchMs ?? 5, () => director.chargesMade, undefined, () => nats.nc.info?.max_payload);
   const viewNames = ["pods", "load", "charges", "kv"];
   let extProcConnections: ExtProcConnectionStats | undefined;
   const metrics = new GatewayMetrics(id, {
@@ -267,7 +273,7 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
   tokenizer.registerMetrics(metrics.registry);
   const sink: EventSink = {
     charge: (ev) => outbox.fire(subjects.charges(ev.model, ev.pod), ev),
-    release: (ev) => outbox.fire(subjects.releases(ev.model, ev.pod), ev),
+    release: (ev) => releases.add(ev),
     decision: (rec) => {
       metrics.decision(rec);
       // Per-request line at debug level (off by default: JETROUTE_LOG_LEVEL=debug turns it on).
@@ -305,6 +311,8 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
   let beat = 0;
   const heartbeat = (st: "up" | "down") => {
     const maxBytes = Math.floor((nats.nc.info?.max_payload ?? 1024 * 1024) * 0.9);
+    // Releases made before this beat go first: a heartbeat never lists as ended a charge whose release peers have not had.
+    releases.flush();
     for (const hb of heartbeatOf({ gateway: id, now: Date.now(), intervalMs: hbInterval, startedAt, chargeTtlMs, maxListed, beat: beat++, maxBytes }, st, director.holdingCharges())) outbox.fire(subjects.heartbeat(id), hb);
   };
   heartbeat("up");

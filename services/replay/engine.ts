@@ -22,7 +22,7 @@
  * messages between the slowest gateway's fold and the read head, bounded by those windows.
  */
 import { checkEvent } from "../../schemas/validate.js";
-import { DECISION_RECORD_VERSION, type DecisionRecord, type EngineLoadFields, type EventType } from "../../schemas/events.js";
+import { DECISION_RECORD_VERSION, type DecisionRecord, type EngineLoadFields, type EventType, type ReleaseEvent } from "../../schemas/events.js";
 import { ChargeLedger } from "../views/charge-ledger.js";
 import { GatewayState, type GatewayStateOptions, STATE_STREAMS, type StateEvent, type StateStream } from "../views/gateway-state.js";
 import { hexToHash } from "../views/block-hash.js";
@@ -136,6 +136,10 @@ interface Replica {
   firstToken: Map<string, number>;
   /** Own charges applied and not yet decoding. */
   undecoded: Set<string>;
+  /** Own releases applied ahead of their stream position (batched after later charges); bounded by the look-ahead. */
+  releasedAhead: Set<string>;
+  /** The gateway stamps its releases with `afterCharge` (it batches them): its decisions are held back `RELEASE_HOLD_MS`. */
+  batchesReleases: boolean;
   lastEvaluated: number;
   nextSweep: number;
   nextRoutedSweep: number;
@@ -143,6 +147,13 @@ interface Replica {
   lastSeenTs: number;
 }
 
+/**
+ * Stream time a decision is held back before it is evaluated, so that releases its gateway batched
+ * (5 ms by default, `--release-batch-ms`) and published after the decision's charge are buffered.
+ */
+const RELEASE_HOLD_MS = 50;
+/** Own messages looked past for releases batched after later charges (a window of a few ms of one gateway's traffic). */
+const DELAYED_RELEASE_LOOKAHEAD = 512;
 /** How much recent stream time the buffers keep beyond what every fold has passed. */
 const YOUNG_MS = 1_000;
 /** An idle gateway silent this long (stream time: no heartbeat, charge or record) is dropped. */
@@ -162,7 +173,7 @@ const isLegCharge = (id: string) => id.includes(".p");
 const TYPES: Record<StateStream, readonly EventType[]> = {
   pods: ["pod", "pod-source"],
   load: ["load"],
-  charges: ["charge", "release", "heartbeat"],
+  charges: ["charge", "release", "releases", "heartbeat"],
   kv: ["kv", "kv-cleared", "kv-routed"],
   config: [],
 };
@@ -285,7 +296,7 @@ export class ReplayEngine {
         b.ev = d.event as StateEvent;
         const g = (d.event as { gateway?: unknown }).gateway;
         const ev = b.ev;
-        if (typeof g === "string" && (ev.type === "charge" || ev.type === "release" || ev.type === "heartbeat" || ev.type === "kv-routed")) {
+        if (typeof g === "string" && (ev.type === "charge" || ev.type === "release" || ev.type === "releases" || ev.type === "heartbeat" || ev.type === "kv-routed")) {
           b.gateway = g;
           if (ev.type === "charge") b.chargeSeq = chargeSeqOf(ev.id);
           if (ev.type === "kv-routed") b.chargeSeq = chargeSeqOf(ev.charge);
@@ -301,8 +312,10 @@ export class ReplayEngine {
         const ev = b.ev;
         // Only charges routed inside the window have a record to wait for.
         if (ev?.type === "charge" && b.chargeSeq !== undefined && !isLegCharge(ev.id) && b.chargeSeq > r.lastEvaluated && ev.ts >= this.o.fromMs && ev.ts <= this.o.toMs) r.awaiting.set(b.chargeSeq, { seenTs: m.serverTs, chargeTs: ev.ts });
-        if (ev?.type === "release" && !isLegCharge(ev.id)) {
-          const a = r.awaiting.get(chargeSeqOf(ev.id) ?? -1);
+        for (const rel of ev?.type === "release" ? [ev] : ev?.type === "releases" ? ev.releases : []) {
+          if (rel.afterCharge !== undefined) r.batchesReleases = true;
+          if (isLegCharge(rel.id)) continue;
+          const a = r.awaiting.get(chargeSeqOf(rel.id) ?? -1);
           if (a) a.releasedTs = m.serverTs;
         }
       } else if (m.stream === "kv") r.own.kv.push(pos);
@@ -400,6 +413,8 @@ export class ReplayEngine {
       givenUp: new Map(),
       firstToken: new Map(),
       undecoded: new Set(),
+      releasedAhead: new Set(),
+      batchesReleases: false,
       lastEvaluated: 0,
       nextSweep: 0,
       nextRoutedSweep: 0,
@@ -444,6 +459,9 @@ export class ReplayEngine {
   }
 
   private ready(r: Replica, p: Pending): boolean {
+    // Releases made before this charge may still be in a batch published after it: wait until the
+    // stream has moved past any batch window (`applyDelayedReleases` then finds them buffered).
+    if (r.batchesReleases && this.watermark - p.arrivedAt < RELEASE_HOLD_MS) return false;
     for (const [seq, a] of r.awaiting) {
       if (seq >= p.chargeSeq) continue;
       const lost = a.releasedTs !== undefined && this.watermark - a.releasedTs >= this.o.lostDecisionMs;
@@ -544,6 +562,38 @@ export class ReplayEngine {
     }
   }
 
+  /** An own release, once: one applied ahead of its position (`applyDelayedReleases`) is skipped when reached. */
+  private applyOwnRelease(r: Replica, ev: ReleaseEvent): void {
+    if (r.releasedAhead.delete(ev.id)) return;
+    r.state.ownRelease(ev);
+    r.undecoded.delete(ev.id);
+    r.firstToken.delete(ev.id);
+  }
+
+  /**
+   * A gateway batches its releases for a few ms (services/shared/publish.ts), so a release can sit
+   * in the stream after charges made later than it. Its `afterCharge` (the gateway's charge count
+   * when it released) says whether it came before charge `chargeSeq`: those buffered ahead of the
+   * applied position are applied now, as the live gateway had them when it routed that charge.
+   */
+  private applyDelayedReleases(r: Replica, chargeSeq: number, chargesPos: number): void {
+    const charges = this.logs.charges;
+    const end = Math.min(r.own.charges.length, r.own.chargesNext + DELAYED_RELEASE_LOOKAHEAD);
+    for (let i = r.own.chargesNext; i < end; i++) {
+      const pos = r.own.charges[i] as number;
+      if (pos >= chargesPos) break;
+      const ev = charges.at(pos)?.ev;
+      if (ev?.type === "release") this.applyAhead(r, ev, chargeSeq);
+      else if (ev?.type === "releases") for (const it of ev.releases) this.applyAhead(r, { type: "release", gateway: ev.gateway, model: ev.model, pod: ev.pod, ...it }, chargeSeq);
+    }
+  }
+
+  private applyAhead(r: Replica, ev: ReleaseEvent, chargeSeq: number): void {
+    if (ev.afterCharge === undefined || ev.afterCharge >= chargeSeq || r.releasedAhead.has(ev.id)) return;
+    this.applyOwnRelease(r, ev);
+    r.releasedAhead.add(ev.id);
+  }
+
   /** Applies the replica's own events made before its charge number `chargeSeq` (and, for idle replicas, before the given positions). */
   private applyOwnBefore(r: Replica, chargeSeq: number, chargesPos = Number.POSITIVE_INFINITY, kvPos = Number.POSITIVE_INFINITY): void {
     const charges = this.logs.charges;
@@ -556,13 +606,11 @@ export class ReplayEngine {
         if ((b?.chargeSeq ?? Number.POSITIVE_INFINITY) >= chargeSeq) break;
         r.state.ownCharge(ev, ev.ts);
         r.undecoded.add(ev.id);
-      } else if (ev?.type === "release") {
-        r.state.ownRelease(ev);
-        r.undecoded.delete(ev.id);
-        r.firstToken.delete(ev.id);
-      }
+      } else if (ev?.type === "release") this.applyOwnRelease(r, ev);
+      else if (ev?.type === "releases") for (const it of ev.releases) this.applyOwnRelease(r, { type: "release", gateway: ev.gateway, model: ev.model, pod: ev.pod, ...it });
       r.own.chargesNext++;
     }
+    if (Number.isFinite(chargeSeq)) this.applyDelayedReleases(r, chargeSeq, chargesPos);
     const kv = this.logs.kv;
     while (r.own.kvNext < r.own.kv.length) {
       const pos = r.own.kv[r.own.kvNext] as number;

@@ -7,7 +7,9 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { connectNats } from "./nats.js";
 import { type NatsServerHandle, startNatsServer } from "./nats-server.js";
-import { Outbox } from "./publish.js";
+import { MAX_RELEASE_BATCH, type ReleaseEvent } from "../../schemas/events.js";
+import { checkEvent } from "../../schemas/validate.js";
+import { Outbox, ReleaseBatcher } from "./publish.js";
 
 describe("outbox", () => {
   let server: NatsServerHandle;
@@ -91,5 +93,92 @@ describe("outbox", () => {
     expect(outbox).toMatchObject({ published: 2, dropped: 1, droppedFailed: 1, droppedTooLarge: 0, droppedClosed: 0 });
     await pub.nc.close();
     await sub.nc.close();
+  });
+});
+
+describe("release batcher", () => {
+  let server: NatsServerHandle;
+  beforeAll(async () => {
+    server = await startNatsServer();
+  });
+  afterAll(async () => server?.stop());
+
+  const rel = (id: string, pod: string, extra: Partial<ReleaseEvent> = {}): ReleaseEvent => ({ type: "release", id, gateway: "gw-a", model: "m", pod, ts: 1_000 + Number.parseInt(id, 36), outcome: "completed", ...extra });
+
+  async function wire() {
+    const pub = await connectNats(server.url);
+    const sub = await connectNats(server.url);
+    const got: Array<{ subject: string; ev: Record<string, unknown> }> = [];
+    sub.nc.subscribe("rb.>", { callback: (_e, m) => void got.push({ subject: m.subject, ev: m.json() }) });
+    await sub.nc.flush();
+    const close = async () => {
+      await pub.nc.close();
+      await sub.nc.close();
+    };
+    return { outbox: new Outbox(pub.nc), got, close };
+  }
+  const until = async (ok: () => boolean) => {
+    while (!ok()) await new Promise((r) => setTimeout(r, 2));
+  };
+
+  it("sends a pod's releases of one window as one schema-valid `releases`, in order, stamped with the charge count; a lone one as a plain `release`", async () => {
+    const w = await wire();
+    let made = 7;
+    const b = new ReleaseBatcher(w.outbox, (model, pod) => `rb.${model}.${pod}`, 5, () => made);
+    b.add(rel("1", "p0", { promptTokens: 10, chargedPromptTokens: 9, chargedAt: 900, completionTokens: 3, user: "alice" }));
+    b.add(rel("2", "p1"));
+    made = 8;
+    b.add(rel("3", "p0"));
+    await until(() => w.got.length === 2);
+    const p0 = w.got.find((g) => g.subject === "rb.m.p0")?.ev;
+    const p1 = w.got.find((g) => g.subject === "rb.m.p1")?.ev;
+    expect(checkEvent("releases", p0).ok).toBe(true);
+    expect(p0).toEqual({
+      type: "releases", gateway: "gw-a", model: "m", pod: "p0",
+      releases: [
+        { id: "1", ts: 1_001, outcome: "completed", promptTokens: 10, chargedPromptTokens: 9, chargedAt: 900, completionTokens: 3, user: "alice", afterCharge: 7 },
+        { id: "3", ts: 1_003, outcome: "completed", afterCharge: 8 },
+      ],
+    });
+    expect(checkEvent("release", p1).ok).toBe(true);
+    expect(p1).toEqual({ ...rel("2", "p1"), afterCharge: 7 });
+    // The own-echo marker a gateway skips its echoes by is in the batch.
+    expect(JSON.stringify(p0)).toContain('"gateway":"gw-a",');
+    expect([b.batches, b.batched]).toEqual([1, 2]);
+    await w.close();
+  });
+
+  it("flush() sends at once (before a heartbeat, at shutdown); a full batch goes without waiting; window 0 sends each release on its own", async () => {
+    const w = await wire();
+    const b = new ReleaseBatcher(w.outbox, (model, pod) => `rb.${model}.${pod}`, 60_000, () => 1, 3);
+    b.add(rel("1", "p0"));
+    b.add(rel("2", "p0"));
+    b.flush();
+    await until(() => w.got.length === 1);
+    expect((w.got[0]?.ev.releases as unknown[] | undefined)?.length).toBe(2);
+    for (const id of ["3", "4", "5"]) b.add(rel(id, "p0"));
+    await until(() => w.got.length === 2);
+    expect((w.got[1]?.ev.releases as Array<{ id: string }> | undefined)?.map((r) => r.id)).toEqual(["3", "4", "5"]);
+    b.flush();
+    const none = new ReleaseBatcher(w.outbox, (model, pod) => `rb.${model}.${pod}`, 0, () => 1);
+    none.add(rel("6", "p0"));
+    none.add(rel("7", "p0"));
+    await until(() => w.got.length === 4);
+    expect(w.got.slice(2).map((g) => g.ev.type)).toEqual(["release", "release"]);
+    await w.close();
+  });
+
+  it("a batch too large for the server's max_payload is split until it fits: nothing dropped", async () => {
+    const w = await wire();
+    const b = new ReleaseBatcher(w.outbox, (model, pod) => `rb.${model}.${pod}`, 60_000, () => 1, MAX_RELEASE_BATCH, () => 4_000);
+    const user = "u".repeat(200);
+    for (let i = 1; i <= 40; i++) b.add(rel(i.toString(36), "p0", { user }));
+    b.flush();
+    await until(() => w.got.flatMap((g) => (g.ev.releases as unknown[] | undefined) ?? [g.ev]).length === 40);
+    expect(w.got.length).toBeGreaterThan(1);
+    expect(w.got.every((g) => JSON.stringify(g.ev).length <= 3_600)).toBe(true);
+    expect(w.got.flatMap((g) => (g.ev.releases as Array<{ id: string }>).map((r) => r.id))).toEqual(Array.from({ length: 40 }, (_, i) => (i + 1).toString(36)));
+    expect(w.outbox.dropped).toBe(0);
+    await w.close();
   });
 });

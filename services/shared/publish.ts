@@ -8,6 +8,7 @@
  */
 import type { JetStreamClient, PubAck } from "@nats-io/jetstream";
 import type { NatsConnection } from "@nats-io/transport-node";
+import { MAX_RELEASE_BATCH, type ReleaseBatch, type ReleaseEvent, type ReleaseItem } from "../../schemas/events.js";
 
 const encoder = new TextEncoder();
 
@@ -118,4 +119,96 @@ export class Outbox {
       this.published++;
     }
   };
+}
+
+/** A release as the batcher needs it (services/gateway's `ReleaseEvent`). */
+type Release = ReleaseEvent;
+
+/**
+ * Batches a gateway's releases per pod over a short window: every other replica folds one
+ * `releases` message for all the releases one pod saw in that window, instead of one message per
+ * request (per-message costs — the NATS client's delivery, the follower, JSON and schema — are
+ * most of what folding a foreign request costs). A window holding a single release sends it as a
+ * plain `release`, so a quiet gateway's stream reads as before.
+ *
+ * A release waits at most `windowMs` (or less: `flush()` is called before every heartbeat, so a
+ * heartbeat never overtakes a release made before it, and on shutdown). Charges are not delayed:
+ * peers must see load at once; seeing its end a few ms late only errs on the safe side.
+ */
+export class ReleaseBatcher {
+  private readonly open = new Map<string, Release[]>();
+  private timer: NodeJS.Timeout | undefined;
+  /** `releases` messages sent, and the releases they carried (metrics, benchmarks). */
+  batches = 0;
+  batched = 0;
+
+  constructor(
+    private readonly out: { fire(subject: string, ev: unknown): void },
+    private readonly subjectOf: (model: string, pod: string) => string,
+    /** 0 = no batching: each release is fired at once. */
+    private readonly windowMs: number,
+    /** The gateway's count of charges made so far: stamped on each release as `afterCharge` (replay's ordering). */
+    private readonly chargesMade: () => number,
+    private readonly maxBatch = MAX_RELEASE_BATCH,
+    /** The server's bound on a message (`max_payload`), when known: a batch past 90% of it is split. */
+    private readonly maxBytes: () => number | undefined = () => undefined,
+  ) {}
+
+  add(ev: Release): void {
+    const subject = this.subjectOf(ev.model, ev.pod);
+    if (this.windowMs <= 0) {
+      this.out.fire(subject, ev);
+      return;
+    }
+    ev.afterCharge = this.chargesMade();
+    let list = this.open.get(subject);
+    if (!list) {
+      list = [];
+      this.open.set(subject, list);
+    }
+    list.push(ev);
+    if (list.length >= this.maxBatch) {
+      this.open.delete(subject);
+      this.send(subject, list);
+    }
+    if (this.timer === undefined && this.open.size > 0) this.timer = setTimeout(this.flush, this.windowMs);
+  }
+
+  /** Sends every open batch now. */
+  readonly flush = (): void => {
+    if (this.timer !== undefined) clearTimeout(this.timer);
+    this.timer = undefined;
+    for (const [subject, list] of this.open) this.send(subject, list);
+    this.open.clear();
+  };
+
+  private send(subject: string, list: Release[]): void {
+    const first = list[0] as Release;
+    if (list.length === 1) {
+      this.out.fire(subject, first);
+      return;
+    }
+    // `gateway` right after `type`: the byte run a gateway spots its own echoes by.
+    const batch: ReleaseBatch = { type: "releases", gateway: first.gateway, model: first.model, pod: first.pod, releases: list.map(itemOf) };
+    // A small batch is far below any usable max_payload (a release is at most ~700 bytes); a large
+    // one is measured, and halved until it fits, so the outbox never drops a batch as too large.
+    const max = this.maxBytes();
+    if (list.length >= SIZE_CHECK_FROM && max !== undefined && max > 0 && Buffer.byteLength(JSON.stringify(batch)) > max * 0.9) {
+      const half = Math.ceil(list.length / 2);
+      this.send(subject, list.slice(0, half));
+      this.send(subject, list.slice(half));
+      return;
+    }
+    this.batches++;
+    this.batched += list.length;
+    this.out.fire(subject, batch);
+  }
+}
+
+/** Batches of this many releases or more are measured against `max_payload` before they go. */
+const SIZE_CHECK_FROM = 16;
+
+function itemOf(r: Release): ReleaseItem {
+  const { type: _t, gateway: _g, model: _m, pod: _p, ...item } = r;
+  return item;
 }

@@ -241,6 +241,16 @@ export class ChargeLedger implements LedgerReader {
     }
   }
 
+  /** Applies a `releases` batch read from the stream: each of its releases, in order (own echoes ignored). */
+  releaseBatch(gateway: string, items: readonly { id: string }[], seq = 0): void {
+    if (seq) this.lastSeq = seq;
+    if (gateway === this.self) return;
+    for (const it of items) {
+      const e = this.entries.get(`${gateway}/${it.id}`);
+      if (e) this.remove(e);
+    }
+  }
+
   /** Applies an event read from the stream; the gateway's own echoes are ignored. */
   applyFromStream(ev: ChargeEvent | ReleaseEvent | GatewayHeartbeat, serverTs: number, now: number, seq = 0): void {
     if (seq) this.lastSeq = seq;

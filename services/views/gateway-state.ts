@@ -26,7 +26,7 @@ import {
   type RateLimits,
   rateLimitsError,
 } from "../../schemas/config.js";
-import type { ChargeEvent, GatewayHeartbeat, KvBatch, KvPodCleared, KvRouted, LoadSample, PodEvent, PodSourceHeartbeat, ReleaseEvent } from "../../schemas/events.js";
+import type { ChargeEvent, GatewayHeartbeat, KvBatch, KvPodCleared, KvRouted, LoadSample, PodEvent, PodSourceHeartbeat, ReleaseBatch, ReleaseEvent, ReleaseItem } from "../../schemas/events.js";
 import { decodeToken } from "../../streams/tokens.js";
 import { validateModelConfig } from "../gateway/strategies/config-check.js";
 import { ApiKeyView, hashOfBucketKey, SHOWN_HASH_PREFIX } from "./api-keys.js";
@@ -62,7 +62,7 @@ export interface ConfigEntry {
   notJson?: boolean;
 }
 
-export type StateEvent = PodEvent | PodSourceHeartbeat | LoadSample | ChargeEvent | ReleaseEvent | GatewayHeartbeat | KvBatch | KvPodCleared | KvRouted | ConfigEntry;
+export type StateEvent = PodEvent | PodSourceHeartbeat | LoadSample | ChargeEvent | ReleaseEvent | ReleaseBatch | GatewayHeartbeat | KvBatch | KvPodCleared | KvRouted | ConfigEntry;
 
 /** What `apply` did with an event; `note` is set where an operator should hear of it (logged by the shell). */
 export interface ApplyResult {
@@ -185,6 +185,8 @@ export class GatewayState {
       case "release":
       case "heartbeat":
         return this.applyCharges(ev, meta);
+      case "releases":
+        return this.applyReleases(ev, meta);
       case "config-entry":
         return this.applyConfig(ev, meta.seq);
     }
@@ -198,17 +200,28 @@ export class GatewayState {
     if (ev.type === "charge" && ev.phase !== "prefill") {
       this.rates.request(ev.user, ev.model, ev.promptTokens, ev.ts);
       if (ev.user) this.usage.record({ user: ev.user, promptTokens: ev.promptTokens, completionTokens: 0, ts: ev.ts });
-    } else if (ev.type === "release") {
-      // The engine's prompt count replaces the charge's estimate in the window it was charged in.
-      if (ev.promptTokens !== undefined && ev.chargedPromptTokens !== undefined && ev.chargedAt !== undefined) {
-        this.rates.correctPrompt(ev.user, ev.promptTokens - ev.chargedPromptTokens, ev.chargedAt);
-      }
-      if (ev.user && ev.completionTokens) {
-        this.usage.record({ user: ev.user, promptTokens: 0, completionTokens: ev.completionTokens, ts: ev.ts });
-        this.rates.completion(ev.user, ev.completionTokens, ev.ts);
-      }
-    }
+    } else if (ev.type === "release") this.countRelease(ev);
     return APPLIED;
+  }
+
+  /** A `releases` batch is its releases applied in order, without building an event for each. */
+  private applyReleases(ev: ReleaseBatch, meta: EventMeta): ApplyResult {
+    if (ev.gateway === this.self) return ignored("own-echo");
+    if (this.shareCharges) this.ledger.releaseBatch(ev.gateway, ev.releases, meta.seq);
+    for (const r of ev.releases) this.countRelease(r);
+    return APPLIED;
+  }
+
+  /** What a release changes besides the ledger: the engine's counts in the usage and rate windows. */
+  private countRelease(r: ReleaseItem): void {
+    // The engine's prompt count replaces the charge's estimate in the window it was charged in.
+    if (r.promptTokens !== undefined && r.chargedPromptTokens !== undefined && r.chargedAt !== undefined) {
+      this.rates.correctPrompt(r.user, r.promptTokens - r.chargedPromptTokens, r.chargedAt);
+    }
+    if (r.user && r.completionTokens) {
+      this.usage.record({ user: r.user, promptTokens: 0, completionTokens: r.completionTokens, ts: r.ts });
+      this.rates.completion(r.user, r.completionTokens, r.ts);
+    }
   }
 
   /**
@@ -320,13 +333,7 @@ export class GatewayState {
   /** A request this gateway routed ended (the release it publishes). */
   ownRelease(release: ReleaseEvent): void {
     this.ledger.release(release);
-    if (release.promptTokens !== undefined && release.chargedPromptTokens !== undefined && release.chargedAt !== undefined) {
-      this.rates.correctPrompt(release.user, release.promptTokens - release.chargedPromptTokens, release.chargedAt);
-    }
-    if (release.user && release.completionTokens) {
-      this.usage.record({ user: release.user, promptTokens: 0, completionTokens: release.completionTokens, ts: release.ts });
-      this.rates.completion(release.user, release.completionTokens, release.ts);
-    }
+    this.countRelease(release);
   }
 
   /**

@@ -28,7 +28,7 @@ const PURE_RUNS = SOAK ? 200_000 : 10_000;
 const NATS_PER_FAMILY = SOAK ? 5_000 : 500;
 
 type GatewayFamily = Exclude<EventType, "decision">;
-const FAMILIES: readonly GatewayFamily[] = ["pod", "pod-source", "load", "charge", "release", "heartbeat", "kv", "kv-cleared", "kv-routed"];
+const FAMILIES: readonly GatewayFamily[] = ["pod", "pod-source", "load", "charge", "release", "releases", "heartbeat", "kv", "kv-cleared", "kv-routed"];
 
 // ---- schema-valid generators ---------------------------------------------------------------
 
@@ -111,6 +111,19 @@ const ev = {
     },
     { requiredKeys: ["type", "id", "gateway", "model", "pod", "ts", "outcome"] },
   ),
+  releases: fc.record({
+    type: fc.constant("releases" as const), gateway, model, pod,
+    releases: fc.array(
+      fc.record(
+        {
+          id, ts: millis, outcome: fc.constantFrom("completed" as const, "error" as const, "cancelled" as const, "shutdown" as const),
+          promptTokens: count, completionTokens: count, chargedPromptTokens: count, chargedAt: millis, user,
+        },
+        { requiredKeys: ["id", "ts", "outcome"] },
+      ),
+      { minLength: 1, maxLength: 8 },
+    ),
+  }),
   "pod-source": fc.record({ type: fc.constant("pod-source" as const), source: name, watcher: name, pods: count, intervalMs: fc.integer({ min: 1, max: 600_000 }), ts: millis }),
   heartbeat: fc.record(
     {
@@ -188,8 +201,8 @@ function huge(f: GatewayFamily): fc.Arbitrary<Payload> {
 
 // ---- pure part -----------------------------------------------------------------------------
 
-const STREAM_OF: Record<GatewayFamily, StateStream> = { pod: "pods", "pod-source": "pods", load: "load", charge: "charges", release: "charges", heartbeat: "charges", kv: "kv", "kv-cleared": "kv", "kv-routed": "kv" };
-const ALLOWED: Record<StateStream, readonly GatewayFamily[]> = { pods: ["pod", "pod-source"], load: ["load"], charges: ["charge", "release", "heartbeat"], kv: ["kv", "kv-cleared", "kv-routed"], config: [] };
+const STREAM_OF: Record<GatewayFamily, StateStream> = { pod: "pods", "pod-source": "pods", load: "load", charge: "charges", release: "charges", releases: "charges", heartbeat: "charges", kv: "kv", "kv-cleared": "kv", "kv-routed": "kv" };
+const ALLOWED: Record<StateStream, readonly GatewayFamily[]> = { pods: ["pod", "pod-source"], load: ["load"], charges: ["charge", "release", "releases", "heartbeat"], kv: ["kv", "kv-cleared", "kv-routed"], config: [] };
 
 describe("properties - event decoding and the gateway fold (pure)", () => {
   for (const f of FAMILIES) {
@@ -266,8 +279,8 @@ describe("properties - event decoding and the gateway fold (pure)", () => {
 
 // ---- real NATS part ------------------------------------------------------------------------
 
-const DLQ_FAMILY: Record<GatewayFamily, Family> = { pod: "pods", "pod-source": "pods", load: "load", charge: "charges", release: "charges", heartbeat: "charges", kv: "kv", "kv-cleared": "kv", "kv-routed": "kv" };
-const VIEW_OF: Record<GatewayFamily, string> = { pod: "pods", "pod-source": "pods", load: "load", charge: "charges", release: "charges", heartbeat: "charges", kv: "kv", "kv-cleared": "kv", "kv-routed": "kv" };
+const DLQ_FAMILY: Record<GatewayFamily, Family> = { pod: "pods", "pod-source": "pods", load: "load", charge: "charges", release: "charges", releases: "charges", heartbeat: "charges", kv: "kv", "kv-cleared": "kv", "kv-routed": "kv" };
+const VIEW_OF: Record<GatewayFamily, string> = { pod: "pods", "pod-source": "pods", load: "load", charge: "charges", release: "charges", releases: "charges", heartbeat: "charges", kv: "kv", "kv-cleared": "kv", "kv-routed": "kv" };
 
 interface FollowerInfo {
   view: string;
@@ -307,7 +320,8 @@ describe("properties - every event family on a real nats-server", () => {
           case "pod-source": return s.podSource(p);
           case "load": return s.load("m", p);
           case "charge": return s.charges("m", p);
-          case "release": return s.releases("m", p);
+          case "release":
+          case "releases": return s.releases("m", p);
           case "heartbeat": return s.heartbeat(`other-${i}`);
           default: return s.kv("m", p);
         }
