@@ -82,7 +82,9 @@ export interface GatewayOptions {
   maxHeartbeatCharges?: number;
   /**
    * Releases are sent per pod in batches over this window (a `releases` event; a lone release stays
-   * a `release`). Default 5 ms; 0 sends every release on its own.
+   * a `release`). Default 0 (off: builds without the `releases` event dead-letter it, so it is
+   * turned on only once every replica and replay tool is upgraded); at most 20 ms (replay holds
+   * decisions 50 ms for a delayed own release).
    */
   releaseBatchMs?: number;
   /** On close, how long in-flight requests may take before their streams are cancelled. */
@@ -244,7 +246,7 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
   ];
 
   const outbox = new Outbox(nats.nc);
-  const releases = new ReleaseBatcher(outbox, (model, pod) => subjects.releases(model, pod), o.releaseBatchMs ?? 5, () => director.chargesMade, undefined, () => nats.nc.info?.max_payload);
+  const releases = new ReleaseBatcher(outbox, (model, pod) => subjects.releases(model, pod), Math.min(20, o.releaseBatchMs ?? 0), () => director.chargesMade, undefined, () => nats.nc.info?.max_payload);
   const viewNames = ["pods", "load", "charges", "kv"];
   let extProcConnections: ExtProcConnectionStats | undefined;
   const metrics = new GatewayMetrics(id, {
@@ -462,6 +464,8 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
       clearInterval(hbTimer);
       clearInterval(sweepTimer);
       clearInterval(slowSweep);
+      // Every release made so far goes out before the final beat (drain just made the last ones).
+      releases.flush();
       heartbeat("down");
       outbox.flush();
       admin?.close();

@@ -610,7 +610,7 @@ export class ReplayEngine {
       else if (ev?.type === "releases") for (const it of ev.releases) this.applyOwnRelease(r, { type: "release", gateway: ev.gateway, model: ev.model, pod: ev.pod, ...it });
       r.own.chargesNext++;
     }
-    if (Number.isFinite(chargeSeq)) this.applyDelayedReleases(r, chargeSeq, chargesPos);
+    if (r.batchesReleases && Number.isFinite(chargeSeq)) this.applyDelayedReleases(r, chargeSeq, chargesPos);
     const kv = this.logs.kv;
     while (r.own.kvNext < r.own.kv.length) {
       const pos = r.own.kv[r.own.kvNext] as number;
