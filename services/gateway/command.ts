@@ -110,6 +110,7 @@ export function registerGatewayCommand(program: Command): void {
         ...(o.tlsCert || o.tlsKey || o.tlsClientCa ? { tls: tlsOption(o.tlsCert, o.tlsKey, o.tlsClientCa) } : {}),
         // From the environment (a Kubernetes Secret), never a flag: flags show in `ps`.
         ...(process.env.JETROUTE_SESSION_SECRET ? { sessionSecret: process.env.JETROUTE_SESSION_SECRET } : {}),
+        ...(process.env.JETROUTE_ENGINE_API_KEY ? { engineApiKey: process.env.JETROUTE_ENGINE_API_KEY } : {}),
         auth: o.auth,
         pd: { prefillTimeoutMs: o.pdPrefillTimeoutMs, prefillBudgetMs: o.pdPrefillBudgetMs, sglangPrefillTimeoutMs: o.pdSglangPrefillTimeoutMs, maxRetries: o.pdPrefillRetries, firstChunkTimeoutMs: o.pdFirstChunkTimeoutMs, idleTimeoutMs: o.pdIdleTimeoutMs },
         log,

@@ -99,6 +99,11 @@ export interface GatewayOptions {
    * with it, a client cannot pin an arbitrary pod by forging one. Absent: AIBrix's unsigned ids.
    */
   sessionSecret?: string;
+  /**
+   * The engines' API key (vLLM/SGLang `--api-key`), for the calls the gateway itself makes to them:
+   * remote `/tokenize`, P/D prefill legs, `/abort_request`. From `$JETROUTE_ENGINE_API_KEY`.
+   */
+  engineApiKey?: string;
   /** Tokenize and hash prompts for decision records also under strategies that do not need them (default true). */
   recordPromptBlocks?: boolean;
   /**
@@ -179,7 +184,7 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
   // Peers' heartbeats carry the server's time: liveness is judged on it, whatever this host's clock says.
   const serverClock = new ServerClock(clock);
   // Also before connecting: an `hf:` tokenizer directory that is missing or corrupt stops the gateway here, naming the file.
-  const tokenizer = new Tokenizer({ defaultMode: o.tokenizerMode ?? "approximate", modes: o.tokenizerModes });
+  const tokenizer = new Tokenizer({ ...(o.engineApiKey ? { engineApiKey: o.engineApiKey } : {}), defaultMode: o.tokenizerMode ?? "approximate", modes: o.tokenizerModes });
   const nats = await connectNats(o.nats, `jetroute-gateway-${id}`);
   // Our events serialize `"gateway":"<id>"` right after `"id"`; this exact byte run marks an echo.
   const ownMarker = new TextEncoder().encode(`"gateway":${JSON.stringify(id)},`);
@@ -290,7 +295,7 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
   const configWatch = await watchModelConfigs(nats.nc, configBucketName(prefix), state, log);
   const authMode: AuthMode = o.auth ?? "off";
   const prefixSupport = createPrefixSupport({ gatewayId: id, state, tokenizer, subjects, outbox });
-  const pdClient = new PdHttpClient();
+  const pdClient = new PdHttpClient(o.engineApiKey ? { engineApiKey: o.engineApiKey } : {});
   const director = new Director({
     gatewayId: id, now: clock, serverNow: serverClock.now, recordPromptBlocks: o.recordPromptBlocks, defaultStrategy: o.defaultStrategy ?? "least-request", chargeTtlMs, state, sink, prefix: prefixSupport, config: modelConfigs, consistency: o.consistency,
     strictFor: (model) => defaultConsistency !== "off" && (modelConfigs.consistency(model) ?? defaultConsistency) === "strict",

@@ -12,14 +12,18 @@ export interface PdClientOptions {
   maxAnswerBytes?: number;
   /** Keep-alive connections per pod. */
   connectionsPerPod?: number;
+  /** Sent as `authorization: Bearer …` on every leg (engines started with an API key). */
+  engineApiKey?: string;
 }
 
 export class PdHttpClient implements LegClient {
   private readonly agent: Agent;
   private readonly maxAnswer: number;
+  private readonly auth: Readonly<Record<string, string>>;
 
   constructor(o: PdClientOptions = {}) {
     this.maxAnswer = o.maxAnswerBytes ?? 1024 * 1024;
+    this.auth = o.engineApiKey ? { authorization: `Bearer ${o.engineApiKey}` } : {};
     // Below uvicorn's 5 s keep-alive (vLLM, SGLang): a request never lands on a socket the engine is closing.
     this.agent = new Agent({ connections: o.connectionsPerPod ?? 64, keepAliveTimeout: 4_000, keepAliveMaxTimeout: 4_000, pipelining: 1 });
   }
@@ -32,7 +36,7 @@ export class PdHttpClient implements LegClient {
         origin: `http://${address}`,
         path,
         method: "POST",
-        headers: { ...headers, "content-length": String(body.length) },
+        headers: { ...headers, ...this.auth, "content-length": String(body.length) },
         body,
         signal,
       });

@@ -31,6 +31,8 @@ export interface TokenizeResult {
 }
 
 export interface TokenizerOptions {
+  /** Sent as `authorization: Bearer …` to engines that require an API key (vLLM `--api-key`). */
+  engineApiKey?: string;
   /** Mode per model (`hf:<dir>` for a real tokenizer); `defaultMode` for the rest. */
   modes?: Readonly<Record<string, TokenizerSetting>>;
   defaultMode?: TokenizerSetting;
@@ -230,7 +232,7 @@ export class Tokenizer {
         : { model, prompt: singlePrompt(input.prompt) ?? "", add_special_tokens: input.addSpecialTokens ?? true };
       const res = await fetch(`http://${address}/tokenize`, {
         method: "POST",
-        headers: { "content-type": "application/json" },
+        headers: { "content-type": "application/json", ...(this.o.engineApiKey ? { authorization: `Bearer ${this.o.engineApiKey}` } : {}) },
         body: JSON.stringify(body),
         signal: AbortSignal.timeout(this.o.timeoutMs ?? 200),
       });
