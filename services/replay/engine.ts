@@ -21,6 +21,7 @@
  * released without one for `lostDecisionMs`, or is older than `reorderMs`): memory holds the
  * messages between the slowest gateway's fold and the read head, bounded by those windows.
  */
+import { MinHeap } from "../shared/min-heap.js";
 import { checkEvent } from "../../schemas/validate.js";
 import { DECISION_RECORD_VERSION, type DecisionRecord, type EngineLoadFields, type EventType, type ReleaseEvent } from "../../schemas/events.js";
 import { ChargeLedger } from "../views/charge-ledger.js";
@@ -218,7 +219,7 @@ export class ReplayEngine {
   private readonly replicas = new Map<string, Replica>();
   private watermark = 0;
   private readonly arms: Arm[];
-  private readonly releases: Release[] = [];
+  private readonly releases = new MinHeap<Release>((a, b) => a.at < b.at);
   /** Evaluated decisions whose counterfactual step has not run yet, in time order. */
   private readonly tasks: ArmTask[] = [];
   private readonly agreement: number[][];
@@ -819,12 +820,12 @@ export class ReplayEngine {
     const id = `${d.charge}`;
     // As a stream event: a ledger counts only charges of gateways it knows alive, and a charge makes its gateway known.
     arm.ledger.applyFromStream({ type: "charge", id, gateway: d.gateway, model: d.model, pod, ts: d.ts, ttlMs: 3_600_000, promptTokens: d.routedPromptTokens ?? d.promptTokens ?? 0 }, d.ts, d.ts);
-    heapPush(this.releases, { at: d.ts + Math.max(1, d.durationMs ?? 1), arm: i, gateway: d.gateway, id });
+    this.releases.push({ at: d.ts + Math.max(1, d.durationMs ?? 1), arm: i, gateway: d.gateway, id });
   }
 
   private releaseArms(now: number): void {
-    while (this.releases.length > 0 && (this.releases[0] as Release).at <= now) {
-      const r = heapPop(this.releases) as Release;
+    while (this.releases.size > 0 && (this.releases.peek() as Release).at <= now) {
+      const r = this.releases.pop() as Release;
       this.arms[r.arm]?.ledger.release({ gateway: r.gateway, id: r.id });
     }
   }
@@ -948,39 +949,4 @@ function insertSorted(list: Pending[], p: Pending): void {
   let i = list.length;
   while (i > 0 && (list[i - 1] as Pending).chargeSeq > p.chargeSeq) i--;
   list.splice(i, 0, p);
-}
-
-function heapPush(h: Release[], x: Release): void {
-  h.push(x);
-  let i = h.length - 1;
-  while (i > 0) {
-    const p = (i - 1) >> 1;
-    if ((h[p] as Release).at <= x.at) break;
-    h[i] = h[p] as Release;
-    i = p;
-  }
-  h[i] = x;
-}
-
-function heapPop(h: Release[]): Release | undefined {
-  const top = h[0];
-  const last = h.pop();
-  if (h.length === 0 || last === undefined) return top;
-  let i = 0;
-  for (;;) {
-    const l = 2 * i + 1;
-    const r = l + 1;
-    let m = i;
-    let mAt = last.at;
-    if (l < h.length && (h[l] as Release).at < mAt) {
-      m = l;
-      mAt = (h[l] as Release).at;
-    }
-    if (r < h.length && (h[r] as Release).at < mAt) m = r;
-    if (m === i) break;
-    h[i] = h[m] as Release;
-    i = m;
-  }
-  h[i] = last;
-  return top;
 }

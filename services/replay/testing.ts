@@ -9,6 +9,7 @@
  * No NATS, no clock: the messages come out merged by server time as the sources merge them
  * (ties: config, pods, load, charges, kv, decisions; then sequence).
  */
+import { MinHeap } from "../shared/min-heap.js";
 import { type ChargeEvent, DECISION_RECORD_VERSION, type DecisionRecord, type EngineLoadFields, type EventType, type GatewayHeartbeat, type LoadSample, type PodEvent, type ReleaseEvent } from "../../schemas/events.js";
 import { checkEvent } from "../../schemas/validate.js";
 import { RouteError } from "../gateway/errors.js";
@@ -141,51 +142,18 @@ interface Action {
   run: () => void;
 }
 
-/** A binary heap of actions by (at, prio, n). */
+/** Actions in (at, prio, n) order. */
 class Queue {
-  private h: Action[] = [];
+  private readonly heap = new MinHeap<Action>((a, b) => (a.at !== b.at ? a.at < b.at : a.prio !== b.prio ? a.prio < b.prio : a.n < b.n));
   private n = 0;
-  private less(a: Action, b: Action): boolean {
-    return a.at !== b.at ? a.at < b.at : a.prio !== b.prio ? a.prio < b.prio : a.n < b.n;
-  }
   push(at: number, run: () => void, prio = 1): void {
-    const x: Action = { at, prio, n: this.n++, run };
-    const h = this.h;
-    h.push(x);
-    let i = h.length - 1;
-    while (i > 0) {
-      const p = (i - 1) >> 1;
-      if (!this.less(x, h[p] as Action)) break;
-      h[i] = h[p] as Action;
-      i = p;
-    }
-    h[i] = x;
+    this.heap.push({ at, prio, n: this.n++, run });
   }
   pop(): Action | undefined {
-    const h = this.h;
-    const top = h[0];
-    const last = h.pop();
-    if (h.length === 0 || last === undefined) return top;
-    let i = 0;
-    for (;;) {
-      const l = 2 * i + 1;
-      const r = l + 1;
-      let m = i;
-      let best = last;
-      if (l < h.length && this.less(h[l] as Action, best)) {
-        m = l;
-        best = h[l] as Action;
-      }
-      if (r < h.length && this.less(h[r] as Action, best)) m = r;
-      if (m === i) break;
-      h[i] = h[m] as Action;
-      i = m;
-    }
-    h[i] = last;
-    return top;
+    return this.heap.pop();
   }
   get size(): number {
-    return this.h.length;
+    return this.heap.size;
   }
 }
 

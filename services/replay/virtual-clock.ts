@@ -10,6 +10,7 @@
  * deterministic). Cancelled timers are left in the heap and skipped when they surface (the engine
  * cancels and re-arms its wake-up on every submit); the heap is compacted when they dominate.
  */
+import { MinHeap } from "../shared/min-heap.js";
 import type { SimClock } from "../sim/clock.js";
 
 interface Timer {
@@ -24,7 +25,7 @@ const COMPACT_MIN_DEAD = 1024;
 
 export class VirtualClock implements SimClock {
   private current: number;
-  private heap: Timer[] = [];
+  private readonly heap = new MinHeap<Timer>((a, b) => before(a, b) < 0);
   private seq = 0;
   private dead = 0;
 
@@ -42,24 +43,24 @@ export class VirtualClock implements SimClock {
    */
   at(atMs: number, fn: () => void): () => void {
     const timer: Timer = { atMs, seq: this.seq++, fn };
-    this.push(timer);
+    this.heap.push(timer);
     return () => {
       if (timer.fn === undefined) return;
       timer.fn = undefined;
       this.dead++;
-      if (this.dead >= COMPACT_MIN_DEAD && this.dead * 2 > this.heap.length) this.compact();
+      if (this.dead >= COMPACT_MIN_DEAD && this.dead * 2 > this.heap.size) this.compact();
     };
   }
 
   /** Live timers not yet fired. */
   get pending(): number {
-    return this.heap.length - this.dead;
+    return this.heap.size - this.dead;
   }
 
   /** Time of the next live timer, or undefined when none is set. */
   nextAt(): number | undefined {
     this.dropDeadTop();
-    return this.heap[0]?.atMs;
+    return this.heap.peek()?.atMs;
   }
 
   /**
@@ -71,7 +72,7 @@ export class VirtualClock implements SimClock {
     let fired = 0;
     for (;;) {
       this.dropDeadTop();
-      const top = this.heap[0];
+      const top = this.heap.peek();
       if (top === undefined || top.atMs > untilMs) break;
       this.fire();
       fired++;
@@ -85,7 +86,7 @@ export class VirtualClock implements SimClock {
     let fired = 0;
     for (;;) {
       this.dropDeadTop();
-      if (this.heap.length === 0) return fired;
+      if (this.heap.size === 0) return fired;
       this.fire();
       fired++;
     }
@@ -93,7 +94,7 @@ export class VirtualClock implements SimClock {
 
   /** Pops the (live) top timer, moves time to it and calls it. */
   private fire(): void {
-    const timer = this.pop();
+    const timer = this.heap.pop() as Timer;
     const fn = timer.fn as () => void;
     timer.fn = undefined;
     if (timer.atMs > this.current) this.current = timer.atMs;
@@ -101,53 +102,15 @@ export class VirtualClock implements SimClock {
   }
 
   private dropDeadTop(): void {
-    while (this.heap.length > 0 && (this.heap[0] as Timer).fn === undefined) {
-      this.pop();
+    while (this.heap.size > 0 && (this.heap.peek() as Timer).fn === undefined) {
+      this.heap.pop();
       this.dead--;
     }
   }
 
   private compact(): void {
-    const live = this.heap.filter((t) => t.fn !== undefined);
-    // Sorting by the heap key yields a valid heap (a sorted array is one), in O(n log n), rarely.
-    live.sort(before);
-    this.heap = live;
+    this.heap.retain((t) => t.fn !== undefined);
     this.dead = 0;
-  }
-
-  private push(timer: Timer): void {
-    const h = this.heap;
-    let i = h.length;
-    h.push(timer);
-    while (i > 0) {
-      const parent = (i - 1) >> 1;
-      const p = h[parent] as Timer;
-      if (before(p, timer) <= 0) break;
-      h[i] = p;
-      i = parent;
-    }
-    h[i] = timer;
-  }
-
-  private pop(): Timer {
-    const h = this.heap;
-    const top = h[0] as Timer;
-    const last = h.pop() as Timer;
-    const n = h.length;
-    if (n === 0) return top;
-    let i = 0;
-    for (;;) {
-      const l = 2 * i + 1;
-      if (l >= n) break;
-      const r = l + 1;
-      const c = r < n && before(h[r] as Timer, h[l] as Timer) < 0 ? r : l;
-      const child = h[c] as Timer;
-      if (before(last, child) <= 0) break;
-      h[i] = child;
-      i = c;
-    }
-    h[i] = last;
-    return top;
   }
 }
 
