@@ -161,30 +161,29 @@ export const ReleaseOutcome = Type.Union([
   Type.Literal("shutdown"),
 ]);
 
+/** What a release says about its request: shared by `release` and each item of a `releases` batch. */
+const ReleaseFields = {
+  id: Name,
+  ts: Millis,
+  outcome: ReleaseOutcome,
+  /** The engine's counts, from the response's `usage`, when it reported them. */
+  promptTokens: Type.Optional(Count),
+  completionTokens: Type.Optional(Count),
+  /** With `promptTokens`: what the charge counted (the estimate) and when, so readers can correct rate windows. */
+  chargedPromptTokens: Type.Optional(Count),
+  chargedAt: Type.Optional(Millis),
+  user: Type.Optional(Type.String({ maxLength: 256 })),
+  /**
+   * The gateway's count of charges made when it made this release (the number in charge ids, as an
+   * integer). Set when releases are batched: the release may then be published after later
+   * charges, and replay orders it before them by this.
+   */
+  afterCharge: Type.Optional(Count),
+};
+
 /** CHARGES stream: the end of a charged request; published exactly once per charge. */
 export const ReleaseEvent = Type.Object(
-  {
-    type: Type.Literal("release"),
-    id: Name,
-    gateway: Name,
-    model: Name,
-    pod: Name,
-    ts: Millis,
-    outcome: ReleaseOutcome,
-    /** The engine's counts, from the response's `usage`, when it reported them. */
-    promptTokens: Type.Optional(Count),
-    completionTokens: Type.Optional(Count),
-    /** With `promptTokens`: what the charge counted (the estimate) and when, so readers can correct rate windows. */
-    chargedPromptTokens: Type.Optional(Count),
-    chargedAt: Type.Optional(Millis),
-    user: Type.Optional(Type.String({ maxLength: 256 })),
-    /**
-     * The gateway's count of charges made when it made this release (the number in charge ids, as an
-     * integer). Set when releases are batched: the release may then be published after later
-     * charges, and replay orders it before them by this.
-     */
-    afterCharge: Type.Optional(Count),
-  },
+  { type: Type.Literal("release"), gateway: Name, model: Name, pod: Name, ...ReleaseFields },
   { $id: "release", additionalProperties: false },
 );
 
@@ -192,20 +191,7 @@ export const ReleaseEvent = Type.Object(
 export const MAX_RELEASE_BATCH = 1024;
 
 /** One release inside a `releases` batch: a `release` event without what the batch states once. */
-export const ReleaseItem = Type.Object(
-  {
-    id: Name,
-    ts: Millis,
-    outcome: ReleaseOutcome,
-    promptTokens: Type.Optional(Count),
-    completionTokens: Type.Optional(Count),
-    chargedPromptTokens: Type.Optional(Count),
-    chargedAt: Type.Optional(Millis),
-    user: Type.Optional(Type.String({ maxLength: 256 })),
-    afterCharge: Type.Optional(Count),
-  },
-  { additionalProperties: false },
-);
+export const ReleaseItem = Type.Object(ReleaseFields, { additionalProperties: false });
 
 /**
  * CHARGES stream (subject `<prefix>.releases.<model>.<pod>`, like `release`): several releases of
