@@ -130,9 +130,35 @@ export function apiKeyRecordError(value: unknown): string | undefined {
   return e ? `${e.path || "/"}: ${e.message}` : "invalid API key record";
 }
 
+/**
+ * A gateway pool's models, under the config bucket key `pool.<name>` (streams/pools.ts). A model
+ * belongs to at most one pool; a gateway of another pool, or an unpooled one, answers a request for
+ * it with 421 naming this pool. LoRA adapters are listed too when clients ask for them by name.
+ */
+export const PoolConfig = Type.Object(
+  {
+    models: Type.Array(Type.String({ minLength: 1, maxLength: 256 }), { minItems: 1, maxItems: 10_000, uniqueItems: true }),
+    description: Type.Optional(Type.String({ maxLength: 1024 })),
+  },
+  { $id: "pool", additionalProperties: false },
+);
+export type PoolConfig = Static<typeof PoolConfig>;
+
+/** Config bucket key prefix of pool assignments; the rest of the key is the pool's name. */
+export const POOL_KEY_PREFIX = "pool.";
+
+const checkPool = TypeCompiler.Compile(PoolConfig);
+
+export function poolConfigError(value: unknown): string | undefined {
+  if (checkPool.Check(value)) return undefined;
+  const e = checkPool.Errors(value).First();
+  return e ? `${e.path || "/"}: ${e.message}` : "invalid pool config";
+}
+
 /** The config bucket's documents, exported to `schemas/json/` with the event schemas. */
 export const CONFIG_SCHEMAS = {
   "model-config": ModelConfig,
   "rate-limits": RateLimits,
   "api-key": ApiKeyRecord,
+  pool: PoolConfig,
 } as const;

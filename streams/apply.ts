@@ -46,7 +46,8 @@ export async function applyStreams(nc: NatsConnection, jsm: JetStreamManager, op
     await jsm.streams.update(want.name, { ...current, ...want });
     changes.push({ name: want.name, action: "updated", diff });
   }
-  const bucket = configBucketName(opts.prefix ?? "jr");
+  // A pool's namespace shares the base prefix's config bucket (streams/pools.ts).
+  const bucket = configBucketName(opts.configPrefix ?? opts.prefix ?? "jr");
   const kvm = new Kvm(nc);
   let existed = true;
   try {

@@ -37,6 +37,8 @@ export interface StreamDefinition {
 
 export interface StreamOptions {
   prefix?: string;
+  /** The prefix of the config bucket, when `prefix` is a gateway pool's namespace (streams/pools.ts). */
+  configPrefix?: string;
   /** Replicas per stream (3 on a 3-node cluster). */
   replicas?: number;
 }

@@ -1,7 +1,8 @@
 /**
  * `jetroute config get|set|list|delete`: per-model routing config in the config bucket;
  * `set-limits|get-limits`: per-user rate limits; `add-key|list-keys|revoke-key`: API keys for
- * `gateway --auth required` (only their SHA-256 is stored; the key is printed once, at creation).
+ * `gateway --auth required` (only their SHA-256 is stored; the key is printed once, at creation);
+ * `set-pool|list-pools|delete-pool`: gateway pools' models (streams/pools.ts).
  */
 import { readFileSync } from "node:fs";
 import { Kvm } from "@nats-io/kv";
@@ -11,14 +12,19 @@ import {
   type ApiKeyRecord,
   apiKeyRecordError,
   MODEL_CONFIG_KEY_PREFIX,
+  POOL_KEY_PREFIX,
+  type PoolConfig,
+  poolConfigError,
   RATE_LIMITS_KEY,
   rateLimitsError,
 } from "../../schemas/config.js";
+import { applyStreams } from "../../streams/apply.js";
 import { configBucketName } from "../../streams/definitions.js";
+import { namespaceOf, poolNameError } from "../../streams/pools.js";
 import { decodeToken, encodeToken } from "../../streams/tokens.js";
 import { apiKeyBucketKey, generateApiKey, hashApiKey, hashOfBucketKey, resolveHashPrefix, revokeTarget, SHOWN_HASH_PREFIX } from "../gateway/auth.js";
 import { validateModelConfig } from "../gateway/strategies/config-check.js";
-import { natsOption } from "../shared/cli-options.js";
+import { intOption, modelListOption, natsOption } from "../shared/cli-options.js";
 import { connectNats } from "../shared/nats.js";
 
 export { validateModelConfig };
@@ -60,6 +66,18 @@ async function withBucket<T>(o: { nats: string[]; prefix: string }, fn: (kv: Buc
     return await fn(await new Kvm(nc).open(configBucketName(o.prefix)));
   } finally {
     await nc.close();
+  }
+}
+
+/** The models a stored pool entry lists (none if it is deleted or not a pool config). */
+async function poolModelsAt(kv: Bucket, key: string): Promise<string[]> {
+  const e = await kv.get(key);
+  if (e?.operation !== "PUT") return [];
+  try {
+    const v = e.json();
+    return poolConfigError(v) ? [] : (v as PoolConfig).models;
+  } catch {
+    return [];
   }
 }
 
@@ -117,6 +135,54 @@ export function registerConfigCommand(program: Command): void {
       const rev = await withBucket(o, (kv) => kv.put(RATE_LIMITS_KEY, JSON.stringify(value)));
       console.log(`stored limits (revision ${rev})`);
     });
+  common(cfg.command("set-pool <pool>").description("assign models to a gateway pool (config key pool.<name>) and apply the pool's streams; a model belongs to one pool"))
+    .requiredOption("--models <list>", "the pool's models, comma separated (LoRA adapters clients name too)", modelListOption)
+    .option("--description <text>", "what the pool is for")
+    .option("--replicas <n>", "replicas per stream of the pool's streams", intOption(1, 5), 1)
+    .action(async (pool: string, o: { nats: string[]; prefix: string; models: string[]; description?: string; replicas: number }) => {
+      const nameErr = poolNameError(pool);
+      const value: PoolConfig = { models: o.models, ...(o.description ? { description: o.description } : {}) };
+      const err = nameErr ?? poolConfigError(value);
+      if (err) {
+        console.error(`invalid pool: ${err}`);
+        process.exit(2);
+      }
+      const { nc, jsm } = await connectNats(o.nats, "jetroute-config");
+      try {
+        const kv = await new Kvm(nc).open(configBucketName(o.prefix));
+        // Another pool listing one of these models would make the assignment ambiguous: refuse it here.
+        for await (const k of await kv.keys(`${POOL_KEY_PREFIX}>`)) {
+          const other = k.slice(POOL_KEY_PREFIX.length);
+          if (other === pool) continue;
+          const models = await poolModelsAt(kv, k);
+          const taken = o.models.filter((m) => models.includes(m));
+          if (taken.length > 0) {
+            console.error(`${taken.map((m) => JSON.stringify(m)).join(", ")} already in pool ${JSON.stringify(other)}: remove ${taken.length > 1 ? "them" : "it"} there first (jetroute config set-pool ${other} --models ...)`);
+            process.exit(2);
+          }
+        }
+        const ns = namespaceOf(o.prefix, pool);
+        for (const c of await applyStreams(nc, jsm, { prefix: ns.prefix, configPrefix: ns.configPrefix, replicas: o.replicas })) {
+          if (c.action !== "unchanged") console.log(`${c.action.padEnd(9)} ${c.name}`);
+        }
+        const rev = await kv.put(`${POOL_KEY_PREFIX}${pool}`, JSON.stringify(value));
+        console.log(`stored pool ${pool}: ${o.models.length} model${o.models.length === 1 ? "" : "s"} (revision ${rev})`);
+      } finally {
+        await nc.close();
+      }
+    });
+  common(cfg.command("list-pools").description("list gateway pools and their models, one JSON line each")).action(async (o: { nats: string[]; prefix: string }) => {
+    await withBucket(o, async (kv) => {
+      for await (const k of await kv.keys(`${POOL_KEY_PREFIX}>`)) {
+        const e = await kv.get(k);
+        if (e?.operation === "PUT") console.log(JSON.stringify({ pool: k.slice(POOL_KEY_PREFIX.length), ...(e.json() as object) }));
+      }
+    });
+  });
+  common(cfg.command("delete-pool <pool>").description("remove a pool's model assignment (its streams stay; delete them with the nats CLI once no process uses them)")).action(async (pool: string, o: { nats: string[]; prefix: string }) => {
+    await withBucket(o, (kv) => kv.delete(`${POOL_KEY_PREFIX}${pool}`));
+    console.log(`deleted pool ${pool}`);
+  });
   common(cfg.command("get-limits").description("print the per-user limits")).action(async (o: { nats: string[]; prefix: string }) => {
     const e = await withBucket(o, (kv) => kv.get(RATE_LIMITS_KEY));
     if (e?.operation !== "PUT") {

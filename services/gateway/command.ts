@@ -1,5 +1,5 @@
 import { type Command, InvalidArgumentError } from "commander";
-import { intOption, natsOption, untilSignal } from "../shared/cli-options.js";
+import { intOption, modelListOption, natsOption, poolOption, untilSignal } from "../shared/cli-options.js";
 import { createLogger } from "../shared/log.js";
 import { startGateway } from "./gateway.js";
 import { strategyNames } from "./strategies/registry.js";
@@ -44,6 +44,8 @@ export function registerGatewayCommand(program: Command): void {
     .description("Envoy ext_proc gateway replica: folds the streams into views and picks a pod per request")
     .addOption(natsOption())
     .option("--prefix <prefix>", "subject prefix", "jr")
+    .addOption(poolOption("gateway pool: fold and route only this pool's models (its namespace <prefix>.pool.<name>); other models get 421 naming their pool"))
+    .option("--models <list>", "with --pool: the pool's models (comma separated), instead of the config bucket's `pool.<name>` entry", modelListOption)
     .option("--port <port>", "ext_proc gRPC port", intOption(0, 65535), 9002)
     .option("--host <host>", "ext_proc listen address", "0.0.0.0")
     .option("--admin-port <port>", "admin HTTP port (/healthz /readyz /metrics /debug/*); -1 = off", intOption(-1, 65535), 9090)
@@ -81,10 +83,13 @@ export function registerGatewayCommand(program: Command): void {
     .option("--pd-first-chunk-timeout-ms <ms>", "P/D decode watchdog: time to the decode's first chunk", intOption(1), 60_000)
     .option("--pd-idle-timeout-ms <ms>", "P/D decode watchdog: time between the decode's chunks", intOption(1), 120_000)
     .action(async (o, cmd: Command) => {
+      if (o.models !== undefined && o.pool === undefined) cmd.error("error: --models names a pool's models: it needs --pool");
       const log = createLogger("gateway");
       const gw = await startGateway({
         nats: o.nats,
         prefix: o.prefix,
+        ...(o.pool !== undefined ? { pool: o.pool } : {}),
+        ...(o.models !== undefined ? { poolModels: o.models } : {}),
         port: o.port,
         host: o.host,
         adminPort: o.adminPort,
@@ -118,7 +123,7 @@ export function registerGatewayCommand(program: Command): void {
         if (err instanceof TokenizerFilesError) cmd.error(`error: ${err.message}`);
         throw err;
       });
-      console.log(JSON.stringify({ gateway: gw.id, port: gw.port, adminPort: gw.adminPort }));
+      console.log(JSON.stringify({ gateway: gw.id, port: gw.port, adminPort: gw.adminPort, ...(o.pool !== undefined ? { pool: o.pool } : {}) }));
       await untilSignal();
       await gw.close();
       process.exit(0);

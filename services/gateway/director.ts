@@ -24,6 +24,7 @@ import { MAX_REQUEST_ID_LENGTH, parseRoute } from "./stages/parse.js";
 import { routingRequestOf } from "./strategies/request.js";
 import type { Pick, RoutingRequest } from "./strategies/types.js";
 import { Admission, type AdmissionClock } from "./stages/admission.js";
+import { misdirected, type PoolIdentity } from "./stages/pool-check.js";
 import { type Committer, EventualCommitter } from "./stages/commit.js";
 import { decisionRandom, type PrefixMatchResult, type Rank, schedule } from "./stages/scheduling.js";
 import { type LegClient, type PdLegOptions, PdLegs } from "./stages/pd-legs.js";
@@ -67,6 +68,8 @@ export interface DirectorOptions {
   prefix?: PrefixSupport;
   /** Model configs (locked strategy, profiles); absent: header, then the default. */
   config?: ConfigReader;
+  /** Gateway pools: this gateway's pool (absent: unpooled); requests for another pool's model get 421. */
+  pool?: PoolIdentity;
   /** Observes how long each pick took (seconds). */
   onPick?: (strategy: string, seconds: number) => void;
   /**
@@ -183,6 +186,8 @@ export class Director {
   prepare(input: RouteInput): Prepared | Promise<Prepared> {
     const base: Prepared = parseRoute(input.headers, input.body, this.opts.config, this.opts.defaultStrategy);
     const { parsed, strategy, rps } = base;
+    const wrongPool = misdirected(parsed.model, this.opts.pool ?? {}, this.opts.state);
+    if (wrongPool) throw wrongPool;
     // Over a limit already: refuse now (also for /debug/explain, and before any tokenization work).
     // The limits are decided in admit(), right before the charge.
     this.admission.check({ model: parsed.model, user: input.headers.user || undefined, tokens: parsed.promptTokens, rps });

@@ -13,6 +13,8 @@ export const ErrorCodes = {
   invalidHeader: { status: 400, code: "invalid_header" },
   unknownModel: { status: 404, code: "model_not_found" },
   unsupportedPath: { status: 404, code: "unsupported_path" },
+  /** Gateway pools: the model is served by another pool's gateways (the `x-jetroute-pool` header names it). */
+  wrongPool: { status: 421, code: "wrong_pool" },
   bodyTooLarge: { status: 413, code: "request_too_large" },
   rateLimited: { status: 429, code: "rate_limit_exceeded" },
   noReadyPod: { status: 503, code: "no_ready_pod" },

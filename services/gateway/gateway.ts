@@ -8,6 +8,7 @@ import { randomBytes } from "node:crypto";
 import * as grpc from "@grpc/grpc-js";
 import { HealthImplementation } from "grpc-health-check";
 import { configBucketName, streamName } from "../../streams/definitions.js";
+import { namespaceOf } from "../../streams/pools.js";
 import { Subjects } from "../../streams/subjects.js";
 import { EXT_PROC_SERVER_OPTIONS, EXT_PROC_SERVICE_NAME, loadExtProc } from "../extproc/protos.js";
 import { type ExtProcConnectionStats, guardResetBudget } from "../extproc/reset-budget.js";
@@ -39,7 +40,12 @@ import { SubjectCursors } from "./subject-cursor.js";
 
 export interface GatewayOptions {
   nats: string | string[];
+  /** The base subject prefix (default `jr`); with `pool`, the pool's namespace is under it (streams/pools.ts). */
   prefix?: string;
+  /** Gateway pools: fold and route only this pool's namespace; the config bucket stays the base prefix's. */
+  pool?: string;
+  /** The pool's models, instead of the config bucket's `pool.<name>` list (they answer as this pool's even before a pod serves them). */
+  poolModels?: string[];
   /** ext_proc gRPC port (0 = any free port). */
   port: number;
   host?: string;
@@ -172,7 +178,8 @@ export function defaultGatewayId(): string {
 export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
   const log = o.log;
   const id = o.id ?? defaultGatewayId();
-  const prefix = o.prefix ?? "jr";
+  const ns = namespaceOf(o.prefix ?? "jr", o.pool);
+  const prefix = ns.prefix;
   const subjects = new Subjects(prefix);
   const chargeTtlMs = o.chargeTtlMs ?? 10 * 60_000;
   const hbInterval = o.heartbeatIntervalMs ?? 1_000;
@@ -292,12 +299,13 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
   const apiKeys = state.apiKeys;
   // Returns once every current entry (API keys included) is applied: the ext_proc server below
   // never answers a request with the keys half loaded.
-  const configWatch = await watchModelConfigs(nats.nc, configBucketName(prefix), state, log);
+  const configWatch = await watchModelConfigs(nats.nc, configBucketName(ns.configPrefix), state, log);
   const authMode: AuthMode = o.auth ?? "off";
   const prefixSupport = createPrefixSupport({ gatewayId: id, state, tokenizer, subjects, outbox });
   const pdClient = new PdHttpClient(o.engineApiKey ? { engineApiKey: o.engineApiKey } : {});
   const director = new Director({
     gatewayId: id, now: clock, serverNow: serverClock.now, recordPromptBlocks: o.recordPromptBlocks, defaultStrategy: o.defaultStrategy ?? "least-request", chargeTtlMs, state, sink, prefix: prefixSupport, config: modelConfigs, consistency: o.consistency,
+    pool: { ...(ns.pool !== undefined ? { pool: ns.pool } : {}), ...(o.poolModels ? { models: new Set(o.poolModels) } : {}) },
     strictFor: (model) => defaultConsistency !== "off" && (modelConfigs.consistency(model) ?? defaultConsistency) === "strict",
     onPick: (st, sec) => metrics.pick(st, sec),
     pdLegClient: pdClient,
@@ -381,6 +389,8 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
   const debugState = () => ({
     id,
     ready: isReady,
+    // Gateway pools: which namespace this replica folds, and the config's assignment of models.
+    pool: { name: ns.pool ?? null, prefix, models: o.poolModels ?? (ns.pool !== undefined ? state.pools.modelsOf(ns.pool) ?? [] : null), clashes: state.pools.conflicts() },
     followers: followers.map((f, i) => ({ view: ["pods", "load", "charges", "kv"][i], lastSeq: f.lastSeq, applied: f.applied, skipped: f.skipped, invalid: f.invalid, reopens: f.reopens, caughtUp: f.caughtUp })),
     prefixIndex: state.index.stats(),
     snapshots: {

@@ -1,6 +1,6 @@
 import type { Command } from "commander";
 import { startMetricsServer, statsRegistry } from "../shared/metrics-server.js";
-import { intOption, natsOption, untilSignal } from "../shared/cli-options.js";
+import { intOption, modelListOption, natsOption, poolOption, untilSignal } from "../shared/cli-options.js";
 import { createLogger } from "../shared/log.js";
 import { DEFAULT_BLIND_AFTER_MS, DEFAULT_LABEL_SELECTOR, startKubernetesWatcher } from "./kubernetes.js";
 import { DEFAULT_HEARTBEAT_MS, DEFAULT_LEASE_MS, DEFAULT_REASSERT_MS, DEFAULT_STEP_DOWN_AFTER_MS, type PodWatcherHandle, startPodWatcher } from "./pod-watcher.js";
@@ -20,6 +20,8 @@ export function registerPodWatcherCommand(program: Command): void {
     .option("--watcher-id <id>", "this instance's identity in the lease and heartbeats (default: <hostname>-<pid>-<random>)")
     .addOption(natsOption())
     .option("--prefix <prefix>", "subject prefix", "jr")
+    .addOption(poolOption("gateway pool: publish only the pods of this pool's models, into its namespace (<prefix>.pool.<name>)"))
+    .option("--models <list>", "with --pool: the pool's models (comma separated), instead of the config bucket's `pool.<name>` entry", modelListOption)
     .option("--heartbeat-ms <ms>", "source heartbeat interval (gateways: --pod-source-timeout-ms)", intOption(10), DEFAULT_HEARTBEAT_MS)
     .option("--reassert-ms <ms>", "republish every pod at least this often, so PODS retention never ages a healthy pod out", intOption(100), DEFAULT_REASSERT_MS)
     .option("--leader-election", "run as one of an HA pair: only the holder of the source's lease publishes (Kubernetes Lease, or NATS KV in static mode)")
@@ -37,8 +39,12 @@ export function registerPodWatcherCommand(program: Command): void {
         log.error("give exactly one of --static <file> or --kubernetes");
         process.exit(2);
       }
+      if (o.models !== undefined && o.pool === undefined) {
+        log.error("--models names a pool's models: it needs --pool");
+        process.exit(2);
+      }
       const common = {
-        nats: o.nats, prefix: o.prefix, source: o.source, watcherId: o.watcherId, heartbeatMs: o.heartbeatMs, reassertMs: o.reassertMs,
+        nats: o.nats, prefix: o.prefix, ...(o.pool !== undefined ? { pool: o.pool } : {}), ...(o.models !== undefined ? { poolModels: o.models } : {}), source: o.source, watcherId: o.watcherId, heartbeatMs: o.heartbeatMs, reassertMs: o.reassertMs,
         leaderElection: o.leaderElection === true, leaseMs: o.leaseMs, stepDownAfterMs: o.stepDownAfterMs, adoptUnowned: o.adoptUnowned === true, log,
       };
       // Listening before anything is awaited: a SIGTERM during start or the first round still closes (and releases the lease).

@@ -11,11 +11,13 @@ import { randomBytes } from "node:crypto";
 import { unwatchFile, watchFile } from "node:fs";
 import os from "node:os";
 import path from "node:path";
+import { namespaceOf } from "../../streams/pools.js";
 import { Subjects } from "../../streams/subjects.js";
 import type { Logger } from "../shared/log.js";
 import { connectNats, type NatsHandles } from "../shared/nats.js";
 import { natsKvLeaseStore } from "./kv-lease.js";
 import { LeaderElector, type LeaseStore } from "./leader.js";
+import { followPoolModels, type PoolModelsHandle } from "./pool-models.js";
 import { podKey, type PodState } from "./reconcile.js";
 import { SourcePublisher, type SourcePublisherStats } from "./source-publisher.js";
 import { readPodList, type StaticPod } from "./static-pods.js";
@@ -34,7 +36,14 @@ export const DEFAULT_STEP_DOWN_AFTER_MS = 10_000;
 
 export interface CommonWatcherOptions {
   nats: string | string[];
+  /** The base subject prefix; with `pool`, pods go to the pool's namespace under it. */
   prefix?: string;
+  /** Gateway pools: publish only this pool's models' pods, into its namespace (streams/pools.ts). */
+  pool?: string;
+  /** With `pool`: its models, instead of the config bucket's `pool.<name>` entry. */
+  poolModels?: string[];
+  /** How often the config bucket's `pool.<name>` entry is re-read (default 5 s). */
+  poolPollMs?: number;
   /** The source this watcher vouches for (default: derived from the list file / cluster). */
   source?: string;
   /** This instance's id (default `<hostname>-<pid>-<random>`). */
@@ -130,7 +139,8 @@ export interface SourceRuntimeExtras {
 export async function startSourceRuntime(o: CommonWatcherOptions, source: string, leaseStore?: (nats: NatsHandles) => Promise<LeaseStore>, extras: SourceRuntimeExtras = {}): Promise<SourceRuntime> {
   checkWatcherName("--source", source);
   if (o.watcherId !== undefined) checkWatcherName("--watcher-id", o.watcherId);
-  const prefix = o.prefix ?? "jr";
+  const ns = namespaceOf(o.prefix ?? "jr", o.pool);
+  const prefix = ns.prefix;
   const subjects = new Subjects(prefix);
   const nats = await connectNats(o.nats, "jetroute-pod-watcher");
   const watcher = o.watcherId ?? defaultWatcherId();
@@ -142,6 +152,18 @@ export async function startSourceRuntime(o: CommonWatcherOptions, source: string
     exclusive: !o.leaderElection,
     ...(extras.canVouch ? { canVouch: extras.canVouch } : {}),
   });
+  let poolModels: PoolModelsHandle | undefined;
+  if (ns.pool !== undefined) {
+    if (o.poolModels) {
+      const models = new Set(o.poolModels);
+      publisher.setModelFilter((m) => models.has(m));
+    } else {
+      // Nothing is published before the pool's models are known.
+      publisher.setModelFilter(() => false);
+      poolModels = followPoolModels({ nc: nats.nc, configPrefix: ns.configPrefix, pool: ns.pool, log: o.log, ...(o.poolPollMs ? { pollMs: o.poolPollMs } : {}), onModels: (models) => publisher.setModelFilter((m) => models.has(m)) });
+      await poolModels.ready;
+    }
+  }
   if (o.leaderElection) {
     const store = await (leaseStore ?? ((n) => natsKvLeaseStore(n, prefix, source)))(nats);
     const stepDownAfterMs = o.stepDownAfterMs ?? DEFAULT_STEP_DOWN_AFTER_MS;
@@ -157,6 +179,7 @@ export async function startSourceRuntime(o: CommonWatcherOptions, source: string
     elector,
     isLeader: () => (elector ? elector.isLeader() : true),
     async close(release) {
+      poolModels?.stop();
       await elector?.stop(release);
       await publisher.close();
       await nats.nc.drain().catch(() => undefined);

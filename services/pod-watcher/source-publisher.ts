@@ -71,6 +71,8 @@ export interface SourcePublisherStats {
   clash: number;
   /** Publishes still owed (waiting for a retry). */
   pending: number;
+  /** Pods the driver lists that the pool's model filter leaves out (gateway pools). */
+  filteredOut: number;
 }
 
 /** Bound on removed pod subjects whose last sequence is remembered. */
@@ -83,8 +85,11 @@ const LIVE_BEATS = 6;
 const isWrongLastSequence = (err: unknown): boolean => /wrong last sequence/i.test((err as Error)?.message ?? "");
 
 export class SourcePublisher {
-  readonly stats: SourcePublisherStats = { published: 0, removed: 0, reasserted: 0, heartbeats: 0, publishFailures: 0, heartbeatFailures: 0, conflicts: 0, raced: 0, reloads: 0, clash: 0, pending: 0 };
+  readonly stats: SourcePublisherStats = { published: 0, removed: 0, reasserted: 0, heartbeats: 0, publishFailures: 0, heartbeatFailures: 0, conflicts: 0, raced: 0, reloads: 0, clash: 0, pending: 0, filteredOut: 0 };
   private desired = new Map<string, PodState>();
+  /** What the driver listed, before the pool's model filter. */
+  private unfiltered = new Map<string, PodState>();
+  private modelFilter: ((model: string) => boolean) | undefined;
   private complete = false;
   private readonly published = new Map<string, PodEvent>();
   private readonly publishedAt = new Map<string, number>();
@@ -121,8 +126,27 @@ export class SourcePublisher {
 
   /** Replaces the desired pod states; `complete` = this is the driver's whole truth (removals allowed). */
   setDesired(desired: Map<string, PodState>, complete: boolean): void {
-    this.desired = desired;
+    this.unfiltered = desired;
     this.complete = complete;
+    this.refilter();
+  }
+
+  /**
+   * Gateway pools: only pods of models the filter accepts are published (the rest are removed, as
+   * if the driver no longer listed them); undefined = every pod. Applied to the current pods at once.
+   */
+  setModelFilter(accepts: ((model: string) => boolean) | undefined): void {
+    this.modelFilter = accepts;
+    this.refilter();
+  }
+
+  private refilter(): void {
+    const accepts = this.modelFilter;
+    if (!accepts) this.desired = this.unfiltered;
+    else {
+      this.desired = new Map([...this.unfiltered].filter(([, p]) => accepts(p.model)));
+    }
+    this.stats.filteredOut = this.unfiltered.size - this.desired.size;
     this.kick();
   }
 

@@ -7,7 +7,8 @@
 import { type Command, InvalidArgumentError } from "commander";
 import { SingleBar } from "cli-progress";
 import { streamName } from "../../streams/definitions.js";
-import { intOption, natsOption } from "../shared/cli-options.js";
+import { namespaceOf } from "../../streams/pools.js";
+import { intOption, natsOption, poolOption } from "../shared/cli-options.js";
 import { connectNats, type NatsHandles } from "../shared/nats.js";
 import { parseStrategy } from "../gateway/strategies/registry.js";
 import { ReplayEngine } from "./engine.js";
@@ -151,6 +152,7 @@ export function registerReplayCommands(program: Command): void {
     .description("re-decide a window of recorded requests on the views their gateways had: fidelity, counterfactual strategies, what-if simulation, HTML report")
     .addOption(natsOption())
     .option("--prefix <prefix>", "subject prefix", "jr")
+    .addOption(poolOption("gateway pool: read this pool's namespace (<prefix>.pool.<name>); the config bucket stays the base prefix's"))
     .option("--file <path>", "read an export written by `jetroute export` instead of NATS")
     .option("--from <when>", "window start: ISO time, epoch ms, now, -15m, or seq:<DECISIONS sequence>", "-15m")
     .option("--to <when>", "window end (same forms)", "now")
@@ -162,6 +164,7 @@ export function registerReplayCommands(program: Command): void {
     .option("--report <path>", "where to write the HTML report", "replay-report.html")
     .option("--no-progress", "no progress bar on stderr")
     .action(async (o) => {
+      const ns = namespaceOf(o.prefix, o.pool);
       const now = Date.now();
       const from = parseWindowBound(o.from, now);
       const to = parseWindowBound(o.to, now);
@@ -173,15 +176,15 @@ export function registerReplayCommands(program: Command): void {
         if (o.file) {
           const f = await fileSource(o.file);
           // An export is bounded by its own window unless told otherwise.
-          fromMs = o.from === "-15m" ? f.header.window.fromMs : await resolveBound(from, undefined, o.prefix);
-          toMs = o.to === "now" ? f.header.window.toMs : await resolveBound(to, undefined, o.prefix);
+          fromMs = o.from === "-15m" ? f.header.window.fromMs : await resolveBound(from, undefined, ns.prefix);
+          toMs = o.to === "now" ? f.header.window.toMs : await resolveBound(to, undefined, ns.prefix);
           source = f;
         } else {
           nats = await connectNats(o.nats, "jetroute-replay");
-          fromMs = await resolveBound(from, nats, o.prefix);
-          toMs = await resolveBound(to, nats, o.prefix);
+          fromMs = await resolveBound(from, nats, ns.prefix);
+          toMs = await resolveBound(to, nats, ns.prefix);
           if (toMs < fromMs) throw new Error(`--to (${new Date(toMs).toISOString()}) is before --from (${new Date(fromMs).toISOString()})`);
-          source = await natsSource(nats, o.prefix, { fromMs, toMs, tailMs: Math.max(o.reorderMs, 5_000) });
+          source = await natsSource(nats, ns.prefix, { fromMs, toMs, tailMs: Math.max(o.reorderMs, 5_000), configPrefix: ns.configPrefix });
         }
         const simulate = o.simulate === undefined ? undefined : o.simulate === true ? o.strategies : strategiesOption(String(o.simulate));
         const report = await runReplay({ source, fromMs, toMs, strategies: o.strategies, simulate, reorderMs: o.reorderMs, prefixMaxEntries: o.prefixMaxEntries, simulateMax: o.simulateMax, progress: o.progress !== false });
@@ -197,21 +200,23 @@ export function registerReplayCommands(program: Command): void {
     .description("write a window of every stream replay reads (merged, gzip JSON lines) to a file")
     .addOption(natsOption())
     .option("--prefix <prefix>", "subject prefix", "jr")
+    .addOption(poolOption("gateway pool: read this pool's namespace (<prefix>.pool.<name>); the config bucket stays the base prefix's"))
     .option("--from <when>", "window start (as for replay)", "-15m")
     .option("--to <when>", "window end (as for replay)", "now")
     .option("--tail-ms <ms>", "also export this long after --to (decisions arrive when requests end)", intOption(0), 60_000)
     .requiredOption("--out <path>", "output file (gzip; .jsonl.gz)")
     .option("--no-progress", "no progress bar on stderr")
     .action(async (o) => {
+      const ns = namespaceOf(o.prefix, o.pool);
       const now = Date.now();
       const nats = await connectNats(o.nats, "jetroute-export");
       try {
-        const fromMs = await resolveBound(parseWindowBound(o.from, now), nats, o.prefix);
-        const toMs = await resolveBound(parseWindowBound(o.to, now), nats, o.prefix);
+        const fromMs = await resolveBound(parseWindowBound(o.from, now), nats, ns.prefix);
+        const toMs = await resolveBound(parseWindowBound(o.to, now), nats, ns.prefix);
         if (toMs < fromMs) throw new Error(`--to is before --from`);
-        const source = await natsSource(nats, o.prefix, { fromMs, toMs, tailMs: o.tailMs });
+        const source = await natsSource(nats, ns.prefix, { fromMs, toMs, tailMs: o.tailMs, configPrefix: ns.configPrefix });
         const bar = o.progress !== false ? progressBar("export", source.total) : undefined;
-        const streams = await writeExport(o.out, { format: EXPORT_FORMAT, version: EXPORT_VERSION, prefix: o.prefix, window: { fromMs, toMs }, createdAt: new Date().toISOString() }, source.batches, () => bar?.tick());
+        const streams = await writeExport(o.out, { format: EXPORT_FORMAT, version: EXPORT_VERSION, prefix: ns.prefix, window: { fromMs, toMs }, createdAt: new Date().toISOString() }, source.batches, () => bar?.tick());
         bar?.stop();
         console.log(JSON.stringify({ export: o.out, window: { from: new Date(fromMs).toISOString(), to: new Date(toMs).toISOString() }, streams }));
       } finally {

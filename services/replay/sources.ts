@@ -40,6 +40,8 @@ export interface WindowRead {
   toMs: number;
   /** How long after `toMs` messages are still read (decisions of requests routed in the window). Default 60 s. */
   tailMs?: number;
+  /** Gateway pools: the base prefix whose config bucket a pool's namespace reads (default: `prefix`). */
+  configPrefix?: string;
 }
 
 export interface MessageSource {
@@ -196,7 +198,7 @@ async function* mergeByTime(readers: StreamReader[]): AsyncGenerator<readonly Re
 /** Reads a window of every stream from NATS, merged by server time. */
 export async function natsSource(nats: NatsHandles, prefix: string, w: WindowRead): Promise<MessageSource> {
   const tail = w.tailMs ?? 60_000;
-  const bucket = configBucketName(prefix);
+  const bucket = configBucketName(w.configPrefix ?? prefix);
   const plans: StreamPlan[] = [
     { stream: "config", name: `KV_${bucket}`, start: { kind: "all" }, kvPrefix: `$KV.${bucket}.` },
     { stream: "pods", name: streamName(prefix, "PODS"), start: { kind: "all" } },

@@ -1,5 +1,6 @@
 /** Flag parsers shared by every sub-command: they fail with a message naming the flag. */
 import { InvalidArgumentError, Option } from "commander";
+import { poolNameError } from "../../streams/pools.js";
 import { redactNatsUrl } from "./nats.js";
 
 export function intOption(min: number, max = Number.MAX_SAFE_INTEGER) {
@@ -35,3 +36,19 @@ export function untilSignal(): Promise<NodeJS.Signals> {
     process.once("SIGTERM", () => resolve("SIGTERM"));
   });
 }
+
+/** `--pool <name>`: gateway pools (streams/pools.ts); the process works in the pool's namespace under `--prefix`. */
+export function poolOption(what = "work in this gateway pool's namespace (its own streams under <prefix>.pool.<name>; the config bucket stays shared)"): Option {
+  return new Option("--pool <name>", what).argParser((v: string) => {
+    const err = poolNameError(v);
+    if (err) throw new InvalidArgumentError(err);
+    return v;
+  });
+}
+
+/** `--models a,b`: a comma-separated list of model names. */
+export const modelListOption = (value: string): string[] => {
+  const models = value.split(",").map((s) => s.trim()).filter(Boolean);
+  if (models.length === 0) throw new InvalidArgumentError("expected at least one model name");
+  return models;
+};

@@ -22,11 +22,15 @@ import {
   type ApiKeyRecord,
   MODEL_CONFIG_KEY_PREFIX,
   type ModelConfig,
+  POOL_KEY_PREFIX,
+  type PoolConfig,
+  poolConfigError,
   RATE_LIMITS_KEY,
   type RateLimits,
   rateLimitsError,
 } from "../../schemas/config.js";
 import type { ChargeEvent, GatewayHeartbeat, KvBatch, KvPodCleared, KvRouted, LoadSample, PodEvent, PodSourceHeartbeat, ReleaseBatch, ReleaseEvent, ReleaseItem } from "../../schemas/events.js";
+import { poolNameError } from "../../streams/pools.js";
 import { decodeToken } from "../../streams/tokens.js";
 import { validateModelConfig } from "../gateway/strategies/config-check.js";
 import { ApiKeyView, hashOfBucketKey, SHOWN_HASH_PREFIX } from "./api-keys.js";
@@ -34,6 +38,7 @@ import { ChargeLedger } from "./charge-ledger.js";
 import { LoadView } from "./load-view.js";
 import { ModelConfigView } from "./model-config.js";
 import { PodSet } from "./pod-set.js";
+import { PoolMap } from "./pool-map.js";
 import { PrefixIndex, type PrefixIndexOptions } from "./prefix-index.js";
 import { RateView } from "./rate-view.js";
 import { RoutedPrefixes } from "./routed-prefixes.js";
@@ -111,6 +116,7 @@ export class GatewayState {
   readonly routed = new RoutedPrefixes();
   readonly configs = new ModelConfigView();
   readonly apiKeys = new ApiKeyView();
+  readonly pools = new PoolMap();
   private prefixIndex: PrefixIndex;
   readonly prefixIndexOptions: PrefixIndexOptions;
   /** Last sequence handled per source (applied, ignored, skipped or dead-lettered). */
@@ -232,7 +238,8 @@ export class GatewayState {
    */
   private applyConfig(e: ConfigEntry, revision: number): ApplyResult {
     const isKey = e.key.startsWith(API_KEY_KEY_PREFIX);
-    if (e.key !== RATE_LIMITS_KEY && !e.key.startsWith(MODEL_CONFIG_KEY_PREFIX) && !isKey) return ignored("not-config");
+    const isPool = e.key.startsWith(POOL_KEY_PREFIX);
+    if (e.key !== RATE_LIMITS_KEY && !e.key.startsWith(MODEL_CONFIG_KEY_PREFIX) && !isKey && !isPool) return ignored("not-config");
     if ((this.configRevisions.get(e.key) ?? 0) >= revision) return ignored("stale");
     this.configRevisions.set(e.key, revision);
     const reject = (level: "warn" | "error", message: string, fields: Record<string, unknown>): ApplyResult => {
@@ -257,6 +264,20 @@ export class GatewayState {
       const rec = e.value as ApiKeyRecord;
       this.apiKeys.set(hash, rec);
       return info("API key applied", { key, user: rec.user, revoked: rec.disabled === true, revision });
+    }
+    if (isPool) {
+      const pool = e.key.slice(POOL_KEY_PREFIX.length);
+      const nameErr = poolNameError(pool);
+      if (nameErr) return reject("warn", "pool entry with an invalid pool name; ignored", { key: e.key.slice(0, 300), err: nameErr });
+      if (e.operation !== "PUT") {
+        this.pools.set(pool, undefined);
+        return info("pool removed", { pool, revision });
+      }
+      const err = invalid(poolConfigError);
+      if (err) return reject("error", "invalid pool config ignored; the previous one stays", { pool, revision, err });
+      this.pools.set(pool, (e.value as PoolConfig).models);
+      const clashes = this.pools.conflicts();
+      return info("pool applied", { pool, models: (e.value as PoolConfig).models.length, revision, ...(clashes.length ? { clashes: clashes.slice(0, 10) } : {}) });
     }
     if (e.key === RATE_LIMITS_KEY) {
       if (e.operation !== "PUT") {
@@ -368,6 +389,7 @@ export class GatewayState {
       routed: copy(this.routed),
       configs: copy(this.configs),
       apiKeys: copy(this.apiKeys),
+      pools: copy(this.pools),
       prefixIndex: copy(this.prefixIndex),
       prefixIndexOptions: this.prefixIndexOptions,
       cursors: { ...this.cursors },
@@ -396,6 +418,7 @@ export class GatewayState {
       routed: this.routed.dump(now),
       configs: { models: this.configs.modelNames().sort().map((m) => [m, this.configs.get(m)]), limits: this.configs.userLimitsAll(), rejected: this.configRejected },
       apiKeys: this.apiKeys.dump(),
+      pools: this.pools.names().map((n) => [n, this.pools.modelsOf(n)]),
       prefixIndex: createHash("sha256").update(this.prefixIndex.serialize()).digest("hex"),
     };
   }

@@ -1,0 +1,38 @@
+/**
+ * Gateway pools (streams/pools.ts): is a request's model this gateway's to route? Pure.
+ *
+ * A pool's gateways see only their pool's pods, so a model they know is theirs, whatever the
+ * config says (LoRA adapters their pods serve included). A model they do not know that the config
+ * assigns to another pool gets 421 Misdirected Request naming that pool, in the message and in the
+ * `x-jetroute-pool` header, so that a client or an operator finds the route to fix; an unpooled
+ * gateway does the same for every pooled model. A model no pool lists is left to the usual
+ * answers (404 for a model no pod serves), with the pool named in the message.
+ */
+import { RouteError } from "../errors.js";
+
+export interface PoolCheckViews {
+  pods: { knows(model: string): boolean };
+  pools: { poolOf(model: string): string | undefined };
+}
+
+export interface PoolIdentity {
+  /** This gateway's pool; undefined = unpooled (the base namespace). */
+  pool?: string;
+  /** `--models`: the pool's models given on the command line, instead of the config's list. */
+  models?: ReadonlySet<string>;
+}
+
+/** The pool a name is shown as: the unpooled gateways answer as `(unpooled)`. */
+const shown = (pool: string | undefined) => (pool === undefined ? "(unpooled)" : pool);
+
+export function misdirected(model: string, self: PoolIdentity, views: PoolCheckViews): RouteError | undefined {
+  if (views.pods.knows(model) || self.models?.has(model)) return undefined;
+  const owner = views.pools.poolOf(model);
+  if (owner === undefined || owner === self.pool) return undefined;
+  return new RouteError(
+    "wrongPool",
+    `The model \`${model}\` is served by gateway pool \`${owner}\`, not by this gateway (pool ${shown(self.pool)}): send it to pool \`${owner}\`'s route.`,
+    "model",
+    { "x-jetroute-pool": owner },
+  );
+}

@@ -1,0 +1,164 @@
+/**
+ * Gateway pools end to end (streams/pools.ts): two pools on one real nats-server, each with its
+ * own streams, pod-watcher (one static list of every pod, filtered by the pool's models), scraper,
+ * gateways and front; simulated vLLM pods.
+ *
+ * - pool a's gateway folds nothing of pool b while b is under load: its streams hold only its own
+ *   messages, its cursors end at their last sequence, its views know no b pod, charge or gateway;
+ * - b's two replicas share their charges as one unpooled fleet does;
+ * - a request for b's model at a gets 421 `wrong_pool` naming b (message and `x-jetroute-pool`),
+ *   an unpooled gateway does the same for a pooled model, a model of no pool gets 404;
+ * - re-assigning a pool's models in the config bucket moves its pods live.
+ */
+import { mkdtempSync, writeFileSync } from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import { Kvm } from "@nats-io/kv";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { POOL_KEY_PREFIX } from "../schemas/config.js";
+import { applyStreams } from "../streams/apply.js";
+import { configBucketName, streamName } from "../streams/definitions.js";
+import { namespaceOf } from "../streams/pools.js";
+import { type FrontServer, startFront } from "../services/front/front.js";
+import type { GatewayHandle } from "../services/gateway/gateway.js";
+import { startScraper } from "../services/metrics-scraper/scraper.js";
+import { type PodWatcherHandle, startPodWatcher } from "../services/pod-watcher/pod-watcher.js";
+import { type SimFleet, startSimFleet } from "../services/sim/fleet.js";
+import { quietLog, startTestEnv, type TestEnv, waitFor } from "./harness/env.js";
+
+const MA = "org/model-a";
+const MB = "org/model-b";
+const nsA = namespaceOf("jr", "a");
+const nsB = namespaceOf("jr", "b");
+
+describe("gateway pools", () => {
+  let env: TestEnv;
+  let fleetA: SimFleet;
+  let fleetB: SimFleet;
+  const watchers: PodWatcherHandle[] = [];
+  const closers: Array<() => Promise<void>> = [];
+  let ga: GatewayHandle;
+  let gb1: GatewayHandle;
+  let gb2: GatewayHandle;
+  let plain: GatewayHandle;
+  let frontA: FrontServer;
+  let frontB: FrontServer;
+  let frontPlain: FrontServer;
+  const setPool = async (pool: string, models: string[]) => {
+    const kv = await new Kvm(env.nats.nc).open(configBucketName("jr"));
+    await kv.put(`${POOL_KEY_PREFIX}${pool}`, JSON.stringify({ models }));
+  };
+
+  beforeAll(async () => {
+    env = await startTestEnv();
+    for (const ns of [nsA, nsB]) await applyStreams(env.nats.nc, env.nats.jsm, { prefix: ns.prefix, configPrefix: ns.configPrefix });
+    await setPool("a", [MA]);
+    await setPool("b", [MB]);
+    fleetA = await startSimFleet({ pods: 2, model: MA, namePrefix: "a-", logger: quietLog });
+    fleetB = await startSimFleet({ pods: 2, model: MB, namePrefix: "b-", logger: quietLog });
+    // One list of every pod, as a cluster's discovery would see them; each pool's watcher keeps its own.
+    const dir = mkdtempSync(path.join(os.tmpdir(), "jr-pools-"));
+    const file = path.join(dir, "pods.json");
+    const all = [...fleetA.pods.map((p) => ({ p, model: MA })), ...fleetB.pods.map((p) => ({ p, model: MB }))];
+    writeFileSync(file, JSON.stringify(all.map(({ p, model }) => ({ name: p.name, model, address: p.address }))));
+    // Pool a takes its models from the config bucket (re-read every 100 ms here); pool b from --models.
+    watchers.push(await startPodWatcher({ nats: env.server.url, file, pool: "a", poolPollMs: 100, probeIntervalMs: 200, log: quietLog }));
+    watchers.push(await startPodWatcher({ nats: env.server.url, file, pool: "b", poolModels: [MB], probeIntervalMs: 200, log: quietLog }));
+    for (const ns of [nsA, nsB]) {
+      const s = await startScraper({ nats: env.server.url, prefix: ns.prefix, intervalMs: 100, log: quietLog });
+      closers.push(() => s.close());
+    }
+    ga = await env.gateway({ id: "gw-a", pool: "a" });
+    gb1 = await env.gateway({ id: "gw-b1", pool: "b" });
+    gb2 = await env.gateway({ id: "gw-b2", pool: "b" });
+    plain = await env.gateway({ id: "gw-plain" });
+    const front = (gws: GatewayHandle[]) => startFront({ port: 0, host: "127.0.0.1", gateways: gws.map((g) => `127.0.0.1:${g.port}`), logger: quietLog });
+    frontA = await front([ga]);
+    frontB = await front([gb1, gb2]);
+    frontPlain = await front([plain]);
+    await waitFor(() => ga.views.pods.readyPods(MA).length === 2 && gb1.views.pods.readyPods(MB).length === 2 && gb2.views.pods.readyPods(MB).length === 2, 10_000, "each pool's pods");
+  });
+  afterAll(async () => {
+    for (const f of [frontA, frontB, frontPlain]) await f?.close();
+    for (const w of watchers) await w.close().catch(() => undefined);
+    for (const c of closers) await c().catch(() => undefined);
+    await fleetA?.close();
+    await fleetB?.close();
+    await env?.stop();
+  });
+
+  const complete = (front: FrontServer, model: string, extra: Record<string, unknown> = {}) =>
+    fetch(`http://127.0.0.1:${front.port}/v1/completions`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ model, prompt: "hello pools", max_tokens: 4, ...extra }) });
+
+  /** Subjects a stream holds, with message counts. */
+  const subjectsOf = async (stream: string): Promise<Record<string, number>> => (await env.nats.jsm.streams.info(stream, { subjects_filter: ">" })).state.subjects ?? {};
+
+  it("each pool's replicas know only their pool's pods, in their own streams", async () => {
+    expect(ga.views.pods.all().map((p) => p.model)).toEqual([MA, MA]);
+    expect(new Set(gb1.views.pods.all().map((p) => p.model))).toEqual(new Set([MB]));
+    // The unpooled namespace holds no pod at all: every pod is some pool's.
+    expect(plain.views.pods.all()).toEqual([]);
+    expect(Object.keys(await subjectsOf(streamName(nsA.prefix, "PODS"))).filter((s) => s.startsWith("jr.pool.a.pods.")).length).toBe(2);
+    expect(Object.keys(await subjectsOf(streamName("jr", "PODS")))).toEqual([]);
+  });
+
+  it("pool a folds no event of pool b while b is under load; b's replicas share their charges", async () => {
+    const aCursors = { ...ga.state.cursors };
+    // Concurrent requests through both b replicas, and held ones to see the shared ledger.
+    const results = await Promise.all(Array.from({ length: 40 }, () => complete(frontB, MB).then((r) => r.status)));
+    expect(results.every((s) => s === 200)).toBe(true);
+    // b2 folded b1's charges and releases (its ledger saw a foreign charge): sharing works in the pool.
+    await waitFor(() => gb2.state.ledger.liveGateways(Date.now()).includes("gw-b1"), 5_000, "b1 live in b2's ledger");
+    const aCharges = await subjectsOf(streamName(nsA.prefix, "CHARGES"));
+    // Pool a's CHARGES stream holds a's own heartbeats and nothing else; its load stream only a's pods.
+    expect(Object.keys(aCharges)).toEqual(["jr.pool.a.hb.gw-a"]);
+    const aLoad = Object.keys(await subjectsOf(streamName(nsA.prefix, "LOAD")));
+    expect(aLoad.length).toBeGreaterThan(0);
+    expect(aLoad.every((s) => s.startsWith("jr.pool.a.load.org/model-a."))).toBe(true);
+    const bCharges = Object.keys(await subjectsOf(streamName(nsB.prefix, "CHARGES")));
+    expect(bCharges.some((s) => s.startsWith("jr.pool.b.charges.org/model-b."))).toBe(true);
+    // a's fold: caught up to its own streams' ends, nothing it could have read of b.
+    const last = async (key: "CHARGES" | "LOAD" | "PODS") => (await env.nats.jsm.streams.info(streamName(nsA.prefix, key))).state.last_seq;
+    for (const key of ["CHARGES", "LOAD", "PODS"] as const) {
+      const end = await last(key);
+      const cursor = key === "CHARGES" ? "charges" : key === "LOAD" ? "load" : "pods";
+      await waitFor(() => ga.state.cursors[cursor] >= end, 5_000, `a's ${key} cursor at its stream's end`);
+    }
+    expect(ga.state.cursors.charges).toBeGreaterThan(aCursors.charges);
+    expect(ga.state.ledger.liveGateways(Date.now()).filter((g) => g.startsWith("gw-b"))).toEqual([]);
+    expect(ga.state.ledger.size).toBe(0);
+    expect(ga.views.pods.knows(MB)).toBe(false);
+    expect(ga.state.rates.modelRequests(MB, Date.now())).toBe(0);
+  });
+
+  it("a request for another pool's model gets 421 naming the pool; a model of no pool gets 404", async () => {
+    const wrong = await complete(frontA, MB);
+    expect(wrong.status).toBe(421);
+    expect(wrong.headers.get("x-jetroute-pool")).toBe("b");
+    const body = (await wrong.json()) as { error: { code: string; message: string; param: string } };
+    expect(body.error.code).toBe("wrong_pool");
+    expect(body.error.param).toBe("model");
+    expect(body.error.message).toContain("pool `b`");
+    // The unpooled gateway sends pooled models to their pool too.
+    const fromPlain = await complete(frontPlain, MA);
+    expect(fromPlain.status).toBe(421);
+    expect(fromPlain.headers.get("x-jetroute-pool")).toBe("a");
+    const unknown = await complete(frontA, "org/no-such-model");
+    expect(unknown.status).toBe(404);
+    expect(((await unknown.json()) as { error: { code: string } }).error.code).toBe("model_not_found");
+    // Its own model still routes.
+    expect((await complete(frontA, MA)).status).toBe(200);
+  });
+
+  it("re-assigning a pool's models in the config bucket moves their pods live", async () => {
+    // Model a leaves pool a for pool b: a's watcher removes its pods; b's watcher (fixed --models) does not take them.
+    await setPool("a", ["org/model-unused"]);
+    await waitFor(() => ga.views.pods.readyPods(MA).length === 0, 10_000, "pool a's pods removed");
+    const moved = await complete(frontA, MA);
+    expect(moved.status).toBe(404);
+    await setPool("a", [MA]);
+    await waitFor(() => ga.views.pods.readyPods(MA).length === 2, 10_000, "pool a's pods back");
+    expect((await complete(frontA, MA)).status).toBe(200);
+    expect(watchers[0]?.stats.filteredOut).toBe(2);
+  });
+});
