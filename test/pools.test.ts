@@ -22,6 +22,8 @@ import { namespaceOf } from "../streams/pools.js";
 import { type FrontServer, startFront } from "../services/front/front.js";
 import type { GatewayHandle } from "../services/gateway/gateway.js";
 import { startScraper } from "../services/metrics-scraper/scraper.js";
+import { runReplay } from "../services/replay/command.js";
+import { natsSource } from "../services/replay/sources.js";
 import { type PodWatcherHandle, startPodWatcher } from "../services/pod-watcher/pod-watcher.js";
 import { type SimFleet, startSimFleet } from "../services/sim/fleet.js";
 import { quietLog, startTestEnv, type TestEnv, waitFor } from "./harness/env.js";
@@ -129,6 +131,23 @@ describe("gateway pools", () => {
     expect(ga.state.ledger.size).toBe(0);
     expect(ga.views.pods.knows(MB)).toBe(false);
     expect(ga.state.rates.modelRequests(MB, Date.now())).toBe(0);
+  });
+
+  it("replay reads a pool's namespace: pool b's decisions re-decided on pool b's views", async () => {
+    const fromMs = Date.now();
+    const statuses = await Promise.all(Array.from({ length: 30 }, (_, i) => complete(frontB, MB, { prompt: `replay pool b ${i}` }).then((r) => r.status)));
+    expect(statuses.every((s) => s === 200)).toBe(true);
+    const toMs = Date.now();
+    const decisions = streamName(nsB.prefix, "DECISIONS");
+    for (const t0 = Date.now(); (await env.nats.jsm.streams.info(decisions)).state.messages < 70; ) {
+      if (Date.now() - t0 > 10_000) throw new Error("pool b's decision records did not reach its stream");
+      await new Promise((r) => setTimeout(r, 20));
+    }
+    const report = await runReplay({ source: await natsSource(env.nats, nsB.prefix, { fromMs, toMs, tailMs: 5_000, configPrefix: nsB.configPrefix }), fromMs, toMs, strategies: ["random"], reorderMs: 5_000 });
+    expect(report.decisions.evaluated).toBe(30);
+    expect(report.fidelity.ratio).toBeGreaterThanOrEqual(0.99);
+    // Pool a's namespace holds none of them.
+    expect((await env.nats.jsm.streams.info(streamName(nsA.prefix, "DECISIONS"))).state.messages).toBe(0);
   });
 
   it("a request for another pool's model gets 421 naming the pool; a model of no pool gets 404", async () => {
