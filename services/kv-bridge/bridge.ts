@@ -44,6 +44,8 @@ export interface BridgedPod {
   epoch?: string;
   lastSeq?: number;
   state: PodBridge["state"];
+  /** The SUB socket's handshake with the engine is done (engine-link.ts `connected`). */
+  connected: boolean;
 }
 
 export interface KvBridgeHandle {
@@ -168,6 +170,7 @@ export async function startKvBridge(o: KvBridgeOptions): Promise<KvBridgeHandle>
         epoch: b.epoch,
         lastSeq: b.lastSeq,
         state: b.state,
+        connected: b.connected,
       })),
     async close() {
       if (closing) return;

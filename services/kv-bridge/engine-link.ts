@@ -48,6 +48,12 @@ export class EngineLink {
   private closed = false;
   private paused?: { promise: Promise<void>; resolve: () => void };
   private readerDone?: Promise<void>;
+  /**
+   * The SUB socket's ZMTP handshake with the engine completed and it has not disconnected since:
+   * its subscription is on its way, so the engine's next events reach it. (PUB/SUB has no
+   * "subscribed" signal; messages published before it may be missed, which the replay repairs.)
+   */
+  connected = false;
 
   constructor(private readonly o: EngineLinkOptions) {}
 
@@ -92,7 +98,11 @@ export class EngineLink {
     let lostAt = 0;
     let retried = false;
     let timer: NodeJS.Timeout | undefined;
+    sub.events.on("handshake", () => {
+      if (this.sub === sub) this.connected = true;
+    });
     sub.events.on("disconnect", () => {
+      if (this.sub === sub) this.connected = false;
       this.o.counters.disconnects++;
       lostAt = Date.now();
       retried = false;
@@ -127,6 +137,7 @@ export class EngineLink {
     while (!this.closed) {
       let sub: Subscriber;
       try {
+        this.connected = false;
         sub = this.sub = this.newSub();
       } catch (err) {
         // Only a malformed endpoint gets here; a new PODS event for the pod replaces this link.

@@ -156,6 +156,11 @@ export function epochName(seq: number, tsMs: number): string {
 
 export class PodBridge {
   private readonly link: EngineLink;
+
+  /** See EngineLink.connected. */
+  get connected(): boolean {
+    return this.link.connected;
+  }
   private readonly publisher: OrderedPublisher;
   private readonly map: BlockMap;
   private readonly subject: string;
