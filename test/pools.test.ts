@@ -70,7 +70,7 @@ describe("gateway pools", () => {
       const s = await startScraper({ nats: env.server.url, prefix: ns.prefix, intervalMs: 100, log: quietLog });
       closers.push(() => s.close());
     }
-    ga = await env.gateway({ id: "gw-a", pool: "a" });
+    ga = await env.gateway({ id: "gw-a", pool: "a", adminPort: 0 });
     gb1 = await env.gateway({ id: "gw-b1", pool: "b" });
     gb2 = await env.gateway({ id: "gw-b2", pool: "b" });
     plain = await env.gateway({ id: "gw-plain" });
@@ -167,6 +167,12 @@ describe("gateway pools", () => {
     expect(((await unknown.json()) as { error: { code: string } }).error.code).toBe("model_not_found");
     // Its own model still routes.
     expect((await complete(frontA, MA)).status).toBe(200);
+    // The replica's series carry its pool; the misdirected request is counted with its status, twice:
+    // fetch (the Fetch standard, as browsers do) retries a 421 once on a new connection.
+    const metrics = await (await fetch(`http://127.0.0.1:${ga.adminPort}/metrics`)).text();
+    expect(metrics).toMatch(/jetroute_gateway_requests_total\{strategy="least-request",outcome="rejected",status="421",gateway="gw-a",pool="a"\} 2\n/);
+    const debug = (await (await fetch(`http://127.0.0.1:${ga.adminPort}/debug/state`)).json()) as { pool: { name: string; prefix: string; models: string[] } };
+    expect(debug.pool).toMatchObject({ name: "a", prefix: "jr.pool.a", models: [MA] });
   });
 
   it("re-assigning a pool's models in the config bucket moves their pods live", async () => {

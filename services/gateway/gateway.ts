@@ -283,7 +283,7 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
     outboxDrops: () => outbox.drops(),
     pd: () => ({ ...director.pdStats, ...director.legs?.stats }),
     podSources: () => state.pods.sourceInfo(),
-  });
+  }, ns.pool);
   tokenizer.registerMetrics(metrics.registry);
   const sink: EventSink = {
     charge: (ev) => outbox.fire(subjects.charges(ev.model, ev.pod), ev),

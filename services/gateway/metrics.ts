@@ -43,9 +43,10 @@ export class GatewayMetrics {
   private readonly pickSeconds: client.Histogram<"strategy">;
   private readonly authFailures: client.Counter<"reason">;
 
-  constructor(gatewayId: string, src: GatewayMetricsSources) {
+  /** `pool`: a pooled replica's series carry its pool (a validated name, 32 characters at most). */
+  constructor(gatewayId: string, src: GatewayMetricsSources, pool?: string) {
     const r = this.registry;
-    r.setDefaultLabels({ gateway: gatewayId });
+    r.setDefaultLabels({ gateway: gatewayId, ...(pool !== undefined ? { pool } : {}) });
     client.collectDefaultMetrics({ register: r, prefix: "jetroute_gateway_" });
     this.decisions = new client.Counter({ name: "jetroute_gateway_requests_total", help: "Requests by strategy, outcome and status", labelNames: ["strategy", "outcome", "status"], registers: [r] });
     this.pickSeconds = new client.Histogram({
