@@ -8,6 +8,7 @@ import { type Command, InvalidArgumentError } from "commander";
 import { SingleBar } from "cli-progress";
 import { streamName } from "../../streams/definitions.js";
 import { namespaceOf } from "../../streams/pools.js";
+import { DEFAULT_POD_SOURCE_TIMEOUT_MS } from "../views/pod-set.js";
 import { intOption, natsOption, poolOption } from "../shared/cli-options.js";
 import { connectNats, type NatsHandles } from "../shared/nats.js";
 import { parseStrategy } from "../gateway/strategies/registry.js";
@@ -94,6 +95,8 @@ export interface ReplayRunOptions {
   simulate?: string[];
   reorderMs?: number;
   prefixMaxEntries?: number;
+  /** As the gateways ran (`--pod-source-timeout-ms`): pods of a source silent this long stop being candidates. Default 30 s; 0 = never. */
+  podSourceTimeoutMs?: number;
   simulateMax?: number;
   progress?: boolean;
 }
@@ -118,7 +121,7 @@ export async function runReplay(o: ReplayRunOptions): Promise<ReplayReport> {
     toMs: o.toMs,
     strategies: o.strategies,
     ...(o.reorderMs !== undefined ? { reorderMs: o.reorderMs } : {}),
-    state: { prefixIndex: { maxEntries: o.prefixMaxEntries ?? 4_000_000 } },
+    state: { prefixIndex: { maxEntries: o.prefixMaxEntries ?? 4_000_000 }, podSourceTimeoutMs: o.podSourceTimeoutMs ?? DEFAULT_POD_SOURCE_TIMEOUT_MS },
     source: o.source.describe,
     traceLimit: o.simulate?.length ? (o.simulateMax ?? 200_000) : 0,
   });
@@ -161,6 +164,7 @@ export function registerReplayCommands(program: Command): void {
     .option("--simulate-max <n>", "most requests kept for the simulation (each keeps its block hashes in memory)", intOption(1), 50_000)
     .option("--reorder-ms <ms>", "how long a decision may wait for an earlier one of its gateway (stream time)", intOption(0), 60_000)
     .option("--prefix-max-entries <n>", "prefix index bound, as the gateways ran", intOption(1), 4_000_000)
+    .option("--pod-source-timeout-ms <ms>", "pods of a pod-watcher source silent this long stop being candidates, as the gateways ran (0 = never)", intOption(0), DEFAULT_POD_SOURCE_TIMEOUT_MS)
     .option("--report <path>", "where to write the HTML report", "replay-report.html")
     .option("--no-progress", "no progress bar on stderr")
     .action(async (o) => {
@@ -187,7 +191,7 @@ export function registerReplayCommands(program: Command): void {
           source = await natsSource(nats, ns.prefix, { fromMs, toMs, tailMs: Math.max(o.reorderMs, 5_000), configPrefix: ns.configPrefix });
         }
         const simulate = o.simulate === undefined ? undefined : o.simulate === true ? o.strategies : strategiesOption(String(o.simulate));
-        const report = await runReplay({ source, fromMs, toMs, strategies: o.strategies, simulate, reorderMs: o.reorderMs, prefixMaxEntries: o.prefixMaxEntries, simulateMax: o.simulateMax, progress: o.progress !== false });
+        const report = await runReplay({ source, fromMs, toMs, strategies: o.strategies, simulate, reorderMs: o.reorderMs, prefixMaxEntries: o.prefixMaxEntries, podSourceTimeoutMs: o.podSourceTimeoutMs, simulateMax: o.simulateMax, progress: o.progress !== false });
         writeReportHtml(o.report, report);
         console.log(JSON.stringify(summaryLine(report, o.report)));
       } finally {
