@@ -88,6 +88,8 @@ export interface SynthOptions {
   request?: (i: number, r: SynthRequest) => SynthRequest;
   /** Nothing after this time is recorded (requests still running then have no release and no record). */
   untilMs?: number;
+  /** The gateways' `--pod-source-timeout-ms`: a source's liveness is judged at each routing decision. Default 0 (never). */
+  podSourceTimeoutMs?: number;
 }
 
 /** What the recording knows about each request (for assertions). */
@@ -116,7 +118,7 @@ export interface Recording {
 }
 
 const STREAM_ORDER: Record<ReplayStream, number> = { config: 0, pods: 1, load: 2, charges: 3, kv: 4, decisions: 5 };
-const TYPES: Record<StateStream, readonly EventType[]> = { pods: ["pod"], load: ["load"], charges: ["charge", "release", "heartbeat"], kv: ["kv", "kv-cleared", "kv-routed"], config: [] };
+const TYPES: Record<StateStream, readonly EventType[]> = { pods: ["pod", "pod-source"], load: ["load"], charges: ["charge", "release", "heartbeat"], kv: ["kv", "kv-cleared", "kv-routed"], config: [] };
 
 export function loadFields(waiting: number): EngineLoadFields {
   return sample({ running: 0, waiting, kvCacheUsage: 0 });
@@ -240,7 +242,7 @@ export function synthRecording(o: SynthOptions): Recording {
 
   const sims = new Map<string, SimGateway>();
   gateways.forEach((g, i) => {
-    sims.set(g, { id: g, state: new GatewayState({ self: g }), lag: o.lagMs?.[g] ?? (i === 0 ? 0 : 3), next: 0, chargeSeq: 0, inFlight: new Map() });
+    sims.set(g, { id: g, state: new GatewayState({ self: g, podSourceTimeoutMs: o.podSourceTimeoutMs ?? 0 }), lag: o.lagMs?.[g] ?? (i === 0 ? 0 : 3), next: 0, chargeSeq: 0, inFlight: new Map() });
   });
   /** The gateway's followers: everything published up to `now - lag`, in order, through the fold (invalid messages only move the cursor). */
   const deliver = (g: SimGateway) => {
@@ -345,6 +347,7 @@ export function synthRecording(o: SynthOptions): Recording {
     const g = sims.get(r.gateway);
     if (!g) throw new Error(`unknown gateway ${r.gateway}`);
     deliver(g);
+    if (o.podSourceTimeoutMs) g.state.pods.sweepSources(now, o.podSourceTimeoutMs);
     const chargeSeq = ++g.chargeSeq;
     const chargeId = chargeSeq.toString(36);
     const cursors = { ...g.state.cursors };
