@@ -133,11 +133,13 @@ export function apiKeyRecordError(value: unknown): string | undefined {
 /**
  * A gateway pool's models, under the config bucket key `pool.<name>` (streams/pools.ts). A model
  * belongs to at most one pool; a gateway of another pool, or an unpooled one, answers a request for
- * it with 421 naming this pool. LoRA adapters are listed too when clients ask for them by name.
+ * it with 421 naming this pool. List base models: pods are assigned by the model they run, and
+ * their LoRA adapters go with them (list an adapter too only so that other pools' gateways answer
+ * 421 for it instead of 404).
  */
 export const PoolConfig = Type.Object(
   {
-    models: Type.Array(Type.String({ minLength: 1, maxLength: 256 }), { minItems: 1, maxItems: 10_000, uniqueItems: true }),
+    models: Type.Array(Type.String({ minLength: 1, maxLength: 256 }), { minItems: 1, maxItems: 2_000, uniqueItems: true }),
     description: Type.Optional(Type.String({ maxLength: 1024 })),
   },
   { $id: "pool", additionalProperties: false },

@@ -30,6 +30,8 @@ import { quietLog, startTestEnv, type TestEnv, waitFor } from "./harness/env.js"
 
 const MA = "org/model-a";
 const MB = "org/model-b";
+/** A model no pool lists: the unpooled namespace serves it. */
+const MF = "org/model-free";
 const nsA = namespaceOf("jr", "a");
 const nsB = namespaceOf("jr", "b");
 
@@ -37,6 +39,7 @@ describe("gateway pools", () => {
   let env: TestEnv;
   let fleetA: SimFleet;
   let fleetB: SimFleet;
+  let fleetF: SimFleet;
   const watchers: PodWatcherHandle[] = [];
   const closers: Array<() => Promise<void>> = [];
   let ga: GatewayHandle;
@@ -58,14 +61,19 @@ describe("gateway pools", () => {
     await setPool("b", [MB]);
     fleetA = await startSimFleet({ pods: 2, model: MA, namePrefix: "a-", logger: quietLog });
     fleetB = await startSimFleet({ pods: 2, model: MB, namePrefix: "b-", logger: quietLog });
+    fleetF = await startSimFleet({ pods: 1, model: MF, namePrefix: "free-", logger: quietLog });
     // One list of every pod, as a cluster's discovery would see them; each pool's watcher keeps its own.
     const dir = mkdtempSync(path.join(os.tmpdir(), "jr-pools-"));
     const file = path.join(dir, "pods.json");
-    const all = [...fleetA.pods.map((p) => ({ p, model: MA })), ...fleetB.pods.map((p) => ({ p, model: MB }))];
-    writeFileSync(file, JSON.stringify(all.map(({ p, model }) => ({ name: p.name, model, address: p.address }))));
+    const all = [...fleetA.pods.map((p) => ({ name: p.name, p, model: MA })), ...fleetB.pods.map((p) => ({ name: p.name, p, model: MB }))];
+    // One more pod, of a model no pool lists.
+    all.push({ name: "free-0", p: fleetF.pods[0] as SimFleet["pods"][number], model: MF });
+    writeFileSync(file, JSON.stringify(all.map(({ name, p, model }) => ({ name, model, address: p.address }))));
     // Pool a takes its models from the config bucket (re-read every 100 ms here); pool b from --models.
     watchers.push(await startPodWatcher({ nats: env.server.url, file, pool: "a", poolPollMs: 100, probeIntervalMs: 200, log: quietLog }));
     watchers.push(await startPodWatcher({ nats: env.server.url, file, pool: "b", poolModels: [MB], probeIntervalMs: 200, log: quietLog }));
+    // The unpooled watcher over the same list publishes only the models no pool lists.
+    watchers.push(await startPodWatcher({ nats: env.server.url, file, poolPollMs: 100, probeIntervalMs: 200, log: quietLog }));
     for (const ns of [nsA, nsB]) {
       const s = await startScraper({ nats: env.server.url, prefix: ns.prefix, intervalMs: 100, log: quietLog });
       closers.push(() => s.close());
@@ -78,7 +86,11 @@ describe("gateway pools", () => {
     frontA = await front([ga]);
     frontB = await front([gb1, gb2]);
     frontPlain = await front([plain]);
-    await waitFor(() => ga.views.pods.readyPods(MA).length === 2 && gb1.views.pods.readyPods(MB).length === 2 && gb2.views.pods.readyPods(MB).length === 2, 10_000, "each pool's pods");
+    await waitFor(
+      () => ga.views.pods.readyPods(MA).length === 2 && gb1.views.pods.readyPods(MB).length === 2 && gb2.views.pods.readyPods(MB).length === 2 && plain.views.pods.readyPods(MF).length === 1,
+      10_000,
+      "each namespace's pods",
+    );
   });
   afterAll(async () => {
     for (const f of [frontA, frontB, frontPlain]) await f?.close();
@@ -86,6 +98,7 @@ describe("gateway pools", () => {
     for (const c of closers) await c().catch(() => undefined);
     await fleetA?.close();
     await fleetB?.close();
+    await fleetF?.close();
     await env?.stop();
   });
 
@@ -98,10 +111,10 @@ describe("gateway pools", () => {
   it("each pool's replicas know only their pool's pods, in their own streams", async () => {
     expect(ga.views.pods.all().map((p) => p.model)).toEqual([MA, MA]);
     expect(new Set(gb1.views.pods.all().map((p) => p.model))).toEqual(new Set([MB]));
-    // The unpooled namespace holds no pod at all: every pod is some pool's.
-    expect(plain.views.pods.all()).toEqual([]);
+    // The unpooled namespace holds only the pod of the model no pool lists.
+    expect(plain.views.pods.all().map((p) => [p.model, p.pod])).toEqual([[MF, "free-0"]]);
     expect(Object.keys(await subjectsOf(streamName(nsA.prefix, "PODS"))).filter((s) => s.startsWith("jr.pool.a.pods.")).length).toBe(2);
-    expect(Object.keys(await subjectsOf(streamName("jr", "PODS")))).toEqual([]);
+    expect(Object.keys(await subjectsOf(streamName("jr", "PODS"))).filter((s) => s.startsWith("jr.pods."))).toEqual(["jr.pods.org/model-free.free-0"]);
   });
 
   it("pool a folds no event of pool b while b is under load; b's replicas share their charges", async () => {
@@ -164,7 +177,12 @@ describe("gateway pools", () => {
     expect(fromPlain.headers.get("x-jetroute-pool")).toBe("a");
     const unknown = await complete(frontA, "org/no-such-model");
     expect(unknown.status).toBe(404);
-    expect(((await unknown.json()) as { error: { code: string } }).error.code).toBe("model_not_found");
+    const unknownBody = (await unknown.json()) as { error: { code: string; message: string } };
+    expect(unknownBody.error.code).toBe("model_not_found");
+    expect(unknownBody.error.message).toContain("gateway pool `a`");
+    // The model no pool lists is the unpooled gateways': 404 at a pool, 200 unpooled.
+    expect((await complete(frontA, MF)).status).toBe(404);
+    expect((await complete(frontPlain, MF)).status).toBe(200);
     // Its own model still routes.
     expect((await complete(frontA, MA)).status).toBe(200);
     // The replica's series carry its pool; the misdirected request is counted with its status, twice:
@@ -175,15 +193,32 @@ describe("gateway pools", () => {
     expect(debug.pool).toMatchObject({ name: "a", prefix: "jr.pool.a", models: [MA] });
   });
 
-  it("re-assigning a pool's models in the config bucket moves their pods live", async () => {
-    // Model a leaves pool a for pool b: a's watcher removes its pods; b's watcher (fixed --models) does not take them.
+  it("re-assigning a pool's models in the config bucket moves their pods live; a botched entry removes nothing", async () => {
+    // Model a moves from pool a to pool b: a's watcher removes its pods, a's gateway sends it to b.
     await setPool("a", ["org/model-unused"]);
+    await setPool("b", [MB, MA]);
     await waitFor(() => ga.views.pods.readyPods(MA).length === 0, 10_000, "pool a's pods removed");
+    await waitFor(() => ga.state.pools.poolOf(MA) === "b", 5_000, "a's gateway to read the new assignment");
     const moved = await complete(frontA, MA);
-    expect(moved.status).toBe(404);
+    expect(moved.status).toBe(421);
+    expect(moved.headers.get("x-jetroute-pool")).toBe("b");
+    // b's watcher runs with a fixed --models list: it did not take them; the unpooled one neither (a pool lists it).
+    expect(gb1.views.pods.readyPods(MA)).toEqual([]);
+    expect(plain.views.pods.readyPods(MA)).toEqual([]);
+    // Of the 5 listed pods, pool a's watcher now publishes none.
+    expect(watchers[0]?.stats.filteredOut).toBe(5);
+    // Back to pool a.
+    await setPool("b", [MB]);
     await setPool("a", [MA]);
     await waitFor(() => ga.views.pods.readyPods(MA).length === 2, 10_000, "pool a's pods back");
     expect((await complete(frontA, MA)).status).toBe(200);
-    expect(watchers[0]?.stats.filteredOut).toBe(2);
+    // An entry that stops validating keeps the previous models: two reads later the pods are still there.
+    const kv = await new Kvm(env.nats.nc).open(configBucketName("jr"));
+    await kv.put(`${POOL_KEY_PREFIX}a`, JSON.stringify({ models: [] }));
+    const reads = watchers[0]?.stats.poolReads ?? 0;
+    await waitFor(() => (watchers[0]?.stats.poolReads ?? 0) >= reads + 2, 5_000, "two more reads of the pools");
+    expect(ga.views.pods.readyPods(MA).length).toBe(2);
+    expect((await complete(frontA, MA)).status).toBe(200);
+    await setPool("a", [MA]);
   });
 });

@@ -41,7 +41,7 @@ describe("prefix index - engines -> kv-bridge -> KV stream -> gateways", () => {
     ];
     // Let the bridge's SUB sockets register before the engines produce events.
     await waitFor(() => bridge.pods().length === 4, 5_000, "bridge to take the pods");
-    await waitFor(() => bridge.pods().every((p) => p.connected), 5_000, "the bridge's SUB sockets to finish their handshakes");
+    await waitFor(() => bridge.pods().every((p) => p.settled), 5_000, "the bridge to join every engine's events");
   }, 60_000);
   afterAll(async () => {
     await bridge?.close();

@@ -31,7 +31,7 @@ describe("SGLang KV events: simulated SGLang -> kv-bridge -> gateway", () => {
     bridge = await startKvBridge({ nats: env.server.url, log: quietLog });
     gw = await env.gateway({ id: "sg-a", adminPort: 0, tokenizerMode: "local" });
     await waitFor(() => bridge.pods().length === 2, 5_000, "bridge to take the pods");
-    await waitFor(() => bridge.pods().every((p) => p.connected), 5_000, "the bridge's SUB sockets to finish their handshakes");
+    await waitFor(() => bridge.pods().every((p) => p.settled), 5_000, "the bridge to join every engine's events");
   }, 60_000);
   afterAll(async () => {
     await bridge?.close();

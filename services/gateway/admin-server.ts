@@ -44,7 +44,7 @@ export interface AdminServerOptions {
   ready(): boolean;
   state(): unknown;
   metrics: { render(): Promise<string>; readonly contentType: string };
-  explain(headers: Record<string, string>, body: Buffer): Promise<{ status: number; body: unknown }>;
+  explain(headers: Record<string, string>, body: Buffer): Promise<{ status: number; body: unknown; headers?: Readonly<Record<string, string>> }>;
   /**
    * When given, `/debug/*` requires it to accept the request's `authorization` header (see
    * adminAuthorizer). Without it the admin port is open, as under `--auth off`: keep it on
@@ -60,8 +60,8 @@ export interface AdminServer {
 
 export async function startAdminServer(o: AdminServerOptions): Promise<AdminServer> {
   const server = http.createServer((req, res) => {
-    const json = (code: number, body: unknown) => {
-      res.writeHead(code, { "content-type": "application/json" });
+    const json = (code: number, body: unknown, headers: Readonly<Record<string, string>> = {}) => {
+      res.writeHead(code, { ...headers, "content-type": "application/json" });
       res.end(JSON.stringify(body));
     };
     if (req.url === "/healthz") return json(200, { status: "ok" });
@@ -106,7 +106,7 @@ export async function startAdminServer(o: AdminServerOptions): Promise<AdminServ
         const headers: Record<string, string> = {};
         for (const [k, v] of Object.entries(req.headers)) if (typeof v === "string") headers[k] = v;
         o.explain(headers, Buffer.concat(chunks)).then(
-          (r) => json(r.status, r.body),
+          (r) => json(r.status, r.body, r.headers),
           (err: unknown) => {
             o.log.error({ err }, "explain failed");
             json(500, openAIError(500, "internal_error", "explain failed"));

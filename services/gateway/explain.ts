@@ -43,7 +43,7 @@ function seededRandom(seed: string): () => number {
   return mulberry32(createHash("sha1").update(seed).digest().readUInt32LE(0));
 }
 
-export async function explain(director: Director, views: GatewayViews, headers: Record<string, string>, body: Buffer): Promise<{ status: number; body: unknown }> {
+export async function explain(director: Director, views: GatewayViews, headers: Record<string, string>, body: Buffer): Promise<{ status: number; body: unknown; headers?: Readonly<Record<string, string>> }> {
   try {
     const input = { headers, body };
     const prepared = await director.prepare(input);
@@ -79,7 +79,8 @@ export async function explain(director: Director, views: GatewayViews, headers: 
     };
     return { status: 200, body: out };
   } catch (err) {
-    if (err instanceof RouteError) return { status: err.status, body: routeErrorBody(err) };
+    // The error's headers too: a 421's `x-jetroute-pool`, a 429's rate-limit headers.
+    if (err instanceof RouteError) return { status: err.status, body: routeErrorBody(err), headers: err.headers };
     throw err;
   }
 }

@@ -180,6 +180,20 @@ describe("kv-bridge - engines to the KV stream", () => {
     expect(b.stats.gapsRepaired).toBeGreaterThanOrEqual(1);
   });
 
+  it("slow joiner: a batch the SUB misses while joining a pod that then goes quiet is fetched by the replay after joining", async () => {
+    const e = await engine();
+    await podFor("joiner", e);
+    const b = await bridge();
+    // The moment the SUB's session is up (its subscription not yet in effect), the engine publishes
+    // one batch the SUB does not get (buffered only), and then nothing more: no later event reveals the gap.
+    await waitFor(() => b.pods().find((p) => p.pod === "joiner")?.connected === true, 5_000, "the SUB's handshake");
+    expect(b.pods().find((p) => p.pod === "joiner")?.settled).toBe(false);
+    const seq = await e.publish([freshStored(2)], { live: false });
+    const msgs = await kvUntil("joiner", (m) => batches(m).some((x) => x.seq === seq));
+    expect(batches(msgs).map((x) => x.seq)).toEqual([seq]);
+    await waitFor(() => b.pods().find((p) => p.pod === "joiner")?.settled === true, 5_000, "settled after the post-join replay");
+  });
+
   it("gaps replay cannot cover publish kv-cleared: buffer rolled, replay hung, no replay endpoint", async () => {
     const rolled = await engine({ layout: "new-delimited" });
     const hung = await engine();

@@ -44,8 +44,10 @@ export interface BridgedPod {
   epoch?: string;
   lastSeq?: number;
   state: PodBridge["state"];
-  /** The SUB socket's handshake with the engine is done (engine-link.ts `connected`). */
+  /** The SUB socket's session with the engine is up (engine-link.ts `connected`). */
   connected: boolean;
+  /** Connected, and the replay after joining is done: the engine's next events reach the bridge (pod-bridge.ts `settled`). */
+  settled: boolean;
 }
 
 export interface KvBridgeHandle {
@@ -171,6 +173,7 @@ export async function startKvBridge(o: KvBridgeOptions): Promise<KvBridgeHandle>
         lastSeq: b.lastSeq,
         state: b.state,
         connected: b.connected,
+        settled: b.settled,
       })),
     async close() {
       if (closing) return;

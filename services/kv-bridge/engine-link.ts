@@ -25,6 +25,8 @@ export interface EngineLinkOptions {
   onMessage(frames: Buffer[]): void;
   /** The SUB is connected again after losing its connection: live messages may have been missed. */
   onReconnect(): void;
+  /** The SUB's ZMTP handshake with the engine completed (first connect and every reconnect). */
+  onJoined?(): void;
 }
 
 export interface ReplayReply {
@@ -49,9 +51,9 @@ export class EngineLink {
   private paused?: { promise: Promise<void>; resolve: () => void };
   private readerDone?: Promise<void>;
   /**
-   * The SUB socket's ZMTP handshake with the engine completed and it has not disconnected since:
-   * its subscription is on its way, so the engine's next events reach it. (PUB/SUB has no
-   * "subscribed" signal; messages published before it may be missed, which the replay repairs.)
+   * The SUB socket's ZMTP session with the engine is up (handshake done, no disconnect since). Its
+   * subscription reaches the engine a moment later: PUB/SUB has no "subscribed" signal, so what
+   * the engine publishes meanwhile is missed (the pod bridge's post-join replay fetches it).
    */
   connected = false;
 
@@ -99,7 +101,9 @@ export class EngineLink {
     let retried = false;
     let timer: NodeJS.Timeout | undefined;
     sub.events.on("handshake", () => {
-      if (this.sub === sub) this.connected = true;
+      if (this.sub !== sub) return;
+      this.connected = true;
+      this.o.onJoined?.();
     });
     sub.events.on("disconnect", () => {
       if (this.sub === sub) this.connected = false;

@@ -141,7 +141,10 @@ interface Decoded {
 
 type Continuity = "same" | "unknown" | "different" | "fresh";
 
-type InboxItem = { kind: "live"; frames: Buffer[] } | { kind: "probe" };
+type InboxItem = { kind: "live"; frames: Buffer[] } | { kind: "probe"; join?: boolean };
+
+/** How long after the SUB's handshake the post-join replay runs (the subscription's propagation takes well under this). */
+const JOIN_SETTLE_MS = 250;
 
 /** Past either bound the SUB stops being read (libzmq queues, then the engine's PUB drops: a gap). */
 const INBOX_PAUSE = 10_000;
@@ -201,7 +204,28 @@ export class PodBridge {
         this.probeQueued = true;
         this.push({ kind: "probe" });
       },
+      onJoined: () => {
+        // Slow joiner: what the engine publishes between the handshake and the subscription taking
+        // effect is missed, and on a pod that then goes quiet no later event would reveal the gap.
+        // One replay from the anchor shortly after joining fetches it.
+        clearTimeout(this.joinTimer);
+        this.joinTimer = setTimeout(() => this.push({ kind: "probe", join: true }), JOIN_SETTLE_MS);
+        this.joinTimer.unref();
+      },
     });
+  }
+
+  private joinTimer: NodeJS.Timeout | undefined;
+  /** Post-join replays started and finished (`settled` compares them). */
+  private joinsStarted = 0;
+  private joinsDone = -1;
+
+  /**
+   * Connected to the engine, and the replay after the latest join is done: from here on an event
+   * the engine publishes reaches this bridge live (or, if lost, is repaired at the next one).
+   */
+  get settled(): boolean {
+    return this.link.connected && this.joinsDone === this.joinsStarted;
   }
 
   get epoch(): string | undefined {
@@ -221,6 +245,7 @@ export class PodBridge {
   async close(flushTimeoutMs = 2_000): Promise<void> {
     if (this.closed) return;
     this.closed = true;
+    clearTimeout(this.joinTimer);
     this.state = "closed";
     this.o.stats.pods--;
     this.wake?.();
@@ -265,7 +290,11 @@ export class PodBridge {
     for (;;) {
       const item = await this.next();
       if (!item) return;
-      if (item.kind === "probe") {
+      if (item.kind === "probe" && item.join) {
+        const join = ++this.joinsStarted;
+        await this.guard(() => this.probe());
+        this.joinsDone = join;
+      } else if (item.kind === "probe") {
         this.probeQueued = false;
         await this.guard(() => this.probe());
       } else {
@@ -334,7 +363,13 @@ export class PodBridge {
   /** After a SUB reconnect: anything missed (or a restart) shows up in a replay from the anchor. */
   private async probe(): Promise<void> {
     const c = this.cursor;
-    if (!c || !this.link.hasReplay) return;
+    if (!this.link.hasReplay) return;
+    if (!c) {
+      // Nothing seen yet: whatever the engine holds is new (as at start).
+      const r = await this.replay(0);
+      if (r && r.length > 0) await this.resolve(r, this.prev, "gap-unrepairable");
+      return;
+    }
     await this.anomaly(undefined, c.anchorSeq);
   }
 

@@ -180,7 +180,7 @@ export async function startKubernetesWatcher(o: KubernetesWatcherOptions): Promi
     own.blind = b ? 1 : 0;
     return !b;
   };
-  const rt = await startSourceRuntime({ ...o, watcherId }, source, async (_n: NatsHandles) => kubeLeaseStore(kc, leaseNamespace, o.leaseName ?? leaseNameFor(source)), {
+  const rt = await startSourceRuntime({ ...o, watcherId }, source, async (_n: NatsHandles) => kubeLeaseStore(kc, leaseNamespace, o.leaseName ?? leaseNameFor(o.pool !== undefined ? `${o.pool}-${source}` : source)), {
     canVouch,
   });
   const api = kc.makeApiClient(CoreV1Api);

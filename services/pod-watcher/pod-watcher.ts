@@ -17,7 +17,7 @@ import type { Logger } from "../shared/log.js";
 import { connectNats, type NatsHandles } from "../shared/nats.js";
 import { natsKvLeaseStore } from "./kv-lease.js";
 import { LeaderElector, type LeaseStore } from "./leader.js";
-import { followPoolModels, type PoolModelsHandle } from "./pool-models.js";
+import { followPools, modelFilterFor, type PoolFollowHandle } from "./pool-models.js";
 import { podKey, type PodState } from "./reconcile.js";
 import { SourcePublisher, type SourcePublisherStats } from "./source-publisher.js";
 import { readPodList, type StaticPod } from "./static-pods.js";
@@ -42,7 +42,7 @@ export interface CommonWatcherOptions {
   pool?: string;
   /** With `pool`: its models, instead of the config bucket's `pool.<name>` entry. */
   poolModels?: string[];
-  /** How often the config bucket's `pool.<name>` entry is re-read (default 5 s). */
+  /** How often the config bucket's `pool.*` entries are re-read (default 5 s). */
   poolPollMs?: number;
   /** The source this watcher vouches for (default: derived from the list file / cluster). */
   source?: string;
@@ -122,6 +122,8 @@ export interface SourceRuntime {
   publisher: SourcePublisher;
   elector: LeaderElector | undefined;
   isLeader(): boolean;
+  /** Successful reads of the gateway pools from the config bucket (0 with --models). */
+  poolReads(): number;
   close(release: boolean): Promise<void>;
 }
 
@@ -152,17 +154,16 @@ export async function startSourceRuntime(o: CommonWatcherOptions, source: string
     exclusive: !o.leaderElection,
     ...(extras.canVouch ? { canVouch: extras.canVouch } : {}),
   });
-  let poolModels: PoolModelsHandle | undefined;
-  if (ns.pool !== undefined) {
-    if (o.poolModels) {
-      const models = new Set(o.poolModels);
-      publisher.setModelFilter((m) => models.has(m));
-    } else {
-      // Nothing is published before the pool's models are known.
-      publisher.setModelFilter(() => false);
-      poolModels = followPoolModels({ nc: nats.nc, configPrefix: ns.configPrefix, pool: ns.pool, log: o.log, ...(o.poolPollMs ? { pollMs: o.poolPollMs } : {}), onModels: (models) => publisher.setModelFilter((m) => models.has(m)) });
-      await poolModels.ready;
-    }
+  // Which models' pods this watcher publishes (pool-models.ts): a pooled one its pool's, an
+  // unpooled one those no pool lists; a pooled one with --models exactly those.
+  let pools: PoolFollowHandle | undefined;
+  if (ns.pool !== undefined && o.poolModels) {
+    const models = new Set(o.poolModels);
+    publisher.setModelFilter((m) => models.has(m));
+  } else {
+    publisher.setModelFilter(modelFilterFor(ns.pool, undefined));
+    pools = followPools({ nc: nats.nc, configPrefix: ns.configPrefix, log: o.log, ...(o.poolPollMs ? { pollMs: o.poolPollMs } : {}), onPools: (map, invalid) => publisher.setModelFilter(modelFilterFor(ns.pool, map, invalid)) });
+    await pools.ready;
   }
   if (o.leaderElection) {
     const store = await (leaseStore ?? ((n) => natsKvLeaseStore(n, prefix, source)))(nats);
@@ -178,8 +179,9 @@ export async function startSourceRuntime(o: CommonWatcherOptions, source: string
     publisher,
     elector,
     isLeader: () => (elector ? elector.isLeader() : true),
+    poolReads: () => pools?.reads ?? 0,
     async close(release) {
-      poolModels?.stop();
+      pools?.stop();
       await elector?.stop(release);
       await publisher.close();
       await nats.nc.drain().catch(() => undefined);
@@ -232,7 +234,7 @@ export async function startPodWatcher(o: PodWatcherOptions): Promise<PodWatcherH
     source,
     watcherId,
     get stats() {
-      return { ...own, ...rt.publisher.stats, leader: rt.isLeader() ? 1 : 0 };
+      return { ...own, ...rt.publisher.stats, leader: rt.isLeader() ? 1 : 0, poolReads: rt.poolReads() };
     },
     isLeader: () => rt.isLeader(),
     firstRound,

@@ -1,73 +1,122 @@
 /**
- * Gateway pools (streams/pools.ts): a pooled pod-watcher publishes only the pods of its pool's
- * models, into the pool's namespace. The models come from `--models`, or from the config bucket's
- * `pool.<name>` entry, read at start and then every few seconds (a read, not a watch: nothing to
- * go silent, and a pool's assignment changes rarely). Until the entry exists the watcher
- * publishes no pod, and says so; an entry that stops validating leaves the previous models in place.
+ * Gateway pools (streams/pools.ts): which models' pods a pod-watcher publishes. A pooled watcher
+ * publishes the pods of its pool's models into the pool's namespace; an unpooled one publishes the
+ * pods of models no pool lists. Both read every `pool.<name>` entry of the config bucket, at start
+ * and then every few seconds (a read, not a watch: nothing to go silent, and assignments change
+ * rarely), and decide with the gateways' rule (services/views/pool-map.ts): a model two pools list
+ * belongs to the pool whose name sorts first. `--models` fixes a pooled watcher's list instead.
+ *
+ * What a failed read means is decided here, not by the publisher: before the first good read a
+ * pooled watcher's models are unknown (it publishes and removes nothing), an unpooled one keeps
+ * every pod (as before pools existed); an entry that stops validating keeps its previous models;
+ * only a bucket or entry confirmed absent empties a pool (its watcher then removes its pods).
  */
 import { Kvm } from "@nats-io/kv";
 import type { NatsConnection } from "@nats-io/transport-node";
 import { POOL_KEY_PREFIX, type PoolConfig, poolConfigError } from "../../schemas/config.js";
 import { configBucketName } from "../../streams/definitions.js";
 import type { Logger } from "../shared/log.js";
+import { PoolMap } from "../views/pool-map.js";
 
-export interface PoolModelsOptions {
+/** What the publisher is told: publish pods whose model `accepts`, all pods (undefined), or nothing and remove nothing ("unknown"). */
+export type ModelFilter = ((model: string) => boolean) | undefined | "unknown";
+
+/**
+ * The filter a watcher of `pool` (undefined: unpooled) applies, given the pools as last read
+ * (undefined: never read) and the pools whose entry exists but never validated.
+ */
+export function modelFilterFor(pool: string | undefined, map: PoolMap | undefined, invalid: ReadonlySet<string> = new Set()): ModelFilter {
+  if (map === undefined) return pool === undefined ? undefined : "unknown";
+  if (pool !== undefined && invalid.has(pool) && map.modelsOf(pool) === undefined) return "unknown";
+  return pool === undefined ? (m) => map.poolOf(m) === undefined : (m) => map.poolOf(m) === pool;
+}
+
+export interface PoolFollowOptions {
   nc: NatsConnection;
   configPrefix: string;
-  pool: string;
   log: Logger;
-  /** Called with the pool's models whenever they change (an empty set before the entry exists). */
-  onModels(models: ReadonlySet<string>): void;
+  /** Called after every read that changed the pools (and after the first good read); `invalid`: pools whose entry never validated. */
+  onPools(map: PoolMap, invalid: ReadonlySet<string>): void;
   pollMs?: number;
 }
 
-export interface PoolModelsHandle {
-  /** Resolves after the first read (whatever it found). */
-  ready: Promise<void>;
+export interface PoolFollowHandle {
+  /** Resolves after the first read attempt: true if it succeeded. */
+  ready: Promise<boolean>;
+  /** Reads that succeeded (changed or not). */
+  readonly reads: number;
   stop(): void;
 }
 
-export function followPoolModels(o: PoolModelsOptions): PoolModelsHandle {
-  const key = `${POOL_KEY_PREFIX}${o.pool}`;
-  let revision = -1;
+const isNotFound = (err: unknown) => /not found/i.test((err as Error)?.message ?? "");
+
+export function followPools(o: PoolFollowOptions): PoolFollowHandle {
   let stopped = false;
-  let warnedMissing = false;
-  const read = async () => {
-    const kv = await new Kvm(o.nc).open(configBucketName(o.configPrefix));
-    const e = await kv.get(key);
-    if (stopped) return;
-    if (e?.operation !== "PUT") {
-      if (revision !== 0) {
-        revision = 0;
-        o.onModels(new Set());
-      }
-      if (!warnedMissing) o.log.warn({ pool: o.pool, key }, "the pool has no models in the config bucket (jetroute config set-pool): publishing no pods");
-      warnedMissing = true;
-      return;
-    }
-    if (e.revision === revision) return;
-    revision = e.revision;
-    let value: unknown;
+  let reads = 0;
+  let lastShape: string | undefined;
+  /** Each pool's models as last validly read: an entry that stops validating keeps them. */
+  const valid = new Map<string, readonly string[]>();
+  /** Pools whose current entry does not validate, with the revision logged (once per revision). */
+  const invalid = new Map<string, number>();
+  const read = async (): Promise<void> => {
+    const bucket = configBucketName(o.configPrefix);
+    const seen = new Set<string>();
     try {
-      value = e.json();
-    } catch {
-      value = undefined;
+      const kv = await new Kvm(o.nc).open(bucket);
+      for await (const key of await kv.keys(`${POOL_KEY_PREFIX}>`)) {
+        const pool = key.slice(POOL_KEY_PREFIX.length);
+        const e = await kv.get(key);
+        if (e?.operation !== "PUT") continue;
+        seen.add(pool);
+        let value: unknown;
+        try {
+          value = e.json();
+        } catch {
+          value = undefined;
+        }
+        const err = value === undefined ? "not JSON" : poolConfigError(value);
+        if (err) {
+          if (invalid.get(pool) !== e.revision) o.log.error({ pool, revision: e.revision, err }, "invalid pool config ignored; the previous models stay (none: its pods are neither published nor removed)");
+          invalid.set(pool, e.revision);
+          continue;
+        }
+        invalid.delete(pool);
+        valid.set(pool, (value as PoolConfig).models);
+      }
+    } catch (err) {
+      // No bucket at all (streams never applied): there are no pools. Anything else is a failed read.
+      if (!isNotFound(err)) throw err;
+      seen.clear();
     }
-    const err = value === undefined ? "not JSON" : poolConfigError(value);
-    if (err) {
-      o.log.error({ pool: o.pool, revision: e.revision, err }, "invalid pool config ignored; the previous models stay");
-      return;
-    }
-    warnedMissing = false;
-    const models = new Set((value as PoolConfig).models);
-    o.log.info({ pool: o.pool, models: models.size, revision: e.revision }, "pool models applied");
-    o.onModels(models);
+    for (const pool of [...valid.keys()]) if (!seen.has(pool)) valid.delete(pool);
+    for (const pool of [...invalid.keys()]) if (!seen.has(pool)) invalid.delete(pool);
+    if (stopped) return;
+    reads++;
+    const shape = JSON.stringify([[...valid].sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0)), [...invalid.keys()].sort()]);
+    if (shape === lastShape) return;
+    lastShape = shape;
+    const map = new PoolMap();
+    for (const [pool, models] of valid) map.set(pool, models);
+    for (const c of map.conflicts()) o.log.warn(c, "a model listed by more than one pool belongs to the first by name");
+    o.log.info({ pools: map.names() }, "gateway pools read from the config bucket");
+    o.onPools(map, new Set(invalid.keys()));
   };
-  const guarded = () => read().catch((err: unknown) => o.log.warn({ pool: o.pool, err: (err as Error).message }, "cannot read the pool's models; keeping the previous ones"));
+  const guarded = () =>
+    read().then(
+      () => true,
+      (err: unknown) => {
+        o.log.warn({ err: (err as Error).message }, "cannot read the gateway pools from the config bucket; keeping what was read before");
+        return false;
+      },
+    );
   const ready = guarded();
   const timer = setInterval(guarded, o.pollMs ?? 5_000);
+  timer.unref();
   return {
     ready,
+    get reads() {
+      return reads;
+    },
     stop() {
       stopped = true;
       clearInterval(timer);

@@ -29,6 +29,7 @@ import type { NatsHandles } from "../shared/nats.js";
 import { acked, encodeEvent } from "../shared/publish.js";
 import { type BackoffOptions, backoffDelayMs, DEFAULT_BACKOFF } from "./backoff.js";
 import { planReconcile, podKey, type PodState } from "./reconcile.js";
+import type { ModelFilter } from "./pool-models.js";
 
 export interface SourcePublisherOptions {
   nats: NatsHandles;
@@ -89,7 +90,7 @@ export class SourcePublisher {
   private desired = new Map<string, PodState>();
   /** What the driver listed, before the pool's model filter. */
   private unfiltered = new Map<string, PodState>();
-  private modelFilter: ((model: string) => boolean) | undefined;
+  private modelFilter: ModelFilter;
   private complete = false;
   private readonly published = new Map<string, PodEvent>();
   private readonly publishedAt = new Map<string, number>();
@@ -132,20 +133,20 @@ export class SourcePublisher {
   }
 
   /**
-   * Gateway pools: only pods of models the filter accepts are published (the rest are removed, as
-   * if the driver no longer listed them); undefined = every pod. Applied to the current pods at once.
+   * Gateway pools (pool-models.ts): only pods of models the filter accepts are published (the rest
+   * are removed, as if the driver no longer listed them); undefined = every pod; "unknown" = the
+   * models are not known yet: nothing is published and nothing removed. Applied at once.
    */
-  setModelFilter(accepts: ((model: string) => boolean) | undefined): void {
-    this.modelFilter = accepts;
+  setModelFilter(filter: ModelFilter): void {
+    this.modelFilter = filter;
     this.refilter();
   }
 
   private refilter(): void {
-    const accepts = this.modelFilter;
-    if (!accepts) this.desired = this.unfiltered;
-    else {
-      this.desired = new Map([...this.unfiltered].filter(([, p]) => accepts(p.model)));
-    }
+    const f = this.modelFilter;
+    if (f === undefined) this.desired = this.unfiltered;
+    else if (f === "unknown") this.desired = new Map();
+    else this.desired = new Map([...this.unfiltered].filter(([, p]) => f(p.model)));
     this.stats.filteredOut = this.unfiltered.size - this.desired.size;
     this.kick();
   }
@@ -367,7 +368,7 @@ export class SourcePublisher {
 
   private async syncOnce(): Promise<void> {
     const plan = planReconcile({
-      source: this.o.source, desired: this.desired, complete: this.complete, published: this.published, publishedAt: this.publishedAt, now: this.clock(), reassertMs: this.o.reassertMs,
+      source: this.o.source, desired: this.desired, complete: this.complete && this.modelFilter !== "unknown", published: this.published, publishedAt: this.publishedAt, now: this.clock(), reassertMs: this.o.reassertMs,
       adoptUnowned: this.o.adoptUnowned ?? false, liveSources: this.liveSources(),
     });
     this.stats.pending = plan.upserts.length + plan.removes.length;

@@ -5,8 +5,8 @@
  * config says (LoRA adapters their pods serve included). A model they do not know that the config
  * assigns to another pool gets 421 Misdirected Request naming that pool, in the message and in the
  * `x-jetroute-pool` header, so that a client or an operator finds the route to fix; an unpooled
- * gateway does the same for every pooled model. A model no pool lists is left to the usual
- * answers (404 for a model no pod serves), with the pool named in the message.
+ * gateway does the same for every pooled model. A model no pool lists gets 404 at a pooled
+ * gateway, naming its pool; at an unpooled one the usual answers follow (404 if no pod serves it).
  */
 import { RouteError } from "../errors.js";
 
@@ -28,7 +28,12 @@ const shown = (pool: string | undefined) => (pool === undefined ? "(unpooled)" :
 export function misdirected(model: string, self: PoolIdentity, views: PoolCheckViews): RouteError | undefined {
   if (views.pods.knows(model) || self.models?.has(model)) return undefined;
   const owner = views.pools.poolOf(model);
-  if (owner === undefined || owner === self.pool) return undefined;
+  if (owner === self.pool) return undefined;
+  if (owner === undefined) {
+    // Unpooled: the usual 404 comes later. Pooled: say which pool was asked (the model may be served unpooled).
+    if (self.pool === undefined) return undefined;
+    return new RouteError("unknownModel", `The model \`${model}\` does not exist in gateway pool \`${self.pool}\` (and no pool lists it).`, "model");
+  }
   return new RouteError(
     "wrongPool",
     `The model \`${model}\` is served by gateway pool \`${owner}\`, not by this gateway (pool ${shown(self.pool)}): send it to pool \`${owner}\`'s route.`,
