@@ -732,22 +732,28 @@ const METRICS_FLAG: Record<string, { flag: string; serves: () => boolean }> = {
   ),
 };
 
-/** The Services a ServiceMonitor selects (matchLabels only: anything else fails the test). */
-function servicesSelectedBy(sm: Obj): Obj[] {
+/** The Services a ServiceMonitor selects (matchLabels and matchExpressions `In`: anything else fails the test). */
+function servicesSelectedBy(sm: Obj, objects: Obj[] = k8s.map((d) => d.value)): Obj[] {
   const where = `ServiceMonitor ${nsOf(sm)}/${nameOf(sm)}`;
   const sel = obj(at(sm, "spec.selector"), `${where} spec.selector`);
-  expect(Object.keys(sel), `${where}: this test understands selector.matchLabels only`).toEqual(["matchLabels"]);
+  for (const k of Object.keys(sel)) expect(["matchLabels", "matchExpressions"], `${where}: this test understands matchLabels and matchExpressions only`).toContain(k);
+  const expressions = listOrEmpty(sel.matchExpressions).map((e) => obj(e, `${where} matchExpression`));
+  for (const e of expressions) expect(e.operator, `${where}: this test understands the In operator only`).toBe("In");
   const nsSel = at(sm, "spec.namespaceSelector");
   expect(at(nsSel, "any"), `${where}: namespaceSelector.any would scrape every namespace`).not.toBe(true);
   const namespaces = listOrEmpty(at(nsSel, "matchNames")).map((n) => String(n));
   const allowed = namespaces.length > 0 ? namespaces : [nsOf(sm)];
-  return kinds("Service").filter((svc) => allowed.includes(nsOf(svc)) && selects(sel.matchLabels, at(svc, "metadata.labels")));
+  return objects.filter((svc) => {
+    if (svc.kind !== "Service" || !allowed.includes(nsOf(svc))) return false;
+    const labels = (at(svc, "metadata.labels") as Obj | undefined) ?? {};
+    return selects(sel.matchLabels, labels) && expressions.every((e) => listOrEmpty(e.values).includes(labels[String(e.key)]));
+  });
 }
 
 /** The jetroute containers behind a Service (pod templates its selector matches, same namespace). */
-function containersBehind(svc: Obj): Array<{ inv: Invocation; port: Obj }> {
+function containersBehind(svc: Obj, objects: Obj[] = k8s.map((d) => d.value)): Array<{ inv: Invocation; port: Obj }> {
   const out: Array<{ inv: Invocation; port: Obj }> = [];
-  for (const c of jetrouteContainers()) {
+  for (const c of jetrouteContainers(objects)) {
     if (nsOf(c.workload) !== nsOf(svc) || !selects(at(svc, "spec.selector"), at(c.workload, "spec.template.metadata.labels"))) continue;
     for (const p of listOrEmpty(c.container.ports)) out.push({ inv: invocation(c), port: obj(p, "container port") });
   }
@@ -1253,6 +1259,28 @@ describe("gateway pools (deploy/pools, as `kubectl kustomize` renders it)", () =
         }
       }
     }
+  });
+
+  it("the ServiceMonitors scrape each pool's gateway, pod-watcher, metrics-scraper and kv-bridge once, on the port their metrics flag opens, and label them with the pool", () => {
+    const scraped = new Map<string, number>();
+    for (const sm of kinds("ServiceMonitor")) {
+      expect(at(sm, "spec.targetLabels"), `${nameOf(sm)}: the pool label goes onto the metrics`).toEqual([POOL_LABEL]);
+      for (const ep of listOrEmpty(at(sm, "spec.endpoints"))) {
+        for (const svc of servicesSelectedBy(sm, installed())) {
+          const sp = listOrEmpty(at(svc, "spec.ports")).find((p) => at(p, "name") === at(ep, "port"));
+          const target = at(sp, "targetPort") ?? at(sp, "port");
+          for (const { inv, port } of containersBehind(svc, installed())) {
+            if (port.name !== target && port.containerPort !== target) continue;
+            const m = METRICS_FLAG[inv.sub];
+            expect(m, `${inv.where}: scraped, but \`jetroute ${inv.sub}\` serves no /metrics`).toBeDefined();
+            expect(port.containerPort, `${inv.where}: the scraped container port must be ${m?.flag}`).toBe(intFlag(inv, m?.flag ?? ""));
+            const key = `${templatePoolOf(inv.workload) ?? "base"} ${inv.sub}`;
+            scraped.set(key, (scraped.get(key) ?? 0) + 1);
+          }
+        }
+      }
+    }
+    for (const pool of ["base", ...pools()]) for (const sub of Object.keys(METRICS_FLAG)) expect(scraped.get(`${pool} ${sub}`), `${pool}: \`jetroute ${sub}\` scraped once`).toBe(1);
   });
 
   it("pool processes take the base processes' NATS Secrets (the same NATS users), optional", () => {
