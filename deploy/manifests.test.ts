@@ -1210,10 +1210,15 @@ describe("gateway pools (deploy/pools, as `kubectl kustomize` renders it)", () =
       expect(inv.flags.get("--leader-election"), inv.where).toBe(true);
       expect(inv.flags.get("--kubernetes"), inv.where).toBe(true);
       expect(inv.flags.get("--lease-namespace"), inv.where).toBe("$(POD_NAMESPACE)");
+      // A takeover fits inside the source timeout of the gateways that read this watcher (its pool's).
+      const lease = intFlag(inv, "--lease-ms");
+      expect(lease + 2 * Math.floor(lease / 3) + intFlag(inv, "--heartbeat-ms") + 2_000, `${inv.where}: takeover budget`).toBeLessThanOrEqual(
+        intFlag(gatewayOf(templatePoolOf(inv.workload)), "--pod-source-timeout-ms"),
+      );
       // services/pod-watcher/kubernetes.ts names the Lease after the source only.
-      const lease = `${nsOf(inv.workload)}/${leaseNameFor(String(inv.flags.get("--source")))}`;
-      expect(leases.get(lease), `Lease ${lease} of ${owner} is also ${leases.get(lease)}'s`).toBeUndefined();
-      leases.set(lease, owner);
+      const leaseName = `${nsOf(inv.workload)}/${leaseNameFor(String(inv.flags.get("--source")))}`;
+      expect(leases.get(leaseName), `Lease ${leaseName} of ${owner} is also ${leases.get(leaseName)}'s`).toBeUndefined();
+      leases.set(leaseName, owner);
       // RBAC: pods in each watched namespace, leases in its own.
       const sa = str(at(inv.pod, "serviceAccountName"), `${inv.where} serviceAccountName`);
       oneIn(installed(), "ServiceAccount", sa, nsOf(inv.workload));
