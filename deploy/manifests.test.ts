@@ -6,11 +6,13 @@
  * file), and the names that tie Gateway API objects, policies, Services and probes together are
  * checked end to end.
  */
+import { execFileSync } from "node:child_process";
 import { existsSync, readdirSync, readFileSync, statSync } from "node:fs";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { describe, expect, it } from "vitest";
 import { parseAllDocuments } from "yaml";
+import { leaseNameFor } from "../services/pod-watcher/kubernetes.js";
 import { parsePodList } from "../services/pod-watcher/static-pods.js";
 
 const DEPLOY = path.dirname(fileURLToPath(import.meta.url));
@@ -59,10 +61,17 @@ function seconds(d: unknown): number {
 }
 
 // ---------------------------------------------------------------- every YAML document under deploy/
+/**
+ * deploy/pools/ is a kustomize overlay of the base manifests (patches, a Component): its files are
+ * not objects in their own right. It is checked as `kubectl kustomize deploy/pools` renders it,
+ * in "gateway pools" below.
+ */
+const POOLS_DIR = path.join(DEPLOY, "pools");
+
 function yamlFiles(dir: string): string[] {
   return readdirSync(dir).flatMap((name) => {
     const p = path.join(dir, name);
-    if (statSync(p).isDirectory()) return name === "node_modules" ? [] : yamlFiles(p);
+    if (statSync(p).isDirectory()) return name === "node_modules" || p === POOLS_DIR ? [] : yamlFiles(p);
     return /\.ya?ml$/.test(name) ? [p] : [];
   });
 }
@@ -132,7 +141,12 @@ interface Flag {
 interface SubCommand {
   file: string;
   children: string[];
+  /** Every flag the file registers (for a command with children: all of theirs). */
   flags: Map<string, Flag>;
+  /** A child's own flags plus the ones registered before the first child (shared by all). */
+  childFlags: Map<string, Map<string, Flag>>;
+  /** A child's required positional arguments (`set-pool <pool>`: 1). */
+  positionals: Map<string, number>;
 }
 function cliCommands(): Map<string, SubCommand> {
   const cli = read("services/cli.ts");
@@ -141,17 +155,37 @@ function cliCommands(): Map<string, SubCommand> {
     if (!new RegExp(`\\b${fn}\\(program\\)`).test(cli)) continue; // imported but never registered
     const file = `services/${rel}.ts`;
     const text = read(file);
-    const names = [...text.matchAll(/\.command\(\s*"([^"\s]+)/g)].map((m) => m[1] as string);
-    const [top, ...children] = names;
-    if (!top) throw new Error(`${file}: no .command("...") found`);
+    let top: string | undefined;
+    let current: string | undefined; // the child whose flags follow
+    const children: string[] = [];
     const flags = new Map<string, Flag>();
-    for (const [, method, spec] of text.matchAll(/\.(option|requiredOption)\(\s*"([^"]+)"/g)) {
-      const long = /--[\w-]+/.exec(spec as string)?.[0];
-      if (long) flags.set(long, { takesValue: /<[^>]+>/.test(spec as string), required: method === "requiredOption" });
+    const shared = new Map<string, Flag>();
+    const childFlags = new Map<string, Map<string, Flag>>();
+    const positionals = new Map<string, number>();
+    const add = (long: string, flag: Flag) => {
+      flags.set(long, flag);
+      (current === undefined ? shared : (childFlags.get(current) as Map<string, Flag>)).set(long, flag);
+    };
+    // In source order: commands, options, and the shared options (services/shared/cli-options.ts).
+    const tokens = /\.command\(\s*"([^"]+)"|\.(option|requiredOption)\(\s*"([^"]+)"|\.addOption\((natsOption|poolOption)\(/g;
+    for (const m of text.matchAll(tokens)) {
+      if (m[1] !== undefined) {
+        const [name, ...args] = m[1].trim().split(/\s+/);
+        if (top === undefined) top = name;
+        else {
+          current = name as string;
+          children.push(current);
+          childFlags.set(current, new Map());
+          positionals.set(current, args.filter((a) => a.startsWith("<")).length);
+        }
+      } else if (m[3] !== undefined) {
+        const long = /--[\w-]+/.exec(m[3])?.[0];
+        if (long) add(long, { takesValue: /<[^>]+>/.test(m[3]), required: m[2] === "requiredOption" });
+      } else add(m[4] === "natsOption" ? "--nats" : "--pool", { takesValue: true, required: false });
     }
-    // The shared `--nats <urls>` option (services/shared/cli-options.ts).
-    if (/\.addOption\(natsOption\(\)\)/.test(text)) flags.set("--nats", { takesValue: true, required: false });
-    commands.set(top, { file, children, flags });
+    if (!top) throw new Error(`${file}: no .command("...") found`);
+    for (const [child, own] of childFlags) childFlags.set(child, new Map([...shared, ...own]));
+    commands.set(top, { file, children, flags, childFlags, positionals });
   }
   return commands;
 }
@@ -161,6 +195,8 @@ interface Invocation {
   where: string;
   sub: string;
   child?: string;
+  /** A child command's positional arguments (`config set-pool chat`: ["chat"]). */
+  positionals: string[];
   flags: Map<string, string | true>;
   container: Obj;
   pod: Obj;
@@ -171,9 +207,10 @@ const podSpecOf = (w: Obj): Obj | undefined => {
   return isObj(spec) ? spec : undefined;
 };
 const isJetrouteImage = (image: unknown) => typeof image === "string" && /(^|\/)jetroute(:|@|$)/.test(image);
-function jetrouteContainers(): Array<{ where: string; container: Obj; pod: Obj; workload: Obj }> {
+/** The containers running the jetroute image, in the base manifests or in the given objects. */
+function jetrouteContainers(objects: Obj[] = k8s.map((d) => d.value)): Array<{ where: string; container: Obj; pod: Obj; workload: Obj }> {
   const out: Array<{ where: string; container: Obj; pod: Obj; workload: Obj }> = [];
-  for (const w of k8s.map((d) => d.value)) {
+  for (const w of objects) {
     const pod = podSpecOf(w);
     if (!pod) continue;
     for (const c of [...listOrEmpty(pod.initContainers), ...listOrEmpty(pod.containers)]) {
@@ -191,10 +228,19 @@ function invocation(c: { where: string; container: Obj; pod: Obj; workload: Obj 
   if (!cmd) throw new Error(`${c.where}: "${sub}" is not a jetroute sub-command (known: ${[...COMMANDS.keys()].join(", ")})`);
   let i = 1;
   let child: string | undefined;
+  const positionals: string[] = [];
+  let known = cmd.flags;
   if (cmd.children.length > 0) {
     child = args[1];
     if (!child || !cmd.children.includes(child)) throw new Error(`${c.where}: "${sub} ${child ?? ""}" is not a sub-command (known: ${cmd.children.join(", ")})`);
     i = 2;
+    known = cmd.childFlags.get(child) ?? new Map();
+    const want = cmd.positionals.get(child) ?? 0;
+    for (; positionals.length < want; i++) {
+      const arg = args[i];
+      if (arg === undefined || arg.startsWith("--")) throw new Error(`${c.where}: \`jetroute ${sub} ${child}\` needs ${want} positional argument(s)`);
+      positionals.push(arg);
+    }
   }
   const flags = new Map<string, string | true>();
   for (; i < args.length; i++) {
@@ -202,8 +248,8 @@ function invocation(c: { where: string; container: Obj; pod: Obj; workload: Obj 
     if (!arg.startsWith("--")) throw new Error(`${c.where}: unexpected positional argument ${JSON.stringify(arg)}`);
     const eq = arg.indexOf("=");
     const name = eq < 0 ? arg : arg.slice(0, eq);
-    const flag = cmd.flags.get(name);
-    if (!flag) throw new Error(`${c.where}: ${name} is not a flag of \`jetroute ${sub}\` (${cmd.file})`);
+    const flag = known.get(name);
+    if (!flag) throw new Error(`${c.where}: ${name} is not a flag of \`jetroute ${sub}${child ? ` ${child}` : ""}\` (${cmd.file})`);
     let value: string | true = true;
     if (eq >= 0) value = arg.slice(eq + 1);
     else if (flag.takesValue) {
@@ -217,8 +263,8 @@ function invocation(c: { where: string; container: Obj; pod: Obj; workload: Obj 
     if (flags.has(name)) throw new Error(`${c.where}: ${name} given twice`);
     flags.set(name, value);
   }
-  for (const [name, f] of cmd.flags) if (f.required && !flags.has(name)) throw new Error(`${c.where}: required flag ${name} is missing`);
-  return { where: c.where, sub, child, flags, container: c.container, pod: c.pod, workload: c.workload };
+  for (const [name, f] of known) if (f.required && !flags.has(name)) throw new Error(`${c.where}: required flag ${name} is missing`);
+  return { where: c.where, sub, child, positionals, flags, container: c.container, pod: c.pod, workload: c.workload };
 }
 function invocationOf(sub: string): Invocation {
   const found = jetrouteContainers()
@@ -686,22 +732,28 @@ const METRICS_FLAG: Record<string, { flag: string; serves: () => boolean }> = {
   ),
 };
 
-/** The Services a ServiceMonitor selects (matchLabels only: anything else fails the test). */
-function servicesSelectedBy(sm: Obj): Obj[] {
+/** The Services a ServiceMonitor selects (matchLabels and matchExpressions `In`: anything else fails the test). */
+function servicesSelectedBy(sm: Obj, objects: Obj[] = k8s.map((d) => d.value)): Obj[] {
   const where = `ServiceMonitor ${nsOf(sm)}/${nameOf(sm)}`;
   const sel = obj(at(sm, "spec.selector"), `${where} spec.selector`);
-  expect(Object.keys(sel), `${where}: this test understands selector.matchLabels only`).toEqual(["matchLabels"]);
+  for (const k of Object.keys(sel)) expect(["matchLabels", "matchExpressions"], `${where}: this test understands matchLabels and matchExpressions only`).toContain(k);
+  const expressions = listOrEmpty(sel.matchExpressions).map((e) => obj(e, `${where} matchExpression`));
+  for (const e of expressions) expect(e.operator, `${where}: this test understands the In operator only`).toBe("In");
   const nsSel = at(sm, "spec.namespaceSelector");
   expect(at(nsSel, "any"), `${where}: namespaceSelector.any would scrape every namespace`).not.toBe(true);
   const namespaces = listOrEmpty(at(nsSel, "matchNames")).map((n) => String(n));
   const allowed = namespaces.length > 0 ? namespaces : [nsOf(sm)];
-  return kinds("Service").filter((svc) => allowed.includes(nsOf(svc)) && selects(sel.matchLabels, at(svc, "metadata.labels")));
+  return objects.filter((svc) => {
+    if (svc.kind !== "Service" || !allowed.includes(nsOf(svc))) return false;
+    const labels = (at(svc, "metadata.labels") as Obj | undefined) ?? {};
+    return selects(sel.matchLabels, labels) && expressions.every((e) => listOrEmpty(e.values).includes(labels[String(e.key)]));
+  });
 }
 
 /** The jetroute containers behind a Service (pod templates its selector matches, same namespace). */
-function containersBehind(svc: Obj): Array<{ inv: Invocation; port: Obj }> {
+function containersBehind(svc: Obj, objects: Obj[] = k8s.map((d) => d.value)): Array<{ inv: Invocation; port: Obj }> {
   const out: Array<{ inv: Invocation; port: Obj }> = [];
-  for (const c of jetrouteContainers()) {
+  for (const c of jetrouteContainers(objects)) {
     if (nsOf(c.workload) !== nsOf(svc) || !selects(at(svc, "spec.selector"), at(c.workload, "spec.template.metadata.labels"))) continue;
     for (const p of listOrEmpty(c.container.ports)) out.push({ inv: invocation(c), port: obj(p, "container port") });
   }
@@ -918,5 +970,338 @@ describe("NetworkPolicies", () => {
       expect(at(env[v ?? ""], "valueFrom.secretKeyRef.name"), `${v} must come from a Secret`).toBe("jetroute-nats-users");
     }
     expect(users.map((u) => u.user).sort()).toEqual(["jr-admin", "jr-analyst", "jr-gateway", "jr-kv-bridge", "jr-metrics-scraper", "jr-pod-watcher"]);
+  });
+});
+
+// ---------------------------------------------------------------- gateway pools (deploy/pools)
+/** `kubectl kustomize <dir>`: the objects `kubectl apply -k <dir>` would send. */
+function kustomize(dir: string): Obj[] {
+  const out = execFileSync("kubectl", ["kustomize", dir], { encoding: "utf8", timeout: 60_000, stdio: ["ignore", "pipe", "pipe"] });
+  return parseAllDocuments(out)
+    .map((d) => d.toJS() as unknown)
+    .filter(isObj);
+}
+const POOL_LABEL = "jetroute.io/gateway-pool";
+const poolOf = (o: Obj) => (at(o, "metadata.labels") as Obj | undefined)?.[POOL_LABEL] as string | undefined;
+const templatePoolOf = (w: Obj) => (at(w, "spec.template.metadata.labels") as Obj | undefined)?.[POOL_LABEL] as string | undefined;
+/** The processes that take --pool and must all name their pool's. */
+const POOLED = ["gateway", "pod-watcher", "metrics-scraper", "kv-bridge"];
+
+describe("gateway pools (deploy/pools, as `kubectl kustomize` renders it)", () => {
+  let cache: Obj[] | undefined;
+  const rendered = () => {
+    cache ??= kustomize(POOLS_DIR);
+    return cache;
+  };
+  /** The whole installation: the base manifests plus the pools. */
+  const installed = () => [...k8s.map((d) => d.value), ...rendered()];
+  const kindIn = (objects: Obj[], kind: string) => objects.filter((o) => o.kind === kind);
+  const oneIn = (objects: Obj[], kind: string, name: string, ns?: string) => {
+    const found = objects.filter((o) => o.kind === kind && nameOf(o) === name && (ns === undefined || nsOf(o) === ns));
+    if (found.length !== 1) throw new Error(`expected exactly one ${kind} ${ns ?? "*"}/${name}, found ${found.length}`);
+    return found[0] as Obj;
+  };
+  const pools = () => [...new Set(rendered().map(poolOf).filter((p): p is string => p !== undefined))].sort();
+  const ofPool = (pool: string) => rendered().filter((o) => poolOf(o) === pool);
+  const invocationsOf = (pool: string) => jetrouteContainers(ofPool(pool)).map(invocation);
+  const processOf = (pool: string, sub: string, child?: string) => {
+    const found = invocationsOf(pool).filter((inv) => inv.sub === sub && inv.child === child);
+    if (found.length !== 1) throw new Error(`pool ${pool}: expected one container running \`jetroute ${sub}${child ? ` ${child}` : ""}\`, found ${found.length}`);
+    return found[0] as Invocation;
+  };
+  const modelsOf = (pool: string) => String(processOf(pool, "config", "set-pool").flags.get("--models")).split(",");
+  const targetsOf = (policy: Obj) => list(at(policy, "spec.targetRefs"), `${String(policy.kind)} ${nameOf(policy)} targetRefs`).map((t) => obj(t, "targetRef"));
+  /** Deployment and Job pod templates in `ns` whose labels `selector` matches. */
+  const workloadsSelectedBy = (selector: unknown, ns: string) =>
+    installed().filter((w) => (w.kind === "Deployment" || w.kind === "Job") && nsOf(w) === ns && selects(selector, at(w, "spec.template.metadata.labels")));
+  const gatewayOf = (pool: string | undefined) => {
+    const found = jetrouteContainers(installed())
+      .map(invocation)
+      .filter((inv) => inv.sub === "gateway" && templatePoolOf(inv.workload) === pool);
+    if (found.length !== 1) throw new Error(`expected one gateway Deployment for ${pool ?? "the base"}, found ${found.length}`);
+    return found[0] as Invocation;
+  };
+
+  it("renders with kubectl kustomize into the example pools chat and code, one directory each, every object valid and labelled with its pool", () => {
+    expect(pools()).toEqual(["chat", "code"]);
+    const dirs = readdirSync(POOLS_DIR).filter((n) => statSync(path.join(POOLS_DIR, n)).isDirectory() && n !== "pool");
+    expect(dirs.sort(), "one directory per pool, named after it").toEqual(pools());
+    const problems: string[] = [];
+    for (const o of rendered()) {
+      const id = `${String(o.kind)} ${nsOf(o)}/${nameOf(o)}`;
+      const want = API_VERSIONS[String(o.kind)];
+      if (o.apiVersion !== want) problems.push(`${id}: apiVersion ${String(o.apiVersion)}, expected ${want}`);
+      if (CLUSTER_SCOPED.has(String(o.kind))) problems.push(`${id}: a pool adds no cluster-scoped object`);
+      else if (typeof at(o, "metadata.namespace") !== "string") problems.push(`${id}: no namespace`);
+      const pool = poolOf(o);
+      // Only the NetworkPolicies, shared by every pool, carry no pool label.
+      if (pool === undefined) {
+        if (o.kind !== "NetworkPolicy") problems.push(`${id}: no ${POOL_LABEL} label`);
+      } else if (!nameOf(o).endsWith(`-${pool}`)) problems.push(`${id}: the name of an object of pool ${pool} must end in -${pool}`);
+    }
+    expect(problems).toEqual([]);
+  });
+
+  it("per-pool names collide neither with each other nor with the base installation", () => {
+    const seen = new Map<string, string>();
+    const dupes: string[] = [];
+    for (const o of installed()) {
+      const key = `${String(o.kind)} ${String(at(o, "metadata.namespace") ?? "")}/${nameOf(o)}`;
+      const owner = poolOf(o) ?? "base";
+      if (seen.has(key)) dupes.push(`${key}: ${seen.get(key)} and ${owner}`);
+      seen.set(key, owner);
+    }
+    expect(dupes).toEqual([]);
+  });
+
+  it("every pooled process of a pool runs with that pool's --pool, the set-pool Job names the same pool; the base processes run unpooled", () => {
+    for (const pool of pools()) {
+      const invs = invocationsOf(pool);
+      expect(invs.map((i) => (i.child ? `${i.sub} ${i.child}` : i.sub)).sort(), `pool ${pool}'s processes`).toEqual(["config set-pool", "gateway", "kv-bridge", "metrics-scraper", "pod-watcher"]);
+      for (const inv of invs) {
+        expect(templatePoolOf(inv.workload), `${inv.where}: pod template label`).toBe(pool);
+        if (inv.sub === "config") {
+          expect(inv.positionals, `${inv.where}: set-pool's pool`).toEqual([pool]);
+          expect(inv.flags.has("--pool"), `${inv.where}: set-pool names the pool as its argument`).toBe(false);
+          continue;
+        }
+        expect(POOLED).toContain(inv.sub);
+        expect(inv.flags.get("--pool"), `${inv.where}: --pool`).toBe(pool);
+        // --models, where given instead of the config entry, must be the Job's list.
+        const models = inv.flags.get("--models");
+        if (models !== undefined) expect(String(models).split(",").sort(), `${inv.where}: --models`).toEqual(modelsOf(pool).sort());
+      }
+      expect(Number(at(processOf(pool, "config", "set-pool").workload, "spec.backoffLimit"))).toBeGreaterThan(0);
+      expect(intFlag(processOf(pool, "config", "set-pool"), "--replicas"), "the pool's streams have as many replicas as the base ones").toBe(intFlag(invocationOf("streams"), "--replicas"));
+    }
+    for (const inv of jetrouteContainers().map(invocation)) expect(inv.flags.has("--pool"), `${inv.where}: the base installation is unpooled`).toBe(false);
+  });
+
+  it("each pool's EnvoyExtensionPolicy (one per pool) targets only that pool's HTTPRoutes and points at that pool's own gateway Service", () => {
+    const all = kindIn(installed(), "EnvoyExtensionPolicy");
+    for (const pool of pools()) {
+      const eeps = kindIn(ofPool(pool), "EnvoyExtensionPolicy");
+      expect(eeps.length, `pool ${pool}: one EnvoyExtensionPolicy`).toBe(1);
+      const eep = eeps[0] as Obj;
+      const routes = kindIn(ofPool(pool), "HTTPRoute");
+      expect(routes.length).toBeGreaterThan(0);
+      expect(targetsOf(eep).map((t) => [t.group, t.kind, t.name]).sort(), `${nameOf(eep)} targets exactly pool ${pool}'s routes`).toEqual(
+        routes.map((r) => ["gateway.networking.k8s.io", "HTTPRoute", nameOf(r)]).sort(),
+      );
+      for (const r of routes) {
+        expect(nsOf(r)).toBe(nsOf(eep));
+        // No other policy attaches an ext_proc to this pool's routes.
+        const attached = all.filter((p) => targetsOf(p).some((t) => t.kind === "HTTPRoute" && t.name === nameOf(r)));
+        expect(attached.map(nameOf), `route ${nameOf(r)}`).toEqual([nameOf(eep)]);
+      }
+      const refs = list(at(eep, "spec.extProc.0.backendRefs"), `${nameOf(eep)} backendRefs`).map((b) => obj(b, "backendRef"));
+      expect(refs.length).toBe(1);
+      const ref = refs[0] as Obj;
+      const svc = oneIn(installed(), "Service", str(ref.name, "backendRef name"), (ref.namespace as string | undefined) ?? nsOf(eep));
+      expect(poolOf(svc), `${nameOf(eep)} -> Service ${nameOf(svc)}`).toBe(pool);
+      const gw = gatewayOf(pool);
+      // The Service leads to this pool's gateways and to nothing else.
+      expect(workloadsSelectedBy(at(svc, "spec.selector"), nsOf(svc)), `Service ${nameOf(svc)} selects`).toEqual([gw.workload]);
+      const grpc = obj(listOrEmpty(at(svc, "spec.ports")).find((p) => at(p, "name") === "grpc"), `Service ${nameOf(svc)} port grpc`);
+      expect(ref.port).toBe(grpc.port);
+      expect(grpc.port).toBe(intFlag(gw, "--port"));
+      expect(grpc.appProtocol).toBe("kubernetes.io/h2c");
+      expect(at(cportsOf(gw).find((p) => at(p, "name") === "grpc"), "containerPort")).toBe(intFlag(gw, "--port"));
+    }
+    // The base policy still serves the catch-all route with the unpooled gateways only.
+    const base = one("EnvoyExtensionPolicy");
+    const baseSvc = one("Service", str(at(base, "spec.extProc.0.backendRefs.0.name"), "base backendRef"), nsOf(base));
+    expect(workloadsSelectedBy(at(baseSvc, "spec.selector"), nsOf(baseSvc)), "the unpooled gateway Service must not reach a pool's gateways").toEqual([gatewayOf(undefined).workload]);
+  });
+
+  const cportsOf = (inv: Invocation) => listOrEmpty(inv.container.ports);
+
+  it("each pool's HTTPRoute matches exactly its models on the `model` header; no model is in two pools; the base route stays the catch-all", () => {
+    const base = one("HTTPRoute");
+    const baseMatches = list(at(base, "spec.rules.0.matches"), "base route matches");
+    expect(
+      listOrEmpty(at(base, "spec.rules")).every((r) => listOrEmpty(at(r, "matches")).every((m) => at(m, "headers") === undefined)),
+      "the base route matches no header: every request no pool route takes lands there",
+    ).toBe(true);
+    const owner = new Map<string, string>();
+    for (const pool of pools()) {
+      const models = modelsOf(pool);
+      expect(new Set(models).size, `pool ${pool}: --models lists a model twice`).toBe(models.length);
+      for (const m of models) {
+        expect(owner.get(m), `model ${m} is in pools ${owner.get(m)} and ${pool}`).toBeUndefined();
+        owner.set(m, pool);
+      }
+      const routed: string[] = [];
+      for (const r of kindIn(ofPool(pool), "HTTPRoute")) {
+        expect(at(r, "spec.parentRefs"), `${nameOf(r)}: the same Gateway listener as the base route`).toEqual(at(base, "spec.parentRefs"));
+        for (const rule of list(at(r, "spec.rules"), `${nameOf(r)} rules`)) {
+          for (const m of list(at(rule, "matches"), `${nameOf(r)} matches`)) {
+            expect(at(m, "path"), `${nameOf(r)}: the base route's path`).toEqual(at(baseMatches[0], "path"));
+            const headers = list(at(m, "headers"), `${nameOf(r)} match headers`);
+            expect(headers.length).toBe(1);
+            expect([at(headers[0], "type"), at(headers[0], "name")]).toEqual(["Exact", "model"]);
+            routed.push(str(at(headers[0], "value"), "model header value"));
+          }
+          // The same engines, the same timeout as the base route.
+          expect(at(rule, "backendRefs"), `${nameOf(r)} backendRefs`).toEqual(at(base, "spec.rules.0.backendRefs"));
+          for (const b of list(at(rule, "backendRefs"), "backendRefs")) one("Service", str(at(b, "name"), "backendRef name"), (at(b, "namespace") as string | undefined) ?? nsOf(r));
+        }
+      }
+      expect(routed.sort(), `pool ${pool}: the route's model headers must be the Job's --models`).toEqual([...models].sort());
+    }
+  });
+
+  it("each pool's BackendTrafficPolicy targets only its routes and reads the gateway's endpoint header", () => {
+    for (const pool of pools()) {
+      const btps = kindIn(ofPool(pool), "BackendTrafficPolicy");
+      expect(btps.length).toBe(1);
+      const btp = btps[0] as Obj;
+      expect(targetsOf(btp).map((t) => t.name).sort()).toEqual(kindIn(ofPool(pool), "HTTPRoute").map(nameOf).sort());
+      expect(at(btp, "spec.loadBalancer.endpointOverride.extractFrom")).toEqual([{ header: DESTINATION_HEADER }]);
+      expect(at(btp, "spec.retry"), "a retried completion runs twice").toBeUndefined();
+    }
+  });
+
+  it("timeouts: each pool's ext_proc, route, gateway shutdown and Envoy's idle timeout agree, as for the base", () => {
+    const idle = seconds(at(one("ClientTrafficPolicy"), "spec.timeout.http.streamIdleTimeout"));
+    for (const pool of pools()) {
+      const gw = gatewayOf(pool);
+      const ext = obj(at(kindIn(ofPool(pool), "EnvoyExtensionPolicy")[0], "spec.extProc.0"), `pool ${pool} extProc[0]`);
+      expect(at(ext, "processingMode.request.body")).toBe("Buffered");
+      expect(at(ext, "processingMode.response.body")).toBe("Streamed");
+      expect(ext.failOpen).toBe(false);
+      expect(seconds(ext.messageTimeout)).toBeGreaterThanOrEqual(30);
+      const budgetMs = gw.flags.has("--pd-prefill-budget-ms") ? intFlag(gw, "--pd-prefill-budget-ms") : 50_000;
+      expect(seconds(ext.messageTimeout) * 1000, `pool ${pool}: ext_proc message timeout vs the P/D prefill budget`).toBeGreaterThan(budgetMs);
+      expect(at(ext, "backendSettings.healthCheck.active.grpc.service")).toBe("readiness");
+      expect(at(gw.container, "readinessProbe.grpc")).toEqual({ port: intFlag(gw, "--port"), service: "readiness" });
+      const graceS = intFlag(gw, "--shutdown-grace-ms") / 1000;
+      const preStop = list(at(gw.container, "lifecycle.preStop.exec.command"), "preStop command");
+      const sleepS = preStop[0] === "sleep" ? Number(preStop[1]) : 0;
+      for (const r of kindIn(ofPool(pool), "HTTPRoute")) {
+        for (const rule of list(at(r, "spec.rules"), "rules")) {
+          const timeout = seconds(at(rule, "timeouts.request"));
+          expect(graceS, `pool ${pool}: --shutdown-grace-ms must let the longest request of ${nameOf(r)} finish`).toBeGreaterThanOrEqual(timeout);
+          expect(idle, `the stream idle timeout must not cut a silent completion on ${nameOf(r)}`).toBeGreaterThanOrEqual(timeout);
+        }
+      }
+      expect(Number(at(gw.pod, "terminationGracePeriodSeconds"))).toBeGreaterThan(sleepS + graceS);
+    }
+  });
+
+  it("no Deployment, Service or PodDisruptionBudget selects pods of another pool or of the base", () => {
+    for (const o of installed()) {
+      const selector = o.kind === "Service" ? at(o, "spec.selector") : o.kind === "Deployment" || o.kind === "PodDisruptionBudget" ? at(o, "spec.selector.matchLabels") : undefined;
+      if (selector === undefined || (o.kind === "Service" && nsOf(o) !== "jetroute")) continue;
+      const selected = workloadsSelectedBy(selector, nsOf(o));
+      const where = `${String(o.kind)} ${nsOf(o)}/${nameOf(o)}`;
+      expect(selected.length, `${where} selects no pod template`).toBeGreaterThan(0);
+      expect([...new Set(selected.map(templatePoolOf))], `${where} selects pods of`).toEqual([poolOf(o)]);
+      if (o.kind === "Deployment") expect(selected, `${where}: overlapping Deployment selectors`).toEqual([o]);
+    }
+  });
+
+  it("pod-watchers: an HA pair per pool, each pool on its own source, so no two pairs contend for one Kubernetes Lease; RBAC like the base", () => {
+    const leases = new Map<string, string>();
+    const watchers = [invocationOf("pod-watcher"), ...pools().map((p) => processOf(p, "pod-watcher"))];
+    for (const inv of watchers) {
+      const owner = templatePoolOf(inv.workload) ?? "base";
+      expect(Number(at(inv.workload, "spec.replicas")), inv.where).toBe(2);
+      expect(inv.flags.get("--leader-election"), inv.where).toBe(true);
+      expect(inv.flags.get("--kubernetes"), inv.where).toBe(true);
+      expect(inv.flags.get("--lease-namespace"), inv.where).toBe("$(POD_NAMESPACE)");
+      // A takeover fits inside the source timeout of the gateways that read this watcher (its pool's).
+      const lease = intFlag(inv, "--lease-ms");
+      expect(lease + 2 * Math.floor(lease / 3) + intFlag(inv, "--heartbeat-ms") + 2_000, `${inv.where}: takeover budget`).toBeLessThanOrEqual(
+        intFlag(gatewayOf(templatePoolOf(inv.workload)), "--pod-source-timeout-ms"),
+      );
+      // services/pod-watcher/kubernetes.ts names the Lease after the source only.
+      const leaseName = `${nsOf(inv.workload)}/${leaseNameFor(String(inv.flags.get("--source")))}`;
+      expect(leases.get(leaseName), `Lease ${leaseName} of ${owner} is also ${leases.get(leaseName)}'s`).toBeUndefined();
+      leases.set(leaseName, owner);
+      // RBAC: pods in each watched namespace, leases in its own.
+      const sa = str(at(inv.pod, "serviceAccountName"), `${inv.where} serviceAccountName`);
+      oneIn(installed(), "ServiceAccount", sa, nsOf(inv.workload));
+      const rules = (ns: string) =>
+        kindIn(installed(), "RoleBinding")
+          .filter((b) => nsOf(b) === ns && listOrEmpty(at(b, "subjects")).some((s) => at(s, "kind") === "ServiceAccount" && at(s, "name") === sa && at(s, "namespace") === nsOf(inv.workload)))
+          .flatMap((b) => listOrEmpty(oneIn(installed(), str(at(b, "roleRef.kind"), "roleRef kind"), str(at(b, "roleRef.name"), "roleRef name"), at(b, "roleRef.kind") === "Role" ? nsOf(b) : undefined).rules));
+      const verbs = (rs: unknown[], group: string, resource: string) =>
+        rs.filter((r) => listOrEmpty(at(r, "apiGroups")).includes(group) && listOrEmpty(at(r, "resources")).includes(resource)).flatMap((r) => listOrEmpty(at(r, "verbs")));
+      for (const ns of String(inv.flags.get("--namespaces")).split(",")) expect(verbs(rules(ns), "", "pods"), `${inv.where}: pods in ${ns}`).toEqual(expect.arrayContaining(["get", "list", "watch"]));
+      expect(verbs(rules(nsOf(inv.workload)), "coordination.k8s.io", "leases"), `${inv.where}: leases`).toEqual(expect.arrayContaining(["get", "create", "update"]));
+    }
+    expect(leases.size).toBe(1 + pools().length);
+  });
+
+  it("NetworkPolicies: every pool pod is behind a pool policy naming only ports it opens; ext_proc only from the Envoy proxies of the routes' Gateway; NATS admits them", () => {
+    const policies = kindIn(rendered(), "NetworkPolicy");
+    const parent = obj(list(at(one("HTTPRoute"), "spec.parentRefs"), "parentRefs")[0], "parentRef");
+    for (const pool of pools()) {
+      for (const c of jetrouteContainers(ofPool(pool))) {
+        const labels = obj(at(c.workload, "spec.template.metadata.labels"), "pod labels");
+        expect(labels["app.kubernetes.io/part-of"], `${c.where}: the NATS policy admits part-of jetroute`).toBe("jetroute");
+        const covering = policies.filter((np) => {
+          const sel = obj(at(np, "spec.podSelector"), "podSelector");
+          const ml = isObj(sel.matchLabels) ? sel.matchLabels : {};
+          return (
+            Object.entries(ml).every(([k, v]) => labels[k] === v) &&
+            listOrEmpty(sel.matchExpressions).every((e) => at(e, "operator") === "In" && listOrEmpty(at(e, "values")).includes(labels[String(at(e, "key"))]))
+          );
+        });
+        expect(covering.length, `${c.where}: no pool NetworkPolicy selects it`).toBe(1);
+        const np = covering[0] as Obj;
+        expect(at(np, "spec.policyTypes")).toEqual(["Ingress"]);
+        const open = listOrEmpty(c.container.ports).flatMap((p) => [at(p, "name"), at(p, "containerPort")]);
+        for (const rule of listOrEmpty(at(np, "spec.ingress"))) {
+          for (const p of listOrEmpty(at(rule, "ports"))) expect(open, `${nameOf(np)}: ${c.where} has no port ${String(at(p, "port"))}`).toContain(at(p, "port"));
+          if (listOrEmpty(at(rule, "ports")).some((p) => at(p, "port") === "grpc")) {
+            expect(at(listOrEmpty(at(rule, "from"))[0], "podSelector.matchLabels")).toEqual({
+              "gateway.envoyproxy.io/owning-gateway-name": parent.name,
+              "gateway.envoyproxy.io/owning-gateway-namespace": (parent.namespace as string | undefined) ?? nsOf(one("HTTPRoute")),
+            });
+          }
+        }
+      }
+    }
+  });
+
+  it("the ServiceMonitors scrape each pool's gateway, pod-watcher, metrics-scraper and kv-bridge once, on the port their metrics flag opens, and label them with the pool", () => {
+    const scraped = new Map<string, number>();
+    for (const sm of kinds("ServiceMonitor")) {
+      expect(at(sm, "spec.targetLabels"), `${nameOf(sm)}: the pool label goes onto the metrics`).toEqual([POOL_LABEL]);
+      for (const ep of listOrEmpty(at(sm, "spec.endpoints"))) {
+        for (const svc of servicesSelectedBy(sm, installed())) {
+          const sp = listOrEmpty(at(svc, "spec.ports")).find((p) => at(p, "name") === at(ep, "port"));
+          const target = at(sp, "targetPort") ?? at(sp, "port");
+          for (const { inv, port } of containersBehind(svc, installed())) {
+            if (port.name !== target && port.containerPort !== target) continue;
+            const m = METRICS_FLAG[inv.sub];
+            expect(m, `${inv.where}: scraped, but \`jetroute ${inv.sub}\` serves no /metrics`).toBeDefined();
+            expect(port.containerPort, `${inv.where}: the scraped container port must be ${m?.flag}`).toBe(intFlag(inv, m?.flag ?? ""));
+            const key = `${templatePoolOf(inv.workload) ?? "base"} ${inv.sub}`;
+            scraped.set(key, (scraped.get(key) ?? 0) + 1);
+          }
+        }
+      }
+    }
+    for (const pool of ["base", ...pools()]) for (const sub of Object.keys(METRICS_FLAG)) expect(scraped.get(`${pool} ${sub}`), `${pool}: \`jetroute ${sub}\` scraped once`).toBe(1);
+  });
+
+  it("pool processes take the base processes' NATS Secrets (the same NATS users), optional", () => {
+    for (const pool of pools()) {
+      for (const c of jetrouteContainers(ofPool(pool))) {
+        const component = String((at(c.workload, "spec.template.metadata.labels") as Obj)["app.kubernetes.io/component"]);
+        const secret = `jetroute-nats-${component === "set-pool" ? "admin" : component}`;
+        const refs = listOrEmpty(c.container.env).filter((e) => at(e, "valueFrom.secretKeyRef") !== undefined && String(at(e, "name")).startsWith("NATS_"));
+        expect(refs.map((e) => at(e, "name")).sort(), c.where).toEqual(["NATS_PASSWORD", "NATS_TOKEN", "NATS_USER"]);
+        for (const e of refs) {
+          expect(at(e, "valueFrom.secretKeyRef.name"), c.where).toBe(secret);
+          expect(at(e, "valueFrom.secretKeyRef.optional"), c.where).toBe(true);
+        }
+        // The shared ConfigMap the base installs (NATS_URL, JETROUTE_PREFIX).
+        for (const src of listOrEmpty(c.container.envFrom)) one("ConfigMap", str(at(src, "configMapRef.name"), "configMapRef"), nsOf(c.workload));
+      }
+    }
   });
 });

@@ -12,7 +12,7 @@
  * request) and the server's own "Publish Violation" log line, never a timeout or a sleep.
  */
 import { randomBytes } from "node:crypto";
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
@@ -27,6 +27,7 @@ import { connectNats, type NatsHandles } from "../services/shared/nats.js";
 import { type NatsServerHandle, startNatsServer } from "../services/shared/nats-server.js";
 import { type ServiceProcess, spawnJetroute } from "../services/shared/processes.js";
 import { configBucketName, leaseBucketName, snapshotBucketName, streamName } from "../streams/definitions.js";
+import { namespaceOf } from "../streams/pools.js";
 import { Family, Subjects } from "../streams/subjects.js";
 import { encodeToken } from "../streams/tokens.js";
 import { MODEL_CONFIG_KEY_PREFIX } from "../schemas/config.js";
@@ -35,6 +36,11 @@ const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
 const VALUES = path.join(ROOT, "deploy/nats/values.yaml");
 const MODEL = "perm/model";
 const subjects = new Subjects("jr");
+/** The example gateway pools, one directory each under deploy/pools (the Component `pool` aside). */
+const POOLS = readdirSync(path.join(ROOT, "deploy/pools"), { withFileTypes: true })
+  .filter((d) => d.isDirectory() && d.name !== "pool")
+  .map((d) => d.name)
+  .sort();
 
 interface Permissions {
   publish?: { allow?: string[]; deny?: string[] };
@@ -178,11 +184,13 @@ describe("the shipped NATS permissions (deploy/nats/values.yaml)", () => {
     const users = Object.values(accounts).flatMap((a) => a.users);
     expect(users.map((u) => u.user).sort()).toEqual(["jr-admin", "jr-analyst", "jr-gateway", "jr-kv-bridge", "jr-metrics-scraper", "jr-pod-watcher"]);
     const families = Object.values(Family) as string[];
-    const buckets = [configBucketName("jr"), leaseBucketName("jr"), snapshotBucketName("jr")];
+    // The example gateway pools of deploy/pools have their own lease and snapshot buckets.
+    const pools = POOLS.map((p) => namespaceOf("jr", p).prefix);
+    const buckets = [configBucketName("jr"), leaseBucketName("jr"), snapshotBucketName("jr"), ...pools.flatMap((p) => [leaseBucketName(p), snapshotBucketName(p)])];
     for (const u of users) {
       for (const s of [...(u.permissions.publish?.allow ?? []), ...(u.permissions.publish?.deny ?? [])]) {
-        const fam = /^jr\.([^.]+)\.>$/.exec(s);
-        if (s.startsWith("jr.")) expect(fam && families.includes(fam[1] ?? ""), `${u.user}: ${s} is not a jr.<family>.> of streams/subjects.ts`).toBe(true);
+        const fam = /^jr\.(?:pool\.\*\.)?([^.]+)\.>$/.exec(s);
+        if (s.startsWith("jr.")) expect(fam && families.includes(fam[1] ?? ""), `${u.user}: ${s} is not a jr.<family>.> or jr.pool.*.<family>.> of streams/subjects.ts`).toBe(true);
         const b = /^\$(?:KV|O)\.([^.]+)\.>$/.exec(s);
         if (b) expect(buckets, `${u.user}: ${s} names no bucket of streams/definitions.ts`).toContain(b[1]);
       }
@@ -345,5 +353,105 @@ describe("each denial", () => {
     expect(await serverViolation("jr-analyst", new RegExp(`\\$O\\.${snapshotBucketName("jr")}\\.C\\.[^"]+`))).toBeTruthy();
     const admin = await as("jr-admin");
     expect(await (await new Objm(admin.nc).open(snapshotBucketName("jr"))).info("forged")).toBeNull();
+  });
+});
+
+describe("gateway pools on the per-process users (deploy/pools)", () => {
+  const POOL = "chat";
+  const POOLED_MODEL = "perm/pooled";
+  const ns = namespaceOf("jr", POOL);
+  const pooled = new Subjects(ns.prefix);
+
+  it("every example pool's lease bucket and snapshot store are open to the gateway (and its leases to the pod-watcher)", () => {
+    expect(POOLS).toEqual(["chat", "code"]);
+    const allow = (user: string) => Object.values(accounts).flatMap((a) => a.users).find((u) => u.user === user)?.permissions.publish?.allow ?? [];
+    for (const p of POOLS) {
+      const prefix = namespaceOf("jr", p).prefix;
+      expect(allow("jr-gateway")).toEqual(
+        expect.arrayContaining([
+          `$KV.${leaseBucketName(prefix)}.>`,
+          `$O.${snapshotBucketName(prefix)}.>`,
+          `$JS.API.STREAM.PURGE.OBJ_${snapshotBucketName(prefix)}`,
+          `$JS.API.STREAM.CREATE.KV_${leaseBucketName(prefix)}`,
+          `$JS.API.STREAM.CREATE.OBJ_${snapshotBucketName(prefix)}`,
+        ]),
+      );
+      expect(allow("jr-pod-watcher")).toContain(`$KV.${leaseBucketName(prefix)}.pod-watcher.>`);
+    }
+  });
+
+  it("admin sets the pool; its pod-watcher (with a lease), scraper, kv-bridge and gateway do their jobs on their own users", async () => {
+    const set = await run("set-pool", ["config", "set-pool", POOL, "--models", POOLED_MODEL], "jr-admin");
+    expect(set.code, set.log).toBe(0);
+    const pods = path.join(dir, "pool-pods.yaml");
+    writeFileSync(pods, `pods:\n  - name: pool-pod-0\n    model: ${POOLED_MODEL}\n    address: 127.0.0.1:18001\n    engine: vllm\n`);
+    const watcher = spawnJetroute("pool-pod-watcher", ["pod-watcher", "--static", pods, "--no-probe", "--pool", POOL, "--leader-election", "--nats", server.url], {
+      env: envOf("jr-pod-watcher"),
+      logFile: path.join(dir, "pool-pod-watcher.log"),
+    });
+    procs.push(watcher);
+    const gw = spawnJetroute("pool-gateway", ["gateway", "--pool", POOL, "--nats", server.url, "--host", "127.0.0.1", "--port", "0", "--admin-port", "0", "--heartbeat-ms", "200", "--snapshot-interval-ms", "1000"], {
+      env: envOf("jr-gateway"),
+      logFile: path.join(dir, "pool-gateway.log"),
+    });
+    procs.push(gw);
+    const started = await gw.waitForLine<{ gateway: string; port: number; adminPort: number; pool: string }>((l) => typeof l.port === "number", 30_000);
+    expect(started.pool).toBe(POOL);
+    const admin = await as("jr-admin");
+    const deadline = Date.now() + 30_000;
+    while ((await fetch(`http://127.0.0.1:${started.adminPort}/readyz`)).status !== 200) {
+      if (Date.now() > deadline) throw new Error(`pool gateway not ready: ${readFileSync(path.join(dir, "pool-gateway.log"), "utf8").slice(-2000)}`);
+      await new Promise((r) => setTimeout(r, 50));
+    }
+    const charges = admin.nc.subscribe(pooled.all("charges"));
+    await admin.nc.flush();
+    const c = new ExtProcClient(`127.0.0.1:${started.port}`);
+    try {
+      let endpoint: string | undefined;
+      while (!endpoint) {
+        if (Date.now() > deadline) throw new Error(`the pool gateway never routed to pool-pod-0: ${readFileSync(path.join(dir, "pool-gateway.log"), "utf8").slice(-2000)}`);
+        const ex = c.open();
+        await ex.requestHeaders({ ":method": "POST", ":path": "/v1/chat/completions", ":authority": "gw", "content-type": "application/json", "x-request-id": `perm-pool-${Date.now()}` });
+        const b = await ex.requestBody(Buffer.from(JSON.stringify({ model: POOLED_MODEL, messages: [{ role: "user", content: "hello" }] })));
+        ex.cancel();
+        if (b.kind !== "immediate") endpoint = b.headerMutation.set["x-gateway-destination-endpoint"] as string;
+        else await new Promise((r) => setTimeout(r, 50));
+      }
+      expect(endpoint).toBe("127.0.0.1:18001");
+    } finally {
+      c.close();
+    }
+    for await (const m of charges) {
+      expect(m.subject).toBe(pooled.charges(POOLED_MODEL, "pool-pod-0"));
+      break;
+    }
+    // The pod reached the pool's PODS through the pod-watcher's user; the watcher took its lease in the pool's bucket.
+    const podMsg = await admin.jsm.streams.getMessage(streamName(ns.prefix, "PODS"), { last_by_subj: pooled.pod(POOLED_MODEL, "pool-pod-0") });
+    expect(podMsg?.subject).toBe(pooled.pod(POOLED_MODEL, "pool-pod-0"));
+    const leases = await new Kvm(admin.nc).open(leaseBucketName(ns.prefix));
+    while ((await leases.get("snapshotter.prefix-index"))?.operation !== "PUT") {
+      if (Date.now() > deadline) throw new Error(`no pool snapshot lease taken: ${readFileSync(path.join(dir, "pool-gateway.log"), "utf8").slice(-2000)}`);
+      await new Promise((r) => setTimeout(r, 50));
+    }
+    const watcherLeases: string[] = [];
+    for await (const k of await leases.keys("pod-watcher.>")) watcherLeases.push(k);
+    expect(watcherLeases.length, "the pod-watcher's lease in the pool's bucket").toBe(1);
+    // The pool's load and KV families, as the scraper and the bridge publish them.
+    for (const [user, family, key] of [
+      ["jr-metrics-scraper", "load", "LOAD"],
+      ["jr-kv-bridge", "kv", "KV"],
+    ] as const) {
+      const h = await as(user);
+      const ack = await h.js.publish(`${ns.prefix}.${family}.perm_pooled.p`, "{}");
+      expect(ack.stream).toBe(streamName(ns.prefix, key));
+    }
+    expect(violations.filter((l) => /User "jr-(gateway|pod-watcher|metrics-scraper|kv-bridge)"/.test(l) && l.includes(".pool."))).toEqual([]);
+  }, 60_000);
+
+  it("in a pool as outside: the gateway publishes no pods or load, the pod-watcher no charges", async () => {
+    const gw = await as("jr-gateway");
+    for (const s of [pooled.pod(POOLED_MODEL, "forged"), pooled.load(POOLED_MODEL, "forged")]) await refused("jr-gateway", s, () => gw.js.publish(s, "{}"));
+    const pw = await as("jr-pod-watcher");
+    for (const s of [pooled.charges(POOLED_MODEL, "p"), pooled.decisions(POOLED_MODEL)]) await refused("jr-pod-watcher", s, () => pw.js.publish(s, "{}"));
   });
 });

@@ -60,12 +60,36 @@ async function readKeys(kv: Bucket): Promise<StoredKey[]> {
 const shortHash = (h: string) => h.slice(0, SHOWN_HASH_PREFIX);
 const keyStatus = (k: StoredKey) => (!k.record ? "invalid" : k.record.disabled ? "revoked" : "active");
 
+type Nats = Awaited<ReturnType<typeof connectNats>>;
+
+/** The config bucket, or undefined if nothing has created it yet (`streams apply`, `set-pool`). */
+async function openConfigBucket({ nc, jsm }: Nats, prefix: string): Promise<Bucket | undefined> {
+  const name = configBucketName(prefix);
+  // Kvm.open would fail later with a bare "stream not found"; ask for the bucket's stream first.
+  const exists = await jsm.streams.info(`KV_${name}`).then(
+    () => true,
+    () => false,
+  );
+  return exists ? new Kvm(nc).open(name) : undefined;
+}
+
 async function withBucket<T>(o: { nats: string[]; prefix: string }, fn: (kv: Bucket) => Promise<T>): Promise<T> {
-  const { nc } = await connectNats(o.nats, "jetroute-config");
+  const nats = await connectNats(o.nats, "jetroute-config");
   try {
-    return await fn(await new Kvm(nc).open(configBucketName(o.prefix)));
+    const kv = await openConfigBucket(nats, o.prefix);
+    if (!kv) throw new Error(`the config bucket ${configBucketName(o.prefix)} does not exist: run \`jetroute streams apply${o.prefix === "jr" ? "" : ` --prefix ${o.prefix}`}\` first`);
+    return await fn(kv);
   } finally {
-    await nc.close();
+    await nats.nc.close();
+  }
+}
+
+/** Exits 2 with a message when `pool` is not a valid pool name. */
+function checkPoolName(pool: string): void {
+  const err = poolNameError(pool);
+  if (err) {
+    console.error(`invalid pool: ${err}`);
+    process.exit(2);
   }
 }
 
@@ -147,14 +171,17 @@ export function registerConfigCommand(program: Command): void {
         console.error(`invalid pool: ${err}`);
         process.exit(2);
       }
-      const { nc, jsm } = await connectNats(o.nats, "jetroute-config");
+      const nats = await connectNats(o.nats, "jetroute-config");
+      const { nc, jsm } = nats;
       try {
-        const kv = await new Kvm(nc).open(configBucketName(o.prefix));
+        // On a fresh NATS the config bucket does not exist yet (no pool either): applyStreams below creates it.
+        const existing = await openConfigBucket(nats, o.prefix);
         // Another pool listing one of these models would make the assignment ambiguous: refuse it here.
-        for await (const k of await kv.keys(`${POOL_KEY_PREFIX}>`)) {
+        const others = existing ? await existing.keys(`${POOL_KEY_PREFIX}>`) : [];
+        for await (const k of others) {
           const other = k.slice(POOL_KEY_PREFIX.length);
           if (other === pool) continue;
-          const models = await poolModelsAt(kv, k);
+          const models = await poolModelsAt(existing as Bucket, k);
           const taken = o.models.filter((m) => models.includes(m));
           if (taken.length > 0) {
             console.error(`${taken.map((m) => JSON.stringify(m)).join(", ")} already in pool ${JSON.stringify(other)}: remove ${taken.length > 1 ? "them" : "it"} there first (jetroute config set-pool ${other} --models ...)`);
@@ -165,22 +192,45 @@ export function registerConfigCommand(program: Command): void {
         for (const c of await applyStreams(nc, jsm, { prefix: ns.prefix, configPrefix: ns.configPrefix, replicas: o.replicas })) {
           if (c.action !== "unchanged") console.log(`${c.action.padEnd(9)} ${c.name}`);
         }
+        const kv = existing ?? (await new Kvm(nc).open(configBucketName(o.prefix)));
         const rev = await kv.put(`${POOL_KEY_PREFIX}${pool}`, JSON.stringify(value));
         console.log(`stored pool ${pool}: ${o.models.length} model${o.models.length === 1 ? "" : "s"} (revision ${rev})`);
       } finally {
         await nc.close();
       }
     });
-  common(cfg.command("list-pools").description("list gateway pools and their models, one JSON line each")).action(async (o: { nats: string[]; prefix: string }) => {
+  common(cfg.command("list-pools").description("list gateway pools and their models, one JSON line each, by name")).action(async (o: { nats: string[]; prefix: string }) => {
     await withBucket(o, async (kv) => {
-      for await (const k of await kv.keys(`${POOL_KEY_PREFIX}>`)) {
+      const keys: string[] = [];
+      for await (const k of await kv.keys(`${POOL_KEY_PREFIX}>`)) keys.push(k);
+      for (const k of keys.sort()) {
         const e = await kv.get(k);
-        if (e?.operation === "PUT") console.log(JSON.stringify({ pool: k.slice(POOL_KEY_PREFIX.length), ...(e.json() as object) }));
+        if (e?.operation !== "PUT") continue;
+        const pool = k.slice(POOL_KEY_PREFIX.length);
+        // An entry written by hand may not validate: shown as such (gateways keep the previous one), not a crash.
+        let value: unknown;
+        try {
+          value = e.json();
+        } catch {
+          value = undefined;
+        }
+        const err = value === undefined ? "not JSON" : poolConfigError(value);
+        console.log(JSON.stringify(err ? { pool, invalid: err } : { pool, ...(value as PoolConfig) }));
       }
     });
   });
   common(cfg.command("delete-pool <pool>").description("remove a pool's model assignment (its streams stay; delete them with the nats CLI once no process uses them)")).action(async (pool: string, o: { nats: string[]; prefix: string }) => {
-    await withBucket(o, (kv) => kv.delete(`${POOL_KEY_PREFIX}${pool}`));
+    checkPoolName(pool);
+    const key = `${POOL_KEY_PREFIX}${pool}`;
+    const found = await withBucket(o, async (kv) => {
+      if ((await kv.get(key))?.operation !== "PUT") return false;
+      await kv.delete(key);
+      return true;
+    });
+    if (!found) {
+      console.error(`no pool ${pool} (see \`jetroute config list-pools\`)`);
+      process.exit(1);
+    }
     console.log(`deleted pool ${pool}`);
   });
   common(cfg.command("get-limits").description("print the per-user limits")).action(async (o: { nats: string[]; prefix: string }) => {
