@@ -12,7 +12,7 @@ import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { describe, expect, it } from "vitest";
 import { parseAllDocuments } from "yaml";
-import { leaseNameFor } from "../services/pod-watcher/kubernetes.js";
+import { watcherLeaseName } from "../services/pod-watcher/kubernetes.js";
 import { parsePodList } from "../services/pod-watcher/static-pods.js";
 
 const DEPLOY = path.dirname(fileURLToPath(import.meta.url));
@@ -1215,8 +1215,9 @@ describe("gateway pools (deploy/pools, as `kubectl kustomize` renders it)", () =
       expect(lease + 2 * Math.floor(lease / 3) + intFlag(inv, "--heartbeat-ms") + 2_000, `${inv.where}: takeover budget`).toBeLessThanOrEqual(
         intFlag(gatewayOf(templatePoolOf(inv.workload)), "--pod-source-timeout-ms"),
       );
-      // services/pod-watcher/kubernetes.ts names the Lease after the source only.
-      const leaseName = `${nsOf(inv.workload)}/${leaseNameFor(String(inv.flags.get("--source")))}`;
+      // services/pod-watcher/kubernetes.ts names the Lease after the pool and the source.
+      const pool = inv.flags.get("--pool");
+      const leaseName = `${nsOf(inv.workload)}/${watcherLeaseName(String(inv.flags.get("--source")), typeof pool === "string" ? pool : undefined)}`;
       expect(leases.get(leaseName), `Lease ${leaseName} of ${owner} is also ${leases.get(leaseName)}'s`).toBeUndefined();
       leases.set(leaseName, owner);
       // RBAC: pods in each watched namespace, leases in its own.

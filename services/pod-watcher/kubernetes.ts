@@ -92,6 +92,11 @@ function defaultLeaseNamespace(): string {
   }
 }
 
+/** The default Lease of a watcher pair: per source, and per pool (pools in one cluster often share a source). */
+export function watcherLeaseName(source: string, pool?: string): string {
+  return leaseNameFor(pool !== undefined ? `${pool}-${source}` : source);
+}
+
 /** A lease name from a source: lower-case RFC 1123, at most 63 characters. */
 export function leaseNameFor(source: string): string {
   const s = `jetroute-pod-watcher-${source}`.toLowerCase().replace(/[^a-z0-9.-]+/g, "-").replace(/^[^a-z0-9]+|[^a-z0-9]+$/g, "");
@@ -180,7 +185,7 @@ export async function startKubernetesWatcher(o: KubernetesWatcherOptions): Promi
     own.blind = b ? 1 : 0;
     return !b;
   };
-  const rt = await startSourceRuntime({ ...o, watcherId }, source, async (_n: NatsHandles) => kubeLeaseStore(kc, leaseNamespace, o.leaseName ?? leaseNameFor(o.pool !== undefined ? `${o.pool}-${source}` : source)), {
+  const rt = await startSourceRuntime({ ...o, watcherId }, source, async (_n: NatsHandles) => kubeLeaseStore(kc, leaseNamespace, o.leaseName ?? watcherLeaseName(source, o.pool)), {
     canVouch,
   });
   const api = kc.makeApiClient(CoreV1Api);
