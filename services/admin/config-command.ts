@@ -19,7 +19,7 @@ import {
   rateLimitsError,
 } from "../../schemas/config.js";
 import { applyStreams } from "../../streams/apply.js";
-import { configBucketName } from "../../streams/definitions.js";
+import { configBucketName, streamName } from "../../streams/definitions.js";
 import { namespaceOf, poolNameError } from "../../streams/pools.js";
 import { decodeToken, encodeToken } from "../../streams/tokens.js";
 import { apiKeyBucketKey, generateApiKey, hashApiKey, hashOfBucketKey, resolveHashPrefix, revokeTarget, SHOWN_HASH_PREFIX } from "../gateway/auth.js";
@@ -162,8 +162,8 @@ export function registerConfigCommand(program: Command): void {
   common(cfg.command("set-pool <pool>").description("assign models to a gateway pool (config key pool.<name>) and apply the pool's streams; a model belongs to one pool"))
     .requiredOption("--models <list>", "the pool's models, comma separated (LoRA adapters clients name too)", modelListOption)
     .option("--description <text>", "what the pool is for")
-    .option("--replicas <n>", "replicas per stream of the pool's streams", intOption(1, 5), 1)
-    .action(async (pool: string, o: { nats: string[]; prefix: string; models: string[]; description?: string; replicas: number }) => {
+    .option("--replicas <n>", "replicas per stream of the pool's streams (default: as they are, 1 for new ones)", intOption(1, 5))
+    .action(async (pool: string, o: { nats: string[]; prefix: string; models: string[]; description?: string; replicas?: number }) => {
       const nameErr = poolNameError(pool);
       const value: PoolConfig = { models: o.models, ...(o.description ? { description: o.description } : {}) };
       const err = nameErr ?? poolConfigError(value);
@@ -189,11 +189,29 @@ export function registerConfigCommand(program: Command): void {
           }
         }
         const ns = namespaceOf(o.prefix, pool);
-        for (const c of await applyStreams(nc, jsm, { prefix: ns.prefix, configPrefix: ns.configPrefix, replicas: o.replicas })) {
+        // Re-running set-pool to change the models must not change a clustered pool's replica count.
+        const replicas = o.replicas ?? (await jsm.streams.info(streamName(ns.prefix, "CHARGES")).then((i) => i.config.num_replicas, () => 1));
+        for (const c of await applyStreams(nc, jsm, { prefix: ns.prefix, configPrefix: ns.configPrefix, replicas })) {
           if (c.action !== "unchanged") console.log(`${c.action.padEnd(9)} ${c.name}`);
         }
         const kv = existing ?? (await new Kvm(nc).open(configBucketName(o.prefix)));
-        const rev = await kv.put(`${POOL_KEY_PREFIX}${pool}`, JSON.stringify(value));
+        const key = `${POOL_KEY_PREFIX}${pool}`;
+        const before = await kv.get(key);
+        const rev = await kv.put(key, JSON.stringify(value));
+        // Two set-pool runs claiming one model at once both pass the check above. Look again: the
+        // pool whose name sorts after the other's (the one the gateways would not give the model)
+        // takes its change back, so one claim stands.
+        for await (const k of await kv.keys(`${POOL_KEY_PREFIX}>`)) {
+          const other = k.slice(POOL_KEY_PREFIX.length);
+          if (other === pool || other > pool) continue;
+          const models = await poolModelsAt(kv, k);
+          const clash = o.models.filter((m) => models.includes(m));
+          if (clash.length === 0) continue;
+          if (before?.operation === "PUT") await kv.put(key, before.string());
+          else await kv.delete(key);
+          console.error(`${clash.map((m) => JSON.stringify(m)).join(", ")} claimed by pool ${JSON.stringify(other)} at the same time: pool ${pool} left as it was`);
+          process.exit(2);
+        }
         console.log(`stored pool ${pool}: ${o.models.length} model${o.models.length === 1 ? "" : "s"} (revision ${rev})`);
       } finally {
         await nc.close();
@@ -232,6 +250,7 @@ export function registerConfigCommand(program: Command): void {
       process.exit(1);
     }
     console.log(`deleted pool ${pool}`);
+    console.error(`pool ${pool}'s pod-watchers stop publishing its pods within a few seconds (removing them), and its gateways then answer 404; unpooled pod-watchers pick its models up`);
   });
   common(cfg.command("get-limits").description("print the per-user limits")).action(async (o: { nats: string[]; prefix: string }) => {
     const e = await withBucket(o, (kv) => kv.get(RATE_LIMITS_KEY));

@@ -1,5 +1,6 @@
 /** Flag parsers shared by every sub-command: they fail with a message naming the flag. */
 import { InvalidArgumentError, Option } from "commander";
+import { poolConfigError } from "../../schemas/config.js";
 import { poolNameError } from "../../streams/pools.js";
 import { redactNatsUrl } from "./nats.js";
 
@@ -50,5 +51,8 @@ export function poolOption(what = "work in this gateway pool's namespace (its ow
 export const modelListOption = (value: string): string[] => {
   const models = value.split(",").map((s) => s.trim()).filter(Boolean);
   if (models.length === 0) throw new InvalidArgumentError("expected at least one model name");
+  // The bounds of a pool entry (schemas/config.ts): at most 2,000 distinct names of 1-256 characters.
+  const err = poolConfigError({ models });
+  if (err) throw new InvalidArgumentError(`invalid model list: ${err}`);
   return models;
 };
