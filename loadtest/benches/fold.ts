@@ -31,8 +31,8 @@ import { applyStreams } from "../../streams/apply.js";
 import { type StreamKey, streamName } from "../../streams/definitions.js";
 import { Subjects } from "../../streams/subjects.js";
 
-export type FoldFamily = "charge" | "release" | "releases" | "heartbeat" | "load" | "kv" | "pod";
-export const FOLD_FAMILIES: readonly FoldFamily[] = ["charge", "release", "releases", "heartbeat", "load", "kv", "pod"];
+export type FoldFamily = "charge" | "release" | "releases" | "heartbeat" | "heartbeat-steady" | "load" | "kv" | "pod";
+export const FOLD_FAMILIES: readonly FoldFamily[] = ["charge", "release", "releases", "heartbeat", "heartbeat-steady", "load", "kv", "pod"];
 
 export interface FoldBenchOptions {
   /** Messages per family and round. */
@@ -61,6 +61,12 @@ export interface FoldBenchResult {
   per_request_us: number;
   /** The same with releases arriving `releaseBatch` per `releases` message (the gateway's default batching). */
   per_request_batched_us: number;
+  /**
+   * e_hb: the fold of one charge listed in a steady-state heartbeat (family `heartbeat-steady` / in
+   * flight). A request lasting D is listed in D / H of its router's beats: add e_hb x D / H per
+   * request (docs/scaling.md) where D is far above the bench's 32 ms.
+   */
+  heartbeat_per_listed_us: number;
   families: Record<FoldFamily, number>;
   detail: Record<FoldFamily, FamilyCost>;
   options: Required<FoldBenchOptions>;
@@ -105,10 +111,15 @@ function fixtures(n: number, inFlight: number, batch: number, s: Subjects): Fixt
     }),
   });
   const nBatches = Math.max(2, Math.floor(n / batch));
-  const heartbeat = (i: number): GatewayHeartbeat => ({
+  // `turnover` new charges per beat: inFlight = every listed charge new (an upper bound: each is
+  // added, then dropped at the next beat); inFlight / 8 = each request listed in 8 beats (D = 8 H,
+  // the steady state of LLM-long requests: most listed charges are known and stay).
+  const heartbeatOf = (turnover: number) => (i: number): GatewayHeartbeat => ({
     type: "heartbeat", gateway: PEER, ts: t0 + i * 1000, intervalMs: 1000, startedAt: t0, state: "up", chargeTtlMs: 600_000, beat: i,
-    outstanding: Array.from({ length: inFlight }, (_, k) => ({ id: (i * inFlight + k).toString(36), model: MODEL, pod: pod(k), promptTokens: 300, ts: t0 + i * 1000 }))
+    outstanding: Array.from({ length: inFlight }, (_, k) => ({ id: (i * turnover + k).toString(36), model: MODEL, pod: pod(i * turnover + k), promptTokens: 300, ts: t0 + i * 1000 }))
   });
+  const heartbeat = heartbeatOf(inFlight);
+  const heartbeatSteady = heartbeatOf(Math.max(1, Math.round(inFlight / 8)));
   const load = (i: number): LoadSample => ({
     type: "load", model: MODEL, pod: pod(i), ts: t0 + i, stale: false, scrapeMs: 1.2,
     load: { running: 12, waiting: 3, kvCacheUsage: 0.42, prefixCacheQueries: 1e6 + i, prefixCacheHits: 4e5 + i, cacheHitRate: null, promptTokens: 2e6 + i, generationTokens: 1e6 + i, genThroughput: null, preemptions: 0, blockSize: 16, numGpuBlocks: 4096, runningLoras: [], waitingLoras: [], maxLora: null,
@@ -131,6 +142,7 @@ function fixtures(n: number, inFlight: number, batch: number, s: Subjects): Fixt
       setup: [...pods, ...Array.from({ length: nBatches * batch }, (_, j) => batchedIndex(Math.floor(j / batch), j % batch)).map((i) => ({ ev: charge(i) as object, subject: s.charges(MODEL, pod(i)) }))],
     },
     { family: "heartbeat", type: "heartbeat", stream: "charges", subjects: range(() => s.heartbeat(PEER)), events: range(heartbeat), setup: pods },
+    { family: "heartbeat-steady", type: "heartbeat", stream: "charges", subjects: range(() => s.heartbeat(PEER)), events: range(heartbeatSteady), setup: pods },
     { family: "load", type: "load", stream: "load", subjects: range((i) => s.load(MODEL, pod(i))), events: range(load), setup: pods },
     { family: "kv", type: "kv", stream: "kv", subjects: range((i) => s.kv(MODEL, pod(i))), events: range(kv), setup: pods },
     { family: "pod", type: "pod", stream: "pods", subjects: range((i) => s.pod(MODEL, pod(i))), events: range(podEv), setup: [] },
@@ -297,7 +309,8 @@ export async function runFoldBench(opts: FoldBenchOptions = {}): Promise<FoldBen
     await server.stop();
   }
   const families = Object.fromEntries(FOLD_FAMILIES.map((f) => [f, detail[f].total_us])) as Record<FoldFamily, number>;
+  const perListed = detail["heartbeat-steady"].total_us / o.inFlight;
   const perRequest = detail.charge.total_us + detail.release.total_us + detail.heartbeat.total_us / o.foreignRate;
   const perRequestBatched = detail.charge.total_us + detail.releases.total_us + detail.heartbeat.total_us / o.foreignRate;
-  return { bench: "fold", per_request_us: round(perRequest), per_request_batched_us: round(perRequestBatched), families, detail, options: o };
+  return { bench: "fold", per_request_us: round(perRequest), per_request_batched_us: round(perRequestBatched), heartbeat_per_listed_us: round(perListed, 3), families, detail, options: o };
 }
