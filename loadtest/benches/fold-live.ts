@@ -50,6 +50,10 @@ export interface FoldLiveRound {
   nats_us: number;
   /** Of `b_us`, the kernel's share (system time: socket reads, epoll), idle subtracted. */
   b_sys_us: number;
+  /** Of `b_us`, B's main thread (the event loop: the NATS client, the follower, the fold); the rest is V8's and libuv's helper threads. */
+  b_main_us: number;
+  /** B's read(2) calls per request, idle subtracted: how many event-loop wake-ups its socket costs (several messages share one read). */
+  b_reads_per_request: number;
   idle_b_us_per_s: number;
   idle_nats_us_per_s: number;
   /** CHARGES stream messages per request routed (charges, releases or release batches, heartbeats). */
@@ -68,6 +72,9 @@ export interface FoldLiveConfigResult {
   /** B / A: what folding a request costs relative to routing it. */
   fold_to_route_ratio: number;
   charges_msgs_per_request: number;
+  /** Of the fold cost, B's main thread (medians, like the rest). */
+  fold_main_thread_us: number;
+  b_reads_per_request: number;
   rounds: FoldLiveRound[];
 }
 
@@ -96,12 +103,22 @@ function cpuOf(pid: number): number {
   return userSys(pid).reduce((a, b) => a + b, 0);
 }
 
-/** [user, system] CPU time (µs) of a process, every thread. */
-function userSys(pid: number): [number, number] {
-  const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
+/** [user, system] CPU time (µs) of a process, every thread; or of one thread (`/proc/<pid>/task/<tid>/stat`). */
+function userSys(pid: number, tid?: number): [number, number] {
+  const stat = readFileSync(tid === undefined ? `/proc/${pid}/stat` : `/proc/${pid}/task/${tid}/stat`, "utf8");
   // The command name (field 2) may hold spaces: count fields after its closing parenthesis.
   const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
   return [Number(fields[11]) * TICK_US, Number(fields[12]) * TICK_US];
+}
+
+/** read(2)-family calls a process has made so far (`syscr` of /proc/<pid>/io; 0 where the file is unreadable). */
+function readsOf(pid: number): number {
+  try {
+    const m = /^syscr: (\d+)$/m.exec(readFileSync(`/proc/${pid}/io`, "utf8"));
+    return m ? Number(m[1]) : 0;
+  } catch {
+    return 0;
+  }
 }
 
 function pidOf(p: { pid?: number }, what: string): number {
@@ -186,7 +203,11 @@ async function measurePair(natsUrl: string, natsPid: number, h: NatsHandles, s: 
       const [sa, sb] = await Promise.all([state(a.adminPort), state(b.adminPort)]);
       return sa.ready && sb.ready && sa.pods.length === PODS && sb.pods.length === PODS && sb.ledger.liveGateways.some((g) => g.gateway === "fold-live-a");
     });
-    const sample = () => ({ t: performance.now(), a: cpuOf(a.pid), b: cpuOf(b.pid), bSys: userSys(b.pid)[1], nats: cpuOf(natsPid) });
+    // The main thread's id is the process id.
+    const sample = () => {
+      const [mu, ms] = userSys(b.pid, b.pid);
+      return { t: performance.now(), a: cpuOf(a.pid), b: cpuOf(b.pid), bSys: userSys(b.pid)[1], bMain: mu + ms, bReads: readsOf(b.pid), nats: cpuOf(natsPid) };
+    };
     const drive = async (durationMs: number): Promise<ExtProcLoadResult> => {
       const gen = runNode(loadtestScript("extproc-load.js"), ["--target", `127.0.0.1:${a.port}`, "--concurrency", String(o.concurrency), "--duration-ms", String(durationMs), "--warmup-ms", "0", "--model", MODEL]);
       try {
@@ -203,7 +224,7 @@ async function measurePair(natsUrl: string, natsPid: number, h: NatsHandles, s: 
     await new Promise((res) => setTimeout(res, o.durationMs));
     const i1 = sample();
     const idleS = (i1.t - i0.t) / 1000;
-    const idle = { a: (i1.a - i0.a) / idleS, b: (i1.b - i0.b) / idleS, bSys: (i1.bSys - i0.bSys) / idleS, nats: (i1.nats - i0.nats) / idleS };
+    const idle = { a: (i1.a - i0.a) / idleS, b: (i1.b - i0.b) / idleS, bSys: (i1.bSys - i0.bSys) / idleS, bMain: (i1.bMain - i0.bMain) / idleS, bReads: (i1.bReads - i0.bReads) / idleS, nats: (i1.nats - i0.nats) / idleS };
     const chargesStream = streamName(s.prefix, "CHARGES");
     const m0 = (await h.jsm.streams.info(chargesStream)).state.messages;
     const l0 = sample();
@@ -212,9 +233,10 @@ async function measurePair(natsUrl: string, natsPid: number, h: NatsHandles, s: 
     const m1 = (await h.jsm.streams.info(chargesStream)).state.messages;
     if (res.immediate > 0 || res.errors > 0) throw new Error(`A answered ${res.immediate} immediate responses and ${res.errors} errors (first: ${res.firstError ?? "-"}): not a routing run`);
     const loadS = (l1.t - l0.t) / 1000;
-    const per = (k: "a" | "b" | "bSys" | "nats") => (l1[k] - l0[k] - idle[k] * loadS) / res.completed;
+    const per = (k: "a" | "b" | "bSys" | "bMain" | "bReads" | "nats") => (l1[k] - l0[k] - idle[k] * loadS) / res.completed;
     return {
-      requests: res.completed, rps: Math.round(res.rps), a_us: round(per("a")), b_us: round(per("b")), nats_us: round(per("nats")), b_sys_us: round(per("bSys")),
+      requests: res.completed, rps: Math.round(res.rps), a_us: round(per("a")), b_us: round(per("b")), nats_us: round(per("nats")), b_sys_us: round(per("bSys")), b_main_us: round(per("bMain")),
+      b_reads_per_request: round(per("bReads"), 3),
       idle_b_us_per_s: Math.round(idle.b), idle_nats_us_per_s: Math.round(idle.nats), charges_msgs_per_request: round((m1 - m0) / res.completed, 3),
     };
   } finally {
@@ -234,6 +256,8 @@ function summary(releaseBatchMs: number, rounds: FoldLiveRound[]): FoldLiveConfi
     router_us_per_request: a_us,
     fold_to_route_ratio: round(b_us / a_us, 3),
     charges_msgs_per_request: median(rounds.map((x) => x.charges_msgs_per_request)),
+    fold_main_thread_us: median(rounds.map((x) => x.b_main_us)),
+    b_reads_per_request: median(rounds.map((x) => x.b_reads_per_request)),
     rounds,
   };
 }

@@ -1,6 +1,7 @@
 import { type Command, InvalidArgumentError } from "commander";
 import { intOption, modelListOption, natsOption, poolOption, untilSignal } from "../shared/cli-options.js";
 import { createLogger } from "../shared/log.js";
+import { DEFAULT_RELEASE_BATCH_MS } from "../shared/publish.js";
 import { startGateway } from "./gateway.js";
 import { strategyNames } from "./strategies/registry.js";
 import { TokenizerFilesError } from "../tokenizer/hf-tokenizer.js";
@@ -62,9 +63,9 @@ export function registerGatewayCommand(program: Command): void {
     .option("--snapshot-interval-ms <ms>", "how often the lease holder writes a prefix-index snapshot", intOption(1_000), 30_000)
     .option("--charge-ttl-ms <ms>", "a charge stops counting after this long even without a release", intOption(1), 600_000)
     .option("--heartbeat-ms <ms>", "heartbeat interval", intOption(10), 1_000)
-    // Off by default for one release: gateways and replay tools older than the `releases` event
-    // dead-letter it (and `afterCharge` on a plain release), so a rolling upgrade turns it on last.
-    .option("--release-batch-ms <ms>", "releases are sent per pod in batches over this window, at most 20 (0 = each on its own; turn on only once every replica and replay tool reads `releases`)", intOption(0, 20), 0)
+    // On (5 ms) since every gateway and replay tool of the previous release reads `releases`; a
+    // fleet still running builds older than that sets 0 until they are gone (they dead-letter it).
+    .option("--release-batch-ms <ms>", "releases are sent per pod in batches over this window, at most 20 (0 = each on its own, for fleets still running builds that predate the `releases` event)", intOption(0, 20), DEFAULT_RELEASE_BATCH_MS)
     .option("--heartbeat-timeout-ms <ms>", "a gateway silent this long loses its charges (default 3 x interval)", intOption(10))
     .option("--pod-source-timeout-ms <ms>", "pods of a pod-watcher source silent this long stop being routable (0 = never)", intOption(0), 30_000)
     .option("--load-stale-ms <ms>", "a load sample older than this is ignored", intOption(1), 2_000)

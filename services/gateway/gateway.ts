@@ -15,7 +15,7 @@ import { type ExtProcConnectionStats, guardResetBudget } from "../extproc/reset-
 import { StreamFollower } from "../shared/follower.js";
 import type { Logger } from "../shared/log.js";
 import { connectNats, type NatsHandles } from "../shared/nats.js";
-import { Outbox, ReleaseBatcher } from "../shared/publish.js";
+import { DEFAULT_RELEASE_BATCH_MS, Outbox, ReleaseBatcher } from "../shared/publish.js";
 import { tokenLoad } from "../views/charge-ledger.js";
 import { GatewayState, type StateStream } from "../views/gateway-state.js";
 import { DEFAULT_POD_SOURCE_TIMEOUT_MS } from "../views/pod-set.js";
@@ -88,9 +88,9 @@ export interface GatewayOptions {
   maxHeartbeatCharges?: number;
   /**
    * Releases are sent per pod in batches over this window (a `releases` event; a lone release stays
-   * a `release`). Default 0 (off: builds without the `releases` event dead-letter it, so it is
-   * turned on only once every replica and replay tool is upgraded); at most 20 ms (replay holds
-   * decisions 50 ms for a delayed own release).
+   * a `release`). Default 5 ms (0 = off, for a fleet still running builds that predate the
+   * `releases` event: they dead-letter it); at most 20 ms (replay holds decisions 50 ms for a
+   * delayed own release).
    */
   releaseBatchMs?: number;
   /** On close, how long in-flight requests may take before their streams are cancelled. */
@@ -258,7 +258,7 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
   ];
 
   const outbox = new Outbox(nats.nc);
-  const releases = new ReleaseBatcher(outbox, (model, pod) => subjects.releases(model, pod), Math.min(20, o.releaseBatchMs ?? 0), () => director.chargesMade, undefined, () => nats.nc.info?.max_payload);
+  const releases = new ReleaseBatcher(outbox, (model, pod) => subjects.releases(model, pod), Math.min(20, o.releaseBatchMs ?? DEFAULT_RELEASE_BATCH_MS), () => director.chargesMade, undefined, () => nats.nc.info?.max_payload);
   const viewNames = ["pods", "load", "charges", "kv"];
   let extProcConnections: ExtProcConnectionStats | undefined;
   const metrics = new GatewayMetrics(id, {

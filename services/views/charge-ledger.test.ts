@@ -1,3 +1,4 @@
+import fc from "fast-check";
 import { describe, expect, it } from "vitest";
 import type { ChargeEvent, GatewayHeartbeat } from "../../schemas/events.js";
 import { ChargeLedger, tokenLoad } from "./charge-ledger.js";
@@ -237,5 +238,73 @@ describe("charge ledger - heartbeats split into parts (lists past max_payload)",
     l.applyFromStream(whole(3000, ["r0", "r1"]), 3000, 3000);
     expect(l.chargesOf("b")).toBe(2);
     expect(l.incompleteBeats).toBe(1);
+  });
+});
+
+describe("charge ledger - a whole list and the same list in parts reconcile alike (property)", () => {
+  // The whole-list path stamps the listed entries; the parted path collects the listed keys in a
+  // set. Random histories of two peers' charges, releases and heartbeats (random lists: held,
+  // released, never seen, decoding, duplicates, truncated) must leave both ledgers identical.
+  type Op =
+    | { kind: "charge"; gw: number; id: number; pod: number; tokens: number }
+    | { kind: "release"; gw: number; id: number }
+    | { kind: "beat"; gw: number; ids: number[]; decoding: boolean[]; truncated: boolean; split: number }
+    | { kind: "down"; gw: number };
+  const op: fc.Arbitrary<Op> = fc.oneof(
+    { weight: 4, arbitrary: fc.record({ kind: fc.constant("charge" as const), gw: fc.nat(1), id: fc.nat(30), pod: fc.nat(2), tokens: fc.nat(1000) }) },
+    { weight: 3, arbitrary: fc.record({ kind: fc.constant("release" as const), gw: fc.nat(1), id: fc.nat(30) }) },
+    {
+      weight: 3,
+      arbitrary: fc.record({ kind: fc.constant("beat" as const), gw: fc.nat(1), ids: fc.array(fc.nat(30), { maxLength: 20 }), decoding: fc.array(fc.boolean(), { minLength: 20, maxLength: 20 }), truncated: fc.boolean(), split: fc.integer({ min: 2, max: 4 }) }),
+    },
+    { weight: 1, arbitrary: fc.record({ kind: fc.constant("down" as const), gw: fc.nat(1) }) },
+  );
+
+  it("identical dumps and counters after every step (2,000 histories)", () => {
+    fc.assert(
+      fc.property(fc.array(op, { maxLength: 40 }), (ops) => {
+        const whole = new ChargeLedger({ self: "me", heartbeatTimeoutMs: 60_000 });
+        const parted = new ChargeLedger({ self: "me", heartbeatTimeoutMs: 60_000 });
+        let t = 1_000;
+        let beat = 0;
+        for (const o of ops) {
+          t += 10;
+          const gw = `g${o.gw}`;
+          if (o.kind === "charge") {
+            const ev = charge(`c${o.id}`, gw, `p${o.pod}`, t, { promptTokens: o.tokens });
+            whole.applyFromStream(ev, t, t);
+            parted.applyFromStream(ev, t, t);
+          } else if (o.kind === "release") {
+            const ev = { type: "release" as const, id: `c${o.id}`, gateway: gw, model: "m", pod: "p0", ts: t, outcome: "completed" as const };
+            whole.applyFromStream(ev, t, t);
+            parted.applyFromStream(ev, t, t);
+          } else if (o.kind === "down") {
+            whole.applyFromStream(hb(gw, t, "down"), t, t);
+            parted.applyFromStream(hb(gw, t, "down"), t, t);
+          } else {
+            const list = o.ids.map((id, i) => ({ id: `c${id}`, model: "m", pod: `p${id % 3}`, promptTokens: id, ts: t - 5, ...(o.decoding[i] ? { decoding: true } : {}) }));
+            const base = { ...hb(gw, t), startedAt: 0, beat: ++beat, chargeTtlMs: 60_000, ...(o.truncated ? { truncated: true } : {}) };
+            whole.applyFromStream({ ...base, outstanding: list }, t, t);
+            const size = Math.ceil(list.length / o.split) || 1;
+            const slices = Array.from({ length: o.split }, (_, p) => list.slice(p * size, (p + 1) * size));
+            for (const [part, s] of slices.entries()) parted.applyFromStream({ ...base, part, parts: o.split, outstanding: s }, t, t);
+          }
+          expect(parted.dump(t)).toEqual(whole.dump(t));
+          expect([parted.reconciledAdded, parted.reconciledRemoved, parted.size]).toEqual([whole.reconciledAdded, whole.reconciledRemoved, whole.size]);
+          for (const pod of ["p0", "p1", "p2"]) expect(parted.outstanding("m", pod)).toEqual(whole.outstanding("m", pod));
+        }
+      }),
+      { numRuns: 2_000 },
+    );
+  });
+
+  it("is not vacuous: the histories remove and add through heartbeats", () => {
+    const l = new ChargeLedger({ self: "me", heartbeatTimeoutMs: 60_000 });
+    l.applyFromStream(charge("c1", "g0", "p0", 1_000), 1_000, 1_000);
+    l.applyFromStream(charge("c2", "g0", "p0", 1_000), 1_000, 1_000);
+    l.applyFromStream({ ...hb("g0", 1_010), chargeTtlMs: 60_000, outstanding: [{ id: "c2", model: "m", pod: "p0", promptTokens: 10, ts: 1_000, decoding: true }, { id: "c3", model: "m", pod: "p1", promptTokens: 7, ts: 1_000 }] }, 1_010, 1_010);
+    expect([l.reconciledAdded, l.reconciledRemoved, l.chargesOf("g0")]).toEqual([1, 1, 2]);
+    expect(l.outstanding("m", "p0")).toEqual({ requests: 1, promptTokens: 10, prefillRequests: 0, prefillTokens: 0 });
+    expect(l.outstanding("m", "p1")).toEqual({ requests: 1, promptTokens: 7, prefillRequests: 1, prefillTokens: 7 });
   });
 });
