@@ -27,7 +27,8 @@ const SOAK = process.env.JETROUTE_SOAK;
 const PURE_RUNS = SOAK ? 200_000 : 10_000;
 const NATS_PER_FAMILY = SOAK ? 5_000 : 500;
 
-type GatewayFamily = Exclude<EventType, "decision">;
+// `usage` summaries are folded from the base prefix's USAGE stream, outside the four views here (services/views/rate-view.test.ts).
+type GatewayFamily = Exclude<EventType, "decision" | "usage">;
 const FAMILIES: readonly GatewayFamily[] = ["pod", "pod-source", "load", "charge", "release", "releases", "heartbeat", "kv", "kv-cleared", "kv-routed"];
 
 // ---- schema-valid generators ---------------------------------------------------------------
