@@ -67,7 +67,7 @@ export class UsageSummaries {
       users: own.users,
     };
     // 10% of the server's bound left for the PUB line and headers, and room for `truncated`.
-    const budget = Math.floor((this.o.maxPayload() ?? 1024 * 1024) * 0.9) - JSON.stringify(ev).length - 32;
+    const budget = Math.floor((this.o.maxPayload() ?? 1024 * 1024) * 0.9) - JSON.stringify({ ...ev, users: [] }).length - 32;
     const fits = (users: ReadonlyArray<readonly [string, number, number]>) => {
       let left = budget;
       for (let i = 0; i < users.length; i++) if ((left -= entryBytes(users[i] as [string, number, number])) < 0) return i;
