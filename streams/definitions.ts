@@ -109,14 +109,16 @@ export function streamDefinitions(opts: StreamOptions = {}): StreamDefinition[] 
       max_bytes: 256 * MiB,
     }),
     // Each summary is a whole rate window's counts, so only the newest per gateway matters to a
-    // gateway (it reads the last per subject); three minutes outlive the window a summary counts in.
+    // gateway (it reads the last per subject): a few per subject, and three minutes, which outlive
+    // the window a summary counts in. Summaries are small (about 40 bytes per listed user).
     ...(pooled
       ? []
       : [
           def("USAGE", "per-user rate-limit usage of every gateway, shared by every pool (base prefix only)", {
             subjects: [s.all("usage")],
             max_age: 3 * MINUTE_NS,
-            max_bytes: 256 * MiB,
+            max_bytes: 64 * MiB,
+            max_msgs_per_subject: 5,
           }),
         ]),
   ];
