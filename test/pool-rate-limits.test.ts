@@ -137,4 +137,12 @@ describe("per-user rate limits across gateway pools", () => {
     for (const until = Date.now() + 10_000; (dead = await dlq()) < before + 9 && Date.now() < until; ) await new Promise((r) => setTimeout(r, 20));
     expect(dead).toBe(before + 9);
   }, 30_000);
+
+  it("a gateway on streams applied before JR_USAGE existed still starts and gets ready (it warns, and counts its own namespace only)", async () => {
+    await applyStreams(env.nats.nc, env.nats.jsm, { prefix: "old" });
+    await env.nats.jsm.streams.delete(streamName("old", "USAGE"));
+    const old = await env.gateway({ id: "gw-old", prefix: "old", clock, usageSummaryMs: 100 });
+    expect(old.ready()).toBe(true);
+    expect(old.state.usageCursor).toBe(0);
+  });
 });

@@ -6,6 +6,7 @@ import { readFileSync } from "node:fs";
 import os from "node:os";
 import { randomBytes } from "node:crypto";
 import * as grpc from "@grpc/grpc-js";
+import { JetStreamApiCodes, JetStreamApiError } from "@nats-io/jetstream";
 import { HealthImplementation } from "grpc-health-check";
 import type { EventType } from "../../schemas/events.js";
 import { configBucketName, streamName } from "../../streams/definitions.js";
@@ -271,7 +272,11 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
   // stream (the newest per gateway is all a booting gateway needs: each is a whole minute's counts).
   const baseSubjects = new Subjects(ns.configPrefix);
   const usageStream = streamName(ns.configPrefix, "USAGE");
-  if (await nats.jsm.streams.info(usageStream).then(() => true, () => false)) {
+  const notFound = (err: unknown) => {
+    if (err instanceof JetStreamApiError && err.code === JetStreamApiCodes.StreamNotFound) return false;
+    throw err;
+  };
+  if (await nats.jsm.streams.info(usageStream).then(() => true, notFound)) {
     followers.push(
       new StreamFollower({
         nats, subjects: baseSubjects, log, name: `gateway-${id}-usage`, family: "usage", types: ["usage"] as const,
