@@ -248,6 +248,36 @@ export const GatewayHeartbeat = Type.Object(
   { $id: "heartbeat", additionalProperties: false },
 );
 
+/** Most users one usage summary lists (the most active first; the others are counted in `truncated`). */
+export const MAX_USAGE_USERS = 10_000;
+
+/**
+ * USAGE stream (subject `<base>.usage.<pool or _>.<gateway>`, under the base prefix whatever the
+ * gateway's pool): one gateway's OWN admissions per user in the current rate-limit minute, sent
+ * every `--usage-summary-ms` while it has any (docs/architecture.md, "Model configs and rate
+ * limits"). Gateways of other namespaces add them to the counts they fold from their own CHARGES
+ * stream, so a per-user limit holds across gateway pools. Each summary is the whole window so far
+ * (not a delta): the latest one per gateway process and window replaces the one before.
+ */
+export const UsageSummary = Type.Object(
+  {
+    type: Type.Literal("usage"),
+    gateway: Name,
+    /** The gateway's pool (streams/pools.ts); absent for the unpooled namespace. */
+    pool: Type.Optional(Type.String({ pattern: "^[a-z0-9](?:[a-z0-9-]{0,30}[a-z0-9])?$" })),
+    /** The gateway process's start: a restarted gateway with the same id is another publisher. */
+    startedAt: Millis,
+    /** Start of the rate-limit minute the counts belong to (epoch ms, a whole minute). */
+    window: Type.Integer({ minimum: 0, multipleOf: 60_000 }),
+    ts: Millis,
+    /** `[user, requests, tokens]` admitted by this gateway in the window; tokens as the rate view counts them (prompt, corrected by the engine's count, plus completion). */
+    users: Type.Array(Type.Tuple([Type.String({ minLength: 1, maxLength: 256 }), Count, Count]), { maxItems: MAX_USAGE_USERS }),
+    /** Users left out (beyond `MAX_USAGE_USERS` or the message size bound). */
+    truncated: Type.Optional(Count),
+  },
+  { $id: "usage", additionalProperties: false },
+);
+
 /** Most prompt blocks a decision record lists (the first ones): 512 x 16 tokens = 8,192 tokens. */
 export const DECISION_MAX_BLOCKS = 512;
 /** The decision record version this code writes (`v`); records without `v` are version 1. */
@@ -449,6 +479,7 @@ export type ReleaseEvent = Static<typeof ReleaseEvent>;
 export type ReleaseItem = Static<typeof ReleaseItem>;
 export type ReleaseBatch = Static<typeof ReleaseBatch>;
 export type GatewayHeartbeat = Static<typeof GatewayHeartbeat>;
+export type UsageSummary = Static<typeof UsageSummary>;
 export type OutstandingCharge = Static<typeof OutstandingCharge>;
 export type DecisionRecord = Static<typeof DecisionRecord>;
 export type KvBatch = Static<typeof KvBatch>;
@@ -473,6 +504,7 @@ export const EVENT_SCHEMAS = {
   kv: KvBatch,
   "kv-cleared": KvPodCleared,
   "kv-routed": KvRouted,
+  usage: UsageSummary,
 } as const;
 
 export type EventType = keyof typeof EVENT_SCHEMAS;

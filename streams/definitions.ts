@@ -13,7 +13,7 @@ const MINUTE_NS = 60 * SECOND_NS;
 const HOUR_NS = 60 * MINUTE_NS;
 const MiB = 1024 * 1024;
 
-export type StreamKey = "PODS" | "LOAD" | "KV" | "CHARGES" | "DECISIONS" | "DLQ";
+export type StreamKey = "PODS" | "LOAD" | "KV" | "CHARGES" | "DECISIONS" | "DLQ" | "USAGE";
 
 export interface StreamDefinition {
   key: StreamKey;
@@ -72,6 +72,8 @@ export function streamDefinitions(opts: StreamOptions = {}): StreamDefinition[] 
     purpose,
     config: { ...base, name: streamName(s.prefix, key), subjects: [], max_age: 0, max_bytes: -1, max_msgs_per_subject: -1, ...cfg },
   });
+  // A pool's namespace (a config prefix other than its own) shares the base prefix's USAGE stream.
+  const pooled = opts.configPrefix !== undefined && opts.configPrefix !== s.prefix;
   return [
     def("PODS", "pod readiness; last message per subject is the pod's state", {
       subjects: [s.all("pods"), s.all("podsrc")],
@@ -106,5 +108,18 @@ export function streamDefinitions(opts: StreamOptions = {}): StreamDefinition[] 
       max_age: 7 * 24 * HOUR_NS,
       max_bytes: 256 * MiB,
     }),
+    // Each summary is a whole rate window's counts, so only the newest per gateway matters to a
+    // gateway (it reads the last per subject): a few per subject, and three minutes, which outlive
+    // the window a summary counts in. Summaries are small (about 40 bytes per listed user).
+    ...(pooled
+      ? []
+      : [
+          def("USAGE", "per-user rate-limit usage of every gateway, shared by every pool (base prefix only)", {
+            subjects: [s.all("usage")],
+            max_age: 3 * MINUTE_NS,
+            max_bytes: 64 * MiB,
+            max_msgs_per_subject: 5,
+          }),
+        ]),
   ];
 }

@@ -12,6 +12,8 @@
  *   <prefix>.hb.<gateway>              CHARGES    gateway heartbeats (same stream: one ordered fold)
  *   <prefix>.decisions.<model>         DECISIONS  decision records (gateways)
  *   <prefix>.dlq.<family>              DLQ        dead letters, by the family they were read from
+ *   <base>.usage.<pool>.<gateway>      USAGE      per-user rate-limit usage summaries (gateways; base
+ *                                                 prefix only, `_` for the unpooled namespace)
  */
 import { decodeToken, encodeToken } from "./tokens.js";
 
@@ -27,7 +29,11 @@ export const Family = {
   hb: "hb",
   decisions: "decisions",
   dlq: "dlq",
+  usage: "usage",
 } as const;
+
+/** The pool token of the unpooled namespace in a usage subject (pool names never hold `_`). */
+export const UNPOOLED_TOKEN = "_";
 export type Family = (typeof Family)[keyof typeof Family];
 
 export class Subjects {
@@ -58,6 +64,10 @@ export class Subjects {
   }
   decisions(model: string): string {
     return `${this.prefix}.decisions.${encodeToken(model)}`;
+  }
+  /** Built on the base prefix's `Subjects` (the USAGE stream is shared by every pool). */
+  usage(pool: string | undefined, gateway: string): string {
+    return `${this.prefix}.usage.${pool === undefined ? UNPOOLED_TOKEN : encodeToken(pool)}.${encodeToken(gateway)}`;
   }
   deadLetter(family: Family): string {
     return `${this.prefix}.dlq.${family}`;

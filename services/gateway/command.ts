@@ -71,6 +71,7 @@ export function registerGatewayCommand(program: Command): void {
     .option("--load-stale-ms <ms>", "a load sample older than this is ignored", intOption(1), 2_000)
     .option("--max-charges <n>", "bound on tracked charges", intOption(1), 1_000_000)
     .option("--rate-confirm-ms <ms>", "rate limits: how long this replica's admissions may be unseen by the others (room is reserved for theirs meanwhile); 0 = no reservation", intOption(0), 25)
+    .option("--usage-summary-ms <ms>", "per-user rate limits across pools: publish this replica's per-user admissions of the minute this often (0 = publish none; it still counts the other pools')", intOption(0), 1_000)
     .option("--auth <mode>", "off, or required: every request needs `authorization: Bearer <key>` (keys: jetroute config add-key), else 401", authOption, "off")
     .option("--tls-cert <file>", "PEM certificate for TLS on the ext_proc port (with --tls-key)")
     .option("--tls-key <file>", "PEM private key for --tls-cert")
@@ -105,6 +106,7 @@ export function registerGatewayCommand(program: Command): void {
         loadStaleAfterMs: o.loadStaleMs,
         maxCharges: o.maxCharges,
         rateConfirmMs: o.rateConfirmMs,
+        usageSummaryMs: o.usageSummaryMs,
         consistency: o.consistency,
         tokenizerMode: o.tokenizer,
         tokenizerModes: o.tokenizerModel,

@@ -6,7 +6,9 @@ import { readFileSync } from "node:fs";
 import os from "node:os";
 import { randomBytes } from "node:crypto";
 import * as grpc from "@grpc/grpc-js";
+import { JetStreamApiCodes, JetStreamApiError } from "@nats-io/jetstream";
 import { HealthImplementation } from "grpc-health-check";
+import type { EventType } from "../../schemas/events.js";
 import { configBucketName, streamName } from "../../streams/definitions.js";
 import { namespaceOf } from "../../streams/pools.js";
 import { Subjects } from "../../streams/subjects.js";
@@ -37,6 +39,7 @@ import { configureSessionSigning } from "./strategies/session-affinity.js";
 import { Tokenizer } from "./tokenization.js";
 import { StrictCommitter } from "./strict-commit.js";
 import { SubjectCursors } from "./subject-cursor.js";
+import { UsageSummaries } from "./usage-summary.js";
 
 export interface GatewayOptions {
   nats: string | string[];
@@ -68,6 +71,13 @@ export interface GatewayOptions {
    * theirs. 0 turns the reservation off. Default 25 ms.
    */
   rateConfirmMs?: number;
+  /**
+   * Per-user limits across pools: every this many ms the gateway publishes its own per-user
+   * admissions of the current minute to the base prefix's USAGE stream (only when they changed);
+   * the other namespaces' gateways add them to their counts. 0 = publish none (this gateway still
+   * counts the others'). Default 1,000.
+   */
+  usageSummaryMs?: number;
   /** Tokenizer mode for prefix routing: default and per model (`remote` | `local` | `approximate` | `hf:<dir>`). */
   tokenizerMode?: TokenizerSetting;
   tokenizerModes?: Record<string, TokenizerSetting>;
@@ -198,6 +208,7 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
   // The one fold every view changes in (services/views/gateway-state.ts).
   const state = new GatewayState({
     self: id,
+    ...(ns.pool !== undefined ? { pool: ns.pool } : {}),
     shareCharges: o.consistency !== "off",
     heartbeatTimeoutMs: hbTimeout,
     maxCharges: o.maxCharges,
@@ -220,7 +231,7 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
     if (stream === "charges" || stream === "pods") serverClock.observe(m.serverTs);
     state.apply(ev, { stream, ...m });
   };
-  const followers = [
+  const followers: Array<StreamFollower<EventType>> = [
     new StreamFollower({
       // The whole stream: pod events and the watcher sources' heartbeats (`podsrc`) in one fold.
       nats, subjects, log, name: `gateway-${id}-pods`, family: "pods", types: ["pod", "pod-source"] as const,
@@ -257,9 +268,29 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
     }),
   ];
 
+  // Per-user limits across pools: the other namespaces' usage summaries, from the base prefix's
+  // stream (the newest per gateway is all a booting gateway needs: each is a whole minute's counts).
+  const baseSubjects = new Subjects(ns.configPrefix);
+  const usageStream = streamName(ns.configPrefix, "USAGE");
+  const notFound = (err: unknown) => {
+    if (err instanceof JetStreamApiError && err.code === JetStreamApiCodes.StreamNotFound) return false;
+    throw err;
+  };
+  if (await nats.jsm.streams.info(usageStream).then(() => true, notFound)) {
+    followers.push(
+      new StreamFollower({
+        nats, subjects: baseSubjects, log, name: `gateway-${id}-usage`, family: "usage", types: ["usage"] as const,
+        stream: usageStream, startAt: { kind: "last-per-subject" },
+        onEvent: (ev, m) => state.apply(ev, { stream: "usage", ...m }),
+        onMessage: (subject, seq) => state.skip({ stream: "usage", subject, seq, serverTs: 0 }),
+        skipRaw: (data) => indexOfBytes(data, ownMarker) >= 0,
+      }),
+    );
+  } else log.warn({ stream: usageStream }, "no USAGE stream (run `jetroute streams apply`): per-user rate limits do not count other pools' requests");
+
   const outbox = new Outbox(nats.nc);
   const releases = new ReleaseBatcher(outbox, (model, pod) => subjects.releases(model, pod), Math.min(20, o.releaseBatchMs ?? DEFAULT_RELEASE_BATCH_MS), () => director.chargesMade, undefined, () => nats.nc.info?.max_payload);
-  const viewNames = ["pods", "load", "charges", "kv"];
+  const viewNames = ["pods", "load", "charges", "kv", "usage"];
   let extProcConnections: ExtProcConnectionStats | undefined;
   const metrics = new GatewayMetrics(id, {
     followers: () => followers.map((f, i) => ({ view: viewNames[i] ?? String(i), lastSeq: f.lastSeq, applied: f.applied, invalid: f.invalid, reopens: f.reopens, pending: f.pending, delayMs: f.delayMs })),
@@ -283,6 +314,7 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
     outboxDrops: () => outbox.drops(),
     pd: () => ({ ...director.pdStats, ...director.legs?.stats }),
     podSources: () => state.pods.sourceInfo(),
+    usage: () => ({ foreignGateways: state.rates.foreignGateways, foreignEntries: state.rates.foreignEntries, foreignEvicted: state.rates.foreignEvicted, sent: usageSummaries.sent, truncatedUsers: usageSummaries.truncatedUsers }),
   }, ns.pool);
   tokenizer.registerMetrics(metrics.registry);
   const sink: EventSink = {
@@ -330,6 +362,13 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
     releases.flush();
     for (const hb of heartbeatOf({ gateway: id, now: Date.now(), intervalMs: hbInterval, startedAt, chargeTtlMs, maxListed, beat: beat++, maxBytes }, st, director.holdingCharges())) outbox.fire(subjects.heartbeat(id), hb);
   };
+  const usageSummaries = new UsageSummaries(state, { gateway: id, ...(ns.pool !== undefined ? { pool: ns.pool } : {}), startedAt, maxPayload: () => nats.nc.info?.max_payload });
+  const summarizeUsage = () => {
+    const ev = usageSummaries.next(clock());
+    if (ev) outbox.fire(baseSubjects.usage(ns.pool, id), ev);
+  };
+  const usageMs = o.usageSummaryMs ?? 1_000;
+  const usageTimer = usageMs > 0 ? setInterval(summarizeUsage, usageMs) : undefined;
   heartbeat("up");
   const hbTimer = setInterval(() => heartbeat("up"), hbInterval);
   const sweepTimer = setInterval(() => state.sweep(clock(), { liveNow: serverClock.now() }), Math.max(50, Math.min(250, hbInterval / 4)));
@@ -391,7 +430,7 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
     ready: isReady,
     // Gateway pools: which namespace this replica folds, and the config's assignment of models.
     pool: { name: ns.pool ?? null, prefix, models: o.poolModels ?? (ns.pool !== undefined ? state.pools.modelsOf(ns.pool) ?? [] : null), clashes: state.pools.conflicts() },
-    followers: followers.map((f, i) => ({ view: ["pods", "load", "charges", "kv"][i], lastSeq: f.lastSeq, applied: f.applied, skipped: f.skipped, invalid: f.invalid, reopens: f.reopens, caughtUp: f.caughtUp })),
+    followers: followers.map((f, i) => ({ view: viewNames[i], lastSeq: f.lastSeq, applied: f.applied, skipped: f.skipped, invalid: f.invalid, reopens: f.reopens, caughtUp: f.caughtUp })),
     prefixIndex: state.index.stats(),
     snapshots: {
       booted: snapshot ? { name: snapshot.name, seq: snapshot.seq, bytes: snapshot.bytes, ageMs: snapshot.ageMs, loadMs: Math.round(snapshot.loadMs), lost: snapshot.lost } : null,
@@ -414,6 +453,7 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
     },
     inFlight: director.inFlight.size,
     rateWaits: director.rateWaits,
+    usageSummaries: { sent: usageSummaries.sent, truncatedUsers: usageSummaries.truncatedUsers, foreignGateways: state.rates.foreignGateways, foreignEntries: state.rates.foreignEntries, foreignEvicted: state.rates.foreignEvicted },
     extProcConnections,
     consistency: defaultConsistency,
     // The mode in effect: with `--consistency off` a model's own setting has nothing to share with.
@@ -481,6 +521,9 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
       clearInterval(slowSweep);
       // Every release made so far goes out before the final beat (drain just made the last ones).
       releases.flush();
+      // The requests of the last interval count in the other pools too.
+      clearInterval(usageTimer);
+      if (usageTimer) summarizeUsage();
       heartbeat("down");
       outbox.flush();
       admin?.close();

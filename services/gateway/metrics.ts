@@ -24,6 +24,8 @@ export interface GatewayMetricsSources {
   outboxDrops?: () => { closed: number; tooLarge: number; failed: number };
   /** Pod-watcher sources known to the pod set (services/views/pod-set.ts). */
   podSources?: () => ReadonlyArray<{ silent: boolean }>;
+  /** Usage summaries across pools (services/gateway/usage-summary.ts, services/views/rate-view.ts). */
+  usage?: () => { foreignGateways: number; foreignEntries: number; foreignEvicted: number; sent: number; truncatedUsers: number };
 }
 
 const BASE_STRATEGIES = new Set(strategyNames());
@@ -124,6 +126,20 @@ export class GatewayMetrics {
       ["figure"],
       (g) => {
         for (const [k, v] of Object.entries(src.pd?.() ?? {})) g.set({ figure: k }, v);
+      },
+    );
+    gauge(
+      "jetroute_gateway_usage_summaries",
+      "Per-user rate-limit usage across pools: foreign_gateways and foreign_entries (other namespaces' summaries held, user entries in them), foreign_evicted (dropped at the bound), sent (own summaries published), truncated_users (left out of them)",
+      ["figure"],
+      (g) => {
+        const u = src.usage?.();
+        if (!u) return;
+        g.set({ figure: "foreign_gateways" }, u.foreignGateways);
+        g.set({ figure: "foreign_entries" }, u.foreignEntries);
+        g.set({ figure: "foreign_evicted" }, u.foreignEvicted);
+        g.set({ figure: "sent" }, u.sent);
+        g.set({ figure: "truncated_users" }, u.truncatedUsers);
       },
     );
     gauge("jetroute_gateway_strict", "Strict mode: committed charges, lost races, fallbacks", ["figure"], (g) => {

@@ -20,7 +20,7 @@ type Msg = { ev: StateEvent; meta: EventMeta } | { own: (s: GatewayState) => voi
 /** A random but reproducible history of every event family, as a gateway's followers would see it. */
 function history(seed: number, n: number): Msg[] {
   const rnd = lcg(seed);
-  const seqs = { pods: 0, load: 0, charges: 0, kv: 0, config: 0 };
+  const seqs = { pods: 0, load: 0, charges: 0, kv: 0, config: 0, usage: 0 };
   const msgs: Msg[] = [];
   let t = T0;
   const meta = (stream: EventMeta["stream"], subject = stream): EventMeta => ({ stream, subject, seq: ++seqs[stream], serverTs: t });

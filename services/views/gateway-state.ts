@@ -29,7 +29,7 @@ import {
   type RateLimits,
   rateLimitsError,
 } from "../../schemas/config.js";
-import type { ChargeEvent, GatewayHeartbeat, KvBatch, KvPodCleared, KvRouted, LoadSample, PodEvent, PodSourceHeartbeat, ReleaseBatch, ReleaseEvent, ReleaseItem } from "../../schemas/events.js";
+import type { ChargeEvent, GatewayHeartbeat, KvBatch, KvPodCleared, KvRouted, LoadSample, PodEvent, PodSourceHeartbeat, ReleaseBatch, ReleaseEvent, ReleaseItem, UsageSummary } from "../../schemas/events.js";
 import { poolNameError } from "../../streams/pools.js";
 import { decodeToken } from "../../streams/tokens.js";
 import { validateModelConfig } from "../gateway/strategies/config-check.js";
@@ -40,7 +40,7 @@ import { ModelConfigView } from "./model-config.js";
 import { PodSet } from "./pod-set.js";
 import { PoolMap } from "./pool-map.js";
 import { PrefixIndex, type PrefixIndexOptions } from "./prefix-index.js";
-import { RateView } from "./rate-view.js";
+import { type ForeignUsageBounds, RateView } from "./rate-view.js";
 import { RoutedPrefixes } from "./routed-prefixes.js";
 import { UsageView } from "./usage-view.js";
 
@@ -49,7 +49,8 @@ export type StateStream = "pods" | "load" | "charges" | "kv" | "config";
 export const STATE_STREAMS: readonly StateStream[] = ["pods", "load", "charges", "kv", "config"];
 
 export interface EventMeta {
-  stream: StateStream;
+  /** `usage`: the base prefix's USAGE stream (its cursor is not one of the decision records' `cursors`). */
+  stream: StateStream | "usage";
   subject: string;
   /** Stream sequence (for the config bucket: the entry's revision, which is its stream sequence). */
   seq: number;
@@ -67,12 +68,12 @@ export interface ConfigEntry {
   notJson?: boolean;
 }
 
-export type StateEvent = PodEvent | PodSourceHeartbeat | LoadSample | ChargeEvent | ReleaseEvent | ReleaseBatch | GatewayHeartbeat | KvBatch | KvPodCleared | KvRouted | ConfigEntry;
+export type StateEvent = PodEvent | PodSourceHeartbeat | LoadSample | ChargeEvent | ReleaseEvent | ReleaseBatch | GatewayHeartbeat | KvBatch | KvPodCleared | KvRouted | ConfigEntry | UsageSummary;
 
 /** What `apply` did with an event; `note` is set where an operator should hear of it (logged by the shell). */
 export interface ApplyResult {
   applied: boolean;
-  /** Why an event changed nothing: "own-echo", "stale", "duplicate", "expired", "not-config". */
+  /** Why an event changed nothing: "own-echo", "own-namespace", "stale", "duplicate", "expired", "not-config". */
   ignored?: string;
   note?: { level: "info" | "warn" | "error"; message: string; fields: Record<string, unknown>; rejected?: boolean };
 }
@@ -92,6 +93,10 @@ export interface GatewayStateOptions {
    * time, are not routable (docs/architecture.md, "Pod source liveness"). 0 or absent = never.
    */
   podSourceTimeoutMs?: number;
+  /** This gateway's pool (streams/pools.ts); undefined = the unpooled namespace. Usage summaries of its own namespace are ignored. */
+  pool?: string;
+  /** Bounds on the other namespaces' usage summaries held (services/views/rate-view.ts). */
+  foreignUsage?: ForeignUsageBounds;
 }
 
 /** How an own charge is remembered for the rate limits' burst guard (only where a limit applies). */
@@ -107,6 +112,7 @@ const ignored = (why: string): ApplyResult => ({ applied: false, ignored: why })
 
 export class GatewayState {
   readonly self: string | undefined;
+  readonly pool: string | undefined;
   readonly shareCharges: boolean;
   readonly pods = new PodSet();
   readonly load: LoadView;
@@ -121,6 +127,8 @@ export class GatewayState {
   readonly prefixIndexOptions: PrefixIndexOptions;
   /** Last sequence handled per source (applied, ignored, skipped or dead-lettered). */
   readonly cursors: Record<StateStream, number> = { pods: 0, load: 0, charges: 0, kv: 0, config: 0 };
+  /** Last USAGE stream sequence handled (kept apart: decision records list `cursors` as they are). */
+  usageCursor = 0;
   /** Config entries refused by validation. */
   configRejected = 0;
   readonly podSourceTimeoutMs: number;
@@ -128,11 +136,12 @@ export class GatewayState {
 
   constructor(o: GatewayStateOptions = {}) {
     this.self = o.self;
+    this.pool = o.pool;
     this.shareCharges = o.shareCharges ?? true;
     this.podSourceTimeoutMs = o.podSourceTimeoutMs ?? 0;
     this.load = new LoadView(o.loadStaleAfterMs ?? 2_000);
     this.ledger = new ChargeLedger({ self: o.self, heartbeatTimeoutMs: o.heartbeatTimeoutMs, maxCharges: o.maxCharges });
-    this.rates = new RateView(100_000, o.rateConfirmMs ?? 25);
+    this.rates = new RateView(100_000, o.rateConfirmMs ?? 25, o.foreignUsage);
     // Lookups do not touch blocks: every replica then evicts in the same order, driven by the same
     // stream (engine stores, and routed prefixes touching the blocks they reuse).
     this.prefixIndexOptions = { maxEntries: 4_000_000, touchOnMatch: false, ...o.prefixIndex };
@@ -151,7 +160,9 @@ export class GatewayState {
 
   /** A message was handled without being applied (an echo skipped unparsed, a dead letter): only the cursor moves. */
   skip(meta: EventMeta): void {
-    if (meta.seq > this.cursors[meta.stream]) this.cursors[meta.stream] = meta.seq;
+    if (meta.stream === "usage") {
+      if (meta.seq > this.usageCursor) this.usageCursor = meta.seq;
+    } else if (meta.seq > this.cursors[meta.stream]) this.cursors[meta.stream] = meta.seq;
   }
 
   apply(ev: StateEvent, meta: EventMeta): ApplyResult {
@@ -195,7 +206,23 @@ export class GatewayState {
         return this.applyReleases(ev, meta);
       case "config-entry":
         return this.applyConfig(ev, meta.seq);
+      case "usage":
+        return this.applyUsage(ev, at);
     }
+  }
+
+  /**
+   * Another namespace's gateway summary of its own per-user admissions (gateway pools): added to
+   * the rate view's per-user counts. Summaries of this gateway's own namespace are ignored: their
+   * requests are already counted exactly from its CHARGES stream.
+   */
+  private applyUsage(ev: UsageSummary, at: number): ApplyResult {
+    if (ev.gateway === this.self) return ignored("own-echo");
+    if (ev.pool === this.pool) return ignored("own-namespace");
+    // A minute over by the broker's clock is never counted again (a booting gateway reads old ones).
+    if (ev.window + 60_000 <= at - 60_000) return ignored("expired");
+    const r = this.rates.applyForeign({ key: `${ev.gateway}\u0000${ev.startedAt}`, window: ev.window, ts: ev.ts, users: ev.users });
+    return r === "applied" ? APPLIED : ignored(r);
   }
 
   private applyCharges(ev: ChargeEvent | ReleaseEvent | GatewayHeartbeat, meta: EventMeta): ApplyResult {
@@ -206,7 +233,7 @@ export class GatewayState {
     if (ev.type === "charge" && ev.phase !== "prefill") {
       this.rates.request(ev.user, ev.model, ev.promptTokens, ev.ts);
       if (ev.user) this.usage.record({ user: ev.user, promptTokens: ev.promptTokens, completionTokens: 0, ts: ev.ts });
-    } else if (ev.type === "release") this.countRelease(ev);
+    } else if (ev.type === "release") this.countRelease(ev, false);
     return APPLIED;
   }
 
@@ -214,19 +241,19 @@ export class GatewayState {
   private applyReleases(ev: ReleaseBatch, meta: EventMeta): ApplyResult {
     if (ev.gateway === this.self) return ignored("own-echo");
     if (this.shareCharges) this.ledger.releaseBatch(ev.gateway, ev.releases, meta.seq);
-    for (const r of ev.releases) this.countRelease(r);
+    for (const r of ev.releases) this.countRelease(r, false);
     return APPLIED;
   }
 
-  /** What a release changes besides the ledger: the engine's counts in the usage and rate windows. */
-  private countRelease(r: ReleaseItem): void {
+  /** What a release changes besides the ledger: the engine's counts in the usage and rate windows (`own`: this gateway's, for its usage summary too). */
+  private countRelease(r: ReleaseItem, own: boolean): void {
     // The engine's prompt count replaces the charge's estimate in the window it was charged in.
     if (r.promptTokens !== undefined && r.chargedPromptTokens !== undefined && r.chargedAt !== undefined) {
-      this.rates.correctPrompt(r.user, r.promptTokens - r.chargedPromptTokens, r.chargedAt);
+      this.rates.correctPrompt(r.user, r.promptTokens - r.chargedPromptTokens, r.chargedAt, own);
     }
     if (r.user && r.completionTokens) {
       this.usage.record({ user: r.user, promptTokens: 0, completionTokens: r.completionTokens, ts: r.ts });
-      this.rates.completion(r.user, r.completionTokens, r.ts);
+      this.rates.completion(r.user, r.completionTokens, r.ts, own);
     }
   }
 
@@ -316,7 +343,7 @@ export class GatewayState {
     this.ledger.charge(charge, now);
     if (o.counted === false || charge.phase === "prefill") return;
     if (charge.user) this.usage.record({ user: charge.user, promptTokens: charge.promptTokens, completionTokens: 0, ts: now });
-    this.rates.request(charge.user, charge.model, charge.promptTokens, now);
+    this.rates.request(charge.user, charge.model, charge.promptTokens, now, true);
     const a = o.admission;
     if (a) this.rates.noteOwn(a.user, a.model, a.tokens, a.ts);
   }
@@ -354,7 +381,7 @@ export class GatewayState {
   /** A request this gateway routed ended (the release it publishes). */
   ownRelease(release: ReleaseEvent): void {
     this.ledger.release(release);
-    this.countRelease(release);
+    this.countRelease(release, true);
   }
 
   /**
@@ -379,6 +406,7 @@ export class GatewayState {
     const copy = <T extends object>(x: T): T => Object.assign(Object.create(Object.getPrototypeOf(x)) as T, structuredClone({ ...x }));
     const c = Object.assign(Object.create(GatewayState.prototype) as GatewayState, {
       self,
+      pool: this.pool,
       shareCharges: this.shareCharges,
       podSourceTimeoutMs: this.podSourceTimeoutMs,
       pods: copy(this.pods),
@@ -393,6 +421,7 @@ export class GatewayState {
       prefixIndex: copy(this.prefixIndex),
       prefixIndexOptions: this.prefixIndexOptions,
       cursors: { ...this.cursors },
+      usageCursor: this.usageCursor,
       configRejected: this.configRejected,
       configRevisions: new Map(this.configRevisions),
     });

@@ -10,6 +10,12 @@
  * replicas may not have seen yet. The director reserves room for as many from each other
  * replica, so a burst spread over R replicas inside the propagation delay cannot take R x the
  * limit (docs/architecture.md, "Model configs and rate limits").
+ *
+ * Gateway pools: a pool's replicas fold only their pool's CHARGES stream, so the per-user counts
+ * above are the pool's. Every gateway therefore also keeps its OWN per-user counts of the window
+ * (`ownUsage`, published as a `usage` summary by the shell), and the summaries of the gateways of
+ * other namespaces are added to `userRequests` / `userTokens` (`applyForeign`). Per-model counts
+ * need none of it: a model is in one pool.
  */
 
 interface Window {
@@ -22,6 +28,31 @@ export interface RateReader {
   userRequests(user: string, now: number): number;
   userTokens(user: string, now: number): number;
   modelRequests(model: string, now: number): number;
+}
+
+/** One foreign gateway's latest summary of one window: users and their [requests, tokens], flat. */
+interface HeldSummary {
+  ts: number;
+  users: string[];
+  /** requests, tokens per user, in `users` order. */
+  counts: number[];
+}
+
+/** A `usage` summary as the fold hands it over (schemas/events.ts `UsageSummary`, keyed). */
+export interface ForeignSummary {
+  /** The publishing gateway process: gateway id and start time (a restart is another publisher). */
+  key: string;
+  /** Start of the summary's minute (ms). */
+  window: number;
+  ts: number;
+  users: ReadonlyArray<readonly [string, number, number]>;
+}
+
+export interface ForeignUsageBounds {
+  /** Users held over every foreign summary (default 200,000). */
+  maxEntries?: number;
+  /** Foreign gateway processes held (default 4,096). */
+  maxGateways?: number;
 }
 
 interface OwnAdmission {
@@ -44,12 +75,36 @@ export class RateView implements RateReader {
   private readonly models = new Map<string, Window>();
   /** Own admissions of the last `unconfirmedMs`, per `u\0user` / `m\0model`, oldest first. */
   private readonly own = new Map<string, OwnAdmission[]>();
+  /** This replica's own per-user counts of the current minute: what its `usage` summary says. */
+  private readonly mine = new Map<string, Window>();
+  /** Bumped on every change of `mine`: the shell skips a summary that would repeat the last one. */
+  mineVersion = 0;
+  /**
+   * Other namespaces' gateways: per gateway process, its latest summary per minute (at most the
+   * two newest minutes). Memory, measured on Node 20 (heap after GC, 13-character user ids,
+   * 200,000 entries from 20 gateways): about 70 bytes per held entry when the gateways list the
+   * same users, about 175 when every entry is another user (then each also has its own totals
+   * entry): the default bound of 200,000 entries takes 14 to 35 MB.
+   */
+  private readonly foreign = new Map<string, Map<number, HeldSummary>>();
+  /** Sum of the held summaries per minute and user: [requests, tokens]. */
+  private readonly foreignTotals = new Map<number, Map<string, [number, number]>>();
+  /** User entries over all held summaries (the bound's measure). */
+  foreignEntries = 0;
+  /** Held summaries dropped to keep the bound (oldest-updated gateway first). */
+  foreignEvicted = 0;
+  private readonly maxForeignEntries: number;
+  private readonly maxForeignGateways: number;
 
   constructor(
     private readonly maxKeys = 100_000,
     /** How long an own admission may still be unseen by other replicas (above the charge propagation delay). */
     readonly unconfirmedMs = 25,
-  ) {}
+    foreignBounds: ForeignUsageBounds = {},
+  ) {
+    this.maxForeignEntries = foreignBounds.maxEntries ?? 200_000;
+    this.maxForeignGateways = foreignBounds.maxGateways ?? 4_096;
+  }
 
   /**
    * Records one of this replica's own admissions (besides `request`, which counts it), for the
@@ -115,10 +170,18 @@ export class RateView implements RateReader {
     w.tokens += tokens;
   }
 
-  /** A request charged at `ts` (ms). */
-  request(user: string | undefined, model: string, promptTokens: number, ts: number): void {
-    if (user) this.bump(this.users, user, Math.floor(ts / 60_000), 1, promptTokens);
+  /** A request charged at `ts` (ms); `own` = admitted by this replica (counted in its summary too). */
+  request(user: string | undefined, model: string, promptTokens: number, ts: number, own = false): void {
+    if (user) {
+      this.bump(this.users, user, Math.floor(ts / 60_000), 1, promptTokens);
+      if (own) this.bumpMine(user, Math.floor(ts / 60_000), 1, promptTokens);
+    }
     this.bump(this.models, model, Math.floor(ts / 1_000), 1, 0);
+  }
+
+  private bumpMine(user: string, window: number, requests: number, tokens: number): void {
+    this.bump(this.mine, user, window, requests, tokens);
+    this.mineVersion++;
   }
 
   /**
@@ -133,7 +196,12 @@ export class RateView implements RateReader {
         w.tokens = Math.max(0, w.tokens - tokens);
       }
     };
-    if (user) undo(this.users, user, Math.floor(ts / 60_000), promptTokens);
+    if (user) {
+      undo(this.users, user, Math.floor(ts / 60_000), promptTokens);
+      // Only this replica's own requests are ever retracted.
+      undo(this.mine, user, Math.floor(ts / 60_000), promptTokens);
+      this.mineVersion++;
+    }
     undo(this.models, model, Math.floor(ts / 1_000), 0);
     if (own) {
       if (own.user) this.takeOwn(ownKey("user", own.user), own.ts, own.tokens);
@@ -154,15 +222,118 @@ export class RateView implements RateReader {
    * Replaces a request's estimated prompt tokens by the engine's count (its usage report) in the
    * window the request was charged in, if that window is still the user's current one.
    */
-  correctPrompt(user: string | undefined, delta: number, chargedAt: number): void {
+  correctPrompt(user: string | undefined, delta: number, chargedAt: number, own = false): void {
     if (!user || delta === 0) return;
-    const w = this.users.get(user);
-    if (w && w.window === Math.floor(chargedAt / 60_000)) w.tokens = Math.max(0, w.tokens + delta);
+    for (const map of own ? [this.users, this.mine] : [this.users]) {
+      const w = map.get(user);
+      if (w && w.window === Math.floor(chargedAt / 60_000)) w.tokens = Math.max(0, w.tokens + delta);
+    }
+    if (own) this.mineVersion++;
   }
 
-  /** Completion tokens of a request that ended at `ts`. */
-  completion(user: string | undefined, tokens: number, ts: number): void {
-    if (user && tokens > 0) this.bump(this.users, user, Math.floor(ts / 60_000), 0, tokens);
+  /** Completion tokens of a request that ended at `ts` (`own`: one this replica routed). */
+  completion(user: string | undefined, tokens: number, ts: number, own = false): void {
+    if (!user || tokens <= 0) return;
+    this.bump(this.users, user, Math.floor(ts / 60_000), 0, tokens);
+    if (own) this.bumpMine(user, Math.floor(ts / 60_000), 0, tokens);
+  }
+
+  /**
+   * This replica's own per-user counts in the minute of `now`, users with `include(user)` only,
+   * most requests first, at most `maxUsers` (the others counted in `truncated`).
+   */
+  ownUsage(now: number, maxUsers: number, include: (user: string) => boolean = () => true): { window: number; users: Array<[string, number, number]>; truncated: number } {
+    const minute = Math.floor(now / 60_000);
+    const users: Array<[string, number, number]> = [];
+    for (const [user, w] of this.mine) if (w.window === minute && (w.requests > 0 || w.tokens > 0) && include(user)) users.push([user, w.requests, w.tokens]);
+    let truncated = 0;
+    if (users.length > maxUsers) {
+      users.sort((a, b) => b[1] - a[1] || b[2] - a[2]);
+      truncated = users.length - maxUsers;
+      users.length = maxUsers;
+    }
+    return { window: minute * 60_000, users, truncated };
+  }
+
+  /**
+   * Folds another namespace's gateway summary: it replaces that gateway's previous summary of the
+   * same minute (each is the whole minute so far), and its minutes older than the one before
+   * are dropped. "stale" if an equal or newer summary of that minute is held already.
+   */
+  applyForeign(s: ForeignSummary): "applied" | "stale" {
+    const minute = Math.floor(s.window / 60_000);
+    const held = this.foreign.get(s.key);
+    if (held) {
+      if (minute < Math.max(...held.keys()) - 1) return "stale";
+      const same = held.get(minute);
+      if (same && same.ts > s.ts) return "stale";
+      for (const m of [...held.keys()]) if (m <= minute - 2 || m === minute) this.dropHeld(s.key, m);
+    }
+    const entries = Math.min(s.users.length, this.maxForeignEntries);
+    this.makeRoom(s.key, entries);
+    // Most recently updated last: eviction takes the first.
+    let byWindow = this.foreign.get(s.key);
+    if (byWindow) this.foreign.delete(s.key);
+    else byWindow = new Map();
+    this.foreign.set(s.key, byWindow);
+    const summary: HeldSummary = { ts: s.ts, users: [], counts: [] };
+    let totals = this.foreignTotals.get(minute);
+    if (!totals) this.foreignTotals.set(minute, (totals = new Map()));
+    for (let i = 0; i < entries; i++) {
+      const [user, requests, tokens] = s.users[i] as readonly [string, number, number];
+      summary.users.push(user);
+      summary.counts.push(requests, tokens);
+      const t = totals.get(user);
+      if (t) {
+        t[0] += requests;
+        t[1] += tokens;
+      } else totals.set(user, [requests, tokens]);
+    }
+    byWindow.set(minute, summary);
+    this.foreignEntries += entries;
+    return "applied";
+  }
+
+  /** Drops the least recently updated gateways' summaries until `entries` more (from `key`) fit the bounds. */
+  private makeRoom(key: string, entries: number): void {
+    for (const [k, byWindow] of this.foreign) {
+      const gateways = this.foreign.size + (this.foreign.has(key) ? 0 : 1);
+      if (this.foreignEntries + entries <= this.maxForeignEntries && gateways <= this.maxForeignGateways) return;
+      for (const m of [...byWindow.keys()]) this.dropHeld(k, m);
+      this.foreignEvicted++;
+    }
+  }
+
+  /** Takes one held summary out of the totals (and its gateway out of `foreign` once it holds none). */
+  private dropHeld(key: string, minute: number): void {
+    const byWindow = this.foreign.get(key);
+    const held = byWindow?.get(minute);
+    if (!byWindow || !held) return;
+    byWindow.delete(minute);
+    if (byWindow.size === 0) this.foreign.delete(key);
+    this.foreignEntries -= held.users.length;
+    const totals = this.foreignTotals.get(minute);
+    if (!totals) return;
+    for (let i = 0; i < held.users.length; i++) {
+      const user = held.users[i] as string;
+      const t = totals.get(user);
+      if (!t) continue;
+      t[0] -= held.counts[2 * i] as number;
+      t[1] -= held.counts[2 * i + 1] as number;
+      if (t[0] <= 0 && t[1] <= 0) totals.delete(user);
+    }
+    if (totals.size === 0) this.foreignTotals.delete(minute);
+  }
+
+  /** Foreign gateway processes with a summary held. */
+  get foreignGateways(): number {
+    return this.foreign.size;
+  }
+
+  /** Other namespaces' requests and tokens of `user` in the minute of `now`. */
+  foreignOf(user: string, now: number): { requests: number; tokens: number } {
+    const t = this.foreignTotals.get(Math.floor(now / 60_000))?.get(user);
+    return t ? { requests: t[0], tokens: t[1] } : { requests: 0, tokens: 0 };
   }
 
   private current(map: Map<string, Window>, key: string, window: number): Window | undefined {
@@ -170,12 +341,15 @@ export class RateView implements RateReader {
     return w && w.window === window ? w : undefined;
   }
 
+  /** The user's requests in the minute of `now`: this namespace's, plus the other namespaces' summaries. */
   userRequests(user: string, now: number): number {
-    return this.current(this.users, user, Math.floor(now / 60_000))?.requests ?? 0;
+    const minute = Math.floor(now / 60_000);
+    return (this.current(this.users, user, minute)?.requests ?? 0) + (this.foreignTotals.get(minute)?.get(user)?.[0] ?? 0);
   }
 
   userTokens(user: string, now: number): number {
-    return this.current(this.users, user, Math.floor(now / 60_000))?.tokens ?? 0;
+    const minute = Math.floor(now / 60_000);
+    return (this.current(this.users, user, minute)?.tokens ?? 0) + (this.foreignTotals.get(minute)?.get(user)?.[1] ?? 0);
   }
 
   modelRequests(model: string, now: number): number {
@@ -188,20 +362,25 @@ export class RateView implements RateReader {
     const second = Math.floor(now / 1_000);
     for (const [k, w] of this.users) if (w.window < minute) this.users.delete(k);
     for (const [k, w] of this.models) if (w.window < second) this.models.delete(k);
+    for (const [k, w] of this.mine) if (w.window < minute) this.mine.delete(k);
+    // A gateway that died: its last summary counts until its minute is over.
+    for (const [key, byWindow] of [...this.foreign]) for (const m of [...byWindow.keys()]) if (m < minute) this.dropHeld(key, m);
     for (const [k, list] of this.own) if ((list[list.length - 1]?.ts ?? 0) <= now - this.unconfirmedMs) this.own.delete(k);
   }
 
   get size(): number {
-    return this.users.size + this.models.size + this.own.size;
+    return this.users.size + this.models.size + this.own.size + this.mine.size + this.foreignEntries;
   }
 
   /** The windows still current at `now`, in a canonical order (state comparison). */
-  dump(now: number): { users: Array<[string, number, number]>; models: Array<[string, number]> } {
+  dump(now: number): { users: Array<[string, number, number]>; models: Array<[string, number]>; mine: Array<[string, number, number]>; foreign: Array<[string, number, number]> } {
     const minute = Math.floor(now / 60_000);
     const second = Math.floor(now / 1_000);
     const users = [...this.users.entries()].filter(([, w]) => w.window === minute).map(([k, w]): [string, number, number] => [k, w.requests, w.tokens]);
     const models = [...this.models.entries()].filter(([, w]) => w.window === second).map(([k, w]): [string, number] => [k, w.requests]);
     const byKey = (a: [string, ...unknown[]], b: [string, ...unknown[]]) => (a[0] < b[0] ? -1 : 1);
-    return { users: users.sort(byKey), models: models.sort(byKey) };
+    const mine = [...this.mine.entries()].filter(([, w]) => w.window === minute).map(([k, w]): [string, number, number] => [k, w.requests, w.tokens]);
+    const foreign = [...(this.foreignTotals.get(minute) ?? [])].map(([k, t]): [string, number, number] => [k, t[0], t[1]]);
+    return { users: users.sort(byKey), models: models.sort(byKey), mine: mine.sort(byKey), foreign: foreign.sort(byKey) };
   }
 }

@@ -1,6 +1,6 @@
 /**
  * Property: for every event family a gateway folds (pod, load, charge, release, heartbeat, kv,
- * kv-cleared, kv-routed), no payload can stop or corrupt the fold. `decodeEvent` never throws and
+ * kv-cleared, kv-routed, usage), no payload can stop or corrupt the fold. `decodeEvent` never throws and
  * agrees with the schema; `GatewayState.apply` never throws on a schema-valid event and keeps its
  * views within their bounds (no negative outstanding charges, ledger and prefix index under their
  * caps); and on a real nats-server every invalid message is dead-lettered exactly once per
@@ -18,7 +18,7 @@ import { EVENT_SCHEMAS, type EventType } from "../../schemas/events.js";
 import { checkEvent, decodeEvent } from "../../schemas/validate.js";
 import type { GatewayHandle } from "../../services/gateway/gateway.js";
 import { DlqHeaders } from "../../services/shared/dead-letter.js";
-import { GatewayState, type StateEvent, type StateStream } from "../../services/views/gateway-state.js";
+import { type EventMeta, GatewayState, type StateEvent } from "../../services/views/gateway-state.js";
 import { streamName } from "../../streams/definitions.js";
 import type { Family } from "../../streams/subjects.js";
 import { startTestEnv, type TestEnv } from "../harness/env.js";
@@ -28,7 +28,7 @@ const PURE_RUNS = SOAK ? 200_000 : 10_000;
 const NATS_PER_FAMILY = SOAK ? 5_000 : 500;
 
 type GatewayFamily = Exclude<EventType, "decision">;
-const FAMILIES: readonly GatewayFamily[] = ["pod", "pod-source", "load", "charge", "release", "releases", "heartbeat", "kv", "kv-cleared", "kv-routed"];
+const FAMILIES: readonly GatewayFamily[] = ["pod", "pod-source", "load", "charge", "release", "releases", "heartbeat", "kv", "kv-cleared", "kv-routed", "usage"];
 
 // ---- schema-valid generators ---------------------------------------------------------------
 
@@ -160,6 +160,15 @@ const ev = {
     { type: fc.constant("kv-routed" as const), model, pod, gateway, hashes: fc.array(hash, { minLength: 1, maxLength: 32 }), ts: millis, ttlMs: posInt, charge: id },
     { requiredKeys: ["type", "model", "pod", "gateway", "hashes", "ts", "ttlMs"] },
   ),
+  usage: fc.record(
+    {
+      type: fc.constant("usage" as const), gateway, pool: fc.constantFrom("a", "b", "c-1"), startedAt: millis,
+      // Whole minutes around T0 (the fold drops minutes long over), or the epoch's first.
+      window: fc.oneof({ weight: 10, arbitrary: fc.integer({ min: Math.floor(T0 / 60_000) - 20, max: Math.floor(T0 / 60_000) + 20 }) }, { weight: 1, arbitrary: fc.constant(0) }).map((m) => m * 60_000),
+      ts: millis, users: fc.array(fc.tuple(user.filter((u) => u.length > 0), count, count), { maxLength: 20 }), truncated: count,
+    },
+    { requiredKeys: ["type", "gateway", "startedAt", "window", "ts", "users"] },
+  ),
 } satisfies Record<GatewayFamily, fc.Arbitrary<StateEvent>>;
 
 // ---- invalid and mutated payloads ----------------------------------------------------------
@@ -201,8 +210,8 @@ function huge(f: GatewayFamily): fc.Arbitrary<Payload> {
 
 // ---- pure part -----------------------------------------------------------------------------
 
-const STREAM_OF: Record<GatewayFamily, StateStream> = { pod: "pods", "pod-source": "pods", load: "load", charge: "charges", release: "charges", releases: "charges", heartbeat: "charges", kv: "kv", "kv-cleared": "kv", "kv-routed": "kv" };
-const ALLOWED: Record<StateStream, readonly GatewayFamily[]> = { pods: ["pod", "pod-source"], load: ["load"], charges: ["charge", "release", "releases", "heartbeat"], kv: ["kv", "kv-cleared", "kv-routed"], config: [] };
+const STREAM_OF: Record<GatewayFamily, EventMeta["stream"]> = { pod: "pods", "pod-source": "pods", load: "load", charge: "charges", release: "charges", releases: "charges", heartbeat: "charges", kv: "kv", "kv-cleared": "kv", "kv-routed": "kv", usage: "usage" };
+const ALLOWED: Record<EventMeta["stream"], readonly GatewayFamily[]> = { pods: ["pod", "pod-source"], load: ["load"], charges: ["charge", "release", "releases", "heartbeat"], kv: ["kv", "kv-cleared", "kv-routed"], config: [], usage: ["usage"] };
 
 describe("properties - event decoding and the gateway fold (pure)", () => {
   for (const f of FAMILIES) {
@@ -236,9 +245,11 @@ describe("properties - event decoding and the gateway fold (pure)", () => {
     it(`${f}: GatewayState.apply never throws on schema-valid events and keeps the views bounded (${PURE_RUNS} cases)`, () => {
       const maxCharges = 500;
       const maxEntries = 2_000;
-      const state = new GatewayState({ self: SELF, maxCharges, heartbeatTimeoutMs: 3_000, prefixIndex: { maxEntries } });
+      const maxUsage = 100;
+      const state = new GatewayState({ self: SELF, pool: "b", maxCharges, heartbeatTimeoutMs: 3_000, prefixIndex: { maxEntries }, foreignUsage: { maxEntries: maxUsage, maxGateways: 8 } });
       let seq = 0;
       let now = T0;
+      let foreignApplied = 0;
       fc.assert(
         fc.property(
           // Mostly this family, with the other families mixed in so their interactions (a release before
@@ -253,12 +264,15 @@ describe("properties - event decoding and the gateway fold (pure)", () => {
               now += advance;
               const r = state.apply(e, { stream: STREAM_OF[fam], subject: `jr.x.${fam}`, seq: ++seq, serverTs: now });
               expect(typeof r.applied).toBe("boolean");
+              if (fam === "usage" && r.applied) foreignApplied++;
               if ("model" in e && "pod" in e) touched.add(`${e.model}\u0000${e.pod}`);
               if (e.type === "heartbeat") for (const o of e.outstanding ?? []) touched.add(`${o.model}\u0000${o.pod}`);
             }
             if (advance > 1_900) state.sweep(now, { routed: true });
             expect(state.ledger.size).toBeLessThanOrEqual(maxCharges);
             expect(state.index.stats().entries).toBeLessThanOrEqual(maxEntries);
+            expect(state.rates.foreignEntries).toBeLessThanOrEqual(maxUsage);
+            expect(state.rates.foreignGateways).toBeLessThanOrEqual(8);
             for (const k of touched) {
               const [m, p] = k.split("\u0000") as [string, string];
               const o = state.ledger.outstanding(m, p);
@@ -272,15 +286,19 @@ describe("properties - event decoding and the gateway fold (pure)", () => {
       );
       // Everything expires eventually: a far-future sweep leaves no charge of another gateway.
       state.sweep(Number.MAX_SAFE_INTEGER / 2, { routed: true });
-      expect(state.cursors[STREAM_OF[f]]).toBeGreaterThan(0);
+      const stream = STREAM_OF[f];
+      expect(stream === "usage" ? state.usageCursor : state.cursors[stream]).toBeGreaterThan(0);
+      // ... and no other namespace's usage summary either (some were held: the bounds above were tested).
+      expect(state.rates.foreignEntries).toBe(0);
+      if (f === "usage") expect(foreignApplied).toBeGreaterThan(100);
     });
   }
 });
 
 // ---- real NATS part ------------------------------------------------------------------------
 
-const DLQ_FAMILY: Record<GatewayFamily, Family> = { pod: "pods", "pod-source": "pods", load: "load", charge: "charges", release: "charges", releases: "charges", heartbeat: "charges", kv: "kv", "kv-cleared": "kv", "kv-routed": "kv" };
-const VIEW_OF: Record<GatewayFamily, string> = { pod: "pods", "pod-source": "pods", load: "load", charge: "charges", release: "charges", releases: "charges", heartbeat: "charges", kv: "kv", "kv-cleared": "kv", "kv-routed": "kv" };
+const DLQ_FAMILY: Record<GatewayFamily, Family> = { pod: "pods", "pod-source": "pods", load: "load", charge: "charges", release: "charges", releases: "charges", heartbeat: "charges", kv: "kv", "kv-cleared": "kv", "kv-routed": "kv", usage: "usage" };
+const VIEW_OF: Record<GatewayFamily, string> = { pod: "pods", "pod-source": "pods", load: "load", charge: "charges", release: "charges", releases: "charges", heartbeat: "charges", kv: "kv", "kv-cleared": "kv", "kv-routed": "kv", usage: "usage" };
 
 interface FollowerInfo {
   view: string;
@@ -323,6 +341,7 @@ describe("properties - every event family on a real nats-server", () => {
           case "release":
           case "releases": return s.releases("m", p);
           case "heartbeat": return s.heartbeat(`other-${i}`);
+          case "usage": return s.usage("c", `other-${i}`);
           default: return s.kv("m", p);
         }
       };
