@@ -157,6 +157,18 @@ export function poolConfigError(value: unknown): string | undefined {
   return e ? `${e.path || "/"}: ${e.message}` : "invalid pool config";
 }
 
+/** A stored pool entry, from a reader of its JSON (a KV entry's `json()`): its config, or why it is not one. */
+export function readPoolConfig(json: () => unknown): { ok: true; value: PoolConfig } | { ok: false; error: string } {
+  let value: unknown;
+  try {
+    value = json();
+  } catch {
+    return { ok: false, error: "not JSON" };
+  }
+  const error = poolConfigError(value);
+  return error ? { ok: false, error } : { ok: true, value: value as PoolConfig };
+}
+
 /** The config bucket's documents, exported to `schemas/json/` with the event schemas. */
 export const CONFIG_SCHEMAS = {
   "model-config": ModelConfig,

@@ -108,17 +108,19 @@ export function streamDefinitions(opts: StreamOptions = {}): StreamDefinition[] 
       max_age: 7 * 24 * HOUR_NS,
       max_bytes: 256 * MiB,
     }),
-    // Each summary is a whole rate window's counts, so only the newest per gateway matters to a
-    // gateway (it reads the last per subject): a few per subject, and three minutes, which outlive
-    // the window a summary counts in. Summaries are small (about 40 bytes per listed user).
+    // Each summary is a whole rate window's counts, so only the newest per gateway process matters
+    // to a gateway (it reads the last per subject), for three minutes, which outlive the window a
+    // summary counts in. Summaries are small (about 40 bytes per listed user).
     ...(pooled
       ? []
       : [
           def("USAGE", "per-user rate-limit usage of every gateway, shared by every pool (base prefix only)", {
             subjects: [s.all("usage")],
             max_age: 3 * MINUTE_NS,
+            // One subject per gateway process, its newest summary only: 64 MiB (the servers reserve
+            // it) holds ~64 processes listing 10,000 users each, or thousands of small summaries.
             max_bytes: 64 * MiB,
-            max_msgs_per_subject: 5,
+            max_msgs_per_subject: 1,
           }),
         ]),
   ];

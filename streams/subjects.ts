@@ -66,8 +66,13 @@ export class Subjects {
     return `${this.prefix}.decisions.${encodeToken(model)}`;
   }
   /** Built on the base prefix's `Subjects` (the USAGE stream is shared by every pool). */
-  usage(pool: string | undefined, gateway: string): string {
-    return `${this.prefix}.usage.${pool === undefined ? UNPOOLED_TOKEN : encodeToken(pool)}.${encodeToken(gateway)}`;
+  /** One subject per gateway process (`startedAt`): a restarted gateway's previous summary stays readable by whoever boots. */
+  usage(pool: string | undefined, gateway: string, startedAt: number): string {
+    return `${this.usageOf(pool)}${encodeToken(gateway)}.${startedAt}`;
+  }
+  /** The prefix of a namespace's usage subjects, e.g. `jr.usage.chat.`. */
+  usageOf(pool: string | undefined): string {
+    return `${this.prefix}.usage.${pool === undefined ? UNPOOLED_TOKEN : encodeToken(pool)}.`;
   }
   deadLetter(family: Family): string {
     return `${this.prefix}.dlq.${family}`;

@@ -445,6 +445,9 @@ describe("gateway pools on the per-process users (deploy/pools)", () => {
       const ack = await h.js.publish(`${ns.prefix}.${family}.perm_pooled.p`, "{}");
       expect(ack.stream).toBe(streamName(ns.prefix, key));
     }
+    // The gateway's usage summaries (per-user limits across pools) land in the base prefix's JR_USAGE.
+    const gwUser = await as("jr-gateway");
+    expect((await gwUser.js.publish(`jr.usage.${POOL}.perm-gw.1`, "{}")).stream).toBe(streamName("jr", "USAGE"));
     expect(violations.filter((l) => /User "jr-(gateway|pod-watcher|metrics-scraper|kv-bridge)"/.test(l) && l.includes(".pool."))).toEqual([]);
   }, 60_000);
 

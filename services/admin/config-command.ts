@@ -16,6 +16,7 @@ import {
   type PoolConfig,
   poolConfigError,
   RATE_LIMITS_KEY,
+  readPoolConfig,
   rateLimitsError,
 } from "../../schemas/config.js";
 import { applyStreams } from "../../streams/apply.js";
@@ -97,12 +98,8 @@ function checkPoolName(pool: string): void {
 async function poolModelsAt(kv: Bucket, key: string): Promise<string[]> {
   const e = await kv.get(key);
   if (e?.operation !== "PUT") return [];
-  try {
-    const v = e.json();
-    return poolConfigError(v) ? [] : (v as PoolConfig).models;
-  } catch {
-    return [];
-  }
+  const r = readPoolConfig(() => e.json());
+  return r.ok ? r.value.models : [];
 }
 
 export function registerConfigCommand(program: Command): void {
@@ -226,14 +223,8 @@ export function registerConfigCommand(program: Command): void {
         if (e?.operation !== "PUT") continue;
         const pool = k.slice(POOL_KEY_PREFIX.length);
         // An entry written by hand may not validate: shown as such (gateways keep the previous one), not a crash.
-        let value: unknown;
-        try {
-          value = e.json();
-        } catch {
-          value = undefined;
-        }
-        const err = value === undefined ? "not JSON" : poolConfigError(value);
-        console.log(JSON.stringify(err ? { pool, invalid: err } : { pool, ...(value as PoolConfig) }));
+        const r = readPoolConfig(() => e.json());
+        console.log(JSON.stringify(r.ok ? { pool, ...r.value } : { pool, invalid: r.error }));
       }
     });
   });

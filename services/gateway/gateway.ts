@@ -272,6 +272,7 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
   // stream (the newest per gateway is all a booting gateway needs: each is a whole minute's counts).
   const baseSubjects = new Subjects(ns.configPrefix);
   const usageStream = streamName(ns.configPrefix, "USAGE");
+  const ownUsageSubjects = baseSubjects.usageOf(ns.pool);
   const notFound = (err: unknown) => {
     if (err instanceof JetStreamApiError && err.code === JetStreamApiCodes.StreamNotFound) return false;
     throw err;
@@ -283,7 +284,8 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
         stream: usageStream, startAt: { kind: "last-per-subject" },
         onEvent: (ev, m) => state.apply(ev, { stream: "usage", ...m }),
         onMessage: (subject, seq) => state.skip({ stream: "usage", subject, seq, serverTs: 0 }),
-        skipRaw: (data) => indexOfBytes(data, ownMarker) >= 0,
+        // This namespace's summaries (own echoes included) are never counted: skipped by subject, unparsed.
+        skipRaw: (_data, subject) => subject.startsWith(ownUsageSubjects),
       }),
     );
   } else log.warn({ stream: usageStream }, "no USAGE stream (run `jetroute streams apply`): per-user rate limits do not count other pools' requests");
@@ -364,8 +366,10 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
   };
   const usageSummaries = new UsageSummaries(state, { gateway: id, ...(ns.pool !== undefined ? { pool: ns.pool } : {}), startedAt, maxPayload: () => nats.nc.info?.max_payload });
   const summarizeUsage = () => {
+    // Without pools there is no other namespace to tell.
+    if (state.pools.names().length === 0) return;
     const ev = usageSummaries.next(clock());
-    if (ev) outbox.fire(baseSubjects.usage(ns.pool, id), ev);
+    if (ev) outbox.fire(baseSubjects.usage(ns.pool, id, startedAt), ev);
   };
   const usageMs = o.usageSummaryMs ?? 1_000;
   const usageTimer = usageMs > 0 ? setInterval(summarizeUsage, usageMs) : undefined;

@@ -52,4 +52,24 @@ describe("usage summaries - what a gateway publishes", () => {
     expect(u.truncatedUsers).toBe(ev.truncated);
     expect(checkEvent("usage", ev).ok).toBe(true);
   });
+
+  it("counts bytes, not characters: user ids outside ASCII (3 bytes a character) stay within max_payload too", () => {
+    const s = new GatewayState({ self: "gw-a" });
+    setLimits(s, { default: { rpm: 1_000 } });
+    for (let i = 0; i < 200; i++) charge(s, `${"\uFFFD".repeat(200)}-${i}`, T0 + i);
+    const u = new UsageSummaries(s, { gateway: "gw-a", startedAt: 5, maxPayload: () => 8_192 });
+    const ev = u.next(T0 + 1_000);
+    expect(ev?.truncated).toBeGreaterThan(0);
+    expect(Buffer.byteLength(JSON.stringify(ev))).toBeLessThanOrEqual(8_192 * 0.9);
+  });
+
+  it("re-sends an unchanged summary every 10 s, so a reader that evicted it gets it back", () => {
+    const s = new GatewayState({ self: "gw-a", pool: "a" });
+    setLimits(s, { alice: { rpm: 10 } });
+    charge(s, "alice", T0 + 2);
+    const u = new UsageSummaries(s, { gateway: "gw-a", pool: "a", startedAt: 5, maxPayload: () => 1024 * 1024 });
+    expect(u.next(T0 + 3)).toBeDefined();
+    expect(u.next(T0 + 9_999)).toBeUndefined();
+    expect(u.next(T0 + 10_000)?.users).toEqual([["alice", 1, 10]]);
+  });
 });

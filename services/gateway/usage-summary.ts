@@ -7,8 +7,9 @@
  * Only users with a rate limit are listed (a deployment without per-user limits sends nothing),
  * most requests first, at most `maxUsers` and within `maxBytes` of JSON; the rest are counted in
  * `truncated`. A summary that would repeat the previous one (same minute, no own admission or
- * release since, same limits) is not sent: each summary is the whole minute so far, and the USAGE
- * stream keeps the last one per gateway for whoever boots.
+ * release since, same limits) is not sent, except every `USAGE_RESEND_MS` (a reader whose bound
+ * evicted it gets it back): each summary is the whole minute so far, and the USAGE stream keeps the
+ * last one per gateway process for whoever boots.
  */
 import { MAX_USAGE_USERS, type UsageSummary } from "../../schemas/events.js";
 
@@ -31,8 +32,11 @@ export interface UsageSummaryOptions {
   maxPayload: () => number | undefined;
 }
 
-/** JSON bytes of one `[user, requests, tokens]` entry and its separator. */
-const entryBytes = (e: readonly [string, number, number]) => JSON.stringify(e[0]).length + String(e[1]).length + String(e[2]).length + 4;
+/** UTF-8 bytes of one `[user, requests, tokens]` entry as JSON, and its separator (a user id of 256 characters may take 768 bytes). */
+const entryBytes = (e: readonly [string, number, number]) => Buffer.byteLength(JSON.stringify(e[0])) + String(e[1]).length + String(e[2]).length + 4;
+
+/** A summary that says nothing new is still re-sent this often: a reader that evicted it (its bound) gets it back. */
+export const USAGE_RESEND_MS = 10_000;
 
 export class UsageSummaries {
   /** Summaries built, and users left out of them in all. */
@@ -51,7 +55,7 @@ export class UsageSummaries {
     const { rates, configs } = this.source;
     const maxUsers = Math.min(this.o.maxUsers ?? MAX_USAGE_USERS, MAX_USAGE_USERS);
     const own = rates.ownUsage(now, maxUsers, (u) => configs.userLimits(u) !== undefined);
-    const key = `${own.window}/${rates.mineVersion}/${configs.version}`;
+    const key = `${own.window}/${rates.mineVersion}/${configs.version}/${Math.floor(now / USAGE_RESEND_MS)}`;
     // An empty minute is sent once after a non-empty one (a retracted request may empty it), then not again.
     if (key === this.lastKey || (own.users.length === 0 && this.lastEmpty)) {
       this.lastKey = key;
@@ -67,7 +71,7 @@ export class UsageSummaries {
       users: own.users,
     };
     // 10% of the server's bound left for the PUB line and headers, and room for `truncated`.
-    const budget = Math.floor((this.o.maxPayload() ?? 1024 * 1024) * 0.9) - JSON.stringify({ ...ev, users: [] }).length - 32;
+    const budget = Math.floor((this.o.maxPayload() ?? 1024 * 1024) * 0.9) - Buffer.byteLength(JSON.stringify({ ...ev, users: [] })) - 32;
     const fits = (users: ReadonlyArray<readonly [string, number, number]>) => {
       let left = budget;
       for (let i = 0; i < users.length; i++) if ((left -= entryBytes(users[i] as [string, number, number])) < 0) return i;

@@ -13,7 +13,7 @@
  */
 import { Kvm } from "@nats-io/kv";
 import type { NatsConnection } from "@nats-io/transport-node";
-import { POOL_KEY_PREFIX, type PoolConfig, poolConfigError } from "../../schemas/config.js";
+import { POOL_KEY_PREFIX, readPoolConfig } from "../../schemas/config.js";
 import { configBucketName } from "../../streams/definitions.js";
 import type { Logger } from "../shared/log.js";
 import { PoolMap } from "../views/pool-map.js";
@@ -68,20 +68,14 @@ export function followPools(o: PoolFollowOptions): PoolFollowHandle {
         const e = await kv.get(key);
         if (e?.operation !== "PUT") continue;
         seen.add(pool);
-        let value: unknown;
-        try {
-          value = e.json();
-        } catch {
-          value = undefined;
-        }
-        const err = value === undefined ? "not JSON" : poolConfigError(value);
-        if (err) {
-          if (invalid.get(pool) !== e.revision) o.log.error({ pool, revision: e.revision, err }, "invalid pool config ignored; the previous models stay (none: its pods are neither published nor removed)");
+        const r = readPoolConfig(() => e.json());
+        if (!r.ok) {
+          if (invalid.get(pool) !== e.revision) o.log.error({ pool, revision: e.revision, err: r.error }, "invalid pool config ignored; the previous models stay (none: its pods are neither published nor removed)");
           invalid.set(pool, e.revision);
           continue;
         }
         invalid.delete(pool);
-        valid.set(pool, (value as PoolConfig).models);
+        valid.set(pool, r.value.models);
       }
     } catch (err) {
       // No bucket at all (streams never applied): there are no pools. Anything else is a failed read.

@@ -52,7 +52,7 @@ export interface FollowerOptions<T extends EventType> {
    * Cheap test on the raw bytes: true = the message needs no decoding (a gateway's own echoes).
    * Skipped messages still advance `lastSeq`.
    */
-  skipRaw?(data: Uint8Array): boolean;
+  skipRaw?(data: Uint8Array, subject: string): boolean;
   /** How often the server is asked whether the consumer still exists (default 3 s). */
   probeEveryMs?: number;
   /** Sees every message's subject and sequence first, skipped or not (per-subject cursors). */
@@ -191,7 +191,7 @@ export class StreamFollower<T extends EventType> {
     const o = this.opts;
     this.lastSeq = m.seq;
     o.onMessage?.(m.subject, m.seq);
-    if (o.skipRaw?.(m.data)) {
+    if (o.skipRaw?.(m.data, m.subject)) {
       this.skipped++;
       // A lone replica's CHARGES view sees only its own echoes: sample the lag from them too
       // (parsing the delivery info of every echo costs ~0.5% of a busy gateway's CPU).

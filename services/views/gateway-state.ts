@@ -217,8 +217,8 @@ export class GatewayState {
    * requests are already counted exactly from its CHARGES stream.
    */
   private applyUsage(ev: UsageSummary, at: number): ApplyResult {
-    if (ev.gateway === this.self) return ignored("own-echo");
-    if (ev.pool === this.pool) return ignored("own-namespace");
+    // The namespace first: a gateway of another pool may share this one's id (`--id`).
+    if (ev.pool === this.pool) return ignored(ev.gateway === this.self ? "own-echo" : "own-namespace");
     // A minute over by the broker's clock is never counted again (a booting gateway reads old ones).
     if (ev.window + 60_000 <= at - 60_000) return ignored("expired");
     const r = this.rates.applyForeign({ key: `${ev.gateway}\u0000${ev.startedAt}`, window: ev.window, ts: ev.ts, users: ev.users });

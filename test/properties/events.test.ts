@@ -341,7 +341,7 @@ describe("properties - every event family on a real nats-server", () => {
           case "release":
           case "releases": return s.releases("m", p);
           case "heartbeat": return s.heartbeat(`other-${i}`);
-          case "usage": return s.usage("c", `other-${i}`);
+          case "usage": return s.usage("c", `other-${i}`, 1);
           default: return s.kv("m", p);
         }
       };
