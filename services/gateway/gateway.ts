@@ -366,8 +366,8 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
   };
   const usageSummaries = new UsageSummaries(state, { gateway: id, ...(ns.pool !== undefined ? { pool: ns.pool } : {}), startedAt, maxPayload: () => nats.nc.info?.max_payload });
   const summarizeUsage = () => {
-    // Without pools there is no other namespace to tell.
-    if (state.pools.names().length === 0) return;
+    // Unpooled, with no pool in the config and no other namespace's summary seen: nobody to tell.
+    if (ns.pool === undefined && state.pools.names().length === 0 && state.rates.foreignGateways === 0) return;
     const ev = usageSummaries.next(clock());
     if (ev) outbox.fire(baseSubjects.usage(ns.pool, id, startedAt), ev);
   };
