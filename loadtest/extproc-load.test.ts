@@ -48,6 +48,17 @@ describe("extproc-load - closed-loop ext_proc load", () => {
     expect(r.generatorCpuPct).toBeGreaterThan(0);
   });
 
+  it("paced: starts no more streams than the rate allows in the window, and keeps near it", async () => {
+    const r = await runExtProcLoad({ target: `127.0.0.1:${noop.port}`, concurrency: 4, durationMs: 1_000, warmupMs: 100, rate: 200, model: "m" });
+    expect(r.errors).toBe(0);
+    expect(r.rate).toBe(200);
+    // Slots are 5 ms apart: 201 fall inside the 1 s window, plus at most one late slot per stream
+    // from before it (closed loop does thousands here).
+    expect(r.completed).toBeLessThanOrEqual(201 + 4);
+    // A late timer delays a slot but never drops it: most of them run.
+    expect(r.completed).toBeGreaterThan(100);
+  });
+
   it.each(["http2", "grpc-js"] as const)("counts errors, not completions, against a target that refuses connections (%s)", async (transport) => {
     const dead = await startNoopExtProc();
     const port = dead.port;
