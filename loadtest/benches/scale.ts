@@ -333,7 +333,7 @@ function row(R: number, rounds: ScaleRound[]): ScaleResultRow {
 
 export async function runScaleBench(opts: ScaleOptions = {}): Promise<ScaleResult> {
   const o: Required<ScaleOptions> = {
-    replicas: opts.replicas ?? [1, 2, 4], rate: opts.rate ?? 400, concurrency: opts.concurrency ?? 8, durationMs: opts.durationMs ?? 5_000,
+    replicas: opts.replicas ?? [1, 2, 4], rate: opts.rate ?? 300, concurrency: opts.concurrency ?? 32, durationMs: opts.durationMs ?? 5_000,
     rounds: opts.rounds ?? 3, heartbeatMs: opts.heartbeatMs ?? 1_000, releaseBatchMs: opts.releaseBatchMs ?? 0,
   };
   if (!o.replicas.includes(1)) throw new Error("scale: the replica counts must include 1 (the routing cost the fold is measured against)");
