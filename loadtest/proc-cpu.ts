@@ -60,3 +60,13 @@ export function busyFraction(a: HostCpu, b: HostCpu): number {
 export function loadAverage1m(): number {
   return Number(readFileSync("/proc/loadavg", "utf8").split(" ")[0]);
 }
+
+/**
+ * Times a process's main thread went to sleep and was woken (its voluntary context switches): for
+ * a Node process, about one per event-loop wake-up. What a live fold costs at low rates is mostly
+ * per wake-up, not per message, and this counts them.
+ */
+export function mainThreadWakeups(pid: number): number {
+  const status = readFileSync(`/proc/${pid}/task/${pid}/status`, "utf8");
+  return Number(/^voluntary_ctxt_switches:\s+(\d+)$/m.exec(status)?.[1] ?? Number.NaN);
+}

@@ -25,6 +25,9 @@
  * - `observer_fold_us_per_request`: the observer's CPU per request of the pool (the fold measured
  *   directly, no subtraction, on a replica whose loop wakes only for foreign messages: R × rate of
  *   them, where a loaded replica folds (R − 1) × rate between its own);
+ * - `observer_wakeups_per_request`, `observer_us_per_wakeup` (and `wakeups_per_own_request`,
+ *   `us_per_wakeup` of the loaded replicas): main-thread wake-ups (voluntary context switches, idle
+ *   subtracted) per request, and CPU per wake-up — at paced rates the live cost goes by wake-ups;
  * - `other_pool_us_per_request`: pool b's replica's CPU per pool-a request;
  * - `nats_us_per_request`: nats-server's CPU per pool-a request.
  *
@@ -50,7 +53,7 @@ import { namespaceOf } from "../../streams/pools.js";
 import { DEFAULT_PREFIX, Subjects } from "../../streams/subjects.js";
 import { loadtestScript, runNode } from "../child.js";
 import type { ExtProcLoadResult } from "../extproc-load.js";
-import { busyFraction, hostCpu, loadAverage1m, processCpuUs } from "../proc-cpu.js";
+import { busyFraction, hostCpu, loadAverage1m, mainThreadWakeups, processCpuUs } from "../proc-cpu.js";
 
 export interface ScaleOptions {
   /** Replica counts of pool a (default 1, 2, 4). */
@@ -83,6 +86,12 @@ export interface ScaleRound {
   foreign_rps: number;
   fold_cpu_us_per_foreign_request: number | null;
   observer_fold_us_per_request: number;
+  /** The observer's main-thread wake-ups (voluntary context switches, idle subtracted) per pool request, and its CPU per wake-up. */
+  observer_wakeups_per_request: number;
+  observer_us_per_wakeup: number;
+  /** The same for the loaded replicas, per request they routed. */
+  wakeups_per_own_request: number;
+  us_per_wakeup: number;
   other_pool_us_per_request: number;
   nats_us_per_request: number;
   /** Excess CPU µs (idle subtracted) of pool b's replica and nats-server, for the pooled figures. */
@@ -108,6 +117,10 @@ export interface ScaleResultRow {
   /** Requests per second of the other replicas a loaded replica folded. */
   foreign_rps_per_replica: number;
   observer_fold_us_per_request: number;
+  observer_wakeups_per_request: number;
+  observer_us_per_wakeup: number;
+  wakeups_per_own_request: number;
+  us_per_wakeup: number;
   other_pool_us_per_request: number;
   nats_us_per_request: number;
   host_busy_fraction: number;
@@ -241,7 +254,7 @@ async function measureCell(natsUrl: string, natsPid: number, R: number, o: Requi
     await results(generators(Math.min(2_000, o.durationMs)));
     await waitFor("pool a's ledgers to drain", async () => (await Promise.all(poolA.map((g) => g.state()))).every((s) => s.ledger.charges === 0), 10_000);
     const pids = [...gws.map((g) => g.pid), natsPid];
-    const sample = () => ({ t: performance.now(), cpu: pids.map(processCpuUs), host: hostCpu() });
+    const sample = () => ({ t: performance.now(), cpu: pids.map(processCpuUs), wake: pids.map(mainThreadWakeups), host: hostCpu() });
     const until = (epochMs: number) => new Promise((r) => setTimeout(r, Math.max(0, epochMs - Date.now())));
     // Idle window: every replica heartbeating and sweeping, nothing routed, while the generators
     // start up; they all begin at its end (`--start-at`), so the loaded window is sampled exactly.
@@ -261,6 +274,7 @@ async function measureCell(natsUrl: string, natsPid: number, R: number, o: Requi
     await new Promise((r) => setTimeout(r, o.durationMs));
     const j1 = sample();
     const idleRate = pids.map((_, k) => ((i1.cpu[k] as number) - (i0.cpu[k] as number) + (j1.cpu[k] as number) - (j0.cpu[k] as number)) / (i1.t - i0.t + j1.t - j0.t));
+    const idleWakeRate = pids.map((_, k) => ((i1.wake[k] as number) - (i0.wake[k] as number) + (j1.wake[k] as number) - (j0.wake[k] as number)) / (i1.t - i0.t + j1.t - j0.t));
     for (const [i, x] of res.entries()) {
       if (x.immediate > 0 || x.errors > 0) throw new Error(`scale-a${i} answered ${x.immediate} immediate responses and ${x.errors} errors (first: ${x.firstError ?? "-"}): not a routing run`);
     }
@@ -268,6 +282,7 @@ async function measureCell(natsUrl: string, natsPid: number, R: number, o: Requi
     const wallMs = l1.t - l0.t;
     const used = pids.map((_, k) => (l1.cpu[k] as number) - (l0.cpu[k] as number));
     const excess = used.map((u, k) => u - (idleRate[k] as number) * wallMs);
+    const wakeExcess = pids.map((_, k) => (l1.wake[k] as number) - (l0.wake[k] as number) - (idleWakeRate[k] as number) * wallMs);
     const own = res.map((x) => x.completed);
     const requests = sum(own);
     const cpu = excess.slice(0, R);
@@ -288,6 +303,10 @@ async function measureCell(natsUrl: string, natsPid: number, R: number, o: Requi
       foreign_rps: round((sum(foreign) / R) / (o.durationMs / 1000), 1),
       fold_cpu_us_per_foreign_request: fold === null ? null : round(fold),
       observer_fold_us_per_request: round((excess[R] as number) / requests),
+      observer_wakeups_per_request: round((wakeExcess[R] as number) / requests, 3),
+      observer_us_per_wakeup: round((excess[R] as number) / (wakeExcess[R] as number), 1),
+      wakeups_per_own_request: round(sum(wakeExcess.slice(0, R)) / requests, 3),
+      us_per_wakeup: round(sum(cpu) / sum(wakeExcess.slice(0, R)), 1),
       other_pool_us_per_request: round(bExcess / requests, 3),
       nats_us_per_request: round((excess[R + 2] as number) / requests),
       b_excess_us: Math.round(bExcess),
@@ -324,6 +343,10 @@ function row(R: number, rounds: ScaleRound[]): ScaleResultRow {
     own_rps_per_replica: Math.round(ownRps),
     foreign_rps_per_replica: Math.round(median(rounds.map((x) => x.foreign_rps))),
     observer_fold_us_per_request: median(rounds.map((x) => x.observer_fold_us_per_request)),
+    observer_wakeups_per_request: median(rounds.map((x) => x.observer_wakeups_per_request)),
+    observer_us_per_wakeup: median(rounds.map((x) => x.observer_us_per_wakeup)),
+    wakeups_per_own_request: median(rounds.map((x) => x.wakeups_per_own_request)),
+    us_per_wakeup: median(rounds.map((x) => x.us_per_wakeup)),
     other_pool_us_per_request: median(rounds.map((x) => x.other_pool_us_per_request)),
     nats_us_per_request: median(rounds.map((x) => x.nats_us_per_request)),
     host_busy_fraction: median(rounds.map((x) => x.host_busy_fraction)),
