@@ -18,6 +18,7 @@ import { runDiscoveryBench } from "./benches/discovery.js";
 import { runPdBench } from "./benches/pd.js";
 import { runFoldBench } from "./benches/fold.js";
 import { runFoldLiveBench } from "./benches/fold-live.js";
+import { runScaleBench } from "./benches/scale.js";
 import { registerTokenizerBench } from "./benches/tokenizer.js";
 
 const ints = (v: string) =>
@@ -74,6 +75,20 @@ program
   .option("--profile-dir <dir>", "write V8 CPU profiles of B (node --cpu-prof, first round) into this directory")
   .action(async (o) => {
     console.log(JSON.stringify(await runFoldLiveBench({ concurrency: o.concurrency, durationMs: o.durationMs, rounds: o.rounds, heartbeatMs: o.heartbeatMs, releaseBatchMs: o.releaseBatchMs, profileDir: o.profileDir })));
+  });
+
+program
+  .command("scale")
+  .description("R = 1, 2, 4 replicas of pool a (each paced by its own generator) + an observer of a + one replica of pool b, one nats-server: CPU per own and per foreign request, the fitted fold constant, pool b's CPU per pool-a request")
+  .option("--replicas <list>", "replica counts of pool a, comma separated (must include 1)", ints, [1, 2, 4])
+  .option("--rate <n>", "requests per second offered to each replica of pool a (paced)", int, 300)
+  .option("--concurrency <n>", "streams in flight per generator, at most (room for latency on a busy host, so the rate is met)", int, 32)
+  .option("--duration-ms <ms>", "each loaded and each idle window", int, 5_000)
+  .option("--rounds <n>", "rounds over the replica counts (median reported)", int, 3)
+  .option("--heartbeat-ms <ms>", "the replicas' heartbeat interval", int, 1_000)
+  .option("--release-batch-ms <ms>", "the gateways' release batch window (0 = none, the gateway's default)", nonNegative, 0)
+  .action(async (o) => {
+    console.log(JSON.stringify(await runScaleBench({ replicas: o.replicas, rate: o.rate, concurrency: o.concurrency, durationMs: o.durationMs, rounds: o.rounds, heartbeatMs: o.heartbeatMs, releaseBatchMs: o.releaseBatchMs })));
   });
 
 program

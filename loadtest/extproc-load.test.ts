@@ -48,6 +48,28 @@ describe("extproc-load - closed-loop ext_proc load", () => {
     expect(r.generatorCpuPct).toBeGreaterThan(0);
   });
 
+  it("paced: starts no more streams than the rate allows in the window, and keeps near it", async () => {
+    const r = await runExtProcLoad({ target: `127.0.0.1:${noop.port}`, concurrency: 4, durationMs: 1_000, warmupMs: 100, rate: 200, model: "m" });
+    expect(r.errors).toBe(0);
+    expect(r.rate).toBe(200);
+    // Slots are 5 ms apart: 201 fall inside the 1 s window, plus at most one late slot per stream
+    // from before it (closed loop does thousands here).
+    expect(r.completed).toBeLessThanOrEqual(201 + 4);
+    // A late timer delays a slot but never drops it: most of them run.
+    expect(r.completed).toBeGreaterThan(100);
+  });
+
+  it("with startAt, waits for that wall-clock time before its window and reports how late it began", async () => {
+    const startAt = Date.now() + 400;
+    const r = await runExtProcLoad({ target: `127.0.0.1:${noop.port}`, concurrency: 2, durationMs: 300, warmupMs: 0, startAt, rate: 100, model: "m" });
+    // Had it ignored startAt, its 300 ms window would have ended ~100 ms before startAt + 300.
+    expect(Date.now() - startAt).toBeGreaterThanOrEqual(300);
+    expect(r.startLateMs).toBeGreaterThanOrEqual(0);
+    expect(r.completed).toBeGreaterThan(0);
+    // Paced from its start: 100/s over a 300 ms window starts at most 31 streams (+ one late slot per stream).
+    expect(r.completed).toBeLessThanOrEqual(31 + 2);
+  });
+
   it.each(["http2", "grpc-js"] as const)("counts errors, not completions, against a target that refuses connections (%s)", async (transport) => {
     const dead = await startNoopExtProc();
     const port = dead.port;

@@ -1,7 +1,10 @@
 /**
  * gRPC load generator for ext_proc servers: each simulated request is one ext_proc stream driven
  * as Envoy drives it (request headers, BUFFERED request body, response headers, STREAMED response
- * body, half-close). Closed loop: `concurrency` streams are in flight at all times.
+ * body, half-close). Closed loop: `concurrency` streams are in flight at all times; or paced
+ * (`rate`): streams start every 1/rate seconds, at most `concurrency` in flight, so that a fixed
+ * offered load does not grow with the server's speed (a slot missed while all streams are busy is
+ * run late, not dropped, up to the end of the window).
  *
  * Run it in its own process when benchmarking (`node dist/loadtest/extproc-load.js --target ...`)
  * so it does not share an event loop with the server under test; it prints one JSON line.
@@ -23,6 +26,13 @@ export interface ExtProcLoadOptions {
   concurrency: number;
   /** Length of the measured window. */
   durationMs: number;
+  /** Stream starts per second (paced); undefined = closed loop. */
+  rate?: number;
+  /**
+   * Wall-clock time (epoch ms) to start at, once the process is up: several generators started
+   * together then load their targets over the same window, which a bench can sample exactly.
+   */
+  startAt?: number;
   /** Streams run but are not measured for this long first (JIT, connection setup). */
   warmupMs?: number;
   /** Approximate size of the chat-completions request body. */
@@ -55,6 +65,10 @@ export interface ExtProcLoadResult {
   maxMs: number;
   concurrency: number;
   durationMs: number;
+  /** The pacing asked for (stream starts per second), when paced. */
+  rate?: number;
+  /** With `startAt`: how late (ms) the window started after it (process start-up, timers). */
+  startLateMs?: number;
   /**
    * The generator's own CPU use over the run, in % of one core. Near 100 means the generator,
    * not the server, set the pace.
@@ -293,9 +307,12 @@ const round = (x: number) => Math.round(x * 1000) / 1000;
 export async function runExtProcLoad(opts: ExtProcLoadOptions): Promise<ExtProcLoadResult> {
   if (!(opts.concurrency >= 1)) throw new RangeError("concurrency must be >= 1");
   if (!(opts.durationMs > 0)) throw new RangeError("durationMs must be > 0");
+  if (opts.rate !== undefined && !(opts.rate > 0)) throw new RangeError("rate must be > 0");
   const steps = encodeSteps(opts);
   const runner = (opts.transport ?? "http2") === "http2" ? http2Runner(opts, steps) : grpcJsRunner(opts, steps);
+  if (opts.startAt !== undefined && opts.startAt > Date.now()) await new Promise((r) => setTimeout(r, (opts.startAt as number) - Date.now()));
   const start = performance.now();
+  const startLateMs = opts.startAt === undefined ? undefined : Math.max(0, Date.now() - opts.startAt);
   const cpu0 = process.cpuUsage();
   const measureFrom = start + (opts.warmupMs ?? 0);
   const stopAt = measureFrom + opts.durationMs;
@@ -304,9 +321,21 @@ export async function runExtProcLoad(opts: ExtProcLoadOptions): Promise<ExtProcL
   let errors = 0;
   let firstError: string | undefined;
   let stopping = false;
+  // Paced: the next free start slot; every worker takes one, waits for it, then runs its stream.
+  const gapMs = opts.rate === undefined ? 0 : 1000 / opts.rate;
+  let nextSlot = start;
+  const waitForSlot = async (): Promise<void> => {
+    if (gapMs === 0) return;
+    const slot = nextSlot;
+    nextSlot += gapMs;
+    const wait = slot - performance.now();
+    if (wait > 0) await new Promise((r) => setTimeout(r, wait));
+  };
 
   const worker = async (): Promise<void> => {
     while (!stopping) {
+      await waitForSlot();
+      if (stopping) break;
       const t0 = performance.now();
       try {
         const wasImmediate = await runner.run();
@@ -352,6 +381,8 @@ export async function runExtProcLoad(opts: ExtProcLoadOptions): Promise<ExtProcL
     maxMs: round(sorted.length ? (sorted[sorted.length - 1] ?? 0) : 0),
     concurrency: opts.concurrency,
     durationMs: opts.durationMs,
+    ...(opts.rate !== undefined ? { rate: opts.rate } : {}),
+    ...(startLateMs !== undefined ? { startLateMs } : {}),
     generatorCpuPct: Math.round(((cpu.user + cpu.system) / 1000 / wallMs) * 1000) / 10,
   };
   if (firstError !== undefined) result.firstError = firstError;
@@ -377,11 +408,13 @@ function headerPair(v: string, acc: Record<string, string>): Record<string, stri
 
 export async function main(argv: string[]): Promise<void> {
   const program = new Command("extproc-load")
-    .description("Closed-loop ext_proc load generator; prints one JSON result line")
+    .description("ext_proc load generator (closed loop, or paced with --rate); prints one JSON result line")
     .requiredOption("--target <host:port>", "ext_proc server")
     .option("--concurrency <n>", "streams in flight", intOption(1), 64)
     .option("--duration-ms <ms>", "measured window", intOption(1), 5_000)
+    .option("--rate <n>", "paced: stream starts per second (at most --concurrency in flight); default closed loop", intOption(1))
     .option("--warmup-ms <ms>", "unmeasured warm-up", intOption(0), 1_000)
+    .option("--start-at <epoch-ms>", "start at this wall-clock time (ms since the epoch), to line several generators up", intOption(0))
     .option("--body-bytes <n>", "request body size", intOption(0), 2_048)
     .option("--model <name>", "model in the request body", "sim-model")
     .option("--response-chunks <n>", "response body messages per stream", intOption(1), 1)
@@ -395,6 +428,8 @@ export async function main(argv: string[]): Promise<void> {
     target: string;
     concurrency: number;
     durationMs: number;
+    rate?: number;
+    startAt?: number;
     warmupMs: number;
     bodyBytes: number;
     model: string;
@@ -408,6 +443,8 @@ export async function main(argv: string[]): Promise<void> {
     target: o.target,
     concurrency: o.concurrency,
     durationMs: o.durationMs,
+    ...(o.rate !== undefined ? { rate: o.rate } : {}),
+    ...(o.startAt !== undefined ? { startAt: o.startAt } : {}),
     warmupMs: o.warmupMs,
     bodyBytes: o.bodyBytes,
     model: o.model,
