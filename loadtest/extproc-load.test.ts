@@ -63,7 +63,8 @@ describe("extproc-load - closed-loop ext_proc load", () => {
     const startAt = Date.now() + 400;
     const r = await runExtProcLoad({ target: `127.0.0.1:${noop.port}`, concurrency: 2, durationMs: 300, warmupMs: 0, startAt, rate: 100, model: "m" });
     // Had it ignored startAt, its 300 ms window would have ended ~100 ms before startAt + 300.
-    expect(Date.now() - startAt).toBeGreaterThanOrEqual(300);
+    // (290: Node timers may fire a millisecond early against Date.now.)
+    expect(Date.now() - startAt).toBeGreaterThanOrEqual(290);
     expect(r.startLateMs).toBeGreaterThanOrEqual(0);
     expect(r.completed).toBeGreaterThan(0);
     // Paced from its start: 100/s over a 300 ms window starts at most 31 streams (+ one late slot per stream).

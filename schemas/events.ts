@@ -252,7 +252,7 @@ export const GatewayHeartbeat = Type.Object(
 export const MAX_USAGE_USERS = 10_000;
 
 /**
- * USAGE stream (subject `<base>.usage.<pool or _>.<gateway>`, under the base prefix whatever the
+ * USAGE stream (subject `<base>.usage.<pool or _>.<gateway>.<startedAt>`, under the base prefix whatever the
  * gateway's pool): one gateway's OWN admissions per user in the current rate-limit minute, sent
  * every `--usage-summary-ms` while it has any (docs/architecture.md, "Model configs and rate
  * limits"). Gateways of other namespaces add them to the counts they fold from their own CHARGES

@@ -12,7 +12,7 @@
  *   <prefix>.hb.<gateway>              CHARGES    gateway heartbeats (same stream: one ordered fold)
  *   <prefix>.decisions.<model>         DECISIONS  decision records (gateways)
  *   <prefix>.dlq.<family>              DLQ        dead letters, by the family they were read from
- *   <base>.usage.<pool>.<gateway>      USAGE      per-user rate-limit usage summaries (gateways; base
+ *   <base>.usage.<pool>.<gateway>.<startedAt>  USAGE      per-user rate-limit usage summaries (gateways; base
  *                                                 prefix only, `_` for the unpooled namespace)
  */
 import { decodeToken, encodeToken } from "./tokens.js";

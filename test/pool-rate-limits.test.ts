@@ -123,13 +123,16 @@ describe("per-user rate limits across gateway pools", () => {
   it("a malformed usage summary is dead-lettered and counted; the follower goes on", async () => {
     const dlq = async () => (await env.nats.jsm.streams.info(streamName("jr", "DLQ"), { subjects_filter: "jr.dlq.usage" })).state.subjects?.["jr.dlq.usage"] ?? 0;
     const before = await dlq();
-    const subject = "jr.usage.c.gw-c";
+    // One subject per message: JR_USAGE keeps one message per subject, so four on one subject
+    // could be replaced before a follower read them.
+    let n = 0;
+    const subject = () => `jr.usage.c.gw-c.${++n}`;
     const valid = { type: "usage", gateway: "gw-c", pool: "c", startedAt: 1, window: clock() - (clock() % 60_000), ts: clock(), users: [["carol", 2, 20]] };
-    await env.nats.js.publish(subject, "{not json");
+    await env.nats.js.publish(subject(), "{not json");
     // Schema-invalid: a window that is not a whole minute, and a negative count.
-    await env.nats.js.publish(subject, JSON.stringify({ ...valid, window: valid.window + 1 }));
-    await env.nats.js.publish(subject, JSON.stringify({ ...valid, users: [["carol", -1, 0]] }));
-    await env.nats.js.publish(subject, JSON.stringify(valid));
+    await env.nats.js.publish(subject(), JSON.stringify({ ...valid, window: valid.window + 1 }));
+    await env.nats.js.publish(subject(), JSON.stringify({ ...valid, users: [["carol", -1, 0]] }));
+    await env.nats.js.publish(subject(), JSON.stringify(valid));
     // Every gateway (three, each its own follower) dead-letters the three bad ones, then folds the good one.
     await waitFor(() => [ga, gb, plain].every((g) => g.state.rates.userRequests("carol", clock()) === 2), 10_000, "the valid summary after the bad ones");
     // ... into the base prefix's DLQ (the stream they were read from is the base one).

@@ -304,9 +304,10 @@ async function measureCell(natsUrl: string, natsPid: number, R: number, o: Requi
       fold_cpu_us_per_foreign_request: fold === null ? null : round(fold),
       observer_fold_us_per_request: round((excess[R] as number) / requests),
       observer_wakeups_per_request: round((wakeExcess[R] as number) / requests, 3),
-      observer_us_per_wakeup: round((excess[R] as number) / (wakeExcess[R] as number), 1),
+      // Per wake-up only where wake-ups rose over idle (a saturated host's processes never sleep).
+      observer_us_per_wakeup: (wakeExcess[R] as number) > 0 ? round((excess[R] as number) / (wakeExcess[R] as number), 1) : Number.NaN,
       wakeups_per_own_request: round(sum(wakeExcess.slice(0, R)) / requests, 3),
-      us_per_wakeup: round(sum(cpu) / sum(wakeExcess.slice(0, R)), 1),
+      us_per_wakeup: sum(wakeExcess.slice(0, R)) > 0 ? round(sum(cpu) / sum(wakeExcess.slice(0, R)), 1) : Number.NaN,
       other_pool_us_per_request: round(bExcess / requests, 3),
       nats_us_per_request: round((excess[R + 2] as number) / requests),
       b_excess_us: Math.round(bExcess),

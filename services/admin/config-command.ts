@@ -5,6 +5,7 @@
  * `set-pool|list-pools|delete-pool`: gateway pools' models (streams/pools.ts).
  */
 import { readFileSync } from "node:fs";
+import { JetStreamApiCodes, JetStreamApiError } from "@nats-io/jetstream";
 import { Kvm } from "@nats-io/kv";
 import type { Command } from "commander";
 import {
@@ -187,26 +188,46 @@ export function registerConfigCommand(program: Command): void {
         }
         const ns = namespaceOf(o.prefix, pool);
         // Re-running set-pool to change the models must not change a clustered pool's replica count.
-        const replicas = o.replicas ?? (await jsm.streams.info(streamName(ns.prefix, "CHARGES")).then((i) => i.config.num_replicas, () => 1));
+        const replicas =
+          o.replicas ??
+          (await jsm.streams.info(streamName(ns.prefix, "CHARGES")).then(
+            (i) => i.config.num_replicas,
+            (err: unknown) => {
+              // Only a pool without streams starts at 1; a failed lookup must not shrink a clustered pool.
+              if (err instanceof JetStreamApiError && err.code === JetStreamApiCodes.StreamNotFound) return 1;
+              throw err;
+            },
+          ));
         for (const c of await applyStreams(nc, jsm, { prefix: ns.prefix, configPrefix: ns.configPrefix, replicas })) {
           if (c.action !== "unchanged") console.log(`${c.action.padEnd(9)} ${c.name}`);
         }
         const kv = existing ?? (await new Kvm(nc).open(configBucketName(o.prefix)));
         const key = `${POOL_KEY_PREFIX}${pool}`;
         const before = await kv.get(key);
-        const rev = await kv.put(key, JSON.stringify(value));
+        // Compare-and-set: another set-pool of this pool since we read it fails here, not silently.
+        let rev: number;
+        try {
+          rev = before ? await kv.update(key, JSON.stringify(value), before.revision) : await kv.create(key, JSON.stringify(value));
+        } catch (err) {
+          console.error(`pool ${pool} was changed by someone else meanwhile (${(err as Error).message}); run set-pool again`);
+          process.exit(2);
+        }
         // Two set-pool runs claiming one model at once both pass the check above. Look again: the
         // pool whose name sorts after the other's (the one the gateways would not give the model)
-        // takes its change back, so one claim stands.
+        // takes its own change back (compare-and-set on its revision), so one claim stands.
         for await (const k of await kv.keys(`${POOL_KEY_PREFIX}>`)) {
           const other = k.slice(POOL_KEY_PREFIX.length);
-          if (other === pool || other > pool) continue;
+          if (other === pool) continue;
           const models = await poolModelsAt(kv, k);
           const clash = o.models.filter((m) => models.includes(m));
           if (clash.length === 0) continue;
-          if (before?.operation === "PUT") await kv.put(key, before.string());
-          else await kv.delete(key);
-          console.error(`${clash.map((m) => JSON.stringify(m)).join(", ")} claimed by pool ${JSON.stringify(other)} at the same time: pool ${pool} left as it was`);
+          const names = clash.map((m) => JSON.stringify(m)).join(", ");
+          if (other > pool) {
+            console.error(`warning: pool ${JSON.stringify(other)} also lists ${names} (written at the same time): the gateways give ${clash.length > 1 ? "them" : "it"} to pool ${pool}; remove ${clash.length > 1 ? "them" : "it"} from ${other}`);
+            continue;
+          }
+          await (before?.operation === "PUT" ? kv.update(key, before.string(), rev) : kv.delete(key, { previousSeq: rev })).catch(() => undefined);
+          console.error(`${names} claimed by pool ${JSON.stringify(other)} at the same time: pool ${pool} left as it was`);
           process.exit(2);
         }
         console.log(`stored pool ${pool}: ${o.models.length} model${o.models.length === 1 ? "" : "s"} (revision ${rev})`);

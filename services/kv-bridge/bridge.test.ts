@@ -186,11 +186,17 @@ describe("kv-bridge - engines to the KV stream", () => {
     const b = await bridge();
     // The moment the SUB's session is up (its subscription not yet in effect), the engine publishes
     // one batch the SUB does not get (buffered only), and then nothing more: no later event reveals the gap.
-    await waitFor(() => b.pods().find((p) => p.pod === "joiner")?.connected === true, 5_000, "the SUB's handshake");
+    // After the start-up replay (state live), so that only the post-join replay can find the batch.
+    await waitFor(() => {
+      const p = b.pods().find((x) => x.pod === "joiner");
+      return p?.connected === true && p.state === "live";
+    }, 5_000, "the SUB's handshake and the start-up replay");
     expect(b.pods().find((p) => p.pod === "joiner")?.settled).toBe(false);
+    const replays = b.stats.replays;
     const seq = await e.publish([freshStored(2)], { live: false });
     const msgs = await kvUntil("joiner", (m) => batches(m).some((x) => x.seq === seq));
     expect(batches(msgs).map((x) => x.seq)).toEqual([seq]);
+    expect(b.stats.replays).toBeGreaterThan(replays);
     await waitFor(() => b.pods().find((p) => p.pod === "joiner")?.settled === true, 5_000, "settled after the post-join replay");
   });
 

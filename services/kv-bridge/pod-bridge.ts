@@ -141,10 +141,12 @@ interface Decoded {
 
 type Continuity = "same" | "unknown" | "different" | "fresh";
 
-type InboxItem = { kind: "live"; frames: Buffer[] } | { kind: "probe"; join?: boolean };
+type InboxItem = { kind: "live"; frames: Buffer[] } | { kind: "probe"; join?: number };
 
 /** How long after the SUB's handshake the post-join replay runs (the subscription's propagation takes well under this). */
 const JOIN_SETTLE_MS = 250;
+/** A post-join replay that could not run is tried again this much later. */
+const JOIN_RETRY_MS = 1_000;
 
 /** Past either bound the SUB stops being read (libzmq queues, then the engine's PUB drops: a gap). */
 const INBOX_PAUSE = 10_000;
@@ -208,24 +210,28 @@ export class PodBridge {
         // Slow joiner: what the engine publishes between the handshake and the subscription taking
         // effect is missed, and on a pod that then goes quiet no later event would reveal the gap.
         // One replay from the anchor shortly after joining fetches it.
-        clearTimeout(this.joinTimer);
-        this.joinTimer = setTimeout(() => this.push({ kind: "probe", join: true }), JOIN_SETTLE_MS);
-        this.joinTimer.unref();
+        this.armJoin(++this.joinsArmed, JOIN_SETTLE_MS);
       },
     });
   }
 
   private joinTimer: NodeJS.Timeout | undefined;
-  /** Post-join replays started and finished (`settled` compares them). */
-  private joinsStarted = 0;
-  private joinsDone = -1;
+  /** Joins seen (handshakes) and the last one whose post-join replay ran (`settled` compares them). */
+  private joinsArmed = 0;
+  private joinsDone = 0;
 
   /**
    * Connected to the engine, and the replay after the latest join is done: from here on an event
    * the engine publishes reaches this bridge live (or, if lost, is repaired at the next one).
    */
   get settled(): boolean {
-    return this.link.connected && this.joinsDone === this.joinsStarted;
+    return this.link.connected && this.joinsArmed > 0 && this.joinsDone === this.joinsArmed;
+  }
+
+  private armJoin(join: number, delayMs: number): void {
+    clearTimeout(this.joinTimer);
+    this.joinTimer = setTimeout(() => this.push({ kind: "probe", join }), delayMs);
+    this.joinTimer.unref();
   }
 
   get epoch(): string | undefined {
@@ -290,13 +296,20 @@ export class PodBridge {
     for (;;) {
       const item = await this.next();
       if (!item) return;
-      if (item.kind === "probe" && item.join) {
-        const join = ++this.joinsStarted;
-        await this.guard(() => this.probe());
-        this.joinsDone = join;
+      if (item.kind === "probe" && item.join !== undefined) {
+        const join = item.join;
+        let ran = false;
+        await this.guard(async () => {
+          ran = await this.probe();
+        });
+        // A replay that could not run (cooling down after a failure, timed out) is tried again.
+        if (ran) this.joinsDone = Math.max(this.joinsDone, join);
+        else if (join === this.joinsArmed && !this.closed) this.armJoin(join, JOIN_RETRY_MS);
       } else if (item.kind === "probe") {
         this.probeQueued = false;
-        await this.guard(() => this.probe());
+        await this.guard(async () => {
+          await this.probe();
+        });
       } else {
         await this.guard(() => this.onLive(item.frames));
       }
@@ -361,26 +374,28 @@ export class PodBridge {
   }
 
   /** After a SUB reconnect: anything missed (or a restart) shows up in a replay from the anchor. */
-  private async probe(): Promise<void> {
+  /** False when the replay could not run (the caller may try again). */
+  private async probe(): Promise<boolean> {
     const c = this.cursor;
-    if (!this.link.hasReplay) return;
+    if (!this.link.hasReplay) return true;
     if (!c) {
       // Nothing seen yet: whatever the engine holds is new (as at start).
       const r = await this.replay(0);
       if (r && r.length > 0) await this.resolve(r, this.prev, "gap-unrepairable");
-      return;
+      return r !== undefined;
     }
-    await this.anomaly(undefined, c.anchorSeq);
+    return await this.anomaly(undefined, c.anchorSeq);
   }
 
-  private async anomaly(trigger: Raw | undefined, from: number): Promise<void> {
+  /** False when the replay could not run. */
+  private async anomaly(trigger: Raw | undefined, from: number): Promise<boolean> {
     const c = this.cursor as Cursor;
     const lastSeq = c.seq;
     const prev: Prev = { epoch: c.epoch, seq: c.anchorSeq, tsMs: c.anchorTsMs, cleared: false };
     let replayed = await this.replay(from);
     if (!replayed) {
       if (trigger) await this.resolve([trigger], prev, "replay-unavailable");
-      return;
+      return false;
     }
     let obs = merge(replayed, trigger);
     // A different incarnation: its oldest buffered batch names the new epoch, so look from 0.
@@ -390,6 +405,7 @@ export class PodBridge {
     }
     const kind = await this.resolve(obs, prev, "gap-unrepairable");
     if (kind === "same" && trigger && trigger.seq > lastSeq) this.o.stats.gapsRepaired++;
+    return true;
   }
 
   /**

@@ -92,9 +92,13 @@ function defaultLeaseNamespace(): string {
   }
 }
 
-/** The default Lease of a watcher pair: per source, and per pool (pools in one cluster often share a source). */
+/**
+ * The default Lease of a watcher pair: per source, and per pool (pools in one cluster often share a
+ * source): `jetroute-pod-watcher-pool.<pool>.<source>`. Dots, which neither pool names nor the
+ * unpooled `jetroute-pod-watcher-<source>` put there, keep a pool's name apart from its source's.
+ */
 export function watcherLeaseName(source: string, pool?: string): string {
-  return leaseNameFor(pool !== undefined ? `${pool}-${source}` : source);
+  return leaseNameFor(pool !== undefined ? `pool.${pool}.${source}` : source);
 }
 
 /** A lease name from a source: lower-case RFC 1123, at most 63 characters. */

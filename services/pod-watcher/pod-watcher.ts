@@ -17,12 +17,14 @@ import type { Logger } from "../shared/log.js";
 import { connectNats, type NatsHandles } from "../shared/nats.js";
 import { natsKvLeaseStore } from "./kv-lease.js";
 import { LeaderElector, type LeaseStore } from "./leader.js";
-import { followPools, modelFilterFor, type PoolFollowHandle } from "./pool-models.js";
+import { followPools, type ModelFilter, modelFilterFor, type PoolFollowHandle } from "./pool-models.js";
 import { podKey, type PodState } from "./reconcile.js";
 import { SourcePublisher, type SourcePublisherStats } from "./source-publisher.js";
 import { readPodList, type StaticPod } from "./static-pods.js";
 
 export const DEFAULT_HEARTBEAT_MS = 5_000;
+/** A pooled watcher whose models stay unknown this long (its config entry unreadable or never valid) stops heartbeating. */
+export const POOL_UNKNOWN_VOUCH_MS = 60_000;
 /** PODS keeps pods 30 days (`max_age`); re-asserting every 10 minutes costs one message per pod per 10 minutes. */
 export const DEFAULT_REASSERT_MS = 600_000;
 /** 12 s: lease + two renewal rounds + a heartbeat (12 + 8 + 5 s) stays under the gateways' 30 s source timeout. */
@@ -147,22 +149,30 @@ export async function startSourceRuntime(o: CommonWatcherOptions, source: string
   const nats = await connectNats(o.nats, "jetroute-pod-watcher");
   const watcher = o.watcherId ?? defaultWatcherId();
   let elector: LeaderElector | undefined;
+  let unknownSince: number | undefined;
   const publisher = new SourcePublisher({
     nats, subjects, prefix, source, watcher, log: o.log, heartbeatMs: o.heartbeatMs ?? DEFAULT_HEARTBEAT_MS, reassertMs: o.reassertMs ?? DEFAULT_REASSERT_MS,
     adoptUnowned: o.adoptUnowned ?? false,
     stillLeader: () => (elector ? elector.isLeader() : true),
     exclusive: !o.leaderElection,
-    ...(extras.canVouch ? { canVouch: extras.canVouch } : {}),
+    // A pooled watcher that has not known its models for POOL_UNKNOWN_VOUCH_MS stops vouching: its
+    // earlier pods (frozen, neither updated nor removed meanwhile) then time out in the gateways.
+    canVouch: () => (extras.canVouch ? extras.canVouch() : true) && !(unknownSince !== undefined && Date.now() - unknownSince > POOL_UNKNOWN_VOUCH_MS),
   });
+  const setFilter = (f: ModelFilter) => {
+    if (f !== "unknown") unknownSince = undefined;
+    else unknownSince ??= Date.now();
+    publisher.setModelFilter(f);
+  };
   // Which models' pods this watcher publishes (pool-models.ts): a pooled one its pool's, an
   // unpooled one those no pool lists; a pooled one with --models exactly those.
   let pools: PoolFollowHandle | undefined;
   if (ns.pool !== undefined && o.poolModels) {
     const models = new Set(o.poolModels);
-    publisher.setModelFilter((m) => models.has(m));
+    setFilter((m) => models.has(m));
   } else {
-    publisher.setModelFilter(modelFilterFor(ns.pool, undefined));
-    pools = followPools({ nc: nats.nc, configPrefix: ns.configPrefix, log: o.log, ...(o.poolPollMs ? { pollMs: o.poolPollMs } : {}), onPools: (map, invalid) => publisher.setModelFilter(modelFilterFor(ns.pool, map, invalid)) });
+    setFilter(modelFilterFor(ns.pool, undefined));
+    pools = followPools({ nc: nats.nc, configPrefix: ns.configPrefix, log: o.log, ...(o.poolPollMs ? { pollMs: o.poolPollMs } : {}), onPools: (map, invalid) => setFilter(modelFilterFor(ns.pool, map, invalid)) });
     await pools.ready;
   }
   if (o.leaderElection) {

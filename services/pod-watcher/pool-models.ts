@@ -11,10 +11,12 @@
  * every pod (as before pools existed); an entry that stops validating keeps its previous models;
  * only a bucket or entry confirmed absent empties a pool (its watcher then removes its pods).
  */
+import { JetStreamApiCodes, JetStreamApiError } from "@nats-io/jetstream";
 import { Kvm } from "@nats-io/kv";
 import type { NatsConnection } from "@nats-io/transport-node";
 import { POOL_KEY_PREFIX, readPoolConfig } from "../../schemas/config.js";
 import { configBucketName } from "../../streams/definitions.js";
+import { poolNameError } from "../../streams/pools.js";
 import type { Logger } from "../shared/log.js";
 import { PoolMap } from "../views/pool-map.js";
 
@@ -48,7 +50,8 @@ export interface PoolFollowHandle {
   stop(): void;
 }
 
-const isNotFound = (err: unknown) => /not found/i.test((err as Error)?.message ?? "");
+/** The bucket's stream does not exist (never created): no pools. Any other error is a failed read. */
+const isNotFound = (err: unknown) => err instanceof JetStreamApiError && err.code === JetStreamApiCodes.StreamNotFound;
 
 export function followPools(o: PoolFollowOptions): PoolFollowHandle {
   let stopped = false;
@@ -65,6 +68,8 @@ export function followPools(o: PoolFollowOptions): PoolFollowHandle {
       const kv = await new Kvm(o.nc).open(bucket);
       for await (const key of await kv.keys(`${POOL_KEY_PREFIX}>`)) {
         const pool = key.slice(POOL_KEY_PREFIX.length);
+        // As the gateways do (gateway-state.ts): an entry whose name is not a pool name is no pool.
+        if (poolNameError(pool)) continue;
         const e = await kv.get(key);
         if (e?.operation !== "PUT") continue;
         seen.add(pool);
@@ -103,9 +108,17 @@ export function followPools(o: PoolFollowOptions): PoolFollowHandle {
         return false;
       },
     );
-  const ready = guarded();
-  const timer = setInterval(guarded, o.pollMs ?? 5_000);
-  timer.unref();
+  // One read at a time (chained, not an interval): two reads in flight could apply out of order.
+  let timer: NodeJS.Timeout | undefined;
+  const schedule = () => {
+    if (stopped) return;
+    timer = setTimeout(() => void guarded().then(schedule), o.pollMs ?? 5_000);
+    timer.unref();
+  };
+  const ready = guarded().then((ok) => {
+    schedule();
+    return ok;
+  });
   return {
     ready,
     get reads() {
@@ -113,7 +126,7 @@ export function followPools(o: PoolFollowOptions): PoolFollowHandle {
     },
     stop() {
       stopped = true;
-      clearInterval(timer);
+      clearTimeout(timer);
     },
   };
 }

@@ -221,7 +221,7 @@ export class GatewayState {
     if (ev.pool === this.pool) return ignored(ev.gateway === this.self ? "own-echo" : "own-namespace");
     // A minute over by the broker's clock is never counted again (a booting gateway reads old ones).
     if (ev.window + 60_000 <= at - 60_000) return ignored("expired");
-    const r = this.rates.applyForeign({ key: `${ev.gateway}\u0000${ev.startedAt}`, window: ev.window, ts: ev.ts, users: ev.users });
+    const r = this.rates.applyForeign({ key: `${ev.pool ?? ""}\u0000${ev.gateway}\u0000${ev.startedAt}`, window: ev.window, ts: ev.ts, users: ev.users });
     return r === "applied" ? APPLIED : ignored(r);
   }
 
