@@ -1,14 +1,23 @@
 /** Running benchmark pieces as child processes of node, each with its own event loop. */
 import { type ChildProcess, spawn } from "node:child_process";
+import { existsSync } from "node:fs";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { createInterface } from "node:readline";
+import { cliPath } from "../services/shared/processes.js";
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 
 /** Absolute path of a compiled loadtest module (benchmarks always run from dist/). */
 export function loadtestScript(name: string): string {
   return path.join(here, name);
+}
+
+/** The ext_proc load generator, compiled (under vitest the benches run from sources; the generator never does). */
+export function generatorScript(): string {
+  const beside = loadtestScript("extproc-load.js");
+  if (existsSync(beside)) return beside;
+  return path.join(path.dirname(path.dirname(cliPath())), "loadtest", "extproc-load.js");
 }
 
 export interface Child {

@@ -24,7 +24,7 @@
  * seen yet, so for a window shorter than that `max_buffered` is about every state message of it;
  * it is bounded by 60 s of traffic, not by the window.
  */
-import { copyFileSync, existsSync, mkdtempSync, rmSync, statSync } from "node:fs";
+import { copyFileSync, mkdtempSync, rmSync, statSync } from "node:fs";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { runReplay } from "../../services/replay/command.js";
@@ -33,12 +33,11 @@ import type { ReplayReport } from "../../services/replay/report-types.js";
 import { EXPORT_FORMAT, EXPORT_VERSION, type ExportHeader, fileSource, type MessageSource, natsSource, writeExport } from "../../services/replay/sources.js";
 import { connectNats, type NatsHandles } from "../../services/shared/nats.js";
 import { type NatsServerHandle, startNatsServer } from "../../services/shared/nats-server.js";
-import { cliPath } from "../../services/shared/processes.js";
 import { acked } from "../../services/shared/publish.js";
 import { applyStreams } from "../../streams/apply.js";
 import { streamName } from "../../streams/definitions.js";
 import { Subjects } from "../../streams/subjects.js";
-import { type Child, loadtestScript, runNode } from "../child.js";
+import { type Child, generatorScript, runNode } from "../child.js";
 import type { ExtProcLoadResult } from "../extproc-load.js";
 import { pollAll, processReplica, READY_TIMEOUT_MS, type Replica } from "../replicas.js";
 
@@ -118,12 +117,6 @@ const round = (x: number, digits = 0) => {
 const mb = (bytes: number) => round(bytes / 2 ** 20, 1);
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
-/** The load generator, compiled (under vitest the benches run from sources; the generator never does). */
-function generatorScript(): string {
-  const beside = loadtestScript("extproc-load.js");
-  if (existsSync(beside)) return beside;
-  return path.join(path.dirname(path.dirname(cliPath())), "loadtest", "extproc-load.js");
-}
 
 interface Recording {
   fromMs: number;

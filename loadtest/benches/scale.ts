@@ -38,20 +38,18 @@
  * `other_pool_us_per_request` pools every cell (b's CPU over all of them / all pool-a requests),
  * the most a-requests per unit of noise: b's own idle CPU wanders by a few ms per window.
  */
-import { existsSync } from "node:fs";
 import os from "node:os";
-import path from "node:path";
 import { Kvm } from "@nats-io/kv";
 import { POOL_KEY_PREFIX } from "../../schemas/config.js";
 import { connectNats } from "../../services/shared/nats.js";
 import { startNatsServer } from "../../services/shared/nats-server.js";
-import { cliPath, type ServiceProcess, spawnJetroute } from "../../services/shared/processes.js";
+import { type ServiceProcess, spawnJetroute } from "../../services/shared/processes.js";
 import { acked } from "../../services/shared/publish.js";
 import { applyStreams } from "../../streams/apply.js";
 import { configBucketName } from "../../streams/definitions.js";
 import { namespaceOf } from "../../streams/pools.js";
 import { DEFAULT_PREFIX, Subjects } from "../../streams/subjects.js";
-import { loadtestScript, runNode } from "../child.js";
+import { generatorScript, runNode } from "../child.js";
 import type { ExtProcLoadResult } from "../extproc-load.js";
 import { busyFraction, hostCpu, loadAverage1m, mainThreadWakeups, processCpuUs } from "../proc-cpu.js";
 
@@ -163,12 +161,6 @@ const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.len
 const round = (x: number, d = 2) => Number(x.toFixed(d));
 const sum = (xs: number[]) => xs.reduce((a, b) => a + b, 0);
 
-/** The load generator, compiled (under vitest the benches run from sources; the generator never does). */
-function generatorScript(): string {
-  const beside = loadtestScript("extproc-load.js");
-  if (existsSync(beside)) return beside;
-  return path.join(path.dirname(path.dirname(cliPath())), "loadtest", "extproc-load.js");
-}
 
 interface DebugState {
   ready: boolean;

@@ -43,7 +43,8 @@ const prefillLeg = (extra: object = {}) => ({
 
 async function runPrefill(address: string, id: string) {
   const res = await postJson(address, "/v1/completions", prefillLeg(), withId(id));
-  expect(res.status).toBe(200);
+  // The body says why, should a prefill ever fail here (seen once under a loaded full run, not reproduced).
+  expect(res.status, res.status === 200 ? "" : await res.clone().text()).toBe(200);
   return json(res);
 }
 
