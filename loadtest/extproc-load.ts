@@ -315,7 +315,10 @@ export async function runExtProcLoad(opts: ExtProcLoadOptions): Promise<ExtProcL
   const startLateMs = opts.startAt === undefined ? undefined : Math.max(0, Date.now() - opts.startAt);
   const cpu0 = process.cpuUsage();
   const measureFrom = start + (opts.warmupMs ?? 0);
-  const stopAt = measureFrom + opts.durationMs;
+  // With startAt the window ends at startAt + warm-up + duration whatever the start-up delay, so
+  // several generators (and whoever samples CPU over that window) cover the same interval.
+  const windowMs = Math.max(1, opts.durationMs - (startLateMs ?? 0));
+  const stopAt = measureFrom + windowMs;
   const latencies: number[] = [];
   let immediate = 0;
   let errors = 0;
@@ -374,7 +377,7 @@ export async function runExtProcLoad(opts: ExtProcLoadOptions): Promise<ExtProcL
     completed: latencies.length,
     immediate,
     errors,
-    rps: round(latencies.length / (opts.durationMs / 1000)),
+    rps: round(latencies.length / (windowMs / 1000)),
     p50Ms: round(percentile(sorted, 0.5)),
     p99Ms: round(percentile(sorted, 0.99)),
     meanMs: round(latencies.length ? sum / latencies.length : 0),
