@@ -1,8 +1,14 @@
 import { defineConfig } from "vitest/config";
 
+/**
+ * Benchmark tests that saturate both cores on purpose (many gateway processes and load
+ * generators): they run alone, after everything else, so their load cannot starve the
+ * timing-sensitive integration tests, nor theirs skew these figures.
+ */
+const SATURATING = ["loadtest/benches/scale.test.ts"];
+
 export default defineConfig({
   test: {
-    include: ["services/**/*.test.ts", "streams/**/*.test.ts", "schemas/**/*.test.ts", "test/**/*.test.ts", "loadtest/**/*.test.ts", "deploy/**/*.test.ts"],
     testTimeout: 30_000,
     hookTimeout: 60_000,
     pool: "forks",
@@ -12,5 +18,20 @@ export default defineConfig({
     // The tests start their own plain nats-servers: a developer's NATS_* settings for the nats
     // CLI (read by every jetroute process) must not leak into them. Empty counts as unset.
     env: Object.fromEntries(["NATS_USER", "NATS_PASSWORD", "NATS_TOKEN", "NATS_CREDS", "NATS_NKEY", "NATS_CA", "NATS_CERT", "NATS_KEY"].map((k) => [k, ""])),
+    projects: [
+      {
+        extends: true,
+        test: {
+          name: "main",
+          include: ["services/**/*.test.ts", "streams/**/*.test.ts", "schemas/**/*.test.ts", "test/**/*.test.ts", "loadtest/**/*.test.ts", "deploy/**/*.test.ts"],
+          exclude: SATURATING,
+          sequence: { groupOrder: 0 },
+        },
+      },
+      {
+        extends: true,
+        test: { name: "saturating", include: SATURATING, sequence: { groupOrder: 1 } },
+      },
+    ],
   },
 });
