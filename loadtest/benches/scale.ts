@@ -68,21 +68,13 @@ export interface ScaleOptions {
   releaseBatchMs?: number;
 }
 
-export interface ScaleRound {
+/** What a round and a result row (its rounds' medians) both report. */
+interface ScaleFigures {
   replicas: number;
-  /** Per loaded replica: requests it completed in the window. */
-  own: number[];
-  /** Per loaded replica: CPU µs over the window, idle subtracted. */
-  cpu_us: number[];
-  /** Per loaded replica: CPU in the loaded window, idle included, in cores. */
-  cores: number[];
-  cpu_us_per_own_request: number;
-  /** A loaded replica's CPU per second of window (mean over the loaded replicas), idle subtracted. */
-  cpu_us_per_s: number;
-  /** Per loaded replica (mean): requests per second it routed, and its peers' it folded. */
-  own_rps: number;
-  foreign_rps: number;
   fold_cpu_us_per_foreign_request: number | null;
+  cpu_us_per_own_request: number;
+  /** A loaded replica's CPU per second of window (mean over the loaded replicas), idle subtracted: the fit's y. */
+  cpu_us_per_s: number;
   observer_fold_us_per_request: number;
   /** The observer's main-thread wake-ups (voluntary context switches, idle subtracted) per pool request, and its CPU per wake-up. */
   observer_wakeups_per_request: number;
@@ -92,36 +84,35 @@ export interface ScaleRound {
   us_per_wakeup: number;
   other_pool_us_per_request: number;
   nats_us_per_request: number;
+  host_busy_fraction: number;
+}
+
+export interface ScaleRound extends ScaleFigures {
+  /** Per loaded replica: requests it completed in the window. */
+  own: number[];
+  /** Per loaded replica: CPU µs over the window, idle subtracted. */
+  cpu_us: number[];
+  /** Per loaded replica: CPU in the loaded window, idle included, in cores. */
+  cores: number[];
+  /** Per loaded replica (mean): requests per second it routed, and its peers' it folded. */
+  own_rps: number;
+  foreign_rps: number;
   /** Excess CPU µs (idle subtracted) of pool b's replica and nats-server, for the pooled figures. */
   b_excess_us: number;
   requests: number;
-  host_busy_fraction: number;
   /** The latest a generator began its window after the common start (start-up on a busy host). */
   start_late_ms: number;
   generator_cpu_pct: number;
 }
 
-export interface ScaleResultRow {
-  replicas: number;
-  /** Null at R = 1: a lone replica folds no foreign request. */
-  fold_cpu_us_per_foreign_request: number | null;
-  cpu_us_per_own_request: number;
-  /** A loaded replica's CPU per second, idle subtracted (the fit's y). */
-  cpu_us_per_s: number;
+/** `fold_cpu_us_per_foreign_request` is null at R = 1: a lone replica folds no foreign request. */
+export interface ScaleResultRow extends ScaleFigures {
   /** A loaded replica's CPU in cores, idle included (median of the replicas' mean). */
   cores_per_replica: number;
   /** Requests per second a loaded replica routed. */
   own_rps_per_replica: number;
   /** Requests per second of the other replicas a loaded replica folded. */
   foreign_rps_per_replica: number;
-  observer_fold_us_per_request: number;
-  observer_wakeups_per_request: number;
-  observer_us_per_wakeup: number;
-  wakeups_per_own_request: number;
-  us_per_wakeup: number;
-  other_pool_us_per_request: number;
-  nats_us_per_request: number;
-  host_busy_fraction: number;
   rounds: ScaleRound[];
 }
 
