@@ -8,6 +8,8 @@
  * - b's two replicas share their charges as one unpooled fleet does;
  * - a request for b's model at a gets 421 `wrong_pool` naming b (message and `x-jetroute-pool`),
  *   an unpooled gateway does the same for a pooled model, a model of no pool gets 404;
+ * - a pool's kv-bridge feeds its engines' KV events to its own KV stream and gateways' index;
+ * - replay reads a pool's namespace;
  * - re-assigning a pool's models in the config bucket moves its pods live.
  */
 import { mkdtempSync, writeFileSync } from "node:fs";
@@ -21,6 +23,7 @@ import { configBucketName, streamName } from "../streams/definitions.js";
 import { namespaceOf } from "../streams/pools.js";
 import { type FrontServer, startFront } from "../services/front/front.js";
 import type { GatewayHandle } from "../services/gateway/gateway.js";
+import { type KvBridgeHandle, startKvBridge } from "../services/kv-bridge/bridge.js";
 import { startScraper } from "../services/metrics-scraper/scraper.js";
 import { runReplay } from "../services/replay/command.js";
 import { natsSource } from "../services/replay/sources.js";
@@ -42,6 +45,7 @@ describe("gateway pools", () => {
   let fleetF: SimFleet;
   const watchers: PodWatcherHandle[] = [];
   const closers: Array<() => Promise<void>> = [];
+  const bridges: KvBridgeHandle[] = [];
   let ga: GatewayHandle;
   let gb1: GatewayHandle;
   let gb2: GatewayHandle;
@@ -59,7 +63,8 @@ describe("gateway pools", () => {
     for (const ns of [nsA, nsB]) await applyStreams(env.nats.nc, env.nats.jsm, { prefix: ns.prefix, configPrefix: ns.configPrefix });
     await setPool("a", [MA]);
     await setPool("b", [MB]);
-    fleetA = await startSimFleet({ pods: 2, model: MA, namePrefix: "a-", logger: quietLog });
+    // Pool a's engines publish KV events: its own kv-bridge feeds its own KV stream.
+    fleetA = await startSimFleet({ pods: 2, model: MA, namePrefix: "a-", kvEvents: true, logger: quietLog });
     fleetB = await startSimFleet({ pods: 2, model: MB, namePrefix: "b-", logger: quietLog });
     fleetF = await startSimFleet({ pods: 1, model: MF, namePrefix: "free-", logger: quietLog });
     // One list of every pod, as a cluster's discovery would see them; each pool's watcher keeps its own.
@@ -68,7 +73,7 @@ describe("gateway pools", () => {
     const all = [...fleetA.pods.map((p) => ({ name: p.name, p, model: MA })), ...fleetB.pods.map((p) => ({ name: p.name, p, model: MB }))];
     // One more pod, of a model no pool lists.
     all.push({ name: "free-0", p: fleetF.pods[0] as SimFleet["pods"][number], model: MF });
-    writeFileSync(file, JSON.stringify(all.map(({ name, p, model }) => ({ name, model, address: p.address }))));
+    writeFileSync(file, JSON.stringify(all.map(({ name, p, model }) => ({ name, model, address: p.address, ...(p.kvEvents ? { kvEvents: p.kvEvents } : {}) }))));
     // Pool a takes its models from the config bucket (re-read every 100 ms here); pool b from --models.
     watchers.push(await startPodWatcher({ nats: env.server.url, file, pool: "a", poolPollMs: 100, probeIntervalMs: 200, log: quietLog }));
     watchers.push(await startPodWatcher({ nats: env.server.url, file, pool: "b", poolModels: [MB], probeIntervalMs: 200, log: quietLog }));
@@ -77,6 +82,9 @@ describe("gateway pools", () => {
     for (const ns of [nsA, nsB]) {
       const s = await startScraper({ nats: env.server.url, prefix: ns.prefix, intervalMs: 100, log: quietLog });
       closers.push(() => s.close());
+      const k = await startKvBridge({ nats: env.server.url, prefix: ns.prefix, log: quietLog });
+      closers.push(() => k.close());
+      bridges.push(k);
     }
     ga = await env.gateway({ id: "gw-a", pool: "a", adminPort: 0 });
     gb1 = await env.gateway({ id: "gw-b1", pool: "b" });
@@ -161,6 +169,29 @@ describe("gateway pools", () => {
     expect(report.fidelity.ratio).toBeGreaterThanOrEqual(0.99);
     // Pool a's namespace holds none of them.
     expect((await env.nats.jsm.streams.info(streamName(nsA.prefix, "DECISIONS"))).state.messages).toBe(0);
+  });
+
+  it("a pool's kv-bridge feeds its engines' KV events into the pool's KV stream and its gateways' prefix index", async () => {
+    const [bridgeA, bridgeB] = bridges as [KvBridgeHandle, KvBridgeHandle];
+    // Each pool's bridge takes only its pool's pods.
+    await waitFor(() => bridgeA.pods().length === 2 && bridgeA.pods().every((p) => p.settled), 10_000, "pool a's bridge joined its engines");
+    expect(bridgeA.pods().every((p) => p.model === MA)).toBe(true);
+    expect(bridgeB.pods().every((p) => p.model === MB)).toBe(true);
+    const before = ga.state.index.stats().blocks;
+    const system = `Pool a's system prompt: ${"keep answers short and cite the pool. ".repeat(12)}`;
+    const res = await fetch(`http://127.0.0.1:${frontA.port}/v1/chat/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json", "routing-strategy": "prefix-cache" },
+      body: JSON.stringify({ model: MA, messages: [{ role: "system", content: system }, { role: "user", content: "hi" }], max_tokens: 4 }),
+    });
+    expect(res.status).toBe(200);
+    await res.arrayBuffer();
+    await waitFor(() => ga.state.index.stats().blocks > before, 10_000, "pool a's index to hold the engine's blocks");
+    // Pool a's KV stream holds only a's pods' events; the unpooled namespace's holds none.
+    const kvA = Object.keys((await env.nats.jsm.streams.info(streamName(nsA.prefix, "KV"), { subjects_filter: ">" })).state.subjects ?? {});
+    expect(kvA.length).toBeGreaterThan(0);
+    expect(kvA.every((subject) => subject.startsWith("jr.pool.a.kv.org/model-a."))).toBe(true);
+    expect((await env.nats.jsm.streams.info(streamName("jr", "KV"))).state.messages).toBe(0);
   });
 
   it("a request for another pool's model gets 421 naming the pool; a model of no pool gets 404", async () => {
