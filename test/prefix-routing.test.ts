@@ -78,6 +78,8 @@ describe("prefix index - engines -> kv-bridge -> KV stream -> gateways", () => {
       10_000,
       "bridge to take every batch",
     );
+    // Taken is not yet stored: the stream's last sequence below must include every batch.
+    await waitFor(() => bridge.pods().every((b) => b.unacked === 0), 10_000, "the KV stream to acknowledge every batch");
     let last = -1;
     for (let stable = 0; stable < 3; ) {
       const now = (await env.nats.jsm.streams.info(streamName("jr", "KV"))).state.last_seq;

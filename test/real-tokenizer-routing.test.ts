@@ -55,6 +55,8 @@ describe("precise prefix routing on a real tokenizer (Qwen3): engines -> kv-brid
       10_000,
       "bridge to take every batch",
     );
+    // Taken is not yet stored: the stream's last sequence below must include every batch.
+    await waitFor(() => bridge.pods().every((b) => b.unacked === 0), 10_000, "the KV stream to acknowledge every batch");
     const last = (await env.nats.jsm.streams.info(streamName("jr", "KV"))).state.last_seq;
     await waitFor(() => gw.kvLastSeq() >= last, 10_000, "gateway caught up with KV");
   }

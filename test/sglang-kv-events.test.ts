@@ -92,6 +92,8 @@ describe("SGLang KV events: simulated SGLang -> kv-bridge -> gateway", () => {
       10_000,
       "bridge to take every batch",
     );
+    // Taken is not yet stored: the stream's last sequence below must include every batch.
+    await waitFor(() => bridge.pods().every((b) => b.unacked === 0), 10_000, "the KV stream to acknowledge every batch");
     const last = (await env.nats.jsm.streams.info(streamName("jr", "KV"))).state.last_seq;
     await waitFor(() => gw.kvLastSeq() >= last, 10_000, "gateway caught up");
     expect(bridge.stats.unknownParents).toBe(0);

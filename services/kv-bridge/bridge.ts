@@ -48,6 +48,8 @@ export interface BridgedPod {
   connected: boolean;
   /** Connected, and the replay after joining is done: the engine's next events reach the bridge (pod-bridge.ts `settled`). */
   settled: boolean;
+  /** Taken from the engine, not yet acknowledged by the KV stream (0: `lastSeq` is in the stream). */
+  unacked: number;
 }
 
 export interface KvBridgeHandle {
@@ -174,6 +176,7 @@ export async function startKvBridge(o: KvBridgeOptions): Promise<KvBridgeHandle>
         state: b.state,
         connected: b.connected,
         settled: b.settled,
+        unacked: b.unacked,
       })),
     async close() {
       if (closing) return;

@@ -42,6 +42,11 @@ export class OrderedPublisher {
   private queue: Pending[] = [];
   private failed: Pending[] = [];
   private inflight = 0;
+
+  /** Messages queued or awaiting their ack: 0 = everything sent so far is in the stream. */
+  get unacked(): number {
+    return this.queue.length + this.inflight;
+  }
   private recovering = false;
   private backoffMs = 0;
   private nextIndex = 0;

@@ -166,6 +166,11 @@ export class PodBridge {
   get connected(): boolean {
     return this.link.connected;
   }
+
+  /** Batches (and clears) taken from the engine but not yet acknowledged by the KV stream. */
+  get unacked(): number {
+    return this.publisher.unacked;
+  }
   private readonly publisher: OrderedPublisher;
   private readonly map: BlockMap;
   private readonly subject: string;
