@@ -12,6 +12,7 @@ import { type SimFleet, startSimFleet } from "../services/sim/fleet.js";
 import { routerHashesOf } from "../services/sim/router-hashes.js";
 import { streamName } from "../streams/definitions.js";
 import { MODEL, quietLog, startTestEnv, type TestEnv, waitFor } from "./harness/env.js";
+import { bridgeCaughtUp, bridgeJoined } from "./harness/kv-bridge.js";
 
 const BLOCK = 16;
 
@@ -39,9 +40,8 @@ describe("prefix index - engines -> kv-bridge -> KV stream -> gateways", () => {
       await env.gateway({ id: "px-a", adminPort: 0, tokenizerMode: "local" }),
       await env.gateway({ id: "px-b", adminPort: 0, tokenizerMode: "local" }),
     ];
-    // Let the bridge's SUB sockets register before the engines produce events.
-    await waitFor(() => bridge.pods().length === 4, 5_000, "bridge to take the pods");
-    await waitFor(() => bridge.pods().every((p) => p.settled), 5_000, "the bridge to join every engine's events");
+    // The bridge's SUB sockets joined before the engines produce events.
+    await bridgeJoined(bridge, 4);
   }, 60_000);
   afterAll(async () => {
     await bridge?.close();
@@ -68,18 +68,7 @@ describe("prefix index - engines -> kv-bridge -> KV stream -> gateways", () => {
    * (Engines idle alone is not enough under load: the bridge may still be publishing.)
    */
   async function quiesce(replicas: GatewayHandle[]): Promise<void> {
-    await waitFor(() => fleet.pods.every((p) => fleet.cacheListing(p.name).pendingEvents === 0), 10_000, "engines idle");
-    await waitFor(
-      () =>
-        fleet.pods.every((p) => {
-          const next = fleet.cacheListing(p.name).nextSeq ?? 0;
-          return next === 0 || bridge.pods().find((b) => b.pod === p.name)?.lastSeq === next - 1;
-        }),
-      10_000,
-      "bridge to take every batch",
-    );
-    // Taken is not yet stored: the stream's last sequence below must include every batch.
-    await waitFor(() => bridge.pods().every((b) => b.unacked === 0), 10_000, "the KV stream to acknowledge every batch");
+    await bridgeCaughtUp(fleet, bridge);
     let last = -1;
     for (let stable = 0; stable < 3; ) {
       const now = (await env.nats.jsm.streams.info(streamName("jr", "KV"))).state.last_seq;

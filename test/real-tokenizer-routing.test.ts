@@ -14,6 +14,7 @@ import { routerHashesOf } from "../services/sim/router-hashes.js";
 import { chainSeed, promptBlockHashes } from "../services/views/block-hash.js";
 import { streamName } from "../streams/definitions.js";
 import { MODEL, quietLog, startTestEnv, type TestEnv, waitFor } from "./harness/env.js";
+import { bridgeCaughtUp, bridgeJoined } from "./harness/kv-bridge.js";
 import { tokenizerDir } from "./harness/real-tokenizers.js";
 
 const BLOCK = 16;
@@ -30,8 +31,7 @@ describe("precise prefix routing on a real tokenizer (Qwen3): engines -> kv-brid
     for (const p of fleet.pods) await env.publishPod({ pod: p.name, address: p.address, kvEvents: p.kvEvents });
     bridge = await startKvBridge({ nats: env.server.url, log: quietLog });
     gw = await env.gateway({ id: "rt-a", adminPort: 0, tokenizerModes: { [MODEL]: HF } });
-    await waitFor(() => bridge.pods().length === 2, 5_000, "bridge to take the pods");
-    await waitFor(() => bridge.pods().every((p) => p.settled), 5_000, "the bridge to join every engine's events");
+    await bridgeJoined(bridge, 2);
   }, 60_000);
   afterAll(async () => {
     await bridge?.close();
@@ -46,17 +46,7 @@ describe("precise prefix routing on a real tokenizer (Qwen3): engines -> kv-brid
   }
 
   async function quiesce(): Promise<void> {
-    await waitFor(() => fleet.pods.every((p) => fleet.cacheListing(p.name).pendingEvents === 0), 10_000, "engines idle");
-    await waitFor(
-      () => fleet.pods.every((p) => {
-        const next = fleet.cacheListing(p.name).nextSeq ?? 0;
-        return next === 0 || bridge.pods().find((b) => b.pod === p.name)?.lastSeq === next - 1;
-      }),
-      10_000,
-      "bridge to take every batch",
-    );
-    // Taken is not yet stored: the stream's last sequence below must include every batch.
-    await waitFor(() => bridge.pods().every((b) => b.unacked === 0), 10_000, "the KV stream to acknowledge every batch");
+    await bridgeCaughtUp(fleet, bridge);
     const last = (await env.nats.jsm.streams.info(streamName("jr", "KV"))).state.last_seq;
     await waitFor(() => gw.kvLastSeq() >= last, 10_000, "gateway caught up with KV");
   }

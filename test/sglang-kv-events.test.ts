@@ -16,6 +16,7 @@ import { tokenizeChat } from "../services/tokenizer/sim-tokenizer.js";
 import { chainSeed, promptBlockHashes } from "../services/views/block-hash.js";
 import { streamName } from "../streams/definitions.js";
 import { MODEL, quietLog, startTestEnv, type TestEnv, waitFor } from "./harness/env.js";
+import { bridgeCaughtUp, bridgeJoined } from "./harness/kv-bridge.js";
 
 const BLOCK = 16;
 
@@ -30,8 +31,7 @@ describe("SGLang KV events: simulated SGLang -> kv-bridge -> gateway", () => {
     for (const p of fleet.pods) await env.publishPod({ pod: p.name, address: p.address, engine: "sglang", kvEvents: p.kvEvents });
     bridge = await startKvBridge({ nats: env.server.url, log: quietLog });
     gw = await env.gateway({ id: "sg-a", adminPort: 0, tokenizerMode: "local" });
-    await waitFor(() => bridge.pods().length === 2, 5_000, "bridge to take the pods");
-    await waitFor(() => bridge.pods().every((p) => p.settled), 5_000, "the bridge to join every engine's events");
+    await bridgeJoined(bridge, 2);
   }, 60_000);
   afterAll(async () => {
     await bridge?.close();
@@ -86,14 +86,7 @@ describe("SGLang KV events: simulated SGLang -> kv-bridge -> gateway", () => {
   it("the gateway matches exactly the blocks the SGLang engine holds for a prompt", async () => {
     const holder = fleet.pods[1] as SimFleet["pods"][0];
     await chat(holder.address, "warm the second pod");
-    await waitFor(() => fleet.pods.every((p) => fleet.cacheListing(p.name).pendingEvents === 0), 10_000, "engines idle");
-    await waitFor(
-      () => fleet.pods.every((p) => bridge.pods().find((b) => b.pod === p.name)?.lastSeq === (fleet.cacheListing(p.name).nextSeq ?? 0) - 1),
-      10_000,
-      "bridge to take every batch",
-    );
-    // Taken is not yet stored: the stream's last sequence below must include every batch.
-    await waitFor(() => bridge.pods().every((b) => b.unacked === 0), 10_000, "the KV stream to acknowledge every batch");
+    await bridgeCaughtUp(fleet, bridge);
     const last = (await env.nats.jsm.streams.info(streamName("jr", "KV"))).state.last_seq;
     await waitFor(() => gw.kvLastSeq() >= last, 10_000, "gateway caught up");
     expect(bridge.stats.unknownParents).toBe(0);
