@@ -2,10 +2,11 @@
  * Idempotent creation/update of jetroute's streams and config bucket.
  * Returns one line per stream saying what happened, for the CLI and the demo to print.
  */
-import { type JetStreamManager, JetStreamApiCodes, JetStreamApiError, StorageType, type StreamConfig } from "@nats-io/jetstream";
+import { type JetStreamManager, StorageType, type StreamConfig } from "@nats-io/jetstream";
 import { Objm } from "@nats-io/obj";
 import { Kvm } from "@nats-io/kv";
 import type { NatsConnection } from "@nats-io/transport-node";
+import { isStreamNotFound } from "./errors.js";
 import { configBucketName, leaseBucketName, snapshotBucketName, type StreamOptions, streamDefinitions } from "./definitions.js";
 
 export interface ApplyChange {
@@ -27,7 +28,7 @@ export async function applyStreams(nc: NatsConnection, jsm: JetStreamManager, op
     try {
       current = (await jsm.streams.info(want.name)).config;
     } catch (err) {
-      if (!(err instanceof JetStreamApiError && err.code === JetStreamApiCodes.StreamNotFound)) throw err;
+      if (!isStreamNotFound(err)) throw err;
     }
     if (!current) {
       await jsm.streams.add(want);

@@ -5,7 +5,6 @@
  * `set-pool|list-pools|delete-pool`: gateway pools' models (streams/pools.ts).
  */
 import { readFileSync } from "node:fs";
-import { JetStreamApiCodes, JetStreamApiError } from "@nats-io/jetstream";
 import { Kvm } from "@nats-io/kv";
 import type { Command } from "commander";
 import {
@@ -22,6 +21,7 @@ import {
 } from "../../schemas/config.js";
 import { applyStreams } from "../../streams/apply.js";
 import { configBucketName, streamName } from "../../streams/definitions.js";
+import { isStreamNotFound } from "../../streams/errors.js";
 import { namespaceOf, poolNameError } from "../../streams/pools.js";
 import { decodeToken, encodeToken } from "../../streams/tokens.js";
 import { apiKeyBucketKey, generateApiKey, hashApiKey, hashOfBucketKey, resolveHashPrefix, revokeTarget, SHOWN_HASH_PREFIX } from "../gateway/auth.js";
@@ -194,7 +194,7 @@ export function registerConfigCommand(program: Command): void {
             (i) => i.config.num_replicas,
             (err: unknown) => {
               // Only a pool without streams starts at 1; a failed lookup must not shrink a clustered pool.
-              if (err instanceof JetStreamApiError && err.code === JetStreamApiCodes.StreamNotFound) return 1;
+              if (isStreamNotFound(err)) return 1;
               throw err;
             },
           ));

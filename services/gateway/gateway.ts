@@ -6,10 +6,10 @@ import { readFileSync } from "node:fs";
 import os from "node:os";
 import { randomBytes } from "node:crypto";
 import * as grpc from "@grpc/grpc-js";
-import { JetStreamApiCodes, JetStreamApiError } from "@nats-io/jetstream";
 import { HealthImplementation } from "grpc-health-check";
 import type { EventType } from "../../schemas/events.js";
 import { configBucketName, streamName } from "../../streams/definitions.js";
+import { isStreamNotFound } from "../../streams/errors.js";
 import { namespaceOf } from "../../streams/pools.js";
 import { Subjects } from "../../streams/subjects.js";
 import { EXT_PROC_SERVER_OPTIONS, EXT_PROC_SERVICE_NAME, loadExtProc } from "../extproc/protos.js";
@@ -274,7 +274,7 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
   const usageStream = streamName(ns.configPrefix, "USAGE");
   const ownUsageSubjects = baseSubjects.usageOf(ns.pool);
   const notFound = (err: unknown) => {
-    if (err instanceof JetStreamApiError && err.code === JetStreamApiCodes.StreamNotFound) return false;
+    if (isStreamNotFound(err)) return false;
     throw err;
   };
   if (await nats.jsm.streams.info(usageStream).then(() => true, notFound)) {

@@ -11,11 +11,11 @@
  * every pod (as before pools existed); an entry that stops validating keeps its previous models;
  * only a bucket or entry confirmed absent empties a pool (its watcher then removes its pods).
  */
-import { JetStreamApiCodes, JetStreamApiError } from "@nats-io/jetstream";
 import { Kvm } from "@nats-io/kv";
 import type { NatsConnection } from "@nats-io/transport-node";
 import { POOL_KEY_PREFIX, readPoolConfig } from "../../schemas/config.js";
 import { configBucketName } from "../../streams/definitions.js";
+import { isStreamNotFound } from "../../streams/errors.js";
 import { poolNameError } from "../../streams/pools.js";
 import type { Logger } from "../shared/log.js";
 import { PoolMap } from "../views/pool-map.js";
@@ -50,8 +50,6 @@ export interface PoolFollowHandle {
   stop(): void;
 }
 
-/** The bucket's stream does not exist (never created): no pools. Any other error is a failed read. */
-const isNotFound = (err: unknown) => err instanceof JetStreamApiError && err.code === JetStreamApiCodes.StreamNotFound;
 
 export function followPools(o: PoolFollowOptions): PoolFollowHandle {
   let stopped = false;
@@ -84,7 +82,7 @@ export function followPools(o: PoolFollowOptions): PoolFollowHandle {
       }
     } catch (err) {
       // No bucket at all (streams never applied): there are no pools. Anything else is a failed read.
-      if (!isNotFound(err)) throw err;
+      if (!isStreamNotFound(err)) throw err;
       seen.clear();
     }
     for (const pool of [...valid.keys()]) if (!seen.has(pool)) valid.delete(pool);
