@@ -70,7 +70,11 @@ async function openConfigBucket({ nc, jsm }: Nats, prefix: string): Promise<Buck
   // Kvm.open would fail later with a bare "stream not found"; ask for the bucket's stream first.
   const exists = await jsm.streams.info(`KV_${name}`).then(
     () => true,
-    () => false,
+    (err: unknown) => {
+      // Only a missing bucket reads as missing; a timeout or a refused call is reported as itself.
+      if (isStreamNotFound(err)) return false;
+      throw err;
+    },
   );
   return exists ? new Kvm(nc).open(name) : undefined;
 }
