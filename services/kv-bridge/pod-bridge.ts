@@ -161,16 +161,6 @@ export function epochName(seq: number, tsMs: number): string {
 
 export class PodBridge {
   private readonly link: EngineLink;
-
-  /** See EngineLink.connected. */
-  get connected(): boolean {
-    return this.link.connected;
-  }
-
-  /** Batches (and clears) taken from the engine but not yet acknowledged by the KV stream. */
-  get unacked(): number {
-    return this.publisher.unacked;
-  }
   private readonly publisher: OrderedPublisher;
   private readonly map: BlockMap;
   private readonly subject: string;
@@ -231,6 +221,16 @@ export class PodBridge {
    */
   get settled(): boolean {
     return this.link.connected && this.joinsArmed > 0 && this.joinsDone === this.joinsArmed;
+  }
+
+  /** See EngineLink.connected. */
+  get connected(): boolean {
+    return this.link.connected;
+  }
+
+  /** Batches (and clears) taken from the engine but not yet acknowledged by the KV stream. */
+  get unacked(): number {
+    return this.publisher.unacked;
   }
 
   private armJoin(join: number, delayMs: number): void {
@@ -303,18 +303,13 @@ export class PodBridge {
       if (!item) return;
       if (item.kind === "probe" && item.join !== undefined) {
         const join = item.join;
-        let ran = false;
-        await this.guard(async () => {
-          ran = await this.probe();
-        });
+        const ran = (await this.guard(() => this.probe())) === true;
         // A replay that could not run (cooling down after a failure, timed out) is tried again.
         if (ran) this.joinsDone = Math.max(this.joinsDone, join);
         else if (join === this.joinsArmed && !this.closed) this.armJoin(join, JOIN_RETRY_MS);
       } else if (item.kind === "probe") {
         this.probeQueued = false;
-        await this.guard(async () => {
-          await this.probe();
-        });
+        await this.guard(() => this.probe());
       } else {
         await this.guard(() => this.onLive(item.frames));
       }
@@ -322,9 +317,9 @@ export class PodBridge {
   }
 
   /** A bug in one message's handling must not stop the pod's worker. */
-  private async guard(fn: () => Promise<void>): Promise<void> {
+  private async guard<T>(fn: () => Promise<T>): Promise<T | undefined> {
     try {
-      await fn();
+      return await fn();
     } catch (err) {
       if (this.closed) return;
       this.o.stats.internalErrors++;
@@ -340,9 +335,15 @@ export class PodBridge {
       this.state = "live";
       return; // the first live batch resolves the epoch
     }
+    await this.syncFromStart();
+    this.state = "live";
+  }
+
+  /** Nothing seen yet: whatever the engine's buffer holds is new. False when the replay could not run. */
+  private async syncFromStart(): Promise<boolean> {
     const r = await this.replay(0);
     if (r) await this.resolve(r, this.prev, "gap-unrepairable");
-    this.state = "live";
+    return r !== undefined;
   }
 
   private async onLive(frames: Buffer[]): Promise<void> {
@@ -378,18 +379,14 @@ export class PodBridge {
     await this.anomaly(raw, c.anchorSeq);
   }
 
-  /** After a SUB reconnect: anything missed (or a restart) shows up in a replay from the anchor. */
-  /** False when the replay could not run (the caller may try again). */
+  /**
+   * After a SUB reconnect or join: anything missed (or a restart) shows up in a replay from the
+   * anchor. False when the replay could not run (the caller may try again).
+   */
   private async probe(): Promise<boolean> {
     const c = this.cursor;
     if (!this.link.hasReplay) return true;
-    if (!c) {
-      // Nothing seen yet: whatever the engine holds is new (as at start).
-      const r = await this.replay(0);
-      if (r && r.length > 0) await this.resolve(r, this.prev, "gap-unrepairable");
-      return r !== undefined;
-    }
-    return await this.anomaly(undefined, c.anchorSeq);
+    return c ? await this.anomaly(undefined, c.anchorSeq) : await this.syncFromStart();
   }
 
   /** False when the replay could not run. */
