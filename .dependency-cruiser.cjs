@@ -1,7 +1,9 @@
 /**
  * Dependency direction, checked in `npm test`:
- *   schemas <- streams <- services/shared <- services/*
- * Pure cores (views, strategies) import no I/O; publishers never import the gateway.
+ *   schemas <- streams <- services/views <- services/routing <- shells (gateway, replay, ...)
+ *   schemas <- streams <- services/shared <- shells
+ * Pure cores (views, the routing core) import no I/O; views import nothing above them; the
+ * routing core imports no shell; publishers and replay never import the gateway.
  */
 const IO =
   "^(node:)?(http|https|http2|net|dgram|fs|child_process)$|(^|node_modules/)(@nats-io|@grpc|grpc-health-check|zeromq|pino|undici|prom-client)/|^services/shared/(log|nats|follower|publish|dead-letter)";
@@ -10,17 +12,31 @@ module.exports = {
   forbidden: [
     {
       name: "pure-core-no-io",
-      comment: "Views and strategies are pure: no NATS, gRPC, HTTP, file system or logger.",
+      comment: "Views and the routing core are pure: no NATS, gRPC, HTTP, file system or logger.",
       severity: "error",
-      from: { path: "^services/(views|gateway/strategies|gateway/stages|tokenizer)/|^services/replay/(engine|whatif|virtual-clock|window|report-types)\\.ts$" },
+      from: { path: "^services/(views|routing|tokenizer)/|^services/replay/(engine|whatif|virtual-clock|window|report-types)\\.ts$" },
       to: { path: IO },
     },
     {
-      name: "pure-core-no-shells",
-      comment: "Views and strategies do not reach into the shells that feed them.",
+      name: "views-are-the-bottom-of-services",
+      comment: "Views import schemas, streams' pure helpers and each other: nothing above them (a check they need is injected).",
       severity: "error",
-      from: { path: "^services/(views|gateway/strategies)/" },
-      to: { path: "^services/(gateway/(?!strategies/)|extproc|front|sim|pod-watcher|metrics-scraper|shared)" },
+      from: { path: "^services/views/", pathNot: "\\.test\\.ts$" },
+      to: { path: "^services/(?!views/)" },
+    },
+    {
+      name: "routing-core-no-shells",
+      comment: "The routing core (services/routing/) reads views and pure helpers; shells call it, never the other way.",
+      severity: "error",
+      from: { path: "^services/routing/" },
+      to: { path: "^services/(gateway|extproc|front|sim|pod-watcher|metrics-scraper|kv-bridge|replay|admin|demo|kube-standin|shared/(?!seeded-random|min-heap))/" },
+    },
+    {
+      name: "replay-never-imports-the-gateway",
+      comment: "Replay re-decides with the routing core itself, not with the gateway shell.",
+      severity: "error",
+      from: { path: "^services/replay/" },
+      to: { path: "^services/gateway/" },
     },
     {
       name: "schemas-are-the-bottom",

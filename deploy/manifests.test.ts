@@ -381,7 +381,7 @@ describe("jetroute command lines", () => {
   it("the default routing strategy is one the gateway registers", () => {
     const strategy = invocationOf("gateway").flags.get("--strategy");
     expect(typeof strategy).toBe("string");
-    const dir = path.join(ROOT, "services/gateway/strategies");
+    const dir = path.join(ROOT, "services/routing/strategies");
     const names = readdirSync(dir)
       .filter((f) => f.endsWith(".ts") && !f.endsWith(".test.ts"))
       .flatMap((f) => [...readFileSync(path.join(dir, f), "utf8").matchAll(/^\s*name:\s*"([^"]+)"/gm)].map((m) => m[1]));

@@ -9,7 +9,7 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { GatewayHeartbeat } from "../schemas/events.js";
 import { heartbeatOf } from "../services/gateway/heartbeat.js";
-import type { RoutedRequest } from "../services/gateway/request.js";
+import type { RoutedRequest } from "../services/routing/request.js";
 import { StreamFollower } from "../services/shared/follower.js";
 import { connectNats, type NatsHandles } from "../services/shared/nats.js";
 import { type NatsServerHandle, startNatsServer } from "../services/shared/nats-server.js";

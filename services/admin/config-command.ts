@@ -25,7 +25,7 @@ import { isStreamNotFound } from "../../streams/errors.js";
 import { namespaceOf, poolNameError } from "../../streams/pools.js";
 import { decodeToken, encodeToken } from "../../streams/tokens.js";
 import { apiKeyBucketKey, generateApiKey, hashApiKey, hashOfBucketKey, resolveHashPrefix, revokeTarget, SHOWN_HASH_PREFIX } from "../gateway/auth.js";
-import { validateModelConfig } from "../gateway/strategies/config-check.js";
+import { validateModelConfig } from "../routing/config-check.js";
 import { intOption, modelListOption, natsOption } from "../shared/cli-options.js";
 import { connectNats } from "../shared/nats.js";
 

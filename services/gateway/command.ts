@@ -3,7 +3,7 @@ import { intOption, modelListOption, natsOption, poolOption, untilSignal } from 
 import { createLogger } from "../shared/log.js";
 import { DEFAULT_RELEASE_BATCH_MS } from "../shared/publish.js";
 import { startGateway } from "./gateway.js";
-import { strategyNames } from "./strategies/registry.js";
+import { strategyNames } from "../routing/strategies/registry.js";
 import { TokenizerFilesError } from "../tokenizer/hf-tokenizer.js";
 import type { TokenizerSetting } from "../tokenizer/prompt-tokens.js";
 import type { AuthMode } from "./auth.js";

@@ -15,10 +15,10 @@
  */
 import type * as grpc from "@grpc/grpc-js";
 import { type AuthFailureReason, type AuthResult, authFailureMessage } from "./auth.js";
-import { openAIError, RouteError, routeErrorBody } from "./errors.js";
-import type { FinishInfo, RoutedRequest, RouteInput } from "./director.js";
+import { openAIError, RouteError, routeErrorBody } from "../routing/errors.js";
+import type { FinishInfo, RoutedRequest, RouteInput } from "../routing/director.js";
 import type { ReleaseOutcome } from "../../schemas/events.js";
-import { ROUTED_PATHS } from "./request-body.js";
+import { ROUTED_PATHS } from "../routing/request-body.js";
 import { ResponseTracker } from "./response-tracker.js";
 import { normaliseUpstreamError } from "./upstream-error.js";
 import type { HeaderMutation, HeaderValueOption, ProcessingRequest, ProcessingResponse, ProtoStruct } from "../extproc/types.js";

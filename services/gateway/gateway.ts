@@ -24,8 +24,8 @@ import { DEFAULT_POD_SOURCE_TIMEOUT_MS } from "../views/pod-set.js";
 import type { PrefixIndex } from "../views/prefix-index.js";
 import type { TokenizerSetting } from "../tokenizer/prompt-tokens.js";
 import { type AdminServer, adminAuthorizer, startAdminServer } from "./admin-server.js";
-import { Director, type EventSink, type GatewayViews } from "./director.js";
-import { explain } from "./explain.js";
+import { Director, type EventSink, type GatewayViews } from "../routing/director.js";
+import { explain } from "../routing/explain.js";
 import { createExtProcHandler, DEFAULT_PD_WATCHDOG } from "./extproc-server.js";
 import { PdHttpClient } from "./pd-client.js";
 import { GatewayMetrics } from "./metrics.js";
@@ -35,11 +35,12 @@ import type { ApiKeyView, AuthMode } from "./auth.js";
 import { createPrefixSupport } from "./prefix-support.js";
 import { heartbeatOf } from "./heartbeat.js";
 import { ServerClock } from "./server-clock.js";
-import { configureSessionSigning } from "./strategies/session-affinity.js";
+import { configureSessionSigning } from "../routing/strategies/session-affinity.js";
 import { Tokenizer } from "./tokenization.js";
 import { StrictCommitter } from "./strict-commit.js";
 import { SubjectCursors } from "./subject-cursor.js";
 import { UsageSummaries } from "./usage-summary.js";
+import { validateModelConfig } from "../routing/config-check.js";
 
 export interface GatewayOptions {
   nats: string | string[];
@@ -216,6 +217,7 @@ export async function startGateway(o: GatewayOptions): Promise<GatewayHandle> {
     rateConfirmMs: o.rateConfirmMs,
     podSourceTimeoutMs: o.podSourceTimeoutMs ?? DEFAULT_POD_SOURCE_TIMEOUT_MS,
     prefixIndex: { maxEntries: o.prefixMaxEntries ?? 4_000_000 },
+    checkModelConfig: validateModelConfig,
   });
   const views: GatewayViews = state;
   // A snapshot (snapshots.ts) holds the index as of a KV stream sequence: the KV follower starts

@@ -1,7 +1,7 @@
 import { describe, expect, it } from "vitest";
 import type { GatewayHeartbeat } from "../../schemas/events.js";
 import { checkEvent } from "../../schemas/validate.js";
-import type { RoutedRequest } from "./request.js";
+import type { RoutedRequest } from "../routing/request.js";
 import { heartbeatOf, outstandingBytes } from "./heartbeat.js";
 
 const routed = (i: number, decoding = false): RoutedRequest =>

@@ -5,7 +5,7 @@
  */
 import client from "prom-client";
 import type { DecisionRecord } from "../../schemas/events.js";
-import { strategyNames } from "./strategies/registry.js";
+import { strategyNames } from "../routing/strategies/registry.js";
 
 export interface GatewayMetricsSources {
   followers: () => Array<{ view: string; lastSeq: number; applied: number; invalid: number; reopens: number; pending: number; delayMs: number }>;

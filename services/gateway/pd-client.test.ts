@@ -4,7 +4,7 @@ import type { AddressInfo } from "node:net";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { freePort } from "../shared/nats-server.js";
 import { PdHttpClient } from "./pd-client.js";
-import { LegError } from "./stages/pd-legs.js";
+import { LegError } from "../routing/stages/pd-legs.js";
 
 describe("pd-client - one POST per leg", () => {
   let server: http.Server;

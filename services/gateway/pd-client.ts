@@ -5,7 +5,7 @@
  * Failures become `LegError`s the legs stage decides on (stages/pd-bodies.ts `retryPrefill`).
  */
 import { Agent, errors } from "undici";
-import { LegError, type LegAnswer, type LegClient } from "./stages/pd-legs.js";
+import { LegError, type LegAnswer, type LegClient } from "../routing/stages/pd-legs.js";
 
 export interface PdClientOptions {
   /** Largest answer read (a prefill answer is one token plus the transfer params). */

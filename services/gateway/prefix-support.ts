@@ -9,9 +9,9 @@ import type { Outbox } from "../shared/publish.js";
 import { chainSeed, hashToHex, promptBlockHashes } from "../views/block-hash.js";
 import type { GatewayState } from "../views/gateway-state.js";
 import type { PodInfo } from "../views/pod-set.js";
-import type { PrefixSupport, PromptBlocks } from "./director.js";
-import { matchPrefix } from "./stages/prefix-match.js";
-import type { PrefixMatchResult } from "./stages/scheduling.js";
+import type { PrefixSupport, PromptBlocks } from "../routing/director.js";
+import { matchPrefix } from "../routing/stages/prefix-match.js";
+import type { PrefixMatchResult } from "../routing/stages/scheduling.js";
 import type { Tokenizer } from "./tokenization.js";
 
 export interface PrefixSupportOptions {

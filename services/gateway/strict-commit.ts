@@ -11,8 +11,8 @@
 import { JetStreamApiCodes, JetStreamApiError, type JetStreamClient } from "@nats-io/jetstream";
 import type { Subjects } from "../../streams/subjects.js";
 import { encodeEvent } from "../shared/publish.js";
-import type { Director, Prepared, RoutedRequest, RouteInput } from "./director.js";
-import type { Committer } from "./stages/commit.js";
+import type { Director, Prepared, RoutedRequest, RouteInput } from "../routing/director.js";
+import type { Committer } from "../routing/stages/commit.js";
 
 export interface SubjectCursor {
   /** Last stream sequence this replica applied on `subject` (0 = none). */

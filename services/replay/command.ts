@@ -11,7 +11,7 @@ import { namespaceOf } from "../../streams/pools.js";
 import { DEFAULT_POD_SOURCE_TIMEOUT_MS } from "../views/pod-set.js";
 import { intOption, natsOption, poolOption } from "../shared/cli-options.js";
 import { connectNats, type NatsHandles } from "../shared/nats.js";
-import { parseStrategy } from "../gateway/strategies/registry.js";
+import { parseStrategy } from "../routing/strategies/registry.js";
 import { ReplayEngine } from "./engine.js";
 import { writeReportHtml } from "./report-html.js";
 import type { ReplayReport } from "./report-types.js";

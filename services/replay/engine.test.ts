@@ -6,7 +6,7 @@
  */
 import { describe, expect, it } from "vitest";
 import type { DecisionRecord } from "../../schemas/events.js";
-import { StrategySpecError } from "../gateway/strategies/registry.js";
+import { StrategySpecError } from "../routing/strategies/registry.js";
 import { ReplayEngine, type ReplayMessage } from "./engine.js";
 import { MODEL, outOfOrder, podEvent, type Recording, replacing, replay, synthRecording, T0, without } from "./testing.js";
 

@@ -31,13 +31,14 @@ import { decodeBlockHashes } from "../views/packed-hashes.js";
 import type { LoadReader, PodLoad } from "../views/load-view.js";
 import type { PodInfo, PodSetReader } from "../views/pod-set.js";
 import type { UsageReader } from "../views/usage-view.js";
-import { RouteError } from "../gateway/errors.js";
-import { matchPrefix } from "../gateway/stages/prefix-match.js";
-import { decisionRandom, type PrefixMatchResult, type SchedulingInput, schedule } from "../gateway/stages/scheduling.js";
-import { parseStrategy } from "../gateway/strategies/registry.js";
-import type { RoutingRequest, Strategy } from "../gateway/strategies/types.js";
+import { RouteError } from "../routing/errors.js";
+import { matchPrefix } from "../routing/stages/prefix-match.js";
+import { decisionRandom, type PrefixMatchResult, type SchedulingInput, schedule } from "../routing/stages/scheduling.js";
+import { parseStrategy } from "../routing/strategies/registry.js";
+import type { RoutingRequest, Strategy } from "../routing/strategies/types.js";
 import type { RegretEntry, ReplayReport, StrategySummary, TimelinePoint } from "./report-types.js";
 import { type TraceRequest, ttftHistogram } from "./whatif.js";
+import { validateModelConfig } from "../routing/config-check.js";
 
 export type ReplayStream = StateStream | "decisions";
 
@@ -245,7 +246,7 @@ export class ReplayEngine {
 
   constructor(opts: ReplayOptions) {
     this.o = { reorderMs: 60_000, lostDecisionMs: 2_000, timelineBuckets: 60, topRegrets: 20, ...opts };
-    this.base = new GatewayState({ ...opts.state });
+    this.base = new GatewayState({ checkModelConfig: validateModelConfig, ...opts.state });
     const names = ["recorded", ...opts.strategies];
     this.arms = names.map((name, i) => ({
       name,

@@ -12,15 +12,16 @@
 import { MinHeap } from "../shared/min-heap.js";
 import { type ChargeEvent, DECISION_RECORD_VERSION, type DecisionRecord, type EngineLoadFields, type EventType, type GatewayHeartbeat, type LoadSample, type PodEvent, type ReleaseEvent } from "../../schemas/events.js";
 import { checkEvent } from "../../schemas/validate.js";
-import { RouteError } from "../gateway/errors.js";
-import { decisionRandom, schedule } from "../gateway/stages/scheduling.js";
-import { parseStrategy } from "../gateway/strategies/registry.js";
-import type { RoutingRequest } from "../gateway/strategies/types.js";
+import { RouteError } from "../routing/errors.js";
+import { decisionRandom, schedule } from "../routing/stages/scheduling.js";
+import { parseStrategy } from "../routing/strategies/registry.js";
+import type { RoutingRequest } from "../routing/strategies/types.js";
 import { GatewayState, type StateEvent, type StateStream } from "../views/gateway-state.js";
 import { type ReplayMessage, type ReplayOptions, type ReplayStream, ReplayEngine } from "./engine.js";
-import { sample } from "../gateway/strategies/testing.js";
+import { sample } from "../routing/strategies/testing.js";
 import { mulberry32 } from "../shared/seeded-random.js";
 import type { ReplayReport } from "./report-types.js";
+import { validateModelConfig } from "../routing/config-check.js";
 
 export const MODEL = "org/model";
 export const T0 = 1_700_000_000_000;
@@ -242,7 +243,7 @@ export function synthRecording(o: SynthOptions): Recording {
 
   const sims = new Map<string, SimGateway>();
   gateways.forEach((g, i) => {
-    sims.set(g, { id: g, state: new GatewayState({ self: g, podSourceTimeoutMs: o.podSourceTimeoutMs ?? 0 }), lag: o.lagMs?.[g] ?? (i === 0 ? 0 : 3), next: 0, chargeSeq: 0, inFlight: new Map() });
+    sims.set(g, { id: g, state: new GatewayState({ self: g, checkModelConfig: validateModelConfig, podSourceTimeoutMs: o.podSourceTimeoutMs ?? 0 }), lag: o.lagMs?.[g] ?? (i === 0 ? 0 : 3), next: 0, chargeSeq: 0, inFlight: new Map() });
   });
   /** The gateway's followers: everything published up to `now - lag`, in order, through the fold (invalid messages only move the cursor). */
   const deliver = (g: SimGateway) => {

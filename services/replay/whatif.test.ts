@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { StrategySpecError, strategyNames } from "../gateway/strategies/registry.js";
+import { StrategySpecError, strategyNames } from "../routing/strategies/registry.js";
 import { mulberry32 } from "../shared/seeded-random.js";
 import { FLEET_DEFAULTS } from "../sim/options.js";
 import { chainSeed, hashToHex, promptBlockHashes } from "../views/block-hash.js";

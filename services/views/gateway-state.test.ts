@@ -2,6 +2,7 @@ import { describe, expect, it } from "vitest";
 import type { ChargeEvent, KvBatch, KvRouted, ReleaseEvent } from "../../schemas/events.js";
 import { hashToHex } from "./block-hash.js";
 import { type EventMeta, GatewayState, type StateEvent } from "./gateway-state.js";
+import { validateModelConfig } from "../routing/config-check.js";
 
 /** A tiny LCG: reproducible histories without reaching into the shells' helpers. */
 function lcg(seed: number): () => number {
@@ -125,7 +126,7 @@ describe("GatewayState - one fold", () => {
   });
 
   it("config entries: a bad model config keeps the previous one, a bad API key record removes the key, stale revisions are ignored", () => {
-    const s = new GatewayState();
+    const s = new GatewayState({ checkModelConfig: validateModelConfig });
     const at = (seq: number): EventMeta => ({ stream: "config", subject: "k", seq, serverTs: T0 });
     s.apply({ type: "config-entry", key: "model.m", operation: "PUT", value: { lockedRoutingStrategy: "random" } }, at(1));
     const bad = s.apply({ type: "config-entry", key: "model.m", operation: "PUT", value: { lockedRoutingStrategy: 5 } }, at(2));

@@ -22,6 +22,7 @@ import {
   type ApiKeyRecord,
   MODEL_CONFIG_KEY_PREFIX,
   type ModelConfig,
+  modelConfigError,
   POOL_KEY_PREFIX,
   type PoolConfig,
   poolConfigError,
@@ -32,7 +33,6 @@ import {
 import type { ChargeEvent, GatewayHeartbeat, KvBatch, KvPodCleared, KvRouted, LoadSample, PodEvent, PodSourceHeartbeat, ReleaseBatch, ReleaseEvent, ReleaseItem, UsageSummary } from "../../schemas/events.js";
 import { poolNameError } from "../../streams/pools.js";
 import { decodeToken } from "../../streams/tokens.js";
-import { validateModelConfig } from "../gateway/strategies/config-check.js";
 import { ApiKeyView, hashOfBucketKey, SHOWN_HASH_PREFIX } from "./api-keys.js";
 import { ChargeLedger } from "./charge-ledger.js";
 import { LoadView } from "./load-view.js";
@@ -97,6 +97,12 @@ export interface GatewayStateOptions {
   pool?: string;
   /** Bounds on the other namespaces' usage summaries held (services/views/rate-view.ts). */
   foreignUsage?: ForeignUsageBounds;
+  /**
+   * A model config checked beyond its schema: the routing core's `validateModelConfig`
+   * (services/routing/config-check.ts: every strategy it names must parse), injected because the
+   * views sit below the routing core. Absent = the schema alone.
+   */
+  checkModelConfig?: (value: unknown) => string | undefined;
 }
 
 /** How an own charge is remembered for the rate limits' burst guard (only where a limit applies). */
@@ -132,6 +138,7 @@ export class GatewayState {
   /** Config entries refused by validation. */
   configRejected = 0;
   readonly podSourceTimeoutMs: number;
+  private readonly checkModelConfig: (value: unknown) => string | undefined;
   private readonly configRevisions = new Map<string, number>();
 
   constructor(o: GatewayStateOptions = {}) {
@@ -139,6 +146,7 @@ export class GatewayState {
     this.pool = o.pool;
     this.shareCharges = o.shareCharges ?? true;
     this.podSourceTimeoutMs = o.podSourceTimeoutMs ?? 0;
+    this.checkModelConfig = o.checkModelConfig ?? modelConfigError;
     this.load = new LoadView(o.loadStaleAfterMs ?? 2_000);
     this.ledger = new ChargeLedger({ self: o.self, heartbeatTimeoutMs: o.heartbeatTimeoutMs, maxCharges: o.maxCharges });
     this.rates = new RateView(100_000, o.rateConfirmMs ?? 25, o.foreignUsage);
@@ -326,7 +334,7 @@ export class GatewayState {
       this.configs.set(model, undefined);
       return info("model config removed", { model, revision });
     }
-    const err = invalid(validateModelConfig);
+    const err = invalid(this.checkModelConfig);
     if (err) return reject("error", "invalid model config ignored; the previous one stays", { model, revision, err });
     this.configs.set(model, e.value as ModelConfig);
     return info("model config applied", { model, revision });
@@ -409,6 +417,7 @@ export class GatewayState {
       pool: this.pool,
       shareCharges: this.shareCharges,
       podSourceTimeoutMs: this.podSourceTimeoutMs,
+      checkModelConfig: this.checkModelConfig,
       pods: copy(this.pods),
       load: copy(this.load),
       ledger: Object.assign(copy(this.ledger), { self }),

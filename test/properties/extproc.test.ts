@@ -16,7 +16,7 @@ import { ExtProcClient, type PhaseResult } from "../../services/extproc/envoy-cl
 import type { GatewayHandle } from "../../services/gateway/gateway.js";
 import { Kvm } from "@nats-io/kv";
 import { configBucketName } from "../../streams/definitions.js";
-import { cachedSpecCount, strategyNames } from "../../services/gateway/strategies/registry.js";
+import { cachedSpecCount, strategyNames } from "../../services/routing/strategies/registry.js";
 import { MODEL, startTestEnv, type TestEnv, waitFor } from "../harness/env.js";
 
 const SOAK = process.env.JETROUTE_SOAK;

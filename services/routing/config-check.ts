@@ -4,8 +4,8 @@
  * written around the CLI (keeping the previous config): a bad entry must never turn every request
  * for the model into an error.
  */
-import { type ModelConfig, modelConfigError, type Profile } from "../../../schemas/config.js";
-import { parseStrategy, strategyParamsError } from "./registry.js";
+import { type ModelConfig, modelConfigError, type Profile } from "../../schemas/config.js";
+import { parseStrategy, strategyParamsError } from "./strategies/registry.js";
 
 export function validateModelConfig(value: unknown): string | undefined {
   const err = modelConfigError(value);
