@@ -5,7 +5,7 @@
  */
 import client from "prom-client";
 import type { DecisionRecord } from "../../schemas/events.js";
-import { strategyNames } from "../routing/strategies/registry.js";
+import { strategyLabel } from "../routing/strategies/registry.js";
 
 export interface GatewayMetricsSources {
   followers: () => Array<{ view: string; lastSeq: number; applied: number; invalid: number; reopens: number; pending: number; delayMs: number }>;
@@ -26,17 +26,6 @@ export interface GatewayMetricsSources {
   podSources?: () => ReadonlyArray<{ silent: boolean }>;
   /** Usage summaries across pools (services/gateway/usage-summary.ts, services/views/rate-view.ts). */
   usage?: () => { foreignGateways: number; foreignEntries: number; foreignEvicted: number; sent: number; truncatedUsers: number };
-}
-
-const BASE_STRATEGIES = new Set(strategyNames());
-
-/**
- * A bounded label for a strategy: a built-in name as it is; any weighted combination (a client
- * can send arbitrarily many different weights) as `combination`; anything else as `invalid`.
- */
-export function strategyLabel(spec: string): string {
-  if (BASE_STRATEGIES.has(spec)) return spec;
-  return spec.includes(",") && spec.length <= 512 && spec.split(",").every((p) => BASE_STRATEGIES.has(p.split(":")[0]?.trim() ?? "")) ? "combination" : "invalid";
 }
 
 export class GatewayMetrics {

@@ -34,7 +34,7 @@ import type { UsageReader } from "../views/usage-view.js";
 import { RouteError } from "../routing/errors.js";
 import { matchPrefix } from "../routing/stages/prefix-match.js";
 import { decisionRandom, type PrefixMatchResult, type SchedulingInput, schedule } from "../routing/stages/scheduling.js";
-import { parseStrategy } from "../routing/strategies/registry.js";
+import { parseStrategy, strategyTraits } from "../routing/strategies/registry.js";
 import type { RoutingRequest, Strategy } from "../routing/strategies/types.js";
 import type { RegretEntry, ReplayReport, StrategySummary, TimelinePoint } from "./report-types.js";
 import { type TraceRequest, ttftHistogram } from "./whatif.js";
@@ -811,10 +811,9 @@ export class ReplayEngine {
     if (d.consistency === "strict") return "strict-mode race";
     if (d.consistency === "off") return "consistency off";
     if (ahead) return "view moved on (late decision)";
-    if (d.blocks && d.strategy.includes("prefix-cache") && d.blocks.total > (safeDecode(d.blocks.hashes)?.length ?? 0)) return "prompt blocks truncated in the record";
-    if (d.strategy.includes("vtc-basic")) return "vtc-basic usage bounds (time-cached)";
-    if (d.strategy.includes("token-load") || d.strategy.includes("throughput")) return "first-token timing";
-    return "unexplained";
+    const traits = strategyTraits(d.strategy);
+    if (d.blocks && traits.prefixMatch && d.blocks.total > (safeDecode(d.blocks.hashes)?.length ?? 0)) return "prompt blocks truncated in the record";
+    return traits.replayResidual ?? "unexplained";
   }
 
   private chargeArm(i: number, arm: Arm, d: DecisionRecord, pod: string): void {

@@ -29,7 +29,7 @@ import { type Committer, EventualCommitter } from "./stages/commit.js";
 import { decisionRandom, type PrefixMatchResult, type Rank, schedule } from "./stages/scheduling.js";
 import { type LegClient, type PdLegOptions, PdLegs } from "./stages/pd-legs.js";
 import type { PdRouted } from "./request.js";
-import { DEFAULT_ROLESET } from "./strategies/pd.js";
+import { DEFAULT_ROLESET, type PdPlan, pdPlanOf } from "./strategies/pd.js";
 import { refuseBatch } from "./stages/pd-bodies.js";
 
 export type { PrefixMatchResult } from "./stages/scheduling.js";
@@ -260,8 +260,9 @@ export class Director {
     const cursors = { ...this.opts.state.cursors };
     const sel = this.select(input, prepared, undefined, true, chargeId);
     const { requestId, now, pick, prefixMatch } = sel;
+    const plan = pdPlanOf(pick);
     // Before anything is charged: a batch cannot be disaggregated.
-    if (pick.pd?.kind === "pd") refuseBatch(parsed.body);
+    if (plan?.kind === "pd") refuseBatch(parsed.body);
     const promptTokens = prepared.tokens?.length ?? parsed.promptTokens;
     const charge: ChargeEvent = {
       type: "charge",
@@ -274,7 +275,7 @@ export class Director {
       promptTokens,
       ...(parsed.maxTokens !== undefined ? { maxTokens: parsed.maxTokens } : {}),
       ...(user ? { user } : {}),
-      ...(pick.pd?.kind === "pd" ? { phase: "decode" as const } : {}),
+      ...(plan?.kind === "pd" ? { phase: "decode" as const } : {}),
     };
     // A strict-mode retry (`carry`) is the same request: counted once, by its first attempt.
     const countedAt = opts.carry?.countedAt ?? now;
@@ -324,9 +325,8 @@ export class Director {
       },
       finished: false,
     };
-    if (pick.pd) this.countPlan(pick.pd);
-    if (pick.pd?.kind === "pd") {
-      const plan = pick.pd;
+    if (plan) this.countPlan(plan);
+    if (plan?.kind === "pd") {
       const pd: PdRouted = { plan, prefillPod: plan.prefill, tried: new Set([plan.prefill.pod]), attempts: 0 };
       routed.pd = pd;
       if (!plan.skipPrefill) this.chargePrefill(routed, plan.prefill);
@@ -361,7 +361,7 @@ export class Director {
     const prepared = this.prepare(input);
     const commit = (p: Prepared) => {
       const r = this.committerFor(p).commit(input, p);
-      if (!p.strategy.pd) return r;
+      if (!p.strategy.traits?.disaggregated) return r;
       return r instanceof Promise ? r.then((x) => this.runLegs(x, input, p)) : this.runLegs(r, input, p);
     };
     return prepared instanceof Promise ? prepared.then(commit) : commit(prepared);
@@ -374,7 +374,7 @@ export class Director {
     return this.legs.run(r, input, p.parsed.body, input.headers[":path"]?.split("?")[0] || "/v1/chat/completions");
   }
 
-  private countPlan(plan: NonNullable<Pick["pd"]>): void {
+  private countPlan(plan: PdPlan): void {
     const st = this.pdStats;
     if (plan.kind === "combined") st.combined++;
     else if (plan.skipPrefill) st.skipped++;
@@ -461,7 +461,7 @@ export class Director {
 
   private committerFor(p: Prepared): Committer {
     // P/D charges two pods per request; strict mode's per-pod compare-and-set covers one.
-    return this.strict && !p.strategy.pd && this.opts.strictFor?.(p.parsed.model) ? this.strict : this.eventual;
+    return this.strict && !p.strategy.traits?.disaggregated && this.opts.strictFor?.(p.parsed.model) ? this.strict : this.eventual;
   }
 
   /** P/D: the decode watchdog fired; SGLang's decode engine is told to stop the request. */

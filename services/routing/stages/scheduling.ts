@@ -95,7 +95,7 @@ export function candidatesFor(pods: PodSetReader, model: string, subset?: readon
 }
 
 export function schedule(i: SchedulingInput): Scheduled {
-  const candidates = candidatesFor(i.views.pods, i.request.model, i.subset, i.strategy.pd !== undefined);
+  const candidates = candidatesFor(i.views.pods, i.request.model, i.subset, i.strategy.traits?.disaggregated === true);
   const prefixMatch = i.prefix?.(candidates);
   const tieOrder = i.rank ? tieOrderOf(i.rank.index, i.rank.count, (Math.floor(i.now / TIE_ROTATION_MS) * 0.6180339887498949) % 1) : undefined;
   const pick = pickOrRefuse(i.strategy, {

@@ -13,7 +13,7 @@
  * has a value).
  */
 import { inFlightScorer } from "./in-flight.js";
-import type { Better, Pick, RoutingContext, Scored, Scorer, Strategy } from "./types.js";
+import type { Better, Pick, RoutingContext, Scored, Scorer, Strategy, StrategyTraits } from "./types.js";
 import { pickBest } from "./types.js";
 
 export interface WeightedScorer {
@@ -25,8 +25,8 @@ export interface WeightedScorer {
 export const worstScore = (better: Better): number => (better === "lower" ? Number.MAX_VALUE : -Number.MAX_VALUE);
 
 /** The strategy that is a single scorer: "a combination of one". */
-export function scorerStrategy(scorer: Scorer): Strategy {
-  return { name: scorer.name, scorer, pick: (ctx) => pickByScorers(ctx, [{ scorer, weight: 1 }]) };
+export function scorerStrategy(scorer: Scorer, traits?: StrategyTraits): Strategy {
+  return { name: scorer.name, scorer, ...(traits ? { traits } : {}), pick: (ctx) => pickByScorers(ctx, [{ scorer, weight: 1 }]) };
 }
 
 export function combinationStrategy(name: string, parts: readonly WeightedScorer[]): Strategy {
@@ -90,3 +90,5 @@ export function withHeaders(ctx: RoutingContext, parts: readonly WeightedScorer[
   }
   return headers ? { ...pick, responseHeaders: headers } : pick;
 }
+
+

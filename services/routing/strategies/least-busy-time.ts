@@ -17,6 +17,7 @@
 import type { EngineLoadFields } from "../../../schemas/events.js";
 import { scorerStrategy } from "./combine.js";
 import type { Scorer } from "./types.js";
+import { fixedPlugin, type StrategyPlugin } from "./plugin.js";
 
 export function saturation(load: EngineLoadFields): number | undefined {
   const waiting = load.waiting ?? 0;
@@ -35,3 +36,5 @@ export const leastBusyTimeScorer: Scorer = {
 };
 
 export const leastBusyTimeStrategy = scorerStrategy(leastBusyTimeScorer);
+
+export const leastBusyTimePlugin: StrategyPlugin = fixedPlugin(leastBusyTimeStrategy);

@@ -11,6 +11,7 @@
  */
 import { scorerStrategy } from "./combine.js";
 import type { RoutingContext, Scorer } from "./types.js";
+import { fixedPlugin, type StrategyPlugin } from "./plugin.js";
 
 function kvUsage(ctx: RoutingContext): (number | undefined)[] {
   return ctx.pods.map((pod) => ctx.load.fresh(pod.model, pod.pod, ctx.now)?.kvCacheUsage ?? undefined);
@@ -21,3 +22,6 @@ export const leastGpuCacheScorer: Scorer = { name: "least-gpu-cache", better: "l
 
 export const leastKvCacheStrategy = scorerStrategy(leastKvCacheScorer);
 export const leastGpuCacheStrategy = scorerStrategy(leastGpuCacheScorer);
+
+export const leastKvCachePlugin: StrategyPlugin = fixedPlugin(leastKvCacheStrategy);
+export const leastGpuCachePlugin: StrategyPlugin = fixedPlugin(leastGpuCacheStrategy);

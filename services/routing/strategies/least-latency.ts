@@ -19,6 +19,7 @@ import type { EngineLoadFields } from "../../../schemas/events.js";
 import { scorerStrategy } from "./combine.js";
 import { backlog, estimateDecodeS, estimateTtftS, expectedGenerationTokens, type PodMeans, podMeans, withPeerDefaults } from "./metrics.js";
 import type { RoutingContext, Scorer } from "./types.js";
+import { fixedPlugin, type StrategyPlugin } from "./plugin.js";
 
 /** Estimated TTFT and decode time of this request on each candidate (seconds), shared with slo*. */
 export function latencyEstimates(ctx: RoutingContext): { ttftS?: number; decodeS?: number; load?: EngineLoadFields; means?: PodMeans }[] {
@@ -46,3 +47,5 @@ export const leastLatencyScorer: Scorer = {
 };
 
 export const leastLatencyStrategy = scorerStrategy(leastLatencyScorer);
+
+export const leastLatencyPlugin: StrategyPlugin = fixedPlugin(leastLatencyStrategy);

@@ -4,6 +4,9 @@
  */
 import { scorerStrategy } from "./combine.js";
 import { inFlightScorer } from "./in-flight.js";
+import { fixedPlugin, type StrategyPlugin } from "./plugin.js";
 
 export const leastRequestScorer = inFlightScorer;
 export const leastRequestStrategy = scorerStrategy(leastRequestScorer);
+
+export const leastRequestPlugin: StrategyPlugin = fixedPlugin(leastRequestStrategy);

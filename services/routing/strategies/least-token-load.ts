@@ -17,6 +17,7 @@
 import { tokenLoad } from "../../views/charge-ledger.js";
 import { scorerStrategy } from "./combine.js";
 import type { Scorer } from "./types.js";
+import { fixedPlugin, type StrategyPlugin } from "./plugin.js";
 
 export const leastTokenLoadScorer: Scorer = {
   name: "least-token-load",
@@ -29,4 +30,7 @@ export const leastTokenLoadScorer: Scorer = {
     }),
 };
 
-export const leastTokenLoadStrategy = scorerStrategy(leastTokenLoadScorer);
+/** Replay may not reproduce every pick: the score moves at first tokens, which peers see a heartbeat later. */
+export const leastTokenLoadStrategy = scorerStrategy(leastTokenLoadScorer, { replayResidual: "first-token timing" });
+
+export const leastTokenLoadPlugin: StrategyPlugin = fixedPlugin(leastTokenLoadStrategy);

@@ -2,7 +2,7 @@ import { describe, expect, it } from "vitest";
 import type { Outstanding } from "../../views/charge-ledger.js";
 import { LoadView } from "../../views/load-view.js";
 import type { PodInfo } from "../../views/pod-set.js";
-import { DEFAULT_PD_CONFIG, type PdConfig, type PdPlan, pdConfigOf, planPd, rolesetsOf } from "./pd.js";
+import { DEFAULT_PD_CONFIG, type PdConfig, type PdPlan, type PdStrategy, pdConfigOf, planPd, rolesetsOf } from "./pd.js";
 import { parseStrategy } from "./registry.js";
 import { NOW, pod } from "./testing.js";
 import type { PrefixMatchInfo } from "./types.js";
@@ -125,7 +125,8 @@ describe("pd - decider", () => {
 describe("pd - the strategy", () => {
   it("is registered, exclusive, and takes only its own parameters", () => {
     const s = parseStrategy("pd");
-    expect(s.pd).toEqual(DEFAULT_PD_CONFIG);
+    expect((s as PdStrategy).config).toEqual(DEFAULT_PD_CONFIG);
+    expect(s.traits).toMatchObject({ disaggregated: true, prefixMatch: true });
     expect(s.exclusive).toBe(true);
     expect(pdConfigOf({ minPromptTokens: 256 }).minPromptTokens).toBe(256);
     expect(() => pdConfigOf({ bogus: 1 })).toThrow(/no parameter "bogus"/);

@@ -21,22 +21,64 @@
  * - Decider (vLLM only): when the chosen decode pod already holds all but fewer than
  *   `skipPrefillBelowTokens` of the prompt, the prefill leg is skipped: decode computes the rest.
  */
+import type { EngineKind } from "../../../schemas/events.js";
 import type { PodInfo } from "../../views/pod-set.js";
 import { leastRequestStrategy } from "./least-request.js";
-import {
-  type CombinedReason,
-  NoCandidateError,
-  type PdConfig,
-  type PdPlan,
-  type Pick,
-  type Roleset,
-  type Rolesets,
-  type RoutingContext,
-  type Strategy,
-  type UnusableReason,
-} from "./types.js";
+import { checkParams, type StrategyPlugin } from "./plugin.js";
+import { NoCandidateError, type Pick, type RoutingContext, type Scored, type Strategy, type StrategyTraits } from "./types.js";
 
-export type { CombinedReason, PdConfig, PdPlan, Roleset, Rolesets, UnusableReason } from "./types.js";
+export interface PdConfig {
+  /** Prefill requests in flight, max - min over usable prefill pods, above which the least loaded wins. */
+  prefillImbalance: number;
+  /** The same for pending decode requests over decode pods. */
+  decodeImbalance: number;
+  /** Prompts shorter than this go to combined pods when there are any. */
+  minPromptTokens: number;
+  /** vLLM: skip the prefill leg when the decode pod misses fewer than this many prompt tokens (0: never). */
+  skipPrefillBelowTokens: number;
+}
+
+export type UnusableReason = "no-prefill" | "no-decode" | "mixed-engines";
+
+export interface Roleset {
+  readonly name: string;
+  readonly engine: EngineKind;
+  readonly prefill: readonly PodInfo[];
+  readonly decode: readonly PodInfo[];
+}
+
+export interface Rolesets {
+  readonly usable: readonly Roleset[];
+  readonly unusable: readonly { name: string; reason: UnusableReason }[];
+  /** Pods with role `combined` (the fallback). */
+  readonly combined: readonly PodInfo[];
+}
+
+export type CombinedReason = "no-usable-roleset" | "no-bucket" | "short-prompt";
+
+export type PdPlan =
+  | {
+      readonly kind: "pd";
+      readonly roleset: string;
+      readonly engine: EngineKind;
+      readonly prefill: PodInfo;
+      readonly decode: PodInfo;
+      /** The decider: decode computes the (small) uncached rest itself, no prefill leg. */
+      readonly skipPrefill: boolean;
+      /** Every usable roleset's score (its best prefill pod stands for it), for records and explain. */
+      readonly candidates: readonly Scored[];
+      readonly prefillCandidates: readonly Scored[];
+      readonly decodeCandidates: readonly Scored[];
+      readonly fastPath?: "prefill-imbalance" | "decode-imbalance";
+      readonly unusable: Rolesets["unusable"];
+    }
+  | { readonly kind: "combined"; readonly reason: CombinedReason; readonly combined: readonly PodInfo[]; readonly unusable: Rolesets["unusable"] };
+
+/** The two-leg plan of a pick by the `pd` strategy, or undefined for any other pick. */
+export function pdPlanOf(pick: Pick): PdPlan | undefined {
+  const plan = pick.plan as PdPlan | undefined;
+  return plan && (plan.kind === "pd" || plan.kind === "combined") ? plan : undefined;
+}
 
 export const PD_STRATEGY = "pd";
 export const DEFAULT_ROLESET = "default";
@@ -200,36 +242,58 @@ function lowest<T>(items: readonly T[], score: (x: T) => number, random: () => n
   return tied[Math.min(tied.length - 1, Math.floor(random() * tied.length))] as T;
 }
 
-/** Parses a profile's `strategyParams.pd`; throws a message naming the bad parameter. */
-export function pdConfigOf(params: Readonly<Record<string, number | string | boolean>> | undefined): PdConfig {
-  const out: PdConfig = { ...DEFAULT_PD_CONFIG };
-  for (const [k, v] of Object.entries(params ?? {})) {
-    if (!(k in out)) throw new Error(`pd has no parameter ${JSON.stringify(k)} (it takes ${Object.keys(DEFAULT_PD_CONFIG).join(", ")})`);
-    if (typeof v !== "number" || !Number.isFinite(v) || v < 0) throw new Error(`pd parameter ${k} must be a number >= 0, got ${JSON.stringify(v)}`);
-    out[k as keyof PdConfig] = v;
-  }
-  return out;
+const PD_TRAITS: StrategyTraits = { prefixMatch: true, disaggregated: true };
+
+/** A `pd` strategy, with the configuration it was made with. */
+export interface PdStrategy extends Strategy {
+  readonly config: Readonly<PdConfig>;
 }
 
 /**
  * The strategy the registry holds: its pick is the decode pod (what Envoy is sent to), with the
  * whole plan attached for the director; a combined plan picks least-request among combined pods.
  */
-export function pdStrategy(config: Readonly<PdConfig> = DEFAULT_PD_CONFIG): Strategy {
+export function pdStrategy(config: Readonly<PdConfig> = DEFAULT_PD_CONFIG): PdStrategy {
   return {
     name: PD_STRATEGY,
     needs: { promptTokenIds: true },
+    traits: PD_TRAITS,
     exclusive: true,
-    pd: config,
+    config,
     pick(ctx: RoutingContext): Pick {
       const plan = planPd({ ...ctx, config });
-      if (plan.kind === "pd") return { pod: plan.decode, candidates: plan.decodeCandidates, pd: plan };
+      if (plan.kind === "pd") return { pod: plan.decode, candidates: plan.decodeCandidates, plan };
       if (plan.combined.length === 0) {
         const why = plan.unusable.length > 0 ? `; unusable rolesets: ${plan.unusable.slice(0, 8).map((u) => `${u.name} (${u.reason})`).join(", ")}` : "";
         throw new NoCandidateError(`no usable prefill/decode roleset and no combined pod serves model \`${ctx.request.model}\`${why}`);
       }
       const pick = leastRequestStrategy.pick({ ...ctx, pods: plan.combined });
-      return { ...pick, fallback: `combined:${plan.reason}`, pd: plan };
+      return { ...pick, fallback: `combined:${plan.reason}`, plan };
     },
   };
+}
+
+const PD_PARAMS = {
+  prefillImbalance: { type: "number", min: 0, default: DEFAULT_PD_CONFIG.prefillImbalance, description: "prefill requests in flight, max - min over usable prefill pods, above which the least loaded wins outright" },
+  decodeImbalance: { type: "number", min: 0, default: DEFAULT_PD_CONFIG.decodeImbalance, description: "the same for pending decode requests over decode pods" },
+  minPromptTokens: { type: "number", min: 0, default: DEFAULT_PD_CONFIG.minPromptTokens, description: "prompts shorter than this go to combined pods when there are any" },
+  skipPrefillBelowTokens: { type: "number", min: 0, default: DEFAULT_PD_CONFIG.skipPrefillBelowTokens, description: "vLLM: skip the prefill leg when the decode pod misses fewer prompt tokens than this (0: never)" },
+} as const;
+
+const defaultPd = pdStrategy();
+
+export const pdPlugin: StrategyPlugin = {
+  type: PD_STRATEGY,
+  needs: { promptTokenIds: true },
+  traits: PD_TRAITS,
+  params: PD_PARAMS,
+  create(params) {
+    if (!params || Object.keys(params).length === 0) return defaultPd;
+    return pdStrategy(checkParams(pdPlugin, params) as unknown as PdConfig);
+  },
+};
+
+/** Parses a profile's `strategyParams.pd`; throws a StrategySpecError naming the bad parameter. */
+export function pdConfigOf(params: Readonly<Record<string, number | string | boolean>> | undefined): PdConfig {
+  return checkParams(pdPlugin, params) as unknown as PdConfig;
 }

@@ -11,6 +11,7 @@ import type { PodInfo } from "../../views/pod-set.js";
 import { inFlightScore, inFlightScorer } from "./in-flight.js";
 import type { Pick, RoutingContext, Scorer, Strategy } from "./types.js";
 import { pickBest } from "./types.js";
+import { fixedPlugin, type StrategyPlugin } from "./plugin.js";
 
 export const powerOfTwoScorer: Scorer = { ...inFlightScorer, name: "power-of-two" };
 
@@ -32,3 +33,5 @@ export const powerOfTwoStrategy: Strategy = {
     return { pod: pickBest(candidates, "lower", ctx.random).pod, candidates, better: "lower" };
   },
 };
+
+export const powerOfTwoPlugin: StrategyPlugin = fixedPlugin(powerOfTwoStrategy);

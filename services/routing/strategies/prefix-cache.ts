@@ -19,7 +19,8 @@
  */
 import type { PodInfo } from "../../views/pod-set.js";
 import { inFlightScore } from "./in-flight.js";
-import { type Pick, pickBest, type RoutingContext, type Scored, type Scorer, type Strategy } from "./types.js";
+import { checkParams, fixedPlugin, type StrategyPlugin } from "./plugin.js";
+import { type Pick, pickBest, type RoutingContext, type Scored, type Scorer, type Strategy, type StrategyTraits } from "./types.js";
 
 export interface PrefixCacheConfig {
   imbalanceThreshold: number;
@@ -28,6 +29,8 @@ export interface PrefixCacheConfig {
 }
 
 export const DEFAULT_PREFIX_CACHE_CONFIG: PrefixCacheConfig = { imbalanceThreshold: 8, stddevFactor: 2 };
+
+const PREFIX_TRAITS: StrategyTraits = { prefixMatch: true };
 
 const matchScorer = (name: string): Scorer => ({
   name,
@@ -44,6 +47,7 @@ export function prefixCacheStrategy(config: PrefixCacheConfig = DEFAULT_PREFIX_C
   return {
     name: "prefix-cache",
     needs: { promptTokenIds: true },
+    traits: PREFIX_TRAITS,
     scorer: matchScorer("prefix-cache"),
     pick(ctx) {
       if (!ctx.prefix || ctx.prefix.queried === 0) return leastRequest(ctx, "least-request");
@@ -75,6 +79,7 @@ export function prefixCacheStrategy(config: PrefixCacheConfig = DEFAULT_PREFIX_C
 export const prefixCachePrebleStrategy: Strategy = {
   name: "prefix-cache-preble",
   needs: { promptTokenIds: true },
+  traits: PREFIX_TRAITS,
   scorer: matchScorer("prefix-cache-preble"),
   pick(ctx) {
     const prefix = ctx.prefix;
@@ -95,4 +100,20 @@ export const prefixCachePrebleStrategy: Strategy = {
   },
 };
 
+const defaultPrefixCache = prefixCacheStrategy();
 
+export const prefixCachePlugin: StrategyPlugin = {
+  type: "prefix-cache",
+  needs: { promptTokenIds: true },
+  traits: PREFIX_TRAITS,
+  params: {
+    imbalanceThreshold: { type: "number", min: 0, default: DEFAULT_PREFIX_CACHE_CONFIG.imbalanceThreshold, description: "requests in flight, max - min over the candidates, above which least-request decides" },
+    stddevFactor: { type: "number", min: 0, default: DEFAULT_PREFIX_CACHE_CONFIG.stddevFactor, description: "k in mean + k x standard deviation: pods loaded above it are not preferred for their match" },
+  },
+  create(params) {
+    if (!params || Object.keys(params).length === 0) return defaultPrefixCache;
+    return prefixCacheStrategy(checkParams(prefixCachePlugin, params) as unknown as PrefixCacheConfig);
+  },
+};
+
+export const prefixCachePreblePlugin: StrategyPlugin = fixedPlugin(prefixCachePrebleStrategy);

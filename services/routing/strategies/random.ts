@@ -1,4 +1,5 @@
 import type { Pick, RoutingContext, Scorer, Strategy } from "./types.js";
+import { fixedPlugin, type StrategyPlugin } from "./plugin.js";
 
 /**
  * In a combination `random` adds uniform noise (higher is better), e.g. `least-kv-cache:1,random:0.1`
@@ -19,3 +20,5 @@ export const randomStrategy: Strategy = {
     return { pod: ctx.pods[i] as Pick["pod"], candidates: ctx.pods.map((pod) => ({ pod, score: 0 })) };
   },
 };
+
+export const randomPlugin: StrategyPlugin = fixedPlugin(randomStrategy);

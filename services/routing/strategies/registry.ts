@@ -1,98 +1,49 @@
 /**
- * Strategy plugins by type, and weighted combinations of them. A plugin is a type name, what it
- * needs computed before it can pick (e.g. prompt token ids), and a factory taking parameters (a
- * profile's `strategyParams[type]`); register it here and it becomes selectable by the
- * `routing-strategy` header, profiles and `--strategy`.
+ * The list of strategy plugins, and weighted combinations of them. Each plugin owns itself in its
+ * strategy's file (plugin.ts: type name, parameter schema, needs, traits, factory); listed here it
+ * becomes selectable by the `routing-strategy` header, profiles and `--strategy`.
  *
  * A spec is one name (`least-request`) or a weighted combination (`least-kv-cache:2,least-request:1`;
  * a missing weight is 1). See combine.ts for how a combination picks. Exclusive strategies (slo*)
  * decide alone and cannot be combined.
  */
 import { combinationStrategy, type WeightedScorer } from "./combine.js";
-import { leastBusyTimeStrategy } from "./least-busy-time.js";
-import { leastGpuCacheStrategy, leastKvCacheStrategy } from "./least-kv-cache.js";
-import { leastLatencyStrategy } from "./least-latency.js";
-import { leastRequestStrategy } from "./least-request.js";
-import { leastTokenLoadStrategy } from "./least-token-load.js";
-import { powerOfTwoStrategy } from "./power-of-two.js";
-import { DEFAULT_PREFIX_CACHE_CONFIG, prefixCachePrebleStrategy, prefixCacheStrategy } from "./prefix-cache.js";
-import { PD_STRATEGY, pdConfigOf, pdStrategy } from "./pd.js";
-import { randomStrategy } from "./random.js";
-import { sessionAffinityStrategy } from "./session-affinity.js";
-import { sloLeastLoadStrategy, sloPackLoadStrategy, sloStrategy } from "./slo.js";
-import { throughputStrategy } from "./throughput.js";
-import type { Strategy, StrategyNeeds } from "./types.js";
-import { vtcBasicStrategy } from "./vtc-basic.js";
+import { leastBusyTimePlugin } from "./least-busy-time.js";
+import { leastGpuCachePlugin, leastKvCachePlugin } from "./least-kv-cache.js";
+import { leastLatencyPlugin } from "./least-latency.js";
+import { leastRequestPlugin } from "./least-request.js";
+import { leastTokenLoadPlugin } from "./least-token-load.js";
+import { pdPlugin } from "./pd.js";
+import { isStrategySpecError, type StrategyParams, type StrategyPlugin, StrategySpecError } from "./plugin.js";
+import { powerOfTwoPlugin } from "./power-of-two.js";
+import { prefixCachePlugin, prefixCachePreblePlugin } from "./prefix-cache.js";
+import { randomPlugin } from "./random.js";
+import { sessionAffinityPlugin } from "./session-affinity.js";
+import { sloLeastLoadPlugin, sloPackLoadPlugin, sloPlugin } from "./slo.js";
+import { throughputPlugin } from "./throughput.js";
+import type { Strategy, StrategyTraits } from "./types.js";
+import { vtcBasicPlugin } from "./vtc-basic.js";
 
-/** Parameters of one plugin, as a profile gives them. */
-export type StrategyParams = Readonly<Record<string, number | string | boolean>>;
+export { isStrategySpecError, type StrategyParams, type StrategyPlugin, StrategySpecError } from "./plugin.js";
 
-export interface StrategyPlugin {
-  readonly type: string;
-  readonly needs?: StrategyNeeds;
-  /** Builds the strategy. Throws StrategySpecError for parameters it does not take or that are out of range. */
-  create(params?: StrategyParams): Strategy;
-}
-
-/** A plugin of one fixed strategy: it takes no parameters. */
-function fixed(s: Strategy): StrategyPlugin {
-  return {
-    type: s.name,
-    ...(s.needs ? { needs: s.needs } : {}),
-    create(params) {
-      const extra = Object.keys(params ?? {});
-      if (extra.length > 0) throw new StrategySpecError(`routing strategy ${JSON.stringify(s.name)} takes no parameters (got ${extra.map((k) => JSON.stringify(k)).join(", ")})`, s.name);
-      return s;
-    },
-  };
-}
-
-const prefixCachePlugin: StrategyPlugin = {
-  type: "prefix-cache",
-  needs: { promptTokenIds: true },
-  create(params) {
-    const out = { ...DEFAULT_PREFIX_CACHE_CONFIG };
-    for (const [k, v] of Object.entries(params ?? {})) {
-      if (k !== "imbalanceThreshold" && k !== "stddevFactor") throw new StrategySpecError(`prefix-cache has no parameter ${JSON.stringify(k)} (it takes imbalanceThreshold, stddevFactor)`, "prefix-cache");
-      if (typeof v !== "number" || !(v >= 0) || !Number.isFinite(v)) throw new StrategySpecError(`prefix-cache parameter ${k} must be a number >= 0, got ${JSON.stringify(v)}`, "prefix-cache");
-      out[k] = v;
-    }
-    return params && Object.keys(params).length > 0 ? prefixCacheStrategy(out) : defaultPrefixCache;
-  },
-};
-const defaultPrefixCache = prefixCacheStrategy();
-
-const pdPlugin: StrategyPlugin = {
-  type: PD_STRATEGY,
-  needs: { promptTokenIds: true },
-  create(params) {
-    if (!params || Object.keys(params).length === 0) return defaultPd;
-    try {
-      return pdStrategy(pdConfigOf(params));
-    } catch (err) {
-      throw new StrategySpecError((err as Error).message, PD_STRATEGY);
-    }
-  },
-};
-const defaultPd = pdStrategy();
-
+/** Every built-in plugin, in the order `strategyNames()` lists them. */
 const PLUGINS: StrategyPlugin[] = [
-  fixed(randomStrategy),
-  fixed(leastRequestStrategy),
-  fixed(powerOfTwoStrategy),
-  fixed(leastLatencyStrategy),
-  fixed(leastKvCacheStrategy),
-  fixed(leastGpuCacheStrategy),
-  fixed(leastBusyTimeStrategy),
-  fixed(leastTokenLoadStrategy),
-  fixed(throughputStrategy),
-  fixed(sessionAffinityStrategy),
-  fixed(vtcBasicStrategy),
-  fixed(sloStrategy),
-  fixed(sloLeastLoadStrategy),
-  fixed(sloPackLoadStrategy),
+  randomPlugin,
+  leastRequestPlugin,
+  powerOfTwoPlugin,
+  leastLatencyPlugin,
+  leastKvCachePlugin,
+  leastGpuCachePlugin,
+  leastBusyTimePlugin,
+  leastTokenLoadPlugin,
+  throughputPlugin,
+  sessionAffinityPlugin,
+  vtcBasicPlugin,
+  sloPlugin,
+  sloLeastLoadPlugin,
+  sloPackLoadPlugin,
   prefixCachePlugin,
-  fixed(prefixCachePrebleStrategy),
+  prefixCachePreblePlugin,
   pdPlugin,
 ];
 
@@ -127,24 +78,6 @@ const MAX_SPEC_LENGTH = 512;
 const MAX_PARTS = 16;
 const MAX_CACHED = 256;
 const WEIGHT = /^(?:\d+(?:\.\d*)?|\.\d+)$/;
-
-/** A routing strategy spec that names no strategy or combines strategies wrongly. Maps to HTTP 400. */
-export class StrategySpecError extends Error {
-  override name = "StrategySpecError";
-  constructor(
-    message: string,
-    /** The whole spec as given. */
-    readonly spec: string,
-    /** The part of the spec at fault, when one is. */
-    readonly part?: string,
-  ) {
-    super(message);
-  }
-}
-
-export function isStrategySpecError(err: unknown): err is StrategySpecError {
-  return err instanceof StrategySpecError;
-}
 
 /** Base strategy names, in registry order. */
 export function strategyNames(): string[] {
@@ -219,5 +152,35 @@ function parseSpec(spec: string, params: Readonly<Record<string, StrategyParams>
   // The canonical spec: what the `routing-strategy` response header and decision records show.
   const combined = combinationStrategy(parts.map((p) => `${p.strategy.name}:${p.weight}`).join(","), scorers);
   const needsTokens = parts.some((p) => p.strategy.needs?.promptTokenIds);
-  return needsTokens ? { ...combined, needs: { promptTokenIds: true } } : combined;
+  const traits = unionOfTraits(parts.map((p) => p.strategy.traits));
+  return { ...combined, ...(needsTokens ? { needs: { promptTokenIds: true } } : {}), ...(traits ? { traits } : {}) };
+}
+
+/** A combination's traits: any part's flag, and every part's replay residual. */
+function unionOfTraits(all: ReadonlyArray<StrategyTraits | undefined>): StrategyTraits | undefined {
+  const present = all.filter((t): t is StrategyTraits => t !== undefined);
+  if (present.length === 0) return undefined;
+  const residuals = [...new Set(present.flatMap((t) => (t.replayResidual ? [t.replayResidual] : [])))];
+  return {
+    ...(present.some((t) => t.prefixMatch) ? { prefixMatch: true } : {}),
+    ...(present.some((t) => t.disaggregated) ? { disaggregated: true } : {}),
+    ...(residuals.length > 0 ? { replayResidual: residuals.join("; ") } : {}),
+  };
+}
+
+/**
+ * The traits of the strategy a recorded spec names (decision records keep canonical specs), or
+ * none when it names no strategy this build knows. Replay and metrics read these, never names.
+ */
+export function strategyTraits(spec: string): StrategyTraits {
+  return findStrategy(spec)?.traits ?? {};
+}
+
+/**
+ * A bounded label for a strategy spec (metric labels: a client can send arbitrarily many specs):
+ * a plugin's type as it is; any valid combination of them `combination`; anything else `invalid`.
+ */
+export function strategyLabel(spec: string): string {
+  if (plugins.has(spec)) return spec;
+  return spec.includes(",") && findStrategy(spec) !== undefined ? "combination" : "invalid";
 }

@@ -20,6 +20,7 @@ import { xxh64 } from "@node-rs/xxhash";
 import type { PodInfo } from "../../views/pod-set.js";
 import { scorerStrategy } from "./combine.js";
 import type { RoutingContext, Scorer, SessionHint } from "./types.js";
+import { fixedPlugin, type StrategyPlugin } from "./plugin.js";
 
 export const SESSION_ID_HEADER = "x-session-id";
 export const SESSION_KEY_HEADER = "x-aibrix-session-key";
@@ -110,3 +111,5 @@ export const sessionAffinityScorer: Scorer = {
 };
 
 export const sessionAffinityStrategy = scorerStrategy(sessionAffinityScorer);
+
+export const sessionAffinityPlugin: StrategyPlugin = fixedPlugin(sessionAffinityStrategy);

@@ -26,6 +26,7 @@ import { leastLatencyStrategy, latencyEstimates } from "./least-latency.js";
 import { estimateTpotS } from "./metrics.js";
 import type { Pick, RoutingContext, Scored, Scorer, SloTargets, Strategy } from "./types.js";
 import { pickBest } from "./types.js";
+import { fixedPlugin, type StrategyPlugin } from "./plugin.js";
 
 type Rule = "least-request" | "least-load" | "pack-load";
 
@@ -83,3 +84,7 @@ function makeSloStrategy(name: string, rule: Rule): Strategy {
 export const sloStrategy = makeSloStrategy("slo", "least-request");
 export const sloLeastLoadStrategy = makeSloStrategy("slo-least-load", "least-load");
 export const sloPackLoadStrategy = makeSloStrategy("slo-pack-load", "pack-load");
+
+export const sloPlugin: StrategyPlugin = fixedPlugin(sloStrategy);
+export const sloLeastLoadPlugin: StrategyPlugin = fixedPlugin(sloLeastLoadStrategy);
+export const sloPackLoadPlugin: StrategyPlugin = fixedPlugin(sloPackLoadStrategy);

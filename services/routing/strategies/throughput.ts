@@ -17,6 +17,7 @@
 import { scorerStrategy } from "./combine.js";
 import { expectedGenerationTokens, podMeans } from "./metrics.js";
 import type { Scorer } from "./types.js";
+import { fixedPlugin, type StrategyPlugin } from "./plugin.js";
 
 export const throughputScorer: Scorer = {
   name: "throughput",
@@ -36,4 +37,7 @@ export const throughputScorer: Scorer = {
   },
 };
 
-export const throughputStrategy = scorerStrategy(throughputScorer);
+/** Replay may not reproduce every pick: the score moves at first tokens, which peers see a heartbeat later. */
+export const throughputStrategy = scorerStrategy(throughputScorer, { replayResidual: "first-token timing" });
+
+export const throughputPlugin: StrategyPlugin = fixedPlugin(throughputStrategy);

@@ -10,7 +10,6 @@ import type { LedgerReader } from "../../views/charge-ledger.js";
 import type { LoadReader } from "../../views/load-view.js";
 import type { PodInfo } from "../../views/pod-set.js";
 import type { UsageReader } from "../../views/usage-view.js";
-import type { EngineKind } from "../../../schemas/events.js";
 
 export interface RoutingRequest {
   readonly model: string;
@@ -117,8 +116,16 @@ export interface Pick {
   readonly responseHeaders?: Readonly<Record<string, string>>;
   /** Set when the strategy could not apply its own rule and used another one (e.g. "least-request"). */
   readonly fallback?: string;
-  /** The `pd` strategy's plan: the prefill pod and the decision behind both legs. */
-  readonly pd?: PdPlan;
+  /**
+   * What the strategy wants run beyond sending the request to `pod` (the `pd` strategy's two-leg
+   * plan, strategies/pd.ts `pdPlanOf`). Only strategies with `traits.disaggregated` set one.
+   */
+  readonly plan?: PickPlan;
+}
+
+/** A strategy's plan for the request beyond the pick; its owner reads it (e.g. `pdPlanOf`). */
+export interface PickPlan {
+  readonly kind: string;
 }
 
 /** What a strategy needs computed for it before it can pick (the director provides only that). */
@@ -127,17 +134,32 @@ export interface StrategyNeeds {
   readonly promptTokenIds?: boolean;
 }
 
+/**
+ * What the code around a strategy may know about it: replay, metrics and the director read these,
+ * never the strategy's name. A combination has the union of its parts' traits.
+ */
+export interface StrategyTraits {
+  /** It reads the prefix match (prefix-cache*): its records keep the prompt's block hashes, and replay needs them whole. */
+  readonly prefixMatch?: boolean;
+  /**
+   * Why replay may not reproduce its picks exactly from a record and the streams (absent: it
+   * does). Shown as the residual of a pick replay could not reproduce.
+   */
+  readonly replayResidual?: string;
+  /** Candidates include prefill and decode pods, and the pick carries a two-leg plan (P/D). */
+  readonly disaggregated?: boolean;
+}
+
 export interface Strategy {
   /** The name the `routing-strategy` header selects (for a combination: its canonical spec). */
   readonly name: string;
   readonly needs?: StrategyNeeds;
+  readonly traits?: StrategyTraits;
   pick(ctx: RoutingContext): Pick;
   /** The strategy's metric, for weighted combinations. Every built-in strategy has one. */
   readonly scorer?: Scorer;
   /** An exclusive strategy (slo*, pd) decides alone and cannot be part of a combination. */
   readonly exclusive?: boolean;
-  /** Set on the `pd` strategy: candidates include prefill and decode pods, and the pick carries a plan. */
-  readonly pd?: Readonly<PdConfig>;
 }
 
 export type Better = "lower" | "higher";
@@ -199,53 +221,3 @@ export function pickBest(scored: readonly Scored[], better: Better, random: () =
 export class NoCandidateError extends Error {
   override name = "NoCandidateError";
 }
-
-// ---- prefill/decode disaggregation (pd.ts): the plan a `pd` pick carries ----
-
-export interface PdConfig {
-  /** Prefill requests in flight, max - min over usable prefill pods, above which the least loaded wins. */
-  prefillImbalance: number;
-  /** The same for pending decode requests over decode pods. */
-  decodeImbalance: number;
-  /** Prompts shorter than this go to combined pods when there are any. */
-  minPromptTokens: number;
-  /** vLLM: skip the prefill leg when the decode pod misses fewer than this many prompt tokens (0: never). */
-  skipPrefillBelowTokens: number;
-}
-
-export type UnusableReason = "no-prefill" | "no-decode" | "mixed-engines";
-
-export interface Roleset {
-  readonly name: string;
-  readonly engine: EngineKind;
-  readonly prefill: readonly PodInfo[];
-  readonly decode: readonly PodInfo[];
-}
-
-export interface Rolesets {
-  readonly usable: readonly Roleset[];
-  readonly unusable: readonly { name: string; reason: UnusableReason }[];
-  /** Pods with role `combined` (the fallback). */
-  readonly combined: readonly PodInfo[];
-}
-
-export type CombinedReason = "no-usable-roleset" | "no-bucket" | "short-prompt";
-
-export type PdPlan =
-  | {
-      readonly kind: "pd";
-      readonly roleset: string;
-      readonly engine: EngineKind;
-      readonly prefill: PodInfo;
-      readonly decode: PodInfo;
-      /** The decider: decode computes the (small) uncached rest itself, no prefill leg. */
-      readonly skipPrefill: boolean;
-      /** Every usable roleset's score (its best prefill pod stands for it), for records and explain. */
-      readonly candidates: readonly Scored[];
-      readonly prefillCandidates: readonly Scored[];
-      readonly decodeCandidates: readonly Scored[];
-      readonly fastPath?: "prefill-imbalance" | "decode-imbalance";
-      readonly unusable: Rolesets["unusable"];
-    }
-  | { readonly kind: "combined"; readonly reason: CombinedReason; readonly combined: readonly PodInfo[]; readonly unusable: Rolesets["unusable"] };
-

@@ -22,6 +22,7 @@
  */
 import { scorerStrategy } from "./combine.js";
 import type { RoutingContext, Scorer } from "./types.js";
+import { fixedPlugin, type StrategyPlugin } from "./plugin.js";
 
 export const USER_HEADER = "user";
 const MIN_BUCKET = 1_000;
@@ -51,4 +52,7 @@ function vtcScores(ctx: RoutingContext): (number | undefined)[] {
 
 export const vtcBasicScorer: Scorer = { name: "vtc-basic", better: "lower", tracksOwnCharges: true, score: vtcScores };
 
-export const vtcBasicStrategy = scorerStrategy(vtcBasicScorer);
+/** Replay may not reproduce every pick: the usage bounds it reads are time-cached. */
+export const vtcBasicStrategy = scorerStrategy(vtcBasicScorer, { replayResidual: "vtc-basic usage bounds (time-cached)" });
+
+export const vtcBasicPlugin: StrategyPlugin = fixedPlugin(vtcBasicStrategy);
