@@ -35,6 +35,7 @@ import { RouteError } from "../routing/errors.js";
 import { matchPrefix } from "../routing/stages/prefix-match.js";
 import { decisionRandom, type PrefixMatchResult, type SchedulingInput, schedule } from "../routing/stages/scheduling.js";
 import { parseStrategy, strategyTraits } from "../routing/strategies/registry.js";
+import { chargeSeqOf, isPrefillLegCharge } from "../routing/charge-id.js";
 import type { RoutingRequest, Strategy } from "../routing/strategies/types.js";
 import type { RegretEntry, ReplayReport, StrategySummary, TimelinePoint } from "./report-types.js";
 import { type TraceRequest, ttftHistogram } from "./whatif.js";
@@ -160,17 +161,6 @@ const DELAYED_RELEASE_LOOKAHEAD = 512;
 const YOUNG_MS = 1_000;
 /** An idle gateway silent this long (stream time: no heartbeat, charge or record) is dropped. */
 const DROP_SILENT_MS = 30_000;
-
-/**
- * The routing-order number of a charge id: base 36. A P/D prefill leg's charge (`<id>.p<attempt>`)
- * belongs to its request's number — it was made right after that request's decode charge.
- */
-const chargeSeqOf = (id: string | undefined): number | undefined => {
-  const m = id === undefined ? null : /^([0-9a-z]{1,11})(?:\.p\d{1,3})?$/.exec(id);
-  return m ? Number.parseInt(m[1] as string, 36) : undefined;
-};
-/** A prefill leg's charge: it has no decision record of its own to wait for. */
-const isLegCharge = (id: string) => id.includes(".p");
 
 const TYPES: Record<StateStream, readonly EventType[]> = {
   pods: ["pod", "pod-source"],
@@ -313,10 +303,10 @@ export class ReplayEngine {
         r.own.charges.push(pos);
         const ev = b.ev;
         // Only charges routed inside the window have a record to wait for.
-        if (ev?.type === "charge" && b.chargeSeq !== undefined && !isLegCharge(ev.id) && b.chargeSeq > r.lastEvaluated && ev.ts >= this.o.fromMs && ev.ts <= this.o.toMs) r.awaiting.set(b.chargeSeq, { seenTs: m.serverTs, chargeTs: ev.ts });
+        if (ev?.type === "charge" && b.chargeSeq !== undefined && !isPrefillLegCharge(ev.id) && b.chargeSeq > r.lastEvaluated && ev.ts >= this.o.fromMs && ev.ts <= this.o.toMs) r.awaiting.set(b.chargeSeq, { seenTs: m.serverTs, chargeTs: ev.ts });
         for (const rel of ev?.type === "release" ? [ev] : ev?.type === "releases" ? ev.releases : []) {
           if (rel.afterCharge !== undefined) r.batchesReleases = true;
-          if (isLegCharge(rel.id)) continue;
+          if (isPrefillLegCharge(rel.id)) continue;
           const a = r.awaiting.get(chargeSeqOf(rel.id) ?? -1);
           if (a) a.releasedTs = m.serverTs;
         }

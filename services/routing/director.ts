@@ -7,20 +7,18 @@
  * recording the charge, so two requests in this replica can never both see a pod as idle.
  */
 import { randomUUID } from "node:crypto";
-import { type ChargeEvent, DECISION_MAX_BLOCKS, DECISION_RECORD_VERSION, type DecisionRecord, type ReleaseEvent, type ReleaseOutcome } from "../../schemas/events.js";
+import type { ChargeEvent, DecisionRecord, ReleaseEvent, ReleaseOutcome } from "../../schemas/events.js";
 import type { ChargeLedger } from "../views/charge-ledger.js";
 import type { LoadView } from "../views/load-view.js";
 import type { PodInfo, PodSet } from "../views/pod-set.js";
 import { RouteError } from "./errors.js";
-import { isModelName } from "./request-body.js";
 import { promptInputOf } from "../tokenizer/prompt-tokens.js";
 import type { UsageView } from "../views/usage-view.js";
 import type { ConfigReader } from "../views/model-config.js";
 import type { RateView } from "../views/rate-view.js";
 import type { GatewayState } from "../views/gateway-state.js";
-import { encodeBlockHashes } from "../views/packed-hashes.js";
 import { findStrategy, strategyNames } from "./strategies/registry.js";
-import { MAX_REQUEST_ID_LENGTH, parseRoute } from "./stages/parse.js";
+import { parseRoute } from "./stages/parse.js";
 import { routingRequestOf } from "./strategies/request.js";
 import type { Pick, RoutingRequest } from "./strategies/types.js";
 import { Admission, type AdmissionClock } from "./stages/admission.js";
@@ -28,13 +26,15 @@ import { misdirected, type PoolIdentity } from "./stages/pool-check.js";
 import { type Committer, EventualCommitter } from "./stages/commit.js";
 import { decisionRandom, type PrefixMatchResult, type Rank, schedule } from "./stages/scheduling.js";
 import { type LegClient, type PdLegOptions, PdLegs } from "./stages/pd-legs.js";
-import type { PdRouted } from "./request.js";
-import { DEFAULT_ROLESET, type PdPlan, pdPlanOf } from "./strategies/pd.js";
+import { pdPlanOf } from "./strategies/pd.js";
+import { PdCoordinator } from "./stages/pd-coordinator.js";
+import { rejectedRecord, routedRecord } from "./decision-record.js";
 import { refuseBatch } from "./stages/pd-bodies.js";
+import { chargeIdOf, } from "./charge-id.js";
 
 export type { PrefixMatchResult } from "./stages/scheduling.js";
-export type { DecisionContext, OwnAdmissionKey, Prepared, PromptBlocks, RoutedRequest, RouteInput } from "./request.js";
-import type { Prepared, PromptBlocks, RoutedRequest, RouteInput } from "./request.js";
+export type { DecisionContext, FinishInfo, OwnAdmissionKey, Prepared, PromptBlocks, RoutedRequest, RouteInput } from "./request.js";
+import type { FinishInfo, Prepared, PromptBlocks, RoutedRequest, RouteInput } from "./request.js";
 
 export { MAX_REQUEST_ID_LENGTH, MAX_USER_LENGTH } from "./stages/parse.js";
 
@@ -115,14 +115,6 @@ export interface Selection {
   prefixMatch?: PrefixMatchResult;
 }
 
-export interface FinishInfo {
-  status: number;
-  /** The gateway's own error code, when it ended the request (e.g. `decode_timeout`). */
-  errorCode?: string;
-  promptTokens?: number;
-  completionTokens?: number;
-}
-
 export class Director {
   readonly gatewayId: string;
   /** The views routing reads (the state's). */
@@ -131,13 +123,18 @@ export class Director {
   private readonly admission: Admission;
   /** Requests routed and not yet finished, by charge id (drained on shutdown). */
   readonly inFlight = new Map<string, RoutedRequest>();
+  /** P/D: the prefill legs' charges and records (stages/pd-coordinator.ts). */
+  readonly pd: PdCoordinator;
+
   /** Finished requests whose SGLang prefill leg is still out (its charge is released when it returns). */
-  readonly lingering = new Set<RoutedRequest>();
+  get lingering(): ReadonlySet<RoutedRequest> {
+    return this.pd.lingering;
+  }
 
   /** Every request holding a charge of this replica: what heartbeats list. */
   *holdingCharges(): Iterable<RoutedRequest> {
     yield* this.inFlight.values();
-    yield* this.lingering;
+    yield* this.pd.lingering;
   }
   private chargeSeq = 0;
   /** Charges made so far (the number in the last charge id): the release batcher stamps releases with it. */
@@ -156,12 +153,20 @@ export class Director {
     // Peers' liveness (the rank the burst guard counts) on the broker's time; windows on ours.
     const admissionViews = serverNow ? { rates: opts.state.rates, pods: opts.state.pods, ledger: { rank: () => opts.state.ledger.rank(serverNow()) } } : opts.state;
     this.admission = new Admission(admissionViews, opts.config, opts.clock ?? { now: this.now, setTimeout: (fn, ms) => void setTimeout(fn, ms) });
+    this.pd = new PdCoordinator({
+      gatewayId: opts.gatewayId,
+      state: opts.state,
+      views: opts.state,
+      sink: opts.sink,
+      now: this.now,
+      ...(opts.prefix ? { recordRouted: (pod: PodInfo, hashes: readonly bigint[], at: number, id: string) => opts.prefix?.recordRouted(pod, hashes, at, id) } : {}),
+    });
     if (opts.pdLegClient) {
       this.legs = new PdLegs(
         opts.pdLegClient,
         {
-          endPrefill: (r, outcome, status) => this.endPrefill(r, outcome, status),
-          retryPrefill: (r) => this.retryPrefill(r),
+          endPrefill: (r, outcome, status) => this.pd.endPrefill(r, outcome, status),
+          retryPrefill: (r) => this.pd.retryPrefill(r),
           fail: (r, err) => {
             this.finish(r, err.kind === "clientCancelled" ? "cancelled" : "error", { status: err.status, errorCode: err.code });
           },
@@ -173,7 +178,9 @@ export class Director {
   }
 
   /** P/D plans made: disaggregated, prefill skipped by the decider, combined fallbacks, unusable rolesets seen. */
-  readonly pdStats = { disaggregated: 0, skipped: 0, combined: 0, unusableRolesets: 0 };
+  get pdStats(): PdCoordinator["stats"] {
+    return this.pd.stats;
+  }
 
   /** The P/D legs stage (absent without a leg client). */
   readonly legs: PdLegs | undefined;
@@ -255,7 +262,7 @@ export class Director {
     const user = input.headers.user || undefined;
     // Unique within this gateway process (the ledger keys charges by gateway id + charge id), and
     // increasing in routing order: replay orders this gateway's own events by it.
-    const chargeId = (++this.chargeSeq).toString(36);
+    const chargeId = chargeIdOf(++this.chargeSeq);
     // The views' cursors at the moment of the decision (before this request's own events).
     const cursors = { ...this.opts.state.cursors };
     const sel = this.select(input, prepared, undefined, true, chargeId);
@@ -325,12 +332,7 @@ export class Director {
       },
       finished: false,
     };
-    if (plan) this.countPlan(plan);
-    if (plan?.kind === "pd") {
-      const pd: PdRouted = { plan, prefillPod: plan.prefill, tried: new Set([plan.prefill.pod]), attempts: 0 };
-      routed.pd = pd;
-      if (!plan.skipPrefill) this.chargePrefill(routed, plan.prefill);
-    }
+    if (plan) this.pd.planned(routed, plan);
     this.inFlight.set(chargeId, routed);
     const prefix = this.opts.prefix;
     // Approximate-mode hashes match only other gateways' routed prefixes, which traffic under a
@@ -372,83 +374,6 @@ export class Director {
     if (!r.pd || !this.legs) return r;
     if (r.pd.plan.engine === "sglang" && !r.pd.prefillCharge) return r;
     return this.legs.run(r, input, p.parsed.body, input.headers[":path"]?.split("?")[0] || "/v1/chat/completions");
-  }
-
-  private countPlan(plan: PdPlan): void {
-    const st = this.pdStats;
-    if (plan.kind === "combined") st.combined++;
-    else if (plan.skipPrefill) st.skipped++;
-    else st.disaggregated++;
-    st.unusableRolesets += plan.unusable.length;
-  }
-
-  /** Charges a prefill pod for the request's prefill leg (an attempt; a retry charges another pod). */
-  private chargePrefill(r: RoutedRequest, pod: PodInfo): void {
-    const pd = r.pd as PdRouted;
-    pd.attempts++;
-    pd.prefillPod = pod;
-    pd.tried.add(pod.pod);
-    const charge: ChargeEvent = {
-      ...r.charge,
-      id: `${r.chargeId}.p${pd.attempts}`,
-      pod: pod.pod,
-      model: pod.model,
-      ts: this.now(),
-      phase: "prefill",
-    };
-    delete (charge as { maxTokens?: number }).maxTokens;
-    pd.prefillCharge = charge;
-    // One request, counted once in the rate windows: by its decode charge.
-    this.opts.state.ownCharge(charge, charge.ts, { counted: false });
-    this.opts.sink.charge(charge);
-  }
-
-  /** Ends the current prefill attempt's charge (once) and records the prefill leg. */
-  private endPrefill(r: RoutedRequest, outcome: ReleaseOutcome, status: number): void {
-    const pd = r.pd;
-    const charge = pd?.prefillCharge;
-    if (!pd || !charge) return;
-    pd.prefillCharge = undefined;
-    this.lingering.delete(r);
-    const now = this.now();
-    // The prefill pod that computed the prompt keeps it cached (the one of the attempt that succeeded).
-    const hashes = r.context.blocks?.hashes;
-    if (outcome === "completed" && hashes && hashes.length > 0) this.opts.prefix?.recordRouted(pd.prefillPod, [...hashes], charge.ts, charge.id);
-    const release: ReleaseEvent = { type: "release", id: charge.id, gateway: this.gatewayId, model: charge.model, pod: charge.pod, ts: now, outcome, ...(r.user ? { user: r.user } : {}) };
-    this.opts.state.ownRelease(release);
-    this.opts.sink.release(release);
-    this.opts.sink.decision({
-      type: "decision",
-      v: DECISION_RECORD_VERSION,
-      id: r.requestId,
-      gateway: this.gatewayId,
-      model: r.model,
-      ts: charge.ts,
-      strategy: r.strategy,
-      candidates: pd.plan.prefillCandidates.map((c) => ({ pod: c.pod.pod, score: c.score })),
-      pick: charge.pod,
-      ...(r.user ? { user: r.user } : {}),
-      status,
-      outcome,
-      durationMs: Math.max(0, now - charge.ts),
-      promptTokens: r.promptTokens,
-      charge: charge.id,
-      routedPromptTokens: r.promptTokens,
-      cursors: r.context.cursors,
-      pd: { leg: "prefill", roleset: pd.plan.roleset, engine: pd.plan.engine, prefillPod: charge.pod, decodePod: r.pod.pod, attempts: pd.attempts, ...(pd.plan.fastPath ? { fastPath: pd.plan.fastPath } : {}) },
-    });
-  }
-
-  /** A retry: charges the least loaded prefill pod of the roleset not tried yet. */
-  private retryPrefill(r: RoutedRequest): boolean {
-    const pd = r.pd;
-    if (!pd || r.finished) return false;
-    // Only the plan's roleset: its decode pod reads the KV from one of its own prefill pods.
-    const left = pd.plan.prefillCandidates.map((c) => c.pod).filter((p) => (p.roleset ?? DEFAULT_ROLESET) === pd.plan.roleset && !pd.tried.has(p.pod) && this.views.pods.get(p.model, p.pod)?.ready !== false);
-    if (left.length === 0) return false;
-    const next = left.reduce((a, b) => (this.views.ledger.outstanding(b.model, b.pod).requests < this.views.ledger.outstanding(a.model, a.pod).requests ? b : a));
-    this.chargePrefill(r, next);
-    return true;
   }
 
   private readonly eventual: Committer = new EventualCommitter(this);
@@ -511,13 +436,7 @@ export class Director {
     if (r.finished) return false;
     r.finished = true;
     this.inFlight.delete(r.chargeId);
-    const pd = r.pd;
-    if (pd?.prefillCharge) {
-      // The request ended while its prefill leg was still out (client gone, decode failed or done).
-      if (outcome !== "completed") pd.cancelPrefill?.();
-      if (outcome !== "completed" || pd.plan.engine !== "sglang") this.endPrefill(r, outcome === "completed" ? "cancelled" : outcome, outcome === "completed" ? 499 : info.status);
-      else this.lingering.add(r);
-    }
+    this.pd.requestEnded(r, outcome, info.status);
     const now = this.now();
     const release: ReleaseEvent = {
       type: "release",
@@ -534,84 +453,13 @@ export class Director {
     };
     this.opts.state.ownRelease(release);
     this.opts.sink.release(release);
-    const c = r.context;
-    const blocks = c.blocks ?? (r.recordedBlocks && r.recordedBlocks.hashes.length > 0 ? r.recordedBlocks : undefined);
-    this.opts.sink.decision({
-      type: "decision",
-      v: DECISION_RECORD_VERSION,
-      id: r.requestId,
-      gateway: this.gatewayId,
-      model: r.model,
-      ts: r.startedAt,
-      strategy: r.strategy,
-      candidates: r.candidates.map((c) => ({ pod: c.pod.pod, score: c.score })),
-      pick: r.pod.pod,
-      ...(r.better ? { better: r.better } : {}),
-      ...(r.fallback ? { fallback: r.fallback } : {}),
-      ...(r.user ? { user: r.user } : {}),
-      status: info.status,
-      outcome,
-      ...(r.firstChunkAt !== undefined ? { ttftMs: Math.max(0, r.firstChunkAt - r.startedAt) } : {}),
-      ...(r.firstChunkAt !== undefined && info.completionTokens !== undefined && info.completionTokens > 1
-        ? { tpotMs: Math.max(0, now - r.firstChunkAt) / (info.completionTokens - 1) }
-        : {}),
-      durationMs: Math.max(0, now - r.startedAt),
-      promptTokens: info.promptTokens ?? r.promptTokens,
-      ...(info.completionTokens !== undefined ? { completionTokens: info.completionTokens } : {}),
-      charge: r.chargeId,
-      routedPromptTokens: r.promptTokens,
-      cursors: c.cursors,
-      ...(c.rank ? { rank: c.rank } : {}),
-      ...(c.session ? { session: c.session } : {}),
-      ...(c.subset ? { subset: c.subset.filter((a) => a.length <= 300).slice(0, 256) } : {}),
-      ...(blocks ? { blocks: { size: blocks.size, mode: blocks.mode, hashes: encodeBlockHashes(blocks.hashes, DECISION_MAX_BLOCKS), total: blocks.hashes.length } } : {}),
-      ...(c.profile ? { profile: c.profile } : {}),
-      ...(c.strategyParams ? { strategyParams: c.strategyParams } : {}),
-      ...(c.slo ? { slo: c.slo } : {}),
-      ...(c.maxTokens !== undefined ? { maxTokens: c.maxTokens } : {}),
-      ...(c.consistency ? { consistency: c.consistency } : {}),
-      ...(info.errorCode ? { errorCode: info.errorCode } : pd?.failure ? { errorCode: pd.failure.code } : {}),
-      ...(pd
-        ? {
-            pd: {
-              leg: "decode" as const,
-              roleset: pd.plan.roleset,
-              engine: pd.plan.engine,
-              prefillPod: pd.prefillPod.pod,
-              decodePod: r.pod.pod,
-              ...(pd.plan.skipPrefill ? { skipped: true } : {}),
-              attempts: pd.attempts,
-              ...(pd.prefillMs !== undefined ? { prefillMs: pd.prefillMs } : {}),
-              ...(pd.plan.fastPath ? { fastPath: pd.plan.fastPath } : {}),
-              ...(pd.failureReason ? { error: pd.failureReason } : {}),
-            },
-          }
-        : {}),
-    });
+    this.opts.sink.decision(routedRecord(this.gatewayId, r, outcome, info, now));
     return true;
   }
 
   /** Records a request refused before routing (the decision stream sees rejections too). */
   reject(headers: Readonly<Record<string, string>>, model: string | undefined, err: RouteError): void {
-    // Client strings: only a known strategy and a valid model name are recorded (records are validated by every reader).
-    const spec = headers["routing-strategy"];
-    const strategy = spec ? (spec.length <= 512 && findStrategy(spec) ? spec : "invalid") : this.opts.defaultStrategy;
-    const recordedModel = model !== undefined && isModelName(model) ? model : "";
-    this.opts.sink.decision({
-      type: "decision",
-      v: DECISION_RECORD_VERSION,
-      // A rejected request's id may be the reason it was rejected: only a valid one is recorded.
-      id: headers["x-request-id"] && headers["x-request-id"].length <= MAX_REQUEST_ID_LENGTH ? headers["x-request-id"] : randomUUID(),
-      gateway: this.gatewayId,
-      model: recordedModel,
-      ts: this.now(),
-      strategy,
-      candidates: [],
-      pick: null,
-      status: err.status,
-      outcome: "rejected",
-      errorCode: err.code,
-    });
+    this.opts.sink.decision(rejectedRecord({ gateway: this.gatewayId, headers, model, err, now: this.now(), defaultStrategy: this.opts.defaultStrategy, newId: randomUUID }));
   }
 
   /** Set by `drain`: the gateway is shutting down and routes nothing more. */
@@ -622,10 +470,7 @@ export class Director {
     this.closed = true;
     let n = 0;
     for (const r of [...this.inFlight.values()]) if (this.finish(r, "shutdown", { status: 503 })) n++;
-    for (const r of [...this.lingering]) {
-      r.pd?.cancelPrefill?.();
-      this.endPrefill(r, "shutdown", 503);
-    }
+    this.pd.drain();
     return n;
   }
 }

@@ -105,6 +105,15 @@ export interface Prepared extends RoutePlan {
   tokenizerMode?: string;
 }
 
+/** How a routed request ended, as the adapter saw it. */
+export interface FinishInfo {
+  status: number;
+  /** The gateway's own error code, when it ended the request (e.g. `decode_timeout`). */
+  errorCode?: string;
+  promptTokens?: number;
+  completionTokens?: number;
+}
+
 /** A prompt's router block hashes as one pod's engine keys them. */
 export interface PromptBlocks {
   readonly size: number;
