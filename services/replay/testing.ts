@@ -1,21 +1,19 @@
 /**
  * Test fixtures for the replay engine (used by *.test.ts only): a synthetic recording made by
- * simulated gateways that route exactly as the director does — each folds the streams into a
- * GatewayState of its own (self = its id, with a delivery lag), applies its own charges and
- * releases with `ownCharge`/`ownRelease` when it makes them, picks with the scheduling stage and
- * `decisionRandom(requestId, gateway, chargeId)`, and records v2 decision records (cursors taken
- * before its own charge) when the request ends. A correct engine reproduces every pick.
+ * simulated gateways, each a real Director (services/routing/director.ts) on a GatewayState of its
+ * own (self = its id, with a delivery lag) and a virtual clock. Its sink publishes the charges,
+ * releases and decision records the director makes onto the simulated streams, so the recording
+ * holds exactly what the gateway's request path writes. A correct engine reproduces every pick.
  *
  * No NATS, no clock: the messages come out merged by server time as the sources merge them
  * (ties: config, pods, load, charges, kv, decisions; then sequence).
  */
 import { MinHeap } from "../shared/min-heap.js";
-import { type ChargeEvent, DECISION_RECORD_VERSION, type DecisionRecord, type EngineLoadFields, type EventType, type GatewayHeartbeat, type LoadSample, type PodEvent, type ReleaseEvent } from "../../schemas/events.js";
+import type { DecisionRecord, EngineLoadFields, EventType, GatewayHeartbeat, LoadSample, PodEvent, } from "../../schemas/events.js";
 import { checkEvent } from "../../schemas/validate.js";
+import { Director, type RoutedRequest } from "../routing/director.js";
 import { RouteError } from "../routing/errors.js";
-import { decisionRandom, schedule } from "../routing/stages/scheduling.js";
-import { parseStrategy } from "../routing/strategies/registry.js";
-import type { RoutingRequest } from "../routing/strategies/types.js";
+import { chargeIdOf, chargeSeqOf } from "../routing/charge-id.js";
 import { GatewayState, type StateEvent, type StateStream } from "../views/gateway-state.js";
 import { type ReplayMessage, type ReplayOptions, type ReplayStream, ReplayEngine } from "./engine.js";
 import { sample } from "../routing/strategies/testing.js";
@@ -160,21 +158,15 @@ class Queue {
   }
 }
 
-interface InFlight {
-  info: { -readonly [K in keyof RoutedInfo]: RoutedInfo[K] };
-  charge: ChargeEvent;
-  record: Omit<DecisionRecord, "status" | "outcome" | "durationMs" | "completionTokens" | "ttftMs">;
-  decoding: boolean;
-}
+type MutableInfo = { -readonly [K in keyof RoutedInfo]: RoutedInfo[K] };
 
 interface SimGateway {
   id: string;
   state: GatewayState;
+  director: Director;
   lag: number;
   /** Next message (index into `published`) to deliver to its fold. */
   next: number;
-  chargeSeq: number;
-  inFlight: Map<string, InFlight>;
 }
 
 /** Builds a synthetic recording (see the file comment). */
@@ -241,9 +233,38 @@ export function synthRecording(o: SynthOptions): Recording {
     publish("pods", `jr.pods.${p}`, ev);
   }
 
+  /** Per request id, what the recording knows (the sink fills in the decision record). */
+  const infos = new Map<string, MutableInfo>();
   const sims = new Map<string, SimGateway>();
   gateways.forEach((g, i) => {
-    sims.set(g, { id: g, state: new GatewayState({ self: g, checkModelConfig: validateModelConfig, podSourceTimeoutMs: o.podSourceTimeoutMs ?? 0 }), lag: o.lagMs?.[g] ?? (i === 0 ? 0 : 3), next: 0, chargeSeq: 0, inFlight: new Map() });
+    const state = new GatewayState({ self: g, checkModelConfig: validateModelConfig, podSourceTimeoutMs: o.podSourceTimeoutMs ?? 0 });
+    const director = new Director({
+      gatewayId: g,
+      defaultStrategy: "least-request",
+      chargeTtlMs: CHARGE_TTL_MS,
+      state,
+      now: () => now,
+      clock: { now: () => now, setTimeout: () => { throw new Error("the synthetic recording sets no rate limits"); } },
+      recordPromptBlocks: false,
+      sink: {
+        charge: (ev) => publish("charges", `jr.charge.${ev.pod}`, ev),
+        release: (ev) => publish("charges", `jr.release.${ev.pod}`, ev),
+        decision: (rec) => {
+          const info = infos.get(rec.id);
+          const delay = info?.request.decisionDelayMs ?? 0;
+          const send = () => {
+            publish("decisions", `jr.decisions.${g}`, rec);
+            if (info) {
+              info.record = rec;
+              info.recordTs = now;
+            }
+          };
+          if (delay === 0) send();
+          else if (Number.isFinite(delay)) q.push(now + delay, send);
+        },
+      },
+    });
+    sims.set(g, { id: g, state, director, lag: o.lagMs?.[g] ?? (i === 0 ? 0 : 3), next: 0 });
   });
   /** The gateway's followers: everything published up to `now - lag`, in order, through the fold (invalid messages only move the cursor). */
   const deliver = (g: SimGateway) => {
@@ -275,8 +296,9 @@ export function synthRecording(o: SynthOptions): Recording {
       q.push(at, () => {
         const sim = sims.get(g);
         const outstanding: NonNullable<GatewayHeartbeat["outstanding"]> = [];
-        for (const f of sim?.inFlight.values() ?? []) {
-          outstanding.push({ id: f.charge.id, model: f.charge.model, pod: f.charge.pod, promptTokens: f.charge.promptTokens, ts: f.charge.ts, ...(f.decoding ? { decoding: true } : {}) });
+        for (const r of sim?.director.holdingCharges() ?? []) {
+          const c = r.charge;
+          outstanding.push({ id: c.id, model: c.model, pod: c.pod, promptTokens: c.promptTokens, ts: c.ts, ...(r.firstChunkAt !== undefined ? { decoding: true } : {}) });
         }
         const hb: GatewayHeartbeat = { type: "heartbeat", gateway: g, ts: now, intervalMs: hbMs, startedAt, state: "up", chargeTtlMs: CHARGE_TTL_MS, outstanding };
         publish("charges", `jr.hb.${g}`, hb);
@@ -303,114 +325,44 @@ export function synthRecording(o: SynthOptions): Recording {
     });
   }
 
-  // Routing, first tokens, ends: the director's route() and finish().
-  const finish = (g: SimGateway, f: InFlight) => {
+  // Routing, first tokens, ends: the director's route(), firstToken() and finish().
+  const finish = (g: SimGateway, r: RoutedRequest, info: MutableInfo) => {
     deliver(g);
-    g.inFlight.delete(f.charge.id);
-    const completionTokens = 8 + (f.charge.promptTokens % 50);
-    const release: ReleaseEvent = {
-      type: "release",
-      id: f.charge.id,
-      gateway: g.id,
-      model: f.charge.model,
-      pod: f.charge.pod,
-      ts: now,
-      outcome: "completed",
-      promptTokens: f.charge.promptTokens,
-      completionTokens,
-      chargedPromptTokens: f.charge.promptTokens,
-      chargedAt: f.charge.ts,
-      ...(f.charge.user ? { user: f.charge.user } : {}),
-    };
-    g.state.ownRelease(release);
-    publish("charges", `jr.release.${f.charge.pod}`, release);
-    f.info.releaseTs = now;
-    const r = f.info.request;
-    const record: DecisionRecord = {
-      ...f.record,
-      status: 200,
-      outcome: "completed",
-      ...(r.ttftMs !== undefined ? { ttftMs: r.ttftMs } : {}),
-      durationMs: now - f.charge.ts,
-      completionTokens,
-    };
-    // Key order as the director writes it does not matter to the engine; the fields do.
-    const delay = r.decisionDelayMs ?? 0;
-    const send = () => {
-      publish("decisions", `jr.decisions.${g.id}`, record);
-      f.info.record = record;
-      f.info.recordTs = now;
-    };
-    if (delay === 0) send();
-    else if (Number.isFinite(delay)) q.push(now + delay, send);
+    info.releaseTs = now;
+    g.director.finish(r, "completed", { status: 200, promptTokens: r.promptTokens, completionTokens: 8 + (r.promptTokens % 50) });
   };
   const route = (r: SynthRequest) => {
     const g = sims.get(r.gateway);
     if (!g) throw new Error(`unknown gateway ${r.gateway}`);
     deliver(g);
     if (o.podSourceTimeoutMs) g.state.pods.sweepSources(now, o.podSourceTimeoutMs);
-    const chargeSeq = ++g.chargeSeq;
-    const chargeId = chargeSeq.toString(36);
-    const cursors = { ...g.state.cursors };
-    const rank = g.state.ledger.rank(now);
-    const strategy = parseStrategy(r.strategy);
-    const request: RoutingRequest = { model: MODEL, requestId: r.id, promptTokens: r.promptTokens, ...(r.user ? { user: r.user } : {}) };
-    const info: InFlight["info"] = { request: r, chargeId, chargeSeq, pod: null };
+    const headers: Record<string, string> = { ":path": "/v1/completions", "x-request-id": r.id, "routing-strategy": r.strategy, ...(r.user ? { user: r.user } : {}) };
+    // A prompt of token ids: the director counts exactly `promptTokens` of them.
+    const body = Buffer.from(JSON.stringify({ model: MODEL, prompt: Array.from({ length: r.promptTokens }, (_, i) => i % 1000) }));
+    const info: MutableInfo = { request: r, chargeId: "", chargeSeq: 0, pod: null };
+    infos.set(r.id, info);
     routed.push(info);
-    let pick: ReturnType<typeof schedule>["pick"];
+    let routedRequest: RoutedRequest;
     try {
-      pick = schedule({ views: g.state, strategy, request, now, random: decisionRandom(r.id, g.id, chargeId), ...(rank.count > 1 ? { rank } : {}) }).pick;
+      const out = g.director.route({ headers, body });
+      if (out instanceof Promise) throw new Error("the synthetic recording routes synchronously (no tokenization, no rate limits)");
+      routedRequest = out;
     } catch (err) {
       if (!(err instanceof RouteError)) throw err;
       // Refused before charging: the director records a rejection (no charge, no cursors).
-      const rejected: DecisionRecord = { type: "decision", v: DECISION_RECORD_VERSION, id: r.id, gateway: g.id, model: MODEL, ts: now, strategy: r.strategy, candidates: [], pick: null, status: err.status, outcome: "rejected", errorCode: err.code };
-      publish("decisions", `jr.decisions.${g.id}`, rejected);
-      info.record = rejected;
-      info.recordTs = now;
+      info.chargeSeq = g.director.chargesMade;
+      info.chargeId = chargeIdOf(info.chargeSeq);
+      g.director.reject(headers, MODEL, err);
       return;
     }
-    const charge: ChargeEvent = { type: "charge", id: chargeId, gateway: g.id, model: pick.pod.model, pod: pick.pod.pod, ts: now, ttlMs: CHARGE_TTL_MS, promptTokens: r.promptTokens, ...(r.user ? { user: r.user } : {}) };
-    g.state.ownCharge(charge, now);
-    publish("charges", `jr.charge.${pick.pod.pod}`, charge);
-    info.pod = pick.pod.pod;
-    const f: InFlight = {
-      info,
-      charge,
-      decoding: false,
-      record: {
-        type: "decision",
-        v: DECISION_RECORD_VERSION,
-        id: r.id,
-        gateway: g.id,
-        model: MODEL,
-        ts: now,
-        strategy: strategy.name,
-        candidates: pick.candidates.map((c) => ({ pod: c.pod.pod, score: c.score })),
-        pick: pick.pod.pod,
-        ...(pick.better ? { better: pick.better } : {}),
-        ...(pick.fallback ? { fallback: pick.fallback } : {}),
-        ...(r.user ? { user: r.user } : {}),
-        promptTokens: r.promptTokens,
-        charge: chargeId,
-        routedPromptTokens: r.promptTokens,
-        cursors,
-        ...(rank.count > 1 ? { rank: { index: rank.index, count: rank.count } } : {}),
-      },
-    };
-    g.inFlight.set(chargeId, f);
+    info.chargeId = routedRequest.chargeId;
+    info.chargeSeq = g.director.chargesMade;
+    info.pod = routedRequest.pod.pod;
     if (r.ttftMs !== undefined && r.ttftMs < r.durationMs) {
       // First bytes before anything else of that millisecond (the engine marks them at `<= ts`).
-      q.push(
-        now + r.ttftMs,
-        () => {
-          if (!g.inFlight.has(chargeId)) return;
-          f.decoding = true;
-          g.state.ownFirstToken(chargeId);
-        },
-        0,
-      );
+      q.push(now + r.ttftMs, () => g.director.firstToken(routedRequest, now), 0);
     }
-    q.push(now + r.durationMs, () => finish(g, f));
+    q.push(now + r.durationMs, () => finish(g, routedRequest, info));
   };
   for (const r of requests) q.push(r.at, () => route(r));
 
@@ -455,7 +407,7 @@ export function outOfOrder(records: readonly DecisionRecord[]): number {
   let n = 0;
   for (const r of records) {
     if (!r.charge) continue;
-    const cs = Number.parseInt(r.charge, 36);
+    const cs = chargeSeqOf(r.charge) ?? 0;
     if ((maxSeen.get(r.gateway) ?? 0) > cs) n++;
     maxSeen.set(r.gateway, Math.max(maxSeen.get(r.gateway) ?? 0, cs));
   }
