@@ -6,33 +6,30 @@
 import { vi } from "vitest";
 
 /**
- * Waits until `check` returns true, polling it with vitest's own `vi.waitFor` every
- * `intervalMs` (an async check is never run twice at once). A check that throws or rejects
- * counts as "not yet" and is tried again, so it may read from something still starting.
- * Resolves to the ms waited (some tests report or bound it); after `timeoutMs` it rejects with
- * "timed out after … waiting for <what>", carrying the check's last error if it threw one;
- * `what` may be a function, called then, to add what was seen (a log's tail, the last reading).
- * Give a costly check (an HTTP scrape, a stream read) a longer interval.
+ * Waits until `check` returns true, polling it with vitest's own `vi.waitUntil` every
+ * `intervalMs` (an async check is never run twice at once). Resolves to the ms waited (some
+ * tests report or bound it); after `timeoutMs` it rejects with "timed out after … waiting for
+ * <what>" (`what` may be a function, called then, to add what was last seen). A check that
+ * throws or rejects fails the wait at once with its error, so an assertion inside a check stays
+ * an assertion; a check that may fail before it can hold (a call to something still starting)
+ * catches that itself. Give a costly check (an HTTP scrape, a stream read) a longer interval.
  */
 export async function waitFor(check: () => boolean | Promise<boolean>, timeoutMs = 5_000, what: string | (() => string) = "condition", intervalMs = 2): Promise<number> {
   const t0 = performance.now();
-  let lastError: unknown;
-  const attempt = async (): Promise<void> => {
-    let ok: boolean;
+  let threw = false;
+  const attempt = async (): Promise<boolean> => {
     try {
-      ok = await check();
+      return await check();
     } catch (err) {
-      lastError = err;
+      threw = true;
       throw err;
     }
-    lastError = undefined;
-    if (!ok) throw new Error("not yet");
   };
   try {
-    await vi.waitFor(attempt, { timeout: timeoutMs, interval: intervalMs });
-  } catch {
-    const why = lastError === undefined ? "" : ` (the check last threw: ${lastError instanceof Error ? lastError.message : String(lastError)})`;
-    throw new Error(`timed out after ${timeoutMs} ms waiting for ${typeof what === "string" ? what : what()}${why}`, { cause: lastError });
+    await vi.waitUntil(attempt, { timeout: timeoutMs, interval: intervalMs });
+  } catch (err) {
+    if (threw) throw err;
+    throw new Error(`timed out after ${timeoutMs} ms waiting for ${typeof what === "string" ? what : what()}`);
   }
   return performance.now() - t0;
 }
