@@ -18,18 +18,24 @@ import { MODEL, quietLog, waitFor } from "./harness/env.js";
 /** A 3-node cluster with jetroute's streams at R3 (JetStream answers once a meta leader is elected: retried until then). */
 async function clusterWithStreams(): Promise<{ cluster: NatsClusterHandle; admin: NatsHandles }> {
   const cluster = await startNatsCluster(3);
-  const deadline = Date.now() + 30_000;
   let admin: NatsHandles | undefined;
-  for (;;) {
-    try {
-      admin ??= await connectNats(cluster.urls);
-      await applyStreams(admin.nc, admin.jsm, { replicas: 3 });
-      return { cluster, admin };
-    } catch (err) {
-      if (Date.now() > deadline) throw err;
-      await new Promise((r) => setTimeout(r, 250));
-    }
-  }
+  let refusal: unknown;
+  await waitFor(
+    async () => {
+      try {
+        admin ??= await connectNats(cluster.urls);
+        await applyStreams(admin.nc, admin.jsm, { replicas: 3 });
+        return true;
+      } catch (err) {
+        refusal = err;
+        return false;
+      }
+    },
+    30_000,
+    () => `the cluster to take jetroute's streams (last refusal: ${String(refusal)})`,
+    250,
+  );
+  return { cluster, admin: admin as NatsHandles };
 }
 
 describe("cluster - a NATS node dies under the gateways", () => {
@@ -78,12 +84,17 @@ describe("cluster - a NATS node dies under the gateways", () => {
     routed++;
     // Charges are fire-and-forget: one published while the stream elects a new leader can be lost
     // (it only under-counts until its release). Keep routing until charges flow again.
-    while (b.views.ledger.chargesOf("gw-a") < 2) {
-      if (performance.now() - killedAt > 40_000) throw new Error("charges did not flow again within 40 s of the node failure");
-      await new Promise((r) => setTimeout(r, 250));
-      await route();
-      routed++;
-    }
+    await waitFor(
+      async () => {
+        if (b.views.ledger.chargesOf("gw-a") >= 2) return true;
+        await route();
+        routed++;
+        return false;
+      },
+      40_000,
+      "charges to flow again after the node failure",
+      250,
+    );
     const recovery = performance.now() - killedAt;
     for (let i = 0; i < 5; i++) await route();
     // Charges lost in the failover come back with A's next heartbeat, which lists all it holds:
@@ -135,16 +146,21 @@ describe("cluster - the config watch outlives its NATS node", () => {
     expect(own).toBeDefined();
     await own?.kill();
     // Revoked through a surviving node, after the failover.
-    const deadline = Date.now() + 30_000;
-    for (;;) {
-      try {
-        await kv.put(apiKeyBucketKey(hash), JSON.stringify({ user: "eve", createdAt: 1, disabled: true, revokedAt: Date.now() }));
-        break;
-      } catch (err) {
-        if (Date.now() > deadline) throw err;
-        await new Promise((r) => setTimeout(r, 250));
-      }
-    }
+    let refusal: unknown;
+    await waitFor(
+      async () => {
+        try {
+          await kv.put(apiKeyBucketKey(hash), JSON.stringify({ user: "eve", createdAt: 1, disabled: true, revokedAt: Date.now() }));
+          return true;
+        } catch (err) {
+          refusal = err;
+          return false;
+        }
+      },
+      30_000,
+      () => `the revocation to be written through a surviving node (last refusal: ${String(refusal)})`,
+      250,
+    );
     const took = await waitFor(() => g.apiKeys.get(hash)?.disabled === true, 20_000, "the revocation to reach the gateway");
     expect(await status()).toBe(401);
     console.log(`revocation applied at the gateway ${took.toFixed(0)} ms after it was written through a surviving node`);

@@ -6,7 +6,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { startFront, type FrontServer } from "../services/front/front.js";
 import { spawnJetroute, type ServiceProcess } from "../services/shared/processes.js";
 import { type SimFleet, startSimFleet } from "../services/sim/fleet.js";
-import { MODEL, quietLog, startTestEnv, type TestEnv } from "./harness/env.js";
+import { MODEL, quietLog, startTestEnv, type TestEnv, waitFor } from "./harness/env.js";
 
 interface Chunk {
   choices: Array<{ delta?: { content?: string } }>;
@@ -64,12 +64,17 @@ describe("end to end - front -> gateway processes -> simulated pods", () => {
     const base = await front(gws.map((g) => g.target));
     // The gateways answer 503 until their views caught up with PODS; wait for a routable answer.
     let res: Response | undefined;
-    for (let i = 0; i < 50; i++) {
-      res = await post(base, { model: MODEL, messages: [{ role: "user", content: "Say hello" }], stream: true, max_tokens: 5, stream_options: { include_usage: true } });
-      if (res.status !== 503) break;
-      await res.arrayBuffer();
-      await new Promise((r) => setTimeout(r, 100));
-    }
+    await waitFor(
+      async () => {
+        res = await post(base, { model: MODEL, messages: [{ role: "user", content: "Say hello" }], stream: true, max_tokens: 5, stream_options: { include_usage: true } });
+        if (res.status !== 503) return true;
+        await res.arrayBuffer();
+        return false;
+      },
+      10_000,
+      "an answer other than 503 (the gateways' views caught up)",
+      100,
+    );
     if (!res) throw new Error("no response");
     expect(res.status).toBe(200);
     expect(res.headers.get("content-type")).toMatch(/text\/event-stream/);
@@ -105,9 +110,13 @@ describe("end to end - front -> gateway processes -> simulated pods", () => {
   async function spreadOf(targets: string[]): Promise<number[]> {
     const base = await front(targets);
     const body = { model: MODEL, messages: [{ role: "user", content: "take your time" }], stream: true, max_tokens: 40 };
-    // All 8 are in flight together (each takes ~1 s), started 20 ms apart: far longer than a
-    // charge takes to reach the other replica on loopback. A same-millisecond burst races with
-    // charges still in flight under eventual consistency; that case is the herding benchmark's.
+    // All 8 are in flight together (each takes ~1 s), each sent once the previous one's charge is
+    // on NATS (seen by this test's subscription, as by the other replica's). A same-millisecond
+    // burst races with charges still in flight under eventual consistency; that case is the
+    // herding benchmark's.
+    let charged = 0;
+    const charges = env.nats.nc.subscribe(env.subjects.all("charges"), { callback: () => void charged++ });
+    await env.nats.nc.flush();
     const inflight: Promise<string>[] = [];
     for (let i = 0; i < 8; i++) {
       inflight.push(
@@ -115,15 +124,19 @@ describe("end to end - front -> gateway processes -> simulated pods", () => {
           .then((r) => r.text())
           .catch(() => ""),
       );
-      await new Promise((r) => setTimeout(r, 20));
+      await waitFor(() => charged > i, 5_000, `request ${i + 1}'s charge on NATS`);
     }
+    charges.unsubscribe();
     let running: number[] = [];
-    const deadline = Date.now() + 5_000;
-    while (Date.now() < deadline) {
-      running = await Promise.all(fleet.pods.map(async (p) => ((await (await fetch(`http://${p.address}/debug/state`)).json()) as { running: number }).running));
-      if (running.reduce((a, b) => a + b, 0) === 8) break;
-      await new Promise((r) => setTimeout(r, 20));
-    }
+    await waitFor(
+      async () => {
+        running = await Promise.all(fleet.pods.map(async (p) => ((await (await fetch(`http://${p.address}/debug/state`)).json()) as { running: number }).running));
+        return running.reduce((a, b) => a + b, 0) === 8;
+      },
+      5_000,
+      () => `all 8 running (per pod: ${JSON.stringify(running)})`,
+      20,
+    );
     await Promise.all(inflight);
     return running;
   }

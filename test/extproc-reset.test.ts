@@ -254,6 +254,7 @@ describe("ext_proc - Envoy resetting every stream", () => {
 
       await waitFor(() => gw.views.ledger.size === 0 && gw.director.inFlight.size === 0, 3_000, "every charge released");
       await waitFor(() => releases.size >= completed && (outcomes.get("completed") ?? 0) >= completed, 3_000, "releases and decisions published");
+      // No event marks "nothing released or decided twice": a window in which a duplicate would arrive.
       await new Promise((r) => setTimeout(r, 100));
       for (const s of subs) s.unsubscribe();
 

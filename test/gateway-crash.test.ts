@@ -93,6 +93,8 @@ describe("gateway crash - charges of a dead replica expire by heartbeat", () => 
         }),
     );
     const drained = await waitFor(() => s1.views.ledger.size === 0 && s2.views.ledger.size === 0, 3_000, "ledgers back to zero");
+    await waitFor(() => releases.size >= 20, 3_000, "the survivors' 20 releases on the test's subscription");
+    // No event marks "nothing released twice": a window in which a second release would arrive.
     await new Promise((r) => setTimeout(r, 200));
     sub.unsubscribe();
     for (const c of clients) c.close();

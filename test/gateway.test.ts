@@ -102,6 +102,7 @@ describe("gateway - routing through ext_proc", () => {
     await ex.responseBodyChunk(Buffer.from('data: {"choices":[{"delta":{"content":"partial"}}]}\n\n'), false);
     ex.cancel();
     await waitFor(() => seen.some((d) => d.id === "leaver"), 2_000, "decision of the cancelled request");
+    // No event marks "no second record": a window in which a duplicate would arrive.
     await new Promise((r) => setTimeout(r, 100));
     sub.unsubscribe();
     const mine = seen.filter((d) => d.id === "leaver");
@@ -248,6 +249,7 @@ describe("gateway - routing through ext_proc", () => {
     await ex.requestBody(chat());
     await ex.responseHeaders(200, { "content-type": "text/event-stream" });
     await ex.responseBodyChunk(Buffer.from('data: {"choices":[{"delta":{"content":"a"}}]}\n\n'), false);
+    // Not a wait: the stream's own pace (40 ms between the first token and the rest), measured below.
     await new Promise((r) => setTimeout(r, 40));
     await ex.responseBodyChunk(Buffer.from('data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":9,"total_tokens":14}}\n\ndata: [DONE]\n\n'), true);
     await ex.end();
@@ -423,23 +425,13 @@ describe("gateway - model configs change live on every replica", () => {
     expect(await strategyVia(ca, { "routing-strategy": "random" })).toBe("random");
 
     expect(await cli(["set", MODEL, "--json", JSON.stringify({ lockedRoutingStrategy: "least-kv-cache", defaultProfile: "p", profiles: { p: { routingStrategy: "power-of-two" } } })])).toBe(0);
-    for (const c of [ca, cb]) {
-      const deadline = Date.now() + 3_000;
-      while ((await strategyVia(c, { "routing-strategy": "random" })) !== "least-kv-cache") {
-        if (Date.now() > deadline) throw new Error("config did not reach a replica");
-        await new Promise((r) => setTimeout(r, 20));
-      }
-    }
+    for (const c of [ca, cb]) await waitFor(async () => (await strategyVia(c, { "routing-strategy": "random" })) === "least-kv-cache", 3_000, "the config to reach a replica", 20);
     // An invalid config is refused by the CLI (exit 2) and changes nothing.
     expect(await cli(["set", MODEL, "--json", JSON.stringify({ lockedRoutingStrategy: "fastest" })])).toBe(2);
     expect(await strategyVia(cb)).toBe("least-kv-cache");
 
     expect(await cli(["delete", MODEL])).toBe(0);
-    const deadline = Date.now() + 3_000;
-    while ((await strategyVia(cb, { "routing-strategy": "random" })) !== "random") {
-      if (Date.now() > deadline) throw new Error("delete did not reach the replica");
-      await new Promise((r) => setTimeout(r, 20));
-    }
+    await waitFor(async () => (await strategyVia(cb, { "routing-strategy": "random" })) === "random", 3_000, "the delete to reach the replica", 20);
     ca.close();
     cb.close();
   });
@@ -453,11 +445,7 @@ describe("gateway - model configs change live on every replica", () => {
         JSON.stringify({ defaultProfile: "chat", profiles: { chat: { routingStrategy: "least-request" }, tiny: { routingStrategy: "random", routingConfig: { promptTokensLt: 50 } } } }),
       ]),
     ).toBe(0);
-    const deadline = Date.now() + 3_000;
-    while ((await strategyVia(c, { "config-profile": "auto" })) !== "random") {
-      if (Date.now() > deadline) throw new Error("profile did not apply");
-      await new Promise((r) => setTimeout(r, 20));
-    }
+    await waitFor(async () => (await strategyVia(c, { "config-profile": "auto" })) === "random", 3_000, "the profile to apply", 20);
     expect(await strategyVia(c)).toBe("least-request");
     c.close();
   });
@@ -469,22 +457,29 @@ describe("gateway - model configs change live on every replica", () => {
     await strategyVia(c);
     expect(committed()).toBe(0);
     expect(await cli(["set", MODEL, "--json", JSON.stringify({ consistency: "strict" })])).toBe(0);
-    const deadline = Date.now() + 3_000;
-    while (committed() < 1) {
-      if (Date.now() > deadline) throw new Error("the model's strict consistency did not apply");
-      await strategyVia(c);
-    }
+    await waitFor(
+      async () => {
+        if (committed() >= 1) return true;
+        await strategyVia(c);
+        return false;
+      },
+      3_000,
+      "the model's strict consistency to apply",
+    );
     // Back to the gateway's own mode once the model's config says nothing.
     expect(await cli(["delete", MODEL])).toBe(0);
     await waitFor(() => g.views.ledger.size === 0, 2_000, "releases");
-    const until = Date.now() + 3_000;
     let before = committed();
-    for (;;) {
-      await strategyVia(c);
-      if (committed() === before) break;
-      before = committed();
-      if (Date.now() > until) throw new Error("deleting the config did not restore eventual mode");
-    }
+    await waitFor(
+      async () => {
+        await strategyVia(c);
+        const same = committed() === before;
+        before = committed();
+        return same;
+      },
+      3_000,
+      "deleting the config to restore eventual mode (a request routed without a commit)",
+    );
     // A mode that is not one of the two is refused by the CLI.
     expect(await cli(["set", MODEL, "--json", JSON.stringify({ consistency: "off" })])).toBe(2);
     c.close();
@@ -622,7 +617,9 @@ describe("gateway - rate limits shared across replicas", () => {
     held.catch(() => {});
     await waitFor(() => a.director.rateWaits >= 1, 2_000, "the second request to be held");
     await a.close();
-    await new Promise((r) => setTimeout(r, 1_500)); // past the hold (1 s after the first admission): its late verdict must charge nothing
+    // Past the hold (1 s after the first admission): its late verdict must charge nothing. No event
+    // marks that verdict on a closed gateway, so the test lets the hold run out.
+    await new Promise((r) => setTimeout(r, 1_500));
     expect(a.director.inFlight.size).toBe(0);
     expect(a.views.ledger.chargesOf("hold-a")).toBe(0);
     c.close();

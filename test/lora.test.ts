@@ -131,12 +131,7 @@ describe("LoRA adapters end to end", () => {
     const blocksOn = (cs: Array<{ pod: string; prefix?: { indexBlocks: number } }>, pod: string) => cs.find((c) => c.pod === pod)?.prefix?.indexBlocks ?? 0;
     for (const g of gws) {
       let adapterView: Array<{ pod: string; prefix?: { indexBlocks: number } }> = [];
-      const t0 = Date.now();
-      while (Date.now() - t0 < 5_000) {
-        adapterView = await explain(g, "sql-lora");
-        if (blocksOn(adapterView, p0.name) > 0) break;
-        await new Promise((r) => setTimeout(r, 50));
-      }
+      await waitFor(async () => blocksOn((adapterView = await explain(g, "sql-lora")), p0.name) > 0, 5_000, `${g.id}'s index to hold the adapter's blocks`, 50);
       expect(blocksOn(adapterView, p0.name)).toBeGreaterThan(2);
       const baseView = await explain(g, MODEL);
       expect(baseView.map((c) => blocksOn([c], c.pod))).toEqual(baseView.map(() => 0));

@@ -31,6 +31,7 @@ import { namespaceOf } from "../streams/pools.js";
 import { Family, Subjects } from "../streams/subjects.js";
 import { encodeToken } from "../streams/tokens.js";
 import { MODEL_CONFIG_KEY_PREFIX } from "../schemas/config.js";
+import { waitFor } from "./harness/wait.js";
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
 const VALUES = path.join(ROOT, "deploy/nats/values.yaml");
@@ -226,11 +227,11 @@ describe("each user does its job", () => {
 
     const admin = await as("jr-admin");
     const ready = async () => (await fetch(`http://127.0.0.1:${started.adminPort}/readyz`)).status === 200;
+    // One budget for turning ready, routing and taking the lease.
     const deadline = Date.now() + 20_000;
-    while (!(await ready())) {
-      if (Date.now() > deadline) throw new Error(`gateway not ready: ${readFileSync(path.join(dir, "gateway.log"), "utf8").slice(-2000)}`);
-      await new Promise((r) => setTimeout(r, 50));
-    }
+    const left = () => Math.max(0, deadline - Date.now());
+    const log = () => readFileSync(path.join(dir, "gateway.log"), "utf8").slice(-2000);
+    await waitFor(ready, left(), () => `the gateway to turn ready: ${log()}`, 50);
 
     // Route one request over ext_proc; the pod may reach the gateway just after readiness.
     const decisions = admin.nc.subscribe(subjects.all("decisions"));
@@ -239,15 +240,19 @@ describe("each user does its job", () => {
     const c = new ExtProcClient(`127.0.0.1:${started.port}`);
     try {
       let endpoint: string | undefined;
-      while (!endpoint) {
-        if (Date.now() > deadline) throw new Error("the gateway never routed to perm-pod-0");
-        const ex = c.open();
-        await ex.requestHeaders({ ":method": "POST", ":path": "/v1/chat/completions", ":authority": "gw", "content-type": "application/json", "x-request-id": `perm-${Date.now()}` });
-        const b = await ex.requestBody(Buffer.from(JSON.stringify({ model: MODEL, messages: [{ role: "user", content: "hello" }] })));
-        ex.cancel();
-        if (b.kind !== "immediate") endpoint = b.headerMutation.set["x-gateway-destination-endpoint"] as string;
-        else await new Promise((r) => setTimeout(r, 50));
-      }
+      await waitFor(
+        async () => {
+          const ex = c.open();
+          await ex.requestHeaders({ ":method": "POST", ":path": "/v1/chat/completions", ":authority": "gw", "content-type": "application/json", "x-request-id": `perm-${Date.now()}` });
+          const b = await ex.requestBody(Buffer.from(JSON.stringify({ model: MODEL, messages: [{ role: "user", content: "hello" }] })));
+          ex.cancel();
+          if (b.kind !== "immediate") endpoint = b.headerMutation.set["x-gateway-destination-endpoint"] as string;
+          return endpoint !== undefined;
+        },
+        left(),
+        "the gateway to route to perm-pod-0",
+        50,
+      );
       expect(endpoint).toBe("127.0.0.1:18000");
       // The pod reached PODS through the pod-watcher's user.
       const podMsg = await admin.jsm.streams.getMessage(streamName("jr", "PODS"), { last_by_subj: subjects.pod(MODEL, "perm-pod-0") });
@@ -267,10 +272,7 @@ describe("each user does its job", () => {
     // own user. (It writes a snapshot only once the prefix index changes; the object store
     // allowances are exercised by the denial test below from the other side.)
     const leases = await new Kvm(admin.nc).open(leaseBucketName("jr"));
-    while ((await leases.get("snapshotter.prefix-index"))?.operation !== "PUT") {
-      if (Date.now() > deadline) throw new Error(`no snapshot lease taken: ${readFileSync(path.join(dir, "gateway.log"), "utf8").slice(-2000)}`);
-      await new Promise((r) => setTimeout(r, 50));
-    }
+    await waitFor(async () => (await leases.get("snapshotter.prefix-index"))?.operation === "PUT", left(), () => `the snapshot lease to be taken: ${log()}`, 50);
     expect((await leases.get("snapshotter.prefix-index"))?.json<{ holder: string }>().holder).toBe(started.gateway);
     // Heartbeats, KV watch, lease and snapshot bucket access all ran without a single refusal.
     expect(violations.filter((l) => /User "jr-(gateway|pod-watcher)"/.test(l))).toEqual([]);
@@ -398,25 +400,29 @@ describe("gateway pools on the per-process users (deploy/pools)", () => {
     const started = await gw.waitForLine<{ gateway: string; port: number; adminPort: number; pool: string }>((l) => typeof l.port === "number", 30_000);
     expect(started.pool).toBe(POOL);
     const admin = await as("jr-admin");
+    // One budget for turning ready, routing and taking the lease.
     const deadline = Date.now() + 30_000;
-    while ((await fetch(`http://127.0.0.1:${started.adminPort}/readyz`)).status !== 200) {
-      if (Date.now() > deadline) throw new Error(`pool gateway not ready: ${readFileSync(path.join(dir, "pool-gateway.log"), "utf8").slice(-2000)}`);
-      await new Promise((r) => setTimeout(r, 50));
-    }
+    const left = () => Math.max(0, deadline - Date.now());
+    const log = () => readFileSync(path.join(dir, "pool-gateway.log"), "utf8").slice(-2000);
+    await waitFor(async () => (await fetch(`http://127.0.0.1:${started.adminPort}/readyz`)).status === 200, left(), () => `the pool gateway to turn ready: ${log()}`, 50);
     const charges = admin.nc.subscribe(pooled.all("charges"));
     await admin.nc.flush();
     const c = new ExtProcClient(`127.0.0.1:${started.port}`);
     try {
       let endpoint: string | undefined;
-      while (!endpoint) {
-        if (Date.now() > deadline) throw new Error(`the pool gateway never routed to pool-pod-0: ${readFileSync(path.join(dir, "pool-gateway.log"), "utf8").slice(-2000)}`);
-        const ex = c.open();
-        await ex.requestHeaders({ ":method": "POST", ":path": "/v1/chat/completions", ":authority": "gw", "content-type": "application/json", "x-request-id": `perm-pool-${Date.now()}` });
-        const b = await ex.requestBody(Buffer.from(JSON.stringify({ model: POOLED_MODEL, messages: [{ role: "user", content: "hello" }] })));
-        ex.cancel();
-        if (b.kind !== "immediate") endpoint = b.headerMutation.set["x-gateway-destination-endpoint"] as string;
-        else await new Promise((r) => setTimeout(r, 50));
-      }
+      await waitFor(
+        async () => {
+          const ex = c.open();
+          await ex.requestHeaders({ ":method": "POST", ":path": "/v1/chat/completions", ":authority": "gw", "content-type": "application/json", "x-request-id": `perm-pool-${Date.now()}` });
+          const b = await ex.requestBody(Buffer.from(JSON.stringify({ model: POOLED_MODEL, messages: [{ role: "user", content: "hello" }] })));
+          ex.cancel();
+          if (b.kind !== "immediate") endpoint = b.headerMutation.set["x-gateway-destination-endpoint"] as string;
+          return endpoint !== undefined;
+        },
+        left(),
+        () => `the pool gateway to route to pool-pod-0: ${log()}`,
+        50,
+      );
       expect(endpoint).toBe("127.0.0.1:18001");
     } finally {
       c.close();
@@ -429,10 +435,7 @@ describe("gateway pools on the per-process users (deploy/pools)", () => {
     const podMsg = await admin.jsm.streams.getMessage(streamName(ns.prefix, "PODS"), { last_by_subj: pooled.pod(POOLED_MODEL, "pool-pod-0") });
     expect(podMsg?.subject).toBe(pooled.pod(POOLED_MODEL, "pool-pod-0"));
     const leases = await new Kvm(admin.nc).open(leaseBucketName(ns.prefix));
-    while ((await leases.get("snapshotter.prefix-index"))?.operation !== "PUT") {
-      if (Date.now() > deadline) throw new Error(`no pool snapshot lease taken: ${readFileSync(path.join(dir, "pool-gateway.log"), "utf8").slice(-2000)}`);
-      await new Promise((r) => setTimeout(r, 50));
-    }
+    await waitFor(async () => (await leases.get("snapshotter.prefix-index"))?.operation === "PUT", left(), () => `the pool's snapshot lease to be taken: ${log()}`, 50);
     const watcherLeases: string[] = [];
     for await (const k of await leases.keys("pod-watcher.>")) watcherLeases.push(k);
     expect(watcherLeases.length, "the pod-watcher's lease in the pool's bucket").toBe(1);

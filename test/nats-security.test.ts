@@ -18,6 +18,7 @@ import { streamName } from "../streams/definitions.js";
 import { connectNats, type NatsEnv } from "../services/shared/nats.js";
 import { createTestOperator, createTestPki, type NatsServerHandle, type StartOptions, startNatsServer, type TestPki } from "../services/shared/nats-server.js";
 import { spawnJetroute } from "../services/shared/processes.js";
+import { waitFor } from "./harness/wait.js";
 
 const dir = mkdtempSync(path.join(os.tmpdir(), "jetroute-nats-security-"));
 let pki: TestPki;
@@ -188,15 +189,19 @@ describe("jetroute processes on a secured NATS, configured by environment only",
     const watcher = spawnJetroute("pod-watcher", ["pod-watcher", "--static", pods, "--no-probe", "--nats", s.url], { env, logFile: log });
     try {
       const stream = streamName("jr", "PODS");
-      const deadline = Date.now() + 15_000;
       let subjects: Record<string, number> = {};
       // Until the pod itself is there (the source's heartbeat subject may come first).
       const hasPod = () => Object.keys(subjects).some((k) => k.endsWith(".secure-pod-0"));
-      while (Date.now() < deadline && !hasPod()) {
-        if (watcher.proc.exitCode !== null) throw new Error(`pod-watcher exited: ${readFileSync(log, "utf8")}`);
-        subjects = (await h.jsm.streams.info(stream, { subjects_filter: ">" })).state.subjects ?? {};
-        if (!hasPod()) await new Promise((r) => setTimeout(r, 100));
-      }
+      await waitFor(
+        async () => {
+          if (watcher.proc.exitCode !== null) throw new Error(`pod-watcher exited: ${readFileSync(log, "utf8")}`);
+          subjects = (await h.jsm.streams.info(stream, { subjects_filter: ">" })).state.subjects ?? {};
+          return hasPod();
+        },
+        15_000,
+        () => `the pod on PODS (subjects: ${Object.keys(subjects).join(", ")})`,
+        100,
+      );
       expect(Object.keys(subjects).some((k) => k.endsWith(".secure-pod-0"))).toBe(true);
     } finally {
       await h.nc.close();

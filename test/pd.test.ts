@@ -25,14 +25,6 @@ interface PdState {
 
 const SG_MODEL = "org/sglang-model";
 
-/** Polls an async condition (a pod's /debug/state) until it holds. */
-async function eventually(what: string, cond: () => Promise<boolean>, timeoutMs = 3_000): Promise<void> {
-  const t0 = performance.now();
-  while (!(await cond())) {
-    if (performance.now() - t0 > timeoutMs) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 20));
-  }
-}
 const PD = { prefillTimeoutMs: 2_000, maxRetries: 2, firstChunkTimeoutMs: 1_500, idleTimeoutMs: 1_500 };
 
 describe("P/D - vLLM and SGLang through the front, two replicas", () => {
@@ -173,7 +165,7 @@ describe("P/D - vLLM and SGLang through the front, two replicas", () => {
     await pending;
     await waitFor(() => gws.every((g) => g.views.ledger.size === 0), 3_000, "charges released");
     // The prefill pod saw its client (the gateway's leg) leave: nothing hangs there any more.
-    await eventually("no hung prefill", async () => (await Promise.all(prefills.map((p) => state(vllm, p)))).every((x) => x.hungRequests === 0));
+    await waitFor(async () => (await Promise.all(prefills.map((p) => state(vllm, p)))).every((x) => x.hungRequests === 0), 3_000, "no hung prefill", 20);
     const rec = decisions.filter((d) => d.pd?.leg === "decode").at(-1);
     await waitFor(() => decisions.some((d) => d.pd?.leg === "decode" && d.outcome === "cancelled"), 3_000, "the cancelled request's record");
     expect(rec).toBeDefined();
@@ -214,7 +206,7 @@ describe("P/D - vLLM and SGLang through the front, two replicas", () => {
       if (!stream) expect(r.status).toBe(502);
     }
     // The decode pod was told to stop: nothing waits for a handoff any more.
-    await eventually("decode prealloc queue empty", async () => ((await state(sglang, "s1")).pd.decodePreallocQueue ?? 0) === 0, 1_000);
+    await waitFor(async () => ((await state(sglang, "s1")).pd.decodePreallocQueue ?? 0) === 0, 1_000, "decode prealloc queue empty", 20);
   });
 
   it("SGLang: a decode whose handoff never comes is ended by the watchdog and aborted on its pod", async () => {
@@ -225,13 +217,14 @@ describe("P/D - vLLM and SGLang through the front, two replicas", () => {
     expect(text).toContain("decode_timeout");
     expect(performance.now() - t0).toBeLessThan(PD.firstChunkTimeoutMs + 1_500);
     // /abort_request reached the decode pod: it no longer waits for the room.
-    await eventually("decode prealloc queue empty", async () => ((await state(sglang, "s1")).pd.decodePreallocQueue ?? 0) === 0, 1_000);
+    await waitFor(async () => ((await state(sglang, "s1")).pd.decodePreallocQueue ?? 0) === 0, 1_000, "decode prealloc queue empty", 20);
   });
 
   /**
-   * 9 requests, 30 ms apart, alternating between the replicas, every leg held: with the legs'
-   * charges shared, each replica sees 3 per pod; a replica that saw only its own (5 or 4 requests
-   * spread over 3 pods on its own) would pile 4 onto some pod now and then.
+   * 9 requests, each sent once both replicas hold the previous one's charges, alternating between
+   * the replicas, every leg held: with the legs' charges shared, each replica sees 3 per pod; a
+   * replica that saw only its own (5 or 4 requests spread over 3 pods on its own) would pile 4 onto
+   * some pod now and then.
    */
   const spreadOf = async (pods: string[], hold: string[], stream: boolean) => {
     faultAll(hold, { hang: true });
@@ -242,7 +235,6 @@ describe("P/D - vLLM and SGLang through the front, two replicas", () => {
       const body = { ...chat(MODEL, { stream }), messages: [{ role: "user", content: `${randomUUID()} request ${i} of the spread test` }] };
       reqs.push(post(body, ctls[i]?.signal, perReplica[i % 2]?.base).catch((e: unknown) => e));
       await waitFor(() => gws.every((g) => pods.reduce((a, p) => a + g.views.ledger.outstanding(MODEL, p).requests, 0) === i + 1), 3_000, `${i + 1} charges on ${pods.join(",")} in both replicas`);
-      await new Promise((r) => setTimeout(r, 30));
     }
     const perPod = gws.map((g) => pods.map((p) => g.views.ledger.outstanding(MODEL, p).requests));
     for (const c of ctls) c.abort();

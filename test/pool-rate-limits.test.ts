@@ -137,7 +137,7 @@ describe("per-user rate limits across gateway pools", () => {
     await waitFor(() => [ga, gb, plain].every((g) => g.state.rates.userRequests("carol", clock()) === 2), 10_000, "the valid summary after the bad ones");
     // ... into the base prefix's DLQ (the stream they were read from is the base one).
     let dead = 0;
-    for (const until = Date.now() + 10_000; (dead = await dlq()) < before + 9 && Date.now() < until; ) await new Promise((r) => setTimeout(r, 20));
+    await waitFor(async () => (dead = await dlq()) >= before + 9, 10_000, () => `nine dead letters (${dead - before} so far)`, 20);
     expect(dead).toBe(before + 9);
   }, 30_000);
 

@@ -160,10 +160,7 @@ describe("gateway pools", () => {
     expect(statuses.every((s) => s === 200)).toBe(true);
     const toMs = Date.now();
     const decisions = streamName(nsB.prefix, "DECISIONS");
-    for (const t0 = Date.now(); (await env.nats.jsm.streams.info(decisions)).state.messages < 70; ) {
-      if (Date.now() - t0 > 10_000) throw new Error("pool b's decision records did not reach its stream");
-      await new Promise((r) => setTimeout(r, 20));
-    }
+    await waitFor(async () => (await env.nats.jsm.streams.info(decisions)).state.messages >= 70, 10_000, "pool b's decision records in its stream", 20);
     const report = await runReplay({ source: await natsSource(env.nats, nsB.prefix, { fromMs, toMs, tailMs: 5_000, configPrefix: nsB.configPrefix }), fromMs, toMs, strategies: ["random"], reorderMs: 5_000 });
     expect(report.decisions.evaluated).toBe(30);
     expect(report.fidelity.ratio).toBeGreaterThanOrEqual(0.99);

@@ -70,12 +70,18 @@ describe("prefix index - engines -> kv-bridge -> KV stream -> gateways", () => {
   async function quiesce(replicas: GatewayHandle[]): Promise<void> {
     await bridgeCaughtUp(fleet, bridge);
     let last = -1;
-    for (let stable = 0; stable < 3; ) {
-      const now = (await env.nats.jsm.streams.info(streamName("jr", "KV"))).state.last_seq;
-      stable = now === last ? stable + 1 : 0;
-      last = now;
-      await new Promise((r) => setTimeout(r, 100));
-    }
+    let stable = 0;
+    await waitFor(
+      async () => {
+        const now = (await env.nats.jsm.streams.info(streamName("jr", "KV"))).state.last_seq;
+        stable = now === last ? stable + 1 : 0;
+        last = now;
+        return stable >= 3;
+      },
+      20_000,
+      "the KV stream to stop growing (the same last sequence three times, 100 ms apart)",
+      100,
+    );
     await waitFor(() => replicas.every((g) => lastKvSeq(g) >= last), 10_000, "gateways caught up with KV");
   }
 

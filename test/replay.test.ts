@@ -81,11 +81,7 @@ describe("replay - a recorded run of three gateway replicas", () => {
 
   async function decisionsStored(atLeast: number): Promise<void> {
     const name = streamName("jr", "DECISIONS");
-    const t0 = Date.now();
-    while ((await env.nats.jsm.streams.info(name)).state.messages < atLeast) {
-      if (Date.now() - t0 > 10_000) throw new Error("decision records did not reach the stream");
-      await new Promise((r) => setTimeout(r, 20));
-    }
+    await waitFor(async () => (await env.nats.jsm.streams.info(name)).state.messages >= atLeast, 10_000, `${atLeast} decision records in the stream`, 20);
   }
 
   let fromMs = 0;

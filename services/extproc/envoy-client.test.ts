@@ -9,6 +9,7 @@ import {
   ExtProcTimeoutError,
   applyHeaderSetEntries,
 } from "./envoy-client.js";
+import { waitFor } from "../../test/harness/wait.js";
 import { startNoopExtProc, type NoopExtProcServer } from "./noop-server.js";
 import { loadExtProc } from "./protos.js";
 import type { ProcessingRequest, ProcessingResponse } from "./types.js";
@@ -47,14 +48,6 @@ async function startScripted(
     server.bindAsync("127.0.0.1:0", grpc.ServerCredentials.createInsecure(), (e, p) => (e ? rej(e) : res(p))),
   );
   return { port, received, events, close: () => server.forceShutdown() };
-}
-
-async function until(cond: () => boolean, ms = 2_000): Promise<void> {
-  const deadline = Date.now() + ms;
-  while (!cond()) {
-    if (Date.now() > deadline) throw new Error("condition not met in time");
-    await new Promise((r) => setTimeout(r, 5));
-  }
 }
 
 describe("envoy-client - against the no-op server", () => {
@@ -158,7 +151,7 @@ describe("envoy-client - wire behaviour", () => {
     expect(ex.closed).toBe(true);
     await expect(ex.requestBody(Buffer.from("{}"))).rejects.toBeInstanceOf(ExtProcExchangeEndedError);
     // Envoy stops talking to the processor after an immediate response: it closes the stream itself.
-    await until(() => server?.events.includes("end") ?? false);
+    await waitFor(() => server?.events.includes("end") ?? false, 5_000, "the server to see the stream end");
   });
 
   it("fails when a reply names another phase", async () => {
@@ -173,7 +166,7 @@ describe("envoy-client - wire behaviour", () => {
     const t0 = Date.now();
     await expect(client.open().requestHeaders(REQ)).rejects.toBeInstanceOf(ExtProcTimeoutError);
     expect(Date.now() - t0).toBeGreaterThanOrEqual(90);
-    await until(() => server?.events.includes("cancelled") ?? false);
+    await waitFor(() => server?.events.includes("cancelled") ?? false, 5_000, "the server to see the stream cancelled");
   });
 
   it("reports a server error status and a clean close while a reply is awaited", async () => {
@@ -202,10 +195,10 @@ describe("envoy-client - wire behaviour", () => {
     client = new ExtProcClient(`127.0.0.1:${server.port}`);
     const ex = client.open();
     const p = ex.requestHeaders(REQ);
-    await until(() => server?.received.length === 1);
+    await waitFor(() => server?.received.length === 1, 5_000, "the headers on the server");
     ex.cancel();
     await expect(p).rejects.toBeInstanceOf(ExtProcExchangeEndedError);
-    await until(() => server?.events.includes("cancelled") ?? false);
+    await waitFor(() => server?.events.includes("cancelled") ?? false, 5_000, "the server to see the stream cancelled");
     // grpc-js servers see a client cancel as a half-close ("end") followed by "cancelled".
     expect(server.events).toEqual(["end", "cancelled"]);
   });
@@ -222,7 +215,7 @@ describe("envoy-client - wire behaviour", () => {
     await ex.end();
     expect(Date.now() - t0).toBeGreaterThanOrEqual(70);
     // grpc-js 1.14 servers emit "cancelled" when any stream closes, even after a clean finish.
-    await until(() => server?.events.length === 3);
+    await waitFor(() => server?.events.length === 3, 5_000, "three stream events on the server");
     expect(server.events).toEqual(["end", "finish", "cancelled"]);
   });
 
@@ -234,7 +227,7 @@ describe("envoy-client - wire behaviour", () => {
     const t0 = Date.now();
     await ex.end();
     expect(Date.now() - t0).toBeGreaterThanOrEqual(90);
-    await until(() => server?.events.includes("cancelled") ?? false);
+    await waitFor(() => server?.events.includes("cancelled") ?? false, 5_000, "the server to see the stream cancelled");
     expect(server.events).toEqual(["end", "cancelled"]);
   });
 
@@ -246,7 +239,7 @@ describe("envoy-client - wire behaviour", () => {
     const t0 = Date.now();
     await ex.end();
     expect(Date.now() - t0).toBeLessThan(50);
-    await until(() => server?.events.length === 3);
+    await waitFor(() => server?.events.length === 3, 5_000, "three stream events on the server");
     expect(server.events).toEqual(["end", "cancelled", "finish-after-cancel"]);
   });
 

@@ -7,6 +7,7 @@ import { afterEach, describe, expect, it } from "vitest";
 import { loadExtProc } from "../extproc/protos.js";
 import type { ProcessingRequest, ProcessingResponse } from "../extproc/types.js";
 import { headersToRecord, setHeader } from "../extproc/wire.js";
+import { waitFor } from "../../test/harness/wait.js";
 import { type FrontServer, startFront } from "./front.js";
 
 const silent = pino({ level: "silent" });
@@ -124,14 +125,6 @@ function send(port: number, opts: { method?: string; path?: string; headers?: Re
 const chatBody = JSON.stringify({ model: "m", stream: true, messages: [{ role: "user", content: "hi" }] });
 const jsonHeaders = { "content-type": "application/json" };
 
-async function until(cond: () => boolean, ms = 3_000): Promise<void> {
-  const deadline = Date.now() + ms;
-  while (!cond()) {
-    if (Date.now() > deadline) throw new Error("condition not met in time");
-    await new Promise((r) => setTimeout(r, 5));
-  }
-}
-
 describe("front - proxying through ext_proc", () => {
   const cleanups: Array<() => unknown> = [];
   afterEach(async () => {
@@ -177,7 +170,7 @@ describe("front - proxying through ext_proc", () => {
     });
     expect(upstreamWaited).toBe("client saw chunk 1");
     expect(body).toBe("data: 1\n\ndata: [DONE]\n\n");
-    await until(() => ext.streams[0]?.events.length === 1);
+    await waitFor(() => ext.streams[0]?.events.length === 1, 5_000, "the ext_proc stream's half-close");
     const phases = ext.streams[0]?.messages.map((m) => m.request);
     expect(phases).toEqual(["request_headers", "request_body", "response_headers", "response_body", "response_body", "response_body"]);
     const bodies = ext.streams[0]?.messages.filter((m) => m.request === "response_body").map((m) => m.response_body);
@@ -297,7 +290,7 @@ describe("front - proxying through ext_proc", () => {
       req.on("timeout", () => reject(new Error("no first chunk")));
       req.end(chatBody);
     });
-    await until(() => (ext.streams[0]?.events.length ?? 0) > 0 && upstream.seen[0]?.aborted === true);
+    await waitFor(() => (ext.streams[0]?.events.length ?? 0) > 0 && upstream.seen[0]?.aborted === true, 5_000, "the ext_proc stream's cancel and the upstream abort");
     expect(ext.streams[0]?.events).toEqual(["cancel"]);
     expect(upstream.seen[0]?.aborted).toBe(true);
   });

@@ -371,8 +371,9 @@ describe("snapshot lease", () => {
         await waitFor(() => (a.stats.lastWrite?.seq ?? 0) === seq || (b.stats.lastWrite?.seq ?? 0) === seq, 5_000, `snapshot ${seq}`);
       }
       // Due ticks without changes write nothing.
-      await new Promise((r) => setTimeout(r, 300));
       const [leader, other] = a.stats.writes > 0 ? [a, b] : [b, a];
+      const idle = leader.stats.unchanged;
+      await waitFor(() => leader.stats.unchanged >= idle + 3, 5_000, "three due ticks without changes");
       expect(other.stats.writes).toBe(0);
       expect(leader.isLeader()).toBe(true);
       expect(other.isLeader()).toBe(false);

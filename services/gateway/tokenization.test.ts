@@ -1,6 +1,6 @@
 import http from "node:http";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { quietLog } from "../../test/harness/env.js";
+import { quietLog, waitFor } from "../../test/harness/env.js";
 import { type SimFleet, startSimFleet } from "../sim/fleet.js";
 import { tokenizeChat } from "../tokenizer/sim-tokenizer.js";
 import { approximateTokens } from "../tokenizer/prompt-tokens.js";
@@ -116,7 +116,7 @@ describe("tokenization - bounded in bytes: what is read and what is cached", () 
     expect(r.tokens).toEqual(approximateTokens({ prompt: "endless please" }));
     expect(t.stats).toMatchObject({ remote: 1, fallbacks: 1, oversized: 1, cacheEntries: 0 });
     // The connection was closed on the engine: it stops sending instead of streaming forever.
-    for (let i = 0; i < 100 && engine.closed() === 0; i++) await new Promise((res) => setTimeout(res, 10));
+    await waitFor(() => engine.closed() > 0, 5_000, "the engine to see its connection closed");
     expect(engine.closed()).toBeGreaterThan(0);
   });
 

@@ -1,4 +1,5 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { waitFor } from "../../test/harness/wait.js";
 import { jsonPatch, mergePatch, stripDirectives } from "./patch.js";
 import { matches, parseSelector, SelectorError } from "./selector.js";
 import { KubeStandin } from "./server.js";
@@ -113,8 +114,9 @@ describe("kube stand-in - the list/watch protocol over HTTP", () => {
     const list = (await (await api("/api/v1/namespaces/ns1/pods?labelSelector=app%3Dinf")).json()) as { metadata: { resourceVersion: string } };
     // A change before the watch opens (replayed from history) and after (live).
     await api("/api/v1/namespaces/ns1/pods/p1/status", { method: "PATCH", body: JSON.stringify({ status: { podIP: "10.0.0.1" } }), headers: { "content-type": "application/merge-patch+json" } });
+    const watches = k.stats.watches;
     const watching = readWatch(`${k.url}/api/v1/namespaces/ns1/pods?watch=true&labelSelector=app%3Dinf&allowWatchBookmarks=true&resourceVersion=${list.metadata.resourceVersion}`, (ev) => ev.filter((e) => e.type !== "BOOKMARK").length >= 4 && ev[ev.length - 1]?.type === "BOOKMARK");
-    await new Promise((r) => setTimeout(r, 20));
+    await waitFor(() => k.stats.watches > watches, 5_000, "the watch to be open on the server");
     // Out of the selector -> DELETED for this watcher; back in -> ADDED; then a real delete.
     await api("/api/v1/namespaces/ns1/pods/p2", { method: "PATCH", body: JSON.stringify({ metadata: { labels: { app: "web" } } }), headers: { "content-type": "application/merge-patch+json" } });
     await api("/api/v1/namespaces/ns1/pods/p2", { method: "PATCH", body: JSON.stringify({ metadata: { labels: { app: "inf" } } }), headers: { "content-type": "application/strategic-merge-patch+json" } });
@@ -145,8 +147,9 @@ describe("kube stand-in - the list/watch protocol over HTTP", () => {
     const events = await readWatch(`${k.url}/api/v1/pods?watch=true&timeoutSeconds=1&resourceVersion=${k.store.resourceVersion}`, () => false, 5_000);
     expect(events).toEqual([]);
     expect(Date.now() - t0).toBeGreaterThanOrEqual(900);
+    const watches = k.stats.watches;
     const res = await fetch(`${k.url}/api/v1/pods?watch=true&resourceVersion=${k.store.resourceVersion}`);
-    await new Promise((r) => setTimeout(r, 20));
+    await waitFor(() => k.stats.watches > watches, 5_000, "the watch to be open on the server");
     expect(k.cutWatches()).toBe(1);
     await expect(res.text()).rejects.toThrow();
   });
@@ -162,8 +165,9 @@ describe("kube stand-in - the list/watch protocol over HTTP", () => {
     // A watch with a 1 s timeout and bookmarks every 50 ms: muted, it neither ends nor delivers.
     const bookmarks = k.stats.bookmarks;
     const ctl = new AbortController();
+    const watches = k.stats.watches;
     const res = await fetch(`${k.url}/api/v1/pods?watch=true&allowWatchBookmarks=true&timeoutSeconds=1&resourceVersion=${k.store.resourceVersion}`, { signal: ctl.signal });
-    await new Promise((r) => setTimeout(r, 20));
+    await waitFor(() => k.stats.watches > watches, 5_000, "the watch to be open on the server");
     expect(k.muteWatches()).toBe(1);
     const reader = (res.body as ReadableStream<Uint8Array>).getReader();
     let received = 0;
@@ -175,7 +179,7 @@ describe("kube stand-in - the list/watch protocol over HTTP", () => {
       }
     })().catch(() => "aborted");
     // Until well past its 1 s timeout: the server's bookmark timer (50 ms) keeps firing on it, unsent.
-    for (const t0 = Date.now(); k.stats.bookmarks < bookmarks + 30 && Date.now() - t0 < 10_000; ) await new Promise((r) => setTimeout(r, 20));
+    await waitFor(() => k.stats.bookmarks >= bookmarks + 30, 10_000, "30 bookmark ticks on the muted watch", 20);
     expect(k.stats.bookmarks).toBeGreaterThanOrEqual(bookmarks + 30);
     ctl.abort();
     expect(await reading).toBe("aborted");

@@ -77,13 +77,9 @@ async function readKv(pod: string): Promise<StoredMsg[]> {
 }
 
 async function kvUntil(pod: string, ok: (msgs: StoredMsg[]) => boolean, timeoutMs = 5_000): Promise<StoredMsg[]> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const msgs = await readKv(pod);
-    if (ok(msgs)) return msgs;
-    if (Date.now() > deadline) throw new Error(`KV stream for ${pod} never matched; has ${JSON.stringify(msgs.map(brief))}`);
-    await new Promise((r) => setTimeout(r, 20));
-  }
+  let msgs: StoredMsg[] = [];
+  await waitFor(async () => ok((msgs = await readKv(pod))), timeoutMs, () => `the KV stream for ${pod} to match; has ${JSON.stringify(msgs.map(brief))}`, 20);
+  return msgs;
 }
 
 async function kvHas(pod: string, seq: number): Promise<boolean> {
@@ -251,7 +247,7 @@ describe("kv-bridge - engines to the KV stream", () => {
     await e.close();
     engines = engines.filter((x) => x !== e);
     const cleared = b.stats.cleared["engine-restart"];
-    await new Promise((r) => setTimeout(r, 150));
+    await waitFor(() => b.pods().find((p) => p.pod === "restart")?.connected === false, 5_000, "the bridge to see the engine gone");
     const e2 = new TestEngine();
     engines.push(e2);
     await e2.start(at);
@@ -271,6 +267,8 @@ describe("kv-bridge - engines to the KV stream", () => {
     const [b1, b2] = await Promise.all([bridge({ name: "twin-1" }), bridge({ name: "twin-2" })]);
     for (let i = 0; i < 200; i++) {
       await e.publish([freshStored(2)]);
+      // Pacing, not a wait: a short pause every 20 batches keeps the two bridges reading (and
+      // racing for the same batches) while the engine publishes; no condition stands for that.
       if (i % 20 === 0) await new Promise((r) => setTimeout(r, 2));
     }
     await waitFor(() => lastSeq(b1, "twins") === 219 && lastSeq(b2, "twins") === 219, 5_000, "both bridges at the head");
@@ -317,10 +315,16 @@ describe("kv-bridge - engines to the KV stream", () => {
     // A fresh SUB can miss what is published before its subscription registers (ZMQ's slow
     // joiner; likelier on a loaded machine). A real engine keeps publishing, and the next batch
     // reveals the gap, which replay repairs: do the same until the stream has both batches.
-    for (let i = 0; i < 10 && !(await kvHas("bad", good + 6)); i++) {
-      await new Promise((r) => setTimeout(r, 300));
-      if (!(await kvHas("bad", good + 6))) await e.publish([freshStored()]);
-    }
+    await waitFor(
+      async () => {
+        if (await kvHas("bad", good + 6)) return true;
+        await e.publish([freshStored()]);
+        return false;
+      },
+      10_000,
+      `batch ${good + 6} in the KV stream`,
+      300,
+    );
 
     const msgs = await kvUntil("bad", (m) => batches(m).some((x) => x.seq === good + 6));
     const seqs = batches(msgs).map((x) => x.seq);

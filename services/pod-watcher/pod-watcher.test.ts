@@ -174,10 +174,7 @@ describe("pod-watcher (static) - ownership, liveness, HA, on a real nats-server"
     expect(await last()).toBeUndefined();
     // Re-assertion is 10 minutes away (the default): only the repair can bring the pod back.
     let ev: PodEvent | undefined;
-    for (const t0 = Date.now(); ev === undefined && Date.now() - t0 < 10_000; ) {
-      ev = await last();
-      if (ev === undefined) await new Promise((r) => setTimeout(r, 50));
-    }
+    await waitFor(async () => (ev = await last()) !== undefined, 10_000, "the repair to republish the pod", 50);
     expect(ev).toMatchObject({ pod: "purge-0", ready: true, source: "static-purge" });
     expect(w.stats.reloads).toBeGreaterThan(1);
     await w.close();
@@ -277,11 +274,7 @@ describe("pod-watcher (static) - ownership, liveness, HA, on a real nats-server"
       }
     };
     let ev: PodEvent | undefined;
-    const t0 = Date.now();
-    while (!(ev?.ready === false) && Date.now() - t0 < 10_000) {
-      ev = await last();
-      await new Promise((r) => setTimeout(r, 50));
-    }
+    await waitFor(async () => (ev = await last())?.ready === false, 10_000, "the pod published not ready", 50);
     expect(ev).toMatchObject({ pod: "retry-0", ready: false, source: "static-retry" });
     healthy = true;
     await w.close();
@@ -337,7 +330,7 @@ describe("pod-watcher (static) - ownership, liveness, HA, on a real nats-server"
     const proc = spawnJetroute("pod-watcher", ["pod-watcher", "--static", file, "--probe-timeout-ms", "1500", "--leader-election", "--lease-ms", "30000", "--watcher-id", "sig-one", "--heartbeat-ms", "200", "--nats", env.server.url]);
     try {
       let holder: string | undefined;
-      for (const t0 = Date.now(); holder !== "sig-one" && Date.now() - t0 < 10_000; await new Promise((r) => setTimeout(r, 50))) holder = (await store.read())?.holder;
+      await waitFor(async () => (holder = (await store.read())?.holder) === "sig-one", 10_000, () => `sig-one to hold the lease (holder: ${holder})`, 50);
       expect(holder).toBe("sig-one");
       await proc.stop(10_000);
       // Released on the way out: the standby need not wait out a 30 s lease.

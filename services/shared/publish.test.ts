@@ -10,6 +10,7 @@ import { type NatsServerHandle, startNatsServer } from "./nats-server.js";
 import { MAX_RELEASE_BATCH, type ReleaseEvent } from "../../schemas/events.js";
 import { checkEvent } from "../../schemas/validate.js";
 import { Outbox, ReleaseBatcher } from "./publish.js";
+import { waitFor } from "../../test/harness/wait.js";
 
 describe("outbox", () => {
   let server: NatsServerHandle;
@@ -28,7 +29,7 @@ describe("outbox", () => {
     for (let i = 0; i < 5; i++) outbox.fire(`t.${i}`, { i });
     await new Promise((r) => setImmediate(r));
     await pub.nc.flush();
-    await new Promise((r) => setTimeout(r, 50));
+    await waitFor(() => got.length >= 5, 5_000, "the five messages on the subscription");
     expect(got).toEqual([0, 1, 2, 3, 4].map((i) => JSON.stringify({ i })));
     expect(outbox.published).toBe(5);
     await pub.nc.close();
@@ -65,7 +66,8 @@ describe("outbox", () => {
       outbox.fire("t.after", { i: 2 });
       await new Promise((r) => setImmediate(r));
       await pub.nc.flush();
-      await new Promise((r) => setTimeout(r, 50));
+      // A huge message, had it been sent, would arrive between the two (one connection keeps order).
+      await waitFor(() => got.length >= 2, 5_000, "two messages on the subscription");
       expect(got).toEqual(["t.before", "t.after"]);
       expect(outbox).toMatchObject({ published: 2, dropped: 1, droppedTooLarge: 1, droppedClosed: 0, droppedFailed: 0 });
       expect(outbox.drops()).toEqual({ closed: 0, tooLarge: 1, failed: 0 });
@@ -88,7 +90,8 @@ describe("outbox", () => {
     outbox.fire("t.3", { i: 3 });
     await new Promise((r) => setImmediate(r));
     await pub.nc.flush();
-    await new Promise((r) => setTimeout(r, 50));
+    // The bad one, had it been sent, would arrive between the two (one connection keeps order).
+    await waitFor(() => got.length >= 2, 5_000, "two messages on the subscription");
     expect(got).toEqual(["t.1", "t.3"]);
     expect(outbox).toMatchObject({ published: 2, dropped: 1, droppedFailed: 1, droppedTooLarge: 0, droppedClosed: 0 });
     await pub.nc.close();
@@ -117,9 +120,6 @@ describe("release batcher", () => {
     };
     return { outbox: new Outbox(pub.nc), got, close };
   }
-  const until = async (ok: () => boolean) => {
-    while (!ok()) await new Promise((r) => setTimeout(r, 2));
-  };
 
   it("sends a pod's releases of one window as one schema-valid `releases`, in order, stamped with the charge count; a lone one as a plain `release`", async () => {
     const w = await wire();
@@ -129,7 +129,7 @@ describe("release batcher", () => {
     b.add(rel("2", "p1"));
     made = 8;
     b.add(rel("3", "p0"));
-    await until(() => w.got.length === 2);
+    await waitFor(() => w.got.length === 2, 5_000, "one message per pod");
     const p0 = w.got.find((g) => g.subject === "rb.m.p0")?.ev;
     const p1 = w.got.find((g) => g.subject === "rb.m.p1")?.ev;
     expect(checkEvent("releases", p0).ok).toBe(true);
@@ -154,16 +154,16 @@ describe("release batcher", () => {
     b.add(rel("1", "p0"));
     b.add(rel("2", "p0"));
     b.flush();
-    await until(() => w.got.length === 1);
+    await waitFor(() => w.got.length === 1, 5_000, "the flushed batch");
     expect((w.got[0]?.ev.releases as unknown[] | undefined)?.length).toBe(2);
     for (const id of ["3", "4", "5"]) b.add(rel(id, "p0"));
-    await until(() => w.got.length === 2);
+    await waitFor(() => w.got.length === 2, 5_000, "the full batch");
     expect((w.got[1]?.ev.releases as Array<{ id: string }> | undefined)?.map((r) => r.id)).toEqual(["3", "4", "5"]);
     b.flush();
     const none = new ReleaseBatcher(w.outbox, (model, pod) => `rb.${model}.${pod}`, 0, () => 1);
     none.add(rel("6", "p0"));
     none.add(rel("7", "p0"));
-    await until(() => w.got.length === 4);
+    await waitFor(() => w.got.length === 4, 5_000, "two plain releases");
     expect(w.got.slice(2).map((g) => g.ev.type)).toEqual(["release", "release"]);
     await w.close();
   });
@@ -174,7 +174,7 @@ describe("release batcher", () => {
     const user = "u".repeat(200);
     for (let i = 1; i <= 40; i++) b.add(rel(i.toString(36), "p0", { user }));
     b.flush();
-    await until(() => w.got.flatMap((g) => (g.ev.releases as unknown[] | undefined) ?? [g.ev]).length === 40);
+    await waitFor(() => w.got.flatMap((g) => (g.ev.releases as unknown[] | undefined) ?? [g.ev]).length === 40, 5_000, "all 40 releases");
     expect(w.got.length).toBeGreaterThan(1);
     expect(w.got.every((g) => JSON.stringify(g.ev).length <= 3_600)).toBe(true);
     expect(w.got.flatMap((g) => (g.ev.releases as Array<{ id: string }>).map((r) => r.id))).toEqual(Array.from({ length: 40 }, (_, i) => (i + 1).toString(36)));

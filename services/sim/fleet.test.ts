@@ -2,7 +2,8 @@ import { createServer, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
 import { afterEach, describe, expect, it } from "vitest";
 import { type SimFleet, SimOptionsError, startSimFleet } from "./fleet.js";
-import { json, metricValue, postJson, scrape, waitFor } from "./testing.js";
+import { waitFor } from "../../test/harness/wait.js";
+import { json, metricValue, postJson, scrape } from "./testing.js";
 
 const MODEL = "demo/llama-3.1-8b";
 const fleets: SimFleet[] = [];
@@ -119,9 +120,15 @@ describe("batching and queueing", () => {
     };
     const all = [timed(0), timed(1), timed(2)];
     // Arrivals join the batch at the next step boundary, so wait for the steady state.
-    const during = await waitFor(
-      () => scrape(address),
-      (m) => metricValue(m, "vllm:num_requests_running") === 2 && metricValue(m, "vllm:num_requests_waiting") === 1,
+    let during = "";
+    await waitFor(
+      async () => {
+        during = await scrape(address);
+        return metricValue(during, "vllm:num_requests_running") === 2 && metricValue(during, "vllm:num_requests_waiting") === 1;
+      },
+      5_000,
+      "2 running and 1 waiting",
+      10,
     );
     expect(metricValue(during, "vllm:num_requests_running")).toBe(2);
     expect(metricValue(during, "vllm:num_requests_waiting")).toBe(1);
@@ -151,7 +158,8 @@ describe("batching and queueing", () => {
     await reader?.read(); // the first chunk: the request is running
     expect(metricValue(await scrape(address), "vllm:num_requests_running")).toBe(1);
     controller.abort();
-    const m = await waitFor(() => scrape(address), (x) => metricValue(x, "vllm:num_requests_running") === 0);
+    let m = "";
+    await waitFor(async () => metricValue((m = await scrape(address)), "vllm:num_requests_running") === 0, 5_000, "nothing running", 10);
     expect(metricValue(m, "vllm:num_requests_running")).toBe(0);
     expect(metricValue(m, "vllm:request_success_total", { finished_reason: "abort" })).toBe(1);
     // The slot is really free: a new request completes although the aborted one had 5000 tokens to go.
@@ -166,14 +174,21 @@ describe("batching and queueing", () => {
     const queued = new AbortController();
     const p1 = postJson(address, "/v1/completions", { prompt: "one", max_tokens: 5_000 }, { signal: running.signal }).catch(() => undefined);
     const p2 = postJson(address, "/v1/completions", { prompt: "two", max_tokens: 5_000 }, { signal: queued.signal }).catch(() => undefined);
-    const busy = await waitFor(() => scrape(address), (x) => metricValue(x, "vllm:num_requests_waiting") === 1);
+    let busy = "";
+    await waitFor(async () => metricValue((busy = await scrape(address)), "vllm:num_requests_waiting") === 1, 5_000, "one request waiting", 10);
     expect(metricValue(busy, "vllm:num_requests_running")).toBe(1);
     queued.abort();
     running.abort();
     await Promise.all([p1, p2]);
-    const idle = await waitFor(
-      () => scrape(address),
-      (x) => metricValue(x, "vllm:num_requests_running") === 0 && metricValue(x, "vllm:num_requests_waiting") === 0,
+    let idle = "";
+    await waitFor(
+      async () => {
+        idle = await scrape(address);
+        return metricValue(idle, "vllm:num_requests_running") === 0 && metricValue(idle, "vllm:num_requests_waiting") === 0;
+      },
+      5_000,
+      "nothing running or waiting",
+      10,
     );
     expect(metricValue(idle, "vllm:num_requests_running")).toBe(0);
     expect(metricValue(idle, "vllm:num_requests_waiting")).toBe(0);

@@ -6,7 +6,8 @@ import { KvEventsEndpoint } from "../../schemas/events.js";
 import { type SimFleet, type SimFleetOptions, startSimFleet } from "./fleet.js";
 import type { KvCacheEvent } from "./kv-cache.js";
 import { encodeEventBatch, seqBytes } from "./kv-events.js";
-import { json, metricValue, postJson, scrape, waitFor } from "./testing.js";
+import { waitFor } from "../../test/harness/wait.js";
+import { json, metricValue, postJson, scrape } from "./testing.js";
 
 const MODEL = "demo/llama-3.1-8b";
 const TWO_63 = 1n << 63n;
@@ -40,13 +41,15 @@ async function subscribe(endpoint: string, topic = "") {
       // closed by the test
     }
   })();
-  // A PUB drops what it sends before the subscription reaches it (ZMQ's slow joiner).
+  // A PUB drops what it sends before the subscription reaches it (ZMQ's slow joiner). No condition
+  // to wait for: a PUB socket does not tell when a subscription reached it, and probing it would
+  // publish a batch, shifting the sequence numbers these tests assert on.
   await new Promise((r) => setTimeout(r, 150));
   return {
     messages,
     seqs: () => messages.map((m) => m[1]?.readBigUInt64BE() ?? -1n),
     /** Waits until the message carrying `seq` has arrived. */
-    until: (seq: number) => waitFor(async () => messages.length, () => messages.some((m) => m[1]?.readBigUInt64BE() === BigInt(seq))),
+    until: (seq: number) => waitFor(() => messages.some((m) => m[1]?.readBigUInt64BE() === BigInt(seq)), 5_000, `batch ${seq} on the SUB`),
   };
 }
 
@@ -334,7 +337,8 @@ describe("KV events from a simulated pod", () => {
     expect(metricValue(warm, "vllm:prefix_cache_queries_total")).toBe(512);
     expect(metricValue(warm, "vllm:prefix_cache_hits_total")).toBe(240);
     expect(metricValue(warm, "vllm:cache_config_info", { block_size: "16", enable_prefix_caching: "True", num_gpu_blocks: "4096" })).toBe(1);
-    await new Promise((r) => setTimeout(r, 100));
+    // The first prompt's batch; the engine's next sequence number then shows no second one was made.
+    await sub.until(0);
     expect(sub.seqs()).toEqual([0n]);
     expect((await cache(address)).nextSeq).toBe(1);
     // A different cache_salt shares nothing.
@@ -365,13 +369,15 @@ describe("KV events from a simulated pod", () => {
     const listing = await cache(address);
     expect(listing).toMatchObject({ blocks: [], nextSeq: 0, usedBlocks: 0 });
     expect(metricValue(await scrape(address), "vllm:prefix_cache_queries_total")).toBe(0);
+    // "Announcing nothing" has no event to wait for: let what was sent before the restart land,
+    // then watch a window in which nothing may arrive.
     await new Promise((r) => setTimeout(r, 100));
     const before = sub.messages.length;
     await new Promise((r) => setTimeout(r, 100));
     expect(sub.messages.length).toBe(before);
 
     await complete(address, prompt(100, 48));
-    await waitFor(async () => sub.messages.length, (n) => n > before);
+    await waitFor(() => sub.messages.length > before, 5_000, "the first batch after the restart");
     // The sequence went backwards: that, and nothing else, tells a subscriber the engine restarted.
     expect(sub.seqs().at(-1)).toBe(0n);
     const [first] = decodeBatch(sub.messages.at(-1)?.[2] as Buffer).events;

@@ -4,7 +4,8 @@
  */
 import { afterEach, describe, expect, it } from "vitest";
 import { type SimFleet, startSimFleet } from "./fleet.js";
-import { json, metricValue, postJson, scrape, sseData, waitFor } from "./testing.js";
+import { waitFor } from "../../test/harness/wait.js";
+import { json, metricValue, postJson, scrape, sseData } from "./testing.js";
 
 const MODEL = "demo/llama-3.1-8b";
 const fleets: SimFleet[] = [];
@@ -21,6 +22,7 @@ afterEach(async () => {
 
 const addr = (f: SimFleet, i: number): string => f.pods[i]?.address ?? "";
 const state = (address: string) => json(fetch(`http://${address}/debug/state`));
+type State = Awaited<ReturnType<typeof state>>;
 const PROMPT = "Disaggregated serving moves the prompt's KV cache between engines. ".repeat(8);
 const withId = (id: string): RequestInit => ({ headers: { "content-type": "application/json", "x-request-id": id } });
 
@@ -157,10 +159,8 @@ describe("vLLM prefill/decode legs", () => {
     // 2 simulated seconds at time scale 100: 20 wall ms.
     const f = await fleet({ kvAbortTimeoutMs: 2_000 });
     await runPrefill(addr(f, 0), "req-leak");
-    const s = await waitFor(
-      () => state(addr(f, 0)),
-      (v) => v.pd.leaks === 1,
-    );
+    let s: State;
+    await waitFor(async () => (s = await state(addr(f, 0))).pd.leaks === 1, 5_000, "a leak counted", 10);
     expect(s.pd).toMatchObject({ leaks: 1, heldRequests: 0 });
     expect(s.usedBlocks).toBe(0);
     expect(metricValue(await scrape(addr(f, 0)), "jetroute_sim_kv_transfer_leaks_total")).toBe(1);
@@ -171,15 +171,18 @@ describe("vLLM prefill/decode legs", () => {
     const f = await fleet({ timeScale: 1, prefillMsPerToken: 20, kvAbortTimeoutMs: 1 });
     const ac = new AbortController();
     const pending = postJson(addr(f, 0), "/v1/completions", prefillLeg(), { ...withId("req-gone"), signal: ac.signal }).catch((e: Error) => e);
-    await waitFor(
-      () => state(addr(f, 0)),
-      (v) => v.running === 1,
-    );
+    await waitFor(async () => (await state(addr(f, 0))).running === 1, 5_000, "the prefill running", 10);
     ac.abort();
     await pending;
-    const s = await waitFor(
-      () => state(addr(f, 0)),
-      (v) => v.running === 0 && v.usedBlocks === 0,
+    let s: State;
+    await waitFor(
+      async () => {
+        s = await state(addr(f, 0));
+        return s.running === 0 && s.usedBlocks === 0;
+      },
+      5_000,
+      "nothing running, no block used",
+      10,
     );
     expect(s.running).toBe(0);
     expect(s.usedBlocks).toBe(0);
@@ -245,11 +248,11 @@ describe("SGLang prefill/decode legs", () => {
     let second: Promise<Response>;
     if (decodeFirst) {
       first = sendDecode();
-      await waitFor(() => state(addr(f, 1)), (v) => v.pd.decodePreallocQueue === 1);
+      await waitFor(async () => (await state(addr(f, 1))).pd.decodePreallocQueue === 1, 5_000, "the decode in the prealloc queue", 10);
       second = sendPrefill();
     } else {
       first = sendPrefill();
-      await waitFor(() => state(addr(f, 0)), (v) => v.pd.prefillBootstrapQueue === 1);
+      await waitFor(async () => (await state(addr(f, 0))).pd.prefillBootstrapQueue === 1, 5_000, "the prefill in the bootstrap queue", 10);
       expect(metricValue(await scrape(addr(f, 0)), "sglang:num_prefill_bootstrap_queue_reqs")).toBe(1);
       second = sendDecode();
     }
@@ -324,7 +327,7 @@ describe("SGLang prefill/decode legs", () => {
   it("/abort_request ends a waiting decode with finish_reason abort; an unknown rid is fine too", async () => {
     const f = await sglang();
     const pending = postJson(addr(f, 1), "/v1/completions", legBody(f, "9", false, { stream: true }));
-    await waitFor(() => state(addr(f, 1)), (v) => v.pd.decodePreallocQueue === 1);
+    await waitFor(async () => (await state(addr(f, 1))).pd.decodePreallocQueue === 1, 5_000, "the decode in the prealloc queue", 10);
     const unknown = await postJson(addr(f, 1), "/abort_request", { rid: "nobody", abort_all: false });
     expect(unknown.status).toBe(200);
     expect((await state(addr(f, 1))).pd.decodePreallocQueue).toBe(1);
@@ -341,7 +344,15 @@ describe("SGLang prefill/decode legs", () => {
     const f = await fleet({ engine: "sglang", pods: 2, timeScale: 1, decodeMsPerStep: 50 });
     const prefill = postJson(addr(f, 0), "/v1/completions", legBody(f, "10", false));
     const plain = postJson(addr(f, 0), "/v1/completions", { model: MODEL, prompt: "a plain request", max_tokens: 1000, rid: "plain-1" });
-    await waitFor(() => state(addr(f, 0)), (v) => v.pd.prefillBootstrapQueue === 1 && v.running === 1);
+    await waitFor(
+      async () => {
+        const v = await state(addr(f, 0));
+        return v.pd.prefillBootstrapQueue === 1 && v.running === 1;
+      },
+      5_000,
+      "the prefill in the bootstrap queue and the plain request running",
+      10,
+    );
     await postJson(addr(f, 0), "/abort_request", { rid: "rid-10" });
     await postJson(addr(f, 0), "/abort_request", { rid: "plain-1" });
     const [p, q] = await Promise.all([prefill, plain]);
@@ -356,8 +367,8 @@ describe("SGLang prefill/decode legs", () => {
     const f = await sglang();
     const prefill = postJson(addr(f, 0), "/v1/completions", legBody(f, "11", false)).catch((e: Error) => e);
     const decode = postJson(addr(f, 1), "/v1/completions", legBody(f, "12", false)).catch((e: Error) => e);
-    await waitFor(() => state(addr(f, 0)), (v) => v.pd.prefillBootstrapQueue === 1);
-    await waitFor(() => state(addr(f, 1)), (v) => v.pd.decodePreallocQueue === 1);
+    await waitFor(async () => (await state(addr(f, 0))).pd.prefillBootstrapQueue === 1, 5_000, "the prefill in the bootstrap queue", 10);
+    await waitFor(async () => (await state(addr(f, 1))).pd.decodePreallocQueue === 1, 5_000, "the decode in the prealloc queue", 10);
     f.restart(f.pods[0]?.name ?? "");
     f.restart(f.pods[1]?.name ?? "");
     expect(await prefill).toBeInstanceOf(Error);
@@ -412,10 +423,13 @@ describe("fault injection", () => {
     const staying = postJson(addr(f, 0), "/v1/completions", { model: MODEL, prompt: "x", max_tokens: 1 }).finally(() => {
       answered = true;
     });
-    expect((await waitFor(() => state(addr(f, 0)), (v) => v.hungRequests === 2)).hungRequests).toBe(2);
+    let hung = -1;
+    await waitFor(async () => (hung = (await state(addr(f, 0))).hungRequests) === 2, 5_000, "two hung requests", 10);
+    expect(hung).toBe(2);
     ac.abort();
     expect(await leaving).toBeInstanceOf(Error);
-    expect((await waitFor(() => state(addr(f, 0)), (v) => v.hungRequests === 1)).hungRequests).toBe(1);
+    await waitFor(async () => (hung = (await state(addr(f, 0))).hungRequests) === 1, 5_000, "one hung request", 10);
+    expect(hung).toBe(1);
     expect(answered).toBe(false);
     expect((await state(addr(f, 0))).totals.requests).toBe(0);
     expect((await postJson(addr(f, 0), "/debug/faults", {})).status).toBe(200);

@@ -34,16 +34,6 @@ export async function scrape(address: string): Promise<string> {
   return res.text();
 }
 
-/** Polls `read` until `ok` accepts its value or the deadline passes (then returns the last value). */
-export async function waitFor<T>(read: () => Promise<T>, ok: (v: T) => boolean, timeoutMs = 3_000): Promise<T> {
-  const deadline = Date.now() + timeoutMs;
-  for (;;) {
-    const v = await read();
-    if (ok(v) || Date.now() > deadline) return v;
-    await new Promise((r) => setTimeout(r, 10));
-  }
-}
-
 /** Response bodies are asserted on field by field, so tests read them untyped. */
 // biome-ignore lint/suspicious/noExplicitAny: see above
 export async function json(res: Response | Promise<Response>): Promise<any> {

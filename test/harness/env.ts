@@ -11,6 +11,8 @@ import { acked } from "../../services/shared/publish.js";
 import type { PodEvent } from "../../schemas/events.js";
 import { type NatsServerHandle, startNatsServer } from "../../services/shared/nats-server.js";
 
+export { waitFor } from "./wait.js";
+
 export const quietLog = createLogger("test", process.env.JETROUTE_TEST_LOG ?? "silent");
 
 export interface TestEnv {
@@ -60,14 +62,4 @@ export async function startTestEnv(): Promise<TestEnv> {
 export function minuteStartClock(): () => number {
   const shift = Date.now() % 60_000;
   return () => Date.now() - shift;
-}
-
-/** Polls `fn` until it returns true or `timeoutMs` passes; returns the elapsed ms or throws. */
-export async function waitFor(fn: () => boolean, timeoutMs = 5_000, what = "condition"): Promise<number> {
-  const t0 = performance.now();
-  while (!fn()) {
-    if (performance.now() - t0 > timeoutMs) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 2));
-  }
-  return performance.now() - t0;
 }

@@ -21,7 +21,7 @@ import { DlqHeaders } from "../../services/shared/dead-letter.js";
 import { type EventMeta, GatewayState, type StateEvent } from "../../services/views/gateway-state.js";
 import { streamName } from "../../streams/definitions.js";
 import type { Family } from "../../streams/subjects.js";
-import { startTestEnv, type TestEnv } from "../harness/env.js";
+import { startTestEnv, type TestEnv, waitFor } from "../harness/env.js";
 
 const SOAK = process.env.JETROUTE_SOAK;
 const PURE_RUNS = SOAK ? 200_000 : 10_000;
@@ -364,13 +364,15 @@ describe("properties - every event family on a real nats-server", () => {
     for (const gw of gws) {
       const base = before.get(gw.id) ?? [];
       let now: FollowerInfo[] = [];
-      const t0 = performance.now();
-      for (;;) {
-        now = await followers(gw);
-        if (now.every((fo) => fo.lastSeq >= (lastSeq.get(fo.view) ?? 0))) break;
-        if (performance.now() - t0 > 30_000) throw new Error(`${gw.id} never caught up: ${JSON.stringify(now)}`);
-        await new Promise((r) => setTimeout(r, 20));
-      }
+      await waitFor(
+        async () => {
+          now = await followers(gw);
+          return now.every((fo) => fo.lastSeq >= (lastSeq.get(fo.view) ?? 0));
+        },
+        30_000,
+        () => `${gw.id} to catch up: ${JSON.stringify(now)}`,
+        20,
+      );
       expect(gw.ready()).toBe(true);
       for (const fo of now) {
         const b = base.find((x) => x.view === fo.view) as FollowerInfo;
@@ -389,14 +391,18 @@ describe("properties - every event family on a real nats-server", () => {
     const dlqName = streamName("jr", "DLQ");
     const want = invalid.length * gws.length;
     const letters: Array<{ subject: string; consumer: string; stream: string; seq: number; reason: string; data: Uint8Array }> = [];
-    const deadline = performance.now() + 30_000;
-    while (letters.length < want && performance.now() < deadline) {
-      const c = await env.nats.js.consumers.get(dlqName, { deliver_policy: DeliverPolicy.StartSequence, opt_start_seq: letters.length + 1 });
-      const it = await c.fetch({ max_messages: 1_000, expires: 1_000 });
-      for await (const m of it) {
-        letters.push({ subject: m.subject, consumer: m.headers?.get(DlqHeaders.consumer) ?? "", stream: m.headers?.get(DlqHeaders.stream) ?? "", seq: Number(m.headers?.get(DlqHeaders.seq)), reason: m.headers?.get(DlqHeaders.reason) ?? "", data: m.data });
-      }
-    }
+    await waitFor(
+      async () => {
+        const c = await env.nats.js.consumers.get(dlqName, { deliver_policy: DeliverPolicy.StartSequence, opt_start_seq: letters.length + 1 });
+        const it = await c.fetch({ max_messages: 1_000, expires: 1_000 });
+        for await (const m of it) {
+          letters.push({ subject: m.subject, consumer: m.headers?.get(DlqHeaders.consumer) ?? "", stream: m.headers?.get(DlqHeaders.stream) ?? "", seq: Number(m.headers?.get(DlqHeaders.seq)), reason: m.headers?.get(DlqHeaders.reason) ?? "", data: m.data });
+        }
+        return letters.length >= want;
+      },
+      30_000,
+      () => `${want} dead letters (${letters.length} read)`,
+    );
     expect(letters).toHaveLength(want);
     const byKey = new Map<string, (typeof letters)[number][]>();
     for (const l of letters) {
