@@ -446,7 +446,7 @@ describe("gateway Deployment and Service", () => {
   });
 
   it("probes use Kubernetes gRPC probes on the health service names the gateway registers", () => {
-    const source = read("services/gateway/gateway.ts");
+    const source = read("services/gateway/extproc-listener.ts");
     const registered = /new HealthImplementation\(\{([^}]*)\}\)/.exec(source)?.[1] ?? "";
     expect(registered).toMatch(/\bliveness:\s*"SERVING"/);
     expect(registered).toMatch(/\breadiness:\s*"NOT_SERVING"/); // turns SERVING once caught up
@@ -469,7 +469,9 @@ describe("gateway Deployment and Service", () => {
     const host = inv.flags.get("--admin-host");
     expect(host, "the gateway needs --admin-host=0.0.0.0 (or the pod IP) for Prometheus").toBeDefined();
     expect(String(host)).not.toMatch(/^(127\.|localhost$|::1$)/);
-    expect(read("services/gateway/command.ts")).toMatch(/\.option\("--admin-host <host>",[^\n]*"127\.0\.0\.1"\)/);
+    // The flag's default is the configuration schema's (services/gateway/config.ts).
+    expect(read("services/gateway/command.ts")).toMatch(/\.option\("--admin-host <host>",[^\n]*D\.adminHost\)/);
+    expect(read("services/gateway/config.ts")).toMatch(/adminHost: Type\.String\(\{ default: "127\.0\.0\.1" \}\)/);
   });
 
   it("shutdown grace covers the route timeout, and the pod's grace period covers both", () => {
@@ -718,7 +720,7 @@ const METRICS_FLAG: Record<string, { flag: string; serves: () => boolean }> = {
     flag: "--admin-port",
     serves: () =>
       /req\.url === "\/metrics"/.test(read("services/gateway/admin-server.ts")) &&
-      /startAdminServer\(\{\s*port: o\.adminPort/.test(read("services/gateway/gateway.ts")) &&
+      /startAdminServer\(\{\s*port: config\.adminPort/.test(read("services/gateway/gateway.ts")) &&
       /adminPort:\s*o\.adminPort/.test(read("services/gateway/command.ts")),
   },
   ...Object.fromEntries(

@@ -145,8 +145,9 @@ const zeros = (keys: readonly string[]) => Object.fromEntries(keys.map((k) => [k
 
 async function gatewayExposition(): Promise<string> {
   const gatewayTs = "services/gateway/gateway.ts";
-  const viewNames = [...(/const viewNames = \[([^\]]*)\]/.exec(source(gatewayTs))?.[1] ?? "").matchAll(/"([^"]+)"/g)].map((m) => m[1] as string);
-  expect(viewNames, `${gatewayTs} names its views`).toContain("pods");
+  const followersTs = "services/gateway/followers.ts";
+  const viewNames = [...(/views: \[([^\]]*)\]/.exec(source(followersTs))?.[1] ?? "").matchAll(/"([^"]+)"/g)].map((m) => m[1] as string);
+  expect(viewNames, `${followersTs} names its views`).toContain("pods");
   type Sources = GatewayMetricsSources;
   const ledger = zeros(literalKeys(gatewayTs, /ledger: \(\) => \(\{/)) as ReturnType<Sources["ledger"]>;
   const prefixIndex = zeros(literalKeys(gatewayTs, /prefixIndex: \(\) => \{[^}]*?return \{/)) as ReturnType<Sources["prefixIndex"]>;

@@ -1,7 +1,7 @@
 import { type Command, InvalidArgumentError } from "commander";
 import { intOption, modelListOption, natsOption, poolOption, untilSignal } from "../shared/cli-options.js";
 import { createLogger } from "../shared/log.js";
-import { DEFAULT_RELEASE_BATCH_MS } from "../shared/publish.js";
+import { DEFAULT_ADMIN_PORT, DEFAULT_EXTPROC_PORT, GATEWAY_DEFAULTS as D, GatewayConfigError, MAX_RELEASE_BATCH_MS } from "./config.js";
 import { startGateway } from "./gateway.js";
 import { strategyNames } from "../routing/strategies/registry.js";
 import { TokenizerFilesError } from "../tokenizer/hf-tokenizer.js";
@@ -44,46 +44,46 @@ export function registerGatewayCommand(program: Command): void {
     .command("gateway")
     .description("Envoy ext_proc gateway replica: folds the streams into views and picks a pod per request")
     .addOption(natsOption())
-    .option("--prefix <prefix>", "subject prefix", "jr")
+    .option("--prefix <prefix>", "subject prefix", D.prefix)
     .addOption(poolOption("gateway pool: fold and route only this pool's models (its namespace <prefix>.pool.<name>); other models get 421 naming their pool"))
     .option("--models <list>", "with --pool: the pool's models (comma separated), instead of the config bucket's `pool.<name>` entry", modelListOption)
-    .option("--port <port>", "ext_proc gRPC port", intOption(0, 65535), 9002)
-    .option("--host <host>", "ext_proc listen address", "0.0.0.0")
-    .option("--admin-port <port>", "admin HTTP port (/healthz /readyz /metrics /debug/*); -1 = off", intOption(-1, 65535), 9090)
+    .option("--port <port>", "ext_proc gRPC port", intOption(0, 65535), DEFAULT_EXTPROC_PORT)
+    .option("--host <host>", "ext_proc listen address", D.host)
+    .option("--admin-port <port>", "admin HTTP port (/healthz /readyz /metrics /debug/*); -1 = off", intOption(-1, 65535), DEFAULT_ADMIN_PORT)
     // Loopback by default: /debug/* dumps the views, and without --auth required it is open to
     // whoever reaches the port. Kubernetes passes --admin-host=0.0.0.0 for probes and Prometheus.
-    .option("--admin-host <host>", "admin HTTP listen address (0.0.0.0 for probes and Prometheus from other hosts)", "127.0.0.1")
+    .option("--admin-host <host>", "admin HTTP listen address (0.0.0.0 for probes and Prometheus from other hosts)", D.adminHost)
     .option("--id <id>", "gateway replica id (default: hostname-pid-random)")
-    .option("--strategy <name>", `default routing strategy (${strategyNames().join(", ")})`, "least-request")
-    .option("--consistency <mode>", "charges: eventual (publish, apply on delivery), strict (per-pod compare-and-set), off (own charges only)", consistencyOption, "eventual")
-    .option("--tokenizer <mode>", "prompt tokens for prefix routing: remote (engine /tokenize), local (simulator's tokenizer), approximate, or hf:<dir> (a Hugging Face tokenizer directory: tokenizer.json + tokenizer_config.json)", tokenizerOption, "approximate")
+    .option("--strategy <name>", `default routing strategy (${strategyNames().join(", ")})`, D.defaultStrategy)
+    .option("--consistency <mode>", "charges: eventual (publish, apply on delivery), strict (per-pod compare-and-set), off (own charges only)", consistencyOption, D.consistency)
+    .option("--tokenizer <mode>", "prompt tokens for prefix routing: remote (engine /tokenize), local (simulator's tokenizer), approximate, or hf:<dir> (a Hugging Face tokenizer directory: tokenizer.json + tokenizer_config.json)", tokenizerOption, D.tokenizerMode as TokenizerSetting)
     .option("--tokenizer-model <model=mode>", "tokenizer mode for one model, e.g. Qwen/Qwen3-8B=hf:/models/qwen3 (repeatable)", tokenizerModelOption, {} as Record<string, TokenizerSetting>)
-    .option("--prefix-max-entries <n>", "bound on the prefix index, in (block, pod) entries", intOption(1), 4_000_000)
+    .option("--prefix-max-entries <n>", "bound on the prefix index, in (block, pod) entries", intOption(1), D.prefixMaxEntries)
     .option("--no-snapshots", "neither boot from nor write prefix-index snapshots")
-    .option("--snapshot-interval-ms <ms>", "how often the lease holder writes a prefix-index snapshot", intOption(1_000), 30_000)
-    .option("--charge-ttl-ms <ms>", "a charge stops counting after this long even without a release", intOption(1), 600_000)
-    .option("--heartbeat-ms <ms>", "heartbeat interval", intOption(10), 1_000)
+    .option("--snapshot-interval-ms <ms>", "how often the lease holder writes a prefix-index snapshot", intOption(1_000), D.snapshotIntervalMs)
+    .option("--charge-ttl-ms <ms>", "a charge stops counting after this long even without a release", intOption(1), D.chargeTtlMs)
+    .option("--heartbeat-ms <ms>", "heartbeat interval", intOption(10), D.heartbeatIntervalMs)
     // On (5 ms) since every gateway and replay tool of the previous release reads `releases`; a
     // fleet still running builds older than that sets 0 until they are gone (they dead-letter it).
-    .option("--release-batch-ms <ms>", "releases are sent per pod in batches over this window, at most 20 (0 = each on its own, for fleets still running builds that predate the `releases` event)", intOption(0, 20), DEFAULT_RELEASE_BATCH_MS)
+    .option("--release-batch-ms <ms>", "releases are sent per pod in batches over this window, at most 20 (0 = each on its own, for fleets still running builds that predate the `releases` event)", intOption(0, MAX_RELEASE_BATCH_MS), D.releaseBatchMs)
     .option("--heartbeat-timeout-ms <ms>", "a gateway silent this long loses its charges (default 3 x interval)", intOption(10))
-    .option("--pod-source-timeout-ms <ms>", "pods of a pod-watcher source silent this long stop being routable (0 = never)", intOption(0), 30_000)
-    .option("--load-stale-ms <ms>", "a load sample older than this is ignored", intOption(1), 2_000)
-    .option("--max-charges <n>", "bound on tracked charges", intOption(1), 1_000_000)
-    .option("--rate-confirm-ms <ms>", "rate limits: how long this replica's admissions may be unseen by the others (room is reserved for theirs meanwhile); 0 = no reservation", intOption(0), 25)
-    .option("--usage-summary-ms <ms>", "per-user rate limits across pools: publish this replica's per-user admissions of the minute this often (0 = publish none; it still counts the other pools')", intOption(0), 1_000)
-    .option("--auth <mode>", "off, or required: every request needs `authorization: Bearer <key>` (keys: jetroute config add-key), else 401", authOption, "off")
+    .option("--pod-source-timeout-ms <ms>", "pods of a pod-watcher source silent this long stop being routable (0 = never)", intOption(0), D.podSourceTimeoutMs)
+    .option("--load-stale-ms <ms>", "a load sample older than this is ignored", intOption(1), D.loadStaleAfterMs)
+    .option("--max-charges <n>", "bound on tracked charges", intOption(1), D.maxCharges)
+    .option("--rate-confirm-ms <ms>", "rate limits: how long this replica's admissions may be unseen by the others (room is reserved for theirs meanwhile); 0 = no reservation", intOption(0), D.rateConfirmMs)
+    .option("--usage-summary-ms <ms>", "per-user rate limits across pools: publish this replica's per-user admissions of the minute this often (0 = publish none; it still counts the other pools')", intOption(0), D.usageSummaryMs)
+    .option("--auth <mode>", "off, or required: every request needs `authorization: Bearer <key>` (keys: jetroute config add-key), else 401", authOption, D.auth)
     .option("--tls-cert <file>", "PEM certificate for TLS on the ext_proc port (with --tls-key)")
     .option("--tls-key <file>", "PEM private key for --tls-cert")
     .option("--tls-client-ca <file>", "PEM CA: mutual TLS, only clients (Envoy) with a certificate it signed may connect")
     .option("--no-record-prompt-blocks", "do not tokenize prompts for decision records under strategies that do not need them (replay cannot then ask what prefix-cache would have hit)")
-    .option("--shutdown-grace-ms <ms>", "on SIGTERM, how long in-flight requests may finish before being cancelled", intOption(0), 10_000)
-    .option("--pd-prefill-timeout-ms <ms>", "P/D: timeout of one prefill leg attempt", intOption(1), 30_000)
-    .option("--pd-prefill-budget-ms <ms>", "P/D: all vLLM prefill attempts together (keep below Envoy's ext_proc messageTimeout)", intOption(1), 50_000)
-    .option("--pd-sglang-prefill-timeout-ms <ms>", "P/D: an SGLang prefill leg (it answers only once its decode took the KV)", intOption(1), 300_000)
-    .option("--pd-prefill-retries <n>", "P/D: retries of a failed prefill leg (502/503/504, connection errors) on other prefill pods", intOption(0, 16), 2)
-    .option("--pd-first-chunk-timeout-ms <ms>", "P/D decode watchdog: time to the decode's first chunk", intOption(1), 60_000)
-    .option("--pd-idle-timeout-ms <ms>", "P/D decode watchdog: time between the decode's chunks", intOption(1), 120_000)
+    .option("--shutdown-grace-ms <ms>", "on SIGTERM, how long in-flight requests may finish before being cancelled", intOption(0), D.shutdownGraceMs)
+    .option("--pd-prefill-timeout-ms <ms>", "P/D: timeout of one prefill leg attempt", intOption(1), D.pd.prefillTimeoutMs)
+    .option("--pd-prefill-budget-ms <ms>", "P/D: all vLLM prefill attempts together (keep below Envoy's ext_proc messageTimeout)", intOption(1), D.pd.prefillBudgetMs)
+    .option("--pd-sglang-prefill-timeout-ms <ms>", "P/D: an SGLang prefill leg (it answers only once its decode took the KV)", intOption(1), D.pd.sglangPrefillTimeoutMs)
+    .option("--pd-prefill-retries <n>", "P/D: retries of a failed prefill leg (502/503/504, connection errors) on other prefill pods", intOption(0, 16), D.pd.maxRetries)
+    .option("--pd-first-chunk-timeout-ms <ms>", "P/D decode watchdog: time to the decode's first chunk", intOption(1), D.pd.firstChunkTimeoutMs)
+    .option("--pd-idle-timeout-ms <ms>", "P/D decode watchdog: time between the decode's chunks", intOption(1), D.pd.idleTimeoutMs)
     .action(async (o, cmd: Command) => {
       if (o.models !== undefined && o.pool === undefined) cmd.error("error: --models names a pool's models: it needs --pool");
       const log = createLogger("gateway");
@@ -123,7 +123,7 @@ export function registerGatewayCommand(program: Command): void {
         pd: { prefillTimeoutMs: o.pdPrefillTimeoutMs, prefillBudgetMs: o.pdPrefillBudgetMs, sglangPrefillTimeoutMs: o.pdSglangPrefillTimeoutMs, maxRetries: o.pdPrefillRetries, firstChunkTimeoutMs: o.pdFirstChunkTimeoutMs, idleTimeoutMs: o.pdIdleTimeoutMs },
         log,
       }).catch((err: unknown) => {
-        if (err instanceof TokenizerFilesError) cmd.error(`error: ${err.message}`);
+        if (err instanceof TokenizerFilesError || err instanceof GatewayConfigError) cmd.error(`error: ${err.message}`);
         throw err;
       });
       console.log(JSON.stringify({ gateway: gw.id, port: gw.port, adminPort: gw.adminPort, ...(o.pool !== undefined ? { pool: o.pool } : {}) }));

@@ -30,6 +30,7 @@ import { acked, encodeEvent } from "../shared/publish.js";
 import { type BackoffOptions, backoffDelayMs, DEFAULT_BACKOFF } from "./backoff.js";
 import { planReconcile, podKey, type PodState } from "./reconcile.js";
 import type { ModelFilter } from "./pool-models.js";
+import { STREAM_EVENT_TYPES } from "../../streams/event-types.js";
 
 export interface SourcePublisherOptions {
   nats: NatsHandles;
@@ -286,7 +287,7 @@ export class SourcePublisher {
     this.stats.reloads++;
     const follower: StreamFollower<"pod" | "pod-source"> = new StreamFollower({
       // The whole stream (2.9 allows one filter): pods, and the sources' heartbeats for clash detection.
-      nats: this.o.nats, subjects: this.o.subjects, log: this.o.log, name: `pod-watcher-${this.o.source}`, family: "pods", types: ["pod", "pod-source"] as const,
+      nats: this.o.nats, subjects: this.o.subjects, log: this.o.log, name: `pod-watcher-${this.o.source}`, family: "pods", types: STREAM_EVENT_TYPES.PODS,
       stream: streamName(this.o.prefix, "PODS"), startAt: { kind: "last-per-subject" },
       onEvent: (ev, m) => {
         if (this.follower !== follower) return;

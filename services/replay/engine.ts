@@ -40,6 +40,7 @@ import type { RoutingRequest, Strategy } from "../routing/strategies/types.js";
 import type { RegretEntry, ReplayReport, StrategySummary, TimelinePoint } from "./report-types.js";
 import { type TraceRequest, ttftHistogram } from "./whatif.js";
 import { validateModelConfig } from "../routing/config-check.js";
+import { STREAM_EVENT_TYPES } from "../../streams/event-types.js";
 
 export type ReplayStream = StateStream | "decisions";
 
@@ -163,10 +164,10 @@ const YOUNG_MS = 1_000;
 const DROP_SILENT_MS = 30_000;
 
 const TYPES: Record<StateStream, readonly EventType[]> = {
-  pods: ["pod", "pod-source"],
-  load: ["load"],
-  charges: ["charge", "release", "releases", "heartbeat"],
-  kv: ["kv", "kv-cleared", "kv-routed"],
+  pods: STREAM_EVENT_TYPES.PODS,
+  load: STREAM_EVENT_TYPES.LOAD,
+  charges: STREAM_EVENT_TYPES.CHARGES,
+  kv: STREAM_EVENT_TYPES.KV,
   config: [],
 };
 

@@ -20,6 +20,7 @@ import { sample } from "../routing/strategies/testing.js";
 import { mulberry32 } from "../shared/seeded-random.js";
 import type { ReplayReport } from "./report-types.js";
 import { validateModelConfig } from "../routing/config-check.js";
+import { STREAM_EVENT_TYPES } from "../../streams/event-types.js";
 
 export const MODEL = "org/model";
 export const T0 = 1_700_000_000_000;
@@ -117,7 +118,7 @@ export interface Recording {
 }
 
 const STREAM_ORDER: Record<ReplayStream, number> = { config: 0, pods: 1, load: 2, charges: 3, kv: 4, decisions: 5 };
-const TYPES: Record<StateStream, readonly EventType[]> = { pods: ["pod", "pod-source"], load: ["load"], charges: ["charge", "release", "heartbeat"], kv: ["kv", "kv-cleared", "kv-routed"], config: [] };
+const TYPES: Record<StateStream, readonly EventType[]> = { pods: STREAM_EVENT_TYPES.PODS, load: STREAM_EVENT_TYPES.LOAD, charges: STREAM_EVENT_TYPES.CHARGES, kv: STREAM_EVENT_TYPES.KV, config: [] };
 
 export function loadFields(waiting: number): EngineLoadFields {
   return sample({ running: 0, waiting, kvCacheUsage: 0 });

@@ -76,6 +76,11 @@ export interface ChargeLedgerOptions {
 const ZERO: Readonly<Outstanding> = Object.freeze({ requests: 0, promptTokens: 0, prefillRequests: 0, prefillTokens: 0 });
 const podKeyOf = (model: string, pod: string) => `${model}\u0000${pod}`;
 
+/** Bound on the charges a ledger tracks. */
+export const DEFAULT_MAX_CHARGES = 1_000_000;
+/** A charge stops counting after this long even without a release (ms). */
+export const DEFAULT_CHARGE_TTL_MS = 600_000;
+
 export class ChargeLedger implements LedgerReader {
   readonly self: string | undefined;
   readonly heartbeatTimeoutMs: number;
@@ -107,7 +112,7 @@ export class ChargeLedger implements LedgerReader {
   constructor(opts: ChargeLedgerOptions = {}) {
     this.self = opts.self;
     this.heartbeatTimeoutMs = opts.heartbeatTimeoutMs ?? 3_000;
-    this.maxCharges = opts.maxCharges ?? 1_000_000;
+    this.maxCharges = opts.maxCharges ?? DEFAULT_MAX_CHARGES;
   }
 
   /** Records a charge. Returns false if it was already known (duplicate) or its gateway is dead. */
@@ -241,7 +246,7 @@ export class ChargeLedger implements LedgerReader {
 
   /** A listed charge this ledger never saw (a lost charge): added, and returned when it counts. */
   private addUnseen(hb: GatewayHeartbeat, c: NonNullable<GatewayHeartbeat["outstanding"]>[number], now: number): Entry | undefined {
-    const added = this.charge({ type: "charge", id: c.id, gateway: hb.gateway, model: c.model, pod: c.pod, ts: c.ts, ttlMs: hb.chargeTtlMs ?? 600_000, promptTokens: c.promptTokens }, now);
+    const added = this.charge({ type: "charge", id: c.id, gateway: hb.gateway, model: c.model, pod: c.pod, ts: c.ts, ttlMs: hb.chargeTtlMs ?? DEFAULT_CHARGE_TTL_MS, promptTokens: c.promptTokens }, now);
     if (!added) return undefined;
     this.reconciledAdded++;
     return this.entries.get(`${hb.gateway}/${c.id}`);
@@ -258,7 +263,7 @@ export class ChargeLedger implements LedgerReader {
         continue;
       }
       const added = this.charge(
-        { type: "charge", id: c.id, gateway: hb.gateway, model: c.model, pod: c.pod, ts: c.ts, ttlMs: hb.chargeTtlMs ?? 600_000, promptTokens: c.promptTokens },
+        { type: "charge", id: c.id, gateway: hb.gateway, model: c.model, pod: c.pod, ts: c.ts, ttlMs: hb.chargeTtlMs ?? DEFAULT_CHARGE_TTL_MS, promptTokens: c.promptTokens },
         now,
       );
       if (added) this.reconciledAdded++;

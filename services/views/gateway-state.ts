@@ -35,12 +35,12 @@ import { poolNameError } from "../../streams/pools.js";
 import { decodeToken } from "../../streams/tokens.js";
 import { ApiKeyView, hashOfBucketKey, SHOWN_HASH_PREFIX } from "./api-keys.js";
 import { ChargeLedger } from "./charge-ledger.js";
-import { LoadView } from "./load-view.js";
+import { DEFAULT_LOAD_STALE_MS, LoadView } from "./load-view.js";
 import { ModelConfigView } from "./model-config.js";
 import { PodSet } from "./pod-set.js";
 import { PoolMap } from "./pool-map.js";
-import { PrefixIndex, type PrefixIndexOptions } from "./prefix-index.js";
-import { type ForeignUsageBounds, RateView } from "./rate-view.js";
+import { DEFAULT_PREFIX_MAX_ENTRIES, PrefixIndex, type PrefixIndexOptions } from "./prefix-index.js";
+import { DEFAULT_RATE_CONFIRM_MS, type ForeignUsageBounds, RateView } from "./rate-view.js";
 import { RoutedPrefixes } from "./routed-prefixes.js";
 import { UsageView } from "./usage-view.js";
 
@@ -147,12 +147,12 @@ export class GatewayState {
     this.shareCharges = o.shareCharges ?? true;
     this.podSourceTimeoutMs = o.podSourceTimeoutMs ?? 0;
     this.checkModelConfig = o.checkModelConfig ?? modelConfigError;
-    this.load = new LoadView(o.loadStaleAfterMs ?? 2_000);
+    this.load = new LoadView(o.loadStaleAfterMs ?? DEFAULT_LOAD_STALE_MS);
     this.ledger = new ChargeLedger({ self: o.self, heartbeatTimeoutMs: o.heartbeatTimeoutMs, maxCharges: o.maxCharges });
-    this.rates = new RateView(100_000, o.rateConfirmMs ?? 25, o.foreignUsage);
+    this.rates = new RateView(100_000, o.rateConfirmMs ?? DEFAULT_RATE_CONFIRM_MS, o.foreignUsage);
     // Lookups do not touch blocks: every replica then evicts in the same order, driven by the same
     // stream (engine stores, and routed prefixes touching the blocks they reuse).
-    this.prefixIndexOptions = { maxEntries: 4_000_000, touchOnMatch: false, ...o.prefixIndex };
+    this.prefixIndexOptions = { maxEntries: DEFAULT_PREFIX_MAX_ENTRIES, touchOnMatch: false, ...o.prefixIndex };
     this.prefixIndex = new PrefixIndex(this.prefixIndexOptions);
   }
 

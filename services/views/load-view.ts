@@ -19,12 +19,15 @@ export interface LoadReader {
 
 const key = (model: string, pod: string) => `${model}\u0000${pod}`;
 
+/** A load sample older than this is ignored (ms). */
+export const DEFAULT_LOAD_STALE_MS = 2_000;
+
 export class LoadView implements LoadReader {
   private readonly samples = new Map<string, PodLoad>();
   lastSeq = 0;
 
   /** @param staleAfterMs a sample older than this no longer counts (peers use 2 s). */
-  constructor(readonly staleAfterMs = 2_000) {}
+  constructor(readonly staleAfterMs = DEFAULT_LOAD_STALE_MS) {}
 
   apply(s: LoadSample, seq = 0): void {
     if (seq) this.lastSeq = seq;

@@ -57,6 +57,9 @@ export type TierName = "gpu" | "cpu" | "storage" | "other";
 export type TierWeights = Readonly<Record<TierName, number>>;
 export const TIER_NAMES: readonly TierName[] = ["gpu", "cpu", "storage", "other"];
 /** A GPU block is used as is; CPU blocks must be copied back; storage/remote blocks must be read. */
+/** The index bound a gateway folds with unless told otherwise, in (block, pod) entries. */
+export const DEFAULT_PREFIX_MAX_ENTRIES = 4_000_000;
+
 export const DEFAULT_TIER_WEIGHTS: TierWeights = Object.freeze({ gpu: 1, cpu: 0.5, storage: 0.25, other: 0.25 });
 
 /** Tier index of an event's `medium` (null = GPU, as engines without tiers mean it). */

@@ -70,6 +70,9 @@ function pruneOwn(list: OwnAdmission[], cutoff: number): void {
   if (drop > 0) list.splice(0, drop);
 }
 
+/** How long own admissions may be unseen by the other replicas before room stops being reserved for theirs (ms). */
+export const DEFAULT_RATE_CONFIRM_MS = 25;
+
 export class RateView implements RateReader {
   private readonly users = new Map<string, Window>();
   private readonly models = new Map<string, Window>();
@@ -99,7 +102,7 @@ export class RateView implements RateReader {
   constructor(
     private readonly maxKeys = 100_000,
     /** How long an own admission may still be unseen by other replicas (above the charge propagation delay). */
-    readonly unconfirmedMs = 25,
+    readonly unconfirmedMs = DEFAULT_RATE_CONFIRM_MS,
     foreignBounds: ForeignUsageBounds = {},
   ) {
     this.maxForeignEntries = foreignBounds.maxEntries ?? 200_000;

@@ -1,0 +1,116 @@
+/**
+ * A gateway's configuration: one schema with every default, validated once and frozen. The CLI
+ * (command.ts) fills it from flags and shows these defaults in its help; an embedded gateway
+ * (tests, benchmarks) passes only what it changes. A bad value fails at start, naming the field.
+ */
+import { type Static, Type } from "@sinclair/typebox";
+import { Value } from "@sinclair/typebox/value";
+import { DEFAULT_PD_LEG_OPTIONS } from "../routing/stages/pd-legs.js";
+import { DEFAULT_RELEASE_BATCH_MS } from "../shared/publish.js";
+import { DEFAULT_CHARGE_TTL_MS, DEFAULT_MAX_CHARGES } from "../views/charge-ledger.js";
+import { DEFAULT_LOAD_STALE_MS } from "../views/load-view.js";
+import { DEFAULT_POD_SOURCE_TIMEOUT_MS } from "../views/pod-set.js";
+import { DEFAULT_PREFIX_MAX_ENTRIES } from "../views/prefix-index.js";
+import { DEFAULT_RATE_CONFIRM_MS } from "../views/rate-view.js";
+import { DEFAULT_PD_WATCHDOG } from "./extproc-server.js";
+import { DEFAULT_SNAPSHOT_INTERVAL_MS, DEFAULT_SNAPSHOT_LEASE_MS } from "./snapshots.js";
+
+const Ms = (def: number, min = 0, description = "") => Type.Integer({ minimum: min, default: def, ...(description ? { description } : {}) });
+
+/** The ext_proc and admin ports the CLI uses unless told otherwise. */
+export const DEFAULT_EXTPROC_PORT = 9002;
+export const DEFAULT_ADMIN_PORT = 9090;
+/** Releases are batched over at most this window: replay holds decisions 50 ms for a delayed own release. */
+export const MAX_RELEASE_BATCH_MS = 20;
+
+export const GatewayConfigSchema = Type.Object(
+  {
+    nats: Type.Union([Type.String({ minLength: 1 }), Type.Array(Type.String({ minLength: 1 }), { minItems: 1 })]),
+    /** The base subject prefix; with `pool`, the pool's namespace is under it (streams/pools.ts). */
+    prefix: Type.String({ minLength: 1, default: "jr" }),
+    /** Gateway pools: fold and route only this pool's namespace; the config bucket stays the base prefix's. */
+    pool: Type.Optional(Type.String({ minLength: 1 })),
+    /** The pool's models, instead of the config bucket's `pool.<name>` list. */
+    poolModels: Type.Optional(Type.Array(Type.String({ minLength: 1 }))),
+    /** ext_proc gRPC port (0 = any free port). */
+    port: Type.Integer({ minimum: 0, maximum: 65535, default: DEFAULT_EXTPROC_PORT }),
+    host: Type.String({ default: "0.0.0.0" }),
+    /**
+     * Admin HTTP port (0 = any; -1 = off). Off unless asked for: an embedded gateway (tests,
+     * benchmarks) opens no port it was not given; the CLI asks for DEFAULT_ADMIN_PORT.
+     */
+    adminPort: Type.Integer({ minimum: -1, maximum: 65535, default: -1 }),
+    /** Admin HTTP listen address (loopback: /debug/* dumps the views). */
+    adminHost: Type.String({ default: "127.0.0.1" }),
+    /** Replica id; absent: hostname-pid-random. */
+    id: Type.Optional(Type.String({ minLength: 1 })),
+    defaultStrategy: Type.String({ minLength: 1, default: "least-request" }),
+    chargeTtlMs: Ms(DEFAULT_CHARGE_TTL_MS, 1),
+    heartbeatIntervalMs: Ms(1_000, 10),
+    /** A gateway silent this long loses its charges; absent: 3 x the heartbeat interval. */
+    heartbeatTimeoutMs: Type.Optional(Type.Integer({ minimum: 10 })),
+    podSourceTimeoutMs: Ms(DEFAULT_POD_SOURCE_TIMEOUT_MS),
+    loadStaleAfterMs: Ms(DEFAULT_LOAD_STALE_MS, 1),
+    maxCharges: Type.Integer({ minimum: 1, default: DEFAULT_MAX_CHARGES }),
+    rateConfirmMs: Ms(DEFAULT_RATE_CONFIRM_MS),
+    usageSummaryMs: Ms(1_000),
+    tokenizerMode: Type.String({ minLength: 1, default: "approximate" }),
+    tokenizerModes: Type.Record(Type.String(), Type.String({ minLength: 1 }), { default: {} }),
+    prefixMaxEntries: Type.Integer({ minimum: 1, default: DEFAULT_PREFIX_MAX_ENTRIES }),
+    snapshots: Type.Boolean({ default: true }),
+    snapshotIntervalMs: Ms(DEFAULT_SNAPSHOT_INTERVAL_MS, 1_000),
+    snapshotLeaseMs: Ms(DEFAULT_SNAPSHOT_LEASE_MS, 1),
+    consistency: Type.Union([Type.Literal("eventual"), Type.Literal("strict"), Type.Literal("off")], { default: "eventual" }),
+    maxHeartbeatCharges: Type.Integer({ minimum: 1, default: 20_000 }),
+    releaseBatchMs: Type.Integer({ minimum: 0, maximum: MAX_RELEASE_BATCH_MS, default: DEFAULT_RELEASE_BATCH_MS }),
+    shutdownGraceMs: Ms(10_000),
+    tls: Type.Optional(Type.Object({ certFile: Type.String({ minLength: 1 }), keyFile: Type.String({ minLength: 1 }), clientCaFile: Type.Optional(Type.String({ minLength: 1 })) }, { additionalProperties: false })),
+    sessionSecret: Type.Optional(Type.String()),
+    engineApiKey: Type.Optional(Type.String()),
+    recordPromptBlocks: Type.Boolean({ default: true }),
+    auth: Type.Union([Type.Literal("off"), Type.Literal("required")], { default: "off" }),
+    pd: Type.Object(
+      {
+        prefillTimeoutMs: Ms(DEFAULT_PD_LEG_OPTIONS.prefillTimeoutMs, 1),
+        prefillBudgetMs: Ms(DEFAULT_PD_LEG_OPTIONS.prefillBudgetMs, 1),
+        sglangPrefillTimeoutMs: Ms(DEFAULT_PD_LEG_OPTIONS.sglangPrefillTimeoutMs, 1),
+        maxRetries: Type.Integer({ minimum: 0, maximum: 16, default: DEFAULT_PD_LEG_OPTIONS.maxRetries }),
+        firstChunkTimeoutMs: Ms(DEFAULT_PD_WATCHDOG.firstChunkMs, 1),
+        idleTimeoutMs: Ms(DEFAULT_PD_WATCHDOG.idleMs, 1),
+      },
+      { default: {}, additionalProperties: false },
+    ),
+  },
+  { additionalProperties: false },
+);
+
+/** A gateway's whole configuration, every default filled in; frozen. */
+export type GatewayConfig = Readonly<Static<typeof GatewayConfigSchema>> & { readonly pd: Readonly<Static<typeof GatewayConfigSchema>["pd"]> };
+
+/** What a caller may set: everything but `nats` may be left out (the schema's default applies). */
+export type GatewayConfigInput = { nats: string | string[] } & Partial<Omit<Static<typeof GatewayConfigSchema>, "nats" | "pd">> & { pd?: Partial<Static<typeof GatewayConfigSchema>["pd"]> };
+
+/** The schema's defaults, for the CLI's help and anyone who must show them. */
+export const GATEWAY_DEFAULTS = Value.Default(GatewayConfigSchema, { nats: "nats://127.0.0.1:4222" }) as GatewayConfig;
+
+export class GatewayConfigError extends Error {
+  override name = "GatewayConfigError";
+}
+
+/** Fills the defaults, validates and freezes; a bad field is a GatewayConfigError naming it. */
+export function resolveGatewayConfig(input: GatewayConfigInput): GatewayConfig {
+  // Absent and `undefined` mean the same thing to a caller: the default.
+  const defined = (o: object) => Object.fromEntries(Object.entries(o).filter(([, v]) => v !== undefined));
+  const raw = { ...defined(input), ...(input.pd ? { pd: defined(input.pd) } : {}) };
+  const filled = Value.Default(GatewayConfigSchema, structuredClone(raw));
+  if (!Value.Check(GatewayConfigSchema, filled)) {
+    const e = Value.Errors(GatewayConfigSchema, filled).First();
+    throw new GatewayConfigError(`invalid gateway configuration: ${e ? `${e.path || "/"}: ${e.message}` : "schema mismatch"}`);
+  }
+  const c = filled as GatewayConfig;
+  Object.freeze(c.pd);
+  Object.freeze(c.tokenizerModes);
+  if (c.tls) Object.freeze(c.tls);
+  if (c.poolModels) Object.freeze(c.poolModels);
+  return Object.freeze(c);
+}

@@ -1,0 +1,113 @@
+/**
+ * The gateway's followers: one per stream it folds (PODS, LOAD, CHARGES, KV, and the base
+ * prefix's USAGE when it exists), each handing its events to the fold and moving the fold's
+ * cursor for every message, applied or not (own echoes, dead letters).
+ */
+import type { EventType } from "../../schemas/events.js";
+import { streamName } from "../../streams/definitions.js";
+import { isStreamNotFound } from "../../streams/errors.js";
+import { STREAM_EVENT_TYPES } from "../../streams/event-types.js";
+import type { Namespace } from "../../streams/pools.js";
+import { Subjects } from "../../streams/subjects.js";
+import { StreamFollower } from "../shared/follower.js";
+import type { Logger } from "../shared/log.js";
+import type { NatsHandles } from "../shared/nats.js";
+import type { GatewayState, StateStream } from "../views/gateway-state.js";
+import type { ServerClock } from "./server-clock.js";
+import type { SubjectCursors } from "./subject-cursor.js";
+
+export interface GatewayFollowers {
+  /** In the order of `views`. */
+  readonly followers: ReadonlyArray<StreamFollower<EventType>>;
+  /** The view each follower feeds (for metrics and /debug/state). */
+  readonly views: readonly string[];
+}
+
+function indexOfBytes(hay: Uint8Array, needle: Uint8Array): number {
+  return Buffer.from(hay.buffer, hay.byteOffset, hay.byteLength).indexOf(needle);
+}
+
+export async function createFollowers(o: {
+  nats: NatsHandles;
+  ns: Namespace;
+  id: string;
+  state: GatewayState;
+  /** Per-subject cursors of the CHARGES stream (strict mode's compare-and-set). */
+  cursors: SubjectCursors;
+  serverClock: ServerClock;
+  heartbeatTimeoutMs: number;
+  /** Start the KV follower right after this sequence (a loaded snapshot's), else at the stream's start. */
+  kvAfterSeq?: number;
+  log: Logger;
+}): Promise<GatewayFollowers> {
+  const { nats, ns, id, state, log } = o;
+  const prefix = ns.prefix;
+  const subjects = new Subjects(prefix);
+  // Our events serialize `"gateway":"<id>"` right after `"id"`; this exact byte run marks an echo.
+  const ownMarker = new TextEncoder().encode(`"gateway":${JSON.stringify(id)},`);
+  const seen = (stream: StateStream) => (subject: string, seq: number) => state.skip({ stream, subject, seq, serverTs: 0 });
+  const fold = (stream: StateStream) => (ev: Parameters<GatewayState["apply"]>[0], m: { seq: number; subject: string; serverTs: number }) => {
+    // PODS too: a lone gateway skips its own CHARGES echoes, and watcher heartbeats come every 5 s.
+    if (stream === "charges" || stream === "pods") o.serverClock.observe(m.serverTs);
+    state.apply(ev, { stream, ...m });
+  };
+  const followers: Array<StreamFollower<EventType>> = [
+    new StreamFollower({
+      // The whole stream: pod events and the watcher sources' heartbeats (`podsrc`) in one fold.
+      nats, subjects, log, name: `gateway-${id}-pods`, family: "pods", types: STREAM_EVENT_TYPES.PODS,
+      stream: streamName(prefix, "PODS"), startAt: { kind: "last-per-subject" },
+      onEvent: fold("pods"), onMessage: seen("pods"),
+    }),
+    new StreamFollower({
+      nats, subjects, log, name: `gateway-${id}-load`, family: "load", types: STREAM_EVENT_TYPES.LOAD,
+      stream: streamName(prefix, "LOAD"), filter: subjects.all("load"), startAt: { kind: "last-per-subject" },
+      onEvent: fold("load"), onMessage: seen("load"),
+    }),
+    new StreamFollower({
+      nats, subjects, log, name: `gateway-${id}-charges`, family: "charges", types: STREAM_EVENT_TYPES.CHARGES,
+      // Every live gateway's latest heartbeat lists all the charges it holds, so a few heartbeat
+      // periods of history rebuild the whole ledger: boot time does not grow with traffic.
+      stream: streamName(prefix, "CHARGES"), startAt: { kind: "time", sinceMs: Date.now() - Math.max(10_000, 3 * o.heartbeatTimeoutMs) },
+      onEvent: fold("charges"),
+      onMessage: (subject, seq) => {
+        state.skip({ stream: "charges", subject, seq, serverTs: 0 });
+        o.cursors.seen(subject, seq);
+      },
+      // Everything we published ourselves was applied when we made it (the fold ignores its own
+      // events anyway): recognise the echoes by a byte search and spare them JSON and schema work.
+      skipRaw: (data) => ownMarker.length > 0 && indexOfBytes(data, ownMarker) >= 0,
+    }),
+    new StreamFollower({
+      nats, subjects, log, name: `gateway-${id}-kv`, family: "kv", types: STREAM_EVENT_TYPES.KV,
+      // No subject filter: the KV stream captures only `<prefix>.kv.>`, and on nats-server 2.9.10 the
+      // redundant filter makes catching up a tail several times slower (loadtest/benches/bootstrap.ts).
+      stream: streamName(prefix, "KV"), startAt: o.kvAfterSeq !== undefined ? { kind: "sequence", seq: o.kvAfterSeq + 1 } : { kind: "all" },
+      onEvent: fold("kv"), onMessage: seen("kv"),
+      // Our own routed prefixes were applied when we recorded them.
+      skipRaw: (data) => indexOfBytes(data, ownMarker) >= 0,
+    }),
+  ];
+
+  // Per-user limits across pools: the other namespaces' usage summaries, from the base prefix's
+  // stream (the newest per gateway is all a booting gateway needs: each is a whole minute's counts).
+  const baseSubjects = new Subjects(ns.configPrefix);
+  const usageStream = streamName(ns.configPrefix, "USAGE");
+  const ownUsageSubjects = baseSubjects.usageOf(ns.pool);
+  const notFound = (err: unknown) => {
+    if (isStreamNotFound(err)) return false;
+    throw err;
+  };
+  if (await nats.jsm.streams.info(usageStream).then(() => true, notFound)) {
+    followers.push(
+      new StreamFollower({
+        nats, subjects: baseSubjects, log, name: `gateway-${id}-usage`, family: "usage", types: STREAM_EVENT_TYPES.USAGE,
+        stream: usageStream, startAt: { kind: "last-per-subject" },
+        onEvent: (ev, m) => state.apply(ev, { stream: "usage", ...m }),
+        onMessage: (subject, seq) => state.skip({ stream: "usage", subject, seq, serverTs: 0 }),
+        // This namespace's summaries (own echoes included) are never counted: skipped by subject, unparsed.
+        skipRaw: (_data, subject) => subject.startsWith(ownUsageSubjects),
+      }),
+    );
+  } else log.warn({ stream: usageStream }, "no USAGE stream (run `jetroute streams apply`): per-user rate limits do not count other pools' requests");
+  return { followers, views: ["pods", "load", "charges", "kv", "usage"].slice(0, followers.length) };
+}
