@@ -53,6 +53,7 @@ import { type JetStreamManager, StorageType, type StreamInfo } from "@nats-io/je
 import { type KV, type KvEntry, Kvm } from "@nats-io/kv";
 import { type ObjectInfo, type ObjectStore, Objm, setSha256Backend } from "@nats-io/obj";
 import { leaseBucketName, snapshotBucketName, streamName } from "../../streams/definitions.js";
+import { isStreamNotFound } from "../../streams/errors.js";
 import type { Logger } from "../shared/log.js";
 import type { NatsHandles } from "../shared/nats.js";
 import { PrefixIndex, type PrefixIndexOptions } from "../views/prefix-index.js";
@@ -178,12 +179,15 @@ async function openStore(nats: NatsHandles, prefix: string, create: boolean, rep
       return await objm.open(name).catch(() => Promise.reject(err));
     }
   }
+  // Objm.open says "object store not found" in a plain Error: ask for the bucket's stream instead,
+  // so that only a missing bucket reads as missing and a failed call is reported as itself.
   try {
-    return await objm.open(name);
+    await nats.jsm.streams.info(`OBJ_${name}`);
   } catch (err) {
-    if (/not found/i.test((err as Error).message)) return undefined;
+    if (isStreamNotFound(err)) return undefined;
     throw err;
   }
+  return await objm.open(name, false);
 }
 
 async function kvStreamInfo(jsm: JetStreamManager, prefix: string): Promise<StreamInfo> {

@@ -5,6 +5,7 @@
 import { Kvm, type KV } from "@nats-io/kv";
 import { StorageType } from "@nats-io/jetstream";
 import { leaseBucketName } from "../../streams/definitions.js";
+import { isWrongLastSequence } from "../../streams/errors.js";
 import { encodeToken } from "../../streams/tokens.js";
 import type { NatsHandles } from "../shared/nats.js";
 import type { LeaseRecord } from "./lease.js";
@@ -17,8 +18,6 @@ interface KvLeaseValue {
   acquiredAt: number;
   renewedAt: number;
 }
-
-const isConflict = (err: unknown): boolean => /wrong last sequence|key exists/i.test((err as Error)?.message ?? "");
 
 export async function natsKvLeaseStore(nats: NatsHandles, prefix: string, source: string): Promise<LeaseStore> {
   const kvm = new Kvm(nats.js);
@@ -53,7 +52,7 @@ export async function natsKvLeaseStore(nats: NatsHandles, prefix: string, source
         else await kv.update(key, value, Number(expected.version));
         return true;
       } catch (err) {
-        if (isConflict(err)) return false;
+        if (isWrongLastSequence(err)) return false;
         throw err;
       }
     },
@@ -61,7 +60,7 @@ export async function natsKvLeaseStore(nats: NatsHandles, prefix: string, source
       const value = JSON.stringify({ holder: "", durationMs: expected.durationMs, transitions: expected.transitions, acquiredAt, renewedAt: Date.now() });
       if (expected.holder !== me) return;
       await kv.update(key, value, Number(expected.version)).catch((err: unknown) => {
-        if (!isConflict(err)) throw err;
+        if (!isWrongLastSequence(err)) throw err;
       });
     },
   };

@@ -22,6 +22,7 @@
 import type { PubAck } from "@nats-io/jetstream";
 import type { PodEvent, PodSourceHeartbeat } from "../../schemas/events.js";
 import { streamName } from "../../streams/definitions.js";
+import { isWrongLastSequence } from "../../streams/errors.js";
 import type { Subjects } from "../../streams/subjects.js";
 import { StreamFollower } from "../shared/follower.js";
 import type { Logger } from "../shared/log.js";
@@ -82,8 +83,6 @@ const MAX_REMOVED_SEQS = 50_000;
 const MAX_SOURCES = 10_000;
 /** A source is live while its last heartbeat is younger than this many of its intervals (the gateways' default timeout is six). */
 const LIVE_BEATS = 6;
-
-const isWrongLastSequence = (err: unknown): boolean => /wrong last sequence/i.test((err as Error)?.message ?? "");
 
 export class SourcePublisher {
   readonly stats: SourcePublisherStats = { published: 0, removed: 0, reasserted: 0, heartbeats: 0, publishFailures: 0, heartbeatFailures: 0, conflicts: 0, raced: 0, reloads: 0, clash: 0, pending: 0, filteredOut: 0 };
