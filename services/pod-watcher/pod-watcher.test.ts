@@ -260,6 +260,28 @@ describe("pod-watcher (static) - ownership, liveness, HA, on a real nats-server"
     await w.close();
   });
 
+  it("a pod whose subject was purged is published again: the refused re-assertion finds no message and reads PODS afresh", async () => {
+    const w = await watch({ nats: env.server.url, file: list("purged.yaml", ["purged-0", "kept-0"]), probeIntervalMs: 100, heartbeatMs: 100, reassertMs: 300, log: quietLog });
+    await w.firstRound;
+    const subject = env.subjects.pod(MODEL, "purged-0");
+    const lastOn = () => env.nats.jsm.streams.getMessage(streamName("jr", "PODS"), { last_by_subj: subject });
+    await waitFor(() => view.get(MODEL, "purged-0") !== undefined, 2_000, "first publish seen");
+    const reloads = w.stats.reloads;
+    // An operator's purge of one subject: the watcher still expects its last sequence there.
+    await env.nats.jsm.streams.purge(streamName("jr", "PODS"), { filter: subject });
+    expect(await lastOn()).toBeNull();
+    let again: Awaited<ReturnType<typeof lastOn>> = null;
+    const t0 = Date.now();
+    while (!again && Date.now() - t0 < 5_000) {
+      again = await lastOn();
+      if (!again) await new Promise((r) => setTimeout(r, 50));
+    }
+    expect(again?.json<PodEvent>()).toMatchObject({ pod: "purged-0", source: "static-purged" });
+    expect(w.stats.raced).toBeGreaterThan(0);
+    expect(w.stats.reloads).toBeGreaterThan(reloads);
+    await w.close();
+  });
+
   it("retries a publish that failed (PODS gone) until it lands", async () => {
     const w = await watch({ nats: env.server.url, file: list("retry.yaml", ["retry-0"]), probeIntervalMs: 100, heartbeatMs: 200, log: quietLog });
     await w.firstRound;

@@ -315,16 +315,18 @@ export class SourcePublisher {
     let advanced = false;
     try {
       const m = await this.o.nats.jsm.streams.getMessage(streamName(this.o.prefix, "PODS"), { last_by_subj: subject });
-      const ev = m?.json<PodEvent>();
-      if (m && ev?.type === "pod") advanced = this.fold(k, ev, m.seq, m.time.getTime());
-    } catch (err) {
-      // The subject's last message is gone (purged): what else went with it? Read it all again.
-      if (/no message found/i.test((err as Error)?.message ?? "")) {
+      // Null is the server's "no message found" (10037): the subject's messages are gone (purged).
+      // What else went with them? Read it all again.
+      if (m === null) {
         this.loaded = false;
         return;
       }
+      const ev = m.json<PodEvent>();
+      if (ev?.type === "pod") advanced = this.fold(k, ev, m.seq, m.time.getTime());
+    } catch {
+      // The read failed: learnt nothing.
     }
-    // Nothing learnt (the read failed, or the subject's last message is gone): give the follower a moment.
+    // Nothing learnt (the read failed, or the message there is not a pod's): give the follower a moment.
     if (!advanced) await new Promise((r) => setTimeout(r, 100));
   }
 
