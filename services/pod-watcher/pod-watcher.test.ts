@@ -11,9 +11,9 @@ import { MODEL, quietLog, startTestEnv, type TestEnv, waitFor } from "../../test
 import { StreamFollower } from "../shared/follower.js";
 import { PodSet } from "../views/pod-set.js";
 import { spawnJetroute } from "../shared/processes.js";
-import { natsKvLeaseStore } from "./kv-lease.js";
+import { kvLeaseStore } from "../shared/kv-lease.js";
 import { parsePodList, PodListError } from "./static-pods.js";
-import { type PodWatcherHandle, startPodWatcher } from "./pod-watcher.js";
+import { type PodWatcherHandle, startPodWatcher, staticLeaseKey } from "./pod-watcher.js";
 
 describe("static pod list - parsing", () => {
   it("accepts YAML and JSON, bare arrays and {pods}", () => {
@@ -354,7 +354,7 @@ describe("pod-watcher (static) - ownership, liveness, HA, on a real nats-server"
     const mute = net.createServer(() => undefined);
     await new Promise<void>((r) => mute.listen(0, "127.0.0.1", r));
     const file = list("sigterm.yaml", ["sig-0"], () => (mute.address() as net.AddressInfo).port);
-    const store = await natsKvLeaseStore(env.nats, "jr", "static-sigterm");
+    const store = await kvLeaseStore(env.nats, "jr", staticLeaseKey("static-sigterm"));
     await env.nats.jsm.streams.delete(streamName("jr", "PODS"));
     const proc = spawnJetroute("pod-watcher", ["pod-watcher", "--static", file, "--probe-timeout-ms", "1500", "--leader-election", "--lease-ms", "30000", "--watcher-id", "sig-one", "--heartbeat-ms", "200", "--nats", env.server.url]);
     try {
