@@ -16,6 +16,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { POOL_KEY_PREFIX, RATE_LIMITS_KEY } from "../schemas/config.js";
 import { applyStreams } from "../streams/apply.js";
 import { configBucketName, streamName } from "../streams/definitions.js";
+import { isStreamNotFound } from "../streams/errors.js";
 import { namespaceOf } from "../streams/pools.js";
 import { type FrontServer, startFront } from "../services/front/front.js";
 import type { GatewayHandle } from "../services/gateway/gateway.js";
@@ -86,7 +87,7 @@ describe("per-user rate limits across gateway pools", () => {
 
   it("the USAGE stream is the base prefix's only", async () => {
     expect((await env.nats.jsm.streams.info(streamName("jr", "USAGE"))).config.subjects).toEqual(["jr.usage.>"]);
-    for (const ns of [nsA, nsB]) await expect(env.nats.jsm.streams.info(streamName(ns.prefix, "USAGE"))).rejects.toThrow(/stream not found/i);
+    for (const ns of [nsA, nsB]) await expect(env.nats.jsm.streams.info(streamName(ns.prefix, "USAGE"))).rejects.toSatisfy(isStreamNotFound);
   });
 
   it(`alice at ${N} rpm: ${K} requests at pool a leave exactly ${N - K} at pool b; bob is unaffected`, async () => {

@@ -26,7 +26,7 @@ import { namespaceOf, poolNameError } from "../../streams/pools.js";
 import { decodeToken, encodeToken } from "../../streams/tokens.js";
 import { apiKeyBucketKey, generateApiKey, hashApiKey, hashOfBucketKey, resolveHashPrefix, revokeTarget, SHOWN_HASH_PREFIX } from "../gateway/auth.js";
 import { validateModelConfig } from "../routing/config-check.js";
-import { intOption, modelListOption, natsOption } from "../shared/cli-options.js";
+import { addNamespaceOptions, DEFAULT_PREFIX, intOption, modelListOption, type NamespaceOptionValues, namespaceFlags } from "../shared/cli-options.js";
 import { connectNats } from "../shared/nats.js";
 
 export { validateModelConfig };
@@ -79,11 +79,12 @@ async function openConfigBucket({ nc, jsm }: Nats, prefix: string): Promise<Buck
   return exists ? new Kvm(nc).open(name) : undefined;
 }
 
-async function withBucket<T>(o: { nats: string[]; prefix: string }, fn: (kv: Bucket) => Promise<T>): Promise<T> {
-  const nats = await connectNats(o.nats, "jetroute-config");
+async function withBucket<T>(o: NamespaceOptionValues, fn: (kv: Bucket) => Promise<T>): Promise<T> {
+  const { nats: urls, prefix } = namespaceFlags(o);
+  const nats = await connectNats(urls, "jetroute-config");
   try {
-    const kv = await openConfigBucket(nats, o.prefix);
-    if (!kv) throw new Error(`the config bucket ${configBucketName(o.prefix)} does not exist: run \`jetroute streams apply${o.prefix === "jr" ? "" : ` --prefix ${o.prefix}`}\` first`);
+    const kv = await openConfigBucket(nats, prefix);
+    if (!kv) throw new Error(`the config bucket ${configBucketName(prefix)} does not exist: run \`jetroute streams apply${prefix === DEFAULT_PREFIX ? "" : ` --prefix ${prefix}`}\` first`);
     return await fn(kv);
   } finally {
     await nats.nc.close();
@@ -109,12 +110,10 @@ async function poolModelsAt(kv: Bucket, key: string): Promise<string[]> {
 
 export function registerConfigCommand(program: Command): void {
   const cfg = program.command("config").description("per-model routing config (locked strategy, profiles), live on every gateway");
-  const common = (c: Command) =>
-    c.addOption(natsOption()).option("--prefix <prefix>", "subject prefix", "jr");
-  common(cfg.command("set <model>").description("validate and store a model's config (JSON from --json or --file)"))
+  addNamespaceOptions(cfg.command("set <model>").description("validate and store a model's config (JSON from --json or --file)"))
     .option("--json <json>", "the config as JSON")
     .option("--file <path>", "a file holding the config as JSON")
-    .action(async (model: string, o: { nats: string[]; prefix: string; json?: string; file?: string }) => {
+    .action(async (model: string, o: NamespaceOptionValues & { json?: string; file?: string }) => {
       const text = o.json ?? (o.file ? readFileSync(o.file, "utf8") : undefined);
       if (text === undefined) throw new Error("give the config with --json or --file");
       let value: unknown;
@@ -131,7 +130,7 @@ export function registerConfigCommand(program: Command): void {
       const rev = await withBucket(o, (kv) => kv.put(`${MODEL_CONFIG_KEY_PREFIX}${encodeToken(model)}`, JSON.stringify(value)));
       console.log(`stored config for ${model} (revision ${rev})`);
     });
-  common(cfg.command("get <model>").description("print a model's config")).action(async (model: string, o: { nats: string[]; prefix: string }) => {
+  addNamespaceOptions(cfg.command("get <model>").description("print a model's config")).action(async (model: string, o: NamespaceOptionValues) => {
     const e = await withBucket(o, (kv) => kv.get(`${MODEL_CONFIG_KEY_PREFIX}${encodeToken(model)}`));
     if (e?.operation !== "PUT") {
       console.error(`no config for ${model}`);
@@ -139,14 +138,14 @@ export function registerConfigCommand(program: Command): void {
     }
     console.log(JSON.stringify(e.json(), null, 2));
   });
-  common(cfg.command("list").description("list configured models")).action(async (o: { nats: string[]; prefix: string }) => {
+  addNamespaceOptions(cfg.command("list").description("list configured models")).action(async (o: NamespaceOptionValues) => {
     await withBucket(o, async (kv) => {
       for await (const k of await kv.keys(`${MODEL_CONFIG_KEY_PREFIX}>`)) console.log(decodeToken(k.slice(MODEL_CONFIG_KEY_PREFIX.length)));
     });
   });
-  common(cfg.command("set-limits").description('validate and store per-user limits: {"users": {"default": {"rpm": 100, "tpm": 100000}, "alice": {"rpm": 10}}}'))
+  addNamespaceOptions(cfg.command("set-limits").description('validate and store per-user limits: {"users": {"default": {"rpm": 100, "tpm": 100000}, "alice": {"rpm": 10}}}'))
     .requiredOption("--json <json>", "the limits as JSON")
-    .action(async (o: { nats: string[]; prefix: string; json: string }) => {
+    .action(async (o: NamespaceOptionValues & { json: string }) => {
       let value: unknown;
       try {
         value = JSON.parse(o.json);
@@ -161,11 +160,11 @@ export function registerConfigCommand(program: Command): void {
       const rev = await withBucket(o, (kv) => kv.put(RATE_LIMITS_KEY, JSON.stringify(value)));
       console.log(`stored limits (revision ${rev})`);
     });
-  common(cfg.command("set-pool <pool>").description("assign models to a gateway pool (config key pool.<name>) and apply the pool's streams; a model belongs to one pool"))
+  addNamespaceOptions(cfg.command("set-pool <pool>").description("assign models to a gateway pool (config key pool.<name>) and apply the pool's streams; a model belongs to one pool"))
     .requiredOption("--models <list>", "the pool's models, comma separated (LoRA adapters clients name too)", modelListOption)
     .option("--description <text>", "what the pool is for")
     .option("--replicas <n>", "replicas per stream of the pool's streams (default: as they are, 1 for new ones)", intOption(1, 5))
-    .action(async (pool: string, o: { nats: string[]; prefix: string; models: string[]; description?: string; replicas?: number }) => {
+    .action(async (pool: string, o: NamespaceOptionValues & { models: string[]; description?: string; replicas?: number }) => {
       const nameErr = poolNameError(pool);
       const value: PoolConfig = { models: o.models, ...(o.description ? { description: o.description } : {}) };
       const err = nameErr ?? poolConfigError(value);
@@ -173,11 +172,12 @@ export function registerConfigCommand(program: Command): void {
         console.error(`invalid pool: ${err}`);
         process.exit(2);
       }
-      const nats = await connectNats(o.nats, "jetroute-config");
+      const { nats: urls, prefix } = namespaceFlags(o);
+      const nats = await connectNats(urls, "jetroute-config");
       const { nc, jsm } = nats;
       try {
         // On a fresh NATS the config bucket does not exist yet (no pool either): applyStreams below creates it.
-        const existing = await openConfigBucket(nats, o.prefix);
+        const existing = await openConfigBucket(nats, prefix);
         // Another pool listing one of these models would make the assignment ambiguous: refuse it here.
         const others = existing ? await existing.keys(`${POOL_KEY_PREFIX}>`) : [];
         for await (const k of others) {
@@ -190,7 +190,7 @@ export function registerConfigCommand(program: Command): void {
             process.exit(2);
           }
         }
-        const ns = namespaceOf(o.prefix, pool);
+        const ns = namespaceOf(prefix, pool);
         // Re-running set-pool to change the models must not change a clustered pool's replica count.
         const replicas =
           o.replicas ??
@@ -205,7 +205,7 @@ export function registerConfigCommand(program: Command): void {
         for (const c of await applyStreams(nc, jsm, { prefix: ns.prefix, configPrefix: ns.configPrefix, replicas })) {
           if (c.action !== "unchanged") console.log(`${c.action.padEnd(9)} ${c.name}`);
         }
-        const kv = existing ?? (await new Kvm(nc).open(configBucketName(o.prefix)));
+        const kv = existing ?? (await new Kvm(nc).open(configBucketName(prefix)));
         const key = `${POOL_KEY_PREFIX}${pool}`;
         const before = await kv.get(key);
         // Compare-and-set: another set-pool of this pool since we read it fails here, not silently.
@@ -239,7 +239,7 @@ export function registerConfigCommand(program: Command): void {
         await nc.close();
       }
     });
-  common(cfg.command("list-pools").description("list gateway pools and their models, one JSON line each, by name")).action(async (o: { nats: string[]; prefix: string }) => {
+  addNamespaceOptions(cfg.command("list-pools").description("list gateway pools and their models, one JSON line each, by name")).action(async (o: NamespaceOptionValues) => {
     await withBucket(o, async (kv) => {
       const keys: string[] = [];
       for await (const k of await kv.keys(`${POOL_KEY_PREFIX}>`)) keys.push(k);
@@ -253,7 +253,7 @@ export function registerConfigCommand(program: Command): void {
       }
     });
   });
-  common(cfg.command("delete-pool <pool>").description("remove a pool's model assignment (its streams stay; delete them with the nats CLI once no process uses them)")).action(async (pool: string, o: { nats: string[]; prefix: string }) => {
+  addNamespaceOptions(cfg.command("delete-pool <pool>").description("remove a pool's model assignment (its streams stay; delete them with the nats CLI once no process uses them)")).action(async (pool: string, o: NamespaceOptionValues) => {
     checkPoolName(pool);
     const key = `${POOL_KEY_PREFIX}${pool}`;
     const found = await withBucket(o, async (kv) => {
@@ -268,7 +268,7 @@ export function registerConfigCommand(program: Command): void {
     console.log(`deleted pool ${pool}`);
     console.error(`pool ${pool}'s pod-watchers stop publishing its pods within a few seconds (removing them), and its gateways then answer 404; unpooled pod-watchers pick its models up`);
   });
-  common(cfg.command("get-limits").description("print the per-user limits")).action(async (o: { nats: string[]; prefix: string }) => {
+  addNamespaceOptions(cfg.command("get-limits").description("print the per-user limits")).action(async (o: NamespaceOptionValues) => {
     const e = await withBucket(o, (kv) => kv.get(RATE_LIMITS_KEY));
     if (e?.operation !== "PUT") {
       console.error("no limits set");
@@ -276,12 +276,12 @@ export function registerConfigCommand(program: Command): void {
     }
     console.log(JSON.stringify(e.json(), null, 2));
   });
-  common(cfg.command("add-key").description("create an API key for a user; prints the key once (only its SHA-256 is stored)"))
+  addNamespaceOptions(cfg.command("add-key").description("create an API key for a user; prints the key once (only its SHA-256 is stored)"))
     .requiredOption("--user <user>", "the user the key authenticates (rate limits and fairness count against this user)")
     .option("--name <name>", "a label, e.g. what the key is for")
     .option("--admin", "an operator key: also opens the gateways' /debug/* endpoints under --auth required")
     .option("--json", "print {key, hash, user, name, createdAt, admin} as one JSON line")
-    .action(async (o: { nats: string[]; prefix: string; user: string; name?: string; admin?: boolean; json?: boolean }) => {
+    .action(async (o: NamespaceOptionValues & { user: string; name?: string; admin?: boolean; json?: boolean }) => {
       // `admin` only when set: a plain key's record stays as it was before the field existed.
       const record: ApiKeyRecord = { user: o.user, ...(o.name !== undefined ? { name: o.name } : {}), createdAt: Date.now(), ...(o.admin ? { admin: true } : {}) };
       const err = apiKeyRecordError(record);
@@ -299,9 +299,9 @@ export function registerConfigCommand(program: Command): void {
         console.error(`created ${o.admin ? "admin " : ""}key ${shortHash(hash)} for user ${o.user}${o.name ? ` (${o.name})` : ""}; this is the only time the key is shown: store it now`);
       }
     });
-  common(cfg.command("list-keys").description("list API keys: hash prefix, user, name, created, admin, status (never the keys)"))
+  addNamespaceOptions(cfg.command("list-keys").description("list API keys: hash prefix, user, name, created, admin, status (never the keys)"))
     .option("--json", "one JSON line per key")
-    .action(async (o: { nats: string[]; prefix: string; json?: boolean }) => {
+    .action(async (o: NamespaceOptionValues & { json?: boolean }) => {
       const keys = await withBucket(o, readKeys);
       if (o.json) {
         for (const k of keys) console.log(JSON.stringify({ hash: shortHash(k.hash), status: keyStatus(k), ...k.record, ...(k.record ? { admin: k.record.admin === true } : {}) }));
@@ -315,8 +315,8 @@ export function registerConfigCommand(program: Command): void {
       const widths = rows[0]?.map((_, i) => Math.max(...rows.map((row) => (row[i] ?? "").length))) ?? [];
       for (const row of rows) console.log(row.map((c, i) => c.padEnd(widths[i] ?? 0)).join("  ").trimEnd());
     });
-  common(cfg.command("revoke-key <hash-prefix>").description("revoke an API key, named by a hash prefix from list-keys (or the key itself); every gateway refuses it at once"))
-    .action(async (arg: string, o: { nats: string[]; prefix: string }) => {
+  addNamespaceOptions(cfg.command("revoke-key <hash-prefix>").description("revoke an API key, named by a hash prefix from list-keys (or the key itself); every gateway refuses it at once"))
+    .action(async (arg: string, o: NamespaceOptionValues) => {
       const target = revokeTarget(arg);
       if ("error" in target) {
         console.error(target.error);
@@ -347,7 +347,7 @@ export function registerConfigCommand(program: Command): void {
       const user = outcome.key.record?.user ?? "-";
       console.log(outcome.kind === "already" ? `key ${shortHash(outcome.key.hash)} (user ${user}) was already revoked` : `revoked key ${shortHash(outcome.key.hash)} (user ${user})`);
     });
-  common(cfg.command("delete <model>").description("remove a model's config")).action(async (model: string, o: { nats: string[]; prefix: string }) => {
+  addNamespaceOptions(cfg.command("delete <model>").description("remove a model's config")).action(async (model: string, o: NamespaceOptionValues) => {
     await withBucket(o, (kv) => kv.delete(`${MODEL_CONFIG_KEY_PREFIX}${encodeToken(model)}`));
     console.log(`deleted config for ${model}`);
   });

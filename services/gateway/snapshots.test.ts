@@ -1,3 +1,4 @@
+import { Kvm } from "@nats-io/kv";
 import { Objm } from "@nats-io/obj";
 import { pino } from "pino";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -12,6 +13,7 @@ import { hashToHex } from "../views/block-hash.js";
 import { PrefixIndex } from "../views/prefix-index.js";
 import {
   checkRetention,
+  leaseBucketName,
   loadNewestSnapshot,
   newestSnapshotMeta,
   retentionGap,
@@ -395,6 +397,46 @@ describe("snapshot lease", () => {
       expect(await newestSnapshotMeta(env.nats, prefix)).toMatchObject({ seq: 60, gateway: leaderId === "gw-a" ? "gw-b" : "gw-a" });
     } finally {
       await Promise.all([a.close(), b.close()]);
+    }
+  });
+
+  it("a live holder whose clock is 5 s behind keeps the lease (its stamped expiry is not read); once it stops renewing, it is taken over", async () => {
+    const { prefix } = await freshPrefix();
+    const index = indexAt(10);
+    const { log } = captureLog();
+    const kv = await new Kvm(env.nats.js).open(leaseBucketName(prefix));
+    // A holder on a host 5 s behind, writing what gateways from before the shared lease wrote: to
+    // every other host its expiry has always already passed.
+    const skewedNow = () => Date.now() - 5_000;
+    const value = () => JSON.stringify({ holder: "gw-skewed", renewedAt: skewedNow(), expiresAt: skewedNow() + 600, leaseMs: 600 });
+    let revision = await kv.create("snapshotter.prefix-index", value());
+    let renewals = 0;
+    let renewing = true;
+    const holder = (async () => {
+      while (renewing) {
+        await new Promise((r) => setTimeout(r, 100));
+        if (renewing) revision = await kv.update("snapshotter.prefix-index", value(), revision);
+        renewals++;
+      }
+    })();
+    const s = await startSnapshotter({ nats: env.nats, prefix, index: () => index, intervalMs: 100, leaseMs: 600, gatewayId: "gw-fresh", log });
+    try {
+      await waitFor(() => s.stats.holder === "gw-skewed", 3_000, "the skewed holder seen");
+      const from = renewals;
+      // Several lease durations of renewals: never taken, never written.
+      await waitFor(() => renewals >= from + 20, 10_000, "20 renewals by the skewed holder");
+      expect(s.isLeader()).toBe(false);
+      expect(s.stats).toMatchObject({ acquired: 0, writes: 0, holder: "gw-skewed" });
+      renewing = false;
+      await holder;
+      const t0 = performance.now();
+      await waitFor(() => s.isLeader(), 5_000, "takeover once the revision stood still");
+      expect(performance.now() - t0).toBeGreaterThan(300);
+      await waitFor(() => s.stats.writes > 0, 5_000, "a snapshot by the new holder");
+    } finally {
+      renewing = false;
+      await holder.catch(() => undefined);
+      await s.close();
     }
   });
 

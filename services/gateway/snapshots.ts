@@ -21,20 +21,15 @@
  * prefixes and the replica's own skipped echoes, which is why the caller may pass `seq`.)
  *
  * Lease (one writer)
- * - A key in a KV bucket of its own, `<prefix>-leases` (history 1), not the config bucket: the lease
- *   is renewed every `leaseMs / 3`, which would fill the config bucket's operator history (10
- *   revisions) with lease churn within a minute and wake every live config watcher on each renewal.
- * - Compare-and-set only: `create` when the key is absent or deleted, `update(key, value, revision)`
- *   to renew or take over. The value carries holder, renewal time and expiry (holder's clock).
- * - nats-server 2.9 has no per-key TTL, so readers decide expiry themselves. A lease counts as
- *   expired when its `expiresAt` has passed on the reader's clock, OR when the reader has seen the
- *   same revision unchanged for `leaseMs` on its own monotonic timeline. The second rule needs no
- *   clock agreement, so a dead holder whose clock ran ahead cannot block takeover; the first lets a
- *   freshly booted replica take over a long-dead lease without waiting a full lease period.
- * - A holder believes itself leader only until half its lease has passed since the renewal started,
- *   and renews before each write. With skewed clocks two replicas may still both write briefly;
- *   that is harmless (snapshots are self-describing and loaders pick by sequence), the lease only
- *   saves the duplicate work.
+ * - The key `snapshotter.prefix-index` of the `<prefix>-leases` KV bucket, under the lease every
+ *   jetroute election uses (services/shared/lease.ts, kv-lease.ts, leader.ts): compare-and-set on
+ *   the key's revision; a lease is expired once its revision has stood still for a lease duration
+ *   on the reader's own monotonic clock, so no two hosts' clocks are ever compared (a freshly booted
+ *   replica therefore waits one lease before taking over a long-dead holder's key).
+ * - Each tick of a ready replica is one lease round (read, then take, renew or follow), so the
+ *   holder renews before each write; it believes itself leader only until half its lease has passed
+ *   since the renewal started. Should two replicas ever write at once, that is harmless (snapshots
+ *   are self-describing and loaders pick by sequence): the lease only saves the duplicate work.
  *
  * Retention ("the KV stream never drops events newer than the newest snapshot")
  * - The KV stream uses limits retention (max_age 1 h, max_bytes 1 GiB) and nothing here ever purges
@@ -50,9 +45,11 @@
  *   (events lost between the snapshot and the stream head). A booting replica runs the same check.
  */
 import { type JetStreamManager, StorageType, type StreamInfo } from "@nats-io/jetstream";
-import { type KV, type KvEntry, Kvm } from "@nats-io/kv";
 import { type ObjectInfo, type ObjectStore, Objm, setSha256Backend } from "@nats-io/obj";
-import { leaseBucketName, snapshotBucketName, streamName } from "../../streams/definitions.js";
+import { snapshotBucketName, streamName } from "../../streams/definitions.js";
+import { isStreamNotFound } from "../../streams/errors.js";
+import { kvLeaseStore } from "../shared/kv-lease.js";
+import { LeaderElector } from "../shared/leader.js";
 import type { Logger } from "../shared/log.js";
 import type { NatsHandles } from "../shared/nats.js";
 import { PrefixIndex, type PrefixIndexOptions } from "../views/prefix-index.js";
@@ -178,12 +175,15 @@ async function openStore(nats: NatsHandles, prefix: string, create: boolean, rep
       return await objm.open(name).catch(() => Promise.reject(err));
     }
   }
+  // Objm.open says "object store not found" in a plain Error: ask for the bucket's stream instead,
+  // so that only a missing bucket reads as missing and a failed call is reported as itself.
   try {
-    return await objm.open(name);
+    await nats.jsm.streams.info(`OBJ_${name}`);
   } catch (err) {
-    if (/not found/i.test((err as Error).message)) return undefined;
+    if (isStreamNotFound(err)) return undefined;
     throw err;
   }
+  return await objm.open(name, false);
 }
 
 async function kvStreamInfo(jsm: JetStreamManager, prefix: string): Promise<StreamInfo> {
@@ -439,94 +439,6 @@ export async function loadNewestSnapshot(o: LoadSnapshotOptions): Promise<Loaded
   return undefined;
 }
 
-// ------------------------------------------------------------------------------------------ lease
-
-interface LeaseValue {
-  holder: string;
-  renewedAt: number;
-  expiresAt: number;
-  leaseMs: number;
-}
-
-function parseLease(e: KvEntry): LeaseValue | undefined {
-  try {
-    const v = e.json<LeaseValue>();
-    return typeof v?.holder === "string" && Number.isFinite(v.expiresAt) && Number.isFinite(v.leaseMs) ? v : undefined;
-  } catch {
-    return undefined;
-  }
-}
-
-/** Compare-and-set lease on one KV key; see the module comment for the expiry rules. */
-class Lease {
-  /** Revision of our last successful write (0: not held). */
-  private revision = 0;
-  private heldUntil = 0;
-  /** Another holder's revision and when (monotonic) we first saw it. */
-  private seen: { revision: number; since: number } | undefined;
-  holder: string | undefined;
-
-  constructor(
-    private readonly kv: KV,
-    private readonly key: string,
-    private readonly id: string,
-    private readonly leaseMs: number,
-  ) {}
-
-  held(): boolean {
-    return this.revision > 0 && performance.now() < this.heldUntil;
-  }
-
-  /** Renews or tries to acquire; true when held afterwards. Throws only on NATS failures of `get`. */
-  async step(): Promise<boolean> {
-    const startWall = Date.now();
-    const startMono = performance.now();
-    const value = JSON.stringify({ holder: this.id, renewedAt: startWall, expiresAt: startWall + this.leaseMs, leaseMs: this.leaseMs } satisfies LeaseValue);
-    const won = (rev: number) => {
-      this.revision = rev;
-      // Others may take over `leaseMs` after this write; stop believing well before that.
-      this.heldUntil = startMono + this.leaseMs / 2;
-      this.holder = this.id;
-      this.seen = undefined;
-      return true;
-    };
-    if (this.revision > 0) {
-      try {
-        return won(await this.kv.update(this.key, value, this.revision));
-      } catch {
-        // Someone took over, or the renewal's fate is unknown (timeout): read the key to find out.
-        this.revision = 0;
-      }
-    }
-    const e = await this.kv.get(this.key);
-    try {
-      if (e?.operation !== "PUT") return won(await this.kv.create(this.key, value));
-      const v = parseLease(e);
-      // Ours (a renewal whose ack was lost, or a restart under the same id), unreadable, or expired.
-      if (!v || v.holder === this.id || this.expired(e.revision, v)) return won(await this.kv.update(this.key, value, e.revision));
-      this.holder = v.holder;
-      return false;
-    } catch {
-      // Lost the compare-and-set race: the winner holds it.
-      return false;
-    }
-  }
-
-  private expired(revision: number, v: LeaseValue): boolean {
-    const now = performance.now();
-    if (this.seen?.revision !== revision) this.seen = { revision, since: now };
-    return Date.now() > v.expiresAt || now - this.seen.since >= v.leaseMs;
-  }
-
-  /** Deletes the key (if still ours) so another replica takes over at its next tick. */
-  async release(): Promise<void> {
-    if (this.revision === 0) return;
-    const rev = this.revision;
-    this.revision = 0;
-    await this.kv.delete(this.key, { previousSeq: rev }).catch(() => undefined);
-  }
-}
-
 // ------------------------------------------------------------------------------------ snapshotter
 
 export interface SnapshotterOptions {
@@ -585,13 +497,9 @@ export async function startSnapshotter(o: SnapshotterOptions): Promise<Snapshott
   const si = await kvStreamInfo(o.nats.jsm, o.prefix);
   validateSnapshotTiming({ intervalMs, leaseMs, maxAgeMs: si.config.max_age / 1e6 });
   const store = (await openStore(o.nats, o.prefix, true, o.replicas)) as ObjectStore;
-  const kvm = new Kvm(o.nats.js);
-  // Concurrent creation by two replicas can fail on 2.9; the bucket exists either way.
-  const kv = await kvm
-    .create(leaseBucketName(o.prefix), { history: 1, storage: StorageType.File, replicas: o.replicas ?? 1 })
-    .catch((err: unknown) => kvm.open(leaseBucketName(o.prefix)).catch(() => Promise.reject(err)));
-  const lease = new Lease(kv, LEASE_KEY, o.gatewayId, leaseMs);
   const log = o.log;
+  // Rounds run at this snapshotter's ticks (step), never on the elector's own timer.
+  const lease = new LeaderElector({ store: await kvLeaseStore(o.nats, o.prefix, LEASE_KEY, { replicas: o.replicas ?? 1 }), me: o.gatewayId, durationMs: leaseMs, log });
   const tickMs = Math.max(10, Math.min(intervalMs, leaseMs / 3));
 
   const stats: SnapshotterStats = {
@@ -671,13 +579,8 @@ export async function startSnapshotter(o: SnapshotterOptions): Promise<Snapshott
   const tick = async () => {
     if (o.ready && !o.ready()) return;
     const was = stats.leader;
-    let leader: boolean;
-    try {
-      leader = await lease.step();
-    } catch (err) {
-      log.warn({ err: (err as Error).message }, "snapshot lease check failed");
-      leader = lease.held();
-    }
+    await lease.step();
+    const leader = lease.isLeader();
     stats.leader = leader;
     stats.holder = lease.holder;
     if (leader && !was) {
@@ -693,7 +596,7 @@ export async function startSnapshotter(o: SnapshotterOptions): Promise<Snapshott
     if (!leader) return;
     await checkRetentionNow().catch((err) => log.warn({ err: (err as Error).message }, "KV retention check failed"));
     const due = urgent || !newest || Date.now() - newest.createdMs >= intervalMs;
-    if (due && !writing && lease.held()) {
+    if (due && !writing && lease.isLeader()) {
       // In the background: a long write must not delay lease renewals.
       writing = write().finally(() => {
         writing = undefined;
@@ -723,9 +626,9 @@ export async function startSnapshotter(o: SnapshotterOptions): Promise<Snapshott
 
   return {
     stats,
-    isLeader: () => lease.held(),
+    isLeader: () => lease.isLeader(),
     async snapshotNow() {
-      if (!lease.held()) return undefined;
+      if (!lease.isLeader()) return undefined;
       await writing;
       return write();
     },
@@ -735,7 +638,7 @@ export async function startSnapshotter(o: SnapshotterOptions): Promise<Snapshott
       clearTimeout(timer);
       await ticking;
       await writing;
-      if (opts.release !== false) await lease.release();
+      await lease.stop(opts.release !== false);
       stats.leader = false;
     },
   };

@@ -8,7 +8,8 @@
  * Costs one JetStream round trip per request (plus one per lost race); buys: no two replicas can
  * both charge a pod on the strength of the same stale view.
  */
-import { JetStreamApiCodes, JetStreamApiError, type JetStreamClient } from "@nats-io/jetstream";
+import type { JetStreamClient } from "@nats-io/jetstream";
+import { currentSubjectSequence } from "../../streams/errors.js";
 import type { Subjects } from "../../streams/subjects.js";
 import { encodeEvent } from "../shared/publish.js";
 import type { Director, Prepared, RoutedRequest, RouteInput } from "../routing/director.js";
@@ -48,14 +49,6 @@ export interface StrictCommitOptions {
   onFallback?: (err: unknown) => void;
 }
 
-const WRONG_LAST_SEQ = /wrong last sequence: (\d+)/i;
-
-export function isWrongLastSequence(err: unknown): number | undefined {
-  if (!(err instanceof JetStreamApiError) || err.code !== JetStreamApiCodes.StreamWrongLastSequence) return undefined;
-  const m = WRONG_LAST_SEQ.exec(err.message);
-  return m ? Number(m[1]) : 0;
-}
-
 export class StrictCommitter implements Committer {
   readonly stats: StrictStats = { committed: 0, committedAfterError: 0, conflicts: 0, fallbacks: 0 };
   private readonly maxRetries: number;
@@ -79,7 +72,7 @@ export class StrictCommitter implements Committer {
         const ack = await this.serialized(subject, () => js.publish(subject, data, { expect: { lastSubjectSequence: cursor.lastSeq(subject) }, timeout: Math.max(100, Math.min(1_000, deadline - Date.now())) }));
         return { ack };
       } catch (err) {
-        const winner = isWrongLastSequence(err);
+        const winner = currentSubjectSequence(err);
         if (winner !== undefined) return { winner };
         lastError = err;
       }
@@ -131,7 +124,7 @@ export class StrictCommitter implements Committer {
           director.committed(r);
           return r;
         } catch (err) {
-          let raced = isWrongLastSequence(err);
+          let raced = currentSubjectSequence(err);
           if (raced === undefined) {
             // Not a lost race: the stream has no leader (a failover) or the publish timed out. A
             // charge published without its compare-and-set now would most likely be lost too (a

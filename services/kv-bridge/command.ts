@@ -1,7 +1,6 @@
 import { type Command, InvalidArgumentError } from "commander";
 import { startMetricsServer, statsRegistry } from "../shared/metrics-server.js";
-import { namespaceOf } from "../../streams/pools.js";
-import { intOption, natsOption, poolOption, untilSignal } from "../shared/cli-options.js";
+import { addNamespaceOptions, intOption, namespaceFlags, untilSignal } from "../shared/cli-options.js";
 import { createLogger } from "../shared/log.js";
 import { redactNatsUrl } from "../shared/nats.js";
 import { DEFAULTS, startKvBridge } from "./bridge.js";
@@ -16,12 +15,12 @@ const shardOption = (value: string): Shard => {
 };
 
 export function registerKvBridgeCommand(program: Command): void {
-  program
-    .command("kv-bridge")
-    .description("bridge engines' ZMQ KV cache events (vLLM, SGLang) to the KV stream, with gap repair and engine-restart detection")
-    .addOption(natsOption())
-    .option("--prefix <prefix>", "subject prefix", "jr")
-    .addOption(poolOption("gateway pool: bridge the pods of this pool's namespace (<prefix>.pool.<name>) into its KV stream"))
+  addNamespaceOptions(
+    program
+      .command("kv-bridge")
+      .description("bridge engines' ZMQ KV cache events (vLLM, SGLang) to the KV stream, with gap repair and engine-restart detection"),
+    { pool: "gateway pool: bridge the pods of this pool's namespace (<prefix>.pool.<name>) into its KV stream" },
+  )
     .option("--shard <i/n>", "this replica's shard: it bridges the pods that rendezvous-hash to i of n", shardOption, { index: 0, count: 1 })
     .option("--replay-timeout-ms <ms>", "wait this long for each replay reply before giving the replay up", intOption(10), DEFAULTS.replayTimeoutMs)
     .option("--max-frame-bytes <bytes>", "engine frames larger than this are dead-lettered, not decoded", intOption(1024), DEFAULTS.maxFrameBytes)
@@ -31,9 +30,10 @@ export function registerKvBridgeCommand(program: Command): void {
     .option("--metrics-host <host>", "metrics listen address", "0.0.0.0")
     .action(async (o) => {
       const log = createLogger("kv-bridge");
+      const { nats, namespace } = namespaceFlags(o);
       const bridge = await startKvBridge({
-        nats: o.nats,
-        prefix: namespaceOf(o.prefix, o.pool).prefix,
+        nats,
+        prefix: namespace.prefix,
         shard: o.shard,
         replayTimeoutMs: o.replayTimeoutMs,
         maxFrameBytes: o.maxFrameBytes,
@@ -42,7 +42,7 @@ export function registerKvBridgeCommand(program: Command): void {
         log,
       });
       const metrics = o.metricsPort >= 0 ? await startMetricsServer(o.metricsPort, o.metricsHost, statsRegistry("kv-bridge", () => bridge.stats), log) : undefined;
-      console.log(JSON.stringify({ kvBridge: formatShard(bridge.shard), prefix: namespaceOf(o.prefix, o.pool).prefix, nats: (o.nats as string[]).map(redactNatsUrl), ...(metrics ? { metricsPort: metrics.port } : {}) }));
+      console.log(JSON.stringify({ kvBridge: formatShard(bridge.shard), prefix: namespace.prefix, nats: nats.map(redactNatsUrl), ...(metrics ? { metricsPort: metrics.port } : {}) }));
       const signal = await untilSignal();
       log.info({ signal, stats: bridge.stats }, "shutting down");
       await bridge.close();

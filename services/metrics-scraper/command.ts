@@ -1,17 +1,13 @@
 import type { Command } from "commander";
 import { startMetricsServer, statsRegistry } from "../shared/metrics-server.js";
-import { namespaceOf } from "../../streams/pools.js";
-import { intOption, natsOption, poolOption, untilSignal } from "../shared/cli-options.js";
+import { addNamespaceOptions, intOption, namespaceFlags, untilSignal } from "../shared/cli-options.js";
 import { createLogger } from "../shared/log.js";
 import { startScraper } from "./scraper.js";
 
 export function registerMetricsScraperCommand(program: Command): void {
-  program
-    .command("metrics-scraper")
-    .description("scrape each ready pod's /metrics (vLLM and SGLang names) and publish load samples to LOAD")
-    .addOption(natsOption())
-    .option("--prefix <prefix>", "subject prefix", "jr")
-    .addOption(poolOption("gateway pool: scrape the pods of this pool's namespace (<prefix>.pool.<name>) and publish their load there"))
+  addNamespaceOptions(program.command("metrics-scraper").description("scrape each ready pod's /metrics (vLLM and SGLang names) and publish load samples to LOAD"), {
+    pool: "gateway pool: scrape the pods of this pool's namespace (<prefix>.pool.<name>) and publish their load there",
+  })
     .option("--interval-ms <ms>", "scrape interval per pod", intOption(10), 100)
     .option("--timeout-ms <ms>", "a scrape slower than this fails (default max(500, 5 x interval))", intOption(10))
     .option("--stale-after-ms <ms>", "failing this long marks a pod stale", intOption(10), 1_000)
@@ -20,7 +16,8 @@ export function registerMetricsScraperCommand(program: Command): void {
     .option("--metrics-host <host>", "metrics listen address", "0.0.0.0")
     .action(async (o) => {
       const log = createLogger("metrics-scraper");
-      const s = await startScraper({ nats: o.nats, prefix: namespaceOf(o.prefix, o.pool).prefix, intervalMs: o.intervalMs, timeoutMs: o.timeoutMs, staleAfterMs: o.staleAfterMs, readModels: o.readModels !== false, log });
+      const { nats, namespace } = namespaceFlags(o);
+      const s = await startScraper({ nats, prefix: namespace.prefix, intervalMs: o.intervalMs, timeoutMs: o.timeoutMs, staleAfterMs: o.staleAfterMs, readModels: o.readModels !== false, log });
       if (o.metricsPort >= 0) await startMetricsServer(o.metricsPort, o.metricsHost, statsRegistry("metrics-scraper", () => ({ ...s.stats, pods: s.pods.size })), log);
       log.info({ intervalMs: o.intervalMs }, "scraping");
       await untilSignal();

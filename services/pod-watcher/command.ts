@@ -1,12 +1,12 @@
 import type { Command } from "commander";
 import { startMetricsServer, statsRegistry } from "../shared/metrics-server.js";
-import { intOption, modelListOption, natsOption, poolOption, untilSignal } from "../shared/cli-options.js";
+import { addNamespaceOptions, intOption, modelListOption, namespaceFlags, untilSignal } from "../shared/cli-options.js";
 import { createLogger } from "../shared/log.js";
 import { DEFAULT_BLIND_AFTER_MS, DEFAULT_LABEL_SELECTOR, startKubernetesWatcher } from "./kubernetes.js";
 import { DEFAULT_HEARTBEAT_MS, DEFAULT_LEASE_MS, DEFAULT_REASSERT_MS, DEFAULT_STEP_DOWN_AFTER_MS, type PodWatcherHandle, startPodWatcher } from "./pod-watcher.js";
 
 export function registerPodWatcherCommand(program: Command): void {
-  program
+  const cmd = program
     .command("pod-watcher")
     .description("publish the pods of one source (a static list, or a Kubernetes cluster) to the PODS stream")
     .option("--static <file>", "YAML/JSON pod list: [{name, model, address, engine?, role?, metricsAddress?, adapters?}]")
@@ -17,10 +17,8 @@ export function registerPodWatcherCommand(program: Command): void {
     .option("--blind-after-ms <ms>", "Kubernetes mode: stop heartbeating (the source goes silent in every gateway) once a pod informer has been failing or unsynced this long", intOption(100), DEFAULT_BLIND_AFTER_MS)
     .option("--lease-namespace <ns>", "Kubernetes mode: namespace of the leader-election Lease (default: $POD_NAMESPACE, else default)")
     .option("--source <name>", "the source this watcher vouches for; watchers remove only their own source's pods (default: static-<file name>; Kubernetes: kubernetes-<kubeconfig context>, required in-cluster)")
-    .option("--watcher-id <id>", "this instance's identity in the lease and heartbeats (default: <hostname>-<pid>-<random>)")
-    .addOption(natsOption())
-    .option("--prefix <prefix>", "subject prefix", "jr")
-    .addOption(poolOption("gateway pool: publish only the pods of this pool's models, into its namespace (<prefix>.pool.<name>)"))
+    .option("--watcher-id <id>", "this instance's identity in the lease and heartbeats (default: <hostname>-<pid>-<random>)");
+  addNamespaceOptions(cmd, { pool: "gateway pool: publish only the pods of this pool's models, into its namespace (<prefix>.pool.<name>)" })
     .option("--models <list>", "with --pool: the pool's models (comma separated), instead of the config bucket's `pool.<name>` entry", modelListOption)
     .option("--heartbeat-ms <ms>", "source heartbeat interval (gateways: --pod-source-timeout-ms)", intOption(10), DEFAULT_HEARTBEAT_MS)
     .option("--reassert-ms <ms>", "republish every pod at least this often, so PODS retention never ages a healthy pod out", intOption(100), DEFAULT_REASSERT_MS)
@@ -43,8 +41,9 @@ export function registerPodWatcherCommand(program: Command): void {
         log.error("--models names a pool's models: it needs --pool");
         process.exit(2);
       }
+      const { nats, prefix, pool } = namespaceFlags(o);
       const common = {
-        nats: o.nats, prefix: o.prefix, ...(o.pool !== undefined ? { pool: o.pool } : {}), ...(o.models !== undefined ? { poolModels: o.models } : {}), source: o.source, watcherId: o.watcherId, heartbeatMs: o.heartbeatMs, reassertMs: o.reassertMs,
+        nats, prefix, ...(pool !== undefined ? { pool } : {}), ...(o.models !== undefined ? { poolModels: o.models } : {}), source: o.source, watcherId: o.watcherId, heartbeatMs: o.heartbeatMs, reassertMs: o.reassertMs,
         leaderElection: o.leaderElection === true, leaseMs: o.leaseMs, stepDownAfterMs: o.stepDownAfterMs, adoptUnowned: o.adoptUnowned === true, log,
       };
       // Listening before anything is awaited: a SIGTERM during start or the first round still closes (and releases the lease).

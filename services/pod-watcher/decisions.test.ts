@@ -2,7 +2,6 @@ import { describe, expect, it } from "vitest";
 import type { PodEvent } from "../../schemas/events.js";
 import { backoffDelayMs } from "./backoff.js";
 import { mapPod, routable } from "./k8s-pods.js";
-import { decideLease, leaderUntil, observe } from "./lease.js";
 import { KubeConfig } from "@kubernetes/client-node";
 import { clusterSourceName, leaseNameFor } from "./kubernetes.js";
 import { planReconcile, podKey, type PodState } from "./reconcile.js";
@@ -91,28 +90,6 @@ describe("backoff", () => {
     expect(backoffDelayMs(0, 0, o)).toBe(50);
     expect(backoffDelayMs(3, 0.5, o)).toBe(600);
     expect(backoffDelayMs(1e9, 1, o)).toBe(1_000);
-  });
-});
-
-describe("lease decisions", () => {
-  const lease = (holder: string, version: string, durationMs = 1_000) => ({ holder, durationMs, version, transitions: 2 });
-  it("acquires an absent or released lease, renews its own", () => {
-    expect(decideLease("me", undefined, undefined, 0)).toEqual({ kind: "acquire", transitions: 0 });
-    expect(decideLease("me", lease("", "5"), undefined, 0)).toEqual({ kind: "acquire", transitions: 3 });
-    expect(decideLease("me", lease("me", "5"), undefined, 0)).toEqual({ kind: "renew" });
-  });
-  it("follows a live holder and takes over once its version stood still for a lease duration on our clock", () => {
-    let seen = observe(lease("other", "5"), undefined, 100);
-    expect(decideLease("me", lease("other", "5"), seen, 100)).toEqual({ kind: "follow", holder: "other", expiresIn: 1_000 });
-    seen = observe(lease("other", "5"), seen, 900);
-    expect(decideLease("me", lease("other", "5"), seen, 1_099)).toMatchObject({ kind: "follow", expiresIn: 1 });
-    expect(decideLease("me", lease("other", "5"), seen, 1_100)).toEqual({ kind: "acquire", transitions: 3 });
-    // A renewal (new version) restarts the wait.
-    seen = observe(lease("other", "6"), seen, 1_050);
-    expect(decideLease("me", lease("other", "6"), seen, 1_100)).toMatchObject({ kind: "follow", expiresIn: 950 });
-  });
-  it("a holder stops believing itself leader half a lease after its renewal started", () => {
-    expect(leaderUntil(1_000, 15_000)).toBe(8_500);
   });
 });
 

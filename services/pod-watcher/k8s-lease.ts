@@ -3,8 +3,8 @@
  * resourceVersion (409 Conflict = another candidate won the round).
  */
 import { CoordinationV1Api, type KubeConfig, type V1Lease } from "@kubernetes/client-node";
-import type { LeaseRecord } from "./lease.js";
-import type { LeaseStore } from "./leader.js";
+import type { LeaseStore } from "../shared/leader.js";
+import type { LeaseRecord } from "../shared/lease.js";
 
 const statusOf = (err: unknown): number | undefined => (err as { code?: number; statusCode?: number })?.code ?? (err as { statusCode?: number })?.statusCode;
 

@@ -11,9 +11,9 @@ import { MODEL, quietLog, startTestEnv, type TestEnv, waitFor } from "../../test
 import { StreamFollower } from "../shared/follower.js";
 import { PodSet } from "../views/pod-set.js";
 import { spawnJetroute } from "../shared/processes.js";
-import { natsKvLeaseStore } from "./kv-lease.js";
+import { kvLeaseStore } from "../shared/kv-lease.js";
 import { parsePodList, PodListError } from "./static-pods.js";
-import { type PodWatcherHandle, startPodWatcher } from "./pod-watcher.js";
+import { type PodWatcherHandle, startPodWatcher, staticLeaseKey } from "./pod-watcher.js";
 
 describe("static pod list - parsing", () => {
   it("accepts YAML and JSON, bare arrays and {pods}", () => {
@@ -257,6 +257,28 @@ describe("pod-watcher (static) - ownership, liveness, HA, on a real nats-server"
     await w.close();
   });
 
+  it("a pod whose subject was purged is published again: the refused re-assertion finds no message and reads PODS afresh", async () => {
+    const w = await watch({ nats: env.server.url, file: list("purged.yaml", ["purged-0", "kept-0"]), probeIntervalMs: 100, heartbeatMs: 100, reassertMs: 300, log: quietLog });
+    await w.firstRound;
+    const subject = env.subjects.pod(MODEL, "purged-0");
+    const lastOn = () => env.nats.jsm.streams.getMessage(streamName("jr", "PODS"), { last_by_subj: subject });
+    await waitFor(() => view.get(MODEL, "purged-0") !== undefined, 2_000, "first publish seen");
+    const reloads = w.stats.reloads;
+    // An operator's purge of one subject: the watcher still expects its last sequence there.
+    await env.nats.jsm.streams.purge(streamName("jr", "PODS"), { filter: subject });
+    expect(await lastOn()).toBeNull();
+    let again: Awaited<ReturnType<typeof lastOn>> = null;
+    const t0 = Date.now();
+    while (!again && Date.now() - t0 < 5_000) {
+      again = await lastOn();
+      if (!again) await new Promise((r) => setTimeout(r, 50));
+    }
+    expect(again?.json<PodEvent>()).toMatchObject({ pod: "purged-0", source: "static-purged" });
+    expect(w.stats.raced).toBeGreaterThan(0);
+    expect(w.stats.reloads).toBeGreaterThan(reloads);
+    await w.close();
+  });
+
   it("retries a publish that failed (PODS gone) until it lands", async () => {
     const w = await watch({ nats: env.server.url, file: list("retry.yaml", ["retry-0"]), probeIntervalMs: 100, heartbeatMs: 200, log: quietLog });
     await w.firstRound;
@@ -325,7 +347,7 @@ describe("pod-watcher (static) - ownership, liveness, HA, on a real nats-server"
     const mute = net.createServer(() => undefined);
     await new Promise<void>((r) => mute.listen(0, "127.0.0.1", r));
     const file = list("sigterm.yaml", ["sig-0"], () => (mute.address() as net.AddressInfo).port);
-    const store = await natsKvLeaseStore(env.nats, "jr", "static-sigterm");
+    const store = await kvLeaseStore(env.nats, "jr", staticLeaseKey("static-sigterm"));
     await env.nats.jsm.streams.delete(streamName("jr", "PODS"));
     const proc = spawnJetroute("pod-watcher", ["pod-watcher", "--static", file, "--probe-timeout-ms", "1500", "--leader-election", "--lease-ms", "30000", "--watcher-id", "sig-one", "--heartbeat-ms", "200", "--nats", env.server.url]);
     try {

@@ -13,10 +13,11 @@ import os from "node:os";
 import path from "node:path";
 import { namespaceOf } from "../../streams/pools.js";
 import { Subjects } from "../../streams/subjects.js";
+import { encodeToken } from "../../streams/tokens.js";
+import { kvLeaseStore } from "../shared/kv-lease.js";
+import { LeaderElector, type LeaseStore } from "../shared/leader.js";
 import type { Logger } from "../shared/log.js";
 import { connectNats, type NatsHandles } from "../shared/nats.js";
-import { natsKvLeaseStore } from "./kv-lease.js";
-import { LeaderElector, type LeaseStore } from "./leader.js";
 import { followPools, type ModelFilter, modelFilterFor, type PoolFollowHandle } from "./pool-models.js";
 import { podKey, type PodState } from "./reconcile.js";
 import { SourcePublisher, type SourcePublisherStats } from "./source-publisher.js";
@@ -140,6 +141,9 @@ export interface SourceRuntimeExtras {
   canVouch?: () => boolean;
 }
 
+/** Static mode's lease: this key of the namespace's lease bucket (services/shared/kv-lease.ts). */
+export const staticLeaseKey = (source: string): string => `pod-watcher.${encodeToken(source)}`;
+
 export async function startSourceRuntime(o: CommonWatcherOptions, source: string, leaseStore?: (nats: NatsHandles) => Promise<LeaseStore>, extras: SourceRuntimeExtras = {}): Promise<SourceRuntime> {
   checkWatcherName("--source", source);
   if (o.watcherId !== undefined) checkWatcherName("--watcher-id", o.watcherId);
@@ -176,7 +180,7 @@ export async function startSourceRuntime(o: CommonWatcherOptions, source: string
     await pools.ready;
   }
   if (o.leaderElection) {
-    const store = await (leaseStore ?? ((n) => natsKvLeaseStore(n, prefix, source)))(nats);
+    const store = await (leaseStore ?? ((n) => kvLeaseStore(n, prefix, staticLeaseKey(source))))(nats);
     const stepDownAfterMs = o.stepDownAfterMs ?? DEFAULT_STEP_DOWN_AFTER_MS;
     elector = new LeaderElector({
       store, me: watcher, durationMs: o.leaseMs ?? DEFAULT_LEASE_MS, log: o.log, onChange: (leader) => publisher.setActive(leader),

@@ -22,6 +22,7 @@
 import type { PubAck } from "@nats-io/jetstream";
 import type { PodEvent, PodSourceHeartbeat } from "../../schemas/events.js";
 import { streamName } from "../../streams/definitions.js";
+import { isWrongLastSequence } from "../../streams/errors.js";
 import type { Subjects } from "../../streams/subjects.js";
 import { StreamFollower } from "../shared/follower.js";
 import type { Logger } from "../shared/log.js";
@@ -83,8 +84,6 @@ const MAX_REMOVED_SEQS = 50_000;
 const MAX_SOURCES = 10_000;
 /** A source is live while its last heartbeat is younger than this many of its intervals (the gateways' default timeout is six). */
 const LIVE_BEATS = 6;
-
-const isWrongLastSequence = (err: unknown): boolean => /wrong last sequence/i.test((err as Error)?.message ?? "");
 
 export class SourcePublisher {
   readonly stats: SourcePublisherStats = { published: 0, removed: 0, reasserted: 0, heartbeats: 0, publishFailures: 0, heartbeatFailures: 0, conflicts: 0, raced: 0, reloads: 0, clash: 0, pending: 0, filteredOut: 0 };
@@ -317,16 +316,18 @@ export class SourcePublisher {
     let advanced = false;
     try {
       const m = await this.o.nats.jsm.streams.getMessage(streamName(this.o.prefix, "PODS"), { last_by_subj: subject });
-      const ev = m?.json<PodEvent>();
-      if (m && ev?.type === "pod") advanced = this.fold(k, ev, m.seq, m.time.getTime());
-    } catch (err) {
-      // The subject's last message is gone (purged): what else went with it? Read it all again.
-      if (/no message found/i.test((err as Error)?.message ?? "")) {
+      // Null is the server's "no message found" (10037): the subject's messages are gone (purged).
+      // What else went with them? Read it all again.
+      if (m === null) {
         this.loaded = false;
         return;
       }
+      const ev = m.json<PodEvent>();
+      if (ev?.type === "pod") advanced = this.fold(k, ev, m.seq, m.time.getTime());
+    } catch {
+      // The read failed: learnt nothing.
     }
-    // Nothing learnt (the read failed, or the subject's last message is gone): give the follower a moment.
+    // Nothing learnt (the read failed, or the message there is not a pod's): give the follower a moment.
     if (!advanced) await new Promise((r) => setTimeout(r, 100));
   }
 

@@ -7,9 +7,8 @@
 import { type Command, InvalidArgumentError } from "commander";
 import { SingleBar } from "cli-progress";
 import { streamName } from "../../streams/definitions.js";
-import { namespaceOf } from "../../streams/pools.js";
 import { DEFAULT_POD_SOURCE_TIMEOUT_MS } from "../views/pod-set.js";
-import { intOption, natsOption, poolOption } from "../shared/cli-options.js";
+import { addNamespaceOptions, intOption, namespaceFlags } from "../shared/cli-options.js";
 import { connectNats, type NatsHandles } from "../shared/nats.js";
 import { parseStrategy } from "../routing/strategies/registry.js";
 import { ReplayEngine } from "./engine.js";
@@ -149,13 +148,15 @@ export async function runReplay(o: ReplayRunOptions): Promise<ReplayReport> {
   return report;
 }
 
+const POOL_HELP = "gateway pool: read this pool's namespace (<prefix>.pool.<name>); the config bucket stays the base prefix's";
+
 export function registerReplayCommands(program: Command): void {
-  program
-    .command("replay")
-    .description("re-decide a window of recorded requests on the views their gateways had: fidelity, counterfactual strategies, what-if simulation, HTML report")
-    .addOption(natsOption())
-    .option("--prefix <prefix>", "subject prefix", "jr")
-    .addOption(poolOption("gateway pool: read this pool's namespace (<prefix>.pool.<name>); the config bucket stays the base prefix's"))
+  addNamespaceOptions(
+    program
+      .command("replay")
+      .description("re-decide a window of recorded requests on the views their gateways had: fidelity, counterfactual strategies, what-if simulation, HTML report"),
+    { pool: POOL_HELP },
+  )
     .option("--file <path>", "read an export written by `jetroute export` instead of NATS")
     .option("--from <when>", "window start: ISO time, epoch ms, now, -15m, or seq:<DECISIONS sequence>", "-15m")
     .option("--to <when>", "window end (same forms)", "now")
@@ -168,7 +169,7 @@ export function registerReplayCommands(program: Command): void {
     .option("--report <path>", "where to write the HTML report", "replay-report.html")
     .option("--no-progress", "no progress bar on stderr")
     .action(async (o) => {
-      const ns = namespaceOf(o.prefix, o.pool);
+      const { nats: urls, namespace: ns } = namespaceFlags(o);
       const now = Date.now();
       const from = parseWindowBound(o.from, now);
       const to = parseWindowBound(o.to, now);
@@ -184,7 +185,7 @@ export function registerReplayCommands(program: Command): void {
           toMs = o.to === "now" ? f.header.window.toMs : await resolveBound(to, undefined, ns.prefix);
           source = f;
         } else {
-          nats = await connectNats(o.nats, "jetroute-replay");
+          nats = await connectNats(urls, "jetroute-replay");
           fromMs = await resolveBound(from, nats, ns.prefix);
           toMs = await resolveBound(to, nats, ns.prefix);
           if (toMs < fromMs) throw new Error(`--to (${new Date(toMs).toISOString()}) is before --from (${new Date(fromMs).toISOString()})`);
@@ -199,21 +200,16 @@ export function registerReplayCommands(program: Command): void {
       }
     });
 
-  program
-    .command("export")
-    .description("write a window of every stream replay reads (merged, gzip JSON lines) to a file")
-    .addOption(natsOption())
-    .option("--prefix <prefix>", "subject prefix", "jr")
-    .addOption(poolOption("gateway pool: read this pool's namespace (<prefix>.pool.<name>); the config bucket stays the base prefix's"))
+  addNamespaceOptions(program.command("export").description("write a window of every stream replay reads (merged, gzip JSON lines) to a file"), { pool: POOL_HELP })
     .option("--from <when>", "window start (as for replay)", "-15m")
     .option("--to <when>", "window end (as for replay)", "now")
     .option("--tail-ms <ms>", "also export this long after --to (decisions arrive when requests end)", intOption(0), 60_000)
     .requiredOption("--out <path>", "output file (gzip; .jsonl.gz)")
     .option("--no-progress", "no progress bar on stderr")
     .action(async (o) => {
-      const ns = namespaceOf(o.prefix, o.pool);
+      const { nats: urls, namespace: ns } = namespaceFlags(o);
       const now = Date.now();
-      const nats = await connectNats(o.nats, "jetroute-export");
+      const nats = await connectNats(urls, "jetroute-export");
       try {
         const fromMs = await resolveBound(parseWindowBound(o.from, now), nats, ns.prefix);
         const toMs = await resolveBound(parseWindowBound(o.to, now), nats, ns.prefix);

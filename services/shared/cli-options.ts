@@ -1,7 +1,7 @@
 /** Flag parsers shared by every sub-command: they fail with a message naming the flag. */
-import { InvalidArgumentError, Option } from "commander";
+import { type Command, InvalidArgumentError, Option } from "commander";
 import { poolConfigError } from "../../schemas/config.js";
-import { poolNameError } from "../../streams/pools.js";
+import { type Namespace, namespaceOf, poolNameError } from "../../streams/pools.js";
 import { redactNatsUrl } from "./nats.js";
 
 export function intOption(min: number, max = Number.MAX_SAFE_INTEGER) {
@@ -28,6 +28,44 @@ export const DEFAULT_NATS = process.env.NATS_URL ?? "nats://127.0.0.1:4222";
 export function natsOption(): Option {
   const urls = natsUrlsOption(DEFAULT_NATS);
   return new Option("--nats <urls>", "NATS server URL(s), comma separated").argParser(natsUrlsOption).default(urls, urls.map(redactNatsUrl).join(","));
+}
+
+/** The prefix every command defaults to. */
+export const DEFAULT_PREFIX = "jr";
+
+/**
+ * Adds the options of every command that talks to jetroute's streams: `--nats`, `--prefix` and,
+ * when `pool` gives its help text (what a pool means to this command), `--pool`. Read them back
+ * with `namespaceFlags`.
+ */
+export function addNamespaceOptions<C extends Command>(cmd: C, o: { pool?: string } = {}): C {
+  cmd.addOption(natsOption()).option("--prefix <prefix>", "subject prefix", DEFAULT_PREFIX);
+  if (o.pool !== undefined) cmd.addOption(poolOption(o.pool));
+  return cmd;
+}
+
+/** What `addNamespaceOptions`' flags resolve to. */
+export interface NamespaceFlags {
+  /** `--nats`: server URLs. */
+  nats: string[];
+  /** `--prefix` as given: the base prefix (the config bucket and usage summaries stay under it). */
+  prefix: string;
+  /** `--pool`, when given. */
+  pool?: string;
+  /** Where the process reads and writes: the base namespace, or the pool's `<prefix>.pool.<name>`. */
+  namespace: Namespace;
+}
+
+/** The values commander gives an action for `addNamespaceOptions`' flags. */
+export interface NamespaceOptionValues {
+  nats: string[];
+  prefix: string;
+  pool?: string;
+}
+
+/** Resolves an action's `--nats`, `--prefix` and `--pool` once. */
+export function namespaceFlags(o: NamespaceOptionValues): NamespaceFlags {
+  return { nats: o.nats, prefix: o.prefix, ...(o.pool !== undefined ? { pool: o.pool } : {}), namespace: namespaceOf(o.prefix, o.pool) };
 }
 
 /** Resolves on SIGINT/SIGTERM, after which the caller shuts down cleanly. */

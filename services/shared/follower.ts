@@ -7,17 +7,10 @@
  * synchronous on purpose: a view applies an event without awaiting anything, so events are
  * applied strictly in stream order.
  */
-import {
-  type Consumer,
-  type ConsumerMessages,
-  DeliverPolicy,
-  JetStreamApiCodes,
-  JetStreamApiError,
-  type JsMsg,
-  type OrderedConsumerOptions,
-} from "@nats-io/jetstream";
+import { type Consumer, type ConsumerMessages, DeliverPolicy, type JsMsg, type OrderedConsumerOptions } from "@nats-io/jetstream";
 import type { EventOf, EventType } from "../../schemas/events.js";
 import { decodeEvent } from "../../schemas/validate.js";
+import { isConsumerNotFound } from "../../streams/errors.js";
 import type { Family, Subjects } from "../../streams/subjects.js";
 import { DeadLetterSink } from "./dead-letter.js";
 import type { Logger } from "./log.js";
@@ -167,8 +160,7 @@ export class StreamFollower<T extends EventType> {
         (err: unknown) => {
           // Reopening is cheap and safe (an ordered consumer is ephemeral; we resume at lastSeq + 1),
           // so one failed probe is enough: waiting for more only prolongs a blind spell.
-          const gone = err instanceof JetStreamApiError && err.code === JetStreamApiCodes.ConsumerNotFound;
-          reopen(gone ? "consumer not found on the server" : `consumer info failing: ${(err as Error).message}`);
+          reopen(isConsumerNotFound(err) ? "consumer not found on the server" : `consumer info failing: ${(err as Error).message}`);
         },
       );
     }, this.opts.probeEveryMs ?? 3_000);

@@ -1,6 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { quietLog, startTestEnv, type TestEnv, waitFor } from "../../test/harness/env.js";
-import { natsKvLeaseStore } from "./kv-lease.js";
+import { kvLeaseStore } from "./kv-lease.js";
 import { LeaderElector, type LeaseStore } from "./leader.js";
 
 /** A real KV lease store whose calls can be made to hang (a half-dead API server or NATS). */
@@ -34,7 +34,7 @@ describe("leader election shell on a real NATS KV lease", () => {
   };
 
   it("a hung lease call is abandoned after the renewal interval: leadership lapses, and rounds resume when the store answers again", async () => {
-    const store = hangable(await natsKvLeaseStore(env.nats, "jr", "hang-test"));
+    const store = hangable(await kvLeaseStore(env.nats, "jr", "test.hang"));
     const changes: boolean[] = [];
     const e = elector({ store, me: "hang-one", durationMs: 600, log: quietLog, onChange: (l) => changes.push(l) });
     await waitFor(() => e.isLeader(), 3_000, "leader");
@@ -49,8 +49,8 @@ describe("leader election shell on a real NATS KV lease", () => {
   });
 
   it("a leader that cannot publish steps down and releases the lease: the healthy standby takes over", async () => {
-    const storeA = await natsKvLeaseStore(env.nats, "jr", "health-test");
-    const storeB = await natsKvLeaseStore(env.nats, "jr", "health-test");
+    const storeA = await kvLeaseStore(env.nats, "jr", "test.health");
+    const storeB = await kvLeaseStore(env.nats, "jr", "test.health");
     let aHealthy = true;
     const a = elector({ store: storeA, me: "health-a", durationMs: 900, log: quietLog, onChange: () => undefined, healthy: () => aHealthy });
     await waitFor(() => a.isLeader(), 3_000, "A leads");

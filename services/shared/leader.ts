@@ -1,6 +1,7 @@
 /**
- * The leader-election shell: reads and writes a lease through a `LeaseStore` on a timer and tells
- * the watcher when it gains or loses leadership. The rules are in lease.ts.
+ * The leader-election shell: reads and writes a lease through a `LeaseStore`, on its own timer
+ * (`start`: a pod-watcher pair) or at its owner's pace (`step`: the gateways' snapshot writer,
+ * once per tick), and tells the owner when it gains or loses leadership. The rule is lease.ts.
  *
  * Every store call is bounded by a timeout no longer than the renewal interval, and a tick while
  * a round is still in flight is skipped: a hung API call can never queue rounds behind it.
@@ -10,7 +11,7 @@
  * standby out while every gateway times the source out.
  */
 import { performance } from "node:perf_hooks";
-import type { Logger } from "../shared/log.js";
+import type { Logger } from "./log.js";
 import { decideLease, type LeaseObservation, type LeaseRecord, leaderUntil, observe, renewIntervalMs } from "./lease.js";
 
 export interface LeaseStore {
@@ -31,7 +32,7 @@ export interface LeaderElectorOptions {
   me: string;
   durationMs: number;
   log: Logger;
-  onChange(leader: boolean): void;
+  onChange?(leader: boolean): void;
   /** Monotonic clock (ms). */
   now?: () => number;
   /** False = this candidate cannot do the leader's job (publishes failing): do not hold the lease. */
@@ -61,6 +62,7 @@ export class LeaderElector {
   /** After stepping down as unhealthy, do not contend again before this (own clock). */
   private holdOffUntil = Number.NEGATIVE_INFINITY;
   private stopped = false;
+  private seenHolder: string | undefined;
   readonly stats = { acquired: 0, lost: 0, conflicts: 0, errors: 0, skippedTicks: 0, timeouts: 0, steppedDown: 0 };
   private readonly now: () => number;
 
@@ -72,30 +74,43 @@ export class LeaderElector {
     return this.leader && this.now() < this.until;
   }
 
+  /** Who held the lease at the last round that learnt it (this candidate while it leads); undefined before. */
+  get holder(): string | undefined {
+    return this.seenHolder;
+  }
+
   private get callTimeoutMs(): number {
     return renewIntervalMs(this.o.durationMs);
   }
 
+  /** Runs a round now and every renewal interval (a third of the lease) until `stop`. */
   start(): void {
-    const tick = () => {
-      if (this.leader && this.now() >= this.until) this.set(false);
-      if (this.inFlight) {
-        this.stats.skippedTicks++;
-        return;
-      }
-      this.inFlight = true;
-      this.running = this.round()
-        .catch((err: unknown) => {
-          this.stats.errors++;
-          if (err instanceof StoreTimeout) this.stats.timeouts++;
-          this.o.log.warn({ err: (err as Error).message, lease: this.o.store.describe }, "lease round failed");
-        })
-        .finally(() => {
-          this.inFlight = false;
-        });
-    };
-    tick();
-    this.timer = setInterval(tick, renewIntervalMs(this.o.durationMs));
+    void this.step();
+    this.timer = setInterval(() => void this.step(), renewIntervalMs(this.o.durationMs));
+  }
+
+  /**
+   * One round now: read the lease, then take, renew or follow it. Skipped while a round is still in
+   * flight (resolving when that one ends). Never rejects: failures are counted and logged. A caller
+   * driving the rounds itself must step at least every renewal interval to keep the lease.
+   */
+  step(): Promise<void> {
+    if (this.leader && this.now() >= this.until) this.set(false);
+    if (this.inFlight) {
+      this.stats.skippedTicks++;
+      return this.running;
+    }
+    this.inFlight = true;
+    this.running = this.round()
+      .catch((err: unknown) => {
+        this.stats.errors++;
+        if (err instanceof StoreTimeout) this.stats.timeouts++;
+        this.o.log.warn({ err: (err as Error).message, lease: this.o.store.describe }, "lease round failed");
+      })
+      .finally(() => {
+        this.inFlight = false;
+      });
+    return this.running;
   }
 
   private set(leader: boolean): void {
@@ -108,7 +123,7 @@ export class LeaderElector {
     if (leader) this.stats.acquired++;
     else this.stats.lost++;
     this.o.log.info({ me: this.o.me, lease: this.o.store.describe, leader }, leader ? "became leader" : "lost leadership");
-    this.o.onChange(leader);
+    this.o.onChange?.(leader);
   }
 
   private async round(): Promise<void> {
@@ -126,6 +141,7 @@ export class LeaderElector {
     this.seen = observe(lease, this.seen, started);
     const action = decideLease(this.o.me, lease, this.seen, this.now());
     if (action.kind === "follow") {
+      this.seenHolder = action.holder;
       this.set(false);
       return;
     }
@@ -148,6 +164,7 @@ export class LeaderElector {
       return;
     }
     this.until = until;
+    this.seenHolder = this.o.me;
     if (this.lapseTimer) clearTimeout(this.lapseTimer);
     this.lapseTimer = setTimeout(() => {
       this.lapseTimer = undefined;

@@ -1,20 +1,23 @@
 /**
- * Leader election for a watcher pair: the rules, apart from where the lease lives (a
- * coordination.k8s.io Lease in Kubernetes mode, a NATS KV key in static mode). Pure.
+ * The lease rule, apart from where the lease lives (a coordination.k8s.io Lease, or a key of the
+ * `<prefix>-leases` KV bucket) and who contends (a pod-watcher pair, the gateways' snapshot
+ * writer). Pure: every clock is the caller's.
  *
  * Expiry is judged on the candidate's own clock, never on the holder's: a lease is expired when
  * its version (resourceVersion / KV revision) has not changed for `durationMs` since this
  * candidate first saw that version — the rule client-go's leader election follows, immune to
- * clock skew between hosts. The holder renews every `durationMs / 3` and believes itself leader
- * only until half a lease after its last successful renewal started, so it stops publishing well
- * before anyone else may take over. A standby sees a renewal up to one of its rounds late and acts
- * at a round, so a dead holder is replaced within `durationMs` plus up to two renewal intervals
- * (the shell counts `since` from the start of the round that read the version, not its end).
+ * clock skew between hosts (nothing compares one host's timestamp with another's). The holder
+ * renews every `durationMs / 3` and believes itself leader only until half a lease after its last
+ * successful renewal started, so it stops acting well before anyone else may take over. A standby
+ * sees a renewal up to one of its rounds late and acts at a round, so a dead holder is replaced
+ * within `durationMs` plus up to two renewal intervals (the shell counts `since` from the start of
+ * the round that read the version, not its end).
  */
 
 export interface LeaseRecord {
   /** Empty or absent: released. */
   holder?: string;
+  /** The holder's lease duration: others may take over once the record stood still this long. */
   durationMs: number;
   /** Optimistic-concurrency token: resourceVersion or KV revision. */
   version: string;
@@ -35,6 +38,7 @@ export type LeaseAction =
   /** Someone else holds a live lease. */
   | { kind: "follow"; holder: string; expiresIn: number };
 
+/** May `me` take or keep the lease read as `lease`, having first seen its version as `seen`, at `now`? */
 export function decideLease(me: string, lease: LeaseRecord | undefined, seen: LeaseObservation | undefined, now: number): LeaseAction {
   if (lease === undefined) return { kind: "acquire", transitions: 0 };
   if (lease.holder === me) return { kind: "renew" };
