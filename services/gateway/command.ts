@@ -1,5 +1,5 @@
 import { type Command, InvalidArgumentError } from "commander";
-import { intOption, modelListOption, natsOption, poolOption, untilSignal } from "../shared/cli-options.js";
+import { addNamespaceOptions, intOption, modelListOption, namespaceFlags, untilSignal } from "../shared/cli-options.js";
 import { createLogger } from "../shared/log.js";
 import { DEFAULT_ADMIN_PORT, DEFAULT_EXTPROC_PORT, GATEWAY_DEFAULTS as D, GatewayConfigError, MAX_RELEASE_BATCH_MS } from "./config.js";
 import { startGateway } from "./gateway.js";
@@ -40,12 +40,9 @@ function tlsOption(cert: string | undefined, key: string | undefined, clientCa: 
 }
 
 export function registerGatewayCommand(program: Command): void {
-  program
-    .command("gateway")
-    .description("Envoy ext_proc gateway replica: folds the streams into views and picks a pod per request")
-    .addOption(natsOption())
-    .option("--prefix <prefix>", "subject prefix", D.prefix)
-    .addOption(poolOption("gateway pool: fold and route only this pool's models (its namespace <prefix>.pool.<name>); other models get 421 naming their pool"))
+  addNamespaceOptions(program.command("gateway").description("Envoy ext_proc gateway replica: folds the streams into views and picks a pod per request"), {
+    pool: "gateway pool: fold and route only this pool's models (its namespace <prefix>.pool.<name>); other models get 421 naming their pool",
+  })
     .option("--models <list>", "with --pool: the pool's models (comma separated), instead of the config bucket's `pool.<name>` entry", modelListOption)
     .option("--port <port>", "ext_proc gRPC port", intOption(0, 65535), DEFAULT_EXTPROC_PORT)
     .option("--host <host>", "ext_proc listen address", D.host)
@@ -87,10 +84,11 @@ export function registerGatewayCommand(program: Command): void {
     .action(async (o, cmd: Command) => {
       if (o.models !== undefined && o.pool === undefined) cmd.error("error: --models names a pool's models: it needs --pool");
       const log = createLogger("gateway");
+      const { nats, prefix, pool } = namespaceFlags(o);
       const gw = await startGateway({
-        nats: o.nats,
-        prefix: o.prefix,
-        ...(o.pool !== undefined ? { pool: o.pool } : {}),
+        nats,
+        prefix,
+        ...(pool !== undefined ? { pool } : {}),
         ...(o.models !== undefined ? { poolModels: o.models } : {}),
         port: o.port,
         host: o.host,
@@ -126,7 +124,7 @@ export function registerGatewayCommand(program: Command): void {
         if (err instanceof TokenizerFilesError || err instanceof GatewayConfigError) cmd.error(`error: ${err.message}`);
         throw err;
       });
-      console.log(JSON.stringify({ gateway: gw.id, port: gw.port, adminPort: gw.adminPort, ...(o.pool !== undefined ? { pool: o.pool } : {}) }));
+      console.log(JSON.stringify({ gateway: gw.id, port: gw.port, adminPort: gw.adminPort, ...(pool !== undefined ? { pool } : {}) }));
       await untilSignal();
       await gw.close();
       process.exit(0);

@@ -6,6 +6,7 @@
 import { type Static, Type } from "@sinclair/typebox";
 import { Value } from "@sinclair/typebox/value";
 import { DEFAULT_PD_LEG_OPTIONS } from "../routing/stages/pd-legs.js";
+import { DEFAULT_PREFIX } from "../shared/cli-options.js";
 import { DEFAULT_RELEASE_BATCH_MS } from "../shared/publish.js";
 import { DEFAULT_CHARGE_TTL_MS, DEFAULT_MAX_CHARGES } from "../views/charge-ledger.js";
 import { DEFAULT_LOAD_STALE_MS } from "../views/load-view.js";
@@ -27,7 +28,7 @@ export const GatewayConfigSchema = Type.Object(
   {
     nats: Type.Union([Type.String({ minLength: 1 }), Type.Array(Type.String({ minLength: 1 }), { minItems: 1 })]),
     /** The base subject prefix; with `pool`, the pool's namespace is under it (streams/pools.ts). */
-    prefix: Type.String({ minLength: 1, default: "jr" }),
+    prefix: Type.String({ minLength: 1, default: DEFAULT_PREFIX }),
     /** Gateway pools: fold and route only this pool's namespace; the config bucket stays the base prefix's. */
     pool: Type.Optional(Type.String({ minLength: 1 })),
     /** The pool's models, instead of the config bucket's `pool.<name>` list. */
