@@ -11,6 +11,7 @@ import { existsSync, readdirSync, readFileSync, statSync } from "node:fs";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { describe, expect, it } from "vitest";
+import { Command } from "commander";
 import { parseAllDocuments } from "yaml";
 import { watcherLeaseName } from "../services/pod-watcher/kubernetes.js";
 import { parsePodList } from "../services/pod-watcher/static-pods.js";
@@ -148,48 +149,44 @@ interface SubCommand {
   /** A child's required positional arguments (`set-pool <pool>`: 1). */
   positionals: Map<string, number>;
 }
-function cliCommands(): Map<string, SubCommand> {
+/** The flags commander knows for a command (`--x <v>` takes a value, `requiredOption` is mandatory). */
+function flagsOf(cmd: Command): Map<string, Flag> {
+  const out = new Map<string, Flag>();
+  for (const o of cmd.options) if (o.long) out.set(o.long, { takesValue: o.required || o.optional, required: o.mandatory });
+  return out;
+}
+/**
+ * The CLI as commander builds it: every `register*` function services/cli.ts calls runs on a fresh
+ * program, so each sub-command's flags are exactly the ones `jetroute` would accept.
+ */
+async function cliCommands(): Promise<Map<string, SubCommand>> {
   const cli = read("services/cli.ts");
   const commands = new Map<string, SubCommand>();
   for (const [, fn, rel] of cli.matchAll(/import\s*\{\s*(register\w+)\s*\}\s*from\s*"\.\/([^"]+)\.js"/g)) {
     if (!new RegExp(`\\b${fn}\\(program\\)`).test(cli)) continue; // imported but never registered
     const file = `services/${rel}.ts`;
-    const text = read(file);
-    let top: string | undefined;
-    let current: string | undefined; // the child whose flags follow
-    const children: string[] = [];
-    const flags = new Map<string, Flag>();
-    const shared = new Map<string, Flag>();
-    const childFlags = new Map<string, Map<string, Flag>>();
-    const positionals = new Map<string, number>();
-    const add = (long: string, flag: Flag) => {
-      flags.set(long, flag);
-      (current === undefined ? shared : (childFlags.get(current) as Map<string, Flag>)).set(long, flag);
-    };
-    // In source order: commands, options, and the shared options (services/shared/cli-options.ts).
-    const tokens = /\.command\(\s*"([^"]+)"|\.(option|requiredOption)\(\s*"([^"]+)"|\.addOption\((natsOption|poolOption)\(/g;
-    for (const m of text.matchAll(tokens)) {
-      if (m[1] !== undefined) {
-        const [name, ...args] = m[1].trim().split(/\s+/);
-        if (top === undefined) top = name;
-        else {
-          current = name as string;
-          children.push(current);
-          childFlags.set(current, new Map());
-          positionals.set(current, args.filter((a) => a.startsWith("<")).length);
-        }
-      } else if (m[3] !== undefined) {
-        const long = /--[\w-]+/.exec(m[3])?.[0];
-        if (long) add(long, { takesValue: /<[^>]+>/.test(m[3]), required: m[2] === "requiredOption" });
-      } else add(m[4] === "natsOption" ? "--nats" : "--pool", { takesValue: true, required: false });
+    const mod = (await import(/* @vite-ignore */ `../${file.replace(/\.ts$/, ".js")}`)) as Record<string, (p: Command) => void>;
+    const register = mod[fn as string];
+    if (typeof register !== "function") throw new Error(`${file} does not export ${fn}`);
+    const program = new Command("jetroute");
+    register(program);
+    for (const top of program.commands) {
+      const shared = flagsOf(top);
+      const flags = new Map(shared);
+      const childFlags = new Map<string, Map<string, Flag>>();
+      const positionals = new Map<string, number>();
+      for (const child of top.commands) {
+        const own = flagsOf(child);
+        for (const [k, v] of own) flags.set(k, v);
+        childFlags.set(child.name(), new Map([...shared, ...own]));
+        positionals.set(child.name(), child.registeredArguments.filter((a) => a.required).length);
+      }
+      commands.set(top.name(), { file, children: top.commands.map((c) => c.name()), flags, childFlags, positionals });
     }
-    if (!top) throw new Error(`${file}: no .command("...") found`);
-    for (const [child, own] of childFlags) childFlags.set(child, new Map([...shared, ...own]));
-    commands.set(top, { file, children, flags, childFlags, positionals });
   }
   return commands;
 }
-const COMMANDS = cliCommands();
+const COMMANDS = await cliCommands();
 
 interface Invocation {
   where: string;
