@@ -3,10 +3,12 @@
  * (command.ts) fills it from flags and shows these defaults in its help; an embedded gateway
  * (tests, benchmarks) passes only what it changes. A bad value fails at start, naming the field.
  */
+import { randomBytes } from "node:crypto";
+import os from "node:os";
 import { type Static, Type } from "@sinclair/typebox";
 import { Value } from "@sinclair/typebox/value";
 import { DEFAULT_PD_LEG_OPTIONS } from "../routing/stages/pd-legs.js";
-import { DEFAULT_PREFIX } from "../shared/cli-options.js";
+import { DEFAULT_PREFIX } from "../../streams/subjects.js";
 import { DEFAULT_RELEASE_BATCH_MS } from "../shared/publish.js";
 import { DEFAULT_CHARGE_TTL_MS, DEFAULT_MAX_CHARGES } from "../views/charge-ledger.js";
 import { DEFAULT_LOAD_STALE_MS } from "../views/load-view.js";
@@ -60,7 +62,7 @@ export const GatewayConfigSchema = Type.Object(
     prefixMaxEntries: Type.Integer({ minimum: 1, default: DEFAULT_PREFIX_MAX_ENTRIES }),
     snapshots: Type.Boolean({ default: true }),
     snapshotIntervalMs: Ms(DEFAULT_SNAPSHOT_INTERVAL_MS, 1_000),
-    snapshotLeaseMs: Ms(DEFAULT_SNAPSHOT_LEASE_MS, 1),
+    snapshotLeaseMs: Ms(DEFAULT_SNAPSHOT_LEASE_MS, 30),
     consistency: Type.Union([Type.Literal("eventual"), Type.Literal("strict"), Type.Literal("off")], { default: "eventual" }),
     maxHeartbeatCharges: Type.Integer({ minimum: 1, default: 20_000 }),
     releaseBatchMs: Type.Integer({ minimum: 0, maximum: MAX_RELEASE_BATCH_MS, default: DEFAULT_RELEASE_BATCH_MS }),
@@ -85,14 +87,26 @@ export const GatewayConfigSchema = Type.Object(
   { additionalProperties: false },
 );
 
-/** A gateway's whole configuration, every default filled in; frozen. */
-export type GatewayConfig = Readonly<Static<typeof GatewayConfigSchema>> & { readonly pd: Readonly<Static<typeof GatewayConfigSchema>["pd"]> };
+/**
+ * A gateway's whole configuration, every default filled in (the replica id and heartbeat timeout
+ * too, so what a handle reports is what runs); frozen.
+ */
+export type GatewayConfig = Readonly<Static<typeof GatewayConfigSchema>> & {
+  readonly pd: Readonly<Static<typeof GatewayConfigSchema>["pd"]>;
+  readonly id: string;
+  readonly heartbeatTimeoutMs: number;
+};
 
 /** What a caller may set: everything but `nats` may be left out (the schema's default applies). */
 export type GatewayConfigInput = { nats: string | string[] } & Partial<Omit<Static<typeof GatewayConfigSchema>, "nats" | "pd">> & { pd?: Partial<Static<typeof GatewayConfigSchema>["pd"]> };
 
 /** The schema's defaults, for the CLI's help and anyone who must show them. */
-export const GATEWAY_DEFAULTS = Value.Default(GatewayConfigSchema, { nats: "nats://127.0.0.1:4222" }) as GatewayConfig;
+export const GATEWAY_DEFAULTS = Value.Default(GatewayConfigSchema, { nats: "nats://127.0.0.1:4222" }) as Readonly<Static<typeof GatewayConfigSchema>>;
+
+/** A replica id unique enough for one fleet: host, pid and a random suffix (a restarted pid differs). */
+export function defaultGatewayId(): string {
+  return `${os.hostname()}-${process.pid}-${randomBytes(2).toString("hex")}`;
+}
 
 export class GatewayConfigError extends Error {
   override name = "GatewayConfigError";
@@ -108,10 +122,12 @@ export function resolveGatewayConfig(input: GatewayConfigInput): GatewayConfig {
     const e = Value.Errors(GatewayConfigSchema, filled).First();
     throw new GatewayConfigError(`invalid gateway configuration: ${e ? `${e.path || "/"}: ${e.message}` : "schema mismatch"}`);
   }
-  const c = filled as GatewayConfig;
+  const c = filled as Static<typeof GatewayConfigSchema> & { id: string; heartbeatTimeoutMs: number };
+  c.id ??= defaultGatewayId();
+  c.heartbeatTimeoutMs ??= 3 * c.heartbeatIntervalMs;
   Object.freeze(c.pd);
   Object.freeze(c.tokenizerModes);
   if (c.tls) Object.freeze(c.tls);
   if (c.poolModels) Object.freeze(c.poolModels);
-  return Object.freeze(c);
+  return Object.freeze(c) as GatewayConfig;
 }

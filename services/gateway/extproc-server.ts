@@ -108,282 +108,90 @@ function subsetHint(req: ProcessingRequest): string[] | undefined {
 }
 
 export function createExtProcHandler(opts: ExtProcHandlerOptions): grpc.handleBidiStreamingCall<ProcessingRequest, ProcessingResponse> {
-  const { router, log } = opts;
-  const maxBody = opts.maxBodyBytes ?? 4 * 1024 * 1024;
-  const watchdogCfg = opts.pdWatchdog ?? DEFAULT_PD_WATCHDOG;
+  const shared: ExchangeShared = {
+    opts,
+    maxBody: opts.maxBodyBytes ?? 4 * 1024 * 1024,
+    watchdog: opts.pdWatchdog ?? DEFAULT_PD_WATCHDOG,
+    targets: new TargetCache(),
+  };
+  return (call: Stream) => new Exchange(call, shared).attach();
+}
 
-  // The header entries and metadata that name a pod are the same for every request to it:
-  // built once per (endpoint, strategy), bounded by pods x strategies.
-  const targets = new Map<string, { headers: HeaderValueOption[]; echo: HeaderValueOption[]; metadata: ProtoStruct }>();
-  const targetOf = (endpoint: string, strategy: string) => {
+/**
+ * The header entries and metadata that name a pod are the same for every request to it: built
+ * once per (endpoint, strategy), bounded by pods x strategies.
+ */
+class TargetCache {
+  private readonly targets = new Map<string, { headers: HeaderValueOption[]; echo: HeaderValueOption[]; metadata: ProtoStruct }>();
+
+  of(endpoint: string, strategy: string) {
     const key = `${endpoint} ${strategy}`;
-    let t = targets.get(key);
+    let t = this.targets.get(key);
     if (!t) {
-      if (targets.size > 100_000) targets.clear();
+      if (this.targets.size > 100_000) this.targets.clear();
       t = {
         headers: [setHeader(Headers.destinationEndpoint, endpoint), setHeader(Headers.targetPod, endpoint), setHeader(Headers.routingStrategy, strategy)],
         // Echoed on the response so clients and logs see where the request went.
         echo: [setHeader(Headers.targetPod, endpoint), setHeader(Headers.routingStrategy, strategy)],
         metadata: toProtoStruct({ [LB_METADATA_NAMESPACE]: { [Headers.destinationEndpoint]: endpoint } }),
       };
-      targets.set(key, t);
+      this.targets.set(key, t);
     }
     return t;
-  };
+  }
+}
 
-  return (call: Stream) => {
-    let headers: Record<string, string> = {};
-    let subset: string[] | undefined;
-    let bodyParts: Buffer[] = [];
-    let bodyBytes = 0;
-    let routed: RoutedRequest | undefined;
-    let status = 0;
-    let tracker: ResponseTracker | undefined;
-    let normalising = false;
-    /** The stream is over (Envoy ended or cancelled it): a routing result arriving later is released at once. */
-    let over = false;
-    /** Set by a request-headers phase that passed authentication (`auth` only). */
-    let authenticated = false;
-    const errorBody: Buffer[] = [];
-    let errorBytes = 0;
-    /** Aborted when the stream is over: work for this request (a P/D prefill leg) stops. */
-    const gone = new AbortController();
-    /** Response headers reached the gateway (from then on an error can only travel in the body). */
-    let responseStarted = false;
-    let responseIsSse = false;
-    /** P/D: the error that ended the decode after its response had started (sent as a last SSE event). */
-    let pdError: RouteError | undefined;
-    let watchdog: NodeJS.Timeout | undefined;
-    const stopWatchdog = () => {
-      if (watchdog) clearTimeout(watchdog);
-      watchdog = undefined;
-    };
+/** What every stream's exchange shares: the options and the per-pod header cache. */
+interface ExchangeShared {
+  readonly opts: ExtProcHandlerOptions;
+  readonly maxBody: number;
+  readonly watchdog: PdWatchdog;
+  readonly targets: TargetCache;
+}
 
-    const finish = (outcome: "completed" | "error" | "cancelled") => {
-      stopWatchdog();
-      if (!routed || routed.finished) return;
-      const usage = tracker?.end() ?? {};
-      router.finish(routed, outcome, { status: status || (outcome === "cancelled" ? 499 : 502), ...usage });
-    };
-    const send = (msg: ProcessingResponse) => {
-      if (!call.cancelled && call.writable) call.write(msg);
-    };
-    /** 401: counted by reason; nothing is routed, charged or recorded. */
-    const refuseAuth = (reason: AuthFailureReason) => {
-      opts.auth?.failed?.(reason, headers[Headers.requestId]);
-      const err = new RouteError("invalidApiKey", authFailureMessage(reason), null, AUTHENTICATE_CHALLENGE);
-      send(immediate(err.status, routeErrorBody(err), err.headers));
-    };
-    const reject = (err: RouteError, model?: string) => {
-      router.reject(headers, model, err);
-      send(immediate(err.status, routeErrorBody(err), err.headers));
-    };
+/** One Envoy stream, i.e. one HTTP request: its phases, in order, and its single release. */
+class Exchange {
+  private readonly opts: ExtProcHandlerOptions;
+  private readonly router: RequestRouter;
+  private headers: Record<string, string> = {};
+  private subset: string[] | undefined;
+  private bodyParts: Buffer[] = [];
+  private bodyBytes = 0;
+  private routed: RoutedRequest | undefined;
+  private status = 0;
+  private tracker: ResponseTracker | undefined;
+  private normalising = false;
+  /** The stream is over (Envoy ended or cancelled it): a routing result arriving later is released at once. */
+  private over = false;
+  /** Set by a request-headers phase that passed authentication (`auth` only). */
+  private authenticated = false;
+  private readonly errorBody: Buffer[] = [];
+  private errorBytes = 0;
+  /** Aborted when the stream is over: work for this request (a P/D prefill leg) stops. */
+  private readonly gone = new AbortController();
+  /** Response headers reached the gateway (from then on an error can only travel in the body). */
+  private responseStarted = false;
+  private responseIsSse = false;
+  /** P/D: the error that ended the decode after its response had started (sent as a last SSE event). */
+  private pdError: RouteError | undefined;
+  private watchdog: NodeJS.Timeout | undefined;
 
-    const onRequestBody = (chunk: Buffer | Uint8Array | undefined, endOfStream: boolean) => {
-      if (chunk?.length) {
-        bodyBytes += chunk.length;
-        if (bodyBytes <= maxBody) bodyParts.push(Buffer.from(chunk));
-      }
-      // A stream that skipped the request-headers phase (a proxy set to SKIP it) never showed a key.
-      if (opts.auth && !authenticated) return refuseAuth("missing");
-      if (!endOfStream) return send({ request_body: CONTINUE });
-      if (bodyBytes > maxBody) return reject(new RouteError("bodyTooLarge", `request body exceeds ${maxBody} bytes`));
-      const path = (headers[Headers.path] ?? "").split("?")[0] ?? "";
-      if (!(ROUTED_PATHS as readonly string[]).includes(path)) {
-        return reject(new RouteError("unsupportedPath", `${(headers[Headers.method] ?? "").slice(0, 16)} ${path.slice(0, 128)} is not routed; routed paths: ${ROUTED_PATHS.join(", ")}, and GET /v1/models`));
-      }
-      if (!opts.isReady()) return reject(new RouteError("notReady", "gateway is catching up with the streams; retry shortly"));
-      const body = bodyParts.length === 1 ? (bodyParts[0] as Buffer) : Buffer.concat(bodyParts);
-      bodyParts = [];
-      const failed = (err: unknown) => {
-        // The client left while the request was being worked on: nobody to answer.
-        if (over || call.cancelled) return;
-        if (err instanceof RouteError && err.afterRouting) return send(immediate(err.status, routeErrorBody(err), err.headers));
-        if (err instanceof RouteError) return reject(err, safeModel(body));
-        log.error({ err }, "routing failed");
-        return reject(new RouteError("internal", "internal routing error"));
-      };
-      let result: RoutedRequest | Promise<RoutedRequest>;
-      try {
-        result = router.route({ headers, body, subset, signal: gone.signal });
-      } catch (err) {
-        return failed(err);
-      }
-      if (result instanceof Promise) {
-        result.then((r) => {
-          routed = r;
-          // The client may have left (or the stream ended) while the request was being tokenized,
-          // held by a rate limit or committed.
-          if (call.cancelled || over) return finish("cancelled");
-          replyRouted(r);
-        }, failed);
-        return;
-      }
-      routed = result;
-      replyRouted(result);
-    };
+  constructor(
+    private readonly call: Stream,
+    private readonly shared: ExchangeShared,
+  ) {
+    this.opts = shared.opts;
+    this.router = shared.opts.router;
+  }
 
-    const replyRouted = (routed: RoutedRequest) => {
-      const target = targetOf(routed.pod.address, routed.strategy);
-      const set = [...target.headers, setHeader(Headers.requestId, routed.requestId)];
-      // P/D's decode leg goes out with the gateway's body (transfer params or bootstrap fields).
-      if (routed.body) set.push(setHeader(Headers.contentLength, String(routed.body.length)));
-      send({
-        request_body: {
-          response: {
-            status: "CONTINUE",
-            header_mutation: { set_headers: set },
-            ...(routed.body ? { body_mutation: { body: routed.body } } : {}),
-            clear_route_cache: true,
-          },
-        },
-        dynamic_metadata: target.metadata,
-      });
-      if (routed.pd) {
-        routed.pd.onFailure = (err) => endDecode(routed, err);
-        // The prefill may have failed before Envoy was even told where decode goes.
-        if (routed.pd.failure) return endDecode(routed, routed.pd.failure);
-        // Streams only: a non-streamed answer arrives whole at the end, however long it generates.
-        if (routed.stream) armWatchdog(routed, watchdogCfg.firstChunkMs, "no first chunk");
-      }
-    };
-
-    const armWatchdog = (r: RoutedRequest, ms: number, what: string) => {
-      stopWatchdog();
-      watchdog = setTimeout(() => {
-        watchdog = undefined;
-        if (r.finished || over) return;
-        router.abortDecode?.(r);
-        endDecode(r, new RouteError("decodeTimeout", `decode on ${r.pod.pod}: ${what} within ${ms} ms`));
-      }, ms);
-      watchdog.unref?.();
-    };
-
-    /**
-     * Ends a disaggregated request from the gateway's side. Before response headers: an immediate
-     * OpenAI error (Envoy acts on one whenever it arrives). After: the error goes out as a last SSE
-     * event when the engine ends its stream, or the stream is reset after a grace period.
-     */
-    const endDecode = (r: RoutedRequest, err: RouteError) => {
-      if (r.finished || over) return;
-      if (!responseStarted) {
-        stopWatchdog();
-        send(immediate(err.status, routeErrorBody(err), err.headers));
-        router.finish(r, "error", { status: err.status, errorCode: err.code });
-        return;
-      }
-      pdError ??= err;
-      stopWatchdog();
-      watchdog = setTimeout(() => {
-        watchdog = undefined;
-        if (r.finished || over) return;
-        send(immediate(err.status, routeErrorBody(err), err.headers));
-        router.finish(r, "error", { status: err.status, errorCode: err.code });
-      }, watchdogCfg.graceMs ?? 1_000);
-      watchdog.unref?.();
-    };
-
+  attach(): void {
+    const call = this.call;
     call.on("data", (req: ProcessingRequest) => {
       try {
-        switch (req.request) {
-          case "request_headers": {
-            headers = headersToRecord(req.request_headers?.headers);
-            let mutation = STRIP_CLIENT_ROUTING;
-            if (opts.auth) {
-              const a = opts.auth.authenticate(headers.authorization);
-              if (!a.ok) return refuseAuth(a.reason);
-              // The key says who this is: a client-sent `user` header cannot borrow another user's quota.
-              headers[USER_HEADER] = a.user;
-              authenticated = true;
-              mutation = { ...STRIP_CLIENT_ROUTING, set_headers: [setHeader(USER_HEADER, a.user)] };
-            }
-            subset = subsetHint(req);
-            if (req.request_headers?.end_of_stream) {
-              // No body: only model listing is served here; everything else needs a body to route.
-              if ((headers[Headers.method] ?? "GET") === "GET" && (headers[Headers.path] ?? "").split("?")[0] === "/v1/models") {
-                const data = opts.listModels().map((id) => ({ id, object: "model", owned_by: "jetroute" }));
-                return send({ ...immediate(200, { object: "list", data }) });
-              }
-              return reject(new RouteError("unsupportedPath", `${headers[Headers.method] ?? ""} ${headers[Headers.path] ?? ""} has no body to route on`));
-            }
-            return send({ request_headers: { response: { status: "CONTINUE", header_mutation: mutation, clear_route_cache: true } } });
-          }
-          case "request_body":
-            // Current Envoy may attach the metadata (the subset hint) to body messages too.
-            if (req.metadata_context) subset = subsetHint(req) ?? subset;
-            return onRequestBody(req.request_body?.body, req.request_body?.end_of_stream === true);
-          case "response_headers": {
-            const h = headersToRecord(req.response_headers?.headers);
-            status = Number.parseInt(h[Headers.status] ?? "0", 10) || 0;
-            responseStarted = true;
-            responseIsSse = (h[Headers.contentType] ?? "").includes("text/event-stream");
-            tracker = new ResponseTracker(h[Headers.contentType]);
-            const set = routed ? [...targetOf(routed.pod.address, routed.strategy).echo, setHeader(Headers.gatewayRequestId, routed.requestId)] : [];
-            for (const [k, v] of Object.entries(routed?.responseHeaders ?? {})) set.push(setHeader(k, v));
-            if (routed?.pd && !routed.pd.plan.skipPrefill) {
-              const a = routed.pd.prefillPod.address;
-              set.push(setHeader(Headers.prefillTargetPod, routed.pd.prefillPod.pod), setHeader(Headers.prefillTargetPodIp, a.slice(0, a.lastIndexOf(":"))));
-            }
-            // An upstream error gets an OpenAI-shaped body: collect it, answer at its last chunk.
-            normalising = status >= 400 && !req.response_headers?.end_of_stream;
-            if (normalising) set.push(setHeader(Headers.contentType, "application/json"));
-            send({
-              response_headers: {
-                response: { status: "CONTINUE", header_mutation: { set_headers: set, ...(normalising ? { remove_headers: [Headers.contentLength] } : {}) } },
-              },
-            });
-            if (req.response_headers?.end_of_stream) finish(status >= 400 ? "error" : "completed");
-            return;
-          }
-          case "response_body": {
-            const b = req.response_body;
-            if (routed && routed.firstChunkAt === undefined && b?.body?.length) router.firstToken(routed);
-            if (b?.body?.length) tracker?.push(b.body);
-            if (routed?.pd && routed.stream && !pdError && !b?.end_of_stream && b?.body?.length) armWatchdog(routed, watchdogCfg.idleMs, "no next chunk");
-            if (pdError && !normalising && responseIsSse) {
-              // The decode was ended by the gateway: its stream closes with the reason as an SSE
-              // event, before the `[DONE]` the aborted engine sends (clients stop reading there).
-              const text = Buffer.from(b?.body ?? []).toString("utf8").replaceAll("data: [DONE]\n\n", "");
-              const tail = b?.end_of_stream ? `data: ${JSON.stringify(routeErrorBody(pdError))}\n\ndata: [DONE]\n\n` : "";
-              send({ response_body: { response: { status: "CONTINUE", body_mutation: { body: Buffer.from(text + tail) } } } });
-              if (b?.end_of_stream) {
-                status = pdError.status;
-                if (routed && !routed.finished) router.finish(routed, "error", { status: pdError.status, errorCode: pdError.code, ...(tracker?.end() ?? {}) });
-                stopWatchdog();
-              }
-              return;
-            }
-            if (pdError && b?.end_of_stream && routed && !routed.finished) {
-              // A non-streamed answer that ended after the gateway gave up on it: recorded as the gateway's error.
-              status = pdError.status;
-              router.finish(routed, "error", { status: pdError.status, errorCode: pdError.code, ...(tracker?.end() ?? {}) });
-              stopWatchdog();
-            }
-            if (normalising) {
-              if (b?.body?.length && errorBytes < 65_536) {
-                errorBody.push(Buffer.from(b.body));
-                errorBytes += b.body.length;
-              }
-              if (!b?.end_of_stream) send({ response_body: { response: { status: "CONTINUE", body_mutation: { clear_body: true } } } });
-              else {
-                const normal = normaliseUpstreamError(status, Buffer.concat(errorBody));
-                send({ response_body: { response: { status: "CONTINUE", body_mutation: { body: Buffer.from(JSON.stringify(normal)) } } } });
-              }
-            } else send({ response_body: CONTINUE });
-            if (b?.end_of_stream) finish(status >= 400 ? "error" : "completed");
-            return;
-          }
-          case "request_trailers":
-            return send({ request_trailers: {} });
-          case "response_trailers":
-            send({ response_trailers: {} });
-            return finish(status >= 400 ? "error" : "completed");
-          default:
-            log.warn({ request: req.request }, "unknown ext_proc message");
-        }
+        this.onMessage(req);
       } catch (err) {
-        log.error({ err }, "ext_proc handler failed");
-        send(immediate(500, openAIError(500, "internal_error", "internal gateway error")));
+        this.opts.log.error({ err }, "ext_proc handler failed");
+        this.send(immediate(500, openAIError(500, "internal_error", "internal gateway error")));
       }
     });
     call.on("end", () => {
@@ -393,23 +201,268 @@ export function createExtProcHandler(opts: ExtProcHandlerOptions): grpc.handleBi
       // emits "cancelled" after clean closes too, so neither event alone tells them apart:
       // decide one tick later, when `call.cancelled` is settled. The release happens once either way.
       setImmediate(() => {
-        over = true;
-        const ended = status >= 400 ? "error" : status && !call.cancelled ? "completed" : "cancelled";
-        finish(ended);
+        this.over = true;
+        const ended = this.status >= 400 ? "error" : this.status && !call.cancelled ? "completed" : "cancelled";
+        this.finish(ended);
         if (!call.cancelled) call.end();
       });
     });
-    call.on("cancelled", () => {
-      over = true;
-      gone.abort();
-      finish("cancelled");
+    const cancelled = () => {
+      this.over = true;
+      this.gone.abort();
+      this.finish("cancelled");
+    };
+    call.on("cancelled", cancelled);
+    call.on("error", cancelled);
+  }
+
+  private onMessage(req: ProcessingRequest): void {
+    switch (req.request) {
+      case "request_headers":
+        return this.onRequestHeaders(req);
+      case "request_body":
+        // Current Envoy may attach the metadata (the subset hint) to body messages too.
+        if (req.metadata_context) this.subset = subsetHint(req) ?? this.subset;
+        return this.onRequestBody(req.request_body?.body, req.request_body?.end_of_stream === true);
+      case "response_headers":
+        return this.onResponseHeaders(req);
+      case "response_body":
+        return this.onResponseBody(req);
+      case "request_trailers":
+        return this.send({ request_trailers: {} });
+      case "response_trailers":
+        this.send({ response_trailers: {} });
+        return this.finish(this.status >= 400 ? "error" : "completed");
+      default:
+        this.opts.log.warn({ request: req.request }, "unknown ext_proc message");
+    }
+  }
+
+  private stopWatchdog(): void {
+    if (this.watchdog) clearTimeout(this.watchdog);
+    this.watchdog = undefined;
+  }
+
+  private finish(outcome: "completed" | "error" | "cancelled"): void {
+    this.stopWatchdog();
+    const routed = this.routed;
+    if (!routed || routed.finished) return;
+    const usage = this.tracker?.end() ?? {};
+    this.router.finish(routed, outcome, { status: this.status || (outcome === "cancelled" ? 499 : 502), ...usage });
+  }
+
+  private send(msg: ProcessingResponse): void {
+    if (!this.call.cancelled && this.call.writable) this.call.write(msg);
+  }
+
+  /** 401: counted by reason; nothing is routed, charged or recorded. */
+  private refuseAuth(reason: AuthFailureReason): void {
+    this.opts.auth?.failed?.(reason, this.headers[Headers.requestId]);
+    const err = new RouteError("invalidApiKey", authFailureMessage(reason), null, AUTHENTICATE_CHALLENGE);
+    this.send(immediate(err.status, routeErrorBody(err), err.headers));
+  }
+
+  private reject(err: RouteError, model?: string): void {
+    this.router.reject(this.headers, model, err);
+    this.send(immediate(err.status, routeErrorBody(err), err.headers));
+  }
+
+  private onRequestHeaders(req: ProcessingRequest): void {
+    const headers = headersToRecord(req.request_headers?.headers);
+    this.headers = headers;
+    let mutation = STRIP_CLIENT_ROUTING;
+    if (this.opts.auth) {
+      const a = this.opts.auth.authenticate(headers.authorization);
+      if (!a.ok) return this.refuseAuth(a.reason);
+      // The key says who this is: a client-sent `user` header cannot borrow another user's quota.
+      headers[USER_HEADER] = a.user;
+      this.authenticated = true;
+      mutation = { ...STRIP_CLIENT_ROUTING, set_headers: [setHeader(USER_HEADER, a.user)] };
+    }
+    this.subset = subsetHint(req);
+    if (req.request_headers?.end_of_stream) {
+      // No body: only model listing is served here; everything else needs a body to route.
+      if ((headers[Headers.method] ?? "GET") === "GET" && (headers[Headers.path] ?? "").split("?")[0] === "/v1/models") {
+        const data = this.opts.listModels().map((id) => ({ id, object: "model", owned_by: "jetroute" }));
+        return this.send({ ...immediate(200, { object: "list", data }) });
+      }
+      return this.reject(new RouteError("unsupportedPath", `${headers[Headers.method] ?? ""} ${headers[Headers.path] ?? ""} has no body to route on`));
+    }
+    this.send({ request_headers: { response: { status: "CONTINUE", header_mutation: mutation, clear_route_cache: true } } });
+  }
+
+  private onRequestBody(chunk: Buffer | Uint8Array | undefined, endOfStream: boolean): void {
+    const { maxBody } = this.shared;
+    if (chunk?.length) {
+      this.bodyBytes += chunk.length;
+      if (this.bodyBytes <= maxBody) this.bodyParts.push(Buffer.from(chunk));
+    }
+    // A stream that skipped the request-headers phase (a proxy set to SKIP it) never showed a key.
+    if (this.opts.auth && !this.authenticated) return this.refuseAuth("missing");
+    if (!endOfStream) return this.send({ request_body: CONTINUE });
+    if (this.bodyBytes > maxBody) return this.reject(new RouteError("bodyTooLarge", `request body exceeds ${maxBody} bytes`));
+    const headers = this.headers;
+    const path = (headers[Headers.path] ?? "").split("?")[0] ?? "";
+    if (!(ROUTED_PATHS as readonly string[]).includes(path)) {
+      return this.reject(new RouteError("unsupportedPath", `${(headers[Headers.method] ?? "").slice(0, 16)} ${path.slice(0, 128)} is not routed; routed paths: ${ROUTED_PATHS.join(", ")}, and GET /v1/models`));
+    }
+    if (!this.opts.isReady()) return this.reject(new RouteError("notReady", "gateway is catching up with the streams; retry shortly"));
+    const body = this.bodyParts.length === 1 ? (this.bodyParts[0] as Buffer) : Buffer.concat(this.bodyParts);
+    this.bodyParts = [];
+    let result: RoutedRequest | Promise<RoutedRequest>;
+    try {
+      result = this.router.route({ headers, body, subset: this.subset, signal: this.gone.signal });
+    } catch (err) {
+      return this.routeFailed(err, body);
+    }
+    if (result instanceof Promise) {
+      result.then(
+        (r) => {
+          this.routed = r;
+          // The client may have left (or the stream ended) while the request was being tokenized,
+          // held by a rate limit or committed.
+          if (this.call.cancelled || this.over) return this.finish("cancelled");
+          this.replyRouted(r);
+        },
+        (err) => this.routeFailed(err, body),
+      );
+      return;
+    }
+    this.routed = result;
+    this.replyRouted(result);
+  }
+
+  private routeFailed(err: unknown, body: Buffer): void {
+    // The client left while the request was being worked on: nobody to answer.
+    if (this.over || this.call.cancelled) return;
+    if (err instanceof RouteError && err.afterRouting) return this.send(immediate(err.status, routeErrorBody(err), err.headers));
+    if (err instanceof RouteError) return this.reject(err, safeModel(body));
+    this.opts.log.error({ err }, "routing failed");
+    this.reject(new RouteError("internal", "internal routing error"));
+  }
+
+  private replyRouted(routed: RoutedRequest): void {
+    const target = this.shared.targets.of(routed.pod.address, routed.strategy);
+    const set = [...target.headers, setHeader(Headers.requestId, routed.requestId)];
+    // P/D's decode leg goes out with the gateway's body (transfer params or bootstrap fields).
+    if (routed.body) set.push(setHeader(Headers.contentLength, String(routed.body.length)));
+    this.send({
+      request_body: {
+        response: {
+          status: "CONTINUE",
+          header_mutation: { set_headers: set },
+          ...(routed.body ? { body_mutation: { body: routed.body } } : {}),
+          clear_route_cache: true,
+        },
+      },
+      dynamic_metadata: target.metadata,
     });
-    call.on("error", () => {
-      over = true;
-      gone.abort();
-      finish("cancelled");
+    if (routed.pd) {
+      routed.pd.onFailure = (err) => this.endDecode(routed, err);
+      // The prefill may have failed before Envoy was even told where decode goes.
+      if (routed.pd.failure) return this.endDecode(routed, routed.pd.failure);
+      // Streams only: a non-streamed answer arrives whole at the end, however long it generates.
+      if (routed.stream) this.armWatchdog(routed, this.shared.watchdog.firstChunkMs, "no first chunk");
+    }
+  }
+
+  private armWatchdog(r: RoutedRequest, ms: number, what: string): void {
+    this.stopWatchdog();
+    this.watchdog = setTimeout(() => {
+      this.watchdog = undefined;
+      if (r.finished || this.over) return;
+      this.router.abortDecode?.(r);
+      this.endDecode(r, new RouteError("decodeTimeout", `decode on ${r.pod.pod}: ${what} within ${ms} ms`));
+    }, ms);
+    this.watchdog.unref?.();
+  }
+
+  /**
+   * Ends a disaggregated request from the gateway's side. Before response headers: an immediate
+   * OpenAI error (Envoy acts on one whenever it arrives). After: the error goes out as a last SSE
+   * event when the engine ends its stream, or the stream is reset after a grace period.
+   */
+  private endDecode(r: RoutedRequest, err: RouteError): void {
+    if (r.finished || this.over) return;
+    if (!this.responseStarted) {
+      this.stopWatchdog();
+      this.send(immediate(err.status, routeErrorBody(err), err.headers));
+      this.router.finish(r, "error", { status: err.status, errorCode: err.code });
+      return;
+    }
+    this.pdError ??= err;
+    this.stopWatchdog();
+    this.watchdog = setTimeout(() => {
+      this.watchdog = undefined;
+      if (r.finished || this.over) return;
+      this.send(immediate(err.status, routeErrorBody(err), err.headers));
+      this.router.finish(r, "error", { status: err.status, errorCode: err.code });
+    }, this.shared.watchdog.graceMs ?? 1_000);
+    this.watchdog.unref?.();
+  }
+
+  private onResponseHeaders(req: ProcessingRequest): void {
+    const h = headersToRecord(req.response_headers?.headers);
+    const routed = this.routed;
+    this.status = Number.parseInt(h[Headers.status] ?? "0", 10) || 0;
+    this.responseStarted = true;
+    this.responseIsSse = (h[Headers.contentType] ?? "").includes("text/event-stream");
+    this.tracker = new ResponseTracker(h[Headers.contentType]);
+    const set = routed ? [...this.shared.targets.of(routed.pod.address, routed.strategy).echo, setHeader(Headers.gatewayRequestId, routed.requestId)] : [];
+    for (const [k, v] of Object.entries(routed?.responseHeaders ?? {})) set.push(setHeader(k, v));
+    if (routed?.pd && !routed.pd.plan.skipPrefill) {
+      const a = routed.pd.prefillPod.address;
+      set.push(setHeader(Headers.prefillTargetPod, routed.pd.prefillPod.pod), setHeader(Headers.prefillTargetPodIp, a.slice(0, a.lastIndexOf(":"))));
+    }
+    // An upstream error gets an OpenAI-shaped body: collect it, answer at its last chunk.
+    this.normalising = this.status >= 400 && !req.response_headers?.end_of_stream;
+    if (this.normalising) set.push(setHeader(Headers.contentType, "application/json"));
+    this.send({
+      response_headers: {
+        response: { status: "CONTINUE", header_mutation: { set_headers: set, ...(this.normalising ? { remove_headers: [Headers.contentLength] } : {}) } },
+      },
     });
-  };
+    if (req.response_headers?.end_of_stream) this.finish(this.status >= 400 ? "error" : "completed");
+  }
+
+  private onResponseBody(req: ProcessingRequest): void {
+    const b = req.response_body;
+    const routed = this.routed;
+    if (routed && routed.firstChunkAt === undefined && b?.body?.length) this.router.firstToken(routed);
+    if (b?.body?.length) this.tracker?.push(b.body);
+    if (routed?.pd && routed.stream && !this.pdError && !b?.end_of_stream && b?.body?.length) this.armWatchdog(routed, this.shared.watchdog.idleMs, "no next chunk");
+    if (this.pdError && !this.normalising && this.responseIsSse) {
+      // The decode was ended by the gateway: its stream closes with the reason as an SSE
+      // event, before the `[DONE]` the aborted engine sends (clients stop reading there).
+      const text = Buffer.from(b?.body ?? []).toString("utf8").replaceAll("data: [DONE]\n\n", "");
+      const tail = b?.end_of_stream ? `data: ${JSON.stringify(routeErrorBody(this.pdError))}\n\ndata: [DONE]\n\n` : "";
+      this.send({ response_body: { response: { status: "CONTINUE", body_mutation: { body: Buffer.from(text + tail) } } } });
+      if (b?.end_of_stream) {
+        this.status = this.pdError.status;
+        if (routed && !routed.finished) this.router.finish(routed, "error", { status: this.pdError.status, errorCode: this.pdError.code, ...(this.tracker?.end() ?? {}) });
+        this.stopWatchdog();
+      }
+      return;
+    }
+    if (this.pdError && b?.end_of_stream && routed && !routed.finished) {
+      // A non-streamed answer that ended after the gateway gave up on it: recorded as the gateway's error.
+      this.status = this.pdError.status;
+      this.router.finish(routed, "error", { status: this.pdError.status, errorCode: this.pdError.code, ...(this.tracker?.end() ?? {}) });
+      this.stopWatchdog();
+    }
+    if (this.normalising) {
+      if (b?.body?.length && this.errorBytes < 65_536) {
+        this.errorBody.push(Buffer.from(b.body));
+        this.errorBytes += b.body.length;
+      }
+      if (!b?.end_of_stream) this.send({ response_body: { response: { status: "CONTINUE", body_mutation: { clear_body: true } } } });
+      else {
+        const normal = normaliseUpstreamError(this.status, Buffer.concat(this.errorBody));
+        this.send({ response_body: { response: { status: "CONTINUE", body_mutation: { body: Buffer.from(JSON.stringify(normal)) } } } });
+      }
+    } else this.send({ response_body: CONTINUE });
+    if (b?.end_of_stream) this.finish(this.status >= 400 ? "error" : "completed");
+  }
 }
 
 function safeModel(body: Buffer): string | undefined {

@@ -4,10 +4,8 @@
  * health listener, prefix-index snapshots, the config watch and the admin port. Each piece lives
  * in its own module; this file only wires them and orders start and shutdown.
  */
-import os from "node:os";
-import { randomBytes } from "node:crypto";
 import { configBucketName } from "../../streams/definitions.js";
-import { namespaceOf } from "../../streams/pools.js";
+import { type Namespace, namespaceOf } from "../../streams/pools.js";
 import { Subjects } from "../../streams/subjects.js";
 import type { ExtProcConnectionStats } from "../extproc/reset-budget.js";
 import type { Logger } from "../shared/log.js";
@@ -16,13 +14,13 @@ import { GatewayState } from "../views/gateway-state.js";
 import type { PrefixIndex } from "../views/prefix-index.js";
 import type { TokenizerSetting } from "../tokenizer/prompt-tokens.js";
 import { type AdminServer, adminAuthorizer, startAdminServer } from "./admin-server.js";
-import { Director, type GatewayViews } from "../routing/director.js";
+import { Director, type DirectorOptions, type GatewayViews } from "../routing/director.js";
 import { explain } from "../routing/explain.js";
 import { validateModelConfig } from "../routing/config-check.js";
 import { configureSessionSigning } from "../routing/strategies/session-affinity.js";
-import { createExtProcHandler, DEFAULT_PD_WATCHDOG } from "./extproc-server.js";
+import { createExtProcHandler, DEFAULT_PD_WATCHDOG, type ExtProcHandlerOptions } from "./extproc-server.js";
 import { PdHttpClient } from "./pd-client.js";
-import { GatewayMetrics } from "./metrics.js";
+import { GatewayMetrics, type GatewayMetricsSources } from "./metrics.js";
 import { type LoadedSnapshot, loadNewestSnapshot, startSnapshotter } from "./snapshots.js";
 import { watchModelConfigs } from "./config-watch.js";
 import type { ApiKeyView } from "./auth.js";
@@ -32,7 +30,7 @@ import { Tokenizer } from "./tokenization.js";
 import { StrictCommitter } from "./strict-commit.js";
 import { SubjectCursors } from "./subject-cursor.js";
 import { type GatewayConfig, type GatewayConfigInput, resolveGatewayConfig } from "./config.js";
-import { createFollowers } from "./followers.js";
+import { createFollowers, type GatewayFollowers } from "./followers.js";
 import { GatewayPublishers } from "./publishers.js";
 import { debugStateOf } from "./debug-state.js";
 import { ExtProcListener, tlsCredentials } from "./extproc-listener.js";
@@ -74,17 +72,12 @@ export interface GatewayHandle {
   close(): Promise<void>;
 }
 
-export function defaultGatewayId(): string {
-  return `${os.hostname()}-${process.pid}-${randomBytes(2).toString("hex")}`;
-}
-
 export async function startGateway(options: GatewayOptions): Promise<GatewayHandle> {
   const { log, clock: clockOption, ...input } = options;
   const config = resolveGatewayConfig(input);
-  const id = config.id ?? defaultGatewayId();
+  const { id } = config;
   const ns = namespaceOf(config.prefix, config.pool);
   const prefix = ns.prefix;
-  const hbTimeout = config.heartbeatTimeoutMs ?? 3 * config.heartbeatIntervalMs;
   // Read before anything starts: a bad TLS file stops the gateway before it connects anywhere.
   const credentials = tlsCredentials(config.tls);
   const clock = clockOption ?? Date.now;
@@ -95,19 +88,7 @@ export async function startGateway(options: GatewayOptions): Promise<GatewayHand
   const engineKey = config.engineApiKey ? { engineApiKey: config.engineApiKey } : {};
   const tokenizer = new Tokenizer({ ...engineKey, defaultMode: config.tokenizerMode as TokenizerSetting, modes: config.tokenizerModes as Record<string, TokenizerSetting> });
   const nats = await connectNats(config.nats, `jetroute-gateway-${id}`);
-  // The one fold every view changes in (services/views/gateway-state.ts).
-  const state = new GatewayState({
-    self: id,
-    ...(ns.pool !== undefined ? { pool: ns.pool } : {}),
-    shareCharges: config.consistency !== "off",
-    heartbeatTimeoutMs: hbTimeout,
-    maxCharges: config.maxCharges,
-    loadStaleAfterMs: config.loadStaleAfterMs,
-    rateConfirmMs: config.rateConfirmMs,
-    podSourceTimeoutMs: config.podSourceTimeoutMs,
-    prefixIndex: { maxEntries: config.prefixMaxEntries },
-    checkModelConfig: validateModelConfig,
-  });
+  const state = foldOf(config, ns);
   const views: GatewayViews = state;
   // A snapshot (snapshots.ts) holds the index as of a KV stream sequence: the KV follower starts
   // right after it instead of replaying the whole stream.
@@ -115,7 +96,7 @@ export async function startGateway(options: GatewayOptions): Promise<GatewayHand
   if (snapshot) state.restorePrefixIndex(snapshot.index, snapshot.seq);
 
   const cursors = new SubjectCursors();
-  const { followers, views: viewNames } = await createFollowers({ nats, ns, id, state, cursors, serverClock, heartbeatTimeoutMs: hbTimeout, ...(snapshot ? { kvAfterSeq: snapshot.seq } : {}), log });
+  const { followers, views: viewNames } = await createFollowers({ nats, ns, id, state, cursors, serverClock, heartbeatTimeoutMs: config.heartbeatTimeoutMs, ...(snapshot ? { kvAfterSeq: snapshot.seq } : {}), log });
   let isReady = false;
   const listener = new ExtProcListener(log);
   const publishers: GatewayPublishers = new GatewayPublishers({ nats, ns, id, config, state, metrics: () => metrics, clock, log });
@@ -123,50 +104,17 @@ export async function startGateway(options: GatewayOptions): Promise<GatewayHand
   // never answers a request with the keys half loaded.
   const configWatch = await watchModelConfigs(nats.nc, configBucketName(ns.configPrefix), state, log);
   const subjects = new Subjects(prefix);
-  const prefixSupport = createPrefixSupport({ gatewayId: id, state, tokenizer, subjects, outbox: publishers.outbox });
   const pdClient = new PdHttpClient(engineKey);
-  const modelConfigs = state.configs;
-  const consistency = config.consistency;
-  const director: Director = new Director({
-    gatewayId: id, now: clock, serverNow: serverClock.now, recordPromptBlocks: config.recordPromptBlocks, defaultStrategy: config.defaultStrategy, chargeTtlMs: config.chargeTtlMs,
-    state, sink: publishers.sink, prefix: prefixSupport, config: modelConfigs, consistency,
-    pool: { ...(ns.pool !== undefined ? { pool: ns.pool } : {}), ...(config.poolModels ? { models: new Set(config.poolModels) } : {}) },
-    strictFor: (model) => consistency !== "off" && (modelConfigs.consistency(model) ?? consistency) === "strict",
+  const { director, strict } = routingCoreOf({
+    config, ns, state, clock, serverClock, publishers, pdClient, subjects, cursors, log, js: nats.js,
+    prefix: createPrefixSupport({ gatewayId: id, state, tokenizer, subjects, outbox: publishers.outbox }),
     onPick: (st, sec) => metrics.pick(st, sec),
-    pdLegClient: pdClient,
-    pdLegOptions: { prefillTimeoutMs: config.pd.prefillTimeoutMs, prefillBudgetMs: config.pd.prefillBudgetMs, sglangPrefillTimeoutMs: config.pd.sglangPrefillTimeoutMs, maxRetries: config.pd.maxRetries },
   });
-  // Strict commits are chosen per model (its config's `consistency`, else `--consistency`), so the
-  // committer exists whenever charges are shared; `off` follows no peer and has nothing to commit against.
-  const strict =
-    consistency !== "off"
-      ? new StrictCommitter({ js: nats.js, subjects, director, cursor: cursors, onFallback: (err) => log.warn({ err }, "strict charge commit failed; published without compare-and-set") })
-      : undefined;
-  if (strict) director.useStrictCommitter(strict);
-  const metrics: GatewayMetrics = new GatewayMetrics(id, {
-    followers: () => followers.map((f, i) => ({ view: viewNames[i] ?? String(i), lastSeq: f.lastSeq, applied: f.applied, invalid: f.invalid, reopens: f.reopens, pending: f.pending, delayMs: f.delayMs })),
-    ledger: () => ({
-      charges: views.ledger.size,
-      evicted: views.ledger.evicted,
-      expired: views.ledger.expired,
-      reconciledAdded: views.ledger.reconciledAdded,
-      reconciledRemoved: views.ledger.reconciledRemoved,
-      liveGateways: views.ledger.liveGateways(Date.now()).length,
-    }),
-    prefixIndex: () => {
-      const st = state.index.stats();
-      return { entries: st.entries, blocks: st.blocks, evictedEntries: st.evictedEntries };
-    },
-    strict: () => strict?.stats,
-    inFlight: () => director.inFlight.size,
-    ready: () => isReady,
-    apiKeys: () => ({ active: state.apiKeys.active, revoked: state.apiKeys.size - state.apiKeys.active }),
-    connections: () => listener.connections,
-    outboxDrops: () => publishers.outbox.drops(),
-    pd: () => ({ ...director.pdStats, ...director.legs?.stats }),
-    podSources: () => state.pods.sourceInfo(),
-    usage: () => ({ foreignGateways: state.rates.foreignGateways, foreignEntries: state.rates.foreignEntries, foreignEvicted: state.rates.foreignEvicted, sent: publishers.usageSummaries.sent, truncatedUsers: publishers.usageSummaries.truncatedUsers }),
-  }, ns.pool);
+  const metrics: GatewayMetrics = new GatewayMetrics(
+    id,
+    metricSourcesOf({ state, followers, viewNames, director, strict, publishers, listener, ready: () => isReady }),
+    ns.pool,
+  );
   tokenizer.registerMetrics(metrics.registry);
   publishers.start(director);
   const sweepTimer = setInterval(() => state.sweep(clock(), { liveNow: serverClock.now() }), Math.max(50, Math.min(250, config.heartbeatIntervalMs / 4)));
@@ -191,18 +139,6 @@ export async function startGateway(options: GatewayOptions): Promise<GatewayHand
     : undefined;
 
   const apiKeys = state.apiKeys;
-  const auth = config.auth === "required"
-    ? {
-        auth: {
-          authenticate: (authorization: string | undefined) => apiKeys.authenticate(authorization),
-          failed: (reason: Parameters<GatewayMetrics["authFailure"]>[0], requestId: string | undefined) => {
-            metrics.authFailure(reason);
-            // The reason only: the header itself is never logged.
-            if (log.isLevelEnabled("debug")) log.debug({ requestId, reason }, "request refused: authentication failed");
-          },
-        },
-      }
-    : {};
   const port = await listener.listen(
     createExtProcHandler({
       router: director,
@@ -210,7 +146,7 @@ export async function startGateway(options: GatewayOptions): Promise<GatewayHand
       isReady: () => isReady,
       pdWatchdog: { ...DEFAULT_PD_WATCHDOG, firstChunkMs: config.pd.firstChunkTimeoutMs, idleMs: config.pd.idleTimeoutMs },
       listModels: () => [...new Set(views.pods.all().flatMap((p) => [p.model, ...p.adapters]))].sort(),
-      ...auth,
+      ...extProcAuthOf(config, apiKeys, metrics, log),
     }),
     config.host,
     config.port,
@@ -219,19 +155,19 @@ export async function startGateway(options: GatewayOptions): Promise<GatewayHand
 
   const debugState = () =>
     debugStateOf({ id, ns, config, state, director, followers, viewNames, snapshot, snapshotStats: () => snapshotter?.stats, tokenizer, publishers, strict, configWatch, ready: () => isReady, connections: () => listener.connections });
-  let admin: AdminServer | undefined;
-  if (config.adminPort >= 0) {
-    admin = await startAdminServer({
-      port: config.adminPort,
-      host: config.adminHost,
-      ...(config.auth === "required" ? { authorize: adminAuthorizer(apiKeys) } : {}),
-      log,
-      ready: () => isReady,
-      state: debugState,
-      metrics,
-      explain: (headers, body) => explain(director, views, headers, body),
-    });
-  }
+  const admin: AdminServer | undefined =
+    config.adminPort >= 0
+      ? await startAdminServer({
+          port: config.adminPort,
+          host: config.adminHost,
+          ...(config.auth === "required" ? { authorize: adminAuthorizer(apiKeys) } : {}),
+          log,
+          ready: () => isReady,
+          state: debugState,
+          metrics,
+          explain: (headers, body) => explain(director, views, headers, body),
+        })
+      : undefined;
   const adminPort = admin?.port;
   log.info({ id, port, adminPort, auth: config.auth }, "gateway listening");
 
@@ -275,6 +211,114 @@ export async function startGateway(options: GatewayOptions): Promise<GatewayHand
       await pdClient.close();
       await tokenizer.close();
       log.info({ drained }, "gateway stopped");
+    },
+  };
+}
+
+/** The one fold every view changes in (services/views/gateway-state.ts), sized from the config. */
+function foldOf(config: GatewayConfig, ns: Namespace): GatewayState {
+  return new GatewayState({
+    self: config.id,
+    ...(ns.pool !== undefined ? { pool: ns.pool } : {}),
+    shareCharges: config.consistency !== "off",
+    heartbeatTimeoutMs: config.heartbeatTimeoutMs,
+    maxCharges: config.maxCharges,
+    loadStaleAfterMs: config.loadStaleAfterMs,
+    rateConfirmMs: config.rateConfirmMs,
+    podSourceTimeoutMs: config.podSourceTimeoutMs,
+    prefixIndex: { maxEntries: config.prefixMaxEntries },
+    checkModelConfig: validateModelConfig,
+  });
+}
+
+/** The request path: the routing core's Director, publishing through this gateway, and its strict committer. */
+function routingCoreOf(o: {
+  config: GatewayConfig;
+  ns: Namespace;
+  state: GatewayState;
+  clock: () => number;
+  serverClock: ServerClock;
+  publishers: GatewayPublishers;
+  js: NatsHandles["js"];
+  prefix: DirectorOptions["prefix"];
+  pdClient: PdHttpClient;
+  subjects: Subjects;
+  cursors: SubjectCursors;
+  onPick: NonNullable<DirectorOptions["onPick"]>;
+  log: Logger;
+}): { director: Director; strict: StrictCommitter | undefined } {
+  const { config, ns, state } = o;
+  const modelConfigs = state.configs;
+  const consistency = config.consistency;
+  const director = new Director({
+    gatewayId: config.id, now: o.clock, serverNow: o.serverClock.now, recordPromptBlocks: config.recordPromptBlocks, defaultStrategy: config.defaultStrategy, chargeTtlMs: config.chargeTtlMs,
+    state, sink: o.publishers.sink, prefix: o.prefix, config: modelConfigs, consistency,
+    pool: { ...(ns.pool !== undefined ? { pool: ns.pool } : {}), ...(config.poolModels ? { models: new Set(config.poolModels) } : {}) },
+    strictFor: (model) => consistency !== "off" && (modelConfigs.consistency(model) ?? consistency) === "strict",
+    onPick: o.onPick,
+    pdLegClient: o.pdClient,
+    pdLegOptions: { prefillTimeoutMs: config.pd.prefillTimeoutMs, prefillBudgetMs: config.pd.prefillBudgetMs, sglangPrefillTimeoutMs: config.pd.sglangPrefillTimeoutMs, maxRetries: config.pd.maxRetries },
+  });
+  // Strict commits are chosen per model (its config's `consistency`, else `--consistency`), so the
+  // committer exists whenever charges are shared; `off` follows no peer and has nothing to commit against.
+  const strict =
+    consistency !== "off"
+      ? new StrictCommitter({ js: o.js, subjects: o.subjects, director, cursor: o.cursors, onFallback: (err) => o.log.warn({ err }, "strict charge commit failed; published without compare-and-set") })
+      : undefined;
+  if (strict) director.useStrictCommitter(strict);
+  return { director, strict };
+}
+
+/** What the gateway's metrics read at scrape time. */
+function metricSourcesOf(o: {
+  state: GatewayState;
+  followers: GatewayFollowers["followers"];
+  viewNames: GatewayFollowers["views"];
+  director: Director;
+  strict: StrictCommitter | undefined;
+  publishers: GatewayPublishers;
+  listener: ExtProcListener;
+  ready: () => boolean;
+}): GatewayMetricsSources {
+  const { state, director, publishers } = o;
+  const ledger = state.ledger;
+  return {
+    followers: () => o.followers.map((f, i) => ({ view: o.viewNames[i] ?? String(i), lastSeq: f.lastSeq, applied: f.applied, invalid: f.invalid, reopens: f.reopens, pending: f.pending, delayMs: f.delayMs })),
+    ledger: () => ({
+      charges: ledger.size,
+      evicted: ledger.evicted,
+      expired: ledger.expired,
+      reconciledAdded: ledger.reconciledAdded,
+      reconciledRemoved: ledger.reconciledRemoved,
+      liveGateways: ledger.liveGateways(Date.now()).length,
+    }),
+    prefixIndex: () => {
+      const st = state.index.stats();
+      return { entries: st.entries, blocks: st.blocks, evictedEntries: st.evictedEntries };
+    },
+    strict: () => o.strict?.stats,
+    inFlight: () => director.inFlight.size,
+    ready: o.ready,
+    apiKeys: () => ({ active: state.apiKeys.active, revoked: state.apiKeys.size - state.apiKeys.active }),
+    connections: () => o.listener.connections,
+    outboxDrops: () => publishers.outbox.drops(),
+    pd: () => ({ ...director.pdStats, ...director.legs?.stats }),
+    podSources: () => state.pods.sourceInfo(),
+    usage: () => ({ foreignGateways: state.rates.foreignGateways, foreignEntries: state.rates.foreignEntries, foreignEvicted: state.rates.foreignEvicted, sent: publishers.usageSummaries.sent, truncatedUsers: publishers.usageSummaries.truncatedUsers }),
+  };
+}
+
+/** `--auth required`: the ext_proc handler authenticates each request's bearer key and counts refusals. */
+function extProcAuthOf(config: GatewayConfig, apiKeys: ApiKeyView, metrics: GatewayMetrics, log: Logger): Pick<ExtProcHandlerOptions, "auth"> {
+  if (config.auth !== "required") return {};
+  return {
+    auth: {
+      authenticate: (authorization: string | undefined) => apiKeys.authenticate(authorization),
+      failed: (reason: Parameters<GatewayMetrics["authFailure"]>[0], requestId: string | undefined) => {
+        metrics.authFailure(reason);
+        // The reason only: the header itself is never logged.
+        if (log.isLevelEnabled("debug")) log.debug({ requestId, reason }, "request refused: authentication failed");
+      },
     },
   };
 }

@@ -17,6 +17,7 @@ import {
   loadNewestSnapshot,
   newestSnapshotMeta,
   retentionGap,
+  retentionUrgency,
   snapshotBucketName,
   startSnapshotter,
   validateSnapshotTiming,
@@ -298,6 +299,20 @@ describe("retention guard", () => {
     expect(retentionGap(5, 10)).toBeUndefined();
     expect(retentionGap(15, 10)).toEqual({ from: 11, to: 14 });
     expect(retentionGap(2, 0)).toEqual({ from: 1, to: 1 });
+  });
+
+  it("retentionUrgency: a gap is a violation; a stream dropping towards the snapshot within two intervals asks for an early write", () => {
+    const report = (firstSeq: number, ok = true) => ({ stream: "KV", firstSeq, lastSeq: 10_000, snapshotSeq: 5_000, ok });
+    expect(retentionUrgency(report(6_000, false), undefined, { seq: 5_000 }, 0, 60_000)).toEqual({ kind: "violation" });
+    // No earlier report or no snapshot: no rate to extrapolate from.
+    expect(retentionUrgency(report(1_000), undefined, { seq: 5_000 }, 0, 60_000)).toBeUndefined();
+    expect(retentionUrgency(report(1_000), { seq: 900, at: 0 }, undefined, 1_000, 60_000)).toBeUndefined();
+    // 100 events per second dropped; 4,001 to go to pass the snapshot: 40 s < 2 x 60 s.
+    expect(retentionUrgency(report(1_000), { seq: 900, at: 0 }, { seq: 5_000 }, 1_000, 60_000)).toEqual({ kind: "early", leftMs: 40_010 });
+    // The same rate against a 10 s interval: 40 s is more than two intervals away.
+    expect(retentionUrgency(report(1_000), { seq: 900, at: 0 }, { seq: 5_000 }, 1_000, 10_000)).toBeUndefined();
+    // A stream that dropped nothing since the last report is not moving.
+    expect(retentionUrgency(report(900), { seq: 900, at: 0 }, { seq: 5_000 }, 1_000, 60_000)).toBeUndefined();
   });
 
   it("refuses an interval that is not far below the KV stream's max_age", () => {

@@ -493,16 +493,40 @@ export interface Snapshotter {
 export async function startSnapshotter(o: SnapshotterOptions): Promise<Snapshotter> {
   const intervalMs = o.intervalMs ?? DEFAULT_SNAPSHOT_INTERVAL_MS;
   const leaseMs = o.leaseMs ?? DEFAULT_SNAPSHOT_LEASE_MS;
-  const keep = o.keep ?? DEFAULT_SNAPSHOTS_KEPT;
   const si = await kvStreamInfo(o.nats.jsm, o.prefix);
   validateSnapshotTiming({ intervalMs, leaseMs, maxAgeMs: si.config.max_age / 1e6 });
   const store = (await openStore(o.nats, o.prefix, true, o.replicas)) as ObjectStore;
-  const log = o.log;
   // Rounds run at this snapshotter's ticks (step), never on the elector's own timer.
-  const lease = new LeaderElector({ store: await kvLeaseStore(o.nats, o.prefix, LEASE_KEY, { replicas: o.replicas ?? 1 }), me: o.gatewayId, durationMs: leaseMs, log });
-  const tickMs = Math.max(10, Math.min(intervalMs, leaseMs / 3));
+  const lease = new LeaderElector({ store: await kvLeaseStore(o.nats, o.prefix, LEASE_KEY, { replicas: o.replicas ?? 1 }), me: o.gatewayId, durationMs: leaseMs, log: o.log });
+  const snapshotter = new LeaseHoldingSnapshotter(o, store, lease, intervalMs, Math.max(10, Math.min(intervalMs, leaseMs / 3)));
+  snapshotter.start();
+  return snapshotter;
+}
 
-  const stats: SnapshotterStats = {
+/** The newest snapshot in the bucket as far as a snapshotter knows. */
+type NewestSnapshot = Pick<SnapshotMeta, "seq" | "entries" | "blocks" | "pods" | "createdMs">;
+
+/**
+ * Whether a retention report asks for an early write: the stream dropped events no snapshot
+ * covers (`violation`), or, dropping at the rate seen since the previous report, it will drop past
+ * the newest snapshot within two intervals (`early`). Pure.
+ */
+export function retentionUrgency(
+  report: RetentionReport,
+  prevFirst: { seq: number; at: number } | undefined,
+  newest: Pick<NewestSnapshot, "seq"> | undefined,
+  now: number,
+  intervalMs: number,
+): { kind: "violation" } | { kind: "early"; leftMs: number } | undefined {
+  if (!report.ok) return { kind: "violation" };
+  if (!prevFirst || !(report.firstSeq > prevFirst.seq) || !newest) return undefined;
+  const perMs = (report.firstSeq - prevFirst.seq) / (now - prevFirst.at);
+  const leftMs = (newest.seq + 1 - report.firstSeq) / perMs;
+  return leftMs < 2 * intervalMs ? { kind: "early", leftMs } : undefined;
+}
+
+class LeaseHoldingSnapshotter implements Snapshotter {
+  readonly stats: SnapshotterStats = {
     leader: false,
     holder: undefined,
     acquired: 0,
@@ -513,16 +537,70 @@ export async function startSnapshotter(o: SnapshotterOptions): Promise<Snapshott
     lastWrite: undefined,
     retention: { checks: 0, violations: 0, early: 0, last: undefined },
   };
+  private readonly log: Logger;
+  private readonly keep: number;
   /** The newest snapshot in the bucket as far as this replica knows (set on acquiring the lease). */
-  let newest: Pick<SnapshotMeta, "seq" | "entries" | "blocks" | "pods" | "createdMs"> | undefined;
-  let prevFirst: { seq: number; at: number } | undefined;
-  let urgent = false;
-  let writing: Promise<SnapshotWriteResult | undefined> | undefined;
-  let timer: NodeJS.Timeout | undefined;
-  let ticking: Promise<void> | undefined;
-  let closed = false;
+  private newest: NewestSnapshot | undefined;
+  private prevFirst: { seq: number; at: number } | undefined;
+  private urgent = false;
+  private writing: Promise<SnapshotWriteResult | undefined> | undefined;
+  private timer: NodeJS.Timeout | undefined;
+  private ticking: Promise<void> | undefined;
+  private closed = false;
 
-  const write = async (): Promise<SnapshotWriteResult | undefined> => {
+  constructor(
+    private readonly o: SnapshotterOptions,
+    private readonly store: ObjectStore,
+    private readonly lease: LeaderElector,
+    private readonly intervalMs: number,
+    private readonly tickMs: number,
+  ) {
+    this.log = o.log;
+    this.keep = o.keep ?? DEFAULT_SNAPSHOTS_KEPT;
+  }
+
+  /** First tick at once: a replica that starts ready takes a free lease without waiting. */
+  start(): void {
+    this.runTick();
+  }
+
+  isLeader(): boolean {
+    return this.lease.isLeader();
+  }
+
+  async snapshotNow(): Promise<SnapshotWriteResult | undefined> {
+    if (!this.lease.isLeader()) return undefined;
+    await this.writing;
+    return this.write();
+  }
+
+  async close(opts: { release?: boolean } = {}): Promise<void> {
+    if (this.closed) return;
+    this.closed = true;
+    clearTimeout(this.timer);
+    await this.ticking;
+    await this.writing;
+    await this.lease.stop(opts.release !== false);
+    this.stats.leader = false;
+  }
+
+  private runTick(): void {
+    this.ticking = this.tick()
+      .catch((err) => this.log.warn({ err: (err as Error).message }, "snapshotter tick failed"))
+      .finally(() => {
+        this.ticking = undefined;
+        this.schedule();
+      });
+  }
+
+  private schedule(): void {
+    if (this.closed) return;
+    this.timer = setTimeout(() => this.runTick(), this.tickMs);
+    this.timer.unref();
+  }
+
+  private async write(): Promise<SnapshotWriteResult | undefined> {
+    const { o, stats, newest } = this;
     const index = o.index();
     const seq = Math.max(index.lastSeq, o.seq?.() ?? 0);
     const st = index.stats();
@@ -533,50 +611,48 @@ export async function startSnapshotter(o: SnapshotterOptions): Promise<Snapshott
       return undefined;
     }
     try {
-      const r = await putSnapshot(store, { jsm: o.nats.jsm, prefix: o.prefix, index, seq: o.seq, gatewayId: o.gatewayId });
+      const r = await putSnapshot(this.store, { jsm: o.nats.jsm, prefix: o.prefix, index, seq: o.seq, gatewayId: o.gatewayId });
       stats.writes++;
       stats.lastWrite = r;
-      newest = r;
-      urgent = false;
-      log.info({ snapshot: r.name, seq: r.seq, bytes: r.size, blocks: r.blocks, serializeMs: Math.round(r.serializeMs), putMs: Math.round(r.putMs) }, "prefix index snapshot written");
-      await pruneSnapshots(store, keep, log);
+      this.newest = r;
+      this.urgent = false;
+      this.log.info({ snapshot: r.name, seq: r.seq, bytes: r.size, blocks: r.blocks, serializeMs: Math.round(r.serializeMs), putMs: Math.round(r.putMs) }, "prefix index snapshot written");
+      await pruneSnapshots(this.store, this.keep, this.log);
       return r;
     } catch (err) {
       stats.writeErrors++;
-      log.warn({ err: (err as Error).message }, "prefix index snapshot failed");
+      this.log.warn({ err: (err as Error).message }, "prefix index snapshot failed");
       return undefined;
     }
-  };
+  }
 
-  const checkRetentionNow = async () => {
-    const info = await kvStreamInfo(o.nats.jsm, o.prefix);
-    const report = retentionReport(info, newest?.seq ?? 0);
+  private async checkRetentionNow(): Promise<void> {
+    const { stats } = this;
+    const info = await kvStreamInfo(this.o.nats.jsm, this.o.prefix);
+    const report = retentionReport(info, this.newest?.seq ?? 0);
     const was = stats.retention.last;
     stats.retention.checks++;
     stats.retention.last = report;
-    if (!report.ok) {
+    const now = performance.now();
+    const urgency = retentionUrgency(report, this.prevFirst, this.newest, now, this.intervalMs);
+    if (urgency?.kind === "violation") {
       stats.retention.violations++;
       if (was?.ok !== false || was.lost?.to !== report.lost?.to) {
-        log.error({ ...report }, "KV stream dropped events newer than the newest snapshot: booting replicas will miss them");
+        this.log.error({ ...report }, "KV stream dropped events newer than the newest snapshot: booting replicas will miss them");
       }
-      urgent = true;
+      this.urgent = true;
       return;
     }
-    // Time until the stream, dropping at its current rate, drops past the newest snapshot.
-    const now = performance.now();
-    if (prevFirst && report.firstSeq > prevFirst.seq && newest) {
-      const perMs = (report.firstSeq - prevFirst.seq) / (now - prevFirst.at);
-      const leftMs = (newest.seq + 1 - report.firstSeq) / perMs;
-      if (leftMs < 2 * intervalMs && !urgent) {
-        urgent = true;
-        stats.retention.early++;
-        log.warn({ firstSeq: report.firstSeq, snapshotSeq: newest.seq, leftMs: Math.round(leftMs) }, "KV stream is dropping towards the newest snapshot: snapshotting early");
-      }
+    if (urgency?.kind === "early" && !this.urgent) {
+      this.urgent = true;
+      stats.retention.early++;
+      this.log.warn({ firstSeq: report.firstSeq, snapshotSeq: this.newest?.seq, leftMs: Math.round(urgency.leftMs) }, "KV stream is dropping towards the newest snapshot: snapshotting early");
     }
-    prevFirst = { seq: report.firstSeq, at: now };
-  };
+    this.prevFirst = { seq: report.firstSeq, at: now };
+  }
 
-  const tick = async () => {
+  private async tick(): Promise<void> {
+    const { o, stats, lease } = this;
     if (o.ready && !o.ready()) return;
     const was = stats.leader;
     await lease.step();
@@ -586,60 +662,22 @@ export async function startSnapshotter(o: SnapshotterOptions): Promise<Snapshott
     if (leader && !was) {
       stats.acquired++;
       // Start from the bucket's newest snapshot: no rewrite of an unchanged index on takeover.
-      const m = (await listSnapshots(store).catch(() => []))[0];
-      newest = m;
-      log.info({ gateway: o.gatewayId, newestSeq: m?.seq ?? 0 }, "snapshot lease acquired");
+      const m = (await listSnapshots(this.store).catch(() => []))[0];
+      this.newest = m;
+      this.log.info({ gateway: o.gatewayId, newestSeq: m?.seq ?? 0 }, "snapshot lease acquired");
     } else if (!leader && was) {
       stats.lost++;
-      log.warn({ gateway: o.gatewayId, holder: lease.holder }, "snapshot lease lost");
+      this.log.warn({ gateway: o.gatewayId, holder: lease.holder }, "snapshot lease lost");
     }
     if (!leader) return;
-    await checkRetentionNow().catch((err) => log.warn({ err: (err as Error).message }, "KV retention check failed"));
-    const due = urgent || !newest || Date.now() - newest.createdMs >= intervalMs;
-    if (due && !writing && lease.isLeader()) {
+    await this.checkRetentionNow().catch((err) => this.log.warn({ err: (err as Error).message }, "KV retention check failed"));
+    const newest = this.newest;
+    const due = this.urgent || !newest || Date.now() - newest.createdMs >= this.intervalMs;
+    if (due && !this.writing && lease.isLeader()) {
       // In the background: a long write must not delay lease renewals.
-      writing = write().finally(() => {
-        writing = undefined;
+      this.writing = this.write().finally(() => {
+        this.writing = undefined;
       });
     }
-  };
-
-  const schedule = () => {
-    if (closed) return;
-    timer = setTimeout(() => {
-      ticking = tick()
-        .catch((err) => log.warn({ err: (err as Error).message }, "snapshotter tick failed"))
-        .finally(() => {
-          ticking = undefined;
-          schedule();
-        });
-    }, tickMs);
-    timer.unref();
-  };
-  // First tick at once: a replica that starts ready takes a free lease without waiting.
-  ticking = tick()
-    .catch((err) => log.warn({ err: (err as Error).message }, "snapshotter tick failed"))
-    .finally(() => {
-      ticking = undefined;
-      schedule();
-    });
-
-  return {
-    stats,
-    isLeader: () => lease.isLeader(),
-    async snapshotNow() {
-      if (!lease.isLeader()) return undefined;
-      await writing;
-      return write();
-    },
-    async close(opts = {}) {
-      if (closed) return;
-      closed = true;
-      clearTimeout(timer);
-      await ticking;
-      await writing;
-      await lease.stop(opts.release !== false);
-      stats.leader = false;
-    },
-  };
+  }
 }

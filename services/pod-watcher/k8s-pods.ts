@@ -1,7 +1,7 @@
 /**
  * A Kubernetes pod (as the API returns it) -> the pod state the watcher publishes. Pure.
  *
- * Labels and annotations (AIBrix's, see the README's "Kubernetes discovery"):
+ * Labels and annotations (AIBrix's, see docs/kubernetes.md):
  *   model.aibrix.ai/name              model (required: pods without it are not inference pods)
  *   model.aibrix.ai/port              serving port (default 8000)
  *   model.aibrix.ai/engine            vllm | sglang (default vllm)

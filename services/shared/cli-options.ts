@@ -3,6 +3,7 @@ import { type Command, InvalidArgumentError, Option } from "commander";
 import { poolConfigError } from "../../schemas/config.js";
 import { type Namespace, namespaceOf, poolNameError } from "../../streams/pools.js";
 import { redactNatsUrl } from "./nats.js";
+import { DEFAULT_PREFIX } from "../../streams/subjects.js";
 
 export function intOption(min: number, max = Number.MAX_SAFE_INTEGER) {
   return (value: string): number => {
@@ -30,8 +31,8 @@ export function natsOption(): Option {
   return new Option("--nats <urls>", "NATS server URL(s), comma separated").argParser(natsUrlsOption).default(urls, urls.map(redactNatsUrl).join(","));
 }
 
-/** The prefix every command defaults to. */
-export const DEFAULT_PREFIX = "jr";
+/** The prefix every command defaults to (declared with the subjects). */
+export { DEFAULT_PREFIX };
 
 /**
  * Adds the options of every command that talks to jetroute's streams: `--nats`, `--prefix` and,
