@@ -184,7 +184,7 @@ class Exchange {
     this.router = shared.opts.router;
   }
 
-  attach(): void {
+  attach() {
     const call = this.call;
     call.on("data", (req: ProcessingRequest) => {
       try {
@@ -216,7 +216,7 @@ class Exchange {
     call.on("error", cancelled);
   }
 
-  private onMessage(req: ProcessingRequest): void {
+  private onMessage(req: ProcessingRequest) {
     switch (req.request) {
       case "request_headers":
         return this.onRequestHeaders(req);
@@ -238,12 +238,12 @@ class Exchange {
     }
   }
 
-  private stopWatchdog(): void {
+  private stopWatchdog() {
     if (this.watchdog) clearTimeout(this.watchdog);
     this.watchdog = undefined;
   }
 
-  private finish(outcome: "completed" | "error" | "cancelled"): void {
+  private finish(outcome: "completed" | "error" | "cancelled") {
     this.stopWatchdog();
     const routed = this.routed;
     if (!routed || routed.finished) return;
@@ -251,23 +251,23 @@ class Exchange {
     this.router.finish(routed, outcome, { status: this.status || (outcome === "cancelled" ? 499 : 502), ...usage });
   }
 
-  private send(msg: ProcessingResponse): void {
+  private send(msg: ProcessingResponse) {
     if (!this.call.cancelled && this.call.writable) this.call.write(msg);
   }
 
   /** 401: counted by reason; nothing is routed, charged or recorded. */
-  private refuseAuth(reason: AuthFailureReason): void {
+  private refuseAuth(reason: AuthFailureReason) {
     this.opts.auth?.failed?.(reason, this.headers[Headers.requestId]);
     const err = new RouteError("invalidApiKey", authFailureMessage(reason), null, AUTHENTICATE_CHALLENGE);
     this.send(immediate(err.status, routeErrorBody(err), err.headers));
   }
 
-  private reject(err: RouteError, model?: string): void {
+  private reject(err: RouteError, model?: string) {
     this.router.reject(this.headers, model, err);
     this.send(immediate(err.status, routeErrorBody(err), err.headers));
   }
 
-  private onRequestHeaders(req: ProcessingRequest): void {
+  private onRequestHeaders(req: ProcessingRequest) {
     const headers = headersToRecord(req.request_headers?.headers);
     this.headers = headers;
     let mutation = STRIP_CLIENT_ROUTING;
@@ -291,7 +291,7 @@ class Exchange {
     this.send({ request_headers: { response: { status: "CONTINUE", header_mutation: mutation, clear_route_cache: true } } });
   }
 
-  private onRequestBody(chunk: Buffer | Uint8Array | undefined, endOfStream: boolean): void {
+  private onRequestBody(chunk: Buffer | Uint8Array | undefined, endOfStream: boolean) {
     const { maxBody } = this.shared;
     if (chunk?.length) {
       this.bodyBytes += chunk.length;
@@ -332,7 +332,7 @@ class Exchange {
     this.replyRouted(result);
   }
 
-  private routeFailed(err: unknown, body: Buffer): void {
+  private routeFailed(err: unknown, body: Buffer) {
     // The client left while the request was being worked on: nobody to answer.
     if (this.over || this.call.cancelled) return;
     if (err instanceof RouteError && err.afterRouting) return this.send(immediate(err.status, routeErrorBody(err), err.headers));
@@ -341,7 +341,7 @@ class Exchange {
     this.reject(new RouteError("internal", "internal routing error"));
   }
 
-  private replyRouted(routed: RoutedRequest): void {
+  private replyRouted(routed: RoutedRequest) {
     const target = this.shared.targets.of(routed.pod.address, routed.strategy);
     const set = [...target.headers, setHeader(Headers.requestId, routed.requestId)];
     // P/D's decode leg goes out with the gateway's body (transfer params or bootstrap fields).
@@ -366,7 +366,7 @@ class Exchange {
     }
   }
 
-  private armWatchdog(r: RoutedRequest, ms: number, what: string): void {
+  private armWatchdog(r: RoutedRequest, ms: number, what: string) {
     this.stopWatchdog();
     this.watchdog = setTimeout(() => {
       this.watchdog = undefined;
@@ -382,7 +382,7 @@ class Exchange {
    * OpenAI error (Envoy acts on one whenever it arrives). After: the error goes out as a last SSE
    * event when the engine ends its stream, or the stream is reset after a grace period.
    */
-  private endDecode(r: RoutedRequest, err: RouteError): void {
+  private endDecode(r: RoutedRequest, err: RouteError) {
     if (r.finished || this.over) return;
     if (!this.responseStarted) {
       this.stopWatchdog();
@@ -401,7 +401,7 @@ class Exchange {
     this.watchdog.unref?.();
   }
 
-  private onResponseHeaders(req: ProcessingRequest): void {
+  private onResponseHeaders(req: ProcessingRequest) {
     const h = headersToRecord(req.response_headers?.headers);
     const routed = this.routed;
     this.status = Number.parseInt(h[Headers.status] ?? "0", 10) || 0;
@@ -425,7 +425,7 @@ class Exchange {
     if (req.response_headers?.end_of_stream) this.finish(this.status >= 400 ? "error" : "completed");
   }
 
-  private onResponseBody(req: ProcessingRequest): void {
+  private onResponseBody(req: ProcessingRequest) {
     const b = req.response_body;
     const routed = this.routed;
     if (routed && routed.firstChunkAt === undefined && b?.body?.length) this.router.firstToken(routed);

@@ -21,7 +21,7 @@ import { configureSessionSigning } from "../routing/strategies/session-affinity.
 import { createExtProcHandler, DEFAULT_PD_WATCHDOG, type ExtProcHandlerOptions } from "./extproc-server.js";
 import { PdHttpClient } from "./pd-client.js";
 import { GatewayMetrics, type GatewayMetricsSources } from "./metrics.js";
-import { type LoadedSnapshot, loadNewestSnapshot, startSnapshotter } from "./snapshots.js";
+import { type LoadedSnapshot, loadNewestSnapshot, type Snapshotter, startSnapshotter } from "./snapshots.js";
 import { watchModelConfigs } from "./config-watch.js";
 import type { ApiKeyView } from "./auth.js";
 import { createPrefixSupport } from "./prefix-support.js";
@@ -117,8 +117,7 @@ export async function startGateway(options: GatewayOptions): Promise<GatewayHand
   );
   tokenizer.registerMetrics(metrics.registry);
   publishers.start(director);
-  const sweepTimer = setInterval(() => state.sweep(clock(), { liveNow: serverClock.now() }), Math.max(50, Math.min(250, config.heartbeatIntervalMs / 4)));
-  const slowSweep = setInterval(() => state.sweep(clock(), { routed: true, liveNow: serverClock.now() }), 5_000);
+  const stopSweeps = startSweeps(state, clock, serverClock, config.heartbeatIntervalMs);
 
   await Promise.all(followers.map((f) => f.start()));
   const readyPromise = Promise.all(followers.map((f) => f.whenCaughtUp())).then(() => {
@@ -133,8 +132,7 @@ export async function startGateway(options: GatewayOptions): Promise<GatewayHand
     ? await startSnapshotter({
         nats, prefix, gatewayId: id, log, index: () => state.index, seq: kvLastSeq,
         // A replica still catching up must neither hold the lease nor publish a partial index.
-        ready: () => isReady,
-        intervalMs: config.snapshotIntervalMs, leaseMs: config.snapshotLeaseMs,
+        ready: () => isReady, intervalMs: config.snapshotIntervalMs, leaseMs: config.snapshotLeaseMs,
       })
     : undefined;
 
@@ -153,21 +151,14 @@ export async function startGateway(options: GatewayOptions): Promise<GatewayHand
     credentials,
   );
 
-  const debugState = () =>
-    debugStateOf({ id, ns, config, state, director, followers, viewNames, snapshot, snapshotStats: () => snapshotter?.stats, tokenizer, publishers, strict, configWatch, ready: () => isReady, connections: () => listener.connections });
-  const admin: AdminServer | undefined =
-    config.adminPort >= 0
-      ? await startAdminServer({
-          port: config.adminPort,
-          host: config.adminHost,
-          ...(config.auth === "required" ? { authorize: adminAuthorizer(apiKeys) } : {}),
-          log,
-          ready: () => isReady,
-          state: debugState,
-          metrics,
-          explain: (headers, body) => explain(director, views, headers, body),
-        })
-      : undefined;
+  const admin = await startAdminPort(config, apiKeys, {
+    log,
+    ready: () => isReady,
+    state: () =>
+      debugStateOf({ id, ns, config, state, director, followers, viewNames, snapshot, snapshotStats: () => snapshotter?.stats, tokenizer, publishers, strict, configWatch, ready: () => isReady, connections: () => listener.connections }),
+    metrics,
+    explain: (headers, body) => explain(director, views, headers, body),
+  });
   const adminPort = admin?.port;
   log.info({ id, port, adminPort, auth: config.auth }, "gateway listening");
 
@@ -195,22 +186,7 @@ export async function startGateway(options: GatewayOptions): Promise<GatewayHand
     async close() {
       if (closed) return;
       closed = true;
-      // Let in-flight requests finish (they release their own charges) for a grace period, then
-      // cancel the rest; whatever is still charged after that is released as "shutdown".
-      await listener.close(config.shutdownGraceMs);
-      const drained = director.drain();
-      clearInterval(sweepTimer);
-      clearInterval(slowSweep);
-      publishers.stop();
-      admin?.close();
-      await configWatch.stop();
-      // Releases the lease: another replica takes over at its next tick instead of after expiry.
-      await snapshotter?.close();
-      await Promise.all(followers.map((f) => f.stop()));
-      await nats.nc.drain();
-      await pdClient.close();
-      await tokenizer.close();
-      log.info({ drained }, "gateway stopped");
+      await shutDown({ config, listener, director, stopSweeps, publishers, admin, configWatch, snapshotter, followers, nats, pdClient, tokenizer, log });
     },
   };
 }
@@ -321,4 +297,63 @@ function extProcAuthOf(config: GatewayConfig, apiKeys: ApiKeyView, metrics: Gate
       },
     },
   };
+}
+
+/** The admin HTTP port (`--admin-port`; off when negative): health, metrics, /debug/*; admin keys under `--auth required`. */
+async function startAdminPort(
+  config: GatewayConfig,
+  apiKeys: ApiKeyView,
+  o: Pick<Parameters<typeof startAdminServer>[0], "log" | "ready" | "state" | "metrics" | "explain">,
+): Promise<AdminServer | undefined> {
+  if (config.adminPort < 0) return undefined;
+  return startAdminServer({
+    port: config.adminPort,
+    host: config.adminHost,
+    ...(config.auth === "required" ? { authorize: adminAuthorizer(apiKeys) } : {}),
+    ...o,
+  });
+}
+
+/** The fold's expiry sweeps: charges and liveness often (a fraction of a heartbeat), routed-prefix history every 5 s. */
+function startSweeps(state: GatewayState, clock: () => number, serverClock: ServerClock, heartbeatIntervalMs: number): () => void {
+  const fast = setInterval(() => state.sweep(clock(), { liveNow: serverClock.now() }), Math.max(50, Math.min(250, heartbeatIntervalMs / 4)));
+  const slow = setInterval(() => state.sweep(clock(), { routed: true, liveNow: serverClock.now() }), 5_000);
+  return () => {
+    clearInterval(fast);
+    clearInterval(slow);
+  };
+}
+
+/**
+ * Shutdown, in order: let in-flight requests finish (they release their own charges) for a grace
+ * period, then cancel the rest; whatever is still charged after that is released as "shutdown".
+ */
+async function shutDown(p: {
+  config: GatewayConfig;
+  listener: ExtProcListener;
+  director: Director;
+  stopSweeps: () => void;
+  publishers: GatewayPublishers;
+  admin: AdminServer | undefined;
+  configWatch: { stop(): Promise<void> };
+  snapshotter: Snapshotter | undefined;
+  followers: GatewayFollowers["followers"];
+  nats: NatsHandles;
+  pdClient: PdHttpClient;
+  tokenizer: Tokenizer;
+  log: Logger;
+}): Promise<void> {
+  await p.listener.close(p.config.shutdownGraceMs);
+  const drained = p.director.drain();
+  p.stopSweeps();
+  p.publishers.stop();
+  p.admin?.close();
+  await p.configWatch.stop();
+  // Releases the lease: another replica takes over at its next tick instead of after expiry.
+  await p.snapshotter?.close();
+  await Promise.all(p.followers.map((f) => f.stop()));
+  await p.nats.nc.drain();
+  await p.pdClient.close();
+  await p.tokenizer.close();
+  p.log.info({ drained }, "gateway stopped");
 }
