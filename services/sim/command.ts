@@ -5,8 +5,8 @@
  */
 import { type Command, InvalidArgumentError, Option } from "commander";
 import { floatOption, intOption, untilSignal } from "../shared/cli-options.js";
-import { createLogger } from "../shared/log.js";
-import { startSimFleet } from "./fleet.js";
+import { createLogger, type Logger } from "../shared/log.js";
+import { type SimFleet, type SimFleetOptions, type SimFleetPod, startSimFleet } from "./fleet.js";
 import { KV_EVENT_ENCODINGS, type KvEventEncoding, REPLAY_LAYOUTS, type ReplayLayout } from "./kv-events.js";
 import { ENGINE_KINDS, type EngineKind } from "./metrics.js";
 import { FLEET_DEFAULTS as D, POD_ROLES, SimOptionsError } from "./options.js";
@@ -38,9 +38,14 @@ const roleList = cycledList<PodRole>(POD_ROLES);
 const nameList = (value: string): string[] => value.split(",").map((s) => s.trim()).filter(Boolean);
 
 export function registerSimCommand(program: Command): void {
-  program
-    .command("sim")
-    .description("run simulated vLLM/SGLang engines (OpenAI API, /tokenize, /metrics), one port per pod")
+  addSimOptions(
+    program.command("sim").description("run simulated vLLM/SGLang engines (OpenAI API, /tokenize, /metrics), one port per pod"),
+  ).action(runSim);
+}
+
+/** sim's flags, in the order its help lists them. */
+function addSimOptions(cmd: Command): Command {
+  return cmd
     .option("--pods <n>", "number of simulated pods", intOption(1, 1024), 4)
     .option("--base-port <port>", "first pod's port, pod i gets base+i (0 = free ports)", intOption(0, 65535), D.basePort)
     .option("--host <host>", "address to bind", D.host)
@@ -92,75 +97,88 @@ export function registerSimCommand(program: Command): void {
     .option("--kv-read-timeout-ms <n>", "vLLM decode gives up a KV side-channel read after this many wall ms", nonNegative, D.kvReadTimeoutMs)
     .option("--kv-transfer-ms-per-block <ms>", "simulated time to move one KV block from prefill to decode", nonNegative, D.kvTransferMsPerBlock)
     .option("--sglang-kv-events", "SGLang pods publish KV events too, in SGLang's wire format (one event per page, CPython tuple hashes, old replay layout)")
-    .option("--tokenizer <hf:dir>", "a real model's tokenizer for /tokenize, prompts and KV events: hf:<dir> with tokenizer.json + tokenizer_config.json (default: the built-in one)")
-    .action(async (o, cmd: Command) => {
-      const log = createLogger("sim");
-      let fleet: Awaited<ReturnType<typeof startSimFleet>>;
-      try {
-        fleet = await startSimFleet({
-          pods: o.pods,
-          basePort: o.basePort,
-          host: o.host,
-          model: o.model,
-          engine: o.engine,
-          timeScale: o.timeScale,
-          maxBatch: o.maxBatch,
-          maxNumBatchedTokens: o.maxNumBatchedTokens,
-          prefillMsPerToken: o.prefillMsPerToken,
-          decodeMsPerStep: o.decodeMsPerStep,
-          decodeBatchSlope: o.decodeBatchSlope,
-          kvCapacityTokens: o.kvCapacityTokens,
-          kvCacheBlocks: o.kvCacheBlocks,
-          blockSize: o.blockSize,
-          kvEvents: o.kvEvents,
-          kvEventsEncoding: o.kvEventsEncoding,
-          kvEventsReplayLayout: o.kvEventsReplayLayout,
-          kvEventsTopic: o.kvEventsTopic,
-          kvEventsBasePort: o.kvEventsBasePort,
-          kvEventsBufferSteps: o.kvEventsBufferSteps,
-          maxModelLen: o.maxModelLen,
-          namePrefix: o.namePrefix,
-          role: o.role,
-          roleset: o.roleset,
-          kvAbortTimeoutMs: o.kvAbortTimeoutMs,
-          disaggTimeoutMs: o.disaggTimeoutMs,
-          bootstrapBasePort: o.bootstrapBasePort,
-          kvReadTimeoutMs: o.kvReadTimeoutMs,
-          kvTransferMsPerBlock: o.kvTransferMsPerBlock,
-          ...(o.tokenizer ? { tokenizer: o.tokenizer } : {}),
-          ...(o.sglangKvEvents ? { sglangKvEvents: true } : {}),
-          logger: log,
-        });
-      } catch (err) {
-        const code = (err as NodeJS.ErrnoException).code;
-        if (err instanceof TokenizerFilesError) cmd.error(`error: --tokenizer ${err.message}`);
-        if (err instanceof SimOptionsError) {
-          cmd.error(`error: --${err.option.replace(/[A-Z]/g, (c) => `-${c.toLowerCase()}`)} ${err.detail}`);
-        }
-        if (code === "EADDRINUSE" || code === "EACCES" || code === "EADDRNOTAVAIL") {
-          cmd.error(
-            `error: cannot listen on ${o.host} (HTTP from port ${o.basePort}, KV events from port ${o.kvEventsBasePort}): ${(err as Error).message}`,
-          );
-        }
-        throw err;
-      }
-      for (const p of fleet.pods) {
-        const line = {
-          pod: p.name,
-          address: p.address,
-          engine: p.engine,
-          model: o.model,
-          role: p.role,
-          ...(p.roleset !== undefined ? { roleset: p.roleset } : {}),
-          ...(p.bootstrapPort !== undefined ? { bootstrapPort: p.bootstrapPort } : {}),
-          ...(p.kvEvents ? { kvEvents: p.kvEvents } : {}),
-        };
-        process.stdout.write(`${JSON.stringify(line)}\n`);
-      }
-      log.info({ pods: fleet.pods.length, model: o.model, timeScale: o.timeScale }, "sim fleet ready");
-      const signal = await untilSignal();
-      log.info({ signal }, "sim fleet shutting down");
-      await fleet.close();
-      process.exit(0);
-    });
+    .option("--tokenizer <hf:dir>", "a real model's tokenizer for /tokenize, prompts and KV events: hf:<dir> with tokenizer.json + tokenizer_config.json (default: the built-in one)");
+}
+
+/** Commander's values for sim's flags: the fleet options under the same names. */
+type SimFlagValues = SimFleetOptions;
+
+async function runSim(o: SimFlagValues, cmd: Command): Promise<void> {
+  const log = createLogger("sim");
+  let fleet: SimFleet;
+  try {
+    fleet = await startSimFleet(fleetOptions(o, log));
+  } catch (err) {
+    const message = startFailureMessage(err, o);
+    if (message !== undefined) cmd.error(message);
+    throw err;
+  }
+  for (const p of fleet.pods) process.stdout.write(`${JSON.stringify(podLine(p, o.model))}\n`);
+  log.info({ pods: fleet.pods.length, model: o.model, timeScale: o.timeScale }, "sim fleet ready");
+  const signal = await untilSignal();
+  log.info({ signal }, "sim fleet shutting down");
+  await fleet.close();
+  process.exit(0);
+}
+
+function fleetOptions(o: SimFlagValues, logger: Logger): SimFleetOptions & { logger: Logger } {
+  return {
+    pods: o.pods,
+    basePort: o.basePort,
+    host: o.host,
+    model: o.model,
+    engine: o.engine,
+    timeScale: o.timeScale,
+    maxBatch: o.maxBatch,
+    maxNumBatchedTokens: o.maxNumBatchedTokens,
+    prefillMsPerToken: o.prefillMsPerToken,
+    decodeMsPerStep: o.decodeMsPerStep,
+    decodeBatchSlope: o.decodeBatchSlope,
+    kvCapacityTokens: o.kvCapacityTokens,
+    kvCacheBlocks: o.kvCacheBlocks,
+    blockSize: o.blockSize,
+    kvEvents: o.kvEvents,
+    kvEventsEncoding: o.kvEventsEncoding,
+    kvEventsReplayLayout: o.kvEventsReplayLayout,
+    kvEventsTopic: o.kvEventsTopic,
+    kvEventsBasePort: o.kvEventsBasePort,
+    kvEventsBufferSteps: o.kvEventsBufferSteps,
+    maxModelLen: o.maxModelLen,
+    namePrefix: o.namePrefix,
+    role: o.role,
+    roleset: o.roleset,
+    kvAbortTimeoutMs: o.kvAbortTimeoutMs,
+    disaggTimeoutMs: o.disaggTimeoutMs,
+    bootstrapBasePort: o.bootstrapBasePort,
+    kvReadTimeoutMs: o.kvReadTimeoutMs,
+    kvTransferMsPerBlock: o.kvTransferMsPerBlock,
+    ...(o.tokenizer ? { tokenizer: o.tokenizer } : {}),
+    ...(o.sglangKvEvents ? { sglangKvEvents: true } : {}),
+    logger,
+  };
+}
+
+/** The one-line error a failed start gets on the command line; undefined = not a user error, rethrown as is. */
+function startFailureMessage(err: unknown, o: SimFlagValues): string | undefined {
+  const code = (err as NodeJS.ErrnoException).code;
+  if (err instanceof TokenizerFilesError) return `error: --tokenizer ${err.message}`;
+  if (err instanceof SimOptionsError) return `error: --${err.option.replace(/[A-Z]/g, (c) => `-${c.toLowerCase()}`)} ${err.detail}`;
+  if (code === "EADDRINUSE" || code === "EACCES" || code === "EADDRNOTAVAIL") {
+    return `error: cannot listen on ${o.host} (HTTP from port ${o.basePort}, KV events from port ${o.kvEventsBasePort}): ${(err as Error).message}`;
+  }
+  return undefined;
+}
+
+/** The JSON line printed for one pod (its shape is in the file's header). */
+function podLine(p: SimFleetPod, model: string): Record<string, unknown> {
+  return {
+    pod: p.name,
+    address: p.address,
+    engine: p.engine,
+    model,
+    role: p.role,
+    ...(p.roleset !== undefined ? { roleset: p.roleset } : {}),
+    ...(p.bootstrapPort !== undefined ? { bootstrapPort: p.bootstrapPort } : {}),
+    ...(p.kvEvents ? { kvEvents: p.kvEvents } : {}),
+  };
 }

@@ -9,7 +9,7 @@
  * request cleanly with finish_reason "abort" (unlike an engine restart, which drops the connection).
  */
 import type { ServerResponse } from "node:http";
-import type { RequestHandle, SimEngine } from "./engine.js";
+import type { FinishReason, RequestHandle, SimEngine } from "./engine.js";
 import { ApiError } from "./errors.js";
 import type { GenerationRequest } from "./requests.js";
 import {
@@ -74,49 +74,36 @@ export function serveGeneration(
   };
   const arrivedAtMs = engine.now();
   const outputTokens = outputTokensFor(gen.promptTokens, gen.maxTokens, gen.seed, vocab?.ids);
-  const promptCount = gen.promptTokens.length;
   const stop = new AbortController();
-  let text = "";
-  let generated = 0;
   let handle: RequestHandle | undefined;
   let cancelled = false;
   let resolveDone: () => void = () => {};
   const done = new Promise<void>((r) => {
     resolveDone = r;
   });
-  const over = (): boolean => res.writableEnded || res.destroyed;
+  const out = generationResponse(res, gen, meta, requestId, vocab);
+  const fail = (err: unknown): void => (cancelled ? out.answer("abort") : out.error(err));
 
-  if (gen.stream) {
-    res.writeHead(200, { "content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache", "x-request-id": requestId });
-    res.flushHeaders();
-  }
-
-  const answer = (finish: "length" | "abort", extra: Record<string, unknown> = {}): void => {
-    if (over()) return;
-    const u = usage(promptCount, generated);
-    if (gen.stream) {
-      if (finish === "abort") res.write(sse(tokenChunk(meta, "", "abort")));
-      if (gen.includeUsage) res.write(sse(usageChunk(meta, u)));
-      res.end(sse("[DONE]"));
+  const onFinish = (reason: FinishReason): void => {
+    const h = handle as RequestHandle;
+    if (reason === "abort") {
+      // An abort the client did not ask for (the engine restarted) drops the connection, as a
+      // crashed engine would.
+      if (cancelled) out.answer("abort");
+      else if (!out.over()) res.destroy();
       return;
     }
-    const body = JSON.stringify({ ...fullResponse(meta, text, finish, u), ...extra });
-    res.writeHead(200, { "content-type": "application/json", "x-request-id": requestId }).end(body);
-  };
-
-  const fail = (err: unknown): void => {
-    if (cancelled) {
-      answer("abort");
+    if (!hooks.hold) {
+      out.answer("length");
       return;
     }
-    if (over()) return;
-    const e = err instanceof ApiError ? err : new ApiError(500, "InternalServerError", String((err as Error)?.message ?? err));
-    // A stream already answered 200: the error goes out as an event, then the stream ends.
-    if (res.headersSent) {
-      res.end(sse(e.body()) + sse("[DONE]"));
+    const kv: HeldBlocks = { blockIds: h.blockIds(), release: () => h.releaseKv() };
+    // The client left while the request ran its last step: nobody will read the KV.
+    if (out.over() || stop.signal.aborted) {
+      kv.release();
       return;
     }
-    res.writeHead(e.status, { "content-type": "application/json", "x-request-id": requestId }).end(JSON.stringify(e.body()));
+    hooks.hold.after(kv, stop.signal).then((extra) => (cancelled ? out.answer("abort") : out.answer("length", extra)), fail);
   };
 
   const submit = (prefilled: boolean, startMs = arrivedAtMs): void => {
@@ -128,37 +115,8 @@ export function serveGeneration(
       holdKv: hooks.hold !== undefined,
       prefilled,
       arrivedAtMs: startMs,
-      onToken(tokenId, index, _atMs, finish) {
-        generated = index + 1;
-        const piece = vocab ? vocab.text(tokenId) : tokenText(tokenId);
-        if (!gen.stream) {
-          text += piece;
-          return;
-        }
-        if (index === 0 && kind === "chat") res.write(sse(roleChunk(meta)));
-        res.write(sse(tokenChunk(meta, piece, finish)));
-      },
-      onFinish(reason) {
-        const h = handle as RequestHandle;
-        if (reason === "abort") {
-          // An abort the client did not ask for (the engine restarted) drops the connection, as a
-          // crashed engine would.
-          if (cancelled) answer("abort");
-          else if (!over()) res.destroy();
-          return;
-        }
-        if (!hooks.hold) {
-          answer("length");
-          return;
-        }
-        const kv: HeldBlocks = { blockIds: h.blockIds(), release: () => h.releaseKv() };
-        // The client left while the request ran its last step: nobody will read the KV.
-        if (over() || stop.signal.aborted) {
-          kv.release();
-          return;
-        }
-        hooks.hold.after(kv, stop.signal).then((extra) => (cancelled ? answer("abort") : answer("length", extra)), fail);
-      },
+      onToken: (tokenId, index, _atMs, finish) => out.token(tokenId, index, finish),
+      onFinish,
     });
   };
 
@@ -172,8 +130,8 @@ export function serveGeneration(
   if (hooks.before) {
     hooks.before(stop.signal).then(
       ({ prefilled, arrivedAtMs: startMs }) => {
-        if (stop.signal.aborted || over()) {
-          if (cancelled) answer("abort");
+        if (stop.signal.aborted || out.over()) {
+          if (cancelled) out.answer("abort");
           return;
         }
         try {
@@ -195,10 +153,77 @@ export function serveGeneration(
       if (!res.writableEnded) res.destroy();
     },
     cancel() {
-      if (cancelled || over()) return;
+      if (cancelled || out.over()) return;
       cancelled = true;
       stop.abort();
       if (handle) handle.abort();
+    },
+  };
+}
+
+/** The HTTP side of one generation, whatever the engine and the P/D legs do. */
+interface GenerationResponse {
+  /** The response is finished or its connection gone: nothing more can be written. */
+  over(): boolean;
+  /** One generated token: an SSE chunk now (after the role chunk, for chat), or text kept for the JSON body. */
+  token(tokenId: number, index: number, finish: FinishReason | undefined): void;
+  /** The request's end: the stream's last events, or the JSON body (with `extra`'s top-level fields). */
+  answer(finish: "length" | "abort", extra?: Record<string, unknown>): void;
+  /** A failure: a JSON error, or once a stream answered 200, an error event that ends it. */
+  error(err: unknown): void;
+}
+
+/** Streams SSE (headers sent at once) or buffers the text for one JSON body. */
+function generationResponse(
+  res: ServerResponse,
+  gen: GenerationRequest,
+  meta: ResponseMeta,
+  requestId: string,
+  vocab: GenerationVocab | undefined,
+): GenerationResponse {
+  const promptCount = gen.promptTokens.length;
+  let text = "";
+  let generated = 0;
+  const over = (): boolean => res.writableEnded || res.destroyed;
+
+  if (gen.stream) {
+    res.writeHead(200, { "content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache", "x-request-id": requestId });
+    res.flushHeaders();
+  }
+
+  return {
+    over,
+    token(tokenId, index, finish) {
+      generated = index + 1;
+      const piece = vocab ? vocab.text(tokenId) : tokenText(tokenId);
+      if (!gen.stream) {
+        text += piece;
+        return;
+      }
+      if (index === 0 && meta.kind === "chat") res.write(sse(roleChunk(meta)));
+      res.write(sse(tokenChunk(meta, piece, finish)));
+    },
+    answer(finish, extra = {}) {
+      if (over()) return;
+      const u = usage(promptCount, generated);
+      if (gen.stream) {
+        if (finish === "abort") res.write(sse(tokenChunk(meta, "", "abort")));
+        if (gen.includeUsage) res.write(sse(usageChunk(meta, u)));
+        res.end(sse("[DONE]"));
+        return;
+      }
+      const body = JSON.stringify({ ...fullResponse(meta, text, finish, u), ...extra });
+      res.writeHead(200, { "content-type": "application/json", "x-request-id": requestId }).end(body);
+    },
+    error(err) {
+      if (over()) return;
+      const e = err instanceof ApiError ? err : new ApiError(500, "InternalServerError", String((err as Error)?.message ?? err));
+      // A stream already answered 200: the error goes out as an event, then the stream ends.
+      if (res.headersSent) {
+        res.end(sse(e.body()) + sse("[DONE]"));
+        return;
+      }
+      res.writeHead(e.status, { "content-type": "application/json", "x-request-id": requestId }).end(JSON.stringify(e.body()));
     },
   };
 }

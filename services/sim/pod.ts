@@ -4,17 +4,14 @@
  * pods also serve a KV channel (vLLM side channel or SGLang bootstrap server, see pd-legs.ts).
  */
 import { randomUUID } from "node:crypto";
-import { createServer, type IncomingMessage, type ServerResponse } from "node:http";
+import type { Server } from "node:http";
 import type { AddressInfo } from "node:net";
 import type { Logger } from "../shared/log.js";
 import type { Static } from "@sinclair/typebox";
 import type { KvEventsEndpoint, PodRole } from "../../schemas/events.js";
-import { detokenize } from "../tokenizer/sim-tokenizer.js";
 import { type SimClock, scaledClock } from "./clock.js";
 import { type EngineConfig, type EngineSnapshot, SimEngine } from "./engine.js";
-import { ApiError, badRequest } from "./errors.js";
 import { FaultState, type PodFaults, parseFaults } from "./faults.js";
-import { type GenerationSession, serveGeneration } from "./generate.js";
 import { HeldKvRegistry } from "./held-kv.js";
 import { KvChannelServer } from "./kv-channel.js";
 import { type CacheListing, engineHashSeed } from "./kv-cache.js";
@@ -22,18 +19,13 @@ import { KvEventPublisher, type KvEventPublisherOptions, type KvEventWire, type 
 import { SimLora } from "./lora.js";
 import { createPodMetrics, type EngineKind, type PodMetrics } from "./metrics.js";
 import { FLEET_DEFAULTS } from "./options.js";
-import { answerKvChannel, channelFault, type PdPod, type PdTimings, pdHooks } from "./pd-legs.js";
-import { type PdSnapshot, PdStats, renderPdMetrics } from "./pd-stats.js";
-import { realPromptTokens, realTokenize, type SimRealTokenizer } from "./real-tokenizer.js";
-import {
-  asObject,
-  checkModel,
-  parseChatRequest,
-  parseCompletionRequest,
-  parseDetokenizeRequest,
-  parseTokenizeRequest,
-  type ServedModel,
-} from "./requests.js";
+import { answerKvChannel, channelFault, type PdPod, type PdTimings } from "./pd-legs.js";
+import { type PdSnapshot, PdStats } from "./pd-stats.js";
+import { closeServer, listen, routeServer } from "./pod-http.js";
+import { podRoutes } from "./pod-routes.js";
+import type { SimRealTokenizer } from "./real-tokenizer.js";
+import type { ServedModel } from "./requests.js";
+import { GenerationSessions } from "./sessions.js";
 
 export interface SimPodOptions {
   name: string;
@@ -127,33 +119,91 @@ export interface SimPod {
   close(): Promise<void>;
 }
 
-const MAX_BODY_BYTES = 32 * 1024 * 1024;
-
-type Handler = (req: IncomingMessage, res: ServerResponse) => Promise<void> | void;
-
-function sendJson(res: ServerResponse, status: number, body: unknown): void {
-  res.writeHead(status, { "content-type": "application/json" }).end(JSON.stringify(body));
+/** What a simulated restart replaces: the engine, its clock, and everything counted or held for it. */
+interface EngineRun {
+  clock: SimClock;
+  held: HeldKvRegistry;
+  pdStats: PdStats;
+  /** Identifies this incarnation of the engine (vLLM's engine id). */
+  engineId: string;
+  metrics: PodMetrics;
+  engine: SimEngine;
 }
 
-async function readJson(req: IncomingMessage): Promise<unknown> {
-  return (await readJsonText(req)).body;
+function bootEngine(opts: SimPodOptions, hashSeed: bigint, publisher: KvEventPublisher | undefined): EngineRun {
+  const clock = scaledClock(opts.timeScale);
+  const held = new HeldKvRegistry(clock);
+  const pdStats = new PdStats();
+  const engineId = `${opts.name}-${randomUUID()}`;
+  const metrics = createPodMetrics(opts.engine, {
+    model: opts.model,
+    maxModelLen: opts.maxModelLen,
+    blockSize: opts.engineConfig.blockSize,
+    numGpuBlocks: Math.floor(opts.engineConfig.kvCapacityTokens / opts.engineConfig.blockSize),
+    prefixCaching: true,
+  });
+  const engine = new SimEngine(opts.engineConfig, clock, metrics.observer, {
+    hashSeed,
+    onEvents: publisher ? (events) => publisher.publish(events) : undefined,
+  });
+  return { clock, held, pdStats, engineId, metrics, engine };
 }
 
-/** The body parsed, and its text (SGLang's bootstrap_room needs digits a JSON number loses). */
-async function readJsonText(req: IncomingMessage): Promise<{ body: unknown; raw: string }> {
-  const chunks: Buffer[] = [];
-  let size = 0;
-  for await (const chunk of req) {
-    size += (chunk as Buffer).length;
-    if (size > MAX_BODY_BYTES) throw new ApiError(413, "BadRequestError", `Request body exceeds ${MAX_BODY_BYTES} bytes`);
-    chunks.push(chunk as Buffer);
-  }
-  const raw = Buffer.concat(chunks).toString("utf8");
-  try {
-    return { body: JSON.parse(raw), raw };
-  } catch (err) {
-    throw badRequest(`Invalid JSON body: ${(err as Error).message}`);
-  }
+/** Where the pod's KV events are published and replayed, as the pod event schema gives it. */
+function kvEventsInfo(publisher: KvEventPublisher): KvEventsInfo {
+  return { endpoint: publisher.endpoint, replayEndpoint: publisher.replayEndpoint, topic: publisher.topicName };
+}
+
+/** The P/D legs' view of the pod; the engine-bound parts read whichever run is current. */
+function pdPodFor(opts: SimPodOptions, role: PodRole, faults: FaultState, current: () => EngineRun): PdPod {
+  return {
+    engine: opts.engine,
+    role,
+    engineId: () => current().engineId,
+    clock: () => current().clock,
+    held: () => current().held,
+    stats: () => current().pdStats,
+    faults,
+    timings: { ...DEFAULT_PD_TIMINGS, ...opts.pd },
+    sideChannel: undefined,
+  };
+}
+
+/** vLLM prefill-capable pods serve a KV side channel, SGLang prefill pods a bootstrap server. */
+function servesKvChannel(engine: EngineKind, role: PodRole): boolean {
+  return engine === "vllm" ? role !== "decode" : role === "prefill";
+}
+
+function kvChannelFor(opts: SimPodOptions, pd: PdPod, log: Logger | undefined): KvChannelServer | undefined {
+  if (!servesKvChannel(opts.engine, pd.role)) return undefined;
+  return new KvChannelServer({
+    host: opts.host,
+    port: opts.engine === "sglang" ? (opts.bootstrapPort ?? 0) : 0,
+    handle: (request, signal) => answerKvChannel(pd, request, signal),
+    fault: () => channelFault(pd),
+    logger: log,
+  });
+}
+
+/** The pod's listeners (HTTP and KV channel): `stop()` closes them, `start()` listens again on the same ports. */
+function podListeners(server: Server, host: string, port: number, channel: KvChannelServer | undefined) {
+  let stopped = false;
+  return {
+    async stop(): Promise<void> {
+      if (stopped) return;
+      stopped = true;
+      await Promise.all([closeServer(server), channel?.stop()]);
+    },
+    async start(): Promise<void> {
+      if (!stopped) return;
+      await Promise.all([listen(server, port, host), channel?.start()]);
+      stopped = false;
+    },
+    /** Closes whatever is still open, for good. */
+    close(): Promise<unknown> {
+      return Promise.all([stopped ? undefined : closeServer(server), channel?.stop()]);
+    },
+  };
 }
 
 export async function startSimPod(opts: SimPodOptions): Promise<SimPod> {
@@ -164,67 +214,19 @@ export async function startSimPod(opts: SimPodOptions): Promise<SimPod> {
   const publisher = opts.kvEvents
     ? await KvEventPublisher.start({ host: opts.host, ...opts.kvEvents, logger: log })
     : undefined;
-  const kvEvents: KvEventsInfo | undefined = publisher && {
-    endpoint: publisher.endpoint,
-    replayEndpoint: publisher.replayEndpoint,
-    topic: publisher.topicName,
-  };
+  const kvEvents: KvEventsInfo | undefined = publisher && kvEventsInfo(publisher);
   const hashSeed = engineHashSeed(opts.name);
 
   const role: PodRole = opts.role ?? "combined";
-  const timings: PdTimings = { ...DEFAULT_PD_TIMINGS, ...opts.pd };
   const faults = new FaultState();
   // Advertised addresses use loopback for a wildcard bind, as the HTTP address does.
   const advertisedHost = opts.host === "0.0.0.0" || opts.host === "::" ? "127.0.0.1" : opts.host;
 
-  // A restart swaps these for fresh ones; handlers always read the current set.
-  let metrics: PodMetrics;
-  let engine: SimEngine;
-  let clock: SimClock;
-  let held: HeldKvRegistry;
-  let pdStats: PdStats;
-  let engineId: string;
-  const boot = (): void => {
-    clock = scaledClock(opts.timeScale);
-    held = new HeldKvRegistry(clock);
-    pdStats = new PdStats();
-    engineId = `${opts.name}-${randomUUID()}`;
-    metrics = createPodMetrics(opts.engine, {
-      model: opts.model,
-      maxModelLen: opts.maxModelLen,
-      blockSize: opts.engineConfig.blockSize,
-      numGpuBlocks: Math.floor(opts.engineConfig.kvCapacityTokens / opts.engineConfig.blockSize),
-      prefixCaching: true,
-    });
-    engine = new SimEngine(opts.engineConfig, clock, metrics.observer, {
-      hashSeed,
-      onEvents: publisher ? (events) => publisher.publish(events) : undefined,
-    });
-  };
-  boot();
+  // A restart swaps the run for a fresh one; handlers always read the current one.
+  let run = bootEngine(opts, hashSeed, publisher);
 
-  // vLLM prefill-capable pods serve a KV side channel, SGLang prefill pods a bootstrap server.
-  const pd: PdPod = {
-    engine: opts.engine,
-    role,
-    engineId: () => engineId,
-    clock: () => clock,
-    held: () => held,
-    stats: () => pdStats,
-    faults,
-    timings,
-    sideChannel: undefined,
-  };
-  const wantsChannel = opts.engine === "vllm" ? role !== "decode" : role === "prefill";
-  const channel = wantsChannel
-    ? new KvChannelServer({
-        host: opts.host,
-        port: opts.engine === "sglang" ? (opts.bootstrapPort ?? 0) : 0,
-        handle: (request, signal) => answerKvChannel(pd, request, signal),
-        fault: () => channelFault(pd),
-        logger: log,
-      })
-    : undefined;
+  const pd = pdPodFor(opts, role, faults, () => run);
+  const channel = kvChannelFor(opts, pd, log);
   try {
     await channel?.start();
   } catch (err) {
@@ -234,23 +236,7 @@ export async function startSimPod(opts: SimPodOptions): Promise<SimPod> {
   if (channel && opts.engine === "vllm") pd.sideChannel = { host: advertisedHost, port: channel.port };
   const bootstrapPort = channel && opts.engine === "sglang" ? channel.port : undefined;
 
-  /** Live generation sessions by request id and SGLang rid, for /abort_request. */
-  const sessions = new Map<string, Set<GenerationSession>>();
-  const track = (keys: string[], session: GenerationSession): void => {
-    for (const k of new Set(keys)) {
-      const set = sessions.get(k) ?? new Set();
-      set.add(session);
-      sessions.set(k, set);
-    }
-    void session.done.then(() => {
-      for (const k of keys) {
-        const set = sessions.get(k);
-        set?.delete(session);
-        if (set?.size === 0) sessions.delete(k);
-      }
-    });
-  };
-
+  const sessions = new GenerationSessions();
   const state = (): SimPodState => ({
     pod: opts.name,
     engine: opts.engine,
@@ -258,11 +244,11 @@ export async function startSimPod(opts: SimPodOptions): Promise<SimPod> {
     ...(opts.roleset !== undefined ? { roleset: opts.roleset } : {}),
     ...(bootstrapPort !== undefined ? { bootstrapPort } : {}),
     ...(pd.sideChannel ? { sideChannel: pd.sideChannel } : {}),
-    pd: pdStats.snapshot(engine.snapshot().heldRequests),
+    pd: run.pdStats.snapshot(run.engine.snapshot().heldRequests),
     faults: faults.current,
     hungRequests: faults.hungRequests,
     model: opts.model,
-    ...engine.snapshot(),
+    ...run.engine.snapshot(),
     config: { ...opts.engineConfig, maxModelLen: opts.maxModelLen, timeScale: opts.timeScale },
     kvEvents:
       publisher && kvEvents
@@ -272,181 +258,25 @@ export async function startSimPod(opts: SimPodOptions): Promise<SimPod> {
   const cacheListing = (): SimPodCacheListing => ({
     pod: opts.name,
     nextSeq: publisher ? publisher.sequence : null,
-    ...engine.cacheListing(),
+    ...run.engine.cacheListing(),
   });
   const restart = (): void => {
-    const old = engine;
-    const oldHeld = held;
-    boot();
+    const old = run;
+    run = bootEngine(opts, hashSeed, publisher);
     // Requests outside the engine (a decode waiting for its KV, a prefill waiting for its decode)
     // lose their connection too; then the old engine drops what it still runs or holds.
-    for (const set of [...sessions.values()]) for (const s of [...set]) s.drop();
-    oldHeld.clear();
-    old.abortAll();
+    sessions.dropAll();
+    old.held.clear();
+    old.engine.abortAll();
     publisher?.reset();
     log?.info("simulated engine restarted");
   };
 
-  const generation =
-    (kind: "chat" | "completion"): Handler =>
-    async (req, res) => {
-      const { body, raw } = await readJsonText(req);
-      const fault = faults.next();
-      if (fault.kind === "status") {
-        const type = fault.status === 400 ? "BadRequestError" : fault.status === 404 ? "NotFoundError" : "InternalServerError";
-        throw new ApiError(fault.status, type, `Injected fault: HTTP ${fault.status}`);
-      }
-      if (fault.kind === "hang") {
-        const left = new AbortController();
-        res.on("close", () => left.abort());
-        try {
-          await faults.waitUnhung(left.signal);
-        } catch {
-          return;
-        }
-      }
-      // A request naming a loaded adapter runs on the base model with the adapter's blocks.
-      const adapter = lora.adapterOf(body);
-      const forBase = adapter ? { ...(body as object), model: opts.model } : body;
-      // With a real tokenizer: the model is checked first (404 before any tokenizing), as vLLM does.
-      let ids: number[] | undefined;
-      if (real) {
-        checkModel(asObject(forBase), served);
-        ids = await realPromptTokens(kind, forBase, real.tokenizer);
-      }
-      const gen = kind === "chat" ? parseChatRequest(forBase, served, ids) : parseCompletionRequest(forBase, served, ids);
-      if (adapter) {
-        lora.track(adapter, res);
-        gen.model = adapter;
-        gen.loraName = adapter;
-      }
-      const obj = asObject(body);
-      const rid = typeof obj.rid === "string" && obj.rid !== "" ? obj.rid : undefined;
-      const header = req.headers["x-request-id"];
-      const requestId = typeof header === "string" && header !== "" ? header : (rid ?? randomUUID().replaceAll("-", ""));
-      const hooks = pdHooks(pd, obj, raw, gen, requestId);
-      const session = serveGeneration(res, engine, gen, kind, requestId, hooks, real?.vocab);
-      track(rid ? [requestId, rid] : [requestId], session);
-    };
-
-  const routes: Record<string, Record<string, Handler>> = {
-    "/health": { GET: (_req, res) => void res.writeHead(200).end() },
-    "/v1/models": {
-      GET: (_req, res) =>
-        sendJson(res, 200, {
-          object: "list",
-          data: [
-            {
-              id: opts.model,
-              object: "model",
-              created: Math.floor(Date.now() / 1000),
-              owned_by: opts.engine,
-              root: opts.model,
-              parent: null,
-              max_model_len: opts.maxModelLen,
-              permission: [],
-            },
-            ...lora.modelEntries(opts.engine, opts.maxModelLen),
-          ],
-        }),
-    },
-    ...lora.routes(readJson),
-    "/v1/chat/completions": { POST: generation("chat") },
-    "/v1/completions": { POST: generation("completion") },
-    "/tokenize": {
-      POST: async (req, res) => {
-        const body = await readJson(req);
-        let tokens: number[] | undefined;
-        if (real) {
-          checkModel(asObject(body), served);
-          tokens = await realTokenize(body, real.tokenizer);
-        }
-        tokens ??= parseTokenizeRequest(body, served);
-        sendJson(res, 200, { count: tokens.length, max_model_len: opts.maxModelLen, tokens, token_strs: null });
-      },
-    },
-    "/detokenize": {
-      POST: async (req, res) => {
-        const ids = parseDetokenizeRequest(await readJson(req), served);
-        sendJson(res, 200, { prompt: real ? await real.tokenizer.decode(ids) : detokenize(ids) });
-      },
-    },
-    "/metrics": {
-      GET: (_req, res) =>
-        void res
-          .writeHead(200, { "content-type": "text/plain; version=0.0.4; charset=utf-8" })
-          .end(metrics.render(engine.snapshot()) + renderPdMetrics(opts.engine, opts.model, pdStats.snapshot(engine.snapshot().heldRequests)) + lora.metricsText()),
-    },
-    // vLLM serves this in dev mode; 200 even when refused, as vLLM does.
-    "/reset_prefix_cache": {
-      POST: (_req, res) => {
-        engine.resetPrefixCache();
-        res.writeHead(200).end();
-      },
-    },
-    // SGLang's abort endpoint; 200 whether or not the rid matched anything, as SGLang answers.
-    "/abort_request": {
-      POST: async (req, res) => {
-        const body = asObject(await readJson(req));
-        if (body.rid !== undefined && body.rid !== null && typeof body.rid !== "string") throw badRequest("rid must be a string", "rid");
-        const targets = body.abort_all === true ? [...sessions.values()] : [sessions.get(String(body.rid ?? "")) ?? new Set()];
-        for (const set of targets) for (const s of [...set]) s.cancel();
-        res.writeHead(200).end();
-      },
-    },
-    "/debug/state": { GET: (_req, res) => sendJson(res, 200, state()) },
-    "/debug/faults": {
-      GET: (_req, res) => sendJson(res, 200, faults.current),
-      POST: async (req, res) => {
-        faults.set(parseFaults(await readJson(req)));
-        sendJson(res, 200, faults.current);
-      },
-    },
-    "/debug/cache": { GET: (_req, res) => sendJson(res, 200, cacheListing()) },
-    "/debug/restart": {
-      POST: (_req, res) => {
-        restart();
-        sendJson(res, 200, { restarted: true, pod: opts.name });
-      },
-    },
-  };
-
-  const server = createServer((req, res) => {
-    const path = (req.url ?? "/").split("?")[0] ?? "/";
-    const route = routes[path];
-    // FastAPI's bodies for unknown routes and methods, which is what a vLLM client would see.
-    if (!route) return sendJson(res, 404, { detail: "Not Found" });
-    const handler = route[req.method ?? "GET"];
-    if (!handler) return sendJson(res, 405, { detail: "Method Not Allowed" });
-    Promise.resolve()
-      .then(() => handler(req, res))
-      .catch((err: unknown) => {
-        if (res.destroyed) return;
-        if (res.headersSent) {
-          res.destroy();
-          return;
-        }
-        if (err instanceof ApiError) return sendJson(res, err.status, err.body());
-        log?.error({ err, path }, "simulated pod handler failed");
-        sendJson(res, 500, new ApiError(500, "InternalServerError", String((err as Error)?.message ?? err)).body());
-      });
-  });
-
-  const listen = (port: number): Promise<void> =>
-    new Promise<void>((resolve, reject) => {
-      server.once("error", reject);
-      server.listen(port, opts.host, () => {
-        server.off("error", reject);
-        resolve();
-      });
-    });
-  const closeServer = (): Promise<void> =>
-    new Promise<void>((resolve) => {
-      server.close(() => resolve());
-      server.closeAllConnections();
-    });
+  const { name, model, engine, maxModelLen } = opts;
+  const routes = podRoutes({ name, model, engine, maxModelLen, served, real, lora, faults, pd, sessions, current: () => run, state, cacheListing, restart });
+  const server = routeServer(routes, log);
   try {
-    await listen(opts.port);
+    await listen(server, opts.port, opts.host);
   } catch (err) {
     await Promise.all([publisher?.close(), channel?.stop()]);
     throw err;
@@ -454,7 +284,7 @@ export async function startSimPod(opts: SimPodOptions): Promise<SimPod> {
   const port = (server.address() as AddressInfo).port;
   // A wildcard bind is reachable on loopback; advertising the wildcard itself would be useless to clients.
   const address = `${advertisedHost}:${port}`;
-  let stopped = false;
+  const listeners = podListeners(server, opts.host, port, channel);
   log?.info({ address, engine: opts.engine, model: opts.model, role, kvEvents, bootstrapPort, sideChannel: pd.sideChannel }, "simulated pod listening");
 
   return {
@@ -468,24 +298,16 @@ export async function startSimPod(opts: SimPodOptions): Promise<SimPod> {
     bootstrapPort,
     state,
     setFaults: (f) => faults.set(parseFaults(f)),
-    async stop() {
-      if (stopped) return;
-      stopped = true;
-      await Promise.all([closeServer(), channel?.stop()]);
-    },
-    async start() {
-      if (!stopped) return;
-      await Promise.all([listen(port), channel?.start()]);
-      stopped = false;
-    },
+    stop: listeners.stop,
+    start: listeners.start,
     cacheListing,
-    resetPrefixCache: () => engine.resetPrefixCache(),
+    resetPrefixCache: () => run.engine.resetPrefixCache(),
     restart,
     async close() {
-      engine.close();
-      held.clear();
+      run.engine.close();
+      run.held.clear();
       faults.set({});
-      await Promise.all([stopped ? undefined : closeServer(), channel?.stop(), publisher?.close()]);
+      await Promise.all([listeners.close(), publisher?.close()]);
     },
   };
 }

@@ -1,0 +1,202 @@
+/**
+ * A simulated pod's HTTP routes: vLLM's OpenAI API (models, chat and completions, tokenize), its
+ * metrics and dev endpoints, LoRA adapter loading, SGLang's /abort_request, and the simulator's
+ * own /debug endpoints.
+ */
+import { randomUUID } from "node:crypto";
+import type { ServerResponse } from "node:http";
+import { detokenize } from "../tokenizer/sim-tokenizer.js";
+import type { SimEngine } from "./engine.js";
+import { ApiError, badRequest } from "./errors.js";
+import { type FaultState, parseFaults } from "./faults.js";
+import { serveGeneration } from "./generate.js";
+import type { SimLora } from "./lora.js";
+import type { EngineKind, PodMetrics } from "./metrics.js";
+import { type PdPod, pdHooks } from "./pd-legs.js";
+import { type PdStats, renderPdMetrics } from "./pd-stats.js";
+import { type Handler, readJson, readJsonText, type Routes, sendJson } from "./pod-http.js";
+import { realPromptTokens, realTokenize, type SimRealTokenizer } from "./real-tokenizer.js";
+import {
+  asObject,
+  checkModel,
+  parseChatRequest,
+  parseCompletionRequest,
+  parseDetokenizeRequest,
+  parseTokenizeRequest,
+  type ServedModel,
+} from "./requests.js";
+import type { ApiKind } from "./responses.js";
+import type { GenerationSessions } from "./sessions.js";
+
+/** What the routes need from their pod. */
+export interface PodRouteContext {
+  name: string;
+  model: string;
+  engine: EngineKind;
+  maxModelLen: number;
+  served: ServedModel;
+  /** A real model's tokenizer, when the pod has one. */
+  real: SimRealTokenizer | undefined;
+  lora: SimLora;
+  faults: FaultState;
+  pd: PdPod;
+  sessions: GenerationSessions;
+  /** The current engine and what counts for it; a restart swaps them. */
+  current(): { engine: SimEngine; metrics: PodMetrics; pdStats: PdStats };
+  /** `/debug/state`'s body. */
+  state(): object;
+  /** `/debug/cache`'s body. */
+  cacheListing(): object;
+  restart(): void;
+}
+
+export function podRoutes(pod: PodRouteContext): Routes {
+  return { ...apiRoutes(pod), ...debugRoutes(pod) };
+}
+
+/** What vLLM (and, for /abort_request, SGLang) serve. */
+function apiRoutes(pod: PodRouteContext): Routes {
+  const { real, served } = pod;
+  return {
+    "/health": { GET: (_req, res) => void res.writeHead(200).end() },
+    "/v1/models": { GET: (_req, res) => sendJson(res, 200, modelList(pod)) },
+    ...pod.lora.routes(readJson),
+    "/v1/chat/completions": { POST: generationRoute(pod, "chat") },
+    "/v1/completions": { POST: generationRoute(pod, "completion") },
+    "/tokenize": {
+      POST: async (req, res) => {
+        const body = await readJson(req);
+        let tokens: number[] | undefined;
+        if (real) {
+          checkModel(asObject(body), served);
+          tokens = await realTokenize(body, real.tokenizer);
+        }
+        tokens ??= parseTokenizeRequest(body, served);
+        sendJson(res, 200, { count: tokens.length, max_model_len: pod.maxModelLen, tokens, token_strs: null });
+      },
+    },
+    "/detokenize": {
+      POST: async (req, res) => {
+        const ids = parseDetokenizeRequest(await readJson(req), served);
+        sendJson(res, 200, { prompt: real ? await real.tokenizer.decode(ids) : detokenize(ids) });
+      },
+    },
+    "/metrics": { GET: (_req, res) => sendMetrics(pod, res) },
+    // vLLM serves this in dev mode; 200 even when refused, as vLLM does.
+    "/reset_prefix_cache": {
+      POST: (_req, res) => {
+        pod.current().engine.resetPrefixCache();
+        res.writeHead(200).end();
+      },
+    },
+    // SGLang's abort endpoint; 200 whether or not the rid matched anything, as SGLang answers.
+    "/abort_request": {
+      POST: async (req, res) => {
+        const body = asObject(await readJson(req));
+        if (body.rid !== undefined && body.rid !== null && typeof body.rid !== "string") throw badRequest("rid must be a string", "rid");
+        if (body.abort_all === true) pod.sessions.cancelAll();
+        else pod.sessions.cancel(String(body.rid ?? ""));
+        res.writeHead(200).end();
+      },
+    },
+  };
+}
+
+/** The simulator's own endpoints: state, injected faults, cache contents, restart. */
+function debugRoutes(pod: PodRouteContext): Routes {
+  return {
+    "/debug/state": { GET: (_req, res) => sendJson(res, 200, pod.state()) },
+    "/debug/faults": {
+      GET: (_req, res) => sendJson(res, 200, pod.faults.current),
+      POST: async (req, res) => {
+        pod.faults.set(parseFaults(await readJson(req)));
+        sendJson(res, 200, pod.faults.current);
+      },
+    },
+    "/debug/cache": { GET: (_req, res) => sendJson(res, 200, pod.cacheListing()) },
+    "/debug/restart": {
+      POST: (_req, res) => {
+        pod.restart();
+        sendJson(res, 200, { restarted: true, pod: pod.name });
+      },
+    },
+  };
+}
+
+/** `/v1/models`: the base model, then the loaded LoRA adapters. */
+function modelList(pod: PodRouteContext): object {
+  return {
+    object: "list",
+    data: [
+      {
+        id: pod.model,
+        object: "model",
+        created: Math.floor(Date.now() / 1000),
+        owned_by: pod.engine,
+        root: pod.model,
+        parent: null,
+        max_model_len: pod.maxModelLen,
+        permission: [],
+      },
+      ...pod.lora.modelEntries(pod.engine, pod.maxModelLen),
+    ],
+  };
+}
+
+function sendMetrics(pod: PodRouteContext, res: ServerResponse): void {
+  const { engine, metrics, pdStats } = pod.current();
+  res
+    .writeHead(200, { "content-type": "text/plain; version=0.0.4; charset=utf-8" })
+    .end(metrics.render(engine.snapshot()) + renderPdMetrics(pod.engine, pod.model, pdStats.snapshot(engine.snapshot().heldRequests)) + pod.lora.metricsText());
+}
+
+/** Chat or completion: injected faults first, then the request parsed and handed to the engine (and the P/D legs). */
+function generationRoute(pod: PodRouteContext, kind: ApiKind): Handler {
+  const { real, served, faults, lora } = pod;
+  return async (req, res) => {
+    const { body, raw } = await readJsonText(req);
+    const fault = faults.next();
+    if (fault.kind === "status") throw injectedStatusError(fault.status);
+    if (fault.kind === "hang") {
+      const left = new AbortController();
+      res.on("close", () => left.abort());
+      try {
+        await faults.waitUnhung(left.signal);
+      } catch {
+        return;
+      }
+    }
+    // A request naming a loaded adapter runs on the base model with the adapter's blocks.
+    const adapter = lora.adapterOf(body);
+    const forBase = adapter ? { ...(body as object), model: pod.model } : body;
+    // With a real tokenizer: the model is checked first (404 before any tokenizing), as vLLM does.
+    let ids: number[] | undefined;
+    if (real) {
+      checkModel(asObject(forBase), served);
+      ids = await realPromptTokens(kind, forBase, real.tokenizer);
+    }
+    const gen = kind === "chat" ? parseChatRequest(forBase, served, ids) : parseCompletionRequest(forBase, served, ids);
+    if (adapter) {
+      lora.track(adapter, res);
+      gen.model = adapter;
+      gen.loraName = adapter;
+    }
+    const obj = asObject(body);
+    const rid = typeof obj.rid === "string" && obj.rid !== "" ? obj.rid : undefined;
+    const requestId = requestIdOf(req.headers["x-request-id"], rid);
+    const hooks = pdHooks(pod.pd, obj, raw, gen, requestId);
+    const session = serveGeneration(res, pod.current().engine, gen, kind, requestId, hooks, real?.vocab);
+    pod.sessions.track(rid ? [requestId, rid] : [requestId], session);
+  };
+}
+
+/** The answer to an injected `status` fault, with the error type vLLM gives that status. */
+function injectedStatusError(status: number): ApiError {
+  const type = status === 400 ? "BadRequestError" : status === 404 ? "NotFoundError" : "InternalServerError";
+  return new ApiError(status, type, `Injected fault: HTTP ${status}`);
+}
+
+/** A request's id: the x-request-id header, else SGLang's rid, else a fresh one. */
+function requestIdOf(header: string | string[] | undefined, rid: string | undefined): string {
+  return typeof header === "string" && header !== "" ? header : (rid ?? randomUUID().replaceAll("-", ""));
+}
