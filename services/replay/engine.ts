@@ -20,42 +20,30 @@
  * decision is evaluated once every earlier charge of its gateway has its decision (or has been
  * released without one for `lostDecisionMs`, or is older than `reorderMs`): memory holds the
  * messages between the slowest gateway's fold and the read head, bounded by those windows.
+ *
+ * This file holds the folds and the fidelity check; the decoding of messages and their buffers
+ * are in message-log.ts, the counterfactual arms and their report sections in counterfactuals.ts.
  */
-import { MinHeap } from "../shared/min-heap.js";
 import { checkEvent } from "../../schemas/validate.js";
-import { DECISION_RECORD_VERSION, type DecisionRecord, type EngineLoadFields, type EventType, type ReleaseEvent } from "../../schemas/events.js";
-import { ChargeLedger } from "../views/charge-ledger.js";
-import { GatewayState, type GatewayStateOptions, STATE_STREAMS, type StateEvent, type StateStream } from "../views/gateway-state.js";
+import { DECISION_RECORD_VERSION, type DecisionRecord, type EngineLoadFields, type ReleaseEvent } from "../../schemas/events.js";
+import { GatewayState, type GatewayStateOptions, STATE_STREAMS, type StateStream } from "../views/gateway-state.js";
 import { hexToHash } from "../views/block-hash.js";
 import { decodeBlockHashes } from "../views/packed-hashes.js";
-import type { LoadReader, PodLoad } from "../views/load-view.js";
-import type { PodInfo, PodSetReader } from "../views/pod-set.js";
-import type { UsageReader } from "../views/usage-view.js";
+import type { PodLoad } from "../views/load-view.js";
+import type { PodInfo } from "../views/pod-set.js";
 import { RouteError } from "../routing/errors.js";
 import { matchPrefix } from "../routing/stages/prefix-match.js";
-import { decisionRandom, type PrefixMatchResult, type SchedulingInput, schedule } from "../routing/stages/scheduling.js";
+import { decisionRandom, type PrefixMatchResult, schedule } from "../routing/stages/scheduling.js";
 import { parseStrategy, strategyTraits } from "../routing/strategies/registry.js";
 import { chargeSeqOf, isPrefillLegCharge } from "../routing/charge-id.js";
-import type { RoutingRequest, Strategy } from "../routing/strategies/types.js";
-import type { RegretEntry, ReplayReport, StrategySummary, TimelinePoint } from "./report-types.js";
+import type { RoutingRequest } from "../routing/strategies/types.js";
+import type { ReplayReport } from "./report-types.js";
 import { type TraceRequest, ttftHistogram } from "./whatif.js";
 import { validateModelConfig } from "../routing/config-check.js";
-import { STREAM_EVENT_TYPES } from "../../streams/event-types.js";
+import { type Buffered, bufferedOf, Log, type ReplayMessage, type ReplayStream } from "./message-log.js";
+import { Counterfactuals } from "./counterfactuals.js";
 
-export type ReplayStream = StateStream | "decisions";
-
-/** One message as a source delivers it. `data` is the payload (parsed JSON, or the raw text when it was not JSON). */
-export interface ReplayMessage {
-  stream: ReplayStream;
-  subject: string;
-  seq: number;
-  /** Server timestamp (ms). */
-  serverTs: number;
-  /** Parsed JSON payload; for the config stream, a config entry (see services/views/gateway-state.ts). */
-  data: unknown;
-  /** Set when the payload was not JSON. */
-  invalid?: string;
-}
+export type { ReplayMessage, ReplayStream } from "./message-log.js";
 
 export interface ReplayOptions {
   /** Decisions routed in [fromMs, toMs] are evaluated. */
@@ -76,46 +64,6 @@ export interface ReplayOptions {
   /** Keep the arrival trace of evaluated decisions (for the what-if simulation), up to this many. Default 0. */
   traceLimit?: number;
   source?: string;
-}
-
-interface Buffered {
-  seq: number;
-  serverTs: number;
-  subject: string;
-  ev?: StateEvent;
-  /** The gateway that published it (charges, releases, heartbeats, routed prefixes). */
-  gateway?: string;
-  /** Charge sequence (numeric charge id) for charges and routed prefixes. */
-  chargeSeq?: number;
-}
-
-/** A FIFO with absolute positions, compacted as it is consumed. */
-class Log {
-  private items: Buffered[] = [];
-  /** Absolute position of items[0]. */
-  base = 0;
-  get end(): number {
-    return this.base + this.items.length;
-  }
-  push(b: Buffered): number {
-    this.items.push(b);
-    return this.end - 1;
-  }
-  at(pos: number): Buffered | undefined {
-    return this.items[pos - this.base];
-  }
-  /** Drops everything before `pos`. */
-  trim(pos: number): void {
-    const n = Math.min(pos - this.base, this.items.length);
-    if (n <= 0) return;
-    if (n > 4096 || n * 2 > this.items.length) {
-      this.items = this.items.slice(n);
-      this.base += n;
-    }
-  }
-  get size(): number {
-    return this.items.length;
-  }
 }
 
 interface Pending {
@@ -163,41 +111,6 @@ const YOUNG_MS = 1_000;
 /** An idle gateway silent this long (stream time: no heartbeat, charge or record) is dropped. */
 const DROP_SILENT_MS = 30_000;
 
-const TYPES: Record<StateStream, readonly EventType[]> = {
-  pods: STREAM_EVENT_TYPES.PODS,
-  load: STREAM_EVENT_TYPES.LOAD,
-  charges: STREAM_EVENT_TYPES.CHARGES,
-  kv: STREAM_EVENT_TYPES.KV,
-  config: [],
-};
-
-interface Arm {
-  name: string;
-  strategy?: Strategy;
-  ledger: ChargeLedger;
-  summary: StrategySummary;
-  spreadSum: number;
-  regretSum: number;
-}
-
-/** What a counterfactual step needs of one decision's views, kept when its fidelity was checked. */
-interface ArmTask {
-  d: DecisionRecord;
-  request: RoutingRequest;
-  candidates: readonly PodInfo[];
-  loads: Map<string, { fresh: EngineLoadFields | undefined; get: PodLoad | undefined }>;
-  usage: UsageReader;
-  match: PrefixMatchResult | undefined;
-}
-
-/** A counterfactual ledger's release heap entry. */
-interface Release {
-  at: number;
-  arm: number;
-  gateway: string;
-  id: string;
-}
-
 export class ReplayEngine {
   private readonly o: Required<Pick<ReplayOptions, "reorderMs" | "lostDecisionMs" | "timelineBuckets" | "topRegrets">> & ReplayOptions;
   private readonly logs: Record<StateStream, Log> = { pods: new Log(), load: new Log(), charges: new Log(), kv: new Log(), config: new Log() };
@@ -210,13 +123,8 @@ export class ReplayEngine {
   private readonly base: GatewayState;
   private readonly replicas = new Map<string, Replica>();
   private watermark = 0;
-  private readonly arms: Arm[];
-  private readonly releases = new MinHeap<Release>((a, b) => a.at < b.at);
-  /** Evaluated decisions whose counterfactual step has not run yet, in time order. */
-  private readonly tasks: ArmTask[] = [];
-  private readonly agreement: number[][];
-  private readonly timeline = new Map<number, Map<string, { hit: number; queried: number; spread: number; n: number }>>();
-  private readonly regrets: RegretEntry[] = [];
+  /** The recorded picks and the `strategies` ones, scored on each evaluated decision's views. */
+  private readonly arms: Counterfactuals;
   private readonly ttft: number[] = [];
   private readonly counts = {
     read: 0,
@@ -238,17 +146,8 @@ export class ReplayEngine {
   constructor(opts: ReplayOptions) {
     this.o = { reorderMs: 60_000, lostDecisionMs: 2_000, timelineBuckets: 60, topRegrets: 20, ...opts };
     this.base = new GatewayState({ checkModelConfig: validateModelConfig, ...opts.state });
-    const names = ["recorded", ...opts.strategies];
-    this.arms = names.map((name, i) => ({
-      name,
-      // Validated here: an unknown strategy fails before any work (a StrategySpecError naming it).
-      ...(i === 0 ? {} : { strategy: parseStrategy(name) }),
-      ledger: new ChargeLedger({ maxCharges: 10_000_000, heartbeatTimeoutMs: Number.POSITIVE_INFINITY }),
-      summary: { name, decisions: 0, hitBlocks: 0, queriedBlocks: 0, hitRate: 0, meanSpread: 0, maxSpread: 0, meanRegretBlocks: 0 },
-      spreadSum: 0,
-      regretSum: 0,
-    }));
-    this.agreement = names.map(() => names.map(() => 0));
+    // Validated here: an unknown strategy fails before any work (a StrategySpecError naming it).
+    this.arms = new Counterfactuals(opts.strategies, this.o);
   }
 
   private skip(bucket: Record<string, number>, why: string): void {
@@ -277,25 +176,8 @@ export class ReplayEngine {
       this.offerDecision(m);
       return;
     }
-    const b: Buffered = { seq: m.seq, serverTs: m.serverTs, subject: m.subject };
-    if (m.invalid) this.skip(this.counts.eventsSkipped, "invalid");
-    else if (m.stream === "config") {
-      const e = m.data as { type?: unknown; key?: unknown; operation?: unknown } | null;
-      if (e?.type === "config-entry" && typeof e.key === "string" && (e.operation === "PUT" || e.operation === "DEL" || e.operation === "PURGE")) b.ev = m.data as StateEvent;
-      else this.skip(this.counts.eventsSkipped, "invalid");
-    } else {
-      const d = checkEventOf(m.data, TYPES[m.stream]);
-      if (d.ok) {
-        b.ev = d.event as StateEvent;
-        const g = (d.event as { gateway?: unknown }).gateway;
-        const ev = b.ev;
-        if (typeof g === "string" && (ev.type === "charge" || ev.type === "release" || ev.type === "releases" || ev.type === "heartbeat" || ev.type === "kv-routed")) {
-          b.gateway = g;
-          if (ev.type === "charge") b.chargeSeq = chargeSeqOf(ev.id);
-          if (ev.type === "kv-routed") b.chargeSeq = chargeSeqOf(ev.charge);
-        }
-      } else this.skip(this.counts.eventsSkipped, "invalid");
-    }
+    const b = bufferedOf(m.stream, m);
+    if (b.ev === undefined) this.skip(this.counts.eventsSkipped, "invalid");
     const pos = this.logs[m.stream].push(b);
     if (b.gateway !== undefined) {
       const r = this.replicaOf(b.gateway);
@@ -720,7 +602,7 @@ export class ReplayEngine {
     const usage = r.state.usage;
     const userTokens = d.user ? usage.tokens(d.user, d.ts) : 0;
     const bounds = usage.bounds(d.ts);
-    insertTask(this.tasks, {
+    this.arms.add({
       d,
       request,
       candidates,
@@ -744,58 +626,7 @@ export class ReplayEngine {
       }
     }
     // Strictly before: a decision of the same millisecond may still come from another gateway.
-    let n = 0;
-    while (n < this.tasks.length && (this.tasks[n] as ArmTask).d.ts < horizon) this.runTask(this.tasks[n++] as ArmTask);
-    if (n > 0) this.tasks.splice(0, n);
-  }
-
-  private runTask(t: ArmTask): void {
-    const d = t.d;
-    this.releaseArms(d.ts);
-    const m = t.match;
-    let best = 0;
-    if (m) for (const x of m.detail) best = Math.max(best, m.info.matched(x.pod));
-    const pods: PodSetReader = { readyPods: () => t.candidates, knows: () => t.candidates.length > 0, get: () => undefined, byAddress: () => undefined, all: () => t.candidates };
-    const load: LoadReader = { fresh: (_m, pod) => t.loads.get(pod)?.fresh, get: (_m, pod) => t.loads.get(pod)?.get };
-    const views = { pods, load, ledger: this.arms[0]?.ledger as ChargeLedger, usage: t.usage };
-    const input: SchedulingInput = { request: t.request, ...(d.subset ? { subset: d.subset } : {}), now: d.ts, ...(d.slo ? { slo: d.slo } : {}), ...(m ? { prefix: () => m } : {}), views, strategy: this.arms[0]?.strategy as Strategy, random: Math.random };
-    const picks: string[] = [];
-    const keys = t.candidates.map((p) => [p.model, p.pod] as const);
-    for (let i = 0; i < this.arms.length; i++) {
-      const arm = this.arms[i] as Arm;
-      let pod: string | undefined;
-      if (i === 0) pod = d.pick ?? undefined;
-      else {
-        views.ledger = arm.ledger;
-        input.strategy = arm.strategy as Strategy;
-        input.random = decisionRandom(d.id, d.gateway, d.charge as string);
-        try {
-          pod = schedule(input).pick.pod.pod;
-        } catch {
-          pod = undefined;
-        }
-      }
-      picks.push(pod ?? "");
-      if (pod === undefined) continue;
-      this.chargeArm(i, arm, d, pod);
-      const spread = spreadOf(arm.ledger, keys);
-      const hit = m ? m.info.matched(pod) : 0;
-      const queried = m ? m.info.queried : 0;
-      const regret = m ? best - hit : 0;
-      arm.summary.decisions++;
-      arm.summary.hitBlocks += hit;
-      arm.summary.queriedBlocks += queried;
-      arm.spreadSum += spread;
-      arm.regretSum += regret;
-      if (spread > arm.summary.maxSpread) arm.summary.maxSpread = spread;
-      this.bucket(d.ts, arm.name, hit, queried, spread);
-      if (regret > 0 && m) this.noteRegret({ requestId: d.id, gateway: d.gateway, ts: d.ts, model: d.model, strategy: arm.name, pick: pod, best: m.detail.reduce((a, x) => (m.info.matched(x.pod) > m.info.matched(a) ? x.pod : a), pod), regretBlocks: regret });
-    }
-    for (let a = 0; a < picks.length; a++) {
-      if (picks[a] === "") continue;
-      const row = this.agreement[a] as number[];
-      for (let b = 0; b < picks.length; b++) if (picks[a] === picks[b]) row[b] = (row[b] ?? 0) + 1;
-    }
+    this.arms.runBefore(horizon);
   }
 
   private residualOf(d: DecisionRecord, ahead: boolean): string {
@@ -805,41 +636,6 @@ export class ReplayEngine {
     const traits = strategyTraits(d.strategy);
     if (d.blocks && traits.prefixMatch && d.blocks.total > (safeDecode(d.blocks.hashes)?.length ?? 0)) return "prompt blocks truncated in the record";
     return traits.replayResidual ?? "unexplained";
-  }
-
-  private chargeArm(i: number, arm: Arm, d: DecisionRecord, pod: string): void {
-    const id = `${d.charge}`;
-    // As a stream event: a ledger counts only charges of gateways it knows alive, and a charge makes its gateway known.
-    arm.ledger.applyFromStream({ type: "charge", id, gateway: d.gateway, model: d.model, pod, ts: d.ts, ttlMs: 3_600_000, promptTokens: d.routedPromptTokens ?? d.promptTokens ?? 0 }, d.ts, d.ts);
-    this.releases.push({ at: d.ts + Math.max(1, d.durationMs ?? 1), arm: i, gateway: d.gateway, id });
-  }
-
-  private releaseArms(now: number): void {
-    while (this.releases.size > 0 && (this.releases.peek() as Release).at <= now) {
-      const r = this.releases.pop() as Release;
-      this.arms[r.arm]?.ledger.release({ gateway: r.gateway, id: r.id });
-    }
-  }
-
-  private bucket(ts: number, name: string, hit: number, queried: number, spread: number): void {
-    const width = Math.max(1, Math.ceil((this.o.toMs - this.o.fromMs + 1) / this.o.timelineBuckets));
-    const t = this.o.fromMs + Math.floor((ts - this.o.fromMs) / width) * width;
-    let per = this.timeline.get(t);
-    if (!per) this.timeline.set(t, (per = new Map()));
-    let e = per.get(name);
-    if (!e) per.set(name, (e = { hit: 0, queried: 0, spread: 0, n: 0 }));
-    e.hit += hit;
-    e.queried += queried;
-    e.spread += spread;
-    e.n++;
-  }
-
-  private noteRegret(e: RegretEntry): void {
-    this.regrets.push(e);
-    if (this.regrets.length > this.o.topRegrets * 4) {
-      this.regrets.sort((a, b) => b.regretBlocks - a.regretBlocks);
-      this.regrets.length = this.o.topRegrets;
-    }
   }
 
   /** Decisions waiting for an earlier one (for progress displays). */
@@ -865,21 +661,7 @@ export class ReplayEngine {
       for (const p of r.pending.splice(0)) this.evaluate(r, p.d, p.chargeSeq);
     }
     this.runArms(true);
-    const strategies = this.arms.map((a) => ({
-      ...a.summary,
-      hitRate: a.summary.queriedBlocks > 0 ? a.summary.hitBlocks / a.summary.queriedBlocks : 0,
-      meanSpread: a.summary.decisions > 0 ? a.spreadSum / a.summary.decisions : 0,
-      meanRegretBlocks: a.summary.decisions > 0 ? a.regretSum / a.summary.decisions : 0,
-    }));
-    const names = this.arms.map((a) => a.name);
-    const timeline: TimelinePoint[] = [...this.timeline.entries()]
-      .sort((a, b) => a[0] - b[0])
-      .map(([t, per]) => ({
-        t,
-        strategies: Object.fromEntries([...per.entries()].map(([n, e]) => [n, { hitRate: e.queried > 0 ? e.hit / e.queried : 0, spread: e.n > 0 ? e.spread / e.n : 0, decisions: e.n }])),
-      }));
-    const diag = this.agreement.map((row, i) => row[i] ?? 0);
-    const matrix = this.agreement.map((row, i) => row.map((v) => ((diag[i] ?? 0) > 0 ? v / (diag[i] as number) : 0)));
+    const { strategies, timeline, agreement, topRegrets } = this.arms.report();
     const evaluated = this.counts.evaluated;
     const fidelityEvaluated = this.counts.reproduced + Object.values(this.counts.residuals).reduce((a, b) => a + b, 0);
     return {
@@ -893,18 +675,12 @@ export class ReplayEngine {
       fidelity: { evaluated: fidelityEvaluated, reproduced: this.counts.reproduced, ratio: fidelityEvaluated > 0 ? this.counts.reproduced / fidelityEvaluated : 1, residuals: this.counts.residuals },
       strategies,
       timeline,
-      agreement: { strategies: names, matrix },
-      topRegrets: [...this.regrets].sort((a, b) => b.regretBlocks - a.regretBlocks).slice(0, this.o.topRegrets),
+      agreement,
+      topRegrets,
       recordedTtft: ttftHistogram(this.ttft),
       warnings: [...this.warnings],
     };
   }
-}
-
-function checkEventOf(data: unknown, types: readonly EventType[]) {
-  const type = (data as { type?: unknown } | null)?.type;
-  if (typeof type !== "string" || !(types as readonly string[]).includes(type)) return { ok: false as const, reason: `unexpected event type ${JSON.stringify(type)}` };
-  return checkEvent(type as EventType, data);
 }
 
 function safeDecode(b64: string): bigint[] | undefined {
@@ -913,27 +689,6 @@ function safeDecode(b64: string): bigint[] | undefined {
   } catch {
     return undefined;
   }
-}
-
-/** The busiest candidate's requests in flight over the mean (1 when nothing is in flight). */
-function spreadOf(ledger: ChargeLedger, candidates: ReadonlyArray<readonly [string, string]>): number {
-  if (candidates.length === 0) return 1;
-  let max = 0;
-  let sum = 0;
-  for (const [model, pod] of candidates) {
-    const n = ledger.outstanding(model, pod).requests;
-    sum += n;
-    if (n > max) max = n;
-  }
-  return sum > 0 ? max / (sum / candidates.length) : 1;
-}
-
-/** Counterfactual steps in time order (ties: gateway, then charge order). */
-function insertTask(list: ArmTask[], t: ArmTask): void {
-  let i = list.length;
-  const after = (x: ArmTask) => x.d.ts > t.d.ts || (x.d.ts === t.d.ts && (x.d.gateway > t.d.gateway || (x.d.gateway === t.d.gateway && (chargeSeqOf(x.d.charge) ?? 0) > (chargeSeqOf(t.d.charge) ?? 0))));
-  while (i > 0 && after(list[i - 1] as ArmTask)) i--;
-  list.splice(i, 0, t);
 }
 
 function insertSorted(list: Pending[], p: Pending): void {

@@ -170,17 +170,120 @@ interface SimGateway {
   next: number;
 }
 
+/** The simulated streams: every message in publish order, stamped with the shared virtual time `now`. */
+class SynthStreams {
+  now = T0 - 1_000;
+  readonly published: ReplayMessage[] = [];
+  /** Decision records in publish order. */
+  readonly records: DecisionRecord[] = [];
+  /** Pods upserted ready and not removed, as the published pod events say. */
+  readonly present = new Set<string>();
+  private readonly seqs: Record<ReplayStream, number> = { pods: 0, load: 0, charges: 0, kv: 0, config: 0, decisions: 0 };
+
+  publish(stream: ReplayStream, subject: string, data: unknown, invalid?: string): void {
+    this.published.push({ stream, subject, seq: ++this.seqs[stream], serverTs: this.now, data, ...(invalid !== undefined ? { invalid } : {}) });
+    if (stream === "decisions" && invalid === undefined) this.records.push(data as DecisionRecord);
+  }
+
+  notePod(data: unknown): void {
+    const c = checkEvent("pod", data);
+    if (!c.ok) return;
+    if (c.event.action === "upsert" && c.event.ready) this.present.add(c.event.pod);
+    else this.present.delete(c.event.pod);
+  }
+
+  /** The gateway's followers: everything published up to `now - lag`, in order, through the fold (invalid messages only move the cursor). */
+  deliver(g: SimGateway): void {
+    while (g.next < this.published.length) {
+      const m = this.published[g.next] as ReplayMessage;
+      if (m.serverTs > this.now - g.lag) break;
+      g.next++;
+      if (m.stream === "decisions") continue;
+      const meta = { stream: m.stream, subject: m.subject, seq: m.seq, serverTs: m.serverTs };
+      if (m.invalid !== undefined) {
+        g.state.skip(meta);
+        continue;
+      }
+      const type = (m.data as { type?: unknown } | null)?.type;
+      const ok = typeof type === "string" && (TYPES[m.stream] as readonly string[]).includes(type) && checkEvent(type as EventType, m.data).ok;
+      if (ok) g.state.apply(m.data as StateEvent, meta);
+      else g.state.skip(meta);
+    }
+  }
+
+  /** Every message, merged by server time as a source delivers them. */
+  merged(): ReplayMessage[] {
+    const order = this.published.map((m, i) => ({ m, i }));
+    order.sort((a, b) => a.m.serverTs - b.m.serverTs || STREAM_ORDER[a.m.stream] - STREAM_ORDER[b.m.stream] || a.i - b.i);
+    return order.map((x) => x.m);
+  }
+}
+
+/** What the parts of a synthetic recording share while it runs. */
+interface Synth {
+  readonly o: SynthOptions;
+  readonly streams: SynthStreams;
+  readonly q: Queue;
+  /** Per request id, what the recording knows (the sink fills in the decision record). */
+  readonly infos: Map<string, MutableInfo>;
+  readonly sims: Map<string, SimGateway>;
+}
+
 /** Builds a synthetic recording (see the file comment). */
 export function synthRecording(o: SynthOptions): Recording {
   const rnd = seeded(o.seed ?? 1);
   const gateways = o.gateways ?? ["g1", "g2"];
-  const first = gateways[0] as string;
-  const idle = o.idle ?? [];
   const hbMs = o.heartbeatMs ?? 1_000;
   const podNames = Array.from({ length: o.pods ?? 4 }, (_, i) => `p${i}`);
   const startOf = (g: string) => o.startAt?.[g] ?? T0;
 
-  // ---- the workload ----
+  const requests = drawWorkload(o, rnd, gateways, startOf);
+  let lastEnd = T0;
+  for (const r of requests) {
+    const delay = r.decisionDelayMs ?? 0;
+    lastEnd = Math.max(lastEnd, r.at + r.durationMs + (Number.isFinite(delay) ? delay : 0));
+  }
+  const endMs = o.untilMs ?? lastEnd + hbMs;
+
+  const streams = new SynthStreams();
+  for (const p of podNames) {
+    const ev = podEvent(p, streams.now);
+    streams.notePod(ev);
+    streams.publish("pods", `jr.pods.${p}`, ev);
+  }
+  const s: Synth = { o, streams, q: new Queue(), infos: new Map(), sims: new Map() };
+  gateways.forEach((g, i) => {
+    s.sims.set(g, simGateway(s, g, i));
+  });
+  scheduleHeartbeats(s, [...gateways, ...(o.idle ?? [])], startOf, hbMs, endMs);
+  scheduleLoadSamples(s, podNames, o.waiting ?? (() => Math.floor(rnd() * 4)), endMs);
+  for (const inj of o.inject ?? []) {
+    s.q.push(inj.at, () => {
+      if (inj.stream === "pods" && inj.invalid === undefined) streams.notePod(inj.data);
+      streams.publish(inj.stream, inj.subject ?? `jr.${inj.stream}.injected`, inj.data, inj.invalid);
+    });
+  }
+  const routed = scheduleRequests(s, requests);
+
+  for (let a = s.q.pop(); a !== undefined; a = s.q.pop()) {
+    if (a.at > endMs) break;
+    streams.now = a.at;
+    a.run();
+  }
+
+  return {
+    messages: streams.merged(),
+    records: streams.records,
+    routed,
+    fromMs: requests.reduce((a, r) => Math.min(a, r.at), Number.POSITIVE_INFINITY),
+    toMs: requests.reduce((a, r) => Math.max(a, r.at), Number.NEGATIVE_INFINITY),
+    pods: podNames,
+  };
+}
+
+/** The requests the workload sends, drawn from `rnd` (then rewritten by `o.request`). */
+function drawWorkload(o: SynthOptions, rnd: () => number, gateways: readonly string[], startOf: (g: string) => number): SynthRequest[] {
+  const first = gateways[0] as string;
   const [dMin, dMax] = o.durationMs ?? [20, 400];
   const strategies = o.strategies ?? ["least-request", "random"];
   const burst = o.burst ?? 1;
@@ -205,143 +308,97 @@ export function synthRecording(o: SynthOptions): Recording {
     if (o.request) r = o.request(i, r);
     requests.push(r);
   }
-  let lastEnd = T0;
-  for (const r of requests) {
-    const delay = r.decisionDelayMs ?? 0;
-    lastEnd = Math.max(lastEnd, r.at + r.durationMs + (Number.isFinite(delay) ? delay : 0));
-  }
-  const endMs = o.untilMs ?? lastEnd + hbMs;
+  return requests;
+}
 
-  // ---- the streams ----
-  const published: ReplayMessage[] = [];
-  const seqs: Record<ReplayStream, number> = { pods: 0, load: 0, charges: 0, kv: 0, config: 0, decisions: 0 };
-  const records: DecisionRecord[] = [];
-  let now = T0 - 1_000;
-  const publish = (stream: ReplayStream, subject: string, data: unknown, invalid?: string) => {
-    published.push({ stream, subject, seq: ++seqs[stream], serverTs: now, data, ...(invalid !== undefined ? { invalid } : {}) });
-    if (stream === "decisions" && invalid === undefined) records.push(data as DecisionRecord);
-  };
-  const present = new Set<string>();
-  const notePod = (data: unknown) => {
-    const c = checkEvent("pod", data);
-    if (!c.ok) return;
-    if (c.event.action === "upsert" && c.event.ready) present.add(c.event.pod);
-    else present.delete(c.event.pod);
-  };
-  for (const p of podNames) {
-    const ev = podEvent(p, now);
-    notePod(ev);
-    publish("pods", `jr.pods.${p}`, ev);
-  }
-
-  /** Per request id, what the recording knows (the sink fills in the decision record). */
-  const infos = new Map<string, MutableInfo>();
-  const sims = new Map<string, SimGateway>();
-  gateways.forEach((g, i) => {
-    const state = new GatewayState({ self: g, checkModelConfig: validateModelConfig, podSourceTimeoutMs: o.podSourceTimeoutMs ?? 0 });
-    const director = new Director({
-      gatewayId: g,
-      defaultStrategy: "least-request",
-      chargeTtlMs: CHARGE_TTL_MS,
-      state,
-      now: () => now,
-      clock: { now: () => now, setTimeout: () => { throw new Error("the synthetic recording sets no rate limits"); } },
-      recordPromptBlocks: false,
-      sink: {
-        charge: (ev) => publish("charges", `jr.charge.${ev.pod}`, ev),
-        release: (ev) => publish("charges", `jr.release.${ev.pod}`, ev),
-        decision: (rec) => {
-          const info = infos.get(rec.id);
-          const delay = info?.request.decisionDelayMs ?? 0;
-          const send = () => {
-            publish("decisions", `jr.decisions.${g}`, rec);
-            if (info) {
-              info.record = rec;
-              info.recordTs = now;
-            }
-          };
-          if (delay === 0) send();
-          else if (Number.isFinite(delay)) q.push(now + delay, send);
-        },
+/** Gateway `g` (the `i`th): a real Director on a fold of its own, whose sink publishes onto the simulated streams. */
+function simGateway(s: Synth, g: string, i: number): SimGateway {
+  const { o, streams } = s;
+  const state = new GatewayState({ self: g, checkModelConfig: validateModelConfig, podSourceTimeoutMs: o.podSourceTimeoutMs ?? 0 });
+  const director = new Director({
+    gatewayId: g,
+    defaultStrategy: "least-request",
+    chargeTtlMs: CHARGE_TTL_MS,
+    state,
+    now: () => streams.now,
+    clock: { now: () => streams.now, setTimeout: () => { throw new Error("the synthetic recording sets no rate limits"); } },
+    recordPromptBlocks: false,
+    sink: {
+      charge: (ev) => streams.publish("charges", `jr.charge.${ev.pod}`, ev),
+      release: (ev) => streams.publish("charges", `jr.release.${ev.pod}`, ev),
+      decision: (rec) => {
+        const info = s.infos.get(rec.id);
+        const delay = info?.request.decisionDelayMs ?? 0;
+        const send = () => {
+          streams.publish("decisions", `jr.decisions.${g}`, rec);
+          if (info) {
+            info.record = rec;
+            info.recordTs = streams.now;
+          }
+        };
+        if (delay === 0) send();
+        else if (Number.isFinite(delay)) s.q.push(streams.now + delay, send);
       },
-    });
-    sims.set(g, { id: g, state, director, lag: o.lagMs?.[g] ?? (i === 0 ? 0 : 3), next: 0 });
+    },
   });
-  /** The gateway's followers: everything published up to `now - lag`, in order, through the fold (invalid messages only move the cursor). */
-  const deliver = (g: SimGateway) => {
-    while (g.next < published.length) {
-      const m = published[g.next] as ReplayMessage;
-      if (m.serverTs > now - g.lag) break;
-      g.next++;
-      if (m.stream === "decisions") continue;
-      const meta = { stream: m.stream, subject: m.subject, seq: m.seq, serverTs: m.serverTs };
-      if (m.invalid !== undefined) {
-        g.state.skip(meta);
-        continue;
-      }
-      const type = (m.data as { type?: unknown } | null)?.type;
-      const ok = typeof type === "string" && (TYPES[m.stream] as readonly string[]).includes(type) && checkEvent(type as EventType, m.data).ok;
-      if (ok) g.state.apply(m.data as StateEvent, meta);
-      else g.state.skip(meta);
-    }
-  };
+  return { id: g, state, director, lag: o.lagMs?.[g] ?? (i === 0 ? 0 : 3), next: 0 };
+}
 
-  const routed: RoutedInfo[] = [];
-  const q = new Queue();
-
-  // Heartbeats (idle gateways too), load samples, injected messages.
-  const allGw = [...gateways, ...idle];
+/** Heartbeats of every gateway (idle ones too) from its start, each listing the charges its director holds. */
+function scheduleHeartbeats(s: Synth, allGw: readonly string[], startOf: (g: string) => number, hbMs: number, endMs: number): void {
+  const { streams } = s;
   allGw.forEach((g, j) => {
     const startedAt = startOf(g);
     for (let at = startedAt + Math.floor((j * hbMs) / allGw.length); at <= endMs; at += hbMs) {
-      q.push(at, () => {
-        const sim = sims.get(g);
+      s.q.push(at, () => {
+        const sim = s.sims.get(g);
         const outstanding: NonNullable<GatewayHeartbeat["outstanding"]> = [];
         for (const r of sim?.director.holdingCharges() ?? []) {
           const c = r.charge;
           outstanding.push({ id: c.id, model: c.model, pod: c.pod, promptTokens: c.promptTokens, ts: c.ts, ...(r.firstChunkAt !== undefined ? { decoding: true } : {}) });
         }
-        const hb: GatewayHeartbeat = { type: "heartbeat", gateway: g, ts: now, intervalMs: hbMs, startedAt, state: "up", chargeTtlMs: CHARGE_TTL_MS, outstanding };
-        publish("charges", `jr.hb.${g}`, hb);
+        const hb: GatewayHeartbeat = { type: "heartbeat", gateway: g, ts: streams.now, intervalMs: hbMs, startedAt, state: "up", chargeTtlMs: CHARGE_TTL_MS, outstanding };
+        streams.publish("charges", `jr.hb.${g}`, hb);
       });
     }
   });
-  const loadEvery = o.loadEveryMs ?? 500;
-  const waiting = o.waiting ?? (() => Math.floor(rnd() * 4));
-  if (loadEvery !== false) {
-    for (let at = T0; at <= endMs; at += loadEvery) {
-      q.push(at, () => {
-        for (const p of podNames) {
-          if (!present.has(p)) continue;
-          const s: LoadSample = { type: "load", model: MODEL, pod: p, ts: now, stale: false, load: loadFields(waiting(p, now)) };
-          publish("load", `jr.load.${p}`, s);
-        }
-      });
-    }
-  }
-  for (const inj of o.inject ?? []) {
-    q.push(inj.at, () => {
-      if (inj.stream === "pods" && inj.invalid === undefined) notePod(inj.data);
-      publish(inj.stream, inj.subject ?? `jr.${inj.stream}.injected`, inj.data, inj.invalid);
+}
+
+/** Load samples of every present pod every `o.loadEveryMs`. */
+function scheduleLoadSamples(s: Synth, podNames: readonly string[], waiting: (pod: string, t: number) => number, endMs: number): void {
+  const loadEvery = s.o.loadEveryMs ?? 500;
+  if (loadEvery === false) return;
+  const { streams } = s;
+  for (let at = T0; at <= endMs; at += loadEvery) {
+    s.q.push(at, () => {
+      for (const p of podNames) {
+        if (!streams.present.has(p)) continue;
+        const sample: LoadSample = { type: "load", model: MODEL, pod: p, ts: streams.now, stale: false, load: loadFields(waiting(p, streams.now)) };
+        streams.publish("load", `jr.load.${p}`, sample);
+      }
     });
   }
+}
 
-  // Routing, first tokens, ends: the director's route(), firstToken() and finish().
+/** Routing, first tokens, ends: the director's route(), firstToken() and finish(). Returns what is known per request, filled in as the run goes. */
+function scheduleRequests(s: Synth, requests: readonly SynthRequest[]): RoutedInfo[] {
+  const { o, streams, q } = s;
+  const routed: RoutedInfo[] = [];
   const finish = (g: SimGateway, r: RoutedRequest, info: MutableInfo) => {
-    deliver(g);
-    info.releaseTs = now;
+    streams.deliver(g);
+    info.releaseTs = streams.now;
     g.director.finish(r, "completed", { status: 200, promptTokens: r.promptTokens, completionTokens: 8 + (r.promptTokens % 50) });
   };
   const route = (r: SynthRequest) => {
-    const g = sims.get(r.gateway);
+    const g = s.sims.get(r.gateway);
     if (!g) throw new Error(`unknown gateway ${r.gateway}`);
-    deliver(g);
-    if (o.podSourceTimeoutMs) g.state.pods.sweepSources(now, o.podSourceTimeoutMs);
+    streams.deliver(g);
+    if (o.podSourceTimeoutMs) g.state.pods.sweepSources(streams.now, o.podSourceTimeoutMs);
     const headers: Record<string, string> = { ":path": "/v1/completions", "x-request-id": r.id, "routing-strategy": r.strategy, ...(r.user ? { user: r.user } : {}) };
     // A prompt of token ids: the director counts exactly `promptTokens` of them.
     const body = Buffer.from(JSON.stringify({ model: MODEL, prompt: Array.from({ length: r.promptTokens }, (_, i) => i % 1000) }));
     const info: MutableInfo = { request: r, chargeId: "", chargeSeq: 0, pod: null };
-    infos.set(r.id, info);
+    s.infos.set(r.id, info);
     routed.push(info);
     let routedRequest: RoutedRequest;
     try {
@@ -361,28 +418,12 @@ export function synthRecording(o: SynthOptions): Recording {
     info.pod = routedRequest.pod.pod;
     if (r.ttftMs !== undefined && r.ttftMs < r.durationMs) {
       // First bytes before anything else of that millisecond (the engine marks them at `<= ts`).
-      q.push(now + r.ttftMs, () => g.director.firstToken(routedRequest, now), 0);
+      q.push(streams.now + r.ttftMs, () => g.director.firstToken(routedRequest, streams.now), 0);
     }
-    q.push(now + r.durationMs, () => finish(g, routedRequest, info));
+    q.push(streams.now + r.durationMs, () => finish(g, routedRequest, info));
   };
   for (const r of requests) q.push(r.at, () => route(r));
-
-  for (let a = q.pop(); a !== undefined; a = q.pop()) {
-    if (a.at > endMs) break;
-    now = a.at;
-    a.run();
-  }
-
-  const order = published.map((m, i) => ({ m, i }));
-  order.sort((a, b) => a.m.serverTs - b.m.serverTs || STREAM_ORDER[a.m.stream] - STREAM_ORDER[b.m.stream] || a.i - b.i);
-  return {
-    messages: order.map((x) => x.m),
-    records,
-    routed,
-    fromMs: requests.reduce((a, r) => Math.min(a, r.at), Number.POSITIVE_INFINITY),
-    toMs: requests.reduce((a, r) => Math.max(a, r.at), Number.NEGATIVE_INFINITY),
-    pods: podNames,
-  };
+  return routed;
 }
 
 /** Feeds `messages` to a new engine (calling `each` after every offer) and finishes it. */

@@ -29,11 +29,12 @@
  * strategy by its canonical spec (Strategy.name).
  */
 import { mulberry32 } from "../shared/seeded-random.js";
-import type { EngineConfig, EngineObserver } from "../sim/engine.js";
+import type { LoadSample } from "../../schemas/events.js";
+import type { EngineConfig, EngineObserver, EngineSnapshot } from "../sim/engine.js";
 import { SimEngine } from "../sim/engine.js";
 import { engineHashSeed, type KvCacheEvent } from "../sim/kv-cache.js";
 import { parseStrategy } from "../routing/strategies/registry.js";
-import type { PrefixMatchInfo, RoutingContext } from "../routing/strategies/types.js";
+import type { PrefixMatchInfo, RoutingContext, Strategy } from "../routing/strategies/types.js";
 import { ChargeLedger } from "../views/charge-ledger.js";
 import { LoadView } from "../views/load-view.js";
 import type { PodInfo } from "../views/pod-set.js";
@@ -174,157 +175,19 @@ interface Fleet {
 export function runWhatIf(trace: readonly TraceRequest[], opts: WhatIfOptions): WhatIfRun {
   // First, so a bad spec fails before any work (StrategySpecError names the spec).
   const strategy = parseStrategy(opts.strategy);
-  const speedup = opts.speedup ?? 1;
-  const seed = opts.seed ?? 1;
-  const scrapeIntervalMs = opts.scrapeIntervalMs ?? 100;
-  const defaultPods = opts.defaultPods ?? 4;
-  if (!(speedup > 0) || !Number.isFinite(speedup)) throw new RangeError(`speedup must be a positive number, got ${speedup}`);
-  if (!(scrapeIntervalMs > 0) || !Number.isFinite(scrapeIntervalMs)) throw new RangeError(`scrapeIntervalMs must be a positive number, got ${scrapeIntervalMs}`);
-  if (!Number.isInteger(defaultPods) || defaultPods < 1) throw new RangeError(`defaultPods must be an integer >= 1, got ${defaultPods}`);
-
-  const clock = new VirtualClock();
-  const ledger = new ChargeLedger({ self: GATEWAY });
-  // Simulated scrapes never fail, so no sample should ever read as missing: the gateway's 2 s
-  // staleness bound, widened when the interval itself is that long.
-  const load = new LoadView(Math.max(2_000, 2 * scrapeIntervalMs));
-  const random = mulberry32(seed);
-  const fleets = buildFleets(trace, opts, defaultPods, clock);
+  const settings = runSettings(opts);
+  const sim = new Simulation(trace, opts, strategy, settings);
 
   const total = trace.length;
   const order = arrivalOrder(trace);
   const first = order.length > 0 ? (trace[order[0] as number] as TraceRequest).ts : 0;
-  const ttfts: number[] = [];
-  let charged = 0;
-  let released = 0;
-  let rejected = 0;
-  let completed = 0;
-  let inFlight = 0;
-  let lastFinishMs = 0;
-
-  // Scrapes run on a fixed grid (k × interval). While the whole fleet is idle nothing a scrape
-  // reads can change, so the grid points up to the next arrival are skipped: the sample the
-  // router then sees is the one the skipped scrapes would have produced.
-  let nextArrivalMs = 0;
-  let tickIndex = 0;
-  let busySamples = 0;
-  const scrape = (): void => {
-    const now = clock.now();
-    let idle = true;
-    for (const fleet of fleets.values()) {
-      for (const sim of fleet.sims) {
-        const snap = sim.engine.snapshot();
-        if (snap.running > 0 || snap.waiting > 0) {
-          idle = false;
-          busySamples++;
-        }
-        const histograms: Record<string, { sum: number; count: number }> = {};
-        for (const k of HIST_KEYS) histograms[k] = { sum: sim.hist[k].sum, count: sim.hist[k].count };
-        const t = snap.totals;
-        load.apply({
-          type: "load",
-          model: fleet.model,
-          pod: sim.info.pod,
-          ts: now,
-          stale: false,
-          load: {
-            running: snap.running,
-            waiting: snap.waiting,
-            kvCacheUsage: snap.kvUsage,
-            prefixCacheQueries: t.prefixCacheQueries,
-            prefixCacheHits: t.prefixCacheHits,
-            // vLLM exports no hit-rate gauge or throughput gauge (SGLang does).
-            cacheHitRate: null,
-            promptTokens: t.promptTokens,
-            generationTokens: t.generationTokens,
-            genThroughput: null,
-            preemptions: t.preemptions,
-            blockSize: fleet.blockSize,
-            numGpuBlocks: fleet.totalBlocks,
-            runningLoras: [],
-            waitingLoras: [],
-            maxLora: null,
-            histograms,
-          },
-        });
-      }
-    }
-    if (idle && !Number.isFinite(nextArrivalMs)) return;
-    tickIndex = idle ? Math.max(tickIndex + 1, Math.floor(nextArrivalMs / scrapeIntervalMs)) : tickIndex + 1;
-    clock.at(tickIndex * scrapeIntervalMs, scrape);
-  };
-  if (total > 0) clock.at(0, scrape);
-
-  const route = (r: TraceRequest, index: number): void => {
-    const fleet = fleets.get(r.model) as Fleet;
-    const now = clock.now();
-    // buildFleets has checked that hashed requests use the fleet's block size.
-    const { keys, hi, lo } = parseHashes(r);
-    const promptLen = Math.max(1, keys.length * fleet.blockSize, finiteInt(r.promptTokens, 0));
-    const outputLen = Math.max(1, finiteInt(r.outputTokens, 64));
-    // A real engine refuses a request that cannot fit its KV cache alone (max_model_len); the
-    // simulated one would throw. Such a request is not routed and does not complete.
-    if (Math.ceil((promptLen + outputLen) / fleet.blockSize) > fleet.totalBlocks) {
-      rejected++;
-      return;
-    }
-    const matchedCache = new Map<string, number>();
-    const prefix: PrefixMatchInfo = {
-      queried: keys.length,
-      blockSize: fleet.blockSize,
-      matched(pod) {
-        let m = matchedCache.get(pod);
-        if (m !== undefined) return m;
-        const held = fleet.byName.get(pod)?.held;
-        m = 0;
-        if (held) while (m < keys.length && held.has(keys[m] as string)) m++;
-        matchedCache.set(pod, m);
-        return m;
-      },
-    };
-    const ctx: RoutingContext = {
-      // No user and no session in a trace: vtc-basic and session-affinity take their fallbacks.
-      request: { model: r.model, requestId: r.requestId, promptTokens: promptLen },
-      pods: fleet.pods,
-      load,
-      ledger,
-      now,
-      random,
-      prefix,
-    };
-    const picked = strategy.pick(ctx).pod;
-    const sim = fleet.byName.get(picked.pod);
-    if (!sim) throw new Error(`strategy ${strategy.name} picked ${picked.pod}, which is not a candidate for ${r.model}`);
-    // Unique per arrival: request ids may repeat in a trace (retries), charges must not collide.
-    const chargeId = String(index);
-    if (!ledger.charge({ type: "charge", id: chargeId, gateway: GATEWAY, model: r.model, pod: picked.pod, ts: now, ttlMs: CHARGE_TTL_MS, promptTokens: promptLen }, now)) {
-      throw new Error(`charge ${chargeId} was refused by the ledger`);
-    }
-    charged++;
-    inFlight++;
-    sim.engine.submit({
-      promptTokens: promptTokens(hi, lo, promptLen, fleet.blockSize, r.requestId),
-      outputTokens: highTokens(r.requestId, 0x6f7574, outputLen),
-      onToken: (_token, i, atMs) => {
-        if (i !== 0) return;
-        ttfts.push(atMs - now);
-        ledger.markDecoding(GATEWAY, chargeId);
-      },
-      onFinish: () => {
-        if (ledger.release({ gateway: GATEWAY, id: chargeId })) released++;
-        inFlight--;
-        completed++;
-        lastFinishMs = Math.max(lastFinishMs, clock.now());
-      },
-    });
-  };
-
+  if (total > 0) sim.startScrapes();
   let reportedPercent = 0;
   for (let k = 0; k < order.length; k++) {
     const index = order[k] as number;
     const r = trace[index] as TraceRequest;
-    nextArrivalMs = (r.ts - first) / speedup;
-    clock.runUntil(nextArrivalMs);
-    route(r, index);
+    sim.advanceTo((r.ts - first) / settings.speedup);
+    sim.route(r, index);
     // Once per whole percent reached: at most 100 calls, one per arrival for traces under 100.
     const percent = Math.floor(((k + 1) * 100) / total);
     if (percent > reportedPercent) {
@@ -332,43 +195,244 @@ export function runWhatIf(trace: readonly TraceRequest[], opts: WhatIfOptions): 
       opts.onProgress?.(k + 1, total);
     }
   }
-  nextArrivalMs = Number.POSITIVE_INFINITY;
-  clock.run();
+  sim.drain();
+  return sim.result(total);
+}
 
-  let hits = 0;
-  let queries = 0;
-  let podCount = 0;
-  let prefixViewMismatches = 0;
-  const pods: Record<string, number> = {};
-  for (const fleet of fleets.values()) {
-    pods[fleet.model] = fleet.sims.length;
-    for (const sim of fleet.sims) {
-      podCount++;
-      if (!prefixViewAgrees(sim)) prefixViewMismatches++;
-      const t = sim.engine.snapshot().totals;
-      hits += t.prefixCacheHits;
-      queries += t.prefixCacheQueries;
-    }
+interface RunSettings {
+  speedup: number;
+  seed: number;
+  scrapeIntervalMs: number;
+  defaultPods: number;
+}
+
+/** The run's options with their defaults, checked. */
+function runSettings(opts: WhatIfOptions): RunSettings {
+  const speedup = opts.speedup ?? 1;
+  const seed = opts.seed ?? 1;
+  const scrapeIntervalMs = opts.scrapeIntervalMs ?? 100;
+  const defaultPods = opts.defaultPods ?? 4;
+  if (!(speedup > 0) || !Number.isFinite(speedup)) throw new RangeError(`speedup must be a positive number, got ${speedup}`);
+  if (!(scrapeIntervalMs > 0) || !Number.isFinite(scrapeIntervalMs)) throw new RangeError(`scrapeIntervalMs must be a positive number, got ${scrapeIntervalMs}`);
+  if (!Number.isInteger(defaultPods) || defaultPods < 1) throw new RangeError(`defaultPods must be an integer >= 1, got ${defaultPods}`);
+  return { speedup, seed, scrapeIntervalMs, defaultPods };
+}
+
+/**
+ * One run in virtual time: the simulated fleets, the router's views of them (ledger, load samples,
+ * prefix views), and the tallies the result reports.
+ */
+class Simulation {
+  private readonly clock = new VirtualClock();
+  private readonly ledger = new ChargeLedger({ self: GATEWAY });
+  private readonly load: LoadView;
+  private readonly random: () => number;
+  private readonly fleets: Map<string, Fleet>;
+  private readonly ttfts: number[] = [];
+  private charged = 0;
+  private released = 0;
+  private rejected = 0;
+  private completed = 0;
+  private inFlight = 0;
+  private lastFinishMs = 0;
+  /** Virtual time of the next arrival (+Infinity once every request has arrived). */
+  private nextArrivalMs = 0;
+  private tickIndex = 0;
+  private busySamples = 0;
+
+  constructor(
+    trace: readonly TraceRequest[],
+    opts: WhatIfOptions,
+    private readonly strategy: Strategy,
+    private readonly settings: RunSettings,
+  ) {
+    // Simulated scrapes never fail, so no sample should ever read as missing: the gateway's 2 s
+    // staleness bound, widened when the interval itself is that long.
+    this.load = new LoadView(Math.max(2_000, 2 * settings.scrapeIntervalMs));
+    this.random = mulberry32(settings.seed);
+    this.fleets = buildFleets(trace, opts, settings.defaultPods, this.clock);
   }
+
+  startScrapes(): void {
+    this.clock.at(0, this.scrape);
+  }
+
+  /** Runs the fleet up to the next arrival, at virtual time `atMs`. */
+  advanceTo(atMs: number): void {
+    this.nextArrivalMs = atMs;
+    this.clock.runUntil(atMs);
+  }
+
+  /** After the last arrival: runs the fleet until nothing is left scheduled. */
+  drain(): void {
+    this.nextArrivalMs = Number.POSITIVE_INFINITY;
+    this.clock.run();
+  }
+
+  /**
+   * Scrapes run on a fixed grid (k × interval). While the whole fleet is idle nothing a scrape
+   * reads can change, so the grid points up to the next arrival are skipped: the sample the
+   * router then sees is the one the skipped scrapes would have produced.
+   */
+  private readonly scrape = (): void => {
+    const now = this.clock.now();
+    let idle = true;
+    for (const fleet of this.fleets.values()) {
+      for (const sim of fleet.sims) {
+        const snap = sim.engine.snapshot();
+        if (snap.running > 0 || snap.waiting > 0) {
+          idle = false;
+          this.busySamples++;
+        }
+        this.load.apply(loadSampleOf(fleet, sim, snap, now));
+      }
+    }
+    if (idle && !Number.isFinite(this.nextArrivalMs)) return;
+    const interval = this.settings.scrapeIntervalMs;
+    this.tickIndex = idle ? Math.max(this.tickIndex + 1, Math.floor(this.nextArrivalMs / interval)) : this.tickIndex + 1;
+    this.clock.at(this.tickIndex * interval, this.scrape);
+  };
+
+  /** Routes arrival `index` of the trace now and submits it to the picked pod's engine. */
+  route(r: TraceRequest, index: number): void {
+    const fleet = this.fleets.get(r.model) as Fleet;
+    const now = this.clock.now();
+    // buildFleets has checked that hashed requests use the fleet's block size.
+    const { keys, hi, lo } = parseHashes(r);
+    const promptLen = Math.max(1, keys.length * fleet.blockSize, finiteInt(r.promptTokens, 0));
+    const outputLen = Math.max(1, finiteInt(r.outputTokens, 64));
+    // A real engine refuses a request that cannot fit its KV cache alone (max_model_len); the
+    // simulated one would throw. Such a request is not routed and does not complete.
+    if (Math.ceil((promptLen + outputLen) / fleet.blockSize) > fleet.totalBlocks) {
+      this.rejected++;
+      return;
+    }
+    const ctx: RoutingContext = {
+      // No user and no session in a trace: vtc-basic and session-affinity take their fallbacks.
+      request: { model: r.model, requestId: r.requestId, promptTokens: promptLen },
+      pods: fleet.pods,
+      load: this.load,
+      ledger: this.ledger,
+      now,
+      random: this.random,
+      prefix: prefixInfoOf(fleet, keys),
+    };
+    const picked = this.strategy.pick(ctx).pod;
+    const sim = fleet.byName.get(picked.pod);
+    if (!sim) throw new Error(`strategy ${this.strategy.name} picked ${picked.pod}, which is not a candidate for ${r.model}`);
+    // Unique per arrival: request ids may repeat in a trace (retries), charges must not collide.
+    const chargeId = String(index);
+    if (!this.ledger.charge({ type: "charge", id: chargeId, gateway: GATEWAY, model: r.model, pod: picked.pod, ts: now, ttlMs: CHARGE_TTL_MS, promptTokens: promptLen }, now)) {
+      throw new Error(`charge ${chargeId} was refused by the ledger`);
+    }
+    this.charged++;
+    this.inFlight++;
+    sim.engine.submit({
+      promptTokens: promptTokens(hi, lo, promptLen, fleet.blockSize, r.requestId),
+      outputTokens: highTokens(r.requestId, 0x6f7574, outputLen),
+      onToken: (_token, i, atMs) => {
+        if (i !== 0) return;
+        this.ttfts.push(atMs - now);
+        this.ledger.markDecoding(GATEWAY, chargeId);
+      },
+      onFinish: () => {
+        if (this.ledger.release({ gateway: GATEWAY, id: chargeId })) this.released++;
+        this.inFlight--;
+        this.completed++;
+        this.lastFinishMs = Math.max(this.lastFinishMs, this.clock.now());
+      },
+    });
+  }
+
+  /** The end state of a run of `total` arrivals. */
+  result(total: number): WhatIfRun {
+    let hits = 0;
+    let queries = 0;
+    let podCount = 0;
+    let prefixViewMismatches = 0;
+    const pods: Record<string, number> = {};
+    for (const fleet of this.fleets.values()) {
+      pods[fleet.model] = fleet.sims.length;
+      for (const sim of fleet.sims) {
+        podCount++;
+        if (!prefixViewAgrees(sim)) prefixViewMismatches++;
+        const t = sim.engine.snapshot().totals;
+        hits += t.prefixCacheHits;
+        queries += t.prefixCacheQueries;
+      }
+    }
+    const { completed, lastFinishMs } = this;
+    return {
+      summary: {
+        strategy: this.strategy.name,
+        requests: total,
+        completed,
+        ttft: ttftHistogram(this.ttfts),
+        hitRate: queries > 0 ? hits / queries : 0,
+        makespanMs: completed > 0 ? lastFinishMs : 0,
+      },
+      ledgerSize: this.ledger.size,
+      charged: this.charged,
+      released: this.released,
+      rejected: this.rejected,
+      inFlight: this.inFlight,
+      pendingTimers: this.clock.pending,
+      // Skipped scrapes were all idle ones, so the grid up to the last finish is the denominator.
+      busyFraction: completed > 0 ? this.busySamples / (podCount * (Math.floor(lastFinishMs / this.settings.scrapeIntervalMs) + 1)) : 0,
+      pods,
+      prefixViewMismatches,
+    };
+  }
+}
+
+/** The load sample a scrape of `sim` at `now` publishes, from its engine's snapshot. */
+function loadSampleOf(fleet: Fleet, sim: PodSim, snap: EngineSnapshot, now: number): LoadSample {
+  const histograms: Record<string, { sum: number; count: number }> = {};
+  for (const k of HIST_KEYS) histograms[k] = { sum: sim.hist[k].sum, count: sim.hist[k].count };
+  const t = snap.totals;
   return {
-    summary: {
-      strategy: strategy.name,
-      requests: total,
-      completed,
-      ttft: ttftHistogram(ttfts),
-      hitRate: queries > 0 ? hits / queries : 0,
-      makespanMs: completed > 0 ? lastFinishMs : 0,
+    type: "load",
+    model: fleet.model,
+    pod: sim.info.pod,
+    ts: now,
+    stale: false,
+    load: {
+      running: snap.running,
+      waiting: snap.waiting,
+      kvCacheUsage: snap.kvUsage,
+      prefixCacheQueries: t.prefixCacheQueries,
+      prefixCacheHits: t.prefixCacheHits,
+      // vLLM exports no hit-rate gauge or throughput gauge (SGLang does).
+      cacheHitRate: null,
+      promptTokens: t.promptTokens,
+      generationTokens: t.generationTokens,
+      genThroughput: null,
+      preemptions: t.preemptions,
+      blockSize: fleet.blockSize,
+      numGpuBlocks: fleet.totalBlocks,
+      runningLoras: [],
+      waitingLoras: [],
+      maxLora: null,
+      histograms,
     },
-    ledgerSize: ledger.size,
-    charged,
-    released,
-    rejected,
-    inFlight,
-    pendingTimers: clock.pending,
-    // Skipped scrapes were all idle ones, so the grid up to the last finish is the denominator.
-    busyFraction: completed > 0 ? busySamples / (podCount * (Math.floor(lastFinishMs / scrapeIntervalMs) + 1)) : 0,
-    pods,
-    prefixViewMismatches,
+  };
+}
+
+/** The prefix strategies' view of one request: the leading blocks each pod's engine holds (memoised per pod). */
+function prefixInfoOf(fleet: Fleet, keys: readonly string[]): PrefixMatchInfo {
+  const matchedCache = new Map<string, number>();
+  return {
+    queried: keys.length,
+    blockSize: fleet.blockSize,
+    matched(pod) {
+      let m = matchedCache.get(pod);
+      if (m !== undefined) return m;
+      const held = fleet.byName.get(pod)?.held;
+      m = 0;
+      if (held) while (m < keys.length && held.has(keys[m] as string)) m++;
+      matchedCache.set(pod, m);
+      return m;
+    },
   };
 }
 

@@ -1,0 +1,224 @@
+/**
+ * The replay engine's counterfactual side: each `--strategies` entry re-picks every evaluated
+ * decision on the views that decision had, except that its load is a ledger of its own picks (each
+ * charged at the decision time and released after the recorded duration), as if the whole fleet
+ * had used it. The recorded picks run as the first arm ("recorded") through the same accounting.
+ * Steps must come in time order across gateways, since the ledgers are shared by the whole fleet:
+ * the engine adds a step when it has evaluated a decision and runs them once no earlier decision
+ * can still come. Pure: no I/O, no clock.
+ */
+import { MinHeap } from "../shared/min-heap.js";
+import type { DecisionRecord, EngineLoadFields } from "../../schemas/events.js";
+import { ChargeLedger } from "../views/charge-ledger.js";
+import type { LoadReader, PodLoad } from "../views/load-view.js";
+import type { PodInfo, PodSetReader } from "../views/pod-set.js";
+import type { UsageReader } from "../views/usage-view.js";
+import { decisionRandom, type PrefixMatchResult, type SchedulingInput, schedule } from "../routing/stages/scheduling.js";
+import { parseStrategy } from "../routing/strategies/registry.js";
+import { chargeSeqOf } from "../routing/charge-id.js";
+import type { RoutingRequest, Strategy } from "../routing/strategies/types.js";
+import type { RegretEntry, ReplayReport, StrategySummary, TimelinePoint } from "./report-types.js";
+
+/** What a counterfactual step needs of one decision's views, kept when its fidelity was checked. */
+export interface ArmTask {
+  d: DecisionRecord;
+  request: RoutingRequest;
+  candidates: readonly PodInfo[];
+  loads: Map<string, { fresh: EngineLoadFields | undefined; get: PodLoad | undefined }>;
+  usage: UsageReader;
+  match: PrefixMatchResult | undefined;
+}
+
+export interface CounterfactualOptions {
+  /** The report window (for the timeline buckets). */
+  fromMs: number;
+  toMs: number;
+  timelineBuckets: number;
+  topRegrets: number;
+}
+
+interface Arm {
+  name: string;
+  strategy?: Strategy;
+  ledger: ChargeLedger;
+  summary: StrategySummary;
+  spreadSum: number;
+  regretSum: number;
+}
+
+/** A counterfactual ledger's release heap entry. */
+interface Release {
+  at: number;
+  arm: number;
+  gateway: string;
+  id: string;
+}
+
+export class Counterfactuals {
+  private readonly arms: Arm[];
+  private readonly releases = new MinHeap<Release>((a, b) => a.at < b.at);
+  /** Evaluated decisions whose counterfactual step has not run yet, in time order. */
+  private readonly tasks: ArmTask[] = [];
+  private readonly agreement: number[][];
+  private readonly timeline = new Map<number, Map<string, { hit: number; queried: number; spread: number; n: number }>>();
+  private readonly regrets: RegretEntry[] = [];
+
+  /** `strategies`: the counterfactual specs; an unknown one fails here, before any work (a StrategySpecError naming it). */
+  constructor(
+    strategies: readonly string[],
+    private readonly o: CounterfactualOptions,
+  ) {
+    const names = ["recorded", ...strategies];
+    this.arms = names.map((name, i) => ({
+      name,
+      ...(i === 0 ? {} : { strategy: parseStrategy(name) }),
+      ledger: new ChargeLedger({ maxCharges: 10_000_000, heartbeatTimeoutMs: Number.POSITIVE_INFINITY }),
+      summary: { name, decisions: 0, hitBlocks: 0, queriedBlocks: 0, hitRate: 0, meanSpread: 0, maxSpread: 0, meanRegretBlocks: 0 },
+      spreadSum: 0,
+      regretSum: 0,
+    }));
+    this.agreement = names.map(() => names.map(() => 0));
+  }
+
+  /** Queues a step, in time order (ties: gateway, then charge order). */
+  add(t: ArmTask): void {
+    insertTask(this.tasks, t);
+  }
+
+  /** Runs the queued steps of decisions strictly before `horizon` (all of them for +Infinity). */
+  runBefore(horizon: number): void {
+    let n = 0;
+    while (n < this.tasks.length && (this.tasks[n] as ArmTask).d.ts < horizon) this.runTask(this.tasks[n++] as ArmTask);
+    if (n > 0) this.tasks.splice(0, n);
+  }
+
+  private runTask(t: ArmTask): void {
+    const d = t.d;
+    this.releaseArms(d.ts);
+    const m = t.match;
+    let best = 0;
+    if (m) for (const x of m.detail) best = Math.max(best, m.info.matched(x.pod));
+    const pods: PodSetReader = { readyPods: () => t.candidates, knows: () => t.candidates.length > 0, get: () => undefined, byAddress: () => undefined, all: () => t.candidates };
+    const load: LoadReader = { fresh: (_m, pod) => t.loads.get(pod)?.fresh, get: (_m, pod) => t.loads.get(pod)?.get };
+    const views = { pods, load, ledger: this.arms[0]?.ledger as ChargeLedger, usage: t.usage };
+    const input: SchedulingInput = { request: t.request, ...(d.subset ? { subset: d.subset } : {}), now: d.ts, ...(d.slo ? { slo: d.slo } : {}), ...(m ? { prefix: () => m } : {}), views, strategy: this.arms[0]?.strategy as Strategy, random: Math.random };
+    const picks: string[] = [];
+    const keys = t.candidates.map((p) => [p.model, p.pod] as const);
+    for (let i = 0; i < this.arms.length; i++) {
+      const arm = this.arms[i] as Arm;
+      let pod: string | undefined;
+      if (i === 0) pod = d.pick ?? undefined;
+      else {
+        views.ledger = arm.ledger;
+        input.strategy = arm.strategy as Strategy;
+        input.random = decisionRandom(d.id, d.gateway, d.charge as string);
+        try {
+          pod = schedule(input).pick.pod.pod;
+        } catch {
+          pod = undefined;
+        }
+      }
+      picks.push(pod ?? "");
+      if (pod === undefined) continue;
+      this.chargeArm(i, arm, d, pod);
+      const spread = spreadOf(arm.ledger, keys);
+      const hit = m ? m.info.matched(pod) : 0;
+      const queried = m ? m.info.queried : 0;
+      const regret = m ? best - hit : 0;
+      arm.summary.decisions++;
+      arm.summary.hitBlocks += hit;
+      arm.summary.queriedBlocks += queried;
+      arm.spreadSum += spread;
+      arm.regretSum += regret;
+      if (spread > arm.summary.maxSpread) arm.summary.maxSpread = spread;
+      this.bucket(d.ts, arm.name, hit, queried, spread);
+      if (regret > 0 && m) this.noteRegret({ requestId: d.id, gateway: d.gateway, ts: d.ts, model: d.model, strategy: arm.name, pick: pod, best: m.detail.reduce((a, x) => (m.info.matched(x.pod) > m.info.matched(a) ? x.pod : a), pod), regretBlocks: regret });
+    }
+    for (let a = 0; a < picks.length; a++) {
+      if (picks[a] === "") continue;
+      const row = this.agreement[a] as number[];
+      for (let b = 0; b < picks.length; b++) if (picks[a] === picks[b]) row[b] = (row[b] ?? 0) + 1;
+    }
+  }
+
+  private chargeArm(i: number, arm: Arm, d: DecisionRecord, pod: string): void {
+    const id = `${d.charge}`;
+    // As a stream event: a ledger counts only charges of gateways it knows alive, and a charge makes its gateway known.
+    arm.ledger.applyFromStream({ type: "charge", id, gateway: d.gateway, model: d.model, pod, ts: d.ts, ttlMs: 3_600_000, promptTokens: d.routedPromptTokens ?? d.promptTokens ?? 0 }, d.ts, d.ts);
+    this.releases.push({ at: d.ts + Math.max(1, d.durationMs ?? 1), arm: i, gateway: d.gateway, id });
+  }
+
+  private releaseArms(now: number): void {
+    while (this.releases.size > 0 && (this.releases.peek() as Release).at <= now) {
+      const r = this.releases.pop() as Release;
+      this.arms[r.arm]?.ledger.release({ gateway: r.gateway, id: r.id });
+    }
+  }
+
+  private bucket(ts: number, name: string, hit: number, queried: number, spread: number): void {
+    const width = Math.max(1, Math.ceil((this.o.toMs - this.o.fromMs + 1) / this.o.timelineBuckets));
+    const t = this.o.fromMs + Math.floor((ts - this.o.fromMs) / width) * width;
+    let per = this.timeline.get(t);
+    if (!per) this.timeline.set(t, (per = new Map()));
+    let e = per.get(name);
+    if (!e) per.set(name, (e = { hit: 0, queried: 0, spread: 0, n: 0 }));
+    e.hit += hit;
+    e.queried += queried;
+    e.spread += spread;
+    e.n++;
+  }
+
+  private noteRegret(e: RegretEntry): void {
+    this.regrets.push(e);
+    if (this.regrets.length > this.o.topRegrets * 4) {
+      this.regrets.sort((a, b) => b.regretBlocks - a.regretBlocks);
+      this.regrets.length = this.o.topRegrets;
+    }
+  }
+
+  /** The report's per-strategy sections, from the steps run so far. */
+  report(): Pick<ReplayReport, "strategies" | "timeline" | "agreement" | "topRegrets"> {
+    const strategies = this.arms.map((a) => ({
+      ...a.summary,
+      hitRate: a.summary.queriedBlocks > 0 ? a.summary.hitBlocks / a.summary.queriedBlocks : 0,
+      meanSpread: a.summary.decisions > 0 ? a.spreadSum / a.summary.decisions : 0,
+      meanRegretBlocks: a.summary.decisions > 0 ? a.regretSum / a.summary.decisions : 0,
+    }));
+    const names = this.arms.map((a) => a.name);
+    const timeline: TimelinePoint[] = [...this.timeline.entries()]
+      .sort((a, b) => a[0] - b[0])
+      .map(([t, per]) => ({
+        t,
+        strategies: Object.fromEntries([...per.entries()].map(([n, e]) => [n, { hitRate: e.queried > 0 ? e.hit / e.queried : 0, spread: e.n > 0 ? e.spread / e.n : 0, decisions: e.n }])),
+      }));
+    const diag = this.agreement.map((row, i) => row[i] ?? 0);
+    const matrix = this.agreement.map((row, i) => row.map((v) => ((diag[i] ?? 0) > 0 ? v / (diag[i] as number) : 0)));
+    return {
+      strategies,
+      timeline,
+      agreement: { strategies: names, matrix },
+      topRegrets: [...this.regrets].sort((a, b) => b.regretBlocks - a.regretBlocks).slice(0, this.o.topRegrets),
+    };
+  }
+}
+
+/** The busiest candidate's requests in flight over the mean (1 when nothing is in flight). */
+function spreadOf(ledger: ChargeLedger, candidates: ReadonlyArray<readonly [string, string]>): number {
+  if (candidates.length === 0) return 1;
+  let max = 0;
+  let sum = 0;
+  for (const [model, pod] of candidates) {
+    const n = ledger.outstanding(model, pod).requests;
+    sum += n;
+    if (n > max) max = n;
+  }
+  return sum > 0 ? max / (sum / candidates.length) : 1;
+}
+
+/** Counterfactual steps in time order (ties: gateway, then charge order). */
+function insertTask(list: ArmTask[], t: ArmTask): void {
+  let i = list.length;
+  const after = (x: ArmTask) => x.d.ts > t.d.ts || (x.d.ts === t.d.ts && (x.d.gateway > t.d.gateway || (x.d.gateway === t.d.gateway && (chargeSeqOf(x.d.charge) ?? 0) > (chargeSeqOf(t.d.charge) ?? 0))));
+  while (i > 0 && after(list[i - 1] as ArmTask)) i--;
+  list.splice(i, 0, t);
+}
