@@ -7,27 +7,18 @@
  * does (deleted while the watcher was down) are removed; an informer that relists after a 410
  * emits deletes for what vanished meanwhile, so the same diff covers relists.
  *
- * The informer stops on any watch error (a dropped connection fires "Premature close"); it is
- * restarted with backoff, resuming from its last resourceVersion (a 410 makes it relist). The
- * backoff starts over only once a watch delivered something, so a watch that fails right after
- * connecting keeps backing off instead of retrying every 100-200 ms.
- * client-node's `makeInformer` never asks for bookmarks; ours is the same ListWatch on a Watch
- * that adds `allowWatchBookmarks=true` (the server's BOOKMARKs keep the resourceVersion recent, so
- * a reconnect after a quiet spell resumes instead of relisting) and `timeoutSeconds` (5-10
- * minutes, as client-go's reflector asks). `timeoutSeconds` is only the server's promise to end
- * the watch: a connection the server never closes (half-open after a network fault) would stay
- * silent for good, and client-node's own request timeout does not help (it overwrites its abort
- * signal). So each watch has a client-side watchdog: nothing (no event, no BOOKMARK) within
- * `timeoutSeconds` plus a margin aborts it, and the informer restarts.
+ * The informers themselves (bookmarking watches with a client-side watchdog, restarts with
+ * backoff) are in k8s-informers.ts.
  *
  * Blind informers: the heartbeats vouch for the pods, so they stop when any informer has been
  * unsynced or failing (403, API down, watchdog) for longer than `blindAfterMs` (about the gateways'
  * source timeout): the source goes silent and the gateways stop routing to pods nobody can see.
  */
 import { readFileSync } from "node:fs";
-import { CoreV1Api, type Informer, KubeConfig, type KubernetesObject, ListWatch, type ObjectCache, type V1Pod, Watch } from "@kubernetes/client-node";
+import { CoreV1Api, KubeConfig, type V1Pod } from "@kubernetes/client-node";
+import type { Logger } from "../shared/log.js";
 import type { NatsHandles } from "../shared/nats.js";
-import { backoffDelayMs, DEFAULT_BACKOFF } from "./backoff.js";
+import { type InformerSettings, informersBlind, superviseInformers, type Watched, watchPods } from "./k8s-informers.js";
 import { kubeLeaseStore } from "./k8s-lease.js";
 import { type KubePod, LABEL_MODEL, mapPod } from "./k8s-pods.js";
 import { type CommonWatcherOptions, defaultWatcherId, type PodWatcherHandle, startSourceRuntime } from "./pod-watcher.js";
@@ -107,64 +98,57 @@ export function leaseNameFor(source: string): string {
   return s.slice(0, 63).replace(/[^a-z0-9]+$/, "");
 }
 
-/**
- * A Watch that asks for bookmarks and a server-side timeout on every watch request, and aborts a
- * watch that stays silent past that timeout (plus a margin) itself.
- */
-class BookmarkingWatch extends Watch {
-  constructor(
-    kc: KubeConfig,
-    private readonly range: [number, number],
-    private readonly marginMs: number,
-    /** Something arrived on a watch (an event or a BOOKMARK): the connection works. */
-    private readonly onActivity: () => void,
-    private readonly onStall: () => void,
-  ) {
-    super(kc);
-  }
-
-  override async watch(path: string, queryParams: Record<string, unknown>, callback: (phase: string, apiObj: unknown, watchObj?: unknown) => void, done: (err: unknown) => void): Promise<AbortController> {
-    const [lo, hi] = this.range;
-    const timeoutSeconds = lo + Math.floor(Math.random() * Math.max(1, hi - lo));
-    const limitMs = timeoutSeconds * 1_000 + this.marginMs;
-    let finished = false;
-    let controller: AbortController | undefined;
-    let timer: NodeJS.Timeout | undefined;
-    const finish = (err: unknown) => {
-      if (finished) return;
-      finished = true;
-      clearTimeout(timer);
-      done(err);
-    };
-    const arm = () => {
-      clearTimeout(timer);
-      timer = setTimeout(() => {
-        this.onStall();
-        controller?.abort();
-        finish(new Error(`watch silent for ${limitMs} ms (no event, no BOOKMARK, not closed): aborted`));
-      }, limitMs);
-    };
-    arm();
-    controller = await super.watch(path, { ...queryParams, allowWatchBookmarks: true, timeoutSeconds }, (phase, obj, w) => {
-      if (finished) return;
-      arm();
-      this.onActivity();
-      callback(phase, obj, w);
-    }, finish);
-    if (finished) controller.abort();
-    return controller;
-  }
+/** The desired state the informers' caches describe, and what was skipped (mapPod). */
+export interface DesiredPods {
+  desired: Map<string, PodState>;
+  ready: number;
+  /** Pods with bad discovery labels: `namespace/name` and why. */
+  invalid: { id: string; reason: string }[];
+  noIp: number;
 }
 
-interface Watched {
-  namespace: string | undefined;
-  informer: Informer<V1Pod> & ObjectCache<V1Pod>;
-  synced: boolean;
-  attempt: number;
-  restart?: NodeJS.Timeout;
-  /** Since when (local ms) this informer has been unsynced or failing; undefined = healthy. */
-  blindSince?: number;
-  errors: number;
+export function desiredPods(pods: Iterable<V1Pod>): DesiredPods {
+  const out: DesiredPods = { desired: new Map(), ready: 0, invalid: [], noIp: 0 };
+  for (const p of pods) {
+    const m = mapPod(p as KubePod);
+    if (m.ok) {
+      out.desired.set(podKey(m.state.model, m.state.pod), m.state);
+      if (m.state.ready) out.ready++;
+    } else if (m.skip === "invalid") out.invalid.push({ id: `${p.metadata?.namespace}/${p.metadata?.name}`, reason: m.reason });
+    else if (m.skip === "no-ip") out.noIp++;
+  }
+  return out;
+}
+
+/**
+ * The heartbeats' gate: false while the informers are blind. Logs each change between blind and
+ * healthy once, and reports the current state to `report`.
+ */
+function vouchGate(blind: () => boolean, log: Logger, blindAfterMs: number, report: (blind: boolean) => void): () => boolean {
+  let blindLogged = false;
+  return () => {
+    const b = blind();
+    if (b !== blindLogged) {
+      blindLogged = b;
+      if (b) log.error({ blindAfterMs }, "a pod informer has been failing or unsynced too long: heartbeats stop, so gateways stop routing to this source's pods");
+      else log.info("pod informers healthy again: heartbeats resume");
+    }
+    report(b);
+    return !b;
+  };
+}
+
+/** Runs `fn` once on the next loop turn however often it is asked for before then. */
+function oncePerTurn(fn: () => void): () => void {
+  let scheduled = false;
+  return () => {
+    if (scheduled) return;
+    scheduled = true;
+    setImmediate(() => {
+      scheduled = false;
+      fn();
+    });
+  };
 }
 
 export async function startKubernetesWatcher(o: KubernetesWatcherOptions): Promise<PodWatcherHandle> {
@@ -177,18 +161,9 @@ export async function startKubernetesWatcher(o: KubernetesWatcherOptions): Promi
   const leaseNamespace = o.leaseNamespace ?? defaultLeaseNamespace();
   const blindAfterMs = o.blindAfterMs ?? DEFAULT_BLIND_AFTER_MS;
   let watched: Watched[] = [];
-  const blind = () => watched.some((w) => w.blindSince !== undefined && Date.now() - w.blindSince >= blindAfterMs);
-  let blindLogged = false;
-  const canVouch = () => {
-    const b = blind();
-    if (b !== blindLogged) {
-      blindLogged = b;
-      if (b) log.error({ blindAfterMs }, "a pod informer has been failing or unsynced too long: heartbeats stop, so gateways stop routing to this source's pods");
-      else log.info("pod informers healthy again: heartbeats resume");
-    }
+  const canVouch = vouchGate(() => informersBlind(watched, Date.now(), blindAfterMs), log, blindAfterMs, (b) => {
     own.blind = b ? 1 : 0;
-    return !b;
-  };
+  });
   const rt = await startSourceRuntime({ ...o, watcherId }, source, async (_n: NatsHandles) => kubeLeaseStore(kc, leaseNamespace, o.leaseName ?? watcherLeaseName(source, o.pool)), {
     canVouch,
   });
@@ -198,98 +173,37 @@ export async function startKubernetesWatcher(o: KubernetesWatcherOptions): Promi
   let stopped = false;
 
   const namespaces = o.namespaces && o.namespaces.length > 0 ? o.namespaces : [undefined];
-  const range = o.watchTimeoutSeconds ?? [300, 600];
-  const margin = o.watchdogMarginMs ?? DEFAULT_WATCHDOG_MARGIN_MS;
-  watched = namespaces.map((namespace) => {
-    const path = namespace ? `/api/v1/namespaces/${encodeURIComponent(namespace)}/pods` : "/api/v1/pods";
-    const list = namespace ? () => api.listNamespacedPod({ namespace, labelSelector }) : () => api.listPodForAllNamespaces({ labelSelector });
-    const w: Watched = { namespace, informer: undefined as unknown as Watched["informer"], synced: false, attempt: 0, blindSince: Date.now(), errors: 0 };
-    const watch = new BookmarkingWatch(kc, range, margin, () => {
-      w.attempt = 0;
-      w.blindSince = undefined;
-    }, () => own.watchStalls++);
-    w.informer = new ListWatch<V1Pod>(path, watch, list, false, labelSelector);
-    return w;
-  });
+  const settings: InformerSettings = { kc, api, labelSelector, range: o.watchTimeoutSeconds ?? [300, 600], marginMs: o.watchdogMarginMs ?? DEFAULT_WATCHDOG_MARGIN_MS, onStall: () => own.watchStalls++ };
+  watched = namespaces.map((namespace) => watchPods(namespace, settings));
 
   const derive = () => {
-    const desired = new Map<string, PodState>();
-    let ready = 0;
-    let invalid = 0;
-    let noIp = 0;
-    for (const w of watched) {
-      for (const p of w.informer.list()) {
-        const m = mapPod(p as KubePod);
-        if (m.ok) {
-          desired.set(podKey(m.state.model, m.state.pod), m.state);
-          if (m.state.ready) ready++;
-        } else if (m.skip === "invalid") {
-          invalid++;
-          const id = `${p.metadata?.namespace}/${p.metadata?.name}`;
-          if (!invalidLogged.has(id) && invalidLogged.size < 1_000) {
-            invalidLogged.add(id);
-            log.warn({ pod: id.slice(0, 300), reason: m.reason }, "pod skipped: bad discovery labels");
-          }
-        } else if (m.skip === "no-ip") noIp++;
+    const d = desiredPods(watched.flatMap((w) => w.informer.list()));
+    for (const { id, reason } of d.invalid) {
+      if (!invalidLogged.has(id) && invalidLogged.size < 1_000) {
+        invalidLogged.add(id);
+        log.warn({ pod: id.slice(0, 300), reason }, "pod skipped: bad discovery labels");
       }
     }
-    own.pods = desired.size;
-    own.ready = ready;
-    own.skippedInvalid = invalid;
-    own.skippedNoIp = noIp;
-    rt.publisher.setDesired(desired, watched.every((w) => w.synced));
+    own.pods = d.desired.size;
+    own.ready = d.ready;
+    own.skippedInvalid = d.invalid.length;
+    own.skippedNoIp = d.noIp;
+    rt.publisher.setDesired(d.desired, watched.every((w) => w.synced));
   };
 
   // Coalesce bursts (a relist of 1,000 pods is 1,000 callbacks) into one derivation per loop turn.
-  let scheduled = false;
-  const changed = () => {
-    own.events++;
-    if (scheduled) return;
-    scheduled = true;
-    setImmediate(() => {
-      scheduled = false;
-      if (!stopped) derive();
-    });
-  };
-
-  const start = async (w: Watched): Promise<void> => {
-    const errorsBefore = w.errors;
-    try {
-      await w.informer.start();
-      // A failed list does not reject start(): it fires "error" (which schedules the restart)
-      // and leaves no resourceVersion behind.
-      if (!(w.informer as unknown as { latestResourceVersion(): string }).latestResourceVersion()) return;
-      // Listed (or resumed) without an error meanwhile (a refused watch errors inside start()): it
-      // sees the cluster again. The backoff restarts only once the watch delivers something.
-      if (w.errors === errorsBefore) w.blindSince = undefined;
-      if (!w.synced) {
-        w.synced = true;
-        log.info({ namespace: w.namespace ?? "(all)", pods: w.informer.list().length }, "informer synced");
-      }
-      changed();
-    } catch (err) {
-      onError(w, err);
-    }
-  };
-  const onError = (w: Watched, err: unknown) => {
-    if (stopped || w.restart) return;
-    own.informerErrors++;
-    w.errors++;
-    w.blindSince ??= Date.now();
-    const delay = backoffDelayMs(w.attempt++, Math.random(), DEFAULT_BACKOFF);
-    own.backoffAttempt = Math.max(...watched.map((x) => x.attempt));
-    log.warn({ namespace: w.namespace ?? "(all)", err: (err as Error)?.message ?? String(err), retryInMs: delay }, "pod watch failed; restarting");
-    w.restart = setTimeout(() => {
-      w.restart = undefined;
-      own.informerRestarts++;
-      void start(w);
-    }, delay);
-  };
-  for (const w of watched) {
-    for (const verb of ["add", "update", "delete"] as const) w.informer.on(verb, (_obj: KubernetesObject) => changed());
-    w.informer.on("error", (err: unknown) => onError(w, err));
-  }
-  const starting = Promise.all(watched.map((w) => start(w)));
+  const deriveSoon = oncePerTurn(() => {
+    if (!stopped) derive();
+  });
+  const starting = superviseInformers(watched, {
+    log,
+    own,
+    stopped: () => stopped,
+    changed: () => {
+      own.events++;
+      deriveSoon();
+    },
+  });
   const firstRound = starting.then(async () => {
     await new Promise((r) => setImmediate(r));
     if (watched.every((w) => w.synced) && rt.publisher.isActive) await rt.publisher.whenSynced();

@@ -1,0 +1,40 @@
+/**
+ * The config bucket as the `jetroute config` sub-commands open it: one NATS connection per
+ * command, and a clear message (what to run) when nothing has created the bucket yet.
+ */
+import { Kvm } from "@nats-io/kv";
+import { configBucketName } from "../../streams/definitions.js";
+import { isStreamNotFound } from "../../streams/errors.js";
+import { DEFAULT_PREFIX, type NamespaceOptionValues, namespaceFlags } from "../shared/cli-options.js";
+import { connectNats } from "../shared/nats.js";
+
+export type Bucket = Awaited<ReturnType<Kvm["open"]>>;
+export type Nats = Awaited<ReturnType<typeof connectNats>>;
+
+/** The config bucket, or undefined if nothing has created it yet (`streams apply`, `set-pool`). */
+export async function openConfigBucket({ nc, jsm }: Nats, prefix: string): Promise<Bucket | undefined> {
+  const name = configBucketName(prefix);
+  // Kvm.open would fail later with a bare "stream not found"; ask for the bucket's stream first.
+  const exists = await jsm.streams.info(`KV_${name}`).then(
+    () => true,
+    (err: unknown) => {
+      // Only a missing bucket reads as missing; a timeout or a refused call is reported as itself.
+      if (isStreamNotFound(err)) return false;
+      throw err;
+    },
+  );
+  return exists ? new Kvm(nc).open(name) : undefined;
+}
+
+/** Runs `fn` on the config bucket of the namespace the flags name, then closes the connection. */
+export async function withBucket<T>(o: NamespaceOptionValues, fn: (kv: Bucket) => Promise<T>): Promise<T> {
+  const { nats: urls, prefix } = namespaceFlags(o);
+  const nats = await connectNats(urls, "jetroute-config");
+  try {
+    const kv = await openConfigBucket(nats, prefix);
+    if (!kv) throw new Error(`the config bucket ${configBucketName(prefix)} does not exist: run \`jetroute streams apply${prefix === DEFAULT_PREFIX ? "" : ` --prefix ${prefix}`}\` first`);
+    return await fn(kv);
+  } finally {
+    await nats.nc.close();
+  }
+}
