@@ -14,7 +14,7 @@ module.exports = {
       name: "pure-core-no-io",
       comment: "Views and the routing core are pure: no NATS, gRPC, HTTP, file system or logger.",
       severity: "error",
-      from: { path: "^services/(views|routing|tokenizer)/|^services/replay/(engine|whatif|virtual-clock|window|report-types)\\.ts$" },
+      from: { path: "^services/(views|routing|tokenizer)/|^services/replay/(engine|whatif|virtual-clock|window|report-types|message-log|counterfactuals)\\.ts$" },
       to: { path: IO },
     },
     {

@@ -64,7 +64,8 @@ export class Log {
   }
 }
 
-const TYPES: Record<StateStream, readonly EventType[]> = {
+/** The event types each state stream may carry (anything else on it is skipped). */
+export const STATE_STREAM_TYPES: Record<StateStream, readonly EventType[]> = {
   pods: STREAM_EVENT_TYPES.PODS,
   load: STREAM_EVENT_TYPES.LOAD,
   charges: STREAM_EVENT_TYPES.CHARGES,
@@ -85,7 +86,7 @@ export function bufferedOf(stream: StateStream, m: ReplayMessage): Buffered {
     if (e?.type === "config-entry" && typeof e.key === "string" && (e.operation === "PUT" || e.operation === "DEL" || e.operation === "PURGE")) b.ev = m.data as StateEvent;
     return b;
   }
-  const d = checkEventOf(m.data, TYPES[stream]);
+  const d = checkEventOf(m.data, STATE_STREAM_TYPES[stream]);
   if (!d.ok) return b;
   b.ev = d.event as StateEvent;
   const g = (d.event as { gateway?: unknown }).gateway;

@@ -20,7 +20,7 @@ import { sample } from "../routing/strategies/testing.js";
 import { mulberry32 } from "../shared/seeded-random.js";
 import type { ReplayReport } from "./report-types.js";
 import { validateModelConfig } from "../routing/config-check.js";
-import { STREAM_EVENT_TYPES } from "../../streams/event-types.js";
+import { STATE_STREAM_TYPES } from "./message-log.js";
 
 export const MODEL = "org/model";
 export const T0 = 1_700_000_000_000;
@@ -118,7 +118,6 @@ export interface Recording {
 }
 
 const STREAM_ORDER: Record<ReplayStream, number> = { config: 0, pods: 1, load: 2, charges: 3, kv: 4, decisions: 5 };
-const TYPES: Record<StateStream, readonly EventType[]> = { pods: STREAM_EVENT_TYPES.PODS, load: STREAM_EVENT_TYPES.LOAD, charges: STREAM_EVENT_TYPES.CHARGES, kv: STREAM_EVENT_TYPES.KV, config: [] };
 
 export function loadFields(waiting: number): EngineLoadFields {
   return sample({ running: 0, waiting, kvCacheUsage: 0 });
@@ -205,7 +204,7 @@ class SynthStreams {
         continue;
       }
       const type = (m.data as { type?: unknown } | null)?.type;
-      const ok = typeof type === "string" && (TYPES[m.stream] as readonly string[]).includes(type) && checkEvent(type as EventType, m.data).ok;
+      const ok = typeof type === "string" && (STATE_STREAM_TYPES[m.stream] as readonly string[]).includes(type) && checkEvent(type as EventType, m.data).ok;
       if (ok) g.state.apply(m.data as StateEvent, meta);
       else g.state.skip(meta);
     }

@@ -49,6 +49,11 @@
  * routing decisions it reads back from a shared stream.
  * Engine removals are the primary deletion path; the budget is the backstop for lost removals and
  * for unbounded tiers (CPU, storage).
+ *
+ * Why one file of ~1,400 lines: it is one data structure. The record arrays, both hash tables, the
+ * LRU list, the holder masks and the per-pod cursors share invariants that every mutation keeps
+ * together (a store touches all of them in one pass); split across modules, each piece would have to
+ * expose raw record offsets to the others. Its helpers (hex parsing, growth) are the only free code.
  */
 import type { KvBatch, KvPodCleared } from "../../schemas/events.js";
 
