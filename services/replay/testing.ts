@@ -14,7 +14,7 @@ import { checkEvent } from "../../schemas/validate.js";
 import { Director, type RoutedRequest } from "../routing/director.js";
 import { RouteError } from "../routing/errors.js";
 import { chargeIdOf, chargeSeqOf } from "../routing/charge-id.js";
-import { GatewayState, type StateEvent, type StateStream } from "../views/gateway-state.js";
+import { GatewayState, type StateEvent } from "../views/gateway-state.js";
 import { type ReplayMessage, type ReplayOptions, type ReplayStream, ReplayEngine } from "./engine.js";
 import { sample } from "../routing/strategies/testing.js";
 import { mulberry32 } from "../shared/seeded-random.js";
