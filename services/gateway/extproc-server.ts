@@ -58,6 +58,9 @@ export interface PdWatchdog {
   /** After the engine was told to stop mid-stream: how long its stream may take to end before the gateway resets it. */
   graceMs?: number;
 }
+/** Largest buffered request body the adapter accepts unless told otherwise (bytes); Envoy's client buffer limit must be at least this. */
+export const DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024;
+
 export const DEFAULT_PD_WATCHDOG: Readonly<PdWatchdog> = { firstChunkMs: 60_000, idleMs: 120_000, graceMs: 1_000 };
 
 export interface ExtProcHandlerOptions {
@@ -110,7 +113,7 @@ function subsetHint(req: ProcessingRequest): string[] | undefined {
 export function createExtProcHandler(opts: ExtProcHandlerOptions): grpc.handleBidiStreamingCall<ProcessingRequest, ProcessingResponse> {
   const shared: ExchangeShared = {
     opts,
-    maxBody: opts.maxBodyBytes ?? 4 * 1024 * 1024,
+    maxBody: opts.maxBodyBytes ?? DEFAULT_MAX_BODY_BYTES,
     watchdog: opts.pdWatchdog ?? DEFAULT_PD_WATCHDOG,
     targets: new TargetCache(),
   };
