@@ -18,6 +18,7 @@ export const Headers = {
   prefillTargetPodIp: "prefill-target-pod-ip",
   contentType: "content-type",
   contentLength: "content-length",
+  authorization: "authorization",
   path: ":path",
   method: ":method",
   status: ":status",

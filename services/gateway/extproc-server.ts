@@ -74,6 +74,14 @@ export interface ExtProcHandlerOptions {
   listModels: () => string[];
   /** Decode watchdog for P/D requests (default DEFAULT_PD_WATCHDOG). */
   pdWatchdog?: PdWatchdog;
+  /** Counts a response whose engine-reported usage was out of range and was clamped. */
+  usageClamped?: () => void;
+  /**
+   * The engines' own key (`JETROUTE_ENGINE_API_KEY`): the upstream request carries it as its
+   * `authorization` instead of the client's. Without it, a client's `authorization` is removed
+   * under `auth` (a jetroute key is never an engine's) and passed through otherwise.
+   */
+  engineApiKey?: string;
   /** Bearer API-key authentication (`--auth required`); absent: every request is let through. */
   auth?: {
     /** Checks the `authorization` header value (never logged). */
@@ -116,6 +124,7 @@ export function createExtProcHandler(opts: ExtProcHandlerOptions): grpc.handleBi
     maxBody: opts.maxBodyBytes ?? DEFAULT_MAX_BODY_BYTES,
     watchdog: opts.pdWatchdog ?? DEFAULT_PD_WATCHDOG,
     targets: new TargetCache(),
+    requestHeadersMutation: requestHeadersMutationOf(opts),
   };
   return (call: Stream) => new Exchange(call, shared).attach();
 }
@@ -150,6 +159,18 @@ interface ExchangeShared {
   readonly maxBody: number;
   readonly watchdog: PdWatchdog;
   readonly targets: TargetCache;
+  /** What every request-headers reply changes (the `user` header is added per request under `auth`). */
+  readonly requestHeadersMutation: HeaderMutation;
+}
+
+/**
+ * Headers removed or set on every upstream request: the ones only routing may set, and the
+ * client's `authorization` replaced by the engines' key, or removed when it is a jetroute key.
+ */
+export function requestHeadersMutationOf(o: Pick<ExtProcHandlerOptions, "auth" | "engineApiKey">): HeaderMutation {
+  if (o.engineApiKey) return { remove_headers: [...ROUTING_CONTROLLED_HEADERS], set_headers: [setHeader(Headers.authorization, `Bearer ${o.engineApiKey}`)] };
+  if (o.auth) return { remove_headers: [...ROUTING_CONTROLLED_HEADERS, Headers.authorization] };
+  return STRIP_CLIENT_ROUTING;
 }
 
 /** One Envoy stream, i.e. one HTTP request: its phases, in order, and its single release. */
@@ -250,8 +271,15 @@ class Exchange {
     this.stopWatchdog();
     const routed = this.routed;
     if (!routed || routed.finished) return;
-    const usage = this.tracker?.end() ?? {};
+    const usage = this.endUsage();
     this.router.finish(routed, outcome, { status: this.status || (outcome === "cancelled" ? 499 : 502), ...usage });
+  }
+
+  /** The engine's usage report, once the response ended (clamped counts counted, then dropped from the record's inputs). */
+  private endUsage(): { promptTokens?: number; completionTokens?: number } {
+    const { clamped, ...usage } = this.tracker?.end() ?? {};
+    if (clamped) this.opts.usageClamped?.();
+    return usage;
   }
 
   private send(msg: ProcessingResponse) {
@@ -273,14 +301,14 @@ class Exchange {
   private onRequestHeaders(req: ProcessingRequest) {
     const headers = headersToRecord(req.request_headers?.headers);
     this.headers = headers;
-    let mutation = STRIP_CLIENT_ROUTING;
+    let mutation = this.shared.requestHeadersMutation;
     if (this.opts.auth) {
       const a = this.opts.auth.authenticate(headers.authorization);
       if (!a.ok) return this.refuseAuth(a.reason);
       // The key says who this is: a client-sent `user` header cannot borrow another user's quota.
       headers[USER_HEADER] = a.user;
       this.authenticated = true;
-      mutation = { ...STRIP_CLIENT_ROUTING, set_headers: [setHeader(USER_HEADER, a.user)] };
+      mutation = { ...mutation, set_headers: [...(mutation.set_headers ?? []), setHeader(USER_HEADER, a.user)] };
     }
     this.subset = subsetHint(req);
     if (req.request_headers?.end_of_stream) {
@@ -442,7 +470,7 @@ class Exchange {
       this.send({ response_body: { response: { status: "CONTINUE", body_mutation: { body: Buffer.from(text + tail) } } } });
       if (b?.end_of_stream) {
         this.status = this.pdError.status;
-        if (routed && !routed.finished) this.router.finish(routed, "error", { status: this.pdError.status, errorCode: this.pdError.code, ...(this.tracker?.end() ?? {}) });
+        if (routed && !routed.finished) this.router.finish(routed, "error", { status: this.pdError.status, errorCode: this.pdError.code, ...this.endUsage() });
         this.stopWatchdog();
       }
       return;
@@ -450,7 +478,7 @@ class Exchange {
     if (this.pdError && b?.end_of_stream && routed && !routed.finished) {
       // A non-streamed answer that ended after the gateway gave up on it: recorded as the gateway's error.
       this.status = this.pdError.status;
-      this.router.finish(routed, "error", { status: this.pdError.status, errorCode: this.pdError.code, ...(this.tracker?.end() ?? {}) });
+      this.router.finish(routed, "error", { status: this.pdError.status, errorCode: this.pdError.code, ...this.endUsage() });
       this.stopWatchdog();
     }
     if (this.normalising) {

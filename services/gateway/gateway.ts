@@ -144,6 +144,8 @@ export async function startGateway(options: GatewayOptions): Promise<GatewayHand
       isReady: () => isReady,
       pdWatchdog: { ...DEFAULT_PD_WATCHDOG, firstChunkMs: config.pd.firstChunkTimeoutMs, idleMs: config.pd.idleTimeoutMs },
       listModels: () => [...new Set(views.pods.all().flatMap((p) => [p.model, ...p.adapters]))].sort(),
+      usageClamped: () => metrics.usageClamped(),
+      ...(config.engineApiKey ? { engineApiKey: config.engineApiKey } : {}),
       ...extProcAuthOf(config, apiKeys, metrics, log),
     }),
     config.host,

@@ -33,6 +33,7 @@ export class GatewayMetrics {
   private readonly decisions: client.Counter<"strategy" | "outcome" | "status">;
   private readonly pickSeconds: client.Histogram<"strategy">;
   private readonly authFailures: client.Counter<"reason">;
+  private readonly usageClampedTotal: client.Counter;
 
   /** `pool`: a pooled replica's series carry its pool (a validated name, 32 characters at most). */
   constructor(gatewayId: string, src: GatewayMetricsSources, pool?: string) {
@@ -55,6 +56,11 @@ export class GatewayMetrics {
     });
     // Present from the start (at 0), so rate() over them works before the first failure.
     for (const reason of ["missing", "malformed", "unknown", "revoked"]) this.authFailures.inc({ reason }, 0);
+    this.usageClampedTotal = new client.Counter({
+      name: "jetroute_gateway_engine_usage_clamped_total",
+      help: "Responses whose engine-reported token usage was fractional or out of range and was clamped",
+      registers: [r],
+    });
     const gauge = (name: string, help: string, labelNames: string[], collect: (g: client.Gauge<string>) => void) =>
       new client.Gauge({
         name,
@@ -140,6 +146,10 @@ export class GatewayMetrics {
     // A P/D request is counted once, by its decode leg's record (prefill attempts: jetroute_gateway_pd).
     if (rec.pd?.leg === "prefill") return;
     this.decisions.inc({ strategy: strategyLabel(rec.strategy), outcome: rec.outcome, status: String(rec.status) });
+  }
+
+  usageClamped(): void {
+    this.usageClampedTotal.inc();
   }
 
   authFailure(reason: string): void {

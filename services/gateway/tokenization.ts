@@ -116,7 +116,8 @@ export class Tokenizer {
   }
 
   private settingFor(model: string): TokenizerSetting {
-    return this.o.modes?.[model] ?? this.o.defaultMode ?? "approximate";
+    const modes = this.o.modes;
+    return (modes && Object.hasOwn(modes, model) ? modes[model] : undefined) ?? this.o.defaultMode ?? "approximate";
   }
 
   modeFor(model: string): TokenizerMode {
@@ -235,6 +236,8 @@ export class Tokenizer {
         headers: { "content-type": "application/json", ...(this.o.engineApiKey ? { authorization: `Bearer ${this.o.engineApiKey}` } : {}) },
         body: JSON.stringify(body),
         signal: AbortSignal.timeout(this.o.timeoutMs ?? 200),
+        // An engine answers for itself: a redirect would send the engine key and the prompt elsewhere.
+        redirect: "error",
       });
       if (!res.ok) {
         await res.body?.cancel().catch(() => undefined);

@@ -7,7 +7,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import type { LoadSample } from "../../schemas/events.js";
 import { MODEL, quietLog, startTestEnv, type TestEnv, waitFor } from "../../test/harness/env.js";
 import { type SimFleet, startSimFleet } from "../sim/fleet.js";
-import { DEFAULT_METRICS_BODY_BYTES, startScraper } from "./scraper.js";
+import { DEFAULT_METRICS_BODY_BYTES, scrapeOnce, startScraper } from "./scraper.js";
 
 describe("metrics-scraper - engines to LOAD", () => {
   let env: TestEnv;
@@ -127,6 +127,29 @@ describe("metrics-scraper - /metrics read with a size cap", () => {
     } finally {
       sub.unsubscribe();
       await scraper.close();
+    }
+  });
+});
+
+describe("metrics-scraper - an engine that redirects", () => {
+  it("a /metrics redirect fails the scrape instead of being followed to another host", async () => {
+    let elsewhere = 0;
+    const other = http.createServer((_req, res) => {
+      elsewhere++;
+      res.writeHead(200, { "content-type": "text/plain" }).end('vllm:num_requests_running{model_name="m"} 7\n');
+    });
+    await new Promise<void>((r) => other.listen(0, "127.0.0.1", r));
+    const otherPort = (other.address() as { port: number }).port;
+    const engine = http.createServer((_req, res) => res.writeHead(302, { location: `http://127.0.0.1:${otherPort}/metrics` }).end());
+    await new Promise<void>((r) => engine.listen(0, "127.0.0.1", r));
+    const address = `127.0.0.1:${(engine.address() as { port: number }).port}`;
+    try {
+      const pod = { model: "m", pod: "p", address, engine: "vllm", role: "combined", adapters: [], labels: {}, ready: true, updatedAt: 0 } as const;
+      await expect(scrapeOnce({ ...pod, adapters: [], labels: {} }, 2_000, undefined, undefined, true)).rejects.toThrow();
+      expect(elsewhere).toBe(0);
+    } finally {
+      await new Promise((r) => engine.close(r));
+      await new Promise((r) => other.close(r));
     }
   });
 });

@@ -40,7 +40,7 @@ const MODELS_BODY_BYTES = 1024 * 1024;
 /** The engine's `/v1/models` adapters; undefined when the list cannot be read (not a scrape failure). */
 async function readAdapters(pod: PodInfo, signal: AbortSignal): Promise<string[] | undefined> {
   try {
-    const res = await fetch(`http://${pod.address}/v1/models`, { signal });
+    const res = await fetch(`http://${pod.address}/v1/models`, { signal, redirect: "error" });
     if (!res.ok) {
       await res.body?.cancel().catch(() => undefined);
       return undefined;
@@ -72,7 +72,7 @@ export async function scrapeOnce(pod: PodInfo, timeoutMs: number, maxBodyBytes =
   const timeout = AbortSignal.timeout(timeoutMs);
   const signal = stop ? AbortSignal.any([timeout, stop]) : timeout;
   const models = readModels ? readAdapters(pod, signal) : Promise.resolve(undefined);
-  const res = await fetch(`http://${pod.metricsAddress ?? pod.address}/metrics`, { signal });
+  const res = await fetch(`http://${pod.metricsAddress ?? pod.address}/metrics`, { signal, redirect: "error" });
   if (!res.ok) {
     await res.body?.cancel().catch(() => undefined);
     throw new Error(`/metrics answered ${res.status}`);

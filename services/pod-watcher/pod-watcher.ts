@@ -94,7 +94,7 @@ export const defaultWatcherId = (): string => `${os.hostname()}-${process.pid}-$
 
 async function probe(address: string, timeoutMs: number): Promise<boolean> {
   try {
-    const res = await fetch(`http://${address}/health`, { signal: AbortSignal.timeout(timeoutMs) });
+    const res = await fetch(`http://${address}/health`, { signal: AbortSignal.timeout(timeoutMs), redirect: "error" });
     await res.arrayBuffer();
     return res.ok;
   } catch {

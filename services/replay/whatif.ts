@@ -467,7 +467,7 @@ function buildFleets(trace: readonly TraceRequest[], opts: WhatIfOptions, defaul
     const blockSize = overrides.blockSize ?? traced ?? DEFAULT_BLOCK_SIZE;
     const config: EngineConfig = { ...WHATIF_ENGINE_DEFAULTS, ...overrides, blockSize };
     checkConfig(config, model);
-    const n = opts.podsPerModel[model] ?? defaultPods;
+    const n = (Object.hasOwn(opts.podsPerModel, model) ? opts.podsPerModel[model] : undefined) ?? defaultPods;
     if (!Number.isInteger(n) || n < 1) throw new RangeError(`podsPerModel[${JSON.stringify(model)}] must be an integer >= 1, got ${n}`);
     const sims: PodSim[] = [];
     for (let i = 0; i < n; i++) {

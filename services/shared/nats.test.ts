@@ -99,6 +99,10 @@ describe("resolveNatsSecurity: server URLs", () => {
     expect(redactNatsUrl("nats://alice:s3cret@host:4222")).toBe("nats://host:4222");
     expect(redactNatsUrl("s3cret@host:4222")).toBe("host:4222");
     expect(redactNatsUrl("tls://host:4222")).toBe("tls://host:4222");
+    // Unescaped `/` and `@` in a password: the whole userinfo goes, none of it is logged.
+    expect(redactNatsUrl("nats://alice:p/ss@w0rd@host:4222")).toBe("nats://host:4222");
+    expect(redactNatsUrl("nats://alice:a@b/c@host:4222")).toBe("nats://host:4222");
+    expect(resolveNatsSecurity("nats://alice:p/ss@w0rd@host:4222", {})).toMatchObject({ servers: ["nats://host:4222"], security: { auth: { method: "user-password", user: "alice", password: "p/ss@w0rd" } } });
   });
 });
 

@@ -139,7 +139,11 @@ export function natsAuthFromEnv(env: NatsEnv): NatsSecurity {
   return { auth, tls };
 }
 
-const USERINFO = /^((?:[a-z][a-z0-9+.-]*:\/\/)?)([^/@]*)@(.*)$/i;
+/**
+ * scheme://userinfo@host:port. The userinfo runs to the last `@` (a host has none), so a password
+ * with an unescaped `/` or `@` in it is still taken out whole rather than half-logged.
+ */
+const USERINFO = /^((?:[a-z][a-z0-9+.-]*:\/\/)?)(.*)@([^@]*)$/is;
 
 /** `url` with any `user:password@` or `token@` removed (pure; for logs and error messages). */
 export function redactNatsUrl(url: string): string {

@@ -40,3 +40,29 @@ describe("model config - strategy selection (locked > header > profile > default
     expect(modelConfigError({ unknown: true })).toBeDefined();
   });
 });
+
+/** Names every plain object answers to through its prototype. */
+const PROTOTYPE_NAMES = Object.getOwnPropertyNames(Object.prototype);
+
+describe("model config - client strings are looked up as own names only", () => {
+  it("a user named like an Object.prototype member gets the default limits, not none", () => {
+    const v = new ModelConfigView();
+    v.setLimits({ users: { default: { rpm: 2 }, alice: { rpm: 10 } } });
+    expect(PROTOTYPE_NAMES).toEqual(expect.arrayContaining(["constructor", "__proto__", "toString", "hasOwnProperty", "valueOf"]));
+    for (const user of PROTOTYPE_NAMES) expect(v.userLimits(user), user).toEqual({ rpm: 2 });
+    expect(v.userLimits("alice")).toEqual({ rpm: 10 });
+    expect(v.userLimits(undefined)).toEqual({ rpm: 2 });
+    // Without a default entry, an unlisted user (a prototype name included) has no limit.
+    v.setLimits({ users: { alice: { rpm: 10 } } });
+    for (const user of PROTOTYPE_NAMES) expect(v.userLimits(user), user).toBeUndefined();
+  });
+
+  it("a config-profile header naming an Object.prototype member selects the default profile", () => {
+    const v = new ModelConfigView();
+    v.set("m", { defaultProfile: "chat", profiles: { chat: { routingStrategy: "prefix-cache", requestsPerSecond: 1 } } });
+    for (const profile of PROTOTYPE_NAMES) {
+      const c = v.choose("m", { "config-profile": profile }, { promptTokens: 10 }, "least-request");
+      expect([c.spec, c.profile, c.profileConfig?.requestsPerSecond], profile).toEqual(["prefix-cache", "chat", 1]);
+    }
+  });
+});

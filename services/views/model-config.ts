@@ -52,7 +52,8 @@ export class ModelConfigView implements ConfigReader {
   userLimits(user: string | undefined): { rpm?: number; tpm?: number } | undefined {
     const users = this.limits.users;
     if (!users) return undefined;
-    return (user ? users[user] : undefined) ?? users.default;
+    // Own properties only: a user named `constructor` or `__proto__` is a user like any other.
+    return (user && Object.hasOwn(users, user) ? users[user] : undefined) ?? (Object.hasOwn(users, "default") ? users.default : undefined);
   }
 
   set(model: string, config: ModelConfig | undefined): void {
@@ -84,7 +85,7 @@ export class ModelConfigView implements ConfigReader {
     const c = this.models.get(model);
     if (c?.lockedRoutingStrategy) return { spec: c.lockedRoutingStrategy, source: "locked" as const };
     const profileName = this.profileFor(c, headers["config-profile"], hints);
-    const profileConfig = profileName ? c?.profiles?.[profileName] : undefined;
+    const profileConfig = profileName && c?.profiles && Object.hasOwn(c.profiles, profileName) ? c.profiles[profileName] : undefined;
     const header = headers["routing-strategy"];
     if (header) return { spec: header, source: "header" as const, ...(profileName ? { profile: profileName, profileConfig } : {}) };
     if (profileConfig?.routingStrategy) return { spec: profileConfig.routingStrategy, source: "profile" as const, profile: profileName, profileConfig };
@@ -94,7 +95,7 @@ export class ModelConfigView implements ConfigReader {
   private profileFor(c: ModelConfig | undefined, requested: string | undefined, hints: { promptTokens: number; maxTokens?: number }): string | undefined {
     const profiles = c?.profiles;
     if (!profiles) return undefined;
-    if (requested && requested !== "auto") return profiles[requested] ? requested : c.defaultProfile;
+    if (requested && requested !== "auto") return Object.hasOwn(profiles, requested) ? requested : c.defaultProfile;
     if (requested === "auto") {
       let best: string | undefined;
       let bestScore = 0;

@@ -1,0 +1,118 @@
+/**
+ * The ext_proc adapter at the trust boundary, driven as Envoy drives it (real gRPC, Envoy's phase
+ * order) against a real Director:
+ * - engine-reported usage is input from outside: a count that is fractional, negative or beyond the
+ *   events' integer range is clamped and counted, so the release and decision record the gateway
+ *   publishes always validate on every peer;
+ * - a client's `authorization` never reaches an engine when it is a jetroute key, and is replaced by
+ *   the engines' own key when one is set.
+ */
+import * as grpc from "@grpc/grpc-js";
+import { afterEach, describe, expect, it } from "vitest";
+import { MAX_COUNT } from "../../schemas/events.js";
+import { checkEvent } from "../../schemas/validate.js";
+import { ExtProcClient } from "../extproc/envoy-client.js";
+import { EXT_PROC_SERVER_OPTIONS, loadExtProc } from "../extproc/protos.js";
+import { Director } from "../routing/director.js";
+import { chatBody, FakeClock, MemorySink, stateWithPods } from "../routing/stages/testing.js";
+import { createLogger } from "../shared/log.js";
+import { createExtProcHandler, type ExtProcHandlerOptions } from "./extproc-server.js";
+import { engineCount, ResponseTracker } from "./response-tracker.js";
+
+describe("engineCount", () => {
+  it("keeps whole counts in range; floors fractions, clamps the rest, and says so; ignores non-numbers", () => {
+    expect(engineCount(0)).toEqual({ value: 0, clamped: false });
+    expect(engineCount(4096)).toEqual({ value: 4096, clamped: false });
+    expect(engineCount(MAX_COUNT)).toEqual({ value: MAX_COUNT, clamped: false });
+    expect(engineCount(1.5)).toEqual({ value: 1, clamped: true });
+    expect(engineCount(-3)).toEqual({ value: 0, clamped: true });
+    expect(engineCount(1e12)).toEqual({ value: MAX_COUNT, clamped: true });
+    expect(engineCount(Number.POSITIVE_INFINITY)).toEqual({ value: MAX_COUNT, clamped: true });
+    for (const v of [Number.NaN, "12", null, undefined, {}]) expect(engineCount(v)).toBeUndefined();
+  });
+
+  it("the tracker reports clamped usage from an SSE stream and from a JSON body", () => {
+    const sse = new ResponseTracker("text/event-stream");
+    sse.push(Buffer.from('data: {"choices":[]}\n\ndata: {"usage":{"prompt_tokens":12,"completion_tokens":1e12}}\n\ndata: [DONE]\n\n'));
+    expect(sse.end()).toEqual({ promptTokens: 12, completionTokens: MAX_COUNT, clamped: true });
+    const json = new ResponseTracker("application/json");
+    json.push(Buffer.from('{"usage":{"prompt_tokens":7,"completion_tokens":3}}'));
+    expect(json.end()).toEqual({ promptTokens: 7, completionTokens: 3 });
+  });
+});
+
+const servers: Array<{ client: ExtProcClient; server: grpc.Server }> = [];
+afterEach(() => {
+  for (const s of servers.splice(0)) {
+    s.client.close();
+    s.server.forceShutdown();
+  }
+});
+
+describe("ext_proc adapter - engine usage out of range", () => {
+  it("1e12 completion tokens and a fractional prompt count: the record validates with clamped counts, counted once", async () => {
+    const clock = new FakeClock(1_000_000);
+    const state = stateWithPods(2, "gw");
+    const sink = new MemorySink();
+    const director = new Director({ gatewayId: "gw", defaultStrategy: "least-request", chargeTtlMs: 60_000, state, sink, config: state.configs, clock, now: clock.now });
+    let clamped = 0;
+    const server = new grpc.Server(EXT_PROC_SERVER_OPTIONS);
+    const handler = createExtProcHandler({ router: director, log: createLogger("test", "silent"), isReady: () => true, listModels: () => [], usageClamped: () => clamped++ });
+    server.addService(loadExtProc().service, { Process: handler });
+    const port = await new Promise<number>((resolve, reject) => server.bindAsync("127.0.0.1:0", grpc.ServerCredentials.createInsecure(), (err, p) => (err ? reject(err) : resolve(p))));
+    const client = new ExtProcClient(`127.0.0.1:${port}`);
+    servers.push({ client, server });
+
+    const ex = client.open();
+    await ex.requestHeaders({ ":method": "POST", ":path": "/v1/chat/completions", ":authority": "gw", "content-type": "application/json", "x-request-id": "big-usage" });
+    expect((await ex.requestBody(chatBody())).kind).toBe("continue");
+    await ex.responseHeaders(200, { "content-type": "text/event-stream" });
+    await ex.responseBodyChunk(Buffer.from('data: {"usage":{"prompt_tokens":10.5,"completion_tokens":1e12}}\n\ndata: [DONE]\n\n'), true);
+    await ex.end();
+
+    const rec = sink.decisions.find((d) => d.id === "big-usage");
+    expect(rec).toMatchObject({ outcome: "completed", promptTokens: 10, completionTokens: MAX_COUNT });
+    expect(checkEvent("decision", rec).ok).toBe(true);
+    for (const rel of sink.releases) expect(checkEvent("release", rel).ok, JSON.stringify(rel)).toBe(true);
+    expect(clamped).toBe(1);
+  });
+});
+
+describe("ext_proc adapter - the client's authorization and the engines'", () => {
+  async function upstreamHeaders(opts: Partial<ExtProcHandlerOptions>, authorization: string | undefined) {
+    const clock = new FakeClock(1_000_000);
+    const state = stateWithPods(2, "gw");
+    const director = new Director({ gatewayId: "gw", defaultStrategy: "least-request", chargeTtlMs: 60_000, state, sink: new MemorySink(), config: state.configs, clock, now: clock.now });
+    const server = new grpc.Server(EXT_PROC_SERVER_OPTIONS);
+    server.addService(loadExtProc().service, { Process: createExtProcHandler({ router: director, log: createLogger("test", "silent"), isReady: () => true, listModels: () => [], ...opts }) });
+    const port = await new Promise<number>((resolve, reject) => server.bindAsync("127.0.0.1:0", grpc.ServerCredentials.createInsecure(), (err, p) => (err ? reject(err) : resolve(p))));
+    const client = new ExtProcClient(`127.0.0.1:${port}`);
+    servers.push({ client, server });
+    const ex = client.open();
+    const r = await ex.requestHeaders({ ":method": "POST", ":path": "/v1/chat/completions", ":authority": "gw", "content-type": "application/json", ...(authorization ? { authorization } : {}) });
+    ex.cancel();
+    if (r.kind !== "continue") throw new Error(`expected continue, got ${r.kind}`);
+    return r.headerMutation;
+  }
+  const auth: ExtProcHandlerOptions["auth"] = { authenticate: (h) => (h === "Bearer jr-key" ? { ok: true, user: "alice" } : { ok: false, reason: "unknown" }) } as ExtProcHandlerOptions["auth"];
+
+  it("--auth required: the jetroute key is removed from the upstream request; the key's user is set", async () => {
+    const m = await upstreamHeaders({ auth }, "Bearer jr-key");
+    expect(m.remove).toContain("authorization");
+    expect(m.set).toEqual({ user: "alice" });
+  });
+
+  it("an engine key replaces whatever the client sent (with and without --auth)", async () => {
+    const withAuth = await upstreamHeaders({ auth, engineApiKey: "engine-secret" }, "Bearer jr-key");
+    expect(withAuth.set).toEqual({ authorization: "Bearer engine-secret", user: "alice" });
+    const without = await upstreamHeaders({ engineApiKey: "engine-secret" }, "Bearer client-guess");
+    expect(without.set).toEqual({ authorization: "Bearer engine-secret" });
+  });
+
+  it("no auth and no engine key: the client's authorization goes through (it may be the engine's own key); routing headers are always stripped", async () => {
+    const m = await upstreamHeaders({}, "Bearer the-engines-key");
+    expect(m.remove).not.toContain("authorization");
+    expect(m.remove).toEqual(expect.arrayContaining(["x-gateway-destination-endpoint", "target-pod"]));
+    expect(m.set).toEqual({});
+  });
+});
