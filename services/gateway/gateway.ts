@@ -282,6 +282,7 @@ function metricSourcesOf(o: {
     outboxDrops: () => publishers.outbox.drops(),
     pd: () => ({ ...director.pdStats, ...director.legs?.stats }),
     podSources: () => state.pods.sourceInfo(),
+    shadowingAdapters: () => state.pods.shadowingAdapters,
     usage: () => ({ foreignGateways: state.rates.foreignGateways, foreignEntries: state.rates.foreignEntries, foreignEvicted: state.rates.foreignEvicted, sent: publishers.usageSummaries.sent, truncatedUsers: publishers.usageSummaries.truncatedUsers }),
   };
 }

@@ -24,6 +24,8 @@ export interface GatewayMetricsSources {
   outboxDrops?: () => { closed: number; tooLarge: number; failed: number };
   /** Pod-watcher sources known to the pod set (services/views/pod-set.ts). */
   podSources?: () => ReadonlyArray<{ silent: boolean }>;
+  /** Engine-reported adapters ignored because they are named like a served base model (services/views/pod-set.ts). */
+  shadowingAdapters?: () => number;
   /** Usage summaries across pools (services/gateway/usage-summary.ts, services/views/rate-view.ts). */
   usage?: () => { foreignGateways: number; foreignEntries: number; foreignEvicted: number; sent: number; truncatedUsers: number };
 }
@@ -108,6 +110,9 @@ export class GatewayMetrics {
       const silent = all.filter((x) => x.silent).length;
       g.set({ state: "live" }, all.length - silent);
       g.set({ state: "silent" }, silent);
+    });
+    gauge("jetroute_gateway_shadowing_adapters", "Engine-reported LoRA adapters ignored because they are named like a base model some pod serves (they would take its traffic)", [], (g) => {
+      g.set(src.shadowingAdapters?.() ?? 0);
     });
     gauge("jetroute_gateway_outbox_dropped", "Events not published, by reason: closed (fired while shutting down), too_large (over the server's max_payload), failed (refused by the client)", ["reason"], (g) => {
       const d = src.outboxDrops?.();

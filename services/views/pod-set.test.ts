@@ -20,3 +20,33 @@ describe("PodSet.byAddress", () => {
     expect(s.byAddress("10.0.0.2:8000")?.pod).toBe("old");
   });
 });
+
+describe("PodSet - engine-reported adapters", () => {
+  const of = (model: string, name: string, address: string, adapters?: string[]): PodEvent => ({
+    type: "pod", action: "upsert", model, pod: name, address, ready: true, engine: "vllm", ts: 1, ...(adapters ? { adapters } : {}),
+  });
+
+  it("an adapter an engine names like another served model takes none of that model's traffic", () => {
+    const s = new PodSet();
+    s.apply(of("org/victim", "v-0", "10.0.0.1:8000"));
+    s.apply(of("org/rogue", "r-0", "10.0.0.2:8000"));
+    s.setEngineAdapters("org/rogue", "r-0", ["org/victim", "sql-lora"]);
+    expect(s.readyPods("org/victim").map((p) => p.pod)).toEqual(["v-0"]);
+    // Its real adapter is routable, and the refusal is counted.
+    expect(s.readyPods("sql-lora").map((p) => p.pod)).toEqual(["r-0"]);
+    expect(s.shadowingAdapters).toBe(1);
+    // A base model that appears later is protected from then on, too.
+    s.setEngineAdapters("org/rogue", "r-0", ["org/later"]);
+    expect(s.readyPods("org/later").map((p) => p.pod)).toEqual(["r-0"]);
+    s.apply(of("org/later", "l-0", "10.0.0.3:8000"));
+    expect(s.readyPods("org/later").map((p) => p.pod)).toEqual(["l-0"]);
+  });
+
+  it("an adapter PODS lists for a pod counts even when it is named like another model (the operator's word)", () => {
+    const s = new PodSet();
+    s.apply(of("org/base", "b-0", "10.0.0.1:8000"));
+    s.apply(of("org/other", "o-0", "10.0.0.2:8000", ["org/base"]));
+    expect(s.readyPods("org/base").map((p) => p.pod)).toEqual(["b-0", "o-0"]);
+    expect(s.shadowingAdapters).toBe(0);
+  });
+});

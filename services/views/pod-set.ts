@@ -90,6 +90,8 @@ export class PodSet implements PodSetReader {
   private readonly silentSources = new Set<string>();
   lastSeq = 0;
   version = 0;
+  /** Engine-reported adapters ignored because they are named like a base model (per pod, as of now). */
+  shadowingAdapters = 0;
 
   /** `at`: the event's broker time (renews its source's liveness; 0 = not known). */
   apply(ev: PodEvent, seq = 0, at = 0): void {
@@ -243,9 +245,22 @@ export class PodSet implements PodSetReader {
       if (!list) ready.set(m, (list = []));
       list.push(p);
     };
-    for (const p of this.pods.values()) {
+    // An engine names its own adapters; it may not name another model: an adapter called like a
+    // base model some pod serves would take that model's traffic. Adapters PODS lists are the
+    // operator's word and always count.
+    const bases = new Set<string>();
+    for (const p of this.pods.values()) bases.add(p.model);
+    let shadowing = 0;
+    for (const [k, p] of this.pods) {
       add(p.model, p);
-      for (const a of p.adapters) add(a, p);
+      const published = this.publishedAdapters.get(k);
+      for (const a of p.adapters) {
+        if (bases.has(a) && !published?.includes(a)) {
+          shadowing++;
+          continue;
+        }
+        add(a, p);
+      }
       // Two pods on one address: an upgrade's leftover unowned copy and its sourced successor (same
       // pod, new name). The one a source vouches for is the live one.
       const there = addresses.get(p.address);
@@ -253,6 +268,7 @@ export class PodSet implements PodSetReader {
     }
     for (const list of ready.values()) list.sort((a, b) => (a.pod < b.pod ? -1 : a.pod > b.pod ? 1 : 0));
     this.readyCache = ready;
+    this.shadowingAdapters = shadowing;
     this.served = served;
     this.addresses = addresses;
   }
