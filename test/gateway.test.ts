@@ -552,6 +552,41 @@ describe("gateway - admin /metrics (Prometheus)", () => {
     expect(delay).toBeGreaterThanOrEqual(0);
     expect(delay).toBeLessThan(60);
   });
+
+  it("rejections are recorded within the replica's budget and never for unknown paths; metrics count every one", async () => {
+    const seen: DecisionRecord[] = [];
+    const sub = env.nats.nc.subscribe(env.subjects.all("decisions"), { callback: (_e, m) => void seen.push(m.json<DecisionRecord>()) });
+    // A frozen clock: the bucket holds its burst (2 x 2) and refills nothing during the test.
+    const g = await env.gateway({ id: "budget-gw", adminPort: 0, rejectionRecordsPerS: 2, clock: () => 1_000_000 });
+    const c = new ExtProcClient(`127.0.0.1:${g.port}`);
+    for (let i = 0; i < 10; i++) {
+      const ex = c.open();
+      await ex.requestHeaders(reqHeaders({ "x-request-id": `flood-${i}` }));
+      await ex.requestBody(chat("no/such"));
+    }
+    for (let i = 0; i < 3; i++) {
+      const ex = c.open();
+      await ex.requestHeaders(reqHeaders({ ":path": "/v1/rerank", "x-request-id": `path-${i}` }));
+      await ex.requestBody(chat());
+    }
+    // A routed request after the flood: its record is published (and marks the end of the stream of records).
+    const ok = c.open();
+    await ok.requestHeaders(reqHeaders({ "x-request-id": "after-flood" }));
+    await ok.requestBody(chat());
+    await ok.responseHeaders(200, { "content-type": "application/json" });
+    await ok.responseBodyChunk(Buffer.from("{}"), true);
+    await ok.end();
+    c.close();
+    await waitFor(() => seen.some((d) => d.id === "after-flood"), 5_000, "the routed request's record");
+    sub.unsubscribe();
+    const mine = seen.filter((d) => d.gateway === "budget-gw");
+    expect(mine.filter((d) => d.id.startsWith("flood-"))).toHaveLength(4);
+    expect(mine.filter((d) => d.id.startsWith("path-"))).toHaveLength(0);
+    const text = await (await fetch(`http://127.0.0.1:${g.adminPort}/metrics`)).text();
+    expect(text).toMatch(/jetroute_gateway_rejections_unrecorded_total\{reason="budget",gateway="budget-gw"\} 6\n/);
+    expect(text).toMatch(/jetroute_gateway_rejections_unrecorded_total\{reason="unknown_path",gateway="budget-gw"\} 3\n/);
+    expect(text).toMatch(/jetroute_gateway_requests_total\{strategy="least-request",outcome="rejected",status="404",gateway="budget-gw"\} 13\n/);
+  });
 });
 
 describe("gateway - rate limits shared across replicas", () => {

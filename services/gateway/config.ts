@@ -21,6 +21,8 @@ import { DEFAULT_SNAPSHOT_INTERVAL_MS, DEFAULT_SNAPSHOT_LEASE_MS } from "./snaps
 const Ms = (def: number, min = 0, description = "") => Type.Integer({ minimum: min, default: def, ...(description ? { description } : {}) });
 
 /** The ext_proc and admin ports the CLI uses unless told otherwise. */
+/** Default of `--rejection-records-per-s`. */
+export const DEFAULT_REJECTION_RECORDS_PER_S = 50;
 export const DEFAULT_EXTPROC_PORT = 9002;
 export const DEFAULT_ADMIN_PORT = 9090;
 /** Releases are batched over at most this window: replay holds decisions 50 ms for a delayed own release. */
@@ -65,6 +67,8 @@ export const GatewayConfigSchema = Type.Object(
     snapshotLeaseMs: Ms(DEFAULT_SNAPSHOT_LEASE_MS, 30),
     consistency: Type.Union([Type.Literal("eventual"), Type.Literal("strict"), Type.Literal("off")], { default: "eventual" }),
     maxHeartbeatCharges: Type.Integer({ minimum: 1, default: 20_000 }),
+    /** Decision records of rejected requests published per second by this replica (bursts of twice that); the rest are only counted. */
+    rejectionRecordsPerS: Type.Integer({ minimum: 0, default: DEFAULT_REJECTION_RECORDS_PER_S }),
     releaseBatchMs: Type.Integer({ minimum: 0, maximum: MAX_RELEASE_BATCH_MS, default: DEFAULT_RELEASE_BATCH_MS }),
     shutdownGraceMs: Ms(10_000),
     tls: Type.Optional(Type.Object({ certFile: Type.String({ minLength: 1 }), keyFile: Type.String({ minLength: 1 }), clientCaFile: Type.Optional(Type.String({ minLength: 1 })) }, { additionalProperties: false })),

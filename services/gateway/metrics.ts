@@ -36,6 +36,7 @@ export class GatewayMetrics {
   private readonly pickSeconds: client.Histogram<"strategy">;
   private readonly authFailures: client.Counter<"reason">;
   private readonly usageClampedTotal: client.Counter;
+  private readonly unrecordedTotal: client.Counter<"reason">;
 
   /** `pool`: a pooled replica's series carry its pool (a validated name, 32 characters at most). */
   constructor(gatewayId: string, src: GatewayMetricsSources, pool?: string) {
@@ -58,6 +59,13 @@ export class GatewayMetrics {
     });
     // Present from the start (at 0), so rate() over them works before the first failure.
     for (const reason of ["missing", "malformed", "unknown", "revoked"]) this.authFailures.inc({ reason }, 0);
+    this.unrecordedTotal = new client.Counter({
+      name: "jetroute_gateway_rejections_unrecorded_total",
+      help: "Rejected requests whose decision record was not published: unknown_path (never recorded), budget (over --rejection-records-per-s)",
+      labelNames: ["reason"],
+      registers: [r],
+    });
+    for (const reason of ["unknown_path", "budget"]) this.unrecordedTotal.inc({ reason }, 0);
     this.usageClampedTotal = new client.Counter({
       name: "jetroute_gateway_engine_usage_clamped_total",
       help: "Responses whose engine-reported token usage was fractional or out of range and was clamped",
@@ -151,6 +159,10 @@ export class GatewayMetrics {
     // A P/D request is counted once, by its decode leg's record (prefill attempts: jetroute_gateway_pd).
     if (rec.pd?.leg === "prefill") return;
     this.decisions.inc({ strategy: strategyLabel(rec.strategy), outcome: rec.outcome, status: String(rec.status) });
+  }
+
+  unrecorded(reason: "unknown_path" | "budget"): void {
+    this.unrecordedTotal.inc({ reason });
   }
 
   usageClamped(): void {

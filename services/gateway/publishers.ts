@@ -7,10 +7,12 @@
 import type { Namespace } from "../../streams/pools.js";
 import { Subjects } from "../../streams/subjects.js";
 import type { EventSink } from "../routing/director.js";
+import { publishDecision } from "../routing/decision-record.js";
 import type { RoutedRequest } from "../routing/request.js";
 import type { Logger } from "../shared/log.js";
 import type { NatsHandles } from "../shared/nats.js";
 import { Outbox, ReleaseBatcher } from "../shared/publish.js";
+import { TokenBucket } from "../shared/token-bucket.js";
 import type { GatewayState } from "../views/gateway-state.js";
 import type { GatewayConfig } from "./config.js";
 import { heartbeatOf } from "./heartbeat.js";
@@ -56,6 +58,8 @@ export class GatewayPublishers {
     this.releases = new ReleaseBatcher(this.outbox, (model, pod) => this.subjects.releases(model, pod), o.config.releaseBatchMs, () => this.charges?.chargesMade ?? 0, undefined, () => nc.info?.max_payload);
     this.usageSummaries = new UsageSummaries(o.state, { gateway: o.id, ...(o.ns.pool !== undefined ? { pool: o.ns.pool } : {}), startedAt: this.startedAt, maxPayload: () => nc.info?.max_payload });
     const log = o.log;
+    const rejections = new TokenBucket(o.config.rejectionRecordsPerS, 2 * o.config.rejectionRecordsPerS, o.clock);
+    const take = () => rejections.take();
     this.sink = {
       charge: (ev) => this.outbox.fire(this.subjects.charges(ev.model, ev.pod), ev),
       release: (ev) => this.releases.add(ev),
@@ -63,7 +67,9 @@ export class GatewayPublishers {
         o.metrics().decision(rec);
         // Per-request line at debug level (off by default: JETROUTE_LOG_LEVEL=debug turns it on).
         if (log.isLevelEnabled("debug")) log.debug({ requestId: rec.id, model: rec.model, strategy: rec.strategy, pick: rec.pick, status: rec.status, outcome: rec.outcome, ttftMs: rec.ttftMs }, "decision");
-        this.outbox.fire(this.subjects.decisions(rec.model || "_"), rec);
+        const publish = publishDecision(rec, take);
+        if (publish === true) this.outbox.fire(this.subjects.decisions(rec.model || "_"), rec);
+        else o.metrics().unrecorded(publish);
       },
     };
   }

@@ -5,7 +5,7 @@
  */
 import { DECISION_MAX_BLOCKS, DECISION_RECORD_VERSION, type ChargeEvent, type DecisionRecord, type ReleaseOutcome } from "../../schemas/events.js";
 import { encodeBlockHashes } from "../views/packed-hashes.js";
-import type { RouteError } from "./errors.js";
+import { ErrorCodes, type RouteError } from "./errors.js";
 import type { FinishInfo, PdRouted, RoutedRequest } from "./request.js";
 import { isModelName } from "./request-body.js";
 import { MAX_REQUEST_ID_LENGTH } from "./stages/parse.js";
@@ -129,4 +129,19 @@ export function rejectedRecord(o: {
     outcome: "rejected",
     errorCode: o.err.code,
   };
+}
+
+/** Why a decision record is not published: an unknown path, or over the replica's rejection budget. */
+export type UnrecordedReason = "unknown_path" | "budget";
+
+/**
+ * Whether a decision record goes onto DECISIONS. Every routed request's record does; a rejection's
+ * only within the replica's budget (`take`: a token bucket), and never one for a path jetroute does
+ * not route, so a flood of refused or unauthenticated requests cannot push the replay history out
+ * of the stream. Metrics count every request either way.
+ */
+export function publishDecision(rec: Pick<DecisionRecord, "outcome" | "errorCode">, take: () => boolean): true | UnrecordedReason {
+  if (rec.outcome !== "rejected") return true;
+  if (rec.errorCode === ErrorCodes.unsupportedPath.code) return "unknown_path";
+  return take() ? true : "budget";
 }
