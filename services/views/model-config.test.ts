@@ -61,8 +61,32 @@ describe("model config - client strings are looked up as own names only", () => 
     const v = new ModelConfigView();
     v.set("m", { defaultProfile: "chat", profiles: { chat: { routingStrategy: "prefix-cache", requestsPerSecond: 1 } } });
     for (const profile of PROTOTYPE_NAMES) {
-      const c = v.choose("m", { "config-profile": profile }, { promptTokens: 10 }, "least-request");
-      expect([c.spec, c.profile, c.profileConfig?.requestsPerSecond], profile).toEqual(["prefix-cache", "chat", 1]);
+      const c = v.choose("m", { "config-profile": profile }, { promptTokens: 10 }, "least-request") as { spec: string; profile?: string; requestsPerSecond?: number };
+      expect([c.spec, c.profile, c.requestsPerSecond], profile).toEqual(["prefix-cache", "chat", 1]);
     }
+  });
+});
+
+describe("model config - the model's request rate", () => {
+  const v = new ModelConfigView();
+  v.set("m", {
+    defaultProfile: "chat",
+    profiles: { chat: { routingStrategy: "prefix-cache", requestsPerSecond: 1 }, batch: { routingStrategy: "least-request" }, bulk: { requestsPerSecond: 5 } },
+  });
+  const rps = (headers: Record<string, string>) => (v.choose("m", headers, { promptTokens: 10 }, "least-request") as { requestsPerSecond?: number }).requestsPerSecond;
+
+  it("naming a profile that sets no rate keeps the default profile's limit (no escape by header)", () => {
+    expect(rps({})).toBe(1);
+    expect(rps({ "config-profile": "batch" })).toBe(1);
+    expect(rps({ "config-profile": "batch", "routing-strategy": "random" })).toBe(1);
+    expect(rps({ "config-profile": "no-such-profile" })).toBe(1);
+  });
+  it("a profile with its own rate applies it", () => {
+    expect(rps({ "config-profile": "bulk" })).toBe(5);
+  });
+  it("a model without any rate has none", () => {
+    const w = new ModelConfigView();
+    w.set("n", { defaultProfile: "a", profiles: { a: { routingStrategy: "random" } } });
+    expect((w.choose("n", {}, { promptTokens: 1 }, "least-request") as { requestsPerSecond?: number }).requestsPerSecond).toBeUndefined();
   });
 });

@@ -18,7 +18,8 @@ export interface ConfigReader {
   get(model: string): ModelConfig | undefined;
   /** A user's per-minute limits (the user's own entry, else `default`), if any. */
   userLimits(user: string | undefined): { rpm?: number; tpm?: number } | undefined;
-  choose(model: string, headers: Readonly<Record<string, string>>, hints: { promptTokens: number; maxTokens?: number }, fallback: string): StrategyChoice & { profileConfig?: Profile };
+  /** `requestsPerSecond`: the model's request-rate limit for this request (the applied profile's, else the default profile's). */
+  choose(model: string, headers: Readonly<Record<string, string>>, hints: { promptTokens: number; maxTokens?: number }, fallback: string): StrategyChoice & { profileConfig?: Profile; requestsPerSecond?: number };
 }
 
 function hintScore(h: RoutingHints | undefined, promptTokens: number, maxTokens: number | undefined): number {
@@ -86,10 +87,15 @@ export class ModelConfigView implements ConfigReader {
     if (c?.lockedRoutingStrategy) return { spec: c.lockedRoutingStrategy, source: "locked" as const };
     const profileName = this.profileFor(c, headers["config-profile"], hints);
     const profileConfig = profileName && c?.profiles && Object.hasOwn(c.profiles, profileName) ? c.profiles[profileName] : undefined;
+    // The model's request rate: the applied profile's, else its default profile's, so naming a
+    // profile that sets none cannot escape the limit the model's default applies.
+    const defaultProfile = c?.defaultProfile && c.profiles && Object.hasOwn(c.profiles, c.defaultProfile) ? c.profiles[c.defaultProfile] : undefined;
+    const rps = profileConfig?.requestsPerSecond ?? defaultProfile?.requestsPerSecond;
+    const limit = rps !== undefined ? { requestsPerSecond: rps } : {};
     const header = headers["routing-strategy"];
-    if (header) return { spec: header, source: "header" as const, ...(profileName ? { profile: profileName, profileConfig } : {}) };
-    if (profileConfig?.routingStrategy) return { spec: profileConfig.routingStrategy, source: "profile" as const, profile: profileName, profileConfig };
-    return { spec: fallback, source: "default" as const, ...(profileName ? { profile: profileName, profileConfig } : {}) };
+    if (header) return { spec: header, source: "header" as const, ...limit, ...(profileName ? { profile: profileName, profileConfig } : {}) };
+    if (profileConfig?.routingStrategy) return { spec: profileConfig.routingStrategy, source: "profile" as const, ...limit, profile: profileName, profileConfig };
+    return { spec: fallback, source: "default" as const, ...limit, ...(profileName ? { profile: profileName, profileConfig } : {}) };
   }
 
   private profileFor(c: ModelConfig | undefined, requested: string | undefined, hints: { promptTokens: number; maxTokens?: number }): string | undefined {

@@ -53,7 +53,7 @@ export function parseRoute(headers: Readonly<Record<string, string>>, body: Uint
     if (isStrategySpecError(err)) throw new RouteError("invalidStrategy", `${err.message}; known: ${strategyNames().join(", ")}`, "routing-strategy");
     throw err;
   }
-  const rps = "profileConfig" in choice ? choice.profileConfig?.requestsPerSecond : undefined;
+  const rps = "requestsPerSecond" in choice ? choice.requestsPerSecond : undefined;
   const slo = "profileConfig" in choice ? choice.profileConfig?.slo : undefined;
   return { parsed, strategy, ...(strategyParams ? { strategyParams } : {}), ...(slo ? { slo } : {}), ...(rps !== undefined ? { rps } : {}), ...("profile" in choice && choice.profile ? { profile: choice.profile } : {}) };
 }
