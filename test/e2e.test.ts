@@ -28,7 +28,7 @@ async function readSse(res: Response): Promise<{ chunks: Chunk[]; done: boolean 
 }
 
 async function gatewayProcess(env: TestEnv, id: string): Promise<{ proc: ServiceProcess; target: string }> {
-  const proc = spawnJetroute(id, ["gateway", "--nats", env.server.url, "--port", "0", "--admin-port", "-1", "--host", "127.0.0.1", "--id", id, "--heartbeat-ms", "200"]);
+  const proc = spawnJetroute(id, ["gateway", "--nats", env.server.url, "--port", "0", "--admin-port", "-1", "--host", "127.0.0.1", "--id", id, "--heartbeat-ms", "200", "--expose-pod-addresses"]);
   const { port } = await proc.waitForLine<{ port: number }>((v) => typeof v.port === "number");
   return { proc, target: `127.0.0.1:${port}` };
 }

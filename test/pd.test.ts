@@ -44,7 +44,8 @@ describe("P/D - vLLM and SGLang through the front, two replicas", () => {
     for (const p of [...vllm.pods, ...sglang.pods]) {
       await env.publishPod({ model: p.engine === "sglang" ? SG_MODEL : MODEL, pod: p.name, address: p.address, engine: p.engine, role: p.role, ...(p.roleset ? { roleset: p.roleset } : {}), ...(p.bootstrapPort ? { bootstrapPort: p.bootstrapPort } : {}) });
     }
-    gws = [await env.gateway({ id: "pd-gw-1", defaultStrategy: "pd", pd: PD }), await env.gateway({ id: "pd-gw-2", defaultStrategy: "pd", pd: PD })];
+    // AIBrix's response headers, pod addresses included.
+    gws = [await env.gateway({ id: "pd-gw-1", defaultStrategy: "pd", pd: PD, exposePodAddresses: true }), await env.gateway({ id: "pd-gw-2", defaultStrategy: "pd", pd: PD, exposePodAddresses: true })];
     await waitFor(() => gws.every((g) => g.views.pods.readyPods(MODEL).length === 6 && g.views.pods.readyPods(SG_MODEL).length === 2), 5_000, "pods in both replicas");
     front = await startFront({ port: 0, host: "127.0.0.1", gateways: gws.map((g) => `127.0.0.1:${g.port}`), logger: quietLog });
     base = `http://127.0.0.1:${front.port}`;

@@ -63,6 +63,7 @@ export function registerGatewayCommand(program: Command): void {
     // On (5 ms) since every gateway and replay tool of the previous release reads `releases`; a
     // fleet still running builds older than that sets 0 until they are gone (they dead-letter it).
     .option("--release-batch-ms <ms>", "releases are sent per pod in batches over this window, at most 20 (0 = each on its own, for fleets still running builds that predate the `releases` event)", intOption(0, MAX_RELEASE_BATCH_MS), D.releaseBatchMs)
+    .option("--expose-pod-addresses", "echo pod addresses to clients on the response (target-pod, prefill-target-pod-ip), as AIBrix does; off: internal addresses stay inside")
     .option("--rejection-records-per-s <n>", "decision records of rejected requests this replica publishes per second, in bursts up to twice that (the rest are only counted; unknown paths never recorded)", intOption(0), D.rejectionRecordsPerS)
     .option("--heartbeat-timeout-ms <ms>", "a gateway silent this long loses its charges (default 3 x interval)", intOption(10))
     .option("--pod-source-timeout-ms <ms>", "pods of a pod-watcher source silent this long stop being routable (0 = never)", intOption(0), D.podSourceTimeoutMs)
@@ -101,6 +102,7 @@ export function registerGatewayCommand(program: Command): void {
         heartbeatIntervalMs: o.heartbeatMs,
         releaseBatchMs: o.releaseBatchMs,
         rejectionRecordsPerS: o.rejectionRecordsPerS,
+        exposePodAddresses: o.exposePodAddresses === true,
         heartbeatTimeoutMs: o.heartbeatTimeoutMs,
         podSourceTimeoutMs: o.podSourceTimeoutMs,
         loadStaleAfterMs: o.loadStaleMs,

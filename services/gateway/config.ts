@@ -75,6 +75,8 @@ export const GatewayConfigSchema = Type.Object(
     sessionSecret: Type.Optional(Type.String()),
     engineApiKey: Type.Optional(Type.String()),
     recordPromptBlocks: Type.Boolean({ default: true }),
+    /** Echo pod addresses to clients (`target-pod`, `prefill-target-pod-ip`), as AIBrix does; off: they stay inside. */
+    exposePodAddresses: Type.Boolean({ default: false }),
     auth: Type.Union([Type.Literal("off"), Type.Literal("required")], { default: "off" }),
     pd: Type.Object(
       {

@@ -82,6 +82,12 @@ export interface ExtProcHandlerOptions {
    * under `auth` (a jetroute key is never an engine's) and passed through otherwise.
    */
   engineApiKey?: string;
+  /**
+   * Echo the pod's address on the response (`target-pod`, and `prefill-target-pod-ip` for P/D), as
+   * AIBrix does. Off by default: internal addresses stay inside; the strategy, request id and P/D
+   * prefill pod name are echoed either way.
+   */
+  exposePodAddresses?: boolean;
   /** Bearer API-key authentication (`--auth required`); absent: every request is let through. */
   auth?: {
     /** Checks the `authorization` header value (never logged). */
@@ -134,7 +140,7 @@ export function createExtProcHandler(opts: ExtProcHandlerOptions): grpc.handleBi
  * once per (endpoint, strategy), bounded by pods x strategies.
  */
 class TargetCache {
-  private readonly targets = new Map<string, { headers: HeaderValueOption[]; echo: HeaderValueOption[]; metadata: ProtoStruct }>();
+  private readonly targets = new Map<string, { headers: HeaderValueOption[]; echo: HeaderValueOption[]; echoNoAddress: HeaderValueOption[]; metadata: ProtoStruct }>();
 
   of(endpoint: string, strategy: string) {
     const key = `${endpoint} ${strategy}`;
@@ -145,6 +151,7 @@ class TargetCache {
         headers: [setHeader(Headers.destinationEndpoint, endpoint), setHeader(Headers.targetPod, endpoint), setHeader(Headers.routingStrategy, strategy)],
         // Echoed on the response so clients and logs see where the request went.
         echo: [setHeader(Headers.targetPod, endpoint), setHeader(Headers.routingStrategy, strategy)],
+        echoNoAddress: [setHeader(Headers.routingStrategy, strategy)],
         metadata: toProtoStruct({ [LB_METADATA_NAMESPACE]: { [Headers.destinationEndpoint]: endpoint } }),
       };
       this.targets.set(key, t);
@@ -439,11 +446,14 @@ class Exchange {
     this.responseStarted = true;
     this.responseIsSse = (h[Headers.contentType] ?? "").includes("text/event-stream");
     this.tracker = new ResponseTracker(h[Headers.contentType]);
-    const set = routed ? [...this.shared.targets.of(routed.pod.address, routed.strategy).echo, setHeader(Headers.gatewayRequestId, routed.requestId)] : [];
+    const expose = this.opts.exposePodAddresses === true;
+    const target = routed ? this.shared.targets.of(routed.pod.address, routed.strategy) : undefined;
+    const set = routed && target ? [...(expose ? target.echo : target.echoNoAddress), setHeader(Headers.gatewayRequestId, routed.requestId)] : [];
     for (const [k, v] of Object.entries(routed?.responseHeaders ?? {})) set.push(setHeader(k, v));
     if (routed?.pd && !routed.pd.plan.skipPrefill) {
       const a = routed.pd.prefillPod.address;
-      set.push(setHeader(Headers.prefillTargetPod, routed.pd.prefillPod.pod), setHeader(Headers.prefillTargetPodIp, a.slice(0, a.lastIndexOf(":"))));
+      set.push(setHeader(Headers.prefillTargetPod, routed.pd.prefillPod.pod));
+      if (expose) set.push(setHeader(Headers.prefillTargetPodIp, a.slice(0, a.lastIndexOf(":"))));
     }
     // An upstream error gets an OpenAI-shaped body: collect it, answer at its last chunk.
     this.normalising = this.status >= 400 && !req.response_headers?.end_of_stream;

@@ -145,6 +145,7 @@ export async function startGateway(options: GatewayOptions): Promise<GatewayHand
       pdWatchdog: { ...DEFAULT_PD_WATCHDOG, firstChunkMs: config.pd.firstChunkTimeoutMs, idleMs: config.pd.idleTimeoutMs },
       listModels: () => [...new Set(views.pods.all().flatMap((p) => [p.model, ...p.adapters]))].sort(),
       usageClamped: () => metrics.usageClamped(),
+      exposePodAddresses: config.exposePodAddresses,
       ...(config.engineApiKey ? { engineApiKey: config.engineApiKey } : {}),
       ...extProcAuthOf(config, apiKeys, metrics, log),
     }),

@@ -116,3 +116,37 @@ describe("ext_proc adapter - the client's authorization and the engines'", () =>
     expect(m.set).toEqual({});
   });
 });
+
+describe("ext_proc adapter - pod addresses on the response", () => {
+  async function responseHeaders(opts: Partial<ExtProcHandlerOptions>) {
+    const clock = new FakeClock(1_000_000);
+    const state = stateWithPods(2, "gw");
+    const director = new Director({ gatewayId: "gw", defaultStrategy: "least-request", chargeTtlMs: 60_000, state, sink: new MemorySink(), config: state.configs, clock, now: clock.now });
+    const server = new grpc.Server(EXT_PROC_SERVER_OPTIONS);
+    server.addService(loadExtProc().service, { Process: createExtProcHandler({ router: director, log: createLogger("test", "silent"), isReady: () => true, listModels: () => [], ...opts }) });
+    const port = await new Promise<number>((resolve, reject) => server.bindAsync("127.0.0.1:0", grpc.ServerCredentials.createInsecure(), (err, p) => (err ? reject(err) : resolve(p))));
+    const client = new ExtProcClient(`127.0.0.1:${port}`);
+    servers.push({ client, server });
+    const ex = client.open();
+    await ex.requestHeaders({ ":method": "POST", ":path": "/v1/chat/completions", ":authority": "gw", "content-type": "application/json" });
+    const routed = await ex.requestBody(chatBody());
+    const h = await ex.responseHeaders(200, { "content-type": "application/json" });
+    ex.cancel();
+    if (routed.kind !== "continue" || h.kind !== "continue") throw new Error("expected the request routed");
+    return { endpoint: routed.headerMutation.set["x-gateway-destination-endpoint"], echoed: h.headerMutation.set };
+  }
+
+  it("by default the client learns the strategy and request id, not the pod's address (Envoy still gets it)", async () => {
+    const { endpoint, echoed } = await responseHeaders({});
+    expect(endpoint).toMatch(/:\d+$/);
+    expect(echoed["target-pod"]).toBeUndefined();
+    expect(Object.values(echoed)).not.toContain(endpoint);
+    expect(echoed["routing-strategy"]).toBe("least-request");
+    expect(echoed["request-id"]).toBeTruthy();
+  });
+
+  it("--expose-pod-addresses echoes target-pod as AIBrix does", async () => {
+    const { endpoint, echoed } = await responseHeaders({ exposePodAddresses: true });
+    expect(echoed["target-pod"]).toBe(endpoint);
+  });
+});
