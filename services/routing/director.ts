@@ -15,7 +15,7 @@ import { RouteError } from "./errors.js";
 import { promptInputOf } from "../tokenizer/prompt-tokens.js";
 import type { UsageView } from "../views/usage-view.js";
 import type { ConfigReader } from "../views/model-config.js";
-import type { RateView } from "../views/rate-view.js";
+import { type RateView, rateUserOf } from "../views/rate-view.js";
 import type { GatewayState } from "../views/gateway-state.js";
 import { findStrategy, strategyNames } from "./strategies/registry.js";
 import { parseRoute } from "./stages/parse.js";
@@ -291,9 +291,10 @@ export class Director {
     let admission = opts.carry?.admission;
     if (!opts.carry) {
       // Own admissions are remembered only where a limit can read them (the burst guard).
-      const userLimited = user !== undefined && this.opts.config?.userLimits(user) !== undefined;
+      // A request without a user is limited (and remembered) under the shared anonymous bucket.
+      const userLimited = this.opts.config?.userLimits(user) !== undefined;
       if (userLimited || prepared.rps !== undefined) {
-        admission = { ...(userLimited ? { user } : {}), ...(prepared.rps !== undefined ? { model: charge.model } : {}), tokens: promptTokens, ts: now };
+        admission = { ...(userLimited ? { user: rateUserOf(user) } : {}), ...(prepared.rps !== undefined ? { model: charge.model } : {}), tokens: promptTokens, ts: now };
       }
     }
     this.opts.state.ownCharge(charge, now, { ...(opts.carry ? { counted: false } : admission ? { admission } : {}) });

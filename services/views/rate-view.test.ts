@@ -97,7 +97,7 @@ describe("rate view - prompt estimates replaced by the engine's count", () => {
     expect(r.userTokens("alice", 61_000)).toBe(0);
   });
 
-  it("leaves a window that is over alone, and ignores requests without a user", () => {
+  it("leaves a window that is over alone, and counts requests without a user apart from every named user", () => {
     const r = new RateView();
     r.request("alice", "m", 10, 60_000);
     r.request("alice", "m", 10, 120_500); // a new minute

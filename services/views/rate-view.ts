@@ -60,6 +60,14 @@ interface OwnAdmission {
   tokens: number;
 }
 
+/**
+ * The one bucket requests without a user share (per-user limits: `users.default`). No client can
+ * name it: HTTP header values cannot carry NUL, and API-key users are validated names.
+ */
+export const ANONYMOUS_USER = "\u0000anonymous";
+/** The key a request's user is counted under. */
+export const rateUserOf = (user: string | undefined): string => user || ANONYMOUS_USER;
+
 /** Key of a user's or a model's own-admission list. */
 const ownKey = (kind: "user" | "model", name: string) => `${kind === "user" ? "u" : "m"}\u0000${name}`;
 
@@ -175,10 +183,9 @@ export class RateView implements RateReader {
 
   /** A request charged at `ts` (ms); `own` = admitted by this replica (counted in its summary too). */
   request(user: string | undefined, model: string, promptTokens: number, ts: number, own = false): void {
-    if (user) {
-      this.bump(this.users, user, Math.floor(ts / 60_000), 1, promptTokens);
-      if (own) this.bumpMine(user, Math.floor(ts / 60_000), 1, promptTokens);
-    }
+    const u = rateUserOf(user);
+    this.bump(this.users, u, Math.floor(ts / 60_000), 1, promptTokens);
+    if (own) this.bumpMine(u, Math.floor(ts / 60_000), 1, promptTokens);
     this.bump(this.models, model, Math.floor(ts / 1_000), 1, 0);
   }
 
@@ -199,12 +206,11 @@ export class RateView implements RateReader {
         w.tokens = Math.max(0, w.tokens - tokens);
       }
     };
-    if (user) {
-      undo(this.users, user, Math.floor(ts / 60_000), promptTokens);
-      // Only this replica's own requests are ever retracted.
-      undo(this.mine, user, Math.floor(ts / 60_000), promptTokens);
-      this.mineVersion++;
-    }
+    const u = rateUserOf(user);
+    undo(this.users, u, Math.floor(ts / 60_000), promptTokens);
+    // Only this replica's own requests are ever retracted.
+    undo(this.mine, u, Math.floor(ts / 60_000), promptTokens);
+    this.mineVersion++;
     undo(this.models, model, Math.floor(ts / 1_000), 0);
     if (own) {
       if (own.user) this.takeOwn(ownKey("user", own.user), own.ts, own.tokens);
@@ -226,9 +232,10 @@ export class RateView implements RateReader {
    * window the request was charged in, if that window is still the user's current one.
    */
   correctPrompt(user: string | undefined, delta: number, chargedAt: number, own = false): void {
-    if (!user || delta === 0) return;
+    if (delta === 0) return;
+    const u = rateUserOf(user);
     for (const map of own ? [this.users, this.mine] : [this.users]) {
-      const w = map.get(user);
+      const w = map.get(u);
       if (w && w.window === Math.floor(chargedAt / 60_000)) w.tokens = Math.max(0, w.tokens + delta);
     }
     if (own) this.mineVersion++;
@@ -236,9 +243,10 @@ export class RateView implements RateReader {
 
   /** Completion tokens of a request that ended at `ts` (`own`: one this replica routed). */
   completion(user: string | undefined, tokens: number, ts: number, own = false): void {
-    if (!user || tokens <= 0) return;
-    this.bump(this.users, user, Math.floor(ts / 60_000), 0, tokens);
-    if (own) this.bumpMine(user, Math.floor(ts / 60_000), 0, tokens);
+    if (tokens <= 0) return;
+    const u = rateUserOf(user);
+    this.bump(this.users, u, Math.floor(ts / 60_000), 0, tokens);
+    if (own) this.bumpMine(u, Math.floor(ts / 60_000), 0, tokens);
   }
 
   /**

@@ -101,3 +101,29 @@ describe("admission - per-model requests per second", () => {
     expect(() => go()).not.toThrow();
   });
 });
+
+describe("admission - requests without a user", () => {
+  it("share one bucket under users.default, fed by every replica's user-less charges; named users keep their own", () => {
+    const clock = new FakeClock(10 * MINUTE);
+    const state = stateWithPods(2);
+    state.apply({ type: "config-entry", key: "limits", operation: "PUT", value: { users: { default: { rpm: 2 } } } }, { stream: "config", subject: "limits", seq: 1, serverTs: 0 });
+    const admission = new Admission(state, state.configs, clock);
+    let n = 0;
+    const send = (user: string | undefined) =>
+      admission.admit({ model: MODEL, user, tokens: 1, rps: undefined }, () => {
+        const c: ChargeEvent = { type: "charge", id: String(++n), gateway: "self", model: MODEL, pod: "p0", ts: clock.t, ttlMs: 600_000, promptTokens: 1, ...(user ? { user } : {}) };
+        state.ownCharge(c, clock.t, {});
+        return c;
+      });
+    // Another replica's request without a user counts against the same bucket.
+    state.apply({ type: "charge", id: "peer-1", gateway: "peer", model: MODEL, pod: "p1", ts: clock.t, ttlMs: 600_000, promptTokens: 1 }, { stream: "charges", subject: "c", seq: 2, serverTs: clock.t });
+    expect(send(undefined)).toMatchObject({ type: "charge" });
+    const err = refused(() => send(undefined));
+    expect(err.status).toBe(429);
+    expect(err.message).toMatch(/requests without a user exceeded 2 requests per minute/);
+    // Named users are counted apart, each under the default.
+    expect(send("bob")).toMatchObject({ user: "bob" });
+    expect(send("bob")).toMatchObject({ user: "bob" });
+    expect(refused(() => send("bob")).message).toMatch(/user `bob` exceeded/);
+  });
+});

@@ -15,7 +15,7 @@
  */
 import type { ConfigReader } from "../../views/model-config.js";
 import type { PodSetReader } from "../../views/pod-set.js";
-import type { RateView } from "../../views/rate-view.js";
+import { type RateView, rateUserOf } from "../../views/rate-view.js";
 import { RouteError } from "../errors.js";
 import type { Rank } from "./scheduling.js";
 
@@ -99,9 +99,11 @@ export class Admission {
       }
       if (others > 0 && seen + others * rates.ownRecent("model", base, now).requests >= r.rps) wait = Math.max(wait, rates.ownConfirmedAt("model", base, now) - now);
     }
-    const user = r.user;
-    const limits = this.config?.userLimits(user);
-    if (!limits || !user) return wait > 0 ? wait : undefined;
+    // Requests without a user share one bucket, under `users.default`.
+    const user = rateUserOf(r.user);
+    const who = r.user ? `user \`${r.user}\`` : "requests without a user";
+    const limits = this.config?.userLimits(r.user);
+    if (!limits) return wait > 0 ? wait : undefined;
     const reset = (60_000 - (now % 60_000)) / 1000;
     const headers = (kind: "requests" | "tokens", limit: number) => ({
       "retry-after": String(Math.ceil(reset)),
@@ -112,12 +114,12 @@ export class Admission {
     const mine = others > 0 ? rates.ownRecent("user", user, now) : { requests: 0, tokens: 0 };
     if (limits.rpm !== undefined) {
       const seen = rates.userRequests(user, now);
-      if (seen >= limits.rpm) return new RouteError("rateLimited", `user \`${user}\` exceeded ${limits.rpm} requests per minute`, null, headers("requests", limits.rpm));
+      if (seen >= limits.rpm) return new RouteError("rateLimited", `${who} exceeded ${limits.rpm} requests per minute`, null, headers("requests", limits.rpm));
       if (seen + others * mine.requests >= limits.rpm) wait = Math.max(wait, rates.ownConfirmedAt("user", user, now) - now);
     }
     if (limits.tpm !== undefined) {
       const seen = rates.userTokens(user, now);
-      if (seen + r.tokens > limits.tpm) return new RouteError("rateLimited", `user \`${user}\` exceeded ${limits.tpm} tokens per minute`, null, headers("tokens", limits.tpm));
+      if (seen + r.tokens > limits.tpm) return new RouteError("rateLimited", `${who} exceeded ${limits.tpm} tokens per minute`, null, headers("tokens", limits.tpm));
       if (seen + r.tokens + others * mine.tokens > limits.tpm) wait = Math.max(wait, rates.ownConfirmedAt("user", user, now) - now);
     }
     return wait > 0 ? wait : undefined;
