@@ -138,17 +138,7 @@ export async function startGateway(options: GatewayOptions): Promise<GatewayHand
 
   const apiKeys = state.apiKeys;
   const port = await listener.listen(
-    createExtProcHandler({
-      router: director,
-      log,
-      isReady: () => isReady,
-      pdWatchdog: { ...DEFAULT_PD_WATCHDOG, firstChunkMs: config.pd.firstChunkTimeoutMs, idleMs: config.pd.idleTimeoutMs },
-      listModels: () => [...new Set(views.pods.all().flatMap((p) => [p.model, ...p.adapters]))].sort(),
-      usageClamped: () => metrics.usageClamped(),
-      exposePodAddresses: config.exposePodAddresses,
-      ...(config.engineApiKey ? { engineApiKey: config.engineApiKey } : {}),
-      ...extProcAuthOf(config, apiKeys, metrics, log),
-    }),
+    createExtProcHandler({ ...extProcOptionsOf(config, views, metrics, log), router: director, isReady: () => isReady, ...extProcAuthOf(config, apiKeys, metrics, log) }),
     config.host,
     config.port,
     credentials,
@@ -360,4 +350,16 @@ async function shutDown(p: {
   await p.pdClient.close();
   await p.tokenizer.close();
   p.log.info({ drained }, "gateway stopped");
+}
+
+/** The ext_proc adapter's settings from the config: P/D watchdog, model listing, engine key, what responses reveal. */
+function extProcOptionsOf(config: GatewayConfig, views: GatewayViews, metrics: GatewayMetrics, log: Logger): Omit<ExtProcHandlerOptions, "router" | "isReady" | "auth"> {
+  return {
+    log,
+    pdWatchdog: { ...DEFAULT_PD_WATCHDOG, firstChunkMs: config.pd.firstChunkTimeoutMs, idleMs: config.pd.idleTimeoutMs },
+    listModels: () => [...new Set(views.pods.all().flatMap((p) => [p.model, ...p.adapters]))].sort(),
+    usageClamped: () => metrics.usageClamped(),
+    exposePodAddresses: config.exposePodAddresses,
+    ...(config.engineApiKey ? { engineApiKey: config.engineApiKey } : {}),
+  };
 }
