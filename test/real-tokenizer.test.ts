@@ -419,6 +419,26 @@ describe("real tokenizer - failure paths", () => {
     await good.close();
   });
 
+  it("a render that runs past the timeout fails as a template error; its worker is replaced and the pool renders on", async () => {
+    // A template that loops for a very long time: a hostile or broken chat template.
+    const templates = new Map([
+      ["loop", "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}done"],
+      ["default", "{{ messages[0].content }}"],
+    ]);
+    const pool = new RenderPool(templates, 1, 4, { renderTimeoutMs: 300 });
+    const job = { name: "default", context: { messages: [{ role: "user", content: "hi" }] } };
+    expect(await pool.render(job)).toBe("hi");
+    const started = performance.now();
+    await expect(pool.render({ name: "loop", context: {} })).rejects.toThrow(/render timed out after 300 ms/);
+    expect(performance.now() - started).toBeLessThan(10_000);
+    expect([pool.timedOut, pool.inFlight, pool.startupFailures]).toEqual([1, 0, 0]);
+    // A fresh worker serves the next render.
+    expect(await pool.render(job)).toBe("hi");
+    expect(pool.spawned).toBe(2);
+    await pool.close();
+    expect(() => new RenderPool(templates, 1, 4, { renderTimeoutMs: 0 })).toThrow(RangeError);
+  });
+
   it("a full encode queue refuses at once: that request is approximate, counted", async () => {
     const t = new Tokenizer({ modes: { m: `hf:${tokenizerDir("qwen3")}` }, hf: { concurrency: 1, maxQueued: 2 } });
     const text = "a long prompt to keep the encoder busy ".repeat(2000);

@@ -11,7 +11,9 @@
  * template errors and is replaced on the next render. A worker that dies before it is ready (its
  * module or templates do not load) counts as a startup failure: after 3 in a row the pool stops
  * spawning and refuses at once (RenderPoolUnavailableError: the caller renders on its own thread)
- * until a backoff passes (1 s, doubling to 60 s), then tries one worker again.
+ * until a backoff passes (1 s, doubling to 60 s), then tries one worker again. A render that
+ * runs past `renderTimeoutMs` (a template that loops over a huge range) fails as a template error
+ * and its worker is terminated, with every job it held; the next render starts a fresh one.
  */
 import { createRequire } from "node:module";
 import { Worker } from "node:worker_threads";
@@ -36,12 +38,15 @@ parentPort.on("message", ({ id, name, context }) => {
 interface Pending {
   resolve(text: string): void;
   reject(err: Error): void;
+  timer: NodeJS.Timeout | undefined;
 }
 
 interface Slot {
   worker: Worker;
   pending: Map<number, Pending>;
   ready: boolean;
+  /** Fails every job the worker holds and retires it (set by spawn). */
+  fail?: (why: string, startupFailure?: boolean) => void;
 }
 
 /** The pool is backing off after workers failed to start: render elsewhere. */
@@ -54,7 +59,12 @@ export interface RenderPoolOptions {
   jinjaModule?: string;
   /** Clock for the startup backoff (ms). */
   now?: () => number;
+  /** Longest a render may run before its worker is terminated (ms; default DEFAULT_RENDER_TIMEOUT_MS). */
+  renderTimeoutMs?: number;
 }
+
+/** A chat template render that takes longer than this is a template error (it loops, or is hostile). */
+export const DEFAULT_RENDER_TIMEOUT_MS = 2_000;
 
 /** Consecutive startup failures after which the pool backs off. */
 export const MAX_STARTUP_FAILURES = 3;
@@ -67,7 +77,10 @@ export class RenderPool {
   private nextId = 0;
   private outstanding = 0;
   private readonly now: () => number;
+  private readonly renderTimeoutMs: number;
   refused = 0;
+  /** Renders that ran past the timeout (their workers were terminated). */
+  timedOut = 0;
   rendered = 0;
   /** Workers started, and consecutive ones that died before they were ready. */
   spawned = 0;
@@ -86,6 +99,8 @@ export class RenderPool {
     this.slots = new Array(threads).fill(undefined);
     this.jinja = o.jinjaModule ?? createRequire(import.meta.url).resolve("@huggingface/jinja");
     this.now = o.now ?? Date.now;
+    this.renderTimeoutMs = o.renderTimeoutMs ?? DEFAULT_RENDER_TIMEOUT_MS;
+    if (!(this.renderTimeoutMs > 0)) throw new RangeError(`renderTimeoutMs must be > 0, got ${this.renderTimeoutMs}`);
   }
 
   /** True while startup failures keep the pool from spawning (renders are refused with RenderPoolUnavailableError). */
@@ -110,7 +125,9 @@ export class RenderPool {
     return new Promise<string>((resolve, reject) => {
       // Referenced only while it owes an answer: an idle pool never keeps a process alive.
       if (slot.pending.size === 0) slot.worker.ref();
-      slot.pending.set(id, { resolve, reject });
+      const timer = setTimeout(() => this.timeOut(slot), this.renderTimeoutMs);
+      timer.unref();
+      slot.pending.set(id, { resolve, reject, timer });
       slot.worker.postMessage({ id, name: job.name, context: job.context });
     });
   }
@@ -118,6 +135,14 @@ export class RenderPool {
   async close(): Promise<void> {
     const all = this.slots.splice(0, this.slots.length, ...new Array(this.threads).fill(undefined));
     await Promise.all(all.map((s) => s?.worker.terminate()));
+  }
+
+  /** A render ran past the timeout: the worker is stuck in it, so it goes, with every job it held. */
+  private timeOut(slot: Slot): void {
+    this.timedOut++;
+    // Not a startup failure even if the worker never said ready: the template, not the module, is at fault.
+    slot.fail?.(`render timed out after ${this.renderTimeoutMs} ms`, false);
+    void slot.worker.terminate();
   }
 
   private leastBusy(): Slot {
@@ -143,6 +168,7 @@ export class RenderPool {
       }
       const p = slot.pending.get(m.id);
       if (!p) return;
+      clearTimeout(p.timer);
       slot.pending.delete(m.id);
       this.outstanding--;
       if (slot.pending.size === 0) worker.unref();
@@ -153,8 +179,8 @@ export class RenderPool {
       }
     });
     let failed = false;
-    const fail = (why: string) => {
-      if (!failed && !slot.ready) {
+    const fail = (why: string, startupFailure = true) => {
+      if (!failed && !slot.ready && startupFailure) {
         this.startupFailures++;
         if (this.startupFailures >= MAX_STARTUP_FAILURES) {
           this.retryAt = this.now() + this.backoffMs;
@@ -163,10 +189,14 @@ export class RenderPool {
       }
       failed = true;
       if (this.slots[i] === slot) this.slots[i] = undefined;
-      for (const p of slot.pending.values()) p.reject(new ChatTemplateError(`template worker ${why}`));
+      for (const p of slot.pending.values()) {
+        clearTimeout(p.timer);
+        p.reject(new ChatTemplateError(`template worker ${why}`));
+      }
       this.outstanding -= slot.pending.size;
       slot.pending.clear();
     };
+    slot.fail = fail;
     worker.on("error", (err) => fail(`failed: ${err.message}`));
     worker.on("exit", (code) => fail(`exited (${code})`));
     // After the listeners: adding a "message" listener refs the worker again.
