@@ -1,5 +1,5 @@
 import { type Command, InvalidArgumentError } from "commander";
-import { addNamespaceOptions, intOption, modelListOption, namespaceFlags, untilSignal } from "../shared/cli-options.js";
+import { addNamespaceOptions, intOption, modelListOption, namespaceFlags, podCidrsOption, untilSignal } from "../shared/cli-options.js";
 import { createLogger } from "../shared/log.js";
 import { DEFAULT_ADMIN_PORT, DEFAULT_EXTPROC_PORT, GATEWAY_DEFAULTS as D, GatewayConfigError, MAX_RELEASE_BATCH_MS } from "./config.js";
 import { startGateway } from "./gateway.js";
@@ -63,6 +63,7 @@ export function registerGatewayCommand(program: Command): void {
     // On (5 ms) since every gateway and replay tool of the previous release reads `releases`; a
     // fleet still running builds older than that sets 0 until they are gone (they dead-letter it).
     .option("--release-batch-ms <ms>", "releases are sent per pod in batches over this window, at most 20 (0 = each on its own, for fleets still running builds that predate the `releases` event)", intOption(0, MAX_RELEASE_BATCH_MS), D.releaseBatchMs)
+    .option("--pod-cidrs <list>", "pod networks allowed, comma separated (e.g. 10.0.0.0/8,fd00::/8): a pod published with an address outside them is never routed to (default: any)", podCidrsOption)
     .option("--expose-pod-addresses", "echo pod addresses to clients on the response (target-pod, prefill-target-pod-ip), as AIBrix does; off: internal addresses stay inside")
     .option("--rejection-records-per-s <n>", "decision records of rejected requests this replica publishes per second, in bursts up to twice that (the rest are only counted; unknown paths never recorded)", intOption(0), D.rejectionRecordsPerS)
     .option("--heartbeat-timeout-ms <ms>", "a gateway silent this long loses its charges (default 3 x interval)", intOption(10))
@@ -103,6 +104,7 @@ export function registerGatewayCommand(program: Command): void {
         releaseBatchMs: o.releaseBatchMs,
         rejectionRecordsPerS: o.rejectionRecordsPerS,
         exposePodAddresses: o.exposePodAddresses === true,
+        ...(o.podCidrs ? { podCidrs: o.podCidrs } : {}),
         heartbeatTimeoutMs: o.heartbeatTimeoutMs,
         podSourceTimeoutMs: o.podSourceTimeoutMs,
         loadStaleAfterMs: o.loadStaleMs,

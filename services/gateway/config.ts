@@ -77,6 +77,8 @@ export const GatewayConfigSchema = Type.Object(
     recordPromptBlocks: Type.Boolean({ default: true }),
     /** Echo pod addresses to clients (`target-pod`, `prefill-target-pod-ip`), as AIBrix does; off: they stay inside. */
     exposePodAddresses: Type.Boolean({ default: false }),
+    /** Pod networks allowed (CIDR ranges); a pod published outside them is never routed to. Absent: any. */
+    podCidrs: Type.Optional(Type.Array(Type.String({ minLength: 1 }), { minItems: 1 })),
     auth: Type.Union([Type.Literal("off"), Type.Literal("required")], { default: "off" }),
     pd: Type.Object(
       {

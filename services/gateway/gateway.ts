@@ -9,6 +9,7 @@ import { type Namespace, namespaceOf } from "../../streams/pools.js";
 import { Subjects } from "../../streams/subjects.js";
 import type { ExtProcConnectionStats } from "../extproc/reset-budget.js";
 import type { Logger } from "../shared/log.js";
+import { podAddressFilter } from "../shared/cidr.js";
 import { connectNats, type NatsHandles } from "../shared/nats.js";
 import { GatewayState } from "../views/gateway-state.js";
 import type { PrefixIndex } from "../views/prefix-index.js";
@@ -197,6 +198,7 @@ function foldOf(config: GatewayConfig, ns: Namespace): GatewayState {
     podSourceTimeoutMs: config.podSourceTimeoutMs,
     prefixIndex: { maxEntries: config.prefixMaxEntries },
     checkModelConfig: validateModelConfig,
+    ...(config.podCidrs ? { podAddressAllowed: podAddressFilter(config.podCidrs) } : {}),
   });
 }
 
@@ -274,6 +276,7 @@ function metricSourcesOf(o: {
     pd: () => ({ ...director.pdStats, ...director.legs?.stats }),
     podSources: () => state.pods.sourceInfo(),
     shadowingAdapters: () => state.pods.shadowingAdapters,
+    refusedPodAddresses: () => state.pods.refusedAddresses,
     usage: () => ({ foreignGateways: state.rates.foreignGateways, foreignEntries: state.rates.foreignEntries, foreignEvicted: state.rates.foreignEvicted, sent: publishers.usageSummaries.sent, truncatedUsers: publishers.usageSummaries.truncatedUsers }),
   };
 }

@@ -26,6 +26,8 @@ export interface GatewayMetricsSources {
   podSources?: () => ReadonlyArray<{ silent: boolean }>;
   /** Engine-reported adapters ignored because they are named like a served base model (services/views/pod-set.ts). */
   shadowingAdapters?: () => number;
+  /** Pods held as absent because their address is outside `--pod-cidrs`. */
+  refusedPodAddresses?: () => number;
   /** Usage summaries across pools (services/gateway/usage-summary.ts, services/views/rate-view.ts). */
   usage?: () => { foreignGateways: number; foreignEntries: number; foreignEvicted: number; sent: number; truncatedUsers: number };
 }
@@ -121,6 +123,9 @@ export class GatewayMetrics {
     });
     gauge("jetroute_gateway_shadowing_adapters", "Engine-reported LoRA adapters ignored because they are named like a base model some pod serves (they would take its traffic)", [], (g) => {
       g.set(src.shadowingAdapters?.() ?? 0);
+    });
+    gauge("jetroute_gateway_pods_refused_address", "Pods published with an address outside --pod-cidrs: never routed to", [], (g) => {
+      g.set(src.refusedPodAddresses?.() ?? 0);
     });
     gauge("jetroute_gateway_outbox_dropped", "Events not published, by reason: closed (fired while shutting down), too_large (over the server's max_payload), failed (refused by the client)", ["reason"], (g) => {
       const d = src.outboxDrops?.();

@@ -153,3 +153,39 @@ describe("metrics-scraper - an engine that redirects", () => {
     }
   });
 });
+
+describe("metrics-scraper - --pod-cidrs", () => {
+  let env: TestEnv;
+  let engine: http.Server;
+  let hits = 0;
+  let address = "";
+  beforeAll(async () => {
+    env = await startTestEnv();
+    engine = http.createServer((_req, res) => {
+      hits++;
+      res.writeHead(200, { "content-type": "text/plain" }).end('vllm:num_requests_running{model_name="m"} 1\n');
+    });
+    await new Promise<void>((r) => engine.listen(0, "127.0.0.1", r));
+    address = `127.0.0.1:${(engine.address() as { port: number }).port}`;
+    await env.publishPod({ pod: "loopback", address });
+  });
+  afterAll(async () => {
+    await new Promise((r) => engine?.close(r));
+    await env?.stop();
+  });
+
+  it("a pod outside the allowed networks is never scraped; inside them it is", async () => {
+    const outside = await startScraper({ nats: env.server.url, intervalMs: 20, podCidrs: ["10.0.0.0/8"], log: quietLog });
+    const inside = await startScraper({ nats: env.server.url, intervalMs: 20, podCidrs: ["127.0.0.0/8"], log: quietLog });
+    try {
+      // The allowed scraper's scrapes show the pod is published and scrapable; the other never touched it.
+      await waitFor(() => inside.stats.scrapes >= 5, 5_000, "scrapes of the allowed pod");
+      expect(outside.pods.size).toBe(0);
+      expect(outside.stats.scrapes).toBe(0);
+    } finally {
+      await outside.close();
+      await inside.close();
+    }
+    expect(hits).toBeGreaterThanOrEqual(5);
+  });
+});

@@ -14,6 +14,7 @@ import { StreamFollower } from "../shared/follower.js";
 import type { Logger } from "../shared/log.js";
 import { connectNats } from "../shared/nats.js";
 import { fire } from "../shared/publish.js";
+import { podAddressFilter } from "../shared/cidr.js";
 import { type PodInfo, PodSet } from "../views/pod-set.js";
 import { adaptersFromModels, engineAdapters } from "./adapters.js";
 import { extractEngineLoad } from "./engine-load.js";
@@ -31,6 +32,8 @@ export interface ScraperOptions {
   maxBodyBytes?: number;
   /** Also read `/v1/models` on every scrape for the engine's loaded LoRA adapters (default true). */
   readModels?: boolean;
+  /** Pod networks allowed (`--pod-cidrs`): a pod outside them is never scraped. Default: any. */
+  podCidrs?: readonly string[];
   log: Logger;
 }
 
@@ -103,7 +106,7 @@ export async function startScraper(o: ScraperOptions): Promise<ScraperHandle> {
   const staleAfterFailures = o.staleAfterFailures ?? 3;
   const maxBodyBytes = o.maxBodyBytes ?? DEFAULT_METRICS_BODY_BYTES;
   const nats = await connectNats(o.nats, "jetroute-metrics-scraper");
-  const pods = new PodSet();
+  const pods = new PodSet(o.podCidrs ? { addressAllowed: podAddressFilter(o.podCidrs) } : {});
   const state = new Map<string, PodScrapeState>();
   const stats = { scrapes: 0, failures: 0, published: 0 };
   // Closing aborts the scrapes in flight (a large body can take a while) and nothing is published
@@ -115,7 +118,8 @@ export async function startScraper(o: ScraperOptions): Promise<ScraperHandle> {
     stream: streamName(prefix, "PODS"), filter: subjects.all("pods"), startAt: { kind: "last-per-subject" },
     onEvent: (ev, m) => {
       pods.apply(ev, m.seq);
-      if (ev.action === "remove") state.delete(`${ev.model}\u0000${ev.pod}`);
+      // Removed, or refused for its address (--pod-cidrs): no longer scraped.
+      if (!pods.get(ev.model, ev.pod)) state.delete(`${ev.model}\u0000${ev.pod}`);
     },
   });
   await follower.start();

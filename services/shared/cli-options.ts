@@ -2,6 +2,7 @@
 import { type Command, InvalidArgumentError, Option } from "commander";
 import { poolConfigError } from "../../schemas/config.js";
 import { type Namespace, namespaceOf, poolNameError } from "../../streams/pools.js";
+import { podAddressFilter } from "./cidr.js";
 import { redactNatsUrl } from "./nats.js";
 import { DEFAULT_PREFIX } from "../../streams/subjects.js";
 
@@ -94,4 +95,16 @@ export const modelListOption = (value: string): string[] => {
   const err = poolConfigError({ models });
   if (err) throw new InvalidArgumentError(`invalid model list: ${err}`);
   return models;
+};
+
+/** `--pod-cidrs 10.0.0.0/8,fd00::/8`: pod networks allowed; checked at once, naming a bad range. */
+export const podCidrsOption = (value: string): string[] => {
+  const cidrs = value.split(",").map((s) => s.trim()).filter(Boolean);
+  if (cidrs.length === 0) throw new InvalidArgumentError("expected at least one CIDR range");
+  try {
+    podAddressFilter(cidrs);
+  } catch (err) {
+    throw new InvalidArgumentError((err as Error).message.replace(/^--pod-cidrs: /, ""));
+  }
+  return cidrs;
 };

@@ -103,6 +103,8 @@ export interface GatewayStateOptions {
    * views sit below the routing core. Absent = the schema alone.
    */
   checkModelConfig?: (value: unknown) => string | undefined;
+  /** Pod addresses allowed (`--pod-cidrs`, services/shared/cidr.ts); default: any. */
+  podAddressAllowed?: (address: string) => boolean;
 }
 
 /** How an own charge is remembered for the rate limits' burst guard (only where a limit applies). */
@@ -120,7 +122,7 @@ export class GatewayState {
   readonly self: string | undefined;
   readonly pool: string | undefined;
   readonly shareCharges: boolean;
-  readonly pods = new PodSet();
+  readonly pods: PodSet;
   readonly load: LoadView;
   readonly ledger: ChargeLedger;
   readonly usage = new UsageView();
@@ -147,6 +149,7 @@ export class GatewayState {
     this.shareCharges = o.shareCharges ?? true;
     this.podSourceTimeoutMs = o.podSourceTimeoutMs ?? 0;
     this.checkModelConfig = o.checkModelConfig ?? modelConfigError;
+    this.pods = new PodSet(o.podAddressAllowed ? { addressAllowed: o.podAddressAllowed } : {});
     this.load = new LoadView(o.loadStaleAfterMs ?? DEFAULT_LOAD_STALE_MS);
     this.ledger = new ChargeLedger({ self: o.self, heartbeatTimeoutMs: o.heartbeatTimeoutMs, maxCharges: o.maxCharges });
     this.rates = new RateView(100_000, o.rateConfirmMs ?? DEFAULT_RATE_CONFIRM_MS, o.foreignUsage);

@@ -50,3 +50,22 @@ describe("PodSet - engine-reported adapters", () => {
     expect(s.shadowingAdapters).toBe(0);
   });
 });
+
+describe("PodSet - pod networks (--pod-cidrs)", () => {
+  it("a pod published outside the allowed networks is held as absent and counted; moved inside, it is routable", () => {
+    const s = new PodSet({ addressAllowed: (a) => a.startsWith("10.") });
+    s.apply(pod("inside", "10.0.0.1:8000"));
+    s.apply(pod("outside", "169.254.169.254:80"));
+    expect(s.readyPods("m").map((p) => p.pod)).toEqual(["inside"]);
+    expect(s.get("m", "outside")).toBeUndefined();
+    expect(s.refusedAddresses).toBe(1);
+    // The same pod republished with an allowed address.
+    s.apply(pod("outside", "10.0.0.2:8000"));
+    expect(s.readyPods("m").map((p) => p.pod)).toEqual(["inside", "outside"]);
+    expect(s.refusedAddresses).toBe(0);
+    // And moved outside again: gone at once.
+    s.apply(pod("inside", "8.8.8.8:8000"));
+    expect(s.readyPods("m").map((p) => p.pod)).toEqual(["outside"]);
+    expect(s.refusedAddresses).toBe(1);
+  });
+});

@@ -73,7 +73,16 @@ const key = (model: string, pod: string) => `${model}\u0000${pod}`;
 const merged = (published: readonly string[], engine: readonly string[] | undefined): readonly string[] =>
   engine === undefined || engine.length === 0 ? published : [...new Set([...published, ...engine])].sort();
 
+export interface PodSetOptions {
+  /** Pod addresses allowed (`--pod-cidrs`); a pod outside is held as absent and counted. Default: any. */
+  addressAllowed?: (address: string) => boolean;
+}
+
 export class PodSet implements PodSetReader {
+  constructor(private readonly o: PodSetOptions = {}) {}
+
+  /** Pods published with an address outside `addressAllowed`, by pod key (held as absent). */
+  private readonly refused = new Set<string>();
   private readonly pods = new Map<string, PodInfo>();
   private readyCache = new Map<string, readonly PodInfo[]>();
   private served = new Set<string>();
@@ -90,6 +99,10 @@ export class PodSet implements PodSetReader {
   private readonly silentSources = new Set<string>();
   lastSeq = 0;
   version = 0;
+  /** Pods currently held as absent because their address is outside the allowed networks. */
+  get refusedAddresses(): number {
+    return this.refused.size;
+  }
   /** Engine-reported adapters ignored because they are named like a base model (per pod, as of now). */
   shadowingAdapters = 0;
 
@@ -99,7 +112,11 @@ export class PodSet implements PodSetReader {
     if (at > this.latest) this.latest = at;
     if (ev.source !== undefined && at > 0) this.seen(ev.source, at, undefined);
     const k = key(ev.model, ev.pod);
-    if (ev.action === "remove") {
+    // An address outside the allowed networks: as if the pod were removed (nothing routes to it).
+    const refuse = ev.action !== "remove" && this.o.addressAllowed !== undefined && !this.o.addressAllowed(ev.address);
+    if (refuse) this.refused.add(k);
+    else this.refused.delete(k);
+    if (ev.action === "remove" || refuse) {
       this.engineAdapters.delete(k);
       this.engineAdaptersAt.delete(k);
       this.publishedAdapters.delete(k);
