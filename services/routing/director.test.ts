@@ -1,6 +1,7 @@
 import { describe, expect, it } from "vitest";
 import type { DecisionRecord, } from "../../schemas/events.js";
 import { checkEvent } from "../../schemas/validate.js";
+import { configureSessionSigning } from "./strategies/session-affinity.js";
 import { Director, type Prepared, type RoutedRequest, type RouteInput } from "./director.js";
 import { RouteError } from "./errors.js";
 import type { Committer } from "./stages/commit.js";
@@ -80,5 +81,34 @@ describe("director - the request path on an in-memory sink", () => {
     expect(director.drain()).toBe(2);
     expect(sink.releases.map((r) => r.outcome)).toEqual(["shutdown", "shutdown"]);
     expect(() => director.route(input())).toThrow(/shutting down/);
+  });
+});
+
+describe("director - opaque session ids", () => {
+  it("resolves an opaque x-session-id against the model's ready pods, sticks to that pod, and records its address for replay", () => {
+    configureSessionSigning("fleet-secret");
+    try {
+      const { director, input, sink, state } = setup();
+      const first = director.route(input({ "routing-strategy": "session-affinity" })) as RoutedRequest;
+      const id = first.responseHeaders?.["x-session-id"] as string;
+      expect(id).toMatch(/^[A-Za-z0-9_-]{16}$/);
+      director.finish(first, "completed", { status: 200 });
+      for (let i = 0; i < 3; i++) {
+        // Each one adds to its pod's load: without the session the next would go to another pod.
+        const again = director.route(input({ "routing-strategy": "session-affinity", "x-session-id": id, "x-request-id": `req-${i + 2}` })) as RoutedRequest;
+        expect(again.pod.pod).toBe(first.pod.pod);
+        expect(again.fallback).toBeUndefined();
+        expect(again.responseHeaders).toEqual({ "x-session-id": id });
+      }
+      expect(state.ledger.outstanding(MODEL, first.pod.pod).requests).toBe(3);
+      const rec = sink.decisions[0] as DecisionRecord;
+      expect(rec.session).toBeUndefined();
+      director.drain();
+      const withSession = sink.decisions.find((d) => d.id === "req-2") as DecisionRecord;
+      expect(withSession.session).toEqual({ address: first.pod.address });
+      expect(checkEvent("decision", withSession)).toEqual({ ok: true, event: withSession });
+    } finally {
+      configureSessionSigning(undefined);
+    }
   });
 });

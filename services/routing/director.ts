@@ -235,7 +235,7 @@ export class Director {
     const rank = stagger ? this.views.ledger.rank(this.opts.serverNow?.() ?? now) : undefined;
     const prefix = this.opts.prefix;
     const tokens = prepared.tokens;
-    const request = routingRequestOf(parsed.model, requestId, input.headers, tokens?.length ?? parsed.promptTokens);
+    const request = routingRequestOf(parsed.model, requestId, input.headers, tokens?.length ?? parsed.promptTokens, () => this.views.pods.readyPods(parsed.model));
     const { pick, prefixMatch } = schedule({
       views: this.views,
       strategy,

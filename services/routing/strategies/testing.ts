@@ -90,7 +90,7 @@ export function ctxOf(spec: CtxSpec): RoutingContext {
     else load.apply({ type: "load", model: "m", pod: p, ts: now - 10, stale: false, load: l });
   }
   return {
-    request: routingRequestOf("m", "r", spec.headers ?? {}, spec.promptTokens ?? 100),
+    request: routingRequestOf("m", "r", spec.headers ?? {}, spec.promptTokens ?? 100, () => spec.pods.map(pod)),
     pods: spec.pods.map(pod),
     now,
     random: spec.random ?? (() => 0),
