@@ -83,6 +83,7 @@ export async function startGateway(options: GatewayOptions): Promise<GatewayHand
   const credentials = tlsCredentials(config.tls);
   const clock = clockOption ?? Date.now;
   if (config.sessionSecret !== undefined) configureSessionSigning(config.sessionSecret || undefined);
+  else if (!config.exposePodAddresses) log.warn("no JETROUTE_SESSION_SECRET: session-affinity's x-session-id values carry the pod's address in the clear; set a secret shared by the fleet to make them opaque");
   // Peers' heartbeats carry the server's time: liveness is judged on it, whatever this host's clock says.
   const serverClock = new ServerClock(clock);
   // Also before connecting: an `hf:` tokenizer directory that is missing or corrupt stops the gateway here, naming the file.
