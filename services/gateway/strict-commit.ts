@@ -1,9 +1,12 @@
 /**
  * `strict` consistency: a charge counts only once it won a per-pod compare-and-set on the pod's
  * charge subject (`Nats-Expected-Last-Subject-Sequence` = the last sequence this replica has seen
- * on that subject). Losing means another replica charged or released that pod after our view was
- * taken: retract the local charge, wait until the view has caught up to the winner, select again.
- * Bounded retries, then the charge is published as in `eventual` mode, and counted.
+ * on that subject). Losing means the subject moved on without our view: either another replica
+ * charged that pod after our view was taken (retract the local charge, wait until the view has
+ * caught up to the winner, select again), or the pod's last charges left the stream (its max_age)
+ * and the server's sequence for the subject is older than ours: the cursor follows the server's
+ * number down (`afterLostRace`, subject-cursor.ts) and the next try wins. Bounded retries, then
+ * the charge is published as in `eventual` mode, and counted.
  *
  * Costs one JetStream round trip per request (plus one per lost race); buys: no two replicas can
  * both charge a pod on the strength of the same stale view.
@@ -12,19 +15,9 @@ import type { JetStreamClient } from "@nats-io/jetstream";
 import { currentSubjectSequence } from "../../streams/errors.js";
 import type { Subjects } from "../../streams/subjects.js";
 import { encodeEvent } from "../shared/publish.js";
+import { afterLostRace, type SubjectCursor } from "./subject-cursor.js";
 import type { Director, Prepared, RoutedRequest, RouteInput } from "../routing/director.js";
 import type { Committer } from "../routing/stages/commit.js";
-
-export interface SubjectCursor {
-  /** Last stream sequence this replica applied on `subject` (0 = none). */
-  lastSeq(subject: string): number;
-  /** Records a sequence learned from our own publish ack. */
-  note(subject: string, seq: number): void;
-  /** Resolves true once `lastSeq(subject) >= seq`, false after `timeoutMs`. */
-  waitFor(subject: string, seq: number, timeoutMs: number): Promise<boolean>;
-  /** True when `seq` is older than anything this replica's view was built from. */
-  predatesView(seq: number): boolean;
-}
 
 export interface StrictStats {
   committed: number;
@@ -62,18 +55,35 @@ export class StrictCommitter implements Committer {
 
   private readonly failoverWaitMs: number;
 
-  /** Retries a compare-and-set with backoff until it is acknowledged, loses a race, or the deadline passes. */
-  private async retryAfterError(subject: string, data: Uint8Array, deadline: number): Promise<{ ack: { seq: number } } | { winner: number } | { error: unknown }> {
+  /**
+   * One compare-and-set, in this subject's chain: expects the cursor's sequence as it is when the
+   * publish goes out. A refusal naming the subject's sequence comes back as `lost`; any other
+   * failure is thrown.
+   */
+  private async compareAndSet(subject: string, data: Uint8Array, timeout?: number): Promise<{ ack: { seq: number } } | { lost: { expected: number; server: number } }> {
     const { js, cursor } = this.o;
+    let expected = 0;
+    try {
+      const ack = await this.serialized(subject, () => {
+        expected = cursor.lastSeq(subject);
+        return js.publish(subject, data, { expect: { lastSubjectSequence: expected }, ...(timeout !== undefined ? { timeout } : {}) });
+      });
+      return { ack };
+    } catch (err) {
+      const server = currentSubjectSequence(err);
+      if (server === undefined) throw err;
+      return { lost: { expected, server } };
+    }
+  }
+
+  /** Retries a compare-and-set with backoff until it is acknowledged, loses a race, or the deadline passes. */
+  private async retryAfterError(subject: string, data: Uint8Array, deadline: number): Promise<{ ack: { seq: number } } | { lost: { expected: number; server: number } } | { error: unknown }> {
     let lastError: unknown;
     for (let delay = 50; Date.now() < deadline; delay = Math.min(delay * 2, 500)) {
       await new Promise((r) => setTimeout(r, Math.min(delay, Math.max(0, deadline - Date.now()))));
       try {
-        const ack = await this.serialized(subject, () => js.publish(subject, data, { expect: { lastSubjectSequence: cursor.lastSeq(subject) }, timeout: Math.max(100, Math.min(1_000, deadline - Date.now())) }));
-        return { ack };
+        return await this.compareAndSet(subject, data, Math.max(100, Math.min(1_000, deadline - Date.now())));
       } catch (err) {
-        const winner = currentSubjectSequence(err);
-        if (winner !== undefined) return { winner };
         lastError = err;
       }
     }
@@ -99,7 +109,7 @@ export class StrictCommitter implements Committer {
   }
 
   async commit(input: RouteInput, prepared: Prepared): Promise<RoutedRequest> {
-    const { director, js, subjects, cursor } = this.o;
+    const { director, subjects, cursor } = this.o;
     // The rate limits admit a request once, at its first attempt; a lost race keeps its counts
     // (its slot must not go to another request meanwhile) and the retry carries them over.
     let lost: RoutedRequest | undefined;
@@ -117,46 +127,38 @@ export class StrictCommitter implements Committer {
         lost = undefined;
         const subject = subjects.charges(r.pod.model, r.pod.pod);
         const data = encodeEvent(r.charge);
+        let outcome: { ack: { seq: number } } | { lost: { expected: number; server: number } };
         try {
-          const ack = await this.serialized(subject, () => js.publish(subject, data, { expect: { lastSubjectSequence: cursor.lastSeq(subject) } }));
-          cursor.note(subject, ack.seq);
+          outcome = await this.compareAndSet(subject, data);
+        } catch (err) {
+          // Not a lost race: the stream has no leader (a failover) or the publish timed out. A
+          // charge published without its compare-and-set now would most likely be lost too (a
+          // fault run lost all 903 such fallbacks): keep trying the compare-and-set until the
+          // stream takes writes again, within `failoverWaitMs`; only then fall back.
+          const retried = await this.retryAfterError(subject, data, Date.now() + this.failoverWaitMs);
+          if ("error" in retried) {
+            this.stats.fallbacks++;
+            this.o.onFallback?.(retried.error ?? err);
+            director.publishCharge(r);
+            director.committed(r);
+            return r;
+          }
+          if ("ack" in retried) this.stats.committedAfterError++;
+          outcome = retried;
+        }
+        if ("ack" in outcome) {
+          cursor.note(subject, outcome.ack.seq);
           this.stats.committed++;
           director.committed(r);
           return r;
-        } catch (err) {
-          let raced = currentSubjectSequence(err);
-          if (raced === undefined) {
-            // Not a lost race: the stream has no leader (a failover) or the publish timed out. A
-            // charge published without its compare-and-set now would most likely be lost too (a
-            // fault run lost all 903 such fallbacks): keep trying the compare-and-set until the
-            // stream takes writes again, within `failoverWaitMs`; only then fall back.
-            const retried = await this.retryAfterError(subject, data, Date.now() + this.failoverWaitMs);
-            if ("ack" in retried) {
-              cursor.note(subject, retried.ack.seq);
-              this.stats.committed++;
-              this.stats.committedAfterError++;
-              director.committed(r);
-              return r;
-            }
-            if ("error" in retried) {
-              this.stats.fallbacks++;
-              this.o.onFallback?.(retried.error ?? err);
-              director.publishCharge(r);
-              director.committed(r);
-              return r;
-            }
-            raced = retried.winner;
-          }
-          const winnerSeq = raced;
-          this.stats.conflicts++;
-          director.retract(r, true);
-          lost = r;
-          // The winner's message may predate this replica's view (a replica that started after the
-          // pod's last charge never sees that sequence): then the server's number is the truth. A
-          // winner inside our window we must really see first, or we would charge on a stale view.
-          if (cursor.predatesView(winnerSeq)) cursor.note(subject, winnerSeq);
-          else await cursor.waitFor(subject, winnerSeq, this.catchUpMs);
         }
+        this.stats.conflicts++;
+        director.retract(r, true);
+        lost = r;
+        const { expected, server } = outcome.lost;
+        const move = afterLostRace({ expected, server, current: cursor.lastSeq(subject), serverPredatesView: cursor.predatesView(server) });
+        if (move.kind === "adopt") cursor.reset(subject, move.seq);
+        else if (move.kind === "catch-up") await cursor.waitFor(subject, move.seq, this.catchUpMs);
       }
     } catch (err) {
       // A retry that could not be routed (no ready pod any more, shutting down): not counted.

@@ -2,7 +2,7 @@ import { describe, expect, it } from "vitest";
 import type { DecisionRecord, } from "../../schemas/events.js";
 import { checkEvent } from "../../schemas/validate.js";
 import { configureSessionSigning } from "./strategies/session-affinity.js";
-import { Director, type Prepared, type RoutedRequest, type RouteInput } from "./director.js";
+import { Director, type Prepared, type PrefixSupport, type RoutedRequest, type RouteInput } from "./director.js";
 import { RouteError } from "./errors.js";
 import type { Committer } from "./stages/commit.js";
 import { chatBody, FakeClock, MemorySink, MODEL, stateWithPods } from "./stages/testing.js";
@@ -70,6 +70,31 @@ describe("director - the request path on an in-memory sink", () => {
     expect(sink.charges).toHaveLength(0);
     director.finish(r, "completed", { status: 200 });
     expect(sink.decisions[0]?.consistency).toBe("strict");
+  });
+
+  it("a charge left to its committer (publish: false) records its routed prefix only once committed; a retracted one never", () => {
+    const routed: Array<{ pod: string; chargeId: string }> = [];
+    const prefix: PrefixSupport = {
+      tokenizer: { tokenize: () => Promise.reject(new Error("token ids only")) },
+      match: (_m, candidates, tokens) => ({ info: { queried: tokens.length, blockSize: 16, matched: () => 0 }, hashes: [1n, 2n], detail: candidates.map((c) => ({ pod: c.pod, indexBlocks: 0, indexGpuBlocks: 0, indexWeighted: 0, routedBlocks: 0 })) }),
+      recordRouted: (pod, _hashes, _now, chargeId) => void routed.push({ pod: pod.pod, chargeId }),
+      blocks: () => ({ size: 16, mode: "precise", hashes: [] }),
+    };
+    const { clock, state, sink } = setup();
+    const director = new Director({ gatewayId: "gw", defaultStrategy: "prefix-cache", chargeTtlMs: 60_000, state, sink, clock, now: clock.now, prefix });
+    const input: RouteInput = { headers: { "x-request-id": "p-1" }, body: Buffer.from(JSON.stringify({ model: MODEL, prompt: [1, 2, 3, 4] })) };
+    const prepared = director.prepare(input) as Prepared;
+    const lost = director.charge(input, { publish: false, prepared });
+    expect(routed).toEqual([]);
+    director.retract(lost, true);
+    const won = director.charge(input, { publish: false, prepared, carry: lost });
+    expect(routed).toEqual([]);
+    director.committed(won);
+    director.committed(won);
+    expect(routed).toEqual([{ pod: won.pod.pod, chargeId: won.chargeId }]);
+    // Published at once (eventual): recorded at once.
+    const eventual = director.charge({ ...input, headers: { "x-request-id": "p-2" } }, { prepared });
+    expect(routed).toEqual([{ pod: won.pod.pod, chargeId: won.chargeId }, { pod: eventual.pod.pod, chargeId: eventual.chargeId }]);
   });
 
   it("a rejection is recorded; draining releases every request in flight as shutdown and refuses new ones", () => {

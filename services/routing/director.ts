@@ -299,9 +299,6 @@ export class Director {
     }
     this.opts.state.ownCharge(charge, now, { ...(opts.carry ? { counted: false } : admission ? { admission } : {}) });
     if (opts.publish !== false) this.opts.sink.charge(charge);
-    if (prefixMatch && prefixMatch.hashes.length > 0) {
-      this.opts.prefix?.recordRouted(pick.pod, prefixMatch.hashes, now, chargeId);
-    }
     const routed: RoutedRequest = {
       chargeId,
       charge,
@@ -337,6 +334,12 @@ export class Director {
     };
     if (plan) this.pd.planned(routed, plan);
     this.inFlight.set(chargeId, routed);
+    // The routed prefix names the pod the charge goes to: at once when it is published now, at
+    // `committed` when the committer publishes it (a strict charge may lose and be re-selected).
+    if (prefixMatch && prefixMatch.hashes.length > 0) {
+      if (opts.publish !== false) this.opts.prefix?.recordRouted(pick.pod, prefixMatch.hashes, now, chargeId);
+      else this.routedPending.set(routed, prefixMatch.hashes);
+    }
     const prefix = this.opts.prefix;
     // Approximate-mode hashes match only other gateways' routed prefixes, which traffic under a
     // non-prefix strategy never publishes: recording them would cost every request and tell replay nothing.
@@ -405,12 +408,21 @@ export class Director {
   }
 
   /**
-   * A strict-mode charge was acknowledged: other replicas can only see it from now on, so the
-   * burst guard counts it as unseen from now (not from when it was made).
+   * A strict-mode charge was acknowledged (or published after all): other replicas can only see
+   * it from now on, so the burst guard counts it as unseen from now (not from when it was made),
+   * and its routed prefix is recorded and published now, naming the pod it was committed to.
    */
   committed(r: RoutedRequest): void {
-    this.opts.state.ownCommitted(r.admission, this.now());
+    const now = this.now();
+    this.opts.state.ownCommitted(r.admission, now);
+    const hashes = this.routedPending.get(r);
+    if (!hashes) return;
+    this.routedPending.delete(r);
+    this.opts.prefix?.recordRouted(r.pod, hashes, now, r.chargeId);
   }
+
+  /** Charges made with `publish: false` whose routed prefix waits for `committed` (dropped with the request if it never is). */
+  private readonly routedPending = new WeakMap<RoutedRequest, readonly bigint[]>();
 
   /** Publishes a charge made with `publish: false` the eventual way. */
   publishCharge(r: RoutedRequest): void {
