@@ -10,7 +10,8 @@ const checks = Object.fromEntries(
   Object.entries(EVENT_SCHEMAS).map(([k, s]) => [k, TypeCompiler.Compile(s)]),
 ) as { [K in EventType]: TypeCheck<(typeof EVENT_SCHEMAS)[K]> };
 
-export type Decoded<T> = { ok: true; event: T } | { ok: false; reason: string };
+/** A refusal names the event type the payload claims when it is one of ours (`type`). */
+export type Decoded<T> = { ok: true; event: T } | { ok: false; reason: string; type?: EventType };
 
 const textDecoder = new TextDecoder("utf-8", { fatal: true });
 
@@ -33,8 +34,10 @@ export function decodeEvent<T extends EventType>(data: Uint8Array, allowed: read
     return { ok: false, reason: `invalid JSON: ${(err as Error).message}` };
   }
   const type = (value as { type?: unknown } | null)?.type;
+  const known = typeof type === "string" && Object.hasOwn(checks, type) ? (type as EventType) : undefined;
   if (typeof type !== "string" || !(allowed as readonly string[]).includes(type)) {
-    return { ok: false, reason: `unexpected event type ${JSON.stringify(type)} (expected ${allowed.join("|")})` };
+    return { ok: false, reason: `unexpected event type ${JSON.stringify(type)} (expected ${allowed.join("|")})`, ...(known ? { type: known } : {}) };
   }
-  return checkEvent(type as T, value);
+  const r = checkEvent(type as T, value);
+  return r.ok ? r : { ...r, type: type as T };
 }

@@ -1,5 +1,5 @@
 import { type Command, InvalidArgumentError } from "commander";
-import { addNamespaceOptions, intOption, modelListOption, namespaceFlags, podCidrsOption, untilSignal } from "../shared/cli-options.js";
+import { addNamespaceOptions, applyDlqPayloads, dlqPayloadsOption, intOption, modelListOption, namespaceFlags, podCidrsOption, untilSignal } from "../shared/cli-options.js";
 import { createLogger } from "../shared/log.js";
 import { DEFAULT_ADMIN_PORT, DEFAULT_EXTPROC_PORT, GATEWAY_DEFAULTS as D, GatewayConfigError, MAX_RELEASE_BATCH_MS } from "./config.js";
 import { startGateway } from "./gateway.js";
@@ -84,7 +84,9 @@ export function registerGatewayCommand(program: Command): void {
     .option("--pd-prefill-retries <n>", "P/D: retries of a failed prefill leg (502/503/504, connection errors) on other prefill pods", intOption(0, 16), D.pd.maxRetries)
     .option("--pd-first-chunk-timeout-ms <ms>", "P/D decode watchdog: time to the decode's first chunk", intOption(1), D.pd.firstChunkTimeoutMs)
     .option("--pd-idle-timeout-ms <ms>", "P/D decode watchdog: time between the decode's chunks", intOption(1), D.pd.idleTimeoutMs)
+    .addOption(dlqPayloadsOption())
     .action(async (o, cmd: Command) => {
+      applyDlqPayloads(o.dlqPayloads);
       if (o.models !== undefined && o.pool === undefined) cmd.error("error: --models names a pool's models: it needs --pool");
       const log = createLogger("gateway");
       const { nats, prefix, pool } = namespaceFlags(o);

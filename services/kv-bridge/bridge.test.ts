@@ -2,6 +2,8 @@
  * The bridge between real ZMQ sockets (scripted engines, test-engine.ts) and a real nats-server:
  * what ends up in the KV stream, in what order, under which Msg-Id, and what ends up dead-lettered.
  */
+import { createHash } from "node:crypto";
+import type { MsgHdrs } from "@nats-io/transport-node";
 import { Packr } from "msgpackr";
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest";
 import type { KvBatch, KvPodCleared } from "../../schemas/events.js";
@@ -80,6 +82,30 @@ async function kvUntil(pod: string, ok: (msgs: StoredMsg[]) => boolean, timeoutM
   let msgs: StoredMsg[] = [];
   await waitFor(async () => ok((msgs = await readKv(pod))), timeoutMs, () => `the KV stream for ${pod} to match; has ${JSON.stringify(msgs.map(brief))}`, 20);
   return msgs;
+}
+
+/** The first `n` dead letters one bridge (`consumer`) wrote for a pod, in stream order. */
+async function kvLetters(pod: string, n: number, consumer: string): Promise<Array<{ data: Uint8Array; headers: MsgHdrs }>> {
+  let out: Array<{ data: Uint8Array; headers: MsgHdrs }> = [];
+  await waitFor(
+    async () => {
+      const c = await env.nats.js.consumers.get(streamName("jr", "DLQ"), { filter_subjects: env.subjects.deadLetter("kv") });
+      const total = (await c.info(true)).num_pending;
+      out = [];
+      if (total === 0) return false;
+      const it = await c.fetch({ max_messages: total, expires: 2_000 });
+      let read = 0;
+      for await (const m of it) {
+        if (m.headers?.get(KvDlqHeaders.pod) === pod && m.headers.get(KvDlqHeaders.consumer) === consumer) out.push({ data: m.data, headers: m.headers });
+        if (++read >= total) break;
+      }
+      return out.length >= n;
+    },
+    5_000,
+    () => `${n} dead letters for ${pod} (${out.length} so far)`,
+    50,
+  );
+  return out.slice(0, n);
 }
 
 async function kvHas(pod: string, seq: number): Promise<boolean> {
@@ -335,15 +361,16 @@ describe("kv-bridge - engines to the KV stream", () => {
     expect(b.stats).toMatchObject({ malformed: 5, oversize: 1, invalidEvents: 1, unknownEvents: 1, deadLetters: 6 });
 
     const dlq = await env.nats.js.consumers.get(streamName("jr", "DLQ"), { filter_subjects: env.subjects.deadLetter("kv") });
-    const letters: Array<{ reason: string; pod?: string; size: number; truncated?: string; seq?: string }> = [];
+    const letters: Array<{ reason: string; pod?: string; size: string | undefined; body: number; payload?: string; seq?: string }> = [];
     await waitFor(() => b.stats.deadLetters === 6, 1_000);
     const it = await dlq.fetch({ max_messages: 6, expires: 2_000 });
     for await (const m of it) {
       letters.push({
         reason: m.headers?.get(KvDlqHeaders.reason) ?? "",
         pod: m.headers?.get(KvDlqHeaders.pod),
-        size: m.data.length,
-        truncated: m.headers?.get(KvDlqHeaders.truncated) || undefined,
+        size: m.headers?.get(KvDlqHeaders.size),
+        body: m.data.length,
+        payload: m.headers?.get(KvDlqHeaders.payload),
         seq: m.headers?.get(KvDlqHeaders.engineSeq) || undefined,
       });
       if (letters.length === 6) break;
@@ -357,8 +384,67 @@ describe("kv-bridge - engines to the KV stream", () => {
       "payload of 10485760 bytes exceeds the 4194304-byte limit",
       "invalid events skipped",
     ]);
-    expect(letters[2]).toMatchObject({ size: "this is not msgpack".length, seq: String(good + 1) });
-    expect(letters[4]).toMatchObject({ size: 256 * 1024, truncated: String(10 * 1024 * 1024) });
+    // By default the envelope only: sizes, no payload byte.
+    expect(letters.every((l) => l.body === 0 && l.payload === "omitted")).toBe(true);
+    expect(letters[2]).toMatchObject({ size: String("this is not msgpack".length), seq: String(good + 1) });
+    expect(letters[4]).toMatchObject({ size: String(10 * 1024 * 1024) });
+  });
+
+  it("a malformed batch's prompt token ids never reach the DLQ by default; --dlq-payloads keeps the batch, bounded", async () => {
+    // Token ids no other test uses: a BlockStored with one id too many for its block (an invalid
+    // event: the batch is dead-lettered), and a batch whose timestamp is not one (undecodable).
+    const ids = [912_345_671, 912_345_672, 912_345_673, 912_345_674, 912_345_675];
+    const stored = (tokens: number[]) => encodeEvent({ type: "BlockStored", hashes: [BigInt(tokenBase++)], parent: null, tokens, blockSize: 4 }, "map");
+    const payloads = (e: TestEngine) => [encodeBatch(e.ts, [stored(ids)]), new Packr({ useRecords: false }).pack(["yesterday", [stored(ids.slice(0, 4))]])];
+    const digest = (b: Uint8Array) => createHash("sha256").update(b).digest("hex").slice(0, 16);
+    const run = async (pod: string, o: Partial<KvBridgeOptions>) => {
+      const e = await engine();
+      await podFor(pod, e);
+      // Every bridge still running bridges every pod: each letter is told apart by its consumer.
+      const b = await bridge({ name: `bridge-${pod}`, ...o });
+      await warm(b, pod, e);
+      const sent = payloads(e);
+      for (const p of sent) await e.publishPayload(p);
+      await waitFor(() => b.stats.deadLetters === 2, 5_000, `${pod}: two dead letters`);
+      const letters = await kvLetters(pod, 2, `bridge-${pod}`);
+      // Out of the next bridge's way (it would bridge this pod too).
+      await env.publishPod({ pod, address: "127.0.0.1:9", action: "remove" });
+      pods.delete(pod);
+      return { sent, letters };
+    };
+
+    const off = await run("tok-default", {});
+    expect(off.letters.map((l) => l.headers.get(KvDlqHeaders.reason).replace(/:.*/, ""))).toEqual(["invalid events skipped", "EventBatch ts is not a timestamp"]);
+    for (const [i, l] of off.letters.entries()) {
+      const p = off.sent[i] as Buffer;
+      expect(l.data).toHaveLength(0);
+      expect(l.headers.get(KvDlqHeaders.payload)).toBe("omitted");
+      expect(l.headers.get(KvDlqHeaders.type)).toBe("EventBatch");
+      expect(l.headers.get(KvDlqHeaders.size)).toBe(String(p.length));
+      expect(l.headers.get(KvDlqHeaders.digest)).toBe(digest(p));
+      // Not a token id anywhere: no body, and no header names one.
+      const text = [...l.headers.keys()].map((k) => `${k}: ${l.headers.get(k)}`).join("\n");
+      for (const id of ids) expect(text).not.toContain(String(id));
+    }
+
+    const limit = 64;
+    const on = await run("tok-kept", { deadLetters: { policy: { keepPayloads: true, maxPayloadBytes: 1024 } } });
+    const small = await run("tok-bounded", { deadLetters: { policy: { keepPayloads: true, maxPayloadBytes: limit } } });
+    for (const [i, l] of on.letters.entries()) {
+      const p = on.sent[i] as Buffer;
+      expect(l.headers.get(KvDlqHeaders.payload)).toBe("whole");
+      expect(Buffer.compare(Buffer.from(l.data), p)).toBe(0);
+      expect(l.headers.get(KvDlqHeaders.digest)).toBe(digest(p));
+    }
+    // The ids as msgpack writes them (uint32: 0xce, big-endian): there in the kept batch.
+    const packed = (id: number) => Buffer.from([0xce, id >>> 24, (id >>> 16) & 0xff, (id >>> 8) & 0xff, id & 0xff]);
+    for (const id of ids) expect(Buffer.from(on.letters[0]?.data ?? []).includes(packed(id))).toBe(true);
+    for (const [i, l] of small.letters.entries()) {
+      const p = small.sent[i] as Buffer;
+      expect(l.headers.get(KvDlqHeaders.payload)).toBe("prefix");
+      expect(Buffer.compare(Buffer.from(l.data), p.subarray(0, limit))).toBe(0);
+      expect(l.headers.get(KvDlqHeaders.size)).toBe(String(p.length));
+    }
   });
 
   it("shards pods across replicas and follows pod changes: not ready, new endpoint, removal", async () => {

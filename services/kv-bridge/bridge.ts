@@ -7,6 +7,7 @@
 import type { PodEvent } from "../../schemas/events.js";
 import { streamName } from "../../streams/definitions.js";
 import { Subjects } from "../../streams/subjects.js";
+import { type DeadLetterOptions, DLQ_HEADER_ROOM } from "../shared/dead-letter.js";
 import { StreamFollower } from "../shared/follower.js";
 import type { Logger } from "../shared/log.js";
 import { connectNats } from "../shared/nats.js";
@@ -33,6 +34,8 @@ export interface KvBridgeOptions {
   reconnectMaxIntervalMs?: number;
   /** Connection name and `Jr-Dlq-Consumer` header. */
   name?: string;
+  /** What dead letters keep and where they are logged; default: the process's (`--dlq-payloads`). */
+  deadLetters?: DeadLetterOptions;
   log: Logger;
 }
 
@@ -70,8 +73,6 @@ export const DEFAULTS = {
 } as const;
 
 const DEFAULT_MAX_PAYLOAD = 1024 * 1024;
-/** Dead letters keep at most this much of a message: enough to diagnose, bounded under a flood. */
-const DLQ_MAX_BYTES = 256 * 1024;
 
 const podKey = (model: string, pod: string) => `${model}\u0000${pod}`;
 
@@ -89,7 +90,7 @@ export async function startKvBridge(o: KvBridgeOptions): Promise<KvBridgeHandle>
   const nats = await connectNats(o.nats, `jetroute-${name}`);
   const maxPayload = () => nats.nc.info?.max_payload ?? DEFAULT_MAX_PAYLOAD;
   const stats = newStats();
-  const deadLetters = new KvDeadLetters(stats, nats.js, subjects, name, log, () => Math.min(maxPayload() - 4096, DLQ_MAX_BYTES));
+  const deadLetters = new KvDeadLetters(stats, nats.js, subjects, name, log, () => maxPayload() - DLQ_HEADER_ROOM, o.deadLetters);
   const podOptions = {
     js: nats.js,
     jsm: nats.jsm,
@@ -158,6 +159,7 @@ export async function startKvBridge(o: KvBridgeOptions): Promise<KvBridgeHandle>
     stream: streamName(prefix, "PODS"),
     filter: subjects.all("pods"),
     startAt: { kind: "last-per-subject" },
+    ...(o.deadLetters ? { deadLetters: o.deadLetters } : {}),
     onEvent: (ev) => reconcile(podKey(ev.model, ev.pod), wanted(ev)),
   });
   await follower.start();

@@ -1,6 +1,6 @@
 import { type Command, InvalidArgumentError } from "commander";
 import { startMetricsServer, statsRegistry } from "../shared/metrics-server.js";
-import { addNamespaceOptions, intOption, namespaceFlags, untilSignal } from "../shared/cli-options.js";
+import { addNamespaceOptions, applyDlqPayloads, dlqPayloadsOption, intOption, namespaceFlags, untilSignal } from "../shared/cli-options.js";
 import { createLogger } from "../shared/log.js";
 import { redactNatsUrl } from "../shared/nats.js";
 import { DEFAULTS, startKvBridge } from "./bridge.js";
@@ -26,9 +26,11 @@ export function registerKvBridgeCommand(program: Command): void {
     .option("--max-frame-bytes <bytes>", "engine frames larger than this are dead-lettered, not decoded", intOption(1024), DEFAULTS.maxFrameBytes)
     .option("--window <n>", "JetStream acks in flight per pod", intOption(1, 65_536), DEFAULTS.window)
     .option("--max-tracked-blocks <n>", "engine-hash -> router-hash entries kept per pod", intOption(1_024), DEFAULTS.maxTrackedBlocks)
+    .addOption(dlqPayloadsOption())
     .option("--metrics-port <port>", "Prometheus /metrics port (-1 = off)", intOption(-1, 65535), -1)
     .option("--metrics-host <host>", "metrics listen address", "0.0.0.0")
     .action(async (o) => {
+      applyDlqPayloads(o.dlqPayloads);
       const log = createLogger("kv-bridge");
       const { nats, namespace } = namespaceFlags(o);
       const bridge = await startKvBridge({

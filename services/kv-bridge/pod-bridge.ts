@@ -654,13 +654,13 @@ export class PodBridge {
       if (!b) {
         this.o.stats.malformed++;
         if (info.oversize) this.o.stats.oversize++;
-        this.o.deadLetters.send({ ...this.dlBase(r.source), reason: info.reason ?? "undecodable payload", frames: [r.payload], engineSeq: r.seq });
+        this.o.deadLetters.send({ ...this.dlBase(r.source), reason: info.reason ?? "undecodable payload", frames: [r.payload], type: "EventBatch", engineSeq: r.seq });
       } else {
         this.o.stats.unknownEvents += b.unknownTags.length;
         this.o.stats.saltedSkipped += b.salted ?? 0;
         if (b.invalid.length > 0) {
           this.o.stats.invalidEvents += b.invalid.length;
-          this.o.deadLetters.send({ ...this.dlBase(r.source), reason: `invalid events skipped: ${b.invalid.join("; ")}`, frames: [r.payload], engineSeq: r.seq });
+          this.o.deadLetters.send({ ...this.dlBase(r.source), reason: `invalid events skipped: ${b.invalid.join("; ")}`, frames: [r.payload], type: "EventBatch", engineSeq: r.seq });
         }
       }
     }

@@ -1,6 +1,6 @@
 import type { Command } from "commander";
 import { startMetricsServer, statsRegistry } from "../shared/metrics-server.js";
-import { addNamespaceOptions, intOption, namespaceFlags, podCidrsOption, untilSignal } from "../shared/cli-options.js";
+import { addNamespaceOptions, applyDlqPayloads, dlqPayloadsOption, intOption, namespaceFlags, podCidrsOption, untilSignal } from "../shared/cli-options.js";
 import { createLogger } from "../shared/log.js";
 import { startScraper } from "./scraper.js";
 
@@ -13,9 +13,11 @@ export function registerMetricsScraperCommand(program: Command): void {
     .option("--stale-after-ms <ms>", "failing this long marks a pod stale", intOption(10), 1_000)
     .option("--pod-cidrs <list>", "pod networks allowed, comma separated (e.g. 10.0.0.0/8,fd00::/8): a pod published with an address outside them is never scraped (default: any)", podCidrsOption)
     .option("--no-read-models", "do not read each engine's /v1/models for its loaded LoRA adapters (engine-reported adapters are then not known: use a pod annotation or the pod list)")
+    .addOption(dlqPayloadsOption())
     .option("--metrics-port <port>", "Prometheus /metrics port (-1 = off)", intOption(-1, 65535), -1)
     .option("--metrics-host <host>", "metrics listen address", "0.0.0.0")
     .action(async (o) => {
+      applyDlqPayloads(o.dlqPayloads);
       const log = createLogger("metrics-scraper");
       const { nats, namespace } = namespaceFlags(o);
       const s = await startScraper({ nats, prefix: namespace.prefix, intervalMs: o.intervalMs, timeoutMs: o.timeoutMs, staleAfterMs: o.staleAfterMs, readModels: o.readModels !== false, ...(o.podCidrs ? { podCidrs: o.podCidrs } : {}), log });

@@ -1,6 +1,6 @@
 import type { Command } from "commander";
 import { startMetricsServer, statsRegistry } from "../shared/metrics-server.js";
-import { addNamespaceOptions, intOption, modelListOption, namespaceFlags, untilSignal } from "../shared/cli-options.js";
+import { addNamespaceOptions, applyDlqPayloads, dlqPayloadsOption, intOption, modelListOption, namespaceFlags, untilSignal } from "../shared/cli-options.js";
 import { createLogger } from "../shared/log.js";
 import { DEFAULT_BLIND_AFTER_MS, DEFAULT_LABEL_SELECTOR, startKubernetesWatcher } from "./kubernetes.js";
 import { DEFAULT_HEARTBEAT_MS, DEFAULT_LEASE_MS, DEFAULT_REASSERT_MS, DEFAULT_STEP_DOWN_AFTER_MS, type PodWatcherHandle, startPodWatcher } from "./pod-watcher.js";
@@ -29,9 +29,11 @@ export function registerPodWatcherCommand(program: Command): void {
     .option("--probe-interval-ms <ms>", "static mode: how often each pod's /health is probed", intOption(50), 1_000)
     .option("--probe-timeout-ms <ms>", "static mode: a probe slower than this fails", intOption(10), 1_000)
     .option("--no-probe", "static mode: treat every listed pod as ready without probing")
+    .addOption(dlqPayloadsOption())
     .option("--metrics-port <port>", "Prometheus /metrics port (-1 = off)", intOption(-1, 65535), -1)
     .option("--metrics-host <host>", "metrics listen address", "0.0.0.0")
     .action(async (o) => {
+      applyDlqPayloads(o.dlqPayloads);
       const log = createLogger("pod-watcher");
       if ((o.static === undefined) === (o.kubernetes !== true)) {
         log.error("give exactly one of --static <file> or --kubernetes");

@@ -3,6 +3,7 @@ import { type Command, InvalidArgumentError, Option } from "commander";
 import { poolConfigError } from "../../schemas/config.js";
 import { type Namespace, namespaceOf, poolNameError } from "../../streams/pools.js";
 import { podAddressFilter } from "./cidr.js";
+import { DEAD_LETTER_DEFAULTS, setDeadLetterPolicy } from "./dead-letter.js";
 import { redactNatsUrl } from "./nats.js";
 import { DEFAULT_PREFIX } from "../../streams/subjects.js";
 
@@ -108,3 +109,22 @@ export const podCidrsOption = (value: string): string[] => {
   }
   return cidrs;
 };
+
+/**
+ * `--dlq-payloads [bytes]`, on every process that dead-letters: keep each dead letter's payload (its
+ * first `bytes`, default 256 KiB) instead of its envelope only. Apply it with `applyDlqPayloads`.
+ */
+export function dlqPayloadsOption(): Option {
+  const d = DEAD_LETTER_DEFAULTS.maxPayloadBytes;
+  return new Option(
+    "--dlq-payloads [bytes]",
+    `dead letters keep the payload (its first <bytes>, default ${d}) for debugging; off: the envelope only (origin, reason, size, digest), since payloads may hold prompt token ids`,
+  )
+    .preset(String(d))
+    .argParser(intOption(1, DEAD_LETTER_DEFAULTS.maxPayloadBytesLimit));
+}
+
+/** Sets this process's dead-letter policy from `--dlq-payloads` (undefined: not given). */
+export function applyDlqPayloads(bytes: number | undefined): void {
+  setDeadLetterPolicy({ keepPayloads: bytes !== undefined, maxPayloadBytes: bytes ?? DEAD_LETTER_DEFAULTS.maxPayloadBytes });
+}

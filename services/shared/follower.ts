@@ -3,7 +3,8 @@
  * state to clean up, redelivers nothing, resumes at the right sequence after a reconnect), one
  * subject filter (nats-server 2.9 allows only one), each payload validated against its schema.
  *
- * Invalid payloads are dead-lettered and counted; the follower keeps going. The handler is
+ * Invalid payloads are dead-lettered (their envelope, and the payload only under `--dlq-payloads`:
+ * dead-letter.ts) and counted; the follower keeps going. The handler is
  * synchronous on purpose: a view applies an event without awaiting anything, so events are
  * applied strictly in stream order.
  */
@@ -12,7 +13,7 @@ import type { EventOf, EventType } from "../../schemas/events.js";
 import { decodeEvent } from "../../schemas/validate.js";
 import { isConsumerNotFound } from "../../streams/errors.js";
 import type { Family, Subjects } from "../../streams/subjects.js";
-import { DeadLetterSink } from "./dead-letter.js";
+import { type DeadLetterOptions, DeadLetterSink } from "./dead-letter.js";
 import type { Logger } from "./log.js";
 import type { NatsHandles } from "./nats.js";
 
@@ -50,7 +51,12 @@ export interface FollowerOptions<T extends EventType> {
   probeEveryMs?: number;
   /** Sees every message's subject and sequence first, skipped or not (per-subject cursors). */
   onMessage?(subject: string, seq: number): void;
+  /** What dead letters keep and where they are logged; default: the process's (dead-letter.ts). */
+  deadLetters?: DeadLetterOptions;
 }
+
+/** nats-server's default max_payload, for a connection that has not said otherwise. */
+const DEFAULT_MAX_PAYLOAD = 1024 * 1024;
 
 export class StreamFollower<T extends EventType> {
   /** Stream sequence of the last message handled (applied or dead-lettered). */
@@ -72,7 +78,8 @@ export class StreamFollower<T extends EventType> {
   private stopped = false;
 
   constructor(private readonly opts: FollowerOptions<T>) {
-    this.deadLetters = new DeadLetterSink(opts.nats.js, opts.subjects, opts.name, opts.log);
+    const nc = opts.nats.nc;
+    this.deadLetters = new DeadLetterSink(opts.nats.js, opts.subjects, opts.name, opts.log, () => nc.info?.max_payload ?? DEFAULT_MAX_PAYLOAD, opts.deadLetters);
   }
 
   get caughtUp(): boolean {
@@ -203,10 +210,10 @@ export class StreamFollower<T extends EventType> {
         this.applied++;
       } catch (err) {
         // A view that throws on a schema-valid event is a bug, but the consumer must survive it.
-        this.deadLetters.send({ family: o.family, subject: m.subject, stream: o.stream, seq: m.seq, reason: `apply failed: ${(err as Error).message}`, data: m.data });
+        this.deadLetters.send({ family: o.family, subject: m.subject, stream: o.stream, seq: m.seq, reason: `apply failed: ${(err as Error).message}`, type: decoded.event.type, data: m.data });
       }
     } else {
-      this.deadLetters.send({ family: o.family, subject: m.subject, stream: o.stream, seq: m.seq, reason: decoded.reason, data: m.data });
+      this.deadLetters.send({ family: o.family, subject: m.subject, stream: o.stream, seq: m.seq, reason: decoded.reason, ...(decoded.type ? { type: decoded.type } : {}), data: m.data });
     }
     if (!this.caughtUpFlag && m.info.pending === 0) this.markCaughtUp();
   }
