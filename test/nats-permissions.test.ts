@@ -10,12 +10,19 @@
  * publishes its charge and decision) and is refused everything else: the client's
  * PermissionViolationError (a JetStream publish is a request, so the client fails exactly that
  * request) and the server's own "Publish Violation" log line, never a timeout or a sleep.
+ *
+ * Consumers: each process may open them only on the streams it follows (harness/nats-consumer-streams.ts
+ * has the rule), proved both ways: the real processes follow their streams without a refusal, and
+ * a consumer anywhere else, in particular a push consumer aimed at a subject the gateways act on
+ * (nats-server#8274: the deliver subject is not checked against publish permissions), is refused
+ * at creation, so no such consumer exists.
  */
 import { randomBytes } from "node:crypto";
 import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
+import { AckPolicy, DeliverPolicy } from "@nats-io/jetstream";
 import { Kvm } from "@nats-io/kv";
 import { Objm } from "@nats-io/obj";
 import { errors } from "@nats-io/transport-node";
@@ -27,10 +34,12 @@ import { connectNats, type NatsHandles } from "../services/shared/nats.js";
 import { type NatsServerHandle, startNatsServer } from "../services/shared/nats-server.js";
 import { type ServiceProcess, spawnJetroute } from "../services/shared/processes.js";
 import { configBucketName, leaseBucketName, snapshotBucketName, streamName } from "../streams/definitions.js";
+import { isConsumerNotFound } from "../streams/errors.js";
 import { namespaceOf } from "../streams/pools.js";
 import { Family, Subjects } from "../streams/subjects.js";
 import { encodeToken } from "../streams/tokens.js";
 import { MODEL_CONFIG_KEY_PREFIX } from "../schemas/config.js";
+import { consumerAllowances, expectedConsumerAllowances } from "./harness/nats-consumer-streams.js";
 import { waitFor } from "./harness/wait.js";
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
@@ -38,6 +47,8 @@ const VALUES = path.join(ROOT, "deploy/nats/values.yaml");
 const MODEL = "perm/model";
 const subjects = new Subjects("jr");
 /** The example gateway pools, one directory each under deploy/pools (the Component `pool` aside). */
+/** The stream a consumer API subject (or allowance) names. */
+const CONSUMER_API_STREAM = /^\$JS\.API\.CONSUMER\.(?:CREATE|INFO|MSG\.NEXT|DELETE)\.([^.]+)/;
 const POOLS = readdirSync(path.join(ROOT, "deploy/pools"), { withFileTypes: true })
   .filter((d) => d.isDirectory() && d.name !== "pool")
   .map((d) => d.name)
@@ -122,8 +133,11 @@ function permissionViolation(err: unknown): PermissionViolation | undefined {
   return undefined;
 }
 
-/** `fn` must fail with the client's PermissionViolationError for a publish to `subject`, and the server must log it. */
-async function refused(user: string, subject: string, fn: () => Promise<unknown>): Promise<void> {
+/**
+ * `fn` must fail with the client's PermissionViolationError for a publish to `subject` (or one
+ * matching it: consumer names are the client's), and the server must log it.
+ */
+async function refused(user: string, subject: string | RegExp, fn: () => Promise<unknown>): Promise<void> {
   let err: unknown;
   try {
     await fn();
@@ -133,8 +147,9 @@ async function refused(user: string, subject: string, fn: () => Promise<unknown>
   const pe = permissionViolation(err);
   expect(pe, `${user} publishing to ${subject} should have been refused, got ${String(err)}`).toBeInstanceOf(errors.PermissionViolationError);
   expect(pe?.operation).toBe("publish");
-  expect(pe?.subject).toBe(subject);
-  expect(await serverViolation(user, subject)).toBeTruthy();
+  if (typeof subject === "string") expect(pe?.subject).toBe(subject);
+  else expect(pe?.subject).toMatch(subject);
+  expect(await serverViolation(user, typeof subject === "string" ? subject : (pe?.subject as string))).toBeTruthy();
 }
 
 async function run(name: string, args: string[], user: string): Promise<{ code: number | null; json: Array<Record<string, unknown>>; log: string }> {
@@ -195,6 +210,22 @@ describe("the shipped NATS permissions (deploy/nats/values.yaml)", () => {
         const b = /^\$(?:KV|O)\.([^.]+)\.>$/.exec(s);
         if (b) expect(buckets, `${u.user}: ${s} names no bucket of streams/definitions.ts`).toContain(b[1]);
       }
+    }
+  });
+
+  it("let each process open consumers only on the streams it follows (the analyst on every stream)", () => {
+    expect(consumerAllowances("JR_PODS")).toEqual(["$JS.API.CONSUMER.CREATE.JR_PODS.>", "$JS.API.CONSUMER.INFO.JR_PODS.*", "$JS.API.CONSUMER.MSG.NEXT.JR_PODS.*", "$JS.API.CONSUMER.DELETE.JR_PODS.*"]);
+    expect(() => consumerAllowances("JR_*")).toThrow(/not a stream name/);
+    for (const u of Object.values(accounts).flatMap((a) => a.users)) {
+      const want = expectedConsumerAllowances(u.user, "jr", POOLS);
+      if (want === undefined) {
+        expect(u.user).toBe("jr-admin");
+        continue;
+      }
+      const got = (u.permissions.publish?.allow ?? []).filter((s) => s.startsWith("$JS.API.CONSUMER.")).sort();
+      expect(got, `${u.user}: its consumer allowances`).toEqual(want);
+      // The scraper and the kv-bridge, which publish load samples and KV events, open consumers on PODS only.
+      if (u.user === "jr-metrics-scraper" || u.user === "jr-kv-bridge") expect(new Set(got.map((s) => CONSUMER_API_STREAM.exec(s)?.[1]))).toEqual(new Set(["JR_PODS", "JR_POOL_CHAT_PODS", "JR_POOL_CODE_PODS"]));
     }
   });
 });
@@ -298,6 +329,29 @@ describe("each user does its job", () => {
       expect((await kv.get(`${MODEL_CONFIG_KEY_PREFIX}${encodeToken(MODEL)}`))?.json(), user).toEqual({ lockedRoutingStrategy: "least-request" });
     }
   }, 30_000);
+
+  it("a metrics-scraper and a kv-bridge on their own users follow PODS (their only consumers)", async () => {
+    const scraper = spawnJetroute("metrics-scraper", ["metrics-scraper", "--interval-ms", "1000", "--no-read-models", "--nats", server.url], {
+      env: envOf("jr-metrics-scraper"),
+      logFile: path.join(dir, "metrics-scraper.log"),
+    });
+    procs.push(scraper);
+    const bridge = spawnJetroute("kv-bridge", ["kv-bridge", "--nats", server.url], { env: envOf("jr-kv-bridge"), logFile: path.join(dir, "kv-bridge.log") });
+    procs.push(bridge);
+    // Each announces itself only once its PODS follower is open (a refused consumer stops the start).
+    await bridge.waitForLine((l) => typeof l.kvBridge === "string", 30_000);
+    const scraperLog = () => readFileSync(path.join(dir, "metrics-scraper.log"), "utf8");
+    await waitFor(
+      async () => {
+        if (scraper.proc.exitCode !== null) throw new Error(`the metrics-scraper exited (${scraper.proc.exitCode}): ${scraperLog().slice(-2000)}`);
+        return /"msg":"scraping"/.test(scraperLog());
+      },
+      30_000,
+      () => `the metrics-scraper to start: ${scraperLog().slice(-2000)}`,
+      50,
+    );
+    expect(violations.filter((l) => /User "jr-(metrics-scraper|kv-bridge)"/.test(l) && l.includes("CONSUMER"))).toEqual([]);
+  }, 60_000);
 });
 
 describe("each denial", () => {
@@ -355,6 +409,83 @@ describe("each denial", () => {
     expect(await serverViolation("jr-analyst", new RegExp(`\\$O\\.${snapshotBucketName("jr")}\\.C\\.[^"]+`))).toBeTruthy();
     const admin = await as("jr-admin");
     expect(await (await new Objm(admin.nc).open(snapshotBucketName("jr"))).info("forged")).toBeNull();
+  });
+});
+
+describe("consumers only on the streams a process follows", () => {
+  const config = `KV_${configBucketName("jr")}`;
+  const consumerCreate = (stream: string) => new RegExp(`^\\$JS\\.API\\.CONSUMER\\.CREATE\\.${stream}\\.[^.]+`);
+  /** No consumer of that name exists on `stream` (the admin asks the server). */
+  const noConsumer = async (stream: string, name: string) => {
+    const admin = await as("jr-admin");
+    const err = await admin.jsm.consumers.info(stream, name).then(() => undefined, (e: unknown) => e);
+    expect(isConsumerNotFound(err), `${stream} should have no consumer ${name}, got ${String(err)}`).toBe(true);
+  };
+
+  it("metrics-scraper and kv-bridge: no consumer on CHARGES, DECISIONS, LOAD, KV or the config bucket (no KV watch either)", async () => {
+    for (const user of ["jr-metrics-scraper", "jr-kv-bridge"]) {
+      const h = await as(user);
+      for (const stream of [streamName("jr", "CHARGES"), streamName("jr", "DECISIONS"), streamName("jr", "LOAD"), streamName("jr", "KV"), config]) {
+        await refused(user, `$JS.API.CONSUMER.CREATE.${stream}.probe`, () => h.jsm.consumers.add(stream, { name: "probe", ack_policy: AckPolicy.None }));
+      }
+      // The client's own path, as a gateway's config watch takes it: an ordered push consumer.
+      await refused(user, consumerCreate(config), async () => (await new Kvm(h.nc).open(configBucketName("jr"))).watch());
+      // Nor on another pool's streams than PODS.
+      const pooledCharges = streamName(namespaceOf("jr", "chat").prefix, "CHARGES");
+      await refused(user, `$JS.API.CONSUMER.CREATE.${pooledCharges}.probe`, () => h.jsm.consumers.add(pooledCharges, { name: "probe", ack_policy: AckPolicy.None }));
+    }
+  });
+
+  it("pod-watcher: no consumer on CHARGES, LOAD or KV; the gateway none on DECISIONS", async () => {
+    const pw = await as("jr-pod-watcher");
+    for (const stream of [streamName("jr", "CHARGES"), streamName("jr", "LOAD"), streamName("jr", "KV")]) {
+      await refused("jr-pod-watcher", `$JS.API.CONSUMER.CREATE.${stream}.probe`, () => pw.jsm.consumers.add(stream, { name: "probe", ack_policy: AckPolicy.None }));
+    }
+    const gw = await as("jr-gateway");
+    const decisions = streamName("jr", "DECISIONS");
+    await refused("jr-gateway", `$JS.API.CONSUMER.CREATE.${decisions}.probe`, () => gw.jsm.consumers.add(decisions, { name: "probe", ack_policy: AckPolicy.None }));
+  });
+
+  it("deliver-subject injection (nats-server#8274): a push consumer aimed at what the gateways act on is refused at creation", async () => {
+    const forged = apiKeyBucketKey(hashApiKey("jr-injected"));
+    const apiKeySubject = `$KV.${configBucketName("jr")}.${forged}`;
+    const podSubject = subjects.pod(MODEL, "injected");
+    // 1. The scraper writes what it may (a load sample subject) holding an admin API key record,
+    //    then asks LOAD to deliver it into the config bucket: it would mint an admin key.
+    const scraper = await as("jr-metrics-scraper");
+    const loadSubject = subjects.load(MODEL, "injected");
+    await scraper.js.publish(loadSubject, JSON.stringify({ user: "mallory", createdAt: 0, admin: true }));
+    await refused("jr-metrics-scraper", `$JS.API.CONSUMER.CREATE.${streamName("jr", "LOAD")}.inject.${loadSubject}`, () =>
+      scraper.jsm.consumers.add(streamName("jr", "LOAD"), { name: "inject", filter_subject: loadSubject, deliver_subject: apiKeySubject, deliver_policy: DeliverPolicy.All, ack_policy: AckPolicy.None }),
+    );
+    await noConsumer(streamName("jr", "LOAD"), "inject");
+    // Nor through an allowed subject: the server takes the stream from the subject and refuses a
+    // request naming another one.
+    const smuggled = await scraper.nc.request(
+      `$JS.API.CONSUMER.CREATE.${streamName("jr", "PODS")}.inject`,
+      JSON.stringify({ stream_name: streamName("jr", "LOAD"), config: { name: "inject", filter_subject: loadSubject, deliver_subject: apiKeySubject, deliver_policy: "all", ack_policy: "none" } }),
+    );
+    expect(smuggled.json<{ error?: { description?: string } }>().error?.description, smuggled.string()).toBeTruthy();
+    await noConsumer(streamName("jr", "LOAD"), "inject");
+    await noConsumer(streamName("jr", "PODS"), "inject");
+    // 2. The kv-bridge and the scraper copy config-bucket records onto a pod subject or an API key
+    //    subject: the copies would land in PODS or the bucket, which the gateways fold.
+    for (const user of ["jr-kv-bridge", "jr-metrics-scraper"]) {
+      const h = await as(user);
+      for (const [name, deliver] of [
+        ["inject-pod", podSubject],
+        ["inject-key", apiKeySubject],
+      ] as const) {
+        await refused(user, `$JS.API.CONSUMER.CREATE.${config}.${name}`, () =>
+          h.jsm.consumers.add(config, { name, deliver_subject: deliver, deliver_policy: DeliverPolicy.All, ack_policy: AckPolicy.None }),
+        );
+        await noConsumer(config, name);
+      }
+    }
+    // Nothing reached what the gateways act on: no such pod, no such key.
+    const admin = await as("jr-admin");
+    expect(await admin.jsm.streams.getMessage(streamName("jr", "PODS"), { last_by_subj: podSubject }), "PODS should hold nothing on the injected pod's subject").toBeNull();
+    expect(await (await new Kvm(admin.nc).open(configBucketName("jr"))).get(forged)).toBeNull();
   });
 });
 
