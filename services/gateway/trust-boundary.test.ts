@@ -49,19 +49,24 @@ afterEach(() => {
   }
 });
 
+/** A real Director on an in-memory fold behind a real gRPC ext_proc server with these adapter options. */
+async function serve(opts: Partial<ExtProcHandlerOptions>) {
+  const clock = new FakeClock(1_000_000);
+  const state = stateWithPods(2, "gw");
+  const sink = new MemorySink();
+  const director = new Director({ gatewayId: "gw", defaultStrategy: "least-request", chargeTtlMs: 60_000, state, sink, config: state.configs, clock, now: clock.now });
+  const server = new grpc.Server(EXT_PROC_SERVER_OPTIONS);
+  server.addService(loadExtProc().service, { Process: createExtProcHandler({ router: director, log: createLogger("test", "silent"), isReady: () => true, listModels: () => [], ...opts }) });
+  const port = await new Promise<number>((resolve, reject) => server.bindAsync("127.0.0.1:0", grpc.ServerCredentials.createInsecure(), (err, p) => (err ? reject(err) : resolve(p))));
+  const client = new ExtProcClient(`127.0.0.1:${port}`);
+  servers.push({ client, server });
+  return { client, sink };
+}
+
 describe("ext_proc adapter - engine usage out of range", () => {
   it("1e12 completion tokens and a fractional prompt count: the record validates with clamped counts, counted once", async () => {
-    const clock = new FakeClock(1_000_000);
-    const state = stateWithPods(2, "gw");
-    const sink = new MemorySink();
-    const director = new Director({ gatewayId: "gw", defaultStrategy: "least-request", chargeTtlMs: 60_000, state, sink, config: state.configs, clock, now: clock.now });
     let clamped = 0;
-    const server = new grpc.Server(EXT_PROC_SERVER_OPTIONS);
-    const handler = createExtProcHandler({ router: director, log: createLogger("test", "silent"), isReady: () => true, listModels: () => [], usageClamped: () => clamped++ });
-    server.addService(loadExtProc().service, { Process: handler });
-    const port = await new Promise<number>((resolve, reject) => server.bindAsync("127.0.0.1:0", grpc.ServerCredentials.createInsecure(), (err, p) => (err ? reject(err) : resolve(p))));
-    const client = new ExtProcClient(`127.0.0.1:${port}`);
-    servers.push({ client, server });
+    const { client, sink } = await serve({ usageClamped: () => clamped++ });
 
     const ex = client.open();
     await ex.requestHeaders({ ":method": "POST", ":path": "/v1/chat/completions", ":authority": "gw", "content-type": "application/json", "x-request-id": "big-usage" });
@@ -80,14 +85,7 @@ describe("ext_proc adapter - engine usage out of range", () => {
 
 describe("ext_proc adapter - the client's authorization and the engines'", () => {
   async function upstreamHeaders(opts: Partial<ExtProcHandlerOptions>, authorization: string | undefined) {
-    const clock = new FakeClock(1_000_000);
-    const state = stateWithPods(2, "gw");
-    const director = new Director({ gatewayId: "gw", defaultStrategy: "least-request", chargeTtlMs: 60_000, state, sink: new MemorySink(), config: state.configs, clock, now: clock.now });
-    const server = new grpc.Server(EXT_PROC_SERVER_OPTIONS);
-    server.addService(loadExtProc().service, { Process: createExtProcHandler({ router: director, log: createLogger("test", "silent"), isReady: () => true, listModels: () => [], ...opts }) });
-    const port = await new Promise<number>((resolve, reject) => server.bindAsync("127.0.0.1:0", grpc.ServerCredentials.createInsecure(), (err, p) => (err ? reject(err) : resolve(p))));
-    const client = new ExtProcClient(`127.0.0.1:${port}`);
-    servers.push({ client, server });
+    const { client } = await serve(opts);
     const ex = client.open();
     const r = await ex.requestHeaders({ ":method": "POST", ":path": "/v1/chat/completions", ":authority": "gw", "content-type": "application/json", ...(authorization ? { authorization } : {}) });
     ex.cancel();
@@ -119,14 +117,7 @@ describe("ext_proc adapter - the client's authorization and the engines'", () =>
 
 describe("ext_proc adapter - pod addresses on the response", () => {
   async function responseHeaders(opts: Partial<ExtProcHandlerOptions>) {
-    const clock = new FakeClock(1_000_000);
-    const state = stateWithPods(2, "gw");
-    const director = new Director({ gatewayId: "gw", defaultStrategy: "least-request", chargeTtlMs: 60_000, state, sink: new MemorySink(), config: state.configs, clock, now: clock.now });
-    const server = new grpc.Server(EXT_PROC_SERVER_OPTIONS);
-    server.addService(loadExtProc().service, { Process: createExtProcHandler({ router: director, log: createLogger("test", "silent"), isReady: () => true, listModels: () => [], ...opts }) });
-    const port = await new Promise<number>((resolve, reject) => server.bindAsync("127.0.0.1:0", grpc.ServerCredentials.createInsecure(), (err, p) => (err ? reject(err) : resolve(p))));
-    const client = new ExtProcClient(`127.0.0.1:${port}`);
-    servers.push({ client, server });
+    const { client } = await serve(opts);
     const ex = client.open();
     await ex.requestHeaders({ ":method": "POST", ":path": "/v1/chat/completions", ":authority": "gw", "content-type": "application/json" });
     const routed = await ex.requestBody(chatBody());
