@@ -99,7 +99,7 @@ export async function startDemo(o: DemoOptions): Promise<DemoHandle> {
     spawn("metrics-scraper", ["metrics-scraper", "--nats", natsUrl]);
     spawn("kv-bridge", ["kv-bridge", "--nats", natsUrl]);
     gwPorts.forEach((port, i) => {
-      spawn(`gateway-${i + 1}`, ["gateway", "--nats", natsUrl as string, "--port", String(port), "--admin-port", String(adminPorts[i]), "--id", `demo-gw-${i + 1}`, "--host", "127.0.0.1", "--tokenizer", "local"]);
+      spawn(`gateway-${i + 1}`, ["gateway", "--nats", natsUrl as string, "--port", String(port), "--admin-port", String(adminPorts[i]), "--id", `demo-gw-${i + 1}`, "--host", "127.0.0.1", "--tokenizer", "local", "--expose-pod-addresses"]);
     });
     await Promise.all(adminPorts.map((p) => waitHttp(`http://127.0.0.1:${p}/readyz`, 30_000, (s) => s === 200)));
     spawn("front", ["front", "--port", String(o.port), "--gateway", gwPorts.map((p) => `127.0.0.1:${p}`).join(",")]);
@@ -119,6 +119,7 @@ jetroute demo is up: ${o.pods} simulated vLLM pods, pod-watcher, metrics-scraper
     curl -sN ${d.frontUrl}/v1/chat/completions -H 'content-type: application/json' \\
       -d '{"model":"${o.model}","messages":[{"role":"user","content":"Hello!"}],"stream":true,"stream_options":{"include_usage":true}}'
     curl -s ${d.frontUrl}/v1/models
+    # the demo's gateways echo the pod they picked (target-pod, --expose-pod-addresses): curl -i shows it
     curl -sN ${d.frontUrl}/v1/chat/completions -H 'routing-strategy: prefix-cache' -H 'content-type: application/json' \\
       -d '{"model":"${o.model}","messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"Hi"}]}'
     curl -s http://127.0.0.1:${o.gatewayBasePort + 88}/debug/explain -H 'routing-strategy: prefix-cache' \\
