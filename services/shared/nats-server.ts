@@ -142,7 +142,11 @@ export async function startNatsServer(opts: StartOptions = {}): Promise<NatsServ
       `port: ${port}`,
       `host: 127.0.0.1`,
       `server_name: ${opts.serverName ?? `jr-${port}`}`,
-      `jetstream { store_dir: "${path.join(storeDir, "js")}" }`,
+      // Streams reserve their max_bytes against this limit; nats-server's default (75 % of the free
+      // disk at start) made a test file that applies the full set of streams under a dozen prefixes
+      // fail on a fuller disk. The reservation is a bound, not an allocation: what is stored stays
+      // within each stream's own max_bytes.
+      `jetstream { store_dir: "${path.join(storeDir, "js")}", max_file_store: 1T }`,
       `max_payload: 8MB`,
       securityConfig(opts.auth, opts.tls),
       opts.config ?? "",
