@@ -28,7 +28,7 @@ import { decisionRandom, type PrefixMatchResult, type Rank, schedule } from "./s
 import { type LegClient, type PdLegOptions, PdLegs } from "./stages/pd-legs.js";
 import { pdPlanOf } from "./strategies/pd.js";
 import { PdCoordinator } from "./stages/pd-coordinator.js";
-import { bodyKey, tokenizerPodFor } from "./stages/tokenizer-pod.js";
+import { tokenizerPodFor } from "./stages/tokenizer-pod.js";
 import { rejectedRecord, routedRecord } from "./decision-record.js";
 import { refuseBatch } from "./stages/pd-bodies.js";
 import { chargeIdOf, } from "./charge-id.js";
@@ -204,7 +204,7 @@ export class Director {
     // A prompt sent as token ids is exactly what the index is keyed on.
     if (parsed.promptTokenIds) return { ...base, tokens: parsed.promptTokenIds, tokenizerMode: "ids" };
     // Remote mode asks one of the model's pods, spread by the prompt (stages/tokenizer-pod.ts).
-    const tokenizerPod = tokenizerPodFor(this.views.pods.readyPods(parsed.model), bodyKey(input.body));
+    const tokenizerPod = tokenizerPodFor(this.views.pods.readyPods(parsed.model), input.body);
     const t = prefix.tokenizer.tokenize(parsed.model, promptInputOf(parsed.body, input.body), tokenizerPod?.address);
     return t.then((r) => ({ ...base, tokens: r.tokens, tokenizerMode: r.mode }));
   }

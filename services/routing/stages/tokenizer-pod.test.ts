@@ -1,14 +1,15 @@
 import { describe, expect, it } from "vitest";
-import { bodyKey, tokenizerPodFor } from "./tokenizer-pod.js";
+import { pod as podOf } from "../strategies/testing.js";
+import { tokenizerPodFor } from "./tokenizer-pod.js";
 
-const pods = (n: number) => Array.from({ length: n }, (_, i) => ({ pod: `vllm-${i}` }));
+const pods = (n: number) => Array.from({ length: n }, (_, i) => podOf(`vllm-${i}`));
 const bodies = (n: number) => Array.from({ length: n }, (_, i) => Buffer.from(JSON.stringify({ model: "m", messages: [{ role: "user", content: `question ${i}` }] })));
 
 describe("tokenizerPodFor - remote tokenization spread over the model's pods", () => {
   it("spreads distinct prompts over every pod, not the alphabetically first", () => {
     const counts = new Map<string, number>();
     for (const b of bodies(4_000)) {
-      const p = tokenizerPodFor(pods(4), bodyKey(b))?.pod as string;
+      const p = tokenizerPodFor(pods(4), b)?.pod as string;
       counts.set(p, (counts.get(p) ?? 0) + 1);
     }
     expect([...counts.keys()].sort()).toEqual(["vllm-0", "vllm-1", "vllm-2", "vllm-3"]);
@@ -17,8 +18,7 @@ describe("tokenizerPodFor - remote tokenization spread over the model's pods", (
 
   it("the same prompt goes to the same pod whatever the order the pods are listed in", () => {
     for (const b of bodies(50)) {
-      const k = bodyKey(b);
-      expect(tokenizerPodFor(pods(5), k)?.pod).toBe(tokenizerPodFor([...pods(5)].reverse(), k)?.pod);
+      expect(tokenizerPodFor(pods(5), b)?.pod).toBe(tokenizerPodFor([...pods(5)].reverse(), b)?.pod);
     }
   });
 
@@ -26,14 +26,13 @@ describe("tokenizerPodFor - remote tokenization spread over the model's pods", (
     const all = pods(5);
     const without = all.filter((p) => p.pod !== "vllm-2");
     for (const b of bodies(500)) {
-      const k = bodyKey(b);
-      const before = tokenizerPodFor(all, k)?.pod;
-      const after = tokenizerPodFor(without, k)?.pod;
+      const before = tokenizerPodFor(all, b)?.pod;
+      const after = tokenizerPodFor(without, b)?.pod;
       if (before !== "vllm-2") expect(after).toBe(before);
     }
   });
 
   it("no pod: none", () => {
-    expect(tokenizerPodFor([], 1)).toBeUndefined();
+    expect(tokenizerPodFor([], Buffer.from("{}"))).toBeUndefined();
   });
 });
