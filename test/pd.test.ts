@@ -235,7 +235,9 @@ describe("P/D - vLLM and SGLang through the front, two replicas", () => {
       // A prompt of its own (from the first token on): no cached prefix pulls requests onto one pod.
       const body = { ...chat(MODEL, { stream }), messages: [{ role: "user", content: `${randomUUID()} request ${i} of the spread test` }] };
       reqs.push(post(body, ctls[i]?.signal, perReplica[i % 2]?.base).catch((e: unknown) => e));
-      await waitFor(() => gws.every((g) => pods.reduce((a, p) => a + g.views.ledger.outstanding(MODEL, p).requests, 0) === i + 1), 3_000, `${i + 1} charges on ${pods.join(",")} in both replicas`);
+      // A deadline, not a pace: on a 2-core host under a parallel suite a charge took over 3 s to
+      // reach both replicas once (the wait failed, the spread it guards never did).
+      await waitFor(() => gws.every((g) => pods.reduce((a, p) => a + g.views.ledger.outstanding(MODEL, p).requests, 0) === i + 1), 10_000, `${i + 1} charges on ${pods.join(",")} in both replicas`);
     }
     const perPod = gws.map((g) => pods.map((p) => g.views.ledger.outstanding(MODEL, p).requests));
     for (const c of ctls) c.abort();
