@@ -14,7 +14,7 @@ describe("metrics-scraper - engines to LOAD", () => {
   let fleet: SimFleet;
   beforeAll(async () => {
     env = await startTestEnv();
-    fleet = await startSimFleet({ pods: 2, model: MODEL, engine: ["vllm", "sglang"], timeScale: 20, logger: quietLog });
+    fleet = await startSimFleet({ pods: 2, model: MODEL, engine: ["vllm", "sglang"], timeScale: 2, logger: quietLog });
     for (const p of fleet.pods) await env.publishPod({ pod: p.name, address: p.address, engine: p.engine });
   });
   afterAll(async () => {
@@ -37,15 +37,17 @@ describe("metrics-scraper - engines to LOAD", () => {
       expect(latest.get(vllm.name)?.load).toMatchObject({ running: 0, waiting: 0, kvCacheUsage: 0, blockSize: 16 });
       expect(latest.get(sglang.name)?.load).toMatchObject({ running: 0, waiting: 0 });
 
-      // Keep the vLLM pod busy with slow streaming requests; the scraper must see them running.
+      // Keep the vLLM pod busy with slow streaming requests; the scraper must see them running. Each
+      // decodes for about 30 s of wall time (4000 steps of 15 ms at time scale 2), so on a loaded host
+      // the three overlap until the abort below, however late the last one starts.
       const ctl = new AbortController();
-      const body = JSON.stringify({ model: MODEL, messages: [{ role: "user", content: "count slowly" }], max_tokens: 400, stream: true });
+      const body = JSON.stringify({ model: MODEL, messages: [{ role: "user", content: "count slowly" }], max_tokens: 4000, stream: true });
       const reqs = Array.from({ length: 3 }, () =>
         fetch(`http://${vllm.address}/v1/chat/completions`, { method: "POST", body, headers: { "content-type": "application/json" }, signal: ctl.signal })
           .then((r) => r.body?.getReader().read())
           .catch(() => undefined),
       );
-      await waitFor(() => (latest.get(vllm.name)?.load?.running ?? 0) === 3, 3_000, "running=3 in a load sample");
+      await waitFor(() => (latest.get(vllm.name)?.load?.running ?? 0) === 3, 10_000, "running=3 in a load sample");
       ctl.abort();
       await Promise.all(reqs);
 
@@ -86,7 +88,7 @@ describe("metrics-scraper - /metrics read with a size cap", () => {
   });
   afterAll(async () => {
     engine?.closeAllConnections();
-    await new Promise((r) => engine?.close(r));
+    if (engine) await new Promise((r) => engine.close(r));
     await env?.stop();
   });
 
@@ -170,7 +172,7 @@ describe("metrics-scraper - --pod-cidrs", () => {
     await env.publishPod({ pod: "loopback", address });
   });
   afterAll(async () => {
-    await new Promise((r) => engine?.close(r));
+    if (engine) await new Promise((r) => engine.close(r));
     await env?.stop();
   });
 
