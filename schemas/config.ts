@@ -32,6 +32,59 @@ export const Profile = Type.Object(
   { additionalProperties: false },
 );
 
+/** Flow-control priorities: a band per integer; below 0 = sheddable. */
+export const FLOW_PRIORITY_MIN = -16;
+export const FLOW_PRIORITY_MAX = 16;
+const Ms = Type.Integer({ minimum: 0, maximum: 86_400_000 });
+const OBJECTIVE_NAME = /^[A-Za-z0-9._-]{1,64}$/;
+
+/**
+ * Flow control for a model (docs/flow-control.md): while its pods are saturated, gateways hold its
+ * requests in priority bands, fair between flows, and dispatch them as pods get room.
+ */
+export const FlowControl = Type.Object(
+  {
+    /** Default true: false keeps the settings and routes as if there were none. */
+    enabled: Type.Optional(Type.Boolean()),
+    /** Named objectives (header `x-jetroute-objective`, or an API key's `objective`): a priority and a queue TTL each. */
+    objectives: Type.Optional(
+      Type.Record(
+        Type.String({ minLength: 1, maxLength: 64, pattern: "^[A-Za-z0-9._-]+$" }),
+        Type.Object({ priority: Type.Integer({ minimum: FLOW_PRIORITY_MIN, maximum: FLOW_PRIORITY_MAX }), ttlMs: Type.Optional(Ms) }, { additionalProperties: false }),
+        { maxProperties: 64 },
+      ),
+    ),
+    /** The objective of a request that names none (absent: priority 0 and `ttlMs`). */
+    defaultObjective: Type.Optional(Type.String({ minLength: 1, maxLength: 64 })),
+    fairness: Type.Optional(Type.Union([Type.Literal("round-robin"), Type.Literal("least-attained")])),
+    order: Type.Optional(Type.Union([Type.Literal("fcfs"), Type.Literal("edf")])),
+    /** How long a request may be held (default 60 s); expiry answers 429 `queue_timeout`. */
+    ttlMs: Type.Optional(Ms),
+    /** A model with no ready pod: hold its requests this long for a pod to appear (default 0: 503 at once). */
+    waitingRoomTtlMs: Type.Optional(Ms),
+    maxRequestsPerBand: Type.Optional(Type.Integer({ minimum: 1, maximum: 1_000_000 })),
+    maxBytesPerBand: Type.Optional(Type.Integer({ minimum: 1, maximum: 64 * 1024 ** 3 })),
+    /** When a pod has no room; every limit set must hold for the pod to take one more request. */
+    saturation: Type.Optional(
+      Type.Object(
+        {
+          /** Engine queue depth (waiting requests) at which a pod is full (default 5). */
+          queueDepth: Type.Optional(Type.Number({ exclusiveMinimum: 0 })),
+          /** KV cache usage (0-1) at which a pod is full (default 0.8). */
+          kvCacheUsage: Type.Optional(Type.Number({ exclusiveMinimum: 0, maximum: 1 })),
+          /** In-flight requests per pod, every replica's charges (no default). */
+          maxInFlightPerPod: Type.Optional(Type.Integer({ minimum: 1 })),
+          /** In-flight prompt tokens per pod, every replica's charges (no default). */
+          maxTokensPerPod: Type.Optional(Type.Integer({ minimum: 1 })),
+        },
+        { additionalProperties: false },
+      ),
+    ),
+  },
+  { additionalProperties: false },
+);
+export type FlowControl = Static<typeof FlowControl>;
+
 export const ModelConfig = Type.Object(
   {
     /** Wins over everything, including the request's `routing-strategy` header. */
@@ -44,6 +97,7 @@ export const ModelConfig = Type.Object(
      * started with `--consistency off`, which follows no other replica.
      */
     consistency: Type.Optional(Type.Union([Type.Literal("eventual"), Type.Literal("strict")])),
+    flowControl: Type.Optional(FlowControl),
   },
   { $id: "model-config", additionalProperties: false },
 );
@@ -58,7 +112,14 @@ const check = TypeCompiler.Compile(ModelConfig);
 export function modelConfigError(value: unknown): string | undefined {
   if (check.Check(value)) {
     const c = value as ModelConfig;
-    if (c.defaultProfile && !c.profiles?.[c.defaultProfile]) return `/defaultProfile: profile ${JSON.stringify(c.defaultProfile)} is not defined in /profiles`;
+    if (c.defaultProfile && !(c.profiles && Object.hasOwn(c.profiles, c.defaultProfile))) return `/defaultProfile: profile ${JSON.stringify(c.defaultProfile)} is not defined in /profiles`;
+    const f = c.flowControl;
+    for (const name of Object.keys(f?.objectives ?? {})) {
+      if (!OBJECTIVE_NAME.test(name)) return `/flowControl/objectives/${name.slice(0, 64)}: objective names are 1-64 characters of A-Z a-z 0-9 . _ -`;
+    }
+    if (f?.defaultObjective !== undefined && !(f.objectives && Object.hasOwn(f.objectives, f.defaultObjective))) {
+      return `/flowControl/defaultObjective: objective ${JSON.stringify(f.defaultObjective)} is not defined in /flowControl/objectives`;
+    }
     return undefined;
   }
   const e = check.Errors(value).First();
@@ -114,6 +175,11 @@ export const ApiKeyRecord = Type.Object(
      * field existed stay plain client keys.
      */
     admin: Type.Optional(Type.Boolean()),
+    /**
+     * Flow control: the objective this key's requests run under (a name in the model's
+     * `flowControl.objectives`), whatever `x-jetroute-objective` header they send.
+     */
+    objective: Type.Optional(Type.String({ minLength: 1, maxLength: 64, pattern: "^[A-Za-z0-9._-]+$" })),
   },
   { $id: "api-key", additionalProperties: false },
 );

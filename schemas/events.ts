@@ -356,6 +356,16 @@ export const DecisionRecord = Type.Object(
     ),
     /** How the charge was shared, when not `eventual`. */
     consistency: Type.Optional(Type.Union([Type.Literal("strict"), Type.Literal("off")])),
+    /**
+     * Flow control (docs/flow-control.md): the request's priority band, its objective, when it was
+     * queued and how long it was held before `ts` (0: it went at once). Absent: flow control off.
+     */
+    flow: Type.Optional(
+      Type.Object(
+        { band: Type.Integer({ minimum: -16, maximum: 16 }), objective: Type.Optional(Type.String({ maxLength: 64 })), enqueuedAt: Millis, waitMs: Type.Number({ minimum: 0 }) },
+        { additionalProperties: false },
+      ),
+    ),
     /** Last sequence the gateway had applied, per view, when it decided. */
     cursors: Type.Optional(Type.Object({ pods: Cursor, load: Cursor, charges: Cursor, kv: Cursor, config: Cursor }, { additionalProperties: false })),
     /** The replica's place among the live gateways, when ties followed its tie order. */

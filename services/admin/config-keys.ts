@@ -37,20 +37,21 @@ async function readKeys(kv: Bucket): Promise<StoredKey[]> {
 const shortHash = (h: string) => h.slice(0, SHOWN_HASH_PREFIX);
 const keyStatus = (k: StoredKey) => (!k.record ? "invalid" : k.record.disabled ? "revoked" : "active");
 
-type AddKeyOptions = NamespaceOptionValues & { user: string; name?: string; admin?: boolean; json?: boolean };
+type AddKeyOptions = NamespaceOptionValues & { user: string; name?: string; admin?: boolean; objective?: string; json?: boolean };
 
 export function registerAddKeyCommand(cfg: Command): void {
   addNamespaceOptions(cfg.command("add-key").description("create an API key for a user; prints the key once (only its SHA-256 is stored)"))
     .requiredOption("--user <user>", "the user the key authenticates (rate limits and fairness count against this user)")
     .option("--name <name>", "a label, e.g. what the key is for")
     .option("--admin", "an operator key: also opens the gateways' /debug/* endpoints under --auth required")
+    .option("--objective <name>", "flow control: the objective (priority class) this key's requests run under, whatever header they send (docs/flow-control.md)")
     .option("--json", "print {key, hash, user, name, createdAt, admin} as one JSON line")
     .action(addKey);
 }
 
 async function addKey(o: AddKeyOptions): Promise<void> {
   // `admin` only when set: a plain key's record stays as it was before the field existed.
-  const record: ApiKeyRecord = { user: o.user, ...(o.name !== undefined ? { name: o.name } : {}), createdAt: Date.now(), ...(o.admin ? { admin: true } : {}) };
+  const record: ApiKeyRecord = { user: o.user, ...(o.name !== undefined ? { name: o.name } : {}), createdAt: Date.now(), ...(o.admin ? { admin: true } : {}), ...(o.objective !== undefined ? { objective: o.objective } : {}) };
   const err = apiKeyRecordError(record);
   if (err) {
     console.error(`invalid key record: ${err}`);

@@ -27,7 +27,7 @@ export function registerFrontCommand(program: Command): void {
         .argParser(targetList)
         .default(["127.0.0.1:9002"], "127.0.0.1:9002"),
     )
-    .option("--message-timeout-ms <ms>", "per-message ext_proc timeout (Envoy's message_timeout)", intOption(1), 30_000)
+    .option("--message-timeout-ms <ms>", "per-message ext_proc timeout (Envoy's message_timeout); above the longest flow-control queue TTL", intOption(1), 90_000)
     .option("--max-body-bytes <n>", "request body buffer limit", intOption(1), 4 * 1024 * 1024)
     .action(async (o: { port: number; host: string; gateway: string[]; messageTimeoutMs: number; maxBodyBytes: number }) => {
       const logger = createLogger("front");

@@ -74,7 +74,7 @@ interface RequestState {
 
 export async function startFront(opts: FrontOptions): Promise<FrontServer> {
   const log = opts.logger ?? createLogger("front");
-  const pool = new GatewayPool(opts.gateways, { messageTimeoutMs: opts.messageTimeoutMs ?? 30_000 });
+  const pool = new GatewayPool(opts.gateways, { messageTimeoutMs: opts.messageTimeoutMs ?? 90_000 });
   const agent = new http.Agent({ keepAlive: true, maxSockets: 512 });
   const maxBody = opts.maxRequestBodyBytes ?? DEFAULT_MAX_REQUEST_BODY_BYTES;
 

@@ -69,6 +69,8 @@ export function debugStateOf(s: DebugStateSources): Record<string, unknown> {
     },
     inFlight: director.inFlight.size,
     rateWaits: director.rateWaits,
+    // Flow control: what this replica holds, per model, band and flow (bounded by the queues' own bounds; 200 flows shown per model).
+    flow: Object.fromEntries([...director.flow.queueSummaries()].map(([model, q]) => [model, { held: q.size, bytes: q.bytes, bands: q.summary(), flows: q.flows().slice(0, 200) }])),
     usageSummaries: { sent: usage.sent, truncatedUsers: usage.truncatedUsers, foreignGateways: state.rates.foreignGateways, foreignEntries: state.rates.foreignEntries, foreignEvicted: state.rates.foreignEvicted },
     extProcConnections: s.connections(),
     consistency,

@@ -196,6 +196,8 @@ class Exchange {
   private over = false;
   /** Set by a request-headers phase that passed authentication (`auth` only). */
   private authenticated = false;
+  /** Flow control: the objective the request's API key carries (`auth` only). */
+  private keyObjective: string | undefined;
   private readonly errorBody: Buffer[] = [];
   private errorBytes = 0;
   /** Aborted when the stream is over: work for this request (a P/D prefill leg) stops. */
@@ -315,6 +317,7 @@ class Exchange {
       // The key says who this is: a client-sent `user` header cannot borrow another user's quota.
       headers[USER_HEADER] = a.user;
       this.authenticated = true;
+      this.keyObjective = a.objective;
       mutation = { ...mutation, set_headers: [...(mutation.set_headers ?? []), setHeader(USER_HEADER, a.user)] };
     }
     this.subset = subsetHint(req);
@@ -349,7 +352,7 @@ class Exchange {
     this.bodyParts = [];
     let result: RoutedRequest | Promise<RoutedRequest>;
     try {
-      result = this.router.route({ headers, body, subset: this.subset, signal: this.gone.signal });
+      result = this.router.route({ headers, body, subset: this.subset, signal: this.gone.signal, ...(this.keyObjective ? { keyObjective: this.keyObjective } : {}) });
     } catch (err) {
       return this.routeFailed(err, body);
     }

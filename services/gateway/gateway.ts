@@ -35,6 +35,8 @@ import { createFollowers, type GatewayFollowers } from "./followers.js";
 import { GatewayPublishers } from "./publishers.js";
 import { debugStateOf } from "./debug-state.js";
 import { ExtProcListener, tlsCredentials } from "./extproc-listener.js";
+import { DEFAULT_SUMMARY_INTERVAL_MS, FleetQueues } from "../routing/flow/fleet.js";
+import { FlowSummaries } from "./flow-summaries.js";
 
 /** A gateway's configuration (config.ts: the schema with every default) and its runtime parts. */
 export type GatewayOptions = Omit<GatewayConfigInput, "tokenizerMode" | "tokenizerModes"> & {
@@ -107,18 +109,23 @@ export async function startGateway(options: GatewayOptions): Promise<GatewayHand
   const configWatch = await watchModelConfigs(nats.nc, configBucketName(ns.configPrefix), state, log);
   const subjects = new Subjects(prefix);
   const pdClient = new PdHttpClient(engineKey);
+  // Flow control: the other replicas' queue summaries (services/gateway/flow-summaries.ts feeds it).
+  const fleet = new FleetQueues({ self: id });
   const { director, strict } = routingCoreOf({
+    fleet,
     config, ns, state, clock, serverClock, publishers, pdClient, subjects, cursors, log, js: nats.js,
     prefix: createPrefixSupport({ gatewayId: id, state, tokenizer, subjects, outbox: publishers.outbox }),
     onPick: (st, sec) => metrics.pick(st, sec),
+    metrics: () => metrics,
   });
   const metrics: GatewayMetrics = new GatewayMetrics(
     id,
-    metricSourcesOf({ state, followers, viewNames, director, strict, publishers, listener, ready: () => isReady }),
+    metricSourcesOf({ state, followers, viewNames, director, strict, publishers, listener, ready: () => isReady, flowSummaries: () => flowSummaries.stats }),
     ns.pool,
   );
   tokenizer.registerMetrics(metrics.registry);
   publishers.start(director);
+  const flowSummaries = new FlowSummaries({ nc: nats.nc, subjects, gatewayId: id, flow: director.flow, fleet, clock, intervalMs: DEFAULT_SUMMARY_INTERVAL_MS, log });
   const stopSweeps = startSweeps(state, clock, serverClock, config.heartbeatIntervalMs);
 
   await Promise.all(followers.map((f) => f.start()));
@@ -181,7 +188,7 @@ export async function startGateway(options: GatewayOptions): Promise<GatewayHand
     async close() {
       if (closed) return;
       closed = true;
-      await shutDown({ config, listener, director, stopSweeps, publishers, admin, configWatch, snapshotter, followers, nats, pdClient, tokenizer, log });
+      await shutDown({ config, listener, director, flowSummaries, stopSweeps, publishers, admin, configWatch, snapshotter, followers, nats, pdClient, tokenizer, log });
     },
   };
 }
@@ -217,6 +224,8 @@ function routingCoreOf(o: {
   subjects: Subjects;
   cursors: SubjectCursors;
   onPick: NonNullable<DirectorOptions["onPick"]>;
+  fleet: FleetQueues;
+  metrics: () => GatewayMetrics;
   log: Logger;
 }): { director: Director; strict: StrictCommitter | undefined } {
   const { config, ns, state } = o;
@@ -230,6 +239,7 @@ function routingCoreOf(o: {
     onPick: o.onPick,
     pdLegClient: o.pdClient,
     pdLegOptions: { prefillTimeoutMs: config.pd.prefillTimeoutMs, prefillBudgetMs: config.pd.prefillBudgetMs, sglangPrefillTimeoutMs: config.pd.sglangPrefillTimeoutMs, maxRetries: config.pd.maxRetries },
+    flow: { fleet: o.fleet, hooks: { outcome: (band, outcome, waitMs) => o.metrics().flowOutcome(band, outcome, waitMs), yielded: (band) => o.metrics().flowYield(band) } },
   });
   // Strict commits are chosen per model (its config's `consistency`, else `--consistency`), so the
   // committer exists whenever charges are shared; `off` follows no peer and has nothing to commit against.
@@ -251,6 +261,7 @@ function metricSourcesOf(o: {
   publishers: GatewayPublishers;
   listener: ExtProcListener;
   ready: () => boolean;
+  flowSummaries: () => { sent: number; received: number; invalid: number };
 }): GatewayMetricsSources {
   const { state, director, publishers } = o;
   const ledger = state.ledger;
@@ -278,6 +289,8 @@ function metricSourcesOf(o: {
     podSources: () => state.pods.sourceInfo(),
     shadowingAdapters: () => state.pods.shadowingAdapters,
     refusedPodAddresses: () => state.pods.refusedAddresses,
+    flowHeld: () => [...director.flow.queueSummaries().values()].flatMap((q) => q.summary()),
+    flowSummaries: o.flowSummaries,
     usage: () => ({ foreignGateways: state.rates.foreignGateways, foreignEntries: state.rates.foreignEntries, foreignEvicted: state.rates.foreignEvicted, sent: publishers.usageSummaries.sent, truncatedUsers: publishers.usageSummaries.truncatedUsers }),
   };
 }
@@ -330,6 +343,7 @@ async function shutDown(p: {
   config: GatewayConfig;
   listener: ExtProcListener;
   director: Director;
+  flowSummaries: FlowSummaries;
   stopSweeps: () => void;
   publishers: GatewayPublishers;
   admin: AdminServer | undefined;
@@ -341,8 +355,10 @@ async function shutDown(p: {
   tokenizer: Tokenizer;
   log: Logger;
 }): Promise<void> {
+  // Held requests keep being dispatched during the grace period; what is still held after it gets a 503.
   await p.listener.close(p.config.shutdownGraceMs);
   const drained = p.director.drain();
+  p.flowSummaries.stop();
   p.stopSweeps();
   p.publishers.stop();
   p.admin?.close();

@@ -30,6 +30,10 @@ export interface GatewayMetricsSources {
   refusedPodAddresses?: () => number;
   /** Usage summaries across pools (services/gateway/usage-summary.ts, services/views/rate-view.ts). */
   usage?: () => { foreignGateways: number; foreignEntries: number; foreignEvicted: number; sent: number; truncatedUsers: number };
+  /** Flow control: requests held per model queue and band (services/routing/flow/). */
+  flowHeld?: () => Iterable<{ band: number; count: number }>;
+  /** Flow control: summaries sent, received from other replicas, ignored as invalid. */
+  flowSummaries?: () => { sent: number; received: number; invalid: number } | undefined;
 }
 
 export class GatewayMetrics {
@@ -39,6 +43,9 @@ export class GatewayMetrics {
   private readonly authFailures: client.Counter<"reason">;
   private readonly usageClampedTotal: client.Counter;
   private readonly unrecordedTotal: client.Counter<"reason">;
+  private readonly flowRequests: client.Counter<"band" | "outcome">;
+  private readonly flowWait: client.Histogram<"band">;
+  private readonly flowYields: client.Counter<"band">;
 
   /** `pool`: a pooled replica's series carry its pool (a validated name, 32 characters at most). */
   constructor(gatewayId: string, src: GatewayMetricsSources, pool?: string) {
@@ -71,6 +78,26 @@ export class GatewayMetrics {
     this.usageClampedTotal = new client.Counter({
       name: "jetroute_gateway_engine_usage_clamped_total",
       help: "Responses whose engine-reported token usage was fractional or out of range and was clamped",
+      registers: [r],
+    });
+    // Flow control. Bands are integers in [-16, 16]: a bounded label.
+    this.flowRequests = new client.Counter({
+      name: "jetroute_gateway_flow_requests_total",
+      help: "Flow control: held requests that left the queue, by band and outcome (dispatched, expired, dropped, cancelled)",
+      labelNames: ["band", "outcome"],
+      registers: [r],
+    });
+    this.flowWait = new client.Histogram({
+      name: "jetroute_gateway_flow_wait_seconds",
+      help: "Flow control: how long held requests waited before they left the queue, by band",
+      labelNames: ["band"],
+      buckets: [0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60],
+      registers: [r],
+    });
+    this.flowYields = new client.Counter({
+      name: "jetroute_gateway_flow_yields_total",
+      help: "Flow control: times this replica held a band back because another replica held an older request of a higher band (the fleet-wide order at work)",
+      labelNames: ["band"],
       registers: [r],
     });
     const gauge = (name: string, help: string, labelNames: string[], collect: (g: client.Gauge<string>) => void) =>
@@ -155,6 +182,15 @@ export class GatewayMetrics {
         g.set({ figure: "truncated_users" }, u.truncatedUsers);
       },
     );
+    gauge("jetroute_gateway_flow_held", "Flow control: requests this replica holds, by band", ["band"], (g) => {
+      g.reset();
+      const byBand = new Map<number, number>();
+      for (const b of src.flowHeld?.() ?? []) byBand.set(b.band, (byBand.get(b.band) ?? 0) + b.count);
+      for (const [band, n] of byBand) g.set({ band: String(band) }, n);
+    });
+    gauge("jetroute_gateway_flow_summaries", "Flow control: queue summaries sent, received from other replicas, ignored as invalid", ["figure"], (g) => {
+      for (const [k, v] of Object.entries(src.flowSummaries?.() ?? {})) g.set({ figure: k }, v);
+    });
     gauge("jetroute_gateway_strict", "Strict mode: committed charges, lost races, fallbacks", ["figure"], (g) => {
       for (const [k, v] of Object.entries(src.strict() ?? {})) g.set({ figure: k }, v);
     });
@@ -164,6 +200,16 @@ export class GatewayMetrics {
     // A P/D request is counted once, by its decode leg's record (prefill attempts: jetroute_gateway_pd).
     if (rec.pd?.leg === "prefill") return;
     this.decisions.inc({ strategy: strategyLabel(rec.strategy), outcome: rec.outcome, status: String(rec.status) });
+  }
+
+  /** A held request left the queue. */
+  flowOutcome(band: number, outcome: string, waitMs: number): void {
+    this.flowRequests.inc({ band: String(band), outcome });
+    this.flowWait.observe({ band: String(band) }, waitMs / 1000);
+  }
+
+  flowYield(band: number): void {
+    this.flowYields.inc({ band: String(band) });
   }
 
   unrecorded(reason: "unknown_path" | "budget"): void {

@@ -53,6 +53,7 @@ export function routedRecord(gateway: string, r: RoutedRequest, outcome: Release
     ...(c.slo ? { slo: c.slo } : {}),
     ...(c.maxTokens !== undefined ? { maxTokens: c.maxTokens } : {}),
     ...(c.consistency ? { consistency: c.consistency } : {}),
+    ...(c.flow ? { flow: { band: c.flow.band, ...(c.flow.objective !== undefined ? { objective: c.flow.objective } : {}), enqueuedAt: c.flow.enqueuedAt, waitMs: c.flow.waitMs } } : {}),
     ...(info.errorCode ? { errorCode: info.errorCode } : pd?.failure ? { errorCode: pd.failure.code } : {}),
     ...(pd ? { pd: decodeLegOf(r, pd) } : {}),
   };

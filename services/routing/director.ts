@@ -31,7 +31,10 @@ import { PdCoordinator } from "./stages/pd-coordinator.js";
 import { tokenizerPodFor } from "./stages/tokenizer-pod.js";
 import { rejectedRecord, routedRecord } from "./decision-record.js";
 import { refuseBatch } from "./stages/pd-bodies.js";
-import { chargeIdOf, } from "./charge-id.js";
+import { chargeIdOf } from "./charge-id.js";
+import { FlowController, type FlowHooks, type Held } from "./flow/controller.js";
+import type { FleetQueues } from "./flow/fleet.js";
+import { classify } from "./flow/settings.js";
 
 export type { PrefixMatchResult } from "./stages/scheduling.js";
 export type { DecisionContext, FinishInfo, OwnAdmissionKey, Prepared, PromptBlocks, RoutedRequest, RouteInput } from "./request.js";
@@ -88,6 +91,8 @@ export interface DirectorOptions {
   /** P/D: how the gateway sends prefill legs (absent: a `pd` plan routes decode only, the decode pod computing the prompt). */
   pdLegClient?: LegClient;
   pdLegOptions?: Partial<PdLegOptions>;
+  /** Flow control (routing/flow/): the other replicas' queue summaries, and what to count. Absent: a lone replica's own order. */
+  flow?: { fleet?: FleetQueues; hooks?: FlowHooks };
 }
 
 
@@ -126,6 +131,8 @@ export class Director {
   readonly inFlight = new Map<string, RoutedRequest>();
   /** P/D: the prefill legs' charges and records (stages/pd-coordinator.ts). */
   readonly pd: PdCoordinator;
+  /** Flow control: the requests this replica holds while their model's pods are saturated. */
+  readonly flow: FlowController;
 
   /** Finished requests whose SGLang prefill leg is still out (its charge is released when it returns). */
   get lingering(): ReadonlySet<RoutedRequest> {
@@ -154,6 +161,7 @@ export class Director {
     // Peers' liveness (the rank the burst guard counts) on the broker's time; windows on ours.
     const admissionViews = serverNow ? { rates: opts.state.rates, pods: opts.state.pods, ledger: { rank: () => opts.state.ledger.rank(serverNow()) } } : opts.state;
     this.admission = new Admission(admissionViews, opts.config, opts.clock ?? { now: this.now, setTimeout: (fn, ms) => void setTimeout(fn, ms) });
+    this.flow = new FlowController({ views: opts.state, config: opts.config, fleet: opts.flow?.fleet, now: this.now, ...(opts.flow?.hooks ? { hooks: opts.flow.hooks } : {}) });
     this.pd = new PdCoordinator({
       gatewayId: opts.gatewayId,
       state: opts.state,
@@ -328,6 +336,7 @@ export class Director {
         ...(prepared.strategyParams ? { strategyParams: prepared.strategyParams } : {}),
         ...(opts.publish === false ? { consistency: "strict" as const } : this.opts.consistency === "off" ? { consistency: "off" as const } : {}),
         ...(prepared.slo ? { slo: prepared.slo } : {}),
+        ...(prepared.flow ? { flow: prepared.flow } : {}),
         ...(parsed.maxTokens !== undefined && Number.isSafeInteger(parsed.maxTokens) && parsed.maxTokens >= 0 ? { maxTokens: parsed.maxTokens } : {}),
       },
       finished: false,
@@ -372,7 +381,55 @@ export class Director {
       if (!p.strategy.traits?.disaggregated) return r;
       return r instanceof Promise ? r.then((x) => this.runLegs(x, input, p)) : this.runLegs(r, input, p);
     };
-    return prepared instanceof Promise ? prepared.then(commit) : commit(prepared);
+    const gated = (p: Prepared) => this.flowGate(input, p, commit);
+    return prepared instanceof Promise ? prepared.then(gated) : gated(prepared);
+  }
+
+  /**
+   * Flow control's gate (routing/flow/): a request for a model with flow control goes on at once
+   * when a pod has room and nothing of its band or higher is held, else it is held and committed
+   * when `pump` dispatches it (or answered 429/503 when it expires or is shed).
+   */
+  private flowGate(input: RouteInput, p: Prepared, commit: (p: Prepared) => RoutedRequest | Promise<RoutedRequest>): RoutedRequest | Promise<RoutedRequest> {
+    const model = p.parsed.model;
+    const s = this.flow.settingsFor(model);
+    if (!s) return commit(p);
+    if (this.closed) throw new RouteError("notReady", "gateway is shutting down");
+    const cls = classify(s, input.headers, input.keyObjective, input.headers.user || undefined, this.now());
+    const record = (waitMs: number) => ({ band: cls.band, ...(cls.objective !== undefined ? { objective: cls.objective } : {}), enqueuedAt: cls.enqueuedAt, waitMs });
+    let settle: { resolve: (r: RoutedRequest) => void; reject: (e: unknown) => void } | undefined;
+    const signal = input.signal;
+    let onAbort: (() => void) | undefined;
+    const held: Held = {
+      model,
+      cls,
+      dispatch: (waitMs) => {
+        if (onAbort) signal?.removeEventListener("abort", onAbort);
+        try {
+          const r = commit({ ...p, flow: record(waitMs) });
+          if (r instanceof Promise) r.then(settle?.resolve, settle?.reject);
+          else settle?.resolve(r);
+        } catch (err) {
+          settle?.reject(err);
+        }
+      },
+      fail: (err) => {
+        if (onAbort) signal?.removeEventListener("abort", onAbort);
+        settle?.reject(err);
+      },
+    };
+    const offered = this.flow.offer(held, input.body.length, s);
+    if (offered.now) return commit({ ...p, flow: record(0) });
+    const id = offered.id as number;
+    return new Promise<RoutedRequest>((resolve, reject) => {
+      settle = { resolve, reject };
+      if (!signal) return;
+      onAbort = () => {
+        if (this.flow.cancel(model, id)) reject(new RouteError("clientCancelled", "the client went away while the request was held"));
+      };
+      if (signal.aborted) onAbort();
+      else signal.addEventListener("abort", onAbort, { once: true });
+    });
   }
 
   /** P/D: runs the prefill leg (stages/pd-legs.ts) of a request the `pd` strategy disaggregated. */
@@ -468,6 +525,8 @@ export class Director {
     };
     this.opts.state.ownRelease(release);
     this.opts.sink.release(release);
+    // A pod got room: held requests may go (after this call, not inside the caller's).
+    if (this.flow.held > 0) queueMicrotask(() => this.flow.pump());
     this.opts.sink.decision(routedRecord(this.gatewayId, r, outcome, info, now));
     return true;
   }
@@ -483,6 +542,7 @@ export class Director {
   /** Releases everything still in flight (clean shutdown); later routing attempts get a 503. */
   drain(): number {
     this.closed = true;
+    this.flow.drain(new RouteError("notReady", "gateway is shutting down"));
     let n = 0;
     for (const r of [...this.inFlight.values()]) if (this.finish(r, "shutdown", { status: 503 })) n++;
     this.pd.drain();

@@ -17,6 +17,10 @@ export const ErrorCodes = {
   wrongPool: { status: 421, code: "wrong_pool" },
   bodyTooLarge: { status: 413, code: "request_too_large" },
   rateLimited: { status: 429, code: "rate_limit_exceeded" },
+  /** Flow control: the request was held for its whole queue TTL while the model's pods stayed saturated. */
+  queueTimeout: { status: 429, code: "queue_timeout" },
+  /** Flow control: the request's priority band is full, or it was shed for a higher band. */
+  queueFull: { status: 429, code: "queue_full" },
   noReadyPod: { status: 503, code: "no_ready_pod" },
   noPodInSubset: { status: 503, code: "no_ready_pod_in_subset" },
   notReady: { status: 503, code: "gateway_not_ready" },

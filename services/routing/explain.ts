@@ -13,6 +13,8 @@ import type { GatewayViews } from "./director.js";
 import { RouteError, routeErrorBody } from "./errors.js";
 import { tokenLoad } from "../views/charge-ledger.js";
 import { mulberry32 } from "../shared/seeded-random.js";
+import type { FlowExplanation } from "./flow/controller.js";
+import { classify } from "./flow/settings.js";
 
 export interface Explanation {
   model: string;
@@ -23,6 +25,8 @@ export interface Explanation {
   pick: { pod: string; address: string };
   better: "lower" | "higher";
   fallback?: string;
+  /** Flow control (absent: off for the model): whether the request would be held, and behind what. */
+  flow?: FlowExplanation;
   candidates: Array<{
     pod: string;
     address: string;
@@ -51,6 +55,8 @@ export async function explain(director: Director, views: GatewayViews, headers: 
     const detail = new Map((sel.prefixMatch?.detail ?? []).map((d) => [d.pod, d]));
     const scores = new Map(sel.pick.candidates.map((c) => [c.pod.pod, c.score]));
     const candidates = views.pods.readyPods(prepared.parsed.model);
+    const fs = director.flow.settingsFor(prepared.parsed.model);
+    const flow = fs ? director.flow.explain(prepared.parsed.model, classify(fs, headers, undefined, headers.user || undefined, sel.now), fs) : undefined;
     const out: Explanation = {
       model: prepared.parsed.model,
       strategy: prepared.strategy.name,
@@ -60,6 +66,7 @@ export async function explain(director: Director, views: GatewayViews, headers: 
       pick: { pod: sel.pick.pod.pod, address: sel.pick.pod.address },
       better: sel.pick.better ?? "lower",
       ...(sel.pick.fallback ? { fallback: sel.pick.fallback } : {}),
+      ...(flow ? { flow } : {}),
       candidates: candidates.map((p) => {
         const o = views.ledger.outstanding(p.model, p.pod);
         const l = views.load.fresh(p.model, p.pod, sel.now);

@@ -19,8 +19,10 @@ export interface RouteInput {
   body: Uint8Array;
   /** Endpoints the proxy allows (Inference Extension subset hint); undefined = no restriction. */
   subset?: readonly string[];
-  /** Aborted when the client is gone: work on its behalf (a P/D prefill leg) stops. */
+  /** Aborted when the client is gone: work on its behalf (a P/D prefill leg, a held request) stops. */
   signal?: AbortSignal;
+  /** Flow control: the objective the request's API key carries (it wins over the header). */
+  keyObjective?: string;
 }
 
 export interface RoutedRequest {
@@ -93,6 +95,16 @@ export interface DecisionContext {
   readonly slo?: { ttftMs?: number; tpotMs?: number };
   readonly maxTokens?: number;
   readonly consistency?: "strict" | "off";
+  /** Flow control: the request's band and how long it was held (absent: flow control off for the model). */
+  readonly flow?: FlowRecord;
+}
+
+/** A flow-controlled request's place in the queues, as its decision record keeps it. */
+export interface FlowRecord {
+  readonly band: number;
+  readonly objective?: string;
+  readonly enqueuedAt: number;
+  readonly waitMs: number;
 }
 
 /** Which own-admission entries (rate-view.ts) a routed request holds. */
@@ -103,6 +115,8 @@ export interface Prepared extends RoutePlan {
   /** Prompt token ids, when a prefix strategy needs them. */
   tokens?: number[];
   tokenizerMode?: string;
+  /** Flow control: set when the request passed the flow gate (held or not). */
+  flow?: FlowRecord;
 }
 
 /** How a routed request ended, as the adapter saw it. */

@@ -1,0 +1,91 @@
+/**
+ * Flow control's shell (the decisions are in services/routing/flow/): drives the replica's
+ * dispatch (`pump`) on a short timer while it holds anything, publishes its summary of what it
+ * holds for the other replicas on core NATS, and folds theirs into the fleet view the dispatch
+ * order reads.
+ *
+ * Summaries go out every `intervalMs` while this replica holds requests, and once more when it
+ * stops holding any (so the others stop yielding to it at once, not after the staleness bound).
+ * Nothing is stored: a replica that starts late sees the others' next summary within one interval.
+ */
+import type { NatsConnection, Subscription } from "@nats-io/nats-core";
+import type { Subjects } from "../../streams/subjects.js";
+import { type FleetQueues, type ReplicaSummary, summaryOf } from "../routing/flow/fleet.js";
+import type { FlowController } from "../routing/flow/controller.js";
+import type { Logger } from "../shared/log.js";
+import { LogRate } from "../shared/log-rate.js";
+
+/** How often a replica holding requests tries to dispatch them (ms); a release also triggers it. */
+export const FLOW_PUMP_INTERVAL_MS = 20;
+/** Summaries larger than this are refused (a summary lists bands per model, a few hundred bytes). */
+export const MAX_SUMMARY_BYTES = 256 * 1024;
+
+export interface FlowSummariesOptions {
+  nc: NatsConnection;
+  subjects: Subjects;
+  gatewayId: string;
+  flow: FlowController;
+  fleet: FleetQueues;
+  clock: () => number;
+  intervalMs: number;
+  log: Logger;
+}
+
+export class FlowSummaries {
+  readonly stats = { sent: 0, received: 0, invalid: 0 };
+  private readonly sub: Subscription;
+  private readonly pumpTimer: NodeJS.Timeout;
+  private readonly summaryTimer: NodeJS.Timeout;
+  private wasHolding = false;
+  private readonly invalidLog = new LogRate(1, 10_000);
+
+  constructor(private readonly o: FlowSummariesOptions) {
+    this.sub = o.nc.subscribe(o.subjects.all("flow"), {
+      callback: (err, m) => {
+        if (err) return;
+        if (m.data.length > MAX_SUMMARY_BYTES) return this.invalid(m.subject, "too large");
+        let s: unknown;
+        try {
+          s = m.json();
+        } catch {
+          return this.invalid(m.subject, "not JSON");
+        }
+        if (!o.fleet.apply(s as ReplicaSummary, o.clock())) return this.invalid(m.subject, "not a flow summary");
+        this.stats.received++;
+      },
+    });
+    this.pumpTimer = setInterval(() => {
+      o.fleet.sweep(o.clock());
+      if (o.flow.held > 0) o.flow.pump();
+    }, FLOW_PUMP_INTERVAL_MS);
+    this.pumpTimer.unref?.();
+    this.summaryTimer = setInterval(() => this.publish(), o.intervalMs);
+    this.summaryTimer.unref?.();
+  }
+
+  private invalid(subject: string, why: string): void {
+    this.stats.invalid++;
+    // One line per 10 s at most: a misbehaving publisher cannot flood the log.
+    if (this.invalidLog.admit(Date.now()).log) this.o.log.warn({ subject: subject.slice(0, 200), why, invalid: this.stats.invalid }, "flow summary ignored");
+  }
+
+  /** Publishes this replica's summary while it holds anything, and once when it stops. */
+  publish(): void {
+    const holding = this.o.flow.held > 0;
+    if (!holding && !this.wasHolding) return;
+    this.wasHolding = holding;
+    const s = summaryOf(this.o.gatewayId, this.o.clock(), this.o.flow.queueSummaries());
+    try {
+      this.o.nc.publish(this.o.subjects.flow(this.o.gatewayId), JSON.stringify(s));
+      this.stats.sent++;
+    } catch {
+      // Disconnected: the next interval tries again; the others' staleness bound covers the gap.
+    }
+  }
+
+  stop(): void {
+    clearInterval(this.pumpTimer);
+    clearInterval(this.summaryTimer);
+    this.sub.unsubscribe();
+  }
+}

@@ -1,0 +1,291 @@
+/**
+ * Flow control's decisions for one gateway replica: whether a request goes now or is held, which
+ * held request goes next when a pod has room, and which ones expire or are shed. Pure apart from
+ * the callbacks it is handed: the shell drives `pump` (on a short timer while anything is held,
+ * and whenever a charge is released) and publishes `summary()` for the other replicas.
+ *
+ * One queue per model (services/routing/flow/queue.ts): bands by priority, fairness between flows
+ * inside a band, FCFS or EDF inside a flow. Fleet-wide order: a band is not dispatched while
+ * another replica's summary shows an older request of a higher band of the same model held for
+ * longer than the bound (services/routing/flow/fleet.ts).
+ *
+ * A held request's `dispatch` runs synchronously inside `pump`, right after the room check, so
+ * the charge it makes is in the ledger before the next room check.
+ */
+import type { ModelConfig } from "../../../schemas/config.js";
+import type { ChargeLedger } from "../../views/charge-ledger.js";
+import type { LoadReader } from "../../views/load-view.js";
+import type { ConfigReader } from "../../views/model-config.js";
+import type { PodSetReader } from "../../views/pod-set.js";
+import type { UsageReader } from "../../views/usage-view.js";
+import { RouteError } from "../errors.js";
+import type { FleetQueues } from "./fleet.js";
+import { FlowQueue, type HeldRequest } from "./queue.js";
+import { SaturationDetector } from "./saturation.js";
+import { type FlowClass, type FlowSettings, flowSettingsOf } from "./settings.js";
+
+export type FlowOutcome = "dispatched" | "expired" | "dropped" | "cancelled";
+
+export interface FlowHooks {
+  /** A held request left the queue. */
+  outcome?(band: number, outcome: FlowOutcome, waitMs: number): void;
+  /** This replica held a band back because another replica holds an older, higher band. */
+  yielded?(band: number): void;
+}
+
+/** A held request: what to run when it goes, and how to answer it when it does not. */
+export interface Held {
+  readonly model: string;
+  readonly cls: FlowClass;
+  /** Runs the request's scheduling and charge (synchronously: the ledger sees it before the next room check). */
+  dispatch(waitMs: number): void;
+  /** Answers the request with an error (expired, shed, shutting down). */
+  fail(err: RouteError): void;
+}
+
+export interface FlowViews {
+  readonly pods: PodSetReader;
+  readonly load: LoadReader;
+  readonly ledger: Pick<ChargeLedger, "outstanding">;
+  readonly usage: UsageReader;
+}
+
+export interface FlowControllerOptions {
+  views: FlowViews;
+  config: ConfigReader | undefined;
+  fleet: FleetQueues | undefined;
+  now: () => number;
+  hooks?: FlowHooks;
+}
+
+/** `/debug/explain`'s flow-control section. */
+export interface FlowExplanation {
+  band: number;
+  objective?: string;
+  wouldWait: boolean;
+  /** Why it would wait: pods saturated, requests of its band or higher held here, another replica's older higher band, no pod (waiting room). */
+  why: "saturated" | "held-ahead" | "fleet-order" | "no-ready-pod" | null;
+  /** Requests held here that would go before it. */
+  ahead: number;
+  blocker?: { gateway: string; band: number; oldest: number };
+  held: number;
+  pods: Array<{ pod: string; utilization: number | null; full: boolean; reason?: string }>;
+}
+
+export interface OfferResult {
+  /** The request goes now (flow control off for the model, or room and nothing ahead of it). */
+  readonly now: boolean;
+  /** When it was held: its queue id (to `cancel`). */
+  readonly id?: number;
+}
+
+export class FlowController {
+  private readonly queues = new Map<string, FlowQueue<Held>>();
+  private readonly settingsCache = new WeakMap<ModelConfig, FlowSettings | undefined>();
+  readonly detector: SaturationDetector;
+
+  constructor(private readonly opts: FlowControllerOptions) {
+    this.detector = new SaturationDetector({ ledger: opts.views.ledger, load: opts.views.load });
+  }
+
+  /** The other replicas' queue summaries (absent: this replica orders only its own queue). */
+  get fleet(): FleetQueues | undefined {
+    return this.opts.fleet;
+  }
+
+  /** The model's flow-control settings (undefined: off). Cached per config object. */
+  settingsFor(model: string): FlowSettings | undefined {
+    const c = this.opts.config?.get(this.baseModel(model));
+    if (!c) return undefined;
+    if (!this.settingsCache.has(c)) this.settingsCache.set(c, flowSettingsOf(c.flowControl));
+    return this.settingsCache.get(c);
+  }
+
+  /** Configs are keyed by the base model; an adapter's requests go by its pods' model. */
+  private baseModel(model: string): string {
+    return this.opts.views.pods.readyPods(model)[0]?.model ?? model;
+  }
+
+  /** Requests held, all models. */
+  get held(): number {
+    let n = 0;
+    for (const q of this.queues.values()) n += q.size;
+    return n;
+  }
+
+  /** Held per model and band (metrics, debug state). */
+  queueSummaries(): ReadonlyMap<string, FlowQueue<Held>> {
+    return this.queues;
+  }
+
+  /**
+   * Either the request goes now (`{now: true}`: the caller routes it as usual) or it is held and
+   * `held.dispatch` / `held.fail` is called later. `bytes`: its body size (the band byte bound).
+   */
+  offer(held: Held, bytes: number, s: FlowSettings): OfferResult {
+    const now = this.opts.now();
+    const { model, cls } = held;
+    const pods = this.opts.views.pods.readyPods(model);
+    const q = this.queues.get(model);
+    if (pods.length === 0) {
+      // The waiting room: hold for a pod to appear, when configured; else today's 503.
+      if (s.waitingRoomTtlMs <= 0) return { now: true };
+      const expiresAt = Math.min(cls.expiresAt, now + s.waitingRoomTtlMs);
+      return this.hold({ ...held, cls: { ...cls, expiresAt } }, bytes, s);
+    }
+    const ahead = q?.summary().some((b) => b.band >= cls.band && b.count > 0) === true;
+    if (!ahead && !this.blocked(model, cls.band, now) && this.detector.hasRoom(pods, s.saturation, now)) return { now: true };
+    return this.hold(held, bytes, s);
+  }
+
+  private blocked(model: string, band: number, now: number): boolean {
+    const b = this.opts.fleet?.blocker(model, band, now);
+    if (b) this.opts.hooks?.yielded?.(band);
+    return b !== undefined;
+  }
+
+  private queueFor(model: string, s: FlowSettings): FlowQueue<Held> {
+    const opts = { fairness: s.fairness, order: s.order, maxRequestsPerBand: s.maxRequestsPerBand, maxBytesPerBand: s.maxBytesPerBand };
+    let q = this.queues.get(model);
+    if (!q) {
+      q = new FlowQueue<Held>(opts);
+      this.queues.set(model, q);
+    } else {
+      q.setOptions(opts);
+    }
+    return q;
+  }
+
+  private hold(held: Held, bytes: number, s: FlowSettings): OfferResult {
+    const { cls } = held;
+    const q = this.queueFor(held.model, s);
+    const r = q.enqueue({ band: cls.band, flow: cls.flow, enqueuedAt: cls.enqueuedAt, expiresAt: cls.expiresAt, deadline: cls.deadline, bytes, value: held });
+    if (!r.ok) throw queueFull(held.model, cls.band);
+    const now = this.opts.now();
+    for (const d of r.dropped) this.leave(d, "dropped", now, queueFull(d.value.model, d.band));
+    return { now: false, id: r.held.id };
+  }
+
+  /**
+   * What `offer` would do with a request of class `cls` now, charging and holding nothing
+   * (`/debug/explain`): whether it would wait, why, and how many held requests would go before it.
+   */
+  explain(model: string, cls: FlowClass, s: FlowSettings): FlowExplanation {
+    const now = this.opts.now();
+    const pods = this.opts.views.pods.readyPods(model);
+    const q = this.queues.get(model);
+    const ahead = q ? q.summary().reduce((n, b) => n + (b.band >= cls.band ? b.count : 0), 0) : 0;
+    const blocker = this.opts.fleet?.blocker(model, cls.band, now);
+    const rooms = pods.map((p) => ({ pod: p.pod, ...this.detector.podRoom(p, s.saturation, now) }));
+    const room = rooms.some((r) => !r.full);
+    const why: FlowExplanation["why"] =
+      pods.length === 0 ? (s.waitingRoomTtlMs > 0 ? "no-ready-pod" : null) : ahead > 0 ? "held-ahead" : blocker ? "fleet-order" : room ? null : "saturated";
+    return {
+      band: cls.band,
+      ...(cls.objective !== undefined ? { objective: cls.objective } : {}),
+      wouldWait: why !== null,
+      why,
+      ahead,
+      ...(blocker ? { blocker } : {}),
+      held: this.queues.get(model)?.size ?? 0,
+      pods: rooms.map((r) => ({ pod: r.pod, utilization: Number.isNaN(r.utilization) ? null : Math.round(r.utilization * 1000) / 1000, full: r.full, ...(r.reason ? { reason: r.reason } : {}) })),
+    };
+  }
+
+  /** The client left: its held request goes, answered by nobody. */
+  cancel(model: string, id: number): boolean {
+    const d = this.queues.get(model)?.remove(id);
+    if (!d) return false;
+    this.opts.hooks?.outcome?.(d.band, "cancelled", this.opts.now() - d.enqueuedAt);
+    this.dropIfEmpty(model);
+    return true;
+  }
+
+  private leave(d: HeldRequest<Held>, outcome: FlowOutcome, now: number, err: RouteError): void {
+    this.opts.hooks?.outcome?.(d.band, outcome, now - d.enqueuedAt);
+    d.value.fail(err);
+  }
+
+  private dropIfEmpty(model: string): void {
+    if (this.queues.get(model)?.size === 0) this.queues.delete(model);
+  }
+
+  /**
+   * Expires what is due, then dispatches while pods have room: at most one request per pod with
+   * room per call (each release calls it again), highest band first. Returns how many went.
+   */
+  pump(): number {
+    const now = this.opts.now();
+    let sent = 0;
+    for (const [model, q] of [...this.queues]) {
+      const pods = this.opts.views.pods.readyPods(model);
+      for (const d of q.expire(now)) {
+        const err = pods.length > 0 ? queueTimeout(model, d) : new RouteError("noReadyPod", `no ready pod for model \`${model}\` within the waiting room's ${Math.round(now - d.enqueuedAt)} ms`);
+        this.leave(d, "expired", now, err);
+      }
+      const s = this.settingsFor(model);
+      if (!s) {
+        // Flow control was turned off for the model: what it held goes now.
+        sent += this.flush(model, q, now);
+        continue;
+      }
+      let budget = 0;
+      for (const p of pods) if (!this.detector.podRoom(p, s.saturation, now).full) budget++;
+      while (budget > 0 && q.size > 0) {
+        if (!this.detector.hasRoom(pods, s.saturation, now)) break;
+        const next = q.peek(
+          (flow) => this.opts.views.usage.tokens(flow, now),
+          (band) => !this.blocked(model, band, now),
+        );
+        if (!next) break;
+        q.take(next.id);
+        budget--;
+        sent++;
+        this.go(next, now);
+      }
+      this.dropIfEmpty(model);
+    }
+    return sent;
+  }
+
+  private go(d: HeldRequest<Held>, now: number): void {
+    const waitMs = now - d.enqueuedAt;
+    this.opts.hooks?.outcome?.(d.band, "dispatched", waitMs);
+    d.value.dispatch(waitMs);
+  }
+
+  private flush(model: string, q: FlowQueue<Held>, now: number): number {
+    let n = 0;
+    for (let d = q.peek(() => 0); d; d = q.peek(() => 0)) {
+      q.take(d.id);
+      this.go(d, now);
+      n++;
+    }
+    this.dropIfEmpty(model);
+    return n;
+  }
+
+  /** Shutdown: every held request is answered with `err` (503). */
+  drain(err: RouteError): number {
+    const now = this.opts.now();
+    let n = 0;
+    for (const [model, q] of [...this.queues]) {
+      for (let d = q.peek(() => 0); d; d = q.peek(() => 0)) {
+        q.take(d.id);
+        this.leave(d, "dropped", now, err);
+        n++;
+      }
+      this.queues.delete(model);
+    }
+    return n;
+  }
+}
+
+function queueFull(model: string, band: number): RouteError {
+  return new RouteError("queueFull", `model \`${model}\` is saturated and its queue for priority ${band} is full; retry later`, null, { "retry-after": "1" });
+}
+
+function queueTimeout(model: string, d: HeldRequest<Held>): RouteError {
+  const waited = Math.max(0, Math.round(d.expiresAt - d.enqueuedAt));
+  return new RouteError("queueTimeout", `model \`${model}\` stayed saturated for the ${waited} ms this request may wait (priority ${d.band}); retry later`, null, { "retry-after": "1" });
+}

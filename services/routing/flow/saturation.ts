@@ -1,0 +1,95 @@
+/**
+ * When a pod has room for one more request (flow control's dispatch gate). Pure.
+ *
+ * A pod is full when any configured limit is reached:
+ * - its queue: waiting requests / `queueDepth` >= 1, where waiting is the engine's own count at its
+ *   last scrape plus what the ledger says arrived since that sample was first seen (every
+ *   replica's charges, net of releases), so dispatches between two scrapes count at once;
+ * - its KV cache: usage / `kvCacheUsage` >= 1;
+ * - in-flight requests or prompt tokens over `maxInFlightPerPod` / `maxTokensPerPod` (the ledger's
+ *   counts across every replica; they never go stale).
+ * Stale metrics (no fresh LOAD sample): the metric limits cannot be read. If a ledger limit is
+ * configured, it alone decides; otherwise the pod counts as full (fail closed, as the peers do) —
+ * except a pod with nothing in flight in the ledger, which always has room: a scraper outage
+ * then costs concurrency, never availability.
+ * The model has room when any of its candidate pods has (the scheduler then picks among them).
+ */
+import type { LedgerReader } from "../../views/charge-ledger.js";
+import type { LoadReader } from "../../views/load-view.js";
+import type { PodInfo } from "../../views/pod-set.js";
+import type { SaturationSettings } from "./settings.js";
+
+export interface SaturationViews {
+  readonly ledger: LedgerReader;
+  readonly load: LoadReader;
+}
+
+export type FullReason = "queue" | "kv" | "in-flight" | "tokens" | "stale";
+
+export interface PodRoom {
+  /** The largest of the limits' ratios (>= 1: full); NaN when stale metrics alone decided. */
+  readonly utilization: number;
+  readonly full: boolean;
+  readonly reason?: FullReason;
+}
+
+interface Baseline {
+  /** The sample's scrape time. */
+  ts: number;
+  /** The ledger's in-flight requests on the pod when the sample was first seen. */
+  inFlight: number;
+}
+
+/** Keeps, per pod, the ledger count at the time its latest sample was first seen (bounded by the pods asked about; `retain` prunes). */
+export class SaturationDetector {
+  private readonly baselines = new Map<string, Baseline>();
+
+  constructor(private readonly views: SaturationViews) {}
+
+  podRoom(pod: Pick<PodInfo, "model" | "pod">, s: SaturationSettings, now: number): PodRoom {
+    const o = this.views.ledger.outstanding(pod.model, pod.pod);
+    let u = 0;
+    let reason: FullReason | undefined;
+    const consider = (ratio: number, r: FullReason) => {
+      if (ratio < u) return;
+      u = ratio;
+      reason = r;
+    };
+    if (s.maxInFlightPerPod !== undefined) consider(o.requests / s.maxInFlightPerPod, "in-flight");
+    if (s.maxTokensPerPod !== undefined) consider(o.promptTokens / s.maxTokensPerPod, "tokens");
+    const load = this.views.load.fresh(pod.model, pod.pod, now);
+    const key = `${pod.model}\u0000${pod.pod}`;
+    const sampleTs = this.views.load.get(pod.model, pod.pod)?.ts;
+    if (load && sampleTs !== undefined) {
+      let b = this.baselines.get(key);
+      if (!b || b.ts !== sampleTs) {
+        b = { ts: sampleTs, inFlight: o.requests };
+        this.baselines.set(key, b);
+      }
+      const waiting = (load.waiting ?? 0) + Math.max(0, o.requests - b.inFlight);
+      consider(waiting / s.queueDepth, "queue");
+      if (load.kvCacheUsage !== null && load.kvCacheUsage !== undefined) consider(load.kvCacheUsage / s.kvCacheUsage, "kv");
+    } else if (s.maxInFlightPerPod === undefined && s.maxTokensPerPod === undefined && o.requests > 0) {
+      return { utilization: Number.NaN, full: true, reason: "stale" };
+    }
+    return { utilization: u, full: u >= 1, ...(u >= 1 && reason ? { reason } : {}) };
+  }
+
+  /** Whether any of `pods` has room. */
+  hasRoom(pods: readonly Pick<PodInfo, "model" | "pod">[], s: SaturationSettings, now: number): boolean {
+    for (const p of pods) if (!this.podRoom(p, s, now).full) return true;
+    return false;
+  }
+
+  /** Forgets pods not in `alive` (called on the shell's sweep). */
+  retain(alive: (model: string, pod: string) => boolean): void {
+    for (const k of this.baselines.keys()) {
+      const [model = "", pod = ""] = k.split("\u0000");
+      if (!alive(model, pod)) this.baselines.delete(k);
+    }
+  }
+
+  get size(): number {
+    return this.baselines.size;
+  }
+}

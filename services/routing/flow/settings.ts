@@ -1,0 +1,119 @@
+/**
+ * Flow control's settings for a model, resolved from its config (`flowControl`, schemas/config.ts)
+ * with the documented defaults, and the classification of one request: its band (priority), its
+ * flow (fairness key), when it expires and its EDF deadline. Pure.
+ */
+import type { FlowControl } from "../../../schemas/config.js";
+import { RouteError } from "../errors.js";
+
+/** Header naming the request's objective (a name in the model's `flowControl.objectives`). */
+export const OBJECTIVE_HEADER = "x-jetroute-objective";
+/** Header naming the request's flow (its fairness key); default the user. */
+export const FAIRNESS_HEADER = "x-jetroute-fairness-id";
+/** Header with a relative deadline in ms: EDF orders by it and the request expires at it. */
+export const DEADLINE_HEADER = "x-jetroute-deadline-ms";
+export const MAX_FAIRNESS_ID_LENGTH = 256;
+/** The flow of requests with neither a fairness id nor a user. */
+export const ANONYMOUS_FLOW = "\u0000anonymous";
+
+export interface SaturationSettings {
+  /** Waiting requests at which a pod is full. */
+  readonly queueDepth: number;
+  /** KV cache usage (0-1) at which a pod is full. */
+  readonly kvCacheUsage: number;
+  readonly maxInFlightPerPod?: number;
+  readonly maxTokensPerPod?: number;
+}
+
+export interface FlowSettings {
+  readonly objectives: Readonly<Record<string, { readonly priority: number; readonly ttlMs?: number }>>;
+  readonly defaultObjective?: string;
+  readonly fairness: "round-robin" | "least-attained";
+  readonly order: "fcfs" | "edf";
+  readonly ttlMs: number;
+  readonly waitingRoomTtlMs: number;
+  readonly maxRequestsPerBand: number;
+  readonly maxBytesPerBand: number;
+  readonly saturation: SaturationSettings;
+}
+
+/** The peers' documented defaults (llm-d's flow control: 60 s TTL, 5,000 requests and 1 GB per band, queue depth 5, KV 0.8). */
+export const FLOW_DEFAULTS = {
+  fairness: "round-robin",
+  order: "fcfs",
+  ttlMs: 60_000,
+  waitingRoomTtlMs: 0,
+  maxRequestsPerBand: 5_000,
+  maxBytesPerBand: 1_000_000_000,
+  queueDepth: 5,
+  kvCacheUsage: 0.8,
+} as const;
+
+/** The model's settings, or undefined when flow control is off for it (no `flowControl`, or `enabled: false`). */
+export function flowSettingsOf(c: FlowControl | undefined): FlowSettings | undefined {
+  if (!c || c.enabled === false) return undefined;
+  const s = c.saturation ?? {};
+  return {
+    objectives: c.objectives ?? {},
+    ...(c.defaultObjective !== undefined ? { defaultObjective: c.defaultObjective } : {}),
+    fairness: c.fairness ?? FLOW_DEFAULTS.fairness,
+    order: c.order ?? FLOW_DEFAULTS.order,
+    ttlMs: c.ttlMs ?? FLOW_DEFAULTS.ttlMs,
+    waitingRoomTtlMs: c.waitingRoomTtlMs ?? FLOW_DEFAULTS.waitingRoomTtlMs,
+    maxRequestsPerBand: c.maxRequestsPerBand ?? FLOW_DEFAULTS.maxRequestsPerBand,
+    maxBytesPerBand: c.maxBytesPerBand ?? FLOW_DEFAULTS.maxBytesPerBand,
+    saturation: {
+      queueDepth: s.queueDepth ?? FLOW_DEFAULTS.queueDepth,
+      kvCacheUsage: s.kvCacheUsage ?? FLOW_DEFAULTS.kvCacheUsage,
+      ...(s.maxInFlightPerPod !== undefined ? { maxInFlightPerPod: s.maxInFlightPerPod } : {}),
+      ...(s.maxTokensPerPod !== undefined ? { maxTokensPerPod: s.maxTokensPerPod } : {}),
+    },
+  };
+}
+
+/** Where a request goes in the queues. */
+export interface FlowClass {
+  readonly band: number;
+  readonly objective?: string;
+  readonly flow: string;
+  readonly enqueuedAt: number;
+  /** TTL expiry (the earlier of the objective's TTL and the request's own deadline). */
+  readonly expiresAt: number;
+  /** EDF's order key: the request's deadline, else its TTL expiry. */
+  readonly deadline: number;
+}
+
+/**
+ * Classifies a request. `objective` is the API key's (it wins) or the header's; `user` the
+ * request's user. Throws a 400 for an objective the model does not define or a malformed header.
+ */
+export function classify(s: FlowSettings, headers: Readonly<Record<string, string>>, keyObjective: string | undefined, user: string | undefined, now: number): FlowClass {
+  const named = keyObjective ?? (headers[OBJECTIVE_HEADER] || undefined);
+  const objective = named ?? s.defaultObjective;
+  let priority = 0;
+  let ttlMs = s.ttlMs;
+  if (objective !== undefined) {
+    const o = Object.hasOwn(s.objectives, objective) ? s.objectives[objective] : undefined;
+    if (!o) {
+      const known = Object.keys(s.objectives).slice(0, 16).join(", ");
+      throw new RouteError("invalidHeader", `objective ${JSON.stringify(objective.slice(0, 64))} is not defined for this model${known ? `; defined: ${known}` : ""}`, OBJECTIVE_HEADER);
+    }
+    priority = o.priority;
+    ttlMs = o.ttlMs ?? s.ttlMs;
+  }
+  const fairness = headers[FAIRNESS_HEADER];
+  if (fairness !== undefined && fairness.length > MAX_FAIRNESS_ID_LENGTH) {
+    throw new RouteError("invalidHeader", `${FAIRNESS_HEADER} is longer than ${MAX_FAIRNESS_ID_LENGTH} characters`, FAIRNESS_HEADER);
+  }
+  const flow = fairness || user || ANONYMOUS_FLOW;
+  let expiresAt = now + ttlMs;
+  let deadline = expiresAt;
+  const d = headers[DEADLINE_HEADER];
+  if (d !== undefined && d !== "") {
+    const ms = /^\d{1,9}$/.test(d) ? Number(d) : Number.NaN;
+    if (!Number.isSafeInteger(ms)) throw new RouteError("invalidHeader", `${DEADLINE_HEADER} must be a whole number of milliseconds (0-999999999)`, DEADLINE_HEADER);
+    deadline = now + ms;
+    expiresAt = Math.min(expiresAt, deadline);
+  }
+  return { band: priority, ...(objective !== undefined ? { objective } : {}), flow, enqueuedAt: now, expiresAt, deadline };
+}
