@@ -81,6 +81,7 @@ export function summaryLine(r: ReplayReport, reportPath: string | undefined): Re
     agreement: r.agreement,
     topRegrets: r.topRegrets.slice(0, 5),
     ...(r.simulation ? { simulation: r.simulation.map((s) => ({ strategy: s.strategy, requests: s.requests, completed: s.completed, ttftP50Ms: s.ttft.p50Ms, ttftP99Ms: s.ttft.p99Ms, hitRate: Number(s.hitRate.toFixed(4)) })) } : {}),
+    ...(r.flow ? { flow: r.flow.map((f) => ({ band: f.band, requests: f.requests, held: f.held, waitP50Ms: f.wait.p50Ms, waitP99Ms: f.wait.p99Ms })) } : {}),
     warnings: r.warnings,
     ...(reportPath ? { report: reportPath } : {}),
   };

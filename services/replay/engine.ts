@@ -126,6 +126,8 @@ export class ReplayEngine {
   /** The recorded picks and the `strategies` ones, scored on each evaluated decision's views. */
   private readonly arms: Counterfactuals;
   private readonly ttft: number[] = [];
+  /** Flow control: recorded waits per band (every flow-controlled request, held or not). */
+  private readonly flowWaits = new Map<number, number[]>();
   private readonly counts = {
     read: 0,
     evaluated: 0,
@@ -242,6 +244,11 @@ export class ReplayEngine {
       return;
     }
     if (d.ttftMs !== undefined) this.ttft.push(d.ttftMs);
+    if (d.flow) {
+      const waits = this.flowWaits.get(d.flow.band) ?? [];
+      waits.push(d.flow.waitMs);
+      this.flowWaits.set(d.flow.band, waits);
+    }
     if (cs === undefined || !d.cursors) {
       this.skip(this.counts.skipped, "no-cursors");
       return;
@@ -678,6 +685,13 @@ export class ReplayEngine {
       agreement,
       topRegrets,
       recordedTtft: ttftHistogram(this.ttft),
+      ...(this.flowWaits.size > 0
+        ? {
+            flow: [...this.flowWaits]
+              .sort((a, b) => b[0] - a[0])
+              .map(([band, waits]) => ({ band, requests: waits.length, held: waits.filter((w) => w > 0).length, wait: ttftHistogram(waits) })),
+          }
+        : {}),
       warnings: [...this.warnings],
     };
   }

@@ -91,6 +91,13 @@ export interface ReplayReport {
   /** Recorded TTFT of the replayed requests (from their decision records). */
   recordedTtft: Histogram;
   simulation?: SimulationSummary[];
+  /**
+   * Flow control: per priority band, highest first, the recorded requests that passed the flow
+   * gate, how many were held (waited > 0) and their wait (ms) as recorded. Absent: no
+   * flow-controlled request in the window. The picks of held requests are re-decided at their
+   * dispatch (the record's `ts` and cursors), as live.
+   */
+  flow?: Array<{ band: number; requests: number; held: number; wait: Histogram }>;
   /** Human-readable warnings (purged history, other schema versions, ...). */
   warnings: string[];
 }
