@@ -43,9 +43,7 @@ export class GatewayMetrics {
   private readonly authFailures: client.Counter<"reason">;
   private readonly usageClampedTotal: client.Counter;
   private readonly unrecordedTotal: client.Counter<"reason">;
-  private readonly flowRequests: client.Counter<"band" | "outcome">;
-  private readonly flowWait: client.Histogram<"band">;
-  private readonly flowYields: client.Counter<"band">;
+  private readonly flow: FlowMetrics;
 
   /** `pool`: a pooled replica's series carry its pool (a validated name, 32 characters at most). */
   constructor(gatewayId: string, src: GatewayMetricsSources, pool?: string) {
@@ -80,26 +78,7 @@ export class GatewayMetrics {
       help: "Responses whose engine-reported token usage was fractional or out of range and was clamped",
       registers: [r],
     });
-    // Flow control. Bands are integers in [-16, 16]: a bounded label.
-    this.flowRequests = new client.Counter({
-      name: "jetroute_gateway_flow_requests_total",
-      help: "Flow control: held requests that left the queue, by band and outcome (dispatched, expired, dropped, cancelled)",
-      labelNames: ["band", "outcome"],
-      registers: [r],
-    });
-    this.flowWait = new client.Histogram({
-      name: "jetroute_gateway_flow_wait_seconds",
-      help: "Flow control: how long held requests waited before they left the queue, by band",
-      labelNames: ["band"],
-      buckets: [0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60],
-      registers: [r],
-    });
-    this.flowYields = new client.Counter({
-      name: "jetroute_gateway_flow_yields_total",
-      help: "Flow control: times this replica held a band back because another replica held an older request of a higher band (the fleet-wide order at work)",
-      labelNames: ["band"],
-      registers: [r],
-    });
+    this.flow = new FlowMetrics(r, src);
     const gauge = (name: string, help: string, labelNames: string[], collect: (g: client.Gauge<string>) => void) =>
       new client.Gauge({
         name,
@@ -182,15 +161,6 @@ export class GatewayMetrics {
         g.set({ figure: "truncated_users" }, u.truncatedUsers);
       },
     );
-    gauge("jetroute_gateway_flow_held", "Flow control: requests this replica holds, by band", ["band"], (g) => {
-      g.reset();
-      const byBand = new Map<number, number>();
-      for (const b of src.flowHeld?.() ?? []) byBand.set(b.band, (byBand.get(b.band) ?? 0) + b.count);
-      for (const [band, n] of byBand) g.set({ band: String(band) }, n);
-    });
-    gauge("jetroute_gateway_flow_summaries", "Flow control: queue summaries sent, received from other replicas, ignored as invalid", ["figure"], (g) => {
-      for (const [k, v] of Object.entries(src.flowSummaries?.() ?? {})) g.set({ figure: k }, v);
-    });
     gauge("jetroute_gateway_strict", "Strict mode: committed charges, lost races, fallbacks", ["figure"], (g) => {
       for (const [k, v] of Object.entries(src.strict() ?? {})) g.set({ figure: k }, v);
     });
@@ -204,12 +174,11 @@ export class GatewayMetrics {
 
   /** A held request left the queue. */
   flowOutcome(band: number, outcome: string, waitMs: number): void {
-    this.flowRequests.inc({ band: String(band), outcome });
-    this.flowWait.observe({ band: String(band) }, waitMs / 1000);
+    this.flow.outcome(band, outcome, waitMs);
   }
 
   flowYield(band: number): void {
-    this.flowYields.inc({ band: String(band) });
+    this.flow.yielded(band);
   }
 
   unrecorded(reason: "unknown_path" | "budget"): void {
@@ -234,5 +203,64 @@ export class GatewayMetrics {
 
   get contentType(): string {
     return this.registry.contentType;
+  }
+}
+
+/** Flow control's series (docs/flow-control.md). Bands are integers in [-16, 16]: a bounded label. */
+class FlowMetrics {
+  private readonly requests: client.Counter<"band" | "outcome">;
+  private readonly wait: client.Histogram<"band">;
+  private readonly yields: client.Counter<"band">;
+
+  constructor(r: client.Registry, src: GatewayMetricsSources) {
+    this.requests = new client.Counter({
+      name: "jetroute_gateway_flow_requests_total",
+      help: "Flow control: held requests that left the queue, by band and outcome (dispatched, expired, dropped, cancelled)",
+      labelNames: ["band", "outcome"],
+      registers: [r],
+    });
+    this.wait = new client.Histogram({
+      name: "jetroute_gateway_flow_wait_seconds",
+      help: "Flow control: how long held requests waited before they left the queue, by band",
+      labelNames: ["band"],
+      buckets: [0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60],
+      registers: [r],
+    });
+    this.yields = new client.Counter({
+      name: "jetroute_gateway_flow_yields_total",
+      help: "Flow control: dispatch checks that held a band back because another replica holds an older request of a higher band",
+      labelNames: ["band"],
+      registers: [r],
+    });
+    new client.Gauge({
+      name: "jetroute_gateway_flow_held",
+      help: "Flow control: requests this replica holds, by band",
+      labelNames: ["band"],
+      registers: [r],
+      collect() {
+        this.reset();
+        const byBand = new Map<number, number>();
+        for (const b of src.flowHeld?.() ?? []) byBand.set(b.band, (byBand.get(b.band) ?? 0) + b.count);
+        for (const [band, n] of byBand) this.set({ band: String(band) }, n);
+      },
+    });
+    new client.Gauge({
+      name: "jetroute_gateway_flow_summaries",
+      help: "Flow control: queue summaries sent, received from other replicas, ignored as invalid",
+      labelNames: ["figure"],
+      registers: [r],
+      collect() {
+        for (const [k, v] of Object.entries(src.flowSummaries?.() ?? {})) this.set({ figure: k }, v);
+      },
+    });
+  }
+
+  outcome(band: number, outcome: string, waitMs: number): void {
+    this.requests.inc({ band: String(band), outcome });
+    this.wait.observe({ band: String(band) }, waitMs / 1000);
+  }
+
+  yielded(band: number): void {
+    this.yields.inc({ band: String(band) });
   }
 }
