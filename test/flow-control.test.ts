@@ -281,13 +281,15 @@ describe("flow control across gateway replicas", () => {
     const to = Date.now();
     await waitFor(async () => (await env.nats.jsm.streams.info(decisions)).state.messages >= stored + N, 10_000, "the decision records", 20);
     const report = await runReplay({ source: await natsSource(env.nats, "jr", { fromMs: from, toMs: to, tailMs: 2_000 }), fromMs: from, toMs: to, strategies: ["random"], reorderMs: 2_000 });
-    expect(report.fidelity.evaluated).toBe(N);
-    expect(report.fidelity.ratio).toBe(1);
+    const seen = JSON.stringify({ fidelity: report.fidelity, decisions: report.decisions, flow: report.flow?.map((f) => ({ band: f.band, requests: f.requests, held: f.held })) });
+    expect(report.fidelity.evaluated, seen).toBe(N);
+    expect(report.fidelity.ratio, seen).toBe(1);
     const bands = new Map((report.flow ?? []).map((f) => [f.band, f]));
-    expect((bands.get(10)?.requests ?? 0) + (bands.get(0)?.requests ?? 0)).toBe(N);
-    // Three went at once (a pod each); the rest were held and their waits recorded.
-    expect((bands.get(10)?.held ?? 0) + (bands.get(0)?.held ?? 0)).toBe(N - 3);
-    expect(bands.get(0)?.wait.p99Ms ?? 0).toBeGreaterThan(0);
+    expect((bands.get(10)?.requests ?? 0) + (bands.get(0)?.requests ?? 0), seen).toBe(N);
+    // About three went at once (a pod each; a replica that had not yet seen another's charge may
+    // send one more); the rest were held, and their waits recorded.
+    expect((bands.get(10)?.held ?? 0) + (bands.get(0)?.held ?? 0), seen).toBeGreaterThanOrEqual(N - 6);
+    expect(bands.get(0)?.wait.p99Ms ?? 0, seen).toBeGreaterThan(0);
   }, 60_000);
 
   it("config set refuses bad flow config, naming the field", async () => {
