@@ -18,6 +18,7 @@ import { runDiscoveryBench } from "./benches/discovery.js";
 import { runPdBench } from "./benches/pd.js";
 import { runFoldBench } from "./benches/fold.js";
 import { runFoldLiveBench } from "./benches/fold-live.js";
+import { FLOW_RUNS, type FlowRunName, runFlowBench } from "./benches/flow.js";
 import { runScaleBench } from "./benches/scale.js";
 import { registerTokenizerBench } from "./benches/tokenizer.js";
 
@@ -251,6 +252,47 @@ program
   .action(async (o) => {
     const result = await runFaultsBench({
       cases: o.cases, rate: o.rate, inProcessRate: o.inProcessRate, holdMs: o.holdMs, phaseMs: o.phaseMs, outageMs: o.outageMs, heartbeatMs: o.heartbeatMs, kvRequests: o.kvRequests,
+    });
+    console.log(JSON.stringify(result));
+  });
+
+const flowRuns = (v: string) =>
+  v.split(",").map((x) => {
+    const name = x.trim() as FlowRunName;
+    if (!FLOW_RUNS.includes(name)) throw new InvalidArgumentError(`expected a comma list of ${FLOW_RUNS.join(", ")}, got ${JSON.stringify(x)}`);
+    return name;
+  });
+const jsonObject = (v: string) => {
+  let o: unknown;
+  try {
+    o = JSON.parse(v);
+  } catch (err) {
+    throw new InvalidArgumentError(`not JSON: ${(err as Error).message}`);
+  }
+  if (typeof o !== "object" || o === null || Array.isArray(o)) throw new InvalidArgumentError("expected a JSON object");
+  return o as Record<string, unknown>;
+};
+
+program
+  .command("flow")
+  .description("flow control at ~2x capacity (20% interactive, 80% batch from two tenants 10:1): off vs on through 3 gateway replicas, and on through 1; interactive TTFT p99, Jain fairness, priority inversions, expired/dropped, gateway CPU per request unsaturated")
+  .option("--duration-ms <ms>", "arrival window per run (wall)", int, 40_000)
+  .option("--replicas <n>", "gateway replicas of the off and on runs", int, 3)
+  .option("--pods <n>", "simulated pods", int, 4)
+  .option("--load <x>", "offered load, x the timing model's capacity", positive, 2)
+  .option("--seed <n>", "workload seed", int, 19)
+  .option("--time-scale <x>", "simulated time runs x times faster than wall time", positive, 2)
+  .option("--runs <list>", `runs, comma separated (${FLOW_RUNS.join(", ")})`, flowRuns, [...FLOW_RUNS])
+  .option("--cpu-phase-ms <ms>", "measured part of each off/on phase of the unsaturated CPU comparison (0 = skip it)", nonNegative, 8_000)
+  .option("--cpu-settle-ms <ms>", "unmeasured start of each CPU phase, after the config changed", nonNegative, 1_500)
+  .option("--cpu-rounds <n>", "off/on phase pairs of the CPU comparison", int, 2)
+  .option("--cpu-load <x>", "load of the CPU comparison, x capacity", positive, 0.5)
+  .option("--flow-config <json>", "keys merged over the on runs' flowControl (e.g. '{\"saturation\":{\"queueDepth\":2}}')", jsonObject)
+  .option("--log-dir <dir>", "keep the services' logs here")
+  .action(async (o) => {
+    const result = await runFlowBench({
+      durationMs: o.durationMs, replicas: o.replicas, load: o.load, seed: o.seed, runs: o.runs, cpuPhaseMs: o.cpuPhaseMs, cpuSettleMs: o.cpuSettleMs, cpuRounds: o.cpuRounds, cpuLoad: o.cpuLoad,
+      engine: { pods: o.pods, timeScale: o.timeScale }, ...(o.flowConfig ? { flowConfig: o.flowConfig } : {}), logDir: o.logDir,
     });
     console.log(JSON.stringify(result));
   });

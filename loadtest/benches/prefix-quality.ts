@@ -44,7 +44,7 @@ const MODEL = "bench/llama-3.1-70b";
 
 export type PrefixQualityCaseName = "random" | "least-request" | "prefix-approximate" | "prefix-precise" | "prefix-precise-4gw";
 
-interface CaseSpec {
+export interface CaseSpec {
   strategy: string;
   /** Gateway tokenizer mode; null for strategies that never tokenize. */
   tokenizer: "approximate" | "local" | null;
@@ -172,7 +172,7 @@ export const PREFIX_QUALITY_ENGINE_DEFAULTS: PrefixQualityEngineOptions = {
 const round = (x: number, digits = 2): number => Number(x.toFixed(digits));
 const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
 
-function percentile(sorted: readonly number[], q: number): number {
+export function percentile(sorted: readonly number[], q: number): number {
   if (sorted.length === 0) return Number.NaN;
   return sorted[Math.min(sorted.length - 1, Math.max(0, Math.ceil(q * sorted.length) - 1))] as number;
 }
@@ -184,7 +184,7 @@ function progress(line: string): void {
 // ---------------------------------------------------------------------------------------------
 // HTTP helpers (this process's own agents: clients and probes never share sockets)
 
-function getJson<T>(agent: http.Agent, url: string, timeoutMs = 2_000): Promise<{ status: number; body: T | undefined }> {
+export function getJson<T>(agent: http.Agent, url: string, timeoutMs = 2_000): Promise<{ status: number; body: T | undefined }> {
   return new Promise((resolve, reject) => {
     const req = http.get(url, { agent, timeout: timeoutMs }, (res) => {
       const chunks: Buffer[] = [];
@@ -206,7 +206,7 @@ function getJson<T>(agent: http.Agent, url: string, timeoutMs = 2_000): Promise<
   });
 }
 
-async function waitUntil(what: string, timeoutMs: number, fn: () => Promise<boolean>): Promise<void> {
+export async function waitUntil(what: string, timeoutMs: number, fn: () => Promise<boolean>): Promise<void> {
   const deadline = Date.now() + timeoutMs;
   for (;;) {
     try {
@@ -379,7 +379,7 @@ function cpuSeconds(pids: readonly (number | undefined)[]): number {
 // ---------------------------------------------------------------------------------------------
 // The assembly
 
-interface SimPodLine {
+export interface SimPodLine {
   pod: string;
   address: string;
   kvEvents?: { endpoint: string; replayEndpoint?: string; topic?: string };
@@ -402,20 +402,41 @@ function track(proc: ChildProcess): void {
   proc.once("exit", () => liveChildren.delete(proc));
 }
 
-interface Assembly {
+export interface GatewayLine {
+  gateway: string;
+  port: number;
+  adminPort: number;
+}
+
+export interface Assembly {
+  natsUrl: string;
   frontPort: number;
   pods: SimPodLine[];
+  gateways: Array<GatewayLine & { pid: number | undefined }>;
   pids(): Array<number | undefined>;
   stop(): Promise<void>;
 }
 
-async function startAssembly(spec: CaseSpec, engine: PrefixQualityEngineOptions, logDir: string, tag: string): Promise<Assembly> {
+/** What other benches add to the assembly (the flow bench: its model config, longer front timeouts). */
+export interface AssemblyExtras {
+  /** Runs once the streams exist, before any gateway starts (e.g. to write the config bucket). */
+  beforeGateways?: (natsUrl: string) => Promise<void>;
+  gatewayArgs?: readonly string[];
+  frontArgs?: readonly string[];
+  /** Gateway ids are `<gatewayIdPrefix>-<i>` (default `pq-gw`). */
+  gatewayIdPrefix?: string;
+  model?: string;
+}
+
+export async function startAssembly(spec: CaseSpec, engine: PrefixQualityEngineOptions, logDir: string, tag: string, extras: AssemblyExtras = {}): Promise<Assembly> {
+  const model = extras.model ?? MODEL;
   const children: ServiceProcess[] = [];
   let nats: NatsServerHandle | undefined;
   const probe = new http.Agent({ keepAlive: true, maxSockets: 16 });
   const stop = async () => {
     // Front first (no new requests), then gateways, then what feeds them, engines and NATS last.
-    for (const c of [...children].reverse()) await c.stop(3_000);
+    const order = (c: ServiceProcess) => (c.name === "front" ? 0 : c.name.startsWith("gateway-") ? 1 : 2);
+    for (const c of [...children].reverse().sort((a, b) => order(a) - order(b))) await c.stop(3_000);
     await nats?.stop();
     probe.destroy();
   };
@@ -426,6 +447,7 @@ async function startAssembly(spec: CaseSpec, engine: PrefixQualityEngineOptions,
     const h = await connectNats(natsUrl, "jetroute-bench-prefix-quality");
     await applyStreams(h.nc, h.jsm);
     await h.nc.close();
+    await extras.beforeGateways?.(natsUrl);
 
     const env = { JETROUTE_LOG_LEVEL: "warn" };
     const spawn = (name: string, args: string[]) => {
@@ -436,30 +458,38 @@ async function startAssembly(spec: CaseSpec, engine: PrefixQualityEngineOptions,
     };
     const e = engine;
     const sim = spawn("sim", [
-      "sim", "--pods", String(e.pods), "--base-port", "0", "--model", MODEL, "--time-scale", String(e.timeScale),
+      "sim", "--pods", String(e.pods), "--base-port", "0", "--model", model, "--time-scale", String(e.timeScale),
       "--max-batch", String(e.maxBatch), "--max-num-batched-tokens", String(e.maxNumBatchedTokens),
       "--prefill-ms-per-token", String(e.prefillMsPerToken), "--decode-ms-per-step", String(e.decodeMsPerStep),
       "--decode-batch-slope", String(e.decodeBatchSlope), "--kv-cache-blocks", String(e.kvCacheBlocks), "--block-size", String(e.blockSize),
       ...(spec.kvEvents ? [] : ["--no-kv-events"]),
     ]);
+    // Gateways start while the engines do (they watch PODS for the pods to appear): process
+    // start-up is most of an assembly's time on a busy host.
+    const starting = Promise.all(
+      Array.from({ length: spec.gateways }, async (_, i) => {
+        const gw = spawn(`gateway-${i + 1}`, [
+          "gateway", "--nats", natsUrl, "--port", "0", "--admin-port", "0", "--host", "127.0.0.1", "--id", `${extras.gatewayIdPrefix ?? "pq-gw"}-${i + 1}`,
+          "--strategy", spec.strategy, ...(spec.tokenizer ? ["--tokenizer", spec.tokenizer] : []), "--shutdown-grace-ms", "1000", ...(extras.gatewayArgs ?? []),
+        ]);
+        const line = await gw.waitForLine<GatewayLine>((v) => typeof v.port === "number", 30_000);
+        return { ...line, pid: gw.proc.pid };
+      }),
+    );
+    // Awaited below; a failure meanwhile must not count as unhandled.
+    starting.catch(() => {});
     const pods = await Promise.all(
       Array.from({ length: e.pods }, (_, i) => sim.waitForLine<SimPodLine>((v) => v.pod === `sim-${i}` && typeof v.address === "string", 30_000)),
     );
     const podFile = path.join(logDir, `${tag}-pods.yaml`);
-    writeFileSync(podFile, toYaml({ pods: pods.map((p) => ({ name: p.pod, model: MODEL, address: p.address, engine: "vllm", ...(p.kvEvents ? { kvEvents: p.kvEvents } : {}) })) }));
+    writeFileSync(podFile, toYaml({ pods: pods.map((p) => ({ name: p.pod, model, address: p.address, engine: "vllm", ...(p.kvEvents ? { kvEvents: p.kvEvents } : {}) })) }));
     spawn("pod-watcher", ["pod-watcher", "--static", podFile, "--nats", natsUrl]);
     spawn("metrics-scraper", ["metrics-scraper", "--nats", natsUrl]);
     if (spec.kvEvents) spawn("kv-bridge", ["kv-bridge", "--nats", natsUrl]);
 
-    const gateways = await Promise.all(
-      Array.from({ length: spec.gateways }, async (_, i) => {
-        const gw = spawn(`gateway-${i + 1}`, [
-          "gateway", "--nats", natsUrl, "--port", "0", "--admin-port", "0", "--host", "127.0.0.1", "--id", `pq-gw-${i + 1}`,
-          "--strategy", spec.strategy, ...(spec.tokenizer ? ["--tokenizer", spec.tokenizer] : []), "--shutdown-grace-ms", "1000",
-        ]);
-        return await gw.waitForLine<{ gateway: string; port: number; adminPort: number }>((v) => typeof v.port === "number", 30_000);
-      }),
-    );
+    const gateways = await starting;
+    const frontPort = await freePort();
+    spawn("front", ["front", "--port", String(frontPort), "--gateway", gateways.map((g) => `127.0.0.1:${g.port}`).join(","), ...(extras.frontArgs ?? [])]);
     // Ready, and every pod known and ready in every replica's view.
     for (const g of gateways) {
       await waitUntil(`gateway ${g.gateway} to see ${e.pods} ready pods`, 30_000, async () => {
@@ -467,17 +497,15 @@ async function startAssembly(spec: CaseSpec, engine: PrefixQualityEngineOptions,
         return r.status === 200 && r.body?.ready === true && (r.body.pods ?? []).filter((p) => p.ready).length === e.pods;
       });
     }
-    const frontPort = await freePort();
-    spawn("front", ["front", "--port", String(frontPort), "--gateway", gateways.map((g) => `127.0.0.1:${g.port}`).join(",")]);
     await waitUntil("the front to list the model", 30_000, async () => {
       const r = await getJson<{ data?: Array<{ id: string }> }>(probe, `http://127.0.0.1:${frontPort}/v1/models`);
-      return r.status === 200 && (r.body?.data ?? []).some((m) => m.id === MODEL);
+      return r.status === 200 && (r.body?.data ?? []).some((m) => m.id === model);
     });
     // The kv-bridge replays each engine from seq 0 when it connects, so engine events produced
     // before its sockets are up are not lost; a short pause lets the sockets settle all the same.
     if (spec.kvEvents) await sleep(500);
     const natsProc = nats.proc;
-    return { frontPort, pods, pids: () => [natsProc.pid, ...children.map((c) => c.proc.pid)], stop };
+    return { natsUrl, frontPort, pods, gateways, pids: () => [natsProc.pid, ...children.map((c) => c.proc.pid)], stop };
   } catch (err) {
     await stop();
     throw err;

@@ -89,7 +89,7 @@ const exponential = (rand: () => number, mean: number): number => (mean <= 0 ? 0
 
 const LETTERS = "abcdefghijklmnopqrstuvwxyz";
 
-function vocabulary(rand: () => number, size: number): string[] {
+export function vocabulary(rand: () => number, size: number): string[] {
   const words = new Set<string>();
   while (words.size < size) {
     const len = 3 + Math.floor(rand() * 7);
@@ -100,8 +100,8 @@ function vocabulary(rand: () => number, size: number): string[] {
   return [...words];
 }
 
-/** `words` pseudo-words in sentences of 8-20 words. */
-function prose(rand: () => number, vocab: readonly string[], words: number): string {
+/** `words` pseudo-words in sentences of 8-20 words (with the simulator's tokenizer, about one token per word). */
+export function prose(rand: () => number, vocab: readonly string[], words: number): string {
   const out: string[] = [];
   let sentence = 0;
   let sentenceLen = 8 + Math.floor(rand() * 13);
