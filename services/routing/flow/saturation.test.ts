@@ -49,9 +49,12 @@ describe("saturation", () => {
     // The next scrape shows the engine's own queue; the count starts again from it.
     setLoad("a", 1_500, { running: 8, waiting: 1 });
     expect(det.podRoom(pod("a"), defaults, 1_500)).toMatchObject({ full: false, utilization: 0.2 });
-    // Releases since the sample do not make the queue look negative.
+    // A release since the sample let the waiting request run: room at once, not at the next scrape.
+    setInFlight("a", 7);
+    expect(det.podRoom(pod("a"), defaults, 1_510).utilization).toBe(0);
+    // Never below an empty queue.
     setInFlight("a", 3);
-    expect(det.podRoom(pod("a"), defaults, 1_510).utilization).toBeCloseTo(0.2);
+    expect(det.podRoom(pod("a"), defaults, 1_520).utilization).toBe(0);
   });
 
   it("ledger limits (every replica's charges) hold whatever the metrics say", () => {

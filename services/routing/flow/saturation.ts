@@ -3,8 +3,9 @@
  *
  * A pod is full when any configured limit is reached:
  * - its queue: waiting requests / `queueDepth` >= 1, where waiting is the engine's own count at its
- *   last scrape plus what the ledger says arrived since that sample was first seen (every
- *   replica's charges, net of releases), so dispatches between two scrapes count at once;
+ *   last scrape plus the change in the ledger's in-flight count since that sample was first seen
+ *   (every replica's charges minus releases; never below 0), so dispatches between two scrapes
+ *   count at once, and so does the room a finished request leaves;
  * - its KV cache: usage / `kvCacheUsage` >= 1;
  * - in-flight requests or prompt tokens over `maxInFlightPerPod` / `maxTokensPerPod` (the ledger's
  *   counts across every replica; they never go stale).
@@ -66,7 +67,8 @@ export class SaturationDetector {
         b = { ts: sampleTs, inFlight: o.requests };
         this.baselines.set(key, b);
       }
-      const waiting = (load.waiting ?? 0) + Math.max(0, o.requests - b.inFlight);
+      // Net of releases too: a request that finished since the sample let a waiting one run.
+      const waiting = Math.max(0, (load.waiting ?? 0) + o.requests - b.inFlight);
       consider(waiting / s.queueDepth, "queue");
       if (load.kvCacheUsage !== null && load.kvCacheUsage !== undefined) consider(load.kvCacheUsage / s.kvCacheUsage, "kv");
     } else if (s.maxInFlightPerPod === undefined && s.maxTokensPerPod === undefined && o.requests > 0) {
