@@ -4,9 +4,11 @@
  * holds for the other replicas on core NATS, and folds theirs into the fleet view the dispatch
  * order reads.
  *
- * Summaries go out every `intervalMs` while this replica holds requests, and once more when it
- * stops holding any (so the others stop yielding to it at once, not after the staleness bound).
- * Nothing is stored: a replica that starts late sees the others' next summary within one interval.
+ * Summaries go out every `intervalMs` while this replica holds requests, at once (at the next
+ * pump tick) when the set of bands it holds changes — a higher band appearing is what the others
+ * must yield to — and once more when it stops holding any (so the others stop yielding to it at
+ * once, not after the staleness bound). Nothing is stored: a replica that starts late sees the
+ * others' next summary within one interval.
  */
 import type { NatsConnection, Subscription } from "@nats-io/nats-core";
 import type { Subjects } from "../../streams/subjects.js";
@@ -37,6 +39,8 @@ export class FlowSummaries {
   private readonly pumpTimer: NodeJS.Timeout;
   private readonly summaryTimer: NodeJS.Timeout;
   private wasHolding = false;
+  /** The bands held per model at the last publish ("model:band,band;…"). */
+  private lastBands = "";
   private readonly invalidLog = new LogRate(1, 10_000);
 
   constructor(private readonly o: FlowSummariesOptions) {
@@ -57,6 +61,7 @@ export class FlowSummaries {
     this.pumpTimer = setInterval(() => {
       o.fleet.sweep(o.clock());
       if (o.flow.held > 0) o.flow.pump();
+      if (this.bandsNow() !== this.lastBands) this.publish(true);
     }, FLOW_PUMP_INTERVAL_MS);
     this.pumpTimer.unref?.();
     this.summaryTimer = setInterval(() => this.publish(), o.intervalMs);
@@ -69,11 +74,18 @@ export class FlowSummaries {
     if (this.invalidLog.admit(Date.now()).log) this.o.log.warn({ subject: subject.slice(0, 200), why, invalid: this.stats.invalid }, "flow summary ignored");
   }
 
-  /** Publishes this replica's summary while it holds anything, and once when it stops. */
-  publish(): void {
+  private bandsNow(): string {
+    let sig = "";
+    for (const [model, q] of this.o.flow.queueSummaries()) sig += `${model}:${q.summary().map((b) => b.band).join(",")};`;
+    return sig;
+  }
+
+  /** Publishes this replica's summary while it holds anything, and once when it stops (`force`: the bands changed). */
+  publish(force = false): void {
     const holding = this.o.flow.held > 0;
-    if (!holding && !this.wasHolding) return;
+    if (!holding && !this.wasHolding && !force) return;
     this.wasHolding = holding;
+    this.lastBands = this.bandsNow();
     const s = summaryOf(this.o.gatewayId, this.o.clock(), this.o.flow.queueSummaries());
     try {
       this.o.nc.publish(this.o.subjects.flow(this.o.gatewayId), JSON.stringify(s));

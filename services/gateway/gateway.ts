@@ -110,7 +110,9 @@ export async function startGateway(options: GatewayOptions): Promise<GatewayHand
   const subjects = new Subjects(prefix);
   const pdClient = new PdHttpClient(engineKey);
   // Flow control: the other replicas' queue summaries (services/gateway/flow-summaries.ts feeds it).
-  const fleet = new FleetQueues({ self: id });
+  // A replica yields to any higher band another holds as soon as its summary arrives (no grace):
+  // the documented inversion bound (DEFAULT_INVERSION_BOUND_MS) is what that guarantees.
+  const fleet = new FleetQueues({ self: id, boundMs: 0 });
   const { director, strict } = routingCoreOf({
     fleet,
     config, ns, state, clock, serverClock, publishers, pdClient, subjects, cursors, log, js: nats.js,
