@@ -292,6 +292,26 @@ describe("flow control across gateway replicas", () => {
     expect(bands.get(0)?.wait.p99Ms ?? 0, seen).toBeGreaterThan(0);
   }, 60_000);
 
+  it("shutdown: what is still held after the grace period gets a 503, before the streams are cut", async () => {
+    await putConfig({ objectives, defaultObjective: "batch", saturation: { maxInFlightPerPod: 1 } });
+    const extra = await env.gateway({ id: "flow-gw-closing", shutdownGraceMs: 300 });
+    const xc = new ExtProcClient(`127.0.0.1:${extra.port}`, { messageTimeoutMs: 60_000 });
+    try {
+      const occupier = await send(c(0));
+      await routed(occupier);
+      await waitFor(() => extra.views.ledger.outstanding(FLOW_MODEL, "flow-0").requests === 1, 10_000, "the occupier on the closing replica");
+      const held = await send(xc);
+      await waitFor(() => extra.director.flow.held === 1, 5_000, "held on the closing replica");
+      const closing = extra.close();
+      expect(await refused(held)).toMatchObject({ status: 503, code: "gateway_not_ready" });
+      await closing;
+      await complete(occupier);
+      await everyLedger(0);
+    } finally {
+      xc.close();
+    }
+  });
+
   it("config set refuses bad flow config, naming the field", async () => {
     const bad = run(process.execPath, [cliPath(), "config", "set", FLOW_MODEL, "--nats", env.server.url, "--json", JSON.stringify({ flowControl: { defaultObjective: "gold", objectives: { silver: { priority: 1 } } } })]);
     await expect(bad).rejects.toMatchObject({ code: 2, stderr: expect.stringMatching(/\/flowControl\/defaultObjective: objective "gold" is not defined/) });

@@ -55,12 +55,17 @@ export class ExtProcListener {
   }
 
   /** Stops taking streams; those in flight get `graceMs` to finish, then are cancelled. */
-  async close(graceMs: number): Promise<void> {
+  /** `beforeForce`: runs when the grace period is over, before the streams still open are cut (answers written then still go out). */
+  async close(graceMs: number, beforeForce?: () => void): Promise<void> {
     this.setReady(false);
     await new Promise<void>((resolve) => {
       const t = setTimeout(() => {
-        this.server.forceShutdown();
-        resolve();
+        beforeForce?.();
+        // One turn of the event loop for the answers just written to reach the wire.
+        setImmediate(() => {
+          this.server.forceShutdown();
+          resolve();
+        });
       }, graceMs);
       this.server.tryShutdown(() => {
         clearTimeout(t);

@@ -58,9 +58,12 @@ export class FlowSummaries {
         this.stats.received++;
       },
     });
+    let ticks = 0;
     this.pumpTimer = setInterval(() => {
       o.fleet.sweep(o.clock());
       if (o.flow.held > 0) o.flow.pump();
+      // Every 5 s: forget saturation baselines of pods that are gone.
+      if (++ticks % 250 === 0) o.flow.sweep();
       if (this.bandsNow() !== this.lastBands) this.publish(true);
     }, FLOW_PUMP_INTERVAL_MS);
     this.pumpTimer.unref?.();
@@ -95,9 +98,11 @@ export class FlowSummaries {
     }
   }
 
+  /** Stops; a replica that held anything says it holds nothing now, so the others stop yielding to it at once. */
   stop(): void {
     clearInterval(this.pumpTimer);
     clearInterval(this.summaryTimer);
+    if (this.wasHolding) this.publish(true);
     this.sub.unsubscribe();
   }
 }

@@ -17,6 +17,7 @@ import type { TokenizerSetting } from "../tokenizer/prompt-tokens.js";
 import { type AdminServer, adminAuthorizer, startAdminServer } from "./admin-server.js";
 import { Director, type DirectorOptions, type GatewayViews } from "../routing/director.js";
 import { explain } from "../routing/explain.js";
+import { RouteError } from "../routing/errors.js";
 import { validateModelConfig } from "../routing/config-check.js";
 import { configureSessionSigning } from "../routing/strategies/session-affinity.js";
 import { createExtProcHandler, DEFAULT_PD_WATCHDOG, type ExtProcHandlerOptions } from "./extproc-server.js";
@@ -357,8 +358,9 @@ async function shutDown(p: {
   tokenizer: Tokenizer;
   log: Logger;
 }): Promise<void> {
-  // Held requests keep being dispatched during the grace period; what is still held after it gets a 503.
-  await p.listener.close(p.config.shutdownGraceMs);
+  // Held requests keep being dispatched during the grace period; what is still held after it gets
+  // a 503 before the streams are cut; the others stop yielding to this replica at once.
+  await p.listener.close(p.config.shutdownGraceMs, () => p.director.flow.drain(new RouteError("notReady", "gateway is shutting down")));
   const drained = p.director.drain();
   p.flowSummaries.stop();
   p.stopSweeps();

@@ -376,10 +376,10 @@ export class Director {
    */
   route(input: RouteInput): RoutedRequest | Promise<RoutedRequest> {
     const prepared = this.prepare(input);
-    const commit = (p: Prepared) => {
-      const r = this.committerFor(p).commit(input, p);
+    const commit = (p: Prepared, inp: RouteInput = input) => {
+      const r = this.committerFor(p).commit(inp, p);
       if (!p.strategy.traits?.disaggregated) return r;
-      return r instanceof Promise ? r.then((x) => this.runLegs(x, input, p)) : this.runLegs(r, input, p);
+      return r instanceof Promise ? r.then((x) => this.runLegs(x, inp, p)) : this.runLegs(r, inp, p);
     };
     const gated = (p: Prepared) => this.flowGate(input, p, commit);
     return prepared instanceof Promise ? prepared.then(gated) : gated(prepared);
@@ -390,13 +390,20 @@ export class Director {
    * when a pod has room and nothing of its band or higher is held, else it is held and committed
    * when `pump` dispatches it (or answered 429/503 when it expires or is shed).
    */
-  private flowGate(input: RouteInput, p: Prepared, commit: (p: Prepared) => RoutedRequest | Promise<RoutedRequest>): RoutedRequest | Promise<RoutedRequest> {
+  private flowGate(input: RouteInput, p: Prepared, commit: (p: Prepared, input?: RouteInput) => RoutedRequest | Promise<RoutedRequest>): RoutedRequest | Promise<RoutedRequest> {
     const model = p.parsed.model;
     const s = this.flow.settingsFor(model);
     if (!s) return commit(p);
     if (this.closed) throw new RouteError("notReady", "gateway is shutting down");
     const cls = classify(s, input.headers, input.keyObjective, input.headers.user || undefined, this.now());
     const record = (waitMs: number) => ({ band: cls.band, ...(cls.objective !== undefined ? { objective: cls.objective } : {}), enqueuedAt: cls.enqueuedAt, waitMs });
+    // Scheduled among the pods with room only (the subset is recorded, so replay re-decides the same way).
+    const withRoom = (): RouteInput => {
+      const roomy = this.flow.roomy(model, s);
+      if (!roomy) return input;
+      const allowed = input.subset ? roomy.filter((a) => input.subset?.includes(a)) : roomy;
+      return allowed.length > 0 ? { ...input, subset: allowed } : input;
+    };
     let settle: { resolve: (r: RoutedRequest) => void; reject: (e: unknown) => void } | undefined;
     const signal = input.signal;
     let onAbort: (() => void) | undefined;
@@ -406,7 +413,7 @@ export class Director {
       dispatch: (waitMs) => {
         if (onAbort) signal?.removeEventListener("abort", onAbort);
         try {
-          const r = commit({ ...p, flow: record(waitMs) });
+          const r = commit({ ...p, flow: record(waitMs) }, withRoom());
           if (r instanceof Promise) r.then(settle?.resolve, settle?.reject);
           else settle?.resolve(r);
         } catch (err) {
@@ -419,7 +426,7 @@ export class Director {
       },
     };
     const offered = this.flow.offer(held, input.body.length, s);
-    if (offered.now) return commit({ ...p, flow: record(0) });
+    if (offered.now) return commit({ ...p, flow: record(0) }, withRoom());
     const id = offered.id as number;
     return new Promise<RoutedRequest>((resolve, reject) => {
       settle = { resolve, reject };

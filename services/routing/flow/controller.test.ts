@@ -183,6 +183,28 @@ describe("flow controller", () => {
     expect(g.flow.held).toBe(0);
   });
 
+  it("pods that all go while requests are held: 503 at once without a waiting room", () => {
+    const f = fixture(base);
+    f.offer("r1");
+    f.offer("r2");
+    f.offer("lo1");
+    f.dropPods();
+    f.flow.pump();
+    expect(f.log.at(-1)).toBe("no_ready_pod lo1");
+    expect(f.flow.held).toBe(0);
+  });
+
+  it("a request goes to the pods with room only when some are full", () => {
+    const f = fixture(base);
+    const s = f.flow.settingsFor(M);
+    if (!s) throw new Error("settings");
+    expect(f.flow.roomy(M, s)).toBeUndefined();
+    f.offer("r1");
+    expect(f.flow.roomy(M, s)).toEqual(["b:1"]);
+    f.offer("r2");
+    expect(f.flow.roomy(M, s)).toBeUndefined();
+  });
+
   it("cancel takes a held request out at once", () => {
     const f = fixture(base);
     f.offer("r1");

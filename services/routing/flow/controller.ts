@@ -82,6 +82,8 @@ export interface OfferResult {
 export class FlowController {
   private readonly queues = new Map<string, FlowQueue<Held>>();
   private readonly settingsCache = new WeakMap<ModelConfig, FlowSettings | undefined>();
+  /** The base model of each requested name seen with pods (an adapter's config is its base model's), kept while it has a queue. */
+  private readonly bases = new Map<string, string>();
   readonly detector: SaturationDetector;
 
   constructor(private readonly opts: FlowControllerOptions) {
@@ -101,9 +103,14 @@ export class FlowController {
     return this.settingsCache.get(c);
   }
 
-  /** Configs are keyed by the base model; an adapter's requests go by its pods' model. */
+  /** Configs are keyed by the base model; an adapter's requests go by its pods' model (remembered while its requests are held, should its pods go). */
   private baseModel(model: string): string {
-    return this.opts.views.pods.readyPods(model)[0]?.model ?? model;
+    const base = this.opts.views.pods.readyPods(model)[0]?.model;
+    if (base !== undefined) {
+      if (this.queues.has(model)) this.bases.set(model, base);
+      return base;
+    }
+    return this.bases.get(model) ?? model;
   }
 
   /** Requests held, all models. */
@@ -159,8 +166,12 @@ export class FlowController {
   private hold(held: Held, bytes: number, s: FlowSettings): OfferResult {
     const { cls } = held;
     const q = this.queueFor(held.model, s);
+    this.baseModel(held.model);
     const r = q.enqueue({ band: cls.band, flow: cls.flow, enqueuedAt: cls.enqueuedAt, expiresAt: cls.expiresAt, deadline: cls.deadline, bytes, value: held });
-    if (!r.ok) throw queueFull(held.model, cls.band);
+    if (!r.ok) {
+      this.dropIfEmpty(held.model);
+      throw queueFull(held.model, cls.band);
+    }
     const now = this.opts.now();
     for (const d of r.dropped) this.leave(d, "dropped", now, queueFull(d.value.model, d.band));
     return { now: false, id: r.held.id };
@@ -207,7 +218,27 @@ export class FlowController {
   }
 
   private dropIfEmpty(model: string): void {
-    if (this.queues.get(model)?.size === 0) this.queues.delete(model);
+    if (this.queues.get(model)?.size !== 0) return;
+    this.queues.delete(model);
+    this.bases.delete(model);
+  }
+
+  /** Forgets saturation baselines of pods that are gone (the shell calls it every few seconds). */
+  sweep(): void {
+    const pods = this.opts.views.pods;
+    this.detector.retain((model, pod) => pods.get(model, pod) !== undefined);
+  }
+
+  /**
+   * The addresses of the model's pods with room, when some of its pods are full (undefined when
+   * all have room): a request that goes now or is dispatched is scheduled among these only, so a
+   * strategy that prefers a busy pod cannot pour held requests into it.
+   */
+  roomy(model: string, s: FlowSettings): string[] | undefined {
+    const now = this.opts.now();
+    const pods = this.opts.views.pods.readyPods(model);
+    const roomy = pods.filter((p) => !this.detector.podRoom(p, s.saturation, now).full);
+    return roomy.length === pods.length || roomy.length === 0 ? undefined : roomy.map((p) => p.address);
   }
 
   /**
@@ -229,12 +260,17 @@ export class FlowController {
         sent += this.flush(model, q, now);
         continue;
       }
+      if (pods.length === 0 && s.waitingRoomTtlMs <= 0) {
+        // Every pod went and there is no waiting room: 503 now, as for a request arriving now.
+        this.failAll(model, q, now, new RouteError("noReadyPod", `no ready pod for model \`${model}\``));
+        continue;
+      }
       let budget = 0;
       for (const p of pods) if (!this.detector.podRoom(p, s.saturation, now).full) budget++;
       while (budget > 0 && q.size > 0) {
         if (!this.detector.hasRoom(pods, s.saturation, now)) break;
         const next = q.peek(
-          (flow) => this.opts.views.usage.tokens(flow, now),
+          (flow) => this.opts.views.usage.tokens(userOfFlow(flow), now),
           (band) => !this.blocked(model, band, now),
         );
         if (!next) break;
@@ -265,20 +301,30 @@ export class FlowController {
     return n;
   }
 
+  private failAll(model: string, q: FlowQueue<Held>, now: number, err: RouteError): number {
+    let n = 0;
+    for (let d = q.peek(() => 0); d; d = q.peek(() => 0)) {
+      q.take(d.id);
+      this.leave(d, "dropped", now, err);
+      n++;
+    }
+    this.dropIfEmpty(model);
+    return n;
+  }
+
   /** Shutdown: every held request is answered with `err` (503). */
   drain(err: RouteError): number {
     const now = this.opts.now();
     let n = 0;
-    for (const [model, q] of [...this.queues]) {
-      for (let d = q.peek(() => 0); d; d = q.peek(() => 0)) {
-        q.take(d.id);
-        this.leave(d, "dropped", now, err);
-        n++;
-      }
-      this.queues.delete(model);
-    }
+    for (const [model, q] of [...this.queues]) n += this.failAll(model, q, now, err);
     return n;
   }
+}
+
+/** The user a flow key belongs to (least-attained reads the user's usage): see settings.ts `flowKeyOf`. */
+function userOfFlow(flow: string): string {
+  const i = flow.indexOf("\u0000");
+  return i < 0 ? flow : flow.slice(0, i);
 }
 
 function queueFull(model: string, band: number): RouteError {

@@ -36,6 +36,9 @@ describe("classify", () => {
     expect(classify(s, { [OBJECTIVE_HEADER]: "chat" }, undefined, "alice", 1_000)).toEqual({ band: 10, objective: "chat", flow: "alice", enqueuedAt: 1_000, expiresAt: 6_000, deadline: 6_000 });
     expect(classify(s, {}, undefined, "alice", 0)).toMatchObject({ band: 0, objective: "batch", expiresAt: 30_000 });
     expect(classify(s, { [OBJECTIVE_HEADER]: "chat" }, "scavenger", "alice", 0)).toMatchObject({ band: -1, objective: "scavenger", expiresAt: 100 });
+    // A key's objective this model does not define: the request's header applies, not a 400.
+    expect(classify(s, { [OBJECTIVE_HEADER]: "chat" }, "gold", "alice", 0)).toMatchObject({ band: 10, objective: "chat" });
+    expect(classify(s, {}, "gold", "alice", 0)).toMatchObject({ band: 0, objective: "batch" });
     const none = flowSettingsOf({ ttlMs: 50 });
     expect(none && classify(none, {}, undefined, undefined, 0)).toEqual({ band: 0, flow: ANONYMOUS_FLOW, enqueuedAt: 0, expiresAt: 50, deadline: 50 });
   });
@@ -56,7 +59,9 @@ describe("classify", () => {
   });
 
   it("the fairness id names the flow (bounded); the deadline orders EDF and caps the TTL", () => {
-    expect(classify(s, { [FAIRNESS_HEADER]: "team-a" }, undefined, "alice", 0).flow).toBe("team-a");
+    // A fairness id is a flow within its user: least-attained still reads the user's usage.
+    expect(classify(s, { [FAIRNESS_HEADER]: "team-a" }, undefined, "alice", 0).flow).toBe("alice\u0000team-a");
+    expect(classify(s, { [FAIRNESS_HEADER]: "team-a" }, undefined, undefined, 0).flow).toBe("\u0000team-a");
     expect(() => classify(s, { [FAIRNESS_HEADER]: "x".repeat(257) }, undefined, "alice", 0)).toThrow(/longer than 256/);
     expect(classify(s, { [DEADLINE_HEADER]: "2000" }, undefined, "a", 100)).toMatchObject({ deadline: 2_100, expiresAt: 2_100 });
     // A deadline past the TTL orders EDF but the TTL still ends the wait.

@@ -71,6 +71,16 @@ export function flowSettingsOf(c: FlowControl | undefined): FlowSettings | undef
   };
 }
 
+/**
+ * A request's flow: its user; with a fairness id, that id within its user (`user\0id`), so a
+ * client cannot escape its user's attained service (least-attained reads the user's usage) by
+ * naming flows; without either, the anonymous flow.
+ */
+export function flowKeyOf(user: string | undefined, fairnessId: string | undefined): string {
+  if (fairnessId) return `${user ?? ""}\u0000${fairnessId}`;
+  return user || ANONYMOUS_FLOW;
+}
+
 /** Where a request goes in the queues. */
 export interface FlowClass {
   readonly band: number;
@@ -88,7 +98,9 @@ export interface FlowClass {
  * request's user. Throws a 400 for an objective the model does not define or a malformed header.
  */
 export function classify(s: FlowSettings, headers: Readonly<Record<string, string>>, keyObjective: string | undefined, user: string | undefined, now: number): FlowClass {
-  const named = keyObjective ?? (headers[OBJECTIVE_HEADER] || undefined);
+  // An API key's objective wins where the model defines it; elsewhere the request's own header (or the default) applies.
+  const keyApplies = keyObjective !== undefined && Object.hasOwn(s.objectives, keyObjective);
+  const named = keyApplies ? keyObjective : headers[OBJECTIVE_HEADER] || undefined;
   const objective = named ?? s.defaultObjective;
   let priority = 0;
   let ttlMs = s.ttlMs;
@@ -105,7 +117,7 @@ export function classify(s: FlowSettings, headers: Readonly<Record<string, strin
   if (fairness !== undefined && fairness.length > MAX_FAIRNESS_ID_LENGTH) {
     throw new RouteError("invalidHeader", `${FAIRNESS_HEADER} is longer than ${MAX_FAIRNESS_ID_LENGTH} characters`, FAIRNESS_HEADER);
   }
-  const flow = fairness || user || ANONYMOUS_FLOW;
+  const flow = flowKeyOf(user, fairness);
   let expiresAt = now + ttlMs;
   let deadline = expiresAt;
   const d = headers[DEADLINE_HEADER];
