@@ -533,7 +533,14 @@ export class Director {
     this.opts.state.ownRelease(release);
     this.opts.sink.release(release);
     // A pod got room: held requests may go (after this call, not inside the caller's).
-    if (this.flow.held > 0) queueMicrotask(() => this.flow.pump());
+    if (this.flow.held > 0 && !this.pumpQueued) {
+      // One pump for a burst of releases in the same turn.
+      this.pumpQueued = true;
+      queueMicrotask(() => {
+        this.pumpQueued = false;
+        this.flow.pump();
+      });
+    }
     this.opts.sink.decision(routedRecord(this.gatewayId, r, outcome, info, now));
     return true;
   }
@@ -542,6 +549,9 @@ export class Director {
   reject(headers: Readonly<Record<string, string>>, model: string | undefined, err: RouteError): void {
     this.opts.sink.decision(rejectedRecord({ gateway: this.gatewayId, headers, model, err, now: this.now(), defaultStrategy: this.opts.defaultStrategy, newId: randomUUID }));
   }
+
+  /** A flow-control pump is queued for this turn (releases coalesce into one). */
+  private pumpQueued = false;
 
   /** Set by `drain`: the gateway is shutting down and routes nothing more. */
   private closed = false;
