@@ -21,6 +21,11 @@ export interface RouteInput {
   subset?: readonly string[];
   /** Aborted when the client is gone: work on its behalf (a P/D prefill leg) stops. */
   signal?: AbortSignal;
+  /**
+   * The authenticated tenant's cache salt (its API key's `cacheSalt`): the request runs under it
+   * (stages/parse.ts tenantCacheSalt), at the engine and in the router's block hashes.
+   */
+  tenantSalt?: string;
 }
 
 export interface RoutedRequest {
@@ -53,7 +58,7 @@ export interface RoutedRequest {
   readonly stream?: boolean;
   /** P/D: the prefill leg of a disaggregated request (absent: an ordinary request). */
   pd?: PdRouted;
-  /** A body the upstream request is sent with instead of the client's (P/D's decode leg). */
+  /** A body the upstream request is sent with instead of the client's (a tenant's cache salt written in; P/D's decode leg). */
   body?: Buffer;
 }
 
