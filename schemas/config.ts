@@ -180,6 +180,13 @@ export const ApiKeyRecord = Type.Object(
      * `flowControl.objectives`), whatever `x-jetroute-objective` header they send.
      */
     objective: Type.Optional(Type.String({ minLength: 1, maxLength: 64, pattern: "^[A-Za-z0-9._-]+$" })),
+    /**
+     * The tenant's `cache_salt` (docs/security.md, tenant isolation): every request with this key
+     * runs under it, at the engine and in the router's prefix matching, so it shares cached
+     * blocks only with keys of the same salt. Random and unguessable (16+ characters; no `.`,
+     * which separates it from a client's own salt); give a tenant's keys the same one.
+     */
+    cacheSalt: Type.Optional(Type.String({ minLength: 16, maxLength: 128, pattern: "^[A-Za-z0-9_-]+$" })),
   },
   { $id: "api-key", additionalProperties: false },
 );

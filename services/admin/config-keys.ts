@@ -37,7 +37,7 @@ async function readKeys(kv: Bucket): Promise<StoredKey[]> {
 const shortHash = (h: string) => h.slice(0, SHOWN_HASH_PREFIX);
 const keyStatus = (k: StoredKey) => (!k.record ? "invalid" : k.record.disabled ? "revoked" : "active");
 
-type AddKeyOptions = NamespaceOptionValues & { user: string; name?: string; admin?: boolean; objective?: string; json?: boolean };
+type AddKeyOptions = NamespaceOptionValues & { user: string; name?: string; admin?: boolean; objective?: string; cacheSalt?: string; json?: boolean };
 
 export function registerAddKeyCommand(cfg: Command): void {
   addNamespaceOptions(cfg.command("add-key").description("create an API key for a user; prints the key once (only its SHA-256 is stored)"))
@@ -45,13 +45,21 @@ export function registerAddKeyCommand(cfg: Command): void {
     .option("--name <name>", "a label, e.g. what the key is for")
     .option("--admin", "an operator key: also opens the gateways' /debug/* endpoints under --auth required")
     .option("--objective <name>", "flow control: the objective (priority class) this key's requests run under, whatever header they send (docs/flow-control.md)")
-    .option("--json", "print {key, hash, user, name, createdAt, admin} as one JSON line")
+    .option("--cache-salt <salt>", "the tenant's cache salt: its requests share cached prompt blocks only with keys of the same salt (16-128 of A-Z a-z 0-9 _ -, random, e.g. $(openssl rand -hex 16))")
+    .option("--json", "print {key, hash, user, name, createdAt, admin, cacheSalt} as one JSON line")
     .action(addKey);
 }
 
 async function addKey(o: AddKeyOptions): Promise<void> {
   // `admin` only when set: a plain key's record stays as it was before the field existed.
-  const record: ApiKeyRecord = { user: o.user, ...(o.name !== undefined ? { name: o.name } : {}), createdAt: Date.now(), ...(o.admin ? { admin: true } : {}), ...(o.objective !== undefined ? { objective: o.objective } : {}) };
+  const record: ApiKeyRecord = {
+    user: o.user,
+    ...(o.name !== undefined ? { name: o.name } : {}),
+    createdAt: Date.now(),
+    ...(o.admin ? { admin: true } : {}),
+    ...(o.objective !== undefined ? { objective: o.objective } : {}),
+    ...(o.cacheSalt !== undefined ? { cacheSalt: o.cacheSalt } : {}),
+  };
   const err = apiKeyRecordError(record);
   if (err) {
     console.error(`invalid key record: ${err}`);
@@ -64,12 +72,12 @@ async function addKey(o: AddKeyOptions): Promise<void> {
   if (o.json) console.log(JSON.stringify({ key, hash, ...record }));
   else {
     console.log(key);
-    console.error(`created ${o.admin ? "admin " : ""}key ${shortHash(hash)} for user ${o.user}${o.name ? ` (${o.name})` : ""}; this is the only time the key is shown: store it now`);
+    console.error(`created ${o.admin ? "admin " : ""}key ${shortHash(hash)} for user ${o.user}${o.name ? ` (${o.name})` : ""}${o.cacheSalt ? " with a cache salt" : ""}; this is the only time the key is shown: store it now`);
   }
 }
 
 export function registerListKeysCommand(cfg: Command): void {
-  addNamespaceOptions(cfg.command("list-keys").description("list API keys: hash prefix, user, name, created, admin, status (never the keys)"))
+  addNamespaceOptions(cfg.command("list-keys").description("list API keys: hash prefix, user, name, created, admin, cache salt, status (never the keys)"))
     .option("--json", "one JSON line per key")
     .action(async (o: NamespaceOptionValues & { json?: boolean }) => {
       const keys = await withBucket(o, readKeys);
@@ -84,10 +92,12 @@ function keyJsonLine(k: StoredKey): string {
 
 /** The keys as list-keys prints them: a header and one row per key, in aligned columns. */
 function keyTable(keys: StoredKey[]): string[] {
-  const rows = [["HASH", "USER", "NAME", "CREATED", "ADMIN", "STATUS"]];
+  const rows = [["HASH", "USER", "NAME", "CREATED", "ADMIN", "CACHE SALT", "STATUS"]];
   for (const k of keys) {
     const r = k.record;
-    rows.push([shortHash(k.hash), r?.user ?? "-", r?.name ?? "-", r ? new Date(r.createdAt).toISOString() : "-", r ? (r.admin ? "yes" : "no") : "-", keyStatus(k)]);
+    // Enough of the salt to tell which keys share one.
+    const salt = r?.cacheSalt ? `${r.cacheSalt.slice(0, 8)}…` : "-";
+    rows.push([shortHash(k.hash), r?.user ?? "-", r?.name ?? "-", r ? new Date(r.createdAt).toISOString() : "-", r ? (r.admin ? "yes" : "no") : "-", salt, keyStatus(k)]);
   }
   const widths = rows[0]?.map((_, i) => Math.max(...rows.map((row) => (row[i] ?? "").length))) ?? [];
   return rows.map((row) => row.map((c, i) => c.padEnd(widths[i] ?? 0)).join("  ").trimEnd());

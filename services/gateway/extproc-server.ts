@@ -11,7 +11,8 @@
  * With `auth`, the request-headers phase checks the bearer API key before anything else: a
  * request without a valid one gets 401 there (no routing, no charge, no rate-limit count, no
  * decision record — unauthenticated traffic writes nothing to the shared streams). The key's user
- * replaces any client-sent `user` header, for the router and for the upstream request.
+ * replaces any client-sent `user` header, for the router and for the upstream request; a key
+ * with a `cacheSalt` puts the request under that salt (the body Envoy forwards carries it).
  */
 import type * as grpc from "@grpc/grpc-js";
 import { type AuthFailureReason, type AuthResult, authFailureMessage } from "./auth.js";
@@ -198,6 +199,8 @@ class Exchange {
   private authenticated = false;
   /** Flow control: the objective the request's API key carries (`auth` only). */
   private keyObjective: string | undefined;
+  /** The authenticated key's cache salt: the request runs under it (tenant isolation). */
+  private tenantSalt: string | undefined;
   private readonly errorBody: Buffer[] = [];
   private errorBytes = 0;
   /** Aborted when the stream is over: work for this request (a P/D prefill leg) stops. */
@@ -318,6 +321,7 @@ class Exchange {
       headers[USER_HEADER] = a.user;
       this.authenticated = true;
       this.keyObjective = a.objective;
+      this.tenantSalt = a.cacheSalt;
       mutation = { ...mutation, set_headers: [...(mutation.set_headers ?? []), setHeader(USER_HEADER, a.user)] };
     }
     this.subset = subsetHint(req);
@@ -352,7 +356,7 @@ class Exchange {
     this.bodyParts = [];
     let result: RoutedRequest | Promise<RoutedRequest>;
     try {
-      result = this.router.route({ headers, body, subset: this.subset, signal: this.gone.signal, ...(this.keyObjective ? { keyObjective: this.keyObjective } : {}) });
+      result = this.router.route({ headers, body, subset: this.subset, signal: this.gone.signal, ...(this.keyObjective ? { keyObjective: this.keyObjective } : {}), ...(this.tenantSalt ? { tenantSalt: this.tenantSalt } : {}) });
     } catch (err) {
       return this.routeFailed(err, body);
     }
@@ -385,7 +389,7 @@ class Exchange {
   private replyRouted(routed: RoutedRequest) {
     const target = this.shared.targets.of(routed.pod.address, routed.strategy);
     const set = [...target.headers, setHeader(Headers.requestId, routed.requestId)];
-    // P/D's decode leg goes out with the gateway's body (transfer params or bootstrap fields).
+    // The gateway's body goes out instead of the client's: a tenant's cache salt, P/D's decode leg (transfer params or bootstrap fields).
     if (routed.body) set.push(setHeader(Headers.contentLength, String(routed.body.length)));
     this.send({
       request_body: {

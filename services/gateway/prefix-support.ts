@@ -41,19 +41,21 @@ export function createPrefixSupport(o: PrefixSupportOptions): PrefixSupport {
   const ttl = o.routedTtlMs ?? 120_000;
   const maxBlocks = o.maxBlocks ?? 8_192;
   /** The prompt's router block hashes as `pod`'s engine would key them. */
-  const blocks = (model: string, pod: PodInfo, tokens: readonly number[], now: number, tokenizerMode: string | undefined): PromptBlocks => {
+  const blocks = (model: string, pod: PodInfo, tokens: readonly number[], now: number, tokenizerMode: string | undefined, cacheSalt?: string): PromptBlocks => {
     const base = pod.model;
     // A request for a LoRA adapter names the adapter; its blocks are keyed by base model + adapter.
     const lora = model !== base ? model : null;
     const approximate = tokenizerMode === "approximate";
     const size = approximate ? 16 : (o.state.load.fresh(base, pod.pod, now)?.blockSize ?? o.defaultBlockSize ?? 16);
-    const seed = chainSeed(base, approximate ? `${lora ?? ""}${APPROX_LORA_TAG}` : lora, size);
+    // The salt is keyed like the engine keys it, in both modes: a salted prompt's routed prefixes
+    // and index matches are those of the same salt only.
+    const seed = chainSeed(base, approximate ? `${lora ?? ""}${APPROX_LORA_TAG}` : lora, size, cacheSalt);
     return { size, mode: approximate ? "approximate" : "precise", hashes: promptBlockHashes(tokens, seed, size, maxBlocks) };
   };
   return {
     tokenizer: o.tokenizer,
-    match(model, candidates, tokens, now, tokenizerMode): PrefixMatchResult {
-      const b = blocks(model, candidates[0] as PodInfo, tokens, now, tokenizerMode);
+    match(model, candidates, tokens, now, tokenizerMode, cacheSalt): PrefixMatchResult {
+      const b = blocks(model, candidates[0] as PodInfo, tokens, now, tokenizerMode, cacheSalt);
       return matchPrefix(o.state, candidates, b.hashes, b.size, b.mode === "approximate", now, o.routedPreciseMaxAgeMs);
     },
     blocks,

@@ -1,7 +1,12 @@
 import { describe, expect, it } from "vitest";
+import { ManualClock } from "../sim/clock.js";
+import { SimEngine } from "../sim/engine.js";
+import type { KvCacheEvent } from "../sim/kv-cache.js";
+import { encodeEventBatch, encodeSglangBatch, SglangEventEncoder } from "../sim/kv-events.js";
+import { routerHashesOf } from "../sim/router-hashes.js";
 import { chainBlocks, chainSeed, hashToHex, promptBlockHashes } from "../views/block-hash.js";
 import { BlockMap } from "./block-map.js";
-import type { EngineBlockStored } from "./wire.js";
+import { decodeBatch, type EngineBlockStored } from "./wire.js";
 
 const MODEL = "org/Model";
 const tokens = Array.from({ length: 64 }, (_, i) => 1000 + i);
@@ -107,3 +112,86 @@ describe("kv-bridge block map - router hashes from engine events", () => {
     expect(m.ambiguousHashes).toBe(1024);
   });
 });
+
+describe("kv-bridge block map - cache_salt", () => {
+  const salted = (salt: string, lora: string | null = null) => promptBlockHashes(tokens, chainSeed(MODEL, lora, 16, salt), 16).map(hashToHex);
+
+  it("a salted first block (extra_keys [[salt], ...]) chains from the salted seed, as the gateway's salted prompt does", () => {
+    const m = new BlockMap(MODEL);
+    const root = m.stored(stored({ extraKeys: [["tenant-a"], null] }));
+    const child = m.stored(stored({ hashes: ["a3", "a4"], parent: "a2", tokens: tokens.slice(32, 64) }));
+    expect([...root.routerHashes, ...child.routerHashes]).toEqual(salted("tenant-a"));
+    // Never an unsalted prompt's block, nor another salt's.
+    const other = [...prompt(), ...salted("tenant-b")];
+    expect([...root.routerHashes, ...child.routerHashes].some((h) => other.includes(h))).toBe(false);
+    // The same tokens unsalted, stored on the same pod, are the unsalted prompt's blocks.
+    expect(m.stored(stored({ hashes: ["b1", "b2"] })).routerHashes).toEqual(prompt().slice(0, 2));
+  });
+
+  it("LoRA name before the salt, and an old engine's numeric LoRA id, are read as the adapter", () => {
+    const m = new BlockMap(MODEL);
+    expect(m.stored(stored({ loraName: "sql-lora", extraKeys: [["sql-lora", "tenant-a"], ["sql-lora"]] })).routerHashes).toEqual(salted("tenant-a", "sql-lora").slice(0, 2));
+    const byId = m.stored(stored({ hashes: ["b1", "b2"], loraId: 3, extraKeys: [[3, "tenant-a"], [3]] }));
+    expect(byId.routerHashes).toEqual(salted("tenant-a", "lora-id:3").slice(0, 2));
+    expect(m.counters.opaqueBlocks).toBe(0);
+  });
+
+  it("extra keys no gateway reproduces make the block and its descendants opaque (counted): misses, never hits", () => {
+    const m = new BlockMap(MODEL);
+    // A multimodal id on block 1: block 0 is the plain prompt's, block 1 on is opaque.
+    const mm = m.stored(stored({ extraKeys: [null, [["img-3f2a", 0]]] }));
+    expect(mm.routerHashes[0]).toBe(prompt()[0]);
+    expect(mm.routerHashes[1]).not.toBe(prompt()[1]);
+    const child = m.stored(stored({ hashes: ["a3", "a4"], parent: "a2", tokens: tokens.slice(32, 64) }));
+    expect(child.routerHashes.some((h) => prompt().includes(h))).toBe(false);
+    // A salt on a block that has a parent is not vLLM's rule: opaque too.
+    const late = m.stored(stored({ hashes: ["c3", "c4"], parent: "a2", tokens: tokens.slice(32, 64), extraKeys: [["tenant-a"], null] }));
+    expect(late.routerHashes.some((h) => [...prompt(), ...salted("tenant-a")].includes(h))).toBe(false);
+    expect(m.counters.opaqueBlocks).toBe(2);
+  });
+
+  /** A simulated vLLM engine (blocks of 16) that ran `prompts`, and the events it published. */
+  function engineRun(prompts: Array<{ salt?: string; lora?: string }>) {
+    const clock = new ManualClock();
+    const events: KvCacheEvent[] = [];
+    const engine = new SimEngine(
+      { maxBatch: 4, maxNumBatchedTokens: 2048, prefillMsPerToken: 1, decodeMsPerStep: 10, decodeBatchSlope: 0, kvCapacityTokens: 16 * 64, blockSize: 16 },
+      clock,
+      {},
+      { hashSeed: 42n, onEvents: (e) => events.push(...e) },
+    );
+    for (const p of prompts) {
+      engine.submit({ promptTokens: tokens, outputTokens: [1], cacheSalt: p.salt, ...(p.lora ? { loraName: p.lora } : {}), onToken: () => undefined, onFinish: () => undefined });
+      clock.advance(10_000);
+    }
+    return { engine, events };
+  }
+
+  it.each(["map", "array"] as const)("the simulated engine's salted events (%s form) give the gateway's salted prompt hashes", (encoding) => {
+    const runs = [{ salt: "tenant-a" }, { salt: "tenant-b" }, {}, { salt: "tenant-a", lora: "sql-lora" }];
+    const { engine, events } = engineRun(runs);
+    const decoded = decodeBatch(encodeEventBatch(1.5, events, encoding));
+    if (!decoded.ok) throw new Error(decoded.reason);
+    expect(decoded.value.invalid).toEqual([]);
+    const m = new BlockMap(MODEL);
+    const byRun = decoded.value.events.filter((e): e is EngineBlockStored => e.kind === "stored").map((e) => m.stored(e).routerHashes);
+    // One BlockStored of the prompt's 4 blocks per run.
+    expect(byRun).toEqual(runs.map((r) => promptBlockHashes(tokens, chainSeed(MODEL, r.lora ?? null, 16, r.salt), 16).map(hashToHex)));
+    // The simulator's own router-hash helper (tests and benchmarks compare indexes with it) agrees.
+    const listing = engine.cacheListing();
+    const loraLess = routerHashesOf(listing, MODEL, 16);
+    const held = new Set(listing.blocks.map((b) => loraLess(b.hash)).filter((h) => h !== null).map((h) => hashToHex(h as bigint)));
+    for (const hashes of byRun.slice(0, 3)) for (const h of hashes) expect(held.has(h)).toBe(true);
+  });
+
+  it("SGLang: the simulator names a salted request's cache_salt on every page, and the bridge skips those pages", () => {
+    const { events } = engineRun([{ salt: "tenant-a" }, {}]);
+    const decoded = decodeBatch(encodeSglangBatch(1.5, events, new SglangEventEncoder()), "sglang");
+    if (!decoded.ok) throw new Error(decoded.reason);
+    expect(decoded.value.salted).toBe(4);
+    const m = new BlockMap(MODEL, 1024, undefined, "sglang");
+    const pages = decoded.value.events.filter((e): e is EngineBlockStored => e.kind === "stored").flatMap((e) => m.stored(e).routerHashes);
+    expect(pages).toEqual(prompt());
+  });
+});
+

@@ -9,6 +9,11 @@
  * engine hash, so those blocks never match a prompt (a miss, never a false hit) while removals of
  * them still apply.
  *
+ * vLLM's per-block `extra_keys` are read (readExtraKeys in services/views/block-hash.ts): the
+ * `cache_salt` a prompt's first block carries seeds its chain as the gateway seeds a salted prompt,
+ * so salted blocks match only prompts with the same salt; extra keys no gateway reproduces
+ * (multimodal ids, prompt embeddings) make the block and its descendants opaque: misses.
+ *
  * A block can sit in several tiers (GPU, CPU, storage) under one engine hash; the entry lives until
  * it has been removed from every tier it was stored in.
  *
@@ -21,7 +26,7 @@
  */
 import { xxh64 } from "@node-rs/xxhash";
 import type { KvRemoved, KvStored } from "../../schemas/events.js";
-import { type BlockHash, chainBlocks, chainSeed, hashToHex } from "../views/block-hash.js";
+import { type BlockHash, chainBlocks, chainSeed, hashToHex, opaqueBlock, readExtraKeys } from "../views/block-hash.js";
 import type { EngineBlockRemoved, EngineBlockStored, EngineDialect } from "./wire.js";
 
 const UNKNOWN_PARENT_SEED = 0x756e6b6e6f776e70n; // "unknownp"
@@ -36,6 +41,8 @@ export interface BlockMapCounters {
   evicted: number;
   /** SGLang: stored blocks whose parent's engine hash stood for two different chains (chained as unknown). */
   ambiguousParents: number;
+  /** Blocks with extra keys no gateway reproduces (multimodal ids, prompt embeddings): stored under keys no prompt hashes to. */
+  opaqueBlocks: number;
 }
 
 export class BlockMap {
@@ -49,7 +56,7 @@ export class BlockMap {
     private readonly model: string,
     /** Bound on tracked blocks (exceeded by up to 1/16 between evictions); least recently used go first. */
     private readonly maxEntries = 262_144,
-    readonly counters: BlockMapCounters = { unknownParents: 0, evicted: 0, ambiguousParents: 0 },
+    readonly counters: BlockMapCounters = { unknownParents: 0, evicted: 0, ambiguousParents: 0, opaqueBlocks: 0 },
     private readonly dialect: EngineDialect = "vllm",
   ) {
     this.maxAmbiguous = Math.max(1024, maxEntries >> 4);
@@ -81,8 +88,12 @@ export class BlockMap {
   stored(ev: EngineBlockStored): KvStored {
     const lora = loraKey(ev);
     let parent: BlockHash;
-    if (ev.parent === null) parent = this.seed(lora, ev.blockSize);
-    else {
+    if (ev.parent === null) {
+      const first = readExtraKeys(ev.extraKeys?.[0] ?? null, ev, true);
+      // A salted first block is seeded with its salt, as the gateway seeds a salted prompt; an
+      // opaque one gets the plain seed here and is made opaque with the other blocks below.
+      parent = first !== "opaque" && first.salt !== null ? chainSeed(this.model, lora, ev.blockSize, first.salt) : this.seed(lora, ev.blockSize);
+    } else {
       const known = this.routerHash(ev.parent);
       if (known !== undefined && this.ambiguous.has(ev.parent)) {
         this.counters.ambiguousParents++;
@@ -93,7 +104,7 @@ export class BlockMap {
         parent = unknownParent(this.model, lora, ev.blockSize, ev.parent);
       }
     }
-    const routers = chainBlocks(parent, ev.tokens, ev.blockSize);
+    const routers = ev.extraKeys ? this.chainWithExtraKeys(parent, ev) : chainBlocks(parent, ev.tokens, ev.blockSize);
     const bit = this.tierBit(ev.medium);
     const routerHex: string[] = new Array(routers.length);
     for (let i = 0; i < routers.length; i++) {
@@ -128,6 +139,25 @@ export class BlockMap {
       if (e.tiers === 0) this.entries.delete(h);
     }
     return { kind: "removed", engineHashes: ev.hashes, medium: ev.medium };
+  }
+
+  /**
+   * Chains block by block where extra keys vary: a block whose extra keys a gateway cannot
+   * reproduce (readExtraKeys) is stored under an opaque key, and so is every block chained from it.
+   */
+  private chainWithExtraKeys(parent: BlockHash, ev: EngineBlockStored): BlockHash[] {
+    const n = ev.hashes.length;
+    const out: BlockHash[] = new Array(n);
+    let h = parent;
+    for (let i = 0; i < n; i++) {
+      h = chainBlocks(h, ev.tokens, ev.blockSize, i * ev.blockSize, 1)[0] as BlockHash;
+      if (readExtraKeys(ev.extraKeys?.[i] ?? null, ev, i === 0 && ev.parent === null) === "opaque") {
+        this.counters.opaqueBlocks++;
+        h = opaqueBlock(h);
+      }
+      out[i] = h;
+    }
+    return out;
   }
 
   private markAmbiguous(h: string): void {

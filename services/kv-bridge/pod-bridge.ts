@@ -60,7 +60,7 @@ export interface KvBridgeStats extends PublishCounters, BlockMapCounters, LinkCo
   invalidEvents: number;
   /** Events with a tag this bridge does not know, skipped. */
   unknownEvents: number;
-  /** SGLang BlockStored events with a cache_salt, skipped (the gateway does not key on salt). */
+  /** SGLang BlockStored events with a cache_salt, skipped (their pages are not keyed by salt: misses, never false hits). */
   saltedSkipped: number;
   splitBatches: number;
   internalErrors: number;
@@ -72,7 +72,7 @@ export function newStats(): KvBridgeStats {
     cleared: { "engine-restart": 0, "gap-unrepairable": 0, "replay-unavailable": 0, "bridge-start": 0 },
     gaps: 0, gapsRepaired: 0, restarts: 0, replays: 0, replayFailures: 0, liveDuplicates: 0,
     malformed: 0, oversize: 0, invalidEvents: 0, unknownEvents: 0, saltedSkipped: 0, splitBatches: 0, internalErrors: 0,
-    acked: 0, duplicates: 0, publishErrors: 0, unknownParents: 0, evicted: 0, ambiguousParents: 0, disconnects: 0, socketsRecreated: 0,
+    acked: 0, duplicates: 0, publishErrors: 0, unknownParents: 0, evicted: 0, ambiguousParents: 0, opaqueBlocks: 0, disconnects: 0, socketsRecreated: 0,
     deadLetters: 0, deadLetterErrors: 0,
   };
 }

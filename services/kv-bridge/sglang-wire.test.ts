@@ -80,9 +80,10 @@ describe("kv-bridge wire - SGLang", () => {
       { kind: "removed", hashes: ["7"], medium: "DISK" },
     ]);
     expect(b.salted).toBeUndefined();
-    // The vLLM dialect would take the cache salt for a LoRA name (a different prefix-cache key).
+    // The vLLM dialect would take the cache salt for a LoRA name and the session id for the extra
+    // keys, which are not a list: the event is refused rather than keyed wrongly.
     const salted = bytes(mp.arr(3), mp.f64(2), mp.arr(2), storedAs(mp.str("salt")), removed, mp.uint(1));
-    expect((decode(salted, "vllm").events[0] as { loraName: string }).loraName).toBe("salt");
+    expect(decode(salted, "vllm").invalid).toEqual(["events[0]: extra_keys is not an array"]);
   });
 
   it("a BlockStored with a cache_salt is skipped and counted (array and map form); the rest of the batch stays", () => {

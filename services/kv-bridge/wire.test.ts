@@ -113,6 +113,42 @@ describe("kv-bridge wire - EventBatch decoding", () => {
     expect(b.invalid).toEqual(["events[2]: BlockStored array has 4 slots, expected >= 5"]);
   });
 
+  it("extra_keys: one tuple or nil per block (array and map form); all-nil reads as none", () => {
+    // Array form, v0.26 layout: a salted first block, the salt in its extra keys only.
+    const arrayForm = bytes(
+      mp.arr(12), mp.str("BlockStored"), mp.arr(2), [1, 2], mp.nil, [...tokens100to131()], [16], mp.nil, mp.str("GPU"), mp.nil,
+      mp.arr(2), mp.arr(1), mp.str("tenant-a"), mp.nil, [0], mp.str("full_attention"), mp.nil,
+    );
+    const mapForm = bytes(
+      mp.map(6),
+      mp.str("type"), mp.str("BlockStored"),
+      mp.str("block_hashes"), mp.arr(2), [3, 4],
+      mp.str("token_ids"), [...tokens100to131()],
+      mp.str("block_size"), [16],
+      mp.str("lora_name"), mp.str("sql"),
+      mp.str("extra_keys"), mp.arr(2), mp.arr(2), mp.str("sql"), mp.str("tenant-a"), mp.arr(1), mp.str("sql"),
+    );
+    const b = decodeOk(bytes(mp.arr(3), mp.f64(1), mp.arr(2), [...arrayForm], [...mapForm], [0]));
+    expect(b.invalid).toEqual([]);
+    expect(b.events[0]).toMatchObject({ hashes: ["1", "2"], extraKeys: [["tenant-a"], null] });
+    expect(b.events[1]).toMatchObject({ hashes: ["3", "4"], loraName: "sql", extraKeys: [["sql", "tenant-a"], ["sql"]] });
+    // The worked example's `[nil, nil]` carries nothing: no extraKeys at all (see the tests above).
+  });
+
+  it("extra_keys that cannot be lined up with the blocks make the event invalid (a salt on the wrong block would be a false hit)", () => {
+    const withKeys = (keys: number[][]) =>
+      bytes(mp.map(5), mp.str("type"), mp.str("BlockStored"), mp.str("block_hashes"), mp.arr(2), [1, 2], mp.str("token_ids"), mp.arr(2), [5, 6], mp.str("block_size"), [1], mp.str("extra_keys"), ...keys);
+    const b = decodeOk(
+      bytes(mp.arr(3), mp.f64(1), mp.arr(3), [...withKeys([mp.arr(1), mp.arr(1), mp.str("s")])], [...withKeys([mp.str("s")])], [...withKeys([mp.arr(2), mp.str("s"), mp.nil])], [0]),
+    );
+    expect(b.events).toEqual([]);
+    expect(b.invalid).toEqual([
+      "events[0]: extra_keys has 1 entries for 2 blocks",
+      "events[1]: extra_keys is not an array",
+      "events[2]: extra_keys[0] is not an array",
+    ]);
+  });
+
   it("keeps every bit of 64-bit hashes: uint64 above 2^63, SGLang's negative int64, digests", () => {
     const digest = Buffer.from(Array.from({ length: 32 }, (_, i) => i));
     const stored = bytes(

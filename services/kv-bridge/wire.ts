@@ -27,6 +27,11 @@ export interface EngineBlockStored {
   loraId: number | null;
   loraName: string | null;
   medium: string | null;
+  /**
+   * vLLM's per-block `extra_keys` (LoRA name, multimodal ids, the first block's `cache_salt`), one
+   * entry per block, null where a block has none; absent when no block has any.
+   */
+  extraKeys?: Array<readonly unknown[] | null>;
 }
 
 export interface EngineBlockRemoved {
@@ -48,9 +53,10 @@ export interface EngineBatch {
   /** Known events with missing or mistyped fields: skipped; the batch is dead-lettered once. */
   invalid: string[];
   /**
-   * BlockStored events carrying a `cache_salt` (SGLang), skipped: their blocks are only reusable
-   * by requests with the same salt, and the gateway's keys have no salt — published unsalted they
-   * would be false prefix hits for every unsalted prompt. Set when > 0.
+   * BlockStored events carrying a `cache_salt` (SGLang), skipped: their pages are only reusable
+   * by requests with the same salt, and SGLang's page hash does not tell which salt a parent page
+   * was stored under — published unsalted they would be false prefix hits for every unsalted
+   * prompt (vLLM's salt, in the first block's extra keys, is keyed instead). Set when > 0.
    */
   salted?: number;
 }
@@ -218,6 +224,9 @@ function blockStored(get: Fields, arrayLen: number | undefined, dialect: EngineD
   if (salt !== undefined && salt !== null) return SALTED;
   const loraName = dialect === "sglang" && arrayLen !== undefined ? { ok: true as const, value: null } : optString(get("lora_name", 7), "lora_name");
   if (!loraName.ok) return loraName;
+  // SGLang's array has no extra_keys (its slot 8 is session_id).
+  const extraKeys = extraKeyList(dialect === "sglang" && arrayLen !== undefined ? undefined : get("extra_keys", 8), hashes.value.length);
+  if (!extraKeys.ok) return extraKeys;
   return {
     ok: true,
     value: {
@@ -229,8 +238,27 @@ function blockStored(get: Fields, arrayLen: number | undefined, dialect: EngineD
       loraId,
       loraName: loraName.value,
       medium: medium.value,
+      ...(extraKeys.value ? { extraKeys: extraKeys.value } : {}),
     },
   };
+}
+
+/**
+ * `extra_keys`: nil, or one entry (a tuple, or nil) per block. A list of another length cannot be
+ * lined up with the blocks, and a salt put on the wrong block would be a false hit: invalid.
+ */
+function extraKeyList(v: unknown, blocks: number): Result<Array<readonly unknown[] | null> | null> {
+  if (v === undefined || v === null) return { ok: true, value: null };
+  if (!Array.isArray(v)) return fail("extra_keys is not an array");
+  if (v.length !== blocks) return fail(`extra_keys has ${v.length} entries for ${blocks} blocks`);
+  let any = false;
+  for (let i = 0; i < v.length; i++) {
+    const k = v[i];
+    if (k === null) continue;
+    if (!Array.isArray(k)) return fail(`extra_keys[${i}] is not an array`);
+    any = true;
+  }
+  return { ok: true, value: any ? (v as Array<readonly unknown[] | null>) : null };
 }
 
 function blockRemoved(get: Fields, arrayLen: number | undefined): Result<EngineBlockRemoved> {

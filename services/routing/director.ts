@@ -103,10 +103,11 @@ export interface PrefixSupport {
     /** The model's configured mode (a `remote` request may still fall back to approximate). */
     modeFor?(model: string): string;
   };
-  match(model: string, candidates: readonly PodInfo[], tokens: readonly number[], now: number, tokenizerMode?: string): PrefixMatchResult;
+  /** `cacheSalt`: the request's `cache_salt`, part of its first block's key as in the engine's. */
+  match(model: string, candidates: readonly PodInfo[], tokens: readonly number[], now: number, tokenizerMode?: string, cacheSalt?: string): PrefixMatchResult;
   recordRouted(pod: PodInfo, hashes: readonly bigint[], now: number, chargeId: string): void;
   /** The prompt's block hashes for `pod` (decision records of strategies that do not match prefixes). */
-  blocks(model: string, pod: PodInfo, tokens: readonly number[], now: number, tokenizerMode: string | undefined): PromptBlocks;
+  blocks(model: string, pod: PodInfo, tokens: readonly number[], now: number, tokenizerMode: string | undefined, cacheSalt?: string): PromptBlocks;
 }
 
 
@@ -200,7 +201,7 @@ export class Director {
    * /tokenize, hence a promise). Throws RouteError for anything the client must be told.
    */
   prepare(input: RouteInput): Prepared | Promise<Prepared> {
-    const base: Prepared = parseRoute(input.headers, input.body, this.opts.config, this.opts.defaultStrategy);
+    const base: Prepared = parseRoute(input.headers, input.body, this.opts.config, this.opts.defaultStrategy, input.tenantSalt);
     const { parsed, strategy, rps } = base;
     const wrongPool = misdirected(parsed.model, this.opts.pool ?? {}, this.opts.state);
     if (wrongPool) throw wrongPool;
@@ -252,7 +253,7 @@ export class Director {
       now,
       random: random ?? decisionRandom(requestId, this.gatewayId, chargeId),
       ...(rank && rank.count > 1 ? { rank } : {}),
-      ...(tokens && prefix ? { prefix: (candidates: readonly PodInfo[]) => prefix.match(parsed.model, candidates, tokens, now, prepared.tokenizerMode) } : {}),
+      ...(tokens && prefix ? { prefix: (candidates: readonly PodInfo[]) => prefix.match(parsed.model, candidates, tokens, now, prepared.tokenizerMode, parsed.cacheSalt) } : {}),
       ...(prepared.slo ? { slo: prepared.slo } : {}),
     });
     this.opts.onPick?.(strategy.name, (performance.now() - t0) / 1000);
@@ -324,6 +325,7 @@ export class Director {
       countedAt,
       ...(parsed.body.stream === true ? { stream: true } : {}),
       ...(admission ? { admission } : {}),
+      ...(prepared.upstreamBody ? { body: prepared.upstreamBody } : {}),
       context: {
         cursors,
         ...(sel.rank ? { rank: sel.rank } : {}),
@@ -353,7 +355,7 @@ export class Director {
     // Approximate-mode hashes match only other gateways' routed prefixes, which traffic under a
     // non-prefix strategy never publishes: recording them would cost every request and tell replay nothing.
     if (!routed.context.blocks && prefix && this.opts.recordPromptBlocks !== false && parsed.promptTokenIds) {
-      routed.recordedBlocks = prefix.blocks(parsed.model, pick.pod, parsed.promptTokenIds, now, "ids");
+      routed.recordedBlocks = prefix.blocks(parsed.model, pick.pod, parsed.promptTokenIds, now, "ids", parsed.cacheSalt);
     } else if (!routed.context.blocks && prefix && this.opts.recordPromptBlocks !== false && prefix.tokenizer.modeFor?.(parsed.model) !== "approximate") {
       const pod = pick.pod;
       // After the reply to Envoy has gone out: tokenizing runs synchronously up to its first await.
@@ -361,7 +363,7 @@ export class Director {
         if (routed.finished) return;
         prefix.tokenizer.tokenize(parsed.model, promptInputOf(parsed.body, input.body), pod.address).then(
           (t) => {
-            if (!routed.finished) routed.recordedBlocks = prefix.blocks(parsed.model, pod, t.tokens, now, t.mode);
+            if (!routed.finished) routed.recordedBlocks = prefix.blocks(parsed.model, pod, t.tokens, now, t.mode, parsed.cacheSalt);
           },
           () => undefined,
         );

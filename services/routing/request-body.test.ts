@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
 import { RouteError } from "./errors.js";
-import { MAX_BODY_DEPTH, parseRequestBody } from "./request-body.js";
+import { MAX_BODY_DEPTH, MAX_CACHE_SALT_LENGTH, parseRequestBody } from "./request-body.js";
 
 const parse = (body: unknown) => parseRequestBody(Buffer.from(typeof body === "string" ? body : JSON.stringify(body)));
 const refusal = (body: unknown): { status: number; code: string; param: string | null } => {
@@ -36,8 +36,21 @@ describe("request body - client input refused with a 400 naming the field", () =
     ["negative token ids", { model: "m", prompt: [1, -2] }, "prompt"],
     ["a model of 300 characters", { model: "m".repeat(300), prompt: "x" }, "model"],
     ["a model with a newline", { model: "a\nb", prompt: "x" }, "model"],
+    ["cache_salt as a number", chat({ cache_salt: 7 }), "cache_salt"],
+    ["cache_salt as an object", chat({ cache_salt: { tenant: "a" } }), "cache_salt"],
+    ["an empty cache_salt (vLLM refuses it too)", chat({ cache_salt: "" }), "cache_salt"],
+    ["a cache_salt over the bound", chat({ cache_salt: "s".repeat(MAX_CACHE_SALT_LENGTH + 1) }), "cache_salt"],
+    ["a cache_salt with a lone surrogate", chat({ cache_salt: "a\ud800b" }), "cache_salt"],
   ])("%s", (_name, body, param) => {
     expect(refusal(body)).toMatchObject({ status: 400, param });
+  });
+
+  it("cache_salt: a string up to the bound is kept for prefix matching; null or absent is no salt", () => {
+    expect(parse(chat({ cache_salt: "tenant-a" })).cacheSalt).toBe("tenant-a");
+    expect(parse(chat({ cache_salt: "s".repeat(MAX_CACHE_SALT_LENGTH) })).cacheSalt).toHaveLength(MAX_CACHE_SALT_LENGTH);
+    expect(parse(chat({ cache_salt: "t\u00e9nant \ud83d\ude00" })).cacheSalt).toBe("t\u00e9nant \ud83d\ude00");
+    expect(parse(chat({ cache_salt: null }))).not.toHaveProperty("cacheSalt");
+    expect(parse(chat())).not.toHaveProperty("cacheSalt");
   });
 
   it("image and audio parts are accepted (no text to count)", () => {

@@ -15,6 +15,8 @@ export interface ParsedRequest {
   maxTokens?: number;
   /** The prompt as token ids, when the client sent them (`/v1/completions`): prefix matching uses them as they are. */
   promptTokenIds?: number[];
+  /** vLLM's `cache_salt`: the engine shares cached blocks only between requests with the same salt, and so does the router's prefix matching. */
+  cacheSalt?: string;
   body: Record<string, unknown>;
 }
 
@@ -25,6 +27,8 @@ export const ROUTED_PATHS = ["/v1/chat/completions", "/v1/completions", "/v1/emb
 export const MAX_MODEL_LENGTH = 256;
 /** Deepest nesting of arrays and objects accepted in a body. */
 export const MAX_BODY_DEPTH = 64;
+/** Longest `cache_salt` accepted (vLLM sets none; a tenant salt needs a few dozen characters). */
+export const MAX_CACHE_SALT_LENGTH = 256;
 
 /** A non-empty name of at most MAX_MODEL_LENGTH characters without control characters. */
 export function isModelName(s: string): boolean {
@@ -107,6 +111,23 @@ function inputOf(input: unknown): { chars: number; tokens: number } {
   return { chars: p.chars, tokens: p.tokens };
 }
 
+/**
+ * `cache_salt`: absent or null (no salt), else what vLLM accepts (a non-empty string), bounded here
+ * and well-formed UTF-16 (the engine re-encodes it as UTF-8 in its KV events; a lone surrogate
+ * would not survive that, and the router's key would differ from the engine's).
+ */
+// With the `u` flag a surrogate pair is one code point: only lone surrogates match.
+const LONE_SURROGATE = /[\uD800-\uDFFF]/u;
+
+function cacheSaltOf(b: Record<string, unknown>): string | undefined {
+  const v = b.cache_salt;
+  if (v === undefined || v === null) return undefined;
+  if (typeof v !== "string" || v.length === 0) throw bad("`cache_salt` must be a non-empty string if provided", "cache_salt");
+  if (v.length > MAX_CACHE_SALT_LENGTH) throw bad(`\`cache_salt\` is ${v.length} characters long; at most ${MAX_CACHE_SALT_LENGTH} are allowed`, "cache_salt");
+  if (LONE_SURROGATE.test(v)) throw bad("`cache_salt` must be well-formed Unicode (it has a lone surrogate)", "cache_salt");
+  return v;
+}
+
 function positiveInt(b: Record<string, unknown>, key: string): number | undefined {
   const v = b[key];
   if (v === undefined || v === null) return undefined;
@@ -151,12 +172,14 @@ export function parseRequestBody(raw: Uint8Array): ParsedRequest {
   const max = positiveInt(b, "max_tokens");
   positiveInt(b, "n");
   const maxTokens = maxCompletion ?? max;
+  const cacheSalt = cacheSaltOf(b);
   return {
     model: b.model,
     stream: b.stream === true,
     promptTokens: tokens + Math.ceil(chars / 4),
     ...(maxTokens !== undefined ? { maxTokens } : {}),
     ...(promptTokenIds ? { promptTokenIds } : {}),
+    ...(cacheSalt !== undefined ? { cacheSalt } : {}),
     body: b,
   };
 }

@@ -23,6 +23,11 @@ export interface RouteInput {
   signal?: AbortSignal;
   /** Flow control: the objective the request's API key carries (it wins over the header). */
   keyObjective?: string;
+  /**
+   * The authenticated tenant's cache salt (its API key's `cacheSalt`): the request runs under it
+   * (stages/parse.ts tenantCacheSalt), at the engine and in the router's block hashes.
+   */
+  tenantSalt?: string;
 }
 
 export interface RoutedRequest {
@@ -55,7 +60,7 @@ export interface RoutedRequest {
   readonly stream?: boolean;
   /** P/D: the prefill leg of a disaggregated request (absent: an ordinary request). */
   pd?: PdRouted;
-  /** A body the upstream request is sent with instead of the client's (P/D's decode leg). */
+  /** A body the upstream request is sent with instead of the client's (a tenant's cache salt written in; P/D's decode leg). */
   body?: Buffer;
 }
 

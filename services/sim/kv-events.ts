@@ -22,11 +22,13 @@
  * lora_id, medium]`, `["BlockRemoved", [hash], medium]`, `["AllBlocksCleared"]` — and the batch
  * `[ts, events, attn_dp_rank]`. Hashes are CPython's `hash(tuple(page_tokens))` (signed int64,
  * not chained: python-hash.ts); the first page's parent is `hash(())`, the radix tree's empty root.
+ * A salted request's pages carry its `cache_salt` (slot 7), as SGLang's salted radix keys do.
  */
 import { Publisher, Router } from "zeromq";
 import type { Logger } from "../shared/log.js";
 import type { KvCacheEvent } from "./kv-cache.js";
 import { F64, type Msg, packMsg } from "./msgpack.js";
+import { readExtraKeys } from "../views/block-hash.js";
 import { pythonTupleHash } from "./python-hash.js";
 
 export type KvEventEncoding = "map" | "array";
@@ -99,6 +101,8 @@ export const SGLANG_ROOT_HASH = pythonTupleHash([]);
  */
 export class SglangEventEncoder {
   private readonly hashes = new Map<bigint, bigint>();
+  /** The `cache_salt` of every stored block of a salted request (SGLang names it on each page). */
+  private readonly salts = new Map<bigint, string>();
 
   get tracked(): number {
     return this.hashes.size;
@@ -106,6 +110,7 @@ export class SglangEventEncoder {
 
   clear(): void {
     this.hashes.clear();
+    this.salts.clear();
   }
 
   events(events: readonly KvCacheEvent[]): Msg[] {
@@ -113,11 +118,16 @@ export class SglangEventEncoder {
     for (const e of events) {
       if (e.type === "BlockStored") {
         let parent: bigint | null = e.parentBlockHash === null ? SGLANG_ROOT_HASH : (this.hashes.get(e.parentBlockHash) ?? null);
+        const first = e.parentBlockHash === null ? readExtraKeys(e.extraKeys[0] ?? null, { loraName: e.loraName, loraId: null }, true) : "opaque";
+        const salt = first !== "opaque" ? first.salt : e.parentBlockHash !== null ? this.salts.get(e.parentBlockHash) : undefined;
         for (let i = 0; i < e.blockHashes.length; i++) {
           const page = e.tokenIds.slice(i * e.blockSize, (i + 1) * e.blockSize);
           const h = pythonTupleHash(page);
-          this.hashes.set(e.blockHashes[i] as bigint, h);
-          out.push(["BlockStored", [h], parent, page, e.blockSize, null, MEDIUM_GPU]);
+          const sim = e.blockHashes[i] as bigint;
+          this.hashes.set(sim, h);
+          if (salt) this.salts.set(sim, salt);
+          // SGLang's array form: `cache_salt` in slot 7, after medium, only when set.
+          out.push(salt ? ["BlockStored", [h], parent, page, e.blockSize, null, MEDIUM_GPU, salt] : ["BlockStored", [h], parent, page, e.blockSize, null, MEDIUM_GPU]);
           parent = h;
         }
       } else if (e.type === "BlockRemoved") {
@@ -125,10 +135,11 @@ export class SglangEventEncoder {
           const h = this.hashes.get(sim);
           if (h === undefined) continue;
           this.hashes.delete(sim);
+          this.salts.delete(sim);
           out.push(["BlockRemoved", [h], MEDIUM_GPU]);
         }
       } else {
-        this.hashes.clear();
+        this.clear();
         out.push(["AllBlocksCleared"]);
       }
     }

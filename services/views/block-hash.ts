@@ -12,6 +12,13 @@
  *
  * LoRA name and block size are part of the seed: the same tokens under another adapter or block
  * size are another block (a block-size mismatch would otherwise silently match nothing or wrongly).
+ *
+ * vLLM's `cache_salt` is an extra key of a prompt's first block only; every later block carries it
+ * through the chain. Here it goes into the seed the first block chains from, which is the same
+ * rule: a salted prompt shares no block with the same tokens unsalted or under another salt, and
+ * an unsalted seed is the one it always was (`\0salt\0` is only appended when there is a salt;
+ * model and adapter names carry no control characters and the block size is digits, so a salted
+ * seed string never equals an unsalted one).
  */
 import { xxh64 } from "@node-rs/xxhash";
 
@@ -20,8 +27,40 @@ const MASK = (1n << 64n) - 1n;
 
 export type BlockHash = bigint;
 
-export function chainSeed(model: string, lora: string | null | undefined, blockSize: number): BlockHash {
-  return xxh64(`jetroute-kv/v1\0${model}\0${lora ?? ""}\0${blockSize}`, SEED) & MASK;
+export function chainSeed(model: string, lora: string | null | undefined, blockSize: number, cacheSalt?: string | null): BlockHash {
+  const salt = cacheSalt ? `\0salt\0${cacheSalt}` : "";
+  return xxh64(`jetroute-kv/v1\0${model}\0${lora ?? ""}\0${blockSize}${salt}`, SEED) & MASK;
+}
+
+/**
+ * What a block's vLLM `extra_keys` (one tuple per block in BlockStored) mean for its router hash.
+ * vLLM builds them as `lora name + multimodal ids + [cache_salt on the first block] + prompt
+ * embeddings`. A gateway reproduces the LoRA name (in the seed) and the salt; anything else (an
+ * image's id, a prompt-embedding digest, a salt on a later block) it cannot, so such a block is
+ * `opaque`: keyed where no prompt's hash lands (a miss, never a false hit).
+ *
+ * `adapter` is what the event names the adapter by: `lora_name`, or the numeric `lora_id` that
+ * older engines put in the extra keys instead of the name.
+ */
+export function readExtraKeys(keys: readonly unknown[] | null, adapter: { loraName: string | null; loraId: number | null }, firstBlock: boolean): { salt: string | null } | "opaque" {
+  if (keys === null || keys.length === 0) return NO_SALT;
+  const k0 = keys[0];
+  const isAdapter = (adapter.loraName !== null && k0 === adapter.loraName) || (adapter.loraId !== null && k0 === adapter.loraId);
+  const rest = isAdapter ? keys.slice(1) : keys;
+  if (rest.length === 0) return NO_SALT;
+  const only = rest[0];
+  if (firstBlock && rest.length === 1 && typeof only === "string" && only !== "") return { salt: only };
+  return "opaque";
+}
+const NO_SALT = { salt: null } as const;
+
+const OPAQUE_SEED = 0x6f70617175656b65n; // "opaqueke"
+
+/** The key a block with extra keys no gateway reproduces is stored under (its children chain from it). */
+export function opaqueBlock(routerHash: BlockHash): BlockHash {
+  const buf = Buffer.allocUnsafe(8);
+  buf.writeBigUInt64LE(routerHash, 0);
+  return xxh64(buf, OPAQUE_SEED);
 }
 
 /** Hashes consecutive full blocks of `tokens` starting at `offset`, chained from `parent`. */

@@ -56,7 +56,18 @@ const simBatch = fc.record({
 function expected(e: KvCacheEvent): EngineEvent {
   switch (e.type) {
     case "BlockStored":
-      return { kind: "stored", hashes: e.blockHashes.map(hex), parent: e.parentBlockHash === null ? null : hex(e.parentBlockHash), tokens: e.tokenIds, blockSize: e.blockSize, loraId: null, loraName: e.loraName, medium: "GPU" };
+      return {
+        kind: "stored",
+        hashes: e.blockHashes.map(hex),
+        parent: e.parentBlockHash === null ? null : hex(e.parentBlockHash),
+        tokens: e.tokenIds,
+        blockSize: e.blockSize,
+        loraId: null,
+        loraName: e.loraName,
+        medium: "GPU",
+        // Extra keys come through when any block has some (all-nil reads as none).
+        ...(e.extraKeys.some((k) => k !== null) ? { extraKeys: e.extraKeys } : {}),
+      };
     case "BlockRemoved":
       return { kind: "removed", hashes: e.blockHashes.map(hex), medium: "GPU" };
     case "AllBlocksCleared":

@@ -1,7 +1,7 @@
 import { describe, expect, it } from "vitest";
 import { ModelConfigView } from "../../views/model-config.js";
 import { RouteError } from "../errors.js";
-import { parseRoute } from "./parse.js";
+import { parseRoute, tenantCacheSalt } from "./parse.js";
 import { chatBody, MODEL } from "./testing.js";
 
 const refusal = (f: () => unknown): { status: number; code: string; param: string | null } => {
@@ -57,4 +57,25 @@ describe("parse stage - headers and body to a routing plan", () => {
     bad.set(MODEL, { profiles: { p: { routingStrategy: "random", strategyParams: { random: { x: 1 } } } }, defaultProfile: "p" });
     expect(refusal(() => parseRoute({}, chatBody(), bad, "least-request")).code).toBe("invalid_routing_strategy");
   });
+
+  it("a tenant's cache salt is written into the body the engine gets, before any salt of the client's", () => {
+    const TENANT = "K7c1XyZ0q9vL2mN4";
+    const bare = parseRoute({}, chatBody(), config, "least-request", TENANT);
+    expect(bare.parsed.cacheSalt).toBe(TENANT);
+    expect(JSON.parse((bare.upstreamBody as Buffer).toString())).toEqual({ ...JSON.parse(chatBody().toString()), cache_salt: TENANT });
+    // The client's own salt partitions inside the tenant's space; naming another tenant's salt stays inside it too.
+    const own = parseRoute({}, chatBody(MODEL, { cache_salt: "team-1" }), config, "least-request", TENANT);
+    expect(own.parsed.cacheSalt).toBe(`${TENANT}.team-1`);
+    expect(JSON.parse((own.upstreamBody as Buffer).toString()).cache_salt).toBe(`${TENANT}.team-1`);
+    const other = parseRoute({}, chatBody(MODEL, { cache_salt: "ZZZZotherTenant00" }), config, "least-request", TENANT);
+    expect(other.parsed.cacheSalt).toBe(`${TENANT}.ZZZZotherTenant00`);
+    // The client's salt is still checked as a client's.
+    expect(refusal(() => parseRoute({}, chatBody(MODEL, { cache_salt: 5 }), config, "least-request", TENANT))).toMatchObject({ status: 400, param: "cache_salt" });
+    // No tenant salt: the body goes upstream as the client sent it.
+    const plain = parseRoute({}, chatBody(MODEL, { cache_salt: "team-1" }), config, "least-request");
+    expect(plain.parsed.cacheSalt).toBe("team-1");
+    expect(plain.upstreamBody).toBeUndefined();
+    expect(tenantCacheSalt(TENANT, undefined)).toBe(TENANT);
+  });
 });
+

@@ -29,11 +29,31 @@ export interface RoutePlan {
   rps?: number;
   /** The profile's strategy plugin parameters (recorded for replay). */
   strategyParams?: Readonly<Record<string, StrategyParams>>;
+  /** The body the engine gets instead of the client's: the tenant's cache salt written into it. */
+  upstreamBody?: Buffer;
 }
 
-/** Parses a request and plans its routing; throws RouteError for anything the client must be told. */
-export function parseRoute(headers: Readonly<Record<string, string>>, body: Uint8Array, config: ConfigReader | undefined, defaultStrategy: string): RoutePlan {
-  const parsed = parseRequestBody(body);
+/**
+ * The `cache_salt` a tenant's request runs under: the tenant's salt (its API key's `cacheSalt`),
+ * followed by the client's own after a `.` (a tenant salt has no `.`), so a client can still
+ * partition its own traffic but never leave its tenant's space nor enter another's.
+ */
+export function tenantCacheSalt(tenantSalt: string, clientSalt: string | undefined): string {
+  return clientSalt === undefined ? tenantSalt : `${tenantSalt}.${clientSalt}`;
+}
+
+/**
+ * Parses a request and plans its routing; throws RouteError for anything the client must be told.
+ * `tenantSalt`: the authenticated tenant's cache salt (tenantCacheSalt), written into the body.
+ */
+export function parseRoute(headers: Readonly<Record<string, string>>, body: Uint8Array, config: ConfigReader | undefined, defaultStrategy: string, tenantSalt?: string): RoutePlan {
+  let parsed = parseRequestBody(body);
+  let upstreamBody: Buffer | undefined;
+  if (tenantSalt !== undefined) {
+    const cacheSalt = tenantCacheSalt(tenantSalt, parsed.cacheSalt);
+    parsed = { ...parsed, cacheSalt, body: { ...parsed.body, cache_salt: cacheSalt } };
+    upstreamBody = Buffer.from(JSON.stringify(parsed.body));
+  }
   refuseControlledFields(parsed.body);
   // The user and the request id travel in every charge and decision record; the event schemas bound them.
   for (const [name, max] of HEADER_BOUNDS) {
@@ -55,5 +75,5 @@ export function parseRoute(headers: Readonly<Record<string, string>>, body: Uint
   }
   const rps = "requestsPerSecond" in choice ? choice.requestsPerSecond : undefined;
   const slo = "profileConfig" in choice ? choice.profileConfig?.slo : undefined;
-  return { parsed, strategy, ...(strategyParams ? { strategyParams } : {}), ...(slo ? { slo } : {}), ...(rps !== undefined ? { rps } : {}), ...("profile" in choice && choice.profile ? { profile: choice.profile } : {}) };
+  return { parsed, strategy, ...(upstreamBody ? { upstreamBody } : {}), ...(strategyParams ? { strategyParams } : {}), ...(slo ? { slo } : {}), ...(rps !== undefined ? { rps } : {}), ...("profile" in choice && choice.profile ? { profile: choice.profile } : {}) };
 }
