@@ -400,7 +400,9 @@ export class Director {
     const cls = classify(s, input.headers, input.keyObjective, input.headers.user || undefined, this.now());
     const record = (waitMs: number) => ({ band: cls.band, ...(cls.objective !== undefined ? { objective: cls.objective } : {}), enqueuedAt: cls.enqueuedAt, waitMs });
     // Scheduled among the pods with room only (the subset is recorded, so replay re-decides the same way).
+    // (Not for P/D: its prefill and decode pods are chosen by roles the subset would cut across.)
     const withRoom = (): RouteInput => {
+      if (p.strategy.traits?.disaggregated) return input;
       const roomy = this.flow.roomy(model, s);
       if (!roomy) return input;
       const allowed = input.subset ? roomy.filter((a) => input.subset?.includes(a)) : roomy;
