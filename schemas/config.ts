@@ -6,6 +6,7 @@
  */
 import { type Static, Type } from "@sinclair/typebox";
 import { TypeCompiler } from "@sinclair/typebox/compiler";
+import { RecordSignature } from "./signature.js";
 
 const Tokens = Type.Integer({ minimum: 0 });
 
@@ -98,6 +99,8 @@ export const ModelConfig = Type.Object(
      */
     consistency: Type.Optional(Type.Union([Type.Literal("eventual"), Type.Literal("strict")])),
     flowControl: Type.Optional(FlowControl),
+    /** Signed records (docs/security.md): set by `jetroute config --signing-key`. */
+    sig: Type.Optional(RecordSignature),
   },
   { $id: "model-config", additionalProperties: false },
 );
@@ -138,6 +141,7 @@ export const RateLimits = Type.Object(
         Type.Object({ rpm: Type.Optional(Type.Integer({ minimum: 1 })), tpm: Type.Optional(Type.Integer({ minimum: 1 })) }, { additionalProperties: false }),
       ),
     ),
+    sig: Type.Optional(RecordSignature),
   },
   { $id: "rate-limits", additionalProperties: false },
 );
@@ -187,6 +191,7 @@ export const ApiKeyRecord = Type.Object(
      * which separates it from a client's own salt); give a tenant's keys the same one.
      */
     cacheSalt: Type.Optional(Type.String({ minLength: 16, maxLength: 128, pattern: "^[A-Za-z0-9_-]+$" })),
+    sig: Type.Optional(RecordSignature),
   },
   { $id: "api-key", additionalProperties: false },
 );
@@ -214,6 +219,7 @@ export const PoolConfig = Type.Object(
   {
     models: Type.Array(Type.String({ minLength: 1, maxLength: 256 }), { minItems: 1, maxItems: 2_000, uniqueItems: true }),
     description: Type.Optional(Type.String({ maxLength: 1024 })),
+    sig: Type.Optional(RecordSignature),
   },
   { $id: "pool", additionalProperties: false },
 );

@@ -7,6 +7,7 @@
  * travel unescaped in the payload (subjects carry the escaped token); 64-bit hashes are strings.
  */
 import { type Static, type TSchema, Type } from "@sinclair/typebox";
+import { RecordSignature } from "./signature.js";
 
 const Name = Type.String({ minLength: 1, maxLength: 253 });
 const Address = Type.String({ pattern: "^[^\\s:]+:[0-9]{1,5}$", description: "host:port" });
@@ -58,6 +59,8 @@ export const PodEvent = Type.Object(
      */
     source: Type.Optional(Name),
     ts: Millis,
+    /** Set by a pod-watcher started with a signing key (docs/security.md, "Signed records"). */
+    sig: Type.Optional(RecordSignature),
   },
   { $id: "pod", additionalProperties: false },
 );
@@ -77,6 +80,7 @@ export const PodSourceHeartbeat = Type.Object(
     pods: Count,
     intervalMs: Type.Integer({ minimum: 1, maximum: MAX_COUNT }),
     ts: Millis,
+    sig: Type.Optional(RecordSignature),
   },
   { $id: "pod-source", additionalProperties: false },
 );

@@ -4,6 +4,7 @@
  */
 import { Command } from "commander";
 import { registerConfigCommand } from "./admin/config-command.js";
+import { registerKeysCommand } from "./admin/keys-command.js";
 import { registerStreamsCommand } from "./admin/streams-command.js";
 import { registerDemoCommand } from "./demo/command.js";
 import { registerFrontCommand } from "./front/command.js";
@@ -20,6 +21,7 @@ const program = new Command("jetroute")
 
 registerStreamsCommand(program);
 registerConfigCommand(program);
+registerKeysCommand(program);
 registerSimCommand(program);
 registerPodWatcherCommand(program);
 registerMetricsScraperCommand(program);

@@ -15,7 +15,9 @@
  * has the rule), proved both ways: the real processes follow their streams without a refusal, and
  * a consumer anywhere else, in particular a push consumer aimed at a subject the gateways act on
  * (nats-server#8274: the deliver subject is not checked against publish permissions), is refused
- * at creation, so no such consumer exists.
+ * at creation, so no such consumer exists. Where the permissions cannot refuse it (a gateway follows
+ * CHARGES, which it also writes), signed records do: a gateway started with the public keys ignores
+ * the API key and the pod such a consumer would plant (and the same records stored by hand).
  */
 import { randomBytes } from "node:crypto";
 import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
@@ -30,6 +32,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { parse } from "yaml";
 import { ExtProcClient } from "../services/extproc/envoy-client.js";
 import { apiKeyBucketKey, hashApiKey } from "../services/gateway/auth.js";
+import { generateSigningKeyPair } from "../streams/signatures.js";
 import { connectNats, type NatsHandles } from "../services/shared/nats.js";
 import { type NatsServerHandle, startNatsServer } from "../services/shared/nats-server.js";
 import { type ServiceProcess, spawnJetroute } from "../services/shared/processes.js";
@@ -487,6 +490,111 @@ describe("consumers only on the streams a process follows", () => {
     expect(await admin.jsm.streams.getMessage(streamName("jr", "PODS"), { last_by_subj: podSubject }), "PODS should hold nothing on the injected pod's subject").toBeNull();
     expect(await (await new Kvm(admin.nc).open(configBucketName("jr"))).get(forged)).toBeNull();
   });
+});
+
+describe("signed records: a planted record that reaches the bucket or PODS anyway changes nothing a gateway acts on", () => {
+  const SIGNED_MODEL = "perm/signed";
+  const PLANTED_MODEL = "perm/planted";
+  const opKey = generateSigningKeyPair();
+  const podKey = generateSigningKeyPair();
+  const file = (name: string, text: string) => {
+    const f = path.join(dir, name);
+    writeFileSync(f, text, { mode: 0o600 });
+    return f;
+  };
+
+  it("a gateway with the public keys refuses unsigned and injected API keys and pods, and acts on signed ones", async () => {
+    const opPriv = file("operator.key", opKey.privateKeyPem);
+    const opPub = file("operator.pub", opKey.publicKeyPem);
+    const podPriv = file("pods.key", podKey.privateKeyPem);
+    const podPub = file("pods.pub", podKey.publicKeyPem);
+    // The operator signs a key; a key written without the signing key stands for one written around the CLI.
+    const signedKey = await run("add-key-signed", ["config", "add-key", "--user", "signed-alice", "--json", "--signing-key", opPriv], "jr-admin");
+    expect(signedKey.code, signedKey.log).toBe(0);
+    const unsignedKey = await run("add-key-unsigned", ["config", "add-key", "--user", "unsigned-bob", "--json"], "jr-admin");
+    expect(unsignedKey.code, unsignedKey.log).toBe(0);
+    const pods = path.join(dir, "signed-pods.yaml");
+    writeFileSync(pods, `pods:\n  - name: signed-pod-0\n    model: ${SIGNED_MODEL}\n    address: 127.0.0.1:18010\n    engine: vllm\n`);
+    const watcher = spawnJetroute("signed-pod-watcher", ["pod-watcher", "--static", pods, "--no-probe", "--source", "signed", "--signing-key", podPriv, "--nats", server.url], {
+      env: envOf("jr-pod-watcher"),
+      logFile: path.join(dir, "signed-pod-watcher.log"),
+    });
+    procs.push(watcher);
+
+    // The injection itself, as a compromised gateway would try it: its own CHARGES subject holds an
+    // admin API key record and a pod event, and push consumers on CHARGES (a stream it follows, so
+    // the creation is allowed) deliver them onto an API key subject and a pod subject.
+    const malloryKey = "jr-mallory-planted";
+    const plantedKeySubject = `$KV.${configBucketName("jr")}.${apiKeyBucketKey(hashApiKey(malloryKey))}`;
+    const plantedPodSubject = subjects.pod(PLANTED_MODEL, "planted-0");
+    const plantedPod = { type: "pod", action: "upsert", model: PLANTED_MODEL, pod: "planted-0", address: "127.0.0.1:18099", ready: true, engine: "vllm", ts: Date.now() };
+    const compromised = await as("jr-gateway");
+    const stash = subjects.charges(PLANTED_MODEL, "stash");
+    await compromised.js.publish(stash, JSON.stringify({ user: "mallory", createdAt: Date.now(), admin: true }));
+    const stashPod = subjects.charges(PLANTED_MODEL, "stash-pod");
+    await compromised.js.publish(stashPod, JSON.stringify(plantedPod));
+    const injected: string[] = [];
+    for (const [name, filter, deliver] of [
+      ["inject-key", stash, plantedKeySubject],
+      ["inject-pod", stashPod, plantedPodSubject],
+    ] as const) {
+      // Whether the server creates and delivers it depends on its version (nats-server#8274): both outcomes are fine here.
+      await compromised.jsm.consumers
+        .add(streamName("jr", "CHARGES"), { name, filter_subject: filter, deliver_subject: deliver, deliver_policy: DeliverPolicy.All, ack_policy: AckPolicy.None })
+        .then(() => injected.push(name), () => undefined);
+    }
+    // And as if the server had delivered them (as newer servers are reported to): the same records
+    // stored where the gateways read them, by the one user allowed to write there.
+    const admin = await as("jr-admin");
+    await (await new Kvm(admin.nc).open(configBucketName("jr"))).put(apiKeyBucketKey(hashApiKey(malloryKey)), JSON.stringify({ user: "mallory", createdAt: Date.now(), admin: true }));
+    await admin.js.publish(plantedPodSubject, JSON.stringify(plantedPod));
+
+    const gw = spawnJetroute(
+      "signed-gateway",
+      ["gateway", "--nats", server.url, "--host", "127.0.0.1", "--port", "0", "--admin-port", "0", "--no-snapshots", "--auth", "required", "--config-public-key", opPub, "--pod-public-key", podPub],
+      { env: envOf("jr-gateway"), logFile: path.join(dir, "signed-gateway.log") },
+    );
+    procs.push(gw);
+    const started = await gw.waitForLine<{ port: number; adminPort: number }>((l) => typeof l.port === "number", 30_000);
+    const deadline = Date.now() + 30_000;
+    const left = () => Math.max(0, deadline - Date.now());
+    const log = () => readFileSync(path.join(dir, "signed-gateway.log"), "utf8").slice(-3000);
+    await waitFor(async () => (await fetch(`http://127.0.0.1:${started.adminPort}/readyz`)).status === 200, left(), () => `the signed gateway to turn ready: ${log()}`, 50);
+    const c = new ExtProcClient(`127.0.0.1:${started.port}`);
+    type Outcome = { kind: "routed"; endpoint: string } | { kind: "refused"; status: number };
+    const send = async (key: string, model: string): Promise<Outcome> => {
+      const ex = c.open();
+      try {
+        const h = await ex.requestHeaders({ ":method": "POST", ":path": "/v1/chat/completions", ":authority": "gw", "content-type": "application/json", authorization: `Bearer ${key}`, "x-request-id": `perm-signed-${Date.now()}` });
+        if (h.kind === "immediate") return { kind: "refused", status: h.status };
+        const b = await ex.requestBody(Buffer.from(JSON.stringify({ model, messages: [{ role: "user", content: "hello" }] })));
+        if (b.kind === "immediate") return { kind: "refused", status: b.status };
+        return { kind: "routed", endpoint: b.headerMutation.set["x-gateway-destination-endpoint"] as string };
+      } finally {
+        ex.cancel();
+      }
+    };
+    try {
+      const aliceKey = signedKey.json[0]?.key as string;
+      // The signed key, and the signed pod-watcher's pod: routed.
+      let routed: Outcome | undefined;
+      await waitFor(async () => (routed = await send(aliceKey, SIGNED_MODEL)).kind === "routed", left(), () => `the signed key to route to signed-pod-0 (last: ${JSON.stringify(routed)}): ${log()}`, 50);
+      expect(routed).toEqual({ kind: "routed", endpoint: "127.0.0.1:18010" });
+      // The planted admin key and the key written unsigned: not keys at all.
+      expect(await send(malloryKey, SIGNED_MODEL)).toEqual({ kind: "refused", status: 401 });
+      expect(await send(unsignedKey.json[0]?.key as string, SIGNED_MODEL)).toEqual({ kind: "refused", status: 401 });
+      // The planted pod is no pod: its model is unknown (404), never routed to 127.0.0.1:18099.
+      expect(await send(aliceKey, PLANTED_MODEL)).toMatchObject({ kind: "refused", status: 404 });
+      const metrics = await (await fetch(`http://127.0.0.1:${started.adminPort}/metrics`)).text();
+      const refusedCount = (records: string) => Number(new RegExp(`jetroute_gateway_records_refused_signature\\{[^}]*records="${records}"[^}]*reason="unsigned"[^}]*\\} (\\d+)`).exec(metrics)?.[1] ?? 0);
+      expect(refusedCount("config"), metrics).toBeGreaterThanOrEqual(2);
+      expect(refusedCount("pods"), metrics).toBeGreaterThanOrEqual(1);
+      expect(log()).toMatch(/signature/);
+    } finally {
+      c.close();
+      for (const name of injected) await compromised.jsm.consumers.delete(streamName("jr", "CHARGES"), name).catch(() => undefined);
+    }
+  }, 90_000);
 });
 
 describe("gateway pools on the per-process users (deploy/pools)", () => {

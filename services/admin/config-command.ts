@@ -11,7 +11,7 @@ import { MODEL_CONFIG_KEY_PREFIX, RATE_LIMITS_KEY, rateLimitsError } from "../..
 import { decodeToken, encodeToken } from "../../streams/tokens.js";
 import { validateModelConfig } from "../routing/config-check.js";
 import { addNamespaceOptions, type NamespaceOptionValues } from "../shared/cli-options.js";
-import { withBucket } from "./config-bucket.js";
+import { addSigningOption, recordEncoder, type SigningOptionValues, withBucket } from "./config-bucket.js";
 import { registerAddKeyCommand, registerListKeysCommand, registerRevokeKeyCommand } from "./config-keys.js";
 import { registerDeletePoolCommand, registerListPoolsCommand, registerSetPoolCommand } from "./config-pools.js";
 
@@ -36,10 +36,11 @@ export function registerConfigCommand(program: Command): void {
 const modelConfigKey = (model: string) => `${MODEL_CONFIG_KEY_PREFIX}${encodeToken(model)}`;
 
 function registerSetCommand(cfg: Command): void {
-  addNamespaceOptions(cfg.command("set <model>").description("validate and store a model's config (JSON from --json or --file)"))
+  addSigningOption(addNamespaceOptions(cfg.command("set <model>").description("validate and store a model's config (JSON from --json or --file)")))
     .option("--json <json>", "the config as JSON")
     .option("--file <path>", "a file holding the config as JSON")
-    .action(async (model: string, o: NamespaceOptionValues & { json?: string; file?: string }) => {
+    .action(async (model: string, o: NamespaceOptionValues & SigningOptionValues & { json?: string; file?: string }) => {
+      const encode = recordEncoder(o);
       const text = o.json ?? (o.file ? readFileSync(o.file, "utf8") : undefined);
       if (text === undefined) throw new Error("give the config with --json or --file");
       let value: unknown;
@@ -53,7 +54,7 @@ function registerSetCommand(cfg: Command): void {
         console.error(`invalid config for ${model}: ${err}`);
         process.exit(2);
       }
-      const rev = await withBucket(o, (kv) => kv.put(modelConfigKey(model), JSON.stringify(value)));
+      const rev = await withBucket(o, (kv) => kv.put(modelConfigKey(model), encode(modelConfigKey(model), value as object)));
       console.log(`stored config for ${model} (revision ${rev})`);
     });
 }
@@ -85,9 +86,10 @@ function registerDeleteCommand(cfg: Command): void {
 }
 
 function registerSetLimitsCommand(cfg: Command): void {
-  addNamespaceOptions(cfg.command("set-limits").description('validate and store per-user limits: {"users": {"default": {"rpm": 100, "tpm": 100000}, "alice": {"rpm": 10}}}'))
+  addSigningOption(addNamespaceOptions(cfg.command("set-limits").description('validate and store per-user limits: {"users": {"default": {"rpm": 100, "tpm": 100000}, "alice": {"rpm": 10}}}')))
     .requiredOption("--json <json>", "the limits as JSON")
-    .action(async (o: NamespaceOptionValues & { json: string }) => {
+    .action(async (o: NamespaceOptionValues & SigningOptionValues & { json: string }) => {
+      const encode = recordEncoder(o);
       let value: unknown;
       try {
         value = JSON.parse(o.json);
@@ -99,7 +101,7 @@ function registerSetLimitsCommand(cfg: Command): void {
         console.error(`invalid limits: ${err}`);
         process.exit(2);
       }
-      const rev = await withBucket(o, (kv) => kv.put(RATE_LIMITS_KEY, JSON.stringify(value)));
+      const rev = await withBucket(o, (kv) => kv.put(RATE_LIMITS_KEY, encode(RATE_LIMITS_KEY, value as object)));
       console.log(`stored limits (revision ${rev})`);
     });
 }

@@ -6,7 +6,7 @@ import type { Command } from "commander";
 import { API_KEY_KEY_PREFIX, type ApiKeyRecord, apiKeyRecordError } from "../../schemas/config.js";
 import { apiKeyBucketKey, generateApiKey, hashApiKey, hashOfBucketKey, resolveHashPrefix, revokeTarget, SHOWN_HASH_PREFIX } from "../gateway/auth.js";
 import { addNamespaceOptions, type NamespaceOptionValues } from "../shared/cli-options.js";
-import { type Bucket, withBucket } from "./config-bucket.js";
+import { addSigningOption, type Bucket, recordEncoder, type SigningOptionValues, withBucket } from "./config-bucket.js";
 
 interface StoredKey {
   hash: string;
@@ -37,10 +37,10 @@ async function readKeys(kv: Bucket): Promise<StoredKey[]> {
 const shortHash = (h: string) => h.slice(0, SHOWN_HASH_PREFIX);
 const keyStatus = (k: StoredKey) => (!k.record ? "invalid" : k.record.disabled ? "revoked" : "active");
 
-type AddKeyOptions = NamespaceOptionValues & { user: string; name?: string; admin?: boolean; objective?: string; cacheSalt?: string; json?: boolean };
+type AddKeyOptions = NamespaceOptionValues & SigningOptionValues & { user: string; name?: string; admin?: boolean; objective?: string; cacheSalt?: string; json?: boolean };
 
 export function registerAddKeyCommand(cfg: Command): void {
-  addNamespaceOptions(cfg.command("add-key").description("create an API key for a user; prints the key once (only its SHA-256 is stored)"))
+  addSigningOption(addNamespaceOptions(cfg.command("add-key").description("create an API key for a user; prints the key once (only its SHA-256 is stored)")))
     .requiredOption("--user <user>", "the user the key authenticates (rate limits and fairness count against this user)")
     .option("--name <name>", "a label, e.g. what the key is for")
     .option("--admin", "an operator key: also opens the gateways' /debug/* endpoints under --auth required")
@@ -65,10 +65,11 @@ async function addKey(o: AddKeyOptions): Promise<void> {
     console.error(`invalid key record: ${err}`);
     process.exit(2);
   }
+  const encode = recordEncoder(o);
   const key = generateApiKey();
   const hash = hashApiKey(key);
   // `create` fails rather than overwrite an existing entry.
-  await withBucket(o, (kv) => kv.create(apiKeyBucketKey(hash), JSON.stringify(record)));
+  await withBucket(o, (kv) => kv.create(apiKeyBucketKey(hash), encode(apiKeyBucketKey(hash), record)));
   if (o.json) console.log(JSON.stringify({ key, hash, ...record }));
   else {
     console.log(key);
@@ -104,19 +105,20 @@ function keyTable(keys: StoredKey[]): string[] {
 }
 
 export function registerRevokeKeyCommand(cfg: Command): void {
-  addNamespaceOptions(cfg.command("revoke-key <hash-prefix>").description("revoke an API key, named by a hash prefix from list-keys (or the key itself); every gateway refuses it at once"))
+  addSigningOption(addNamespaceOptions(cfg.command("revoke-key <hash-prefix>").description("revoke an API key, named by a hash prefix from list-keys (or the key itself); every gateway refuses it at once")))
     .action(revokeKey);
 }
 
 type RevokeOutcome = { kind: "unknown" | "ambiguous"; matches: StoredKey[] } | { kind: "already" | "revoked"; key: StoredKey };
 
-async function revokeKey(arg: string, o: NamespaceOptionValues): Promise<void> {
+async function revokeKey(arg: string, o: NamespaceOptionValues & SigningOptionValues): Promise<void> {
   const target = revokeTarget(arg);
   if ("error" in target) {
     console.error(target.error);
     process.exit(2);
   }
-  const outcome = await withBucket(o, (kv) => revokeByPrefix(kv, target.prefix));
+  const encode = recordEncoder(o);
+  const outcome = await withBucket(o, (kv) => revokeByPrefix(kv, target.prefix, encode));
   if ("matches" in outcome && outcome.kind === "unknown") {
     console.error(`no API key hash starts with ${target.prefix} (see \`jetroute config list-keys\`)`);
     return process.exit(1);
@@ -131,7 +133,7 @@ async function revokeKey(arg: string, o: NamespaceOptionValues): Promise<void> {
 }
 
 /** Revokes the one key whose hash starts with `prefix`, unless none or several do, or it already is. */
-async function revokeByPrefix(kv: Bucket, prefix: string): Promise<RevokeOutcome> {
+async function revokeByPrefix(kv: Bucket, prefix: string, encode: ReturnType<typeof recordEncoder>): Promise<RevokeOutcome> {
   const keys = await readKeys(kv);
   const found = resolveHashPrefix(keys.map((k) => k.hash), prefix);
   if ("error" in found) return { kind: found.error, matches: keys.filter((k) => found.matches.includes(k.hash)) };
@@ -140,6 +142,6 @@ async function revokeByPrefix(kv: Bucket, prefix: string): Promise<RevokeOutcome
   // Gateways already refuse a key whose record does not validate; it becomes a valid revoked one.
   const revoked: ApiKeyRecord = { ...(k.record ?? { user: "(invalid record)", createdAt: 0 }), disabled: true, revokedAt: Date.now() };
   // Compare-and-set: a concurrent change to this key fails here instead of being overwritten.
-  await kv.update(apiKeyBucketKey(k.hash), JSON.stringify(revoked), k.revision);
+  await kv.update(apiKeyBucketKey(k.hash), encode(apiKeyBucketKey(k.hash), revoked), k.revision);
   return { kind: "revoked", key: k };
 }

@@ -13,7 +13,7 @@ import { isStreamNotFound } from "../../streams/errors.js";
 import { namespaceOf, poolNameError } from "../../streams/pools.js";
 import { addNamespaceOptions, intOption, modelListOption, type NamespaceOptionValues, namespaceFlags } from "../shared/cli-options.js";
 import { connectNats } from "../shared/nats.js";
-import { type Bucket, openConfigBucket, withBucket } from "./config-bucket.js";
+import { addSigningOption, type Bucket, openConfigBucket, recordEncoder, type SigningOptionValues, withBucket } from "./config-bucket.js";
 
 /** Exits 2 with a message when `pool` is not a valid pool name. */
 function checkPoolName(pool: string): void {
@@ -41,10 +41,10 @@ const keepsSharedModel = (pool: string, other: string): boolean => other > pool;
 const quotedList = (models: string[]) => models.map((m) => JSON.stringify(m)).join(", ");
 const themOrIt = (models: string[]) => (models.length > 1 ? "them" : "it");
 
-type SetPoolOptions = NamespaceOptionValues & { models: string[]; description?: string; replicas?: number };
+type SetPoolOptions = NamespaceOptionValues & SigningOptionValues & { models: string[]; description?: string; replicas?: number };
 
 export function registerSetPoolCommand(cfg: Command): void {
-  addNamespaceOptions(cfg.command("set-pool <pool>").description("assign models to a gateway pool (config key pool.<name>) and apply the pool's streams; a model belongs to one pool"))
+  addSigningOption(addNamespaceOptions(cfg.command("set-pool <pool>").description("assign models to a gateway pool (config key pool.<name>) and apply the pool's streams; a model belongs to one pool")))
     .requiredOption("--models <list>", "the pool's models, comma separated (LoRA adapters clients name too)", modelListOption)
     .option("--description <text>", "what the pool is for")
     .option("--replicas <n>", "replicas per stream of the pool's streams (default: as they are, 1 for new ones)", intOption(1, 5))
@@ -59,6 +59,7 @@ async function setPool(pool: string, o: SetPoolOptions): Promise<void> {
     console.error(`invalid pool: ${err}`);
     process.exit(2);
   }
+  const encode = recordEncoder(o);
   const { nats: urls, prefix } = namespaceFlags(o);
   const nats = await connectNats(urls, "jetroute-config");
   const { nc, jsm } = nats;
@@ -74,8 +75,8 @@ async function setPool(pool: string, o: SetPoolOptions): Promise<void> {
     const kv = existing ?? (await new Kvm(nc).open(configBucketName(prefix)));
     const key = `${POOL_KEY_PREFIX}${pool}`;
     const before = await kv.get(key);
-    const rev = await writePoolEntry(kv, pool, key, value, before?.revision);
-    await backOutOfConcurrentClaim(kv, pool, o.models, key, before, rev);
+    const rev = await writePoolEntry(kv, pool, key, encode(key, value), before?.revision);
+    await backOutOfConcurrentClaim(kv, pool, o.models, key, before, rev, encode);
     console.log(`stored pool ${pool}: ${o.models.length} model${o.models.length === 1 ? "" : "s"} (revision ${rev})`);
   } finally {
     await nc.close();
@@ -116,9 +117,9 @@ async function currentReplicas(jsm: JetStreamManager, poolPrefix: string): Promi
  * Writes the pool's entry, compare-and-set on the revision read before (`create` when there was
  * none): another set-pool of this pool since then fails here (exit 2), not silently.
  */
-async function writePoolEntry(kv: Bucket, pool: string, key: string, value: PoolConfig, beforeRevision: number | undefined): Promise<number> {
+async function writePoolEntry(kv: Bucket, pool: string, key: string, json: string, beforeRevision: number | undefined): Promise<number> {
   try {
-    return beforeRevision !== undefined ? await kv.update(key, JSON.stringify(value), beforeRevision) : await kv.create(key, JSON.stringify(value));
+    return beforeRevision !== undefined ? await kv.update(key, json, beforeRevision) : await kv.create(key, json);
   } catch (err) {
     console.error(`pool ${pool} was changed by someone else meanwhile (${(err as Error).message}); run set-pool again`);
     process.exit(2);
@@ -132,7 +133,7 @@ type PoolEntry = Awaited<ReturnType<Bucket["get"]>>;
  * pool the gateways would not give the model to takes its own change back (compare-and-set on its
  * revision, `rev`) and exits 2, so one claim stands; the other only warns.
  */
-async function backOutOfConcurrentClaim(kv: Bucket, pool: string, models: string[], key: string, before: PoolEntry, rev: number): Promise<void> {
+async function backOutOfConcurrentClaim(kv: Bucket, pool: string, models: string[], key: string, before: PoolEntry, rev: number, encode: ReturnType<typeof recordEncoder>): Promise<void> {
   for await (const k of await kv.keys(`${POOL_KEY_PREFIX}>`)) {
     const other = k.slice(POOL_KEY_PREFIX.length);
     if (other === pool) continue;
@@ -144,7 +145,10 @@ async function backOutOfConcurrentClaim(kv: Bucket, pool: string, models: string
       console.error(`warning: pool ${JSON.stringify(other)} also lists ${names} (written at the same time): the gateways give ${themOrIt(clash)} to pool ${pool}; remove ${themOrIt(clash)} from ${other}`);
       continue;
     }
-    await (before?.operation === "PUT" ? kv.update(key, before.string(), rev) : kv.delete(key, { previousSeq: rev })).catch(() => undefined);
+    // The entry as it was, signed afresh: its old signature's time is too far from now to verify.
+    const restored = before?.operation === "PUT" ? readPoolConfig(() => before.json()) : undefined;
+    const back = restored === undefined ? undefined : restored.ok ? encode(key, restored.value) : before?.string();
+    await (back !== undefined ? kv.update(key, back, rev) : kv.delete(key, { previousSeq: rev })).catch(() => undefined);
     console.error(`${names} claimed by pool ${JSON.stringify(other)} at the same time: pool ${pool} left as it was`);
     process.exit(2);
   }

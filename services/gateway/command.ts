@@ -64,6 +64,8 @@ export function registerGatewayCommand(program: Command): void {
     // fleet still running builds older than that sets 0 until they are gone (they dead-letter it).
     .option("--release-batch-ms <ms>", "releases are sent per pod in batches over this window, at most 20 (0 = each on its own, for fleets still running builds that predate the `releases` event)", intOption(0, MAX_RELEASE_BATCH_MS), D.releaseBatchMs)
     .option("--pod-cidrs <list>", "pod networks allowed, comma separated (e.g. 10.0.0.0/8,fd00::/8): a pod published with an address outside them is never routed to (default: any)", podCidrsOption)
+    .option("--config-public-key <file>", "PEM Ed25519 public key(s): act only on config bucket entries (API keys, limits, pools, model configs) signed with one (jetroute config --signing-key)")
+    .option("--pod-public-key <file>", "PEM Ed25519 public key(s): act only on PODS events signed with one (pod-watcher --signing-key)")
     .option("--expose-pod-addresses", "echo pod addresses to clients on the response (target-pod, prefill-target-pod-ip), as AIBrix does; off: internal addresses stay inside")
     .option("--rejection-records-per-s <n>", "decision records of rejected requests this replica publishes per second, in bursts up to twice that (the rest are only counted; unknown paths never recorded)", intOption(0), D.rejectionRecordsPerS)
     .option("--heartbeat-timeout-ms <ms>", "a gateway silent this long loses its charges (default 3 x interval)", intOption(10))
@@ -107,6 +109,8 @@ export function registerGatewayCommand(program: Command): void {
         rejectionRecordsPerS: o.rejectionRecordsPerS,
         exposePodAddresses: o.exposePodAddresses === true,
         ...(o.podCidrs ? { podCidrs: o.podCidrs } : {}),
+        ...(o.configPublicKey ? { configPublicKeyFile: o.configPublicKey } : {}),
+        ...(o.podPublicKey ? { podPublicKeyFile: o.podPublicKey } : {}),
         heartbeatTimeoutMs: o.heartbeatTimeoutMs,
         podSourceTimeoutMs: o.podSourceTimeoutMs,
         loadStaleAfterMs: o.loadStaleMs,

@@ -15,6 +15,7 @@ import type { QueuedIterator } from "@nats-io/nats-core";
 import type { NatsConnection } from "@nats-io/transport-node";
 import type { Logger } from "../shared/log.js";
 import type { ConfigEntry, GatewayState } from "../views/gateway-state.js";
+import { RefusedRecordLog } from "./refused-records.js";
 
 export interface ConfigWatch {
   readonly rejected: number;
@@ -43,10 +44,8 @@ export interface ConfigWatchOptions {
 
 export async function watchModelConfigs(nc: NatsConnection, bucket: string, state: GatewayState, log: Logger, o: ConfigWatchOptions = {}): Promise<ConfigWatch> {
   const kv: KV = await new Kvm(nc).open(bucket);
-  const apply = (e: KvEntry) => {
-    const r = state.apply(configEntryOf(e), { stream: "config", subject: e.key, seq: e.revision, serverTs: e.created.getTime() });
-    if (r.note) log[r.note.level](r.note.fields, r.note.message);
-  };
+  const notes = new RefusedRecordLog(log);
+  const apply = (e: KvEntry) => notes.note(state.apply(configEntryOf(e), { stream: "config", subject: e.key, seq: e.revision, serverTs: e.created.getTime() }));
   let stopped = false;
   let reopens = 0;
   let watch: QueuedIterator<KvWatchEntry> | undefined;
@@ -115,6 +114,7 @@ export async function watchModelConfigs(nc: NatsConnection, bucket: string, stat
     stop: async () => {
       stopped = true;
       clearInterval(probe);
+      notes.stop();
       watch?.stop();
     },
   };

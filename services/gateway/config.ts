@@ -79,6 +79,10 @@ export const GatewayConfigSchema = Type.Object(
     exposePodAddresses: Type.Boolean({ default: false }),
     /** Pod networks allowed (CIDR ranges); a pod published outside them is never routed to. Absent: any. */
     podCidrs: Type.Optional(Type.Array(Type.String({ minLength: 1 }), { minItems: 1 })),
+    /** Signed records (docs/security.md): PEM Ed25519 public key(s) config bucket entries must be signed with; absent: unchecked. */
+    configPublicKeyFile: Type.Optional(Type.String({ minLength: 1 })),
+    /** Signed records: PEM Ed25519 public key(s) PODS events must be signed with (the pod-watchers'); absent: unchecked. */
+    podPublicKeyFile: Type.Optional(Type.String({ minLength: 1 })),
     auth: Type.Union([Type.Literal("off"), Type.Literal("required")], { default: "off" }),
     pd: Type.Object(
       {

@@ -15,6 +15,7 @@ import type { NatsHandles } from "../shared/nats.js";
 import type { GatewayState, StateStream } from "../views/gateway-state.js";
 import type { ServerClock } from "./server-clock.js";
 import type { SubjectCursors } from "./subject-cursor.js";
+import { RefusedRecordLog } from "./refused-records.js";
 
 export interface GatewayFollowers {
   /** In the order of `views`. */
@@ -45,11 +46,13 @@ export async function createFollowers(o: {
   const subjects = new Subjects(prefix);
   // Our events serialize `"gateway":"<id>"` right after `"id"`; this exact byte run marks an echo.
   const ownMarker = new TextEncoder().encode(`"gateway":${JSON.stringify(id)},`);
+  // PODS events refused for their signature (`--pod-public-key`) are logged on a rate.
+  const notes = new RefusedRecordLog(log);
   const seen = (stream: StateStream) => (subject: string, seq: number) => state.skip({ stream, subject, seq, serverTs: 0 });
   const fold = (stream: StateStream) => (ev: Parameters<GatewayState["apply"]>[0], m: { seq: number; subject: string; serverTs: number }) => {
     // PODS too: a lone gateway skips its own CHARGES echoes, and watcher heartbeats come every 5 s.
     if (stream === "charges" || stream === "pods") o.serverClock.observe(m.serverTs);
-    state.apply(ev, { stream, ...m });
+    notes.note(state.apply(ev, { stream, ...m }));
   };
   const followers: Array<StreamFollower<EventType>> = [
     new StreamFollower({

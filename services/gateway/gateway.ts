@@ -10,6 +10,8 @@ import { Subjects } from "../../streams/subjects.js";
 import type { ExtProcConnectionStats } from "../extproc/reset-budget.js";
 import type { Logger } from "../shared/log.js";
 import { podAddressFilter } from "../shared/cidr.js";
+import { readVerifier } from "../shared/signing-keys.js";
+import type { RecordVerifier } from "../../streams/signatures.js";
 import { connectNats, type NatsHandles } from "../shared/nats.js";
 import { GatewayState } from "../views/gateway-state.js";
 import type { PrefixIndex } from "../views/prefix-index.js";
@@ -31,7 +33,7 @@ import { ServerClock } from "./server-clock.js";
 import { Tokenizer } from "./tokenization.js";
 import { StrictCommitter } from "./strict-commit.js";
 import { SubjectCursors } from "./subject-cursor.js";
-import { type GatewayConfig, type GatewayConfigInput, resolveGatewayConfig } from "./config.js";
+import { type GatewayConfig, GatewayConfigError, type GatewayConfigInput, resolveGatewayConfig } from "./config.js";
 import { createFollowers, type GatewayFollowers } from "./followers.js";
 import { GatewayPublishers } from "./publishers.js";
 import { debugStateOf } from "./debug-state.js";
@@ -92,8 +94,10 @@ export async function startGateway(options: GatewayOptions): Promise<GatewayHand
   // Also before connecting: an `hf:` tokenizer directory that is missing or corrupt stops the gateway here, naming the file.
   const engineKey = config.engineApiKey ? { engineApiKey: config.engineApiKey } : {};
   const tokenizer = new Tokenizer({ ...engineKey, defaultMode: config.tokenizerMode as TokenizerSetting, modes: config.tokenizerModes as Record<string, TokenizerSetting> });
+  // Also before connecting: a public key file that is missing or holds no Ed25519 key stops the gateway.
+  const signatures = recordVerifiersOf(config);
   const nats = await connectNats(config.nats, `jetroute-gateway-${id}`);
-  const state = foldOf(config, ns);
+  const state = foldOf(config, ns, signatures);
   const views: GatewayViews = state;
   // A snapshot (snapshots.ts) holds the index as of a KV stream sequence: the KV follower starts
   // right after it instead of replaying the whole stream.
@@ -197,7 +201,7 @@ export async function startGateway(options: GatewayOptions): Promise<GatewayHand
 }
 
 /** The one fold every view changes in (services/views/gateway-state.ts), sized from the config. */
-function foldOf(config: GatewayConfig, ns: Namespace): GatewayState {
+function foldOf(config: GatewayConfig, ns: Namespace, signatures: RecordVerifiers): GatewayState {
   return new GatewayState({
     self: config.id,
     ...(ns.pool !== undefined ? { pool: ns.pool } : {}),
@@ -210,7 +214,23 @@ function foldOf(config: GatewayConfig, ns: Namespace): GatewayState {
     prefixIndex: { maxEntries: config.prefixMaxEntries },
     checkModelConfig: validateModelConfig,
     ...(config.podCidrs ? { podAddressAllowed: podAddressFilter(config.podCidrs) } : {}),
+    ...(signatures.config ? { configSignatures: { verifier: signatures.config, bucket: configBucketName(ns.configPrefix) } } : {}),
+    ...(signatures.pods ? { podSignatures: signatures.pods } : {}),
   });
+}
+
+type RecordVerifiers = { config?: RecordVerifier; pods?: RecordVerifier };
+
+/** Signed records (docs/security.md): the verifiers of `--config-public-key` and `--pod-public-key`. */
+function recordVerifiersOf(config: GatewayConfig): RecordVerifiers {
+  try {
+    return {
+      ...(config.configPublicKeyFile ? { config: readVerifier(config.configPublicKeyFile, "--config-public-key") } : {}),
+      ...(config.podPublicKeyFile ? { pods: readVerifier(config.podPublicKeyFile, "--pod-public-key") } : {}),
+    };
+  } catch (err) {
+    throw new GatewayConfigError((err as Error).message);
+  }
 }
 
 /** The request path: the routing core's Director, publishing through this gateway, and its strict committer. */
@@ -292,6 +312,7 @@ function metricSourcesOf(o: {
     podSources: () => state.pods.sourceInfo(),
     shadowingAdapters: () => state.pods.shadowingAdapters,
     refusedPodAddresses: () => state.pods.refusedAddresses,
+    signatureRefusals: () => state.signatureRefusals,
     flowHeld: () => [...director.flow.queueSummaries().values()].flatMap((q) => q.summary()),
     flowSummaries: o.flowSummaries,
     usage: () => ({ foreignGateways: state.rates.foreignGateways, foreignEntries: state.rates.foreignEntries, foreignEvicted: state.rates.foreignEvicted, sent: publishers.usageSummaries.sent, truncatedUsers: publishers.usageSummaries.truncatedUsers }),

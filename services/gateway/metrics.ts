@@ -28,6 +28,8 @@ export interface GatewayMetricsSources {
   shadowingAdapters?: () => number;
   /** Pods held as absent because their address is outside `--pod-cidrs`. */
   refusedPodAddresses?: () => number;
+  /** Records refused for their signature (`--config-public-key`, `--pod-public-key`), by kind and reason. */
+  signatureRefusals?: () => Readonly<Record<string, Readonly<Record<string, number>>>>;
   /** Usage summaries across pools (services/gateway/usage-summary.ts, services/views/rate-view.ts). */
   usage?: () => { foreignGateways: number; foreignEntries: number; foreignEvicted: number; sent: number; truncatedUsers: number };
   /** Flow control: requests held per model queue and band (services/routing/flow/). */
@@ -132,6 +134,9 @@ export class GatewayMetrics {
     });
     gauge("jetroute_gateway_pods_refused_address", "Pods published with an address outside --pod-cidrs: never routed to", [], (g) => {
       g.set(src.refusedPodAddresses?.() ?? 0);
+    });
+    gauge("jetroute_gateway_records_refused_signature", "Records ignored because their signature did not verify (--config-public-key, --pod-public-key), by records (config, pods) and reason (unsigned, malformed, unknown-key, bad-signature, out-of-window)", ["records", "reason"], (g) => {
+      for (const [records, byReason] of Object.entries(src.signatureRefusals?.() ?? {})) for (const [reason, n] of Object.entries(byReason)) g.set({ records, reason }, n);
     });
     gauge("jetroute_gateway_outbox_dropped", "Events not published, by reason: closed (fired while shutting down), too_large (over the server's max_payload), failed (refused by the client)", ["reason"], (g) => {
       const d = src.outboxDrops?.();

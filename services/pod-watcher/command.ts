@@ -2,6 +2,8 @@ import type { Command } from "commander";
 import { startMetricsServer, statsRegistry } from "../shared/metrics-server.js";
 import { addNamespaceOptions, applyDlqPayloads, dlqPayloadsOption, intOption, modelListOption, namespaceFlags, untilSignal } from "../shared/cli-options.js";
 import { createLogger } from "../shared/log.js";
+import { readSigner, SIGNING_KEY_ENV } from "../shared/signing-keys.js";
+import type { RecordSigner } from "../../streams/signatures.js";
 import { DEFAULT_BLIND_AFTER_MS, DEFAULT_LABEL_SELECTOR, startKubernetesWatcher } from "./kubernetes.js";
 import { DEFAULT_HEARTBEAT_MS, DEFAULT_LEASE_MS, DEFAULT_REASSERT_MS, DEFAULT_STEP_DOWN_AFTER_MS, type PodWatcherHandle, startPodWatcher } from "./pod-watcher.js";
 
@@ -29,6 +31,7 @@ export function registerPodWatcherCommand(program: Command): void {
     .option("--probe-interval-ms <ms>", "static mode: how often each pod's /health is probed", intOption(50), 1_000)
     .option("--probe-timeout-ms <ms>", "static mode: a probe slower than this fails", intOption(10), 1_000)
     .option("--no-probe", "static mode: treat every listed pod as ready without probing")
+    .option("--signing-key <file>", `PEM Ed25519 private key: sign every pod event and heartbeat, for gateways started with --pod-public-key (default: $${SIGNING_KEY_ENV}, a PEM or a file; neither = unsigned)`)
     .addOption(dlqPayloadsOption())
     .option("--metrics-port <port>", "Prometheus /metrics port (-1 = off)", intOption(-1, 65535), -1)
     .option("--metrics-host <host>", "metrics listen address", "0.0.0.0")
@@ -44,7 +47,15 @@ export function registerPodWatcherCommand(program: Command): void {
         process.exit(2);
       }
       const { nats, prefix, pool } = namespaceFlags(o);
+      let signer: RecordSigner | undefined;
+      try {
+        signer = readSigner(o.signingKey);
+      } catch (err) {
+        log.error((err as Error).message);
+        process.exit(2);
+      }
       const common = {
+        ...(signer ? { signer } : {}),
         nats, prefix, ...(pool !== undefined ? { pool } : {}), ...(o.models !== undefined ? { poolModels: o.models } : {}), source: o.source, watcherId: o.watcherId, heartbeatMs: o.heartbeatMs, reassertMs: o.reassertMs,
         leaderElection: o.leaderElection === true, leaseMs: o.leaseMs, stepDownAfterMs: o.stepDownAfterMs, adoptUnowned: o.adoptUnowned === true, log,
       };

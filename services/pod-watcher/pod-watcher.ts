@@ -7,6 +7,7 @@
  * the engine's `/health`; a pod that leaves the list (or was published by an earlier run of the
  * same source and is no longer listed) is removed after the next full probe round.
  */
+import type { RecordSigner } from "../../streams/signatures.js";
 import { randomBytes } from "node:crypto";
 import { unwatchFile, watchFile } from "node:fs";
 import os from "node:os";
@@ -60,6 +61,8 @@ export interface CommonWatcherOptions {
   stepDownAfterMs?: number;
   /** Remove pods published without a source (before sources existed) when this watcher does not list them: the upgrade's one-off migration. */
   adoptUnowned?: boolean;
+  /** Signs every pod event and heartbeat (gateways with `--pod-public-key` act only on signed ones). */
+  signer?: RecordSigner;
   log: Logger;
 }
 
@@ -157,6 +160,7 @@ export async function startSourceRuntime(o: CommonWatcherOptions, source: string
   const publisher = new SourcePublisher({
     nats, subjects, prefix, source, watcher, log: o.log, heartbeatMs: o.heartbeatMs ?? DEFAULT_HEARTBEAT_MS, reassertMs: o.reassertMs ?? DEFAULT_REASSERT_MS,
     adoptUnowned: o.adoptUnowned ?? false,
+    ...(o.signer ? { signer: o.signer } : {}),
     stillLeader: () => (elector ? elector.isLeader() : true),
     exclusive: !o.leaderElection,
     // A pooled watcher that has not known its models for POOL_UNKNOWN_VOUCH_MS stops vouching: its

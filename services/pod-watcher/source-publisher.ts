@@ -21,6 +21,7 @@
  */
 import type { PubAck } from "@nats-io/jetstream";
 import type { PodEvent, PodSourceHeartbeat } from "../../schemas/events.js";
+import type { RecordSigner } from "../../streams/signatures.js";
 import { streamName } from "../../streams/definitions.js";
 import { isWrongLastSequence } from "../../streams/errors.js";
 import type { Subjects } from "../../streams/subjects.js";
@@ -56,6 +57,8 @@ export interface SourcePublisherOptions {
   canVouch?: () => boolean;
   /** Without leader election: another watcher heartbeating this source is a clash (refuse to publish). */
   exclusive?: boolean;
+  /** Signs each event as it is published (streams/signatures.ts): gateways with `--pod-public-key` act only on signed ones. */
+  signer?: RecordSigner;
 }
 
 export interface SourcePublisherStats {
@@ -388,7 +391,7 @@ export class SourcePublisher {
       const subject = this.o.subjects.pod(ev.model, ev.pod);
       let ack: PubAck;
       try {
-        ack = await this.o.nats.js.publish(subject, encodeEvent(ev), { expect: { lastSubjectSequence: this.lastSeqOf(k) } });
+        ack = await this.o.nats.js.publish(subject, encodeEvent(this.signed(subject, ev)), { expect: { lastSubjectSequence: this.lastSeqOf(k) } });
       } catch (err) {
         if (!isWrongLastSequence(err)) throw err;
         // Someone wrote this pod since we last looked: learn what, and plan again.
@@ -418,7 +421,8 @@ export class SourcePublisher {
       type: "pod-source", source: this.o.source, watcher: this.o.watcher, pods: [...this.published.values()].filter((p) => p.source === this.o.source).length, intervalMs: this.o.heartbeatMs, ts: this.clock(),
     };
     try {
-      const ack = await acked(this.o.nats.js, this.o.subjects.podSource(this.o.source), hb);
+      const subject = this.o.subjects.podSource(this.o.source);
+      const ack = await acked(this.o.nats.js, subject, this.signed(subject, hb));
       this.stats.heartbeats++;
       this.ok();
       // A stream numbering below what we have seen was recreated: everything must be read again.
@@ -432,6 +436,11 @@ export class SourcePublisher {
       this.failed();
       this.o.log.warn({ source: this.o.source, err: (err as Error).message }, "source heartbeat failed");
     }
+  }
+
+  /** The event as published under `subject`: signed at this attempt when a signer is set. */
+  private signed<T extends PodEvent | PodSourceHeartbeat>(subject: string, ev: T): T {
+    return this.o.signer ? this.o.signer.sign(subject, ev, this.clock()) : ev;
   }
 
   async close(): Promise<void> {

@@ -32,6 +32,7 @@ import {
 } from "../../schemas/config.js";
 import type { ChargeEvent, GatewayHeartbeat, KvBatch, KvPodCleared, KvRouted, LoadSample, PodEvent, PodSourceHeartbeat, ReleaseBatch, ReleaseEvent, ReleaseItem, UsageSummary } from "../../schemas/events.js";
 import { poolNameError } from "../../streams/pools.js";
+import { configRecordSubject, type RecordVerifier, SIGNATURE_REFUSALS, type SignatureRefusal } from "../../streams/signatures.js";
 import { decodeToken } from "../../streams/tokens.js";
 import { ApiKeyView, hashOfBucketKey, SHOWN_HASH_PREFIX } from "./api-keys.js";
 import { ChargeLedger } from "./charge-ledger.js";
@@ -105,7 +106,17 @@ export interface GatewayStateOptions {
   checkModelConfig?: (value: unknown) => string | undefined;
   /** Pod addresses allowed (`--pod-cidrs`, services/shared/cidr.ts); default: any. */
   podAddressAllowed?: (address: string) => boolean;
+  /**
+   * Signed records (streams/signatures.ts): config entries (signed under `$KV.<bucket>.<key>`) that
+   * do not verify are ignored as invalid ones are (an API key's is removed); absent = unchecked.
+   */
+  configSignatures?: { verifier: RecordVerifier; bucket: string };
+  /** Signed records: PODS events (pods and watcher heartbeats) that do not verify are ignored; absent = unchecked. */
+  podSignatures?: RecordVerifier;
 }
+
+/** Records refused for their signature, by what they were and why. */
+export type SignatureRefusalCounts = Record<"config" | "pods", Record<SignatureRefusal, number>>;
 
 /** How an own charge is remembered for the rate limits' burst guard (only where a limit applies). */
 export interface OwnAdmission {
@@ -116,6 +127,7 @@ export interface OwnAdmission {
 }
 
 const APPLIED: ApplyResult = Object.freeze({ applied: true });
+const zeroRefusals = () => Object.fromEntries(SIGNATURE_REFUSALS.map((r) => [r, 0])) as Record<SignatureRefusal, number>;
 const ignored = (why: string): ApplyResult => ({ applied: false, ignored: why });
 
 export class GatewayState {
@@ -137,8 +149,12 @@ export class GatewayState {
   readonly cursors: Record<StateStream, number> = { pods: 0, load: 0, charges: 0, kv: 0, config: 0 };
   /** Last USAGE stream sequence handled (kept apart: decision records list `cursors` as they are). */
   usageCursor = 0;
-  /** Config entries refused by validation. */
+  /** Config entries refused by validation (their signature included). */
   configRejected = 0;
+  /** Records refused for their signature (a subset of `configRejected` for the config bucket). */
+  readonly signatureRefusals: SignatureRefusalCounts = { config: zeroRefusals(), pods: zeroRefusals() };
+  private readonly configSignatures: GatewayStateOptions["configSignatures"];
+  private readonly podSignatures: RecordVerifier | undefined;
   readonly podSourceTimeoutMs: number;
   private readonly checkModelConfig: (value: unknown) => string | undefined;
   private readonly configRevisions = new Map<string, number>();
@@ -149,6 +165,8 @@ export class GatewayState {
     this.shareCharges = o.shareCharges ?? true;
     this.podSourceTimeoutMs = o.podSourceTimeoutMs ?? 0;
     this.checkModelConfig = o.checkModelConfig ?? modelConfigError;
+    this.configSignatures = o.configSignatures;
+    this.podSignatures = o.podSignatures;
     this.pods = new PodSet(o.podAddressAllowed ? { addressAllowed: o.podAddressAllowed } : {});
     this.load = new LoadView(o.loadStaleAfterMs ?? DEFAULT_LOAD_STALE_MS);
     this.ledger = new ChargeLedger({ self: o.self, heartbeatTimeoutMs: o.heartbeatTimeoutMs, maxCharges: o.maxCharges });
@@ -179,6 +197,13 @@ export class GatewayState {
   apply(ev: StateEvent, meta: EventMeta): ApplyResult {
     this.skip(meta);
     const at = meta.serverTs;
+    if ((ev.type === "pod" || ev.type === "pod-source") && this.podSignatures) {
+      const why = this.podSignatures.refusal(meta.subject, ev, at);
+      if (why) {
+        this.signatureRefusals.pods[why]++;
+        return { applied: false, ignored: "signature", note: { level: "warn", message: "PODS event refused: its signature does not verify; ignored", fields: { subject: meta.subject.slice(0, 300), seq: meta.seq, reason: why }, rejected: true } };
+      }
+    }
     switch (ev.type) {
       case "pod-source":
         this.pods.applySource(ev, at);
@@ -216,7 +241,7 @@ export class GatewayState {
       case "releases":
         return this.applyReleases(ev, meta);
       case "config-entry":
-        return this.applyConfig(ev, meta.seq);
+        return this.applyConfig(ev, meta.seq, at);
       case "usage":
         return this.applyUsage(ev, at);
     }
@@ -272,19 +297,24 @@ export class GatewayState {
    * Config bucket entries: model configs, rate limits, API keys. A model config or rate limits that
    * fail validation are ignored (the previous ones stay), so a bad `put` from outside `jetroute
    * config set` can never break routing; an invalid API key record removes the key (fail closed),
-   * so a botched hand-made revocation never leaves a key working.
+   * so a botched hand-made revocation never leaves a key working. Under `configSignatures` an
+   * entry whose signature does not verify counts as invalid.
    */
-  private applyConfig(e: ConfigEntry, revision: number): ApplyResult {
+  private applyConfig(e: ConfigEntry, revision: number, storedAt: number): ApplyResult {
     const isKey = e.key.startsWith(API_KEY_KEY_PREFIX);
     const isPool = e.key.startsWith(POOL_KEY_PREFIX);
     if (e.key !== RATE_LIMITS_KEY && !e.key.startsWith(MODEL_CONFIG_KEY_PREFIX) && !isKey && !isPool) return ignored("not-config");
     if ((this.configRevisions.get(e.key) ?? 0) >= revision) return ignored("stale");
     this.configRevisions.set(e.key, revision);
+    // With signatures checked, a record that does not verify is invalid (a planted one); a deletion
+    // carries no body to sign and is honoured as it is (docs/security.md, "Signed records").
+    const unsigned = e.operation === "PUT" && this.configSignatures ? this.configSignatures.verifier.refusal(configRecordSubject(this.configSignatures.bucket, e.key), e.value, storedAt) : undefined;
+    if (unsigned) this.signatureRefusals.config[unsigned]++;
     const reject = (level: "warn" | "error", message: string, fields: Record<string, unknown>): ApplyResult => {
       this.configRejected++;
-      return { applied: false, ignored: "invalid", note: { level, message, fields, rejected: true } };
+      return { applied: false, ignored: unsigned ? "signature" : "invalid", note: { level, message, fields, rejected: true } };
     };
-    const invalid = (check: (v: unknown) => string | undefined) => (e.notJson || e.value === undefined ? "not JSON" : check(e.value));
+    const invalid = (check: (v: unknown) => string | undefined) => (e.notJson || e.value === undefined ? "not JSON" : unsigned ? `signature: ${unsigned}` : check(e.value));
     const info = (message: string, fields: Record<string, unknown>): ApplyResult => ({ applied: true, note: { level: "info", message, fields } });
     if (isKey) {
       const hash = hashOfBucketKey(e.key);
@@ -421,6 +451,9 @@ export class GatewayState {
       shareCharges: this.shareCharges,
       podSourceTimeoutMs: this.podSourceTimeoutMs,
       checkModelConfig: this.checkModelConfig,
+      configSignatures: this.configSignatures,
+      podSignatures: this.podSignatures,
+      signatureRefusals: structuredClone(this.signatureRefusals),
       pods: copy(this.pods),
       load: copy(this.load),
       ledger: Object.assign(copy(this.ledger), { self }),
