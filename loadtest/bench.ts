@@ -249,9 +249,10 @@ program
   .option("--outage-ms <ms>", "nats-down-30s: how long NATS is down", int, 30_000)
   .option("--heartbeat-ms <ms>", "gateways' heartbeat interval (timeout 3x)", int, 200)
   .option("--kv-requests <n>", "kill-kv-bridge: chat requests around the kill", int, 60)
+  .option("--case-timeout-ms <ms>", "time limit of every case: past it the case is stopped with all it started and reported as timed out (0 = each case's own: its load and outage plus room, 530 s in all by default)", nonNegative, 0)
   .action(async (o) => {
     const result = await runFaultsBench({
-      cases: o.cases, rate: o.rate, inProcessRate: o.inProcessRate, holdMs: o.holdMs, phaseMs: o.phaseMs, outageMs: o.outageMs, heartbeatMs: o.heartbeatMs, kvRequests: o.kvRequests,
+      cases: o.cases, rate: o.rate, inProcessRate: o.inProcessRate, holdMs: o.holdMs, phaseMs: o.phaseMs, outageMs: o.outageMs, heartbeatMs: o.heartbeatMs, kvRequests: o.kvRequests, caseTimeoutMs: o.caseTimeoutMs,
     });
     console.log(JSON.stringify(result));
   });

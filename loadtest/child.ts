@@ -13,11 +13,16 @@ export function loadtestScript(name: string): string {
   return path.join(here, name);
 }
 
-/** The ext_proc load generator, compiled (under vitest the benches run from sources; the generator never does). */
-export function generatorScript(): string {
-  const beside = loadtestScript("extproc-load.js");
+/** A loadtest module, compiled (under vitest the benches run from sources; their child processes never do). */
+export function compiledScript(name: string): string {
+  const beside = loadtestScript(name);
   if (existsSync(beside)) return beside;
-  return path.join(path.dirname(path.dirname(cliPath())), "loadtest", "extproc-load.js");
+  return path.join(path.dirname(path.dirname(cliPath())), "loadtest", name);
+}
+
+/** The ext_proc load generator, compiled. */
+export function generatorScript(): string {
+  return compiledScript("extproc-load.js");
 }
 
 export interface Child {

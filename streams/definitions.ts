@@ -103,10 +103,16 @@ export function streamDefinitions(opts: StreamOptions = {}): StreamDefinition[] 
       max_age: 72 * HOUR_NS,
       max_bytes: 2048 * MiB,
     }),
+    // Dead letters carry a Msg-Id per source message (services/shared/dead-letter.ts): an hour is
+    // as long as LOAD, KV, CHARGES and USAGE keep what a rebooting reader re-reads, and longer than
+    // a crash loop's back-off, so a re-read adds no entry. (A bad PODS record that stays its pod's
+    // last can come back once an hour of reboots.) The server holds the ids of the last hour in
+    // memory: a few tens of bytes per dead letter.
     def("DLQ", "dead letters: messages a consumer could not validate", {
       subjects: [s.all("dlq")],
       max_age: 7 * 24 * HOUR_NS,
       max_bytes: 256 * MiB,
+      duplicate_window: HOUR_NS,
     }),
     // Each summary is a whole rate window's counts, so only the newest per gateway process matters
     // to a gateway (it reads the last per subject), for three minutes, which outlive the window a

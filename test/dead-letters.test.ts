@@ -8,6 +8,7 @@ import { createHash } from "node:crypto";
 import { pino } from "pino";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { DeliverPolicy, type JsMsg } from "@nats-io/jetstream";
+import { applyStreams } from "../streams/apply.js";
 import { streamName } from "../streams/definitions.js";
 import { DEAD_LETTER_DEFAULTS, DlqHeaders, deadLetterPolicy, setDeadLetterPolicy } from "../services/shared/dead-letter.js";
 import type { GatewayHandle } from "../services/gateway/gateway.js";
@@ -122,6 +123,27 @@ describe("dead letters - malformed events never stop a consumer", () => {
     const deadLetterLines = lines.filter((l) => /dead.letter/.test(l.msg ?? ""));
     expect(deadLetterLines.length).toBeGreaterThan(0);
     expect(deadLetterLines.length).toBeLessThanOrEqual(2 * (DEAD_LETTER_DEFAULTS.logLinesPerInterval + 1));
+  });
+
+  it("a DLQ stream that refuses every dead letter: each failure in the metrics, the log at the bounded rate", async () => {
+    const dlq = streamName("jr", "DLQ");
+    await env.nats.jsm.streams.delete(dlq);
+    try {
+      const n = 200;
+      await Promise.all(Array.from({ length: n }, (_, i) => env.nats.js.publish(env.subjects.load(MODEL, `no-dlq-${i}`), `{"type":"load","bad":${i}}`)));
+      let failures = 0;
+      await waitFor(async () => {
+        const text = await (await fetch(`http://127.0.0.1:${gw.adminPort}/metrics`)).text();
+        const line = text.split("\n").find((l) => l.startsWith("jetroute_gateway_dead_letter_publish_failures{") && l.includes('view="load"'));
+        failures = Number(line?.split(" ").at(-1));
+        return failures >= n;
+      }, 10_000, () => `${n} failed dead-letter publishes counted (${failures})`, 50);
+      const failureLines = lines.filter((l) => l.msg === "dead-letter publish failed");
+      expect(failureLines.length).toBeGreaterThan(0);
+      expect(failureLines.length).toBeLessThanOrEqual(DEAD_LETTER_DEFAULTS.logLinesPerInterval);
+    } finally {
+      await applyStreams(env.nats.nc, env.nats.jsm);
+    }
   });
 });
 

@@ -165,7 +165,7 @@ async function gatewayExposition(): Promise<string> {
   const connections = guardResetBudget({ http2Servers: new Map([[new EventEmitter(), null]]) } as unknown as Parameters<typeof guardResetBudget>[0]);
   expect(connections, "guardResetBudget found the HTTP/2 server").toBeDefined();
   const sources: Sources = {
-    followers: () => viewNames.map((view) => ({ view, lastSeq: 1, applied: 1, invalid: 0, reopens: 0, pending: 0, delayMs: 0 })),
+    followers: () => viewNames.map((view) => ({ view, lastSeq: 1, applied: 1, invalid: 0, deadLetterPublishFailures: 0, reopens: 0, pending: 0, delayMs: 0 })),
     ledger: () => ledger,
     prefixIndex: () => prefixIndex,
     strict: () => strict.stats,

@@ -1,9 +1,11 @@
 /**
- * Short versions of the faults bench (seconds, small load). The kill-gateway case drives gateway
- * processes: needs the build (`npm run build --silent`; npm test builds first).
+ * Short versions of the faults bench (seconds, small load), and its runner's time limit. The
+ * kill-gateway case drives gateway processes and the runner runs each case as a process: both need
+ * the build (`npm run build --silent`; npm test builds first).
  */
 import { describe, expect, it } from "vitest";
-import { clockSkewCase, faultsDefaults, killGatewayCase, killNatsNodeCase } from "./faults.js";
+import { processGroupMembers } from "../case-process.js";
+import { clockSkewCase, type FaultCaseName, faultsDefaults, killGatewayCase, killNatsNodeCase, runFaultsBench } from "./faults.js";
 
 const short = faultsDefaults({ rate: 150, inProcessRate: 80, holdMs: 150, phaseMs: 1_500, heartbeatMs: 200 });
 
@@ -44,4 +46,32 @@ describe("faults bench (short)", () => {
     }
     expect(r.heal_ms).toBeLessThan(3_000);
   }, 30_000);
+
+  it("a case past its time limit is stopped with every process it started and reported as timed out; the next case still runs", async () => {
+    const groups = new Map<FaultCaseName, number>();
+    // The most processes each case's group held at once (the case's own process included).
+    const most = new Map<FaultCaseName, number>();
+    const pollers: NodeJS.Timeout[] = [];
+    const r = await runFaultsBench(
+      // NATS stays down for 10 minutes: the case cannot end before its 8 s limit.
+      { ...short, cases: ["nats-down-30s", "kill-kv-bridge"], outageMs: 600_000, kvRequests: 10, caseTimeoutMs: { "nats-down-30s": 8_000 } },
+      {
+        onCaseStart: (c, pgid) => {
+          groups.set(c, pgid);
+          pollers.push(setInterval(() => most.set(c, Math.max(most.get(c) ?? 0, processGroupMembers(pgid).length)), 100));
+        },
+      },
+    ).finally(() => {
+      for (const p of pollers) clearInterval(p);
+    });
+    expect(r.cases[0]).toEqual({ case: "nats-down-30s", timed_out: true, elapsed_ms: expect.any(Number) });
+    expect(r.cases[0]?.elapsed_ms).toBeGreaterThanOrEqual(8_000);
+    // It had started a nats-server (and gateway processes) besides itself; none of them is left.
+    expect(most.get("nats-down-30s")).toBeGreaterThanOrEqual(2);
+    expect(processGroupMembers(groups.get("nats-down-30s") as number)).toEqual([]);
+    expect(r.cases[1]).toMatchObject({ case: "kill-kv-bridge", failed: 0, acked_events_lost: 0 });
+    expect(r.cases[1]).not.toHaveProperty("timed_out");
+    expect(processGroupMembers(groups.get("kill-kv-bridge") as number)).toEqual([]);
+    expect(r.total_ms).toBeGreaterThanOrEqual((r.cases[0]?.elapsed_ms ?? 0) + (r.cases[1]?.elapsed_ms ?? 0));
+  }, 90_000);
 });

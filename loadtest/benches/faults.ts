@@ -34,6 +34,11 @@
  * - clock-skew: in-process gateways (the `clock` option exists only in process), one with its clock
  *   +5 s, then -5 s, one peer; count samples where the skewed gateway holds the peer as dead, and
  *   check its own charges are released everywhere after the load.
+ *
+ * `runFaultsBench` runs each case in a process of its own under a time limit (loadtest/case-process.ts):
+ * a case past it is stopped with every process and server it started, and the others still run; a
+ * case's leftovers (an open connection, a timer) cannot keep the bench alive after its last line.
+ * Inside a case every wait has a deadline (`until`, `withDeadline`, HTTP timeouts, bounded closes).
  */
 import { DeliverPolicy } from "@nats-io/jetstream";
 import { Kvm } from "@nats-io/kv";
@@ -51,6 +56,8 @@ import { mulberry32 } from "../../services/shared/seeded-random.js";
 import { applyStreams } from "../../streams/apply.js";
 import { configBucketName, streamName } from "../../streams/definitions.js";
 import { Subjects } from "../../streams/subjects.js";
+import { runCaseProcess, stopCasesOnSignals } from "../case-process.js";
+import { compiledScript } from "../child.js";
 
 export type FaultCaseName = "kill-gateway" | "kill-nats-node-eventual" | "kill-nats-node-strict" | "nats-down-30s" | "kill-kv-bridge" | "clock-skew";
 export const FAULT_CASES: readonly FaultCaseName[] = ["kill-gateway", "kill-nats-node-eventual", "kill-nats-node-strict", "nats-down-30s", "kill-kv-bridge", "clock-skew"];
@@ -64,9 +71,27 @@ export interface FaultCaseResult {
   [detail: string]: unknown;
 }
 
+/** A case stopped at its time limit (every process it started killed). */
+export interface FaultCaseTimedOut {
+  case: FaultCaseName;
+  timed_out: true;
+  elapsed_ms: number;
+}
+
+/** A case that threw (its message), or whose process ended without a result. */
+export interface FaultCaseFailed {
+  case: FaultCaseName;
+  error: string;
+  elapsed_ms: number;
+}
+
+export type FaultCaseOutcome = (FaultCaseResult & { elapsed_ms: number }) | FaultCaseTimedOut | FaultCaseFailed;
+
 export interface FaultsResult {
   bench: "faults";
-  cases: FaultCaseResult[];
+  cases: FaultCaseOutcome[];
+  /** The whole suite, wall time. */
+  total_ms: number;
 }
 
 export interface FaultsOptions {
@@ -87,6 +112,8 @@ export interface FaultsOptions {
   skewsMs?: number[];
   /** kill-kv-bridge: chat requests before and after the kill (default 60 each). */
   kvRequests?: number;
+  /** Time limit of every case, or per case (default 0: each case's own, `faultCaseLimitMs`). */
+  caseTimeoutMs?: number | Partial<Record<FaultCaseName, number>>;
 }
 
 const MODEL = "bench/faults";
@@ -100,15 +127,34 @@ const silent = createLogger("bench-faults", "silent");
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 const log = (s: string) => console.error(s);
 
+/** `p`, or a rejection naming `what` once `ms` have passed (`p` itself is left to settle unobserved). */
+function withDeadline<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  const late = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`timed out after ${Math.round(ms)} ms waiting for ${what}`)), Math.max(0, ms));
+  });
+  p.catch(() => undefined);
+  return Promise.race([p, late]).finally(() => clearTimeout(timer));
+}
+
+/** Polls `fn` until it returns a value; an attempt that hangs counts against the same deadline. */
 async function until<T>(fn: () => Promise<T | undefined | false> | T | undefined | false, timeoutMs: number, what: string, everyMs = 20): Promise<T> {
   const deadline = performance.now() + timeoutMs;
   for (;;) {
-    const v = await fn();
+    const v = await withDeadline(Promise.resolve(fn()), deadline - performance.now(), what);
     if (v !== undefined && v !== false) return v;
     if (performance.now() > deadline) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
     await sleep(everyMs);
   }
 }
+
+/** Closes gateways (or anything with `close`) at once, none waited on for more than `ms`. */
+async function closeAll(xs: Array<{ close(): Promise<void> } | undefined>, ms = 15_000): Promise<void> {
+  await Promise.allSettled(xs.map((x) => (x ? withDeadline(x.close(), ms, "a close") : undefined)));
+}
+
+/** An HTTP call of the bench (admin endpoints, the simulator) never waits more than this. */
+const HTTP_TIMEOUT_MS = 10_000;
 
 // ---------------------------------------------------------------- gateways, either kind
 
@@ -142,7 +188,7 @@ async function processGw(id: string, nats: string[], o: { mode: "eventual" | "st
   );
   const line = await proc.waitForLine<{ port: number; adminPort: number }>((v) => typeof v.port === "number", 30_000);
   const base = `http://127.0.0.1:${line.adminPort}`;
-  const state = async () => (await (await fetch(`${base}/debug/state`)).json()) as DebugState;
+  const state = async () => (await (await fetch(`${base}/debug/state`, { signal: AbortSignal.timeout(HTTP_TIMEOUT_MS) })).json()) as DebugState;
   return {
     id,
     port: line.port,
@@ -160,7 +206,10 @@ async function processGw(id: string, nats: string[], o: { mode: "eventual" | "st
 
 async function inProcessGw(id: string, nats: string[], o: Partial<GatewayOptions>): Promise<Gw> {
   const gw = await startGateway({ nats, id, port: 0, host: "127.0.0.1", adminPort: -1, log: silent, heartbeatIntervalMs: 200, shutdownGraceMs: 300, snapshots: false, ...o });
-  await gw.whenReady();
+  await withDeadline(gw.whenReady(), 60_000, `gateway ${id} to be ready`).catch(async (err: unknown) => {
+    await closeAll([gw]);
+    throw err;
+  });
   return {
     id,
     port: gw.port,
@@ -266,7 +315,10 @@ class Load {
     return t;
   }
 
+  /** Stops launching (a case that failed mid-load gets here without `stop`) and closes the clients. */
   close(): void {
+    if (this.timer) clearInterval(this.timer);
+    this.timer = undefined;
     for (const t of this.targets) t.client.close();
   }
 
@@ -283,8 +335,9 @@ class Load {
     const s = this.stats;
     s.requests++;
     t.inFlight++;
-    const ex = t.client.open();
+    let ex: ExtProcExchange | undefined;
     try {
+      ex = t.client.open();
       const h = await ex.requestHeaders(this.headers);
       if (h.kind === "immediate") {
         s.immediate++;
@@ -306,7 +359,7 @@ class Load {
       s.failed++;
       s.failedBy[t.id] = (s.failedBy[t.id] ?? 0) + 1;
       s.firstError ??= err instanceof Error ? err.message : String(err);
-      ex.cancel();
+      ex?.cancel();
     } finally {
       t.inFlight--;
     }
@@ -408,7 +461,7 @@ export async function killGatewayCase(o: Required<FaultsOptions>): Promise<Fault
     return r;
   } finally {
     load?.close();
-    await Promise.allSettled(gws.map((g) => g.close()));
+    await closeAll(gws);
     await h.nc.close();
     await nats.stop();
   }
@@ -579,7 +632,7 @@ export async function killNatsNodeCase(mode: "eventual" | "strict", o: Required<
   } finally {
     for (const p of probes) p.cancel();
     load?.close();
-    await Promise.allSettled(gws.map((g) => g.close()));
+    await closeAll(gws);
     await h?.nc.close();
     await cluster.stop();
   }
@@ -626,7 +679,7 @@ export async function natsDownCase(o: Required<FaultsOptions>): Promise<FaultCas
     const downAt = performance.now();
     await sleep(Math.min(2_000, o.outageMs / 2));
     // What readiness says during the outage (reported, not judged).
-    const readyz = await Promise.all(gws.map(async (g) => (await fetch(`http://127.0.0.1:${g.adminPort}/readyz`)).status));
+    const readyz = await Promise.all(gws.map(async (g) => (await fetch(`http://127.0.0.1:${g.adminPort}/readyz`, { signal: AbortSignal.timeout(HTTP_TIMEOUT_MS) })).status));
     const health = await Promise.all(gws.map((g) => grpcHealth(g.port)));
     // Probes opened during the outage: their charges never reached the broker.
     for (const c of load.targets.map((t) => t.client)) {
@@ -671,7 +724,7 @@ export async function natsDownCase(o: Required<FaultsOptions>): Promise<FaultCas
   } finally {
     for (const p of probes) p.cancel();
     load?.close();
-    await Promise.allSettled(gws.map((g) => g.close()));
+    await closeAll(gws);
     await h?.nc.close();
     await nats.stop();
     const { rmSync } = await import("node:fs");
@@ -737,6 +790,7 @@ export async function killKvBridgeCase(o: Required<FaultsOptions>): Promise<Faul
           method: "POST",
           headers: { "content-type": "application/json" },
           body: JSON.stringify({ model, messages: [{ role: "system", content: systemPrompts[Math.floor(r() * systemPrompts.length)] }, { role: "user", content: `question ${Math.floor(r() * 8)}` }], max_tokens: 8 }),
+          signal: AbortSignal.timeout(HTTP_TIMEOUT_MS),
         });
         await res.arrayBuffer();
         if (res.status !== 200) failed++;
@@ -793,8 +847,7 @@ export async function killKvBridgeCase(o: Required<FaultsOptions>): Promise<Faul
     return res;
   } finally {
     await bridge?.kill();
-    await gw?.close();
-    await fleet?.close();
+    await closeAll([gw, fleet]);
     await h.nc.close();
     await nats.stop();
   }
@@ -863,8 +916,7 @@ export async function clockSkewCase(o: Required<FaultsOptions>): Promise<FaultCa
         log(`clock-skew ${skew} ms: ${stats.requests} requests, peer dead at the skewed gateway in ${peerDeadAtSkewed}/${samples} samples, expired ${row.expired_at_skewed}/${row.expired_at_peer}; every charge released ${row.drain_ms} ms after the load`);
       } finally {
         load.close();
-        await skewed.close();
-        await peer.close();
+        await closeAll([skewed, peer]);
       }
     }
     return {
@@ -885,6 +937,30 @@ export async function clockSkewCase(o: Required<FaultsOptions>): Promise<FaultCa
 
 // ---------------------------------------------------------------- the suite
 
+/**
+ * A case's time limit: its own load and outage lengths plus room for setup, heal and drain on a
+ * slow 2-core host (each case's worst observed run, below the limit, in docs/benchmarks.md). With
+ * the defaults every case's limit together is 530 s: the suite ends within 10 minutes even when
+ * every case is stopped at its limit.
+ */
+export function faultCaseLimitMs(c: FaultCaseName, o: Required<FaultsOptions>): number {
+  const given = typeof o.caseTimeoutMs === "number" ? o.caseTimeoutMs : (o.caseTimeoutMs[c] ?? 0);
+  if (given > 0) return given;
+  switch (c) {
+    case "kill-gateway":
+      return 2 * o.phaseMs + 60_000;
+    case "kill-nats-node-eventual":
+    case "kill-nats-node-strict":
+      return 2 * o.phaseMs + 110_000;
+    case "nats-down-30s":
+      return o.outageMs + 2 * o.phaseMs + 60_000;
+    case "kill-kv-bridge":
+      return 60_000;
+    case "clock-skew":
+      return o.skewsMs.length * (o.phaseMs + 15_000) + 20_000;
+  }
+}
+
 export function faultsDefaults(opts: FaultsOptions = {}): Required<FaultsOptions> {
   return {
     cases: opts.cases ?? [...FAULT_CASES],
@@ -896,20 +972,72 @@ export function faultsDefaults(opts: FaultsOptions = {}): Required<FaultsOptions
     heartbeatMs: opts.heartbeatMs ?? 200,
     skewsMs: opts.skewsMs ?? [5_000, -5_000],
     kvRequests: opts.kvRequests ?? 60,
+    caseTimeoutMs: opts.caseTimeoutMs ?? 0,
   };
 }
 
-export async function runFaultsBench(opts: FaultsOptions = {}): Promise<FaultsResult> {
-  const o = faultsDefaults(opts);
-  const cases: FaultCaseResult[] = [];
-  for (const c of o.cases) {
-    log(`faults: ${c} ...`);
-    if (c === "kill-gateway") cases.push(await killGatewayCase(o));
-    else if (c === "kill-nats-node-eventual") cases.push(await killNatsNodeCase("eventual", o));
-    else if (c === "kill-nats-node-strict") cases.push(await killNatsNodeCase("strict", o));
-    else if (c === "nats-down-30s") cases.push(await natsDownCase(o));
-    else if (c === "kill-kv-bridge") cases.push(await killKvBridgeCase(o));
-    else cases.push(await clockSkewCase(o));
+/** One case, in this process. */
+export function runFaultCase(c: FaultCaseName, o: Required<FaultsOptions>): Promise<FaultCaseResult> {
+  switch (c) {
+    case "kill-gateway":
+      return killGatewayCase(o);
+    case "kill-nats-node-eventual":
+      return killNatsNodeCase("eventual", o);
+    case "kill-nats-node-strict":
+      return killNatsNodeCase("strict", o);
+    case "nats-down-30s":
+      return natsDownCase(o);
+    case "kill-kv-bridge":
+      return killKvBridgeCase(o);
+    case "clock-skew":
+      return clockSkewCase(o);
   }
-  return { bench: "faults", cases };
+}
+
+const secs = (ms: number) => `${(ms / 1000).toFixed(1)} s`;
+
+function summary(r: FaultCaseResult): string {
+  return `${r.requests} requests, ${r.failed} failed, ${r.acked_events_lost} acked events lost, heal ${r.heal_ms} ms`;
+}
+
+export interface FaultsHooks {
+  /** Each case's process group, once it runs (tests check nothing of it is left afterwards). */
+  onCaseStart?: (c: FaultCaseName, pgid: number) => void;
+}
+
+/**
+ * Every case in a process of its own (loadtest/benches/faults-case.ts), one after the other, each
+ * under its time limit (`faultCaseLimitMs`): a case past it is stopped with everything it started
+ * and reported as `{case, timed_out: true, elapsed_ms}`; one that fails as `{case, error,
+ * elapsed_ms}`; the others run all the same. A line on stderr when each case starts and ends.
+ */
+export async function runFaultsBench(opts: FaultsOptions = {}, hooks: FaultsHooks = {}): Promise<FaultsResult> {
+  const o = faultsDefaults(opts);
+  const script = compiledScript("benches/faults-case.js");
+  const t0 = performance.now();
+  const cases: FaultCaseOutcome[] = [];
+  await stopCasesOnSignals(async () => {
+    for (const [i, c] of o.cases.entries()) {
+      const tag = `faults [${i + 1}/${o.cases.length}] ${c}`;
+      const limitMs = faultCaseLimitMs(c, o);
+      log(`${tag}: started (time limit ${secs(limitMs)})`);
+      const run = await runCaseProcess(script, [c, JSON.stringify(o)], { limitMs, name: `faults-${c}`, onStart: (pgid) => hooks.onCaseStart?.(c, pgid) });
+      const elapsed_ms = round(run.elapsedMs);
+      const r = run.result as (FaultCaseResult & { error?: string }) | undefined;
+      if (run.timedOut) {
+        cases.push({ case: c, timed_out: true, elapsed_ms });
+        log(`${tag}: TIMED OUT after ${secs(run.elapsedMs)}: stopped, ${run.killed} processes killed`);
+      } else if (!r || r.case !== c || r.error !== undefined) {
+        const error = r?.error ?? `the case process exited (${run.exitCode}) without a result`;
+        cases.push({ case: c, error, elapsed_ms });
+        log(`${tag}: FAILED after ${secs(run.elapsedMs)}: ${error}`);
+      } else {
+        cases.push({ ...r, elapsed_ms });
+        log(`${tag}: done in ${secs(run.elapsedMs)}: ${summary(r)}`);
+      }
+    }
+  });
+  const total_ms = round(performance.now() - t0);
+  log(`faults: ${cases.length} cases in ${secs(total_ms)}`);
+  return { bench: "faults", cases, total_ms };
 }

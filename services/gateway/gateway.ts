@@ -289,7 +289,7 @@ function metricSourcesOf(o: {
   const { state, director, publishers } = o;
   const ledger = state.ledger;
   return {
-    followers: () => o.followers.map((f, i) => ({ view: o.viewNames[i] ?? String(i), lastSeq: f.lastSeq, applied: f.applied, invalid: f.invalid, reopens: f.reopens, pending: f.pending, delayMs: f.delayMs })),
+    followers: () => o.followers.map((f, i) => ({ view: o.viewNames[i] ?? String(i), lastSeq: f.lastSeq, applied: f.applied, invalid: f.invalid, deadLetterPublishFailures: f.deadLetters.failed, reopens: f.reopens, pending: f.pending, delayMs: f.delayMs })),
     ledger: () => ({
       charges: ledger.size,
       evicted: ledger.evicted,

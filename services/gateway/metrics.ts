@@ -8,7 +8,7 @@ import type { DecisionRecord } from "../../schemas/events.js";
 import { strategyLabel } from "../routing/strategies/registry.js";
 
 export interface GatewayMetricsSources {
-  followers: () => Array<{ view: string; lastSeq: number; applied: number; invalid: number; reopens: number; pending: number; delayMs: number }>;
+  followers: () => Array<{ view: string; lastSeq: number; applied: number; invalid: number; deadLetterPublishFailures: number; reopens: number; pending: number; delayMs: number }>;
   ledger: () => { charges: number; evicted: number; expired: number; reconciledAdded: number; reconciledRemoved: number; liveGateways: number };
   prefixIndex: () => { entries: number; blocks: number; evictedEntries: number };
   strict: () => { committed: number; conflicts: number; fallbacks: number } | undefined;
@@ -107,6 +107,9 @@ export class GatewayMetrics {
     });
     gauge("jetroute_gateway_dead_letters", "Invalid events dead-lettered, per view", ["view"], (g) => {
       for (const f of src.followers()) g.set({ view: f.view }, f.invalid);
+    });
+    gauge("jetroute_gateway_dead_letter_publish_failures", "Dead letters the DLQ stream did not take (publish failed), per view", ["view"], (g) => {
+      for (const f of src.followers()) g.set({ view: f.view }, f.deadLetterPublishFailures);
     });
     gauge("jetroute_gateway_consumer_reopens", "Stream consumers reopened after being lost, per view", ["view"], (g) => {
       for (const f of src.followers()) g.set({ view: f.view }, f.reopens);

@@ -400,13 +400,15 @@ describe("kv-bridge - engines to the KV stream", () => {
     const run = async (pod: string, o: Partial<KvBridgeOptions>) => {
       const e = await engine();
       await podFor(pod, e);
-      // Every bridge still running bridges every pod: each letter is told apart by its consumer.
+      // Every bridge still running would bridge every pod, and the first bridge's letter of a
+      // batch is the only one the DLQ keeps (its Msg-Id names the batch): each run closes its own.
       const b = await bridge({ name: `bridge-${pod}`, ...o });
       await warm(b, pod, e);
       const sent = payloads(e);
       for (const p of sent) await e.publishPayload(p);
       await waitFor(() => b.stats.deadLetters === 2, 5_000, `${pod}: two dead letters`);
       const letters = await kvLetters(pod, 2, `bridge-${pod}`);
+      await b.close();
       // Out of the next bridge's way (it would bridge this pod too).
       await env.publishPod({ pod, address: "127.0.0.1:9", action: "remove" });
       pods.delete(pod);

@@ -8,11 +8,17 @@
  * `nats stream view` on the DLQ and reproduce the decode offline: multi-frame ZMQ messages travel
  * as the concatenation of their frames (`Jr-Dlq-Frames` lists each frame's length), and anything
  * larger than the bound (or the NATS payload limit) as a prefix (`Jr-Dlq-Payload: prefix`).
+ *
+ * A batch with an engine sequence carries `Nats-Msg-Id: dlq:kv:<model>:<pod>:<seq>:<digest>`: a
+ * restarted bridge replays the engine from its last published batch and so reads the bad batch
+ * again; the DLQ's duplicate window keeps the one entry. The digest is part of the id because an
+ * engine that restarts counts its sequence from 0 again (a new batch under an old number is a new
+ * entry).
  */
 import type { JetStreamClient } from "@nats-io/jetstream";
 import { headers as natsHeaders } from "@nats-io/transport-node";
 import type { Subjects } from "../../streams/subjects.js";
-import { type DeadLetterOptions, DlqHeaders, deadLetterBody, deadLetterLog, deadLetterPolicy, headerText, payloadHeaders } from "../shared/dead-letter.js";
+import { type DeadLetterOptions, DlqHeaders, deadLetterBody, deadLetterFailureLog, deadLetterLog, deadLetterPolicy, headerText, payloadHeaders } from "../shared/dead-letter.js";
 import type { Logger } from "../shared/log.js";
 
 export const KvDlqHeaders = {
@@ -36,6 +42,11 @@ export interface KvDeadLetter {
   /** What the frames are, when known (`EventBatch`: an engine batch payload). */
   type?: string;
   engineSeq?: number;
+}
+
+/** The `Nats-Msg-Id` of an engine batch's dead letter (see above). */
+export function kvDeadLetterMsgId(model: string, pod: string, engineSeq: number, digest: string): string {
+  return `dlq:kv:${model}:${pod}:${engineSeq}:${digest}`;
 }
 
 export interface DeadLetterCounters {
@@ -74,9 +85,10 @@ export class KvDeadLetters {
     h.set(KvDlqHeaders.frames, dl.frames.map((f) => f.length).join(","));
     if (dl.engineSeq !== undefined) h.set(KvDlqHeaders.engineSeq, String(dl.engineSeq));
     payloadHeaders(h, b, dl.type);
-    this.js.publish(this.subjects.deadLetter("kv"), b.body, { headers: h }).catch((err: unknown) => {
-      this.counters.deadLetterErrors++;
-      this.log.error({ err, pod: dl.pod }, "dead-letter publish failed");
+    const msgID = dl.engineSeq !== undefined ? kvDeadLetterMsgId(dl.model, dl.pod, dl.engineSeq, b.digest) : undefined;
+    this.js.publish(this.subjects.deadLetter("kv"), b.body, { headers: h, ...(msgID ? { msgID } : {}) }).catch((err: unknown) => {
+      const failed = ++this.counters.deadLetterErrors;
+      (this.o.failureLog ?? deadLetterFailureLog).warn(this.log, { err, pod: dl.pod, failedPublishes: failed }, "dead-letter publish failed");
     });
   }
 }

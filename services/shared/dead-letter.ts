@@ -9,9 +9,15 @@
  * batch holds the prompt's token ids). A process started with `--dlq-payloads` keeps the payload,
  * or its first `maxPayloadBytes`, for debugging.
  *
+ * A dead letter read from a stream carries `Nats-Msg-Id: dlq:<stream>:<seq>`, so the DLQ's
+ * duplicate window (streams/definitions.ts) keeps one entry per bad stream message: a process that
+ * reboots and re-reads it, or every replica reading it, adds none.
+ *
  * Logging is rate-limited per process (`DeadLetterLog`, on the `LogRate` rule): a consumer
  * re-reading a stream full of bad messages at boot, or an engine spewing garbage, writes a bounded
- * number of lines. The counters (metrics) count every dead letter.
+ * number of lines; so are failed DLQ publishes (`deadLetterFailureLog`: a missing or full DLQ
+ * stream fails every one of them). The counters (metrics) count every dead letter and every
+ * failed publish.
  */
 import { createHash } from "node:crypto";
 import type { JetStreamClient } from "@nats-io/jetstream";
@@ -53,6 +59,14 @@ export const DEAD_LETTER_DEFAULTS = {
   /** ... and the rest of the interval's counted in one summary line at its end. */
   logIntervalMs: 60_000,
 } as const;
+
+/**
+ * The `Nats-Msg-Id` of a dead letter read from a stream: the same stream message, the same id,
+ * whoever reads it and however often.
+ */
+export function deadLetterMsgId(stream: string, seq: number): string {
+  return `dlq:${stream}:${seq}`;
+}
 
 /** Room left in a NATS message for the DLQ headers. */
 export const DLQ_HEADER_ROOM = 4096;
@@ -128,21 +142,38 @@ function token(s: string): string {
 /**
  * The log shell of dead letters: one per process (`deadLetterLog`), shared by every sink, on a
  * `LogRate`. Held-back letters are reported in one summary line when their interval ends (a timer
- * that does not keep the process alive), through the logger of the last one held back.
+ * that does not keep the process alive), through the logger of the last one held back. Failed DLQ
+ * publishes have their own (`deadLetterFailureLog`, at `error`).
  */
 export class DeadLetterLog {
-  /** Dead letters seen, logged on a line of their own, held back into summaries. */
+  /** Events seen, logged on a line of their own, held back into summaries. */
   seen = 0;
   logged = 0;
   held = 0;
   private readonly rate: LogRate;
   private readonly now: () => number;
+  private readonly level: "warn" | "error";
+  private readonly summaryMsg: string;
+  private readonly countField: string;
   private timer?: NodeJS.Timeout;
   private summaryLog?: Logger;
 
-  constructor(o: { linesPerInterval?: number; intervalMs?: number; now?: () => number } = {}) {
+  constructor(
+    o: {
+      linesPerInterval?: number;
+      intervalMs?: number;
+      now?: () => number;
+      /** Level of every line, summaries included (default `warn`). */
+      level?: "warn" | "error";
+      /** The summary line's message, and the field that carries `seen` in it. */
+      summary?: { msg: string; countField: string };
+    } = {},
+  ) {
     this.rate = new LogRate(o.linesPerInterval ?? DEAD_LETTER_DEFAULTS.logLinesPerInterval, o.intervalMs ?? DEAD_LETTER_DEFAULTS.logIntervalMs);
     this.now = o.now ?? Date.now;
+    this.level = o.level ?? "warn";
+    this.summaryMsg = o.summary?.msg ?? "dead letters beyond the log rate: counted, not logged one by one";
+    this.countField = o.summary?.countField ?? "deadLetters";
   }
 
   warn(log: Logger, fields: Record<string, unknown>, msg: string): void {
@@ -151,7 +182,7 @@ export class DeadLetterLog {
     if (d.summary > 0) this.summarize(d.summary);
     if (d.log) {
       this.logged++;
-      log.warn(fields, msg);
+      log[this.level](fields, msg);
       return;
     }
     this.held++;
@@ -176,18 +207,29 @@ export class DeadLetterLog {
   }
 
   private summarize(n: number): void {
-    this.summaryLog?.warn({ notLogged: n, intervalMs: this.rate.intervalMs, deadLetters: this.seen }, "dead letters beyond the log rate: counted, not logged one by one");
+    this.summaryLog?.[this.level]({ notLogged: n, intervalMs: this.rate.intervalMs, [this.countField]: this.seen }, this.summaryMsg);
   }
 }
 
 /** Every sink of this process logs through this one (the rate is per process). */
 export const deadLetterLog = new DeadLetterLog();
 
+/**
+ * Every sink's failed publishes (the DLQ stream missing, full, or NATS away): the same rate, apart
+ * from the dead letters themselves, so a broken DLQ cannot flood the log either.
+ */
+export const deadLetterFailureLog = new DeadLetterLog({
+  level: "error",
+  summary: { msg: "dead-letter publishes failed beyond the log rate: counted, not logged one by one", countField: "failedPublishes" },
+});
+
 export interface DeadLetterOptions {
   /** Default: the process's (`setDeadLetterPolicy`), read at every send. */
   policy?: DeadLetterPolicy;
   /** Default: the process's `deadLetterLog`. */
   log?: DeadLetterLog;
+  /** Default: the process's `deadLetterFailureLog`. */
+  failureLog?: DeadLetterLog;
 }
 
 /** The headers every dead letter carries about its payload, and its body. */
@@ -211,6 +253,9 @@ export interface DeadLetter {
 
 export class DeadLetterSink {
   count = 0;
+  /** Publishes the DLQ stored, dropped as duplicates of an entry it holds (a re-read), failed. */
+  stored = 0;
+  duplicates = 0;
   failed = 0;
 
   constructor(
@@ -238,9 +283,16 @@ export class DeadLetterSink {
     if (dl.stream) h.set(DlqHeaders.stream, dl.stream);
     if (dl.seq !== undefined) h.set(DlqHeaders.seq, String(dl.seq));
     payloadHeaders(h, b, dl.type);
-    this.js.publish(this.subjects.deadLetter(dl.family), b.body, { headers: h }).catch((err: unknown) => {
-      this.failed++;
-      this.log.error({ err, subject: dl.subject, seq: dl.seq }, "dead-letter publish failed");
-    });
+    const msgID = dl.stream && dl.seq !== undefined ? deadLetterMsgId(dl.stream, dl.seq) : undefined;
+    this.js.publish(this.subjects.deadLetter(dl.family), b.body, { headers: h, ...(msgID ? { msgID } : {}) }).then(
+      (ack) => {
+        if (ack.duplicate) this.duplicates++;
+        else this.stored++;
+      },
+      (err: unknown) => {
+        this.failed++;
+        (this.o.failureLog ?? deadLetterFailureLog).warn(this.log, { err, subject: dl.subject, seq: dl.seq, failedPublishes: this.failed }, "dead-letter publish failed");
+      },
+    );
   }
 }

@@ -17,7 +17,8 @@ export interface NatsServerHandle {
   port: number;
   storeDir: string;
   proc: ChildProcess;
-  stop(): Promise<void>;
+  /** SIGTERM, then SIGKILL if the server has not exited within `graceMs` (default 10 s); removes the store dir it made. */
+  stop(graceMs?: number): Promise<void>;
   /** Stops with SIGKILL, keeping the store dir (crash tests restart on it). */
   kill(): Promise<void>;
 }
@@ -71,10 +72,14 @@ async function waitForPort(port: number, proc: ChildProcess, timeoutMs: number, 
   throw new Error(`nats-server did not listen on ${port} within ${timeoutMs} ms: ${log()}`);
 }
 
-function stopProc(proc: ChildProcess, signal: NodeJS.Signals): Promise<void> {
+function stopProc(proc: ChildProcess, signal: NodeJS.Signals, killAfterMs?: number): Promise<void> {
   if (proc.exitCode !== null || proc.signalCode !== null) return Promise.resolve();
   return new Promise((resolve) => {
-    proc.once("exit", () => resolve());
+    const t = killAfterMs === undefined ? undefined : setTimeout(() => proc.kill("SIGKILL"), killAfterMs);
+    proc.once("exit", () => {
+      clearTimeout(t);
+      resolve();
+    });
     proc.kill(signal);
   });
 }
@@ -163,8 +168,8 @@ export async function startNatsServer(opts: StartOptions = {}): Promise<NatsServ
     port,
     storeDir,
     proc,
-    async stop() {
-      await stopProc(proc, "SIGTERM");
+    async stop(graceMs = 10_000) {
+      await stopProc(proc, "SIGTERM", graceMs);
       if (!opts.storeDir) rmSync(storeDir, { recursive: true, force: true });
     },
     async kill() {

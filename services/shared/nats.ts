@@ -456,6 +456,11 @@ export async function connectNats(servers: string | string[] = process.env.NATS_
     throw new NatsConnectError(`cannot connect to NATS at ${where} (${security}): ${e.message}${hint ? `: ${hint}` : ""}`, { cause: err });
   }
   const js = jetstream(nc);
-  const jsm = await jetstreamManager(nc);
+  // Without JetStream (or before a fresh cluster elects its meta leader) this fails: the
+  // connection would otherwise stay, reconnecting forever, and keep the process alive.
+  const jsm = await jetstreamManager(nc).catch(async (err: unknown) => {
+    await nc.close().catch(() => undefined);
+    throw err;
+  });
   return { nc, js, jsm, security };
 }
