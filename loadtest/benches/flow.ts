@@ -72,6 +72,7 @@ import { configBucketName, streamName } from "../../streams/definitions.js";
 import { DEFAULT_PREFIX } from "../../streams/subjects.js";
 import { encodeToken } from "../../streams/tokens.js";
 import { processCpuUs } from "../proc-cpu.js";
+import { chunkContent, drainSseData, settledMessageCount } from "../streams-read.js";
 import { buildFlowMix, FLOW_MIX_DEFAULTS, type FlowMixOptions, type FlowObjective, type FlowRequest } from "../workloads/flow-mix.js";
 import { type Assembly, getJson, PREFIX_QUALITY_ENGINE_DEFAULTS, type PrefixQualityEngineOptions, percentile, startAssembly, waitUntil } from "./prefix-quality.js";
 
@@ -419,26 +420,10 @@ function sendChat(agent: http.Agent, port: number, r: FlowRequest, id: string, n
             if (text.length < 1_000_000) text += c;
             return;
           }
-          buf += c;
-          for (let sep = buf.indexOf("\n\n"); sep >= 0; sep = buf.indexOf("\n\n")) {
-            const event = buf.slice(0, sep);
-            buf = buf.slice(sep + 2);
-            for (const line of event.split("\n")) {
-              if (!line.startsWith("data: ")) continue;
-              const data = line.slice(6);
-              if (data === "[DONE]") {
-                sawDone = true;
-                continue;
-              }
-              if (firstTokenAt !== undefined) continue;
-              try {
-                const piece = (JSON.parse(data) as { choices?: Array<{ delta?: { content?: string } }> }).choices?.[0]?.delta?.content;
-                if (typeof piece === "string" && piece.length > 0) firstTokenAt = now();
-              } catch {
-                /* not a JSON event */
-              }
-            }
-          }
+          buf = drainSseData(buf + c, (data) => {
+            if (data === "[DONE]") sawDone = true;
+            else if (firstTokenAt === undefined && chunkContent(data) !== undefined) firstTokenAt = now();
+          });
         });
         res.on("end", () => {
           if (status !== 200) {
@@ -660,21 +645,8 @@ async function waitForRecords(asm: Assembly, h: NatsHandles, atLeast: number, la
   } finally {
     probe.destroy();
   }
-  const name = streamName(DEFAULT_PREFIX, "DECISIONS");
-  const deadline = performance.now() + 60_000;
-  let last = -1;
-  let stable = 0;
-  for (;;) {
-    const n = (await h.jsm.streams.info(name)).state.messages;
-    stable = n === last ? stable + 1 : 0;
-    last = n;
-    if (n >= atLeast && stable >= 5) return;
-    if (performance.now() > deadline) {
-      progress(`${label}: DECISIONS holds ${n} records, ${atLeast} expected at least; going on with what is there`);
-      return;
-    }
-    await sleep(100);
-  }
+  const { count, settled } = await settledMessageCount(h.jsm, streamName(DEFAULT_PREFIX, "DECISIONS"), atLeast, 60_000);
+  if (!settled) progress(`${label}: DECISIONS holds ${count} records, ${atLeast} expected at least; going on with what is there`);
 }
 
 async function configRejections(asm: Assembly): Promise<number> {

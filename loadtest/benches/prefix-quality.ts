@@ -38,6 +38,7 @@ import { freePort, type NatsServerHandle, startNatsServer } from "../../services
 import { type ServiceProcess, spawnJetroute } from "../../services/shared/processes.js";
 import { type ChatMessage, tokenizeChat } from "../../services/tokenizer/sim-tokenizer.js";
 import { applyStreams } from "../../streams/apply.js";
+import { chunkContent, drainSseData } from "../streams-read.js";
 import { buildSharedPrefixWorkload, SHARED_PREFIX_DEFAULTS, type SharedPrefixWorkload, type SharedPrefixWorkloadOptions } from "../workloads/shared-prefix.js";
 
 const MODEL = "bench/llama-3.1-70b";
@@ -266,30 +267,16 @@ function streamChat(agent: http.Agent, port: number, body: string, timeoutMs: nu
         }
         let buf = "";
         res.on("data", (c: string) => {
-          buf += c;
-          for (let sep = buf.indexOf("\n\n"); sep >= 0; sep = buf.indexOf("\n\n")) {
-            const event = buf.slice(0, sep);
-            buf = buf.slice(sep + 2);
-            for (const line of event.split("\n")) {
-              if (!line.startsWith("data: ")) continue;
-              const data = line.slice(6);
-              if (data === "[DONE]") {
-                done = true;
-                continue;
-              }
-              let parsed: { choices?: Array<{ delta?: { content?: string } }> };
-              try {
-                parsed = JSON.parse(data);
-              } catch {
-                continue;
-              }
-              const piece = parsed.choices?.[0]?.delta?.content;
-              if (typeof piece === "string" && piece.length > 0) {
-                ttftMs ??= performance.now() - t0;
-                text += piece;
-              }
+          buf = drainSseData(buf + c, (data) => {
+            if (data === "[DONE]") {
+              done = true;
+              return;
             }
-          }
+            const piece = chunkContent(data);
+            if (piece === undefined) return;
+            ttftMs ??= performance.now() - t0;
+            text += piece;
+          });
         });
         res.on("end", () => {
           if (done && ttftMs !== undefined) finish({ ok: true, ttftMs, text });

@@ -40,6 +40,7 @@ import { Subjects } from "../../streams/subjects.js";
 import { type Child, generatorScript, runNode } from "../child.js";
 import type { ExtProcLoadResult } from "../extproc-load.js";
 import { pollAll, processReplica, READY_TIMEOUT_MS, type Replica } from "../replicas.js";
+import { settledMessageCount } from "../streams-read.js";
 
 export const DEFAULT_REPLAY_STRATEGIES = ["least-request", "random", "power-of-two", "prefix-cache"] as const;
 export const DEFAULT_RECORDED_STRATEGIES = ["least-request", "power-of-two", "random"] as const;
@@ -115,7 +116,6 @@ const round = (x: number, digits = 0) => {
   return Math.round(x * f) / f;
 };
 const mb = (bytes: number) => round(bytes / 2 ** 20, 1);
-const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 
 interface Recording {
@@ -152,19 +152,9 @@ async function record(h: NatsHandles, replicas: Replica[], o: Required<Omit<Repl
 
   // Every request has ended at every replica, then DECISIONS stops growing: every record is in.
   await pollAll(replicas, (s) => s.inFlight === 0, o.drainTimeoutMs, "replicas to finish every request");
-  const name = streamName(PREFIX, "DECISIONS");
-  const deadline = performance.now() + o.drainTimeoutMs;
-  let last = -1;
-  let stable = 0;
-  for (;;) {
-    const n = (await h.jsm.streams.info(name)).state.messages;
-    stable = n === last ? stable + 1 : 0;
-    last = n;
-    // Streams cancelled at the end of a generator's window were routed too: the stream holds at least `completed`.
-    if (n >= completed && stable >= 5) break;
-    if (performance.now() > deadline) throw new Error(`DECISIONS holds ${n} records after ${o.drainTimeoutMs} ms; the generators completed ${completed} requests`);
-    await sleep(100);
-  }
+  // Streams cancelled at the end of a generator's window were routed too: the stream holds at least `completed`.
+  const { count: last, settled } = await settledMessageCount(h.jsm, streamName(PREFIX, "DECISIONS"), completed, o.drainTimeoutMs);
+  if (!settled) throw new Error(`DECISIONS holds ${last} records after ${o.drainTimeoutMs} ms; the generators completed ${completed} requests`);
   console.error(`DECISIONS holds ${last} records (generators completed ${completed}; the rest were cancelled at the end of the window)`);
   return { fromMs, toMs, seconds, results, decisionsInStream: last };
 }
