@@ -71,21 +71,26 @@ export class SigningKeyError extends Error {
   override name = "SigningKeyError";
 }
 
+/** A PEM key read with `create`, refused with a SigningKeyError unless it is a well-formed Ed25519 key. */
+function ed25519Key(create: (pem: string) => KeyObject, pem: string, kind: "private" | "public"): KeyObject {
+  let key: KeyObject;
+  try {
+    key = create(pem);
+  } catch (err) {
+    throw new SigningKeyError(`not a PEM ${kind} key (${(err as Error).message})`);
+  }
+  if (key.asymmetricKeyType !== "ed25519") throw new SigningKeyError(`an Ed25519 key is needed, got ${key.asymmetricKeyType ?? "an unknown type"}`);
+  return key;
+}
+
 /** Signs records with one Ed25519 private key (PEM, PKCS#8). */
 export class RecordSigner {
   private readonly key: KeyObject;
   readonly keyId: string;
 
   constructor(privateKeyPem: string) {
-    let key: KeyObject;
-    try {
-      key = createPrivateKey(privateKeyPem);
-    } catch (err) {
-      throw new SigningKeyError(`not a PEM private key (${(err as Error).message})`);
-    }
-    if (key.asymmetricKeyType !== "ed25519") throw new SigningKeyError(`an Ed25519 key is needed, got ${key.asymmetricKeyType ?? "an unknown type"}`);
-    this.key = key;
-    this.keyId = keyIdOf(key);
+    this.key = ed25519Key(createPrivateKey, privateKeyPem, "private");
+    this.keyId = keyIdOf(this.key);
   }
 
   /** The record with `sig` set (any previous one replaced), for storing under `subject`. */
@@ -108,13 +113,7 @@ export class RecordVerifier {
     const blocks = publicKeysPem.match(/-----BEGIN PUBLIC KEY-----[\s\S]*?-----END PUBLIC KEY-----/g) ?? [];
     if (blocks.length === 0) throw new SigningKeyError("no PEM public key (-----BEGIN PUBLIC KEY-----) found");
     for (const b of blocks) {
-      let key: KeyObject;
-      try {
-        key = createPublicKey(b);
-      } catch (err) {
-        throw new SigningKeyError(`not a PEM public key (${(err as Error).message})`);
-      }
-      if (key.asymmetricKeyType !== "ed25519") throw new SigningKeyError(`an Ed25519 key is needed, got ${key.asymmetricKeyType ?? "an unknown type"}`);
+      const key = ed25519Key(createPublicKey, b, "public");
       this.keys.set(keyIdOf(key), key);
     }
   }
