@@ -401,10 +401,8 @@ export class Director {
     const record = (waitMs: number) => ({ band: cls.band, ...(cls.objective !== undefined ? { objective: cls.objective } : {}), enqueuedAt: cls.enqueuedAt, waitMs });
     // Scheduled among the pods with room only (the subset is recorded, so replay re-decides the same way).
     // (Not for P/D: its prefill and decode pods are chosen by roles the subset would cut across.)
-    const withRoom = (): RouteInput => {
-      if (p.strategy.traits?.disaggregated) return input;
-      const roomy = this.flow.roomy(model, s);
-      if (!roomy) return input;
+    const withRoom = (roomy: string[] | undefined): RouteInput => {
+      if (!roomy || p.strategy.traits?.disaggregated) return input;
       const allowed = input.subset ? roomy.filter((a) => input.subset?.includes(a)) : roomy;
       return allowed.length > 0 ? { ...input, subset: allowed } : input;
     };
@@ -414,10 +412,10 @@ export class Director {
     const held: Held = {
       model,
       cls,
-      dispatch: (waitMs) => {
+      dispatch: (waitMs, subset) => {
         if (onAbort) signal?.removeEventListener("abort", onAbort);
         try {
-          const r = commit({ ...p, flow: record(waitMs) }, withRoom());
+          const r = commit({ ...p, flow: record(waitMs) }, withRoom(subset));
           if (r instanceof Promise) r.then(settle?.resolve, settle?.reject);
           else settle?.resolve(r);
         } catch (err) {
@@ -430,7 +428,7 @@ export class Director {
       },
     };
     const offered = this.flow.offer(held, input.body.length, s);
-    if (offered.now) return commit({ ...p, flow: record(0) }, withRoom());
+    if (offered.now) return commit({ ...p, flow: record(0) }, withRoom(offered.subset));
     const id = offered.id as number;
     return new Promise<RoutedRequest>((resolve, reject) => {
       settle = { resolve, reject };

@@ -48,7 +48,7 @@ function fixture(flowControl: FlowControl | undefined, podNames = ["a", "b"]) {
       fail: (err) => void log.push(`${err.code} ${name}`),
     };
     const r = flow.offer(held, 100, s);
-    if (r.now) held.dispatch(0);
+    if (r.now) held.dispatch(0, r.subset);
     return r.now ? "now" : "held";
   };
   return {

@@ -16,7 +16,7 @@ import type { ModelConfig } from "../../../schemas/config.js";
 import type { ChargeLedger } from "../../views/charge-ledger.js";
 import type { LoadReader } from "../../views/load-view.js";
 import type { ConfigReader } from "../../views/model-config.js";
-import type { PodSetReader } from "../../views/pod-set.js";
+import type { PodInfo, PodSetReader } from "../../views/pod-set.js";
 import type { UsageReader } from "../../views/usage-view.js";
 import { RouteError } from "../errors.js";
 import type { FleetQueues } from "./fleet.js";
@@ -37,8 +37,11 @@ export interface FlowHooks {
 export interface Held {
   readonly model: string;
   readonly cls: FlowClass;
-  /** Runs the request's scheduling and charge (synchronously: the ledger sees it before the next room check). */
-  dispatch(waitMs: number): void;
+  /**
+   * Runs the request's scheduling and charge (synchronously: the ledger sees it before the next
+   * room check), among `subset` (the addresses of the pods with room) when some pods are full.
+   */
+  dispatch(waitMs: number, subset: string[] | undefined): void;
   /** Answers the request with an error (expired, shed, shutting down). */
   fail(err: RouteError): void;
 }
@@ -77,6 +80,8 @@ export interface OfferResult {
   readonly now: boolean;
   /** When it was held: its queue id (to `cancel`). */
   readonly id?: number;
+  /** When it goes now and some pods are full: the addresses of those with room (schedule among these). */
+  readonly subset?: string[];
 }
 
 export class FlowController {
@@ -141,7 +146,10 @@ export class FlowController {
       return this.hold({ ...held, cls: { ...cls, expiresAt } }, bytes, s);
     }
     const ahead = q?.summary().some((b) => b.band >= cls.band && b.count > 0) === true;
-    if (!ahead && !this.blocked(model, cls.band, now) && this.detector.hasRoom(pods, s.saturation, now)) return { now: true };
+    if (!ahead && !this.blocked(model, cls.band, now)) {
+      const roomy = this.withRoom(pods, s, now);
+      if (roomy.length > 0) return { now: true, ...subsetOf(roomy, pods) };
+    }
     return this.hold(held, bytes, s);
   }
 
@@ -235,10 +243,12 @@ export class FlowController {
    * strategy that prefers a busy pod cannot pour held requests into it.
    */
   roomy(model: string, s: FlowSettings): string[] | undefined {
-    const now = this.opts.now();
     const pods = this.opts.views.pods.readyPods(model);
-    const roomy = pods.filter((p) => !this.detector.podRoom(p, s.saturation, now).full);
-    return roomy.length === pods.length || roomy.length === 0 ? undefined : roomy.map((p) => p.address);
+    return subsetOf(this.withRoom(pods, s, this.opts.now()), pods).subset;
+  }
+
+  private withRoom(pods: readonly PodInfo[], s: FlowSettings, now: number): PodInfo[] {
+    return pods.filter((p) => !this.detector.podRoom(p, s.saturation, now).full);
   }
 
   /**
@@ -265,10 +275,10 @@ export class FlowController {
         this.failAll(model, q, now, new RouteError("noReadyPod", `no ready pod for model \`${model}\``));
         continue;
       }
-      let budget = 0;
-      for (const p of pods) if (!this.detector.podRoom(p, s.saturation, now).full) budget++;
+      let budget = this.withRoom(pods, s, now).length;
       while (budget > 0 && q.size > 0) {
-        if (!this.detector.hasRoom(pods, s.saturation, now)) break;
+        const roomy = this.withRoom(pods, s, now);
+        if (roomy.length === 0) break;
         const next = q.peek(
           (flow) => this.opts.views.usage.tokens(userOfFlow(flow), now),
           (band) => !this.blocked(model, band, now),
@@ -277,24 +287,24 @@ export class FlowController {
         q.take(next.id);
         budget--;
         sent++;
-        this.go(next, now);
+        this.go(next, now, subsetOf(roomy, pods).subset);
       }
       this.dropIfEmpty(model);
     }
     return sent;
   }
 
-  private go(d: HeldRequest<Held>, now: number): void {
+  private go(d: HeldRequest<Held>, now: number, subset: string[] | undefined): void {
     const waitMs = now - d.enqueuedAt;
     this.opts.hooks?.outcome?.(d.band, "dispatched", waitMs);
-    d.value.dispatch(waitMs);
+    d.value.dispatch(waitMs, subset);
   }
 
   private flush(model: string, q: FlowQueue<Held>, now: number): number {
     let n = 0;
     for (let d = q.peek(() => 0); d; d = q.peek(() => 0)) {
       q.take(d.id);
-      this.go(d, now);
+      this.go(d, now, undefined);
       n++;
     }
     this.dropIfEmpty(model);
@@ -319,6 +329,11 @@ export class FlowController {
     for (const [model, q] of [...this.queues]) n += this.failAll(model, q, now, err);
     return n;
   }
+}
+
+/** The addresses of `roomy` when they are not all of `pods` (nor none): the subset to schedule among. */
+function subsetOf(roomy: readonly PodInfo[], pods: readonly PodInfo[]): { subset?: string[] } {
+  return roomy.length === pods.length || roomy.length === 0 ? {} : { subset: roomy.map((p) => p.address) };
 }
 
 /** The user a flow key belongs to (least-attained reads the user's usage): see settings.ts `flowKeyOf`. */
