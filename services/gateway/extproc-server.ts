@@ -27,8 +27,10 @@ import {
   fromProtoStruct,
   Headers,
   headersToRecord,
+  destinationList,
   LB_METADATA_NAMESPACE,
   ROUTING_CONTROLLED_HEADERS,
+  SERVED_ENDPOINT_KEY,
   setHeader,
   SUBSET_HINT_KEY,
   SUBSET_HINT_NAMESPACE,
@@ -89,6 +91,14 @@ export interface ExtProcHandlerOptions {
    * prefill pod name are echoed either way.
    */
   exposePodAddresses?: boolean;
+  /**
+   * Endpoint picker protocol: how many fallback endpoints follow the chosen one in
+   * `x-gateway-destination-endpoint` and its `envoy.lb` metadata (0, the default: the chosen one
+   * alone). The proxy tries them in order when its retry policy allows. Never for P/D requests.
+   */
+  destinationFallbacks?: number;
+  /** The proxy reported (`x-gateway-destination-endpoint-served`) that an endpoint other than the chosen one served the request. */
+  servedElsewhere?: (routed: RoutedRequest, served: string) => void;
   /** Bearer API-key authentication (`--auth required`); absent: every request is let through. */
   auth?: {
     /** Checks the `authorization` header value (never logged). */
@@ -387,7 +397,19 @@ class Exchange {
   }
 
   private replyRouted(routed: RoutedRequest) {
-    const target = this.shared.targets.of(routed.pod.address, routed.strategy);
+    let target = this.shared.targets.of(routed.pod.address, routed.strategy);
+    const fallbacks = routed.pd ? 0 : (this.opts.destinationFallbacks ?? 0);
+    if (fallbacks > 0) {
+      // The protocol's ordered list: header and metadata carry the same value (AIBrix's target-pod stays the chosen one).
+      const list = destinationList(routed.pod.address, routed.candidates, routed.better, fallbacks, this.subset).join(",");
+      if (list !== routed.pod.address) {
+        target = {
+          ...target,
+          headers: [setHeader(Headers.destinationEndpoint, list), ...target.headers.slice(1)],
+          metadata: toProtoStruct({ [LB_METADATA_NAMESPACE]: { [Headers.destinationEndpoint]: list } }),
+        };
+      }
+    }
     const set = [...target.headers, setHeader(Headers.requestId, routed.requestId)];
     // The gateway's body goes out instead of the client's: a tenant's cache salt, P/D's decode leg (transfer params or bootstrap fields).
     if (routed.body) set.push(setHeader(Headers.contentLength, String(routed.body.length)));
@@ -449,6 +471,8 @@ class Exchange {
   private onResponseHeaders(req: ProcessingRequest) {
     const h = headersToRecord(req.response_headers?.headers);
     const routed = this.routed;
+    const served = servedEndpoint(req);
+    if (routed && served !== undefined && served !== routed.pod.address) this.opts.servedElsewhere?.(routed, served);
     this.status = Number.parseInt(h[Headers.status] ?? "0", 10) || 0;
     this.responseStarted = true;
     this.responseIsSse = (h[Headers.contentType] ?? "").includes("text/event-stream");
@@ -511,6 +535,14 @@ class Exchange {
     } else this.send({ response_body: CONTINUE });
     if (b?.end_of_stream) this.finish(this.status >= 400 ? "error" : "completed");
   }
+}
+
+/** The endpoint the proxy reports as the one that served the request (response-path metadata), if any. */
+function servedEndpoint(req: ProcessingRequest): string | undefined {
+  const ns = req.metadata_context?.filter_metadata?.[LB_METADATA_NAMESPACE];
+  if (!ns) return undefined;
+  const v = fromProtoStruct(ns)[SERVED_ENDPOINT_KEY];
+  return typeof v === "string" && v.length <= 300 ? v.trim() : undefined;
 }
 
 function safeModel(body: Buffer): string | undefined {

@@ -405,6 +405,8 @@ function extProcOptionsOf(config: GatewayConfig, views: GatewayViews, metrics: G
     listModels: () => [...new Set(views.pods.all().flatMap((p) => [p.model, ...p.adapters]))].sort(),
     usageClamped: () => metrics.usageClamped(),
     exposePodAddresses: config.exposePodAddresses,
+    destinationFallbacks: config.destinationFallbacks,
+    servedElsewhere: () => metrics.servedElsewhere(),
     ...(config.engineApiKey ? { engineApiKey: config.engineApiKey } : {}),
   };
 }
