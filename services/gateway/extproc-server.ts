@@ -14,6 +14,7 @@
  * replaces any client-sent `user` header, for the router and for the upstream request; a key
  * with a `cacheSalt` puts the request under that salt (the body Envoy forwards carries it).
  */
+import { randomUUID } from "node:crypto";
 import type * as grpc from "@grpc/grpc-js";
 import { type AuthFailureReason, type AuthResult, authFailureMessage } from "./auth.js";
 import { openAIError, RouteError, routeErrorBody } from "../routing/errors.js";
@@ -99,6 +100,11 @@ export interface ExtProcHandlerOptions {
   destinationFallbacks?: number;
   /** The proxy reported (`x-gateway-destination-endpoint-served`) that an endpoint other than the chosen one served the request. */
   servedElsewhere?: (routed: RoutedRequest, served: string) => void;
+  /**
+   * InferenceModelRewrite (docs/inference-pool.md): the model a request for `model` is sent for
+   * instead, chosen per request id; absent or `active()` false: no rewriting (and no body parse).
+   */
+  modelRewrites?: { active(): boolean; rewrite(model: string, requestId: string): { model: string } | undefined };
   /** Bearer API-key authentication (`--auth required`); absent: every request is let through. */
   auth?: {
     /** Checks the `authorization` header value (never logged). */
@@ -212,6 +218,8 @@ class Exchange {
   /** The authenticated key's cache salt: the request runs under it (tenant isolation). */
   private tenantSalt: string | undefined;
   private readonly errorBody: Buffer[] = [];
+  /** The client's body with its model rewritten (InferenceModelRewrite): what the engine gets. */
+  private rewrittenBody: Buffer | undefined;
   private errorBytes = 0;
   /** Aborted when the stream is over: work for this request (a P/D prefill leg) stops. */
   private readonly gone = new AbortController();
@@ -362,8 +370,12 @@ class Exchange {
       return this.reject(new RouteError("unsupportedPath", `${(headers[Headers.method] ?? "").slice(0, 16)} ${path.slice(0, 128)} is not routed; routed paths: ${ROUTED_PATHS.join(", ")}, and GET /v1/models`));
     }
     if (!this.opts.isReady()) return this.reject(new RouteError("notReady", "gateway is catching up with the streams; retry shortly"));
-    const body = this.bodyParts.length === 1 ? (this.bodyParts[0] as Buffer) : Buffer.concat(this.bodyParts);
+    let body = this.bodyParts.length === 1 ? (this.bodyParts[0] as Buffer) : Buffer.concat(this.bodyParts);
     this.bodyParts = [];
+    if (this.opts.modelRewrites?.active()) {
+      this.rewrittenBody = rewriteModelInBody(body, headers[Headers.requestId] || randomUUID(), this.opts.modelRewrites);
+      body = this.rewrittenBody ?? body;
+    }
     let result: RoutedRequest | Promise<RoutedRequest>;
     try {
       result = this.router.route({ headers, body, subset: this.subset, signal: this.gone.signal, ...(this.keyObjective ? { keyObjective: this.keyObjective } : {}), ...(this.tenantSalt ? { tenantSalt: this.tenantSalt } : {}) });
@@ -411,14 +423,15 @@ class Exchange {
       }
     }
     const set = [...target.headers, setHeader(Headers.requestId, routed.requestId)];
-    // The gateway's body goes out instead of the client's: a tenant's cache salt, P/D's decode leg (transfer params or bootstrap fields).
-    if (routed.body) set.push(setHeader(Headers.contentLength, String(routed.body.length)));
+    // The gateway's body goes out instead of the client's: a tenant's cache salt, P/D's decode leg (transfer params or bootstrap fields), a rewritten model.
+    const upstream = routed.body ?? this.rewrittenBody;
+    if (upstream) set.push(setHeader(Headers.contentLength, String(upstream.length)));
     this.send({
       request_body: {
         response: {
           status: "CONTINUE",
           header_mutation: { set_headers: set },
-          ...(routed.body ? { body_mutation: { body: routed.body } } : {}),
+          ...(upstream ? { body_mutation: { body: upstream } } : {}),
           clear_route_cache: true,
         },
       },
@@ -543,6 +556,22 @@ function servedEndpoint(req: ProcessingRequest): string | undefined {
   if (!ns) return undefined;
   const v = fromProtoStruct(ns)[SERVED_ENDPOINT_KEY];
   return typeof v === "string" && v.length <= 300 ? v.trim() : undefined;
+}
+
+/** The body with its `model` replaced when a rewrite applies to it; undefined otherwise (or when it is not a JSON object). */
+function rewriteModelInBody(body: Buffer, requestId: string, rw: NonNullable<ExtProcHandlerOptions["modelRewrites"]>): Buffer | undefined {
+  let parsed: unknown;
+  try {
+    parsed = JSON.parse(body.toString("utf8"));
+  } catch {
+    return undefined;
+  }
+  if (typeof parsed !== "object" || parsed === null || Array.isArray(parsed)) return undefined;
+  const model = (parsed as { model?: unknown }).model;
+  if (typeof model !== "string") return undefined;
+  const to = rw.rewrite(model, requestId);
+  if (!to || to.model === model) return undefined;
+  return Buffer.from(JSON.stringify({ ...(parsed as object), model: to.model }));
 }
 
 function safeModel(body: Buffer): string | undefined {

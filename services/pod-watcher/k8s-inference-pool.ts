@@ -23,6 +23,8 @@ import { clusterSourceName, DEFAULT_BLIND_AFTER_MS, defaultLeaseNamespace, inClu
 import { INFERENCE_POOL_API_VERSION, type InferencePoolSpec, type KubeInferencePool, parseInferencePool, type PoolProblem, poolEndpoints } from "./inference-pool.js";
 import { ModelDiscovery } from "./model-discovery.js";
 import { defaultWatcherId, type PodWatcherHandle, startSourceRuntime } from "./pod-watcher.js";
+import { checkObjectivesApiVersion } from "./pool-policy.js";
+import { type PoolPolicyWatch, startPoolPolicyWatch } from "./pool-policy-watch.js";
 
 export interface InferencePoolWatcherOptions extends Omit<KubernetesWatcherOptions, "namespaces" | "labelSelector"> {
   /** `<namespace>/<name>` of the InferencePool. */
@@ -70,6 +72,7 @@ export async function startInferencePoolWatcher(o: InferencePoolWatcherOptions):
   const log = o.log;
   const { namespace, name } = parsePoolRef(o.inferencePool);
   const [group, version] = checkPoolApiVersion(o.poolApiVersion).split("/") as [string, string];
+  if (o.objectivesApiVersion !== "none") checkObjectivesApiVersion(o.objectivesApiVersion);
   const kc = loadKubeConfig(o.kubeconfig);
   const cluster = clusterSourceName(kc, inClusterConfig(o.kubeconfig));
   const source = o.source ?? (cluster !== undefined ? `${cluster}-inferencepool-${namespace}-${name}` : undefined);
@@ -109,7 +112,7 @@ export async function startInferencePoolWatcher(o: InferencePoolWatcherOptions):
       log.error({ pool: `${namespace}/${name}`, problem, reason, keeping: lastValid ? "the last valid spec" : "no endpoints" }, "InferencePool refused");
     }
   };
-  let policy: { watched: Watched[]; stats: Record<string, number>; setModels(models: string[]): void; stop(): Promise<void> } | undefined;
+  let policy: PoolPolicyWatch | undefined;
 
   const derive = () => {
     const obj = (poolWatch.informer.list() as unknown as KubeInferencePool[]).find((p) => p.metadata?.name === name) as (KubeInferencePool & { metadata: { uid?: string; generation?: number } }) | undefined;
@@ -163,7 +166,13 @@ export async function startInferencePoolWatcher(o: InferencePoolWatcherOptions):
   // Engines that did not answer are asked again, and answers refreshed, without waiting for an event.
   const tick = setInterval(deriveSoon, 1_000);
   tick.unref();
-  // POLICY-HOOK
+  if (o.objectivesApiVersion !== "none") {
+    policy = await startPoolPolicyWatch({
+      kc, nc: rt.nats.nc, prefix: o.prefix ?? "jr", ...(o.pool !== undefined ? { gatewayPool: o.pool } : {}), namespace, pool: name, apiVersion: o.objectivesApiVersion, log, settings,
+      isLeader: () => rt.isLeader() && rt.publisher.isActive, ...(o.signer ? { signer: o.signer } : {}),
+    });
+    watched.push(...policy.watched);
+  }
   const starting = superviseInformers(watched, {
     log,
     own,
