@@ -180,6 +180,30 @@ describe("InferencePool discovery: kubectl -> API stand-in -> pod-watcher --infe
     await waitFor(() => w.stats.poolInvalid === 0, 5_000, "valid again");
   });
 
+  it("an HA pair on a Lease: only the leader publishes; when it stops, the standby takes over and the endpoints stay; another source's pods are untouched", async () => {
+    await podApply("ha-0", { app: "ha", model: "llama-8b" });
+    await setStatus("ha-0", true, "127.0.0.2");
+    await pool("ha", { app: "ha" }, [portA]);
+    await env.publishPod({ model: "llama-8b", pod: "static-0", address: "127.0.0.9:1", source: "someone-else" });
+    const start = (id: string) => startInferencePoolWatcher({ nats: env.server.url, kubeconfig, inferencePool: "default/ha", source: "pool-ha", watcherId: id, leaderElection: true, leaseMs: 1_500, heartbeatMs: 200, modelLabel: "model", objectivesApiVersion: "none", log: quietLog });
+    const a = await start("ha-a");
+    const b = await start("ha-b");
+    try {
+      await waitFor(() => [a, b].filter((w) => w.isLeader()).length === 1, 8_000, "one leader");
+      await waitFor(() => every((g) => ready(g, "llama-8b").includes(`ha-0.default@127.0.0.2:${portA}`)), 5_000, "pool endpoint routable");
+      expect(await kubectl("get", "lease", "-o", "name")).toContain("lease.coordination.k8s.io/jetroute-pod-watcher-pool-ha");
+      const [leader, standby] = a.isLeader() ? [a, b] : [b, a];
+      await leader.close();
+      await waitFor(() => standby.isLeader(), 8_000, "standby took over");
+      await kubectl("label", "pod", "ha-0", "app=gone", "--overwrite");
+      await waitFor(() => every((g) => !ready(g, "llama-8b").some((p) => p.startsWith("ha-0."))), 5_000, "the new leader applies changes");
+      expect(every((g) => ready(g, "llama-8b").includes("static-0@127.0.0.9:1"))).toBe(true);
+    } finally {
+      await a.close().catch(() => undefined);
+      await b.close().catch(() => undefined);
+    }
+  });
+
   it("an unknown API version, and a cluster without the CRD, are clear errors at start", async () => {
     await expect(startInferencePoolWatcher({ nats: env.server.url, kubeconfig, inferencePool: "default/x", poolApiVersion: "inference.networking.x-k8s.io/v1alpha2", log: quietLog })).rejects.toThrow(/unknown InferencePool API version .* implements inference.networking.k8s.io\/v1/);
     await expect(startInferencePoolWatcher({ nats: env.server.url, kubeconfig, inferencePool: "Bad/x", log: quietLog })).rejects.toThrow(/--inference-pool must be <namespace>\/<name>/);
