@@ -15,12 +15,13 @@
  * watched by pool-policy-watch.ts and published to the config bucket for the gateways.
  */
 import { CoreV1Api, CustomObjectsApi, type KubeConfig } from "@kubernetes/client-node";
+import type { Logger } from "../shared/log.js";
 import type { NatsHandles } from "../shared/nats.js";
 import { informersBlind, type KubernetesObjectList, superviseInformers, type Watched, watchObjects, watchPods } from "./k8s-informers.js";
 import { kubeLeaseStore } from "./k8s-lease.js";
 import type { KubePod } from "./k8s-pods.js";
 import { clusterSourceName, DEFAULT_BLIND_AFTER_MS, defaultLeaseNamespace, inClusterConfig, type KubernetesWatcherOptions, loadKubeConfig, oncePerTurn, vouchGate, watcherLeaseName } from "./kubernetes.js";
-import { INFERENCE_POOL_API_VERSION, type InferencePoolSpec, type KubeInferencePool, parseInferencePool, type PoolProblem, poolEndpoints } from "./inference-pool.js";
+import { INFERENCE_POOL_API_VERSION, type InferencePoolSpec, type KubeInferencePool, parseInferencePool, type PoolEndpoints, poolEndpoints } from "./inference-pool.js";
 import { ModelDiscovery } from "./model-discovery.js";
 import { defaultWatcherId, type PodWatcherHandle, startSourceRuntime } from "./pod-watcher.js";
 import { checkObjectivesApiVersion } from "./pool-policy.js";
@@ -68,6 +69,68 @@ async function checkServed(kc: KubeConfig, group: string, version: string, names
   }
 }
 
+type PoolWatcherCounters = Record<string, number> & { endpoints: number; poolPresent: number; poolInvalid: number };
+
+/**
+ * Which spec of the pool is in force: the pool's own when it validates, else the last valid spec
+ * of the same pool object (by uid). Each refusal is logged and counted once per pool generation.
+ */
+class PoolSpecTracker {
+  private lastValid: { uid: string; spec: InferencePoolSpec } | undefined;
+  private reported = "";
+
+  constructor(
+    private readonly pool: string,
+    private readonly own: PoolWatcherCounters,
+    private readonly log: Logger,
+  ) {}
+
+  current(obj: KubeInferencePool | undefined, synced: boolean): InferencePoolSpec | undefined {
+    this.own.poolPresent = obj ? 1 : 0;
+    if (!obj) {
+      this.lastValid = undefined;
+      this.own.poolInvalid = 0;
+      if (synced && this.reported !== "absent") {
+        if (this.own.endpoints > 0) this.log.warn({ pool: this.pool }, "InferencePool gone: its endpoints leave");
+        this.reported = "absent";
+      }
+      return undefined;
+    }
+    const meta = obj.metadata as { uid?: string; generation?: number } | undefined;
+    const uid = meta?.uid ?? "";
+    const parsed = parseInferencePool(obj);
+    const key = `${parsed.ok ? "ok" : "bad"} ${uid} ${meta?.generation ?? 0}`;
+    if (parsed.ok) {
+      this.lastValid = { uid, spec: parsed.spec };
+      this.own.poolInvalid = 0;
+    } else {
+      if (this.lastValid?.uid !== uid) this.lastValid = undefined;
+      this.own.poolInvalid = 1;
+      if (key !== this.reported) {
+        const counter = { "too-many-ports": "poolRejectedTooManyPorts", "duplicate-ports": "poolRejectedDuplicatePorts", "empty-selector": "poolRejectedEmptySelector", invalid: "poolRejectedInvalid" } as const;
+        this.own[counter[parsed.problem]] = (this.own[counter[parsed.problem]] ?? 0) + 1;
+        this.log.error({ pool: this.pool, problem: parsed.problem, reason: parsed.reason, keeping: this.lastValid ? "the last valid spec" : "no endpoints" }, "InferencePool refused");
+      }
+    }
+    this.reported = key;
+    return this.lastValid?.spec;
+  }
+}
+
+/** The endpoint figures of one derivation. */
+function countEndpoints(own: PoolWatcherCounters, e: PoolEndpoints | undefined, discovery: ModelDiscovery): void {
+  const states = e ? [...e.desired.values()] : [];
+  own.endpoints = states.length;
+  own.ready = states.filter((s) => s.ready).length;
+  own.pods = new Set(states.map((s) => s.address.slice(0, s.address.lastIndexOf(":")))).size;
+  own.skippedNoIp = e?.noIp ?? 0;
+  own.skippedInvalid = e?.invalid.length ?? 0;
+  own.undiscovered = e?.undiscovered.length ?? 0;
+  own.mixedModels = e?.mixedModels.length ?? 0;
+  own.modelAsks = discovery.stats.asked;
+  own.modelAskFailures = discovery.stats.failed;
+}
+
 export async function startInferencePoolWatcher(o: InferencePoolWatcherOptions): Promise<PodWatcherHandle> {
   const log = o.log;
   const { namespace, name } = parsePoolRef(o.inferencePool);
@@ -99,56 +162,17 @@ export async function startInferencePoolWatcher(o: InferencePoolWatcherOptions):
   watched = [poolWatch, podWatch];
 
   const discovery = new ModelDiscovery({ changed: () => deriveSoon(), ...(o.modelsRefreshMs ? { refreshMs: o.modelsRefreshMs } : {}), ...(process.env.JETROUTE_ENGINE_API_KEY ? { apiKey: process.env.JETROUTE_ENGINE_API_KEY } : {}) });
-  // The last valid spec of the current pool object (by uid): a bad edit keeps it in force.
-  let lastValid: { uid: string; spec: InferencePoolSpec } | undefined;
-  let reported = "";
+  const specs = new PoolSpecTracker(`${namespace}/${name}`, own, log);
   let mixedReported = "";
-  const report = (key: string, problem: PoolProblem | undefined, reason: string | undefined) => {
-    if (key === reported) return;
-    reported = key;
-    if (problem) {
-      const counter = { "too-many-ports": "poolRejectedTooManyPorts", "duplicate-ports": "poolRejectedDuplicatePorts", "empty-selector": "poolRejectedEmptySelector", invalid: "poolRejectedInvalid" } as const;
-      own[counter[problem]]++;
-      log.error({ pool: `${namespace}/${name}`, problem, reason, keeping: lastValid ? "the last valid spec" : "no endpoints" }, "InferencePool refused");
-    }
-  };
   let policy: PoolPolicyWatch | undefined;
 
   const derive = () => {
-    const obj = (poolWatch.informer.list() as unknown as KubeInferencePool[]).find((p) => p.metadata?.name === name) as (KubeInferencePool & { metadata: { uid?: string; generation?: number } }) | undefined;
-    own.poolPresent = obj ? 1 : 0;
-    let spec: InferencePoolSpec | undefined;
-    if (!obj) {
-      lastValid = undefined;
-      own.poolInvalid = 0;
-      if (poolWatch.synced) report("absent", undefined, undefined);
-      if (poolWatch.synced && reported === "absent" && own.endpoints > 0) log.warn({ pool: `${namespace}/${name}` }, "InferencePool gone: its endpoints leave");
-    } else {
-      const parsed = parseInferencePool(obj);
-      const uid = obj.metadata.uid ?? "";
-      if (parsed.ok) {
-        lastValid = { uid, spec: parsed.spec };
-        own.poolInvalid = 0;
-        report(`ok ${uid} ${obj.metadata.generation ?? 0}`, undefined, undefined);
-      } else {
-        if (lastValid?.uid !== uid) lastValid = undefined;
-        own.poolInvalid = 1;
-        report(`bad ${uid} ${obj.metadata.generation ?? 0}`, parsed.problem, parsed.reason);
-      }
-      spec = lastValid?.spec;
-    }
+    const obj = (poolWatch.informer.list() as unknown as KubeInferencePool[]).find((p) => p.metadata?.name === name);
+    const spec = specs.current(obj, poolWatch.synced);
     const pods = podWatch.informer.list() as unknown as KubePod[];
     const e = spec ? poolEndpoints({ namespace, spec, pods, ...(o.modelLabel ? { modelLabel: o.modelLabel } : {}), discovered: discovery.known }) : undefined;
     discovery.track(e?.asked ?? []);
-    own.endpoints = e?.desired.size ?? 0;
-    own.ready = e ? [...e.desired.values()].filter((s) => s.ready).length : 0;
-    own.pods = e ? new Set([...e.desired.values()].map((s) => s.address.slice(0, s.address.lastIndexOf(":")))).size : 0;
-    own.skippedNoIp = e?.noIp ?? 0;
-    own.skippedInvalid = e?.invalid.length ?? 0;
-    own.undiscovered = e?.undiscovered.length ?? 0;
-    own.mixedModels = e?.mixedModels.length ?? 0;
-    own.modelAsks = discovery.stats.asked;
-    own.modelAskFailures = discovery.stats.failed;
+    countEndpoints(own, e, discovery);
     const mixed = e?.mixedModels.join(",") ?? "";
     if (mixed !== mixedReported) {
       mixedReported = mixed;
