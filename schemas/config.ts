@@ -6,6 +6,7 @@
  */
 import { type Static, Type } from "@sinclair/typebox";
 import { TypeCompiler } from "@sinclair/typebox/compiler";
+import { AutoscalePolicy } from "./autoscale.js";
 import { RecordSignature } from "./signature.js";
 
 const Tokens = Type.Integer({ minimum: 0 });
@@ -254,4 +255,5 @@ export const CONFIG_SCHEMAS = {
   "rate-limits": RateLimits,
   "api-key": ApiKeyRecord,
   pool: PoolConfig,
+  "autoscale-policy": AutoscalePolicy,
 } as const;

@@ -7,6 +7,7 @@
  * travel unescaped in the payload (subjects carry the escaped token); 64-bit hashes are strings.
  */
 import { type Static, type TSchema, Type } from "@sinclair/typebox";
+import { AutoscaleRecommendation } from "./autoscale.js";
 import { RecordSignature } from "./signature.js";
 
 const Name = Type.String({ minLength: 1, maxLength: 253 });
@@ -519,6 +520,7 @@ export const EVENT_SCHEMAS = {
   "kv-cleared": KvPodCleared,
   "kv-routed": KvRouted,
   usage: UsageSummary,
+  autoscale: AutoscaleRecommendation,
 } as const;
 
 export type EventType = keyof typeof EVENT_SCHEMAS;

@@ -1,0 +1,33 @@
+/**
+ * `jetroute autoscaler`: evaluates the config bucket's autoscaling policies against the fleet's
+ * streams and publishes every evaluation on the AUTOSCALE stream (docs/autoscaling.md).
+ */
+import type { Command } from "commander";
+import { addNamespaceOptions, intOption, namespaceFlags, untilSignal } from "../shared/cli-options.js";
+import { createLogger } from "../shared/log.js";
+import { DEFAULT_AUTOSCALER_LEASE_MS, DEFAULT_TICK_MS, startAutoscaler } from "./service.js";
+
+export function registerAutoscalerCommand(program: Command): void {
+  addNamespaceOptions(
+    program
+      .command("autoscaler")
+      .description("evaluate the autoscaling policies (config bucket `autoscale.<name>`) on the fleet's streams; publish every recommendation on AUTOSCALE")
+      .option("--id <id>", "this instance's identity in the lease and its records (default: <hostname>-<pid>-<random>)")
+      .option("--tick-ms <ms>", "evaluation round interval (each policy also keeps its own intervalMs)", intOption(100), DEFAULT_TICK_MS)
+      .option("--leader-election", "run as one of an HA pair: only the holder of the lease publishes (NATS KV lease `autoscaler`)")
+      .option("--lease-ms <ms>", "lease duration; the standby takes over within it", intOption(1000), DEFAULT_AUTOSCALER_LEASE_MS),
+  ).action(async (o) => {
+    const log = createLogger("autoscaler");
+    const { nats, prefix } = namespaceFlags(o);
+    let handle: Awaited<ReturnType<typeof startAutoscaler>>;
+    try {
+      handle = await startAutoscaler({ nats, prefix, ...(o.id !== undefined ? { id: o.id } : {}), tickMs: o.tickMs, leaderElection: o.leaderElection === true, leaseMs: o.leaseMs, log });
+    } catch (err) {
+      log.error((err as Error).message);
+      process.exit(2);
+    }
+    await untilSignal();
+    await handle.close();
+    process.exit(0);
+  });
+}

@@ -1,0 +1,86 @@
+import { describe, expect, it } from "vitest";
+import { DrainTracker } from "./drain.js";
+import { CapacityLearner, planPd } from "./pd-planner.js";
+import { chooseVictims } from "./victims.js";
+
+describe("chooseVictims", () => {
+  const pods = [
+    { pod: "a", ready: true, inFlight: 3, uniqueBlocks: 0 },
+    { pod: "b", ready: true, inFlight: 0, uniqueBlocks: 900 },
+    { pod: "c", ready: true, inFlight: 0, uniqueBlocks: 10 },
+    { pod: "d", ready: false, inFlight: 5, uniqueBlocks: 5000 },
+    { pod: "e", ready: true, inFlight: 0, uniqueBlocks: 10 },
+  ];
+  it("removes not-ready pods first, then the fewest in flight, then the fewest blocks only they cache, then by name", () => {
+    expect(chooseVictims(pods, 4).map((v) => v.pod)).toEqual(["d", "c", "e", "b"]);
+    expect(chooseVictims(pods, 2).map((v) => v.deletionCost)).toEqual([-1_000_000, -999_999]);
+    expect(chooseVictims(pods, 0)).toEqual([]);
+  });
+});
+
+describe("DrainTracker", () => {
+  it("removes an idle pod only once every gateway acknowledged its draining event, and a busy one at the grace deadline", () => {
+    const t = new DrainTracker(30_000);
+    t.mark("p1", 1000);
+    t.mark("p2", 1000);
+    const inFlight = new Map([
+      ["p1", 0],
+      ["p2", 2],
+    ]);
+    let ackedUpTo = 0;
+    const step = (now: number) => t.step({ now, inFlight: (p) => inFlight.get(p) ?? 0, acknowledged: (seq) => seq <= ackedUpTo });
+    // Not yet published on PODS: a gateway may still route to it, whatever the ledger says.
+    expect(step(2000)).toEqual([]);
+    t.published("p1", 41);
+    t.published("p2", 42);
+    expect(step(3000)).toEqual([]); // published, not acknowledged
+    ackedUpTo = 42;
+    expect(step(4000)).toEqual([{ pod: "p1", reason: "idle", inFlight: 0, drainedMs: 3000 }]);
+    expect(step(20_000)).toEqual([]); // p2 still has 2 in flight
+    inFlight.set("p2", 1);
+    expect(step(31_000)).toEqual([{ pod: "p2", reason: "grace", inFlight: 1, drainedMs: 30_000 }]);
+    expect(t.size).toBe(0);
+  });
+
+  it("gives draining pods back on a scale-up, newest mark first", () => {
+    const t = new DrainTracker(30_000);
+    t.mark("old", 1000);
+    t.mark("new", 2000);
+    expect(t.reclaim(1)).toEqual(["new"]);
+    expect(t.list().map((d) => d.pod)).toEqual(["old"]);
+  });
+});
+
+describe("planPd", () => {
+  it("sizes prefill by uncached prompt tokens and decode by output tokens (worked by hand)", () => {
+    // 10 req/s x 2,000 prompt tokens x (1 - 0.5) = 10,000 prefill tok/s / 4,000 per pod -> 3
+    // 10 req/s x 200 output tokens = 2,000 decode tok/s / 500 per pod -> 4
+    const p = planPd({ requestsPerS: 10, meanPromptTokens: 2000, meanOutputTokens: 200, prefixHitRate: 0.5 }, { prefillTokensPerS: 4000, decodeTokensPerS: 500 }, { maxPods: 16 });
+    expect(p).toMatchObject({ prefill: 3, decode: 4, overBudget: false, prefillTokensPerS: 10_000, decodeTokensPerS: 2000 });
+  });
+  it("shares a too-small budget in proportion, at least one pod per role", () => {
+    const p = planPd({ requestsPerS: 10, meanPromptTokens: 2000, meanOutputTokens: 200, prefixHitRate: 0.5 }, { prefillTokensPerS: 4000, decodeTokensPerS: 500 }, { maxPods: 4 });
+    // 3 + 4 = 7 > 4: prefill round(4 x 3/7) = 2, decode 2
+    expect(p).toMatchObject({ prefill: 2, decode: 2, overBudget: true, unbudgeted: { prefill: 3, decode: 4 } });
+    const tiny = planPd({ requestsPerS: 10, meanPromptTokens: 100_000, meanOutputTokens: 1, prefixHitRate: 0 }, { prefillTokensPerS: 4000, decodeTokensPerS: 500 }, { maxPods: 2 });
+    expect(tiny).toMatchObject({ prefill: 1, decode: 1 });
+  });
+  it("asks for zero pods with no demand", () => {
+    expect(planPd({ requestsPerS: 0, meanPromptTokens: 0, meanOutputTokens: 0, prefixHitRate: 0 }, { prefillTokensPerS: 1, decodeTokensPerS: 1 }, { maxPods: 4 })).toMatchObject({ prefill: 0, decode: 0 });
+  });
+});
+
+describe("CapacityLearner", () => {
+  it("rises on intervals within target, falls to a throughput that missed it, and ignores empty intervals", () => {
+    const c = new CapacityLearner(1000, 500);
+    c.observe(600, 200); // within target but below the prior: proves nothing new
+    expect([c.value, c.fromHistory]).toEqual([1000, false]);
+    c.observe(1500, 450);
+    expect(c.value).toBe(1500);
+    c.observe(1200, 900); // missed the target at 1,200: the pods cannot do 1,500
+    expect(c.value).toBe(1200);
+    c.observe(0, 10_000);
+    c.observe(800, undefined);
+    expect(c.value).toBe(1200);
+  });
+});

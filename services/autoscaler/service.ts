@@ -1,0 +1,239 @@
+/**
+ * `jetroute autoscaler`: folds the fleet like a gateway that routes nothing (PODS, LOAD, CHARGES,
+ * DECISIONS, flow control's summaries), evaluates every policy of the config bucket
+ * (`autoscale.<name>`, live) once per interval, and publishes each evaluation on the AUTOSCALE
+ * stream. Run two for HA: only the holder of the lease publishes (the other evaluates too, so a
+ * takeover starts with warm windows).
+ *
+ * The decisions are the pure modules beside this file (runner, evaluator, kpa, apa, pd-planner);
+ * this shell only moves events in and records out.
+ */
+import { randomBytes } from "node:crypto";
+import { hostname } from "node:os";
+import { type KV, type KvEntry, Kvm } from "@nats-io/kv";
+import { AUTOSCALE_KEY_PREFIX, type AutoscalePolicy, type AutoscaleRecommendation, autoscalePolicyError, resolvePolicy } from "../../schemas/autoscale.js";
+import { configBucketName, streamName } from "../../streams/definitions.js";
+import { isStreamNotFound } from "../../streams/errors.js";
+import { STREAM_EVENT_TYPES } from "../../streams/event-types.js";
+import { Subjects } from "../../streams/subjects.js";
+import { decodeToken } from "../../streams/tokens.js";
+import { FleetQueues, parseSummary } from "../routing/flow/fleet.js";
+import { StreamFollower } from "../shared/follower.js";
+import { kvLeaseStore } from "../shared/kv-lease.js";
+import { LeaderElector } from "../shared/leader.js";
+import type { Logger } from "../shared/log.js";
+import { connectNats, type NatsHandles } from "../shared/nats.js";
+import { GatewayState } from "../views/gateway-state.js";
+import { OutcomeWindow } from "./outcomes.js";
+import { createRunner, type PolicyRunner } from "./runner.js";
+import type { QueueReading, SignalSources } from "./signals.js";
+
+export const DEFAULT_TICK_MS = 1000;
+export const DEFAULT_AUTOSCALER_LEASE_MS = 12_000;
+/** DECISIONS history read at start: the longest default window (the stable window, 180 s) and some. */
+const OUTCOME_HISTORY_MS = 10 * 60_000;
+
+export interface AutoscalerOptions {
+  nats: string | string[];
+  prefix: string;
+  id?: string;
+  /** How often policies are evaluated (each policy's own `intervalMs` is honoured as a minimum). */
+  tickMs?: number;
+  leaderElection?: boolean;
+  leaseMs?: number;
+  log: Logger;
+  clock?: () => number;
+}
+
+export interface AutoscalerHandle {
+  readonly id: string;
+  readonly nats: NatsHandles;
+  isLeader(): boolean;
+  /** Policies in force, by name. */
+  policies(): ReadonlyMap<string, PolicyRunner>;
+  /** Runs one evaluation round now (tests; the timer calls it every tick). */
+  evaluate(): AutoscaleRecommendation[];
+  readonly stats: { evaluations: number; published: number; publishErrors: number; invalidPolicies: number };
+  whenReady(): Promise<void>;
+  close(): Promise<void>;
+}
+
+export async function startAutoscaler(o: AutoscalerOptions): Promise<AutoscalerHandle> {
+  const log = o.log;
+  const clock = o.clock ?? Date.now;
+  const id = o.id ?? `${hostname()}-${process.pid}-${randomBytes(3).toString("hex")}`;
+  const nats = await connectNats(o.nats, `jetroute-autoscaler-${id}`);
+  const subjects = new Subjects(o.prefix);
+  const autoscaleStream = streamName(o.prefix, "AUTOSCALE");
+  try {
+    await nats.jsm.streams.info(autoscaleStream);
+  } catch (err) {
+    await nats.nc.close();
+    if (isStreamNotFound(err)) throw new Error(`stream ${autoscaleStream} does not exist: run \`jetroute streams apply\` first`);
+    throw err;
+  }
+  const state = new GatewayState({});
+  const outcomes = new OutcomeWindow();
+  const fleet = new FleetQueues({ self: id, boundMs: 0 });
+  const stats = { evaluations: 0, published: 0, publishErrors: 0, invalidPolicies: 0 };
+  const followers = createFollowers(nats, subjects, o.prefix, id, state, outcomes, log);
+  const flowSub = nats.nc.subscribe(subjects.all("flow"), {
+    callback: (err, m) => {
+      if (err) return;
+      try {
+        const parsed = parseSummary(m.json());
+        if (parsed) fleet.apply(parsed.summary, clock());
+      } catch {
+        // Not JSON: the gateways' own reader counts these; nothing to scale on.
+      }
+    },
+  });
+  const runners = new Map<string, PolicyRunner>();
+  const policyWatch = await watchPolicies(nats, o.prefix, runners, stats, log);
+  const elector = o.leaderElection
+    ? new LeaderElector({ store: await kvLeaseStore(nats, o.prefix, "autoscaler"), me: id, durationMs: o.leaseMs ?? DEFAULT_AUTOSCALER_LEASE_MS, log, onChange: (l) => log.info({ leader: l }, l ? "autoscaler lease acquired: publishing" : "autoscaler lease lost: evaluating only") })
+    : undefined;
+  elector?.start();
+  await Promise.all(followers.map((f) => f.start()));
+  const ready = Promise.all(followers.map((f) => f.whenCaughtUp())).then(() => log.info({ id, policies: runners.size }, "autoscaler caught up"));
+
+  const queues = (model: string): QueueReading => {
+    let queued = 0;
+    let oldest: number | undefined;
+    for (const r of fleet.dump()) {
+      for (const b of r.models[model] ?? []) {
+        queued += b.count;
+        if (oldest === undefined || b.oldest < oldest) oldest = b.oldest;
+      }
+    }
+    return oldest === undefined ? { queued } : { queued, oldest };
+  };
+  const sources: SignalSources = { pods: state.pods, load: state.load, ledger: state.ledger, queues, outcomes };
+  const isLeader = () => (elector ? elector.isLeader() : true);
+  const lastRun = new Map<string, number>();
+  const evaluate = (): AutoscaleRecommendation[] => {
+    const now = clock();
+    state.sweep(now, { liveNow: now });
+    fleet.sweep(now);
+    const out: AutoscaleRecommendation[] = [];
+    for (const [name, r] of runners) {
+      const last = lastRun.get(name);
+      if (last !== undefined && now - last < r.policy.intervalMs * 0.9) continue;
+      lastRun.set(name, now);
+      const rec = r.evaluate({ now, autoscaler: id }, sources);
+      stats.evaluations++;
+      out.push(rec);
+      // A lost lease stops publishing at once: isLeader() is false from the moment the lease lapses.
+      if (!isLeader()) continue;
+      nats.js.publish(subjects.autoscale(name), JSON.stringify(rec)).then(
+        () => stats.published++,
+        (err: unknown) => {
+          stats.publishErrors++;
+          log.warn({ policy: name, err: (err as Error).message }, "recommendation not published");
+        },
+      );
+    }
+    return out;
+  };
+  const timer = setInterval(() => {
+    try {
+      evaluate();
+    } catch (err) {
+      log.error({ err }, "evaluation failed");
+    }
+  }, o.tickMs ?? DEFAULT_TICK_MS);
+  timer.unref?.();
+
+  return {
+    id,
+    nats,
+    isLeader,
+    policies: () => runners,
+    evaluate,
+    stats,
+    whenReady: () => ready.then(() => undefined),
+    async close() {
+      clearInterval(timer);
+      flowSub.unsubscribe();
+      await elector?.stop(true);
+      policyWatch.stop();
+      await Promise.all(followers.map((f) => f.stop()));
+      await nats.nc.drain().catch(() => undefined);
+    },
+  };
+}
+
+type Follower = Pick<StreamFollower<never>, "start" | "whenCaughtUp" | "stop">;
+
+function createFollowers(nats: NatsHandles, subjects: Subjects, prefix: string, id: string, state: GatewayState, outcomes: OutcomeWindow, log: Logger): Follower[] {
+  const fold = (stream: "pods" | "load" | "charges") => (ev: Parameters<GatewayState["apply"]>[0], m: { seq: number; subject: string; serverTs: number }) => void state.apply(ev, { stream, ...m });
+  return [
+    new StreamFollower({ nats, subjects, log, name: `autoscaler-${id}-pods`, family: "pods", types: STREAM_EVENT_TYPES.PODS, stream: streamName(prefix, "PODS"), startAt: { kind: "last-per-subject" }, onEvent: fold("pods") }),
+    new StreamFollower({ nats, subjects, log, name: `autoscaler-${id}-load`, family: "load", types: STREAM_EVENT_TYPES.LOAD, stream: streamName(prefix, "LOAD"), startAt: { kind: "last-per-subject" }, onEvent: fold("load") }),
+    new StreamFollower({ nats, subjects, log, name: `autoscaler-${id}-charges`, family: "charges", types: STREAM_EVENT_TYPES.CHARGES, stream: streamName(prefix, "CHARGES"), startAt: { kind: "time", sinceMs: Date.now() - 90_000 }, onEvent: fold("charges") }),
+    new StreamFollower({
+      nats, subjects, log, name: `autoscaler-${id}-decisions`, family: "decisions", types: STREAM_EVENT_TYPES.DECISIONS,
+      stream: streamName(prefix, "DECISIONS"), startAt: { kind: "time", sinceMs: Date.now() - OUTCOME_HISTORY_MS },
+      onEvent: (d) => {
+        // Routed requests that ran (not refusals, not the prefill leg of a P/D pair).
+        if (d.pick === null || d.outcome === "rejected" || d.pd?.leg === "prefill") return;
+        outcomes.add(d.model, {
+          ts: d.ts,
+          ...(d.ttftMs !== undefined ? { ttftMs: d.ttftMs } : {}),
+          ...(d.tpotMs !== undefined ? { tpotMs: d.tpotMs } : {}),
+          ...(d.promptTokens !== undefined ? { promptTokens: d.promptTokens } : {}),
+          ...(d.completionTokens !== undefined ? { completionTokens: d.completionTokens } : {}),
+        });
+      },
+    }),
+  ];
+}
+
+/** Keeps `runners` in step with the bucket's `autoscale.*` entries; an invalid entry is logged and leaves the policy as it was. */
+async function watchPolicies(nats: NatsHandles, prefix: string, runners: Map<string, PolicyRunner>, stats: { invalidPolicies: number }, log: Logger): Promise<{ stop(): void }> {
+  const kv: KV = await new Kvm(nats.js).open(configBucketName(prefix));
+  const apply = (e: KvEntry) => {
+    let name: string;
+    try {
+      name = decodeToken(e.key.slice(AUTOSCALE_KEY_PREFIX.length));
+    } catch {
+      return;
+    }
+    if (e.operation !== "PUT") {
+      if (runners.delete(name)) log.info({ policy: name }, "autoscaling policy removed");
+      return;
+    }
+    let value: unknown;
+    try {
+      value = e.json();
+    } catch {
+      value = undefined;
+    }
+    const err = value === undefined ? "not JSON" : autoscalePolicyError(value);
+    if (err) {
+      stats.invalidPolicies++;
+      log.error({ policy: name.slice(0, 128), err }, "invalid autoscaling policy in the config bucket: ignored (the previous one, if any, stays)");
+      return;
+    }
+    const prev = runners.get(name);
+    const policy = resolvePolicy(value as AutoscalePolicy);
+    if (prev && JSON.stringify(prev.policy) === JSON.stringify(policy)) return;
+    runners.set(name, createRunner(name, policy));
+    log.info({ policy: name, algorithm: policy.algorithm, model: policy.model }, prev ? "autoscaling policy changed" : "autoscaling policy loaded");
+  };
+  const watch = await kv.watch({ key: `${AUTOSCALE_KEY_PREFIX}>` });
+  // The watch delivers every current value first, then updates.
+  void (async () => {
+    for await (const e of watch) apply(e);
+  })().catch((err: unknown) => log.warn({ err }, "autoscaling policy watch ended"));
+  await applyCurrent(kv, apply);
+  return { stop: () => watch.stop() };
+}
+
+/** Applies the current entries directly, so the first evaluation round already has them. */
+async function applyCurrent(kv: KV, apply: (e: KvEntry) => void): Promise<void> {
+  for await (const k of await kv.keys(`${AUTOSCALE_KEY_PREFIX}>`)) {
+    const e = await kv.get(k);
+    if (e) apply(e);
+  }
+}
