@@ -84,3 +84,21 @@ describe("CapacityLearner", () => {
     expect(c.value).toBe(1200);
   });
 });
+
+describe("GatewayAcks", () => {
+  it("a draining event is acknowledged once every live gateway's beat has folded past it; a gateway without podsSeq never acknowledges", async () => {
+    const { GatewayAcks } = await import("./acks.js");
+    const a = new GatewayAcks();
+    a.observe({ gateway: "g1", state: "up", podsSeq: 10 });
+    a.observe({ gateway: "g2", state: "up", podsSeq: 12 });
+    expect(a.acknowledged(11, ["g1", "g2"])).toBe(false);
+    expect(a.waitingFor(11, ["g1", "g2"])).toEqual(["g1"]);
+    a.observe({ gateway: "g1", state: "up", podsSeq: 11 });
+    a.observe({ gateway: "g1", state: "up", podsSeq: 9 }); // a late part of an older beat
+    expect(a.acknowledged(11, ["g1", "g2"])).toBe(true);
+    a.observe({ gateway: "old", state: "up" });
+    expect(a.acknowledged(1, ["g1", "old"])).toBe(false);
+    // A gateway that is not live (gone, its charges dropped by the ledger) is not waited for.
+    expect(a.acknowledged(11, ["g1", "g2"])).toBe(true);
+  });
+});
