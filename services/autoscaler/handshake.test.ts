@@ -1,4 +1,5 @@
 import { describe, expect, it } from "vitest";
+import { planApply } from "./apply-plan.js";
 import { DrainTracker } from "./drain.js";
 import { CapacityLearner, planPd } from "./pd-planner.js";
 import { chooseVictims } from "./victims.js";
@@ -100,5 +101,37 @@ describe("GatewayAcks", () => {
     expect(a.acknowledged(1, ["g1", "old"])).toBe(false);
     // A gateway that is not live (gone, its charges dropped by the ledger) is not waited for.
     expect(a.acknowledged(11, ["g1", "g2"])).toBe(true);
+  });
+});
+
+describe("planApply", () => {
+  const pods = ["p0", "p1", "p2", "p3"].map((pod, i) => ({ pod, ready: true, inFlight: 3 - i, uniqueBlocks: 0 }));
+  it("scales down by marking the cheapest pods (spec unchanged), then lowers spec by the pods drained", () => {
+    const t = new DrainTracker(30_000);
+    const marks = planApply({ now: 0, desired: 2, spec: 4, pods, drain: true, removed: [] }, t);
+    // p3 and p2 hold the fewest requests (0 and 1)
+    expect(marks.map((s) => (s.kind === "mark" ? s.victim.pod : s.kind))).toEqual(["p3", "p2"]);
+    // Next round: the same desired count marks nothing more.
+    expect(planApply({ now: 1000, desired: 2, spec: 4, pods, drain: true, removed: [] }, t)).toEqual([]);
+    t.published("p3", 5);
+    const removed = t.step({ now: 2000, inFlight: () => 0, acknowledged: () => true });
+    expect(removed.map((r) => r.pod)).toEqual(["p3"]); // p2's event is not on PODS yet
+    expect(planApply({ now: 2000, desired: 2, spec: 4, pods, drain: true, removed }, t)).toEqual([{ kind: "scale", replicas: 3, removed }]);
+  });
+  it("a scale-up takes draining pods back before adding any", () => {
+    const t = new DrainTracker(30_000);
+    planApply({ now: 0, desired: 2, spec: 4, pods, drain: true, removed: [] }, t);
+    // Both marked at once: the later name goes back first (a fixed order every replica agrees on).
+    expect(planApply({ now: 1, desired: 3, spec: 4, pods, drain: true, removed: [] }, t)).toEqual([{ kind: "unmark", pod: "p3" }]);
+    expect(planApply({ now: 2, desired: 6, spec: 4, pods, drain: true, removed: [] }, t)).toEqual([
+      { kind: "unmark", pod: "p2" },
+      { kind: "scale", replicas: 6, removed: [] },
+    ]);
+    expect(t.size).toBe(0);
+  });
+  it("without the handshake, spec is the desired count and Kubernetes picks the pods", () => {
+    const t = new DrainTracker(30_000);
+    expect(planApply({ now: 0, desired: 1, spec: 4, pods, drain: false, removed: [] }, t)).toEqual([{ kind: "scale", replicas: 1, removed: [] }]);
+    expect(planApply({ now: 0, desired: 4, spec: 4, pods, drain: false, removed: [] }, t)).toEqual([]);
   });
 });
