@@ -13,8 +13,8 @@
  *   `pod-deletion-cost`, which are exactly the marked ones.
  * Without the handshake (`drain: false`), spec is set to desired and Kubernetes picks the pods.
  */
-import type { DrainTracker, Removal } from "./drain.js";
-import { chooseVictims, type PodCost, type Victim } from "./victims.js";
+import type { DrainingPod, DrainTracker, Removal } from "./drain.js";
+import { chooseVictims, DELETION_COST_ANNOTATION, type PodCost, type Victim } from "./victims.js";
 
 export type ApplyStep =
   | { kind: "unmark"; pod: string }
@@ -53,9 +53,56 @@ export function planApply(i: ApplyInput, tracker: DrainTracker): ApplyStep[] {
   } else if (i.desired < active) {
     const candidates = i.pods.filter((p) => !tracker.has(p.pod));
     for (const victim of chooseVictims(candidates, active - i.desired)) {
-      const d = tracker.mark(victim.pod, i.now);
+      const d = tracker.mark(victim.pod, i.now, victim.deletionCost);
       steps.push({ kind: "mark", victim, deadline: d.deadline });
     }
   }
   return steps;
+}
+
+export const DRAIN_DEADLINE_ANNOTATION = "jetroute.io/drain-deadline";
+
+/** A workload's pod as Kubernetes lists it (name in PODS terms: `<name>.<namespace>`). */
+export interface WorkloadPod {
+  pod: string;
+  annotations: Readonly<Record<string, string>>;
+}
+
+export interface AnnotationPatch {
+  pod: string;
+  /** Merge-patch values: a string sets, null removes. */
+  annotations: Record<string, string | null>;
+}
+
+/**
+ * The annotation changes that make the pods say what the tracker holds: a draining pod carries its
+ * deletion cost and drain deadline; any other pod carrying our drain deadline loses both. Applied
+ * every round until they hold, so a failed patch is simply retried (the tracker is the truth).
+ */
+export function annotationPatches(draining: readonly DrainingPod[], pods: readonly WorkloadPod[]): AnnotationPatch[] {
+  const want = new Map(draining.map((d) => [d.pod, d]));
+  const out: AnnotationPatch[] = [];
+  for (const p of pods) {
+    const d = want.get(p.pod);
+    if (d) {
+      const cost = String(d.deletionCost);
+      const deadline = String(d.deadline);
+      if (p.annotations[DELETION_COST_ANNOTATION] !== cost || p.annotations[DRAIN_DEADLINE_ANNOTATION] !== deadline) {
+        out.push({ pod: p.pod, annotations: { [DELETION_COST_ANNOTATION]: cost, [DRAIN_DEADLINE_ANNOTATION]: deadline } });
+      }
+    } else if (p.annotations[DRAIN_DEADLINE_ANNOTATION] !== undefined) {
+      out.push({ pod: p.pod, annotations: { [DELETION_COST_ANNOTATION]: null, [DRAIN_DEADLINE_ANNOTATION]: null } });
+    }
+  }
+  return out;
+}
+
+/** Whether every removed pod carries its deletion cost, so lowering replicas removes exactly them. */
+export function removalsMarked(removed: readonly Removal[], pods: readonly WorkloadPod[]): boolean {
+  const byName = new Map(pods.map((p) => [p.pod, p]));
+  return removed.every((r) => {
+    const p = byName.get(r.pod);
+    // A pod already gone needs no mark.
+    return !p || p.annotations[DELETION_COST_ANNOTATION] === String(r.deletionCost);
+  });
 }

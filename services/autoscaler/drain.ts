@@ -22,6 +22,8 @@ export interface DrainingPod {
   deadline: number;
   /** PODS stream sequence of its `draining` event, once published. */
   seq?: number;
+  /** Its `pod-deletion-cost` annotation (victims.ts): the lowest values, so the ReplicaSet removes it first. */
+  deletionCost: number;
 }
 
 export type RemovalReason = "idle" | "grace";
@@ -39,6 +41,7 @@ export interface Removal {
   reason: RemovalReason;
   inFlight: number;
   drainedMs: number;
+  deletionCost: number;
 }
 
 export class DrainTracker {
@@ -59,10 +62,10 @@ export class DrainTracker {
     return this.pods.size;
   }
 
-  mark(pod: string, now: number): DrainingPod {
+  mark(pod: string, now: number, deletionCost = 0): DrainingPod {
     const existing = this.pods.get(pod);
     if (existing) return existing;
-    const d: DrainingPod = { pod, phase: "marking", markedAt: now, deadline: now + this.graceMs };
+    const d: DrainingPod = { pod, phase: "marking", markedAt: now, deadline: now + this.graceMs, deletionCost };
     this.pods.set(pod, d);
     return d;
   }
@@ -96,7 +99,7 @@ export class DrainTracker {
     for (const d of this.pods.values()) {
       const inFlight = input.inFlight(d.pod);
       const idle = d.seq !== undefined && input.acknowledged(d.seq) && inFlight === 0;
-      if (idle || input.now >= d.deadline) out.push({ pod: d.pod, reason: idle ? "idle" : "grace", inFlight, drainedMs: input.now - d.markedAt });
+      if (idle || input.now >= d.deadline) out.push({ pod: d.pod, reason: idle ? "idle" : "grace", inFlight, drainedMs: input.now - d.markedAt, deletionCost: d.deletionCost });
     }
     for (const r of out) this.pods.delete(r.pod);
     return out;

@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { planApply } from "./apply-plan.js";
+import { annotationPatches, planApply, removalsMarked, type WorkloadPod } from "./apply-plan.js";
 import { DrainTracker } from "./drain.js";
 import { CapacityLearner, planPd } from "./pd-planner.js";
 import { chooseVictims } from "./victims.js";
@@ -36,10 +36,10 @@ describe("DrainTracker", () => {
     t.published("p2", 42);
     expect(step(3000)).toEqual([]); // published, not acknowledged
     ackedUpTo = 42;
-    expect(step(4000)).toEqual([{ pod: "p1", reason: "idle", inFlight: 0, drainedMs: 3000 }]);
+    expect(step(4000)).toEqual([{ pod: "p1", reason: "idle", inFlight: 0, drainedMs: 3000, deletionCost: 0 }]);
     expect(step(20_000)).toEqual([]); // p2 still has 2 in flight
     inFlight.set("p2", 1);
-    expect(step(31_000)).toEqual([{ pod: "p2", reason: "grace", inFlight: 1, drainedMs: 30_000 }]);
+    expect(step(31_000)).toEqual([{ pod: "p2", reason: "grace", inFlight: 1, drainedMs: 30_000, deletionCost: 0 }]);
     expect(t.size).toBe(0);
   });
 
@@ -133,5 +133,27 @@ describe("planApply", () => {
     const t = new DrainTracker(30_000);
     expect(planApply({ now: 0, desired: 1, spec: 4, pods, drain: false, removed: [] }, t)).toEqual([{ kind: "scale", replicas: 1, removed: [] }]);
     expect(planApply({ now: 0, desired: 4, spec: 4, pods, drain: false, removed: [] }, t)).toEqual([]);
+  });
+});
+
+describe("annotationPatches", () => {
+  it("puts the tracker's marks on the pods, takes stale marks off, and changes nothing that already holds", () => {
+    const t = new DrainTracker(30_000);
+    t.mark("a.ns", 1000, -1_000_000);
+    const pods: WorkloadPod[] = [
+      { pod: "a.ns", annotations: {} },
+      { pod: "b.ns", annotations: { "jetroute.io/drain-deadline": "5", "controller.kubernetes.io/pod-deletion-cost": "-7" } },
+      { pod: "c.ns", annotations: { other: "x" } },
+    ];
+    expect(annotationPatches(t.list(), pods)).toEqual([
+      { pod: "a.ns", annotations: { "controller.kubernetes.io/pod-deletion-cost": "-1000000", "jetroute.io/drain-deadline": "31000" } },
+      { pod: "b.ns", annotations: { "controller.kubernetes.io/pod-deletion-cost": null, "jetroute.io/drain-deadline": null } },
+    ]);
+    const done = [{ pod: "a.ns", annotations: { "controller.kubernetes.io/pod-deletion-cost": "-1000000", "jetroute.io/drain-deadline": "31000" } }];
+    expect(annotationPatches(t.list(), done)).toEqual([]);
+    const removed = [{ pod: "a.ns", reason: "idle" as const, inFlight: 0, drainedMs: 1, deletionCost: -1_000_000 }];
+    expect(removalsMarked(removed, done)).toBe(true);
+    expect(removalsMarked(removed, [{ pod: "a.ns", annotations: {} }])).toBe(false);
+    expect(removalsMarked(removed, [])).toBe(true);
   });
 });

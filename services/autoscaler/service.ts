@@ -23,7 +23,10 @@ import { kvLeaseStore } from "../shared/kv-lease.js";
 import { LeaderElector } from "../shared/leader.js";
 import type { Logger } from "../shared/log.js";
 import { connectNats, type NatsHandles } from "../shared/nats.js";
+import { ServerClock } from "../gateway/server-clock.js";
 import { GatewayState } from "../views/gateway-state.js";
+import { GatewayAcks } from "./acks.js";
+import { type WorkloadApplier, type WorkloadClient, WorkloadApplier as Applier } from "./kube-apply.js";
 import { OutcomeWindow } from "./outcomes.js";
 import { createRunner, type PolicyRunner } from "./runner.js";
 import type { QueueReading, SignalSources } from "./signals.js";
@@ -43,6 +46,10 @@ export interface AutoscalerOptions {
   leaseMs?: number;
   log: Logger;
   clock?: () => number;
+  /** `--apply`: write recommendations to the policies' workloads through this client. */
+  apply?: WorkloadClient;
+  /** With `apply`: false = plain scale subresource, no drain handshake (`--no-drain`). */
+  drain?: boolean;
 }
 
 export interface AutoscalerHandle {
@@ -51,8 +58,10 @@ export interface AutoscalerHandle {
   isLeader(): boolean;
   /** Policies in force, by name. */
   policies(): ReadonlyMap<string, PolicyRunner>;
-  /** Runs one evaluation round now (tests; the timer calls it every tick). */
-  evaluate(): AutoscaleRecommendation[];
+  /** Runs one evaluation round now (tests; the timer calls it every tick); resolves once applied and published. */
+  evaluate(): Promise<AutoscaleRecommendation[]>;
+  /** The `--apply` appliers, by policy. */
+  appliers(): ReadonlyMap<string, WorkloadApplier>;
   readonly stats: { evaluations: number; published: number; publishErrors: number; invalidPolicies: number };
   whenReady(): Promise<void>;
   close(): Promise<void>;
@@ -74,9 +83,13 @@ export async function startAutoscaler(o: AutoscalerOptions): Promise<AutoscalerH
   }
   const state = new GatewayState({});
   const outcomes = new OutcomeWindow();
+  const serverClock = new ServerClock(clock);
+  const acks = new GatewayAcks();
+  /** PODS sequence of each pod's current `draining` event (`<model>\0<pod>`). */
+  const drainSeqs = new Map<string, number>();
   const fleet = new FleetQueues({ self: id, boundMs: 0 });
   const stats = { evaluations: 0, published: 0, publishErrors: 0, invalidPolicies: 0 };
-  const followers = createFollowers(nats, subjects, o.prefix, id, state, outcomes, log);
+  const followers = createFollowers({ nats, subjects, prefix: o.prefix, id, state, outcomes, serverClock, acks, drainSeqs, log });
   const flowSub = nats.nc.subscribe(subjects.all("flow"), {
     callback: (err, m) => {
       if (err) return;
@@ -111,36 +124,72 @@ export async function startAutoscaler(o: AutoscalerOptions): Promise<AutoscalerH
   const sources: SignalSources = { pods: state.pods, load: state.load, ledger: state.ledger, queues, outcomes };
   const isLeader = () => (elector ? elector.isLeader() : true);
   const lastRun = new Map<string, number>();
-  const evaluate = (): AutoscaleRecommendation[] => {
+  const appliers = new Map<string, WorkloadApplier>();
+  const busy = new Set<string>();
+  const applierOf = (name: string, r: PolicyRunner): WorkloadApplier | undefined => {
+    const target = r.policy.scaleTarget;
+    if (!o.apply || !target) return undefined;
+    let a = appliers.get(name);
+    if (!a || JSON.stringify(a.target) !== JSON.stringify(target)) {
+      a = new Applier(name, target, o.apply, log, { drain: o.drain !== false, graceMs: r.policy.drainGraceMs });
+      appliers.set(name, a);
+    }
+    return a;
+  };
+  const applyRound = async (name: string, r: PolicyRunner, rec: AutoscaleRecommendation): Promise<void> => {
+    const a = applierOf(name, r);
+    if (!a) return;
+    const model = r.policy.model;
+    const res = await a.round({
+      now: clock(),
+      rec,
+      inFlight: (pod) => state.ledger.outstanding(model, pod).requests,
+      uniqueBlocks: (pod) => state.index.uniqueEntries(model, pod),
+      drainSeq: (pod) => drainSeqs.get(`${model}\u0000${pod}`),
+      acknowledged: (seq) => acks.acknowledged(seq, state.ledger.liveGateways(serverClock.now())),
+    });
+    if (res.specReplicas !== undefined) rec.specReplicas = res.specReplicas;
+    if (res.draining.length > 0) rec.draining = res.draining.slice(0, 1024);
+    if (res.removed.length > 0) rec.removed = res.removed.slice(0, 1024).map((x) => ({ pod: x.pod, reason: x.reason, inFlight: x.inFlight, drainedMs: x.drainedMs }));
+    if (res.error) rec.reason = `${rec.reason}; apply: ${res.error}`.slice(0, 1024);
+  };
+  const evaluate = async (): Promise<AutoscaleRecommendation[]> => {
     const now = clock();
-    state.sweep(now, { liveNow: now });
+    state.sweep(now, { liveNow: serverClock.now() });
     fleet.sweep(now);
-    const out: AutoscaleRecommendation[] = [];
+    const out: Array<Promise<AutoscaleRecommendation | undefined>> = [];
     for (const [name, r] of runners) {
       const last = lastRun.get(name);
-      if (last !== undefined && now - last < r.policy.intervalMs * 0.9) continue;
+      if (busy.has(name) || (last !== undefined && now - last < r.policy.intervalMs * 0.9)) continue;
       lastRun.set(name, now);
       const rec = r.evaluate({ now, autoscaler: id }, sources);
       stats.evaluations++;
-      out.push(rec);
-      // A lost lease stops publishing at once: isLeader() is false from the moment the lease lapses.
-      if (!isLeader()) continue;
-      nats.js.publish(subjects.autoscale(name), JSON.stringify(rec)).then(
-        () => stats.published++,
-        (err: unknown) => {
-          stats.publishErrors++;
-          log.warn({ policy: name, err: (err as Error).message }, "recommendation not published");
-        },
+      // A lost lease stops applying and publishing at once: isLeader() is false from the moment the lease lapses.
+      if (!isLeader()) {
+        out.push(Promise.resolve(rec));
+        continue;
+      }
+      busy.add(name);
+      out.push(
+        applyRound(name, r, rec)
+          .then(async () => {
+            if (!isLeader()) return rec;
+            await nats.js.publish(subjects.autoscale(name), JSON.stringify(rec));
+            stats.published++;
+            return rec;
+          })
+          .catch((err: unknown) => {
+            stats.publishErrors++;
+            log.warn({ policy: name, err: (err as Error).message }, "recommendation not published");
+            return rec;
+          })
+          .finally(() => busy.delete(name)),
       );
     }
-    return out;
+    return (await Promise.all(out)).filter((x): x is AutoscaleRecommendation => x !== undefined);
   };
   const timer = setInterval(() => {
-    try {
-      evaluate();
-    } catch (err) {
-      log.error({ err }, "evaluation failed");
-    }
+    evaluate().catch((err: unknown) => log.error({ err }, "evaluation failed"));
   }, o.tickMs ?? DEFAULT_TICK_MS);
   timer.unref?.();
 
@@ -150,6 +199,7 @@ export async function startAutoscaler(o: AutoscalerOptions): Promise<AutoscalerH
     isLeader,
     policies: () => runners,
     evaluate,
+    appliers: () => appliers,
     stats,
     whenReady: () => ready.then(() => undefined),
     async close() {
@@ -165,24 +215,50 @@ export async function startAutoscaler(o: AutoscalerOptions): Promise<AutoscalerH
 
 type Follower = Pick<StreamFollower<never>, "start" | "whenCaughtUp" | "stop">;
 
-function createFollowers(nats: NatsHandles, subjects: Subjects, prefix: string, id: string, state: GatewayState, outcomes: OutcomeWindow, log: Logger): Follower[] {
-  const fold = (stream: "pods" | "load" | "charges") => (ev: Parameters<GatewayState["apply"]>[0], m: { seq: number; subject: string; serverTs: number }) => void state.apply(ev, { stream, ...m });
+interface FollowerDeps {
+  nats: NatsHandles;
+  subjects: Subjects;
+  prefix: string;
+  id: string;
+  state: GatewayState;
+  outcomes: OutcomeWindow;
+  serverClock: ServerClock;
+  acks: GatewayAcks;
+  drainSeqs: Map<string, number>;
+  log: Logger;
+}
+
+function createFollowers(d: FollowerDeps): Follower[] {
+  const { nats, subjects, prefix, id, state, outcomes, log } = d;
+  type Meta = { seq: number; subject: string; serverTs: number };
+  const fold = (stream: "pods" | "load" | "charges" | "kv") => (ev: Parameters<GatewayState["apply"]>[0], m: Meta) => {
+    if (stream === "charges" || stream === "pods") d.serverClock.observe(m.serverTs);
+    if (ev.type === "heartbeat") d.acks.observe(ev);
+    if (ev.type === "pod") {
+      const k = `${ev.model}\u0000${ev.pod}`;
+      if (ev.action === "upsert" && ev.draining) d.drainSeqs.set(k, m.seq);
+      else d.drainSeqs.delete(k);
+    }
+    state.apply(ev, { stream, ...m });
+  };
   return [
     new StreamFollower({ nats, subjects, log, name: `autoscaler-${id}-pods`, family: "pods", types: STREAM_EVENT_TYPES.PODS, stream: streamName(prefix, "PODS"), startAt: { kind: "last-per-subject" }, onEvent: fold("pods") }),
     new StreamFollower({ nats, subjects, log, name: `autoscaler-${id}-load`, family: "load", types: STREAM_EVENT_TYPES.LOAD, stream: streamName(prefix, "LOAD"), startAt: { kind: "last-per-subject" }, onEvent: fold("load") }),
     new StreamFollower({ nats, subjects, log, name: `autoscaler-${id}-charges`, family: "charges", types: STREAM_EVENT_TYPES.CHARGES, stream: streamName(prefix, "CHARGES"), startAt: { kind: "time", sinceMs: Date.now() - 90_000 }, onEvent: fold("charges") }),
+    // The prefix index: which cached blocks only one pod holds (what a scale-down would lose).
+    new StreamFollower({ nats, subjects, log, name: `autoscaler-${id}-kv`, family: "kv", types: STREAM_EVENT_TYPES.KV, stream: streamName(prefix, "KV"), startAt: { kind: "all" }, onEvent: fold("kv") }),
     new StreamFollower({
       nats, subjects, log, name: `autoscaler-${id}-decisions`, family: "decisions", types: STREAM_EVENT_TYPES.DECISIONS,
       stream: streamName(prefix, "DECISIONS"), startAt: { kind: "time", sinceMs: Date.now() - OUTCOME_HISTORY_MS },
-      onEvent: (d) => {
+      onEvent: (ev) => {
         // Routed requests that ran (not refusals, not the prefill leg of a P/D pair).
-        if (d.pick === null || d.outcome === "rejected" || d.pd?.leg === "prefill") return;
-        outcomes.add(d.model, {
-          ts: d.ts,
-          ...(d.ttftMs !== undefined ? { ttftMs: d.ttftMs } : {}),
-          ...(d.tpotMs !== undefined ? { tpotMs: d.tpotMs } : {}),
-          ...(d.promptTokens !== undefined ? { promptTokens: d.promptTokens } : {}),
-          ...(d.completionTokens !== undefined ? { completionTokens: d.completionTokens } : {}),
+        if (ev.pick === null || ev.outcome === "rejected" || ev.pd?.leg === "prefill") return;
+        outcomes.add(ev.model, {
+          ts: ev.ts,
+          ...(ev.ttftMs !== undefined ? { ttftMs: ev.ttftMs } : {}),
+          ...(ev.tpotMs !== undefined ? { tpotMs: ev.tpotMs } : {}),
+          ...(ev.promptTokens !== undefined ? { promptTokens: ev.promptTokens } : {}),
+          ...(ev.completionTokens !== undefined ? { completionTokens: ev.completionTokens } : {}),
         });
       },
     }),
