@@ -5,6 +5,8 @@
 import type { Command } from "commander";
 import { addNamespaceOptions, intOption, namespaceFlags, untilSignal } from "../shared/cli-options.js";
 import { createLogger } from "../shared/log.js";
+import { loadKubeConfig } from "../pod-watcher/kubernetes.js";
+import { kubeWorkloadClient } from "./kube-apply.js";
 import { DEFAULT_AUTOSCALER_LEASE_MS, DEFAULT_TICK_MS, startAutoscaler } from "./service.js";
 
 export function registerAutoscalerCommand(program: Command): void {
@@ -15,13 +17,17 @@ export function registerAutoscalerCommand(program: Command): void {
       .option("--id <id>", "this instance's identity in the lease and its records (default: <hostname>-<pid>-<random>)")
       .option("--tick-ms <ms>", "evaluation round interval (each policy also keeps its own intervalMs)", intOption(100), DEFAULT_TICK_MS)
       .option("--leader-election", "run as one of an HA pair: only the holder of the lease publishes (NATS KV lease `autoscaler`)")
-      .option("--lease-ms <ms>", "lease duration; the standby takes over within it", intOption(1000), DEFAULT_AUTOSCALER_LEASE_MS),
+      .option("--lease-ms <ms>", "lease duration; the standby takes over within it", intOption(1000), DEFAULT_AUTOSCALER_LEASE_MS)
+      .option("--apply", "write each recommendation to its policy's scaleTarget (the workload's scale subresource), through the drain handshake")
+      .option("--kubeconfig <file>", "with --apply: kubeconfig file (default: in-cluster, else $KUBECONFIG / ~/.kube/config)")
+      .option("--no-drain", "with --apply: set replicas directly and let Kubernetes pick the pods (no drain handshake: requests on removed pods are cut)"),
   ).action(async (o) => {
     const log = createLogger("autoscaler");
     const { nats, prefix } = namespaceFlags(o);
     let handle: Awaited<ReturnType<typeof startAutoscaler>>;
     try {
-      handle = await startAutoscaler({ nats, prefix, ...(o.id !== undefined ? { id: o.id } : {}), tickMs: o.tickMs, leaderElection: o.leaderElection === true, leaseMs: o.leaseMs, log });
+      const apply = o.apply ? kubeWorkloadClient(loadKubeConfig(o.kubeconfig)) : undefined;
+      handle = await startAutoscaler({ nats, prefix, ...(o.id !== undefined ? { id: o.id } : {}), tickMs: o.tickMs, leaderElection: o.leaderElection === true, leaseMs: o.leaseMs, log, ...(apply ? { apply, drain: o.drain !== false } : {}) });
     } catch (err) {
       log.error((err as Error).message);
       process.exit(2);

@@ -81,6 +81,8 @@ export interface RoundContext {
   drainSeq(pod: string): number | undefined;
   /** Every live gateway has folded PODS up to `seq`. */
   acknowledged(seq: number): boolean;
+  /** Checked before every write: a lost lease stops applying at once, mid-round too. */
+  stillLeader(): boolean;
 }
 
 export interface RoundResult {
@@ -125,7 +127,7 @@ export class WorkloadApplier {
       removedThisRound.push(...removed);
       const costs: PodCost[] = pods.map((p) => ({ pod: p.pod, ready: p.ready, inFlight: c.inFlight(p.pod), uniqueBlocks: c.uniqueBlocks(p.pod) }));
       const steps = planApply({ now: c.now, desired: c.rec.desired, spec: scale.replicas, pods: costs, drain: this.o.drain, removed }, this.tracker);
-      const spec = await this.perform(steps, pods, scale.replicas);
+      const spec = await this.perform(steps, pods, scale.replicas, c.stillLeader);
       this.failures = 0;
       for (const r of removed) this.stats[r.reason === "idle" ? "removedIdle" : "removedGrace"]++;
       return { specReplicas: spec, removed: removedThisRound, draining: draining() };
@@ -141,12 +143,16 @@ export class WorkloadApplier {
   }
 
   /** Marks first (so a lowered spec removes the marked pods), then the scale changes. Returns spec as left. */
-  private async perform(steps: ApplyStep[], pods: readonly ListedPod[], spec: number): Promise<number> {
+  private async perform(steps: ApplyStep[], pods: readonly ListedPod[], spec: number, stillLeader: () => boolean): Promise<number> {
+    const guard = () => {
+      if (!stillLeader()) throw new Error("the autoscaler lease was lost: not applying");
+    };
     const byPod = new Map(pods.map((p) => [p.pod, p]));
     const patches = this.o.drain ? annotationPatches(this.tracker.list(), pods) : [];
     for (const p of patches) {
       const listed = byPod.get(p.pod);
       if (!listed) continue;
+      guard();
       await this.client.annotate(this.target.namespace, listed.name, p.annotations);
       if (Object.values(p.annotations)[0] === null) this.stats.unmarked++;
       else this.stats.marked++;
@@ -163,6 +169,7 @@ export class WorkloadApplier {
       if (s.kind !== "scale") continue;
       if (s.removed.length > 0 && !removalsMarked(s.removed, [...byPod.values()])) throw new Error(`pods ${s.removed.map((r) => r.pod).join(", ")} do not carry their deletion cost yet: not lowering replicas`);
       if (s.replicas === current) continue;
+      guard();
       await this.client.writeScale(this.target, s.replicas);
       this.stats.scaled++;
       this.log.info({ policy: this.policy, from: current, to: s.replicas, removed: s.removed.map((r) => `${r.pod} (${r.reason}, ${r.inFlight} in flight)`) }, "workload scaled");

@@ -147,6 +147,7 @@ export async function startAutoscaler(o: AutoscalerOptions): Promise<AutoscalerH
       uniqueBlocks: (pod) => state.index.uniqueEntries(model, pod),
       drainSeq: (pod) => drainSeqs.get(`${model}\u0000${pod}`),
       acknowledged: (seq) => acks.acknowledged(seq, state.ledger.liveGateways(serverClock.now())),
+      stillLeader: isLeader,
     });
     if (res.specReplicas !== undefined) rec.specReplicas = res.specReplicas;
     if (res.draining.length > 0) rec.draining = res.draining.slice(0, 1024);
