@@ -128,3 +128,16 @@ describe("policy validation", () => {
   });
   it("accepts a valid policy", () => expect(autoscalePolicyError(ok)).toBeUndefined());
 });
+
+describe("scale from zero", () => {
+  it("requests held in the waiting room bring a model at zero pods to activationScale, whatever its metric reads", () => {
+    const p = resolvePolicy({ model: "m", algorithm: "apa", metric: "load.running", target: 10, minReplicas: 0, maxReplicas: 4, stableWindowMs: 1000, panicWindowMs: 1000, scaleDownDelayMs: 0, activationScale: 2 });
+    const e = new PolicyEvaluator(p);
+    expect(e.step({ now: 1000, readyPods: 0, value: 0, held: 0 }).desired).toBe(0);
+    const r = e.step({ now: 2000, readyPods: 0, value: 0, held: 3 });
+    expect(r.desired).toBe(2);
+    expect(r.reason).toContain("scale from zero: 3 request(s) held");
+    const k = new PolicyEvaluator({ ...p, algorithm: "kpa" });
+    expect(k.step({ now: 1000, readyPods: 0, value: undefined, held: 1 }).desired).toBe(2);
+  });
+});

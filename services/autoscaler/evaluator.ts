@@ -20,6 +20,8 @@ export interface FleetSample {
   readyPods: number;
   /** The metric now: the sum over pods for sum metrics, the fleet figure for the others; undefined = no data. */
   value: number | undefined;
+  /** Requests flow control holds for the model (its waiting room at zero pods). */
+  held?: number;
 }
 
 export interface Evaluation {
@@ -67,7 +69,8 @@ export class PolicyEvaluator {
     const panicAverage = this.panic.average(sample.now) ?? stableAverage;
     const base = { ts: sample.now, readyPods: n, metric: this.metric, value: sample.value ?? null, stableAverage: stableAverage ?? null, panicAverage: panicAverage ?? null };
     if (stableAverage === undefined) {
-      const desired = this.bound(this.delayed(sample.now, n));
+      const hold = n === 0 && (sample.held ?? 0) > 0 ? p.activationScale : n;
+      const desired = this.bound(this.delayed(sample.now, hold));
       return { ...base, proposed: n, delayed: desired, desired, reason: "no samples of the metric in the stable window: holding the current count" };
     }
     let proposed: number;
@@ -86,6 +89,12 @@ export class PolicyEvaluator {
       apa = apaDesired(p, n, perPod);
       proposed = apa.desired;
       reason = `apa ${apa.band}`;
+    }
+    // Scale from zero: requests waiting for a model with no pod ask for one whatever the metric
+    // says (a load metric reads 0 on zero pods, and would keep the model at zero forever).
+    if (n === 0 && (sample.held ?? 0) > 0 && proposed < p.activationScale) {
+      proposed = p.activationScale;
+      reason += `; scale from zero: ${sample.held} request(s) held in flow control's waiting room`;
     }
     const delayed = this.delayed(sample.now, proposed);
     if (delayed > proposed) reason += `; scale-down delayed (highest proposal of the last ${p.scaleDownDelayMs} ms is ${delayed})`;

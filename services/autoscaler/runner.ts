@@ -51,7 +51,7 @@ class MetricRunner implements PolicyRunner {
   evaluate(t: Tick, s: SignalSources): AutoscaleRecommendation {
     const pods = policyPods(this.policy, s);
     const reading = readSignal(this.evaluator.metric, this.policy, pods, s, t.now, this.policy.stableWindowMs);
-    const e = this.evaluator.step({ now: t.now, readyPods: pods.length, value: reading.value });
+    const e = this.evaluator.step({ now: t.now, readyPods: pods.length, value: reading.value, held: s.queues(this.policy.model).queued });
     const reason = reading.missing > 0 ? `${e.reason}; ${reading.missing} pod(s) without a fresh sample` : e.reason;
     return {
       ...head(this.name, this.policy, t),
