@@ -21,13 +21,14 @@ export function registerAutoscalerCommand(program: Command): void {
       .option("--apply", "write each recommendation to its policy's scaleTarget (the workload's scale subresource), through the drain handshake")
       .option("--kubeconfig <file>", "with --apply: kubeconfig file (default: in-cluster, else $KUBECONFIG / ~/.kube/config)")
       .option("--no-drain", "with --apply: set replicas directly and let Kubernetes pick the pods (no drain handshake: requests on removed pods are cut)"),
+    { pool: "gateway pool: fold the pool's namespace (<prefix>.pool.<name>) and publish there; policies still come from the shared config bucket" },
   ).action(async (o) => {
     const log = createLogger("autoscaler");
-    const { nats, prefix } = namespaceFlags(o);
+    const { nats, namespace } = namespaceFlags(o);
     let handle: Awaited<ReturnType<typeof startAutoscaler>>;
     try {
       const apply = o.apply ? kubeWorkloadClient(loadKubeConfig(o.kubeconfig)) : undefined;
-      handle = await startAutoscaler({ nats, prefix, ...(o.id !== undefined ? { id: o.id } : {}), tickMs: o.tickMs, leaderElection: o.leaderElection === true, leaseMs: o.leaseMs, log, ...(apply ? { apply, drain: o.drain !== false } : {}) });
+      handle = await startAutoscaler({ nats, prefix: namespace.prefix, configPrefix: namespace.configPrefix, ...(o.id !== undefined ? { id: o.id } : {}), tickMs: o.tickMs, leaderElection: o.leaderElection === true, leaseMs: o.leaseMs, log, ...(apply ? { apply, drain: o.drain !== false } : {}) });
     } catch (err) {
       log.error((err as Error).message);
       process.exit(2);

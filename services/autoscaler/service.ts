@@ -38,7 +38,10 @@ const OUTCOME_HISTORY_MS = 10 * 60_000;
 
 export interface AutoscalerOptions {
   nats: string | string[];
+  /** The namespace's prefix (a gateway pool's: `<prefix>.pool.<name>`): its streams and lease bucket. */
   prefix: string;
+  /** The config bucket's prefix (the base prefix; default `prefix`). */
+  configPrefix?: string;
   id?: string;
   /** How often policies are evaluated (each policy's own `intervalMs` is honoured as a minimum). */
   tickMs?: number;
@@ -102,7 +105,7 @@ export async function startAutoscaler(o: AutoscalerOptions): Promise<AutoscalerH
     },
   });
   const runners = new Map<string, PolicyRunner>();
-  const policyWatch = await watchPolicies(nats, o.prefix, runners, stats, log);
+  const policyWatch = await watchPolicies(nats, o.configPrefix ?? o.prefix, runners, stats, log);
   const elector = o.leaderElection
     ? new LeaderElector({ store: await kvLeaseStore(nats, o.prefix, "autoscaler"), me: id, durationMs: o.leaseMs ?? DEFAULT_AUTOSCALER_LEASE_MS, log, onChange: (l) => log.info({ leader: l }, l ? "autoscaler lease acquired: publishing" : "autoscaler lease lost: evaluating only") })
     : undefined;
