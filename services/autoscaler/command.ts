@@ -24,11 +24,11 @@ export function registerAutoscalerCommand(program: Command): void {
     { pool: "gateway pool: fold the pool's namespace (<prefix>.pool.<name>) and publish there; policies still come from the shared config bucket" },
   ).action(async (o) => {
     const log = createLogger("autoscaler");
-    const { nats, namespace } = namespaceFlags(o);
+    const { nats, namespace, pool } = namespaceFlags(o);
     let handle: Awaited<ReturnType<typeof startAutoscaler>>;
     try {
       const apply = o.apply ? kubeWorkloadClient(loadKubeConfig(o.kubeconfig)) : undefined;
-      handle = await startAutoscaler({ nats, prefix: namespace.prefix, configPrefix: namespace.configPrefix, ...(o.id !== undefined ? { id: o.id } : {}), tickMs: o.tickMs, leaderElection: o.leaderElection === true, leaseMs: o.leaseMs, log, ...(apply ? { apply, drain: o.drain !== false } : {}) });
+      handle = await startAutoscaler({ nats, prefix: namespace.prefix, configPrefix: namespace.configPrefix, ...(pool !== undefined ? { pool } : {}), ...(o.id !== undefined ? { id: o.id } : {}), tickMs: o.tickMs, leaderElection: o.leaderElection === true, leaseMs: o.leaseMs, log, ...(apply ? { apply, drain: o.drain !== false } : {}) });
     } catch (err) {
       log.error((err as Error).message);
       process.exit(2);

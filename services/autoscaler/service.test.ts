@@ -87,6 +87,20 @@ describe("autoscaler on a real nats-server", () => {
     expect(a.policies().get("apa")?.policy.target).toBe(30);
   });
 
+  it("sizes only its own namespace's models: a policy for a gateway pool's model is left to that pool's autoscaler", async () => {
+    await kv.put("pool.chat", JSON.stringify({ models: ["pooled/model"] }));
+    await setPolicy("pooled", { model: "pooled/model", algorithm: "kpa", metric: "load.running", target: 1, minReplicas: 1, maxReplicas: 3, ...FAST });
+    const a = scalers[0] as AutoscalerHandle;
+    await waitFor(() => a.policies().has("pooled"), 5_000, "the pooled policy to load");
+    const from = records.length;
+    // Proof of absence by order: several rounds of the in-scope policy pass, none for the pooled one.
+    await waitFor(() => records.slice(from).filter((r) => r.policy === "apa").length >= 5, 10_000, "five more apa rounds");
+    expect(records.slice(from).some((r) => r.policy === "pooled")).toBe(false);
+    await kv.delete("pool.chat");
+    await waitFor(() => records.slice(from).some((r) => r.policy === "pooled"), 10_000, "the policy to run once its model is in no pool");
+    await kv.delete(`${AUTOSCALE_KEY_PREFIX}pooled`);
+  });
+
   it("HA: only the lease holder publishes; the standby takes over when it leaves", async () => {
     await Promise.all(scalers.splice(0).map((s) => s.close()));
     // The bucket's newest `apa` entry is the invalid one of the test before: a fresh process has no policy from it.

@@ -12,6 +12,7 @@ import { randomBytes } from "node:crypto";
 import { hostname } from "node:os";
 import { type KV, type KvEntry, Kvm } from "@nats-io/kv";
 import { AUTOSCALE_KEY_PREFIX, type AutoscalePolicy, type AutoscaleRecommendation, autoscalePolicyError, resolvePolicy } from "../../schemas/autoscale.js";
+import { POOL_KEY_PREFIX, readPoolConfig } from "../../schemas/config.js";
 import { configBucketName, streamName } from "../../streams/definitions.js";
 import { isStreamNotFound } from "../../streams/errors.js";
 import { STREAM_EVENT_TYPES } from "../../streams/event-types.js";
@@ -25,6 +26,7 @@ import type { Logger } from "../shared/log.js";
 import { connectNats, type NatsHandles } from "../shared/nats.js";
 import { ServerClock } from "../gateway/server-clock.js";
 import { GatewayState } from "../views/gateway-state.js";
+import { PoolMap } from "../views/pool-map.js";
 import { GatewayAcks } from "./acks.js";
 import { type WorkloadApplier, type WorkloadClient, WorkloadApplier as Applier } from "./kube-apply.js";
 import { OutcomeWindow } from "./outcomes.js";
@@ -42,6 +44,11 @@ export interface AutoscalerOptions {
   prefix: string;
   /** The config bucket's prefix (the base prefix; default `prefix`). */
   configPrefix?: string;
+  /**
+   * The gateway pool this autoscaler serves: it evaluates only policies of the pool's models (the
+   * config bucket's `pool.<name>`). Unpooled (undefined): only models of no pool.
+   */
+  pool?: string;
   id?: string;
   /** How often policies are evaluated (each policy's own `intervalMs` is honoured as a minimum). */
   tickMs?: number;
@@ -105,7 +112,10 @@ export async function startAutoscaler(o: AutoscalerOptions): Promise<AutoscalerH
     },
   });
   const runners = new Map<string, PolicyRunner>();
-  const policyWatch = await watchPolicies(nats, o.configPrefix ?? o.prefix, runners, stats, log);
+  const pools = new PoolMap();
+  const policyWatch = await watchPolicies(nats, o.configPrefix ?? o.prefix, runners, pools, stats, log);
+  // Another namespace's models are not this autoscaler's to size: its views hold none of their pods.
+  const inScope = (model: string) => pools.poolOf(model) === o.pool;
   const elector = o.leaderElection
     ? new LeaderElector({ store: await kvLeaseStore(nats, o.prefix, "autoscaler"), me: id, durationMs: o.leaseMs ?? DEFAULT_AUTOSCALER_LEASE_MS, log, onChange: (l) => log.info({ leader: l }, l ? "autoscaler lease acquired: publishing" : "autoscaler lease lost: evaluating only") })
     : undefined;
@@ -163,6 +173,7 @@ export async function startAutoscaler(o: AutoscalerOptions): Promise<AutoscalerH
     fleet.sweep(now);
     const out: Array<Promise<AutoscaleRecommendation | undefined>> = [];
     for (const [name, r] of runners) {
+      if (!inScope(r.policy.model)) continue;
       const last = lastRun.get(name);
       if (busy.has(name) || (last !== undefined && now - last < r.policy.intervalMs * 0.9)) continue;
       lastRun.set(name, now);
@@ -270,8 +281,15 @@ function createFollowers(d: FollowerDeps): Follower[] {
 }
 
 /** Keeps `runners` in step with the bucket's `autoscale.*` entries; an invalid entry is logged and leaves the policy as it was. */
-async function watchPolicies(nats: NatsHandles, prefix: string, runners: Map<string, PolicyRunner>, stats: { invalidPolicies: number }, log: Logger): Promise<{ stop(): void }> {
+async function watchPolicies(nats: NatsHandles, prefix: string, runners: Map<string, PolicyRunner>, pools: PoolMap, stats: { invalidPolicies: number }, log: Logger): Promise<{ stop(): void }> {
   const kv: KV = await new Kvm(nats.js).open(configBucketName(prefix));
+  const applyPool = (e: KvEntry) => {
+    const pool = e.key.slice(POOL_KEY_PREFIX.length);
+    if (e.operation !== "PUT") return pools.set(pool, undefined);
+    const r = readPoolConfig(() => e.json());
+    // An invalid entry is the gateways' to report; here it assigns nothing.
+    pools.set(pool, r.ok ? r.value.models : undefined);
+  };
   const apply = (e: KvEntry) => {
     let name: string;
     try {
@@ -301,18 +319,22 @@ async function watchPolicies(nats: NatsHandles, prefix: string, runners: Map<str
     runners.set(name, createRunner(name, policy));
     log.info({ policy: name, algorithm: policy.algorithm, model: policy.model }, prev ? "autoscaling policy changed" : "autoscaling policy loaded");
   };
-  const watch = await kv.watch({ key: `${AUTOSCALE_KEY_PREFIX}>` });
-  // The watch delivers every current value first, then updates.
-  void (async () => {
-    for await (const e of watch) apply(e);
-  })().catch((err: unknown) => log.warn({ err }, "autoscaling policy watch ended"));
-  await applyCurrent(kv, apply);
-  return { stop: () => watch.stop() };
+  // One subject filter per watch on nats-server 2.9: policies and pool assignments apart.
+  const watches = await Promise.all([kv.watch({ key: `${AUTOSCALE_KEY_PREFIX}>` }), kv.watch({ key: `${POOL_KEY_PREFIX}>` })]);
+  // Each watch delivers every current value first, then updates.
+  watches.forEach((w, i) => {
+    void (async () => {
+      for await (const e of w) (i === 0 ? apply : applyPool)(e);
+    })().catch((err: unknown) => log.warn({ err }, "config watch of the autoscaler ended"));
+  });
+  await applyCurrent(kv, `${POOL_KEY_PREFIX}>`, applyPool);
+  await applyCurrent(kv, `${AUTOSCALE_KEY_PREFIX}>`, apply);
+  return { stop: () => watches.forEach((w) => w.stop()) };
 }
 
 /** Applies the current entries directly, so the first evaluation round already has them. */
-async function applyCurrent(kv: KV, apply: (e: KvEntry) => void): Promise<void> {
-  for await (const k of await kv.keys(`${AUTOSCALE_KEY_PREFIX}>`)) {
+async function applyCurrent(kv: KV, filter: string, apply: (e: KvEntry) => void): Promise<void> {
+  for await (const k of await kv.keys(filter)) {
     const e = await kv.get(k);
     if (e) apply(e);
   }
