@@ -28,10 +28,10 @@ import { ServerClock } from "../gateway/server-clock.js";
 import { GatewayState } from "../views/gateway-state.js";
 import { PoolMap } from "../views/pool-map.js";
 import { GatewayAcks } from "./acks.js";
-import { type WorkloadApplier, type WorkloadClient, WorkloadApplier as Applier } from "./kube-apply.js";
+import type { WorkloadApplier, WorkloadClient } from "./kube-apply.js";
 import { OutcomeWindow } from "./outcomes.js";
+import { Rounds } from "./rounds.js";
 import { createRunner, type PolicyRunner } from "./runner.js";
-import type { QueueReading, SignalSources } from "./signals.js";
 
 export const DEFAULT_TICK_MS = 1000;
 export const DEFAULT_AUTOSCALER_LEASE_MS = 12_000;
@@ -123,86 +123,10 @@ export async function startAutoscaler(o: AutoscalerOptions): Promise<AutoscalerH
   await Promise.all(followers.map((f) => f.start()));
   const ready = Promise.all(followers.map((f) => f.whenCaughtUp())).then(() => log.info({ id, policies: runners.size }, "autoscaler caught up"));
 
-  const queues = (model: string): QueueReading => {
-    let queued = 0;
-    let oldest: number | undefined;
-    for (const r of fleet.dump()) {
-      for (const b of r.models[model] ?? []) {
-        queued += b.count;
-        if (oldest === undefined || b.oldest < oldest) oldest = b.oldest;
-      }
-    }
-    return oldest === undefined ? { queued } : { queued, oldest };
-  };
-  const sources: SignalSources = { pods: state.pods, load: state.load, ledger: state.ledger, queues, outcomes };
   const isLeader = () => (elector ? elector.isLeader() : true);
-  const lastRun = new Map<string, number>();
-  const appliers = new Map<string, WorkloadApplier>();
-  const busy = new Set<string>();
-  const applierOf = (name: string, r: PolicyRunner): WorkloadApplier | undefined => {
-    const target = r.policy.scaleTarget;
-    if (!o.apply || !target) return undefined;
-    let a = appliers.get(name);
-    if (!a || JSON.stringify(a.target) !== JSON.stringify(target)) {
-      a = new Applier(name, target, o.apply, log, { drain: o.drain !== false, graceMs: r.policy.drainGraceMs });
-      appliers.set(name, a);
-    }
-    return a;
-  };
-  const applyRound = async (name: string, r: PolicyRunner, rec: AutoscaleRecommendation): Promise<void> => {
-    const a = applierOf(name, r);
-    if (!a) return;
-    const model = r.policy.model;
-    const res = await a.round({
-      now: clock(),
-      rec,
-      inFlight: (pod) => state.ledger.outstanding(model, pod).requests,
-      uniqueBlocks: (pod) => state.index.uniqueEntries(model, pod),
-      drainSeq: (pod) => drainSeqs.get(`${model}\u0000${pod}`),
-      acknowledged: (seq) => acks.acknowledged(seq, state.ledger.liveGateways(serverClock.now())),
-      stillLeader: isLeader,
-    });
-    if (res.specReplicas !== undefined) rec.specReplicas = res.specReplicas;
-    if (res.draining.length > 0) rec.draining = res.draining.slice(0, 1024);
-    if (res.removed.length > 0) rec.removed = res.removed.slice(0, 1024).map((x) => ({ pod: x.pod, reason: x.reason, inFlight: x.inFlight, drainedMs: x.drainedMs }));
-    if (res.error) rec.reason = `${rec.reason}; apply: ${res.error}`.slice(0, 1024);
-  };
-  const evaluate = async (): Promise<AutoscaleRecommendation[]> => {
-    const now = clock();
-    state.sweep(now, { liveNow: serverClock.now() });
-    fleet.sweep(now);
-    const out: Array<Promise<AutoscaleRecommendation | undefined>> = [];
-    for (const [name, r] of runners) {
-      if (!inScope(r.policy.model)) continue;
-      const last = lastRun.get(name);
-      if (busy.has(name) || (last !== undefined && now - last < r.policy.intervalMs * 0.9)) continue;
-      lastRun.set(name, now);
-      const rec = r.evaluate({ now, autoscaler: id }, sources);
-      stats.evaluations++;
-      // A lost lease stops applying and publishing at once: isLeader() is false from the moment the lease lapses.
-      if (!isLeader()) {
-        out.push(Promise.resolve(rec));
-        continue;
-      }
-      busy.add(name);
-      out.push(
-        applyRound(name, r, rec)
-          .then(async () => {
-            if (!isLeader()) return rec;
-            await nats.js.publish(subjects.autoscale(name), JSON.stringify(rec));
-            stats.published++;
-            return rec;
-          })
-          .catch((err: unknown) => {
-            stats.publishErrors++;
-            log.warn({ policy: name, err: (err as Error).message }, "recommendation not published");
-            return rec;
-          })
-          .finally(() => busy.delete(name)),
-      );
-    }
-    return (await Promise.all(out)).filter((x): x is AutoscaleRecommendation => x !== undefined);
-  };
+  const rounds = new Rounds({ id, clock, state, fleet, outcomes, serverClock, acks, drainSeqs, runners, inScope, isLeader, stats, log, ...(o.apply ? { apply: o.apply } : {}), drain: o.drain !== false,
+    publish: (name, rec) => nats.js.publish(subjects.autoscale(name), JSON.stringify(rec)).then(() => undefined) });
+  const evaluate = () => rounds.evaluate();
   const timer = setInterval(() => {
     evaluate().catch((err: unknown) => log.error({ err }, "evaluation failed"));
   }, o.tickMs ?? DEFAULT_TICK_MS);
@@ -214,7 +138,7 @@ export async function startAutoscaler(o: AutoscalerOptions): Promise<AutoscalerH
     isLeader,
     policies: () => runners,
     evaluate,
-    appliers: () => appliers,
+    appliers: () => rounds.appliers,
     stats,
     whenReady: () => ready.then(() => undefined),
     async close() {
@@ -329,7 +253,11 @@ async function watchPolicies(nats: NatsHandles, prefix: string, runners: Map<str
   });
   await applyCurrent(kv, `${POOL_KEY_PREFIX}>`, applyPool);
   await applyCurrent(kv, `${AUTOSCALE_KEY_PREFIX}>`, apply);
-  return { stop: () => watches.forEach((w) => w.stop()) };
+  return {
+    stop: () => {
+      for (const w of watches) w.stop();
+    },
+  };
 }
 
 /** Applies the current entries directly, so the first evaluation round already has them. */
