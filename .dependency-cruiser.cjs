@@ -12,9 +12,9 @@ module.exports = {
   forbidden: [
     {
       name: "pure-core-no-io",
-      comment: "Views and the routing core are pure: no NATS, gRPC, HTTP, file system or logger.",
+      comment: "Views, the routing core and the autoscaler's decisions are pure: no NATS, gRPC, HTTP, file system or logger.",
       severity: "error",
-      from: { path: "^services/(views|routing|tokenizer)/|^services/replay/(engine|whatif|virtual-clock|window|report-types|message-log|counterfactuals)\\.ts$" },
+      from: { path: "^services/(views|routing|tokenizer)/|^services/replay/(engine|whatif|virtual-clock|window|report-types|message-log|counterfactuals)\\.ts$|^services/autoscaler/(window|kpa|apa|evaluator|pd-planner|victims|drain|signals|outcomes|runner|acks|apply-plan)\\.ts$" },
       to: { path: IO },
     },
     {

@@ -6,6 +6,7 @@
  */
 import { type Static, Type } from "@sinclair/typebox";
 import { TypeCompiler } from "@sinclair/typebox/compiler";
+import { AutoscalePolicy } from "./autoscale.js";
 import { RecordSignature } from "./signature.js";
 
 const Tokens = Type.Integer({ minimum: 0 });
@@ -306,4 +307,5 @@ export const CONFIG_SCHEMAS = {
   "api-key": ApiKeyRecord,
   pool: PoolConfig,
   "inference-pool": InferencePoolPolicy,
+  "autoscale-policy": AutoscalePolicy,
 } as const;

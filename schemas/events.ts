@@ -7,6 +7,7 @@
  * travel unescaped in the payload (subjects carry the escaped token); 64-bit hashes are strings.
  */
 import { type Static, type TSchema, Type } from "@sinclair/typebox";
+import { AutoscaleRecommendation } from "./autoscale.js";
 import { RecordSignature } from "./signature.js";
 
 const Name = Type.String({ minLength: 1, maxLength: 253 });
@@ -58,6 +59,11 @@ export const PodEvent = Type.Object(
      * stops being routable. Absent on events from before sources existed (never timed out).
      */
     source: Type.Optional(Name),
+    /**
+     * The drain handshake (docs/autoscaling.md): the autoscaler chose this pod to leave. Gateways
+     * send it nothing new; its in-flight requests finish until `deadline` (epoch ms), when it is removed.
+     */
+    draining: Type.Optional(Type.Object({ deadline: Millis }, { additionalProperties: false })),
     ts: Millis,
     /** Set by a pod-watcher started with a signing key (docs/security.md, "Signed records"). */
     sig: Type.Optional(RecordSignature),
@@ -248,6 +254,13 @@ export const GatewayHeartbeat = Type.Object(
     beat: Type.Optional(Type.Integer({ minimum: 0, description: "heartbeat number, increasing within one gateway process (startedAt)" })),
     part: Type.Optional(Type.Integer({ minimum: 0, description: "0-based index of this part of the beat" })),
     parts: Type.Optional(Type.Integer({ minimum: 1, description: "how many messages the beat's outstanding list was split into" })),
+    /**
+     * The PODS stream sequence the gateway had applied when it built this beat: every charge it made
+     * after folding a pod's `draining` event avoids that pod, so once a beat says `podsSeq` >= that
+     * event's sequence, its `outstanding` list holds all it will ever charge there (the drain
+     * handshake's acknowledgement, docs/autoscaling.md).
+     */
+    podsSeq: Type.Optional(Type.Integer({ minimum: 0 })),
   },
   { $id: "heartbeat", additionalProperties: false },
 );
@@ -519,6 +532,7 @@ export const EVENT_SCHEMAS = {
   "kv-cleared": KvPodCleared,
   "kv-routed": KvRouted,
   usage: UsageSummary,
+  autoscale: AutoscaleRecommendation,
 } as const;
 
 export type EventType = keyof typeof EVENT_SCHEMAS;

@@ -4,6 +4,7 @@
  */
 import { Command } from "commander";
 import { registerConfigCommand } from "./admin/config-command.js";
+import { registerAutoscalerCommand } from "./autoscaler/command.js";
 import { registerKeysCommand } from "./admin/keys-command.js";
 import { registerStreamsCommand } from "./admin/streams-command.js";
 import { registerDemoCommand } from "./demo/command.js";
@@ -30,6 +31,7 @@ registerGatewayCommand(program);
 registerFrontCommand(program);
 registerDemoCommand(program);
 registerReplayCommands(program);
+registerAutoscalerCommand(program);
 
 try {
   await program.parseAsync(process.argv);

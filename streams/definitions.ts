@@ -13,7 +13,7 @@ const MINUTE_NS = 60 * SECOND_NS;
 const HOUR_NS = 60 * MINUTE_NS;
 const MiB = 1024 * 1024;
 
-export type StreamKey = "PODS" | "LOAD" | "KV" | "CHARGES" | "DECISIONS" | "DLQ" | "USAGE";
+export type StreamKey = "PODS" | "LOAD" | "KV" | "CHARGES" | "DECISIONS" | "DLQ" | "USAGE" | "AUTOSCALE";
 
 export interface StreamDefinition {
   key: StreamKey;
@@ -113,6 +113,13 @@ export function streamDefinitions(opts: StreamOptions = {}): StreamDefinition[] 
       max_age: 7 * 24 * HOUR_NS,
       max_bytes: 256 * MiB,
       duplicate_window: HOUR_NS,
+    }),
+    // One record per policy per evaluation (1 s by default, ~1 KB): a week of one policy is ~600 MB
+    // at most; max_bytes bounds many policies together.
+    def("AUTOSCALE", "autoscaling recommendations: every evaluation's inputs, arithmetic and result", {
+      subjects: [s.all("autoscale")],
+      max_age: 7 * 24 * HOUR_NS,
+      max_bytes: 1024 * MiB,
     }),
     // Each summary is a whole rate window's counts, so only the newest per gateway process matters
     // to a gateway (it reads the last per subject), for three minutes, which outlive the window a

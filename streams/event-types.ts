@@ -15,4 +15,5 @@ export const STREAM_EVENT_TYPES = {
   KV: ["kv", "kv-cleared", "kv-routed"],
   USAGE: ["usage"],
   DECISIONS: ["decision"],
+  AUTOSCALE: ["autoscale"],
 } as const satisfies Partial<Record<StreamKey, readonly EventType[]>>;

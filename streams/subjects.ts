@@ -12,6 +12,7 @@
  *   <prefix>.hb.<gateway>              CHARGES    gateway heartbeats (same stream: one ordered fold)
  *   <prefix>.decisions.<model>         DECISIONS  decision records (gateways)
  *   <prefix>.dlq.<family>              DLQ        dead letters, by the family they were read from
+ *   <prefix>.autoscale.<policy>        AUTOSCALE  autoscaling recommendations: inputs, arithmetic, result
  *   <prefix>.flow.<gateway>            (none)     flow-control summaries of held requests (gateways;
  *                                                 core NATS: only the latest matters, nothing is kept)
  *   <base>.usage.<pool>.<gateway>.<startedAt>  USAGE      per-user rate-limit usage summaries (gateways; base
@@ -33,6 +34,7 @@ export const Family = {
   dlq: "dlq",
   usage: "usage",
   flow: "flow",
+  autoscale: "autoscale",
 } as const;
 
 /** The pool token of the unpooled namespace in a usage subject (pool names never hold `_`). */
@@ -71,6 +73,10 @@ export class Subjects {
   /** Flow control: a gateway's summary of the requests it holds (core NATS, not a stream). */
   flow(gateway: string): string {
     return `${this.prefix}.flow.${encodeToken(gateway)}`;
+  }
+  /** An autoscaling policy's evaluations (services/autoscaler/). */
+  autoscale(policy: string): string {
+    return `${this.prefix}.autoscale.${encodeToken(policy)}`;
   }
   /** Built on the base prefix's `Subjects` (the USAGE stream is shared by every pool). */
   /** One subject per gateway process (`startedAt`): a restarted gateway's previous summary stays readable by whoever boots. */

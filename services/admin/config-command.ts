@@ -11,6 +11,7 @@ import { MODEL_CONFIG_KEY_PREFIX, RATE_LIMITS_KEY, rateLimitsError } from "../..
 import { decodeToken, encodeToken } from "../../streams/tokens.js";
 import { validateModelConfig } from "../routing/config-check.js";
 import { addNamespaceOptions, type NamespaceOptionValues } from "../shared/cli-options.js";
+import { registerAutoscaleCommands } from "./config-autoscale.js";
 import { addSigningOption, recordEncoder, type SigningOptionValues, withBucket } from "./config-bucket.js";
 import { registerAddKeyCommand, registerListKeysCommand, registerRevokeKeyCommand } from "./config-keys.js";
 import { registerDeletePoolCommand, registerListPoolsCommand, registerSetPoolCommand } from "./config-pools.js";
@@ -30,6 +31,7 @@ export function registerConfigCommand(program: Command): void {
   registerAddKeyCommand(cfg);
   registerListKeysCommand(cfg);
   registerRevokeKeyCommand(cfg);
+  registerAutoscaleCommands(cfg);
   registerDeleteCommand(cfg);
 }
 

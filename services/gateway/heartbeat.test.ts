@@ -11,6 +11,15 @@ const bytes = (hb: GatewayHeartbeat) => Buffer.byteLength(JSON.stringify(hb));
 describe("heartbeat - what every other replica reconciles against", () => {
   const base = { gateway: "gw", now: 5_000, intervalMs: 1_000, startedAt: 100, chargeTtlMs: 600_000, maxListed: 3, beat: 4 };
 
+  it("says how far it has folded PODS (the drain handshake's acknowledgement), in every part of a split beat", () => {
+    const [one] = heartbeatOf({ ...base, podsSeq: 42 }, "up", [routed(1)]);
+    expect(one?.podsSeq).toBe(42);
+    expect(checkEvent("heartbeat", one).ok).toBe(true);
+    const parts = heartbeatOf({ ...base, maxListed: 100, podsSeq: 42, maxBytes: 400 }, "up", [1, 2, 3, 4, 5, 6].map((i) => routed(i)));
+    expect(parts.length).toBeGreaterThan(1);
+    expect(parts.every((p) => p.podsSeq === 42)).toBe(true);
+  });
+
   it("lists every charge held, with its prefill/decode state, up to the bound, then says truncated", () => {
     const [two, ...rest] = heartbeatOf(base, "up", [routed(1), routed(2, true)]);
     expect(rest).toEqual([]);

@@ -29,6 +29,8 @@ export interface HeartbeatInput {
    * room for the protocol line and any headers). Unbounded when absent.
    */
   maxBytes?: number;
+  /** The PODS sequence the gateway has applied (the drain handshake's acknowledgement). */
+  podsSeq?: number;
 }
 
 const byteLength = (s: string): number => Buffer.byteLength(s, "utf8");
@@ -69,7 +71,7 @@ export function outstandingBytes(c: OutstandingCharge, names: Map<string, number
  * order. Publish all of them in the same loop turn: nothing of this gateway may sit between them.
  */
 export function heartbeatOf(o: HeartbeatInput, state: "up" | "down", inFlight: Iterable<RoutedRequest>): GatewayHeartbeat[] {
-  const base: GatewayHeartbeat = { type: "heartbeat", gateway: o.gateway, ts: o.now, intervalMs: o.intervalMs, startedAt: o.startedAt, state, beat: o.beat };
+  const base: GatewayHeartbeat = { type: "heartbeat", gateway: o.gateway, ts: o.now, intervalMs: o.intervalMs, startedAt: o.startedAt, state, beat: o.beat, ...(o.podsSeq !== undefined ? { podsSeq: o.podsSeq } : {}) };
   if (state === "down") return [base];
   const outstanding: OutstandingCharge[] = [];
   let truncated = false;

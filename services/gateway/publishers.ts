@@ -92,7 +92,7 @@ export class GatewayPublishers {
     const maxBytes = Math.floor((this.o.nats.nc.info?.max_payload ?? 1024 * 1024) * 0.9);
     // Releases made before this beat go first: a heartbeat never lists as ended a charge whose release peers have not had.
     this.releases.flush();
-    const input = { gateway: this.o.id, now: Date.now(), intervalMs: c.heartbeatIntervalMs, startedAt: this.startedAt, chargeTtlMs: c.chargeTtlMs, maxListed: c.maxHeartbeatCharges, beat: this.beat++, maxBytes };
+    const input = { gateway: this.o.id, now: Date.now(), intervalMs: c.heartbeatIntervalMs, startedAt: this.startedAt, chargeTtlMs: c.chargeTtlMs, maxListed: c.maxHeartbeatCharges, beat: this.beat++, maxBytes, podsSeq: this.o.state.cursors.pods };
     for (const hb of heartbeatOf(input, st, this.charges?.holdingCharges() ?? [])) this.outbox.fire(this.subjects.heartbeat(this.o.id), hb);
   }
 

@@ -77,6 +77,7 @@ describe("reconcile: what a watcher publishes", () => {
     const desired = map([[podKey("m", "l"), state("l", { labels: { b: "2", a: "1" } })]]);
     const published = map([[podKey("m", "l"), ev("l", "a", { labels: { a: "1", b: "2" } })]]);
     const at = map([[podKey("m", "l"), 9_999]]);
+    const base = { source: "a", now: 10_000, reassertMs: 60_000 };
     expect(planReconcile({ ...base, complete: true, desired, published, publishedAt: at }).upserts).toEqual([]);
     const changed = map([[podKey("m", "l"), state("l", { labels: { a: "1", b: "3" } })]]);
     expect(planReconcile({ ...base, complete: true, desired: changed, published, publishedAt: at }).upserts).toHaveLength(1);
@@ -125,7 +126,16 @@ describe("kubernetes pod -> published pod", () => {
     expect(terminating.ok && terminating.state.ready).toBe(false);
     expect(mapPod(pod({ ip: "" }))).toEqual({ ok: false, skip: "no-ip" });
   });
+  it("the autoscaler's drain annotation becomes the pod's draining state, and a change of it is a change to publish", () => {
+    const m = mapPod(pod({ annotations: { "jetroute.io/drain-deadline": "1767225600000" } }));
+    expect(m.ok && m.state.draining).toEqual({ deadline: 1767225600000 });
+    const published = map([[podKey("llama", "vllm-0.ns1"), { type: "pod" as const, action: "upsert" as const, ...(mapPod(pod()) as { state: PodState }).state, source: "a", ts: 1 }]]);
+    const desired = map([[podKey("llama", "vllm-0.ns1"), (m as { state: PodState }).state]]);
+    const base = { source: "a", now: 10_000, reassertMs: 60_000 };
+    expect(planReconcile({ ...base, complete: true, desired, published, publishedAt: map([[podKey("llama", "vllm-0.ns1"), 9_999]]) }).upserts).toHaveLength(1);
+  });
   it.each([
+    [{ annotations: { "jetroute.io/drain-deadline": "soon" } }, /drain-deadline must be epoch milliseconds/],
     [{ labels: { "model.aibrix.ai/port": "http" } }, /port/],
     [{ labels: { "model.aibrix.ai/engine": "trt" } }, /vllm or sglang/],
     [{ labels: { "role-name": "boss" } }, /prefill or decode/],

@@ -27,6 +27,8 @@ export const LABEL_ROLESET = "roleset-name";
 export const ANNOTATION_BOOTSTRAP_PORT = "model.aibrix.ai/sglang-bootstrap-port";
 export const ANNOTATION_ADAPTERS = "model.aibrix.ai/lora-adapters";
 export const ANNOTATION_CONFIG = "model.aibrix.ai/config";
+/** The drain handshake (docs/autoscaling.md): set by `jetroute autoscaler --apply` on a pod chosen to leave; epoch ms of its grace deadline. */
+export const ANNOTATION_DRAIN_DEADLINE = "jetroute.io/drain-deadline";
 export const KV_EVENTS_PORT = 5557;
 export const KV_REPLAY_PORT = 5558;
 export const SGLANG_BOOTSTRAP_PORT = 8998;
@@ -109,6 +111,11 @@ export function mapPod(p: KubePod): PodMapping {
   if (adapters.length > MAX_ADAPTERS) return invalid(`annotation ${ANNOTATION_ADAPTERS} lists more than ${MAX_ADAPTERS} adapters`);
   if (adapters.some((a) => !NAME.test(a))) return invalid(`annotation ${ANNOTATION_ADAPTERS} holds an invalid adapter name`);
   if (adapters.length > 0) state.adapters = [...new Set(adapters)].sort();
+  const drain = annotations[ANNOTATION_DRAIN_DEADLINE];
+  if (drain !== undefined) {
+    if (!/^[0-9]{1,15}$/.test(drain)) return invalid(`annotation ${ANNOTATION_DRAIN_DEADLINE} must be epoch milliseconds, got ${JSON.stringify(drain.slice(0, 40))}`);
+    state.draining = { deadline: Number(drain) };
+  }
   const config = annotations[ANNOTATION_CONFIG];
   if (config !== undefined) {
     if (Buffer.byteLength(config) > MAX_CONFIG_BYTES) return invalid(`annotation ${ANNOTATION_CONFIG} larger than ${MAX_CONFIG_BYTES} bytes`);

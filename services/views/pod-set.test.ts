@@ -69,3 +69,17 @@ describe("PodSet - pod networks (--pod-cidrs)", () => {
     expect(s.refusedAddresses).toBe(1);
   });
 });
+
+describe("PodSet - the drain handshake", () => {
+  it("a draining pod leaves the routable list at once and comes back when the mark is lifted", () => {
+    const s = new PodSet();
+    s.apply(pod("a", "10.0.0.1:8000"));
+    s.apply(pod("b", "10.0.0.2:8000"));
+    s.apply({ ...pod("b", "10.0.0.2:8000"), draining: { deadline: 99 } }, 7);
+    expect(s.readyPods("m").map((p) => p.pod)).toEqual(["a"]);
+    expect(s.get("m", "b")?.draining).toEqual({ deadline: 99 });
+    expect(s.lastSeq).toBe(7);
+    s.apply(pod("b", "10.0.0.2:8000"), 8);
+    expect(s.readyPods("m").map((p) => p.pod)).toEqual(["a", "b"]);
+  });
+});

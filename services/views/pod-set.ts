@@ -26,6 +26,8 @@ export interface PodInfo {
   readonly updatedAt: number;
   /** The watcher source vouching for the pod (absent: published before sources existed). */
   readonly source?: string;
+  /** The autoscaler chose it to leave (docs/autoscaling.md): not routable, removed by `deadline`. */
+  readonly draining?: { readonly deadline: number };
 }
 
 /** Bound on adapters an engine may report for one pod (the LOAD schema's bound). */
@@ -138,6 +140,7 @@ export class PodSet implements PodSetReader {
         ready: ev.ready,
         updatedAt: ev.ts,
         ...(ev.source !== undefined ? { source: ev.source } : {}),
+        ...(ev.draining !== undefined ? { draining: { deadline: ev.draining.deadline } } : {}),
       });
     }
     this.rebuild();
@@ -257,7 +260,8 @@ export class PodSet implements PodSetReader {
     const addresses = new Map<string, PodInfo>();
     const add = (m: string, p: PodInfo) => {
       served.add(m);
-      if (!p.ready || !this.vouched(p)) return;
+      // A draining pod (the autoscaler's handshake) keeps its in-flight requests and gets nothing new.
+      if (!p.ready || p.draining !== undefined || !this.vouched(p)) return;
       let list = ready.get(m);
       if (!list) ready.set(m, (list = []));
       list.push(p);

@@ -626,3 +626,17 @@ describe("PrefixIndex: randomized against a naive model", () => {
     index.assertConsistent();
   });
 });
+
+describe("PrefixIndex: unique entries (what removing a pod loses)", () => {
+  it("counts a pod's blocks no other pod holds, and follows removals", () => {
+    const { index, feed } = setup();
+    feed.batch("a", [stored("a", 1, 0, 8)]);
+    feed.batch("b", [stored("b", 1, 0, 5), stored("b", 2, 0, 3)]);
+    // a: blocks 5-7 of chain 1 are its own; b: chain 2's three blocks
+    expect([index.uniqueEntries(M, "a"), index.uniqueEntries(M, "b")]).toEqual([3, 3]);
+    feed.batch("b", [removed("b", 1, 0, 5)]);
+    expect(index.uniqueEntries(M, "a")).toBe(8);
+    expect(index.uniqueEntries(M, "nobody")).toBe(0);
+    expect(index.uniqueEntries("other-model", "a")).toBe(0);
+  });
+});

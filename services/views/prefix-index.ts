@@ -700,6 +700,21 @@ export class PrefixIndex {
     return this.models.get(model)?.get(pod)?.entries ?? 0;
   }
 
+  /**
+   * Entries of one pod whose block no other pod of the model holds: the cache a scale-down that
+   * removes this pod would lose (the autoscaler's victim choice). O(the pod's entries).
+   */
+  uniqueEntries(model: string, pod: string): number {
+    const p = this.models.get(model)?.get(pod);
+    if (!p) return 0;
+    let n = 0;
+    for (let e = p.head; e !== NONE; e = this.E[e * ES + E_PNEXT] as number) {
+      const first = this.B[(this.E[e * ES + E_BLOCK] as number) * BS + B_HEAD] as number;
+      if (this.E[first * ES + E_NEXT] === NONE) n++;
+    }
+    return n;
+  }
+
   /** The pod's stream cursor (also for removed pods still remembered). */
   cursor(model: string, pod: string): Readonly<PodCursor> | undefined {
     const p = this.models.get(model)?.get(pod);
