@@ -69,11 +69,13 @@ function seconds(d: unknown): number {
  * in "gateway pools" below.
  */
 const POOLS_DIR = path.join(DEPLOY, "pools");
+/** deploy/inference-pool/ (kustomize overlays too) is checked by inference-pool.test.ts as rendered. */
+const INFERENCE_POOL_DIR = path.join(DEPLOY, "inference-pool");
 
 function yamlFiles(dir: string): string[] {
   return readdirSync(dir).flatMap((name) => {
     const p = path.join(dir, name);
-    if (statSync(p).isDirectory()) return name === "node_modules" || p === POOLS_DIR ? [] : yamlFiles(p);
+    if (statSync(p).isDirectory()) return name === "node_modules" || p === POOLS_DIR || p === INFERENCE_POOL_DIR ? [] : yamlFiles(p);
     return /\.ya?ml$/.test(name) ? [p] : [];
   });
 }

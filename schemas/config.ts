@@ -249,6 +249,57 @@ export function readPoolConfig(json: () => unknown): { ok: true; value: PoolConf
   return error ? { ok: false, error } : { ok: true, value: value as PoolConfig };
 }
 
+/**
+ * An InferencePool's objectives and model rewrites (docs/inference-pool.md), under the config
+ * bucket key `inferencepool.<namespace>.<name>`, written by the pool's pod-watcher from the
+ * InferenceObjective and InferenceModelRewrite objects that reference the pool. Gateways merge the
+ * objectives into the flow-control objectives of the pool's models (a model's own config wins on a
+ * name clash) and apply the rewrites to requests before routing.
+ */
+export const InferencePoolPolicy = Type.Object(
+  {
+    /** `<namespace>/<name>` of the InferencePool. */
+    pool: Type.String({ minLength: 3, maxLength: 317 }),
+    /** API version of the objects read (e.g. `llm-d.ai/v1alpha2`). */
+    apiVersion: Type.String({ minLength: 1, maxLength: 100 }),
+    /** Base models the pool's endpoints serve. */
+    models: Type.Array(Type.String({ minLength: 1, maxLength: 256 }), { maxItems: 2_000, uniqueItems: true }),
+    /** InferenceObjective name -> its priority, clamped to flow control's bands (-16..16). */
+    objectives: Type.Record(Type.String({ minLength: 1, maxLength: 253 }), Type.Object({ priority: Type.Integer({ minimum: -16, maximum: 16 }) }, { additionalProperties: false })),
+    /**
+     * Rewrite rules in precedence order: rules naming models exactly first, then rules for every
+     * model of the pool (`models` absent); within each, the oldest InferenceModelRewrite first and
+     * its rules in list order. The first rule that applies picks a target by weight.
+     */
+    rewrites: Type.Array(
+      Type.Object(
+        {
+          /** `<InferenceModelRewrite name>#<rule index>`, for logs and explain. */
+          from: Type.String({ minLength: 1, maxLength: 300 }),
+          models: Type.Optional(Type.Array(Type.String({ minLength: 1, maxLength: 256 }), { minItems: 1, maxItems: 64 })),
+          targets: Type.Array(Type.Object({ model: Type.String({ minLength: 1, maxLength: 256 }), weight: Type.Integer({ minimum: 1, maximum: 1_000_000 }) }, { additionalProperties: false }), { minItems: 1, maxItems: 64 }),
+        },
+        { additionalProperties: false },
+      ),
+      { maxItems: 256 },
+    ),
+    sig: Type.Optional(RecordSignature),
+  },
+  { $id: "inference-pool", additionalProperties: false },
+);
+export type InferencePoolPolicy = Static<typeof InferencePoolPolicy>;
+
+/** Config bucket key prefix of InferencePool policies; the rest is `<namespace>.<name>`. */
+export const INFERENCE_POOL_KEY_PREFIX = "inferencepool.";
+
+const checkInferencePool = TypeCompiler.Compile(InferencePoolPolicy);
+
+export function inferencePoolPolicyError(value: unknown): string | undefined {
+  if (checkInferencePool.Check(value)) return undefined;
+  const e = checkInferencePool.Errors(value).First();
+  return e ? `${e.path || "/"}: ${e.message}` : "invalid InferencePool policy";
+}
+
 /** The config bucket's documents, exported to `schemas/json/` with the event schemas. */
 export const CONFIG_SCHEMAS = {
   "model-config": ModelConfig,
@@ -256,4 +307,5 @@ export const CONFIG_SCHEMAS = {
   "api-key": ApiKeyRecord,
   pool: PoolConfig,
   "autoscale-policy": AutoscalePolicy,
+  "inference-pool": InferencePoolPolicy,
 } as const;

@@ -104,7 +104,11 @@ export interface ExtProcExchange {
   /** BUFFERED: the whole body in one message with `end_of_stream: true`. */
   requestBody(body: Buffer): Promise<PhaseResult>;
   /** Sends `response_headers` with `:status` first. */
-  responseHeaders(status: number, headers: HeaderInput, endOfStream?: boolean): Promise<PhaseResult>;
+  /**
+   * `metadata`: filter metadata for this message only, merged over the exchange's (the proxy's
+   * `envoy.lb` / `x-gateway-destination-endpoint-served` report of the endpoint that served).
+   */
+  responseHeaders(status: number, headers: HeaderInput, endOfStream?: boolean, metadata?: Record<string, Record<string, unknown>>): Promise<PhaseResult>;
   /** STREAMED: one message per chunk, resolved by that chunk's own reply. */
   responseBodyChunk(chunk: Buffer, endOfStream: boolean): Promise<PhaseResult>;
   /**
@@ -288,11 +292,14 @@ class ExchangeImpl implements ExtProcExchange {
     return this.sendPhase("request_body", { request_body: { body, end_of_stream: true } });
   }
 
-  responseHeaders(status: number, headers: HeaderInput, endOfStream = false): Promise<PhaseResult> {
+  responseHeaders(status: number, headers: HeaderInput, endOfStream = false, metadata?: Record<string, Record<string, unknown>>): Promise<PhaseResult> {
     const all: HeaderInput = { ...headers, ":status": String(status) };
-    return this.sendPhase("response_headers", {
-      response_headers: { headers: { headers: toHeaderValues(all, [":status"]) }, end_of_stream: endOfStream },
-    });
+    const message: ProcessingRequest = { response_headers: { headers: { headers: toHeaderValues(all, [":status"]) }, end_of_stream: endOfStream } };
+    if (!metadata) return this.sendPhase("response_headers", message);
+    const filter_metadata: Record<string, ProtoStruct> = { ...(this.metadataContext?.filter_metadata ?? {}) };
+    for (const [ns, obj] of Object.entries(metadata)) filter_metadata[ns] = toProtoStruct(obj);
+    message.metadata_context = { filter_metadata };
+    return this.send("response_headers", message);
   }
 
   responseBodyChunk(chunk: Buffer, endOfStream: boolean): Promise<PhaseResult> {

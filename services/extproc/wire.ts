@@ -29,6 +29,35 @@ export const LB_METADATA_NAMESPACE = "envoy.lb";
 /** Namespace and key of the proxy's subset hint (Inference Extension protocol). */
 export const SUBSET_HINT_NAMESPACE = "envoy.lb.subset_hint";
 export const SUBSET_HINT_KEY = "x-gateway-destination-endpoint-subset";
+/**
+ * The endpoint that actually served the request, reported by the proxy on the response path in
+ * `metadata_context.filter_metadata["envoy.lb"]` (endpoint picker protocol v1.0.0).
+ */
+export const SERVED_ENDPOINT_KEY = "x-gateway-destination-endpoint-served";
+/** Most fallback endpoints named after the primary one. */
+export const MAX_DESTINATION_FALLBACKS = 8;
+
+/**
+ * The ordered destination list of the endpoint picker protocol: the chosen endpoint first, then up
+ * to `fallbacks` other candidates, best first by the strategy's own scores (`better`: which end of
+ * the score is better), each at most once and only from `subset` when the proxy sent one. The
+ * header and the `envoy.lb` metadata carry this same value, comma separated.
+ */
+export function destinationList(primary: string, candidates: readonly { pod: { address: string }; score: number }[], better: "lower" | "higher" | undefined, fallbacks: number, subset?: readonly string[]): string[] {
+  const out = [primary];
+  const n = Math.min(Math.max(0, Math.floor(fallbacks)), MAX_DESTINATION_FALLBACKS);
+  if (n === 0) return out;
+  const sign = better === "higher" ? -1 : 1;
+  const key = (c: { score: number }) => (Number.isFinite(c.score) ? sign * c.score : Number.POSITIVE_INFINITY);
+  const ranked = [...candidates].sort((a, b) => key(a) - key(b) || 0);
+  for (const c of ranked) {
+    if (out.length > n) break;
+    const a = c.pod.address;
+    if (out.includes(a) || (subset && !subset.includes(a))) continue;
+    out.push(a);
+  }
+  return out;
+}
 
 /**
  * Headers a client must never be able to set: the gateway overwrites or strips them on every

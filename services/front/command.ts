@@ -29,7 +29,9 @@ export function registerFrontCommand(program: Command): void {
     )
     .option("--message-timeout-ms <ms>", "per-message ext_proc timeout (Envoy's message_timeout); above the longest flow-control queue TTL", intOption(1), 90_000)
     .option("--max-body-bytes <n>", "request body buffer limit", intOption(1), 4 * 1024 * 1024)
-    .action(async (o: { port: number; host: string; gateway: string[]; messageTimeoutMs: number; maxBodyBytes: number }) => {
+    .addOption(new Option("--failure-mode <mode>", "what the proxy does when the picker fails (an InferencePool's endpointPickerRef.failureMode): FailClose answers an error, FailOpen forwards to a --pool-endpoints entry").choices(["FailOpen", "FailClose"]).default("FailClose"))
+    .option("--pool-endpoints <list>", "FailOpen: the pool's endpoints (ip:port, comma separated) to forward to when the picker fails", (v: string) => v.split(",").map((s) => s.trim()).filter(Boolean))
+    .action(async (o: { port: number; host: string; gateway: string[]; messageTimeoutMs: number; maxBodyBytes: number; failureMode: "FailOpen" | "FailClose"; poolEndpoints?: string[] }) => {
       const logger = createLogger("front");
       const front = await startFront({
         port: o.port,
@@ -37,6 +39,8 @@ export function registerFrontCommand(program: Command): void {
         gateways: o.gateway,
         messageTimeoutMs: o.messageTimeoutMs,
         maxRequestBodyBytes: o.maxBodyBytes,
+        failureMode: o.failureMode,
+        ...(o.poolEndpoints ? { poolEndpoints: o.poolEndpoints } : {}),
         logger,
       });
       const stop = () => {

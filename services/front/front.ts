@@ -19,8 +19,9 @@ import {
   type PhaseResult,
 } from "../extproc/envoy-client.js";
 import { createLogger, type Logger } from "../shared/log.js";
+import { LB_METADATA_NAMESPACE, SERVED_ENDPOINT_KEY } from "../extproc/wire.js";
 import { GatewayPool } from "./gateways.js";
-import { type HeaderList, applyMutation, chosenEndpoint, first, fromNodeHeaders, toHeaderInput, toNodeHeaders } from "./headers.js";
+import { type HeaderList, applyMutation, destinationEndpoints, first, fromNodeHeaders, parseEndpoint, toHeaderInput, toNodeHeaders } from "./headers.js";
 
 export interface FrontOptions {
   /** 0 picks a free port. */
@@ -32,6 +33,15 @@ export interface FrontOptions {
   messageTimeoutMs?: number;
   /** Envoy's buffer limit for the BUFFERED request body (AIBrix raises it to 4 MiB). */
   maxRequestBodyBytes?: number;
+  /**
+   * An InferencePool's `endpointPickerRef.failureMode` (docs/inference-pool.md): when the picker
+   * cannot be reached or fails, `FailClose` (the default, as in the InferencePool API) answers the
+   * request with an error; `FailOpen` forwards it unprocessed to one of `poolEndpoints`, chosen
+   * round-robin (the proxy's own load balancing over the pool), ignoring any destination header.
+   */
+  failureMode?: "FailOpen" | "FailClose";
+  /** The pool's endpoints (`ip:port`) FailOpen forwards to. */
+  poolEndpoints?: readonly string[];
   logger?: Logger;
 }
 
@@ -68,8 +78,20 @@ interface RequestState {
   exchange: ExtProcExchange | undefined;
   /** False once the processor is out of the picture (closed its stream or sent a spurious reply). */
   processing: boolean;
+  /** The processor failed and the request goes on without it (FailOpen). */
+  failedOpen: boolean;
+  /** The endpoint that answered (reported to the processor on the response path). */
+  served?: string;
   gone: boolean;
   upstream: AbortController;
+  failure: FailurePolicy;
+}
+
+/** What the proxy does when the picker fails, and its own round-robin over the pool for FailOpen. */
+interface FailurePolicy {
+  open: boolean;
+  pool: string[];
+  next: number;
 }
 
 export async function startFront(opts: FrontOptions): Promise<FrontServer> {
@@ -77,9 +99,10 @@ export async function startFront(opts: FrontOptions): Promise<FrontServer> {
   const pool = new GatewayPool(opts.gateways, { messageTimeoutMs: opts.messageTimeoutMs ?? 90_000 });
   const agent = new http.Agent({ keepAlive: true, maxSockets: 512 });
   const maxBody = opts.maxRequestBodyBytes ?? DEFAULT_MAX_REQUEST_BODY_BYTES;
+  const failure: FailurePolicy = { open: opts.failureMode === "FailOpen", pool: [...(opts.poolEndpoints ?? [])], next: 0 };
 
   const server = http.createServer({ noDelay: true }, (req, res) => {
-    const st: RequestState = { req, res, exchange: undefined, processing: true, gone: false, upstream: new AbortController() };
+    const st: RequestState = { req, res, exchange: undefined, processing: true, failedOpen: false, gone: false, upstream: new AbortController(), failure };
     res.on("close", () => {
       if (res.writableFinished) return;
       st.gone = true;
@@ -185,19 +208,26 @@ async function handle(st: RequestState, pool: GatewayPool, agent: http.Agent, ma
       st.gone = true;
     };
   }
-  const endpoint = chosenEndpoint(headers);
-  if (!endpoint) {
+  // The picker's ordered list (fallbacks after the first); FailOpen without a picker: the proxy's own pick from the pool.
+  const endpoints = st.failedOpen ? failOpenEndpoint(st.failure) : destinationEndpoints(headers);
+  if (endpoints.length === 0) {
     return localReply(st, 503, openAiError(503, "no healthy upstream: the gateway named no endpoint"));
   }
 
-  let upstreamRes: http.IncomingMessage;
-  try {
-    upstreamRes = await forward(st, agent, endpoint, headers, upstreamBody);
-  } catch (err) {
-    if (st.gone) throw new Abandoned();
-    const reason = (err as NodeJS.ErrnoException).code ?? (err as Error).message;
-    return localReply(st, 502, openAiError(502, `upstream connect error or disconnect/reset before headers: ${reason}`));
+  let upstreamRes: http.IncomingMessage | undefined;
+  let reason = "";
+  // Down the list on a connect failure, as Envoy's retry policy does with the protocol's fallbacks.
+  for (const endpoint of endpoints) {
+    try {
+      upstreamRes = await forward(st, agent, endpoint, headers, upstreamBody);
+      st.served = `${endpoint.host}:${endpoint.port}`;
+      break;
+    } catch (err) {
+      if (st.gone) throw new Abandoned();
+      reason = (err as NodeJS.ErrnoException).code ?? (err as Error).message;
+    }
   }
+  if (!upstreamRes) return localReply(st, 502, openAiError(502, `upstream connect error or disconnect/reset before headers: ${reason}`));
   await sendResponse(st, upstreamRes.statusCode ?? 502, fromNodeHeaders(upstreamRes.headersDistinct), upstreamRes);
 }
 
@@ -265,6 +295,13 @@ function processorFailure(st: RequestState, err: unknown): PhaseResult {
     st.processing = false;
     return continueUnmodified();
   }
+  if (st.failure.open && err instanceof ExtProcError) {
+    // FailOpen: the picker is unreachable or failed; the request goes on without it.
+    st.exchange?.cancel();
+    st.processing = false;
+    st.failedOpen = true;
+    return continueUnmodified();
+  }
   if (err instanceof ExtProcTimeoutError) {
     throw new ProcessorFailed(504, "ext_proc_error_per-message_timeout_exceeded", { cause: err });
   }
@@ -273,6 +310,13 @@ function processorFailure(st: RequestState, err: unknown): PhaseResult {
   }
   if (err instanceof ExtProcError) throw new ProcessorFailed(500, `ext_proc_error: ${err.message}`, { cause: err });
   throw err;
+}
+
+/** FailOpen's pick: the next pool endpoint, round-robin. */
+function failOpenEndpoint(f: FailurePolicy): { host: string; port: number }[] {
+  if (f.pool.length === 0) return [];
+  const e = parseEndpoint(f.pool[f.next++ % f.pool.length] as string);
+  return e ? [e] : [];
 }
 
 function continueUnmodified(): PhaseResult {
@@ -313,7 +357,8 @@ async function sendResponse(st: RequestState, status: number, headers: HeaderLis
   headers.set(":status", [String(status)]);
 
   if (st.processing) {
-    const r = await phase(st, (ex) => ex.responseHeaders(status, toHeaderInput(withoutStatus(headers)), noBody)).catch(
+    const served = st.served ? { [LB_METADATA_NAMESPACE]: { [SERVED_ENDPOINT_KEY]: st.served } } : undefined;
+    const r = await phase(st, (ex) => ex.responseHeaders(status, toHeaderInput(withoutStatus(headers)), noBody, served)).catch(
       (err: unknown) => {
         if (!Buffer.isBuffer(body)) body.destroy();
         throw err;

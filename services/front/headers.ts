@@ -81,16 +81,27 @@ export function fromNodeHeaders(distinct: Record<string, string[] | undefined>, 
   return out;
 }
 
-/**
- * The endpoint the gateway chose: the first entry of `x-gateway-destination-endpoint` (its later
- * entries are fallbacks), else AIBrix's `target-pod`.
- */
-export function chosenEndpoint(headers: HeaderList): { host: string; port: number } | undefined {
-  const raw = first(headers, "x-gateway-destination-endpoint")?.split(",")[0]?.trim() || first(headers, "target-pod")?.trim();
-  if (!raw) return undefined;
+/** `ip:port` (or `[ipv6]:port`) -> host and port; undefined when it is not one. */
+export function parseEndpoint(raw: string): { host: string; port: number } | undefined {
   const m = /^\[([^\]]+)\]:(\d+)$/.exec(raw) ?? /^([^:]+):(\d+)$/.exec(raw);
   if (!m?.[1] || !m[2]) return undefined;
   const port = Number(m[2]);
   if (port < 1 || port > 65_535) return undefined;
   return { host: m[1], port };
+}
+
+/**
+ * The endpoints the gateway named, in order: `x-gateway-destination-endpoint`'s list (the first is
+ * the chosen one, the rest fallbacks to try in order; invalid entries skipped, at most 16), else
+ * AIBrix's `target-pod`.
+ */
+export function destinationEndpoints(headers: HeaderList): { host: string; port: number }[] {
+  const list = first(headers, "x-gateway-destination-endpoint")?.split(",").map((s) => s.trim()).filter(Boolean) ?? [];
+  const raw = list.length > 0 ? list.slice(0, 16) : [first(headers, "target-pod")?.trim() ?? ""];
+  return raw.map(parseEndpoint).filter((e): e is { host: string; port: number } => e !== undefined);
+}
+
+/** The endpoint the gateway chose: the first of `destinationEndpoints`. */
+export function chosenEndpoint(headers: HeaderList): { host: string; port: number } | undefined {
+  return destinationEndpoints(headers)[0];
 }

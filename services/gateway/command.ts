@@ -66,6 +66,7 @@ export function registerGatewayCommand(program: Command): void {
     .option("--pod-cidrs <list>", "pod networks allowed, comma separated (e.g. 10.0.0.0/8,fd00::/8): a pod published with an address outside them is never routed to (default: any)", podCidrsOption)
     .option("--config-public-key <file>", "PEM Ed25519 public key(s): act only on config bucket entries (API keys, limits, pools, model configs) signed with one (jetroute config --signing-key)")
     .option("--pod-public-key <file>", "PEM Ed25519 public key(s): act only on PODS events signed with one (pod-watcher --signing-key)")
+    .option("--destination-fallbacks <n>", "endpoint picker protocol: name up to n fallback endpoints (the strategy's next best) after the chosen one in x-gateway-destination-endpoint, for a proxy that retries down the list (0-8)", intOption(0, 8), 0)
     .option("--expose-pod-addresses", "echo pod addresses to clients on the response (target-pod, prefill-target-pod-ip), as AIBrix does; off: internal addresses stay inside")
     .option("--rejection-records-per-s <n>", "decision records of rejected requests this replica publishes per second, in bursts up to twice that (the rest are only counted; unknown paths never recorded)", intOption(0), D.rejectionRecordsPerS)
     .option("--heartbeat-timeout-ms <ms>", "a gateway silent this long loses its charges (default 3 x interval)", intOption(10))
@@ -108,6 +109,7 @@ export function registerGatewayCommand(program: Command): void {
         releaseBatchMs: o.releaseBatchMs,
         rejectionRecordsPerS: o.rejectionRecordsPerS,
         exposePodAddresses: o.exposePodAddresses === true,
+        destinationFallbacks: o.destinationFallbacks,
         ...(o.podCidrs ? { podCidrs: o.podCidrs } : {}),
         ...(o.configPublicKey ? { configPublicKeyFile: o.configPublicKey } : {}),
         ...(o.podPublicKey ? { podPublicKeyFile: o.podPublicKey } : {}),

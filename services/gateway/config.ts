@@ -77,6 +77,8 @@ export const GatewayConfigSchema = Type.Object(
     recordPromptBlocks: Type.Boolean({ default: true }),
     /** Echo pod addresses to clients (`target-pod`, `prefill-target-pod-ip`), as AIBrix does; off: they stay inside. */
     exposePodAddresses: Type.Boolean({ default: false }),
+    /** Endpoint picker protocol: fallback endpoints listed after the chosen one in x-gateway-destination-endpoint (0-8). */
+    destinationFallbacks: Type.Integer({ minimum: 0, maximum: 8, default: 0 }),
     /** Pod networks allowed (CIDR ranges); a pod published outside them is never routed to. Absent: any. */
     podCidrs: Type.Optional(Type.Array(Type.String({ minLength: 1 }), { minItems: 1 })),
     /** Signed records (docs/security.md): PEM Ed25519 public key(s) config bucket entries must be signed with; absent: unchecked. */

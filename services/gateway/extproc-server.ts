@@ -14,6 +14,7 @@
  * replaces any client-sent `user` header, for the router and for the upstream request; a key
  * with a `cacheSalt` puts the request under that salt (the body Envoy forwards carries it).
  */
+import { randomUUID } from "node:crypto";
 import type * as grpc from "@grpc/grpc-js";
 import { type AuthFailureReason, type AuthResult, authFailureMessage } from "./auth.js";
 import { openAIError, RouteError, routeErrorBody } from "../routing/errors.js";
@@ -27,8 +28,10 @@ import {
   fromProtoStruct,
   Headers,
   headersToRecord,
+  destinationList,
   LB_METADATA_NAMESPACE,
   ROUTING_CONTROLLED_HEADERS,
+  SERVED_ENDPOINT_KEY,
   setHeader,
   SUBSET_HINT_KEY,
   SUBSET_HINT_NAMESPACE,
@@ -89,6 +92,19 @@ export interface ExtProcHandlerOptions {
    * prefill pod name are echoed either way.
    */
   exposePodAddresses?: boolean;
+  /**
+   * Endpoint picker protocol: how many fallback endpoints follow the chosen one in
+   * `x-gateway-destination-endpoint` and its `envoy.lb` metadata (0, the default: the chosen one
+   * alone). The proxy tries them in order when its retry policy allows. Never for P/D requests.
+   */
+  destinationFallbacks?: number;
+  /** The proxy reported (`x-gateway-destination-endpoint-served`) that an endpoint other than the chosen one served the request. */
+  servedElsewhere?: (routed: RoutedRequest, served: string) => void;
+  /**
+   * InferenceModelRewrite (docs/inference-pool.md): the model a request for `model` is sent for
+   * instead, chosen per request id; absent or `active()` false: no rewriting (and no body parse).
+   */
+  modelRewrites?: { active(): boolean; rewrite(model: string, requestId: string): { model: string } | undefined };
   /** Bearer API-key authentication (`--auth required`); absent: every request is let through. */
   auth?: {
     /** Checks the `authorization` header value (never logged). */
@@ -202,6 +218,8 @@ class Exchange {
   /** The authenticated key's cache salt: the request runs under it (tenant isolation). */
   private tenantSalt: string | undefined;
   private readonly errorBody: Buffer[] = [];
+  /** The client's body with its model rewritten (InferenceModelRewrite): what the engine gets. */
+  private rewrittenBody: Buffer | undefined;
   private errorBytes = 0;
   /** Aborted when the stream is over: work for this request (a P/D prefill leg) stops. */
   private readonly gone = new AbortController();
@@ -352,8 +370,12 @@ class Exchange {
       return this.reject(new RouteError("unsupportedPath", `${(headers[Headers.method] ?? "").slice(0, 16)} ${path.slice(0, 128)} is not routed; routed paths: ${ROUTED_PATHS.join(", ")}, and GET /v1/models`));
     }
     if (!this.opts.isReady()) return this.reject(new RouteError("notReady", "gateway is catching up with the streams; retry shortly"));
-    const body = this.bodyParts.length === 1 ? (this.bodyParts[0] as Buffer) : Buffer.concat(this.bodyParts);
+    let body = this.bodyParts.length === 1 ? (this.bodyParts[0] as Buffer) : Buffer.concat(this.bodyParts);
     this.bodyParts = [];
+    if (this.opts.modelRewrites?.active()) {
+      this.rewrittenBody = rewriteModelInBody(body, headers[Headers.requestId] || randomUUID(), this.opts.modelRewrites);
+      body = this.rewrittenBody ?? body;
+    }
     let result: RoutedRequest | Promise<RoutedRequest>;
     try {
       result = this.router.route({ headers, body, subset: this.subset, signal: this.gone.signal, ...(this.keyObjective ? { keyObjective: this.keyObjective } : {}), ...(this.tenantSalt ? { tenantSalt: this.tenantSalt } : {}) });
@@ -387,16 +409,29 @@ class Exchange {
   }
 
   private replyRouted(routed: RoutedRequest) {
-    const target = this.shared.targets.of(routed.pod.address, routed.strategy);
+    let target = this.shared.targets.of(routed.pod.address, routed.strategy);
+    const fallbacks = routed.pd ? 0 : (this.opts.destinationFallbacks ?? 0);
+    if (fallbacks > 0) {
+      // The protocol's ordered list: header and metadata carry the same value (AIBrix's target-pod stays the chosen one).
+      const list = destinationList(routed.pod.address, routed.candidates, routed.better, fallbacks, this.subset).join(",");
+      if (list !== routed.pod.address) {
+        target = {
+          ...target,
+          headers: [setHeader(Headers.destinationEndpoint, list), ...target.headers.slice(1)],
+          metadata: toProtoStruct({ [LB_METADATA_NAMESPACE]: { [Headers.destinationEndpoint]: list } }),
+        };
+      }
+    }
     const set = [...target.headers, setHeader(Headers.requestId, routed.requestId)];
-    // The gateway's body goes out instead of the client's: a tenant's cache salt, P/D's decode leg (transfer params or bootstrap fields).
-    if (routed.body) set.push(setHeader(Headers.contentLength, String(routed.body.length)));
+    // The gateway's body goes out instead of the client's: a tenant's cache salt, P/D's decode leg (transfer params or bootstrap fields), a rewritten model.
+    const upstream = routed.body ?? this.rewrittenBody;
+    if (upstream) set.push(setHeader(Headers.contentLength, String(upstream.length)));
     this.send({
       request_body: {
         response: {
           status: "CONTINUE",
           header_mutation: { set_headers: set },
-          ...(routed.body ? { body_mutation: { body: routed.body } } : {}),
+          ...(upstream ? { body_mutation: { body: upstream } } : {}),
           clear_route_cache: true,
         },
       },
@@ -449,6 +484,8 @@ class Exchange {
   private onResponseHeaders(req: ProcessingRequest) {
     const h = headersToRecord(req.response_headers?.headers);
     const routed = this.routed;
+    const served = servedEndpoint(req);
+    if (routed && served !== undefined && served !== routed.pod.address) this.opts.servedElsewhere?.(routed, served);
     this.status = Number.parseInt(h[Headers.status] ?? "0", 10) || 0;
     this.responseStarted = true;
     this.responseIsSse = (h[Headers.contentType] ?? "").includes("text/event-stream");
@@ -511,6 +548,30 @@ class Exchange {
     } else this.send({ response_body: CONTINUE });
     if (b?.end_of_stream) this.finish(this.status >= 400 ? "error" : "completed");
   }
+}
+
+/** The endpoint the proxy reports as the one that served the request (response-path metadata), if any. */
+function servedEndpoint(req: ProcessingRequest): string | undefined {
+  const ns = req.metadata_context?.filter_metadata?.[LB_METADATA_NAMESPACE];
+  if (!ns) return undefined;
+  const v = fromProtoStruct(ns)[SERVED_ENDPOINT_KEY];
+  return typeof v === "string" && v.length <= 300 ? v.trim() : undefined;
+}
+
+/** The body with its `model` replaced when a rewrite applies to it; undefined otherwise (or when it is not a JSON object). */
+function rewriteModelInBody(body: Buffer, requestId: string, rw: NonNullable<ExtProcHandlerOptions["modelRewrites"]>): Buffer | undefined {
+  let parsed: unknown;
+  try {
+    parsed = JSON.parse(body.toString("utf8"));
+  } catch {
+    return undefined;
+  }
+  if (typeof parsed !== "object" || parsed === null || Array.isArray(parsed)) return undefined;
+  const model = (parsed as { model?: unknown }).model;
+  if (typeof model !== "string") return undefined;
+  const to = rw.rewrite(model, requestId);
+  if (!to || to.model === model) return undefined;
+  return Buffer.from(JSON.stringify({ ...(parsed as object), model: to.model }));
 }
 
 function safeModel(body: Buffer): string | undefined {

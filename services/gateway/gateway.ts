@@ -154,7 +154,7 @@ export async function startGateway(options: GatewayOptions): Promise<GatewayHand
 
   const apiKeys = state.apiKeys;
   const port = await listener.listen(
-    createExtProcHandler({ ...extProcOptionsOf(config, views, metrics, log), router: director, isReady: () => isReady, ...extProcAuthOf(config, apiKeys, metrics, log) }),
+    createExtProcHandler({ ...extProcOptionsOf(config, state, metrics, log), router: director, isReady: () => isReady, ...extProcAuthOf(config, apiKeys, metrics, log) }),
     config.host,
     config.port,
     credentials,
@@ -398,13 +398,16 @@ async function shutDown(p: {
 }
 
 /** The ext_proc adapter's settings from the config: P/D watchdog, model listing, engine key, what responses reveal. */
-function extProcOptionsOf(config: GatewayConfig, views: GatewayViews, metrics: GatewayMetrics, log: Logger): Omit<ExtProcHandlerOptions, "router" | "isReady" | "auth"> {
+function extProcOptionsOf(config: GatewayConfig, views: GatewayViews & Pick<GatewayState, "poolPolicies">, metrics: GatewayMetrics, log: Logger): Omit<ExtProcHandlerOptions, "router" | "isReady" | "auth"> {
   return {
     log,
     pdWatchdog: { ...DEFAULT_PD_WATCHDOG, firstChunkMs: config.pd.firstChunkTimeoutMs, idleMs: config.pd.idleTimeoutMs },
     listModels: () => [...new Set(views.pods.all().flatMap((p) => [p.model, ...p.adapters]))].sort(),
     usageClamped: () => metrics.usageClamped(),
     exposePodAddresses: config.exposePodAddresses,
+    destinationFallbacks: config.destinationFallbacks,
+    servedElsewhere: () => metrics.servedElsewhere(),
+    modelRewrites: { active: () => views.poolPolicies.hasRewrites, rewrite: (model, id) => views.poolPolicies.rewrite(model, id) },
     ...(config.engineApiKey ? { engineApiKey: config.engineApiKey } : {}),
   };
 }

@@ -44,6 +44,7 @@ export class GatewayMetrics {
   private readonly pickSeconds: client.Histogram<"strategy">;
   private readonly authFailures: client.Counter<"reason">;
   private readonly usageClampedTotal: client.Counter;
+  private readonly servedElsewhereTotal: client.Counter;
   private readonly unrecordedTotal: client.Counter<"reason">;
   private readonly flow: FlowMetrics;
 
@@ -78,6 +79,11 @@ export class GatewayMetrics {
     this.usageClampedTotal = new client.Counter({
       name: "jetroute_gateway_engine_usage_clamped_total",
       help: "Responses whose engine-reported token usage was fractional or out of range and was clamped",
+      registers: [r],
+    });
+    this.servedElsewhereTotal = new client.Counter({
+      name: "jetroute_gateway_served_by_fallback_total",
+      help: "Responses the proxy reported (x-gateway-destination-endpoint-served) as served by an endpoint other than the chosen one",
       registers: [r],
     });
     this.flow = new FlowMetrics(r, src);
@@ -195,6 +201,10 @@ export class GatewayMetrics {
 
   usageClamped(): void {
     this.usageClampedTotal.inc();
+  }
+
+  servedElsewhere(): void {
+    this.servedElsewhereTotal.inc();
   }
 
   authFailure(reason: string): void {

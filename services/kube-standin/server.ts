@@ -2,7 +2,8 @@
  * A Kubernetes API stand-in for tests and benchmarks: the HTTP shell around store.ts, speaking
  * the wire protocol real clients use (checked against `kubectl` and `@kubernetes/client-node`):
  * discovery (`/api`, `/apis`, resource lists), pods (namespaced and across namespaces) with the
- * `status` subresource, `coordination.k8s.io/v1` leases; list with `labelSelector`, `limit` and
+ * `status` subresource, `coordination.k8s.io/v1` leases, custom resources served generically
+ * (resources.ts: the Inference Extension's InferencePool, InferenceObjective, InferenceModelRewrite); list with `labelSelector`, `limit` and
  * `continue`; watch as a chunked stream of JSON lines (ADDED/MODIFIED/DELETED, BOOKMARK when
  * `allowWatchBookmarks=true`, an ERROR Status 410 Expired for a resourceVersion older than the
  * history), ended after `timeoutSeconds`; create/replace/patch/delete with the API server's
@@ -14,7 +15,8 @@ import http from "node:http";
 import { writeFileSync } from "node:fs";
 import type { AddressInfo, Socket } from "node:net";
 import { matches, type Requirement } from "./selector.js";
-import { ApiError, type KubeObject, ObjectStore, parseSelectorOr400, type Resource, type StoredEvent, type StoreOptions } from "./store.js";
+import { discoveryDocuments, type Route, routeIndex, routeOf } from "./resources.js";
+import { ApiError, type KubeObject, ObjectStore, parseSelectorOr400, type StoredEvent, type StoreOptions } from "./store.js";
 
 export interface KubeStandinOptions extends StoreOptions {
   port?: number;
@@ -29,48 +31,6 @@ export interface KubeStandinOptions extends StoreOptions {
 
 const MAX_BODY = 4 * 1024 * 1024;
 
-const POD_VERBS = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"];
-
-const DISCOVERY: Record<string, unknown> = {
-  "/api": { kind: "APIVersions", versions: ["v1"], serverAddressByClientCIDRs: [{ clientCIDR: "0.0.0.0/0", serverAddress: "127.0.0.1" }] },
-  "/api/v1": {
-    kind: "APIResourceList", groupVersion: "v1",
-    resources: [
-      { name: "pods", singularName: "pod", namespaced: true, kind: "Pod", verbs: POD_VERBS, shortNames: ["po"], categories: ["all"] },
-      { name: "pods/status", singularName: "", namespaced: true, kind: "Pod", verbs: ["get", "patch", "update"] },
-    ],
-  },
-  "/apis": {
-    kind: "APIGroupList", apiVersion: "v1",
-    groups: [{ name: "coordination.k8s.io", versions: [{ groupVersion: "coordination.k8s.io/v1", version: "v1" }], preferredVersion: { groupVersion: "coordination.k8s.io/v1", version: "v1" } }],
-  },
-  "/apis/coordination.k8s.io/v1": {
-    kind: "APIResourceList", apiVersion: "v1", groupVersion: "coordination.k8s.io/v1",
-    resources: [{ name: "leases", singularName: "lease", namespaced: true, kind: "Lease", verbs: POD_VERBS }],
-  },
-  "/version": { major: "1", minor: "32", gitVersion: "v1.32.0-jetroute-standin", platform: "linux/amd64" },
-};
-
-interface Route {
-  resource: Resource;
-  namespace?: string;
-  name?: string;
-  subresource?: "status";
-}
-
-function route(pathname: string): Route | undefined {
-  let m = /^\/api\/v1\/(?:namespaces\/([^/]+)\/)?pods(?:\/([^/]+)(?:\/(status))?)?$/.exec(pathname);
-  if (m) return { resource: "pods", namespace: m[1], name: m[2], subresource: m[3] as "status" | undefined };
-  m = /^\/apis\/coordination\.k8s\.io\/v1\/(?:namespaces\/([^/]+)\/)?leases(?:\/([^/]+))?$/.exec(pathname);
-  if (m) return { resource: "leases", namespace: m[1], name: m[2] };
-  return undefined;
-}
-
-const LIST_KIND: Record<Resource, { kind: string; apiVersion: string }> = {
-  pods: { kind: "PodList", apiVersion: "v1" },
-  leases: { kind: "LeaseList", apiVersion: "coordination.k8s.io/v1" },
-};
-
 export interface PodStatusUpdate {
   ready?: boolean;
   podIP?: string | null;
@@ -80,6 +40,8 @@ export interface PodStatusUpdate {
 export class KubeStandin {
   readonly store: ObjectStore;
   private server: http.Server;
+  private readonly discovery: Record<string, unknown>;
+  private readonly routes: ReturnType<typeof routeIndex>;
   private readonly watches = new Set<http.ServerResponse>();
   private readonly sockets = new Set<Socket>();
   private readonly finalizers = new Set<NodeJS.Timeout>();
@@ -89,6 +51,9 @@ export class KubeStandin {
 
   constructor(private readonly o: KubeStandinOptions = {}) {
     this.store = new ObjectStore(o);
+    const defs = [...this.store.defs.values()];
+    this.discovery = discoveryDocuments(defs);
+    this.routes = routeIndex(defs);
     this.server = http.createServer((req, res) => {
       this.handle(req, res).catch((err: unknown) => this.fail(res, err));
     });
@@ -238,8 +203,8 @@ export class KubeStandin {
     const url = new URL(req.url ?? "/", "http://standin");
     const pathname = url.pathname.replace(/\/+$/, "") || "/";
     const method = req.method ?? "GET";
-    if (method === "GET" && DISCOVERY[pathname]) return this.json(res, 200, DISCOVERY[pathname]);
-    const r = route(pathname);
+    if (method === "GET" && this.discovery[pathname]) return this.json(res, 200, this.discovery[pathname]);
+    const r = routeOf(this.routes, pathname);
     if (!r) throw new ApiError(404, "NotFound", `the server could not find the requested resource (${pathname.slice(0, 200)})`);
     const q = url.searchParams;
     const now = Date.now();
@@ -306,7 +271,7 @@ export class KubeStandin {
     }
     const items = limit > 0 ? all.items.slice(start, start + limit) : all.items.slice(start);
     const next = limit > 0 && start + limit < all.items.length ? Buffer.from(JSON.stringify({ rv, start: start + limit })).toString("base64url") : undefined;
-    this.json(res, 200, { ...LIST_KIND[r.resource], metadata: { resourceVersion: rv, ...(next ? { continue: next, remainingItemCount: all.items.length - start - limit } : {}) }, items });
+    this.json(res, 200, { kind: this.store.def(r.resource).listKind, apiVersion: this.store.typeOf(r.resource).apiVersion, metadata: { resourceVersion: rv, ...(next ? { continue: next, remainingItemCount: all.items.length - start - limit } : {}) }, items });
   }
 
   private watch(req: http.IncomingMessage, res: http.ServerResponse, r: Route, q: URLSearchParams): void {
@@ -358,7 +323,7 @@ export class KubeStandin {
     const bookmarkTimer = bookmarks
       ? setInterval(() => {
           this.stats.bookmarks++;
-          send("BOOKMARK", { kind: r.resource === "pods" ? "Pod" : "Lease", apiVersion: r.resource === "pods" ? "v1" : "coordination.k8s.io/v1", metadata: { resourceVersion: this.store.resourceVersion } });
+          send("BOOKMARK", { ...this.store.typeOf(r.resource), metadata: { resourceVersion: this.store.resourceVersion } });
         }, this.o.bookmarkIntervalMs ?? 5_000)
       : undefined;
     const end = setTimeout(() => {

@@ -1,6 +1,6 @@
 /**
- * The stand-in's object store: what etcd plus the API server's registry do for pods and leases.
- * Pure (no I/O, no timers; time from the caller).
+ * The stand-in's object store: what etcd plus the API server's registry do for pods, leases and
+ * custom resources (resources.ts). Pure (no I/O, no timers; time from the caller).
  *
  * - One resourceVersion counter for everything, as etcd's revision; every write bumps it and
  *   stamps the object.
@@ -12,11 +12,15 @@
  * - Pods follow the registry's rules a watcher depends on: status is reset on create and changes
  *   only through the `status` subresource; a delete with a grace period sets
  *   `deletionTimestamp` (terminating) and the pod disappears when `finalize` is called.
+ * - Custom resources with a status subresource follow the CRD rules: `status` is dropped on
+ *   create and left alone by writes to the object, and `metadata.generation` counts spec changes.
  */
 import { jsonPatch, mergePatch, PatchError, stripDirectives } from "./patch.js";
+import { apiVersionOf, DEFAULT_RESOURCES, type ResourceDef } from "./resources.js";
 import { matches, parseSelector, type Requirement } from "./selector.js";
 
-export type Resource = "pods" | "leases";
+/** A resource's id (resources.ts): `pods`, `leases`, or `<plural>.<group>` for a custom resource. */
+export type Resource = string;
 
 export interface ObjectMeta {
   name: string;
@@ -67,12 +71,9 @@ export class ApiError extends Error {
   }
 }
 
-const KIND: Record<Resource, { kind: string; apiVersion: string }> = {
-  pods: { kind: "Pod", apiVersion: "v1" },
-  leases: { kind: "Lease", apiVersion: "coordination.k8s.io/v1" },
-};
-
 export interface StoreOptions {
+  /** The resources served (default resources.ts DEFAULT_RESOURCES: pods, leases, the Inference Extension's kinds). */
+  resources?: readonly ResourceDef[];
   historySize?: number;
   /** Bound on stored objects per resource. */
   maxObjects?: number;
@@ -82,7 +83,8 @@ const NAME = /^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$/;
 
 export class ObjectStore {
   private rv = 0;
-  private readonly objects: Record<Resource, Map<string, KubeObject>> = { pods: new Map(), leases: new Map() };
+  private readonly objects = new Map<Resource, Map<string, KubeObject>>();
+  readonly defs: ReadonlyMap<Resource, ResourceDef>;
   private history: StoredEvent[] = [];
   /** Events with rv > this are all in `history`. */
   private compactedRv = 0;
@@ -94,6 +96,26 @@ export class ObjectStore {
   constructor(o: StoreOptions = {}) {
     this.historySize = o.historySize ?? 10_000;
     this.maxObjects = o.maxObjects ?? 100_000;
+    this.defs = new Map((o.resources ?? DEFAULT_RESOURCES).map((d) => [d.id, d]));
+    for (const id of this.defs.keys()) this.objects.set(id, new Map());
+  }
+
+  /** The resource's definition (404 for one the store does not serve). */
+  def(resource: Resource): ResourceDef {
+    const d = this.defs.get(resource);
+    if (!d) throw new ApiError(404, "NotFound", `the server could not find the requested resource (${resource.slice(0, 100)})`);
+    return d;
+  }
+
+  /** `kind` and `apiVersion` of the resource's objects. */
+  typeOf(resource: Resource): { kind: string; apiVersion: string } {
+    const d = this.def(resource);
+    return { kind: d.kind, apiVersion: apiVersionOf(d) };
+  }
+
+  private map(resource: Resource): Map<string, KubeObject> {
+    this.def(resource);
+    return this.objects.get(resource) as Map<string, KubeObject>;
   }
 
   get resourceVersion(): string {
@@ -139,7 +161,7 @@ export class ObjectStore {
   }
 
   get(resource: Resource, ns: string, name: string): KubeObject {
-    const o = this.objects[resource].get(this.key(ns, name));
+    const o = this.map(resource).get(this.key(ns, name));
     if (!o) throw new ApiError(404, "NotFound", `${resource} "${name}" not found`, { name, kind: resource });
     return structuredClone(o);
   }
@@ -147,7 +169,7 @@ export class ObjectStore {
   list(resource: Resource, ns: string | undefined, selector?: string): { items: KubeObject[]; resourceVersion: string } {
     const req = parseSelectorOr400(selector);
     const items: KubeObject[] = [];
-    for (const o of this.objects[resource].values()) {
+    for (const o of this.map(resource).values()) {
       if (ns !== undefined && o.metadata.namespace !== ns) continue;
       if (!matches(req, o.metadata.labels)) continue;
       items.push(structuredClone(o));
@@ -162,13 +184,14 @@ export class ObjectStore {
     if (obj.metadata.namespace !== undefined && obj.metadata.namespace !== ns) {
       throw new ApiError(400, "BadRequest", `the namespace of the object (${obj.metadata.namespace}) does not match the namespace on the request (${ns})`);
     }
-    const map = this.objects[resource];
+    const map = this.map(resource);
     if (map.has(this.key(ns, name))) throw new ApiError(409, "AlreadyExists", `${resource} "${name}" already exists`, { name, kind: resource });
     if (map.size >= this.maxObjects) throw new ApiError(429, "TooManyRequests", `the stand-in holds at most ${this.maxObjects} ${resource}`);
     this.rv++;
+    const def = this.def(resource);
     const stored: KubeObject = {
       ...obj,
-      ...KIND[resource],
+      ...this.typeOf(resource),
       metadata: {
         ...obj.metadata,
         namespace: ns,
@@ -181,6 +204,8 @@ export class ObjectStore {
     delete stored.metadata.deletionTimestamp;
     // The registry resets a new pod's status: the kubelet reports it later through pods/status.
     if (resource === "pods") stored.status = { phase: "Pending" };
+    // A custom resource with a status subresource: status is written only through it.
+    else if (def.statusSubresource) delete stored.status;
     map.set(this.key(ns, name), stored);
     this.record("ADDED", resource, structuredClone(stored));
     return structuredClone(stored);
@@ -190,7 +215,7 @@ export class ObjectStore {
   replace(resource: Resource, ns: string, name: string, body: unknown, subresource?: "status"): KubeObject {
     const obj = this.validate(resource, body);
     if (obj.metadata.name !== name) throw new ApiError(400, "BadRequest", `the name of the object (${obj.metadata.name}) does not match the name on the URL (${name})`);
-    const current = this.objects[resource].get(this.key(ns, name));
+    const current = this.map(resource).get(this.key(ns, name));
     if (!current) throw new ApiError(404, "NotFound", `${resource} "${name}" not found`, { name, kind: resource });
     const want = obj.metadata.resourceVersion;
     if (want !== undefined && want !== "" && want !== current.metadata.resourceVersion) {
@@ -200,7 +225,7 @@ export class ObjectStore {
   }
 
   patch(resource: Resource, ns: string, name: string, contentType: string, patch: unknown, subresource?: "status"): KubeObject {
-    const current = this.objects[resource].get(this.key(ns, name));
+    const current = this.map(resource).get(this.key(ns, name));
     if (!current) throw new ApiError(404, "NotFound", `${resource} "${name}" not found`, { name, kind: resource });
     let next: unknown;
     try {
@@ -222,16 +247,22 @@ export class ObjectStore {
 
   private commit(resource: Resource, current: KubeObject, obj: KubeObject, subresource?: "status"): KubeObject {
     let next: KubeObject;
-    if (resource === "pods" && subresource === "status") next = { ...structuredClone(current), status: structuredClone(obj.status ?? {}) };
-    else if (resource === "pods") next = { ...structuredClone(obj), ...KIND.pods, status: structuredClone(current.status ?? {}) };
-    else next = { ...structuredClone(obj), ...KIND[resource] };
+    const def = this.def(resource);
+    if (def.statusSubresource && subresource === "status") next = { ...structuredClone(current), status: structuredClone(obj.status ?? {}) };
+    else if (def.statusSubresource) {
+      next = { ...structuredClone(obj), ...this.typeOf(resource) };
+      if (current.status !== undefined) next.status = structuredClone(current.status);
+      else delete next.status;
+    } else next = { ...structuredClone(obj), ...this.typeOf(resource) };
+    // A custom resource's generation counts changes of everything but metadata and status.
+    const specChanged = resource !== "pods" && def.group !== "coordination.k8s.io" && canonical({ ...next, metadata: 0, status: 0 }) !== canonical({ ...current, metadata: 0, status: 0 });
     // Fields only the server sets.
     next.metadata = {
       ...next.metadata,
       namespace: current.metadata.namespace,
       uid: current.metadata.uid,
       creationTimestamp: current.metadata.creationTimestamp,
-      generation: current.metadata.generation,
+      generation: (current.metadata.generation ?? 1) + (specChanged ? 1 : 0),
     };
     if (current.metadata.deletionTimestamp) {
       next.metadata.deletionTimestamp = current.metadata.deletionTimestamp;
@@ -245,7 +276,7 @@ export class ObjectStore {
     if (JSON.stringify(next) === JSON.stringify(current)) return structuredClone(current);
     this.rv++;
     next.metadata.resourceVersion = String(this.rv);
-    this.objects[resource].set(this.key(current.metadata.namespace ?? "", current.metadata.name), next);
+    this.map(resource).set(this.key(current.metadata.namespace ?? "", current.metadata.name), next);
     this.record("MODIFIED", resource, structuredClone(next), structuredClone(current));
     return structuredClone(next);
   }
@@ -255,7 +286,7 @@ export class ObjectStore {
    * `finalize`; everything else is gone at once.
    */
   delete(resource: Resource, ns: string, name: string, now: number, graceMs = 0): KubeObject {
-    const current = this.objects[resource].get(this.key(ns, name));
+    const current = this.map(resource).get(this.key(ns, name));
     if (!current) throw new ApiError(404, "NotFound", `${resource} "${name}" not found`, { name, kind: resource });
     if (resource === "pods" && graceMs > 0) {
       if (current.metadata.deletionTimestamp) return structuredClone(current);
@@ -264,7 +295,7 @@ export class ObjectStore {
       next.metadata.deletionTimestamp = new Date(now + graceMs).toISOString().replace(/\.\d{3}Z$/, "Z");
       next.metadata.deletionGracePeriodSeconds = Math.ceil(graceMs / 1_000);
       next.metadata.resourceVersion = String(this.rv);
-      this.objects.pods.set(this.key(ns, name), next);
+      this.map("pods").set(this.key(ns, name), next);
       this.record("MODIFIED", resource, structuredClone(next), structuredClone(current));
       return structuredClone(next);
     }
@@ -273,12 +304,12 @@ export class ObjectStore {
 
   /** The kubelet finished a terminating pod: it is removed. */
   finalize(ns: string, name: string): void {
-    if (this.objects.pods.has(this.key(ns, name))) this.remove("pods", ns, name);
+    if (this.map("pods").has(this.key(ns, name))) this.remove("pods", ns, name);
   }
 
   private remove(resource: Resource, ns: string, name: string): KubeObject {
-    const current = this.objects[resource].get(this.key(ns, name)) as KubeObject;
-    this.objects[resource].delete(this.key(ns, name));
+    const current = this.map(resource).get(this.key(ns, name)) as KubeObject;
+    this.map(resource).delete(this.key(ns, name));
     this.rv++;
     const gone = structuredClone(current);
     gone.metadata.resourceVersion = String(this.rv);
@@ -290,9 +321,9 @@ export class ObjectStore {
     const o = body as KubeObject | null;
     if (typeof o !== "object" || o === null || Array.isArray(o)) throw new ApiError(400, "BadRequest", "the request body is not an object");
     if (typeof o.metadata?.name !== "string" || !NAME.test(o.metadata.name) || o.metadata.name.length > 253) {
-      throw new ApiError(422, "Invalid", `${KIND[resource].kind} "${String(o.metadata?.name ?? "")}" is invalid: metadata.name: Invalid value: a lowercase RFC 1123 subdomain is required`);
+      throw new ApiError(422, "Invalid", `${this.typeOf(resource).kind} "${String(o.metadata?.name ?? "")}" is invalid: metadata.name: Invalid value: a lowercase RFC 1123 subdomain is required`);
     }
-    if (o.kind !== undefined && o.kind !== KIND[resource].kind) throw new ApiError(400, "BadRequest", `kind ${JSON.stringify(o.kind)} posted to ${resource}`);
+    if (o.kind !== undefined && o.kind !== this.typeOf(resource).kind) throw new ApiError(400, "BadRequest", `kind ${JSON.stringify(o.kind)} posted to ${resource}`);
     for (const field of ["labels", "annotations"] as const) {
       const m = o.metadata[field];
       if (m === undefined) continue;
@@ -302,6 +333,11 @@ export class ObjectStore {
     }
     return o;
   }
+}
+
+/** JSON with object keys sorted: equal values, equal strings, whatever order the keys came in. */
+function canonical(v: unknown): string {
+  return JSON.stringify(v, (_k, x: unknown) => (x && typeof x === "object" && !Array.isArray(x) ? Object.fromEntries(Object.entries(x).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0))) : x));
 }
 
 export function parseSelectorOr400(selector: string | undefined): Requirement[] {

@@ -4,6 +4,7 @@ import { addNamespaceOptions, applyDlqPayloads, dlqPayloadsOption, intOption, mo
 import { createLogger } from "../shared/log.js";
 import { readSigner, SIGNING_KEY_ENV } from "../shared/signing-keys.js";
 import type { RecordSigner } from "../../streams/signatures.js";
+import { ApiNotServedError, startInferencePoolWatcher } from "./k8s-inference-pool.js";
 import { DEFAULT_BLIND_AFTER_MS, DEFAULT_LABEL_SELECTOR, startKubernetesWatcher } from "./kubernetes.js";
 import { DEFAULT_HEARTBEAT_MS, DEFAULT_LEASE_MS, DEFAULT_REASSERT_MS, DEFAULT_STEP_DOWN_AFTER_MS, type PodWatcherHandle, startPodWatcher } from "./pod-watcher.js";
 
@@ -13,7 +14,12 @@ export function registerPodWatcherCommand(program: Command): void {
     .description("publish the pods of one source (a static list, or a Kubernetes cluster) to the PODS stream")
     .option("--static <file>", "YAML/JSON pod list: [{name, model, address, engine?, role?, metricsAddress?, adapters?}]")
     .option("--kubernetes", "watch pods in Kubernetes (in-cluster config, or --kubeconfig)")
-    .option("--kubeconfig <file>", "Kubernetes mode: kubeconfig file (default: in-cluster, else $KUBECONFIG / ~/.kube/config)")
+    .option("--inference-pool <namespace/name>", "watch one Gateway API Inference Extension InferencePool and the pods its selector matches (docs/inference-pool.md)")
+    .option("--inference-pool-api-version <v>", "InferencePool mode: the pool's API version (implemented: inference.networking.k8s.io/v1)", "inference.networking.k8s.io/v1")
+    .option("--model-label <key>", "InferencePool mode: pod label naming the model an endpoint serves (pods without it: asked with GET /v1/models)")
+    .option("--objectives-api-version <v>", "InferencePool mode: API version of InferenceObjective / InferenceModelRewrite (llm-d.ai/v1alpha2, inference.networking.x-k8s.io/v1alpha2, or none)", "llm-d.ai/v1alpha2")
+    .option("--models-refresh-ms <ms>", "InferencePool mode: how often each unlabelled endpoint's /v1/models is asked again", intOption(1_000), 30_000)
+    .option("--kubeconfig <file>", "Kubernetes and InferencePool modes: kubeconfig file (default: in-cluster, else $KUBECONFIG / ~/.kube/config)")
     .option("--namespaces <list>", "Kubernetes mode: comma-separated namespaces to watch (default: all)")
     .option("--label-selector <selector>", "Kubernetes mode: which pods", DEFAULT_LABEL_SELECTOR)
     .option("--blind-after-ms <ms>", "Kubernetes mode: stop heartbeating (the source goes silent in every gateway) once a pod informer has been failing or unsynced this long", intOption(100), DEFAULT_BLIND_AFTER_MS)
@@ -38,8 +44,8 @@ export function registerPodWatcherCommand(program: Command): void {
     .action(async (o) => {
       applyDlqPayloads(o.dlqPayloads);
       const log = createLogger("pod-watcher");
-      if ((o.static === undefined) === (o.kubernetes !== true)) {
-        log.error("give exactly one of --static <file> or --kubernetes");
+      if ([o.static !== undefined, o.kubernetes === true, o.inferencePool !== undefined].filter(Boolean).length !== 1) {
+        log.error("give exactly one of --static <file>, --kubernetes or --inference-pool <namespace/name>");
         process.exit(2);
       }
       if (o.models !== undefined && o.pool === undefined) {
@@ -61,12 +67,25 @@ export function registerPodWatcherCommand(program: Command): void {
       };
       // Listening before anything is awaited: a SIGTERM during start or the first round still closes (and releases the lease).
       const signal = untilSignal();
-      const w: PodWatcherHandle = o.kubernetes
-        ? await startKubernetesWatcher({
+      let w: PodWatcherHandle;
+      try {
+        if (o.inferencePool !== undefined) {
+          w = await startInferencePoolWatcher({
+            ...common, kubeconfig: o.kubeconfig, leaseNamespace: o.leaseNamespace, blindAfterMs: o.blindAfterMs, inferencePool: o.inferencePool,
+            poolApiVersion: o.inferencePoolApiVersion, modelLabel: o.modelLabel, objectivesApiVersion: o.objectivesApiVersion, modelsRefreshMs: o.modelsRefreshMs,
+          });
+        } else if (o.kubernetes) {
+          w = await startKubernetesWatcher({
             ...common, kubeconfig: o.kubeconfig, labelSelector: o.labelSelector, leaseNamespace: o.leaseNamespace, blindAfterMs: o.blindAfterMs,
             namespaces: typeof o.namespaces === "string" ? o.namespaces.split(",").map((s: string) => s.trim()).filter(Boolean) : undefined,
-          })
-        : await startPodWatcher({ ...common, file: o.static, probeIntervalMs: o.probeIntervalMs, probeTimeoutMs: o.probeTimeoutMs, noProbe: o.probe === false });
+          });
+        } else w = await startPodWatcher({ ...common, file: o.static, probeIntervalMs: o.probeIntervalMs, probeTimeoutMs: o.probeTimeoutMs, noProbe: o.probe === false });
+      } catch (err) {
+        // A bad flag or a cluster without the InferencePool API: one clear line, exit 2.
+        if (!(err instanceof RangeError || err instanceof ApiNotServedError)) throw err;
+        log.error(err.message);
+        process.exit(2);
+      }
       log.info({ source: w.source, watcher: w.watcherId }, "pod-watcher started");
       if (o.metricsPort >= 0) await startMetricsServer(o.metricsPort, o.metricsHost, statsRegistry("pod-watcher", () => w.stats), log);
       const first = await Promise.race([w.firstRound.then(() => "round" as const), signal.then(() => "signal" as const)]);

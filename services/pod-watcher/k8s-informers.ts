@@ -104,6 +104,26 @@ export function watchPods(namespace: string | undefined, s: InformerSettings): W
   return w;
 }
 
+/**
+ * An informer on any list/watch path (custom resources: an InferencePool and its objectives), with
+ * the same bookmarks, watchdog and blindness accounting as `watchPods`. `what` names it in logs.
+ */
+export function watchObjects(path: string, list: () => Promise<KubernetesObjectList>, s: Omit<InformerSettings, "api" | "labelSelector">, what: string): Watched {
+  const w: Watched = { namespace: what, informer: undefined as unknown as Watched["informer"], synced: false, attempt: 0, blindSince: Date.now(), errors: 0 };
+  const watch = new BookmarkingWatch(s.kc, s.range, s.marginMs, () => {
+    w.attempt = 0;
+    w.blindSince = undefined;
+  }, s.onStall);
+  w.informer = new ListWatch<KubernetesObject>(path, watch, list as never, false) as unknown as Watched["informer"];
+  return w;
+}
+
+/** A list as client-node's list functions return it. */
+export interface KubernetesObjectList {
+  metadata?: { resourceVersion?: string };
+  items: KubernetesObject[];
+}
+
 /** Whether some informer has been unsynced or failing for at least `blindAfterMs` at `now`. */
 export function informersBlind(watched: readonly Pick<Watched, "blindSince">[], now: number, blindAfterMs: number): boolean {
   return watched.some((w) => w.blindSince !== undefined && now - w.blindSince >= blindAfterMs);

@@ -72,9 +72,9 @@ export function loadKubeConfig(file: string | undefined): KubeConfig {
   return kc;
 }
 
-const inClusterConfig = (file: string | undefined): boolean => !file && !!process.env.KUBERNETES_SERVICE_HOST;
+export const inClusterConfig = (file: string | undefined): boolean => !file && !!process.env.KUBERNETES_SERVICE_HOST;
 
-function defaultLeaseNamespace(): string {
+export function defaultLeaseNamespace(): string {
   if (process.env.POD_NAMESPACE) return process.env.POD_NAMESPACE;
   try {
     return readFileSync(SA_NAMESPACE_FILE, "utf8").trim() || "default";
@@ -124,7 +124,7 @@ export function desiredPods(pods: Iterable<V1Pod>): DesiredPods {
  * The heartbeats' gate: false while the informers are blind. Logs each change between blind and
  * healthy once, and reports the current state to `report`.
  */
-function vouchGate(blind: () => boolean, log: Logger, blindAfterMs: number, report: (blind: boolean) => void): () => boolean {
+export function vouchGate(blind: () => boolean, log: Logger, blindAfterMs: number, report: (blind: boolean) => void): () => boolean {
   let blindLogged = false;
   return () => {
     const b = blind();
@@ -139,7 +139,7 @@ function vouchGate(blind: () => boolean, log: Logger, blindAfterMs: number, repo
 }
 
 /** Runs `fn` once on the next loop turn however often it is asked for before then. */
-function oncePerTurn(fn: () => void): () => void {
+export function oncePerTurn(fn: () => void): () => void {
   let scheduled = false;
   return () => {
     if (scheduled) return;

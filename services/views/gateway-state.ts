@@ -20,6 +20,9 @@ import {
   API_KEY_KEY_PREFIX,
   apiKeyRecordError,
   type ApiKeyRecord,
+  INFERENCE_POOL_KEY_PREFIX,
+  type InferencePoolPolicy,
+  inferencePoolPolicyError,
   MODEL_CONFIG_KEY_PREFIX,
   type ModelConfig,
   modelConfigError,
@@ -38,6 +41,7 @@ import { ApiKeyView, hashOfBucketKey, SHOWN_HASH_PREFIX } from "./api-keys.js";
 import { ChargeLedger } from "./charge-ledger.js";
 import { DEFAULT_LOAD_STALE_MS, LoadView } from "./load-view.js";
 import { ModelConfigView } from "./model-config.js";
+import { PoolPolicies } from "./pool-policies.js";
 import { PodSet } from "./pod-set.js";
 import { PoolMap } from "./pool-map.js";
 import { DEFAULT_PREFIX_MAX_ENTRIES, PrefixIndex, type PrefixIndexOptions } from "./prefix-index.js";
@@ -143,6 +147,8 @@ export class GatewayState {
   readonly configs = new ModelConfigView();
   readonly apiKeys = new ApiKeyView();
   readonly pools = new PoolMap();
+  /** InferencePool objectives and rewrites (config bucket `inferencepool.*`). */
+  readonly poolPolicies = new PoolPolicies();
   private prefixIndex: PrefixIndex;
   readonly prefixIndexOptions: PrefixIndexOptions;
   /** Last sequence handled per source (applied, ignored, skipped or dead-lettered). */
@@ -303,7 +309,8 @@ export class GatewayState {
   private applyConfig(e: ConfigEntry, revision: number, storedAt: number): ApplyResult {
     const isKey = e.key.startsWith(API_KEY_KEY_PREFIX);
     const isPool = e.key.startsWith(POOL_KEY_PREFIX);
-    if (e.key !== RATE_LIMITS_KEY && !e.key.startsWith(MODEL_CONFIG_KEY_PREFIX) && !isKey && !isPool) return ignored("not-config");
+    const isInferencePool = e.key.startsWith(INFERENCE_POOL_KEY_PREFIX);
+    if (e.key !== RATE_LIMITS_KEY && !e.key.startsWith(MODEL_CONFIG_KEY_PREFIX) && !isKey && !isPool && !isInferencePool) return ignored("not-config");
     if ((this.configRevisions.get(e.key) ?? 0) >= revision) return ignored("stale");
     this.configRevisions.set(e.key, revision);
     // With signatures checked, a record that does not verify is invalid (a planted one); a deletion
@@ -332,6 +339,20 @@ export class GatewayState {
       const rec = e.value as ApiKeyRecord;
       this.apiKeys.set(hash, rec);
       return info("API key applied", { key, user: rec.user, revoked: rec.disabled === true, revision });
+    }
+    if (isInferencePool) {
+      const key = e.key.slice(0, 330);
+      if (e.operation !== "PUT") {
+        this.poolPolicies.set(e.key, undefined);
+        this.configs.setPoolObjectives(this.poolPolicies.objectivesByModel());
+        return info("InferencePool policy removed", { key, revision });
+      }
+      const err = invalid(inferencePoolPolicyError);
+      if (err) return reject("error", "invalid InferencePool policy ignored; the previous one stays", { key, revision, err });
+      const p = e.value as InferencePoolPolicy;
+      if (!this.poolPolicies.set(e.key, p)) return reject("error", "too many InferencePool policies; this one is ignored", { key, revision });
+      this.configs.setPoolObjectives(this.poolPolicies.objectivesByModel());
+      return info("InferencePool policy applied", { pool: p.pool, objectives: Object.keys(p.objectives).length, rewrites: p.rewrites.length, revision });
     }
     if (isPool) {
       const pool = e.key.slice(POOL_KEY_PREFIX.length);
@@ -463,6 +484,7 @@ export class GatewayState {
       configs: copy(this.configs),
       apiKeys: copy(this.apiKeys),
       pools: copy(this.pools),
+      poolPolicies: copy(this.poolPolicies),
       prefixIndex: copy(this.prefixIndex),
       prefixIndexOptions: this.prefixIndexOptions,
       cursors: { ...this.cursors },
@@ -493,6 +515,7 @@ export class GatewayState {
       configs: { models: this.configs.modelNames().sort().map((m) => [m, this.configs.get(m)]), limits: this.configs.userLimitsAll(), rejected: this.configRejected },
       apiKeys: this.apiKeys.dump(),
       pools: this.pools.names().map((n) => [n, this.pools.modelsOf(n)]),
+      inferencePools: this.poolPolicies.all(),
       prefixIndex: createHash("sha256").update(this.prefixIndex.serialize()).digest("hex"),
     };
   }

@@ -44,6 +44,17 @@ export class ModelConfigView implements ConfigReader {
   private readonly models = new Map<string, ModelConfig>();
   private limits: RateLimits = {};
   version = 0;
+  /** InferencePool objectives by model (pool-policies.ts), merged into `flowControl.objectives`. */
+  private poolObjectives: ReadonlyMap<string, Readonly<Record<string, { priority: number }>>> = new Map();
+  /** The merged configs handed out, one object per model until something changes (flow control caches per object). */
+  private readonly merged = new Map<string, ModelConfig>();
+
+  /** The InferencePool objectives of every model (replaces the previous ones). */
+  setPoolObjectives(byModel: ReadonlyMap<string, Readonly<Record<string, { priority: number }>>>): void {
+    this.poolObjectives = byModel;
+    this.merged.clear();
+    this.version++;
+  }
 
   setLimits(limits: RateLimits | undefined): void {
     this.limits = limits ?? {};
@@ -60,6 +71,7 @@ export class ModelConfigView implements ConfigReader {
   set(model: string, config: ModelConfig | undefined): void {
     if (config) this.models.set(model, config);
     else this.models.delete(model);
+    this.merged.delete(model);
     this.version++;
   }
 
@@ -68,8 +80,20 @@ export class ModelConfigView implements ConfigReader {
     return this.limits;
   }
 
+  /**
+   * The model's config. With flow control on and InferencePool objectives for the model, its
+   * `flowControl.objectives` also holds the pools' objectives (its own win on a name clash).
+   */
   get(model: string): ModelConfig | undefined {
-    return this.models.get(model);
+    const c = this.models.get(model);
+    if (!c?.flowControl) return c;
+    const cached = this.merged.get(model);
+    if (cached) return cached;
+    const pool = this.poolObjectives.get(model);
+    if (!pool) return c;
+    const m: ModelConfig = { ...c, flowControl: { ...c.flowControl, objectives: { ...pool, ...(c.flowControl.objectives ?? {}) } } };
+    this.merged.set(model, m);
+    return m;
   }
 
   /** Models with a config. */

@@ -13,6 +13,13 @@ export const FAIRNESS_HEADER = "x-jetroute-fairness-id";
 /** Header with a relative deadline in ms: EDF orders by it and the request expires at it. */
 export const DEADLINE_HEADER = "x-jetroute-deadline-ms";
 export const MAX_FAIRNESS_ID_LENGTH = 256;
+/**
+ * The objective and fairness headers of the endpoint picker ecosystem (llm-d's router, and the
+ * Inference Extension's older names), honoured when jetroute's own are absent. An objective named
+ * this way that the model does not define is ignored (the default applies), as those pickers do.
+ */
+export const PICKER_OBJECTIVE_HEADERS = ["x-llm-d-inference-objective", "x-gateway-inference-objective"] as const;
+export const PICKER_FAIRNESS_HEADERS = ["x-llm-d-inference-fairness-id", "x-gateway-inference-fairness-id"] as const;
 /** The flow of requests with neither a fairness id nor a user. */
 export const ANONYMOUS_FLOW = "\u0000anonymous";
 
@@ -100,7 +107,8 @@ export interface FlowClass {
 export function classify(s: FlowSettings, headers: Readonly<Record<string, string>>, keyObjective: string | undefined, user: string | undefined, now: number): FlowClass {
   // An API key's objective wins where the model defines it; elsewhere the request's own header (or the default) applies.
   const keyApplies = keyObjective !== undefined && Object.hasOwn(s.objectives, keyObjective);
-  const named = keyApplies ? keyObjective : headers[OBJECTIVE_HEADER] || undefined;
+  const picker = PICKER_OBJECTIVE_HEADERS.map((h) => headers[h]).find((v) => v !== undefined && Object.hasOwn(s.objectives, v));
+  const named = keyApplies ? keyObjective : headers[OBJECTIVE_HEADER] || picker || undefined;
   const objective = named ?? s.defaultObjective;
   let priority = 0;
   let ttlMs = s.ttlMs;
@@ -113,7 +121,7 @@ export function classify(s: FlowSettings, headers: Readonly<Record<string, strin
     priority = o.priority;
     ttlMs = o.ttlMs ?? s.ttlMs;
   }
-  const fairness = headers[FAIRNESS_HEADER];
+  const fairness = headers[FAIRNESS_HEADER] ?? PICKER_FAIRNESS_HEADERS.map((h) => headers[h]).find((v) => v !== undefined);
   if (fairness !== undefined && fairness.length > MAX_FAIRNESS_ID_LENGTH) {
     throw new RouteError("invalidHeader", `${FAIRNESS_HEADER} is longer than ${MAX_FAIRNESS_ID_LENGTH} characters`, FAIRNESS_HEADER);
   }
