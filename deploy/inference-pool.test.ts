@@ -119,6 +119,16 @@ for (const flavour of ["generic", "envoy-gateway"]) {
       expect(flag(c.args, "--lease-namespace")).toBe("$(POD_NAMESPACE)");
     });
 
+    it("NATS (namespace jetroute) admits the pool namespace's jetroute pods, which every jetroute pod there is", () => {
+      const np = of("NetworkPolicy").find((n) => n.metadata.namespace === "jetroute") as Obj;
+      const from = np.spec.ingress[0].from[0];
+      expect(from.namespaceSelector.matchLabels).toEqual({ "kubernetes.io/metadata.name": pool.metadata.namespace });
+      expect(np.spec.ingress[0].ports).toEqual([{ port: 4222, protocol: "TCP" }]);
+      for (const { d } of containers(objs).filter(({ c }) => /jetroute/.test(c.image))) expect(selects(from.podSelector.matchLabels, d.spec.template.metadata.labels)).toBe(true);
+      const cm = of("ConfigMap").find((c) => c.metadata.name === "jetroute-config") as Obj;
+      expect(cm.data.NATS_URL).toMatch(/\.jetroute\.svc:4222$/);
+    });
+
     it("every jetroute command line uses only flags its sub-command defines", () => {
       for (const { c } of containers(objs).filter(({ c }) => /jetroute/.test(c.image))) {
         const known = FLAGS[c.args[0]] as Set<string>;

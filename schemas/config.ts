@@ -306,6 +306,6 @@ export const CONFIG_SCHEMAS = {
   "rate-limits": RateLimits,
   "api-key": ApiKeyRecord,
   pool: PoolConfig,
-  "inference-pool": InferencePoolPolicy,
   "autoscale-policy": AutoscalePolicy,
+  "inference-pool": InferencePoolPolicy,
 } as const;
