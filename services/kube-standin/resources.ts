@@ -25,6 +25,8 @@ export interface ResourceDef {
   readonly categories?: readonly string[];
   /** Writes to the object leave `status` alone; only `<name>/status` changes it (and create drops it). */
   readonly statusSubresource: boolean;
+  /** A `<name>/scale` subresource (autoscaling/v1 Scale over `spec.replicas`), as Deployments have. */
+  readonly scaleSubresource?: boolean;
 }
 
 /** `apiVersion` of a resource's objects: `v1` for the core group, `<group>/<version>` otherwise. */
@@ -35,6 +37,11 @@ export const POD_RESOURCE: ResourceDef = {
 };
 export const LEASE_RESOURCE: ResourceDef = {
   id: "leases", group: "coordination.k8s.io", version: "v1", plural: "leases", singular: "lease", kind: "Lease", listKind: "LeaseList", statusSubresource: false,
+};
+
+/** apps/v1 Deployments: a ReplicaSet-like loop (deployments.ts) keeps their pods at `spec.replicas`. */
+export const DEPLOYMENT_RESOURCE: ResourceDef = {
+  id: "deployments.apps", group: "apps", version: "v1", plural: "deployments", singular: "deployment", kind: "Deployment", listKind: "DeploymentList", shortNames: ["deploy"], categories: ["all"], statusSubresource: true, scaleSubresource: true,
 };
 
 /** A custom resource definition's kind as the stand-in serves it. */
@@ -55,7 +62,7 @@ export const INFERENCE_RESOURCES: readonly ResourceDef[] = [
   ...OBJECTIVE_GROUPS.flatMap((g) => [customResource(g, "v1alpha2", "InferenceObjective"), customResource(g, "v1alpha2", "InferenceModelRewrite")]),
 ];
 
-export const DEFAULT_RESOURCES: readonly ResourceDef[] = [POD_RESOURCE, LEASE_RESOURCE, ...INFERENCE_RESOURCES];
+export const DEFAULT_RESOURCES: readonly ResourceDef[] = [POD_RESOURCE, LEASE_RESOURCE, DEPLOYMENT_RESOURCE, ...INFERENCE_RESOURCES];
 
 const VERBS = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"];
 
@@ -76,6 +83,7 @@ export function discoveryDocuments(defs: readonly ResourceDef[]): Record<string,
     const resources = list.flatMap((d) => [
       { name: d.plural, singularName: d.singular, namespaced: true, kind: d.kind, verbs: VERBS, ...(d.shortNames ? { shortNames: d.shortNames } : {}), ...(d.categories ? { categories: d.categories } : {}) },
       ...(d.statusSubresource ? [{ name: `${d.plural}/status`, singularName: "", namespaced: true, kind: d.kind, verbs: ["get", "patch", "update"] }] : []),
+      ...(d.scaleSubresource ? [{ name: `${d.plural}/scale`, singularName: "", namespaced: true, group: "autoscaling", version: "v1", kind: "Scale", verbs: ["get", "patch", "update"] }] : []),
     ]);
     docs[first.group ? `/apis/${gv}` : `/api/${gv}`] = { kind: "APIResourceList", apiVersion: "v1", groupVersion: gv, resources };
     if (first.group) groups.set(first.group, [...(groups.get(first.group) ?? []), first.version]);
@@ -95,7 +103,7 @@ export interface Route {
   resource: string;
   namespace?: string;
   name?: string;
-  subresource?: "status";
+  subresource?: "status" | "scale";
 }
 
 /** The resource, namespace, name and subresource a request path names, if any. */
@@ -105,8 +113,9 @@ export function routeOf(defs: ReadonlyMap<string, ResourceDef>, pathname: string
   const gv = m[1] ?? `${m[2]}/${m[3]}`;
   const def = defs.get(`${gv} ${m[5]}`);
   if (!def) return undefined;
-  if (m[7] !== undefined && (m[7] !== "status" || !def.statusSubresource)) return undefined;
-  return { resource: def.id, ...(m[4] !== undefined ? { namespace: m[4] } : {}), ...(m[6] !== undefined ? { name: m[6] } : {}), ...(m[7] ? { subresource: "status" as const } : {}) };
+  const sub = m[7];
+  if (sub !== undefined && !((sub === "status" && def.statusSubresource) || (sub === "scale" && def.scaleSubresource))) return undefined;
+  return { resource: def.id, ...(m[4] !== undefined ? { namespace: m[4] } : {}), ...(m[6] !== undefined ? { name: m[6] } : {}), ...(sub ? { subresource: sub as "status" | "scale" } : {}) };
 }
 
 /** Index for `routeOf`: `<apiVersion> <plural>` -> definition. */

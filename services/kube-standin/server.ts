@@ -3,7 +3,8 @@
  * the wire protocol real clients use (checked against `kubectl` and `@kubernetes/client-node`):
  * discovery (`/api`, `/apis`, resource lists), pods (namespaced and across namespaces) with the
  * `status` subresource, `coordination.k8s.io/v1` leases, custom resources served generically
- * (resources.ts: the Inference Extension's InferencePool, InferenceObjective, InferenceModelRewrite); list with `labelSelector`, `limit` and
+ * (resources.ts: the Inference Extension's InferencePool, InferenceObjective, InferenceModelRewrite),
+ * apps/v1 Deployments with the `scale` subresource and a ReplicaSet-like loop (deployments.ts); list with `labelSelector`, `limit` and
  * `continue`; watch as a chunked stream of JSON lines (ADDED/MODIFIED/DELETED, BOOKMARK when
  * `allowWatchBookmarks=true`, an ERROR Status 410 Expired for a resourceVersion older than the
  * history), ended after `timeoutSeconds`; create/replace/patch/delete with the API server's
@@ -16,6 +17,7 @@ import { writeFileSync } from "node:fs";
 import type { AddressInfo, Socket } from "node:net";
 import { matches, type Requirement } from "./selector.js";
 import { discoveryDocuments, type Route, routeIndex, routeOf } from "./resources.js";
+import { DeploymentController, type PodLifecycle, scaleOf } from "./deployments.js";
 import { ApiError, type KubeObject, ObjectStore, parseSelectorOr400, type StoredEvent, type StoreOptions } from "./store.js";
 
 export interface KubeStandinOptions extends StoreOptions {
@@ -27,6 +29,8 @@ export interface KubeStandinOptions extends StoreOptions {
   maxWatchMs?: number;
   /** Grace period of a pod deleted without one (0 = gone at once). */
   defaultPodGraceMs?: number;
+  /** The kubelet's part for pods the Deployments' loop creates and removes (deployments.ts). */
+  lifecycle?: PodLifecycle;
 }
 
 const MAX_BODY = 4 * 1024 * 1024;
@@ -49,8 +53,13 @@ export class KubeStandin {
   readonly stats = { requests: 0, lists: 0, watches: 0, expired: 0, bookmarks: 0 };
   port = 0;
 
+  /** The Deployments' ReplicaSet-like loop (deployments.ts). */
+  readonly deployments: DeploymentController;
+
   constructor(private readonly o: KubeStandinOptions = {}) {
     this.store = new ObjectStore(o);
+    this.deployments = new DeploymentController(this.store, { ...(o.lifecycle ? { lifecycle: o.lifecycle } : {}), deletePod: (ns, name, graceMs) => this.deletePod(ns, name, graceMs) });
+    this.deployments.start();
     const defs = [...this.store.defs.values()];
     this.discovery = discoveryDocuments(defs);
     this.routes = routeIndex(defs);
@@ -156,7 +165,15 @@ export class KubeStandin {
     return this.store.patch("pods", ns, name, "application/merge-patch+json", { status: { ...status, conditions: status.conditions ?? null } }, "status");
   }
 
+  /** DELETE of a pod, as the API does it: terminating for `graceMs`, then finalized (gone at once with 0). */
+  deletePod(ns: string, name: string, graceMs: number): KubeObject {
+    const out = this.store.delete("pods", ns, name, Date.now(), graceMs);
+    if (out.metadata.deletionTimestamp) this.scheduleFinalize(ns, name, graceMs);
+    return out;
+  }
+
   async stop(): Promise<void> {
+    this.deployments.stop();
     for (const t of this.finalizers) clearTimeout(t);
     this.cutWatches();
     for (const s of this.sockets) s.destroy();
@@ -222,13 +239,15 @@ export class KubeStandin {
       throw new ApiError(405, "MethodNotAllowed", `${method} is not supported on a collection`);
     }
     if (r.namespace === undefined) throw new ApiError(404, "NotFound", "namespaced resource needs a namespace");
+    if (r.subresource === "scale") return this.json(res, 200, await this.scale(req, method, r.resource, r.namespace, r.name));
+    const sub = r.subresource;
     switch (method) {
       case "GET":
         return this.json(res, 200, this.store.get(r.resource, r.namespace, r.name));
       case "PUT":
-        return this.json(res, 200, this.store.replace(r.resource, r.namespace, r.name, await this.body(req), r.subresource));
+        return this.json(res, 200, this.store.replace(r.resource, r.namespace, r.name, await this.body(req), sub));
       case "PATCH":
-        return this.json(res, 200, this.store.patch(r.resource, r.namespace, r.name, req.headers["content-type"] ?? "", await this.body(req), r.subresource));
+        return this.json(res, 200, this.store.patch(r.resource, r.namespace, r.name, req.headers["content-type"] ?? "", await this.body(req), sub));
       case "DELETE": {
         const opts = ((await this.body(req)) ?? {}) as { gracePeriodSeconds?: number };
         const q2 = q.get("gracePeriodSeconds");
@@ -241,6 +260,37 @@ export class KubeStandin {
       default:
         throw new ApiError(405, "MethodNotAllowed", `${method} is not supported`);
     }
+  }
+
+  /**
+   * `<deployment>/scale`: an autoscaling/v1 Scale view of `spec.replicas` (GET), and writes to it
+   * (PUT with an optional resourceVersion precondition; merge or strategic-merge PATCH, as `kubectl
+   * scale` sends) that change only the replica count.
+   */
+  private async scale(req: http.IncomingMessage, method: string, resource: string, ns: string, name: string): Promise<unknown> {
+    const current = this.store.get(resource, ns, name);
+    if (method === "GET") return scaleOf(current);
+    if (method !== "PUT" && method !== "PATCH") throw new ApiError(405, "MethodNotAllowed", `${method} is not supported on scale`);
+    const body = await this.body(req);
+    let want: unknown;
+    if (method === "PUT") {
+      const b = body as { metadata?: { resourceVersion?: string }; spec?: { replicas?: unknown } } | undefined;
+      const rv = b?.metadata?.resourceVersion;
+      if (rv !== undefined && rv !== "" && rv !== current.metadata.resourceVersion) {
+        throw new ApiError(409, "Conflict", `Operation cannot be fulfilled on deployments.apps "${name}": the object has been modified; please apply your changes to the latest version and try again`);
+      }
+      want = b?.spec?.replicas;
+    } else {
+      const ct = req.headers["content-type"] ?? "";
+      if (!ct.startsWith("application/merge-patch+json") && !ct.startsWith("application/strategic-merge-patch+json")) {
+        throw new ApiError(415, "UnsupportedMediaType", "scale accepts application/merge-patch+json and application/strategic-merge-patch+json");
+      }
+      want = (body as { spec?: { replicas?: unknown } } | undefined)?.spec?.replicas;
+    }
+    if (typeof want !== "number" || !Number.isInteger(want) || want < 0 || want > 100_000) {
+      throw new ApiError(422, "Invalid", `Scale.autoscaling "${name}" is invalid: spec.replicas: Invalid value: ${JSON.stringify(want)}: must be a non-negative integer`);
+    }
+    return scaleOf(this.store.patch(resource, ns, name, "application/merge-patch+json", { spec: { replicas: want } }));
   }
 
   private scheduleFinalize(ns: string, name: string, graceMs: number): void {
