@@ -78,8 +78,10 @@ export interface AnnotationPatch {
  * The annotation changes that make the pods say what the tracker holds: a draining pod carries its
  * deletion cost and drain deadline; any other pod carrying our drain deadline loses both. Applied
  * every round until they hold, so a failed patch is simply retried (the tracker is the truth).
+ * Pods being removed this round (`removing`: drained, left the tracker) keep their marks: lowering
+ * the replicas must find their deletion cost in place.
  */
-export function annotationPatches(draining: readonly DrainingPod[], pods: readonly WorkloadPod[]): AnnotationPatch[] {
+export function annotationPatches(draining: readonly DrainingPod[], pods: readonly WorkloadPod[], removing: ReadonlySet<string> = new Set()): AnnotationPatch[] {
   const want = new Map(draining.map((d) => [d.pod, d]));
   const out: AnnotationPatch[] = [];
   for (const p of pods) {
@@ -90,7 +92,7 @@ export function annotationPatches(draining: readonly DrainingPod[], pods: readon
       if (p.annotations[DELETION_COST_ANNOTATION] !== cost || p.annotations[DRAIN_DEADLINE_ANNOTATION] !== deadline) {
         out.push({ pod: p.pod, annotations: { [DELETION_COST_ANNOTATION]: cost, [DRAIN_DEADLINE_ANNOTATION]: deadline } });
       }
-    } else if (p.annotations[DRAIN_DEADLINE_ANNOTATION] !== undefined) {
+    } else if (p.annotations[DRAIN_DEADLINE_ANNOTATION] !== undefined && !removing.has(p.pod)) {
       out.push({ pod: p.pod, annotations: { [DELETION_COST_ANNOTATION]: null, [DRAIN_DEADLINE_ANNOTATION]: null } });
     }
   }

@@ -149,6 +149,8 @@ describe("annotationPatches", () => {
       { pod: "a.ns", annotations: { "controller.kubernetes.io/pod-deletion-cost": "-1000000", "jetroute.io/drain-deadline": "31000" } },
       { pod: "b.ns", annotations: { "controller.kubernetes.io/pod-deletion-cost": null, "jetroute.io/drain-deadline": null } },
     ]);
+    // A pod being removed this round keeps its marks (the scale-down needs its deletion cost).
+    expect(annotationPatches(t.list(), pods, new Set(["b.ns"])).map((p) => p.pod)).toEqual(["a.ns"]);
     const done = [{ pod: "a.ns", annotations: { "controller.kubernetes.io/pod-deletion-cost": "-1000000", "jetroute.io/drain-deadline": "31000" } }];
     expect(annotationPatches(t.list(), done)).toEqual([]);
     const removed = [{ pod: "a.ns", reason: "idle" as const, inFlight: 0, drainedMs: 1, deletionCost: -1_000_000 }];

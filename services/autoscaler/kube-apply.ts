@@ -148,7 +148,8 @@ export class WorkloadApplier {
       if (!stillLeader()) throw new Error("the autoscaler lease was lost: not applying");
     };
     const byPod = new Map(pods.map((p) => [p.pod, p]));
-    const patches = this.o.drain ? annotationPatches(this.tracker.list(), pods) : [];
+    const removing = new Set(steps.flatMap((s) => (s.kind === "scale" ? s.removed.map((r) => r.pod) : [])));
+    const patches = this.o.drain ? annotationPatches(this.tracker.list(), pods, removing) : [];
     for (const p of patches) {
       const listed = byPod.get(p.pod);
       if (!listed) continue;
