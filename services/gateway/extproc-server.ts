@@ -201,6 +201,9 @@ class Exchange {
   private keyObjective: string | undefined;
   /** The authenticated key's cache salt: the request runs under it (tenant isolation). */
   private tenantSalt: string | undefined;
+  /** The authenticated key's class and allowed models (virtual models' `user` signals, permissions). */
+  private keyClass: string | undefined;
+  private keyModels: readonly string[] | undefined;
   private readonly errorBody: Buffer[] = [];
   private errorBytes = 0;
   /** Aborted when the stream is over: work for this request (a P/D prefill leg) stops. */
@@ -322,6 +325,8 @@ class Exchange {
       this.authenticated = true;
       this.keyObjective = a.objective;
       this.tenantSalt = a.cacheSalt;
+      this.keyClass = a.keyClass;
+      this.keyModels = a.models;
       mutation = { ...mutation, set_headers: [...(mutation.set_headers ?? []), setHeader(USER_HEADER, a.user)] };
     }
     this.subset = subsetHint(req);
@@ -356,7 +361,7 @@ class Exchange {
     this.bodyParts = [];
     let result: RoutedRequest | Promise<RoutedRequest>;
     try {
-      result = this.router.route({ headers, body, subset: this.subset, signal: this.gone.signal, ...(this.keyObjective ? { keyObjective: this.keyObjective } : {}), ...(this.tenantSalt ? { tenantSalt: this.tenantSalt } : {}) });
+      result = this.router.route({ headers, body, subset: this.subset, signal: this.gone.signal, ...(this.keyObjective ? { keyObjective: this.keyObjective } : {}), ...(this.tenantSalt ? { tenantSalt: this.tenantSalt } : {}), ...(this.keyClass ? { keyClass: this.keyClass } : {}), ...(this.keyModels ? { keyModels: this.keyModels } : {}) });
     } catch (err) {
       return this.routeFailed(err, body);
     }

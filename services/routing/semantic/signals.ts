@@ -1,0 +1,219 @@
+/**
+ * Measuring a request's signals (pure). Every text signal reads a bounded prefix of its text
+ * (`maxClassifiedChars`, default 8192 characters): an oversized message is classified on its
+ * start, never refused for its size. Language detection reads the first MAX_LANGUAGE_CHARS.
+ */
+import { eld } from "eld/small";
+import type { CompiledRules, CompiledSignal, Scope } from "./rules.js";
+
+/** Characters the language detector reads (its accuracy does not improve much past a paragraph). */
+export const MAX_LANGUAGE_CHARS = 1024;
+
+/** A signal's value as decided, and what it was decided from (recorded for replay). */
+export interface SignalValue {
+  value: boolean;
+  /** The measure a threshold or list judged: prompt tokens, a language code, a similarity score. */
+  measure?: number | string;
+  /** Similarity only: scored on embeddings, or by the lexical fallback. */
+  via?: "embedding" | "lexical";
+  /** The signal's measurement hash (rules.ts signalDef). */
+  def: string;
+}
+
+/** What the signals read besides the body. */
+export interface SignalInput {
+  /** Text per scope, already bounded (textsOf). */
+  texts: Readonly<Partial<Record<Scope, string>>>;
+  promptTokens: number;
+  headers: Readonly<Record<string, string>>;
+  user?: string;
+  keyClass?: string;
+  /** Embeddings by text (the request's texts and the examples); absent or missing a text: the lexical fallback. */
+  embeddings?: ReadonlyMap<string, ArrayLike<number>>;
+}
+
+/** Text of a message's content (a string or text parts), appended to `out` up to `max` characters. */
+function appendContent(content: unknown, out: string[], room: { left: number }): void {
+  const push = (s: string) => {
+    if (room.left <= 0) return;
+    const t = s.length > room.left ? s.slice(0, room.left) : s;
+    out.push(t);
+    room.left -= t.length;
+  };
+  if (typeof content === "string") push(content);
+  else if (Array.isArray(content)) {
+    for (const p of content) {
+      const text = (p as { text?: unknown }).text;
+      if (typeof text === "string") push(text);
+    }
+  }
+}
+
+/** The texts the rules read, each cut to `max` characters: the last user message, and the whole conversation. */
+export function textsOf(body: Record<string, unknown>, scopes: ReadonlySet<Scope>, max: number): Partial<Record<Scope, string>> {
+  const out: Partial<Record<Scope, string>> = {};
+  const messages = Array.isArray(body.messages) ? (body.messages as Array<{ role?: unknown; content?: unknown }>) : undefined;
+  const prompt = typeof body.prompt === "string" ? body.prompt : Array.isArray(body.prompt) && typeof body.prompt[0] === "string" ? (body.prompt[0] as string) : typeof body.input === "string" ? body.input : undefined;
+  if (scopes.has("last-user")) {
+    if (messages) {
+      const parts: string[] = [];
+      for (let i = messages.length - 1; i >= 0; i--) {
+        if (messages[i]?.role === "user") {
+          appendContent(messages[i]?.content, parts, { left: max });
+          break;
+        }
+      }
+      out["last-user"] = parts.join("\n");
+    } else out["last-user"] = (prompt ?? "").slice(0, max);
+  }
+  if (scopes.has("conversation")) {
+    if (messages) {
+      const parts: string[] = [];
+      const room = { left: max };
+      for (const m of messages) appendContent(m?.content, parts, room);
+      out.conversation = parts.join("\n");
+    } else out.conversation = (prompt ?? "").slice(0, max);
+  }
+  return out;
+}
+
+const WORD = /[\p{L}\p{N}_]/u;
+const isWordChar = (s: string, i: number): boolean => i >= 0 && i < s.length && WORD.test(s[i] as string);
+
+/** Whether `kw` occurs in `text` as a whole word or phrase (not inside a longer word). */
+export function hasKeyword(text: string, kw: string): boolean {
+  let at = text.indexOf(kw);
+  while (at >= 0) {
+    if (!(isWordChar(text, at - 1) && isWordChar(kw, 0)) && !(isWordChar(text, at + kw.length) && isWordChar(kw, kw.length - 1))) return true;
+    at = text.indexOf(kw, at + 1);
+  }
+  return false;
+}
+
+const STOP = new Set(
+  "a an and are as at be but by can could do does for from had has have how i if in into is it its me my of on or our please so that the their them then there these this to was we what when where which who why will with would you your".split(" "),
+);
+
+/** A text's content words (lower-case letters and digits, stop words dropped), for the lexical fallback. */
+export function wordsOf(text: string): Set<string> {
+  const out = new Set<string>();
+  for (const w of text.toLowerCase().split(/[^\p{L}\p{N}]+/u)) if (w.length > 1 && !STOP.has(w)) out.add(w);
+  return out;
+}
+
+/** Cosine of two word sets (0..1): shared words over the geometric mean of their sizes. */
+export function wordCosine(a: ReadonlySet<string>, b: ReadonlySet<string>): number {
+  if (a.size === 0 || b.size === 0) return 0;
+  let shared = 0;
+  const [small, large] = a.size <= b.size ? [a, b] : [b, a];
+  for (const w of small) if (large.has(w)) shared++;
+  return shared / Math.sqrt(a.size * b.size);
+}
+
+export function cosine(a: ArrayLike<number>, b: ArrayLike<number>): number {
+  const n = Math.min(a.length, b.length);
+  let dot = 0;
+  let na = 0;
+  let nb = 0;
+  for (let i = 0; i < n; i++) {
+    const x = a[i] as number;
+    const y = b[i] as number;
+    dot += x * y;
+    na += x * x;
+    nb += y * y;
+  }
+  return na > 0 && nb > 0 ? dot / Math.sqrt(na * nb) : 0;
+}
+
+/** ISO 639-1 code of the text's language, or "" when the detector cannot tell. */
+export function detectLanguage(text: string): string {
+  return eld.detect(text.length > MAX_LANGUAGE_CHARS ? text.slice(0, MAX_LANGUAGE_CHARS) : text).language;
+}
+
+/** Example word sets per similarity signal (computed once per compiled signal). */
+const EXAMPLE_WORDS = new WeakMap<CompiledSignal, Array<Set<string>>>();
+
+function exampleWords(s: Extract<CompiledSignal, { kind: "similarity" }>): Array<Set<string>> {
+  let w = EXAMPLE_WORDS.get(s);
+  if (!w) {
+    w = s.examples.map(wordsOf);
+    EXAMPLE_WORDS.set(s, w);
+  }
+  return w;
+}
+
+const round = (x: number) => Math.round(x * 10_000) / 10_000;
+
+function similarity(s: Extract<CompiledSignal, { kind: "similarity" }>, text: string, input: SignalInput, lower: () => string): SignalValue {
+  const emb = input.embeddings;
+  const v = emb?.get(text);
+  if (v && s.examples.every((e) => emb?.has(e))) {
+    let best = -1;
+    for (const e of s.examples) best = Math.max(best, cosine(v, emb?.get(e) as ArrayLike<number>));
+    return { value: best >= s.threshold, measure: round(best), via: "embedding", def: s.def };
+  }
+  const words = wordsOf(lower());
+  let best = 0;
+  for (const ex of exampleWords(s)) best = Math.max(best, wordCosine(words, ex));
+  return { value: best >= s.lexicalThreshold, measure: round(best), via: "lexical", def: s.def };
+}
+
+/** Every signal of the rules, measured and judged. */
+export function measureSignals(rules: CompiledRules, input: SignalInput): Record<string, SignalValue> {
+  const lowered: Partial<Record<Scope, string>> = {};
+  const lower = (scope: Scope) => () => {
+    let l = lowered[scope];
+    if (l === undefined) {
+      l = (input.texts[scope] ?? "").toLowerCase();
+      lowered[scope] = l;
+    }
+    return l;
+  };
+  const out: Record<string, SignalValue> = {};
+  for (const s of rules.signals) {
+    switch (s.kind) {
+      case "keywords": {
+        const text = s.caseSensitive ? (input.texts[s.scope] ?? "") : lower(s.scope)();
+        const value = s.all ? s.keywords.every((k) => hasKeyword(text, k)) : s.keywords.some((k) => hasKeyword(text, k));
+        out[s.name] = { value, def: s.def };
+        break;
+      }
+      case "regex":
+        out[s.name] = { value: s.re.test(input.texts[s.scope] ?? ""), def: s.def };
+        break;
+      case "prompt-tokens":
+        out[s.name] = { value: (s.gte === undefined || input.promptTokens >= s.gte) && (s.lt === undefined || input.promptTokens < s.lt), measure: input.promptTokens, def: s.def };
+        break;
+      case "language": {
+        const lang = detectLanguage(input.texts[s.scope] ?? "");
+        out[s.name] = { value: s.languages.has(lang), measure: lang, def: s.def };
+        break;
+      }
+      case "header": {
+        const h = input.headers[s.header];
+        out[s.name] = { value: h !== undefined && (!s.values || s.values.has(h)), def: s.def };
+        break;
+      }
+      case "user":
+        out[s.name] = { value: (input.user !== undefined && s.users?.has(input.user) === true) || (input.keyClass !== undefined && s.classes?.has(input.keyClass) === true), def: s.def };
+        break;
+      case "similarity":
+        out[s.name] = similarity(s, input.texts[s.scope] ?? "", input, lower(s.scope));
+        break;
+    }
+  }
+  return out;
+}
+
+/** The texts a request's similarity signals need embedded (its own, and every example), or none. */
+export function embeddingTextsOf(rules: CompiledRules, texts: Readonly<Partial<Record<Scope, string>>>): string[] {
+  if (!rules.embeddingModel) return [];
+  const out = new Set<string>();
+  for (const s of rules.signals) {
+    if (s.kind !== "similarity") continue;
+    const t = texts[s.scope];
+    if (t) out.add(t);
+    for (const e of s.examples) out.add(e);
+  }
+  return [...out];
+}
