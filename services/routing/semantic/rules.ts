@@ -9,6 +9,8 @@ import { RE2 } from "re2-wasm";
 import type { Rule, SemanticAction, SemanticConfig, Signal } from "../../../schemas/semantic.js";
 import { parseStrategy } from "../strategies/registry.js";
 
+const SIGNAL_NAME = /^[A-Za-z0-9._-]{1,64}$/;
+
 /** Deepest `all` / `any` / `not` nesting accepted in a rule. */
 export const MAX_RULE_DEPTH = 8;
 /** Characters of text a text signal reads by default (the start of its text). */
@@ -129,6 +131,7 @@ function checkAction(a: SemanticAction, where: string, self: string): string | u
  */
 export function semanticConfigError(model: string, c: SemanticConfig): string | undefined {
   for (const [name, s] of Object.entries(c.signals)) {
+    if (!SIGNAL_NAME.test(name)) return `/semantic/signals/${name.slice(0, 64)}: signal names are 1-64 characters of A-Z a-z 0-9 . _ -`;
     if (s.type === "regex") {
       try {
         compileRegex(s.pattern, s.caseSensitive === true);
