@@ -10,10 +10,10 @@ import type { FinishInfo, PdRouted, RoutedRequest } from "./request.js";
 import { isModelName } from "./request-body.js";
 import { MAX_REQUEST_ID_LENGTH } from "./stages/parse.js";
 import { findStrategy } from "./strategies/registry.js";
-import type { SemanticOutcome } from "./stages/semantic.js";
+import { type SemanticTag, semanticOfError } from "./stages/semantic.js";
 
 /** A semantic outcome as its decision record keeps it: no evaluations (replay recomputes them), no action. */
-export function semanticRecordOf(o: SemanticOutcome): NonNullable<DecisionRecord["semantic"]> {
+export function semanticRecordOf(o: SemanticTag): NonNullable<DecisionRecord["semantic"]> {
   return { virtualModel: o.virtualModel, decision: o.decision, ...(o.runnerUp ? { runnerUp: o.runnerUp } : {}), signals: o.signals };
 }
 
@@ -122,6 +122,7 @@ export function rejectedRecord(o: {
   const spec = o.headers["routing-strategy"];
   const strategy = spec ? (spec.length <= MAX_RECORDED_SPEC && findStrategy(spec) ? spec : "invalid") : o.defaultStrategy;
   const requestId = o.headers["x-request-id"];
+  const tag = semanticOfError(o.err);
   return {
     type: "decision",
     v: DECISION_RECORD_VERSION,
@@ -136,6 +137,7 @@ export function rejectedRecord(o: {
     status: o.err.status,
     outcome: "rejected",
     errorCode: o.err.code,
+    ...(tag ? { semantic: semanticRecordOf(tag) } : {}),
   };
 }
 

@@ -19,7 +19,7 @@ import { type RateView, rateUserOf } from "../views/rate-view.js";
 import type { GatewayState } from "../views/gateway-state.js";
 import { findStrategy, strategyNames } from "./strategies/registry.js";
 import { type ParsedInput, parseInput, planRoute } from "./stages/parse.js";
-import { actionHeaders, applyAction, classify as classifySemantic, DECISION_HEADER, requestTexts, type SemanticOutcome } from "./stages/semantic.js";
+import { actionHeaders, applyAction, classify as classifySemantic, DECISION_HEADER, requestTexts, type SemanticOutcome, tagError } from "./stages/semantic.js";
 import { type CompiledRules, compiledRulesFor } from "./semantic/rules.js";
 import { embeddingTextsOf } from "./semantic/signals.js";
 import { routingRequestOf } from "./strategies/request.js";
@@ -239,7 +239,13 @@ export class Director {
     const parsed = applyAction(p.parsed, outcome.action);
     // One serialisation of the rewritten body: Envoy forwards it (content-length set by the adapter).
     const rewritten: ParsedInput = { parsed, upstreamBody: Buffer.from(JSON.stringify(parsed.body)) };
-    return this.plan(input, rewritten, actionHeaders(input.headers, outcome.action), outcome);
+    try {
+      return this.plan(input, rewritten, actionHeaders(input.headers, outcome.action), outcome);
+    } catch (err) {
+      // A refusal of the chosen model (pool, permissions, limits) is recorded with the classification that chose it.
+      if (err instanceof RouteError) tagError(err, outcome);
+      throw err;
+    }
   }
 
   /** A parsed request's plan on its (real) model: strategy, pool, permissions, limits, prompt tokens. */

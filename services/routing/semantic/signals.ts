@@ -217,3 +217,25 @@ export function embeddingTextsOf(rules: CompiledRules, texts: Readonly<Partial<R
   }
   return [...out];
 }
+
+/**
+ * A signal's value from a recorded one (replay under changed rules): the recorded value when the
+ * signal is defined as it was; re-judged from the recorded measure when only its threshold or
+ * list changed (prompt tokens, language, similarity); undefined when it was not recorded, or was
+ * measured differently.
+ */
+export function judgeRecorded(s: CompiledSignal, recorded: SignalValue | undefined): boolean | undefined {
+  if (!recorded || recorded.def !== s.def) return undefined;
+  const m = recorded.measure;
+  switch (s.kind) {
+    case "prompt-tokens":
+      return typeof m === "number" ? (s.gte === undefined || m >= s.gte) && (s.lt === undefined || m < s.lt) : undefined;
+    case "language":
+      return typeof m === "string" ? s.languages.has(m) : undefined;
+    case "similarity":
+      if (typeof m !== "number") return undefined;
+      return m >= (recorded.via === "embedding" ? s.threshold : s.lexicalThreshold);
+    default:
+      return recorded.value;
+  }
+}

@@ -57,6 +57,24 @@ export function decide(rules: Pick<CompiledRules, "decisions" | "default">, valu
   return { ...(winner ? { winner } : {}), ...(second ? { runnerUp: second.name } : {}), evaluations };
 }
 
+/** The decision a rejected request's record names when no decision matched. */
+export const NO_DECISION = "(none)";
+
+/** What a rejection's decision record keeps of a virtual model's classification. */
+export type SemanticTag = Pick<SemanticOutcome, "virtualModel" | "decision" | "runnerUp" | "signals">;
+const TAGS = new WeakMap<RouteError, SemanticTag>();
+
+/** Marks a refusal (no decision, or the chosen model's pool, permissions, limits) with the classification that led to it. */
+export function tagError(err: RouteError, tag: SemanticTag): RouteError {
+  if (!TAGS.has(err)) TAGS.set(err, tag);
+  return err;
+}
+
+/** The classification a refusal was tagged with (its decision record keeps it, so replay can re-decide it). */
+export function semanticOfError(err: RouteError): SemanticTag | undefined {
+  return TAGS.get(err);
+}
+
 /** What the stage reads besides the rules and the parsed body. */
 export type ClassifyInput = Omit<SignalInput, "texts" | "promptTokens">;
 
@@ -73,7 +91,8 @@ export function classify(rules: CompiledRules, parsed: ParsedRequest, input: Cla
   const signals = measureSignals(rules, { ...input, texts, promptTokens: parsed.promptTokens });
   const { winner, runnerUp, evaluations } = decide(rules, signals);
   if (!winner) {
-    throw new RouteError("noMatchingDecision", `no decision of the virtual model ${JSON.stringify(rules.model)} matches this request, and it has no default`, "model");
+    const err = new RouteError("noMatchingDecision", `no decision of the virtual model ${JSON.stringify(rules.model)} matches this request, and it has no default`, "model");
+    throw tagError(err, { virtualModel: rules.model, decision: NO_DECISION, signals });
   }
   return { virtualModel: rules.model, decision: winner.name, action: winner.action, ...(runnerUp ? { runnerUp } : {}), signals, evaluations };
 }
