@@ -34,6 +34,8 @@ export const RegexSignal = Type.Object(
     pattern: Type.String({ minLength: 1, maxLength: 1024 }),
     caseSensitive: Type.Optional(Type.Boolean()),
     scope: Type.Optional(Scope),
+    /** Characters of its text the regex reads (the start; default 1024: RE2 in WebAssembly costs ~40 ns a character). */
+    maxChars: Type.Optional(Type.Integer({ minimum: 16, maximum: 1_048_576 })),
   },
   { additionalProperties: false },
 );
@@ -88,6 +90,12 @@ export const SimilaritySignal = Type.Object(
     threshold: Type.Number({ minimum: -1, maximum: 1 }),
     /** True when the lexical fallback's score reaches this (word-set cosine, 0..1; default: `threshold`). */
     lexicalThreshold: Type.Optional(Type.Number({ minimum: 0, maximum: 1 })),
+    /**
+     * Similarity signals of one group act as one classifier: only the group's best-scoring signal
+     * (among those over their threshold) is true, so the decision follows the closest examples
+     * rather than the highest priority of several that are close enough.
+     */
+    group: Type.Optional(Type.String({ minLength: 1, maxLength: 64, pattern: "^[A-Za-z0-9._-]+$" })),
     scope: Type.Optional(Scope),
   },
   { additionalProperties: false },
@@ -144,7 +152,7 @@ export const SemanticConfig = Type.Object(
     embeddingModel: Type.Optional(ModelName),
     /** How long the gateway waits for an embedding before using the lexical fallback (default 50 ms). */
     embeddingTimeoutMs: Type.Optional(Type.Integer({ minimum: 1, maximum: 10_000 })),
-    /** Text signals read at most this many characters of their text (its start; default 8192). */
+    /** Text signals read at most this many characters of their text (its start; default 4096). */
     maxClassifiedChars: Type.Optional(Type.Integer({ minimum: 64, maximum: 1_048_576 })),
   },
   { additionalProperties: false },

@@ -86,10 +86,33 @@ export function textKey(model: string, text: string): string {
   return createHash("sha256").update(model).update("\0").update(text).digest().subarray(0, 18).toString("base64");
 }
 
+/** Texts up to this long keep their cache key in a memo (example utterances: hashed once, not per request). */
+const MEMO_MAX_CHARS = 256;
+const MEMO_MAX_ENTRIES = 4096;
+
 export class EmbeddingClient implements EmbeddingSource {
   readonly cache: VectorCache;
   private calls = 0;
   private next = 0;
+  /** Keys of short texts by model and text (bounded; cleared when full). */
+  private readonly memo = new Map<string, Map<string, string>>();
+
+  private keyOf(model: string, text: string): string {
+    if (text.length > MEMO_MAX_CHARS) return textKey(model, text);
+    let m = this.memo.get(model);
+    if (!m) {
+      if (this.memo.size >= 64) this.memo.clear();
+      m = new Map();
+      this.memo.set(model, m);
+    }
+    let k = m.get(text);
+    if (k === undefined) {
+      if (m.size >= MEMO_MAX_ENTRIES) m.clear();
+      k = textKey(model, text);
+      m.set(text, k);
+    }
+    return k;
+  }
 
   constructor(private readonly o: EmbeddingClientOptions) {
     this.cache = new VectorCache(o.maxBytes ?? DEFAULT_CACHE_BYTES);
@@ -98,7 +121,7 @@ export class EmbeddingClient implements EmbeddingSource {
   cached(model: string, texts: readonly string[]): ReadonlyMap<string, Float32Array> | undefined {
     const out = new Map<string, Float32Array>();
     for (const t of texts) {
-      const v = this.cache.get(textKey(model, t));
+      const v = this.cache.get(this.keyOf(model, t));
       if (!v) return undefined;
       out.set(t, v);
     }
@@ -110,7 +133,7 @@ export class EmbeddingClient implements EmbeddingSource {
     const out = new Map<string, Float32Array>();
     const missing: string[] = [];
     for (const t of texts) {
-      const v = this.cache.get(textKey(model, t));
+      const v = this.cache.get(this.keyOf(model, t));
       if (v) out.set(t, v);
       else missing.push(t);
     }
@@ -164,7 +187,7 @@ export class EmbeddingClient implements EmbeddingSource {
         if (t === undefined || !Array.isArray(d.embedding) || d.embedding.length === 0 || d.embedding.length > 65_536) continue;
         const v = Float32Array.from(d.embedding as number[]);
         out.set(t, v);
-        this.cache.set(textKey(model, t), v);
+        this.cache.set(this.keyOf(model, t), v);
       }
       if (out.size !== texts.length) {
         this.o.observe?.("error");

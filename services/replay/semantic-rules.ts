@@ -9,7 +9,7 @@ import type { DecisionRecord } from "../../schemas/events.js";
 import { validateModelConfig } from "../routing/config-check.js";
 import { decide } from "../routing/stages/semantic.js";
 import { type CompiledRules, compileRules } from "../routing/semantic/rules.js";
-import { judgeRecorded } from "../routing/semantic/signals.js";
+import { applyGroups, judgeRecorded } from "../routing/semantic/signals.js";
 import type { ModelConfig } from "../../schemas/config.js";
 
 /** A rules file: virtual model name -> its model config (with `semantic`). */
@@ -80,17 +80,19 @@ export class RulesReplay {
       report.withoutSignals++;
       return;
     }
-    const values: Record<string, { value: boolean }> = {};
+    const values: Record<string, { value: boolean; measure?: number | string }> = {};
     for (const s of r.signals) {
-      const v = judgeRecorded(s, sem.signals[s.name]);
+      const recorded = sem.signals[s.name];
+      const v = judgeRecorded(s, recorded);
       if (v === undefined) {
         const key = `${vm}\0${s.name}`;
         const u = this.unrecorded.get(key) ?? { virtualModel: vm, signal: s.name, requests: 0 };
         u.requests++;
         this.unrecorded.set(key, u);
       }
-      values[s.name] = { value: v === true };
+      values[s.name] = { value: v === true, ...(v !== undefined && recorded?.measure !== undefined ? { measure: recorded.measure } : {}) };
     }
+    if (r.groups) applyGroups(r.signals, values);
     const { winner } = decide(r, values);
     const recordedModel = rec.outcome === "rejected" ? "(rejected)" : rec.model;
     const from = `${sem.decision} (${recordedModel})`;

@@ -14,19 +14,21 @@ const SIGNAL_NAME = /^[A-Za-z0-9._-]{1,64}$/;
 /** Deepest `all` / `any` / `not` nesting accepted in a rule. */
 export const MAX_RULE_DEPTH = 8;
 /** Characters of text a text signal reads by default (the start of its text). */
-export const DEFAULT_MAX_CLASSIFIED_CHARS = 8192;
+export const DEFAULT_MAX_CLASSIFIED_CHARS = 4096;
 export const DEFAULT_EMBEDDING_TIMEOUT_MS = 50;
+/** Characters a regex signal reads by default (RE2 compiled to WebAssembly costs ~40 ns a character). */
+export const DEFAULT_REGEX_MAX_CHARS = 1024;
 
 export type Scope = "last-user" | "conversation";
 
 export type CompiledSignal =
   | { kind: "keywords"; name: string; def: string; scope: Scope; keywords: string[]; all: boolean; caseSensitive: boolean }
-  | { kind: "regex"; name: string; def: string; scope: Scope; re: RE2 }
+  | { kind: "regex"; name: string; def: string; scope: Scope; re: RE2; maxChars: number }
   | { kind: "prompt-tokens"; name: string; def: string; gte?: number; lt?: number }
   | { kind: "language"; name: string; def: string; scope: Scope; languages: Set<string> }
   | { kind: "header"; name: string; def: string; header: string; values?: Set<string> }
   | { kind: "user"; name: string; def: string; users?: Set<string>; classes?: Set<string> }
-  | { kind: "similarity"; name: string; def: string; scope: Scope; examples: string[]; threshold: number; lexicalThreshold: number };
+  | { kind: "similarity"; name: string; def: string; scope: Scope; examples: string[]; threshold: number; lexicalThreshold: number; group?: string };
 
 export interface CompiledDecision {
   name: string;
@@ -49,6 +51,21 @@ export interface CompiledRules {
   maxChars: number;
   /** Scopes some text signal reads (the stage extracts only these). */
   scopes: ReadonlySet<Scope>;
+  /** Some similarity signal belongs to a group (signals.ts applyGroups). */
+  groups: boolean;
+  /** Every keywords signal's words, scanned once per text (one scanner per scope and case mode). */
+  keywordScans: KeywordScan[];
+}
+
+/** One pass over a text that finds every keyword of every keywords signal reading it. */
+export interface KeywordScan {
+  scope: Scope;
+  caseSensitive: boolean;
+  /**
+   * Global regexes of whole-word keyword alternations. A keyword contained in another goes to a
+   * later layer, so that the longer one matching does not hide it (matches never overlap).
+   */
+  layers: RegExp[];
 }
 
 /**
@@ -183,7 +200,7 @@ function compileSignal(name: string, s: Signal): CompiledSignal {
       return { kind: "keywords", name, def, scope: s.scope ?? "last-user", keywords: s.keywords.map((k) => (cs ? k : k.toLowerCase())), all: s.match === "all", caseSensitive: cs };
     }
     case "regex":
-      return { kind: "regex", name, def, scope: s.scope ?? "last-user", re: compileRegex(s.pattern, s.caseSensitive === true) };
+      return { kind: "regex", name, def, scope: s.scope ?? "last-user", re: compileRegex(s.pattern, s.caseSensitive === true), maxChars: s.maxChars ?? DEFAULT_REGEX_MAX_CHARS };
     case "prompt-tokens":
       return { kind: "prompt-tokens", name, def, ...(s.gte !== undefined ? { gte: s.gte } : {}), ...(s.lt !== undefined ? { lt: s.lt } : {}) };
     case "language":
@@ -193,8 +210,48 @@ function compileSignal(name: string, s: Signal): CompiledSignal {
     case "user":
       return { kind: "user", name, def, ...(s.users ? { users: new Set(s.users) } : {}), ...(s.classes ? { classes: new Set(s.classes) } : {}) };
     case "similarity":
-      return { kind: "similarity", name, def, scope: s.scope ?? "last-user", examples: s.examples, threshold: s.threshold, lexicalThreshold: s.lexicalThreshold ?? Math.max(0, s.threshold) };
+      return { kind: "similarity", name, def, scope: s.scope ?? "last-user", examples: s.examples, threshold: s.threshold, lexicalThreshold: s.lexicalThreshold ?? Math.max(0, s.threshold), ...(s.group ? { group: s.group } : {}) };
   }
+}
+
+const WORD_START = /^[\p{L}\p{N}_]/u;
+const WORD_END = /[\p{L}\p{N}_]$/u;
+
+/**
+ * One regular expression for "any of these keywords, as whole words": an alternation of escaped
+ * literals, each bounded by "no word character" on a side where the keyword itself starts or ends
+ * with one. Only literals and single-character lookarounds: its matching time is bounded by the
+ * text's length times the keywords' total length, with no backtracking to explode.
+ */
+export function keywordsRegex(keywords: readonly string[], caseSensitive: boolean, global = false): RegExp {
+  const alts = [...keywords].sort((a, b) => b.length - a.length).map((k) => {
+    const lit = k.replace(/[.*+?^${}()|[\]\\/]/g, "\\$&");
+    return `${WORD_START.test(k) ? "(?<![\\p{L}\\p{N}_])" : ""}${lit}${WORD_END.test(k) ? "(?![\\p{L}\\p{N}_])" : ""}`;
+  });
+  return new RegExp(alts.join("|"), `${global ? "g" : ""}${caseSensitive ? "u" : "iu"}`);
+}
+
+/** Keyword scanners for the rules' keywords signals: per scope and case mode, keywords layered so none hides another. */
+function keywordScansOf(signals: readonly CompiledSignal[]): KeywordScan[] {
+  const byMode = new Map<string, { scope: Scope; caseSensitive: boolean; words: Set<string> }>();
+  for (const s of signals) {
+    if (s.kind !== "keywords") continue;
+    const key = `${s.scope}/${s.caseSensitive}`;
+    const m = byMode.get(key) ?? { scope: s.scope, caseSensitive: s.caseSensitive, words: new Set<string>() };
+    for (const k of s.keywords) m.words.add(k);
+    byMode.set(key, m);
+  }
+  return [...byMode.values()].map(({ scope, caseSensitive, words }) => {
+    const layers: RegExp[] = [];
+    let left = [...words];
+    while (left.length > 0) {
+      // A word inside another still-unplaced word waits for a later layer.
+      const layer = left.filter((w) => !left.some((o) => o !== w && o.includes(w)));
+      layers.push(keywordsRegex(layer, caseSensitive, true));
+      left = left.filter((w) => !layer.includes(w));
+    }
+    return { scope, caseSensitive, layers };
+  });
 }
 
 /** Compiles a checked config (semanticConfigError returned undefined for it). */
@@ -212,6 +269,8 @@ export function compileRules(model: string, c: SemanticConfig): CompiledRules {
     embeddingTimeoutMs: c.embeddingTimeoutMs ?? DEFAULT_EMBEDDING_TIMEOUT_MS,
     maxChars: c.maxClassifiedChars ?? DEFAULT_MAX_CLASSIFIED_CHARS,
     scopes,
+    groups: signals.some((s) => s.kind === "similarity" && s.group !== undefined),
+    keywordScans: keywordScansOf(signals),
   };
 }
 

@@ -1,6 +1,6 @@
 /**
  * Measuring a request's signals (pure). Every text signal reads a bounded prefix of its text
- * (`maxClassifiedChars`, default 8192 characters): an oversized message is classified on its
+ * (`maxClassifiedChars`, default 4096 characters; a regex, its own `maxChars`, default 1024): an oversized message is classified on its
  * start, never refused for its size. Language detection reads the first MAX_LANGUAGE_CHARS.
  */
 import { eld } from "eld/small";
@@ -158,6 +158,22 @@ function similarity(s: Extract<CompiledSignal, { kind: "similarity" }>, text: st
   return { value: best >= s.lexicalThreshold, measure: round(best), via: "lexical", def: s.def };
 }
 
+/** The keywords found in a text by its scanner (rules.ts keywordScansOf), once per request and scope. */
+function keywordsFound(rules: CompiledRules, input: SignalInput, scope: Scope, caseSensitive: boolean, scanned: Map<string, Set<string>>): Set<string> {
+  const key = `${scope}/${caseSensitive}`;
+  let found = scanned.get(key);
+  if (found) return found;
+  found = new Set<string>();
+  const scan = rules.keywordScans.find((k) => k.scope === scope && k.caseSensitive === caseSensitive);
+  const text = input.texts[scope] ?? "";
+  for (const re of scan?.layers ?? []) {
+    re.lastIndex = 0;
+    for (const m of text.matchAll(re)) found.add(caseSensitive ? m[0] : m[0].toLowerCase());
+  }
+  scanned.set(key, found);
+  return found;
+}
+
 /** Every signal of the rules, measured and judged. */
 export function measureSignals(rules: CompiledRules, input: SignalInput): Record<string, SignalValue> {
   const lowered: Partial<Record<Scope, string>> = {};
@@ -170,17 +186,19 @@ export function measureSignals(rules: CompiledRules, input: SignalInput): Record
     return l;
   };
   const out: Record<string, SignalValue> = {};
+  const scanned = new Map<string, Set<string>>();
   for (const s of rules.signals) {
     switch (s.kind) {
       case "keywords": {
-        const text = s.caseSensitive ? (input.texts[s.scope] ?? "") : lower(s.scope)();
-        const value = s.all ? s.keywords.every((k) => hasKeyword(text, k)) : s.keywords.some((k) => hasKeyword(text, k));
-        out[s.name] = { value, def: s.def };
+        const found = keywordsFound(rules, input, s.scope, s.caseSensitive, scanned);
+        out[s.name] = { value: s.all ? s.keywords.every((k) => found.has(k)) : s.keywords.some((k) => found.has(k)), def: s.def };
         break;
       }
-      case "regex":
-        out[s.name] = { value: s.re.test(input.texts[s.scope] ?? ""), def: s.def };
+      case "regex": {
+        const text = input.texts[s.scope] ?? "";
+        out[s.name] = { value: s.re.test(text.length > s.maxChars ? text.slice(0, s.maxChars) : text), def: s.def };
         break;
+      }
       case "prompt-tokens":
         out[s.name] = { value: (s.gte === undefined || input.promptTokens >= s.gte) && (s.lt === undefined || input.promptTokens < s.lt), measure: input.promptTokens, def: s.def };
         break;
@@ -202,7 +220,28 @@ export function measureSignals(rules: CompiledRules, input: SignalInput): Record
         break;
     }
   }
+  if (rules.groups) applyGroups(rules.signals, out);
   return out;
+}
+
+/**
+ * Similarity groups: of the signals of one group that hold, only the best-scoring one stays true
+ * (ties: the first defined). `values` is changed in place.
+ */
+export function applyGroups(signals: readonly CompiledSignal[], values: Record<string, { value: boolean; measure?: number | string }>): void {
+  const best = new Map<string, { name: string; score: number }>();
+  for (const s of signals) {
+    if (s.kind !== "similarity" || !s.group) continue;
+    const v = values[s.name];
+    if (!v?.value || typeof v.measure !== "number") continue;
+    const b = best.get(s.group);
+    if (!b || v.measure > b.score) best.set(s.group, { name: s.name, score: v.measure });
+  }
+  for (const s of signals) {
+    if (s.kind !== "similarity" || !s.group) continue;
+    const v = values[s.name];
+    if (v?.value && best.get(s.group)?.name !== s.name) v.value = false;
+  }
 }
 
 /** The texts a request's similarity signals need embedded (its own, and every example), or none. */
@@ -233,6 +272,7 @@ export function judgeRecorded(s: CompiledSignal, recorded: SignalValue | undefin
     case "language":
       return typeof m === "string" ? s.languages.has(m) : undefined;
     case "similarity":
+      // A grouped signal is re-judged with its group (applyGroups), from every member's measure.
       if (typeof m !== "number") return undefined;
       return m >= (recorded.via === "embedding" ? s.threshold : s.lexicalThreshold);
     default:
