@@ -265,7 +265,7 @@ function routingCoreOf(o: {
     pdLegOptions: { prefillTimeoutMs: config.pd.prefillTimeoutMs, prefillBudgetMs: config.pd.prefillBudgetMs, sglangPrefillTimeoutMs: config.pd.sglangPrefillTimeoutMs, maxRetries: config.pd.maxRetries },
     flow: { fleet: o.fleet, hooks: { outcome: (band, outcome, waitMs) => o.metrics().flowOutcome(band, outcome, waitMs), yielded: (band) => o.metrics().flowYield(band) } },
     // Virtual models' similarity signals: the embedding model's pods, found in the fold like any model's.
-    embeddings: new EmbeddingClient({ readyPods: (m) => state.pods.readyPods(m), ...(config.engineApiKey ? { engineApiKey: config.engineApiKey } : {}) }),
+    embeddings: new EmbeddingClient({ readyPods: (m) => state.pods.readyPods(m), observe: (e) => o.metrics().semanticEmbedding(e), ...(config.engineApiKey ? { engineApiKey: config.engineApiKey } : {}) }),
   });
   // Strict commits are chosen per model (its config's `consistency`, else `--consistency`), so the
   // committer exists whenever charges are shared; `off` follows no peer and has nothing to commit against.
