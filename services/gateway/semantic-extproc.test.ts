@@ -164,6 +164,18 @@ describe("semantic model selection through ext_proc", () => {
     expect((await exchange(client, chat("hello"))).routed.kind).toBe("continue");
   });
 
+  it("the chosen model's strategy applies (its locked strategy), and an action's profile selects the chosen model's profile", async () => {
+    const { director, state } = setup();
+    putModelConfig(state, CODER, { lockedRoutingStrategy: "random" }, 103);
+    putModelConfig(state, MATH, { defaultProfile: "plain", profiles: { plain: { routingStrategy: "least-request" }, deep: { routingStrategy: "least-kv-cache" } } }, 104);
+    putModelConfig(state, "auto", { semantic: { ...AUTO.semantic, decisions: AUTO.semantic?.decisions.map((d) => (d.name === "math" ? { ...d, action: { ...d.action, profile: "deep" } } : d)) } as NonNullable<typeof AUTO.semantic> }, 105);
+    const client = await serve({ router: director });
+    const code = continued((await exchange(client, chat("python function please"))).routed);
+    expect(code.headerMutation.set["routing-strategy"]).toBe("random");
+    const math = continued((await exchange(client, chat("solve this equation"))).routed);
+    expect(math.headerMutation.set["routing-strategy"]).toBe("least-kv-cache");
+  });
+
   it("an oversized message is classified on its bounded prefix and routed, never a 5xx", async () => {
     const { sink, director } = setup();
     const client = await serve({ router: director });
