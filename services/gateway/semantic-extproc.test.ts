@@ -7,6 +7,7 @@
  */
 import * as grpc from "@grpc/grpc-js";
 import { afterEach, describe, expect, it } from "vitest";
+import { checkEvent } from "../../schemas/validate.js";
 import { ExtProcClient, type PhaseResult } from "../extproc/envoy-client.js";
 import { EXT_PROC_SERVER_OPTIONS, loadExtProc } from "../extproc/protos.js";
 import { Director, type DirectorOptions } from "../routing/director.js";
@@ -87,6 +88,8 @@ describe("semantic model selection through ext_proc", () => {
     expect(rec).toMatchObject({ model: CODER, semantic: { virtualModel: "auto", decision: "coding", runnerUp: "default" } });
     expect(rec?.semantic?.signals.code).toMatchObject({ value: true });
     expect(rec?.semantic?.signals.math).toMatchObject({ value: false });
+    // Other replicas and replay validate every record against its schema.
+    expect(checkEvent("decision", rec).ok).toBe(true);
   });
 
   it("a decision's system prompt is prepended and the default decision routes the rest", async () => {
@@ -122,7 +125,9 @@ describe("semantic model selection through ext_proc", () => {
     expect(e.error).toMatchObject({ code: "no_matching_decision", type: "invalid_request_error", param: "model" });
     expect(e.error.message).toContain("strict-auto");
     expect(sink.charges).toHaveLength(0);
-    expect(sink.decisions.find((d) => d.id === "r-none")).toMatchObject({ outcome: "rejected", status: 400, errorCode: "no_matching_decision" });
+    const rejected = sink.decisions.find((d) => d.id === "r-none");
+    expect(rejected).toMatchObject({ outcome: "rejected", status: 400, errorCode: "no_matching_decision", semantic: { virtualModel: "strict-auto", decision: "(none)" } });
+    expect(checkEvent("decision", rejected).ok).toBe(true);
   });
 
   it("the chosen model's pool applies: a pooled gateway answers 421 when the decision picks another pool's model", async () => {
