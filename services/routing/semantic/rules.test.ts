@@ -10,7 +10,7 @@ import { parseRequestBody } from "../request-body.js";
 import { applyAction, classify, decide } from "../stages/semantic.js";
 import { compileRules } from "./rules.js";
 import { hasKeyword, measureSignals, textsOf, wordCosine, wordsOf } from "./signals.js";
-import { AUTO, CODER, GENERAL, MATH } from "./testing.js";
+import { AUTO, CODER, GENERAL, MATH, putModelConfig, semanticState } from "./testing.js";
 
 const sem = AUTO.semantic as SemanticConfig;
 const withSem = (patch: Partial<SemanticConfig>): ModelConfig => ({ semantic: { ...sem, ...patch } });
@@ -36,6 +36,16 @@ describe("semantic rules - refused by config set and by the fold, naming the fie
     ["a decision without an action model", withSem({ decisions: [{ name: "d", priority: 1, when: "code", action: {} }] as never }), /^\/semantic\/decisions\/0\/action/],
   ])("refuses %s", (_name, config, reason) => {
     expect(validateModelConfig(config, "auto")).toMatch(reason);
+  });
+});
+
+describe("semantic rules - a gateway's fold", () => {
+  it("ignores a bad virtual model written around the CLI, keeping the previous rules", () => {
+    const state = semanticState();
+    putModelConfig(state, "auto", AUTO, 10);
+    putModelConfig(state, "auto", withSem({ default: { model: "auto" } }), 11);
+    expect(state.configs.get("auto")).toEqual(AUTO);
+    expect(state.configRejected).toBeGreaterThan(0);
   });
 });
 
