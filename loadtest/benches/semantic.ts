@@ -123,18 +123,22 @@ function accuracy(rules: SemanticConfig, embeddings?: ReadonlyMap<string, ArrayL
 }
 
 /** Bytes one cache entry costs beyond its vector (heap + array buffers over 50,000 entries). */
-function cacheEntryOverhead(): number | undefined {
+export function cacheEntryOverhead(): number | undefined {
   const gc = (globalThis as { gc?: () => void }).gc;
   if (!gc) return undefined;
   const measure = () => {
     const c = new VectorCache(1e12);
     const keys = Array.from({ length: 50_000 }, (_, i) => `k${i}`.padEnd(24, "x"));
+    // Twice: one collection can leave an earlier measurement's cache (and its buffers) behind.
+    gc();
     gc();
     const before = process.memoryUsage();
     for (const k of keys) c.set(k, new Float32Array(256));
     gc();
+    gc();
     const after = process.memoryUsage();
-    return (after.heapUsed + after.arrayBuffers - before.heapUsed - before.arrayBuffers) / keys.length - 1024;
+    // `c.size` after the measurement keeps the cache alive through the second collection.
+    return (after.heapUsed + after.arrayBuffers - before.heapUsed - before.arrayBuffers) / c.size - 1024;
   };
   measure();
   return Math.round(measure());
