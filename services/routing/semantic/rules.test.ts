@@ -9,7 +9,7 @@ import { validateModelConfig } from "../config-check.js";
 import { parseRequestBody } from "../request-body.js";
 import { applyAction, classify, decide } from "../stages/semantic.js";
 import { compileRules } from "./rules.js";
-import { hasKeyword, measureSignals, textsOf, wordCosine, wordsOf } from "./signals.js";
+import { measureSignals, textsOf, wordCosine, wordsOf } from "./signals.js";
 import { AUTO, CODER, GENERAL, MATH, putModelConfig, semanticState } from "./testing.js";
 
 const sem = AUTO.semantic as SemanticConfig;
@@ -51,13 +51,14 @@ describe("semantic rules - a gateway's fold", () => {
 
 describe("semantic signals", () => {
   it("keywords match whole words and phrases only, case-insensitively by default", () => {
-    expect(hasKeyword("please write a function", "function")).toBe(true);
-    expect(hasKeyword("functional programming", "function")).toBe(false);
-    expect(hasKeyword("see the stack trace below", "stack trace")).toBe(true);
-    expect(hasKeyword("c++ is fun", "c++")).toBe(true);
-    const rules = compileRules("auto", sem);
-    const v = measureSignals(rules, { texts: textsOf({ messages: [{ role: "user", content: "A PYTHON question" }] }, rules.scopes, 100), promptTokens: 4, headers: {} });
-    expect(v.code?.value).toBe(true);
+    const rules = compileRules("auto", { signals: { k: { type: "keywords", keywords: ["function", "stack trace", "c++"] }, cs: { type: "keywords", keywords: ["Go"], caseSensitive: true } }, decisions: [] });
+    const m = (text: string) => measureSignals(rules, { texts: { "last-user": text }, promptTokens: 1, headers: {} });
+    expect(m("please write a FUNCTION").k?.value).toBe(true);
+    expect(m("functional programming").k?.value).toBe(false);
+    expect(m("see the Stack Trace below").k?.value).toBe(true);
+    expect(m("is c++ fun?").k?.value).toBe(true);
+    expect(m("naïvefunction").k?.value).toBe(false);
+    expect([m("written in Go").cs?.value, m("let's go").cs?.value]).toEqual([true, false]);
   });
 
   it("a catastrophic-backtracking pattern runs in linear time under RE2", () => {

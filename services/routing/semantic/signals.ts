@@ -77,19 +77,6 @@ export function textsOf(body: Record<string, unknown>, scopes: ReadonlySet<Scope
   return out;
 }
 
-const WORD = /[\p{L}\p{N}_]/u;
-const isWordChar = (s: string, i: number): boolean => i >= 0 && i < s.length && WORD.test(s[i] as string);
-
-/** Whether `kw` occurs in `text` as a whole word or phrase (not inside a longer word). */
-export function hasKeyword(text: string, kw: string): boolean {
-  let at = text.indexOf(kw);
-  while (at >= 0) {
-    if (!(isWordChar(text, at - 1) && isWordChar(kw, 0)) && !(isWordChar(text, at + kw.length) && isWordChar(kw, kw.length - 1))) return true;
-    at = text.indexOf(kw, at + 1);
-  }
-  return false;
-}
-
 const STOP = new Set(
   "a an and are as at be but by can could do does for from had has have how i if in into is it its me my of on or our please so that the their them then there these this to was we what when where which who why will with would you your".split(" "),
 );
