@@ -14,7 +14,7 @@ import type { PodInfo } from "../views/pod-set.js";
 
 /**
  * Bytes one cached entry costs besides its vector's 4 bytes per dimension: the 24-character key,
- * the Map entry, the Float32Array and ArrayBuffer objects. Measured: 212 bytes (heap and array
+ * the Map entry, the Float32Array and ArrayBuffer objects. Measured: 212-213 bytes (heap and array
  * buffer growth over 50,000 entries of 256 dimensions, per entry, minus the 1,024 of the vector;
  * measured again by `npm run bench -- semantic`, which prints it).
  */
