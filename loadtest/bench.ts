@@ -21,6 +21,7 @@ import { runFoldLiveBench } from "./benches/fold-live.js";
 import { FLOW_RUNS, type FlowRunName, runFlowBench } from "./benches/flow.js";
 import { runScaleBench } from "./benches/scale.js";
 import { registerTokenizerBench } from "./benches/tokenizer.js";
+import { runSemanticBench } from "./benches/semantic.js";
 
 const ints = (v: string) =>
   v.split(",").map((x) => {
@@ -296,6 +297,14 @@ program
       engine: { pods: o.pods, timeScale: o.timeScale }, ...(o.flowConfig ? { flowConfig: o.flowConfig } : {}), logDir: o.logDir,
     });
     console.log(JSON.stringify(result));
+  });
+
+program
+  .command("semantic")
+  .description("semantic model selection: classification µs per request (keyword rules, cached and uncached embeddings), virtual vs plain ext_proc p50, accuracy on the labelled prompts")
+  .option("--requests <n>", "requests of mixed size per measurement", int, 1_000)
+  .action(async (o) => {
+    console.log(JSON.stringify(await runSemanticBench({ requests: o.requests })));
   });
 
 registerTokenizerBench(program);

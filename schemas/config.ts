@@ -8,6 +8,7 @@ import { type Static, Type } from "@sinclair/typebox";
 import { TypeCompiler } from "@sinclair/typebox/compiler";
 import { AutoscalePolicy } from "./autoscale.js";
 import { RecordSignature } from "./signature.js";
+import { SemanticConfig } from "./semantic.js";
 
 const Tokens = Type.Integer({ minimum: 0 });
 
@@ -100,6 +101,8 @@ export const ModelConfig = Type.Object(
      */
     consistency: Type.Optional(Type.Union([Type.Literal("eventual"), Type.Literal("strict")])),
     flowControl: Type.Optional(FlowControl),
+    /** Makes this name a virtual model: each request is classified and sent to the model its winning decision names (docs/semantic.md). */
+    semantic: Type.Optional(SemanticConfig),
     /** Signed records (docs/security.md): set by `jetroute config --signing-key`. */
     sig: Type.Optional(RecordSignature),
   },
@@ -192,6 +195,13 @@ export const ApiKeyRecord = Type.Object(
      * which separates it from a client's own salt); give a tenant's keys the same one.
      */
     cacheSalt: Type.Optional(Type.String({ minLength: 16, maxLength: 128, pattern: "^[A-Za-z0-9_-]+$" })),
+    /** The key's class: a `user` signal of a virtual model's rules may test it (docs/semantic.md). */
+    class: Type.Optional(Type.String({ minLength: 1, maxLength: 64, pattern: "^[A-Za-z0-9._-]+$" })),
+    /**
+     * The models this key may use (absent: every model). A virtual model's decision that names a
+     * model outside the list is refused (403 `model_not_allowed`), as a direct request for it is.
+     */
+    models: Type.Optional(Type.Array(Type.String({ minLength: 1, maxLength: 256 }), { minItems: 1, maxItems: 1024, uniqueItems: true })),
     sig: Type.Optional(RecordSignature),
   },
   { $id: "api-key", additionalProperties: false },

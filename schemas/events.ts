@@ -383,6 +383,35 @@ export const DecisionRecord = Type.Object(
         { additionalProperties: false },
       ),
     ),
+    /**
+     * Semantic model selection (docs/semantic.md): the virtual model the client asked for (`model`
+     * is the one its decision chose), the winning decision (`default` for the default action), the
+     * runner-up, and every signal's value with the measure it was judged on and its measurement's
+     * hash, so `jetroute replay --rules` can re-decide it under changed rules. No prompt text.
+     */
+    semantic: Type.Optional(
+      Type.Object(
+        {
+          virtualModel: Type.String({ maxLength: 256 }),
+          decision: Type.String({ maxLength: 64 }),
+          runnerUp: Type.Optional(Type.String({ maxLength: 64 })),
+          signals: Type.Record(
+            Type.String({ maxLength: 64 }),
+            Type.Object(
+              {
+                value: Type.Boolean(),
+                measure: Type.Optional(Type.Union([Type.Number(), Type.String({ maxLength: 8 })])),
+                via: Type.Optional(Type.Union([Type.Literal("embedding"), Type.Literal("lexical")])),
+                def: Type.String({ maxLength: 16 }),
+              },
+              { additionalProperties: false },
+            ),
+            { maxProperties: 64 },
+          ),
+        },
+        { additionalProperties: false },
+      ),
+    ),
     /** Last sequence the gateway had applied, per view, when it decided. */
     cursors: Type.Optional(Type.Object({ pods: Cursor, load: Cursor, charges: Cursor, kv: Cursor, config: Cursor }, { additionalProperties: false })),
     /** The replica's place among the live gateways, when ties followed its tie order. */

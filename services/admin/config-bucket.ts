@@ -30,13 +30,13 @@ export async function openConfigBucket({ nc, jsm }: Nats, prefix: string): Promi
 }
 
 /** Runs `fn` on the config bucket of the namespace the flags name, then closes the connection. */
-export async function withBucket<T>(o: NamespaceOptionValues, fn: (kv: Bucket) => Promise<T>): Promise<T> {
+export async function withBucket<T>(o: NamespaceOptionValues, fn: (kv: Bucket, nats: Nats) => Promise<T>): Promise<T> {
   const { nats: urls, prefix } = namespaceFlags(o);
   const nats = await connectNats(urls, "jetroute-config");
   try {
     const kv = await openConfigBucket(nats, prefix);
     if (!kv) throw new Error(`the config bucket ${configBucketName(prefix)} does not exist: run \`jetroute streams apply${prefix === DEFAULT_PREFIX ? "" : ` --prefix ${prefix}`}\` first`);
-    return await fn(kv);
+    return await fn(kv, nats);
   } finally {
     await nats.nc.close();
   }

@@ -7,11 +7,12 @@
  */
 import { readFileSync } from "node:fs";
 import type { Command } from "commander";
-import { MODEL_CONFIG_KEY_PREFIX, RATE_LIMITS_KEY, rateLimitsError } from "../../schemas/config.js";
+import { MODEL_CONFIG_KEY_PREFIX, type ModelConfig, RATE_LIMITS_KEY, rateLimitsError } from "../../schemas/config.js";
 import { decodeToken, encodeToken } from "../../streams/tokens.js";
 import { validateModelConfig } from "../routing/config-check.js";
-import { addNamespaceOptions, type NamespaceOptionValues } from "../shared/cli-options.js";
+import { addNamespaceOptions, type NamespaceOptionValues, namespaceFlags } from "../shared/cli-options.js";
 import { registerAutoscaleCommands } from "./config-autoscale.js";
+import { readKnownModels, semanticTargetsError } from "./config-semantic.js";
 import { addSigningOption, recordEncoder, type SigningOptionValues, withBucket } from "./config-bucket.js";
 import { registerAddKeyCommand, registerListKeysCommand, registerRevokeKeyCommand } from "./config-keys.js";
 import { registerDeletePoolCommand, registerListPoolsCommand, registerSetPoolCommand } from "./config-pools.js";
@@ -41,7 +42,8 @@ function registerSetCommand(cfg: Command): void {
   addSigningOption(addNamespaceOptions(cfg.command("set <model>").description("validate and store a model's config (JSON from --json or --file)")))
     .option("--json <json>", "the config as JSON")
     .option("--file <path>", "a file holding the config as JSON")
-    .action(async (model: string, o: NamespaceOptionValues & SigningOptionValues & { json?: string; file?: string }) => {
+    .option("--allow-unknown-models", "a virtual model's decisions may name models the fleet does not serve yet")
+    .action(async (model: string, o: NamespaceOptionValues & SigningOptionValues & { json?: string; file?: string; allowUnknownModels?: boolean }) => {
       const encode = recordEncoder(o);
       const text = o.json ?? (o.file ? readFileSync(o.file, "utf8") : undefined);
       if (text === undefined) throw new Error("give the config with --json or --file");
@@ -51,12 +53,23 @@ function registerSetCommand(cfg: Command): void {
       } catch (e) {
         throw new Error(`config is not valid JSON: ${(e as Error).message}`);
       }
-      const err = validateModelConfig(value);
+      const err = validateModelConfig(value, model);
       if (err) {
         console.error(`invalid config for ${model}: ${err}`);
         process.exit(2);
       }
-      const rev = await withBucket(o, (kv) => kv.put(modelConfigKey(model), encode(modelConfigKey(model), value as object)));
+      const rev = await withBucket(o, async (kv, nats) => {
+        const c = value as ModelConfig;
+        // A virtual model's targets must be models the fleet serves; a served model may not become virtual under one that targets it.
+        if (c.semantic && !o.allowUnknownModels) {
+          const targetErr = semanticTargetsError(model, c, await readKnownModels(nats, kv, namespaceFlags(o).prefix, model));
+          if (targetErr) {
+            console.error(`invalid config for ${model}: ${targetErr}`);
+            process.exit(2);
+          }
+        }
+        return kv.put(modelConfigKey(model), encode(modelConfigKey(model), value as object));
+      });
       console.log(`stored config for ${model} (revision ${rev})`);
     });
 }

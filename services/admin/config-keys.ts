@@ -37,7 +37,7 @@ async function readKeys(kv: Bucket): Promise<StoredKey[]> {
 const shortHash = (h: string) => h.slice(0, SHOWN_HASH_PREFIX);
 const keyStatus = (k: StoredKey) => (!k.record ? "invalid" : k.record.disabled ? "revoked" : "active");
 
-type AddKeyOptions = NamespaceOptionValues & SigningOptionValues & { user: string; name?: string; admin?: boolean; objective?: string; cacheSalt?: string; json?: boolean };
+type AddKeyOptions = NamespaceOptionValues & SigningOptionValues & { user: string; name?: string; admin?: boolean; objective?: string; cacheSalt?: string; class?: string; models?: string; json?: boolean };
 
 export function registerAddKeyCommand(cfg: Command): void {
   addSigningOption(addNamespaceOptions(cfg.command("add-key").description("create an API key for a user; prints the key once (only its SHA-256 is stored)")))
@@ -46,6 +46,8 @@ export function registerAddKeyCommand(cfg: Command): void {
     .option("--admin", "an operator key: also opens the gateways' /debug/* endpoints under --auth required")
     .option("--objective <name>", "flow control: the objective (priority class) this key's requests run under, whatever header they send (docs/flow-control.md)")
     .option("--cache-salt <salt>", "the tenant's cache salt: its requests share cached prompt blocks only with keys of the same salt (16-128 of A-Z a-z 0-9 _ -, random, e.g. $(openssl rand -hex 16))")
+    .option("--class <name>", "the key's class: virtual models' `user` signals may test it (docs/semantic.md)")
+    .option("--models <list>", "comma-separated models the key may use, also when a virtual model chose them (default: every model)")
     .option("--json", "print {key, hash, user, name, createdAt, admin, cacheSalt} as one JSON line")
     .action(addKey);
 }
@@ -59,6 +61,8 @@ async function addKey(o: AddKeyOptions): Promise<void> {
     ...(o.admin ? { admin: true } : {}),
     ...(o.objective !== undefined ? { objective: o.objective } : {}),
     ...(o.cacheSalt !== undefined ? { cacheSalt: o.cacheSalt } : {}),
+    ...(o.class !== undefined ? { class: o.class } : {}),
+    ...(o.models !== undefined ? { models: o.models.split(",").map((m) => m.trim()).filter(Boolean) } : {}),
   };
   const err = apiKeyRecordError(record);
   if (err) {

@@ -217,6 +217,9 @@ class Exchange {
   private keyObjective: string | undefined;
   /** The authenticated key's cache salt: the request runs under it (tenant isolation). */
   private tenantSalt: string | undefined;
+  /** The authenticated key's class and allowed models (virtual models' `user` signals, permissions). */
+  private keyClass: string | undefined;
+  private keyModels: readonly string[] | undefined;
   private readonly errorBody: Buffer[] = [];
   /** The client's body with its model rewritten (InferenceModelRewrite): what the engine gets. */
   private rewrittenBody: Buffer | undefined;
@@ -340,6 +343,8 @@ class Exchange {
       this.authenticated = true;
       this.keyObjective = a.objective;
       this.tenantSalt = a.cacheSalt;
+      this.keyClass = a.keyClass;
+      this.keyModels = a.models;
       mutation = { ...mutation, set_headers: [...(mutation.set_headers ?? []), setHeader(USER_HEADER, a.user)] };
     }
     this.subset = subsetHint(req);
@@ -378,7 +383,7 @@ class Exchange {
     }
     let result: RoutedRequest | Promise<RoutedRequest>;
     try {
-      result = this.router.route({ headers, body, subset: this.subset, signal: this.gone.signal, ...(this.keyObjective ? { keyObjective: this.keyObjective } : {}), ...(this.tenantSalt ? { tenantSalt: this.tenantSalt } : {}) });
+      result = this.router.route({ headers, body, subset: this.subset, signal: this.gone.signal, ...(this.keyObjective ? { keyObjective: this.keyObjective } : {}), ...(this.tenantSalt ? { tenantSalt: this.tenantSalt } : {}), ...(this.keyClass ? { keyClass: this.keyClass } : {}), ...(this.keyModels ? { keyModels: this.keyModels } : {}) });
     } catch (err) {
       return this.routeFailed(err, body);
     }

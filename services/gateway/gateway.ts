@@ -21,6 +21,7 @@ import { Director, type DirectorOptions, type GatewayViews } from "../routing/di
 import { explain } from "../routing/explain.js";
 import { RouteError } from "../routing/errors.js";
 import { validateModelConfig } from "../routing/config-check.js";
+import { EmbeddingClient } from "./embeddings.js";
 import { configureSessionSigning } from "../routing/strategies/session-affinity.js";
 import { createExtProcHandler, DEFAULT_PD_WATCHDOG, type ExtProcHandlerOptions } from "./extproc-server.js";
 import { PdHttpClient } from "./pd-client.js";
@@ -263,6 +264,8 @@ function routingCoreOf(o: {
     pdLegClient: o.pdClient,
     pdLegOptions: { prefillTimeoutMs: config.pd.prefillTimeoutMs, prefillBudgetMs: config.pd.prefillBudgetMs, sglangPrefillTimeoutMs: config.pd.sglangPrefillTimeoutMs, maxRetries: config.pd.maxRetries },
     flow: { fleet: o.fleet, hooks: { outcome: (band, outcome, waitMs) => o.metrics().flowOutcome(band, outcome, waitMs), yielded: (band) => o.metrics().flowYield(band) } },
+    // Virtual models' similarity signals: the embedding model's pods, found in the fold like any model's.
+    embeddings: new EmbeddingClient({ readyPods: (m) => state.pods.readyPods(m), observe: (e) => o.metrics().semanticEmbedding(e), ...(config.engineApiKey ? { engineApiKey: config.engineApiKey } : {}) }),
   });
   // Strict commits are chosen per model (its config's `consistency`, else `--consistency`), so the
   // committer exists whenever charges are shared; `off` follows no peer and has nothing to commit against.

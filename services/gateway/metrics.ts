@@ -38,6 +38,8 @@ export interface GatewayMetricsSources {
   flowSummaries?: () => { sent: number; received: number; invalid: number } | undefined;
 }
 
+const EMBEDDING_RESULTS = ["hit", "miss", "timeout", "error", "no-pod", "busy"] as const;
+
 export class GatewayMetrics {
   readonly registry = new client.Registry();
   private readonly decisions: client.Counter<"strategy" | "outcome" | "status">;
@@ -45,6 +47,7 @@ export class GatewayMetrics {
   private readonly authFailures: client.Counter<"reason">;
   private readonly usageClampedTotal: client.Counter;
   private readonly servedElsewhereTotal: client.Counter;
+  private readonly embeddingsTotal: client.Counter<"result">;
   private readonly unrecordedTotal: client.Counter<"reason">;
   private readonly flow: FlowMetrics;
 
@@ -86,6 +89,13 @@ export class GatewayMetrics {
       help: "Responses the proxy reported (x-gateway-destination-endpoint-served) as served by an endpoint other than the chosen one",
       registers: [r],
     });
+    this.embeddingsTotal = new client.Counter({
+      name: "jetroute_gateway_semantic_embeddings_total",
+      help: "Virtual models' similarity signals: requests whose embeddings were all cached (hit) or not (miss), and why an uncached one fell back to the lexical score (timeout, error, no-pod, busy)",
+      labelNames: ["result"],
+      registers: [r],
+    });
+    for (const result of EMBEDDING_RESULTS) this.embeddingsTotal.inc({ result }, 0);
     this.flow = new FlowMetrics(r, src);
     const gauge = (name: string, help: string, labelNames: string[], collect: (g: client.Gauge<string>) => void) =>
       new client.Gauge({
@@ -197,6 +207,10 @@ export class GatewayMetrics {
 
   unrecorded(reason: "unknown_path" | "budget"): void {
     this.unrecordedTotal.inc({ reason });
+  }
+
+  semanticEmbedding(result: (typeof EMBEDDING_RESULTS)[number]): void {
+    this.embeddingsTotal.inc({ result });
   }
 
   usageClamped(): void {

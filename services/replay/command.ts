@@ -4,7 +4,10 @@
  * reads the source, draws a progress bar on stderr, writes the HTML report and prints the final
  * JSON line on stdout.
  */
+import { readFileSync } from "node:fs";
 import { type Command, InvalidArgumentError } from "commander";
+import type { DecisionRecord } from "../../schemas/events.js";
+import { checkEvent } from "../../schemas/validate.js";
 import { SingleBar } from "cli-progress";
 import { streamName } from "../../streams/definitions.js";
 import { DEFAULT_POD_SOURCE_TIMEOUT_MS } from "../views/pod-set.js";
@@ -17,6 +20,7 @@ import type { ReplayReport } from "./report-types.js";
 import { EXPORT_FORMAT, EXPORT_VERSION, fileSource, type MessageSource, natsSource, writeExport } from "./sources.js";
 import { simulateWhatIf, type TraceRequest } from "./whatif.js";
 import { parseWindowBound, type WindowBound } from "./window.js";
+import { readRulesFile, RulesReplay, type RulesReplayReport } from "./semantic-rules.js";
 
 /** Strategy specs for --strategies / --simulate: comma separated, or `;`/space separated when a combination has commas of its own. */
 export function strategiesOption(v: string): string[] {
@@ -114,6 +118,19 @@ function oneBlockSizePerModel(trace: readonly TraceRequest[]): { trace: TraceReq
   return { trace: kept, dropped: trace.length - kept.length };
 }
 
+/** `replay --rules`: the window's decision records re-decided under other rules (semantic-rules.ts). */
+export async function runRulesReplay(source: MessageSource, rules: ReturnType<typeof readRulesFile>, fromMs: number, toMs: number): Promise<RulesReplayReport> {
+  const replay = new RulesReplay(rules);
+  for await (const batch of source.batches) {
+    for (const m of batch) {
+      if (m.stream !== "decisions" || m.invalid || !checkEvent("decision", m.data).ok) continue;
+      const rec = m.data as DecisionRecord;
+      if (rec.ts >= fromMs && rec.ts <= toMs) replay.offer(rec);
+    }
+  }
+  return replay.finish();
+}
+
 /** Runs a replay over a source; returns the report. */
 export async function runReplay(o: ReplayRunOptions): Promise<ReplayReport> {
   const engine = new ReplayEngine({
@@ -168,8 +185,11 @@ export function registerReplayCommands(program: Command): void {
     .option("--prefix-max-entries <n>", "prefix index bound, as the gateways ran", intOption(1), 4_000_000)
     .option("--pod-source-timeout-ms <ms>", "pods of a pod-watcher source silent this long stop being candidates, as the gateways ran (0 = never)", intOption(0), DEFAULT_POD_SOURCE_TIMEOUT_MS)
     .option("--report <path>", "where to write the HTML report", "replay-report.html")
+    .option("--rules <file>", "instead: re-decide the window's virtual-model requests under this rule set (JSON: virtual model -> config with `semantic`) from their recorded signals, and count the requests that move")
     .option("--no-progress", "no progress bar on stderr")
     .action(async (o) => {
+      // Read (and checked) before anything is connected: a bad file fails at once, naming the field.
+      const rules = o.rules ? readRulesFile(JSON.parse(readFileSync(o.rules, "utf8"))) : undefined;
       const { nats: urls, namespace: ns } = namespaceFlags(o);
       const now = Date.now();
       const from = parseWindowBound(o.from, now);
@@ -191,6 +211,10 @@ export function registerReplayCommands(program: Command): void {
           toMs = await resolveBound(to, nats, ns.prefix);
           if (toMs < fromMs) throw new Error(`--to (${new Date(toMs).toISOString()}) is before --from (${new Date(fromMs).toISOString()})`);
           source = await natsSource(nats, ns.prefix, { fromMs, toMs, tailMs: Math.max(o.reorderMs, 5_000), configPrefix: ns.configPrefix });
+        }
+        if (rules) {
+          console.log(JSON.stringify({ rules: o.rules, window: { from: new Date(fromMs).toISOString(), to: new Date(toMs).toISOString() }, ...(await runRulesReplay(source, rules, fromMs, toMs)) }));
+          return;
         }
         const simulate = o.simulate === undefined ? undefined : o.simulate === true ? o.strategies : strategiesOption(String(o.simulate));
         const report = await runReplay({ source, fromMs, toMs, strategies: o.strategies, simulate, reorderMs: o.reorderMs, prefixMaxEntries: o.prefixMaxEntries, podSourceTimeoutMs: o.podSourceTimeoutMs, simulateMax: o.simulateMax, progress: o.progress !== false });

@@ -1,16 +1,21 @@
 /**
  * A model config checked beyond its schema: every strategy it names must parse, with its profile's
- * plugin parameters. `jetroute config set` refuses such a config, and a gateway's fold ignores one
+ * plugin parameters, and a virtual model's rules must be sound (semantic/rules.ts). `jetroute config set` refuses such a config, and a gateway's fold ignores one
  * written around the CLI (keeping the previous config): a bad entry must never turn every request
  * for the model into an error.
  */
 import { type ModelConfig, modelConfigError, type Profile } from "../../schemas/config.js";
+import { semanticConfigError } from "./semantic/rules.js";
 import { parseStrategy, strategyParamsError } from "./strategies/registry.js";
 
-export function validateModelConfig(value: unknown): string | undefined {
+export function validateModelConfig(value: unknown, model = ""): string | undefined {
   const err = modelConfigError(value);
   if (err) return err;
   const c = value as ModelConfig;
+  if (c.semantic) {
+    const e = semanticConfigError(model, c.semantic);
+    if (e) return e;
+  }
   for (const [n, p] of Object.entries(c.profiles ?? {})) {
     const e = strategyParamsError(p.strategyParams);
     if (e) return `/profiles/${n}/strategyParams: ${e}`;

@@ -10,6 +10,12 @@ import type { FinishInfo, PdRouted, RoutedRequest } from "./request.js";
 import { isModelName } from "./request-body.js";
 import { MAX_REQUEST_ID_LENGTH } from "./stages/parse.js";
 import { findStrategy } from "./strategies/registry.js";
+import { type SemanticTag, semanticOfError } from "./stages/semantic.js";
+
+/** A semantic outcome as its decision record keeps it: no evaluations (replay recomputes them), no action. */
+export function semanticRecordOf(o: SemanticTag): NonNullable<DecisionRecord["semantic"]> {
+  return { virtualModel: o.virtualModel, decision: o.decision, ...(o.runnerUp ? { runnerUp: o.runnerUp } : {}), signals: o.signals };
+}
 
 /** Longest strategy spec a rejected request's record keeps as it was sent. */
 const MAX_RECORDED_SPEC = 512;
@@ -54,6 +60,7 @@ export function routedRecord(gateway: string, r: RoutedRequest, outcome: Release
     ...(c.maxTokens !== undefined ? { maxTokens: c.maxTokens } : {}),
     ...(c.consistency ? { consistency: c.consistency } : {}),
     ...(c.flow ? { flow: { band: c.flow.band, ...(c.flow.objective !== undefined ? { objective: c.flow.objective } : {}), enqueuedAt: c.flow.enqueuedAt, waitMs: c.flow.waitMs } } : {}),
+    ...(c.semantic ? { semantic: semanticRecordOf(c.semantic) } : {}),
     ...(info.errorCode ? { errorCode: info.errorCode } : pd?.failure ? { errorCode: pd.failure.code } : {}),
     ...(pd ? { pd: decodeLegOf(r, pd) } : {}),
   };
@@ -115,6 +122,7 @@ export function rejectedRecord(o: {
   const spec = o.headers["routing-strategy"];
   const strategy = spec ? (spec.length <= MAX_RECORDED_SPEC && findStrategy(spec) ? spec : "invalid") : o.defaultStrategy;
   const requestId = o.headers["x-request-id"];
+  const tag = semanticOfError(o.err);
   return {
     type: "decision",
     v: DECISION_RECORD_VERSION,
@@ -129,6 +137,7 @@ export function rejectedRecord(o: {
     status: o.err.status,
     outcome: "rejected",
     errorCode: o.err.code,
+    ...(tag ? { semantic: semanticRecordOf(tag) } : {}),
   };
 }
 

@@ -18,7 +18,10 @@ import type { ConfigReader } from "../views/model-config.js";
 import { type RateView, rateUserOf } from "../views/rate-view.js";
 import type { GatewayState } from "../views/gateway-state.js";
 import { findStrategy, strategyNames } from "./strategies/registry.js";
-import { parseRoute } from "./stages/parse.js";
+import { type ParsedInput, parseInput, planRoute } from "./stages/parse.js";
+import { actionHeaders, applyAction, classify as classifySemantic, DECISION_HEADER, requestTexts, type SemanticOutcome, tagError } from "./stages/semantic.js";
+import { type CompiledRules, compiledRulesFor } from "./semantic/rules.js";
+import { embeddingTextsOf } from "./semantic/signals.js";
 import { routingRequestOf } from "./strategies/request.js";
 import type { Pick, RoutingRequest } from "./strategies/types.js";
 import { Admission, type AdmissionClock } from "./stages/admission.js";
@@ -93,6 +96,19 @@ export interface DirectorOptions {
   pdLegOptions?: Partial<PdLegOptions>;
   /** Flow control (routing/flow/): the other replicas' queue summaries, and what to count. Absent: a lone replica's own order. */
   flow?: { fleet?: FleetQueues; hooks?: FlowHooks };
+  /** Embeddings for virtual models' `similarity` signals (absent: their lexical fallback). */
+  embeddings?: EmbeddingSource;
+}
+
+/**
+ * Where the semantic stage's embeddings come from (the gateway's client of the embedding model's
+ * pods, with its cache). Never rejects: a slow or absent embedding model resolves undefined, and
+ * the similarity signals fall back to their lexical scores.
+ */
+export interface EmbeddingSource {
+  /** Every text's embedding if all are cached (the request then stays synchronous), else undefined. */
+  cached(model: string, texts: readonly string[]): ReadonlyMap<string, ArrayLike<number>> | undefined;
+  embed(model: string, texts: readonly string[], timeoutMs: number): Promise<ReadonlyMap<string, ArrayLike<number>> | undefined>;
 }
 
 
@@ -201,10 +217,48 @@ export class Director {
    * /tokenize, hence a promise). Throws RouteError for anything the client must be told.
    */
   prepare(input: RouteInput): Prepared | Promise<Prepared> {
-    const base: Prepared = parseRoute(input.headers, input.body, this.opts.config, this.opts.defaultStrategy, input.tenantSalt);
+    const parsedInput = parseInput(input.headers, input.body, input.tenantSalt);
+    const virtual = this.opts.config?.get(parsedInput.parsed.model)?.semantic;
+    if (!virtual) return this.plan(input, parsedInput, input.headers);
+    // A virtual model: the semantic stage chooses the model, then everything below runs on it.
+    const rules = compiledRulesFor(parsedInput.parsed.model, virtual);
+    const texts = requestTexts(rules, parsedInput.parsed);
+    const embed = this.opts.embeddings;
+    const need = rules.embeddingModel && embed ? embeddingTextsOf(rules, texts) : [];
+    if (need.length === 0 || !embed || !rules.embeddingModel) return this.planSemantic(input, parsedInput, rules, texts, undefined);
+    // Embeddings are the one signal that needs I/O: fetched (or found cached) before the synchronous decision.
+    const cached = embed.cached(rules.embeddingModel, need);
+    if (cached) return this.planSemantic(input, parsedInput, rules, texts, cached);
+    return embed.embed(rules.embeddingModel, need, rules.embeddingTimeoutMs).then((v) => this.planSemantic(input, parsedInput, rules, texts, v));
+  }
+
+  /** The semantic stage (stages/semantic.ts) on a parsed request for a virtual model, then the plan of the model it chose. */
+  private planSemantic(input: RouteInput, p: ParsedInput, rules: CompiledRules, texts: ReturnType<typeof requestTexts>, embeddings: ReadonlyMap<string, ArrayLike<number>> | undefined): Prepared | Promise<Prepared> {
+    const user = input.headers.user || undefined;
+    const outcome = classifySemantic(rules, p.parsed, { headers: input.headers, ...(user ? { user } : {}), ...(input.keyClass ? { keyClass: input.keyClass } : {}), ...(embeddings ? { embeddings } : {}) }, texts);
+    const parsed = applyAction(p.parsed, outcome.action);
+    // One serialisation of the rewritten body: Envoy forwards it (content-length set by the adapter).
+    const rewritten: ParsedInput = { parsed, upstreamBody: Buffer.from(JSON.stringify(parsed.body)) };
+    try {
+      return this.plan(input, rewritten, actionHeaders(input.headers, outcome.action), outcome);
+    } catch (err) {
+      // A refusal of the chosen model (pool, permissions, limits) is recorded with the classification that chose it.
+      if (err instanceof RouteError) tagError(err, outcome);
+      throw err;
+    }
+  }
+
+  /** A parsed request's plan on its (real) model: strategy, pool, permissions, limits, prompt tokens. */
+  private plan(input: RouteInput, p: ParsedInput, headers: Readonly<Record<string, string>>, semantic?: SemanticOutcome): Prepared | Promise<Prepared> {
+    const planned = planRoute(p, headers, this.opts.config, this.opts.defaultStrategy);
+    const base: Prepared = semantic ? { ...planned, semantic } : planned;
     const { parsed, strategy, rps } = base;
     const wrongPool = misdirected(parsed.model, this.opts.pool ?? {}, this.opts.state);
     if (wrongPool) throw wrongPool;
+    if (input.keyModels && !input.keyModels.includes(parsed.model)) {
+      const via = semantic ? ` (chosen by decision ${JSON.stringify(semantic.decision)} of the virtual model ${JSON.stringify(semantic.virtualModel)})` : "";
+      throw new RouteError("modelNotAllowed", `this API key may not use the model ${JSON.stringify(parsed.model)}${via}`, "model");
+    }
     // Over a limit already: refuse now (also for /debug/explain, and before any tokenization work).
     // The limits are decided in admit(), right before the charge.
     this.admission.check({ model: parsed.model, user: input.headers.user || undefined, tokens: parsed.promptTokens, rps });
@@ -213,8 +267,9 @@ export class Director {
     // A prompt sent as token ids is exactly what the index is keyed on.
     if (parsed.promptTokenIds) return { ...base, tokens: parsed.promptTokenIds, tokenizerMode: "ids" };
     // Remote mode asks one of the model's pods, spread by the prompt (stages/tokenizer-pod.ts).
-    const tokenizerPod = tokenizerPodFor(this.views.pods.readyPods(parsed.model), input.body);
-    const t = prefix.tokenizer.tokenize(parsed.model, promptInputOf(parsed.body, input.body), tokenizerPod?.address);
+    const raw = p.upstreamBody ?? input.body;
+    const tokenizerPod = tokenizerPodFor(this.views.pods.readyPods(parsed.model), raw);
+    const t = prefix.tokenizer.tokenize(parsed.model, promptInputOf(parsed.body, raw), tokenizerPod?.address);
     return t.then((r) => ({ ...base, tokens: r.tokens, tokenizerMode: r.mode }));
   }
 
@@ -318,7 +373,7 @@ export class Director {
       candidates: pick.candidates,
       ...(pick.better ? { better: pick.better } : {}),
       ...(pick.fallback ? { fallback: pick.fallback } : {}),
-      ...(pick.responseHeaders ? { responseHeaders: pick.responseHeaders } : {}),
+      ...(pick.responseHeaders || prepared.semantic ? { responseHeaders: { ...pick.responseHeaders, ...(prepared.semantic ? { [DECISION_HEADER]: prepared.semantic.decision } : {}) } } : {}),
       ...(user ? { user } : {}),
       startedAt: now,
       promptTokens,
@@ -339,6 +394,7 @@ export class Director {
         ...(opts.publish === false ? { consistency: "strict" as const } : this.opts.consistency === "off" ? { consistency: "off" as const } : {}),
         ...(prepared.slo ? { slo: prepared.slo } : {}),
         ...(prepared.flow ? { flow: prepared.flow } : {}),
+        ...(prepared.semantic ? { semantic: prepared.semantic } : {}),
         ...(parsed.maxTokens !== undefined && Number.isSafeInteger(parsed.maxTokens) && parsed.maxTokens >= 0 ? { maxTokens: parsed.maxTokens } : {}),
       },
       finished: false,

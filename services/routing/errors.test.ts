@@ -35,6 +35,7 @@ function statusProblems(c: Catalogue): string[] {
 const TYPE_BY_STATUS: Readonly<Record<number, string>> = {
   400: "invalid_request_error",
   401: "authentication_error",
+  403: "permission_error",
   404: "invalid_request_error",
   413: "invalid_request_error",
   421: "api_error",

@@ -12,6 +12,10 @@ export const ErrorCodes = {
   invalidStrategy: { status: 400, code: "invalid_routing_strategy" },
   invalidHeader: { status: 400, code: "invalid_header" },
   unknownModel: { status: 404, code: "model_not_found" },
+  /** A virtual model (docs/semantic.md): no decision's rule holds for the request, and there is no default. */
+  noMatchingDecision: { status: 400, code: "no_matching_decision" },
+  /** The request's API key may not use the model (its `models` list), including one a virtual model's decision chose. */
+  modelNotAllowed: { status: 403, code: "model_not_allowed" },
   unsupportedPath: { status: 404, code: "unsupported_path" },
   /** Gateway pools: the model is served by another pool's gateways (the `x-jetroute-pool` header names it). */
   wrongPool: { status: 421, code: "wrong_pool" },
@@ -66,6 +70,7 @@ export class RouteError extends Error {
 export function errorType(status: number): string {
   if (status === 400 || status === 404 || status === 413) return "invalid_request_error";
   if (status === 401) return "authentication_error";
+  if (status === 403) return "permission_error";
   if (status === 429) return "rate_limit_error";
   if (status === 503) return "overloaded_error";
   return "api_error";

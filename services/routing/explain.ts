@@ -15,6 +15,7 @@ import { tokenLoad } from "../views/charge-ledger.js";
 import { mulberry32 } from "../shared/seeded-random.js";
 import type { FlowExplanation } from "./flow/controller.js";
 import { classify } from "./flow/settings.js";
+import type { SemanticOutcome } from "./stages/semantic.js";
 
 export interface Explanation {
   model: string;
@@ -27,6 +28,8 @@ export interface Explanation {
   fallback?: string;
   /** Flow control (absent: off for the model): whether the request would be held, and behind what. */
   flow?: FlowExplanation;
+  /** A virtual model's classification: every decision's rule evaluation, the signals, the winner and the runner-up. */
+  semantic?: SemanticOutcome;
   candidates: Array<{
     pod: string;
     address: string;
@@ -67,6 +70,7 @@ export async function explain(director: Director, views: GatewayViews, headers: 
       better: sel.pick.better ?? "lower",
       ...(sel.pick.fallback ? { fallback: sel.pick.fallback } : {}),
       ...(flow ? { flow } : {}),
+      ...(prepared.semantic ? { semantic: prepared.semantic } : {}),
       candidates: candidates.map((p) => {
         const o = views.ledger.outstanding(p.model, p.pod);
         const l = views.load.fresh(p.model, p.pod, sel.now);

@@ -9,6 +9,7 @@ import type { ChargeEvent } from "../../schemas/events.js";
 import type { OwnAdmission, StateStream } from "../views/gateway-state.js";
 import type { PodInfo } from "../views/pod-set.js";
 import type { RoutePlan } from "./stages/parse.js";
+import type { SemanticOutcome } from "./stages/semantic.js";
 import type { Rank } from "./stages/scheduling.js";
 import type { StrategyParams } from "./strategies/registry.js";
 import type { Pick, Scored, SessionHint } from "./strategies/types.js";
@@ -28,6 +29,10 @@ export interface RouteInput {
    * (stages/parse.ts tenantCacheSalt), at the engine and in the router's block hashes.
    */
   tenantSalt?: string;
+  /** The authenticated API key's class (a virtual model's `user` signal may test it). */
+  keyClass?: string;
+  /** The models the authenticated API key may use (absent: every model); checked on the model a virtual model chose too. */
+  keyModels?: readonly string[];
 }
 
 export interface RoutedRequest {
@@ -102,6 +107,8 @@ export interface DecisionContext {
   readonly consistency?: "strict" | "off";
   /** Flow control: the request's band and how long it was held (absent: flow control off for the model). */
   readonly flow?: FlowRecord;
+  /** Semantic model selection: the virtual model, its decision and the signals that decided it. */
+  readonly semantic?: SemanticOutcome;
 }
 
 /** A flow-controlled request's place in the queues, as its decision record keeps it. */
@@ -122,6 +129,8 @@ export interface Prepared extends RoutePlan {
   tokenizerMode?: string;
   /** Flow control: set when the request passed the flow gate (held or not). */
   flow?: FlowRecord;
+  /** Semantic model selection: what the semantic stage decided (absent: the client named a real model). */
+  semantic?: SemanticOutcome;
 }
 
 /** How a routed request ended, as the adapter saw it. */

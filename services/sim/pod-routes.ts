@@ -7,6 +7,7 @@ import { randomUUID } from "node:crypto";
 import type { ServerResponse } from "node:http";
 import { detokenize } from "../tokenizer/sim-tokenizer.js";
 import type { SimEngine } from "./engine.js";
+import { embeddingsRoute } from "./embeddings.js";
 import { ApiError, badRequest } from "./errors.js";
 import { type FaultState, parseFaults } from "./faults.js";
 import { serveGeneration } from "./generate.js";
@@ -63,6 +64,7 @@ function apiRoutes(pod: PodRouteContext): Routes {
     ...pod.lora.routes(readJson),
     "/v1/chat/completions": { POST: generationRoute(pod, "chat") },
     "/v1/completions": { POST: generationRoute(pod, "completion") },
+    "/v1/embeddings": { POST: embeddingsRoute(served) },
     "/tokenize": {
       POST: async (req, res) => {
         const body = await readJson(req);

@@ -22,7 +22,7 @@ export const SHOWN_HASH_PREFIX = 12;
 export type AuthMode = "off" | "required";
 export type AuthFailureReason = "missing" | "malformed" | "unknown" | "revoked";
 
-export type AuthResult = { ok: true; user: string; hash: string; objective?: string; cacheSalt?: string } | { ok: false; reason: AuthFailureReason };
+export type AuthResult = { ok: true; user: string; hash: string; objective?: string; cacheSalt?: string; keyClass?: string; models?: readonly string[] } | { ok: false; reason: AuthFailureReason };
 
 /** SHA-256 of the key's UTF-8 bytes, lower-case hex: what the config bucket stores. */
 export function hashApiKey(key: string): string {
@@ -97,7 +97,7 @@ export class ApiKeyView {
     const rec = this.keys.get(hash);
     if (!rec) return { ok: false, reason: "unknown" };
     if (rec.disabled) return { ok: false, reason: "revoked" };
-    return { ok: true, user: rec.user, hash, ...(rec.objective ? { objective: rec.objective } : {}), ...(rec.cacheSalt !== undefined ? { cacheSalt: rec.cacheSalt } : {}) };
+    return { ok: true, user: rec.user, hash, ...(rec.objective ? { objective: rec.objective } : {}), ...(rec.cacheSalt !== undefined ? { cacheSalt: rec.cacheSalt } : {}), ...(rec.class !== undefined ? { keyClass: rec.class } : {}), ...(rec.models ? { models: rec.models } : {}) };
   }
 }
 

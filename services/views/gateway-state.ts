@@ -107,7 +107,7 @@ export interface GatewayStateOptions {
    * (services/routing/config-check.ts: every strategy it names must parse), injected because the
    * views sit below the routing core. Absent = the schema alone.
    */
-  checkModelConfig?: (value: unknown) => string | undefined;
+  checkModelConfig?: (value: unknown, model: string) => string | undefined;
   /** Pod addresses allowed (`--pod-cidrs`, services/shared/cidr.ts); default: any. */
   podAddressAllowed?: (address: string) => boolean;
   /**
@@ -162,7 +162,7 @@ export class GatewayState {
   private readonly configSignatures: GatewayStateOptions["configSignatures"];
   private readonly podSignatures: RecordVerifier | undefined;
   readonly podSourceTimeoutMs: number;
-  private readonly checkModelConfig: (value: unknown) => string | undefined;
+  private readonly checkModelConfig: (value: unknown, model: string) => string | undefined;
   private readonly configRevisions = new Map<string, number>();
 
   constructor(o: GatewayStateOptions = {}) {
@@ -388,7 +388,7 @@ export class GatewayState {
       this.configs.set(model, undefined);
       return info("model config removed", { model, revision });
     }
-    const err = invalid(this.checkModelConfig);
+    const err = invalid((v) => this.checkModelConfig(v, model));
     if (err) return reject("error", "invalid model config ignored; the previous one stays", { model, revision, err });
     this.configs.set(model, e.value as ModelConfig);
     return info("model config applied", { model, revision });

@@ -42,11 +42,18 @@ export function tenantCacheSalt(tenantSalt: string, clientSalt: string | undefin
   return clientSalt === undefined ? tenantSalt : `${tenantSalt}.${clientSalt}`;
 }
 
+/** A request's body parsed (once) and its headers checked: what the semantic stage and the plan read. */
+export interface ParsedInput {
+  parsed: ParsedRequest;
+  /** The body the engine gets instead of the client's (a tenant's cache salt written in). */
+  upstreamBody?: Buffer;
+}
+
 /**
- * Parses a request and plans its routing; throws RouteError for anything the client must be told.
- * `tenantSalt`: the authenticated tenant's cache salt (tenantCacheSalt), written into the body.
+ * Parses a request's body and checks its headers; throws RouteError for anything the client must
+ * be told. `tenantSalt`: the authenticated tenant's cache salt (tenantCacheSalt), written into the body.
  */
-export function parseRoute(headers: Readonly<Record<string, string>>, body: Uint8Array, config: ConfigReader | undefined, defaultStrategy: string, tenantSalt?: string): RoutePlan {
+export function parseInput(headers: Readonly<Record<string, string>>, body: Uint8Array, tenantSalt?: string): ParsedInput {
   let parsed = parseRequestBody(body);
   let upstreamBody: Buffer | undefined;
   if (tenantSalt !== undefined) {
@@ -62,6 +69,12 @@ export function parseRoute(headers: Readonly<Record<string, string>>, body: Uint
       throw new RouteError("invalidHeader", `the \`${name}\` header is ${value.length} characters long; at most ${max} are allowed`, name);
     }
   }
+  return { parsed, ...(upstreamBody ? { upstreamBody } : {}) };
+}
+
+/** Plans a parsed request's routing: the model's profile -> strategy, latency targets, rate limit. */
+export function planRoute(input: ParsedInput, headers: Readonly<Record<string, string>>, config: ConfigReader | undefined, defaultStrategy: string): RoutePlan {
+  const { parsed, upstreamBody } = input;
   const choice = config
     ? config.choose(parsed.model, headers, { promptTokens: parsed.promptTokens, maxTokens: parsed.maxTokens }, defaultStrategy)
     : { spec: headers["routing-strategy"] || defaultStrategy, source: "default" as const };
@@ -76,4 +89,12 @@ export function parseRoute(headers: Readonly<Record<string, string>>, body: Uint
   const rps = "requestsPerSecond" in choice ? choice.requestsPerSecond : undefined;
   const slo = "profileConfig" in choice ? choice.profileConfig?.slo : undefined;
   return { parsed, strategy, ...(upstreamBody ? { upstreamBody } : {}), ...(strategyParams ? { strategyParams } : {}), ...(slo ? { slo } : {}), ...(rps !== undefined ? { rps } : {}), ...("profile" in choice && choice.profile ? { profile: choice.profile } : {}) };
+}
+
+/**
+ * Parses a request and plans its routing (parseInput, then planRoute); throws RouteError for
+ * anything the client must be told.
+ */
+export function parseRoute(headers: Readonly<Record<string, string>>, body: Uint8Array, config: ConfigReader | undefined, defaultStrategy: string, tenantSalt?: string): RoutePlan {
+  return planRoute(parseInput(headers, body, tenantSalt), headers, config, defaultStrategy);
 }
