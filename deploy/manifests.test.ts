@@ -327,7 +327,7 @@ describe("deploy/ YAML", () => {
 
   it("each kustomization lists every manifest of its directory, and only existing ones", () => {
     const kustomizations = allDocs.filter((d) => isKustomization(d.file));
-    expect(kustomizations.map((d) => d.file).sort()).toEqual(["envoy-gateway/kustomization.yaml", "kubernetes/kustomization.yaml", "monitoring/kustomization.yaml"]);
+    expect(kustomizations.map((d) => d.file).sort()).toEqual(["autoscaler/kustomization.yaml", "envoy-gateway/kustomization.yaml", "kubernetes/kustomization.yaml", "monitoring/kustomization.yaml"]);
     for (const { file, value } of kustomizations) {
       const dir = path.dirname(path.join(DEPLOY, file));
       const resources = list(value.resources, `${file} resources`).map((r) => str(r, `${file} resource`));
@@ -360,7 +360,7 @@ describe("jetroute command lines", () => {
       invocation(c); // throws with the reason
     }
     const run = jetrouteContainers().map(invocation).map((inv) => (inv.child ? `${inv.sub} ${inv.child}` : inv.sub));
-    expect(run.sort()).toEqual(["gateway", "kv-bridge", "metrics-scraper", "pod-watcher", "streams apply"]);
+    expect(run.sort()).toEqual(["autoscaler", "gateway", "kv-bridge", "metrics-scraper", "pod-watcher", "streams apply"]);
   });
 
   it("every $(VAR) in args is defined for its container (Kubernetes leaves undefined ones verbatim)", () => {
@@ -671,6 +671,26 @@ describe("pod-watcher, metrics-scraper, streams, NATS", () => {
     expect(verbsFor(all, "", "pods").filter((v) => !["get", "list", "watch"].includes(String(v)))).toEqual([]);
   });
 
+  it("autoscaler: an HA pair applying through the drain handshake; RBAC covers the scale subresources and pod annotations --apply uses, in the model namespace", () => {
+    const inv = invocationOf("autoscaler");
+    expect(Number(at(inv.workload, "spec.replicas"))).toBe(2);
+    expect(inv.flags.has("--leader-election")).toBe(true);
+    expect(inv.flags.has("--apply")).toBe(true);
+    expect(inv.flags.has("--no-drain"), "the manifest keeps the drain handshake").toBe(false);
+    const sa = str(at(inv.pod, "serviceAccountName"), "autoscaler serviceAccountName");
+    one("ServiceAccount", sa, nsOf(inv.workload));
+    // The model namespace is the pod-watcher's: the autoscaler scales the workloads whose pods it watches.
+    const namespaces = String(invocationOf("pod-watcher").flags.get("--namespaces") ?? "").split(",").filter(Boolean);
+    for (const ns of namespaces) {
+      const rules = rulesOf(sa, nsOf(inv.workload), ns);
+      for (const res of ["deployments/scale", "statefulsets/scale"]) expect(verbsFor(rules, "apps", res), `${res} in ${ns}`).toEqual(expect.arrayContaining(["get", "update"]));
+      expect(verbsFor(rules, "", "pods"), `pods in ${ns}`).toEqual(expect.arrayContaining(["get", "list", "patch"]));
+    }
+    // The annotations --apply writes are the ones the pod-watcher reads.
+    expect(read("services/pod-watcher/k8s-pods.ts")).toContain('ANNOTATION_DRAIN_DEADLINE = "jetroute.io/drain-deadline"');
+    expect(read("services/autoscaler/apply-plan.ts")).toContain('DRAIN_DEADLINE_ANNOTATION = "jetroute.io/drain-deadline"');
+  });
+
   it("the default label selector of the manifest is the discovery label the code maps", () => {
     const inv = invocationOf("pod-watcher");
     const mapping = read("services/pod-watcher/k8s-pods.ts");
@@ -924,7 +944,7 @@ describe("NetworkPolicies", () => {
         for (const port of ingressPorts(np)) expect(open, `${nameOf(np)}: ${c.where} has no port ${String(port)}`).toContain(port);
       }
     }
-    expect([...covered].sort()).toEqual(["gateway", "kv-bridge", "metrics-scraper", "pod-watcher", "streams"]);
+    expect([...covered].sort()).toEqual(["autoscaler", "gateway", "kv-bridge", "metrics-scraper", "pod-watcher", "streams"]);
   });
 
   it("gateway: ext_proc from the Envoy proxies of the route's Gateway only, admin from Prometheus only", () => {

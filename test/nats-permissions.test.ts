@@ -36,6 +36,7 @@ import { generateSigningKeyPair } from "../streams/signatures.js";
 import { connectNats, type NatsHandles } from "../services/shared/nats.js";
 import { type NatsServerHandle, startNatsServer } from "../services/shared/nats-server.js";
 import { type ServiceProcess, spawnJetroute } from "../services/shared/processes.js";
+import { AUTOSCALE_KEY_PREFIX } from "../schemas/autoscale.js";
 import { configBucketName, leaseBucketName, snapshotBucketName, streamName } from "../streams/definitions.js";
 import { isConsumerNotFound } from "../streams/errors.js";
 import { namespaceOf } from "../streams/pools.js";
@@ -201,7 +202,7 @@ afterAll(async () => {
 describe("the shipped NATS permissions (deploy/nats/values.yaml)", () => {
   it("name the subjects and buckets of prefix jr that streams/ defines, one user per process", () => {
     const users = Object.values(accounts).flatMap((a) => a.users);
-    expect(users.map((u) => u.user).sort()).toEqual(["jr-admin", "jr-analyst", "jr-gateway", "jr-kv-bridge", "jr-metrics-scraper", "jr-pod-watcher"]);
+    expect(users.map((u) => u.user).sort()).toEqual(["jr-admin", "jr-analyst", "jr-autoscaler", "jr-gateway", "jr-kv-bridge", "jr-metrics-scraper", "jr-pod-watcher"]);
     const families = Object.values(Family) as string[];
     // The example gateway pools of deploy/pools have their own lease and snapshot buckets.
     const pools = POOLS.map((p) => namespaceOf("jr", p).prefix);
@@ -354,6 +355,26 @@ describe("each user does its job", () => {
       50,
     );
     expect(violations.filter((l) => /User "jr-(metrics-scraper|kv-bridge)"/.test(l) && l.includes("CONSUMER"))).toEqual([]);
+  }, 60_000);
+});
+
+describe("the autoscaler on its own user", () => {
+  it("follows the fleet's streams and the config bucket, holds its lease and publishes its recommendations; publishes no pods or charges", async () => {
+    const admin = await as("jr-admin");
+    const kv = await new Kvm(admin.nc).open(configBucketName("jr"));
+    await kv.put(`${AUTOSCALE_KEY_PREFIX}perm`, JSON.stringify({ model: MODEL, algorithm: "kpa", metric: "ledger.inFlight", target: 4, minReplicas: 1, maxReplicas: 3, intervalMs: 200, scrapeIntervalMs: 200, stableWindowMs: 1000, panicWindowMs: 1000 }));
+    const proc = spawnJetroute("autoscaler", ["autoscaler", "--leader-election", "--lease-ms", "3000", "--tick-ms", "200", "--nats", server.url], { env: envOf("jr-autoscaler"), logFile: path.join(dir, "autoscaler.log") });
+    procs.push(proc);
+    const log = () => readFileSync(path.join(dir, "autoscaler.log"), "utf8");
+    const consumer = await admin.js.consumers.get(streamName("jr", "AUTOSCALE"), { filter_subjects: "jr.autoscale.perm" });
+    const m = await consumer.next({ expires: 30_000 });
+    expect(m?.json<{ policy: string }>().policy, log().slice(-2000)).toBe("perm");
+    await consumer.delete();
+    expect(log()).toContain("autoscaler lease acquired");
+    expect(violations.filter((l) => l.includes('User "jr-autoscaler"'))).toEqual([]);
+    await refused("jr-autoscaler", /^jr\.pods\./, async () => (await as("jr-autoscaler")).js.publish(`jr.pods.${MODEL.replace("/", "_")}.x`, "{}"));
+    await refused("jr-autoscaler", /^jr\.charges\./, async () => (await as("jr-autoscaler")).js.publish(`jr.charges.${MODEL.replace("/", "_")}.x`, "{}"));
+    await kv.delete(`${AUTOSCALE_KEY_PREFIX}perm`);
   }, 60_000);
 });
 

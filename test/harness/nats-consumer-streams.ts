@@ -49,6 +49,10 @@ export function streamsFollowed(user: string, base: string, pools: readonly stri
     case "jr-metrics-scraper":
     case "jr-kv-bridge":
       return prefixes.map((p) => streamName(p, "PODS"));
+    case "jr-autoscaler":
+      // services/autoscaler/service.ts: PODS, LOAD, CHARGES, KV and DECISIONS of its namespace (and
+      // each pool's, for a pool's autoscaler), and the config bucket (policies, pool assignments).
+      return [...prefixes.flatMap((p) => [streamName(p, "PODS"), streamName(p, "LOAD"), streamName(p, "CHARGES"), streamName(p, "KV"), streamName(p, "DECISIONS")]), config];
     case "jr-analyst":
       return "every";
     default:
