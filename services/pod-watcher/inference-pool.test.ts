@@ -45,6 +45,15 @@ describe("InferencePool v1 -> endpoints (pure)", () => {
     expect([...mixed.desired.values()].map((s) => s.pod).sort()).toEqual(["a-0.ns", "a-1.ns"]);
   });
 
+  it("carries the autoscaler's drain mark into the pod's state, and refuses a malformed one", () => {
+    const spec = { selector: { app: "a" }, ports: [8000], appProtocol: "http" as const };
+    const marked = { ...pod("a-0", { app: "a", m: "x" }, "10.0.0.1"), metadata: { name: "a-0", namespace: "ns", labels: { app: "a", m: "x" }, annotations: { "jetroute.io/drain-deadline": "1767225600000" } } };
+    const bad = { ...pod("a-1", { app: "a", m: "x" }, "10.0.0.2"), metadata: { name: "a-1", namespace: "ns", labels: { app: "a", m: "x" }, annotations: { "jetroute.io/drain-deadline": "later" } } };
+    const e = poolEndpoints({ namespace: "ns", spec, modelLabel: "m", discovered: new Map(), pods: [marked, bad] });
+    expect([...e.desired.values()].map((s) => [s.pod, s.draining])).toEqual([["a-0.ns", { deadline: 1767225600000 }]]);
+    expect(e.invalid.map((x) => x.id)).toEqual(["ns/a-1"]);
+  });
+
   it("reads an engine's /v1/models: the base model and its adapters", () => {
     expect(servedModelsOf({ data: [{ id: "base" }, { id: "lora-b", parent: "base" }, { id: "lora-a", parent: "base" }] })).toEqual({ model: "base", adapters: ["lora-a", "lora-b"] });
     expect(servedModelsOf({ data: [] })).toBeUndefined();

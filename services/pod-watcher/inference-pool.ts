@@ -15,7 +15,7 @@
  *   base models is reported, and each endpoint still published under the model it serves.
  */
 import type { EngineKind } from "../../schemas/events.js";
-import { LABEL_ENGINE, publishedPodName, routable, type KubePod } from "./k8s-pods.js";
+import { drainingOf, LABEL_ENGINE, publishedPodName, routable, type KubePod } from "./k8s-pods.js";
 import { podKey, type PodState } from "./reconcile.js";
 
 export const INFERENCE_POOL_API_VERSION = "inference.networking.k8s.io/v1";
@@ -160,6 +160,11 @@ export function poolEndpoints(i: PoolEndpointsInput): PoolEndpoints {
       out.invalid.push({ id, reason: `label ${LABEL_ENGINE} must be vllm or sglang, got ${JSON.stringify(engineLabel.slice(0, 40))}` });
       continue;
     }
+    const drain = drainingOf(p.metadata?.annotations ?? {});
+    if (typeof drain === "string") {
+      out.invalid.push({ id, reason: drain });
+      continue;
+    }
     const labelled = i.modelLabel !== undefined ? labels[i.modelLabel] : undefined;
     if (labelled !== undefined && !NAME.test(labelled)) {
       out.invalid.push({ id, reason: `label ${i.modelLabel} is not a valid model name` });
@@ -179,6 +184,7 @@ export function poolEndpoints(i: PoolEndpointsInput): PoolEndpoints {
       const state: PodState = {
         model: served.model, pod, address, ready: routable(p), engine: engineLabel as EngineKind,
         ...(served.adapters.length > 0 ? { adapters: served.adapters } : {}),
+        ...(drain ? { draining: drain } : {}),
       };
       out.desired.set(podKey(state.model, state.pod), state);
     });

@@ -65,6 +65,14 @@ export function routable(p: KubePod): boolean {
   return !p.metadata?.deletionTimestamp && !!p.status?.podIP && (p.status?.conditions ?? []).some((c) => c.type === "Ready" && c.status === "True");
 }
 
+/** The drain handshake's mark on a pod (the autoscaler's annotation): the deadline, none, or why it is invalid. */
+export function drainingOf(annotations: Readonly<Record<string, string>>): { deadline: number } | undefined | string {
+  const drain = annotations[ANNOTATION_DRAIN_DEADLINE];
+  if (drain === undefined) return undefined;
+  if (!/^[0-9]{1,15}$/.test(drain)) return `annotation ${ANNOTATION_DRAIN_DEADLINE} must be epoch milliseconds, got ${JSON.stringify(drain.slice(0, 40))}`;
+  return { deadline: Number(drain) };
+}
+
 export function mapPod(p: KubePod): PodMapping {
   const labels = p.metadata?.labels ?? {};
   const annotations = p.metadata?.annotations ?? {};
@@ -111,11 +119,9 @@ export function mapPod(p: KubePod): PodMapping {
   if (adapters.length > MAX_ADAPTERS) return invalid(`annotation ${ANNOTATION_ADAPTERS} lists more than ${MAX_ADAPTERS} adapters`);
   if (adapters.some((a) => !NAME.test(a))) return invalid(`annotation ${ANNOTATION_ADAPTERS} holds an invalid adapter name`);
   if (adapters.length > 0) state.adapters = [...new Set(adapters)].sort();
-  const drain = annotations[ANNOTATION_DRAIN_DEADLINE];
-  if (drain !== undefined) {
-    if (!/^[0-9]{1,15}$/.test(drain)) return invalid(`annotation ${ANNOTATION_DRAIN_DEADLINE} must be epoch milliseconds, got ${JSON.stringify(drain.slice(0, 40))}`);
-    state.draining = { deadline: Number(drain) };
-  }
+  const drain = drainingOf(annotations);
+  if (typeof drain === "string") return invalid(drain);
+  if (drain) state.draining = drain;
   const config = annotations[ANNOTATION_CONFIG];
   if (config !== undefined) {
     if (Buffer.byteLength(config) > MAX_CONFIG_BYTES) return invalid(`annotation ${ANNOTATION_CONFIG} larger than ${MAX_CONFIG_BYTES} bytes`);
