@@ -616,6 +616,7 @@ export class ReplayEngine {
       loads,
       usage: { tokens: (u) => (u === d.user ? userTokens : 0), bounds: () => bounds },
       match: prefix && candidates.length > 0 ? prefix(candidates) : undefined,
+      latency: r.state.latency,
     });
   }
 

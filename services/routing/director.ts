@@ -17,6 +17,8 @@ import type { UsageView } from "../views/usage-view.js";
 import type { ConfigReader } from "../views/model-config.js";
 import { type RateView, rateUserOf } from "../views/rate-view.js";
 import type { GatewayState } from "../views/gateway-state.js";
+import type { LatencyModel } from "../views/latency-model.js";
+import { featureVector, latencyFeaturesOf } from "./strategies/predicted-latency.js";
 import { findStrategy, strategyNames } from "./strategies/registry.js";
 import { parseRoute } from "./stages/parse.js";
 import { routingRequestOf } from "./strategies/request.js";
@@ -42,6 +44,21 @@ import type { FinishInfo, Prepared, PromptBlocks, RoutedRequest, RouteInput } fr
 
 export { MAX_REQUEST_ID_LENGTH, MAX_USER_LENGTH } from "./stages/parse.js";
 
+const round2 = (x: number) => Math.round(x * 100) / 100;
+
+/**
+ * The release's latency sample (docs/latency-model.md): a completed streamed request's features
+ * and the TTFT and TPOT it saw. Not for a P/D leg (its TTFT spans two pods), nor for a request
+ * answered whole (its first bytes are its last: no TTFT).
+ */
+function latencySampleOf(r: RoutedRequest, outcome: ReleaseOutcome, info: FinishInfo, now: number): { latency?: ReleaseEvent["latency"] } {
+  if (!r.latency || outcome !== "completed" || r.pd || r.stream !== true) return {};
+  const ttft = r.firstChunkAt !== undefined ? r.firstChunkAt - r.startedAt : undefined;
+  const tokens = info.completionTokens;
+  const tpot = r.firstChunkAt !== undefined && tokens !== undefined && tokens > 1 ? (now - r.firstChunkAt) / (tokens - 1) : undefined;
+  return { latency: { ...r.latency, ...(ttft !== undefined ? { ttftMs: round2(ttft) } : {}), ...(tpot !== undefined ? { tpotMs: round2(tpot) } : {}) } };
+}
+
 export interface GatewayViews {
   pods: PodSet;
   load: LoadView;
@@ -50,6 +67,8 @@ export interface GatewayViews {
   usage: UsageView;
   /** Request and token counts for rate limits, across all replicas. */
   rates: RateView;
+  /** The latency model (predicted-latency*, and the prediction every decision record carries). */
+  latency?: LatencyModel;
 }
 
 /** Where the director's events go (JetStream in production, an array in unit tests). */
@@ -282,6 +301,9 @@ export class Director {
     // Before anything is charged: a batch cannot be disaggregated.
     if (plan?.kind === "pd") refuseBatch(parsed.body);
     const promptTokens = prepared.tokens?.length ?? parsed.promptTokens;
+    // The latency model's view of the picked pod, before this request's own charge counts on it.
+    const features = latencyFeaturesOf(this.views, pick.pod, promptTokens, prefixMatch?.info, now);
+    const predicted = this.views.latency?.predict(pick.pod.model, pick.pod.podClass, features, now);
     const charge: ChargeEvent = {
       type: "charge",
       id: chargeId,
@@ -325,6 +347,7 @@ export class Director {
       countedAt,
       ...(parsed.body.stream === true ? { stream: true } : {}),
       ...(admission ? { admission } : {}),
+      latency: { x: featureVector(features), ...(pick.pod.podClass ? { cls: pick.pod.podClass } : {}) },
       ...(prepared.upstreamBody ? { body: prepared.upstreamBody } : {}),
       context: {
         cursors,
@@ -339,6 +362,7 @@ export class Director {
         ...(opts.publish === false ? { consistency: "strict" as const } : this.opts.consistency === "off" ? { consistency: "off" as const } : {}),
         ...(prepared.slo ? { slo: prepared.slo } : {}),
         ...(prepared.flow ? { flow: prepared.flow } : {}),
+        ...(predicted ? { prediction: { ttftMs: round2(predicted.ttftMs), tpotMs: round2(predicted.tpotMs), source: predicted.source, ...(pick.pod.podClass ? { podClass: pick.pod.podClass } : {}) } } : {}),
         ...(parsed.maxTokens !== undefined && Number.isSafeInteger(parsed.maxTokens) && parsed.maxTokens >= 0 ? { maxTokens: parsed.maxTokens } : {}),
       },
       finished: false,
@@ -531,6 +555,7 @@ export class Director {
       ...(info.promptTokens !== undefined ? { promptTokens: info.promptTokens, chargedPromptTokens: r.promptTokens, chargedAt: r.countedAt } : {}),
       ...(info.completionTokens !== undefined ? { completionTokens: info.completionTokens } : {}),
       ...(r.user ? { user: r.user } : {}),
+      ...latencySampleOf(r, outcome, info, now),
     };
     this.opts.state.ownRelease(release);
     this.opts.sink.release(release);

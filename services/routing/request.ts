@@ -60,6 +60,8 @@ export interface RoutedRequest {
   readonly stream?: boolean;
   /** P/D: the prefill leg of a disaggregated request (absent: an ordinary request). */
   pd?: PdRouted;
+  /** The picked pod's latency features at decision time (its release carries them with the outcome). */
+  readonly latency?: { readonly x: number[]; readonly cls?: string };
   /** A body the upstream request is sent with instead of the client's (a tenant's cache salt written in; P/D's decode leg). */
   body?: Buffer;
 }
@@ -102,6 +104,8 @@ export interface DecisionContext {
   readonly consistency?: "strict" | "off";
   /** Flow control: the request's band and how long it was held (absent: flow control off for the model). */
   readonly flow?: FlowRecord;
+  /** The latency model's prediction for the picked pod (docs/latency-model.md). */
+  readonly prediction?: { ttftMs: number; tpotMs: number; source: "class" | "pooled" | "prior"; podClass?: string };
 }
 
 /** A flow-controlled request's place in the queues, as its decision record keeps it. */
