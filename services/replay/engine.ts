@@ -42,6 +42,8 @@ import { type TraceRequest, ttftHistogram } from "./whatif.js";
 import { validateModelConfig } from "../routing/config-check.js";
 import { type Buffered, bufferedOf, Log, type ReplayMessage, type ReplayStream } from "./message-log.js";
 import { Counterfactuals } from "./counterfactuals.js";
+import { LatencyModel, UNCLASSED } from "../views/latency-model.js";
+import { PredictionError } from "./prediction-error.js";
 
 export type { ReplayMessage, ReplayStream } from "./message-log.js";
 
@@ -144,6 +146,14 @@ export class ReplayEngine {
   readonly fleet: Record<string, number> = {};
   /** Per model, the largest KV cache of its pods in tokens, from their load samples (num_gpu_blocks x block_size). */
   readonly kvCapacityTokens: Record<string, number> = {};
+  /** Per model, the largest number of candidates seen per pod class (the calibrated what-if's fleet). */
+  readonly fleetClasses: Record<string, Record<string, number>> = {};
+  /** The recorded outcomes of the window, one fit per (model, pod class): the calibrated what-if's engine parameters. */
+  readonly calibration = new LatencyModel({ bucketMs: 2 ** 50, windowBuckets: 1, maxBucketSamples: Number.MAX_SAFE_INTEGER });
+  /** The recorded predictions against the recorded outcomes (decision records' `prediction`). */
+  private readonly predictionError = new PredictionError();
+  /** How often each strategy was recorded in the window (the calibrated what-if re-runs the most common). */
+  readonly recordedStrategies = new Map<string, number>();
 
   constructor(opts: ReplayOptions) {
     this.o = { reorderMs: 60_000, lostDecisionMs: 2_000, timelineBuckets: 60, topRegrets: 20, ...opts };
@@ -180,6 +190,7 @@ export class ReplayEngine {
     }
     const b = bufferedOf(m.stream, m);
     if (b.ev === undefined) this.skip(this.counts.eventsSkipped, "invalid");
+    if (b.ev?.type === "release" || b.ev?.type === "releases") this.calibrate(b.ev);
     const pos = this.logs[m.stream].push(b);
     if (b.gateway !== undefined) {
       const r = this.replicaOf(b.gateway);
@@ -244,6 +255,8 @@ export class ReplayEngine {
       return;
     }
     if (d.ttftMs !== undefined) this.ttft.push(d.ttftMs);
+    this.predictionError.record(d);
+    if (!d.pd && this.recordedStrategies.size < 256) this.recordedStrategies.set(d.strategy, (this.recordedStrategies.get(d.strategy) ?? 0) + 1);
     if (d.flow) {
       const waits = this.flowWaits.get(d.flow.band) ?? [];
       waits.push(d.flow.waitMs);
@@ -587,6 +600,7 @@ export class ReplayEngine {
     // the whole fleet): keep what they need of this decision's views.
     const candidates = r.state.pods.readyPods(d.model);
     if (candidates.length > 0) this.fleet[d.model] = Math.max(this.fleet[d.model] ?? 0, candidates.length);
+    this.countClasses(d.model, candidates);
     if (this.trace.length < (this.o.traceLimit ?? 0)) {
       if (this.trace.length + 1 === this.o.traceLimit) this.warnings.add(`the what-if trace is limited to ${this.o.traceLimit} requests (--simulate-max)`);
       this.trace.push({
@@ -660,6 +674,21 @@ export class ReplayEngine {
     return n;
   }
 
+  /** Releases of the window with a latency sample: folded once each into the calibration fit. */
+  private calibrate(ev: ReleaseEvent | Extract<NonNullable<Buffered["ev"]>, { type: "releases" }>): void {
+    for (const rel of ev.type === "release" ? [ev] : ev.releases) {
+      if (rel.latency && rel.ts >= this.o.fromMs && rel.ts <= this.o.toMs) this.calibration.learn(ev.model, rel.ts, rel.latency);
+    }
+  }
+
+  private countClasses(model: string, candidates: readonly PodInfo[]): void {
+    if (candidates.length === 0) return;
+    const seen = new Map<string, number>();
+    for (const p of candidates) seen.set(p.podClass ?? UNCLASSED, (seen.get(p.podClass ?? UNCLASSED) ?? 0) + 1);
+    const max = (this.fleetClasses[model] ??= {});
+    for (const [k, n] of seen) if (Object.keys(max).length < 64 || k in max) max[k] = Math.max(max[k] ?? 0, n);
+  }
+
   /** Ends the input: every decision still waiting is evaluated, and the report is built. */
   finish(generatedAt: string): ReplayReport {
     this.watermark = Number.POSITIVE_INFINITY;
@@ -686,6 +715,7 @@ export class ReplayEngine {
       agreement,
       topRegrets,
       recordedTtft: ttftHistogram(this.ttft),
+      ...(this.predictionError.decisions > 0 ? { prediction: this.predictionError.summary() } : {}),
       ...(this.flowWaits.size > 0
         ? {
             flow: [...this.flowWaits]

@@ -172,6 +172,16 @@ interface Entry {
   fit?: { version: number; priorVersion: number; end: number; ttft: number[]; tpot: number[]; n: number; nTpot: number };
 }
 
+/** One (model, class) fit: TTFT and TPOT coefficients over `ttftRegressors` and `tpotRegressors`. */
+export interface LatencyCoefficients {
+  model: string;
+  podClass: string;
+  samples: number;
+  tpotSamples: number;
+  ttft: number[];
+  tpot: number[];
+}
+
 /** Samples not learned from, by reason (metrics). */
 export interface LatencyRejections {
   ttftMissing: number;
@@ -184,8 +194,30 @@ export interface LatencyRejections {
 const dot = (w: readonly number[], x: readonly number[]) => w.reduce((s, wi, i) => s + wi * (x[i] as number), 0);
 const key = (model: string, cls: string) => `${model}\u0000${cls}`;
 
+export interface LatencyModelOptions {
+  /** Bucket length (default BUCKET_MS) and buckets in the window (default WINDOW_BUCKETS). */
+  bucketMs?: number;
+  windowBuckets?: number;
+  /** Samples one bucket of one class takes (default MAX_BUCKET_SAMPLES). */
+  maxBucketSamples?: number;
+}
+
 export class LatencyModel implements LatencyReader {
   private readonly entries = new Map<string, Entry>();
+  private readonly bucketMs: number;
+  private readonly windowBuckets: number;
+  private readonly maxBucketSamples: number;
+
+  /**
+   * The defaults are the gateways' (every replica must use the same). Replay's calibration fits a
+   * whole window with one bucket (`bucketMs` beyond any time): order-dependent rounding is then
+   * possible past 2^53, which a one-off fit does not mind.
+   */
+  constructor(o: LatencyModelOptions = {}) {
+    this.bucketMs = o.bucketMs ?? BUCKET_MS;
+    this.windowBuckets = o.windowBuckets ?? WINDOW_BUCKETS;
+    this.maxBucketSamples = o.maxBucketSamples ?? MAX_BUCKET_SAMPLES;
+  }
   private readonly classesPerModel = new Map<string, number>();
   readonly rejected: LatencyRejections = { ttftMissing: 0, ttftAbsurd: 0, tpotAbsurd: 0, late: 0, full: 0 };
   learned = 0;
@@ -206,7 +238,7 @@ export class LatencyModel implements LatencyReader {
     if (tpot !== undefined && !tpotOk) this.rejected.tpotAbsurd++;
     const [prompt = 0, cached = 0, prefill = 0, decoding = 0, waiting = 0, kv = 0] = s.x;
     const f: LatencyFeatures = { promptTokens: prompt, cachedTokens: cached, prefillTokens: prefill, decoding, waiting, kvPermille: kv };
-    const b = Math.floor(ts / BUCKET_MS);
+    const b = Math.floor(ts / this.bucketMs);
     const cls = s.cls ?? UNCLASSED;
     const own = this.entry(model, cls, b);
     const pooled = this.entry(model, POOLED, b);
@@ -222,7 +254,7 @@ export class LatencyModel implements LatencyReader {
     const xp = tpotRegressors(f);
     for (const e of [own, pooled]) {
       const bucket = this.bucket(e, b);
-      if (bucket.ttft.n >= MAX_BUCKET_SAMPLES) {
+      if (bucket.ttft.n >= this.maxBucketSamples) {
         this.rejected.full++;
         return false;
       }
@@ -247,7 +279,7 @@ export class LatencyModel implements LatencyReader {
       this.entries.set(k, e);
       if (cls !== POOLED) this.classesPerModel.set(model, classes + 1);
     }
-    if (b <= e.newest - WINDOW_BUCKETS) return "late";
+    if (b <= e.newest - this.windowBuckets) return "late";
     return e;
   }
 
@@ -258,7 +290,7 @@ export class LatencyModel implements LatencyReader {
       e.buckets.set(b, bucket);
       if (b > e.newest) {
         e.newest = b;
-        for (const old of [...e.buckets.keys()]) if (old <= b - WINDOW_BUCKETS) e.buckets.delete(old);
+        for (const old of [...e.buckets.keys()]) if (old <= b - this.windowBuckets) e.buckets.delete(old);
       }
     }
     return bucket;
@@ -271,7 +303,7 @@ export class LatencyModel implements LatencyReader {
     const t = newStats(DT);
     const p = newStats(DP);
     for (const [b, bucket] of e.buckets) {
-      if (b > end || b <= end - WINDOW_BUCKETS) continue;
+      if (b > end || b <= end - this.windowBuckets) continue;
       addInto(t, bucket.ttft);
       addInto(p, bucket.tpot);
     }
@@ -289,7 +321,7 @@ export class LatencyModel implements LatencyReader {
   }
 
   predict(model: string, podClass: string | undefined, f: LatencyFeatures, now: number): LatencyPrediction {
-    const end = Math.floor(now / BUCKET_MS);
+    const end = Math.floor(now / this.bucketMs);
     const pooled = this.fit(this.entries.get(key(model, POOLED)), end, DEFAULT_PRIOR, 0);
     const own = this.fit(this.entries.get(key(model, podClass ?? UNCLASSED)), end, pooled, pooled.version);
     const source = own.n > 0 ? "class" : pooled.n > 0 ? "pooled" : "prior";
@@ -302,15 +334,15 @@ export class LatencyModel implements LatencyReader {
   }
 
   /** Coefficients per (model, class) as of `now` (for /debug/state and replay's calibration). */
-  coefficients(now: number): Array<{ model: string; podClass: string; samples: number; ttft: number[]; tpot: number[] }> {
-    const end = Math.floor(now / BUCKET_MS);
-    const out: Array<{ model: string; podClass: string; samples: number; ttft: number[]; tpot: number[] }> = [];
+  coefficients(now: number): LatencyCoefficients[] {
+    const end = Math.floor(now / this.bucketMs);
+    const out: LatencyCoefficients[] = [];
     for (const k of [...this.entries.keys()].sort()) {
       const [model = "", cls = ""] = k.split("\u0000");
       if (cls === POOLED) continue;
       const pooled = this.fit(this.entries.get(key(model, POOLED)), end, DEFAULT_PRIOR, 0);
       const f = this.fit(this.entries.get(k), end, pooled, pooled.version);
-      out.push({ model, podClass: cls, samples: f.n, ttft: f.ttft, tpot: f.tpot });
+      out.push({ model, podClass: cls, samples: f.n, tpotSamples: f.nTpot, ttft: f.ttft, tpot: f.tpot });
     }
     return out;
   }
