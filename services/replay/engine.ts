@@ -44,6 +44,7 @@ import { type Buffered, bufferedOf, Log, type ReplayMessage, type ReplayStream }
 import { Counterfactuals } from "./counterfactuals.js";
 import { LatencyModel, UNCLASSED } from "../views/latency-model.js";
 import { PredictionError } from "./prediction-error.js";
+import { featureVector, latencyFeaturesOf } from "../routing/strategies/predicted-latency.js";
 
 export type { ReplayMessage, ReplayStream } from "./message-log.js";
 
@@ -190,7 +191,6 @@ export class ReplayEngine {
     }
     const b = bufferedOf(m.stream, m);
     if (b.ev === undefined) this.skip(this.counts.eventsSkipped, "invalid");
-    if (b.ev?.type === "release" || b.ev?.type === "releases") this.calibrate(b.ev);
     const pos = this.logs[m.stream].push(b);
     if (b.gateway !== undefined) {
       const r = this.replicaOf(b.gateway);
@@ -623,13 +623,15 @@ export class ReplayEngine {
     const usage = r.state.usage;
     const userTokens = d.user ? usage.tokens(d.user, d.ts) : 0;
     const bounds = usage.bounds(d.ts);
+    const recordedMatch = prefix && candidates.length > 0 ? prefix(candidates) : undefined;
+    this.calibrate(r, d, candidates, recordedMatch);
     this.arms.add({
       d,
       request,
       candidates,
       loads,
       usage: { tokens: (u) => (u === d.user ? userTokens : 0), bounds: () => bounds },
-      match: prefix && candidates.length > 0 ? prefix(candidates) : undefined,
+      match: recordedMatch,
       latency: r.state.latency,
     });
   }
@@ -674,11 +676,19 @@ export class ReplayEngine {
     return n;
   }
 
-  /** Releases of the window with a latency sample: folded once each into the calibration fit. */
-  private calibrate(ev: ReleaseEvent | Extract<NonNullable<Buffered["ev"]>, { type: "releases" }>): void {
-    for (const rel of ev.type === "release" ? [ev] : ev.releases) {
-      if (rel.latency && rel.ts >= this.o.fromMs && rel.ts <= this.o.toMs) this.calibration.learn(ev.model, rel.ts, rel.latency);
-    }
+  /**
+   * The calibration sample of a streamed, completed decision: the picked pod's features on the
+   * views its gateway had (the prefix match from the recorded blocks, whatever the strategy) and
+   * the recorded outcome. A request answered whole has no TPOT worth the name (its first bytes
+   * were its last): left out.
+   */
+  private calibrate(r: Replica, d: DecisionRecord, candidates: readonly PodInfo[], match: PrefixMatchResult | undefined): void {
+    if (d.pd || d.outcome !== "completed" || d.ttftMs === undefined || d.tpotMs === undefined || d.tpotMs < 0.1) return;
+    const pod = candidates.find((p) => p.pod === d.pick);
+    if (!pod) return;
+    // The engine's prompt count when it reported one (the routed count may be an estimate).
+    const f = latencyFeaturesOf(r.state, pod, d.promptTokens ?? d.routedPromptTokens ?? 0, match?.info, d.ts);
+    this.calibration.learn(d.model, d.ts, { x: featureVector(f), ...(pod.podClass ? { cls: pod.podClass } : {}), ttftMs: d.ttftMs, tpotMs: d.tpotMs });
   }
 
   private countClasses(model: string, candidates: readonly PodInfo[]): void {

@@ -380,6 +380,7 @@ export class Director {
     // non-prefix strategy never publishes: recording them would cost every request and tell replay nothing.
     if (!routed.context.blocks && prefix && this.opts.recordPromptBlocks !== false && parsed.promptTokenIds) {
       routed.recordedBlocks = prefix.blocks(parsed.model, pick.pod, parsed.promptTokenIds, now, "ids", parsed.cacheSalt);
+      this.learnCached(routed, parsed.promptTokenIds, "ids", parsed.cacheSalt, now);
     } else if (!routed.context.blocks && prefix && this.opts.recordPromptBlocks !== false && prefix.tokenizer.modeFor?.(parsed.model) !== "approximate") {
       const pod = pick.pod;
       // After the reply to Envoy has gone out: tokenizing runs synchronously up to its first await.
@@ -387,13 +388,30 @@ export class Director {
         if (routed.finished) return;
         prefix.tokenizer.tokenize(parsed.model, promptInputOf(parsed.body, input.body), pod.address).then(
           (t) => {
-            if (!routed.finished) routed.recordedBlocks = prefix.blocks(parsed.model, pod, t.tokens, now, t.mode, parsed.cacheSalt);
+            if (routed.finished) return;
+            routed.recordedBlocks = prefix.blocks(parsed.model, pod, t.tokens, now, t.mode, parsed.cacheSalt);
+            this.learnCached(routed, t.tokens, t.mode, parsed.cacheSalt, now);
           },
           () => undefined,
         );
       });
     }
     return routed;
+  }
+
+  /**
+   * A strategy that did not match prefixes routed the request: its latency sample learns the
+   * prompt's token count and the tokens the picked pod held from the tokenization and match made
+   * after routing (a few ms later), instead of an estimate and "none cached", which would teach
+   * the model that cached prompts are fast for no reason it can see.
+   */
+  private learnCached(r: RoutedRequest, tokens: readonly number[], mode: string | undefined, salt: string | undefined, now: number): void {
+    const prefix = this.opts.prefix;
+    if (!prefix || !r.latency || r.latency.x[1] !== 0) return;
+    const m = prefix.match(r.model, [r.pod], tokens, now, mode, salt);
+    // The tokenizer's count replaces the estimate the strategy routed with.
+    r.latency.x[0] = tokens.length;
+    r.latency.x[1] = Math.min(tokens.length, Math.floor(m.info.matched(r.pod.pod) * m.info.blockSize));
   }
 
   /**

@@ -53,6 +53,8 @@ export const BUCKET_MS = 10_000;
 export const WINDOW_BUCKETS = 12;
 /** Samples one bucket of one class may take (the sums stay exact below it); beyond, counted and dropped. */
 export const MAX_BUCKET_SAMPLES = 65_536;
+/* Exactness: TTFT weight <= 2^12, regressors <= 2^12, so w·x·x <= 2^36 and w·x·y <= 2^30 per
+   sample; TPOT (0.1 ms, <= 10^5) x·y <= 2^29: under 2^16 samples every bucket sum stays below 2^53. */
 /** (model, class) entries kept; classes of one model. */
 export const MAX_ENTRIES = 1_024;
 export const MAX_CLASSES_PER_MODEL = 64;
@@ -67,15 +69,29 @@ const POOLED = "*";
 const DT = 5;
 const DP = 3;
 const BLOCK = 16;
+/** Feature bounds: 64k tokens uncached or queued (in blocks), 1,023 requests. They keep every bucket's sums exact. */
+const MAX_BLOCKS = 4_095;
+const MAX_REQUESTS = 1_023;
 const clampInt = (v: number, max: number) => (Number.isFinite(v) && v > 0 ? Math.min(max, Math.round(v)) : 0);
 
 export function ttftRegressors(f: LatencyFeatures): number[] {
   const uncached = Math.max(0, f.promptTokens - f.cachedTokens);
-  return [1, clampInt(uncached / BLOCK, 65_535), clampInt(f.prefillTokens / BLOCK, 65_535), clampInt(f.decoding, 4_095), clampInt(f.waiting, 4_095)];
+  return [1, clampInt(uncached / BLOCK, MAX_BLOCKS), clampInt(f.prefillTokens / BLOCK, MAX_BLOCKS), clampInt(f.decoding, MAX_REQUESTS), clampInt(f.waiting, MAX_REQUESTS)];
 }
 export function tpotRegressors(f: LatencyFeatures): number[] {
-  return [1, clampInt(f.decoding, 4_095), clampInt(f.prefillTokens / BLOCK, 65_535)];
+  return [1, clampInt(f.decoding, MAX_REQUESTS), clampInt(f.prefillTokens / BLOCK, MAX_BLOCKS)];
 }
+
+/**
+ * TTFT samples are weighted by 1/TTFT² (quantised: 2^18 / max(TTFT, 8 ms)², at least 1), so the
+ * fit minimises relative rather than absolute error: a cached prompt's 10 ms matters as much as a
+ * cold one's 150 ms (unweighted, the large ones set the intercept and every small one is
+ * overestimated). Integer weights keep the sums exact; from 512 ms up every sample weighs 1.
+ */
+const TTFT_WEIGHT = 2 ** 18;
+export const ttftWeight = (ttftMs: number): number => Math.max(1, Math.round(TTFT_WEIGHT / Math.max(8, ttftMs) ** 2));
+/** The weight of a 100 ms TTFT: the prior's pseudo-samples weigh as much. */
+const PRIOR_SAMPLE_WEIGHT = ttftWeight(100);
 
 /**
  * The prior: roughly an 8B model on one modern GPU (the simulator's defaults): ~20 ms fixed,
@@ -88,50 +104,48 @@ const PRIOR_WEIGHT = 2;
 const SCALE_T = [1, 64, 128, 8, 4];
 const SCALE_P = [1, 8, 128];
 
-/** Sufficient statistics of one regression: XᵀX (upper triangle, row-major), Xᵀy, n. */
-interface Stats {
-  n: number;
-  xx: Float64Array;
-  xy: Float64Array;
-}
+/**
+ * One bucket's sufficient statistics, in one array: TTFT [n, XᵀWX (upper triangle), XᵀWy], then
+ * TPOT [n, XᵀX, Xᵀy]. Bounded inputs keep every sum an exact integer below 2^53.
+ */
 const tri = (d: number) => (d * (d + 1)) / 2;
-const newStats = (d: number): Stats => ({ n: 0, xx: new Float64Array(tri(d)), xy: new Float64Array(d) });
+const T_OFF = 0;
+const P_OFF = 1 + tri(DT) + DT;
+const BUCKET_LEN = P_OFF + 1 + tri(DP) + DP;
 
-function addSample(s: Stats, x: readonly number[], y: number): void {
-  s.n++;
-  let k = 0;
-  for (let i = 0; i < x.length; i++) {
-    const xi = x[i] as number;
-    s.xy[i] = (s.xy[i] as number) + xi * y;
-    for (let j = i; j < x.length; j++) s.xx[k] = (s.xx[k++] as number) + xi * (x[j] as number);
+function addSample(a: Float64Array, off: number, x: readonly number[], y: number, w: number): void {
+  const d = x.length;
+  a[off] = (a[off] as number) + 1;
+  let k = off + 1;
+  const xy = off + 1 + tri(d);
+  for (let i = 0; i < d; i++) {
+    const wxi = w * (x[i] as number);
+    a[xy + i] = (a[xy + i] as number) + wxi * y;
+    for (let j = i; j < d; j++) a[k] = (a[k++] as number) + wxi * (x[j] as number);
   }
 }
-function addInto(into: Stats, s: Stats): void {
-  into.n += s.n;
-  for (let i = 0; i < s.xx.length; i++) into.xx[i] = (into.xx[i] as number) + (s.xx[i] as number);
-  for (let i = 0; i < s.xy.length; i++) into.xy[i] = (into.xy[i] as number) + (s.xy[i] as number);
-}
 
-/** Ridge towards `prior`: (XᵀX + Λ) w = Xᵀy + Λ prior, Λ = PRIOR_WEIGHT · diag(scale²) / unit². */
-export function ridge(s: Stats, prior: readonly number[], scale: readonly number[], unit: number): number[] {
+/** Ridge towards `prior`: (XᵀWX + Λ) w = XᵀWy + Λ prior, Λ = PRIOR_WEIGHT · sampleWeight · diag(scale²). */
+export function ridge(a: Float64Array, off: number, prior: readonly number[], scale: readonly number[], unit: number, sampleWeight: number): number[] {
   const d = prior.length;
-  const a: number[][] = Array.from({ length: d }, () => new Array<number>(d + 1).fill(0));
-  let k = 0;
+  const m: number[][] = Array.from({ length: d }, () => new Array<number>(d + 1).fill(0));
+  let k = off + 1;
   for (let i = 0; i < d; i++) {
     for (let j = i; j < d; j++) {
-      const v = s.xx[k++] as number;
-      (a[i] as number[])[j] = v;
-      (a[j] as number[])[i] = v;
+      const v = a[k++] as number;
+      (m[i] as number[])[j] = v;
+      (m[j] as number[])[i] = v;
     }
   }
+  const xy = off + 1 + tri(d);
   for (let i = 0; i < d; i++) {
-    const row = a[i] as number[];
-    const lambda = PRIOR_WEIGHT * (scale[i] as number) ** 2;
+    const row = m[i] as number[];
+    const lambda = PRIOR_WEIGHT * sampleWeight * (scale[i] as number) ** 2;
     row[i] = (row[i] as number) + lambda;
     // Outcomes are summed in units of `unit` ms; the system is solved in ms.
-    row[d] = (s.xy[i] as number) * unit + lambda * (prior[i] as number);
+    row[d] = (a[xy + i] as number) * unit + lambda * (prior[i] as number);
   }
-  return solve(a, d);
+  return solve(m, d);
 }
 
 /** Gaussian elimination with partial pivoting on an augmented d×(d+1) matrix (deterministic). */
@@ -159,13 +173,9 @@ function solve(a: number[][], d: number): number[] {
   return w;
 }
 
-interface Bucket {
-  ttft: Stats;
-  tpot: Stats;
-}
 interface Entry {
-  /** Bucket index (floor(ts / BUCKET_MS)) -> its sums. */
-  buckets: Map<number, Bucket>;
+  /** Bucket index (floor(ts / bucketMs)) -> its sums (BUCKET_LEN numbers). */
+  buckets: Map<number, Float64Array>;
   newest: number;
   /** Bumped by every sample: fits are cached per (version, window end). */
   version: number;
@@ -253,16 +263,17 @@ export class LatencyModel implements LatencyReader {
     const xt = ttftRegressors(f);
     const xp = tpotRegressors(f);
     for (const e of [own, pooled]) {
-      const bucket = this.bucket(e, b);
-      if (bucket.ttft.n >= this.maxBucketSamples) {
+      if (((e.buckets.get(b)?.[T_OFF] as number | undefined) ?? 0) >= this.maxBucketSamples) {
         this.rejected.full++;
         return false;
       }
     }
+    const y = Math.round(ttft);
+    const w = ttftWeight(y);
     for (const e of [own, pooled]) {
       const bucket = this.bucket(e, b);
-      addSample(bucket.ttft, xt, Math.round(ttft));
-      if (tpotOk) addSample(bucket.tpot, xp, Math.round((tpot as number) * 10));
+      addSample(bucket, T_OFF, xt, y, w);
+      if (tpotOk) addSample(bucket, P_OFF, xp, Math.round((tpot as number) * 10), 1);
       e.version++;
     }
     this.learned++;
@@ -283,10 +294,10 @@ export class LatencyModel implements LatencyReader {
     return e;
   }
 
-  private bucket(e: Entry, b: number): Bucket {
+  private bucket(e: Entry, b: number): Float64Array {
     let bucket = e.buckets.get(b);
     if (!bucket) {
-      bucket = { ttft: newStats(DT), tpot: newStats(DP) };
+      bucket = new Float64Array(BUCKET_LEN);
       e.buckets.set(b, bucket);
       if (b > e.newest) {
         e.newest = b;
@@ -300,21 +311,23 @@ export class LatencyModel implements LatencyReader {
   private fit(e: Entry | undefined, end: number, prior: { ttft: readonly number[]; tpot: readonly number[] }, priorVersion: number) {
     if (!e) return { ttft: [...prior.ttft], tpot: [...prior.tpot], n: 0, nTpot: 0, version: 0 };
     if (e.fit && e.fit.version === e.version && e.fit.priorVersion === priorVersion && e.fit.end === end) return e.fit;
-    const t = newStats(DT);
-    const p = newStats(DP);
-    for (const [b, bucket] of e.buckets) {
+    const sum = new Float64Array(BUCKET_LEN);
+    // In bucket order (the same on every replica whatever order the buckets were made in).
+    for (const b of [...e.buckets.keys()].sort((x, y) => x - y)) {
       if (b > end || b <= end - this.windowBuckets) continue;
-      addInto(t, bucket.ttft);
-      addInto(p, bucket.tpot);
+      const bucket = e.buckets.get(b) as Float64Array;
+      for (let i = 0; i < BUCKET_LEN; i++) sum[i] = (sum[i] as number) + (bucket[i] as number);
     }
+    const n = sum[T_OFF] as number;
+    const nTpot = sum[P_OFF] as number;
     const fit = {
       version: e.version,
       priorVersion,
       end,
-      ttft: t.n > 0 ? ridge(t, prior.ttft, SCALE_T, 1) : [...prior.ttft],
-      tpot: p.n > 0 ? ridge(p, prior.tpot, SCALE_P, 0.1) : [...prior.tpot],
-      n: t.n,
-      nTpot: p.n,
+      ttft: n > 0 ? ridge(sum, T_OFF, prior.ttft, SCALE_T, 1, PRIOR_SAMPLE_WEIGHT) : [...prior.ttft],
+      tpot: nTpot > 0 ? ridge(sum, P_OFF, prior.tpot, SCALE_P, 0.1, 1) : [...prior.tpot],
+      n,
+      nTpot,
     };
     e.fit = fit;
     return fit;
@@ -357,7 +370,7 @@ export class LatencyModel implements LatencyReader {
       .sort((a, b) => (a[0] < b[0] ? -1 : a[0] > b[0] ? 1 : 0))
       .map(([k, e]) => [
         k,
-        [...e.buckets.entries()].sort((a, b) => a[0] - b[0]).map(([b, s]) => [b, [s.ttft.n, ...s.ttft.xx, ...s.ttft.xy, s.tpot.n, ...s.tpot.xx, ...s.tpot.xy]] as [number, number[]]),
+        [...e.buckets.entries()].sort((a, b) => a[0] - b[0]).map(([b, s]) => [b, [...s]] as [number, number[]]),
       ]);
   }
 }
