@@ -609,7 +609,8 @@ export class ReplayEngine {
         model: d.model,
         blockSize: d.blocks?.size ?? 16,
         hashes: hashes && d.blocks?.mode === "precise" ? hashes.map((h) => h.toString(16)) : [],
-        promptTokens: d.routedPromptTokens ?? d.promptTokens ?? 0,
+        // The engine's count when it reported one: a strategy that did not tokenize routed on an estimate.
+        promptTokens: d.promptTokens ?? d.routedPromptTokens ?? 0,
         outputTokens: d.completionTokens ?? d.maxTokens ?? 64,
       });
     }

@@ -17,7 +17,7 @@ import type { UsageView } from "../views/usage-view.js";
 import type { ConfigReader } from "../views/model-config.js";
 import { type RateView, rateUserOf } from "../views/rate-view.js";
 import type { GatewayState } from "../views/gateway-state.js";
-import type { LatencyModel } from "../views/latency-model.js";
+import type { LatencyModel, LatencyPrediction } from "../views/latency-model.js";
 import { featureVector, latencyFeaturesOf } from "./strategies/predicted-latency.js";
 import { findStrategy, strategyNames } from "./strategies/registry.js";
 import { parseRoute } from "./stages/parse.js";
@@ -40,11 +40,13 @@ import { classify } from "./flow/settings.js";
 
 export type { PrefixMatchResult } from "./stages/scheduling.js";
 export type { DecisionContext, FinishInfo, OwnAdmissionKey, Prepared, PromptBlocks, RoutedRequest, RouteInput } from "./request.js";
-import type { FinishInfo, Prepared, PromptBlocks, RoutedRequest, RouteInput } from "./request.js";
+import type { FinishInfo, Prepared, PromptBlocks, RecordedPrediction, RoutedRequest, RouteInput } from "./request.js";
 
 export { MAX_REQUEST_ID_LENGTH, MAX_USER_LENGTH } from "./stages/parse.js";
 
 const round2 = (x: number) => Math.round(x * 100) / 100;
+
+const recordedPrediction = (p: LatencyPrediction, pod: PodInfo): RecordedPrediction => ({ ttftMs: round2(p.ttftMs), tpotMs: round2(p.tpotMs), source: p.source, ...(pod.podClass ? { podClass: pod.podClass } : {}) });
 
 /**
  * The release's latency sample (docs/latency-model.md): a completed streamed request's features
@@ -348,6 +350,7 @@ export class Director {
       ...(parsed.body.stream === true ? { stream: true } : {}),
       ...(admission ? { admission } : {}),
       latency: { x: featureVector(features), ...(pick.pod.podClass ? { cls: pick.pod.podClass } : {}) },
+      ...(predicted ? { prediction: recordedPrediction(predicted, pick.pod) } : {}),
       ...(prepared.upstreamBody ? { body: prepared.upstreamBody } : {}),
       context: {
         cursors,
@@ -362,7 +365,6 @@ export class Director {
         ...(opts.publish === false ? { consistency: "strict" as const } : this.opts.consistency === "off" ? { consistency: "off" as const } : {}),
         ...(prepared.slo ? { slo: prepared.slo } : {}),
         ...(prepared.flow ? { flow: prepared.flow } : {}),
-        ...(predicted ? { prediction: { ttftMs: round2(predicted.ttftMs), tpotMs: round2(predicted.tpotMs), source: predicted.source, ...(pick.pod.podClass ? { podClass: pick.pod.podClass } : {}) } } : {}),
         ...(parsed.maxTokens !== undefined && Number.isSafeInteger(parsed.maxTokens) && parsed.maxTokens >= 0 ? { maxTokens: parsed.maxTokens } : {}),
       },
       finished: false,
@@ -410,8 +412,11 @@ export class Director {
     if (!prefix || !r.latency || r.latency.x[1] !== 0) return;
     const m = prefix.match(r.model, [r.pod], tokens, now, mode, salt);
     // The tokenizer's count replaces the estimate the strategy routed with.
-    r.latency.x[0] = tokens.length;
-    r.latency.x[1] = Math.min(tokens.length, Math.floor(m.info.matched(r.pod.pod) * m.info.blockSize));
+    const x = r.latency.x;
+    x[0] = tokens.length;
+    x[1] = Math.min(tokens.length, Math.floor(m.info.matched(r.pod.pod) * m.info.blockSize));
+    const p = this.views.latency?.predict(r.model, r.pod.podClass, { promptTokens: x[0], cachedTokens: x[1], prefillTokens: x[2] ?? 0, decoding: x[3] ?? 0, waiting: x[4] ?? 0, kvPermille: x[5] ?? 0 }, r.startedAt);
+    if (p) r.prediction = recordedPrediction(p, r.pod);
   }
 
   /**

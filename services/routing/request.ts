@@ -62,6 +62,11 @@ export interface RoutedRequest {
   pd?: PdRouted;
   /** The picked pod's latency features at decision time (its release carries them with the outcome). */
   readonly latency?: { readonly x: number[]; readonly cls?: string };
+  /**
+   * The latency model's prediction for the picked pod when it was picked (made again when a
+   * strategy that did not tokenize had the prompt tokenized just after routing).
+   */
+  prediction?: RecordedPrediction;
   /** A body the upstream request is sent with instead of the client's (a tenant's cache salt written in; P/D's decode leg). */
   body?: Buffer;
 }
@@ -104,8 +109,14 @@ export interface DecisionContext {
   readonly consistency?: "strict" | "off";
   /** Flow control: the request's band and how long it was held (absent: flow control off for the model). */
   readonly flow?: FlowRecord;
-  /** The latency model's prediction for the picked pod (docs/latency-model.md). */
-  readonly prediction?: { ttftMs: number; tpotMs: number; source: "class" | "pooled" | "prior"; podClass?: string };
+}
+
+/** The latency model's prediction for a picked pod, as its decision record keeps it (docs/latency-model.md). */
+export interface RecordedPrediction {
+  ttftMs: number;
+  tpotMs: number;
+  source: "class" | "pooled" | "prior";
+  podClass?: string;
 }
 
 /** A flow-controlled request's place in the queues, as its decision record keeps it. */
