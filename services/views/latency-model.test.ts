@@ -1,6 +1,7 @@
 import { describe, expect, it } from "vitest";
 import type { LatencySample } from "../../schemas/events.js";
 import { mulberry32 } from "../shared/seeded-random.js";
+import { GatewayState } from "./gateway-state.js";
 import { BUCKET_MS, DEFAULT_PRIOR, LatencyModel, MAX_CLASSES_PER_MODEL, ttftRegressors, tpotRegressors, WINDOW_BUCKETS } from "./latency-model.js";
 
 /** A fixed "fleet": TTFT = 10 + 0.3 ms/token uncached + 0.3 ms/token queued + 2 ms/decoding (x speed), TPOT = 12 + 1 ms/decoding (x speed). */
@@ -101,5 +102,28 @@ describe("LatencyModel", () => {
     for (let c = 0; c < 200; c++) m.learn("m2", 1_000, { x: [100, 0, 0, 0, 0, 0], cls: `c${c}`, ttftMs: 20 });
     expect(m.size).toBe(5 + MAX_CLASSES_PER_MODEL + 1);
     expect(m.rejected.full).toBe(200 - MAX_CLASSES_PER_MODEL);
+  });
+
+  it("folds releases into GatewayState: a gateway's own at once, the others' from the stream, the same model as an observer's", () => {
+    const a = new GatewayState({ self: "gw-a" });
+    const observer = new GatewayState();
+    const rel = (gateway: string, i: number, s: LatencySample) => ({ type: "release" as const, gateway, model: "m", pod: "p", id: `c${i}`, ts: 1_000_000 + i, outcome: "completed" as const, latency: s });
+    const all = [...samples(30, 7, 1, "fast"), ...samples(30, 8, 2, "slow")];
+    let seq = 0;
+    all.forEach(({ s }, i) => {
+      const gateway = i % 2 === 0 ? "gw-a" : "gw-b";
+      const ev = rel(gateway, i, s);
+      if (gateway === "gw-a") a.ownRelease(ev);
+      else a.apply(ev, { stream: "charges", subject: "x", seq: ++seq, serverTs: ev.ts });
+    });
+    // The observer reads them as a batch, in another order.
+    observer.apply({ type: "releases", gateway: "gw-b", model: "m", pod: "p", releases: all.filter((_, i) => i % 2 === 1).map(({ s }, k) => ({ id: `b${k}`, ts: 1_000_000 + 2 * k + 1, outcome: "completed" as const, latency: s })) }, { stream: "charges", subject: "x", seq: 1, serverTs: 0 });
+    all.forEach(({ s }, i) => {
+      if (i % 2 === 0) observer.apply(rel("gw-a", i, s), { stream: "charges", subject: "x", seq: 2 + i, serverTs: 0 });
+    });
+    expect(observer.latency.dump()).toEqual(a.latency.dump());
+    expect(a.latency.learned).toBe(60);
+    // A copy for replay carries the model.
+    expect(a.cloneAs("gw-c").latency.dump()).toEqual(a.latency.dump());
   });
 });
