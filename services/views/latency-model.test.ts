@@ -29,6 +29,26 @@ describe("LatencyModel", () => {
     expect(p).toEqual({ ttftMs: prior, tpotMs: DEFAULT_PRIOR.tpot.reduce((s, w, i) => s + w * (tpotRegressors(f(1600, 0, 0, 0))[i] as number), 0), source: "prior", samples: 0 });
   });
 
+  it("pins a fixed sequence: four samples of one class, its fit pulled towards the pooled one and the prior", () => {
+    const m = new LatencyModel();
+    const seq: Array<[number[], number, number]> = [
+      [[1600, 0, 0, 0, 0, 0], 70, 16],
+      [[1600, 1440, 0, 1, 0, 100], 14, 17],
+      [[3200, 0, 1600, 2, 1, 300], 250, 19],
+      [[800, 800, 0, 0, 0, 0], 6, 15],
+    ];
+    seq.forEach(([x, ttftMs, tpotMs], i) => m.learn("m", 1000 + i, { x, cls: "a", ttftMs, tpotMs }));
+    const q = f(2000, 400, 800, 1);
+    const a = m.predict("m", "a", q, 2000);
+    expect(a.source).toBe("class");
+    expect(a.samples).toBe(4);
+    expect(a.ttftMs).toBeCloseTo(246.60311024520556, 9);
+    expect(a.tpotMs).toBeCloseTo(18.02635830011721, 9);
+    const b = m.predict("m", "b", q, 2000);
+    expect(b).toMatchObject({ source: "pooled", samples: 0 });
+    expect(b.ttftMs).toBeCloseTo(311.5922500774762, 9);
+  });
+
   it("learns a class's TTFT and TPOT within a few percent, and the other class from its own samples", () => {
     const m = new LatencyModel();
     for (const { ts, s } of samples(400, 1, 1, "fast")) m.learn("m", ts, s);
