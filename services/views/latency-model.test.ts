@@ -37,7 +37,9 @@ describe("LatencyModel", () => {
       [[3200, 0, 1600, 2, 1, 300], 250, 19],
       [[800, 800, 0, 0, 0, 0], 6, 15],
     ];
-    seq.forEach(([x, ttftMs, tpotMs], i) => m.learn("m", 1000 + i, { x, cls: "a", ttftMs, tpotMs }));
+    seq.forEach(([x, ttftMs, tpotMs], i) => {
+      m.learn("m", 1000 + i, { x, cls: "a", ttftMs, tpotMs });
+    });
     const q = f(2000, 400, 800, 1);
     const a = m.predict("m", "a", q, 2000);
     expect(a.source).toBe("class");
