@@ -22,6 +22,7 @@ import { FLOW_RUNS, type FlowRunName, runFlowBench } from "./benches/flow.js";
 import { runScaleBench } from "./benches/scale.js";
 import { registerTokenizerBench } from "./benches/tokenizer.js";
 import { runSemanticBench } from "./benches/semantic.js";
+import { runPredictedBench } from "./benches/predicted.js";
 
 const ints = (v: string) =>
   v.split(",").map((x) => {
@@ -91,6 +92,19 @@ program
   .option("--release-batch-ms <ms>", "the gateways' release batch window (0 = none, the gateway's default)", nonNegative, 0)
   .action(async (o) => {
     console.log(JSON.stringify(await runScaleBench({ replicas: o.replicas, rate: o.rate, concurrency: o.concurrency, durationMs: o.durationMs, rounds: o.rounds, heartbeatMs: o.heartbeatMs, releaseBatchMs: o.releaseBatchMs })));
+  });
+
+program
+  .command("predicted")
+  .description("2 fast + 2 slow (2.5x) simulated pods, shared-prefix chat at ~70% of capacity: least-request, prefix-cache, predicted-latency, predicted-latency+prefix-cache; replay fidelity, TTFT MAPE, calibrated what-if")
+  .option("--duration-ms <ms>", "arrivals per case, warm-up included (wall ms)", int, 40_000)
+  .option("--warmup-ms <ms>", "requests before this are not measured (the model learns, caches fill)", int, 12_000)
+  .option("--rate <n>", "arrivals per second (default: 0.7 of the timing model's capacity)", Number)
+  .option("--slow-factor <x>", "how much slower the slow pods prefill and decode", Number, 2.5)
+  .option("--cases <list>", "cases to run, comma separated (default all four)", (v: string) => v.split(","))
+  .option("--log-dir <dir>", "keep the services' logs here")
+  .action(async (o) => {
+    console.log(JSON.stringify(await runPredictedBench({ durationMs: o.durationMs, warmupMs: o.warmupMs, rate: o.rate, slowFactor: o.slowFactor, cases: o.cases, logDir: o.logDir })));
   });
 
 program

@@ -23,6 +23,13 @@ const Count = Type.Integer({ minimum: 0, maximum: MAX_COUNT });
 const Hash = Type.String({ pattern: "^[0-9a-f]{1,64}$", description: "hash as lower-case hex (engine hashes: uint64 or digest bytes)" });
 const Nullable = <T extends TSchema>(t: T) => Type.Union([t, Type.Null()]);
 
+/**
+ * A pod's class for the latency model ("GPU type": a pod list's `podClass`, or the Kubernetes label
+ * `jetroute.io/pod-class`, else `nvidia.com/gpu.product`): a bounded name, so metric labels and
+ * the model's per-class entries stay bounded.
+ */
+export const PodClass = Type.String({ pattern: "^[A-Za-z0-9._-]{1,63}$" });
+
 export const PodRole = Type.Union([Type.Literal("combined"), Type.Literal("prefill"), Type.Literal("decode")]);
 export const EngineKind = Type.Union([Type.Literal("vllm"), Type.Literal("sglang")]);
 
@@ -47,6 +54,8 @@ export const PodEvent = Type.Object(
     engine: EngineKind,
     role: Type.Optional(PodRole),
     roleset: Type.Optional(Name),
+    /** The pod's class for the latency model (docs/latency-model.md). */
+    podClass: Type.Optional(PodClass),
     /** SGLang P/D: the prefill pod's bootstrap port (annotation `model.aibrix.ai/sglang-bootstrap-port`; SGLang's default 8998). */
     bootstrapPort: Type.Optional(Type.Integer({ minimum: 1, maximum: 65535 })),
     metricsAddress: Type.Optional(Address),
@@ -171,6 +180,23 @@ export const ReleaseOutcome = Type.Union([
   Type.Literal("shutdown"),
 ]);
 
+/**
+ * One latency model sample (docs/latency-model.md): the routed pod's features when the request was
+ * routed and what the request saw. `x` = [prompt tokens, tokens cached on the pod, prompt tokens
+ * of the pod's other requests still in prefill, its other requests decoding, engine waiting, KV
+ * usage in permille]. Outcomes are absent when the request never produced them; a reader bounds
+ * them before learning (a missing, negative or absurd TTFT is counted, never learned).
+ */
+export const LatencySample = Type.Object(
+  {
+    x: Type.Array(Count, { minItems: 6, maxItems: 6 }),
+    cls: Type.Optional(PodClass),
+    ttftMs: Type.Optional(Type.Number()),
+    tpotMs: Type.Optional(Type.Number()),
+  },
+  { additionalProperties: false },
+);
+
 /** What a release says about its request: shared by `release` and each item of a `releases` batch. */
 const ReleaseFields = {
   id: Name,
@@ -189,6 +215,8 @@ const ReleaseFields = {
    * charges, and replay orders it before them by this.
    */
   afterCharge: Type.Optional(Count),
+  /** The latency model's training sample, from the gateway that routed the request. */
+  latency: Type.Optional(LatencySample),
 };
 
 /** CHARGES stream: the end of a charged request; published exactly once per charge. */
@@ -355,6 +383,18 @@ export const DecisionRecord = Type.Object(
     session: Type.Optional(Type.Object({ address: Type.Optional(Type.String({ maxLength: 128 })), keyHash: Type.Optional(Hash) }, { additionalProperties: false })),
     /** The proxy's endpoint subset, when it restricted the candidates. */
     subset: Type.Optional(Type.Array(Type.String({ maxLength: 300 }), { maxItems: 256 })),
+    /** The latency model's prediction for the picked pod when it was picked (compare with `ttftMs`, `tpotMs`). */
+    prediction: Type.Optional(
+      Type.Object(
+        {
+          ttftMs: Type.Number({ minimum: 0 }),
+          tpotMs: Type.Number({ minimum: 0 }),
+          source: Type.Union([Type.Literal("class"), Type.Literal("pooled"), Type.Literal("prior")]),
+          podClass: Type.Optional(PodClass),
+        },
+        { additionalProperties: false },
+      ),
+    ),
     /**
      * The prompt's router block hashes (prefix strategies): block size, tokenizer mode, the first
      * DECISION_MAX_BLOCKS hashes as big-endian uint64s packed and base64-encoded (8 bytes each;
@@ -546,6 +586,7 @@ export type KvRemoved = Static<typeof KvRemoved>;
 export type PodRole = Static<typeof PodRole>;
 export type EngineKind = Static<typeof EngineKind>;
 export type ReleaseOutcome = Static<typeof ReleaseOutcome>;
+export type LatencySample = Static<typeof LatencySample>;
 
 /** Every event schema, by its `type`. */
 export const EVENT_SCHEMAS = {

@@ -369,6 +369,7 @@ function cpuSeconds(pids: readonly (number | undefined)[]): number {
 export interface SimPodLine {
   pod: string;
   address: string;
+  podClass?: string;
   kvEvents?: { endpoint: string; replayEndpoint?: string; topic?: string };
 }
 
@@ -413,6 +414,8 @@ export interface AssemblyExtras {
   /** Gateway ids are `<gatewayIdPrefix>-<i>` (default `pq-gw`). */
   gatewayIdPrefix?: string;
   model?: string;
+  /** More `jetroute sim` flags (the predicted bench: `--pod-classes`). */
+  simArgs?: readonly string[];
 }
 
 export async function startAssembly(spec: CaseSpec, engine: PrefixQualityEngineOptions, logDir: string, tag: string, extras: AssemblyExtras = {}): Promise<Assembly> {
@@ -449,7 +452,7 @@ export async function startAssembly(spec: CaseSpec, engine: PrefixQualityEngineO
       "--max-batch", String(e.maxBatch), "--max-num-batched-tokens", String(e.maxNumBatchedTokens),
       "--prefill-ms-per-token", String(e.prefillMsPerToken), "--decode-ms-per-step", String(e.decodeMsPerStep),
       "--decode-batch-slope", String(e.decodeBatchSlope), "--kv-cache-blocks", String(e.kvCacheBlocks), "--block-size", String(e.blockSize),
-      ...(spec.kvEvents ? [] : ["--no-kv-events"]),
+      ...(spec.kvEvents ? [] : ["--no-kv-events"]), ...(extras.simArgs ?? []),
     ]);
     // Gateways start while the engines do (they watch PODS for the pods to appear): process
     // start-up is most of an assembly's time on a busy host.
@@ -469,7 +472,7 @@ export async function startAssembly(spec: CaseSpec, engine: PrefixQualityEngineO
       Array.from({ length: e.pods }, (_, i) => sim.waitForLine<SimPodLine>((v) => v.pod === `sim-${i}` && typeof v.address === "string", 30_000)),
     );
     const podFile = path.join(logDir, `${tag}-pods.yaml`);
-    writeFileSync(podFile, toYaml({ pods: pods.map((p) => ({ name: p.pod, model, address: p.address, engine: "vllm", ...(p.kvEvents ? { kvEvents: p.kvEvents } : {}) })) }));
+    writeFileSync(podFile, toYaml({ pods: pods.map((p) => ({ name: p.pod, model, address: p.address, engine: "vllm", ...(p.podClass ? { podClass: p.podClass } : {}), ...(p.kvEvents ? { kvEvents: p.kvEvents } : {}) })) }));
     spawn("pod-watcher", ["pod-watcher", "--static", podFile, "--nats", natsUrl]);
     spawn("metrics-scraper", ["metrics-scraper", "--nats", natsUrl]);
     if (spec.kvEvents) spawn("kv-bridge", ["kv-bridge", "--nats", natsUrl]);

@@ -67,6 +67,8 @@ export function debugStateOf(s: DebugStateSources): Record<string, unknown> {
         return { model: p.model, pod: p.pod, ...o, decodeRequests: o.requests - o.prefillRequests, tokenLoad: tokenLoad(o) };
       }),
     },
+    // The latency model per (model, pod class): samples in its window and its coefficients (docs/latency-model.md).
+    latencyModel: { learned: state.latency.learned, rejected: state.latency.rejected, classes: state.latency.coefficients(Date.now()).slice(0, 256) },
     inFlight: director.inFlight.size,
     rateWaits: director.rateWaits,
     // Flow control: what this replica holds, per model, band and flow (bounded by the queues' own bounds; 200 flows shown per model).

@@ -318,6 +318,7 @@ function metricSourcesOf(o: {
     signatureRefusals: () => state.signatureRefusals,
     flowHeld: () => [...director.flow.queueSummaries().values()].flatMap((q) => q.summary()),
     flowSummaries: o.flowSummaries,
+    latencyModel: () => ({ learned: state.latency.learned, rejected: state.latency.rejected, entries: state.latency.size }),
     usage: () => ({ foreignGateways: state.rates.foreignGateways, foreignEntries: state.rates.foreignEntries, foreignEvicted: state.rates.foreignEvicted, sent: publishers.usageSummaries.sent, truncatedUsers: publishers.usageSummaries.truncatedUsers }),
   };
 }

@@ -6,6 +6,8 @@
 import client from "prom-client";
 import type { DecisionRecord } from "../../schemas/events.js";
 import { strategyLabel } from "../routing/strategies/registry.js";
+import { PredictionDrift } from "../routing/latency-drift.js";
+import type { LatencyRejections } from "../views/latency-model.js";
 
 export interface GatewayMetricsSources {
   followers: () => Array<{ view: string; lastSeq: number; applied: number; invalid: number; deadLetterPublishFailures: number; reopens: number; pending: number; delayMs: number }>;
@@ -36,6 +38,8 @@ export interface GatewayMetricsSources {
   flowHeld?: () => Iterable<{ band: number; count: number }>;
   /** Flow control: summaries sent, received from other replicas, ignored as invalid. */
   flowSummaries?: () => { sent: number; received: number; invalid: number } | undefined;
+  /** The latency model: samples learned, and not learned by reason (services/views/latency-model.ts). */
+  latencyModel?: () => { learned: number; rejected: Readonly<LatencyRejections>; entries: number };
 }
 
 const EMBEDDING_RESULTS = ["hit", "miss", "timeout", "error", "no-pod", "busy"] as const;
@@ -50,6 +54,8 @@ export class GatewayMetrics {
   private readonly embeddingsTotal: client.Counter<"result">;
   private readonly unrecordedTotal: client.Counter<"reason">;
   private readonly flow: FlowMetrics;
+  /** Rolling prediction error of the latency model per model and pod class (docs/latency-model.md). */
+  readonly drift = new PredictionDrift();
 
   /** `pool`: a pooled replica's series carry its pool (a validated name, 32 characters at most). */
   constructor(gatewayId: string, src: GatewayMetricsSources, pool?: string) {
@@ -185,6 +191,19 @@ export class GatewayMetrics {
         g.set({ figure: "truncated_users" }, u.truncatedUsers);
       },
     );
+    gauge("jetroute_gateway_latency_prediction_ape", "Latency model: mean absolute percentage error (0.1 = 10 %) of the picked pods' predicted TTFT/TPOT over the last 256 requests, per model and pod class", ["model", "pod_class", "metric"], (g) => {
+      for (const f of this.drift.figures()) {
+        if (f.ttftApe !== null) g.set({ model: f.model, pod_class: f.podClass, metric: "ttft" }, f.ttftApe);
+        if (f.tpotApe !== null) g.set({ model: f.model, pod_class: f.podClass, metric: "tpot" }, f.tpotApe);
+      }
+    });
+    gauge("jetroute_gateway_latency_samples", "Latency model: release samples learned from (learned) and not (ttftMissing, ttftAbsurd, tpotAbsurd, late, full), and (model, class) entries held", ["figure"], (g) => {
+      const m = src.latencyModel?.();
+      if (!m) return;
+      g.set({ figure: "learned" }, m.learned);
+      g.set({ figure: "entries" }, m.entries);
+      for (const [k, v] of Object.entries(m.rejected)) g.set({ figure: k }, v);
+    });
     gauge("jetroute_gateway_strict", "Strict mode: committed charges, lost races, fallbacks", ["figure"], (g) => {
       for (const [k, v] of Object.entries(src.strict() ?? {})) g.set({ figure: k }, v);
     });
@@ -193,6 +212,7 @@ export class GatewayMetrics {
   decision(rec: DecisionRecord): void {
     // A P/D request is counted once, by its decode leg's record (prefill attempts: jetroute_gateway_pd).
     if (rec.pd?.leg === "prefill") return;
+    this.drift.record(rec);
     this.decisions.inc({ strategy: strategyLabel(rec.strategy), outcome: rec.outcome, status: String(rec.status) });
   }
 

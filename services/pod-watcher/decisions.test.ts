@@ -112,6 +112,17 @@ describe("kubernetes pod -> published pod", () => {
       },
     });
   });
+  it("takes the pod class from jetroute.io/pod-class, else nvidia.com/gpu.product; a value that is no class name is left out", () => {
+    const cls = (labels: Record<string, string>) => {
+      const m = mapPod(pod({ labels }));
+      return m.ok ? m.state.podClass : "skipped";
+    };
+    expect(cls({ "jetroute.io/pod-class": "a100", "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3" })).toBe("a100");
+    expect(cls({ "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3" })).toBe("NVIDIA-H100-80GB-HBM3");
+    expect(cls({ "jetroute.io/pod-class": "not a class", "nvidia.com/gpu.product": "L4" })).toBe("L4");
+    expect(cls({ "jetroute.io/pod-class": "x".repeat(64) })).toBeUndefined();
+    expect(cls({})).toBeUndefined();
+  });
   it("defaults: port 8000, vllm, combined; SGLang prefill pods get bootstrap port 8998", () => {
     expect(mapPod(pod())).toEqual({ ok: true, state: { model: "llama", pod: "vllm-0.ns1", address: "10.1.2.3:8000", ready: true, engine: "vllm" } });
     const sg = mapPod(pod({ labels: { "model.aibrix.ai/engine": "sglang", "role-name": "prefill" } }));

@@ -8,6 +8,8 @@
  *   model.aibrix.ai/metric-port       metrics port (default: the serving port)
  *   model.aibrix.ai/kv-events-enabled "true": KV events at tcp://<ip>:5557, replay tcp://<ip>:5558
  *   role-name, roleset-name           P/D role (prefill | decode) and roleset
+ *   jetroute.io/pod-class             the pod's class for the latency model (else nvidia.com/gpu.product;
+ *                                     a value that is no class name is left out, the pod is kept)
  *   model.aibrix.ai/sglang-bootstrap-port (annotation) SGLang prefill bootstrap port (default 8998)
  *   model.aibrix.ai/lora-adapters     (annotation) comma-separated LoRA adapters served
  *   model.aibrix.ai/config            (annotation) profiles JSON, passed on in `labels`
@@ -24,6 +26,9 @@ export const LABEL_METRIC_PORT = "model.aibrix.ai/metric-port";
 export const LABEL_KV_EVENTS = "model.aibrix.ai/kv-events-enabled";
 export const LABEL_ROLE = "role-name";
 export const LABEL_ROLESET = "roleset-name";
+export const LABEL_POD_CLASS = "jetroute.io/pod-class";
+export const LABEL_GPU_PRODUCT = "nvidia.com/gpu.product";
+const POD_CLASS = /^[A-Za-z0-9._-]{1,63}$/;
 export const ANNOTATION_BOOTSTRAP_PORT = "model.aibrix.ai/sglang-bootstrap-port";
 export const ANNOTATION_ADAPTERS = "model.aibrix.ai/lora-adapters";
 export const ANNOTATION_CONFIG = "model.aibrix.ai/config";
@@ -73,6 +78,15 @@ export function drainingOf(annotations: Readonly<Record<string, string>>): { dea
   return { deadline: Number(drain) };
 }
 
+/** The pod's class from its labels (the first valid of jetroute.io/pod-class, nvidia.com/gpu.product), or nothing. */
+function podClassOf(labels: Record<string, string>): { podClass?: string } {
+  for (const k of [LABEL_POD_CLASS, LABEL_GPU_PRODUCT]) {
+    const v = labels[k];
+    if (v !== undefined && POD_CLASS.test(v)) return { podClass: v };
+  }
+  return {};
+}
+
 export function mapPod(p: KubePod): PodMapping {
   const labels = p.metadata?.labels ?? {};
   const annotations = p.metadata?.annotations ?? {};
@@ -107,6 +121,7 @@ export function mapPod(p: KubePod): PodMapping {
     engine,
     ...(role !== "combined" ? { role } : {}),
     ...(labels[LABEL_ROLESET] ? { roleset: labels[LABEL_ROLESET] } : {}),
+    ...podClassOf(labels),
     ...(metricPort !== servePort ? { metricsAddress: `${host}:${metricPort}` } : {}),
   };
   if (engine === "sglang" && role === "prefill") {

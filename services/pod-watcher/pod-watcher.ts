@@ -114,6 +114,7 @@ export function staticPodState(p: StaticPod, ready: boolean): PodState {
     engine: p.engine ?? "vllm",
     ...(p.role ? { role: p.role } : {}),
     ...(p.roleset ? { roleset: p.roleset } : {}),
+    ...(p.podClass ? { podClass: p.podClass } : {}),
     ...(p.bootstrapPort ? { bootstrapPort: p.bootstrapPort } : {}),
     ...(p.metricsAddress ? { metricsAddress: p.metricsAddress } : {}),
     ...(p.kvEvents ? { kvEvents: p.kvEvents } : {}),

@@ -6,7 +6,7 @@ import { readFileSync } from "node:fs";
 import { type Static, Type } from "@sinclair/typebox";
 import { TypeCompiler } from "@sinclair/typebox/compiler";
 import { parse as parseYaml } from "yaml";
-import { KvEventsEndpoint, EngineKind, PodRole } from "../../schemas/events.js";
+import { KvEventsEndpoint, EngineKind, PodClass, PodRole } from "../../schemas/events.js";
 
 export const StaticPod = Type.Object(
   {
@@ -16,6 +16,7 @@ export const StaticPod = Type.Object(
     engine: Type.Optional(EngineKind),
     role: Type.Optional(PodRole),
     roleset: Type.Optional(Type.String({ minLength: 1 })),
+    podClass: Type.Optional(PodClass),
     bootstrapPort: Type.Optional(Type.Integer({ minimum: 1, maximum: 65535 })),
     metricsAddress: Type.Optional(Type.String({ pattern: "^[^\\s:]+:[0-9]{1,5}$" })),
     kvEvents: Type.Optional(KvEventsEndpoint),

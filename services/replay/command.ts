@@ -19,6 +19,7 @@ import { writeReportHtml } from "./report-html.js";
 import type { ReplayReport } from "./report-types.js";
 import { EXPORT_FORMAT, EXPORT_VERSION, fileSource, type MessageSource, natsSource, writeExport } from "./sources.js";
 import { simulateWhatIf, type TraceRequest } from "./whatif.js";
+import { calibratedClasses } from "./calibration.js";
 import { parseWindowBound, type WindowBound } from "./window.js";
 import { readRulesFile, RulesReplay, type RulesReplayReport } from "./semantic-rules.js";
 
@@ -85,6 +86,8 @@ export function summaryLine(r: ReplayReport, reportPath: string | undefined): Re
     agreement: r.agreement,
     topRegrets: r.topRegrets.slice(0, 5),
     ...(r.simulation ? { simulation: r.simulation.map((s) => ({ strategy: s.strategy, requests: s.requests, completed: s.completed, ttftP50Ms: s.ttft.p50Ms, ttftP99Ms: s.ttft.p99Ms, hitRate: Number(s.hitRate.toFixed(4)) })) } : {}),
+    ...(r.prediction ? { prediction: { decisions: r.prediction.decisions, fromPrior: r.prediction.fromPrior, ttftMape: r.prediction.ttftMape, tpotMape: r.prediction.tpotMape } } : {}),
+    ...(r.calibration ? { calibration: r.calibration } : {}),
     ...(r.flow ? { flow: r.flow.map((f) => ({ band: f.band, requests: f.requests, held: f.held, waitP50Ms: f.wait.p50Ms, waitP99Ms: f.wait.p99Ms })) } : {}),
     warnings: r.warnings,
     ...(reportPath ? { report: reportPath } : {}),
@@ -149,21 +152,46 @@ export async function runReplay(o: ReplayRunOptions): Promise<ReplayReport> {
   }
   bar?.stop();
   const report = engine.finish(new Date().toISOString());
-  if (o.simulate?.length) {
-    // The simulated pods get the recorded pods' KV cache size (their load samples report it), else the simulator's default.
-    const kv = Math.max(0, ...Object.values(engine.kvCapacityTokens));
-    const { trace, dropped } = oneBlockSizePerModel(engine.trace);
-    if (dropped > 0) report.warnings.push(`what-if: ${dropped} requests hashed with another block size than the rest of their model's were left out`);
-    report.simulation = [];
-    for (const strategy of o.simulate) {
-      try {
-        report.simulation.push(simulateWhatIf(trace, { strategy, podsPerModel: engine.fleet, ...(kv > 0 ? { engine: { kvCapacityTokens: kv } } : {}) }));
-      } catch (err) {
-        report.warnings.push(`what-if under ${strategy} failed: ${(err as Error).message}`);
-      }
+  if (o.simulate?.length) simulateInto(report, engine, o.simulate);
+  return report;
+}
+
+/**
+ * `--simulate`: each strategy on a simulated fleet of the recorded size; calibrated (per pod class,
+ * from the window's recorded outcomes, calibration.ts) when releases carried latency samples,
+ * and then the most recorded strategy too, beside the recorded actuals.
+ */
+function simulateInto(report: ReplayReport, engine: ReplayEngine, strategies: readonly string[]): void {
+  // The simulated pods get the recorded pods' KV cache size (their load samples report it), else the simulator's default.
+  const kv = Math.max(0, ...Object.values(engine.kvCapacityTokens));
+  const { trace, dropped } = oneBlockSizePerModel(engine.trace);
+  if (dropped > 0) report.warnings.push(`what-if: ${dropped} requests hashed with another block size than the rest of their model's were left out`);
+  const fits = engine.calibration.coefficients(report.window.toMs);
+  const calibrated = fits.some((f) => f.samples > 0) ? calibratedClasses(fits, engine.fleetClasses) : undefined;
+  const run = (strategy: string) =>
+    simulateWhatIf(trace, { strategy, podsPerModel: engine.fleet, ...(kv > 0 ? { engine: { kvCapacityTokens: kv } } : {}), ...(calibrated ? { classes: calibrated.classes } : {}) });
+  report.simulation = [];
+  for (const strategy of strategies) {
+    try {
+      report.simulation.push(run(strategy));
+    } catch (err) {
+      report.warnings.push(`what-if under ${strategy} failed: ${(err as Error).message}`);
     }
   }
-  return report;
+  if (!calibrated) {
+    report.warnings.push("what-if: no release in the window carried a latency sample; the simulated engines use the simulator's defaults (uncalibrated)");
+    return;
+  }
+  const recorded = [...engine.recordedStrategies].sort((a, b) => b[1] - a[1])[0]?.[0];
+  if (recorded === undefined) return;
+  try {
+    const sim = report.simulation.find((x) => x.strategy === recorded) ?? run(recorded);
+    const rec = report.recordedTtft.p50Ms;
+    const simP50 = sim.ttft.p50Ms;
+    report.calibration = { strategy: recorded, recordedTtftP50Ms: rec, simulatedTtftP50Ms: simP50, ttftP50Ratio: rec && simP50 !== null ? simP50 / rec : null, classes: calibrated.summary };
+  } catch (err) {
+    report.warnings.push(`calibrated what-if under the recorded ${recorded} failed: ${(err as Error).message}`);
+  }
 }
 
 const POOL_HELP = "gateway pool: read this pool's namespace (<prefix>.pool.<name>); the config bucket stays the base prefix's";

@@ -11,6 +11,7 @@ import { MinHeap } from "../shared/min-heap.js";
 import type { DecisionRecord, EngineLoadFields } from "../../schemas/events.js";
 import { ChargeLedger } from "../views/charge-ledger.js";
 import type { LoadReader, PodLoad } from "../views/load-view.js";
+import type { LatencyReader } from "../views/latency-model.js";
 import type { PodInfo, PodSetReader } from "../views/pod-set.js";
 import type { UsageReader } from "../views/usage-view.js";
 import { decisionRandom, type PrefixMatchResult, type SchedulingInput, schedule } from "../routing/stages/scheduling.js";
@@ -27,6 +28,8 @@ export interface ArmTask {
   loads: Map<string, { fresh: EngineLoadFields | undefined; get: PodLoad | undefined }>;
   usage: UsageReader;
   match: PrefixMatchResult | undefined;
+  /** The recorded gateway's latency model (predicted-latency*): its window as of the decision's time. */
+  latency?: LatencyReader;
 }
 
 export interface CounterfactualOptions {
@@ -100,7 +103,7 @@ export class Counterfactuals {
     if (m) for (const x of m.detail) best = Math.max(best, m.info.matched(x.pod));
     const pods: PodSetReader = { readyPods: () => t.candidates, knows: () => t.candidates.length > 0, get: () => undefined, byAddress: () => undefined, all: () => t.candidates };
     const load: LoadReader = { fresh: (_m, pod) => t.loads.get(pod)?.fresh, get: (_m, pod) => t.loads.get(pod)?.get };
-    const views = { pods, load, ledger: this.arms[0]?.ledger as ChargeLedger, usage: t.usage };
+    const views = { pods, load, ledger: this.arms[0]?.ledger as ChargeLedger, usage: t.usage, ...(t.latency ? { latency: t.latency } : {}) };
     const input: SchedulingInput = { request: t.request, ...(d.subset ? { subset: d.subset } : {}), now: d.ts, ...(d.slo ? { slo: d.slo } : {}), ...(m ? { prefix: () => m } : {}), views, strategy: this.arms[0]?.strategy as Strategy, random: Math.random };
     const picks: string[] = [];
     const keys = t.candidates.map((p) => [p.model, p.pod] as const);

@@ -42,6 +42,9 @@ import { type TraceRequest, ttftHistogram } from "./whatif.js";
 import { validateModelConfig } from "../routing/config-check.js";
 import { type Buffered, bufferedOf, Log, type ReplayMessage, type ReplayStream } from "./message-log.js";
 import { Counterfactuals } from "./counterfactuals.js";
+import { LatencyModel, UNCLASSED } from "../views/latency-model.js";
+import { PredictionError } from "./prediction-error.js";
+import { featureVector, latencyFeaturesOf } from "../routing/strategies/predicted-latency.js";
 
 export type { ReplayMessage, ReplayStream } from "./message-log.js";
 
@@ -144,6 +147,14 @@ export class ReplayEngine {
   readonly fleet: Record<string, number> = {};
   /** Per model, the largest KV cache of its pods in tokens, from their load samples (num_gpu_blocks x block_size). */
   readonly kvCapacityTokens: Record<string, number> = {};
+  /** Per model, the largest number of candidates seen per pod class (the calibrated what-if's fleet). */
+  readonly fleetClasses: Record<string, Record<string, number>> = {};
+  /** The recorded outcomes of the window, one fit per (model, pod class): the calibrated what-if's engine parameters. */
+  readonly calibration = new LatencyModel({ bucketMs: 2 ** 50, windowBuckets: 1, maxBucketSamples: Number.MAX_SAFE_INTEGER });
+  /** The recorded predictions against the recorded outcomes (decision records' `prediction`). */
+  private readonly predictionError = new PredictionError();
+  /** How often each strategy was recorded in the window (the calibrated what-if re-runs the most common). */
+  readonly recordedStrategies = new Map<string, number>();
 
   constructor(opts: ReplayOptions) {
     this.o = { reorderMs: 60_000, lostDecisionMs: 2_000, timelineBuckets: 60, topRegrets: 20, ...opts };
@@ -244,6 +255,8 @@ export class ReplayEngine {
       return;
     }
     if (d.ttftMs !== undefined) this.ttft.push(d.ttftMs);
+    this.predictionError.record(d);
+    if (!d.pd && this.recordedStrategies.size < 256) this.recordedStrategies.set(d.strategy, (this.recordedStrategies.get(d.strategy) ?? 0) + 1);
     if (d.flow) {
       const waits = this.flowWaits.get(d.flow.band) ?? [];
       waits.push(d.flow.waitMs);
@@ -587,6 +600,7 @@ export class ReplayEngine {
     // the whole fleet): keep what they need of this decision's views.
     const candidates = r.state.pods.readyPods(d.model);
     if (candidates.length > 0) this.fleet[d.model] = Math.max(this.fleet[d.model] ?? 0, candidates.length);
+    this.countClasses(d.model, candidates);
     if (this.trace.length < (this.o.traceLimit ?? 0)) {
       if (this.trace.length + 1 === this.o.traceLimit) this.warnings.add(`the what-if trace is limited to ${this.o.traceLimit} requests (--simulate-max)`);
       this.trace.push({
@@ -595,7 +609,8 @@ export class ReplayEngine {
         model: d.model,
         blockSize: d.blocks?.size ?? 16,
         hashes: hashes && d.blocks?.mode === "precise" ? hashes.map((h) => h.toString(16)) : [],
-        promptTokens: d.routedPromptTokens ?? d.promptTokens ?? 0,
+        // The engine's count when it reported one: a strategy that did not tokenize routed on an estimate.
+        promptTokens: d.promptTokens ?? d.routedPromptTokens ?? 0,
         outputTokens: d.completionTokens ?? d.maxTokens ?? 64,
       });
     }
@@ -609,13 +624,16 @@ export class ReplayEngine {
     const usage = r.state.usage;
     const userTokens = d.user ? usage.tokens(d.user, d.ts) : 0;
     const bounds = usage.bounds(d.ts);
+    const recordedMatch = prefix && candidates.length > 0 ? prefix(candidates) : undefined;
+    this.calibrate(r, d, candidates, recordedMatch);
     this.arms.add({
       d,
       request,
       candidates,
       loads,
       usage: { tokens: (u) => (u === d.user ? userTokens : 0), bounds: () => bounds },
-      match: prefix && candidates.length > 0 ? prefix(candidates) : undefined,
+      match: recordedMatch,
+      latency: r.state.latency,
     });
   }
 
@@ -659,6 +677,29 @@ export class ReplayEngine {
     return n;
   }
 
+  /**
+   * The calibration sample of a streamed, completed decision: the picked pod's features on the
+   * views its gateway had (the prefix match from the recorded blocks, whatever the strategy) and
+   * the recorded outcome. A request answered whole has no TPOT worth the name (its first bytes
+   * were its last): left out.
+   */
+  private calibrate(r: Replica, d: DecisionRecord, candidates: readonly PodInfo[], match: PrefixMatchResult | undefined): void {
+    if (d.pd || d.outcome !== "completed" || d.ttftMs === undefined || d.tpotMs === undefined || d.tpotMs < 0.1) return;
+    const pod = candidates.find((p) => p.pod === d.pick);
+    if (!pod) return;
+    // The engine's prompt count when it reported one (the routed count may be an estimate).
+    const f = latencyFeaturesOf(r.state, pod, d.promptTokens ?? d.routedPromptTokens ?? 0, match?.info, d.ts);
+    this.calibration.learn(d.model, d.ts, { x: featureVector(f), ...(pod.podClass ? { cls: pod.podClass } : {}), ttftMs: d.ttftMs, tpotMs: d.tpotMs });
+  }
+
+  private countClasses(model: string, candidates: readonly PodInfo[]): void {
+    if (candidates.length === 0) return;
+    const seen = new Map<string, number>();
+    for (const p of candidates) seen.set(p.podClass ?? UNCLASSED, (seen.get(p.podClass ?? UNCLASSED) ?? 0) + 1);
+    const max = (this.fleetClasses[model] ??= {});
+    for (const [k, n] of seen) if (Object.keys(max).length < 64 || k in max) max[k] = Math.max(max[k] ?? 0, n);
+  }
+
   /** Ends the input: every decision still waiting is evaluated, and the report is built. */
   finish(generatedAt: string): ReplayReport {
     this.watermark = Number.POSITIVE_INFINITY;
@@ -685,6 +726,7 @@ export class ReplayEngine {
       agreement,
       topRegrets,
       recordedTtft: ttftHistogram(this.ttft),
+      ...(this.predictionError.decisions > 0 ? { prediction: this.predictionError.summary() } : {}),
       ...(this.flowWaits.size > 0
         ? {
             flow: [...this.flowWaits]

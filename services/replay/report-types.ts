@@ -61,6 +61,32 @@ export interface SimulationSummary {
   makespanMs: number;
 }
 
+/** Mean absolute percentage errors (0.1 = 10 %) of recorded predictions against recorded outcomes. */
+export interface PredictionFigures {
+  decisions: number;
+  /** Of those, predictions made from the prior alone (no outcome seen yet). */
+  fromPrior: number;
+  ttftMape: number | null;
+  tpotMape: number | null;
+}
+
+export interface PredictionErrorSummary extends PredictionFigures {
+  byClass: Array<PredictionFigures & { model: string; podClass: string }>;
+}
+
+/**
+ * The calibrated what-if: engine parameters fitted to the window's recorded outcomes per pod
+ * class, and the recorded strategy simulated with them beside what was recorded.
+ */
+export interface CalibrationSummary {
+  strategy: string;
+  recordedTtftP50Ms: number | null;
+  simulatedTtftP50Ms: number | null;
+  /** simulated / recorded TTFT p50 (1 = exact). */
+  ttftP50Ratio: number | null;
+  classes: Array<{ model: string; podClass: string; pods: number; samples: number; prefillMsPerToken: number; decodeMsPerStep: number; decodeBatchSlope: number; ttftOffsetMs: number }>;
+}
+
 export interface ReplayReport {
   report: "jetroute-replay";
   version: 1;
@@ -91,6 +117,10 @@ export interface ReplayReport {
   /** Recorded TTFT of the replayed requests (from their decision records). */
   recordedTtft: Histogram;
   simulation?: SimulationSummary[];
+  /** The latency model's recorded predictions against the recorded outcomes (absent: no record carried one). */
+  prediction?: PredictionErrorSummary;
+  /** `--simulate`: the calibrated what-if (absent: no release carried a latency sample). */
+  calibration?: CalibrationSummary;
   /**
    * Flow control: per priority band, highest first, the recorded requests that passed the flow
    * gate, how many were held (waited > 0) and their wait (ms) as recorded. Absent: no

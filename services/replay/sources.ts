@@ -12,6 +12,7 @@
  *   DECISIONS          from `from`
  * and every stream up to `to + tail` (decisions arrive when their requests end).
  */
+import { BUCKET_MS, WINDOW_BUCKETS } from "../views/latency-model.js";
 import { createReadStream, createWriteStream, mkdirSync } from "node:fs";
 import path from "node:path";
 import { createInterface } from "node:readline";
@@ -203,7 +204,8 @@ export async function natsSource(nats: NatsHandles, prefix: string, w: WindowRea
     { stream: "config", name: `KV_${bucket}`, start: { kind: "all" }, kvPrefix: `$KV.${bucket}.` },
     { stream: "pods", name: streamName(prefix, "PODS"), start: { kind: "all" } },
     { stream: "load", name: streamName(prefix, "LOAD"), start: { kind: "time", ms: w.fromMs - 10_000 } },
-    { stream: "charges", name: streamName(prefix, "CHARGES"), start: { kind: "time", ms: w.fromMs - 30_000 } },
+    // Releases as far back as the latency model's window reaches (its buckets are aligned: one more).
+    { stream: "charges", name: streamName(prefix, "CHARGES"), start: { kind: "time", ms: w.fromMs - Math.max(30_000, (WINDOW_BUCKETS + 1) * BUCKET_MS) } },
     { stream: "kv", name: streamName(prefix, "KV"), start: { kind: "all" } },
     { stream: "decisions", name: streamName(prefix, "DECISIONS"), start: { kind: "time", ms: w.fromMs } },
   ];

@@ -40,6 +40,8 @@ import { LoadView } from "../views/load-view.js";
 import type { PodInfo } from "../views/pod-set.js";
 import type { Histogram, SimulationSummary } from "./report-types.js";
 import { VirtualClock } from "./virtual-clock.js";
+import { LatencyModel } from "../views/latency-model.js";
+import { featureVector, latencyFeaturesOf } from "../routing/strategies/predicted-latency.js";
 
 export interface TraceRequest {
   requestId: string;
@@ -72,6 +74,20 @@ export interface WhatIfOptions {
   scrapeIntervalMs?: number;
   /** Called every ~1% of arrivals (for a progress bar). */
   onProgress?: (done: number, total: number) => void;
+  /**
+   * Calibrated fleets (replay's fit of the recorded outcomes, docs/latency-model.md): per model,
+   * pods per class with their own engine settings and a fixed TTFT offset (what the recorded TTFT
+   * spends outside the engine: network, proxy). A model listed here ignores `podsPerModel`.
+   */
+  classes?: Readonly<Record<string, ReadonlyArray<SimClass>>>;
+}
+
+/** One simulated pod class of a calibrated fleet. */
+export interface SimClass {
+  readonly podClass: string;
+  readonly pods: number;
+  readonly engine: Partial<EngineConfig>;
+  readonly ttftOffsetMs: number;
 }
 
 /** TTFT histogram bucket edges (ms) of the replay report. */
@@ -160,6 +176,8 @@ interface PodSim {
   readonly byEngineHash: Map<bigint, string>;
   /** What the pod's /metrics histograms would sum and count (seconds, tokens), as vLLM records them. */
   readonly hist: Record<HistKey, { sum: number; count: number }>;
+  /** Added to every TTFT measured on the pod (a calibrated class's time outside the engine). */
+  readonly ttftOffsetMs: number;
 }
 
 interface Fleet {
@@ -224,8 +242,9 @@ function runSettings(opts: WhatIfOptions): RunSettings {
  */
 class Simulation {
   private readonly clock = new VirtualClock();
-  private readonly ledger = new ChargeLedger({ self: GATEWAY });
-  private readonly load: LoadView;
+  readonly ledger = new ChargeLedger({ self: GATEWAY });
+  readonly load: LoadView;
+  private readonly latency = new LatencyModel();
   private readonly random: () => number;
   private readonly fleets: Map<string, Fleet>;
   private readonly ttfts: number[] = [];
@@ -316,26 +335,34 @@ class Simulation {
       now,
       random: this.random,
       prefix: prefixInfoOf(fleet, keys),
+      latency: this.latency,
     };
     const picked = this.strategy.pick(ctx).pod;
     const sim = fleet.byName.get(picked.pod);
     if (!sim) throw new Error(`strategy ${this.strategy.name} picked ${picked.pod}, which is not a candidate for ${r.model}`);
     // Unique per arrival: request ids may repeat in a trace (retries), charges must not collide.
     const chargeId = String(index);
+    // The picked pod's features before this request's own charge counts on it (as the director's).
+    const sample = featureVector(latencyFeaturesOf(this, picked, promptLen, ctx.prefix, now));
     if (!this.ledger.charge({ type: "charge", id: chargeId, gateway: GATEWAY, model: r.model, pod: picked.pod, ts: now, ttlMs: CHARGE_TTL_MS, promptTokens: promptLen }, now)) {
       throw new Error(`charge ${chargeId} was refused by the ledger`);
     }
     this.charged++;
     this.inFlight++;
+    let firstAt: number | undefined;
     sim.engine.submit({
       promptTokens: promptTokens(hi, lo, promptLen, fleet.blockSize, r.requestId),
       outputTokens: highTokens(r.requestId, 0x6f7574, outputLen),
       onToken: (_token, i, atMs) => {
         if (i !== 0) return;
-        this.ttfts.push(atMs - now);
+        firstAt = atMs;
+        this.ttfts.push(atMs - now + sim.ttftOffsetMs);
         this.ledger.markDecoding(GATEWAY, chargeId);
       },
       onFinish: () => {
+        // The simulated fleet learns its own latency model, as a gateway would (predicted-latency*).
+        const end = this.clock.now();
+        if (firstAt !== undefined) this.latency.learn(r.model, end, { x: sample, ...(picked.podClass ? { cls: picked.podClass } : {}), ttftMs: firstAt - now + sim.ttftOffsetMs, ...(outputLen > 1 ? { tpotMs: (end - firstAt) / (outputLen - 1) } : {}) });
         if (this.ledger.release({ gateway: GATEWAY, id: chargeId })) this.released++;
         this.inFlight--;
         this.completed++;
@@ -469,28 +496,39 @@ function buildFleets(trace: readonly TraceRequest[], opts: WhatIfOptions, defaul
     checkConfig(config, model);
     const n = (Object.hasOwn(opts.podsPerModel, model) ? opts.podsPerModel[model] : undefined) ?? defaultPods;
     if (!Number.isInteger(n) || n < 1) throw new RangeError(`podsPerModel[${JSON.stringify(model)}] must be an integer >= 1, got ${n}`);
+    const classes: ReadonlyArray<SimClass> = (Object.hasOwn(opts.classes ?? {}, model) ? opts.classes?.[model] : undefined) ?? [{ podClass: "", pods: n, engine: {}, ttftOffsetMs: 0 }];
     const sims: PodSim[] = [];
-    for (let i = 0; i < n; i++) {
-      const g = podCounter++;
-      const info: PodInfo = {
-        model,
-        pod: `sim-${i}`,
-        address: `10.${(g >> 16) & 255}.${(g >> 8) & 255}.${g & 255}:8000`,
-        engine: "vllm",
-        role: "combined",
-        adapters: [],
-        labels: {},
-        ready: true,
-        updatedAt: 0,
-      };
-      sims.push(podSim(info, config, clock));
+    let i = 0;
+    let totalBlocks = Number.POSITIVE_INFINITY;
+    for (const k of classes) {
+      const own = Object.fromEntries(Object.entries(k.engine).filter(([, v]) => v !== undefined)) as Partial<EngineConfig>;
+      const c: EngineConfig = { ...config, ...own, blockSize };
+      checkConfig(c, model);
+      totalBlocks = Math.min(totalBlocks, Math.floor(c.kvCapacityTokens / blockSize));
+      for (let j = 0; j < k.pods; j++, i++) {
+        const g = podCounter++;
+        const info: PodInfo = {
+          model,
+          pod: `sim-${i}`,
+          address: `10.${(g >> 16) & 255}.${(g >> 8) & 255}.${g & 255}:8000`,
+          engine: "vllm",
+          role: "combined",
+          ...(k.podClass !== "" ? { podClass: k.podClass } : {}),
+          adapters: [],
+          labels: {},
+          ready: true,
+          updatedAt: 0,
+        };
+        sims.push(podSim(info, c, clock, Number.isFinite(k.ttftOffsetMs) ? Math.max(0, k.ttftOffsetMs) : 0));
+      }
     }
+    if (sims.length === 0) throw new RangeError(`model ${JSON.stringify(model)}: a calibrated fleet needs at least one pod`);
     // PodSet's order (by pod name): sim-10 sorts before sim-2, as on a real gateway.
     sims.sort((a, b) => (a.info.pod < b.info.pod ? -1 : a.info.pod > b.info.pod ? 1 : 0));
     fleets.set(model, {
       model,
       blockSize,
-      totalBlocks: Math.floor(config.kvCapacityTokens / blockSize),
+      totalBlocks,
       pods: sims.map((s) => s.info),
       byName: new Map(sims.map((s) => [s.info.pod, s])),
       sims,
@@ -523,7 +561,7 @@ function checkConfig(c: EngineConfig, model: string): void {
   if (!Number.isInteger(c.kvCapacityTokens) || c.kvCapacityTokens < c.blockSize) fail("kvCapacityTokens", `must be an integer >= blockSize (${c.blockSize})`);
 }
 
-function podSim(info: PodInfo, config: EngineConfig, clock: VirtualClock): PodSim {
+function podSim(info: PodInfo, config: EngineConfig, clock: VirtualClock, ttftOffsetMs = 0): PodSim {
   const held = new Set<string>();
   const byEngineHash = new Map<bigint, string>();
   const hist = Object.fromEntries(HIST_KEYS.map((k) => [k, { sum: 0, count: 0 }])) as PodSim["hist"];
@@ -571,7 +609,7 @@ function podSim(info: PodInfo, config: EngineConfig, clock: VirtualClock): PodSi
     }
   };
   const engine = new SimEngine(config, clock, observer, { hashSeed: engineHashSeed(`${info.model}\0${info.pod}`), onEvents });
-  return { info, engine, held, byEngineHash, hist };
+  return { info, engine, held, byEngineHash, hist, ttftOffsetMs };
 }
 
 /** Whether the pod's folded prefix view names exactly the rebuilt prompt blocks its engine caches. */

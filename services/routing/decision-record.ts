@@ -57,6 +57,7 @@ export function routedRecord(gateway: string, r: RoutedRequest, outcome: Release
     ...(c.profile ? { profile: c.profile } : {}),
     ...(c.strategyParams ? { strategyParams: c.strategyParams } : {}),
     ...(c.slo ? { slo: c.slo } : {}),
+    ...(r.prediction ? { prediction: r.prediction } : {}),
     ...(c.maxTokens !== undefined ? { maxTokens: c.maxTokens } : {}),
     ...(c.consistency ? { consistency: c.consistency } : {}),
     ...(c.flow ? { flow: { band: c.flow.band, ...(c.flow.objective !== undefined ? { objective: c.flow.objective } : {}), enqueuedAt: c.flow.enqueuedAt, waitMs: c.flow.waitMs } } : {}),

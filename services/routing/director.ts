@@ -17,6 +17,8 @@ import type { UsageView } from "../views/usage-view.js";
 import type { ConfigReader } from "../views/model-config.js";
 import { type RateView, rateUserOf } from "../views/rate-view.js";
 import type { GatewayState } from "../views/gateway-state.js";
+import type { LatencyModel, LatencyPrediction } from "../views/latency-model.js";
+import { featureVector, latencyFeaturesOf } from "./strategies/predicted-latency.js";
 import { findStrategy, strategyNames } from "./strategies/registry.js";
 import { type ParsedInput, parseInput, planRoute } from "./stages/parse.js";
 import { actionHeaders, applyAction, classify as classifySemantic, DECISION_HEADER, requestTexts, type SemanticOutcome, tagError } from "./stages/semantic.js";
@@ -41,9 +43,26 @@ import { classify } from "./flow/settings.js";
 
 export type { PrefixMatchResult } from "./stages/scheduling.js";
 export type { DecisionContext, FinishInfo, OwnAdmissionKey, Prepared, PromptBlocks, RoutedRequest, RouteInput } from "./request.js";
-import type { FinishInfo, Prepared, PromptBlocks, RoutedRequest, RouteInput } from "./request.js";
+import type { FinishInfo, Prepared, PromptBlocks, RecordedPrediction, RoutedRequest, RouteInput } from "./request.js";
 
 export { MAX_REQUEST_ID_LENGTH, MAX_USER_LENGTH } from "./stages/parse.js";
+
+const round2 = (x: number) => Math.round(x * 100) / 100;
+
+const recordedPrediction = (p: LatencyPrediction, pod: PodInfo): RecordedPrediction => ({ ttftMs: round2(p.ttftMs), tpotMs: round2(p.tpotMs), source: p.source, ...(pod.podClass ? { podClass: pod.podClass } : {}) });
+
+/**
+ * The release's latency sample (docs/latency-model.md): a completed streamed request's features
+ * and the TTFT and TPOT it saw. Not for a P/D leg (its TTFT spans two pods), nor for a request
+ * answered whole (its first bytes are its last: no TTFT).
+ */
+function latencySampleOf(r: RoutedRequest, outcome: ReleaseOutcome, info: FinishInfo, now: number): { latency?: ReleaseEvent["latency"] } {
+  if (!r.latency || outcome !== "completed" || r.pd || r.stream !== true) return {};
+  const ttft = r.firstChunkAt !== undefined ? r.firstChunkAt - r.startedAt : undefined;
+  const tokens = info.completionTokens;
+  const tpot = r.firstChunkAt !== undefined && tokens !== undefined && tokens > 1 ? (now - r.firstChunkAt) / (tokens - 1) : undefined;
+  return { latency: { ...r.latency, ...(ttft !== undefined ? { ttftMs: round2(ttft) } : {}), ...(tpot !== undefined ? { tpotMs: round2(tpot) } : {}) } };
+}
 
 export interface GatewayViews {
   pods: PodSet;
@@ -53,6 +72,8 @@ export interface GatewayViews {
   usage: UsageView;
   /** Request and token counts for rate limits, across all replicas. */
   rates: RateView;
+  /** The latency model (predicted-latency*, and the prediction every decision record carries). */
+  latency?: LatencyModel;
 }
 
 /** Where the director's events go (JetStream in production, an array in unit tests). */
@@ -337,6 +358,9 @@ export class Director {
     // Before anything is charged: a batch cannot be disaggregated.
     if (plan?.kind === "pd") refuseBatch(parsed.body);
     const promptTokens = prepared.tokens?.length ?? parsed.promptTokens;
+    // The latency model's view of the picked pod, before this request's own charge counts on it.
+    const features = latencyFeaturesOf(this.views, pick.pod, promptTokens, prefixMatch?.info, now);
+    const predicted = this.views.latency?.predict(pick.pod.model, pick.pod.podClass, features, now);
     const charge: ChargeEvent = {
       type: "charge",
       id: chargeId,
@@ -380,6 +404,8 @@ export class Director {
       countedAt,
       ...(parsed.body.stream === true ? { stream: true } : {}),
       ...(admission ? { admission } : {}),
+      latency: { x: featureVector(features), ...(pick.pod.podClass ? { cls: pick.pod.podClass } : {}) },
+      ...(predicted ? { prediction: recordedPrediction(predicted, pick.pod) } : {}),
       ...(prepared.upstreamBody ? { body: prepared.upstreamBody } : {}),
       context: {
         cursors,
@@ -412,6 +438,7 @@ export class Director {
     // non-prefix strategy never publishes: recording them would cost every request and tell replay nothing.
     if (!routed.context.blocks && prefix && this.opts.recordPromptBlocks !== false && parsed.promptTokenIds) {
       routed.recordedBlocks = prefix.blocks(parsed.model, pick.pod, parsed.promptTokenIds, now, "ids", parsed.cacheSalt);
+      this.learnCached(routed, parsed.promptTokenIds, "ids", parsed.cacheSalt, now);
     } else if (!routed.context.blocks && prefix && this.opts.recordPromptBlocks !== false && prefix.tokenizer.modeFor?.(parsed.model) !== "approximate") {
       const pod = pick.pod;
       // After the reply to Envoy has gone out: tokenizing runs synchronously up to its first await.
@@ -419,13 +446,33 @@ export class Director {
         if (routed.finished) return;
         prefix.tokenizer.tokenize(parsed.model, promptInputOf(parsed.body, input.body), pod.address).then(
           (t) => {
-            if (!routed.finished) routed.recordedBlocks = prefix.blocks(parsed.model, pod, t.tokens, now, t.mode, parsed.cacheSalt);
+            if (routed.finished) return;
+            routed.recordedBlocks = prefix.blocks(parsed.model, pod, t.tokens, now, t.mode, parsed.cacheSalt);
+            this.learnCached(routed, t.tokens, t.mode, parsed.cacheSalt, now);
           },
           () => undefined,
         );
       });
     }
     return routed;
+  }
+
+  /**
+   * A strategy that did not match prefixes routed the request: its latency sample learns the
+   * prompt's token count and the tokens the picked pod held from the tokenization and match made
+   * after routing (a few ms later), instead of an estimate and "none cached", which would teach
+   * the model that cached prompts are fast for no reason it can see.
+   */
+  private learnCached(r: RoutedRequest, tokens: readonly number[], mode: string | undefined, salt: string | undefined, now: number): void {
+    const prefix = this.opts.prefix;
+    if (!prefix || !r.latency || r.latency.x[1] !== 0) return;
+    const m = prefix.match(r.model, [r.pod], tokens, now, mode, salt);
+    // The tokenizer's count replaces the estimate the strategy routed with.
+    const x = r.latency.x;
+    x[0] = tokens.length;
+    x[1] = Math.min(tokens.length, Math.floor(m.info.matched(r.pod.pod) * m.info.blockSize));
+    const p = this.views.latency?.predict(r.model, r.pod.podClass, { promptTokens: x[0], cachedTokens: x[1], prefillTokens: x[2] ?? 0, decoding: x[3] ?? 0, waiting: x[4] ?? 0, kvPermille: x[5] ?? 0 }, r.startedAt);
+    if (p) r.prediction = recordedPrediction(p, r.pod);
   }
 
   /**
@@ -587,6 +634,7 @@ export class Director {
       ...(info.promptTokens !== undefined ? { promptTokens: info.promptTokens, chargedPromptTokens: r.promptTokens, chargedAt: r.countedAt } : {}),
       ...(info.completionTokens !== undefined ? { completionTokens: info.completionTokens } : {}),
       ...(r.user ? { user: r.user } : {}),
+      ...latencySampleOf(r, outcome, info, now),
     };
     this.opts.state.ownRelease(release);
     this.opts.sink.release(release);

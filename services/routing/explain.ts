@@ -16,6 +16,8 @@ import { mulberry32 } from "../shared/seeded-random.js";
 import type { FlowExplanation } from "./flow/controller.js";
 import { classify } from "./flow/settings.js";
 import type { SemanticOutcome } from "./stages/semantic.js";
+import { latencyFeaturesOf } from "./strategies/predicted-latency.js";
+import type { LatencyFeatures } from "../views/latency-model.js";
 
 export interface Explanation {
   model: string;
@@ -42,8 +44,12 @@ export interface Explanation {
     tokenLoad: number;
     load: { running: number | null; waiting: number | null; kvCacheUsage: number | null } | null;
     prefix?: { indexBlocks: number; indexGpuBlocks: number; indexWeighted: number; routedBlocks: number };
+    /** The latency model's prediction for this request on the pod, and the features it used; `source: "prior"` = no outcome seen yet. */
+    predicted?: { ttftMs: number; tpotMs: number; source: "class" | "pooled" | "prior"; samples: number; podClass: string | null; features: LatencyFeatures };
   }>;
 }
+
+const round2 = (x: number) => Math.round(x * 100) / 100;
 
 /** Tie-breaks seeded from the request, so every replica breaks ties the same way. */
 function seededRandom(seed: string): () => number {
@@ -75,6 +81,8 @@ export async function explain(director: Director, views: GatewayViews, headers: 
         const o = views.ledger.outstanding(p.model, p.pod);
         const l = views.load.fresh(p.model, p.pod, sel.now);
         const d = detail.get(p.pod);
+        const features = latencyFeaturesOf(views, p, prepared.tokens?.length ?? prepared.parsed.promptTokens, sel.prefixMatch?.info, sel.now);
+        const pr = views.latency?.predict(p.model, p.podClass, features, sel.now);
         return {
           pod: p.pod,
           address: p.address,
@@ -85,6 +93,7 @@ export async function explain(director: Director, views: GatewayViews, headers: 
           tokenLoad: tokenLoad(o),
           load: l ? { running: l.running, waiting: l.waiting, kvCacheUsage: l.kvCacheUsage } : null,
           ...(d ? { prefix: { indexBlocks: d.indexBlocks, indexGpuBlocks: d.indexGpuBlocks, indexWeighted: d.indexWeighted, routedBlocks: d.routedBlocks } } : {}),
+          ...(pr ? { predicted: { ttftMs: round2(pr.ttftMs), tpotMs: round2(pr.tpotMs), source: pr.source, samples: pr.samples, podClass: p.podClass ?? null, features } } : {}),
         };
       }),
     };

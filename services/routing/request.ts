@@ -65,6 +65,13 @@ export interface RoutedRequest {
   readonly stream?: boolean;
   /** P/D: the prefill leg of a disaggregated request (absent: an ordinary request). */
   pd?: PdRouted;
+  /** The picked pod's latency features at decision time (its release carries them with the outcome). */
+  readonly latency?: { readonly x: number[]; readonly cls?: string };
+  /**
+   * The latency model's prediction for the picked pod when it was picked (made again when a
+   * strategy that did not tokenize had the prompt tokenized just after routing).
+   */
+  prediction?: RecordedPrediction;
   /** A body the upstream request is sent with instead of the client's (a tenant's cache salt written in; P/D's decode leg). */
   body?: Buffer;
 }
@@ -109,6 +116,14 @@ export interface DecisionContext {
   readonly flow?: FlowRecord;
   /** Semantic model selection: the virtual model, its decision and the signals that decided it. */
   readonly semantic?: SemanticOutcome;
+}
+
+/** The latency model's prediction for a picked pod, as its decision record keeps it (docs/latency-model.md). */
+export interface RecordedPrediction {
+  ttftMs: number;
+  tpotMs: number;
+  source: "class" | "pooled" | "prior";
+  podClass?: string;
 }
 
 /** A flow-controlled request's place in the queues, as its decision record keeps it. */

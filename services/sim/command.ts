@@ -1,6 +1,6 @@
 /**
  * `jetroute sim`: a fleet of simulated engines. Prints one JSON line per pod on stdout
- * (`{"pod","address","engine","model","role","roleset"?,"bootstrapPort"?,"kvEvents"?}`) for the demo and scripts to parse; `kvEvents`
+ * (`{"pod","address","engine","model","role","roleset"?,"bootstrapPort"?,"podClass"?,"kvEvents"?}`) for the demo and scripts to parse; `kvEvents`
  * has the pod event schema's shape, so it can go into a pod list as it is.
  */
 import { type Command, InvalidArgumentError, Option } from "commander";
@@ -9,7 +9,7 @@ import { createLogger, type Logger } from "../shared/log.js";
 import { type SimFleet, type SimFleetOptions, type SimFleetPod, startSimFleet } from "./fleet.js";
 import { KV_EVENT_ENCODINGS, type KvEventEncoding, REPLAY_LAYOUTS, type ReplayLayout } from "./kv-events.js";
 import { ENGINE_KINDS, type EngineKind } from "./metrics.js";
-import { FLEET_DEFAULTS as D, POD_ROLES, SimOptionsError } from "./options.js";
+import { FLEET_DEFAULTS as D, parsePodClasses, POD_ROLES, type SimPodClass, SimOptionsError } from "./options.js";
 import type { PodRole } from "../../schemas/events.js";
 import { TokenizerFilesError } from "../tokenizer/hf-tokenizer.js";
 
@@ -35,6 +35,14 @@ const engineList = cycledList<EngineKind>(ENGINE_KINDS);
 const encodingList = cycledList<KvEventEncoding>(KV_EVENT_ENCODINGS);
 const layoutList = cycledList<ReplayLayout>(REPLAY_LAYOUTS);
 const roleList = cycledList<PodRole>(POD_ROLES);
+function podClassList(value: string): SimPodClass[] {
+  try {
+    return parsePodClasses(value);
+  } catch (err) {
+    if (err instanceof SimOptionsError) throw new InvalidArgumentError(err.detail);
+    throw err;
+  }
+}
 const nameList = (value: string): string[] => value.split(",").map((s) => s.trim()).filter(Boolean);
 
 export function registerSimCommand(program: Command): void {
@@ -96,6 +104,11 @@ function addSimOptions(cmd: Command): Command {
     .option("--bootstrap-base-port <port>", "SGLang prefill pod i serves bootstrap on base+i (0 = free ports)", intOption(0, 65535), D.bootstrapBasePort)
     .option("--kv-read-timeout-ms <n>", "vLLM decode gives up a KV side-channel read after this many wall ms", nonNegative, D.kvReadTimeoutMs)
     .option("--kv-transfer-ms-per-block <ms>", "simulated time to move one KV block from prefill to decode", nonNegative, D.kvTransferMsPerBlock)
+    .option(
+      "--pod-classes <list>",
+      "speed classes cycled over pods: name[:prefill=<ms/token>][:decode=<ms/step>][:kv=<tokens>],... (e.g. fast,slow:prefill=0.625:decode=37.5)",
+      podClassList,
+    )
     .option("--sglang-kv-events", "SGLang pods publish KV events too, in SGLang's wire format (one event per page, CPython tuple hashes, old replay layout)")
     .option("--tokenizer <hf:dir>", "a real model's tokenizer for /tokenize, prompts and KV events: hf:<dir> with tokenizer.json + tokenizer_config.json (default: the built-in one)");
 }
@@ -154,6 +167,7 @@ function fleetOptions(o: SimFlagValues, logger: Logger): SimFleetOptions & { log
     kvTransferMsPerBlock: o.kvTransferMsPerBlock,
     ...(o.tokenizer ? { tokenizer: o.tokenizer } : {}),
     ...(o.sglangKvEvents ? { sglangKvEvents: true } : {}),
+    ...(o.podClasses ? { podClasses: o.podClasses } : {}),
     logger,
   };
 }
@@ -179,6 +193,7 @@ function podLine(p: SimFleetPod, model: string): Record<string, unknown> {
     role: p.role,
     ...(p.roleset !== undefined ? { roleset: p.roleset } : {}),
     ...(p.bootstrapPort !== undefined ? { bootstrapPort: p.bootstrapPort } : {}),
+    ...(p.podClass !== undefined ? { podClass: p.podClass } : {}),
     ...(p.kvEvents ? { kvEvents: p.kvEvents } : {}),
   };
 }

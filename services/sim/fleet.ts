@@ -12,7 +12,7 @@ import { type KvEventsInfo, type SimPod, type SimPodCacheListing, startSimPod } 
 import { loadSimTokenizer } from "./real-tokenizer.js";
 
 export type { KvEventEncoding, ReplayLayout } from "./kv-events.js";
-export type { SimFleetOptions } from "./options.js";
+export type { SimFleetOptions, SimPodClass } from "./options.js";
 export { SimOptionsError } from "./options.js";
 export type { KvEventsInfo, SimPodCacheListing } from "./pod.js";
 export type { PodFaults } from "./faults.js";
@@ -31,6 +31,8 @@ export interface SimFleetPod {
   roleset?: string;
   /** SGLang prefill pods: the bootstrap server's port (a static pod list's `bootstrapPort`). */
   bootstrapPort?: number;
+  /** The pod's speed class (`podClasses`), what a pod list's `podClass` carries. */
+  podClass?: string;
 }
 
 export interface SimFleet {
@@ -57,6 +59,7 @@ export async function startSimFleet(options: SimFleetOptions & { logger?: Logger
     for (let i = 0; i < o.pods; i++) {
       const engine = o.engines[i % o.engines.length] ?? "vllm";
       const role = o.roles[i % o.roles.length] ?? "combined";
+      const podClass = o.podClasses.length > 0 ? o.podClasses[i % o.podClasses.length] : undefined;
       const kv = o.kvEvents;
       // SGLang pods publish only in the SGLang mode (sglangKvEvents): SGLang's own wire, "old" replay layout.
       const wire =
@@ -74,7 +77,8 @@ export async function startSimFleet(options: SimFleetOptions & { logger?: Logger
           engine,
           timeScale: o.timeScale,
           maxModelLen: o.maxModelLen,
-          engineConfig: o.engineConfig,
+          engineConfig: podClass?.engineConfig ?? o.engineConfig,
+          ...(podClass ? { podClass: podClass.name } : {}),
           ...(tokenizer ? { tokenizer } : {}),
           kvEvents: kv && wire
             ? {
@@ -115,6 +119,7 @@ export async function startSimFleet(options: SimFleetOptions & { logger?: Logger
         role: p.role,
         ...(p.roleset !== undefined ? { roleset: p.roleset } : {}),
         ...(p.bootstrapPort !== undefined ? { bootstrapPort: p.bootstrapPort } : {}),
+        ...(p.podClass !== undefined ? { podClass: p.podClass } : {}),
         ...(p.kvEvents && kv ? { kvEvents: p.kvEvents, kvEventsEncoding: kv.encoding, kvEventsReplayLayout: kv.replayLayout } : {}),
       };
     }),

@@ -60,7 +60,25 @@ export interface SimFleetOptions {
   sglangKvEvents?: boolean;
   /** `hf:<dir>`: a real model's Hugging Face tokenizer instead of the built-in one (services/sim/real-tokenizer.ts). */
   tokenizer?: string;
+  /**
+   * Per-pod speed classes ("GPU types"), cycled over the pods like `engine`: each names its class
+   * (reported as the pod's `podClass`) and overrides the fleet's prefill cost, decode step and KV
+   * capacity. Absent: every pod runs the fleet's engine settings and has no class.
+   */
+  podClasses?: readonly SimPodClass[];
 }
+
+/** One simulated "GPU type": a class name and the engine speeds that differ from the fleet's. */
+export interface SimPodClass {
+  /** 1-63 letters, digits, '.', '_' or '-' (the PODS `podClass` bound). */
+  name: string;
+  prefillMsPerToken?: number;
+  decodeMsPerStep?: number;
+  kvCapacityTokens?: number;
+}
+
+/** A pod class name as PODS carries it (schemas/events.ts `PodClass`). */
+export const POD_CLASS_PATTERN = /^[A-Za-z0-9._-]{1,63}$/;
 
 export interface ResolvedKvEventsOptions {
   encodings: KvEventEncoding[];
@@ -90,6 +108,8 @@ export interface ResolvedFleetOptions {
   /** `hf:<dir>`, or undefined for the built-in tokenizer. */
   tokenizer: string | undefined;
   sglangKvEvents: boolean;
+  /** Per class (cycled over pods): its name and its engine settings; empty = no classes. */
+  podClasses: Array<{ name: string; engineConfig: EngineConfig }>;
 }
 
 export const FLEET_DEFAULTS = {
@@ -177,7 +197,8 @@ export function resolveFleetOptions(o: SimFleetOptions): ResolvedFleetOptions {
   check(isInt(c.kvCapacityTokens, c.blockSize), "kvCapacityTokens", `must be an integer >= blockSize (${c.blockSize}), got ${c.kvCapacityTokens}`);
   // Every running request must be able to schedule its one decode token in the same step.
   check(isInt(c.maxNumBatchedTokens, c.maxBatch), "maxNumBatchedTokens", `must be an integer >= maxBatch (${c.maxBatch}), got ${c.maxNumBatchedTokens}`);
-  const capacity = Math.floor(c.kvCapacityTokens / c.blockSize) * c.blockSize;
+  const podClasses = resolvePodClasses(o.podClasses, c);
+  const capacity = Math.min(...[c, ...podClasses.map((k) => k.engineConfig)].map((e) => Math.floor(e.kvCapacityTokens / e.blockSize) * e.blockSize));
   const maxModelLen = o.maxModelLen ?? Math.min(d.maxModelLen, capacity);
   // As in vLLM, a context that cannot fit in the KV cache on its own is a startup error.
   check(isInt(maxModelLen, 2) && maxModelLen <= capacity, "maxModelLen", `must be an integer in [2, ${capacity}] (the KV capacity), got ${maxModelLen}`);
@@ -249,5 +270,41 @@ export function resolveFleetOptions(o: SimFleetOptions): ResolvedFleetOptions {
     bootstrapBasePort,
     tokenizer: o.tokenizer,
     sglangKvEvents: o.sglangKvEvents ?? false,
+    podClasses,
   };
+}
+
+function resolvePodClasses(classes: readonly SimPodClass[] | undefined, base: EngineConfig): ResolvedFleetOptions["podClasses"] {
+  return (classes ?? []).map((k) => {
+    check(typeof k.name === "string" && POD_CLASS_PATTERN.test(k.name), "podClasses", `names must be 1-63 letters, digits, '.', '_' or '-', got ${JSON.stringify(k.name)}`);
+    const e: EngineConfig = {
+      ...base,
+      prefillMsPerToken: k.prefillMsPerToken ?? base.prefillMsPerToken,
+      decodeMsPerStep: k.decodeMsPerStep ?? base.decodeMsPerStep,
+      kvCapacityTokens: k.kvCapacityTokens ?? base.kvCapacityTokens,
+    };
+    check(isNum(e.prefillMsPerToken, 0) && isNum(e.decodeMsPerStep, 0), "podClasses", `${k.name}: speeds must be numbers >= 0`);
+    check(isInt(e.kvCapacityTokens, e.blockSize), "podClasses", `${k.name}: kvCapacityTokens must be an integer >= blockSize (${e.blockSize}), got ${e.kvCapacityTokens}`);
+    return { name: k.name, engineConfig: e };
+  });
+}
+
+/**
+ * `--pod-classes`: `name[:prefill=<ms/token>][:decode=<ms/step>][:kv=<tokens>],...`, e.g.
+ * `fast,slow:prefill=0.625:decode=37.5` (a missing setting is the fleet's).
+ */
+export function parsePodClasses(value: string): SimPodClass[] {
+  const keys: Record<string, keyof Omit<SimPodClass, "name">> = { prefill: "prefillMsPerToken", decode: "decodeMsPerStep", kv: "kvCapacityTokens" };
+  return value.split(",").map((item) => {
+    const [name = "", ...settings] = item.trim().split(":");
+    const k: SimPodClass = { name };
+    for (const kv of settings) {
+      const [key = "", v = ""] = kv.split("=");
+      const field = Object.hasOwn(keys, key) ? keys[key] : undefined;
+      const n = Number(v);
+      if (!field || v.trim() === "" || !Number.isFinite(n)) throw new SimOptionsError("podClasses", `entry ${JSON.stringify(item.slice(0, 60))}: expected name[:prefill=ms][:decode=ms][:kv=tokens]`);
+      (k as unknown as Record<string, number>)[field] = n;
+    }
+    return k;
+  });
 }

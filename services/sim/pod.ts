@@ -45,6 +45,8 @@ export interface SimPodOptions {
   role?: PodRole;
   /** The P/D group the pod belongs to; only reported. */
   roleset?: string;
+  /** The pod's speed class (fleet `podClasses`); only reported. */
+  podClass?: string;
   /** P/D timeouts and transfer cost; defaults in DEFAULT_PD_TIMINGS. */
   pd?: Partial<PdTimings>;
   /** SGLang prefill pods: the bootstrap server's port (0 = free port). */
@@ -78,6 +80,7 @@ export interface SimPodState extends EngineSnapshot {
   engine: EngineKind;
   role: PodRole;
   roleset?: string;
+  podClass?: string;
   bootstrapPort?: number;
   /** vLLM prefill-capable pods: the KV side channel's address. */
   sideChannel?: { host: string; port: number };
@@ -98,6 +101,7 @@ export interface SimPod {
   readonly kvEvents: KvEventsInfo | undefined;
   readonly role: PodRole;
   readonly roleset: string | undefined;
+  readonly podClass: string | undefined;
   /** SGLang prefill pods only. */
   readonly bootstrapPort: number | undefined;
   state(): SimPodState;
@@ -242,6 +246,7 @@ export async function startSimPod(opts: SimPodOptions): Promise<SimPod> {
     engine: opts.engine,
     role,
     ...(opts.roleset !== undefined ? { roleset: opts.roleset } : {}),
+    ...(opts.podClass !== undefined ? { podClass: opts.podClass } : {}),
     ...(bootstrapPort !== undefined ? { bootstrapPort } : {}),
     ...(pd.sideChannel ? { sideChannel: pd.sideChannel } : {}),
     pd: run.pdStats.snapshot(run.engine.snapshot().heldRequests),
@@ -295,6 +300,7 @@ export async function startSimPod(opts: SimPodOptions): Promise<SimPod> {
     kvEvents,
     role,
     roleset: opts.roleset,
+    podClass: opts.podClass,
     bootstrapPort,
     state,
     setFaults: (f) => faults.set(parseFaults(f)),

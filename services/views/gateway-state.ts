@@ -48,6 +48,7 @@ import { DEFAULT_PREFIX_MAX_ENTRIES, PrefixIndex, type PrefixIndexOptions } from
 import { DEFAULT_RATE_CONFIRM_MS, type ForeignUsageBounds, RateView } from "./rate-view.js";
 import { RoutedPrefixes } from "./routed-prefixes.js";
 import { UsageView } from "./usage-view.js";
+import { LatencyModel } from "./latency-model.js";
 
 /** The sources a gateway folds; `config` is the config bucket's underlying stream. */
 export type StateStream = "pods" | "load" | "charges" | "kv" | "config";
@@ -149,6 +150,8 @@ export class GatewayState {
   readonly pools = new PoolMap();
   /** InferencePool objectives and rewrites (config bucket `inferencepool.*`). */
   readonly poolPolicies = new PoolPolicies();
+  /** The latency model, learned from every gateway's releases (latency-model.ts). */
+  readonly latency = new LatencyModel();
   private prefixIndex: PrefixIndex;
   readonly prefixIndexOptions: PrefixIndexOptions;
   /** Last sequence handled per source (applied, ignored, skipped or dead-lettered). */
@@ -275,7 +278,7 @@ export class GatewayState {
     if (ev.type === "charge" && ev.phase !== "prefill") {
       this.rates.request(ev.user, ev.model, ev.promptTokens, ev.ts);
       if (ev.user) this.usage.record({ user: ev.user, promptTokens: ev.promptTokens, completionTokens: 0, ts: ev.ts });
-    } else if (ev.type === "release") this.countRelease(ev, false);
+    } else if (ev.type === "release") this.countRelease(ev, false, ev.model);
     return APPLIED;
   }
 
@@ -283,12 +286,14 @@ export class GatewayState {
   private applyReleases(ev: ReleaseBatch, meta: EventMeta): ApplyResult {
     if (ev.gateway === this.self) return ignored("own-echo");
     if (this.shareCharges) this.ledger.releaseBatch(ev.gateway, ev.releases, meta.seq);
-    for (const r of ev.releases) this.countRelease(r, false);
+    for (const r of ev.releases) this.countRelease(r, false, ev.model);
     return APPLIED;
   }
 
   /** What a release changes besides the ledger: the engine's counts in the usage and rate windows (`own`: this gateway's, for its usage summary too). */
-  private countRelease(r: ReleaseItem, own: boolean): void {
+  private countRelease(r: ReleaseItem, own: boolean, model: string): void {
+    // Learned whatever `shareCharges` says: outcomes are facts about the pods, not load.
+    if (r.latency) this.latency.learn(model, r.ts, r.latency);
     // The engine's prompt count replaces the charge's estimate in the window it was charged in.
     if (r.promptTokens !== undefined && r.chargedPromptTokens !== undefined && r.chargedAt !== undefined) {
       this.rates.correctPrompt(r.user, r.promptTokens - r.chargedPromptTokens, r.chargedAt, own);
@@ -443,7 +448,7 @@ export class GatewayState {
   /** A request this gateway routed ended (the release it publishes). */
   ownRelease(release: ReleaseEvent): void {
     this.ledger.release(release);
-    this.countRelease(release, true);
+    this.countRelease(release, true, release.model);
   }
 
   /**
@@ -485,6 +490,7 @@ export class GatewayState {
       apiKeys: copy(this.apiKeys),
       pools: copy(this.pools),
       poolPolicies: copy(this.poolPolicies),
+      latency: copy(this.latency),
       prefixIndex: copy(this.prefixIndex),
       prefixIndexOptions: this.prefixIndexOptions,
       cursors: { ...this.cursors },
@@ -516,6 +522,7 @@ export class GatewayState {
       apiKeys: this.apiKeys.dump(),
       pools: this.pools.names().map((n) => [n, this.pools.modelsOf(n)]),
       inferencePools: this.poolPolicies.all(),
+      latency: this.latency.dump(),
       prefixIndex: createHash("sha256").update(this.prefixIndex.serialize()).digest("hex"),
     };
   }

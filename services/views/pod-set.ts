@@ -16,6 +16,8 @@ export interface PodInfo {
   readonly engine: EngineKind;
   readonly role: PodRole;
   readonly roleset?: string;
+  /** The pod's class for the latency model (PODS `podClass`); absent: unclassed. */
+  readonly podClass?: string;
   /** SGLang P/D prefill pods: the bootstrap port decode pods fetch the KV from. */
   readonly bootstrapPort?: number;
   readonly metricsAddress?: string;
@@ -132,6 +134,7 @@ export class PodSet implements PodSetReader {
         engine: ev.engine,
         role: ev.role ?? "combined",
         roleset: ev.roleset,
+        ...(ev.podClass !== undefined ? { podClass: ev.podClass } : {}),
         ...(ev.bootstrapPort !== undefined ? { bootstrapPort: ev.bootstrapPort } : {}),
         metricsAddress: ev.metricsAddress,
         kvEvents: ev.kvEvents,

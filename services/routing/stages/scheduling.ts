@@ -12,6 +12,7 @@ import type { ChargeLedger } from "../../views/charge-ledger.js";
 import type { LoadReader } from "../../views/load-view.js";
 import type { PodInfo, PodSetReader } from "../../views/pod-set.js";
 import type { UsageReader } from "../../views/usage-view.js";
+import type { LatencyReader } from "../../views/latency-model.js";
 import { mulberry32 } from "../../shared/seeded-random.js";
 import { fnv1a32 } from "../../tokenizer/sim-tokenizer.js";
 import { RouteError } from "../errors.js";
@@ -25,6 +26,7 @@ export interface SchedulingViews {
   readonly load: LoadReader;
   readonly ledger: Pick2<ChargeLedger, "outstanding">;
   readonly usage?: UsageReader;
+  readonly latency?: LatencyReader;
 }
 type Pick2<T, K extends keyof T> = { [P in K]: T[P] };
 
@@ -104,6 +106,7 @@ export function schedule(i: SchedulingInput): Scheduled {
     load: i.views.load,
     ledger: i.views.ledger,
     ...(i.views.usage ? { usage: i.views.usage } : {}),
+    ...(i.views.latency ? { latency: i.views.latency } : {}),
     now: i.now,
     random: i.random,
     ...(tieOrder ? { tieOrder } : {}),

@@ -16,6 +16,7 @@ import { leastTokenLoadPlugin } from "./least-token-load.js";
 import { pdPlugin } from "./pd.js";
 import { isStrategySpecError, type StrategyParams, type StrategyPlugin, StrategySpecError } from "./plugin.js";
 import { powerOfTwoPlugin } from "./power-of-two.js";
+import { predictedLatencyPlugin, predictedLatencyTargetsPlugin } from "./predicted-latency.js";
 import { prefixCachePlugin, prefixCachePreblePlugin } from "./prefix-cache.js";
 import { randomPlugin } from "./random.js";
 import { sessionAffinityPlugin } from "./session-affinity.js";
@@ -44,6 +45,8 @@ const PLUGINS: StrategyPlugin[] = [
   sloPackLoadPlugin,
   prefixCachePlugin,
   prefixCachePreblePlugin,
+  predictedLatencyPlugin,
+  predictedLatencyTargetsPlugin,
   pdPlugin,
 ];
 

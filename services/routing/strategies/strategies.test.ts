@@ -132,6 +132,8 @@ describe("registry", () => {
       "slo-pack-load",
       "prefix-cache",
       "prefix-cache-preble",
+      "predicted-latency",
+      "predicted-latency-targets",
       "pd",
     ]);
     expect(findStrategy("least-request")).toBe(leastRequestStrategy);

@@ -7,6 +7,7 @@
  * one scorer" (see combine.ts); a few need their own picker (random, power-of-two, slo*).
  */
 import type { LedgerReader } from "../../views/charge-ledger.js";
+import type { LatencyReader } from "../../views/latency-model.js";
 import type { LoadReader } from "../../views/load-view.js";
 import type { PodInfo } from "../../views/pod-set.js";
 import type { UsageReader } from "../../views/usage-view.js";
@@ -63,6 +64,8 @@ export interface RoutingContext {
    * director from the shared prefix index. Absent: the prefix strategies fall back to least-request.
    */
   readonly prefix?: PrefixMatchInfo;
+  /** The latency model learned from the fleet's outcomes (predicted-latency*). Absent: they fall back to least-request. */
+  readonly latency?: LatencyReader;
 }
 
 /**
