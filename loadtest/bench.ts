@@ -21,6 +21,7 @@ import { runFoldLiveBench } from "./benches/fold-live.js";
 import { FLOW_RUNS, type FlowRunName, runFlowBench } from "./benches/flow.js";
 import { runScaleBench } from "./benches/scale.js";
 import { registerTokenizerBench } from "./benches/tokenizer.js";
+import { registerTokenizeBench } from "./benches/tokenize.js";
 
 const ints = (v: string) =>
   v.split(",").map((x) => {
@@ -299,5 +300,6 @@ program
   });
 
 registerTokenizerBench(program);
+registerTokenizeBench(program);
 
 await program.parseAsync(process.argv);

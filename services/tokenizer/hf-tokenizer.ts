@@ -19,7 +19,7 @@ import { Tokenizer as NativeTokenizer } from "tokenizers";
 import { BoundedQueue } from "./bounded-queue.js";
 import { RenderPool, RenderPoolUnavailableError } from "./render-pool.js";
 import { ChatTemplateError, ChatTemplates, finishRender, type HfChatMessage, type RenderChatOptions } from "./chat-template.js";
-import { PrefixIdsCache } from "./prefix-ids.js";
+import { PrefixIdsCache, type PrefixReuse } from "./prefix-ids.js";
 import { type AddedTokenSpec, planSplits, type SplitPlan, SplitPoints } from "./split-points.js";
 
 export const TOKENIZER_FILE = "tokenizer.json";
@@ -197,10 +197,25 @@ export class HfTokenizer {
     if (o.addSpecialTokens) return this.queue.run(() => this.encodeNow(text, true));
     const prefixes = this.prefixes;
     if (!prefixes) return this.queue.run(() => this.encodeNow(text, false));
-    // The end of the first message's text: a system prompt shared by many conversations.
+    // The end of the first message's text: a system prompt shared by many conversations. The end of
+    // the next message with text (the first user task): the conversation's anchor (prefix-ids.ts).
     const first = messages[0]?.content;
     const at = typeof first === "string" && first.length > 0 ? text.indexOf(first) : -1;
-    return this.queue.run(() => prefixes.encode("", text, at >= 0 ? [at + (first as string).length] : []));
+    const firstEnd = at >= 0 ? at + (first as string).length : -1;
+    const second = messages.slice(1, 4).find((m) => typeof m.content === "string" && m.content.length > 0)?.content as string | undefined;
+    const secondAt = firstEnd >= 0 && second !== undefined ? text.indexOf(second, firstEnd) : -1;
+    const anchorAt = secondAt >= 0 ? secondAt + (second as string).length : undefined;
+    const r = await this.queue.run(() => prefixes.encodeWithReuse("", text, firstEnd >= 0 ? [firstEnd] : [], anchorAt));
+    if (r.reused || r.stored.length > 0) this.reuse.set(r.ids, r);
+    return r.ids;
+  }
+
+  /** Ids returned by `chatIds` -> the cached prefixes they reused and stored (held only as long as the ids are). */
+  private readonly reuse = new WeakMap<readonly number[], PrefixReuse>();
+
+  /** Which cached prefix entries a `chatIds` result reused and stored (block hashes are derived per entry). */
+  prefixReuseOf(ids: readonly number[]): PrefixReuse | undefined {
+    return this.reuse.get(ids);
   }
 
   /** Ids of a completion prompt (vLLM: `add_special_tokens` true by default). Throws QueueFullError. */

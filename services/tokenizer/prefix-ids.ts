@@ -9,6 +9,23 @@
  * one pass; values are the prefix's ids. Bounded in bytes (ByteLru). Which prefixes are stored:
  * the prompt's last cut (the start of the reply a next turn will send back) and cuts the caller
  * names (the end of the first message: a shared system prompt).
+ *
+ * One conversation, one entry: a prompt's last-cut ("tail") entry replaces the previous tail of
+ * the same conversation — the conversation has moved on, and keeping every turn's prefix would
+ * hold a 50-turn conversation's ids ~25 times over. The conversation is known by its anchor, the
+ * prefix up to the first cut after the caller's `anchorAt` (the gateway names the end of the first
+ * message after the system prompt: the first user task), or, without one, by the tail entry the
+ * prompt reused. The anchor matters when a template re-renders earlier messages (Qwen3 strips
+ * earlier reasoning when a new user task arrives): the prompt then reuses a shorter prefix, not
+ * the previous tail, which would otherwise stay behind unused until evicted. A client that goes
+ * back (regenerates an earlier turn) or two conversations with the same first task replace each
+ * other's tails: they reuse the longest prefix still cached and encode the rest — slower, never
+ * different. Ids are kept as Uint32Array (4 bytes a token, `prefixEntryBytes`); anchors
+ * remembered are bounded (`MAX_ANCHORS`, ~200 bytes each).
+ *
+ * Each entry is an object (`PrefixEntry`) that callers may key derived data on (prefix-support
+ * keeps the block hashes of an entry's ids in a WeakMap): `encodeWithReuse` says which entry a
+ * prompt reused and which it stored. Their bytes are counted here as `PREFIX_DERIVED_BYTES_PER_TOKEN`.
  */
 import { createHash, type Hash } from "node:crypto";
 import { ByteLru } from "./byte-lru.js";
@@ -24,7 +41,12 @@ export interface PrefixIdsStats {
   entries: number;
   bytes: number;
   evicted: number;
+  /** Entries dropped because a longer prefix of the same conversation replaced them. */
+  superseded: number;
 }
+
+/** Conversations (anchor -> tail key) remembered for replacing their tails; the oldest are forgotten first. */
+export const MAX_ANCHORS = 65_536;
 
 export interface PrefixIdsOptions {
   splits: SplitPoints;
@@ -35,15 +57,41 @@ export interface PrefixIdsOptions {
   encode(text: string): Promise<number[]>;
 }
 
-export function prefixEntryBytes(ids: readonly number[]): number {
-  // Key (28 base64 chars, UTF-16), 8 bytes a small-integer array slot, ~100 of Map entry and headers.
-  return 56 + 8 * ids.length + 100;
+/** A cached prefix: its ids. The object's identity is stable while it is cached. */
+export interface PrefixEntry {
+  readonly ids: Uint32Array;
+  /** Stored as a prompt's last cut (dropped when the conversation moves on), not a named cut. */
+  readonly tail: boolean;
+}
+
+/** What one prompt reused and stored. */
+export interface PrefixReuse {
+  ids: number[];
+  /** The cached prefix its ids start with (the first `reused.ids.length` ids are that entry's). */
+  reused?: PrefixEntry;
+  /** The entries it stored (each a prefix of `ids`). */
+  stored: PrefixEntry[];
+}
+
+/**
+ * Bytes per token allowed for data callers derive from an entry and key on it (block hashes:
+ * a BigInt slot per 16-token block is ~32 bytes, 2 bytes a token, for up to 2 block sizes/seeds).
+ */
+export const PREFIX_DERIVED_BYTES_PER_TOKEN = 4;
+
+export function prefixEntryBytes(tokens: number): number {
+  // Key (28 base64 chars, UTF-16) and ~150 of Map entry, entry object and typed-array headers;
+  // 4 bytes a token id, plus what callers derive (PREFIX_DERIVED_BYTES_PER_TOKEN).
+  return 56 + 150 + (4 + PREFIX_DERIVED_BYTES_PER_TOKEN) * tokens;
 }
 
 export class PrefixIdsCache {
-  private readonly lru: ByteLru<number[]>;
+  private readonly lru: ByteLru<PrefixEntry>;
   private readonly ids: Set<number>;
-  readonly stats: PrefixIdsStats = { hits: 0, misses: 0, reusedChars: 0, unaligned: 0, entries: 0, bytes: 0, evicted: 0 };
+  readonly stats: PrefixIdsStats = { hits: 0, misses: 0, reusedChars: 0, unaligned: 0, entries: 0, bytes: 0, evicted: 0, superseded: 0 };
+
+  /** Anchor key -> key of the conversation's latest tail entry (insertion order = age). */
+  private readonly tails = new Map<string, string>();
 
   constructor(private readonly o: PrefixIdsOptions) {
     this.lru = new ByteLru(o.maxBytes);
@@ -52,11 +100,16 @@ export class PrefixIdsCache {
 
   /** The ids of `text` (no special tokens added). `scope` separates models; `storeAlso` = extra offsets worth caching at (the next cut at or after each). */
   async encode(scope: string, text: string, storeAlso: readonly number[] = []): Promise<number[]> {
+    return (await this.encodeWithReuse(scope, text, storeAlso)).ids;
+  }
+
+  /** `encode`, saying which cached entry was reused and which were stored; `anchorAt`: where the conversation's identity ends (see the module comment). */
+  async encodeWithReuse(scope: string, text: string, storeAlso: readonly number[] = [], anchorAt?: number): Promise<PrefixReuse> {
     const cuts = this.o.splits.of(text);
-    if (cuts.length === 0) return this.o.encode(text);
+    if (cuts.length === 0) return { ids: await this.o.encode(text), stored: [] };
     const keys = prefixKeys(scope, text, cuts);
     let hit = -1;
-    let prefix: number[] | undefined;
+    let prefix: PrefixEntry | undefined;
     for (let i = cuts.length - 1; i >= 0; i--) {
       prefix = this.lru.get(keys[i] as string);
       if (prefix) {
@@ -70,35 +123,64 @@ export class PrefixIdsCache {
       this.stats.reusedChars += from;
     } else this.stats.misses++;
     const rest = await this.o.encode(text.slice(from));
-    const ids = prefix ? prefix.concat(rest) : rest;
-    this.storePrefixes(keys, cuts, hit, prefix ?? [], rest, storeAlso);
+    const ids = prefix ? concatIds(prefix.ids, rest) : rest;
+    const stored = this.storePrefixes(keys, cuts, hit, ids, (prefix?.ids.length ?? 0), rest, storeAlso);
+    if (stored.some((e) => e.tail)) this.supersede(keys, cuts, anchorAt, prefix?.tail ? (keys[hit] as string) : undefined);
     this.stats.entries = this.lru.size;
     this.stats.bytes = this.lru.bytes;
     this.stats.evicted = this.lru.evicted;
-    return ids;
+    return { ids, ...(prefix ? { reused: prefix } : {}), stored };
   }
 
-  private storePrefixes(keys: string[], cuts: number[], hit: number, prefix: readonly number[], rest: number[], storeAlso: readonly number[]): void {
-    const want = new Set<number>([cuts.length - 1]);
+  /** The conversation moved on: drops its previous tail entry (the anchor's, or the tail just reused). */
+  private supersede(keys: readonly string[], cuts: readonly number[], anchorAt: number | undefined, reusedTail: string | undefined): void {
+    const newTail = keys[keys.length - 1] as string;
+    const a = anchorAt === undefined ? -1 : cuts.findIndex((c) => c >= anchorAt);
+    const anchor = a >= 0 && a < keys.length - 1 ? (keys[a] as string) : undefined;
+    let previous = reusedTail;
+    if (anchor !== undefined) {
+      previous = this.tails.get(anchor) ?? previous;
+      this.tails.delete(anchor);
+      this.tails.set(anchor, newTail);
+      if (this.tails.size > MAX_ANCHORS) this.tails.delete(this.tails.keys().next().value as string);
+    }
+    if (previous !== undefined && previous !== newTail && this.lru.delete(previous)) this.stats.superseded++;
+  }
+
+  private storePrefixes(keys: string[], cuts: number[], hit: number, ids: readonly number[], reusedTokens: number, rest: number[], storeAlso: readonly number[]): PrefixEntry[] {
+    const last = cuts.length - 1;
+    const want = new Set<number>([last]);
     for (const at of storeAlso) {
       const i = cuts.findIndex((c) => c >= at);
       if (i >= 0) want.add(i);
     }
     for (const i of [...want]) if (i <= hit || this.lru.has(keys[i] as string)) want.delete(i);
-    if (want.size === 0) return;
+    if (want.size === 0) return [];
     // The k-th boundary id in `rest` ends the k-th cut after the hit. Every occurrence of a boundary
     // token yields its id, so equal counts prove no ordinary text produced one.
     const ends: number[] = [];
     for (let j = 0; j < rest.length; j++) if (this.ids.has(rest[j] as number)) ends.push(j + 1);
     if (ends.length !== cuts.length - 1 - hit) {
       this.stats.unaligned++;
-      return;
+      return [];
     }
+    const stored: PrefixEntry[] = [];
     for (const i of want) {
-      const value = prefix.concat(rest.slice(0, ends[i - hit - 1] as number));
-      this.lru.set(keys[i] as string, value, prefixEntryBytes(value));
+      const n = reusedTokens + (ends[i - hit - 1] as number);
+      const entry: PrefixEntry = { ids: Uint32Array.from(ids.slice(0, n)), tail: i === last && !storeAlso.some((at) => cuts.findIndex((c) => c >= at) === i) };
+      if (this.lru.set(keys[i] as string, entry, prefixEntryBytes(n))) stored.push(entry);
     }
+    return stored;
   }
+}
+
+/** A cached prefix's ids followed by the newly encoded rest, as one plain array. */
+function concatIds(prefix: Uint32Array, rest: readonly number[]): number[] {
+  const n = prefix.length;
+  const out = new Array<number>(n + rest.length);
+  for (let i = 0; i < n; i++) out[i] = prefix[i] as number;
+  for (let i = 0; i < rest.length; i++) out[n + i] = rest[i] as number;
+  return out;
 }
 
 /** SHA-1 of (scope, text up to each cut), in one pass over the text. */
