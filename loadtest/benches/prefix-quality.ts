@@ -413,6 +413,10 @@ export interface AssemblyExtras {
   /** Gateway ids are `<gatewayIdPrefix>-<i>` (default `pq-gw`). */
   gatewayIdPrefix?: string;
   model?: string;
+  /** More `jetroute sim` options (e.g. a real tokenizer). */
+  simArgs?: readonly string[];
+  /** Node flags of the gateway processes (e.g. `--cpu-prof`). */
+  gatewayNodeArgs?: readonly string[];
 }
 
 export async function startAssembly(spec: CaseSpec, engine: PrefixQualityEngineOptions, logDir: string, tag: string, extras: AssemblyExtras = {}): Promise<Assembly> {
@@ -438,7 +442,8 @@ export async function startAssembly(spec: CaseSpec, engine: PrefixQualityEngineO
 
     const env = { JETROUTE_LOG_LEVEL: "warn" };
     const spawn = (name: string, args: string[]) => {
-      const c = spawnJetroute(name, args, { logFile: path.join(logDir, `${tag}-${name}.log`), env });
+      const nodeArgs = name.startsWith("gateway-") ? extras.gatewayNodeArgs : undefined;
+      const c = spawnJetroute(name, args, { logFile: path.join(logDir, `${tag}-${name}.log`), env, ...(nodeArgs ? { nodeArgs } : {}) });
       children.push(c);
       track(c.proc);
       return c;
@@ -449,7 +454,7 @@ export async function startAssembly(spec: CaseSpec, engine: PrefixQualityEngineO
       "--max-batch", String(e.maxBatch), "--max-num-batched-tokens", String(e.maxNumBatchedTokens),
       "--prefill-ms-per-token", String(e.prefillMsPerToken), "--decode-ms-per-step", String(e.decodeMsPerStep),
       "--decode-batch-slope", String(e.decodeBatchSlope), "--kv-cache-blocks", String(e.kvCacheBlocks), "--block-size", String(e.blockSize),
-      ...(spec.kvEvents ? [] : ["--no-kv-events"]),
+      ...(spec.kvEvents ? [] : ["--no-kv-events"]), ...(extras.simArgs ?? []),
     ]);
     // Gateways start while the engines do (they watch PODS for the pods to appear): process
     // start-up is most of an assembly's time on a busy host.

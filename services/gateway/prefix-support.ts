@@ -83,6 +83,8 @@ export function createPrefixSupport(o: PrefixSupportOptions): PrefixSupport {
   const ttl = o.routedTtlMs ?? 120_000;
   const maxBlocks = o.maxBlocks ?? 8_192;
   const incremental = new IncrementalBlockHashes();
+  /** A precise match's hashes -> blocks the engine index held per candidate (read back by recordRouted). */
+  const indexHeld = new WeakMap<readonly bigint[], Map<string, number>>();
   /** The prompt's router block hashes as `pod`'s engine would key them. */
   const blocks = (model: string, pod: PodInfo, tokens: readonly number[], now: number, tokenizerMode: string | undefined, cacheSalt?: string): PromptBlocks => {
     const base = pod.model;
@@ -100,10 +102,18 @@ export function createPrefixSupport(o: PrefixSupportOptions): PrefixSupport {
     tokenizer: o.tokenizer,
     match(model, candidates, tokens, now, tokenizerMode, cacheSalt): PrefixMatchResult {
       const b = blocks(model, candidates[0] as PodInfo, tokens, now, tokenizerMode, cacheSalt);
-      return matchPrefix(o.state, candidates, b.hashes, b.size, b.mode === "approximate", now, o.routedPreciseMaxAgeMs);
+      const result = matchPrefix(o.state, candidates, b.hashes, b.size, b.mode === "approximate", now, o.routedPreciseMaxAgeMs);
+      if (b.mode === "precise") indexHeld.set(result.hashes, new Map(result.detail.map((d) => [d.pod, d.indexBlocks])));
+      return result;
     },
     blocks,
-    recordRouted(pod, hashes, now, chargeId) {
+    recordRouted(pod, all, now, chargeId) {
+      // Precise: only the blocks past what the engine index already showed for this pod (matching
+      // continues a routed prefix from there): a later turn of a long conversation publishes what
+      // the turn adds, not the whole conversation again.
+      const held = indexHeld.get(all)?.get(pod.pod) ?? 0;
+      const hashes = held > 0 ? all.slice(held) : all;
+      if (hashes.length === 0) return;
       const ev: KvRouted = { type: "kv-routed", model: pod.model, pod: pod.pod, gateway: o.gatewayId, hashes: hashes.map(hashToHex), ts: now, ttlMs: ttl, charge: chargeId };
       o.state.ownRouted(ev, hashes);
       o.outbox.fire(o.subjects.kv(pod.model, pod.pod), ev);

@@ -167,11 +167,18 @@ export class PrefixIdsCache {
     const stored: PrefixEntry[] = [];
     for (const i of want) {
       const n = reusedTokens + (ends[i - hit - 1] as number);
-      const entry: PrefixEntry = { ids: Uint32Array.from(ids.slice(0, n)), tail: i === last && !storeAlso.some((at) => cuts.findIndex((c) => c >= at) === i) };
+      const entry: PrefixEntry = { ids: prefixIds(ids, n), tail: i === last && !storeAlso.some((at) => cuts.findIndex((c) => c >= at) === i) };
       if (this.lru.set(keys[i] as string, entry, prefixEntryBytes(n))) stored.push(entry);
     }
     return stored;
   }
+}
+
+/** The first `n` ids, as a Uint32Array (no intermediate array). */
+function prefixIds(ids: readonly number[], n: number): Uint32Array {
+  const out = new Uint32Array(n);
+  for (let i = 0; i < n; i++) out[i] = ids[i] as number;
+  return out;
 }
 
 /** A cached prefix's ids followed by the newly encoded rest, as one plain array. */
