@@ -11,6 +11,7 @@ import { describe, expect, it } from "vitest";
 import { loadHfTokenizerDir, Tokenizer } from "../services/gateway/tokenization.js";
 import { IncrementalBlockHashes } from "../services/gateway/prefix-support.js";
 import { prefixEntryBytes } from "../services/tokenizer/prefix-ids.js";
+import { SplitPoints } from "../services/tokenizer/split-points.js";
 import type { ChatMessage } from "../services/tokenizer/sim-tokenizer.js";
 import { chainSeed, promptBlockHashes } from "../services/views/block-hash.js";
 import { AGENT_SESSION_DEFAULTS, AGENT_TOOLS, AgentSession } from "../loadtest/workloads/agent-sessions.js";
@@ -72,6 +73,21 @@ describe.each(REAL_MODELS)("incremental ids and block hashes, %s", (model) => {
   });
 });
 
+describe("split points: the first-character scan finds what the plain regex finds", () => {
+  it.each(REAL_MODELS)("%s", (model) => {
+    const t = loadHfTokenizerDir(tokenizerDir(model), { renderThreads: 0 });
+    const splits = new SplitPoints(t.splitPlan);
+    const escape = (x: string) => x.replace(/[.*+?^${}()|[\]\\]/g, "\\$&");
+    const re = new RegExp([...t.splitPlan.boundaryTokens].sort((a, b) => b.length - a.length).map(escape).join("|"), "g");
+    const session = new AgentSession({ ...small, seed: 5 });
+    for (let step = 0; step < 10; step++) {
+      const text = `<|<${t.renderChat(session.next().slice())}<|im_end|<|eot_id|<`;
+      expect(splits.of(text)).toEqual([...text.matchAll(re)].map((m) => (m.index as number) + m[0].length));
+    }
+    void t.close();
+  });
+});
+
 describe("incremental ids: fallback and bounds", () => {
   it("Qwen3: when a new task strips earlier reasoning, the previous render is no prefix and the reuse falls back to the longest prefix that still matches", async () => {
     const t = loadHfTokenizerDir(tokenizerDir("qwen3"), { renderThreads: 0 });
@@ -87,7 +103,8 @@ describe("incremental ids: fallback and bounds", () => {
       const reused = (t.prefixStats?.reusedChars ?? 0) - before;
       if (previous !== "" && !text.startsWith(previous.slice(0, previous.lastIndexOf("<|im_start|>assistant")))) {
         notPrefix++;
-        // Fell back: reused less than the previous prompt, but more than the system prompt.
+        // Fell back: reused less than the previous prompt — the longest cached prefix that still
+        // matches, here the shared system prompt's entry (only tails and named cuts are cached).
         expect(reused).toBeLessThan(previous.length);
         expect(reused).toBeGreaterThan(String(messages[0]?.content).length);
       }

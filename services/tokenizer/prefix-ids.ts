@@ -107,10 +107,11 @@ export class PrefixIdsCache {
   async encodeWithReuse(scope: string, text: string, storeAlso: readonly number[] = [], anchorAt?: number): Promise<PrefixReuse> {
     const cuts = this.o.splits.of(text);
     if (cuts.length === 0) return { ids: await this.o.encode(text), stored: [] };
-    const keys = prefixKeys(scope, text, cuts);
+    const keys = prefixKeys(scope, text, cuts, this.keyedCuts(text, cuts, storeAlso, anchorAt));
     let hit = -1;
     let prefix: PrefixEntry | undefined;
     for (let i = cuts.length - 1; i >= 0; i--) {
+      if (keys[i] === undefined) continue;
       prefix = this.lru.get(keys[i] as string);
       if (prefix) {
         hit = i;
@@ -132,10 +133,27 @@ export class PrefixIdsCache {
     return { ids, ...(prefix ? { reused: prefix } : {}), stored };
   }
 
+  /**
+   * The cuts worth a key: only entries stored at a prompt's last cut (tails) or at a named cut
+   * exist, and a later turn adds a few cuts past its previous tail, so the last `TAIL_CUTS` cuts,
+   * the cuts at or after each named offset and the anchor's cut are looked up; a digest at every
+   * cut of a 100k-token prompt (hundreds of them) cost more than the rest of the lookup.
+   */
+  private keyedCuts(text: string, cuts: readonly number[], storeAlso: readonly number[], anchorAt: number | undefined): Set<number> {
+    const want = new Set<number>();
+    for (let i = Math.max(0, cuts.length - TAIL_CUTS); i < cuts.length; i++) want.add(i);
+    for (const at of [...storeAlso, ...(anchorAt === undefined ? [] : [anchorAt])]) {
+      const i = firstCutAtOrAfter(cuts, at);
+      if (i >= 0) want.add(i);
+    }
+    void text;
+    return want;
+  }
+
   /** The conversation moved on: drops its previous tail entry (the anchor's, or the tail just reused). */
-  private supersede(keys: readonly string[], cuts: readonly number[], anchorAt: number | undefined, reusedTail: string | undefined): void {
+  private supersede(keys: readonly (string | undefined)[], cuts: readonly number[], anchorAt: number | undefined, reusedTail: string | undefined): void {
     const newTail = keys[keys.length - 1] as string;
-    const a = anchorAt === undefined ? -1 : cuts.findIndex((c) => c >= anchorAt);
+    const a = anchorAt === undefined ? -1 : firstCutAtOrAfter(cuts, anchorAt);
     const anchor = a >= 0 && a < keys.length - 1 ? (keys[a] as string) : undefined;
     let previous = reusedTail;
     if (anchor !== undefined) {
@@ -147,14 +165,14 @@ export class PrefixIdsCache {
     if (previous !== undefined && previous !== newTail && this.lru.delete(previous)) this.stats.superseded++;
   }
 
-  private storePrefixes(keys: string[], cuts: number[], hit: number, ids: readonly number[], reusedTokens: number, rest: number[], storeAlso: readonly number[]): PrefixEntry[] {
+  private storePrefixes(keys: (string | undefined)[], cuts: number[], hit: number, ids: readonly number[], reusedTokens: number, rest: number[], storeAlso: readonly number[]): PrefixEntry[] {
     const last = cuts.length - 1;
     const want = new Set<number>([last]);
     for (const at of storeAlso) {
-      const i = cuts.findIndex((c) => c >= at);
+      const i = firstCutAtOrAfter(cuts, at);
       if (i >= 0) want.add(i);
     }
-    for (const i of [...want]) if (i <= hit || this.lru.has(keys[i] as string)) want.delete(i);
+    for (const i of [...want]) if (i <= hit || keys[i] === undefined || this.lru.has(keys[i] as string)) want.delete(i);
     if (want.size === 0) return [];
     // The k-th boundary id in `rest` ends the k-th cut after the hit. Every occurrence of a boundary
     // token yields its id, so equal counts prove no ordinary text produced one.
@@ -167,7 +185,7 @@ export class PrefixIdsCache {
     const stored: PrefixEntry[] = [];
     for (const i of want) {
       const n = reusedTokens + (ends[i - hit - 1] as number);
-      const entry: PrefixEntry = { ids: prefixIds(ids, n), tail: i === last && !storeAlso.some((at) => cuts.findIndex((c) => c >= at) === i) };
+      const entry: PrefixEntry = { ids: prefixIds(ids, n), tail: i === last && !storeAlso.some((at) => firstCutAtOrAfter(cuts, at) === i) };
       if (this.lru.set(keys[i] as string, entry, prefixEntryBytes(n))) stored.push(entry);
     }
     return stored;
@@ -190,14 +208,31 @@ function concatIds(prefix: Uint32Array, rest: readonly number[]): number[] {
   return out;
 }
 
-/** SHA-1 of (scope, text up to each cut), in one pass over the text. */
-function prefixKeys(scope: string, text: string, cuts: readonly number[]): string[] {
+/** Cuts looked up past the end of a prompt (a turn adds a few; an agent step with many tool calls more). */
+export const TAIL_CUTS = 48;
+
+/** Index of the first cut at or after `at` (cuts ascending), or -1. */
+function firstCutAtOrAfter(cuts: readonly number[], at: number): number {
+  let lo = 0;
+  let hi = cuts.length;
+  while (lo < hi) {
+    const mid = (lo + hi) >> 1;
+    if ((cuts[mid] as number) < at) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo < cuts.length ? lo : -1;
+}
+
+/** SHA-1 of (scope, text up to each cut in `want`), in one pass over the text; other cuts have no key (undefined). */
+function prefixKeys(scope: string, text: string, cuts: readonly number[], want: ReadonlySet<number>): (string | undefined)[] {
   const h: Hash = createHash("sha1").update(scope).update("\u0000");
-  const keys: string[] = [];
+  const keys: (string | undefined)[] = new Array(cuts.length);
   let prev = 0;
-  for (const c of cuts) {
+  for (let i = 0; i < cuts.length; i++) {
+    if (!want.has(i)) continue;
+    const c = cuts[i] as number;
     h.update(text.slice(prev, c));
-    keys.push(h.copy().digest("base64"));
+    keys[i] = h.copy().digest("base64");
     prev = c;
   }
   return keys;
