@@ -77,8 +77,8 @@ describe("split points: the first-character scan finds what the plain regex find
   it.each(REAL_MODELS)("%s", (model) => {
     const t = loadHfTokenizerDir(tokenizerDir(model), { renderThreads: 0 });
     const splits = new SplitPoints(t.splitPlan);
-    const escape = (x: string) => x.replace(/[.*+?^${}()|[\]\\]/g, "\\$&");
-    const re = new RegExp([...t.splitPlan.boundaryTokens].sort((a, b) => b.length - a.length).map(escape).join("|"), "g");
+    const escapeRe = (x: string) => x.replace(/[.*+?^${}()|[\]\\]/g, "\\$&");
+    const re = new RegExp([...t.splitPlan.boundaryTokens].sort((a, b) => b.length - a.length).map(escapeRe).join("|"), "g");
     const session = new AgentSession({ ...small, seed: 5 });
     for (let step = 0; step < 10; step++) {
       const text = `<|<${t.renderChat(session.next().slice())}<|im_end|<|eot_id|<`;
