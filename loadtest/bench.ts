@@ -23,6 +23,8 @@ import { runScaleBench } from "./benches/scale.js";
 import { registerTokenizerBench } from "./benches/tokenizer.js";
 import { runSemanticBench } from "./benches/semantic.js";
 import { runPredictedBench } from "./benches/predicted.js";
+import { registerTokenizeBench } from "./benches/tokenize.js";
+import { runLongContextBench } from "./benches/long-context.js";
 
 const ints = (v: string) =>
   v.split(",").map((x) => {
@@ -322,5 +324,27 @@ program
   });
 
 registerTokenizerBench(program);
+registerTokenizeBench(program);
+
+program
+  .command("long-context")
+  .description("agent sessions growing to ~100k tokens over 100 simulated pods (KV events, hf: tokenizer, precise prefix routing): gateway CPU per request, route added p50/p99, loop block, RSS, engine hit rate")
+  .option("--pods <n>", "simulated pods of the one model", int, 100)
+  .option("--sessions <n>", "agent sessions in flight (closed loop)", int, 8)
+  .option("--duration-ms <ms>", "measured window", int, 60_000)
+  .option("--warmup-ms <ms>", "unmeasured start (sessions' cold first requests)", int, 30_000)
+  .option("--start-tokens <min,max>", "context of a session's first request, tokens", ints, [60_000, 90_000])
+  .option("--end-tokens <n>", "a session past this is replaced by a fresh one", int, 190_000)
+  .option("--tokenizer <name>", "llama3 | qwen3", "llama3")
+  .option("--profile-dir <dir>", "run the gateway under node --cpu-prof, profiles here")
+  .option("--log-dir <dir>", "keep the services' logs here")
+  .action(async (o) => {
+    if (o.tokenizer !== "llama3" && o.tokenizer !== "qwen3") throw new InvalidArgumentError("--tokenizer must be llama3 or qwen3");
+    const result = await runLongContextBench({
+      pods: o.pods, sessions: o.sessions, durationMs: o.durationMs, warmupMs: o.warmupMs, startTokens: [o.startTokens[0], o.startTokens[1] ?? o.startTokens[0]], endTokens: o.endTokens,
+      tokenizer: o.tokenizer, profileDir: o.profileDir, logDir: o.logDir,
+    });
+    console.log(JSON.stringify(result));
+  });
 
 await program.parseAsync(process.argv);

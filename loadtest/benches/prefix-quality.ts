@@ -414,8 +414,10 @@ export interface AssemblyExtras {
   /** Gateway ids are `<gatewayIdPrefix>-<i>` (default `pq-gw`). */
   gatewayIdPrefix?: string;
   model?: string;
-  /** More `jetroute sim` flags (the predicted bench: `--pod-classes`). */
+  /** More `jetroute sim` flags (a real tokenizer; the predicted bench's `--pod-classes`). */
   simArgs?: readonly string[];
+  /** Node flags of the gateway processes (e.g. `--cpu-prof`). */
+  gatewayNodeArgs?: readonly string[];
 }
 
 export async function startAssembly(spec: CaseSpec, engine: PrefixQualityEngineOptions, logDir: string, tag: string, extras: AssemblyExtras = {}): Promise<Assembly> {
@@ -441,7 +443,8 @@ export async function startAssembly(spec: CaseSpec, engine: PrefixQualityEngineO
 
     const env = { JETROUTE_LOG_LEVEL: "warn" };
     const spawn = (name: string, args: string[]) => {
-      const c = spawnJetroute(name, args, { logFile: path.join(logDir, `${tag}-${name}.log`), env });
+      const nodeArgs = name.startsWith("gateway-") ? extras.gatewayNodeArgs : undefined;
+      const c = spawnJetroute(name, args, { logFile: path.join(logDir, `${tag}-${name}.log`), env, ...(nodeArgs ? { nodeArgs } : {}) });
       children.push(c);
       track(c.proc);
       return c;

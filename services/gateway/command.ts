@@ -55,6 +55,8 @@ export function registerGatewayCommand(program: Command): void {
     .option("--consistency <mode>", "charges: eventual (publish, apply on delivery), strict (per-pod compare-and-set), off (own charges only)", consistencyOption, D.consistency)
     .option("--tokenizer <mode>", "prompt tokens for prefix routing: remote (engine /tokenize), local (simulator's tokenizer), approximate, or hf:<dir> (a Hugging Face tokenizer directory: tokenizer.json + tokenizer_config.json)", tokenizerOption, D.tokenizerMode as TokenizerSetting)
     .option("--tokenizer-model <model=mode>", "tokenizer mode for one model, e.g. Qwen/Qwen3-8B=hf:/models/qwen3 (repeatable)", tokenizerModelOption, {} as Record<string, TokenizerSetting>)
+    .option("--tokenizer-prefix-cache-bytes <n>", "hf: tokenizers: bound on cached conversation prefixes (ids and their block hashes, ~8 bytes a token); 0 = off", intOption(0), D.tokenizerPrefixCacheBytes)
+    .option("--tokenizer-render-cache-bytes <n>", "hf: tokenizers with a message-local template: bound on cached conversation renders (~4 bytes a character of conversation); 0 = render every request whole", intOption(0), D.tokenizerRenderCacheBytes)
     .option("--prefix-max-entries <n>", "bound on the prefix index, in (block, pod) entries", intOption(1), D.prefixMaxEntries)
     .option("--no-snapshots", "neither boot from nor write prefix-index snapshots")
     .option("--snapshot-interval-ms <ms>", "how often the lease holder writes a prefix-index snapshot", intOption(1_000), D.snapshotIntervalMs)
@@ -122,6 +124,8 @@ export function registerGatewayCommand(program: Command): void {
         consistency: o.consistency,
         tokenizerMode: o.tokenizer,
         tokenizerModes: o.tokenizerModel,
+        tokenizerPrefixCacheBytes: o.tokenizerPrefixCacheBytes,
+        tokenizerRenderCacheBytes: o.tokenizerRenderCacheBytes,
         prefixMaxEntries: o.prefixMaxEntries,
         snapshots: o.snapshots !== false,
         snapshotIntervalMs: o.snapshotIntervalMs,

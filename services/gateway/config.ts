@@ -13,6 +13,8 @@ import { DEFAULT_RELEASE_BATCH_MS } from "../shared/publish.js";
 import { DEFAULT_CHARGE_TTL_MS, DEFAULT_MAX_CHARGES } from "../views/charge-ledger.js";
 import { DEFAULT_LOAD_STALE_MS } from "../views/load-view.js";
 import { DEFAULT_POD_SOURCE_TIMEOUT_MS } from "../views/pod-set.js";
+import { DEFAULT_PREFIX_CACHE_BYTES } from "../tokenizer/hf-tokenizer.js";
+import { DEFAULT_RENDER_CACHE_BYTES } from "../tokenizer/incremental-render.js";
 import { DEFAULT_PREFIX_MAX_ENTRIES } from "../views/prefix-index.js";
 import { DEFAULT_RATE_CONFIRM_MS } from "../views/rate-view.js";
 import { DEFAULT_PD_WATCHDOG } from "./extproc-server.js";
@@ -61,6 +63,8 @@ export const GatewayConfigSchema = Type.Object(
     usageSummaryMs: Ms(1_000),
     tokenizerMode: Type.String({ minLength: 1, default: "approximate" }),
     tokenizerModes: Type.Record(Type.String(), Type.String({ minLength: 1 }), { default: {} }),
+    tokenizerPrefixCacheBytes: Type.Integer({ minimum: 0, default: DEFAULT_PREFIX_CACHE_BYTES }),
+    tokenizerRenderCacheBytes: Type.Integer({ minimum: 0, default: DEFAULT_RENDER_CACHE_BYTES }),
     prefixMaxEntries: Type.Integer({ minimum: 1, default: DEFAULT_PREFIX_MAX_ENTRIES }),
     snapshots: Type.Boolean({ default: true }),
     snapshotIntervalMs: Ms(DEFAULT_SNAPSHOT_INTERVAL_MS, 1_000),

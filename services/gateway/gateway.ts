@@ -94,7 +94,7 @@ export async function startGateway(options: GatewayOptions): Promise<GatewayHand
   const serverClock = new ServerClock(clock);
   // Also before connecting: an `hf:` tokenizer directory that is missing or corrupt stops the gateway here, naming the file.
   const engineKey = config.engineApiKey ? { engineApiKey: config.engineApiKey } : {};
-  const tokenizer = new Tokenizer({ ...engineKey, defaultMode: config.tokenizerMode as TokenizerSetting, modes: config.tokenizerModes as Record<string, TokenizerSetting> });
+  const tokenizer = new Tokenizer({ ...engineKey, defaultMode: config.tokenizerMode as TokenizerSetting, modes: config.tokenizerModes as Record<string, TokenizerSetting>, hf: { prefixCacheBytes: config.tokenizerPrefixCacheBytes, renderCacheBytes: config.tokenizerRenderCacheBytes } });
   // Also before connecting: a public key file that is missing or holds no Ed25519 key stops the gateway.
   const signatures = recordVerifiersOf(config);
   const nats = await connectNats(config.nats, `jetroute-gateway-${id}`);

@@ -6,7 +6,8 @@
 import type { KvRouted } from "../../schemas/events.js";
 import type { Subjects } from "../../streams/subjects.js";
 import type { Outbox } from "../shared/publish.js";
-import { chainSeed, hashToHex, promptBlockHashes } from "../views/block-hash.js";
+import type { PrefixEntry } from "../tokenizer/prefix-ids.js";
+import { type BlockHash, chainBlocks, chainSeed, hashToHex } from "../views/block-hash.js";
 import type { GatewayState } from "../views/gateway-state.js";
 import type { PodInfo } from "../views/pod-set.js";
 import type { PrefixSupport, PromptBlocks } from "../routing/director.js";
@@ -37,9 +38,53 @@ export interface PrefixSupportOptions {
 /** Approximate-mode hashes live in their own space: they must never match engine blocks. */
 const APPROX_LORA_TAG = "\u0000approximate";
 
+/** Block hashes of a cached prefix's ids under one chain seed and block size. */
+interface KnownHashes {
+  seed: BlockHash;
+  size: number;
+  hashes: BlockHash[];
+}
+/** Seeds (model/adapter/block size/salt) remembered per cached prefix; the oldest goes first. */
+const SEEDS_PER_PREFIX = 2;
+
+/**
+ * Block hashes that reuse those of the cached prefix the tokenizer reused: a later turn of a
+ * conversation hashes only the blocks past what its previous turn already hashed. Exact: the
+ * tokenizer guarantees the prompt's ids start with the reused entry's ids, and a chained hash of
+ * the same ids from the same seed is the same hash. Hashes are kept per cached prefix entry in a
+ * WeakMap, so they live exactly as long as the tokenizer caches the entry; their bytes are part of
+ * the tokenizer cache's bound (PREFIX_DERIVED_BYTES_PER_TOKEN: 2 seeds x ~2 bytes a token).
+ */
+export class IncrementalBlockHashes {
+  private readonly known = new WeakMap<PrefixEntry, KnownHashes[]>();
+  /** Blocks taken from a cached prefix, and blocks hashed. */
+  readonly stats = { reusedBlocks: 0, hashedBlocks: 0 };
+
+  hashes(tokens: readonly number[], seed: BlockHash, size: number, maxBlocks: number, reuse: { reused?: PrefixEntry; stored: readonly PrefixEntry[] } | undefined): BlockHash[] {
+    const limit = Math.max(0, Math.min(Math.floor(tokens.length / size), maxBlocks));
+    const known = reuse?.reused ? this.known.get(reuse.reused)?.find((k) => k.seed === seed && k.size === size)?.hashes : undefined;
+    const k = Math.min(known?.length ?? 0, limit);
+    const rest = chainBlocks(k > 0 ? ((known as BlockHash[])[k - 1] as BlockHash) : seed, tokens, size, k * size, limit - k);
+    const hashes = k > 0 ? (known as BlockHash[]).slice(0, k).concat(rest) : rest;
+    this.stats.reusedBlocks += k;
+    this.stats.hashedBlocks += rest.length;
+    for (const e of reuse?.stored ?? []) {
+      const list = this.known.get(e) ?? [];
+      if (list.some((x) => x.seed === seed && x.size === size)) continue;
+      if (list.length >= SEEDS_PER_PREFIX) list.shift();
+      list.push({ seed, size, hashes: hashes.slice(0, Math.min(Math.floor(e.ids.length / size), hashes.length)) });
+      this.known.set(e, list);
+    }
+    return hashes;
+  }
+}
+
 export function createPrefixSupport(o: PrefixSupportOptions): PrefixSupport {
   const ttl = o.routedTtlMs ?? 120_000;
   const maxBlocks = o.maxBlocks ?? 8_192;
+  const incremental = new IncrementalBlockHashes();
+  /** A precise match's hashes -> blocks the engine index held per candidate (read back by recordRouted). */
+  const indexHeld = new WeakMap<readonly bigint[], Map<string, number>>();
   /** The prompt's router block hashes as `pod`'s engine would key them. */
   const blocks = (model: string, pod: PodInfo, tokens: readonly number[], now: number, tokenizerMode: string | undefined, cacheSalt?: string): PromptBlocks => {
     const base = pod.model;
@@ -50,16 +95,25 @@ export function createPrefixSupport(o: PrefixSupportOptions): PrefixSupport {
     // The salt is keyed like the engine keys it, in both modes: a salted prompt's routed prefixes
     // and index matches are those of the same salt only.
     const seed = chainSeed(base, approximate ? `${lora ?? ""}${APPROX_LORA_TAG}` : lora, size, cacheSalt);
-    return { size, mode: approximate ? "approximate" : "precise", hashes: promptBlockHashes(tokens, seed, size, maxBlocks) };
+    const reuse = approximate ? undefined : o.tokenizer.prefixReuseOf?.(tokens);
+    return { size, mode: approximate ? "approximate" : "precise", hashes: incremental.hashes(tokens, seed, size, maxBlocks, reuse) };
   };
   return {
     tokenizer: o.tokenizer,
     match(model, candidates, tokens, now, tokenizerMode, cacheSalt): PrefixMatchResult {
       const b = blocks(model, candidates[0] as PodInfo, tokens, now, tokenizerMode, cacheSalt);
-      return matchPrefix(o.state, candidates, b.hashes, b.size, b.mode === "approximate", now, o.routedPreciseMaxAgeMs);
+      const result = matchPrefix(o.state, candidates, b.hashes, b.size, b.mode === "approximate", now, o.routedPreciseMaxAgeMs);
+      if (b.mode === "precise") indexHeld.set(result.hashes, new Map(result.detail.map((d) => [d.pod, d.indexBlocks])));
+      return result;
     },
     blocks,
-    recordRouted(pod, hashes, now, chargeId) {
+    recordRouted(pod, all, now, chargeId) {
+      // Precise: only the blocks past what the engine index already showed for this pod (matching
+      // continues a routed prefix from there): a later turn of a long conversation publishes what
+      // the turn adds, not the whole conversation again.
+      const held = indexHeld.get(all)?.get(pod.pod) ?? 0;
+      const hashes = held > 0 ? all.slice(held) : all;
+      if (hashes.length === 0) return;
       const ev: KvRouted = { type: "kv-routed", model: pod.model, pod: pod.pod, gateway: o.gatewayId, hashes: hashes.map(hashToHex), ts: now, ttlMs: ttl, charge: chargeId };
       o.state.ownRouted(ev, hashes);
       o.outbox.fire(o.subjects.kv(pod.model, pod.pod), ev);

@@ -21,6 +21,7 @@ import client from "prom-client";
 import { QueueFullError } from "../tokenizer/bounded-queue.js";
 import { ChatTemplateError } from "../tokenizer/chat-template.js";
 import { HfTokenizer, type HfTokenizerOptions } from "../tokenizer/hf-tokenizer.js";
+import type { PrefixReuse } from "../tokenizer/prefix-ids.js";
 import { approximateTokens, hfTokenizerDir, localTokens, type PromptInput, singlePrompt, type TokenizerMode, type TokenizerSetting } from "../tokenizer/prompt-tokens.js";
 
 export interface TokenizeResult {
@@ -133,6 +134,15 @@ export class Tokenizer {
   /** The loaded `hf:` tokenizers, by directory (for stats and benches). */
   hfTokenizers(): ReadonlyMap<string, HfTokenizer> {
     return this.hfByDir;
+  }
+
+  /** The cached prefix entries an `hf:` result reused and stored (prefix-support derives block hashes per entry). */
+  prefixReuseOf(tokens: readonly number[]): PrefixReuse | undefined {
+    for (const t of this.hfByDir.values()) {
+      const r = t.prefixReuseOf(tokens);
+      if (r) return r;
+    }
+    return undefined;
   }
 
   /** Gauges of these stats on a gateway's metrics registry (`jetroute_gateway_tokenizer{figure}`). */

@@ -35,10 +35,12 @@ export interface SpawnOptions {
   env?: NodeJS.ProcessEnv;
   /** Echo stderr to this process's stderr (debugging). */
   inheritStderr?: boolean;
+  /** Flags for node itself, before the CLI (e.g. `--cpu-prof`, which NODE_OPTIONS refuses). */
+  nodeArgs?: readonly string[];
 }
 
 export function spawnJetroute(name: string, args: string[], opts: SpawnOptions = {}): ServiceProcess {
-  const proc = spawn(process.execPath, [cliPath(), ...args], {
+  const proc = spawn(process.execPath, [...(opts.nodeArgs ?? []), cliPath(), ...args], {
     stdio: ["ignore", "pipe", opts.inheritStderr ? "inherit" : "pipe"],
     env: { ...process.env, ...opts.env },
   });

@@ -27,6 +27,15 @@ export class ByteLru<V> {
     return hit.value;
   }
 
+  /** Removes an entry; false if there was none. */
+  delete(key: string): boolean {
+    const hit = this.map.get(key);
+    if (!hit) return false;
+    this.map.delete(key);
+    this.used -= hit.bytes;
+    return true;
+  }
+
   has(key: string): boolean {
     return this.map.has(key);
   }

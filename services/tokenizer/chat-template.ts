@@ -163,6 +163,11 @@ export class ChatTemplates {
     for (const [name, src] of sources) if (iteratesContentParts(src)) this.contentParts.add(name);
   }
 
+  /** A template's syntax tree (@huggingface/jinja's), for analyses such as message-local.ts. */
+  parsed(name: string): unknown {
+    return this.byName.get(name)?.parsed;
+  }
+
   /** Templates (by name) that want content as a list of parts (iteratesContentParts): requests on them are refused. */
   readonly contentParts = new Set<string>();
 

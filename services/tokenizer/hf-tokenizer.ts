@@ -18,8 +18,10 @@
 import { Tokenizer as NativeTokenizer } from "tokenizers";
 import { BoundedQueue } from "./bounded-queue.js";
 import { RenderPool, RenderPoolUnavailableError } from "./render-pool.js";
-import { ChatTemplateError, ChatTemplates, finishRender, type HfChatMessage, type RenderChatOptions } from "./chat-template.js";
-import { PrefixIdsCache } from "./prefix-ids.js";
+import { ChatTemplateError, ChatTemplates, finishRender, type HfChatMessage, type RenderChatOptions, type RenderJob } from "./chat-template.js";
+import { PrefixIdsCache, type PrefixReuse } from "./prefix-ids.js";
+import { DEFAULT_RENDER_CACHE_BYTES, IncrementalRender, type IncrementalRenderStats } from "./incremental-render.js";
+import { messageLocalLoop } from "./message-local.js";
 import { type AddedTokenSpec, planSplits, type SplitPlan, SplitPoints } from "./split-points.js";
 
 export const TOKENIZER_FILE = "tokenizer.json";
@@ -38,6 +40,11 @@ export interface HfTokenizerOptions {
   maxQueued?: number;
   /** Bound on cached prefix ids, in estimated bytes; 0 turns the prefix cache off. */
   prefixCacheBytes?: number;
+  /**
+   * Bound on cached conversation renders of message-local templates (incremental-render.ts), in
+   * estimated bytes; 0 renders every request whole.
+   */
+  renderCacheBytes?: number;
   /** Worker threads rendering chat templates (default 1); 0 renders on the calling thread. */
   renderThreads?: number;
   /** Where the one warning of a load goes (default: a process warning). */
@@ -102,6 +109,10 @@ export class HfTokenizer {
   readonly templateProblem: string | undefined;
   /** Why the prefix-id cache is off for this model although asked for (tokenizer_config.json disagrees with tokenizer.json), if so. */
   readonly prefixCacheProblem: string | undefined;
+  /** Incremental renderers of the message-local templates, by template name. */
+  private readonly incremental = new Map<string, IncrementalRender>();
+  /** Why each template (by name) renders whole on every request: not message-local (message-local.ts). */
+  readonly notMessageLocal = new Map<string, string>();
 
   /** `source` names the directory in errors and stats. */
   static fromDir(source: string, read: ReadTokenizerFile, o: HfTokenizerOptions = {}): HfTokenizer {
@@ -144,6 +155,13 @@ export class HfTokenizer {
     if (templates?.contentParts.has("default")) templateProblem = `${source}: the chat template iterates over message content parts (vLLM's "openai" content format); chat requests fall back`;
     this.templates = templates;
     this.templateProblem = templateProblem;
+    const renderCacheBytes = o.renderCacheBytes ?? DEFAULT_RENDER_CACHE_BYTES;
+    for (const [name, src] of templates?.sources ?? []) {
+      if (renderCacheBytes <= 0) break;
+      const where = messageLocalLoop(templates?.parsed(name) as { body: never[] });
+      if (typeof where === "string") this.notMessageLocal.set(name, where);
+      else this.incremental.set(name, new IncrementalRender(src, where, renderCacheBytes));
+    }
     this.queue = new BoundedQueue(o.concurrency ?? 2, o.maxQueued ?? 256);
     const threads = o.renderThreads ?? 1;
     this.renderPool = templates && threads > 0 ? new RenderPool(templates.sources, threads, o.maxQueued ?? 256) : undefined;
@@ -163,6 +181,14 @@ export class HfTokenizer {
     return this.prefixes?.stats;
   }
 
+  /** Incremental render stats, summed over the message-local templates (undefined: none is). */
+  get renderStats(): IncrementalRenderStats | undefined {
+    if (this.incremental.size === 0) return undefined;
+    const out: IncrementalRenderStats = { hits: 0, reusedMessages: 0, misses: 0, entries: 0, bytes: 0 };
+    for (const r of this.incremental.values()) for (const k of Object.keys(out) as (keyof IncrementalRenderStats)[]) out[k] += r.stats[k];
+    return out;
+  }
+
   /** The chat prompt text vLLM would build, rendered on this thread. Throws ChatTemplateError. */
   renderChat(messages: readonly HfChatMessage[], o: RenderChatOptions = {}): string {
     if (!this.templates) throw new ChatTemplateError(this.templateProblem ?? "no chat template");
@@ -173,12 +199,29 @@ export class HfTokenizer {
   async renderChatOffLoop(messages: readonly HfChatMessage[], o: RenderChatOptions = {}): Promise<string> {
     if (!this.templates) throw new ChatTemplateError(this.templateProblem ?? "no chat template");
     const job = this.templates.job(messages, o);
-    if (!this.renderPool) return this.templates.renderJob(job);
+    // A later turn on a message-local template: its new messages only, on this thread (small renders).
+    const inc = job.cutAfter === undefined ? this.incremental.get(job.name) : undefined;
+    const lookup = inc?.lookup(job.name, job.context);
+    if (inc && lookup?.entry) {
+      try {
+        return inc.renderFrom(lookup);
+      } catch (err) {
+        throw new ChatTemplateError(`chat template failed: ${(err as Error).message}`);
+      }
+    }
+    const text = await this.renderWhole(job);
+    if (inc && lookup) inc.remember(lookup, text);
+    return text;
+  }
+
+  private async renderWhole(job: RenderJob): Promise<string> {
+    const templates = this.templates as ChatTemplates;
+    if (!this.renderPool) return templates.renderJob(job);
     try {
       return finishRender(job, await this.renderPool.render(job));
     } catch (err) {
       // Workers that cannot start: render here rather than lose the request (the pool retries later).
-      if (err instanceof RenderPoolUnavailableError) return this.templates.renderJob(job);
+      if (err instanceof RenderPoolUnavailableError) return templates.renderJob(job);
       throw err;
     }
   }
@@ -197,10 +240,25 @@ export class HfTokenizer {
     if (o.addSpecialTokens) return this.queue.run(() => this.encodeNow(text, true));
     const prefixes = this.prefixes;
     if (!prefixes) return this.queue.run(() => this.encodeNow(text, false));
-    // The end of the first message's text: a system prompt shared by many conversations.
+    // The end of the first message's text: a system prompt shared by many conversations. The end of
+    // the next message with text (the first user task): the conversation's anchor (prefix-ids.ts).
     const first = messages[0]?.content;
     const at = typeof first === "string" && first.length > 0 ? text.indexOf(first) : -1;
-    return this.queue.run(() => prefixes.encode("", text, at >= 0 ? [at + (first as string).length] : []));
+    const firstEnd = at >= 0 ? at + (first as string).length : -1;
+    const second = messages.slice(1, 4).find((m) => typeof m.content === "string" && m.content.length > 0)?.content as string | undefined;
+    const secondAt = firstEnd >= 0 && second !== undefined ? text.indexOf(second, firstEnd) : -1;
+    const anchorAt = secondAt >= 0 ? secondAt + (second as string).length : undefined;
+    const r = await this.queue.run(() => prefixes.encodeWithReuse("", text, firstEnd >= 0 ? [firstEnd] : [], anchorAt));
+    if (r.reused || r.stored.length > 0) this.reuse.set(r.ids, r);
+    return r.ids;
+  }
+
+  /** Ids returned by `chatIds` -> the cached prefixes they reused and stored (held only as long as the ids are). */
+  private readonly reuse = new WeakMap<readonly number[], PrefixReuse>();
+
+  /** Which cached prefix entries a `chatIds` result reused and stored (block hashes are derived per entry). */
+  prefixReuseOf(ids: readonly number[]): PrefixReuse | undefined {
+    return this.reuse.get(ids);
   }
 
   /** Ids of a completion prompt (vLLM: `add_special_tokens` true by default). Throws QueueFullError. */

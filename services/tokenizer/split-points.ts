@@ -82,10 +82,21 @@ function escapeRegExp(s: string): string {
 /** Finds the cut points (end offsets of boundary-token occurrences) in a text. */
 export class SplitPoints {
   private readonly re: RegExp | undefined;
+  /** When every boundary token starts with the same character: scan for it, then match there (sticky). */
+  private readonly first: string | undefined;
+  private readonly sticky: RegExp | undefined;
 
   constructor(readonly plan: SplitPlan) {
     const tokens = [...plan.boundaryTokens].sort((a, b) => b.length - a.length);
-    this.re = tokens.length > 0 ? new RegExp(tokens.map(escapeRegExp).join("|"), "g") : undefined;
+    const alternatives = tokens.map(escapeRegExp).join("|");
+    this.re = tokens.length > 0 ? new RegExp(alternatives, "g") : undefined;
+    const c = tokens[0]?.[0];
+    // A regex of hundreds of alternatives (Llama-3's reserved tokens) tries them at every position
+    // of a long prompt; `indexOf` of their common first character skips the text between them.
+    if (c !== undefined && tokens.every((t) => t[0] === c)) {
+      this.first = c;
+      this.sticky = new RegExp(alternatives, "y");
+    }
   }
 
   get enabled(): boolean {
@@ -96,6 +107,19 @@ export class SplitPoints {
   of(text: string): number[] {
     if (!this.re) return [];
     const out: number[] = [];
+    if (this.first !== undefined && this.sticky) {
+      // Leftmost-longest as the global regex: matches cannot overlap, so scanning resumes after each.
+      const re = this.sticky;
+      for (let i = text.indexOf(this.first); i >= 0; ) {
+        re.lastIndex = i;
+        const m = re.exec(text);
+        if (m) {
+          out.push(i + m[0].length);
+          i = text.indexOf(this.first, i + m[0].length);
+        } else i = text.indexOf(this.first, i + 1);
+      }
+      return out;
+    }
     this.re.lastIndex = 0;
     for (let m = this.re.exec(text); m; m = this.re.exec(text)) out.push(m.index + m[0].length);
     return out;

@@ -86,6 +86,19 @@ function scanRaw(text: string, inScope: (path: readonly (string | number)[]) => 
     i++;
     return JSON.parse(text.slice(start, i)) as string;
   };
+  // A string whose value is not needed (message content: most of a long chat's body): found by
+  // indexOf, not walked character by character, and not decoded.
+  const skipStr = () => {
+    let q = text.indexOf('"', i + 1);
+    for (;;) {
+      if (q < 0) throw new Error("not JSON");
+      let b = q - 1;
+      while (text.charCodeAt(b) === 92) b--;
+      if ((q - 1 - b) % 2 === 0) break;
+      q = text.indexOf('"', q + 1);
+    }
+    i = q + 1;
+  };
   const value = (path: (string | number)[], scoped: boolean, depth: number): string | undefined => {
     if (depth > 128) throw new Error("deep");
     ws();
@@ -128,6 +141,10 @@ function scanRaw(text: string, inScope: (path: readonly (string | number)[]) => 
       }
     }
     if (c === '"') {
+      if (!(scoped && path[path.length - 1] === "arguments")) {
+        skipStr();
+        return undefined;
+      }
       const s = str();
       // A tool call's `arguments` is JSON inside a string: the template sees it parsed.
       if (scoped && path[path.length - 1] === "arguments" && s.trim() !== "") {

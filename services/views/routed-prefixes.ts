@@ -84,6 +84,26 @@ export class RoutedPrefixes {
     return { blocks: counts };
   }
 
+  /**
+   * For each candidate, how many consecutive blocks of `hashes` from its own `starts[i]` it was
+   * routed (0 where block `starts[i]` is not routed to it, or `starts[i]` is past the end): the
+   * continuation of what the engine index already shows for that pod. Same age rules as `match`.
+   * Stops at each pod's first miss: O(continued blocks), whatever the prompt's length.
+   */
+  matchFrom(model: string, hashes: readonly bigint[], now: number, candidates: readonly string[], starts: ArrayLike<number>, maxAgeMs = Number.POSITIVE_INFINITY): Int32Array {
+    const out = new Int32Array(candidates.length);
+    for (let c = 0; c < candidates.length; c++) {
+      const pod = candidates[c] as string;
+      let i = starts[c] as number;
+      for (; i < hashes.length; i++) {
+        const holders = this.blocks.get(RoutedPrefixes.key(model, hashes[i] as bigint));
+        if (!holders?.some((h) => h.pod === pod && h.expiresAt > now && now - h.ts <= maxAgeMs)) break;
+      }
+      out[c] = Math.max(0, i - (starts[c] as number));
+    }
+    return out;
+  }
+
   /** Drops expired holders (call on a timer); returns blocks removed. */
   sweep(now: number): number {
     let n = 0;

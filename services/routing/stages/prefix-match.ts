@@ -28,13 +28,18 @@ export function matchPrefix(
   const base = (candidates[0] as PodInfo).model;
   const names = candidates.map((p) => p.pod);
   const fromIndex = approximate ? undefined : views.index.longestMatch(base, hashes, names);
-  const fromRouted = views.routed.match(base, hashes, now, names, approximate ? Number.POSITIVE_INFINITY : routedPreciseMaxAgeMs);
+  const maxAge = approximate ? Number.POSITIVE_INFINITY : routedPreciseMaxAgeMs;
+  const fromRouted = views.routed.match(base, hashes, now, names, maxAge);
+  // Precise: a routed prefix may continue where the engine index stops for that pod (a gateway
+  // publishes only the blocks past what the index showed for the pod it picked).
+  const continued = fromIndex ? views.routed.matchFrom(base, hashes, now, names, fromIndex.blocks, maxAge) : undefined;
   const byPod = new Map<string, number>();
   const detail = names.map((pod, i) => {
     const indexBlocks = fromIndex?.blocks[i] ?? 0;
     const indexWeighted = fromIndex?.weighted[i] ?? 0;
-    const routedBlocks = fromRouted.blocks.get(pod) ?? 0;
-    byPod.set(pod, Math.max(indexWeighted, routedBlocks));
+    const more = continued?.[i] ?? 0;
+    const routedBlocks = Math.max(fromRouted.blocks.get(pod) ?? 0, more > 0 ? indexBlocks + more : 0);
+    byPod.set(pod, Math.max(indexWeighted, routedBlocks, indexWeighted + more));
     return { pod, indexBlocks, indexGpuBlocks: fromIndex?.gpuBlocks[i] ?? 0, indexWeighted, routedBlocks };
   });
   return { info: { queried: hashes.length, blockSize, matched: (pod) => byPod.get(pod) ?? 0 }, hashes, detail };
