@@ -25,6 +25,7 @@ import { runSemanticBench } from "./benches/semantic.js";
 import { runPredictedBench } from "./benches/predicted.js";
 import { registerTokenizeBench } from "./benches/tokenize.js";
 import { runLongContextBench } from "./benches/long-context.js";
+import { runAutoscaleBench } from "./benches/autoscale.js";
 
 const ints = (v: string) =>
   v.split(",").map((x) => {
@@ -107,6 +108,21 @@ program
   .option("--log-dir <dir>", "keep the services' logs here")
   .action(async (o) => {
     console.log(JSON.stringify(await runPredictedBench({ durationMs: o.durationMs, warmupMs: o.warmupMs, rate: o.rate, slowFactor: o.slowFactor, cases: o.cases, logDir: o.logDir })));
+  });
+
+program
+  .command("autoscale")
+  .description("a ramp to 4x and back on simulated engines of a stand-in Deployment: static fleet vs autoscaler --apply with the drain handshake vs without it; scale from zero")
+  .option("--base-rps <n>", "requests per second at the start and end", Number, 2)
+  .option("--peak-factor <n>", "the peak's rate over the base rate", Number, 4)
+  .option("--phase-ms <ms>", "each of the five phases (base, up, peak, down, base)", int, 24_000)
+  .option("--max-tokens <n>", "tokens generated per request", int, 40)
+  .option("--peak-pods <n>", "the static fleet's size (for the peak) and the autoscaler's maximum", int, 4)
+  .option("--ttft-slo-ms <ms>", "the TTFT target attainment is counted against", int, 1_000)
+  .option("--startup-ms <ms>", "a new pod's time from creation to Ready", int, 2_000)
+  .option("--seed <n>", "arrival process seed", int, 1)
+  .action(async (o) => {
+    console.log(JSON.stringify(await runAutoscaleBench({ baseRps: o.baseRps, peakFactor: o.peakFactor, phaseMs: o.phaseMs, maxTokens: o.maxTokens, peakPods: o.peakPods, ttftSloMs: o.ttftSloMs, startupMs: o.startupMs, seed: o.seed })));
   });
 
 program

@@ -6,6 +6,7 @@
  */
 import { type Static, Type } from "@sinclair/typebox";
 import { TypeCompiler } from "@sinclair/typebox/compiler";
+import { RecordSignature } from "./signature.js";
 
 /** LOAD fields a policy can scale on, summed over the model's ready pods (`load.<field>`). */
 export const LOAD_METRICS = ["running", "waiting", "kvCacheUsage", "cacheHitRate", "genThroughput", "preemptions", "pdPrefillQueue", "pdDecodeQueue"] as const;
@@ -82,6 +83,8 @@ export const AutoscalePolicy = Type.Object(
     /** The drain handshake: how long a pod chosen to leave may finish its in-flight requests. Default 30 s. */
     drainGraceMs: Type.Optional(Ms(0)),
     pd: Type.Optional(PdPlannerSettings),
+    /** Set by `config set-autoscale --signing-key` (docs/security.md, "Signed records"). */
+    sig: Type.Optional(RecordSignature),
   },
   { additionalProperties: false },
 );

@@ -126,7 +126,10 @@ describe("policy validation", () => {
   ])("refuses %j naming the field", (p, msg) => {
     expect(autoscalePolicyError(p)).toContain(msg);
   });
-  it("accepts a valid policy", () => expect(autoscalePolicyError(ok)).toBeUndefined());
+  it("accepts a valid policy, signed or not", () => {
+    expect(autoscalePolicyError(ok)).toBeUndefined();
+    expect(autoscalePolicyError({ ...ok, sig: { key: "0123456789abcdef", at: 1, ed25519: "A".repeat(86) } })).toBeUndefined();
+  });
 });
 
 describe("scale from zero", () => {

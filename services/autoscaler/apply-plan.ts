@@ -99,12 +99,25 @@ export function annotationPatches(draining: readonly DrainingPod[], pods: readon
   return out;
 }
 
-/** Whether every removed pod carries its deletion cost, so lowering replicas removes exactly them. */
-export function removalsMarked(removed: readonly Removal[], pods: readonly WorkloadPod[]): boolean {
-  const byName = new Map(pods.map((p) => [p.pod, p]));
-  return removed.every((r) => {
-    const p = byName.get(r.pod);
-    // A pod already gone needs no mark.
-    return !p || p.annotations[DELETION_COST_ANNOTATION] === String(r.deletionCost);
-  });
+/** Deletion costs of pods about to be removed: below every victim's, so they rank first. */
+export const REMOVAL_COST_BASE = -2_000_000;
+
+/** The cost annotation as the ReplicaSet reads it (an int32; absent or unreadable = 0). */
+export const costOf = (p: WorkloadPod): number => {
+  const v = Number(p.annotations[DELETION_COST_ANNOTATION] ?? 0);
+  return Number.isInteger(v) ? v : 0;
+};
+
+/**
+ * Whether lowering replicas by `removed.length` removes exactly the removed pods: the ReplicaSet
+ * removes pods that are not Ready first, then the lowest deletion cost. So every other pod must be
+ * Ready, and every removed pod must cost less than any other. (Pods already terminating are not
+ * counted by the ReplicaSet and are left out by the caller.)
+ */
+export function removalIsExact(removed: readonly Removal[], pods: readonly (WorkloadPod & { ready: boolean })[]): boolean {
+  const gone = new Set(removed.map((r) => r.pod));
+  const others = pods.filter((p) => !gone.has(p.pod));
+  if (others.some((p) => !p.ready)) return false;
+  const floor = Math.min(...others.map(costOf), Number.POSITIVE_INFINITY);
+  return pods.filter((p) => gone.has(p.pod)).every((p) => costOf(p) < floor);
 }

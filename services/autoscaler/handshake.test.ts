@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { annotationPatches, planApply, removalsMarked, type WorkloadPod } from "./apply-plan.js";
+import { annotationPatches, planApply, removalIsExact, type WorkloadPod } from "./apply-plan.js";
 import { DrainTracker } from "./drain.js";
 import { CapacityLearner, planPd } from "./pd-planner.js";
 import { chooseVictims } from "./victims.js";
@@ -154,8 +154,12 @@ describe("annotationPatches", () => {
     const done = [{ pod: "a.ns", annotations: { "controller.kubernetes.io/pod-deletion-cost": "-1000000", "jetroute.io/drain-deadline": "31000" } }];
     expect(annotationPatches(t.list(), done)).toEqual([]);
     const removed = [{ pod: "a.ns", reason: "idle" as const, inFlight: 0, drainedMs: 1, deletionCost: -1_000_000 }];
-    expect(removalsMarked(removed, done)).toBe(true);
-    expect(removalsMarked(removed, [{ pod: "a.ns", annotations: {} }])).toBe(false);
-    expect(removalsMarked(removed, [])).toBe(true);
+    const pod = (name: string, cost: number | undefined, ready = true) => ({ pod: name, ready, annotations: (cost === undefined ? {} : { "controller.kubernetes.io/pod-deletion-cost": String(cost) }) as Record<string, string> });
+    // Exactly the removed pod goes: it costs least and every other pod is Ready.
+    expect(removalIsExact(removed, [pod("a.ns", -2_000_000), pod("b.ns", -1_000_000), pod("c.ns", undefined)])).toBe(true);
+    // Another draining pod costs less: the ReplicaSet would remove that one instead (the bug this guards).
+    expect(removalIsExact(removed, [pod("a.ns", -999_999), pod("b.ns", -1_000_000)])).toBe(false);
+    // A pod still starting (not Ready) ranks first, whatever the costs.
+    expect(removalIsExact(removed, [pod("a.ns", -2_000_000), pod("b.ns", undefined, false)])).toBe(false);
   });
 });

@@ -15,9 +15,9 @@ import type { AutoscaleRecommendation, ScaleTarget } from "../../schemas/autosca
 import { backoffDelayMs } from "../pod-watcher/backoff.js";
 import type { Logger } from "../shared/log.js";
 import { LogRate } from "../shared/log-rate.js";
-import { annotationPatches, type ApplyStep, planApply, removalsMarked, type WorkloadPod } from "./apply-plan.js";
+import { annotationPatches, type ApplyStep, planApply, REMOVAL_COST_BASE, removalIsExact, type WorkloadPod } from "./apply-plan.js";
 import { DrainTracker, type Removal } from "./drain.js";
-import type { PodCost } from "./victims.js";
+import { DELETION_COST_ANNOTATION, type PodCost } from "./victims.js";
 
 export interface WorkloadScale {
   replicas: number;
@@ -29,6 +29,8 @@ export interface ListedPod extends WorkloadPod {
   /** The Kubernetes name (without the namespace). */
   name: string;
   ready: boolean;
+  /** Being deleted already (`deletionTimestamp`): neither a victim nor counted by the ReplicaSet. */
+  terminating: boolean;
 }
 
 /** The Kubernetes calls an applier makes (a real cluster, or the stand-in in tests). */
@@ -62,6 +64,7 @@ export function kubeWorkloadClient(kc: KubeConfig): WorkloadClient {
         pod: `${p.metadata?.name ?? ""}.${namespace}`,
         annotations: p.metadata?.annotations ?? {},
         ready: !p.metadata?.deletionTimestamp && (p.status?.conditions ?? []).some((c) => c.type === "Ready" && c.status === "True"),
+        terminating: !!p.metadata?.deletionTimestamp,
       }));
     },
     async annotate(namespace, name, annotations) {
@@ -77,8 +80,8 @@ export interface RoundContext {
   inFlight(pod: string): number;
   /** Cached blocks only this pod holds (the prefix index). */
   uniqueBlocks(pod: string): number;
-  /** PODS sequence of the pod's `draining` event, once the autoscaler has folded it. */
-  drainSeq(pod: string): number | undefined;
+  /** The pod's current `draining` event as the autoscaler folded it: its PODS sequence and deadline. */
+  drainEvent(pod: string): { seq: number; deadline: number } | undefined;
   /** Every live gateway has folded PODS up to `seq`. */
   acknowledged(seq: number): boolean;
   /** Checked before every write: a lost lease stops applying at once, mid-round too. */
@@ -112,14 +115,21 @@ export class WorkloadApplier {
   async round(c: RoundContext): Promise<RoundResult> {
     const draining = () => this.tracker.list().map((d) => ({ pod: d.pod, since: d.markedAt, deadline: d.deadline }));
     if (c.now < this.retryAt) return { removed: [], draining: draining(), error: "backing off after an API error" };
+    if (this.o.drain && this.target.kind === "StatefulSet") {
+      // A StatefulSet removes its highest ordinals whatever the pods' costs: the handshake cannot choose.
+      return { removed: [], draining: [], error: "the drain handshake cannot choose which StatefulSet pods leave (it always removes the highest ordinals): run with --no-drain, or scale a Deployment" };
+    }
     this.stats.rounds++;
     const removedThisRound: Removal[] = [];
     try {
       const scale = await this.client.readScale(this.target);
-      const pods = await this.client.listPods(this.target.namespace, scale.selector);
+      const listed = await this.client.listPods(this.target.namespace, scale.selector);
+      const pods = listed.filter((p) => !p.terminating);
       for (const d of this.tracker.list()) {
-        const seq = c.drainSeq(d.pod);
-        if (seq !== undefined) this.tracker.published(d.pod, seq);
+        // Only the event of this mark counts: an older one (a pod marked, taken back, marked again)
+        // was acknowledged before the gateways routed to it again.
+        const ev = c.drainEvent(d.pod);
+        if (ev !== undefined && ev.deadline === d.deadline) this.tracker.published(d.pod, ev.seq);
         // A marked pod that left by itself (deleted, crashed) needs no removal.
         if (!pods.some((p) => p.pod === d.pod)) this.tracker.forget(d.pod);
       }
@@ -132,13 +142,28 @@ export class WorkloadApplier {
       for (const r of removed) this.stats[r.reason === "idle" ? "removedIdle" : "removedGrace"]++;
       return { specReplicas: spec, removed: removedThisRound, draining: draining() };
     } catch (err) {
-      // Pods the tracker released this round are not lost: re-mark them so the next round removes them.
-      for (const r of removedThisRound) this.tracker.mark(r.pod, c.now - 1, r.deletionCost);
+      // Pods the tracker released this round are not lost: re-mark them (same deadline) so the next round removes them.
+      for (const r of removedThisRound) this.tracker.mark(r.pod, c.now - r.drainedMs, r.deletionCost);
       this.stats.errors++;
       this.retryAt = c.now + backoffDelayMs(this.failures++, (this.o.random ?? Math.random)(), { baseMs: 500, maxMs: 30_000 });
       const msg = `${(err as Error).message ?? err}`.slice(0, 300);
       if (this.errLog.admit(c.now).log) this.log.warn({ policy: this.policy, target: `${this.target.kind}/${this.target.namespace}/${this.target.name}`, status: statusOf(err), err: msg, retryInMs: this.retryAt - c.now }, "applying the recommendation failed; retrying");
       return { removed: [], draining: draining(), error: msg };
+    }
+  }
+
+  /**
+   * Takes every mark this applier set off the workload's pods (the policy was deleted or now names
+   * another workload): without it, pods marked draining would stay out of routing for good.
+   */
+  async release(stillLeader: () => boolean): Promise<void> {
+    this.tracker.reclaim(this.tracker.size);
+    const scale = await this.client.readScale(this.target);
+    const pods = (await this.client.listPods(this.target.namespace, scale.selector)).filter((p) => !p.terminating);
+    for (const p of annotationPatches([], pods)) {
+      if (!stillLeader()) throw new Error("the autoscaler lease was lost: not applying");
+      const listed = pods.find((x) => x.pod === p.pod);
+      if (listed) await this.client.annotate(this.target.namespace, listed.name, p.annotations);
     }
   }
 
@@ -168,7 +193,18 @@ export class WorkloadApplier {
     let current = spec;
     for (const s of steps) {
       if (s.kind !== "scale") continue;
-      if (s.removed.length > 0 && !removalsMarked(s.removed, [...byPod.values()])) throw new Error(`pods ${s.removed.map((r) => r.pod).join(", ")} do not carry their deletion cost yet: not lowering replicas`);
+      if (s.removed.length > 0) {
+        // The removed pods go below every other pod's cost, so the ReplicaSet removes exactly them.
+        for (const [i, r] of s.removed.entries()) {
+          const listed = byPod.get(r.pod);
+          const cost = String(REMOVAL_COST_BASE + i);
+          if (!listed || listed.annotations[DELETION_COST_ANNOTATION] === cost) continue;
+          guard();
+          await this.client.annotate(this.target.namespace, listed.name, { [DELETION_COST_ANNOTATION]: cost });
+          byPod.set(r.pod, { ...listed, annotations: { ...listed.annotations, [DELETION_COST_ANNOTATION]: cost } });
+        }
+        if (!removalIsExact(s.removed, [...byPod.values()])) throw new Error(`lowering replicas now could remove a pod other than ${s.removed.map((r) => r.pod).join(", ")} (another pod is not Ready or costs less): waiting`);
+      }
       if (s.replicas === current) continue;
       guard();
       await this.client.writeScale(this.target, s.replicas);

@@ -3,7 +3,7 @@
  * on the fleet's views; the lease holder then applies it (`--apply`) and publishes the record.
  * A shell (it calls the applier and the publisher); the decisions are runner.ts and apply-plan.ts.
  */
-import type { AutoscaleRecommendation } from "../../schemas/autoscale.js";
+import type { AutoscaleRecommendation, ScaleTarget } from "../../schemas/autoscale.js";
 import type { ServerClock } from "../gateway/server-clock.js";
 import type { FleetQueues } from "../routing/flow/fleet.js";
 import type { Logger } from "../shared/log.js";
@@ -14,6 +14,8 @@ import type { OutcomeWindow } from "./outcomes.js";
 import type { PolicyRunner } from "./runner.js";
 import type { QueueReading, SignalSources } from "./signals.js";
 
+const DECODE_SUFFIX = "#decode";
+
 export interface RoundsDeps {
   id: string;
   clock: () => number;
@@ -22,8 +24,8 @@ export interface RoundsDeps {
   outcomes: OutcomeWindow;
   serverClock: ServerClock;
   acks: GatewayAcks;
-  /** PODS sequence of each pod's current `draining` event (`<model>\0<pod>`). */
-  drainSeqs: ReadonlyMap<string, number>;
+  /** Each pod's current `draining` event (`<model>\0<pod>`): its PODS sequence and deadline. */
+  drainEvents: ReadonlyMap<string, { seq: number; deadline: number }>;
   runners: ReadonlyMap<string, PolicyRunner>;
   inScope(model: string): boolean;
   isLeader(): boolean;
@@ -38,6 +40,7 @@ export class Rounds {
   readonly appliers = new Map<string, WorkloadApplier>();
   private readonly lastRun = new Map<string, number>();
   private readonly busy = new Set<string>();
+  private readonly releasing = new Set<string>();
   private readonly sources: SignalSources;
 
   constructor(private readonly d: RoundsDeps) {
@@ -63,6 +66,7 @@ export class Rounds {
     const now = d.clock();
     d.state.sweep(now, { liveNow: d.serverClock.now() });
     d.fleet.sweep(now);
+    if (d.isLeader()) this.releaseOrphans();
     const out: Array<Promise<AutoscaleRecommendation>> = [];
     for (const [name, r] of d.runners) {
       if (!d.inScope(r.policy.model)) continue;
@@ -96,34 +100,69 @@ export class Rounds {
     return Promise.all(out);
   }
 
-  private applierOf(name: string, r: PolicyRunner): WorkloadApplier | undefined {
-    const target = r.policy.scaleTarget;
-    if (!this.d.apply || !target) return undefined;
-    let a = this.appliers.get(name);
-    if (!a || JSON.stringify(a.target) !== JSON.stringify(target)) {
-      a = new WorkloadApplier(name, target, this.d.apply, this.d.log, { drain: this.d.drain, graceMs: r.policy.drainGraceMs });
-      this.appliers.set(name, a);
+  /** The workload each applier key drives: a policy's `scaleTarget`, and a pd policy's decode role (`<name>#decode`). */
+  private targetOf(key: string): { target: ScaleTarget; runner: PolicyRunner } | undefined {
+    const decode = key.endsWith(DECODE_SUFFIX);
+    const r = this.d.runners.get(decode ? key.slice(0, -DECODE_SUFFIX.length) : key);
+    const target = decode ? r?.policy.pd?.decodeScaleTarget : r?.policy.scaleTarget;
+    return r && target ? { target, runner: r } : undefined;
+  }
+
+  /**
+   * Appliers whose policy is gone, or names another workload now, give their marks back before
+   * they are dropped (retried every round until Kubernetes accepts it).
+   */
+  private releaseOrphans(): void {
+    for (const [key, a] of this.appliers) {
+      const now = this.targetOf(key);
+      if (now && JSON.stringify(now.target) === JSON.stringify(a.target)) continue;
+      if (this.releasing.has(key)) continue;
+      this.releasing.add(key);
+      a.release(() => this.d.isLeader())
+        .then(() => {
+          if (this.appliers.get(key) === a) this.appliers.delete(key);
+        })
+        .catch((err: unknown) => this.d.log.warn({ policy: key, err: (err as Error).message }, "taking the drain marks off a dropped policy's pods failed; retrying"))
+        .finally(() => this.releasing.delete(key));
     }
-    return a;
+  }
+
+  private applierOf(key: string): WorkloadApplier | undefined {
+    const t = this.targetOf(key);
+    if (!this.d.apply || !t) return undefined;
+    const a = this.appliers.get(key);
+    if (a && JSON.stringify(a.target) === JSON.stringify(t.target)) return a;
+    // A changed target: the old applier releases its marks first (releaseOrphans), then a new one starts.
+    if (a) return undefined;
+    const fresh = new WorkloadApplier(key, t.target, this.d.apply, this.d.log, { drain: this.d.drain, graceMs: t.runner.policy.drainGraceMs });
+    this.appliers.set(key, fresh);
+    return fresh;
   }
 
   private async applyRound(name: string, r: PolicyRunner, rec: AutoscaleRecommendation): Promise<void> {
-    const a = this.applierOf(name, r);
+    // A pd policy's decode role: its own workload, sized by `desiredDecode` (its record lists the prefill side).
+    const decode = r.policy.pd?.decodeScaleTarget && rec.desiredDecode !== undefined ? this.applierOf(`${name}${DECODE_SUFFIX}`) : undefined;
+    if (decode) await this.roundOf(decode, r, { ...rec, desired: rec.desiredDecode as number });
+    const a = this.applierOf(name);
     if (!a) return;
-    const { d } = this;
-    const model = r.policy.model;
-    const res = await a.round({
-      now: d.clock(),
-      rec,
-      inFlight: (pod) => d.state.ledger.outstanding(model, pod).requests,
-      uniqueBlocks: (pod) => d.state.index.uniqueEntries(model, pod),
-      drainSeq: (pod) => d.drainSeqs.get(`${model}\u0000${pod}`),
-      acknowledged: (seq) => d.acks.acknowledged(seq, d.state.ledger.liveGateways(d.serverClock.now())),
-      stillLeader: () => d.isLeader(),
-    });
+    const res = await this.roundOf(a, r, rec);
     if (res.specReplicas !== undefined) rec.specReplicas = res.specReplicas;
     if (res.draining.length > 0) rec.draining = res.draining.slice(0, 1024);
     if (res.removed.length > 0) rec.removed = res.removed.slice(0, 1024).map((x) => ({ pod: x.pod, reason: x.reason, inFlight: x.inFlight, drainedMs: x.drainedMs }));
     if (res.error) rec.reason = `${rec.reason}; apply: ${res.error}`.slice(0, 1024);
+  }
+
+  private roundOf(a: WorkloadApplier, r: PolicyRunner, rec: AutoscaleRecommendation) {
+    const { d } = this;
+    const model = r.policy.model;
+    return a.round({
+      now: d.clock(),
+      rec,
+      inFlight: (pod) => d.state.ledger.outstanding(model, pod).requests,
+      uniqueBlocks: (pod) => d.state.index.uniqueEntries(model, pod),
+      drainEvent: (pod) => d.drainEvents.get(`${model}\u0000${pod}`),
+      acknowledged: (seq) => d.acks.acknowledged(seq, d.state.ledger.liveGateways(d.serverClock.now())),
+      stillLeader: () => d.isLeader(),
+    });
   }
 }

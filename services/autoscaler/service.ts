@@ -95,11 +95,11 @@ export async function startAutoscaler(o: AutoscalerOptions): Promise<AutoscalerH
   const outcomes = new OutcomeWindow();
   const serverClock = new ServerClock(clock);
   const acks = new GatewayAcks();
-  /** PODS sequence of each pod's current `draining` event (`<model>\0<pod>`). */
-  const drainSeqs = new Map<string, number>();
+  /** Each pod's current `draining` event (`<model>\0<pod>`): its PODS sequence and deadline. */
+  const drainEvents = new Map<string, { seq: number; deadline: number }>();
   const fleet = new FleetQueues({ self: id, boundMs: 0 });
   const stats = { evaluations: 0, published: 0, publishErrors: 0, invalidPolicies: 0 };
-  const followers = createFollowers({ nats, subjects, prefix: o.prefix, id, state, outcomes, serverClock, acks, drainSeqs, log });
+  const followers = createFollowers({ nats, subjects, prefix: o.prefix, id, state, outcomes, serverClock, acks, drainEvents, log });
   const flowSub = nats.nc.subscribe(subjects.all("flow"), {
     callback: (err, m) => {
       if (err) return;
@@ -124,7 +124,7 @@ export async function startAutoscaler(o: AutoscalerOptions): Promise<AutoscalerH
   const ready = Promise.all(followers.map((f) => f.whenCaughtUp())).then(() => log.info({ id, policies: runners.size }, "autoscaler caught up"));
 
   const isLeader = () => (elector ? elector.isLeader() : true);
-  const rounds = new Rounds({ id, clock, state, fleet, outcomes, serverClock, acks, drainSeqs, runners, inScope, isLeader, stats, log, ...(o.apply ? { apply: o.apply } : {}), drain: o.drain !== false,
+  const rounds = new Rounds({ id, clock, state, fleet, outcomes, serverClock, acks, drainEvents, runners, inScope, isLeader, stats, log, ...(o.apply ? { apply: o.apply } : {}), drain: o.drain !== false,
     publish: (name, rec) => nats.js.publish(subjects.autoscale(name), JSON.stringify(rec)).then(() => undefined) });
   const evaluate = () => rounds.evaluate();
   const timer = setInterval(() => {
@@ -163,7 +163,7 @@ interface FollowerDeps {
   outcomes: OutcomeWindow;
   serverClock: ServerClock;
   acks: GatewayAcks;
-  drainSeqs: Map<string, number>;
+  drainEvents: Map<string, { seq: number; deadline: number }>;
   log: Logger;
 }
 
@@ -175,8 +175,8 @@ function createFollowers(d: FollowerDeps): Follower[] {
     if (ev.type === "heartbeat") d.acks.observe(ev);
     if (ev.type === "pod") {
       const k = `${ev.model}\u0000${ev.pod}`;
-      if (ev.action === "upsert" && ev.draining) d.drainSeqs.set(k, m.seq);
-      else d.drainSeqs.delete(k);
+      if (ev.action === "upsert" && ev.draining) d.drainEvents.set(k, { seq: m.seq, deadline: ev.draining.deadline });
+      else d.drainEvents.delete(k);
     }
     state.apply(ev, { stream, ...m });
   };

@@ -185,6 +185,8 @@ export class EmbeddingClient implements EmbeddingSource {
       for (const d of body.data ?? []) {
         const t = typeof d.index === "number" ? texts[d.index] : undefined;
         if (t === undefined || !Array.isArray(d.embedding) || d.embedding.length === 0 || d.embedding.length > 65_536) continue;
+        // A vector with anything but finite numbers would score NaN: not a vector.
+        if (!d.embedding.every((x) => typeof x === "number" && Number.isFinite(x))) continue;
         const v = Float32Array.from(d.embedding as number[]);
         out.set(t, v);
         this.cache.set(this.keyOf(model, t), v);

@@ -278,7 +278,7 @@ export class GatewayState {
     if (ev.type === "charge" && ev.phase !== "prefill") {
       this.rates.request(ev.user, ev.model, ev.promptTokens, ev.ts);
       if (ev.user) this.usage.record({ user: ev.user, promptTokens: ev.promptTokens, completionTokens: 0, ts: ev.ts });
-    } else if (ev.type === "release") this.countRelease(ev, false, ev.model);
+    } else if (ev.type === "release") this.countRelease(ev, false, ev.model, meta.serverTs);
     return APPLIED;
   }
 
@@ -286,14 +286,14 @@ export class GatewayState {
   private applyReleases(ev: ReleaseBatch, meta: EventMeta): ApplyResult {
     if (ev.gateway === this.self) return ignored("own-echo");
     if (this.shareCharges) this.ledger.releaseBatch(ev.gateway, ev.releases, meta.seq);
-    for (const r of ev.releases) this.countRelease(r, false, ev.model);
+    for (const r of ev.releases) this.countRelease(r, false, ev.model, meta.serverTs);
     return APPLIED;
   }
 
   /** What a release changes besides the ledger: the engine's counts in the usage and rate windows (`own`: this gateway's, for its usage summary too). */
-  private countRelease(r: ReleaseItem, own: boolean, model: string): void {
+  private countRelease(r: ReleaseItem, own: boolean, model: string, brokerTs = 0): void {
     // Learned whatever `shareCharges` says: outcomes are facts about the pods, not load.
-    if (r.latency) this.latency.learn(model, r.ts, r.latency);
+    if (r.latency) this.latency.learn(model, r.ts, r.latency, brokerTs);
     // The engine's prompt count replaces the charge's estimate in the window it was charged in.
     if (r.promptTokens !== undefined && r.chargedPromptTokens !== undefined && r.chargedAt !== undefined) {
       this.rates.correctPrompt(r.user, r.promptTokens - r.chargedPromptTokens, r.chargedAt, own);

@@ -98,6 +98,9 @@ describe("LatencyModel", () => {
     expect(m.learn("m", 0, { x, ttftMs: -1 })).toBe(false);
     expect(m.learn("m", 0, { x, ttftMs: 61_000 })).toBe(false);
     expect(m.learn("m", 0, { x, ttftMs: Number.NaN })).toBe(false);
+    // A release stamped far ahead of the broker (a skewed gateway clock) would slide the window past the present.
+    expect(m.learn("m", 100_000, { x, ttftMs: 50 }, 50_000)).toBe(false);
+    expect(m.rejected.future).toBe(1);
     expect(m.rejected).toMatchObject({ ttftMissing: 1, ttftAbsurd: 3 });
     expect(m.predict("m", undefined, f(100, 0, 0, 0), 0).source).toBe("prior");
     expect(m.learn("m", 0, { x, ttftMs: 50, tpotMs: 20_000 })).toBe(true);

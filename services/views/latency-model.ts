@@ -199,7 +199,15 @@ export interface LatencyRejections {
   tpotAbsurd: number;
   late: number;
   full: number;
+  /** Stamped ahead of the broker's time by more than FUTURE_SLACK_MS (a gateway with a skewed clock). */
+  future: number;
 }
+
+/**
+ * How far ahead of the broker's clock a release's own time may be: a sample from further ahead
+ * would slide every class's window past the present and reject the fleet's real samples as late.
+ */
+export const FUTURE_SLACK_MS = 10_000;
 
 const dot = (w: readonly number[], x: readonly number[]) => w.reduce((s, wi, i) => s + wi * (x[i] as number), 0);
 const key = (model: string, cls: string) => `${model}\u0000${cls}`;
@@ -229,11 +237,18 @@ export class LatencyModel implements LatencyReader {
     this.maxBucketSamples = o.maxBucketSamples ?? MAX_BUCKET_SAMPLES;
   }
   private readonly classesPerModel = new Map<string, number>();
-  readonly rejected: LatencyRejections = { ttftMissing: 0, ttftAbsurd: 0, tpotAbsurd: 0, late: 0, full: 0 };
+  readonly rejected: LatencyRejections = { ttftMissing: 0, ttftAbsurd: 0, tpotAbsurd: 0, late: 0, full: 0, future: 0 };
   learned = 0;
 
-  /** Folds one release's sample (`ts`: the release's own time). Returns whether it was learned from. */
-  learn(model: string, ts: number, s: LatencySample): boolean {
+  /**
+   * Folds one release's sample (`ts`: the release's own time; `brokerTs`: when the broker stored
+   * it, 0 for a gateway's own release). Returns whether it was learned from.
+   */
+  learn(model: string, ts: number, s: LatencySample, brokerTs = 0): boolean {
+    if (brokerTs > 0 && ts > brokerTs + FUTURE_SLACK_MS) {
+      this.rejected.future++;
+      return false;
+    }
     const ttft = s.ttftMs;
     if (ttft === undefined) {
       this.rejected.ttftMissing++;

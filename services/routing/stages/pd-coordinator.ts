@@ -77,12 +77,14 @@ export class PdCoordinator {
   }
 
   /** A retry: charges the least loaded prefill pod of the roleset not tried yet; false when none is left. */
+  /** A retry goes to a pod still routable now: ready and not draining (the autoscaler's handshake). */
   retryPrefill(r: RoutedRequest): boolean {
+    const isRoutable = (p: { ready: boolean; draining?: unknown } | undefined) => p === undefined || (p.ready !== false && p.draining === undefined);
     const pd = r.pd;
     if (!pd || r.finished) return false;
     const { pods, ledger } = this.d.views;
     // Only the plan's roleset: its decode pod reads the KV from one of its own prefill pods.
-    const left = pd.plan.prefillCandidates.map((c) => c.pod).filter((p) => (p.roleset ?? DEFAULT_ROLESET) === pd.plan.roleset && !pd.tried.has(p.pod) && pods.get(p.model, p.pod)?.ready !== false);
+    const left = pd.plan.prefillCandidates.map((c) => c.pod).filter((p) => (p.roleset ?? DEFAULT_ROLESET) === pd.plan.roleset && !pd.tried.has(p.pod) && isRoutable(pods.get(p.model, p.pod)));
     if (left.length === 0) return false;
     const next = left.reduce((a, b) => (ledger.outstanding(b.model, b.pod).requests < ledger.outstanding(a.model, a.pod).requests ? b : a));
     this.chargePrefill(r, next);
