@@ -6,7 +6,6 @@
  * engine answers for that model); a rule change is live on the gateway; `/debug/explain` shows
  * every decision's evaluation.
  */
-import { spawn } from "node:child_process";
 import { mkdtempSync, writeFileSync } from "node:fs";
 import os from "node:os";
 import path from "node:path";
@@ -16,24 +15,10 @@ import type { SemanticConfig } from "../schemas/semantic.js";
 import { type FrontServer, startFront } from "../services/front/front.js";
 import type { GatewayHandle } from "../services/gateway/gateway.js";
 import { AUTO, CODER, EMBED, GENERAL, MATH } from "../services/routing/semantic/testing.js";
-import { cliPath } from "../services/shared/processes.js";
 import { type SimFleet, startSimFleet } from "../services/sim/fleet.js";
+import { runJetroute as jetroute } from "./harness/cli.js";
 import { quietLog, startTestEnv, type TestEnv, waitFor } from "./harness/env.js";
 
-function jetroute(args: string[]): Promise<{ code: number | null; stdout: string; stderr: string }> {
-  return new Promise((resolve) => {
-    const p = spawn(process.execPath, [cliPath(), ...args], { stdio: ["ignore", "pipe", "pipe"], env: { ...process.env, NATS_URL: "" } });
-    let stdout = "";
-    let stderr = "";
-    p.stdout.on("data", (d: Buffer) => {
-      stdout += d.toString();
-    });
-    p.stderr.on("data", (d: Buffer) => {
-      stderr += d.toString();
-    });
-    p.once("exit", (code) => resolve({ code, stdout, stderr }));
-  });
-}
 
 const sem = AUTO.semantic as SemanticConfig;
 const WITH_EMBEDDINGS: ModelConfig = {

@@ -4,10 +4,8 @@
  * flow` end to end (needs dist/ built, as `npm test` does), which checks the plumbing and the
  * shape of the final JSON line, not the performance targets.
  */
-import { spawn } from "node:child_process";
-import path from "node:path";
 import { describe, expect, it } from "vitest";
-import { cliPath } from "../../services/shared/processes.js";
+import { runBench } from "../../test/harness/cli.js";
 import { mulberry32 } from "../../services/shared/seeded-random.js";
 import { buildFlowMix, FLOW_MIX_DEFAULTS } from "../workloads/flow-mix.js";
 import { type BandDispatch, type BandHold, countInversions, FLOW_ENGINE_DEFAULTS, jainIndex, maxMinFairShares, modelCapacity } from "./flow.js";
@@ -98,25 +96,10 @@ const HEAD_KEYS = [
   "dropped",
 ];
 
-function runBench(args: string[]): Promise<{ code: number | null; stdout: string; stderr: string }> {
-  const script = path.join(path.dirname(path.dirname(cliPath())), "loadtest", "bench.js");
-  return new Promise((resolve) => {
-    const p = spawn(process.execPath, [script, "flow", ...args], { stdio: ["ignore", "pipe", "pipe"] });
-    let stdout = "";
-    let stderr = "";
-    p.stdout.on("data", (d: Buffer) => {
-      stdout += d.toString();
-    });
-    p.stderr.on("data", (d: Buffer) => {
-      stderr += d.toString();
-    });
-    p.on("exit", (code) => resolve({ code, stdout, stderr }));
-  });
-}
 
 describe("flow bench (smoke)", () => {
   it("runs off, on and on-1 end to end and prints one JSON line with every field", async () => {
-    const { code, stdout, stderr } = await runBench([
+    const { code, stdout, stderr } = await runBench(["flow", 
       "--duration-ms", "2000", "--replicas", "2", "--pods", "2", "--time-scale", "4",
       "--cpu-phase-ms", "500", "--cpu-settle-ms", "300", "--cpu-rounds", "1",
     ]);

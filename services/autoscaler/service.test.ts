@@ -3,16 +3,15 @@
  * in the config bucket, recommendations read back from the AUTOSCALE stream; HA with the lease;
  * `config set-autoscale` refusing bad policies through the built CLI.
  */
-import { spawn } from "node:child_process";
 import { type KV, Kvm } from "@nats-io/kv";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { AUTOSCALE_KEY_PREFIX, type AutoscalePolicy, type AutoscaleRecommendation } from "../../schemas/autoscale.js";
 import type { LoadSample } from "../../schemas/events.js";
 import { checkEvent } from "../../schemas/validate.js";
 import { configBucketName, streamName } from "../../streams/definitions.js";
+import { runJetroute as jetroute } from "../../test/harness/cli.js";
 import { MODEL, quietLog, startTestEnv, type TestEnv, waitFor } from "../../test/harness/env.js";
 import { StreamFollower } from "../shared/follower.js";
-import { cliPath } from "../shared/processes.js";
 import { acked } from "../shared/publish.js";
 import { type AutoscalerHandle, startAutoscaler } from "./service.js";
 
@@ -122,20 +121,6 @@ describe("autoscaler on a real nats-server", () => {
   });
 });
 
-function jetroute(args: string[]): Promise<{ code: number | null; stderr: string; stdout: string }> {
-  return new Promise((resolve) => {
-    const p = spawn(process.execPath, [cliPath(), ...args], { stdio: ["ignore", "pipe", "pipe"], env: { ...process.env, NATS_URL: "" } });
-    let stdout = "";
-    let stderr = "";
-    p.stdout.on("data", (d: Buffer) => {
-      stdout += d.toString();
-    });
-    p.stderr.on("data", (d: Buffer) => {
-      stderr += d.toString();
-    });
-    p.once("exit", (code) => resolve({ code, stderr, stdout }));
-  });
-}
 
 describe("jetroute config set-autoscale (built CLI, real nats-server)", () => {
   let env: TestEnv;

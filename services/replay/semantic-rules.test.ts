@@ -3,10 +3,10 @@
  * re-decided under a changed rule set from their recorded signals — in the pure core, and through
  * the built CLI on an export file.
  */
-import { spawn } from "node:child_process";
 import { mkdtempSync, writeFileSync } from "node:fs";
 import os from "node:os";
 import path from "node:path";
+import { runJetroute as run } from "../../test/harness/cli.js";
 import { describe, expect, it } from "vitest";
 import type { ModelConfig } from "../../schemas/config.js";
 import type { DecisionRecord } from "../../schemas/events.js";
@@ -14,7 +14,6 @@ import type { SemanticConfig } from "../../schemas/semantic.js";
 import { Director } from "../routing/director.js";
 import { AUTO, CODER, GENERAL, MATH, putModelConfig, semanticState } from "../routing/semantic/testing.js";
 import { FakeClock, MemorySink } from "../routing/stages/testing.js";
-import { cliPath } from "../shared/processes.js";
 import { readRulesFile, replayRules } from "./semantic-rules.js";
 import { EXPORT_FORMAT, EXPORT_VERSION, writeExport } from "./sources.js";
 
@@ -99,20 +98,6 @@ describe("replay --rules (pure core)", () => {
   });
 });
 
-function run(args: string[]): Promise<{ code: number | null; stdout: string; stderr: string }> {
-  return new Promise((resolve) => {
-    const p = spawn(process.execPath, [cliPath(), ...args], { stdio: ["ignore", "pipe", "pipe"], env: { ...process.env, NATS_URL: "" } });
-    let stdout = "";
-    let stderr = "";
-    p.stdout.on("data", (d: Buffer) => {
-      stdout += d.toString();
-    });
-    p.stderr.on("data", (d: Buffer) => {
-      stderr += d.toString();
-    });
-    p.once("exit", (code) => resolve({ code, stdout, stderr }));
-  });
-}
 
 describe("jetroute replay --rules (the built CLI, on an export file)", () => {
   it("prints how many requests move, and refuses a bad rules file", async () => {
