@@ -100,8 +100,7 @@ export async function startGateway(options: GatewayOptions): Promise<GatewayHand
   const nats = await connectNats(config.nats, `jetroute-gateway-${id}`);
   const state = foldOf(config, ns, signatures);
   const views: GatewayViews = state;
-  // A snapshot (snapshots.ts) holds the index as of a KV stream sequence: the KV follower starts
-  // right after it instead of replaying the whole stream.
+  // A snapshot (snapshots.ts) holds the index as of a KV stream sequence: the KV follower starts right after it.
   const snapshot: LoadedSnapshot | undefined = config.snapshots ? await loadNewestSnapshot({ nats, prefix, log, indexOptions: state.prefixIndexOptions }) : undefined;
   if (snapshot) state.restorePrefixIndex(snapshot.index, snapshot.seq);
 

@@ -103,110 +103,7 @@ export class GatewayMetrics {
     });
     for (const result of EMBEDDING_RESULTS) this.embeddingsTotal.inc({ result }, 0);
     this.flow = new FlowMetrics(r, src);
-    const gauge = (name: string, help: string, labelNames: string[], collect: (g: client.Gauge<string>) => void) =>
-      new client.Gauge({
-        name,
-        help,
-        labelNames,
-        registers: [r],
-        collect() {
-          collect(this);
-        },
-      });
-    gauge("jetroute_gateway_ready", "1 once every view caught up with its stream", [], (g) => g.set(src.ready() ? 1 : 0));
-    gauge("jetroute_gateway_in_flight", "Requests routed by this replica and not finished", [], (g) => g.set(src.inFlight()));
-    gauge("jetroute_gateway_view_last_seq", "Last stream sequence applied, per view", ["view"], (g) => {
-      for (const f of src.followers()) g.set({ view: f.view }, f.lastSeq);
-    });
-    gauge("jetroute_gateway_view_pending", "View lag in messages: stream messages after the last one the view handled (0 = caught up)", ["view"], (g) => {
-      for (const f of src.followers()) g.set({ view: f.view }, f.pending);
-    });
-    gauge("jetroute_gateway_view_delay_seconds", "View lag in time: for the last event the view applied, handled minus stored by the server", ["view"], (g) => {
-      for (const f of src.followers()) g.set({ view: f.view }, f.delayMs / 1000);
-    });
-    gauge("jetroute_gateway_view_applied", "Events applied, per view", ["view"], (g) => {
-      for (const f of src.followers()) g.set({ view: f.view }, f.applied);
-    });
-    gauge("jetroute_gateway_dead_letters", "Invalid events dead-lettered, per view", ["view"], (g) => {
-      for (const f of src.followers()) g.set({ view: f.view }, f.invalid);
-    });
-    gauge("jetroute_gateway_dead_letter_publish_failures", "Dead letters the DLQ stream did not take (publish failed), per view", ["view"], (g) => {
-      for (const f of src.followers()) g.set({ view: f.view }, f.deadLetterPublishFailures);
-    });
-    gauge("jetroute_gateway_consumer_reopens", "Stream consumers reopened after being lost, per view", ["view"], (g) => {
-      for (const f of src.followers()) g.set({ view: f.view }, f.reopens);
-    });
-    gauge("jetroute_gateway_ledger", "Charge ledger: charges held, evicted, expired, healed by heartbeats, live replicas", ["figure"], (g) => {
-      for (const [k, v] of Object.entries(src.ledger())) g.set({ figure: k }, v);
-    });
-    gauge("jetroute_gateway_prefix_index", "Prefix index: (block, pod) entries, blocks, evicted entries", ["figure"], (g) => {
-      for (const [k, v] of Object.entries(src.prefixIndex())) g.set({ figure: k }, v);
-    });
-    gauge("jetroute_gateway_api_keys", "API keys in the config bucket, by state (active, revoked)", ["state"], (g) => {
-      for (const [k, v] of Object.entries(src.apiKeys?.() ?? {})) g.set({ state: k }, v);
-    });
-    gauge("jetroute_gateway_extproc_connections", "ext_proc HTTP/2 connections: open, opened, rotated before Node's reset limit; resets: streams seen ending in RST_STREAM", ["figure"], (g) => {
-      for (const [k, v] of Object.entries(src.connections?.() ?? {})) g.set({ figure: k }, v);
-    });
-    gauge("jetroute_gateway_pod_sources", "Pod-watcher sources by state: live, or silent beyond --pod-source-timeout-ms (their pods not routed)", ["state"], (g) => {
-      const all = src.podSources?.() ?? [];
-      const silent = all.filter((x) => x.silent).length;
-      g.set({ state: "live" }, all.length - silent);
-      g.set({ state: "silent" }, silent);
-    });
-    gauge("jetroute_gateway_shadowing_adapters", "Engine-reported LoRA adapters ignored because they are named like a base model some pod serves (they would take its traffic)", [], (g) => {
-      g.set(src.shadowingAdapters?.() ?? 0);
-    });
-    gauge("jetroute_gateway_pods_refused_address", "Pods published with an address outside --pod-cidrs: never routed to", [], (g) => {
-      g.set(src.refusedPodAddresses?.() ?? 0);
-    });
-    gauge("jetroute_gateway_records_refused_signature", "Records ignored because their signature did not verify (--config-public-key, --pod-public-key), by records (config, pods) and reason (unsigned, malformed, unknown-key, bad-signature, out-of-window)", ["records", "reason"], (g) => {
-      for (const [records, byReason] of Object.entries(src.signatureRefusals?.() ?? {})) for (const [reason, n] of Object.entries(byReason)) g.set({ records, reason }, n);
-    });
-    gauge("jetroute_gateway_outbox_dropped", "Events not published, by reason: closed (fired while shutting down), too_large (over the server's max_payload), failed (refused by the client)", ["reason"], (g) => {
-      const d = src.outboxDrops?.();
-      g.set({ reason: "closed" }, d?.closed ?? 0);
-      g.set({ reason: "too_large" }, d?.tooLarge ?? 0);
-      g.set({ reason: "failed" }, d?.failed ?? 0);
-    });
-    gauge(
-      "jetroute_gateway_pd",
-      "P/D: disaggregated requests, decider skips, combined fallbacks, unusable rolesets seen, prefill attempts/retries/failures, answers without transfer params, decode aborts",
-      ["figure"],
-      (g) => {
-        for (const [k, v] of Object.entries(src.pd?.() ?? {})) g.set({ figure: k }, v);
-      },
-    );
-    gauge(
-      "jetroute_gateway_usage_summaries",
-      "Per-user rate-limit usage across pools: foreign_gateways and foreign_entries (other namespaces' summaries held, user entries in them), foreign_evicted (dropped at the bound), sent (own summaries published), truncated_users (left out of them)",
-      ["figure"],
-      (g) => {
-        const u = src.usage?.();
-        if (!u) return;
-        g.set({ figure: "foreign_gateways" }, u.foreignGateways);
-        g.set({ figure: "foreign_entries" }, u.foreignEntries);
-        g.set({ figure: "foreign_evicted" }, u.foreignEvicted);
-        g.set({ figure: "sent" }, u.sent);
-        g.set({ figure: "truncated_users" }, u.truncatedUsers);
-      },
-    );
-    gauge("jetroute_gateway_latency_prediction_ape", "Latency model: mean absolute percentage error (0.1 = 10 %) of the picked pods' predicted TTFT/TPOT over the last 256 requests, per model and pod class", ["model", "pod_class", "metric"], (g) => {
-      for (const f of this.drift.figures()) {
-        if (f.ttftApe !== null) g.set({ model: f.model, pod_class: f.podClass, metric: "ttft" }, f.ttftApe);
-        if (f.tpotApe !== null) g.set({ model: f.model, pod_class: f.podClass, metric: "tpot" }, f.tpotApe);
-      }
-    });
-    gauge("jetroute_gateway_latency_samples", "Latency model: release samples learned from (learned) and not (ttftMissing, ttftAbsurd, tpotAbsurd, late, full), and (model, class) entries held", ["figure"], (g) => {
-      const m = src.latencyModel?.();
-      if (!m) return;
-      g.set({ figure: "learned" }, m.learned);
-      g.set({ figure: "entries" }, m.entries);
-      for (const [k, v] of Object.entries(m.rejected)) g.set({ figure: k }, v);
-    });
-    gauge("jetroute_gateway_strict", "Strict mode: committed charges, lost races, fallbacks", ["figure"], (g) => {
-      for (const [k, v] of Object.entries(src.strict() ?? {})) g.set({ figure: k }, v);
-    });
+    registerStateGauges(r, src, this.drift);
   }
 
   decision(rec: DecisionRecord): void {
@@ -315,4 +212,112 @@ class FlowMetrics {
   yielded(band: number): void {
     this.yields.inc({ band: String(band) });
   }
+}
+
+/** The gauges read at scrape time from the gateway's state (views, followers, ledger, index, P/D, latency model). */
+function registerStateGauges(r: client.Registry, src: GatewayMetricsSources, drift: PredictionDrift): void {
+  const gauge = (name: string, help: string, labelNames: string[], collect: (g: client.Gauge<string>) => void) =>
+    new client.Gauge({
+      name,
+      help,
+      labelNames,
+      registers: [r],
+      collect() {
+        collect(this);
+      },
+    });
+  gauge("jetroute_gateway_ready", "1 once every view caught up with its stream", [], (g) => g.set(src.ready() ? 1 : 0));
+  gauge("jetroute_gateway_in_flight", "Requests routed by this replica and not finished", [], (g) => g.set(src.inFlight()));
+  gauge("jetroute_gateway_view_last_seq", "Last stream sequence applied, per view", ["view"], (g) => {
+    for (const f of src.followers()) g.set({ view: f.view }, f.lastSeq);
+  });
+  gauge("jetroute_gateway_view_pending", "View lag in messages: stream messages after the last one the view handled (0 = caught up)", ["view"], (g) => {
+    for (const f of src.followers()) g.set({ view: f.view }, f.pending);
+  });
+  gauge("jetroute_gateway_view_delay_seconds", "View lag in time: for the last event the view applied, handled minus stored by the server", ["view"], (g) => {
+    for (const f of src.followers()) g.set({ view: f.view }, f.delayMs / 1000);
+  });
+  gauge("jetroute_gateway_view_applied", "Events applied, per view", ["view"], (g) => {
+    for (const f of src.followers()) g.set({ view: f.view }, f.applied);
+  });
+  gauge("jetroute_gateway_dead_letters", "Invalid events dead-lettered, per view", ["view"], (g) => {
+    for (const f of src.followers()) g.set({ view: f.view }, f.invalid);
+  });
+  gauge("jetroute_gateway_dead_letter_publish_failures", "Dead letters the DLQ stream did not take (publish failed), per view", ["view"], (g) => {
+    for (const f of src.followers()) g.set({ view: f.view }, f.deadLetterPublishFailures);
+  });
+  gauge("jetroute_gateway_consumer_reopens", "Stream consumers reopened after being lost, per view", ["view"], (g) => {
+    for (const f of src.followers()) g.set({ view: f.view }, f.reopens);
+  });
+  gauge("jetroute_gateway_ledger", "Charge ledger: charges held, evicted, expired, healed by heartbeats, live replicas", ["figure"], (g) => {
+    for (const [k, v] of Object.entries(src.ledger())) g.set({ figure: k }, v);
+  });
+  gauge("jetroute_gateway_prefix_index", "Prefix index: (block, pod) entries, blocks, evicted entries", ["figure"], (g) => {
+    for (const [k, v] of Object.entries(src.prefixIndex())) g.set({ figure: k }, v);
+  });
+  gauge("jetroute_gateway_api_keys", "API keys in the config bucket, by state (active, revoked)", ["state"], (g) => {
+    for (const [k, v] of Object.entries(src.apiKeys?.() ?? {})) g.set({ state: k }, v);
+  });
+  gauge("jetroute_gateway_extproc_connections", "ext_proc HTTP/2 connections: open, opened, rotated before Node's reset limit; resets: streams seen ending in RST_STREAM", ["figure"], (g) => {
+    for (const [k, v] of Object.entries(src.connections?.() ?? {})) g.set({ figure: k }, v);
+  });
+  gauge("jetroute_gateway_pod_sources", "Pod-watcher sources by state: live, or silent beyond --pod-source-timeout-ms (their pods not routed)", ["state"], (g) => {
+    const all = src.podSources?.() ?? [];
+    const silent = all.filter((x) => x.silent).length;
+    g.set({ state: "live" }, all.length - silent);
+    g.set({ state: "silent" }, silent);
+  });
+  gauge("jetroute_gateway_shadowing_adapters", "Engine-reported LoRA adapters ignored because they are named like a base model some pod serves (they would take its traffic)", [], (g) => {
+    g.set(src.shadowingAdapters?.() ?? 0);
+  });
+  gauge("jetroute_gateway_pods_refused_address", "Pods published with an address outside --pod-cidrs: never routed to", [], (g) => {
+    g.set(src.refusedPodAddresses?.() ?? 0);
+  });
+  gauge("jetroute_gateway_records_refused_signature", "Records ignored because their signature did not verify (--config-public-key, --pod-public-key), by records (config, pods) and reason (unsigned, malformed, unknown-key, bad-signature, out-of-window)", ["records", "reason"], (g) => {
+    for (const [records, byReason] of Object.entries(src.signatureRefusals?.() ?? {})) for (const [reason, n] of Object.entries(byReason)) g.set({ records, reason }, n);
+  });
+  gauge("jetroute_gateway_outbox_dropped", "Events not published, by reason: closed (fired while shutting down), too_large (over the server's max_payload), failed (refused by the client)", ["reason"], (g) => {
+    const d = src.outboxDrops?.();
+    g.set({ reason: "closed" }, d?.closed ?? 0);
+    g.set({ reason: "too_large" }, d?.tooLarge ?? 0);
+    g.set({ reason: "failed" }, d?.failed ?? 0);
+  });
+  gauge(
+    "jetroute_gateway_pd",
+    "P/D: disaggregated requests, decider skips, combined fallbacks, unusable rolesets seen, prefill attempts/retries/failures, answers without transfer params, decode aborts",
+    ["figure"],
+    (g) => {
+      for (const [k, v] of Object.entries(src.pd?.() ?? {})) g.set({ figure: k }, v);
+    },
+  );
+  gauge(
+    "jetroute_gateway_usage_summaries",
+    "Per-user rate-limit usage across pools: foreign_gateways and foreign_entries (other namespaces' summaries held, user entries in them), foreign_evicted (dropped at the bound), sent (own summaries published), truncated_users (left out of them)",
+    ["figure"],
+    (g) => {
+      const u = src.usage?.();
+      if (!u) return;
+      g.set({ figure: "foreign_gateways" }, u.foreignGateways);
+      g.set({ figure: "foreign_entries" }, u.foreignEntries);
+      g.set({ figure: "foreign_evicted" }, u.foreignEvicted);
+      g.set({ figure: "sent" }, u.sent);
+      g.set({ figure: "truncated_users" }, u.truncatedUsers);
+    },
+  );
+  gauge("jetroute_gateway_latency_prediction_ape", "Latency model: mean absolute percentage error (0.1 = 10 %) of the picked pods' predicted TTFT/TPOT over the last 256 requests, per model and pod class", ["model", "pod_class", "metric"], (g) => {
+    for (const f of drift.figures()) {
+      if (f.ttftApe !== null) g.set({ model: f.model, pod_class: f.podClass, metric: "ttft" }, f.ttftApe);
+      if (f.tpotApe !== null) g.set({ model: f.model, pod_class: f.podClass, metric: "tpot" }, f.tpotApe);
+    }
+  });
+  gauge("jetroute_gateway_latency_samples", "Latency model: release samples learned from (learned) and not (ttftMissing, ttftAbsurd, tpotAbsurd, late, full), and (model, class) entries held", ["figure"], (g) => {
+    const m = src.latencyModel?.();
+    if (!m) return;
+    g.set({ figure: "learned" }, m.learned);
+    g.set({ figure: "entries" }, m.entries);
+    for (const [k, v] of Object.entries(m.rejected)) g.set({ figure: k }, v);
+  });
+  gauge("jetroute_gateway_strict", "Strict mode: committed charges, lost races, fallbacks", ["figure"], (g) => {
+    for (const [k, v] of Object.entries(src.strict() ?? {})) g.set({ figure: k }, v);
+  });
 }
