@@ -485,12 +485,13 @@ export async function startAssembly(spec: CaseSpec, engine: PrefixQualityEngineO
     spawn("front", ["front", "--port", String(frontPort), "--gateway", gateways.map((g) => `127.0.0.1:${g.port}`).join(","), ...(extras.frontArgs ?? [])]);
     // Ready, and every pod known and ready in every replica's view.
     for (const g of gateways) {
-      await waitUntil(`gateway ${g.gateway} to see ${e.pods} ready pods`, 30_000, async () => {
+      // Generous: on a loaded 2-core box (a test suite beside) spawning a dozen processes is slow.
+      await waitUntil(`gateway ${g.gateway} to see ${e.pods} ready pods`, 60_000, async () => {
         const r = await getJson<{ ready: boolean; pods: Array<{ ready: boolean }> }>(probe, `http://127.0.0.1:${g.adminPort}/debug/state`);
         return r.status === 200 && r.body?.ready === true && (r.body.pods ?? []).filter((p) => p.ready).length === e.pods;
       });
     }
-    await waitUntil("the front to list the model", 30_000, async () => {
+    await waitUntil("the front to list the model", 60_000, async () => {
       const r = await getJson<{ data?: Array<{ id: string }> }>(probe, `http://127.0.0.1:${frontPort}/v1/models`);
       return r.status === 200 && (r.body?.data ?? []).some((m) => m.id === model);
     });
