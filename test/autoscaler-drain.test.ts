@@ -72,7 +72,10 @@ describe("autoscaler --apply: scale-down with and without the drain handshake (k
         stopping: async (p) => {
           const engine = engineOf.get(p.metadata.name);
           stopped.push({ pod: published(p.metadata.name), inFlight: gw.views.ledger.outstanding(MODEL, published(p.metadata.name)).requests });
-          if (engine) await fleet.stop(engine);
+          if (engine) {
+            await fleet.stop(engine);
+            freeEngines.push(engine);
+          }
         },
       },
     }).start();
@@ -180,5 +183,35 @@ describe("autoscaler --apply: scale-down with and without the drain handshake (k
     await t.stop();
     expect((stopped[before] as { inFlight: number }).inFlight).toBeGreaterThan(0);
     await a.close();
+    await kv.delete(`${AUTOSCALE_KEY_PREFIX}engines`);
   }, 90_000);
+
+  it("two pods draining at once: each leaves only when idle, and Kubernetes removes exactly those two (no stream cut)", async () => {
+    const policy = (n: number) => JSON.stringify({
+      model: MODEL, algorithm: "apa", metric: "ledger.inFlight", target: 1, minReplicas: n, maxReplicas: n,
+      intervalMs: 100, scrapeIntervalMs: 100, stableWindowMs: 1000, panicWindowMs: 1000, scaleDownDelayMs: 0, drainGraceMs: 20_000,
+      scaleTarget: { kind: "Deployment", namespace: NS, name: "engines" },
+    });
+    const a = await startAutoscaler({ nats: env.server.url, prefix: "jr", tickMs: 100, log: quietLog, apply: kubeWorkloadClient(loadKubeConfig(kubeconfig)), drain: true });
+    scalers.push(a);
+    await kv.put(`${AUTOSCALE_KEY_PREFIX}engines`, policy(3));
+    await waitFor(() => gw.views.pods.readyPods(MODEL).length === 3, 30_000, "3 pods routable again");
+    const before = stopped.length;
+    const from = records.length;
+    const t = traffic(6);
+    await waitFor(() => t.res.ok >= 12, 20_000, "traffic on 3 pods");
+    await kv.put(`${AUTOSCALE_KEY_PREFIX}engines`, policy(1));
+    await waitFor(() => stopped.length >= before + 2, 40_000, () => `two pods stopped (last: ${records.at(-1)?.reason})`);
+    await waitFor(async () => (await kubectl("get", "deploy", "engines", "-o", "jsonpath={.spec.replicas} {.status.replicas}")) === "1 1", 15_000, "the Deployment at 1/1", 100);
+    const after = t.res.ok;
+    await waitFor(() => t.res.ok >= after + 4, 20_000, "traffic on the pod left");
+    await t.stop();
+    const removed = records.slice(from).flatMap((r) => r.removed ?? []);
+    // Exactly the drained pods left, each idle when it stopped, and no stream was cut.
+    expect(new Set(stopped.slice(before).map((x) => x.pod))).toEqual(new Set(removed.map((r) => r.pod)));
+    expect(stopped.slice(before).map((x) => x.inFlight)).toEqual([0, 0]);
+    expect(removed.map((r) => r.reason)).toEqual(["idle", "idle"]);
+    expect(t.res.cut, t.res.errors.slice(0, 3).join(" | ")).toBe(0);
+    await a.close();
+  }, 120_000);
 });
