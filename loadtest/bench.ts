@@ -2,7 +2,9 @@
  * `npm run bench -- <name> [options]`: runs one benchmark and prints its result as the final
  * JSON line (progress and tables go to stderr).
  */
+import { loadavg } from "node:os";
 import { Command, InvalidArgumentError } from "commander";
+import { emitResult, takeBaseline } from "./baseline.js";
 import { strategiesOption } from "../services/replay/command.js";
 import { intOption } from "../services/shared/cli-options.js";
 import { runExtProcBench } from "./benches/extproc.js";
@@ -43,6 +45,8 @@ const herdingModes = (v: string) =>
   });
 
 const program = new Command("bench").description("jetroute benchmarks; each prints one final JSON line").showHelpAfterError();
+// The machine baseline is taken before any benchmark starts its load (see loadtest/baseline.ts).
+program.hook("preAction", () => void takeBaseline(loadavg()[0] ?? 0));
 
 program
   .command("extproc")
@@ -55,7 +59,7 @@ program
   .action(async (o) => {
     if (o.mode !== "eventual" && o.mode !== "strict") throw new InvalidArgumentError("--mode must be eventual or strict");
     const result = await runExtProcBench({ durationMs: o.durationMs, warmupMs: o.warmupMs, concurrencies: o.concurrency, rounds: o.rounds, mode: o.mode });
-    console.log(JSON.stringify(result));
+    emitResult(result);
   });
 
 program
@@ -67,7 +71,7 @@ program
   .option("--foreign-rate <n>", "the router's requests per second (the heartbeats' share per request)", int, 1_000)
   .option("--release-batch <n>", "releases per `releases` batch (family releases)", int, 8)
   .action(async (o) => {
-    console.log(JSON.stringify(await runFoldBench({ events: o.events, rounds: o.rounds, inFlight: o.inFlight, foreignRate: o.foreignRate, releaseBatch: o.releaseBatch })));
+    emitResult(await runFoldBench({ events: o.events, rounds: o.rounds, inFlight: o.inFlight, foreignRate: o.foreignRate, releaseBatch: o.releaseBatch }));
   });
 
 program
@@ -80,7 +84,7 @@ program
   .option("--release-batch-ms <list>", "the gateways' release batch windows to compare, comma separated (0 = none)", (v: string) => v.split(",").map((x) => nonNegative(x)), [0, 5])
   .option("--profile-dir <dir>", "write V8 CPU profiles of B (node --cpu-prof, first round) into this directory")
   .action(async (o) => {
-    console.log(JSON.stringify(await runFoldLiveBench({ concurrency: o.concurrency, durationMs: o.durationMs, rounds: o.rounds, heartbeatMs: o.heartbeatMs, releaseBatchMs: o.releaseBatchMs, profileDir: o.profileDir })));
+    emitResult(await runFoldLiveBench({ concurrency: o.concurrency, durationMs: o.durationMs, rounds: o.rounds, heartbeatMs: o.heartbeatMs, releaseBatchMs: o.releaseBatchMs, profileDir: o.profileDir }));
   });
 
 program
@@ -94,7 +98,7 @@ program
   .option("--heartbeat-ms <ms>", "the replicas' heartbeat interval", int, 1_000)
   .option("--release-batch-ms <ms>", "the gateways' release batch window (0 = none, the gateway's default)", nonNegative, 0)
   .action(async (o) => {
-    console.log(JSON.stringify(await runScaleBench({ replicas: o.replicas, rate: o.rate, concurrency: o.concurrency, durationMs: o.durationMs, rounds: o.rounds, heartbeatMs: o.heartbeatMs, releaseBatchMs: o.releaseBatchMs })));
+    emitResult(await runScaleBench({ replicas: o.replicas, rate: o.rate, concurrency: o.concurrency, durationMs: o.durationMs, rounds: o.rounds, heartbeatMs: o.heartbeatMs, releaseBatchMs: o.releaseBatchMs }));
   });
 
 program
@@ -107,7 +111,7 @@ program
   .option("--cases <list>", "cases to run, comma separated (default all four)", (v: string) => v.split(","))
   .option("--log-dir <dir>", "keep the services' logs here")
   .action(async (o) => {
-    console.log(JSON.stringify(await runPredictedBench({ durationMs: o.durationMs, warmupMs: o.warmupMs, rate: o.rate, slowFactor: o.slowFactor, cases: o.cases, logDir: o.logDir })));
+    emitResult(await runPredictedBench({ durationMs: o.durationMs, warmupMs: o.warmupMs, rate: o.rate, slowFactor: o.slowFactor, cases: o.cases, logDir: o.logDir }));
   });
 
 program
@@ -122,7 +126,7 @@ program
   .option("--startup-ms <ms>", "a new pod's time from creation to Ready", int, 2_000)
   .option("--seed <n>", "arrival process seed", int, 1)
   .action(async (o) => {
-    console.log(JSON.stringify(await runAutoscaleBench({ baseRps: o.baseRps, peakFactor: o.peakFactor, phaseMs: o.phaseMs, maxTokens: o.maxTokens, peakPods: o.peakPods, ttftSloMs: o.ttftSloMs, startupMs: o.startupMs, seed: o.seed })));
+    emitResult(await runAutoscaleBench({ baseRps: o.baseRps, peakFactor: o.peakFactor, phaseMs: o.phaseMs, maxTokens: o.maxTokens, peakPods: o.peakPods, ttftSloMs: o.ttftSloMs, startupMs: o.startupMs, seed: o.seed }));
   });
 
 program
@@ -131,7 +135,7 @@ program
   .option("--pods <n>", "pods of the one model", int, 1_000)
   .option("--rate <n>", "pod changes per second (half are measured Ready transitions)", int, 10)
   .option("--duration-ms <ms>", "measured window", int, 20_000)
-  .action(async (o) => console.log(JSON.stringify(await runDiscoveryBench({ pods: o.pods, rate: o.rate, durationMs: o.durationMs }))));
+  .action(async (o) => emitResult(await runDiscoveryBench({ pods: o.pods, rate: o.rate, durationMs: o.durationMs })));
 
 program
   .command("pd")
@@ -144,7 +148,7 @@ program
   .option("--overhead-iterations <n>", "prefill-leg overhead samples (gateway-issued and direct each)", int, 200)
   .action(async (o) => {
     const result = await runPdBench({ rate: o.rate, durationMs: o.durationMs, systemWords: o.systemWords, userWords: o.userWords, maxTokens: o.maxTokens, overheadIterations: o.overheadIterations });
-    console.log(JSON.stringify(result));
+    emitResult(result);
   });
 
 program
@@ -153,7 +157,7 @@ program
   .option("--lookups <n>", "lookups per case and round", int, 20_000)
   .option("--rounds <n>", "rounds per lookup case (median reported)", int, 3)
   .action(async (o) => {
-    console.log(JSON.stringify(await runIndexBench({ lookups: o.lookups, rounds: o.rounds })));
+    emitResult(await runIndexBench({ lookups: o.lookups, rounds: o.rounds }));
   });
 
 program
@@ -173,7 +177,7 @@ program
     const result = await runHerdingBench({
       replicas: o.replicas, modes: o.modes, bursts: o.bursts, requests: o.requests, pods: o.pods, spread: o.spread, staggerMs: o.staggerMs, inProcess: o.inProcess, seed: o.seed,
     });
-    console.log(JSON.stringify(result));
+    emitResult(result);
   });
 
 program
@@ -188,7 +192,7 @@ program
   .option("--in-process", "replicas as in-process gateways (one event loop) instead of processes", false)
   .action(async (o) => {
     if (!(HERDING_MODES as readonly string[]).includes(o.mode)) throw new InvalidArgumentError("--mode must be eventual, strict or off");
-    console.log(JSON.stringify(await runRateLimitBench({ replicas: o.replicas, gapsMs: o.gapsMs, limit: o.limit, requests: o.requests, bursts: o.bursts, mode: o.mode, inProcess: o.inProcess })));
+    emitResult(await runRateLimitBench({ replicas: o.replicas, gapsMs: o.gapsMs, limit: o.limit, requests: o.requests, bursts: o.bursts, mode: o.mode, inProcess: o.inProcess }));
   });
 
 program
@@ -200,7 +204,7 @@ program
   .option("--mode <mode>", "consistency mode of both gateways: eventual | strict", "eventual")
   .action(async (o) => {
     if (o.mode !== "eventual" && o.mode !== "strict") throw new InvalidArgumentError("--mode must be eventual or strict");
-    console.log(JSON.stringify(await runChargeLagBench({ rate: o.rate, durationMs: o.durationMs, warmupMs: o.warmupMs, mode: o.mode })));
+    emitResult(await runChargeLagBench({ rate: o.rate, durationMs: o.durationMs, warmupMs: o.warmupMs, mode: o.mode }));
   });
 
 const caseNames = Object.keys(PREFIX_QUALITY_CASES) as PrefixQualityCaseName[];
@@ -232,7 +236,7 @@ program
       cases: o.cases, durationMs: o.durationMs, warmupMs: o.warmupMs, rate: o.rate, targetUtil: o.targetUtil,
       engine: { timeScale: o.timeScale }, workload: { seed: o.seed }, logDir: o.logDir,
     });
-    console.log(JSON.stringify(result));
+    emitResult(result);
   });
 
 program
@@ -242,7 +246,7 @@ program
   .option("--rounds <n>", "bootstraps of each kind (median reported)", int, 5)
   .option("--kv-filter", "give the KV followers the redundant `<prefix>.kv.>` filter (the gateway before the change)", false)
   .action(async (o) => {
-    console.log(JSON.stringify(await runBootstrapBench({ blocks: o.blocks, rounds: o.rounds, kvFilter: o.kvFilter })));
+    emitResult(await runBootstrapBench({ blocks: o.blocks, rounds: o.rounds, kvFilter: o.kvFilter }));
   });
 
 
@@ -261,7 +265,7 @@ program
     const result = await runReplayBench({
       durationMs: o.durationMs, concurrency: o.concurrency, replicas: o.replicas, strategies: o.strategies, recorded: o.recorded, pods: o.pods, heartbeatMs: o.heartbeatMs, keepExport: o.keepExport,
     });
-    console.log(JSON.stringify(result));
+    emitResult(result);
   });
 
 const faultCases = (v: string) =>
@@ -287,7 +291,7 @@ program
     const result = await runFaultsBench({
       cases: o.cases, rate: o.rate, inProcessRate: o.inProcessRate, holdMs: o.holdMs, phaseMs: o.phaseMs, outageMs: o.outageMs, heartbeatMs: o.heartbeatMs, kvRequests: o.kvRequests, caseTimeoutMs: o.caseTimeoutMs,
     });
-    console.log(JSON.stringify(result));
+    emitResult(result);
   });
 
 const flowRuns = (v: string) =>
@@ -328,7 +332,7 @@ program
       durationMs: o.durationMs, replicas: o.replicas, load: o.load, seed: o.seed, runs: o.runs, cpuPhaseMs: o.cpuPhaseMs, cpuSettleMs: o.cpuSettleMs, cpuRounds: o.cpuRounds, cpuLoad: o.cpuLoad,
       engine: { pods: o.pods, timeScale: o.timeScale }, ...(o.flowConfig ? { flowConfig: o.flowConfig } : {}), logDir: o.logDir,
     });
-    console.log(JSON.stringify(result));
+    emitResult(result);
   });
 
 program
@@ -336,7 +340,7 @@ program
   .description("semantic model selection: classification µs per request (keyword rules, cached and uncached embeddings), virtual vs plain ext_proc p50, accuracy on the labelled prompts")
   .option("--requests <n>", "requests of mixed size per measurement", int, 1_000)
   .action(async (o) => {
-    console.log(JSON.stringify(await runSemanticBench({ requests: o.requests })));
+    emitResult(await runSemanticBench({ requests: o.requests }));
   });
 
 registerTokenizerBench(program);
@@ -360,7 +364,7 @@ program
       pods: o.pods, sessions: o.sessions, durationMs: o.durationMs, warmupMs: o.warmupMs, startTokens: [o.startTokens[0], o.startTokens[1] ?? o.startTokens[0]], endTokens: o.endTokens,
       tokenizer: o.tokenizer, profileDir: o.profileDir, logDir: o.logDir,
     });
-    console.log(JSON.stringify(result));
+    emitResult(result);
   });
 
 await program.parseAsync(process.argv);

@@ -21,6 +21,7 @@ import { readFileSync } from "node:fs";
 import { createRequire } from "node:module";
 import { dirname } from "node:path";
 import type { Command } from "commander";
+import { emitResult } from "../baseline.js";
 import { loadHfTokenizerDir } from "../../services/gateway/tokenization.js";
 import { intOption } from "../../services/shared/cli-options.js";
 import { mulberry32 } from "../../services/shared/seeded-random.js";
@@ -165,6 +166,6 @@ export function registerTokenizeBench(program: Command): void {
     .option("--conversations <n>", "conversations per model", n, 40)
     .option("--turns <n>", "turns per conversation (the last is the later turn)", n, 10)
     .action(async (opts) => {
-      console.log(JSON.stringify(await runTokenizeBench({ conversations: opts.conversations, turns: opts.turns })));
+      emitResult(await runTokenizeBench({ conversations: opts.conversations, turns: opts.turns }));
     });
 }

@@ -19,6 +19,7 @@ import { createRequire } from "node:module";
 import { dirname, join } from "node:path";
 import { Tokenizer as JsTokenizer } from "@huggingface/tokenizers";
 import type { Command } from "commander";
+import { emitResult } from "../baseline.js";
 import { Tokenizer as RustTokenizer } from "tokenizers";
 import { intOption } from "../../services/shared/cli-options.js";
 import { mulberry32 } from "../../services/shared/seeded-random.js";
@@ -146,6 +147,6 @@ export function registerTokenizerBench(program: Command): void {
     .option("--rounds <n>", "rounds (median reported)", n, 3)
     .option("--conversations <n>", "10-turn conversations for the prefix cache", n, 20)
     .action(async (opts) => {
-      console.log(JSON.stringify(await runTokenizerBench({ prompts: opts.prompts, rounds: opts.rounds, conversations: opts.conversations })));
+      emitResult(await runTokenizerBench({ prompts: opts.prompts, rounds: opts.rounds, conversations: opts.conversations }));
     });
 }
