@@ -17,7 +17,7 @@
 import { CoreV1Api, CustomObjectsApi, type KubeConfig } from "@kubernetes/client-node";
 import type { Logger } from "../shared/log.js";
 import type { NatsHandles } from "../shared/nats.js";
-import { informersBlind, type KubernetesObjectList, superviseInformers, type Watched, watchObjects, watchPods } from "./k8s-informers.js";
+import { informersBlind, type KubernetesObjectList, superviseUntilFirstRound, type Watched, watchObjects, watchPods } from "./k8s-informers.js";
 import { kubeLeaseStore } from "./k8s-lease.js";
 import type { KubePod } from "./k8s-pods.js";
 import { clusterSourceName, DEFAULT_BLIND_AFTER_MS, defaultLeaseNamespace, inClusterConfig, type KubernetesWatcherOptions, loadKubeConfig, oncePerTurn, vouchGate, watcherLeaseName } from "./kubernetes.js";
@@ -197,19 +197,7 @@ export async function startInferencePoolWatcher(o: InferencePoolWatcherOptions):
     });
     watched.push(...policy.watched);
   }
-  const starting = superviseInformers(watched, {
-    log,
-    own,
-    stopped: () => stopped,
-    changed: () => {
-      own.events++;
-      deriveSoon();
-    },
-  });
-  const firstRound = starting.then(async () => {
-    await new Promise((r) => setImmediate(r));
-    if (watched.every((w) => w.synced) && rt.publisher.isActive) await rt.publisher.whenSynced();
-  });
+  const firstRound = superviseUntilFirstRound(watched, { log, own, stopped: () => stopped, derive: deriveSoon, publisher: rt.publisher });
   log.info({ pool: `${namespace}/${name}`, apiVersion: `${group}/${version}`, modelLabel: o.modelLabel ?? "(ask the engines)" }, "watching an InferencePool");
   return {
     source,

@@ -183,3 +183,31 @@ export function superviseInformers(watched: Watched[], s: Supervision): Promise<
   }
   return Promise.all(watched.map((w) => start(w)));
 }
+
+/**
+ * The watchers' common start: supervises the informers (each change counted and handed to `derive`)
+ * and resolves once every informer's first start returned and, when all of them synced while this
+ * watcher publishes, the publisher confirmed the first derived set.
+ */
+export function superviseUntilFirstRound(
+  watched: Watched[],
+  s: Omit<Supervision, "changed" | "own"> & {
+    own: Supervision["own"] & { events: number };
+    derive: () => void;
+    publisher: { readonly isActive: boolean; whenSynced(): Promise<unknown> };
+  },
+): Promise<void> {
+  const starting = superviseInformers(watched, {
+    log: s.log,
+    own: s.own,
+    stopped: s.stopped,
+    changed: () => {
+      s.own.events++;
+      s.derive();
+    },
+  });
+  return starting.then(async () => {
+    await new Promise((r) => setImmediate(r));
+    if (watched.every((w) => w.synced) && s.publisher.isActive) await s.publisher.whenSynced();
+  });
+}

@@ -18,7 +18,7 @@ import { readFileSync } from "node:fs";
 import { CoreV1Api, KubeConfig, type V1Pod } from "@kubernetes/client-node";
 import type { Logger } from "../shared/log.js";
 import type { NatsHandles } from "../shared/nats.js";
-import { type InformerSettings, informersBlind, superviseInformers, type Watched, watchPods } from "./k8s-informers.js";
+import { type InformerSettings, informersBlind, superviseUntilFirstRound, type Watched, watchPods } from "./k8s-informers.js";
 import { kubeLeaseStore } from "./k8s-lease.js";
 import { type KubePod, LABEL_MODEL, mapPod } from "./k8s-pods.js";
 import { type CommonWatcherOptions, defaultWatcherId, type PodWatcherHandle, startSourceRuntime } from "./pod-watcher.js";
@@ -195,19 +195,7 @@ export async function startKubernetesWatcher(o: KubernetesWatcherOptions): Promi
   const deriveSoon = oncePerTurn(() => {
     if (!stopped) derive();
   });
-  const starting = superviseInformers(watched, {
-    log,
-    own,
-    stopped: () => stopped,
-    changed: () => {
-      own.events++;
-      deriveSoon();
-    },
-  });
-  const firstRound = starting.then(async () => {
-    await new Promise((r) => setImmediate(r));
-    if (watched.every((w) => w.synced) && rt.publisher.isActive) await rt.publisher.whenSynced();
-  });
+  const firstRound = superviseUntilFirstRound(watched, { log, own, stopped: () => stopped, derive: deriveSoon, publisher: rt.publisher });
 
   return {
     source,
