@@ -6,28 +6,23 @@
 import { createHash } from "node:crypto";
 import { pino } from "pino";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { applyStreams } from "../../streams/apply.js";
 import { streamName } from "../../streams/definitions.js";
 import { Subjects } from "../../streams/subjects.js";
 import { waitFor } from "../../test/harness/wait.js";
+import { startTestEnv, type TestEnv } from "../../test/harness/env.js";
 import { DeadLetterLog } from "../shared/dead-letter.js";
-import { connectNats, type NatsHandles } from "../shared/nats.js";
-import { type NatsServerHandle, startNatsServer } from "../shared/nats-server.js";
+import type { NatsHandles } from "../shared/nats.js";
 import { type KvDeadLetter, KvDeadLetters, KvDlqHeaders } from "./dead-letters.js";
 
-let server: NatsServerHandle;
+let env: TestEnv;
 let nats: NatsHandles;
 const dlq = streamName("jr", "DLQ");
 
 beforeAll(async () => {
-  server = await startNatsServer();
-  nats = await connectNats(server.url);
-  await applyStreams(nats.nc, nats.jsm);
+  env = await startTestEnv();
+  nats = env.nats;
 });
-afterAll(async () => {
-  await nats?.nc.close();
-  await server?.stop();
-});
+afterAll(async () => env?.stop());
 
 const entries = async () => (await nats.jsm.streams.info(dlq)).state.messages;
 

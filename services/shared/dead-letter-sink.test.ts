@@ -5,32 +5,28 @@
  */
 import { pino } from "pino";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { applyStreams } from "../../streams/apply.js";
 import { streamName } from "../../streams/definitions.js";
 import { Subjects } from "../../streams/subjects.js";
+import { applyStreams } from "../../streams/apply.js";
 import { waitFor } from "../../test/harness/wait.js";
+import { startTestEnv, type TestEnv } from "../../test/harness/env.js";
 import { DeadLetterLog, DlqHeaders } from "./dead-letter.js";
 import { StreamFollower } from "./follower.js";
 import { createLogger, type Logger } from "./log.js";
-import { connectNats, type NatsHandles } from "./nats.js";
-import { type NatsServerHandle, startNatsServer } from "./nats-server.js";
+import type { NatsHandles } from "./nats.js";
 
 const MODEL = "org/model";
 const silent = createLogger("test", "silent");
-let server: NatsServerHandle;
+let env: TestEnv;
 let nats: NatsHandles;
 const subjects = new Subjects();
 const dlq = streamName("jr", "DLQ");
 
 beforeAll(async () => {
-  server = await startNatsServer();
-  nats = await connectNats(server.url);
-  await applyStreams(nats.nc, nats.jsm);
+  env = await startTestEnv();
+  nats = env.nats;
 });
-afterAll(async () => {
-  await nats?.nc.close();
-  await server?.stop();
-});
+afterAll(async () => env?.stop());
 
 function loadReader(name: string, o: { log?: Logger; failureLog?: DeadLetterLog } = {}): StreamFollower<"load"> {
   return new StreamFollower({
