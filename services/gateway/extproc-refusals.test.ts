@@ -4,16 +4,13 @@
  * failure (500). Driven as Envoy drives it (real gRPC, Envoy's phase order) against a real
  * Director on an in-memory fold: no NATS needed.
  */
-import * as grpc from "@grpc/grpc-js";
 import { afterEach, describe, expect, it } from "vitest";
-import { ExtProcClient, type PhaseResult } from "../extproc/envoy-client.js";
-import { EXT_PROC_SERVER_OPTIONS, loadExtProc } from "../extproc/protos.js";
+import type { ExtProcClient, PhaseResult } from "../extproc/envoy-client.js";
 import { Director, type PrefixSupport } from "../routing/director.js";
 import { chatBody, FakeClock, MemorySink, MODEL, stateWithPods } from "../routing/stages/testing.js";
-import { createLogger } from "../shared/log.js";
-import { createExtProcHandler, type ExtProcHandlerOptions } from "./extproc-server.js";
+import type { ExtProcHandlerOptions } from "./extproc-server.js";
+import { ExtProcTestServers } from "../../test/harness/extproc.js";
 
-const quietLog = createLogger("test", "silent");
 const reqHeaders = (extra: Record<string, string> = {}) => ({ ":method": "POST", ":path": "/v1/chat/completions", ":authority": "gw", "content-type": "application/json", ...extra });
 
 function setup(o: { prefix?: PrefixSupport } = {}) {
@@ -24,22 +21,10 @@ function setup(o: { prefix?: PrefixSupport } = {}) {
   return { sink, director };
 }
 
-const servers: Array<{ client: ExtProcClient; server: grpc.Server }> = [];
-afterEach(() => {
-  for (const s of servers.splice(0)) {
-    s.client.close();
-    s.server.forceShutdown();
-  }
-});
+const servers = new ExtProcTestServers();
+afterEach(() => servers.closeAll());
 
-async function serve(opts: Partial<ExtProcHandlerOptions> & Pick<ExtProcHandlerOptions, "router">): Promise<ExtProcClient> {
-  const server = new grpc.Server(EXT_PROC_SERVER_OPTIONS);
-  server.addService(loadExtProc().service, { Process: createExtProcHandler({ log: quietLog, isReady: () => true, listModels: () => [MODEL], ...opts }) });
-  const port = await new Promise<number>((resolve, reject) => server.bindAsync("127.0.0.1:0", grpc.ServerCredentials.createInsecure(), (err, p) => (err ? reject(err) : resolve(p))));
-  const client = new ExtProcClient(`127.0.0.1:${port}`);
-  servers.push({ client, server });
-  return client;
-}
+const serve = (opts: Partial<ExtProcHandlerOptions> & Pick<ExtProcHandlerOptions, "router">) => servers.serve({ listModels: () => [MODEL], ...opts });
 
 function immediate(r: PhaseResult) {
   if (r.kind !== "immediate") throw new Error(`expected an immediate response, got ${r.kind}`);

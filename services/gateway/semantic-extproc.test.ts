@@ -5,19 +5,16 @@
  * limits apply; a request no decision matches gets a 400; the decision is named on the response
  * and in the decision record.
  */
-import * as grpc from "@grpc/grpc-js";
 import { afterEach, describe, expect, it } from "vitest";
 import { checkEvent } from "../../schemas/validate.js";
-import { ExtProcClient, type PhaseResult } from "../extproc/envoy-client.js";
-import { EXT_PROC_SERVER_OPTIONS, loadExtProc } from "../extproc/protos.js";
+import type { ExtProcClient, PhaseResult } from "../extproc/envoy-client.js";
 import { Director, type DirectorOptions } from "../routing/director.js";
 import { FakeClock, MemorySink } from "../routing/stages/testing.js";
 import { AUTO, CODER, GENERAL, MATH, putConfig, putModelConfig, semanticState } from "../routing/semantic/testing.js";
 import type { GatewayState } from "../views/gateway-state.js";
-import { createLogger } from "../shared/log.js";
-import { createExtProcHandler, type ExtProcHandlerOptions } from "./extproc-server.js";
+import type { ExtProcHandlerOptions } from "./extproc-server.js";
+import { ExtProcTestServers } from "../../test/harness/extproc.js";
 
-const quietLog = createLogger("test", "silent");
 const reqHeaders = (extra: Record<string, string> = {}) => ({ ":method": "POST", ":path": "/v1/chat/completions", ":authority": "gw", "content-type": "application/json", ...extra });
 
 function setup(o: Partial<DirectorOptions> & { state?: GatewayState } = {}) {
@@ -29,22 +26,10 @@ function setup(o: Partial<DirectorOptions> & { state?: GatewayState } = {}) {
   return { sink, director, state, clock };
 }
 
-const servers: Array<{ client: ExtProcClient; server: grpc.Server }> = [];
-afterEach(() => {
-  for (const s of servers.splice(0)) {
-    s.client.close();
-    s.server.forceShutdown();
-  }
-});
+const servers = new ExtProcTestServers();
+afterEach(() => servers.closeAll());
 
-async function serve(opts: Partial<ExtProcHandlerOptions> & Pick<ExtProcHandlerOptions, "router">): Promise<ExtProcClient> {
-  const server = new grpc.Server(EXT_PROC_SERVER_OPTIONS);
-  server.addService(loadExtProc().service, { Process: createExtProcHandler({ log: quietLog, isReady: () => true, listModels: () => [], ...opts }) });
-  const port = await new Promise<number>((resolve, reject) => server.bindAsync("127.0.0.1:0", grpc.ServerCredentials.createInsecure(), (err, p) => (err ? reject(err) : resolve(p))));
-  const client = new ExtProcClient(`127.0.0.1:${port}`);
-  servers.push({ client, server });
-  return client;
-}
+const serve = (opts: Partial<ExtProcHandlerOptions> & Pick<ExtProcHandlerOptions, "router">) => servers.serve({ ...opts });
 
 const chat = (content: string, extra: Record<string, unknown> = {}) => Buffer.from(JSON.stringify({ model: "auto", messages: [{ role: "system", content: "be brief" }, { role: "user", content }], ...extra }));
 
