@@ -6,30 +6,8 @@
 import { execFileSync } from "node:child_process";
 import { describe, expect, it } from "vitest";
 import { decodeBatch, type EngineBatch, parseReplayMessage, SGLANG_ROOT_PARENT, seqFrame } from "./wire.js";
+import { bytes, mp } from "./msgpack-testing.js";
 
-const mp = {
-  arr: (n: number) => (n < 16 ? [0x90 | n] : [0xdc, n >> 8, n & 0xff]),
-  map: (n: number) => [0x80 | n],
-  str: (s: string) => {
-    const b = [...Buffer.from(s)];
-    return [0xa0 | b.length, ...b];
-  },
-  nil: [0xc0],
-  f64: (x: number) => {
-    const b = Buffer.alloc(9);
-    b[0] = 0xcb;
-    b.writeDoubleBE(x, 1);
-    return [...b];
-  },
-  i64: (x: bigint) => {
-    const b = Buffer.alloc(9);
-    b[0] = 0xd3;
-    b.writeBigInt64BE(x, 1);
-    return [...b];
-  },
-  uint: (n: number) => (n < 128 ? [n] : [0xcc, n]),
-};
-const bytes = (...parts: Array<number[] | Buffer>) => Buffer.concat(parts.map((p) => Buffer.from(p)));
 const page = (from: number) => bytes(mp.arr(4), ...Array.from({ length: 4 }, (_, i) => mp.uint(from + i)));
 /** CPython's hash(()) as msgspec writes it (a positive int that needs 64 bits: msgspec picks uint64, Python msgpack int64; both decode). */
 const ROOT = 5740354900026072187n;
