@@ -74,7 +74,7 @@ import { encodeToken } from "../../streams/tokens.js";
 import { processCpuUs } from "../proc-cpu.js";
 import { chunkContent, drainSseData, settledMessageCount } from "../streams-read.js";
 import { buildFlowMix, FLOW_MIX_DEFAULTS, type FlowMixOptions, type FlowObjective, type FlowRequest } from "../workloads/flow-mix.js";
-import { type Assembly, getJson, PREFIX_QUALITY_ENGINE_DEFAULTS, type PrefixQualityEngineOptions, percentile, startAssembly, waitUntil } from "./prefix-quality.js";
+import { type Assembly, getJson, PREFIX_QUALITY_ENGINE_DEFAULTS, type PrefixQualityEngineOptions, percentile, startAssembly, waitUntil } from "../assembly.js";
 
 const MODEL = "bench/flow-8b";
 /** The contract's fleet-wide bound: a lower band may not pass a higher one held longer than this. */

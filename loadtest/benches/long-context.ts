@@ -39,7 +39,7 @@ import { ExtProcClient } from "../../services/extproc/envoy-client.js";
 import { processCpuUs } from "../proc-cpu.js";
 import { AGENT_SESSION_DEFAULTS, AGENT_TOOLS, AgentSession } from "../workloads/agent-sessions.js";
 import { type LongMatchResult, runLongMatch } from "./long-match.js";
-import { type Assembly, getJson, PREFIX_QUALITY_ENGINE_DEFAULTS, percentile, startAssembly } from "./prefix-quality.js";
+import { type Assembly, getJson, PREFIX_QUALITY_ENGINE_DEFAULTS, percentile, startAssembly } from "../assembly.js";
 
 const MODEL = "bench/llama-3-8b";
 const require = createRequire(import.meta.url);

@@ -33,7 +33,7 @@ import { streamName } from "../../streams/definitions.js";
 import { DEFAULT_PREFIX } from "../../streams/subjects.js";
 import { chunkContent, drainSseData, settledMessageCount } from "../streams-read.js";
 import { buildSharedPrefixWorkload, SHARED_PREFIX_DEFAULTS, type SharedPrefixWorkload } from "../workloads/shared-prefix.js";
-import { type Assembly, type CaseSpec, getJson, percentile, type PrefixQualityEngineOptions, startAssembly } from "./prefix-quality.js";
+import { type Assembly, type CaseSpec, getJson, percentile, type PrefixQualityEngineOptions, startAssembly } from "../assembly.js";
 
 const MODEL = "bench/llama-3.1-8b";
 
