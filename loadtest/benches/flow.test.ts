@@ -8,7 +8,8 @@ import { describe, expect, it } from "vitest";
 import { runBench } from "../../test/harness/cli.js";
 import { mulberry32 } from "../../services/shared/seeded-random.js";
 import { buildFlowMix, FLOW_MIX_DEFAULTS } from "../workloads/flow-mix.js";
-import { type BandDispatch, type BandHold, countInversions, FLOW_ENGINE_DEFAULTS, jainIndex, maxMinFairShares, modelCapacity } from "./flow.js";
+import { FLOW_ENGINE_DEFAULTS } from "./flow.js";
+import { type BandDispatch, type BandHold, countInversions, jainIndex, maxMinFairShares, modelCapacity } from "./flow-figures.js";
 
 const M = "m";
 

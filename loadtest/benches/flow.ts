@@ -67,18 +67,17 @@ import { Kvm } from "@nats-io/kv";
 import { MODEL_CONFIG_KEY_PREFIX } from "../../schemas/config.js";
 import { validateModelConfig } from "../../services/routing/config-check.js";
 import { connectNats, type NatsHandles } from "../../services/shared/nats.js";
-import { tokenizeChat } from "../../services/tokenizer/sim-tokenizer.js";
 import { configBucketName, streamName } from "../../streams/definitions.js";
 import { DEFAULT_PREFIX } from "../../streams/subjects.js";
 import { encodeToken } from "../../streams/tokens.js";
 import { processCpuUs } from "../proc-cpu.js";
-import { chunkContent, drainSseData, settledMessageCount } from "../streams-read.js";
+import { type ClientOutcome, type LiveRequest, type OutcomeKind, sendChat } from "./flow-client.js";
+import { type BandDispatch, type BandHold, countInversions, INVERSION_BOUND_MS, jainIndex, maxMinFairShares, modelCapacity } from "./flow-figures.js";
+import { settledMessageCount } from "../streams-read.js";
 import { buildFlowMix, FLOW_MIX_DEFAULTS, type FlowMixOptions, type FlowObjective, type FlowRequest } from "../workloads/flow-mix.js";
 import { type Assembly, getJson, PREFIX_QUALITY_ENGINE_DEFAULTS, type PrefixQualityEngineOptions, percentile, startAssembly, waitUntil } from "../assembly.js";
 
 const MODEL = "bench/flow-8b";
-/** The contract's fleet-wide bound: a lower band may not pass a higher one held longer than this. */
-export const INVERSION_BOUND_MS = 250;
 
 export type FlowRunName = "off" | "on" | "on-1";
 export const FLOW_RUNS: readonly FlowRunName[] = ["off", "on", "on-1"];
@@ -223,258 +222,6 @@ function progress(line: string): void {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The figures (pure)
-
-/** Jain's fairness index (Σx)² / (n Σx²); null when there is nothing to compare. */
-export function jainIndex(xs: readonly number[]): number | null {
-  if (xs.length === 0) return null;
-  const sum = xs.reduce((a, b) => a + b, 0);
-  const sq = xs.reduce((a, b) => a + b * b, 0);
-  return sq > 0 ? (sum * sum) / (xs.length * sq) : null;
-}
-
-/**
- * Max-min fair shares of `total` among demands (water-filling): every demand below the common
- * level gets all it asked, the rest share what remains equally. Σ shares = min(total, Σ demands).
- */
-export function maxMinFairShares(demands: readonly number[], total: number): number[] {
-  const shares = demands.map(() => 0);
-  const order = demands.map((d, i) => ({ d, i })).sort((a, b) => a.d - b.d);
-  let left = Math.max(0, total);
-  for (let k = 0; k < order.length; k++) {
-    const { d, i } = order[k] as { d: number; i: number };
-    const level = left / (order.length - k);
-    const give = Math.min(d, level);
-    shares[i] = give;
-    left -= give;
-  }
-  return shares;
-}
-
-export interface BandDispatch {
-  model: string;
-  band: number;
-  /** Dispatch time (ms). */
-  at: number;
-}
-
-export interface BandHold {
-  model: string;
-  band: number;
-  enqueuedAt: number;
-  /** When the request left the queue: dispatched, expired, dropped or cancelled (ms). */
-  leftAt: number;
-}
-
-/**
- * Dispatches that are priority inversions: band B dispatched at t while a request of a higher band
- * of the same model, enqueued before t - boundMs, was still held at t (both strict). A hold counts
- * over the open interval (enqueuedAt + boundMs, leftAt); one sort of its ends and the dispatches,
- * then one sweep with a held count per band. O((d + h) log(d + h) + d k), k distinct bands.
- */
-export function countInversions(dispatches: readonly BandDispatch[], holds: readonly BandHold[], boundMs = INVERSION_BOUND_MS): number {
-  // Event kinds in tie order: a hold that ends at t is no longer held at t; one that starts
-  // counting at t (enqueued exactly at t - boundMs) does not count yet.
-  const END = 0;
-  const QUERY = 1;
-  const START = 2;
-  type Ev = { t: number; kind: number; band: number };
-  const byModel = new Map<string, { events: Ev[]; bands: Set<number> }>();
-  const model = (m: string) => {
-    let e = byModel.get(m);
-    if (!e) byModel.set(m, (e = { events: [], bands: new Set() }));
-    return e;
-  };
-  for (const d of dispatches) {
-    const e = model(d.model);
-    e.events.push({ t: d.at, kind: QUERY, band: d.band });
-    e.bands.add(d.band);
-  }
-  for (const h of holds) {
-    const from = h.enqueuedAt + boundMs;
-    if (!(h.leftAt > from)) continue;
-    const e = model(h.model);
-    e.events.push({ t: from, kind: START, band: h.band }, { t: h.leftAt, kind: END, band: h.band });
-    e.bands.add(h.band);
-  }
-  let inversions = 0;
-  for (const { events, bands } of byModel.values()) {
-    const sorted = [...bands].sort((a, b) => a - b);
-    const rank = new Map(sorted.map((b, i) => [b, i]));
-    const held = new Array<number>(sorted.length).fill(0);
-    events.sort((a, b) => a.t - b.t || a.kind - b.kind);
-    for (const ev of events) {
-      const r = rank.get(ev.band) as number;
-      if (ev.kind === START) held[r] = (held[r] as number) + 1;
-      else if (ev.kind === END) held[r] = (held[r] as number) - 1;
-      else {
-        for (let k = sorted.length - 1; k > r; k--) {
-          if ((held[k] as number) > 0) {
-            inversions++;
-            break;
-          }
-        }
-      }
-    }
-  }
-  return inversions;
-}
-
-// ---------------------------------------------------------------------------------------------
-// Capacity
-
-/** Prompt tokens of a request as the simulator counts them (chat template, generation prompt). */
-function promptTokens(r: FlowRequest): number {
-  return tokenizeChat([{ role: "user", content: r.prompt }], { addGenerationPrompt: true }).length;
-}
-
-export interface CapacityModel {
-  /** Wall requests per second the pods complete when saturated. */
-  rps: number;
-  engineMsPerRequest: number;
-  batchSize: number;
-  meanPromptTokens: number;
-  meanMaxTokens: number;
-}
-
-/** The timing model of the header, over a sample of the mix (the same for every rate). */
-export function modelCapacity(sample: readonly FlowRequest[], e: PrefixQualityEngineOptions): CapacityModel {
-  const p = sample.map(promptTokens);
-  const meanP = p.reduce((a, b) => a + b, 0) / sample.length;
-  const meanM = sample.reduce((a, r) => a + r.maxTokens, 0) / sample.length;
-  const kvTokens = e.kvCacheBlocks * e.blockSize;
-  const batchSize = Math.max(1, Math.min(e.maxBatch, Math.floor(kvTokens / (meanP + meanM))));
-  const stepMs = e.decodeMsPerStep * (1 + e.decodeBatchSlope * (batchSize - 1));
-  const engineMs = sample.reduce((a, r, i) => a + (p[i] as number) * e.prefillMsPerToken + (r.maxTokens * stepMs) / batchSize, 0) / sample.length;
-  return { rps: (e.pods * e.timeScale * 1000) / engineMs, engineMsPerRequest: engineMs, batchSize, meanPromptTokens: meanP, meanMaxTokens: meanM };
-}
-
-// ---------------------------------------------------------------------------------------------
-// The client
-
-type OutcomeKind = "ok" | "expired" | "dropped" | "cancelled" | "error";
-
-interface ClientOutcome {
-  kind: OutcomeKind;
-  /** HTTP status; 0 when none arrived. */
-  status: number;
-  code?: string;
-  /** ms since the run's t0 (performance clock). */
-  sentAt: number;
-  firstTokenAt?: number;
-  endAt: number;
-  error?: string;
-}
-
-interface LiveRequest {
-  r: FlowRequest;
-  done: Promise<ClientOutcome>;
-  cancel(): void;
-}
-
-/**
- * One chat completion through the front. Interactive requests stream and their first token is the
- * first SSE event whose delta carries text (vLLM opens with an empty assistant delta); batch
- * requests take the whole JSON answer. A non-200 answer is classified by its OpenAI error code.
- */
-function sendChat(agent: http.Agent, port: number, r: FlowRequest, id: string, now: () => number, timeoutMs: number): LiveRequest {
-  const stream = r.objective === "interactive";
-  const body = JSON.stringify({ model: MODEL, messages: [{ role: "user", content: r.prompt }], max_tokens: r.maxTokens, stream });
-  const sentAt = now();
-  let req: http.ClientRequest | undefined;
-  let cancelled = false;
-  let finish: (o: Omit<ClientOutcome, "sentAt" | "endAt">) => void = () => {};
-  const done = new Promise<ClientOutcome>((resolve) => {
-    let settled = false;
-    let firstTokenAt: number | undefined;
-    finish = (o) => {
-      if (settled) return;
-      settled = true;
-      clearTimeout(timer);
-      resolve({ ...o, ...(firstTokenAt !== undefined && o.firstTokenAt === undefined ? { firstTokenAt } : {}), sentAt, endAt: now() });
-    };
-    const fail = (status: number, error: string) => finish(cancelled ? { kind: "cancelled", status } : { kind: "error", status, error });
-    req = http.request(
-      {
-        host: "127.0.0.1",
-        port,
-        method: "POST",
-        path: "/v1/chat/completions",
-        agent,
-        headers: {
-          "content-type": "application/json",
-          "content-length": Buffer.byteLength(body),
-          "x-request-id": id,
-          user: r.user,
-          "x-jetroute-objective": r.objective,
-        },
-      },
-      (res) => {
-        res.setEncoding("utf8");
-        const status = res.statusCode ?? 0;
-        let text = "";
-        let sawDone = false;
-        let buf = "";
-        res.on("data", (c: string) => {
-          if (!stream || status !== 200) {
-            if (text.length < 1_000_000) text += c;
-            return;
-          }
-          buf = drainSseData(buf + c, (data) => {
-            if (data === "[DONE]") sawDone = true;
-            else if (firstTokenAt === undefined && chunkContent(data) !== undefined) firstTokenAt = now();
-          });
-        });
-        res.on("end", () => {
-          if (status !== 200) {
-            let code: string | undefined;
-            try {
-              const c = (JSON.parse(text) as { error?: { code?: unknown } }).error?.code;
-              if (c !== undefined) code = String(c);
-            } catch {
-              /* not an OpenAI error body */
-            }
-            const kind: OutcomeKind = status === 429 && code === "queue_timeout" ? "expired" : status === 429 && code === "queue_full" ? "dropped" : "error";
-            finish({ kind, status, ...(code ? { code } : {}), ...(kind === "error" ? { error: `HTTP ${status}: ${text.slice(0, 300)}` } : {}) });
-          } else if (stream) {
-            if (sawDone && firstTokenAt !== undefined) finish({ kind: "ok", status });
-            else fail(status, sawDone ? "stream carried no content" : "stream ended without [DONE]");
-          } else {
-            let ok = false;
-            try {
-              ok = typeof (JSON.parse(text) as { choices?: Array<{ message?: { content?: unknown } }> }).choices?.[0]?.message?.content === "string";
-            } catch {
-              /* truncated */
-            }
-            if (ok) finish({ kind: "ok", status });
-            else fail(status, "answer is not a chat completion");
-          }
-        });
-        res.on("error", (err) => fail(status, `response: ${err.message}`));
-        res.on("close", () => {
-          if (!res.complete) fail(status, "response closed before its end");
-        });
-      },
-    );
-    const timer = setTimeout(() => {
-      req?.destroy();
-      fail(0, `no complete answer within ${timeoutMs} ms`);
-    }, timeoutMs);
-    req.on("error", (err) => fail(0, `request: ${err.message}`));
-    req.end(body);
-  });
-  return {
-    r,
-    done,
-    cancel() {
-      cancelled = true;
-      req?.destroy();
-      finish({ kind: "cancelled", status: 0 });
-    },
-  };
-}
-
-// ---------------------------------------------------------------------------------------------
 // Config and decision records
 
 function modelConfigKey(model: string): string {
@@ -602,7 +349,7 @@ async function drive(
       if (wait > 0) await sleep(wait);
       const lagMs = now() - r.atMs;
       const id = `${o.idPrefix}-${r.index}`;
-      const l = sendChat(agent, asm.frontPort, r, id, now, timeoutMs);
+      const l = sendChat(agent, asm.frontPort, MODEL, r, id, now, timeoutMs);
       live.set(r.index, l);
       const p = l.done.then((outcome) => {
         live.delete(r.index);
