@@ -370,6 +370,12 @@ export const DecisionRecord = Type.Object(
     completionTokens: Type.Optional(Count),
     /** The charge this request made (id unique per gateway process, increasing in routing order). */
     charge: Type.Optional(Name),
+    /**
+     * The gateway's count of charges made when the request's first token arrived (the number in
+     * charge ids). Its routing decisions up to that charge saw the request in prefill, later ones
+     * saw it decoding: replay rebuilds that split by this, as a time cannot within a millisecond.
+     */
+    firstTokenAfterCharge: Type.Optional(Count),
     /** The model profile that applied. */
     profile: Type.Optional(Type.String({ maxLength: 256 })),
     /** The profile's strategy plugin parameters, when it set any. */

@@ -87,8 +87,8 @@ interface Replica {
   awaiting: Map<number, { seenTs: number; chargeTs: number; releasedTs?: number }>;
   /** Charges whose record was given up on (so a record arriving later is counted once, as late). */
   givenUp: Map<number, "decision-lost" | "waited-too-long">;
-  /** First-token times of own requests (from their decision records), by charge id. */
-  firstToken: Map<string, number>;
+  /** First tokens of own requests (from their decision records), by charge id: the time, and the gateway's charge count then. */
+  firstToken: Map<string, { at: number; afterCharge: number | undefined }>;
   /** Own charges applied and not yet decoding. */
   undecoded: Set<string>;
   /** Own releases applied ahead of their stream position (batched after later charges); bounded by the look-ahead. */
@@ -287,7 +287,7 @@ export class ReplayEngine {
       this.skip(this.counts.skipped, "late");
       return;
     }
-    if (d.ttftMs !== undefined && d.charge) r.firstToken.set(d.charge, d.ts + d.ttftMs);
+    if (d.ttftMs !== undefined && d.charge) r.firstToken.set(d.charge, { at: d.ts + d.ttftMs, afterCharge: d.firstTokenAfterCharge });
     insertSorted(r.pending, { d, chargeSeq: cs, arrivedAt: m.serverTs });
     this.pump();
   }
@@ -541,7 +541,9 @@ export class ReplayEngine {
     this.applyOwnBefore(r, chargeSeq);
     for (const id of r.undecoded) {
       const ft = r.firstToken.get(id);
-      if (ft !== undefined && ft <= d.ts) {
+      // Before this decision: by the gateway's charge count when it arrived; a record without one
+      // (an older gateway) by its time, which cannot order the two within a millisecond.
+      if (ft !== undefined && (ft.afterCharge !== undefined ? ft.afterCharge < chargeSeq : ft.at <= d.ts)) {
         r.state.ownFirstToken(id);
         r.undecoded.delete(id);
         r.firstToken.delete(id);

@@ -90,6 +90,10 @@ export interface SynthOptions {
   untilMs?: number;
   /** The gateways' `--pod-source-timeout-ms`: a source's liveness is judged at each routing decision. Default 0 (never). */
   podSourceTimeoutMs?: number;
+  /** Streamed requests (`stream: true`): their releases carry latency samples the latency model learns. Default false. */
+  stream?: boolean;
+  /** Where a first token falls among the routing decisions of its millisecond. Default "before". */
+  firstTokens?: "before" | "after";
 }
 
 /** What the recording knows about each request (for assertions). */
@@ -395,7 +399,7 @@ function scheduleRequests(s: Synth, requests: readonly SynthRequest[]): RoutedIn
     if (o.podSourceTimeoutMs) g.state.pods.sweepSources(streams.now, o.podSourceTimeoutMs);
     const headers: Record<string, string> = { ":path": "/v1/completions", "x-request-id": r.id, "routing-strategy": r.strategy, ...(r.user ? { user: r.user } : {}) };
     // A prompt of token ids: the director counts exactly `promptTokens` of them.
-    const body = Buffer.from(JSON.stringify({ model: MODEL, prompt: Array.from({ length: r.promptTokens }, (_, i) => i % 1000) }));
+    const body = Buffer.from(JSON.stringify({ model: MODEL, prompt: Array.from({ length: r.promptTokens }, (_, i) => i % 1000), ...(o.stream ? { stream: true } : {}) }));
     const info: MutableInfo = { request: r, chargeId: "", chargeSeq: 0, pod: null };
     s.infos.set(r.id, info);
     routed.push(info);
@@ -416,8 +420,8 @@ function scheduleRequests(s: Synth, requests: readonly SynthRequest[]): RoutedIn
     info.chargeSeq = g.director.chargesMade;
     info.pod = routedRequest.pod.pod;
     if (r.ttftMs !== undefined && r.ttftMs < r.durationMs) {
-      // First bytes before anything else of that millisecond (the engine marks them at `<= ts`).
-      q.push(streams.now + r.ttftMs, () => g.director.firstToken(routedRequest, streams.now), 0);
+      // First bytes before anything else of that millisecond, or after its routing decisions.
+      q.push(streams.now + r.ttftMs, () => g.director.firstToken(routedRequest, streams.now), o.firstTokens === "after" ? 2 : 0);
     }
     q.push(streams.now + r.durationMs, () => finish(g, routedRequest, info));
   };

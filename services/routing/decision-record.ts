@@ -48,6 +48,7 @@ export function routedRecord(gateway: string, r: RoutedRequest, outcome: Release
     promptTokens: info.promptTokens ?? r.promptTokens,
     ...(info.completionTokens !== undefined ? { completionTokens: info.completionTokens } : {}),
     charge: r.chargeId,
+    ...(r.firstTokenAfterCharge !== undefined ? { firstTokenAfterCharge: r.firstTokenAfterCharge } : {}),
     routedPromptTokens: r.promptTokens,
     cursors: c.cursors,
     ...(c.rank ? { rank: c.rank } : {}),

@@ -573,6 +573,8 @@ export class Director {
   firstToken(r: RoutedRequest, at = this.now()): void {
     if (r.firstChunkAt !== undefined || r.finished) return;
     r.firstChunkAt = at;
+    // Which of this replica's routing decisions came before it, exactly (a time cannot say within a millisecond).
+    r.firstTokenAfterCharge = this.chargeSeq;
     this.opts.state.ownFirstToken(r.chargeId);
   }
 

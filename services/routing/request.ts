@@ -60,6 +60,8 @@ export interface RoutedRequest {
   /** The prompt's blocks, computed after routing for a strategy that did not need them (recorded for counterfactuals). */
   recordedBlocks?: PromptBlocks;
   firstChunkAt?: number;
+  /** The director's count of charges made when the first bytes arrived (the record's `firstTokenAfterCharge`). */
+  firstTokenAfterCharge?: number;
   finished: boolean;
   /** The client asked for a streamed answer (the P/D decode watchdog watches only those). */
   readonly stream?: boolean;

@@ -91,6 +91,42 @@ describe("LatencyModel", () => {
     }
   });
 
+  it("is the same model in any fold order while the window moves: late samples, evictions and cached fits included", () => {
+    // 3 classes over 40 buckets (the window is 12; "slow" stops after 20): each order rejects as
+    // late and evicts other samples as it goes, yet every order must end in the same state (and
+    // the same state as one folded in time order); one replica also predicts
+    // after every sample (caching fits), including at a time behind the newest sample (a peer's
+    // clock ahead of this gateway's).
+    const spread = (xs: Array<{ ts: number; s: LatencySample }>, step: number) => xs.map((x, i) => ({ ...x, ts: i * step }));
+    const all = [...spread(samples(200, 3, 1, "fast"), 2_003), ...spread(samples(120, 4, 2.5, "slow"), 1_666), ...spread(samples(80, 5, 1.5, undefined), 4_999)];
+    const order = (seed: number) => {
+      const xs = [...all];
+      const r = mulberry32(seed);
+      for (let i = xs.length - 1; i > 0; i--) {
+        const j = Math.floor(r() * (i + 1));
+        [xs[i], xs[j]] = [xs[j] as (typeof all)[number], xs[i] as (typeof all)[number]];
+      }
+      return xs;
+    };
+    const inTime = [...all].sort((x, y) => x.ts - y.ts);
+    const a = new LatencyModel();
+    for (const { ts, s } of inTime) a.learn("m", ts, s);
+    const newest = inTime.at(-1)?.ts as number;
+    const times = [newest, newest - 5 * BUCKET_MS, newest - 11 * BUCKET_MS, 200_000];
+    for (const seed of [11, 12, 13]) {
+      const b = new LatencyModel();
+      for (const { ts, s } of order(seed)) {
+        b.learn("m", ts, s);
+        for (const cls of ["fast", "slow"]) b.predict("m", cls, f(777, 300, 2500, 7), newest - 5 * BUCKET_MS);
+      }
+      expect(b.dump()).toEqual(a.dump());
+      for (const now of times) {
+        for (const cls of ["fast", "slow", undefined]) expect(b.predict("m", cls, f(777, 300, 2500, 7), now)).toEqual(a.predict("m", cls, f(777, 300, 2500, 7), now));
+      }
+    }
+    expect(a.predict("m", "fast", f(777, 300, 2500, 7), newest).source).toBe("class");
+  });
+
   it("counts and never learns a missing, negative or absurd TTFT; an absurd TPOT keeps the TTFT", () => {
     const m = new LatencyModel();
     const x = [100, 0, 0, 0, 0, 0];

@@ -7,11 +7,18 @@
  * saw (TTFT, TPOT). The sample lands in a 10 s bucket of its class by the release's own `ts`; a
  * prediction at time `now` sums the last `WINDOW_BUCKETS` buckets and solves the ridge system.
  *
- * Every replica ends with the same model from the same set of releases, whatever the order they
- * were folded in: each sample adds integers (features in 16-token blocks and request counts,
- * outcomes in ms or 0.1 ms, all clamped) to float64 sums that stay below 2^53, so the sums are
- * exact and addition commutes. That is what lets a gateway apply its own releases at once and the
- * others' from the stream, and `jetroute replay` rebuild the model a decision saw exactly.
+ * The state is a function of the SET of samples learned, whatever the order they were folded in:
+ * - each sample adds integers (features in 16-token blocks and request counts, outcomes in ms or
+ *   0.1 ms, all clamped) to float64 sums that stay below 2^53, so the sums are exact and addition
+ *   commutes;
+ * - the window's horizon is the newest bucket learned over the whole model (not per entry, not
+ *   arrival order): a bucket at or before `newest - WINDOW_BUCKETS` is evicted everywhere and a
+ *   sample there is late, so a sample is kept iff it is within the window of the newest one;
+ * - a fit is cached per entry version, which every sample and every eviction bumps.
+ * That is what lets a gateway apply its own releases at once and the others' from the stream, and
+ * `jetroute replay` rebuild the model a decision saw exactly from the same set (its gateway's own
+ * releases made before its charge, by `afterCharge`; the others' up to its CHARGES cursor). Only
+ * the bounds (a full bucket, the entry caps) depend on arrival order, and only when hit.
  *
  * Cold start: the regression is pulled towards a prior (ridge with a non-zero mean): a class's
  * own fit is pulled towards the model's pooled fit over all its classes, which is pulled towards
@@ -176,8 +183,7 @@ function solve(a: number[][], d: number): number[] {
 interface Entry {
   /** Bucket index (floor(ts / bucketMs)) -> its sums (BUCKET_LEN numbers). */
   buckets: Map<number, Float64Array>;
-  newest: number;
-  /** Bumped by every sample: fits are cached per (version, window end). */
+  /** Bumped by every sample and every eviction: fits are cached per (version, window end). */
   version: number;
   fit?: { version: number; priorVersion: number; end: number; ttft: number[]; tpot: number[]; n: number; nTpot: number };
 }
@@ -237,6 +243,14 @@ export class LatencyModel implements LatencyReader {
     this.maxBucketSamples = o.maxBucketSamples ?? MAX_BUCKET_SAMPLES;
   }
   private readonly classesPerModel = new Map<string, number>();
+  /**
+   * The newest bucket learned, over every entry: one horizon for the whole model. Buckets at or
+   * before `newest - windowBuckets` are evicted everywhere and samples there are late, so the
+   * state is a function of the set of samples learned, whatever their order (a horizon per entry
+   * would not be: a class's sample could be late by the pooled entry's horizon in one order and
+   * learned before it moved in another).
+   */
+  private newest = Number.NEGATIVE_INFINITY;
   readonly rejected: LatencyRejections = { ttftMissing: 0, ttftAbsurd: 0, tpotAbsurd: 0, late: 0, full: 0, future: 0 };
   learned = 0;
 
@@ -265,9 +279,10 @@ export class LatencyModel implements LatencyReader {
     const f: LatencyFeatures = { promptTokens: prompt, cachedTokens: cached, prefillTokens: prefill, decoding, waiting, kvPermille: kv };
     const b = Math.floor(ts / this.bucketMs);
     const cls = s.cls ?? UNCLASSED;
-    const own = this.entry(model, cls, b);
-    const pooled = this.entry(model, POOLED, b);
-    if (own === "late" || pooled === "late") {
+    // The entries first, late or not: a sample evicted later leaves them too, whatever the order.
+    const own = this.entry(model, cls);
+    const pooled = this.entry(model, POOLED);
+    if (own !== undefined && pooled !== undefined && b <= this.newest - this.windowBuckets) {
       this.rejected.late++;
       return false;
     }
@@ -292,20 +307,35 @@ export class LatencyModel implements LatencyReader {
       e.version++;
     }
     this.learned++;
+    if (b > this.newest) this.advance(b);
     return true;
   }
 
-  private entry(model: string, cls: string, b: number): Entry | "late" | undefined {
+  /** Moves the horizon to bucket `b`: every entry forgets the buckets that left the window (its cached fit with them). */
+  private advance(b: number): void {
+    this.newest = b;
+    const oldest = b - this.windowBuckets;
+    for (const e of this.entries.values()) {
+      let evicted = false;
+      for (const k of e.buckets.keys()) {
+        if (k > oldest) continue;
+        e.buckets.delete(k);
+        evicted = true;
+      }
+      if (evicted) e.version++;
+    }
+  }
+
+  private entry(model: string, cls: string): Entry | undefined {
     const k = key(model, cls);
     let e = this.entries.get(k);
     if (!e) {
       const classes = this.classesPerModel.get(model) ?? 0;
       if (this.entries.size >= MAX_ENTRIES || (cls !== POOLED && classes >= MAX_CLASSES_PER_MODEL)) return undefined;
-      e = { buckets: new Map(), newest: b, version: 0 };
+      e = { buckets: new Map(), version: 0 };
       this.entries.set(k, e);
       if (cls !== POOLED) this.classesPerModel.set(model, classes + 1);
     }
-    if (b <= e.newest - this.windowBuckets) return "late";
     return e;
   }
 
@@ -314,10 +344,6 @@ export class LatencyModel implements LatencyReader {
     if (!bucket) {
       bucket = new Float64Array(BUCKET_LEN);
       e.buckets.set(b, bucket);
-      if (b > e.newest) {
-        e.newest = b;
-        for (const old of [...e.buckets.keys()]) if (old <= b - this.windowBuckets) e.buckets.delete(old);
-      }
     }
     return bucket;
   }

@@ -13,6 +13,36 @@ describe("routed prefixes - shared routing history", () => {
     expect(r.match("other", H(1, 2), 10, ["a"]).blocks.size).toBe(0);
   });
 
+  it("holds the same entries whatever order the routings were applied in (a gateway's own at once, its peers' from the stream)", () => {
+    // g1 routes blocks 1-2 to pod a at t=105 and applies it at once; g2's routing of the same
+    // blocks to a at t=100 reaches g1 later. Replay applies g2's (up to the decision's cursor)
+    // before g1's own: both must then agree that a was routed them at 105, not 100.
+    const own = { model: "m", pod: "a", ts: 105, ttlMs: 60_000 };
+    const peer = { model: "m", pod: "a", ts: 100, ttlMs: 60_000 };
+    const live = new RoutedPrefixes();
+    live.add(own, H(1, 2));
+    live.add(peer, H(1, 2));
+    const replayed = new RoutedPrefixes();
+    replayed.add(peer, H(1, 2));
+    replayed.add(own, H(1, 2));
+    expect(live.dump(0)).toEqual(replayed.dump(0));
+    // 5,103 ms: within 5 s of 105 (counts) but not of 100.
+    expect(live.match("m", H(1, 2), 5_103, ["a"], 5_000).blocks.get("a")).toBe(2);
+    expect(replayed.match("m", H(1, 2), 5_103, ["a"], 5_000).blocks.get("a")).toBe(2);
+  });
+
+  it("keeps the most recently routed pods of a block, whatever the order they arrived in", () => {
+    const routings = ["a", "b", "c", "d"].map((pod, i) => ({ model: "m", pod, ts: 100 + i * 10, ttlMs: 60_000 }));
+    const dumps = [routings, [...routings].reverse(), [routings[2], routings[0], routings[3], routings[1]]].map((order) => {
+      const r = new RoutedPrefixes({ maxPodsPerBlock: 2 });
+      for (const ev of order) r.add(ev as (typeof routings)[number], H(7));
+      return r.dump(0);
+    });
+    expect(dumps[0]).toEqual([[expect.any(String), ["c@120", "d@130"]]]);
+    expect(dumps[1]).toEqual(dumps[0]);
+    expect(dumps[2]).toEqual(dumps[0]);
+  });
+
   it("expires entries and sweeps them", () => {
     const r = new RoutedPrefixes();
     r.add({ model: "m", pod: "a", ts: 0, ttlMs: 100 }, H(1, 2));

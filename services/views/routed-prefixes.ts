@@ -22,11 +22,14 @@ export interface RoutedMatch {
 }
 
 export interface RoutedPrefixesOptions {
-  /** Bound on distinct (model, block) keys; the least recently written go first. */
+  /** Bound on distinct (model, block) keys; the least recently written go first (the one order-dependent part: only beyond it may replicas differ). */
   maxBlocks?: number;
-  /** Bound on pods remembered per block (most recent kept). */
+  /** Bound on pods remembered per block (the most recently routed kept). */
   maxPodsPerBlock?: number;
 }
+
+/** Oldest routing first; the pod name breaks ties (a canonical order). */
+const byAge = (a: Holder, b: Holder) => a.ts - b.ts || (a.pod < b.pod ? -1 : a.pod > b.pod ? 1 : 0);
 
 export class RoutedPrefixes {
   private readonly blocks = new Map<string, Holder[]>();
@@ -54,9 +57,15 @@ export class RoutedPrefixes {
         holders = [];
         if (this.blocks.size >= this.maxBlocks) this.evictOldest();
       }
-      const i = holders.findIndex((x) => x.pod === ev.pod);
-      if (i >= 0) holders.splice(i, 1);
-      holders.push({ pod: ev.pod, ts: ev.ts, expiresAt });
+      // Commutative, so every replica (and replay) holds the same whatever order the routings
+      // arrived in (a gateway applies its own at once, its peers' from the stream): a pod's
+      // latest routing counts, and the most recently routed pods are kept.
+      const held = holders.find((x) => x.pod === ev.pod);
+      if (held) {
+        held.ts = Math.max(held.ts, ev.ts);
+        held.expiresAt = Math.max(held.expiresAt, expiresAt);
+      } else holders.push({ pod: ev.pod, ts: ev.ts, expiresAt });
+      holders.sort(byAge);
       if (holders.length > this.maxPodsPerBlock) holders.shift();
       this.blocks.set(k, holders);
     }
