@@ -7,7 +7,7 @@
 import { describe, expect, it } from "vitest";
 import { type AutoscalePolicy, autoscalePolicyError, resolvePolicy } from "../../schemas/autoscale.js";
 import { type AutoscaleWhatIfOptions, autoscaleTable, policyScaler, runAutoscaleWhatIf } from "./autoscale-whatif.js";
-import type { TraceRequest } from "./whatif.js";
+import { type FleetScaler, runWhatIf, type TraceRequest } from "./whatif.js";
 
 const T0 = 1_700_000_000_000;
 const MODEL = "m";
@@ -114,3 +114,47 @@ describe("replay --autoscale (pure core)", () => {
     expect(warned.warnings.join("\n")).toMatch(/do not report load.genThroughput/);
   });
 });
+
+/** A scaler that follows a script: the desired count from each time (virtual ms) on. */
+function scripted(steps: Array<[number, number]>, o: Partial<FleetScaler> = {}): FleetScaler {
+  return {
+    model: MODEL, intervalMs: 500, initialPods: 1, startupMs: 0, drain: true, drainGraceMs: 30_000,
+    observe: () => undefined,
+    evaluate: (now) => steps.filter(([at]) => at <= now).at(-1)?.[1] ?? 1,
+    ...o,
+  };
+}
+
+describe("runWhatIf with an injected scaler (the fleet sized over time)", () => {
+  const run = (trace: TraceRequest[], scaler: FleetScaler, endS: number) =>
+    runWhatIf(trace, { strategy: "least-request", podsPerModel: {}, engine: ENGINE, startMs: T0, endMs: T0 + endS * 1000, scrapeIntervalMs: 500, scaler });
+
+  it("pods count from their creation, a start-up delay included: 1 pod to 2 s, then 3 to the end", () => {
+    const r = run([req(100, 0)], scripted([[0, 1], [2_000, 3]], { startupMs: 1_000 }), 10);
+    const s = r.scaling;
+    expect(s?.events).toEqual([{ atMs: 2_000, from: 1, to: 3 }]);
+    expect(s?.endMs).toBe(10_000);
+    expect(s?.podSeconds).toBeCloseTo(1 * 2 + 3 * 8, 6);
+    expect(s?.peakPods).toBe(3);
+    expect(r.pendingTimers).toBe(0);
+    expect(r.ledgerSize).toBe(0);
+  });
+
+  it("a pod taken back from draining serves the requests held while no pod was routable", () => {
+    // 0.1 s: a 1 s request; 0.5 s: scale to 0 (the pod drains, busy); 0.6 s: a request finds no
+    // routable pod and waits; 1.0 s: scale to 1 takes the draining pod back and the request goes.
+    const r = run([req(100, 0), req(600, 1)], scripted([[0, 1], [500, 0], [1_000, 1]]), 3);
+    expect(r.scaling).toMatchObject({ held: 1, drainedIdle: 0, peakPods: 1 });
+    expect(r.summary.completed).toBe(2);
+    expect(r.ttftsMs[1]).toBeGreaterThanOrEqual(400);
+    expect(r.ttftsMs[1]).toBeLessThan(700);
+    expect(r.scaling?.podSeconds).toBeCloseTo(3, 6);
+  });
+
+  it("scaled to zero while idle: the pod leaves at once and pod-seconds stop", () => {
+    const r = run([req(100, 0)], scripted([[0, 1], [2_000, 0]]), 5);
+    expect(r.scaling).toMatchObject({ drainedIdle: 1, podsAtEnd: 0 });
+    expect(r.scaling?.podSeconds).toBeCloseTo(2, 6);
+  });
+});
+

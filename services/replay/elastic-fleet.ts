@@ -114,6 +114,8 @@ export class ElasticFleet {
     }
     this.target = want;
     if (changed) this.refresh();
+    // Pods taken back from draining are routable at once: requests held for lack of one go now.
+    if (changed && want > 0) this.hooks.routable(this.fleet);
   }
 
   /** A request on `sim` finished: a draining pod that is now idle leaves. */
