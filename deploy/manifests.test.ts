@@ -740,7 +740,7 @@ const METRICS_FLAG: Record<string, { flag: string; serves: () => boolean }> = {
       /adminPort:\s*o\.adminPort/.test(read("services/gateway/command.ts")),
   },
   ...Object.fromEntries(
-    ["pod-watcher", "metrics-scraper", "kv-bridge"].map((sub) => [
+    ["pod-watcher", "metrics-scraper", "kv-bridge", "autoscaler"].map((sub) => [
       sub,
       {
         flag: "--metrics-port",
@@ -804,7 +804,7 @@ describe("Prometheus ServiceMonitors", () => {
     }
   });
 
-  it("gateway, pod-watcher, metrics-scraper and kv-bridge are each scraped once, on the port their metrics flag opens", () => {
+  it("gateway, pod-watcher, metrics-scraper, kv-bridge and autoscaler are each scraped once, on the port their metrics flag opens", () => {
     const scraped = new Map<string, number>();
     for (const sm of monitors()) {
       for (const ep of listOrEmpty(at(sm, "spec.endpoints"))) {
@@ -1304,7 +1304,8 @@ describe("gateway pools (deploy/pools, as `kubectl kustomize` renders it)", () =
         }
       }
     }
-    for (const pool of ["base", ...pools()]) for (const sub of Object.keys(METRICS_FLAG)) expect(scraped.get(`${pool} ${sub}`), `${pool}: \`jetroute ${sub}\` scraped once`).toBe(1);
+    // The autoscaler is one per installation (deploy/autoscaler), not copied per pool.
+    for (const pool of ["base", ...pools()]) for (const sub of Object.keys(METRICS_FLAG)) if (pool === "base" || sub !== "autoscaler") expect(scraped.get(`${pool} ${sub}`), `${pool}: \`jetroute ${sub}\` scraped once`).toBe(1);
   });
 
   it("pool processes take the base processes' NATS Secrets (the same NATS users), optional", () => {

@@ -6,7 +6,9 @@ import type { Command } from "commander";
 import { addNamespaceOptions, intOption, namespaceFlags, untilSignal } from "../shared/cli-options.js";
 import { createLogger } from "../shared/log.js";
 import { loadKubeConfig } from "../pod-watcher/kubernetes.js";
+import { startMetricsServer } from "../shared/metrics-server.js";
 import { kubeWorkloadClient } from "./kube-apply.js";
+import { autoscalerRegistry } from "./metrics.js";
 import { DEFAULT_AUTOSCALER_LEASE_MS, DEFAULT_TICK_MS, startAutoscaler } from "./service.js";
 
 export function registerAutoscalerCommand(program: Command): void {
@@ -20,7 +22,9 @@ export function registerAutoscalerCommand(program: Command): void {
       .option("--lease-ms <ms>", "lease duration; the standby takes over within it", intOption(1000), DEFAULT_AUTOSCALER_LEASE_MS)
       .option("--apply", "write each recommendation to its policy's scaleTarget (the workload's scale subresource), through the drain handshake")
       .option("--kubeconfig <file>", "with --apply: kubeconfig file (default: in-cluster, else $KUBECONFIG / ~/.kube/config)")
-      .option("--no-drain", "with --apply: set replicas directly and let Kubernetes pick the pods (no drain handshake: requests on removed pods are cut)"),
+      .option("--no-drain", "with --apply: set replicas directly and let Kubernetes pick the pods (no drain handshake: requests on removed pods are cut)")
+      .option("--metrics-port <port>", "Prometheus /metrics and /healthz port (-1 = off)", intOption(-1, 65535), -1)
+      .option("--metrics-host <host>", "metrics listen address", "0.0.0.0"),
     { pool: "gateway pool: fold the pool's namespace (<prefix>.pool.<name>) and publish there; policies still come from the shared config bucket" },
   ).action(async (o) => {
     const log = createLogger("autoscaler");
@@ -33,7 +37,9 @@ export function registerAutoscalerCommand(program: Command): void {
       log.error((err as Error).message);
       process.exit(2);
     }
+    const metrics = o.metricsPort >= 0 ? await startMetricsServer(o.metricsPort, o.metricsHost, autoscalerRegistry(handle), log) : undefined;
     await untilSignal();
+    metrics?.close();
     await handle.close();
     process.exit(0);
   });

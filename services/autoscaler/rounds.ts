@@ -10,6 +10,7 @@ import type { Logger } from "../shared/log.js";
 import type { GatewayState } from "../views/gateway-state.js";
 import type { GatewayAcks } from "./acks.js";
 import { WorkloadApplier, type WorkloadClient } from "./kube-apply.js";
+import type { PolicyFigures } from "./metrics.js";
 import type { OutcomeWindow } from "./outcomes.js";
 import type { PolicyRunner } from "./runner.js";
 import type { QueueReading, SignalSources } from "./signals.js";
@@ -38,6 +39,8 @@ export interface RoundsDeps {
 
 export class Rounds {
   readonly appliers = new Map<string, WorkloadApplier>();
+  /** Per policy in force: what its evaluations said (the metrics port's series). */
+  readonly figures = new Map<string, PolicyFigures>();
   private readonly lastRun = new Map<string, number>();
   private readonly busy = new Set<string>();
   private readonly releasing = new Set<string>();
@@ -67,6 +70,7 @@ export class Rounds {
     d.state.sweep(now, { liveNow: d.serverClock.now() });
     d.fleet.sweep(now);
     if (d.isLeader()) this.releaseOrphans();
+    for (const name of this.figures.keys()) if (!d.runners.has(name)) this.figures.delete(name);
     const out: Array<Promise<AutoscaleRecommendation>> = [];
     for (const [name, r] of d.runners) {
       if (!d.inScope(r.policy.model)) continue;
@@ -75,6 +79,11 @@ export class Rounds {
       this.lastRun.set(name, now);
       const rec = r.evaluate({ now, autoscaler: d.id }, this.sources);
       d.stats.evaluations++;
+      const fig = this.figures.get(name) ?? { evaluations: 0, published: 0, desired: 0, readyPods: 0 };
+      this.figures.set(name, fig);
+      fig.evaluations++;
+      fig.desired = rec.desired;
+      fig.readyPods = rec.readyPods;
       // A lost lease stops applying and publishing at once: isLeader() is false from the moment the lease lapses.
       if (!d.isLeader()) {
         out.push(Promise.resolve(rec));
@@ -87,6 +96,7 @@ export class Rounds {
             if (!d.isLeader()) return rec;
             await d.publish(name, rec);
             d.stats.published++;
+            fig.published++;
             return rec;
           })
           .catch((err: unknown) => {

@@ -29,6 +29,7 @@ import { GatewayState } from "../views/gateway-state.js";
 import { PoolMap } from "../views/pool-map.js";
 import { GatewayAcks } from "./acks.js";
 import type { WorkloadApplier, WorkloadClient } from "./kube-apply.js";
+import type { PolicyFigures } from "./metrics.js";
 import { OutcomeWindow } from "./outcomes.js";
 import { Rounds } from "./rounds.js";
 import { createRunner, type PolicyRunner } from "./runner.js";
@@ -72,6 +73,8 @@ export interface AutoscalerHandle {
   evaluate(): Promise<AutoscaleRecommendation[]>;
   /** The `--apply` appliers, by policy. */
   appliers(): ReadonlyMap<string, WorkloadApplier>;
+  /** Per policy in force: its evaluations, recommendations published, last desired count and ready pods. */
+  policyFigures(): ReadonlyMap<string, PolicyFigures>;
   readonly stats: { evaluations: number; published: number; publishErrors: number; invalidPolicies: number };
   whenReady(): Promise<void>;
   close(): Promise<void>;
@@ -139,6 +142,7 @@ export async function startAutoscaler(o: AutoscalerOptions): Promise<AutoscalerH
     policies: () => runners,
     evaluate,
     appliers: () => rounds.appliers,
+    policyFigures: () => rounds.figures,
     stats,
     whenReady: () => ready.then(() => undefined),
     async close() {

@@ -4,7 +4,7 @@
  * reads the source, draws a progress bar on stderr, writes the HTML report and prints the final
  * JSON line on stdout.
  */
-import { readFileSync } from "node:fs";
+import { existsSync, readFileSync } from "node:fs";
 import { type Command, InvalidArgumentError } from "commander";
 import type { DecisionRecord } from "../../schemas/events.js";
 import { checkEvent } from "../../schemas/validate.js";
@@ -22,6 +22,8 @@ import { simulateWhatIf, type TraceRequest } from "./whatif.js";
 import { calibratedClasses } from "./calibration.js";
 import { parseWindowBound, type WindowBound } from "./window.js";
 import { readRulesFile, RulesReplay, type RulesReplayReport } from "./semantic-rules.js";
+import { bucketOf, loadPolicy, PolicyInputError, runAutoscaleReplay } from "./autoscale-command.js";
+import { autoscaleTable } from "./autoscale-whatif.js";
 
 /** Strategy specs for --strategies / --simulate: comma separated, or `;`/space separated when a combination has commas of its own. */
 export function strategiesOption(v: string): string[] {
@@ -194,6 +196,39 @@ function simulateInto(report: ReplayReport, engine: ReplayEngine, strategies: re
   }
 }
 
+/** loadPolicy, or the refusal on stderr and exit 2 (as `config set-autoscale` refuses). */
+async function policyOrExit(arg: string, bucket: Parameters<typeof loadPolicy>[1]): Promise<Awaited<ReturnType<typeof loadPolicy>>> {
+  try {
+    return await loadPolicy(arg, bucket);
+  } catch (err) {
+    if (!(err instanceof PolicyInputError)) throw err;
+    console.error(err.message);
+    process.exit(2);
+  }
+}
+
+/** `replay --autoscale`: the what-if as a table (or one JSON line with --json). */
+async function autoscaleReplay(o: Record<string, unknown>, p: Awaited<ReturnType<typeof loadPolicy>>, source: MessageSource, fromMs: number, toMs: number): Promise<void> {
+  try {
+    const report = await runAutoscaleReplay({
+      source, fromMs, toMs, name: p.name, policy: p.policy,
+      ...(o.autoscaleStrategy !== undefined ? { strategy: String(o.autoscaleStrategy) } : {}),
+      ...(o.staticPods !== undefined ? { staticPods: Number(o.staticPods) } : {}),
+      ...(o.initialPods !== undefined ? { initialPods: Number(o.initialPods) } : {}),
+      startupMs: Number(o.startupMs), drain: o.drain !== false, ttftTargetMs: Number(o.ttftTargetMs),
+      reorderMs: Number(o.reorderMs), podSourceTimeoutMs: Number(o.podSourceTimeoutMs), maxRequests: Number(o.simulateMax),
+      ...(o.progress !== false ? { progress: progressBar } : {}),
+    });
+    const window = { from: new Date(fromMs).toISOString(), to: new Date(toMs).toISOString() };
+    if (o.json) console.log(JSON.stringify({ autoscale: p.name, policyFrom: p.from, window, ...report }));
+    else console.log(`window ${window.from} .. ${window.to}, policy from ${p.from}\n${autoscaleTable(report)}`);
+  } catch (err) {
+    if (!(err instanceof PolicyInputError || err instanceof RangeError)) throw err;
+    console.error(err.message);
+    process.exit(2);
+  }
+}
+
 const POOL_HELP = "gateway pool: read this pool's namespace (<prefix>.pool.<name>); the config bucket stays the base prefix's";
 
 export function registerReplayCommands(program: Command): void {
@@ -214,10 +249,20 @@ export function registerReplayCommands(program: Command): void {
     .option("--pod-source-timeout-ms <ms>", "pods of a pod-watcher source silent this long stop being candidates, as the gateways ran (0 = never)", intOption(0), DEFAULT_POD_SOURCE_TIMEOUT_MS)
     .option("--report <path>", "where to write the HTML report", "replay-report.html")
     .option("--rules <file>", "instead: re-decide the window's virtual-model requests under this rule set (JSON: virtual model -> config with `semantic`) from their recorded signals, and count the requests that move")
+    .option("--autoscale <policy>", "instead: re-run this autoscaling policy (a JSON file, else a policy name in the config bucket) over the window in virtual time, beside a static fleet of the recorded size")
+    .option("--startup-ms <ms>", "with --autoscale: a new pod's creation to Ready (its model loading)", intOption(0), 30_000)
+    .option("--ttft-target-ms <ms>", "with --autoscale: the TTFT target whose attainment is reported", intOption(1), 1_000)
+    .option("--static-pods <n>", "with --autoscale: the static fleet's size (default: the recorded fleet's largest)", intOption(1))
+    .option("--initial-pods <n>", "with --autoscale: the autoscaled fleet's size at the window start (default: the static size within the policy's bounds)", intOption(0))
+    .option("--autoscale-strategy <spec>", "with --autoscale: routing strategy of the simulated fleets (default: the window's most recorded one)")
+    .option("--no-drain", "with --autoscale: scale down as the plain scale subresource does (the newest pods leave at once, cutting their requests), not through the drain handshake")
+    .option("--json", "with --autoscale: print the result as one JSON line instead of a table")
     .option("--no-progress", "no progress bar on stderr")
     .action(async (o) => {
       // Read (and checked) before anything is connected: a bad file fails at once, naming the field.
       const rules = o.rules ? readRulesFile(JSON.parse(readFileSync(o.rules, "utf8"))) : undefined;
+      if (o.autoscale !== undefined && o.autoscaleStrategy !== undefined) strategiesOption(o.autoscaleStrategy);
+      let policy = o.autoscale !== undefined && existsSync(o.autoscale) ? await policyOrExit(o.autoscale, async () => undefined) : undefined;
       const { nats: urls, namespace: ns } = namespaceFlags(o);
       const now = Date.now();
       const from = parseWindowBound(o.from, now);
@@ -239,6 +284,14 @@ export function registerReplayCommands(program: Command): void {
           toMs = await resolveBound(to, nats, ns.prefix);
           if (toMs < fromMs) throw new Error(`--to (${new Date(toMs).toISOString()}) is before --from (${new Date(fromMs).toISOString()})`);
           source = await natsSource(nats, ns.prefix, { fromMs, toMs, tailMs: Math.max(o.reorderMs, 5_000), configPrefix: ns.configPrefix });
+        }
+        if (o.autoscale !== undefined) {
+          if (!policy) {
+            nats ??= await connectNats(urls, "jetroute-replay");
+            policy = await policyOrExit(o.autoscale, bucketOf(nats, ns.configPrefix));
+          }
+          await autoscaleReplay(o, policy, source, fromMs, toMs);
+          return;
         }
         if (rules) {
           console.log(JSON.stringify({ rules: o.rules, window: { from: new Date(fromMs).toISOString(), to: new Date(toMs).toISOString() }, ...(await runRulesReplay(source, rules, fromMs, toMs)) }));

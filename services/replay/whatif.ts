@@ -14,13 +14,12 @@
  * prefix strategies see what the engines hold through their KV cache events, as the gateway does
  * through the kv-bridge (minus the propagation delay).
  *
- * Reading router hashes back out of cache events: the first five tokens of a rebuilt block encode
- * its 64-bit router hash (14 bits each, ids below HIGH_TOKEN_BASE); every other token that can
- * start a block (prompt remainder, generated tokens) is drawn from HIGH_TOKEN_BASE up. A stored
- * block therefore names its router hash itself, without hashing every prompt a second time per
- * pod to learn the engine's hashes in advance. This needs blocks of at least five tokens and the
- * engine's block size equal to the router's, which jetroute always has (the gateway hashes with
- * the block size the engine reports).
+ * Reading router hashes back out of cache events: sim-prompts.ts.
+ *
+ * The fleet is fixed (`--simulate`: the recorded size) or, with a `scaler` (`--autoscale`), sized
+ * over time by it: pods start, become routable after a start-up delay and leave through the drain
+ * handshake or without it (elastic-fleet.ts); a request that finds no routable pod waits for one
+ * (flow control's waiting room), its TTFT counted from its arrival.
  *
  * Simplifications, each on purpose: one gateway (no peer charges, no tie order); cache events and
  * load samples reach the router without delay (samples on the scrape grid); no optimistic
@@ -29,15 +28,15 @@
  * strategy by its canonical spec (Strategy.name).
  */
 import { mulberry32 } from "../shared/seeded-random.js";
-import type { LoadSample } from "../../schemas/events.js";
-import type { EngineConfig, EngineObserver, EngineSnapshot } from "../sim/engine.js";
-import { SimEngine } from "../sim/engine.js";
-import { engineHashSeed, type KvCacheEvent } from "../sim/kv-cache.js";
+import type { EngineConfig } from "../sim/engine.js";
 import { parseStrategy } from "../routing/strategies/registry.js";
-import type { PrefixMatchInfo, RoutingContext, Strategy } from "../routing/strategies/types.js";
-import { ChargeLedger } from "../views/charge-ledger.js";
-import { LoadView } from "../views/load-view.js";
-import type { PodInfo } from "../views/pod-set.js";
+import type { RoutingContext, Strategy } from "../routing/strategies/types.js";
+import { ChargeLedger, type LedgerReader } from "../views/charge-ledger.js";
+import { type LoadReader, LoadView } from "../views/load-view.js";
+import type { PodInfo, PodSetReader } from "../views/pod-set.js";
+import { ElasticFleet, type ElasticSettings, type ScaleEvent } from "./elastic-fleet.js";
+import { checkConfig, type Fleet, loadSampleOf, type PodSim, podSim, type PodTemplate, prefixInfoOf, prefixViewAgrees } from "./sim-pods.js";
+import { finiteInt, highTokens, parseHashes, promptTokens } from "./sim-prompts.js";
 import type { Histogram, SimulationSummary } from "./report-types.js";
 import { VirtualClock } from "./virtual-clock.js";
 import { LatencyModel } from "../views/latency-model.js";
@@ -80,6 +79,62 @@ export interface WhatIfOptions {
    * spends outside the engine: network, proxy). A model listed here ignores `podsPerModel`.
    */
   classes?: Readonly<Record<string, ReadonlyArray<SimClass>>>;
+  /** Epoch ms of virtual time 0 (default: the first arrival). */
+  startMs?: number;
+  /** Epoch ms the run lasts to at least (a scaler keeps evaluating until then). Default: the last arrival. */
+  endMs?: number;
+  /** Size the scaler's model's fleet over time (`replay --autoscale`); the other models keep theirs. */
+  scaler?: FleetScaler;
+}
+
+/** What a scaler reads of the simulated fleet, as the autoscaler reads the streams. */
+export interface ScalerView {
+  /** Routable pods (ready, not draining). */
+  readonly pods: PodSetReader;
+  readonly load: LoadReader;
+  readonly ledger: LedgerReader;
+  /** Requests waiting for a routable pod (a fleet at zero): flow control's waiting room. */
+  held(model: string): { queued: number; oldest?: number };
+}
+
+/** A request's outcome as a scaler learns it (as DECISIONS records carry it: keyed by arrival). */
+export interface ScalerOutcome {
+  ts: number;
+  ttftMs?: number;
+  tpotMs?: number;
+  promptTokens: number;
+  completionTokens: number;
+}
+
+/** Sizes one model's fleet over time (`replay --autoscale`: an autoscale policy's evaluator). */
+export interface FleetScaler extends ElasticSettings {
+  readonly model: string;
+  /** Evaluation interval (virtual ms). */
+  readonly intervalMs: number;
+  /** Pods at virtual 0 (ready then). */
+  readonly initialPods: number;
+  observe(model: string, o: ScalerOutcome): void;
+  /** The desired pod count at `now`. */
+  evaluate(now: number, view: ScalerView): number;
+}
+
+/** A scaled run's figures. */
+export interface ScalingResult {
+  /** Provisioned pods integrated from virtual 0 to `endMs` (starting and draining pods count). */
+  podSeconds: number;
+  endMs: number;
+  /** Pods provisioned at the end (a longer horizon adds these). */
+  podsAtEnd: number;
+  peakPods: number;
+  /** Changes of the target size (the first MAX_SCALE_EVENTS of them) and how many there were. */
+  events: ScaleEvent[];
+  eventCount: number;
+  evaluations: number;
+  /** Pods removed once idle after draining, and at their grace deadline. */
+  drainedIdle: number;
+  drainedAtDeadline: number;
+  /** Requests that waited for a routable pod. */
+  held: number;
 }
 
 /** One simulated pod class of a calibrated fleet. */
@@ -109,12 +164,6 @@ export const WHATIF_ENGINE_DEFAULTS: Readonly<Omit<EngineConfig, "blockSize">> =
 
 /** Block size of a model none of whose requests carries hashes (the simulator's default). */
 const DEFAULT_BLOCK_SIZE = 16;
-/** Tokens at the head of a block that carry its router hash. */
-const HASH_TOKENS = 5;
-const VOCAB_BASE = 100;
-const VOCAB_END = 32_000;
-/** Ids of hash-carrying head tokens are below this; tokens of unhashed content start here. */
-const HIGH_TOKEN_BASE = VOCAB_BASE + (1 << 14);
 const GATEWAY = "whatif";
 /** Charges here end only by release: no heartbeat lapses and no TTL sweep runs in a simulation. */
 const CHARGE_TTL_MS = 2 ** 52;
@@ -141,6 +190,12 @@ export interface WhatIfRun {
    * engine's cache listing holds at the end: 0 unless the event folding is wrong.
    */
   prefixViewMismatches: number;
+  /** Requests cut by a scale-down (a pod removed under them). */
+  aborted: number;
+  /** TTFTs (ms, from arrival) of the requests that completed (not cut), in completion order. */
+  ttftsMs: readonly number[];
+  /** The scaler's side (with `scaler`). */
+  scaling?: ScalingResult;
 }
 
 export function simulateWhatIf(trace: readonly TraceRequest[], opts: WhatIfOptions): SimulationSummary {
@@ -164,31 +219,6 @@ export function ttftHistogram(samplesMs: readonly number[]): Histogram {
   return { edgesMs: edges, counts, n, p50Ms: rank(0.5), p99Ms: rank(0.99) };
 }
 
-type HistKey = "ttft" | "itl" | "e2e" | "queue" | "prefill" | "decode" | "promptTokens" | "generationTokens";
-const HIST_KEYS: readonly HistKey[] = ["ttft", "itl", "e2e", "queue", "prefill", "decode", "promptTokens", "generationTokens"];
-
-interface PodSim {
-  readonly info: PodInfo;
-  readonly engine: SimEngine;
-  /** Router hashes (16-digit lower-case hex) of the blocks this engine caches right now. */
-  readonly held: Set<string>;
-  /** Engine block hash -> router hash, to undo a BlockRemoved (which names engine hashes only). */
-  readonly byEngineHash: Map<bigint, string>;
-  /** What the pod's /metrics histograms would sum and count (seconds, tokens), as vLLM records them. */
-  readonly hist: Record<HistKey, { sum: number; count: number }>;
-  /** Added to every TTFT measured on the pod (a calibrated class's time outside the engine). */
-  readonly ttftOffsetMs: number;
-}
-
-interface Fleet {
-  readonly model: string;
-  readonly blockSize: number;
-  readonly totalBlocks: number;
-  readonly pods: readonly PodInfo[];
-  readonly byName: ReadonlyMap<string, PodSim>;
-  readonly sims: readonly PodSim[];
-}
-
 /** `simulateWhatIf` with the end state exposed; internal to the replay command and its tests. */
 export function runWhatIf(trace: readonly TraceRequest[], opts: WhatIfOptions): WhatIfRun {
   // First, so a bad spec fails before any work (StrategySpecError names the spec).
@@ -198,13 +228,14 @@ export function runWhatIf(trace: readonly TraceRequest[], opts: WhatIfOptions): 
 
   const total = trace.length;
   const order = arrivalOrder(trace);
-  const first = order.length > 0 ? (trace[order[0] as number] as TraceRequest).ts : 0;
-  if (total > 0) sim.startScrapes();
+  const first = opts.startMs ?? (order.length > 0 ? (trace[order[0] as number] as TraceRequest).ts : 0);
+  if (total > 0 || opts.scaler) sim.startScrapes();
+  if (opts.scaler) sim.startScaler(opts.endMs !== undefined ? Math.max(0, (opts.endMs - first) / settings.speedup) : 0);
   let reportedPercent = 0;
   for (let k = 0; k < order.length; k++) {
     const index = order[k] as number;
     const r = trace[index] as TraceRequest;
-    sim.advanceTo((r.ts - first) / settings.speedup);
+    sim.advanceTo(Math.max(0, (r.ts - first) / settings.speedup));
     sim.route(r, index);
     // Once per whole percent reached: at most 100 calls, one per arrival for traces under 100.
     const percent = Math.floor(((k + 1) * 100) / total);
@@ -248,20 +279,31 @@ class Simulation {
   private readonly random: () => number;
   private readonly fleets: Map<string, Fleet>;
   private readonly ttfts: number[] = [];
+  private readonly completedTtfts: number[] = [];
   private charged = 0;
   private released = 0;
   private rejected = 0;
   private completed = 0;
+  private aborted = 0;
   private inFlight = 0;
   private lastFinishMs = 0;
   /** Virtual time of the next arrival (+Infinity once every request has arrived). */
   private nextArrivalMs = 0;
   private tickIndex = 0;
   private busySamples = 0;
+  private podCounter = 0;
+  /** Requests waiting for a routable pod, per model (FIFO). */
+  private readonly waiting = new Map<string, Array<{ r: TraceRequest; index: number; arrivedAt: number }>>();
+  private heldTotal = 0;
+  private elastic: ElasticFleet | undefined;
+  private scaling = false;
+  private evaluations = 0;
+  private lastTickMs = 0;
+  private readonly view: ScalerView;
 
   constructor(
     trace: readonly TraceRequest[],
-    opts: WhatIfOptions,
+    private readonly opts: WhatIfOptions,
     private readonly strategy: Strategy,
     private readonly settings: RunSettings,
   ) {
@@ -269,11 +311,36 @@ class Simulation {
     // staleness bound, widened when the interval itself is that long.
     this.load = new LoadView(Math.max(2_000, 2 * settings.scrapeIntervalMs));
     this.random = mulberry32(settings.seed);
-    this.fleets = buildFleets(trace, opts, settings.defaultPods, this.clock);
+    this.fleets = buildFleets(trace, opts, settings.defaultPods, (f, i, now, template) => this.newPod(f, i, now, template));
+    this.view = { pods: fleetPods(this.fleets), load: this.load, ledger: this.ledger, held: (m) => this.held(m) };
   }
 
   startScrapes(): void {
     this.clock.at(0, this.scrape);
+  }
+
+  /** Evaluates the scaler every interval from virtual 0 until the arrivals are served and `horizonMs` passed. */
+  startScaler(horizonMs: number): void {
+    const s = this.opts.scaler as FleetScaler;
+    const fleet = this.fleets.get(s.model);
+    if (!fleet) throw new RangeError(`the scaler's model ${JSON.stringify(s.model)} has no request in the trace`);
+    const elastic = new ElasticFleet(fleet, this.clock, s, {
+      newPod: (f, now) => this.newPod(f, f.nextIndex++, now, f.template),
+      inFlight: (x) => this.ledger.outstanding(x.info.model, x.info.pod).requests,
+      uniqueBlocks: (x) => uniqueBlocks(fleet, x),
+      routable: (f) => this.release(f),
+    });
+    this.elastic = elastic;
+    this.scaling = true;
+    const tick = (): void => {
+      this.evaluations++;
+      this.lastTickMs = this.clock.now();
+      elastic.resize(s.evaluate(this.clock.now(), this.view));
+      const next = this.clock.now() + s.intervalMs;
+      if (Number.isFinite(this.nextArrivalMs) || this.inFlight > 0 || this.heldNow() > 0 || next <= horizonMs) this.clock.at(next, tick);
+      else this.scaling = false;
+    };
+    this.clock.at(0, tick);
   }
 
   /** Runs the fleet up to the next arrival, at virtual time `atMs`. */
@@ -288,10 +355,39 @@ class Simulation {
     this.clock.run();
   }
 
+  private held(model: string): { queued: number; oldest?: number } {
+    const q = this.waiting.get(model);
+    return q && q.length > 0 ? { queued: q.length, oldest: (q[0] as { arrivedAt: number }).arrivedAt } : { queued: 0 };
+  }
+
+  private heldNow(): number {
+    let n = 0;
+    for (const q of this.waiting.values()) n += q.length;
+    return n;
+  }
+
+  private newPod(fleet: Fleet, i: number, now: number, t: PodTemplate): PodSim {
+    const g = this.podCounter++;
+    const info: PodInfo = {
+      model: fleet.model,
+      pod: `sim-${i}`,
+      address: `10.${(g >> 16) & 255}.${(g >> 8) & 255}.${g & 255}:8000`,
+      engine: "vllm",
+      role: "combined",
+      ...(t.podClass !== "" ? { podClass: t.podClass } : {}),
+      adapters: [],
+      labels: {},
+      ready: true,
+      updatedAt: 0,
+    };
+    return podSim(info, t.config, this.clock, t.ttftOffsetMs, now);
+  }
+
   /**
    * Scrapes run on a fixed grid (k × interval). While the whole fleet is idle nothing a scrape
    * reads can change, so the grid points up to the next arrival are skipped: the sample the
-   * router then sees is the one the skipped scrapes would have produced.
+   * router then sees is the one the skipped scrapes would have produced. A scaler reads the
+   * samples at every evaluation, so while it runs no point is skipped.
    */
   private readonly scrape = (): void => {
     const now = this.clock.now();
@@ -306,14 +402,23 @@ class Simulation {
         this.load.apply(loadSampleOf(fleet, sim, snap, now));
       }
     }
-    if (idle && !Number.isFinite(this.nextArrivalMs)) return;
+    if (idle && !Number.isFinite(this.nextArrivalMs) && !this.scaling) return;
     const interval = this.settings.scrapeIntervalMs;
-    this.tickIndex = idle ? Math.max(this.tickIndex + 1, Math.floor(this.nextArrivalMs / interval)) : this.tickIndex + 1;
+    this.tickIndex = idle && !this.scaling ? Math.max(this.tickIndex + 1, Math.floor(this.nextArrivalMs / interval)) : this.tickIndex + 1;
     this.clock.at(this.tickIndex * interval, this.scrape);
   };
 
-  /** Routes arrival `index` of the trace now and submits it to the picked pod's engine. */
-  route(r: TraceRequest, index: number): void {
+  /** Routes the requests held for `fleet` while it has a routable pod. */
+  private release(fleet: Fleet): void {
+    const q = this.waiting.get(fleet.model);
+    while (q && q.length > 0 && fleet.pods.length > 0) {
+      const w = q.shift() as { r: TraceRequest; index: number; arrivedAt: number };
+      this.route(w.r, w.index, w.arrivedAt);
+    }
+  }
+
+  /** Routes arrival `index` of the trace now and submits it to the picked pod's engine (TTFT counts from `arrivedAt`). */
+  route(r: TraceRequest, index: number, arrivedAt = this.clock.now()): void {
     const fleet = this.fleets.get(r.model) as Fleet;
     const now = this.clock.now();
     // buildFleets has checked that hashed requests use the fleet's block size.
@@ -324,6 +429,14 @@ class Simulation {
     // simulated one would throw. Such a request is not routed and does not complete.
     if (Math.ceil((promptLen + outputLen) / fleet.blockSize) > fleet.totalBlocks) {
       this.rejected++;
+      return;
+    }
+    if (fleet.pods.length === 0) {
+      // No routable pod (a scaled fleet at zero, or every pod still starting): it waits for one.
+      const q = this.waiting.get(r.model) ?? [];
+      this.waiting.set(r.model, q);
+      q.push({ r, index, arrivedAt });
+      this.heldTotal++;
       return;
     }
     const ctx: RoutingContext = {
@@ -356,17 +469,29 @@ class Simulation {
       onToken: (_token, i, atMs) => {
         if (i !== 0) return;
         firstAt = atMs;
-        this.ttfts.push(atMs - now + sim.ttftOffsetMs);
+        this.ttfts.push(atMs - arrivedAt + sim.ttftOffsetMs);
         this.ledger.markDecoding(GATEWAY, chargeId);
       },
-      onFinish: () => {
-        // The simulated fleet learns its own latency model, as a gateway would (predicted-latency*).
+      onFinish: (reason) => {
         const end = this.clock.now();
-        if (firstAt !== undefined) this.latency.learn(r.model, end, { x: sample, ...(picked.podClass ? { cls: picked.podClass } : {}), ttftMs: firstAt - now + sim.ttftOffsetMs, ...(outputLen > 1 ? { tpotMs: (end - firstAt) / (outputLen - 1) } : {}) });
         if (this.ledger.release({ gateway: GATEWAY, id: chargeId })) this.released++;
         this.inFlight--;
+        if (reason === "abort") {
+          // Cut by a scale-down: no outcome, nothing learned.
+          this.aborted++;
+          return;
+        }
+        // The simulated fleet learns its own latency model, as a gateway would (predicted-latency*).
+        const ttftMs = firstAt !== undefined ? firstAt - arrivedAt + sim.ttftOffsetMs : undefined;
+        const tpotMs = firstAt !== undefined && outputLen > 1 ? (end - firstAt) / (outputLen - 1) : undefined;
+        if (firstAt !== undefined) this.latency.learn(r.model, end, { x: sample, ...(picked.podClass ? { cls: picked.podClass } : {}), ttftMs: firstAt - now + sim.ttftOffsetMs, ...(tpotMs !== undefined ? { tpotMs } : {}) });
         this.completed++;
-        this.lastFinishMs = Math.max(this.lastFinishMs, this.clock.now());
+        if (ttftMs !== undefined) this.completedTtfts.push(ttftMs);
+        this.lastFinishMs = Math.max(this.lastFinishMs, end);
+        if (this.elastic?.fleet === fleet) {
+          this.opts.scaler?.observe(r.model, { ts: arrivedAt, ...(ttftMs !== undefined ? { ttftMs } : {}), ...(tpotMs !== undefined ? { tpotMs } : {}), promptTokens: promptLen, completionTokens: outputLen });
+          this.elastic.finished(sim);
+        }
       },
     });
   }
@@ -383,6 +508,8 @@ class Simulation {
       for (const sim of fleet.sims) {
         podCount++;
         if (!prefixViewAgrees(sim)) prefixViewMismatches++;
+      }
+      for (const sim of [...fleet.sims, ...fleet.retired]) {
         const t = sim.engine.snapshot().totals;
         hits += t.prefixCacheHits;
         queries += t.prefixCacheQueries;
@@ -405,62 +532,59 @@ class Simulation {
       inFlight: this.inFlight,
       pendingTimers: this.clock.pending,
       // Skipped scrapes were all idle ones, so the grid up to the last finish is the denominator.
-      busyFraction: completed > 0 ? this.busySamples / (podCount * (Math.floor(lastFinishMs / this.settings.scrapeIntervalMs) + 1)) : 0,
+      busyFraction: completed > 0 && podCount > 0 ? this.busySamples / (podCount * (Math.floor(lastFinishMs / this.settings.scrapeIntervalMs) + 1)) : 0,
       pods,
       prefixViewMismatches,
+      aborted: this.aborted,
+      ttftsMs: this.completedTtfts,
+      ...(this.elastic ? { scaling: this.scalingResult(this.elastic) } : {}),
+    };
+  }
+
+  private scalingResult(e: ElasticFleet): ScalingResult {
+    // The last evaluation or the last finish (a trailing scrape is not the fleet's time).
+    const endMs = Math.max(this.lastTickMs, this.lastFinishMs);
+    return {
+      podSeconds: e.podSeconds(endMs),
+      endMs,
+      podsAtEnd: e.provisioned,
+      peakPods: e.peak,
+      events: e.events,
+      eventCount: e.eventCount,
+      evaluations: this.evaluations,
+      drainedIdle: e.drainedIdle,
+      drainedAtDeadline: e.drainedAtDeadline,
+      held: this.heldTotal,
     };
   }
 }
 
-/** The load sample a scrape of `sim` at `now` publishes, from its engine's snapshot. */
-function loadSampleOf(fleet: Fleet, sim: PodSim, snap: EngineSnapshot, now: number): LoadSample {
-  const histograms: Record<string, { sum: number; count: number }> = {};
-  for (const k of HIST_KEYS) histograms[k] = { sum: sim.hist[k].sum, count: sim.hist[k].count };
-  const t = snap.totals;
+/** The routable pods of every fleet, as a PodSet reader (what a scaler counts as ready). */
+function fleetPods(fleets: ReadonlyMap<string, Fleet>): PodSetReader {
+  const all = () => [...fleets.values()].flatMap((f) => f.pods);
   return {
-    type: "load",
-    model: fleet.model,
-    pod: sim.info.pod,
-    ts: now,
-    stale: false,
-    load: {
-      running: snap.running,
-      waiting: snap.waiting,
-      kvCacheUsage: snap.kvUsage,
-      prefixCacheQueries: t.prefixCacheQueries,
-      prefixCacheHits: t.prefixCacheHits,
-      // vLLM exports no hit-rate gauge or throughput gauge (SGLang does).
-      cacheHitRate: null,
-      promptTokens: t.promptTokens,
-      generationTokens: t.generationTokens,
-      genThroughput: null,
-      preemptions: t.preemptions,
-      blockSize: fleet.blockSize,
-      numGpuBlocks: fleet.totalBlocks,
-      runningLoras: [],
-      waitingLoras: [],
-      maxLora: null,
-      histograms,
-    },
+    readyPods: (model) => fleets.get(model)?.pods ?? [],
+    knows: (model) => fleets.has(model),
+    get: (model, pod) => fleets.get(model)?.pods.find((p) => p.pod === pod),
+    byAddress: (address) => all().find((p) => p.address === address),
+    all,
   };
 }
 
-/** The prefix strategies' view of one request: the leading blocks each pod's engine holds (memoised per pod). */
-function prefixInfoOf(fleet: Fleet, keys: readonly string[]): PrefixMatchInfo {
-  const matchedCache = new Map<string, number>();
-  return {
-    queried: keys.length,
-    blockSize: fleet.blockSize,
-    matched(pod) {
-      let m = matchedCache.get(pod);
-      if (m !== undefined) return m;
-      const held = fleet.byName.get(pod)?.held;
-      m = 0;
-      if (held) while (m < keys.length && held.has(keys[m] as string)) m++;
-      matchedCache.set(pod, m);
-      return m;
-    },
-  };
+/** Cached router blocks only this pod of the fleet holds. */
+function uniqueBlocks(fleet: Fleet, x: PodSim): number {
+  let n = 0;
+  for (const k of x.held) {
+    let shared = false;
+    for (const o of fleet.sims) {
+      if (o !== x && o.held.has(k)) {
+        shared = true;
+        break;
+      }
+    }
+    if (!shared) n++;
+  }
+  return n;
 }
 
 /** Trace indices by arrival time, ties in trace order (the trace is usually sorted already). */
@@ -478,7 +602,7 @@ function arrivalOrder(trace: readonly TraceRequest[]): Uint32Array {
 }
 
 /** One fleet per model in the trace, pods named sim-0.. in name order, each with its own engine hash seed. */
-function buildFleets(trace: readonly TraceRequest[], opts: WhatIfOptions, defaultPods: number, clock: VirtualClock): Map<string, Fleet> {
+function buildFleets(trace: readonly TraceRequest[], opts: WhatIfOptions, defaultPods: number, newPod: (fleet: Fleet, i: number, now: number, template: PodTemplate) => PodSim): Map<string, Fleet> {
   // A model's block size: the engine override, else the first hashed request's (the router hashes
   // with the block size the engine reports, so one model has one).
   const blockSizes = new Map<string, number | undefined>();
@@ -486,53 +610,48 @@ function buildFleets(trace: readonly TraceRequest[], opts: WhatIfOptions, defaul
     const known = blockSizes.get(r.model);
     if (known === undefined) blockSizes.set(r.model, r.hashes.length > 0 ? r.blockSize : undefined);
   }
+  const scaler = opts.scaler;
+  if (scaler && !(Number.isInteger(scaler.initialPods) && scaler.initialPods >= 0)) throw new RangeError(`scaler.initialPods must be an integer >= 0, got ${scaler.initialPods}`);
   // A CLI passes unset flags as undefined: those must keep the default, not override it.
   const overrides = Object.fromEntries(Object.entries(opts.engine ?? {}).filter(([, v]) => v !== undefined)) as Partial<EngineConfig>;
   const fleets = new Map<string, Fleet>();
-  let podCounter = 0;
   for (const [model, traced] of blockSizes) {
     const blockSize = overrides.blockSize ?? traced ?? DEFAULT_BLOCK_SIZE;
     const config: EngineConfig = { ...WHATIF_ENGINE_DEFAULTS, ...overrides, blockSize };
     checkConfig(config, model);
     const n = (Object.hasOwn(opts.podsPerModel, model) ? opts.podsPerModel[model] : undefined) ?? defaultPods;
     if (!Number.isInteger(n) || n < 1) throw new RangeError(`podsPerModel[${JSON.stringify(model)}] must be an integer >= 1, got ${n}`);
-    const classes: ReadonlyArray<SimClass> = (Object.hasOwn(opts.classes ?? {}, model) ? opts.classes?.[model] : undefined) ?? [{ podClass: "", pods: n, engine: {}, ttftOffsetMs: 0 }];
-    const sims: PodSim[] = [];
-    let i = 0;
-    let totalBlocks = Number.POSITIVE_INFINITY;
-    for (const k of classes) {
+    let classes: ReadonlyArray<SimClass> = (Object.hasOwn(opts.classes ?? {}, model) ? opts.classes?.[model] : undefined) ?? [{ podClass: "", pods: n, engine: {}, ttftOffsetMs: 0 }];
+    // A scaled fleet: its first class is every pod's template, and it starts at the scaler's size.
+    const scaled = scaler?.model === model;
+    if (scaled && classes[0]) classes = [{ ...classes[0], pods: scaler.initialPods }];
+    const templates = classes.map((k): PodTemplate => {
       const own = Object.fromEntries(Object.entries(k.engine).filter(([, v]) => v !== undefined)) as Partial<EngineConfig>;
       const c: EngineConfig = { ...config, ...own, blockSize };
       checkConfig(c, model);
-      totalBlocks = Math.min(totalBlocks, Math.floor(c.kvCapacityTokens / blockSize));
-      for (let j = 0; j < k.pods; j++, i++) {
-        const g = podCounter++;
-        const info: PodInfo = {
-          model,
-          pod: `sim-${i}`,
-          address: `10.${(g >> 16) & 255}.${(g >> 8) & 255}.${g & 255}:8000`,
-          engine: "vllm",
-          role: "combined",
-          ...(k.podClass !== "" ? { podClass: k.podClass } : {}),
-          adapters: [],
-          labels: {},
-          ready: true,
-          updatedAt: 0,
-        };
-        sims.push(podSim(info, c, clock, Number.isFinite(k.ttftOffsetMs) ? Math.max(0, k.ttftOffsetMs) : 0));
-      }
-    }
-    if (sims.length === 0) throw new RangeError(`model ${JSON.stringify(model)}: a calibrated fleet needs at least one pod`);
-    // PodSet's order (by pod name): sim-10 sorts before sim-2, as on a real gateway.
-    sims.sort((a, b) => (a.info.pod < b.info.pod ? -1 : a.info.pod > b.info.pod ? 1 : 0));
-    fleets.set(model, {
+      return { config: c, ttftOffsetMs: Number.isFinite(k.ttftOffsetMs) ? Math.max(0, k.ttftOffsetMs) : 0, podClass: k.podClass };
+    });
+    const template = templates[0];
+    if (!template || (!scaled && classes.every((k) => k.pods <= 0))) throw new RangeError(`model ${JSON.stringify(model)}: a calibrated fleet needs at least one pod`);
+    const fleet: Fleet = {
       model,
       blockSize,
-      totalBlocks,
-      pods: sims.map((s) => s.info),
-      byName: new Map(sims.map((s) => [s.info.pod, s])),
-      sims,
+      totalBlocks: Math.min(...templates.map((x) => Math.floor(x.config.kvCapacityTokens / blockSize))),
+      pods: [],
+      byName: new Map(),
+      sims: [],
+      retired: [],
+      template,
+      nextIndex: 0,
+    };
+    classes.forEach((k, c) => {
+      for (let j = 0; j < k.pods; j++) fleet.sims.push(newPod(fleet, fleet.nextIndex++, 0, templates[c] as PodTemplate));
     });
+    // PodSet's order (by pod name): sim-10 sorts before sim-2, as on a real gateway.
+    fleet.sims.sort((a, b) => (a.info.pod < b.info.pod ? -1 : a.info.pod > b.info.pod ? 1 : 0));
+    fleet.pods = fleet.sims.map((s) => s.info);
+    for (const s of fleet.sims) fleet.byName.set(s.info.pod, s);
+    fleets.set(model, fleet);
   }
   for (const r of trace) {
     const fleet = fleets.get(r.model) as Fleet;
@@ -544,185 +663,4 @@ function buildFleets(trace: readonly TraceRequest[], opts: WhatIfOptions, defaul
     }
   }
   return fleets;
-}
-
-function checkConfig(c: EngineConfig, model: string): void {
-  const fail = (field: keyof EngineConfig, rule: string): never => {
-    throw new RangeError(`engine.${field} ${rule}, got ${c[field]} (model ${JSON.stringify(model)})`);
-  };
-  if (!Number.isInteger(c.blockSize) || c.blockSize < HASH_TOKENS) fail("blockSize", `must be an integer >= ${HASH_TOKENS} (a rebuilt block carries its router hash in ${HASH_TOKENS} tokens)`);
-  if (!Number.isInteger(c.maxBatch) || c.maxBatch < 1) fail("maxBatch", "must be an integer >= 1");
-  if (!Number.isInteger(c.maxNumBatchedTokens) || c.maxNumBatchedTokens < c.maxBatch) fail("maxNumBatchedTokens", `must be an integer >= maxBatch (${c.maxBatch})`);
-  // Zero-cost steps would let the engine spin through steps without time moving, and past its
-  // per-wake-up step bound it yields to the event loop (setImmediate), which a virtual run has not.
-  if (!(c.prefillMsPerToken > 0) || !Number.isFinite(c.prefillMsPerToken)) fail("prefillMsPerToken", "must be > 0 in a simulation");
-  if (!(c.decodeMsPerStep > 0) || !Number.isFinite(c.decodeMsPerStep)) fail("decodeMsPerStep", "must be > 0 in a simulation");
-  if (!(c.decodeBatchSlope >= 0) || !Number.isFinite(c.decodeBatchSlope)) fail("decodeBatchSlope", "must be >= 0");
-  if (!Number.isInteger(c.kvCapacityTokens) || c.kvCapacityTokens < c.blockSize) fail("kvCapacityTokens", `must be an integer >= blockSize (${c.blockSize})`);
-}
-
-function podSim(info: PodInfo, config: EngineConfig, clock: VirtualClock, ttftOffsetMs = 0): PodSim {
-  const held = new Set<string>();
-  const byEngineHash = new Map<bigint, string>();
-  const hist = Object.fromEntries(HIST_KEYS.map((k) => [k, { sum: 0, count: 0 }])) as PodSim["hist"];
-  const observe = (k: HistKey, v: number): void => {
-    hist[k].sum += v;
-    hist[k].count++;
-  };
-  // As services/sim/metrics.ts feeds vLLM's histograms: durations in seconds, request-level
-  // histograms only for requests that reached the engine core.
-  const observer: EngineObserver = {
-    onFirstToken: (ms) => observe("ttft", ms / 1000),
-    onInterToken: (ms) => observe("itl", ms / 1000),
-    onFinished: (f) => {
-      if (f.queueMs === undefined) return;
-      observe("e2e", f.e2eMs / 1000);
-      observe("queue", f.queueMs / 1000);
-      observe("prefill", (f.prefillMs ?? 0) / 1000);
-      observe("decode", (f.decodeMs ?? 0) / 1000);
-      observe("promptTokens", f.promptTokens);
-      observe("generationTokens", f.generationTokens);
-    },
-  };
-  const onEvents = (events: KvCacheEvent[]): void => {
-    for (const ev of events) {
-      if (ev.type === "BlockStored") {
-        const bs = ev.blockSize;
-        for (let b = 0; b < ev.blockHashes.length; b++) {
-          const key = decodeRouterHash(ev.tokenIds, b * bs);
-          // Prompt remainders and generated tokens: no router hash, nothing a router could match.
-          if (key === undefined) continue;
-          byEngineHash.set(ev.blockHashes[b] as bigint, key);
-          held.add(key);
-        }
-      } else if (ev.type === "BlockRemoved") {
-        for (const h of ev.blockHashes) {
-          const key = byEngineHash.get(h);
-          if (key === undefined) continue;
-          byEngineHash.delete(h);
-          held.delete(key);
-        }
-      } else {
-        byEngineHash.clear();
-        held.clear();
-      }
-    }
-  };
-  const engine = new SimEngine(config, clock, observer, { hashSeed: engineHashSeed(`${info.model}\0${info.pod}`), onEvents });
-  return { info, engine, held, byEngineHash, hist, ttftOffsetMs };
-}
-
-/** Whether the pod's folded prefix view names exactly the rebuilt prompt blocks its engine caches. */
-function prefixViewAgrees(sim: PodSim): boolean {
-  const listed = new Set<string>();
-  for (const b of sim.engine.cacheListing().blocks) {
-    const key = decodeRouterHash(b.tokenIds, 0);
-    if (key !== undefined) listed.add(key);
-  }
-  return listed.size === sim.held.size && sim.byEngineHash.size === sim.held.size && [...listed].every((k) => sim.held.has(k));
-}
-
-const finiteInt = (v: number, fallback: number): number => (Number.isFinite(v) ? Math.floor(v) : fallback);
-
-/**
- * A request's router hashes as map keys (16 lower-case hex digits: hashToHex does not zero-pad,
- * a trace may) and as 32-bit halves. One pass of char codes: this runs for every block of every
- * arrival, where a regex plus string rebuilding showed up in profiles.
- */
-function parseHashes(r: TraceRequest): { keys: string[]; hi: Uint32Array; lo: Uint32Array } {
-  const n = r.hashes.length;
-  const keys = new Array<string>(n);
-  const hi = new Uint32Array(n);
-  const lo = new Uint32Array(n);
-  for (let b = 0; b < n; b++) {
-    const hex = r.hashes[b] as string;
-    const len = hex.length;
-    if (len < 1 || len > 16) throw badHash(r, hex);
-    let h = 0;
-    let l = 0;
-    let lower = true;
-    for (let i = 0; i < len; i++) {
-      const c = hex.charCodeAt(i);
-      let d: number;
-      if (c >= 48 && c <= 57) d = c - 48;
-      else if (c >= 97 && c <= 102) d = c - 87;
-      else if (c >= 65 && c <= 70) {
-        d = c - 55;
-        lower = false;
-      } else throw badHash(r, hex);
-      // Shift the 64-bit (h, l) left by one hex digit.
-      h = ((h << 4) | (l >>> 28)) >>> 0;
-      l = ((l << 4) | d) >>> 0;
-    }
-    hi[b] = h;
-    lo[b] = l;
-    keys[b] = len === 16 && lower ? hex : hex.toLowerCase().padStart(16, "0");
-  }
-  return { keys, hi, lo };
-}
-
-const badHash = (r: TraceRequest, hex: string): RangeError =>
-  new RangeError(`request ${r.requestId}: block hash ${JSON.stringify(hex)} is not a 64-bit hex number`);
-
-/** murmur3's 32-bit finaliser: a cheap, well-mixed stateless hash step. */
-function mix32(x: number): number {
-  x = Math.imul(x ^ (x >>> 16), 0x85ebca6b);
-  x = Math.imul(x ^ (x >>> 13), 0xc2b2ae35);
-  return (x ^ (x >>> 16)) >>> 0;
-}
-
-/**
- * The rebuilt prompt: one block per router hash (the hash-carrying head, then filler drawn from
- * the hash, so equal hashes give equal blocks), then tokens drawn from the request id up to `len`
- * (unique to the request: nothing past the recorded hashes is known to be shared).
- */
-function promptTokens(hi: Uint32Array, lo: Uint32Array, len: number, bs: number, requestId: string): number[] {
-  const out = new Array<number>(len);
-  for (let b = 0; b < hi.length; b++) {
-    const h = hi[b] as number;
-    const l = lo[b] as number;
-    const o = b * bs;
-    out[o] = VOCAB_BASE + (l & 0x3fff);
-    out[o + 1] = VOCAB_BASE + ((l >>> 14) & 0x3fff);
-    out[o + 2] = VOCAB_BASE + ((l >>> 28) | ((h & 0x3ff) << 4));
-    out[o + 3] = VOCAB_BASE + ((h >>> 10) & 0x3fff);
-    out[o + 4] = VOCAB_BASE + (h >>> 24);
-    // The filler only has to be a function of the hash: the head already makes the block unique.
-    const s = mix32(l ^ mix32(h));
-    for (let j = HASH_TOKENS; j < bs; j++) out[o + j] = VOCAB_BASE + ((Math.imul(s ^ j, 0x9e3779b1) >>> 0) % (VOCAB_END - VOCAB_BASE));
-  }
-  const start = hi.length * bs;
-  if (start < len) {
-    const rest = highTokens(requestId, 0x707274, len - start);
-    for (let i = start; i < len; i++) out[i] = rest[i - start] as number;
-  }
-  return out;
-}
-
-/** The router hash a rebuilt block's head carries, or undefined for a block of unhashed content. */
-function decodeRouterHash(tokens: readonly number[], o: number): string | undefined {
-  const t0 = (tokens[o] as number) - VOCAB_BASE;
-  if (t0 < 0 || t0 >= 1 << 14) return undefined;
-  const t1 = (tokens[o + 1] as number) - VOCAB_BASE;
-  const t2 = (tokens[o + 2] as number) - VOCAB_BASE;
-  const t3 = (tokens[o + 3] as number) - VOCAB_BASE;
-  const t4 = (tokens[o + 4] as number) - VOCAB_BASE;
-  const lo = (t0 | (t1 << 14) | ((t2 & 0xf) << 28)) >>> 0;
-  const hi = ((t2 >>> 4) | (t3 << 10) | (t4 << 24)) >>> 0;
-  return hi.toString(16).padStart(8, "0") + lo.toString(16).padStart(8, "0");
-}
-
-/** `n` tokens in [HIGH_TOKEN_BASE, VOCAB_END) drawn from (request id, purpose): never a hash-carrying head. */
-function highTokens(requestId: string, purpose: number, n: number): number[] {
-  // Two independent 32-bit FNV-1a variants: 64 bits of state, so distinct ids do not collide.
-  let a = 0x811c9dc5 ^ purpose;
-  let b = 0x01000193 ^ mix32(purpose);
-  for (let i = 0; i < requestId.length; i++) {
-    const c = requestId.charCodeAt(i);
-    a = Math.imul(a ^ c, 0x01000193);
-    b = Math.imul(b ^ c, 0x5bd1e995);
-  }
-  const out = new Array<number>(n);
-  for (let i = 0; i < n; i++) out[i] = HIGH_TOKEN_BASE + (mix32(mix32(a + Math.imul(i, 0x9e3779b9)) ^ b) % (VOCAB_END - HIGH_TOKEN_BASE));
-  return out;
 }
