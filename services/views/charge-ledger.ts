@@ -34,7 +34,10 @@ export interface LedgerReader {
 
 interface Entry {
   readonly key: string;
-  readonly podKey: string;
+  readonly model: string;
+  readonly pod: string;
+  /** Its pod's totals (the object `outstanding` returns; alive while any entry of the pod is). */
+  readonly totals: Outstanding;
   readonly gateway: string;
   readonly expiresAt: number;
   readonly promptTokens: number;
@@ -86,7 +89,8 @@ export class ChargeLedger implements LedgerReader {
   readonly heartbeatTimeoutMs: number;
   readonly maxCharges: number;
   private readonly entries = new Map<string, Entry>();
-  private readonly totals = new Map<string, Outstanding>();
+  /** Per model, per pod: the totals. Two levels, so a read builds no key string (strategies read every candidate per decision). */
+  private readonly totals = new Map<string, Map<string, Outstanding>>();
   private readonly gateways = new Map<string, GatewayState>();
   /** Charge keys per gateway: heartbeat reconciliation and drops touch only that gateway's charges. */
   private readonly byGateway = new Map<string, Set<string>>();
@@ -123,13 +127,14 @@ export class ChargeLedger implements LedgerReader {
     const expiresAt = ev.ts + ev.ttlMs;
     if (expiresAt <= now) return false;
     if (this.entries.size >= this.maxCharges) this.evictOldest();
-    const podKey = podKeyOf(ev.model, ev.pod);
-    this.entries.set(key, { key, podKey, gateway: ev.gateway, expiresAt, promptTokens: ev.promptTokens, decoding: false, listedAt: 0 });
+    let pods = this.totals.get(ev.model);
+    if (!pods) this.totals.set(ev.model, (pods = new Map()));
+    let t = pods.get(ev.pod);
+    if (!t) pods.set(ev.pod, (t = { requests: 0, promptTokens: 0, prefillRequests: 0, prefillTokens: 0 }));
+    this.entries.set(key, { key, model: ev.model, pod: ev.pod, totals: t, gateway: ev.gateway, expiresAt, promptTokens: ev.promptTokens, decoding: false, listedAt: 0 });
     let mine = this.byGateway.get(ev.gateway);
     if (!mine) this.byGateway.set(ev.gateway, (mine = new Set()));
     mine.add(key);
-    let t = this.totals.get(podKey);
-    if (!t) this.totals.set(podKey, (t = { requests: 0, promptTokens: 0, prefillRequests: 0, prefillTokens: 0 }));
     t.requests++;
     t.promptTokens += ev.promptTokens;
     t.prefillRequests++;
@@ -146,11 +151,9 @@ export class ChargeLedger implements LedgerReader {
   private decode(e: Entry): boolean {
     if (e.decoding) return false;
     e.decoding = true;
-    const t = this.totals.get(e.podKey);
-    if (t) {
-      t.prefillRequests--;
-      t.prefillTokens -= e.promptTokens;
-    }
+    const t = e.totals;
+    t.prefillRequests--;
+    t.prefillTokens -= e.promptTokens;
     return true;
   }
 
@@ -342,7 +345,7 @@ export class ChargeLedger implements LedgerReader {
   }
 
   outstanding(model: string, pod: string): Readonly<Outstanding> {
-    return this.totals.get(podKeyOf(model, pod)) ?? ZERO;
+    return this.totals.get(model)?.get(pod) ?? ZERO;
   }
 
   /** Outstanding charges of one gateway (for tests and /debug). */
@@ -379,7 +382,7 @@ export class ChargeLedger implements LedgerReader {
   /** The charges that still count at `now` and the gateways known, in a canonical order (state comparison). */
   dump(now: number): { charges: Array<[string, string, number, boolean]>; gateways: Array<[string, number, boolean]> } {
     const charges: Array<[string, string, number, boolean]> = [];
-    for (const e of this.entries.values()) if (e.expiresAt > now) charges.push([e.key, e.podKey, e.promptTokens, e.decoding]);
+    for (const e of this.entries.values()) if (e.expiresAt > now) charges.push([e.key, podKeyOf(e.model, e.pod), e.promptTokens, e.decoding]);
     charges.sort((a, b) => (a[0] < b[0] ? -1 : a[0] > b[0] ? 1 : 0));
     const gateways = [...this.gateways.entries()].map(([g, s]): [string, number, boolean] => [g, s.lastSeen, s.down]).sort((a, b) => (a[0] < b[0] ? -1 : 1));
     return { charges, gateways };
@@ -408,14 +411,20 @@ export class ChargeLedger implements LedgerReader {
       mine.delete(e.key);
       if (mine.size === 0) this.byGateway.delete(e.gateway);
     }
-    const t = this.totals.get(e.podKey);
-    if (!t) return;
+    const t = e.totals;
     t.requests--;
     t.promptTokens -= e.promptTokens;
     if (!e.decoding) {
       t.prefillRequests--;
       t.prefillTokens -= e.promptTokens;
     }
-    if (t.requests <= 0) this.totals.delete(e.podKey);
+    if (t.requests <= 0) {
+      const pods = this.totals.get(e.model);
+      // Only while it is still this pod's object (it always is: each entry counts one request).
+      if (pods?.get(e.pod) === t) {
+        pods.delete(e.pod);
+        if (pods.size === 0) this.totals.delete(e.model);
+      }
+    }
   }
 }

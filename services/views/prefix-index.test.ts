@@ -271,6 +271,26 @@ describe("PrefixIndex: longest match", () => {
     expect([rb.blocks[0], rb.scanned]).toEqual([4, 5]);
   });
 
+  it("neighbouring records of a chain: freed or reused ones never match, a chain in reverse records still does", () => {
+    const { index, feed } = setup();
+    // One event: blocks 0..7 of chain 1 get consecutive records (deepest first).
+    feed.batch("a", [stored("a", 1, 0, 8)]);
+    // Block 3's record is freed; block 3 comes back in another record, beside other blocks.
+    feed.batch("a", [removed("a", 1, 3, 4)]);
+    expect(match(index, chain(1, 0, 8)).a).toBe(3);
+    feed.batch("b", [stored("b", 2, 0, 4)]); // takes the freed record
+    feed.batch("a", [stored("a", 1, 3, 4)]);
+    expect(match(index, chain(1, 0, 8))).toEqual({ a: 8, b: 0 });
+    expect(match(index, chain(2, 0, 4))).toEqual({ a: 0, b: 4 });
+    // A chain stored one block per event, root first: its records run the other way.
+    for (let i = 0; i < 6; i++) feed.batch("c", [stored("c", 3, i, i + 1)]);
+    expect(match(index, chain(3, 0, 6)).c).toBe(6);
+    // A freed record keeps its hash: a lookup passing next to it must not count it.
+    feed.batch("c", [removed("c", 3, 4, 5)]);
+    expect(match(index, chain(3, 0, 6)).c).toBe(4);
+    index.assertConsistent();
+  });
+
   it("candidates: order kept, unknown pods 0, PodInfo-like objects accepted, other models invisible", () => {
     const { index, feed } = setup();
     feed.batch("a", [stored("a", 1, 0, 3)]);
