@@ -24,6 +24,7 @@
 import { createHash } from "node:crypto";
 import { Environment, Interpreter, Template } from "@huggingface/jinja";
 import { ByteLru } from "./byte-lru.js";
+import { sameMessage } from "./same-message.js";
 import type { IncrementalRenderStats } from "./incremental-render.js";
 import type { WindowLoop } from "./window-loop.js";
 
@@ -74,18 +75,6 @@ function record(node: Any, v: Any): Read {
   return [node, v.type, v.type === "StringValue" ? v.value : serial(v, { n: 0 })];
 }
 
-/** Same message: string fields compared directly (a flat string compare is a memory compare), others by their JSON. */
-function sameMessage(a: Record<string, unknown>, b: Record<string, unknown>): boolean {
-  if (a === b) return true;
-  const ka = Object.keys(a);
-  if (ka.length !== Object.keys(b).length) return false;
-  for (const k of ka) {
-    const x = a[k];
-    const y = b[k];
-    if (typeof x === "string" ? x !== y : JSON.stringify(x) !== JSON.stringify(y)) return false;
-  }
-  return true;
-}
 
 /** What an entry weighs: pieces and messages' strings (2 bytes a char), ~60 bytes a read, ~150 a message, ~200 of overhead. */
 export function windowEntryBytes(pieceChars: number, messageChars: number, reads: number, messages: number): number {
