@@ -2,7 +2,7 @@
  * Incremental rendering of message-local templates (services/tokenizer/message-local.ts,
  * incremental-render.ts): which templates qualify, and that a later turn rendered from the
  * previous turn's pieces is exactly the full render, on the real Llama-3 template (qualifies) —
- * with tools, tool calls and an edited history — while Qwen3's (does not) always renders whole.
+ * with tools, tool calls and an edited history; Qwen3's (does not) takes the windowed path.
  */
 import { Template } from "@huggingface/jinja";
 import { describe, expect, it } from "vitest";
@@ -93,10 +93,11 @@ describe("incremental render on the real Llama-3 template", () => {
     await t.close();
   });
 
-  it("Qwen3 renders whole on every request (not message-local), with the same ids", async () => {
+  it("Qwen3 is not message-local: it renders through the windowed path (test/window-render.test.ts)", async () => {
     const t = loadHfTokenizerDir(tokenizerDir("qwen3"), { renderThreads: 0 });
-    expect(t.renderStats).toBeUndefined();
     expect([...t.notMessageLocal.keys()]).toEqual(["default"]);
+    expect(t.rendersWhole.size).toBe(0);
+    expect([...t.windowStats().keys()]).toEqual(["default"]);
     await t.close();
   });
 });

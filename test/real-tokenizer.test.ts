@@ -377,7 +377,8 @@ describe("real tokenizer - failure paths", () => {
   });
 
   it("templates render on worker threads, identically; a full render queue refuses at once", async () => {
-    const t = hf("qwen3");
+    // Seeding no windowed render on this thread (window-render.ts): the first render goes to the worker.
+    const t = loadHfTokenizerDir(tokenizerDir("qwen3"), { windowSeedChars: 0 });
     const conv = randomConversation(77, 10, "x ".repeat(3000));
     expect(t.renderPool?.threads).toBe(1);
     const before = t.renderPool?.rendered ?? 0;
@@ -390,7 +391,7 @@ describe("real tokenizer - failure paths", () => {
     expect(results.filter((r) => r.status === "fulfilled").map((r) => (r as PromiseFulfilledResult<string>).value)).toEqual([t.renderChat(conv), t.renderChat(conv)]);
     expect(results.filter((r) => r.status === "rejected").every((r) => (r as PromiseRejectedResult).reason instanceof QueueFullError)).toBe(true);
     expect([pool.refused, pool.inFlight]).toEqual([3, 0]);
-    await pool.close();
+    await Promise.all([pool.close(), t.close()]);
   });
 
   it("render workers that fail to start: after 3 in a row the pool backs off and refuses at once; later it tries again", async () => {

@@ -102,7 +102,8 @@ async function podCounters(agent: http.Agent, addresses: readonly string[]): Pro
   let hits = 0;
   let queries = 0;
   for (const a of addresses) {
-    const r = await getJson<string>(agent, `http://${a}/metrics`);
+    // The simulator tokenizes ~100k-token prompts on its own loop: a scrape may wait behind one.
+    const r = await getJson<string>(agent, `http://${a}/metrics`, 30_000);
     const text = String(r.body);
     hits += metricValue(text, "vllm:prefix_cache_hits_total");
     queries += metricValue(text, "vllm:prefix_cache_queries_total");
@@ -249,7 +250,7 @@ export async function runLongContextBench(opts: LongContextOptions = {}): Promis
     progress(`warm-up ${o.warmupMs} ms with ${o.sessions} sessions`);
     await new Promise((r) => setTimeout(r, o.warmupMs));
     const before = await podCounters(probe, addresses);
-    await getJson<string>(probe, `http://127.0.0.1:${gw.adminPort}/metrics`);
+    await getJson<string>(probe, `http://127.0.0.1:${gw.adminPort}/metrics`, 30_000);
     const cpu0 = processCpuUs(pid);
     const threads0 = cpuByThread(pid);
     const t0 = performance.now();
@@ -264,7 +265,7 @@ export async function runLongContextBench(opts: LongContextOptions = {}): Promis
     const cpuUs = processCpuUs(pid) - cpu0;
     const threads = cpuByThread(pid);
     clearInterval(rssTimer);
-    const metrics = String((await getJson<string>(probe, `http://127.0.0.1:${gw.adminPort}/metrics`)).body);
+    const metrics = String((await getJson<string>(probe, `http://127.0.0.1:${gw.adminPort}/metrics`, 30_000)).body);
     const after = await podCounters(probe, addresses);
     d.stop = true;
     await running;

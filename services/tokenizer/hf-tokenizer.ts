@@ -22,6 +22,8 @@ import { ChatTemplateError, ChatTemplates, finishRender, type HfChatMessage, typ
 import { PrefixIdsCache, type PrefixReuse } from "./prefix-ids.js";
 import { DEFAULT_RENDER_CACHE_BYTES, IncrementalRender, type IncrementalRenderStats } from "./incremental-render.js";
 import { messageLocalLoop } from "./message-local.js";
+import { WindowRender } from "./window-render.js";
+import { windowLoop } from "./window-loop.js";
 import { type AddedTokenSpec, planSplits, type SplitPlan, SplitPoints } from "./split-points.js";
 
 export const TOKENIZER_FILE = "tokenizer.json";
@@ -45,6 +47,12 @@ export interface HfTokenizerOptions {
    * estimated bytes; 0 renders every request whole.
    */
   renderCacheBytes?: number;
+  /**
+   * Longest conversation (characters of message text) whose first render on a windowed template
+   * (window-render.ts) runs on the calling thread to seed its cache (default 256 Ki); longer ones
+   * render whole on the worker, and so do their later turns.
+   */
+  windowSeedChars?: number;
   /** Worker threads rendering chat templates (default 1); 0 renders on the calling thread. */
   renderThreads?: number;
   /** Where the one warning of a load goes (default: a process warning). */
@@ -80,6 +88,14 @@ export function prefixCacheProblem(config: Readonly<Record<string, unknown>>, ad
 }
 
 export const DEFAULT_PREFIX_CACHE_BYTES = 32 * 1024 * 1024;
+export const DEFAULT_WINDOW_SEED_CHARS = 256 * 1024;
+
+/** Characters of a conversation's message strings. */
+function messageChars(messages: readonly Record<string, unknown>[]): number {
+  let n = 0;
+  for (const m of messages) for (const v of Object.values(m)) if (typeof v === "string") n += v.length;
+  return n;
+}
 
 /** Reads one file of the directory by name: its text, or undefined when it does not exist. */
 export type ReadTokenizerFile = (name: string) => string | undefined;
@@ -111,8 +127,13 @@ export class HfTokenizer {
   readonly prefixCacheProblem: string | undefined;
   /** Incremental renderers of the message-local templates, by template name. */
   private readonly incremental = new Map<string, IncrementalRender>();
-  /** Why each template (by name) renders whole on every request: not message-local (message-local.ts). */
+  /** Why each template (by name) is not message-local (message-local.ts). */
   readonly notMessageLocal = new Map<string, string>();
+  /** Windowed renderers (window-render.ts) of the templates that are not message-local but qualify (window-loop.ts), by name. */
+  private readonly windowed = new Map<string, WindowRender>();
+  /** Why each template (by name) renders whole on every request: neither message-local nor windowed. */
+  readonly rendersWhole = new Map<string, string>();
+  private readonly windowSeedChars: number;
 
   /** `source` names the directory in errors and stats. */
   static fromDir(source: string, read: ReadTokenizerFile, o: HfTokenizerOptions = {}): HfTokenizer {
@@ -159,9 +180,17 @@ export class HfTokenizer {
     for (const [name, src] of templates?.sources ?? []) {
       if (renderCacheBytes <= 0) break;
       const where = messageLocalLoop(templates?.parsed(name) as { body: never[] });
-      if (typeof where === "string") this.notMessageLocal.set(name, where);
-      else this.incremental.set(name, new IncrementalRender(src, where, renderCacheBytes));
+      if (typeof where !== "string") {
+        this.incremental.set(name, new IncrementalRender(src, where, renderCacheBytes));
+        continue;
+      }
+      this.notMessageLocal.set(name, where);
+      const parsed = templates?.parsed(name) as { body: never[] };
+      const window = windowLoop(parsed);
+      if (typeof window === "string") this.rendersWhole.set(name, `${where}; ${window}`);
+      else this.windowed.set(name, new WindowRender(parsed, window, renderCacheBytes));
     }
+    this.windowSeedChars = o.windowSeedChars ?? DEFAULT_WINDOW_SEED_CHARS;
     this.queue = new BoundedQueue(o.concurrency ?? 2, o.maxQueued ?? 256);
     const threads = o.renderThreads ?? 1;
     this.renderPool = templates && threads > 0 ? new RenderPool(templates.sources, threads, o.maxQueued ?? 256) : undefined;
@@ -181,12 +210,17 @@ export class HfTokenizer {
     return this.prefixes?.stats;
   }
 
-  /** Incremental render stats, summed over the message-local templates (undefined: none is). */
+  /** Incremental render stats, summed over the message-local and windowed templates (undefined: none is either). */
   get renderStats(): IncrementalRenderStats | undefined {
-    if (this.incremental.size === 0) return undefined;
+    if (this.incremental.size === 0 && this.windowed.size === 0) return undefined;
     const out: IncrementalRenderStats = { hits: 0, reusedMessages: 0, misses: 0, entries: 0, bytes: 0 };
-    for (const r of this.incremental.values()) for (const k of Object.keys(out) as (keyof IncrementalRenderStats)[]) out[k] += r.stats[k];
+    for (const r of [...this.incremental.values(), ...this.windowed.values()]) for (const k of Object.keys(out) as (keyof IncrementalRenderStats)[]) out[k] += r.stats[k];
     return out;
+  }
+
+  /** Windowed render stats (window-render.ts) by template name. */
+  windowStats(): ReadonlyMap<string, WindowRender["stats"]> {
+    return new Map([...this.windowed].map(([n, w]) => [n, w.stats]));
   }
 
   /** The chat prompt text vLLM would build, rendered on this thread. Throws ChatTemplateError. */
@@ -208,6 +242,13 @@ export class HfTokenizer {
       } catch (err) {
         throw new ChatTemplateError(`chat template failed: ${(err as Error).message}`);
       }
+    }
+    // A template that looks beyond each message: pieces reused where their context reads still hold
+    // (window-render.ts), on this thread; a conversation's first render only when it is short.
+    const win = job.cutAfter === undefined && !inc ? this.windowed.get(job.name) : undefined;
+    if (win && (win.has(job.name, job.context) || messageChars(job.context.messages as readonly Record<string, unknown>[]) <= this.windowSeedChars)) {
+      const text = win.render(job.name, job.context);
+      if (text !== undefined) return text;
     }
     const text = await this.renderWhole(job);
     if (inc && lookup) inc.remember(lookup, text);

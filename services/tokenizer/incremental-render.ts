@@ -20,6 +20,7 @@
 import { createHash } from "node:crypto";
 import { Template } from "@huggingface/jinja";
 import { ByteLru } from "./byte-lru.js";
+import { sameMessage } from "./same-message.js";
 import type { MessageLoop } from "./message-local.js";
 
 interface Entry {
@@ -28,18 +29,6 @@ interface Entry {
   loop: string;
 }
 
-/** Same message: string fields compared directly (a flat string compare is a memory compare), others by their JSON. */
-function sameMessage(a: Record<string, unknown>, b: Record<string, unknown>): boolean {
-  if (a === b) return true;
-  const ka = Object.keys(a);
-  if (ka.length !== Object.keys(b).length) return false;
-  for (const k of ka) {
-    const x = a[k];
-    const y = b[k];
-    if (typeof x === "string" ? x !== y : JSON.stringify(x) !== JSON.stringify(y)) return false;
-  }
-  return true;
-}
 
 /** Characters held by a message's string fields (what an entry keeps alive). */
 function messageChars(m: Record<string, unknown>): number {

@@ -82,9 +82,16 @@ function scanRaw(text: string, inScope: (path: readonly (string | number)[]) => 
   const str = (): string => {
     const start = i;
     i++;
-    while (i < text.length && text[i] !== '"') i += text[i] === "\\" ? 2 : 1;
+    let escaped = false;
+    while (i < text.length && text.charCodeAt(i) !== 34) {
+      if (text.charCodeAt(i) === 92) {
+        escaped = true;
+        i += 2;
+      } else i++;
+    }
     i++;
-    return JSON.parse(text.slice(start, i)) as string;
+    // Keys are short and rarely escaped: sliced, not parsed.
+    return escaped ? (JSON.parse(text.slice(start, i)) as string) : text.slice(start + 1, i - 1);
   };
   // A string whose value is not needed (message content: most of a long chat's body): found by
   // indexOf, not walked character by character, and not decoded.
