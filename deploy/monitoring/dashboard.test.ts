@@ -658,6 +658,7 @@ describe("Grafana dashboard (deploy/monitoring/jetroute-dashboard.json)", () => 
     expect(cm?.data?.[DASHBOARD_FILE]).toBe(dashboardText);
     // kubectl apply (client side) keeps the whole object in an annotation limited to 256 KiB.
     expect(Buffer.byteLength(dashboardText)).toBeLessThan(200 * 1024);
-    expect(objects.filter((o) => o.kind === "ServiceMonitor").length).toBe(4);
+    // One per scraped service: gateway, pod-watcher, metrics-scraper, kv-bridge, autoscaler.
+    expect(objects.filter((o) => o.kind === "ServiceMonitor").map((o) => o.metadata?.name).sort()).toEqual(["jetroute-autoscaler", "jetroute-gateway", "jetroute-kv-bridge", "jetroute-metrics-scraper", "jetroute-pod-watcher"]);
   });
 });
