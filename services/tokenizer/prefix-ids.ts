@@ -98,7 +98,7 @@ export function prefixEntryBytes(tokens: number, textBytes = 0): number {
 }
 
 /** Whether a string has a character V8 cannot store in one byte. */
-const WIDE = /[^\u0000-\u00ff]/;
+const WIDE = /[\u0100-\uffff]/;
 
 export class PrefixIdsCache {
   private readonly lru: ByteLru<PrefixEntry>;
