@@ -182,7 +182,12 @@ export class PrefixIdsCache {
         const cut = cuts[cuts.length - 1] as number;
         const added = text.slice(from, cut);
         const wide = tail.wide === true || WIDE.test(added);
-        const entry: PrefixEntry = { ids: prefixIds(ids, n), tail: true, text: text.slice(0, cut), wide };
+        // The new tail's ids from the typed tail and the new ids (a copy of the old tail's memory, not
+        // a walk of the joined array).
+        const tailIds = new Uint32Array(n);
+        tailIds.set(tail.ids);
+        for (let j = 0; j < end; j++) tailIds[tail.ids.length + j] = rest[j] as number;
+        const entry: PrefixEntry = { ids: tailIds, tail: true, text: text.slice(0, cut), wide };
         if (this.lru.set(key, entry, prefixEntryBytes(n, cut * (wide ? 2 : 1)))) {
           stored.push(entry);
           this.stats.superseded++;
