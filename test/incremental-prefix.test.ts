@@ -46,6 +46,9 @@ describe.each(REAL_MODELS)("incremental ids and block hashes, %s", (model) => {
     // request reuses the shared system prompt).
     expect(st?.hits).toBeGreaterThanOrEqual(requests - 2);
     expect(st?.unaligned).toBe(0);
+    // Most later turns found their conversation's tail by its anchor, compared as text (no digest
+    // of the whole prompt): the path this test checks against the full path's ids.
+    expect(st?.anchoredHits).toBeGreaterThan(requests / 2);
     // Most blocks came from earlier requests.
     expect(hashes.stats.reusedBlocks).toBeGreaterThan(hashes.stats.hashedBlocks);
     // One tail entry per conversation (plus the system prompt, rendered with and without tools):
@@ -82,6 +85,12 @@ describe("split points: the first-character scan finds what the plain regex find
     const session = new AgentSession({ ...small, seed: 5 });
     for (let step = 0; step < 10; step++) {
       const text = `<|<${t.renderChat(session.next().slice())}<|im_end|<|eot_id|<`;
+      // A scan from any offset finds the cuts at or after it that the whole scan finds.
+      const all = splits.of(text);
+      for (const from of [0, 1, 7, Math.floor(text.length / 3), ...all.slice(0, 5).flatMap((c) => [c - 3, c - 1, c, c + 1]), text.length]) {
+        expect(splits.of(text, from)).toEqual(all.filter((c) => c >= from));
+        expect(splits.of(text, from, 1)).toEqual(all.filter((c) => c >= from).slice(0, 1));
+      }
       expect(splits.of(text)).toEqual([...text.matchAll(re)].map((m) => (m.index as number) + m[0].length));
     }
     void t.close();
@@ -115,15 +124,66 @@ describe("incremental ids: fallback and bounds", () => {
     await Promise.all([t.close(), whole.close()]);
   });
 
+  it.each(REAL_MODELS)("%s: an edited history (same first task) does not reuse the anchored tail; ids stay the full path's", async (model) => {
+    const t = loadHfTokenizerDir(tokenizerDir(model), { renderThreads: 0 });
+    const whole = loadHfTokenizerDir(tokenizerDir(model), { prefixCacheBytes: 0, renderThreads: 0 });
+    const session = new AgentSession({ ...small, seed: 21 });
+    let messages = session.next().slice();
+    for (let step = 0; step < 8; step++) {
+      messages = session.next().slice();
+      expect(await t.chatIds(messages)).toEqual(await whole.chatIds(messages));
+    }
+    const st = t.prefixStats as NonNullable<typeof t.prefixStats>;
+    // Same system prompt and first task (the anchor), a message after it edited by one character.
+    const edited = messages.map((m, i) => (i === 3 && typeof m.content === "string" ? { ...m, content: `${m.content.slice(0, 10)}X${m.content.slice(11)}` } : m));
+    expect(edited[3]).not.toEqual(messages[3]);
+    const anchored = st.anchoredHits;
+    expect(await t.chatIds(edited)).toEqual(await whole.chatIds(edited));
+    expect(st.anchoredHits).toBe(anchored);
+    // Its tail replaced the conversation's: the original history extends no tail now, and is still exact.
+    expect(await t.chatIds(messages)).toEqual(await whole.chatIds(messages));
+    expect(st.anchoredHits).toBe(anchored);
+    // And the next turn of the edited history extends the edited tail.
+    const next = [...edited, { role: "user", content: "and then?" }];
+    expect(await t.chatIds(next)).toEqual(await whole.chatIds(next));
+    await Promise.all([t.close(), whole.close()]);
+  });
+
+  it("a tail reused for a prompt it is no prefix of would give other ids: the full-path comparison catches it", async () => {
+    // Mutation: the conversation's tail is made to claim the text of an edited history (same
+    // length, one character changed) while keeping the original's ids; the edited prompt then
+    // reuses them, and its ids must differ from the full path's, or the comparisons above could not
+    // catch a reuse without a true text match.
+    const t = loadHfTokenizerDir(tokenizerDir("llama3"), { renderThreads: 0 });
+    const whole = loadHfTokenizerDir(tokenizerDir("llama3"), { prefixCacheBytes: 0, renderThreads: 0 });
+    const session = new AgentSession({ ...small, seed: 22 });
+    let messages = session.next().slice();
+    for (let step = 0; step < 5; step++) {
+      messages = session.next().slice();
+      await t.chatIds(messages);
+    }
+    const edited = messages.map((m, i) => (i === 3 && typeof m.content === "string" ? { ...m, content: `${m.content.slice(0, 10)}X${m.content.slice(11)}` } : m));
+    const lru = (t as unknown as { prefixes: { lru: { map: Map<string, { value: { text?: string } }> } } }).prefixes.lru;
+    const tail = [...lru.map.values()].find((e) => e.value.text !== undefined) as { value: { text: string } };
+    const editedText = t.renderChat(edited);
+    tail.value = { ...tail.value, text: editedText.slice(0, tail.value.text.length) };
+    const anchored = t.prefixStats?.anchoredHits ?? 0;
+    expect(await t.chatIds(edited)).not.toEqual(await whole.chatIds(edited));
+    expect(t.prefixStats?.anchoredHits).toBe(anchored + 1);
+    await Promise.all([t.close(), whole.close()]);
+  });
+
   it("a conversation holds one entry of 8 bytes a token, and the cache stays within its byte bound", async () => {
     const t = loadHfTokenizerDir(tokenizerDir("llama3"), { renderThreads: 0 });
     const session = new AgentSession({ ...small, seed: 3 });
     let ids: number[] = [];
     for (let step = 0; step < 20; step++) ids = await t.chatIds(session.next().slice());
     const st = t.prefixStats;
-    // The system prompt's entry and the conversation's latest tail entry.
+    // The system prompt's entry and the conversation's latest tail entry (8 bytes a token and its
+    // text, a byte a character: the text is ASCII).
     expect(st?.entries).toBe(2);
-    expect(st?.bytes).toBeLessThanOrEqual(prefixEntryBytes(ids.length) + prefixEntryBytes(ids.length));
+    const text = t.renderChat(session.messages.slice());
+    expect(st?.bytes).toBeLessThanOrEqual(prefixEntryBytes(ids.length, text.length) + prefixEntryBytes(ids.length / 4));
     const bounded = loadHfTokenizerDir(tokenizerDir("llama3"), { prefixCacheBytes: 32 * 1024, renderThreads: 0 });
     for (let s = 0; s < 12; s++) {
       const other = new AgentSession({ ...small, seed: 50 + s });

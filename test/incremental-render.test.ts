@@ -56,6 +56,35 @@ describe("message-local templates", () => {
     }
     expect(inc.stats.hits).toBeGreaterThan(0);
   });
+
+  it("pre and post are kept with the conversation's entry (rendered once per context), unless the template reads the clock", () => {
+    const src = "{{ bos_token }}{% if tools %}[tools {{ tools | length }}]{% endif %}{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}";
+    const clock = src.replace("{{ bos_token }}", "{{ bos_token }}{% if false %}{{ strftime_now('%d') }}{% endif %}");
+    for (const [template, rendersPerTurn] of [[src, 0], [clock, 2]] as const) {
+      const where = local(template);
+      if (typeof where === "string") throw new Error(where);
+      const inc = new IncrementalRender(template, where, 1 << 20);
+      const full = new Template(template);
+      let edgeRenders = 0;
+      for (const part of ["pre", "post"] as const) {
+        const t = (inc as unknown as Record<string, Template>)[part] as Template;
+        const render = t.render.bind(t);
+        t.render = (c) => {
+          edgeRenders++;
+          return render(c);
+        };
+      }
+      const msgs: Record<string, unknown>[] = [{ role: "system", content: "s" }];
+      for (let turn = 0; turn < 6; turn++) {
+        msgs.push({ role: turn % 2 ? "assistant" : "user", content: `turn ${turn}` });
+        // A change of tools or add_generation_prompt is another context (another entry): edges rendered again.
+        const ctx = { bos_token: "<s>", tools: turn < 3 ? null : [{ a: 1 }, { b: 2 }], add_generation_prompt: turn !== 4, messages: msgs.slice() };
+        const before = edgeRenders;
+        expect(inc.render("default", ctx)).toBe(full.render(ctx));
+        if (turn > 0 && turn !== 3 && turn !== 4 && turn !== 5) expect(edgeRenders - before).toBe(rendersPerTurn);
+      }
+    }
+  });
 });
 
 describe("incremental render on the real Llama-3 template", () => {

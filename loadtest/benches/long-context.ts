@@ -237,7 +237,7 @@ export async function runLongContextBench(opts: LongContextOptions = {}): Promis
   const asm = await startAssembly({ strategy: "prefix-cache", tokenizer: null, gateways: 1, kvEvents: true }, engine, logDir, "lc", {
     model: MODEL,
     simArgs: ["--tokenizer", `hf:${dir}`, "--max-model-len", "200000"],
-    gatewayArgs: ["--tokenizer", `hf:${dir}`, "--tokenizer-prefix-cache-bytes", String(o.sessions * 2 * 1024 * 1024), "--tokenizer-render-cache-bytes", String(o.sessions * 4 * 1024 * 1024)],
+    gatewayArgs: ["--tokenizer", `hf:${dir}`, "--tokenizer-prefix-cache-bytes", String(o.sessions * 3 * 1024 * 1024), "--tokenizer-render-cache-bytes", String(o.sessions * 4 * 1024 * 1024)],
     ...(o.profileDir ? { gatewayNodeArgs: ["--cpu-prof", `--cpu-prof-dir=${o.profileDir}`] } : {}),
   });
   const d: Driver = { samples: [], errors: 0, measuring: false, stop: false };

@@ -97,6 +97,32 @@ describe("director - the request path on an in-memory sink", () => {
     expect(routed).toEqual([{ pod: won.pod.pod, chargeId: won.chargeId }, { pod: eventual.pod.pod, chargeId: eventual.chargeId }]);
   });
 
+  it("the tokenizer gets the raw tool-JSON problem from the body's text as parsed, and a pod address only in remote mode", async () => {
+    const seen: Array<{ problem: string | undefined; address: string | undefined }> = [];
+    for (const mode of ["hf", "remote"]) {
+      const prefix: PrefixSupport = {
+        tokenizer: {
+          modeFor: () => mode,
+          tokenize: (_m, input, address) => {
+            seen.push({ problem: input.rawToolJsonProblem, address });
+            return Promise.resolve({ tokens: [1, 2, 3], mode });
+          },
+        },
+        match: (_m, candidates, tokens) => ({ info: { queried: tokens.length, blockSize: 16, matched: () => 0 }, hashes: [1n], detail: candidates.map((c) => ({ pod: c.pod, indexBlocks: 0, indexGpuBlocks: 0, indexWeighted: 0, routedBlocks: 0 })) }),
+        recordRouted: () => {},
+        blocks: () => ({ size: 16, mode: "precise", hashes: [] }),
+      };
+      const { clock, state, sink } = setup();
+      const director = new Director({ gatewayId: "gw", defaultStrategy: "prefix-cache", chargeTtlMs: 60_000, state, sink, clock, now: clock.now, prefix });
+      // 20.0 is 20 once parsed: only the text shows it.
+      const body = `{"model":${JSON.stringify(MODEL)},"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","default":20.0}}}]}`;
+      await director.prepare({ headers: { "x-request-id": `t-${mode}` }, body: Buffer.from(body) });
+    }
+    expect(seen.map((s) => s.problem !== undefined)).toEqual([true, true]);
+    expect(seen[0]?.address).toBeUndefined();
+    expect(seen[1]?.address).toBeDefined();
+  });
+
   it("a rejection is recorded; draining releases every request in flight as shutdown and refuses new ones", () => {
     const { director, input, sink } = setup();
     director.reject({ "x-request-id": "bad" }, MODEL, new RouteError("invalidJson", "x"));

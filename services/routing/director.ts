@@ -289,8 +289,11 @@ export class Director {
     if (parsed.promptTokenIds) return { ...base, tokens: parsed.promptTokenIds, tokenizerMode: "ids" };
     // Remote mode asks one of the model's pods, spread by the prompt (stages/tokenizer-pod.ts).
     const raw = p.upstreamBody ?? input.body;
-    const tokenizerPod = tokenizerPodFor(this.views.pods.readyPods(parsed.model), raw);
-    const t = prefix.tokenizer.tokenize(parsed.model, promptInputOf(parsed.body, raw), tokenizerPod?.address);
+    // Only remote mode asks a pod: the digest of a ~600 KB agent prompt is not worth it otherwise.
+    const tokenizerPod = prefix.tokenizer.modeFor && prefix.tokenizer.modeFor(parsed.model) !== "remote" ? undefined : tokenizerPodFor(this.views.pods.readyPods(parsed.model), raw);
+    // The body's text as the parse decoded it (when it is the body sent), for the raw tool-JSON scan.
+    const text = p.upstreamBody ? raw : (parsed.text ?? raw);
+    const t = prefix.tokenizer.tokenize(parsed.model, promptInputOf(parsed.body, text), tokenizerPod?.address);
     return t.then((r) => ({ ...base, tokens: r.tokens, tokenizerMode: r.mode }));
   }
 

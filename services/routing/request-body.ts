@@ -18,6 +18,8 @@ export interface ParsedRequest {
   /** vLLM's `cache_salt`: the engine shares cached blocks only between requests with the same salt, and so does the router's prefix matching. */
   cacheSalt?: string;
   body: Record<string, unknown>;
+  /** The body's text as decoded for the parse (UTF-8), for scans of the raw JSON; describes `body` only as parsed from it. */
+  text?: string;
 }
 
 /** Paths whose bodies name a model and may be routed. */
@@ -137,8 +139,10 @@ function positiveInt(b: Record<string, unknown>, key: string): number | undefine
 
 export function parseRequestBody(raw: Uint8Array): ParsedRequest {
   let body: unknown;
+  let text: string;
   try {
-    body = JSON.parse(Buffer.from(raw.buffer, raw.byteOffset, raw.byteLength).toString("utf8"));
+    text = Buffer.from(raw.buffer, raw.byteOffset, raw.byteLength).toString("utf8");
+    body = JSON.parse(text);
   } catch (err) {
     throw new RouteError("invalidJson", `request body is not valid JSON: ${(err as Error).message.slice(0, 200)}`);
   }
@@ -181,5 +185,6 @@ export function parseRequestBody(raw: Uint8Array): ParsedRequest {
     ...(promptTokenIds ? { promptTokenIds } : {}),
     ...(cacheSalt !== undefined ? { cacheSalt } : {}),
     body: b,
+    text,
   };
 }

@@ -27,6 +27,9 @@ interface Entry {
   /** The messages rendered (as normalised for the template; their strings are compared, not hashed). */
   messages: readonly Record<string, unknown>[];
   loop: string;
+  /** `pre` and `post` as rendered for this entry's context (the key covers it), when they are fixed (`edgesFixed`). */
+  pre?: string;
+  post?: string;
 }
 
 
@@ -74,6 +77,17 @@ export class IncrementalRender {
     this.loop = part([body[where.at]]);
     this.post = part(body.slice(where.at + 1));
     this.lru = new ByteLru(maxBytes);
+    // `pre` and `post` render with `messages` empty: a function of the rest of the context (part of
+    // the entry's key), kept with the entry, unless the template reads the clock.
+    this.edgesFixed = !source.includes("strftime_now");
+  }
+
+  private readonly edgesFixed: boolean;
+
+  private edges(l: RenderLookup): { pre: string; post: string } {
+    const e = l.entry;
+    if (this.edgesFixed && e?.pre !== undefined && e.post !== undefined) return { pre: e.pre, post: e.post };
+    return { pre: this.pre.render({ ...l.rest, messages: [] }), post: this.post.render({ ...l.rest, messages: [] }) };
   }
 
   private loopOver(context: Record<string, unknown>, messages: readonly unknown[]): string {
@@ -104,17 +118,17 @@ export class IncrementalRender {
       const prev = l.messages[k - 1];
       loop += this.loopOver(l.rest, [prev, ...l.messages.slice(k)]).slice(this.loopOver(l.rest, [prev]).length);
     }
-    this.store(l, loop);
-    return this.pre.render({ ...l.rest, messages: [] }) + loop + this.post.render({ ...l.rest, messages: [] });
+    const { pre, post } = this.edges(l);
+    this.store(l, loop, pre, post);
+    return pre + loop + post;
   }
 
   /** After a full render (elsewhere, e.g. a worker) of a lookup that was not reusable: caches its loop part. */
   remember(l: RenderLookup, fullText: string): void {
     this.stats.misses++;
-    const pre = this.pre.render({ ...l.rest, messages: [] });
-    const post = this.post.render({ ...l.rest, messages: [] });
+    const { pre, post } = this.edges(l);
     if (!fullText.startsWith(pre) || !fullText.endsWith(post) || fullText.length < pre.length + post.length) return;
-    this.store(l, fullText.slice(pre.length, fullText.length - post.length));
+    this.store(l, fullText.slice(pre.length, fullText.length - post.length), pre, post);
   }
 
   /** Renders on this thread, reusing what it can (tests, and callers without a worker). */
@@ -126,10 +140,11 @@ export class IncrementalRender {
     return text;
   }
 
-  private store(l: RenderLookup, loop: string): void {
+  private store(l: RenderLookup, loop: string, pre: string, post: string): void {
     let chars = 0;
     for (const m of l.messages) chars += messageChars(m);
-    this.lru.set(l.key, { messages: l.messages, loop }, renderEntryBytes(loop.length, chars, l.messages.length));
+    const edges = this.edgesFixed ? { pre, post } : {};
+    this.lru.set(l.key, { messages: l.messages, loop, ...edges }, renderEntryBytes(loop.length + (this.edgesFixed ? pre.length + post.length : 0), chars, l.messages.length));
     this.stats.entries = this.lru.size;
     this.stats.bytes = this.lru.bytes;
   }

@@ -14,14 +14,19 @@
  * the same conversation — the conversation has moved on, and keeping every turn's prefix would
  * hold a 50-turn conversation's ids ~25 times over. The conversation is known by its anchor, the
  * prefix up to the first cut after the caller's `anchorAt` (the gateway names the end of the first
- * message after the system prompt: the first user task), or, without one, by the tail entry the
- * prompt reused. The anchor matters when a template re-renders earlier messages (Qwen3 strips
- * earlier reasoning when a new user task arrives): the prompt then reuses a shorter prefix, not
- * the previous tail, which would otherwise stay behind unused until evicted. A client that goes
- * back (regenerates an earlier turn) or two conversations with the same first task replace each
+ * message after the system prompt: the first user task): its tail is stored under the anchor's
+ * digest with the tail's text, and a later turn digests only the text up to its anchor, compares
+ * the tail's text with its own (a memory compare), and scans for cuts only past it — work in
+ * proportion to the turn, not the conversation, but for that compare. A prompt that does not
+ * extend its conversation's tail (a template that re-renders earlier messages: Qwen3 strips
+ * earlier reasoning when a new user task arrives; an edited history) takes the digest path:
+ * SHA-1 of the prefixes at its last cuts and named cuts, the longest cached one reused (the
+ * system prompt's entry at least), and its new tail replaces the conversation's. Without an anchor
+ * a tail is stored under the digest of its text and found by that path. A client that goes back
+ * (regenerates an earlier turn) or two conversations with the same first task replace each
  * other's tails: they reuse the longest prefix still cached and encode the rest — slower, never
- * different. Ids are kept as Uint32Array (4 bytes a token, `prefixEntryBytes`); anchors
- * remembered are bounded (`MAX_ANCHORS`, ~200 bytes each).
+ * different. Ids are kept as Uint32Array (4 bytes a token, `prefixEntryBytes`), an anchored
+ * tail's text at 1 byte a character (2 when it has characters above U+00FF).
  *
  * Each entry is an object (`PrefixEntry`) that callers may key derived data on (prefix-support
  * keeps the block hashes of an entry's ids in a WeakMap): `encodeWithReuse` says which entry a
@@ -43,10 +48,9 @@ export interface PrefixIdsStats {
   evicted: number;
   /** Entries dropped because a longer prefix of the same conversation replaced them. */
   superseded: number;
+  /** Of the hits: later turns that found their conversation's tail by its anchor (no digest of the whole prompt). */
+  anchoredHits: number;
 }
-
-/** Conversations (anchor -> tail key) remembered for replacing their tails; the oldest are forgotten first. */
-export const MAX_ANCHORS = 65_536;
 
 export interface PrefixIdsOptions {
   splits: SplitPoints;
@@ -62,6 +66,13 @@ export interface PrefixEntry {
   readonly ids: Uint32Array;
   /** Stored as a prompt's last cut (dropped when the conversation moves on), not a named cut. */
   readonly tail: boolean;
+  /**
+   * A conversation's tail found by its anchor: the prefix's text itself (compared with the next
+   * prompt instead of digesting that prompt), and whether it holds characters above U+00FF (V8
+   * then stores it at 2 bytes a character).
+   */
+  readonly text?: string;
+  readonly wide?: boolean;
 }
 
 /** What one prompt reused and stored. */
@@ -79,19 +90,20 @@ export interface PrefixReuse {
  */
 export const PREFIX_DERIVED_BYTES_PER_TOKEN = 4;
 
-export function prefixEntryBytes(tokens: number): number {
+export function prefixEntryBytes(tokens: number, textBytes = 0): number {
   // Key (28 base64 chars, UTF-16) and ~150 of Map entry, entry object and typed-array headers;
-  // 4 bytes a token id, plus what callers derive (PREFIX_DERIVED_BYTES_PER_TOKEN).
-  return 56 + 150 + (4 + PREFIX_DERIVED_BYTES_PER_TOKEN) * tokens;
+  // 4 bytes a token id, plus what callers derive (PREFIX_DERIVED_BYTES_PER_TOKEN); an anchored
+  // tail also holds its text (1 byte a character, 2 when it has one above U+00FF).
+  return 56 + 150 + (4 + PREFIX_DERIVED_BYTES_PER_TOKEN) * tokens + textBytes;
 }
+
+/** Whether a string has a character V8 cannot store in one byte. */
+const WIDE = /[\u0100-\uffff]/;
 
 export class PrefixIdsCache {
   private readonly lru: ByteLru<PrefixEntry>;
   private readonly ids: Set<number>;
-  readonly stats: PrefixIdsStats = { hits: 0, misses: 0, reusedChars: 0, unaligned: 0, entries: 0, bytes: 0, evicted: 0, superseded: 0 };
-
-  /** Anchor key -> key of the conversation's latest tail entry (insertion order = age). */
-  private readonly tails = new Map<string, string>();
+  readonly stats: PrefixIdsStats = { hits: 0, misses: 0, reusedChars: 0, unaligned: 0, entries: 0, bytes: 0, evicted: 0, superseded: 0, anchoredHits: 0 };
 
   constructor(private readonly o: PrefixIdsOptions) {
     this.lru = new ByteLru(o.maxBytes);
@@ -105,9 +117,15 @@ export class PrefixIdsCache {
 
   /** `encode`, saying which cached entry was reused and which were stored; `anchorAt`: where the conversation's identity ends (see the module comment). */
   async encodeWithReuse(scope: string, text: string, storeAlso: readonly number[] = [], anchorAt?: number): Promise<PrefixReuse> {
+    // The conversation's tail, found by its anchor and compared as text: a later turn digests only
+    // the text up to its anchor and scans for cuts only past the tail.
+    const anchorCut = anchorAt === undefined ? undefined : this.o.splits.of(text, anchorAt, 1)[0];
+    const anchorKey = anchorCut === undefined ? undefined : `t${digestOf(scope, text, anchorCut)}`;
+    const tail = anchorKey === undefined ? undefined : this.lru.get(anchorKey);
+    if (anchorKey !== undefined && tail?.text !== undefined && this.extends(text, tail.text)) return this.extendTail(text, anchorKey, tail);
     const cuts = this.o.splits.of(text);
     if (cuts.length === 0) return { ids: await this.o.encode(text), stored: [] };
-    const keys = prefixKeys(scope, text, cuts, this.keyedCuts(text, cuts, storeAlso, anchorAt));
+    const keys = prefixKeys(scope, text, cuts, this.keyedCuts(cuts, storeAlso, anchorAt));
     let hit = -1;
     let prefix: PrefixEntry | undefined;
     for (let i = cuts.length - 1; i >= 0; i--) {
@@ -125,12 +143,78 @@ export class PrefixIdsCache {
     } else this.stats.misses++;
     const rest = await this.o.encode(text.slice(from));
     const ids = prefix ? concatIds(prefix.ids, rest) : rest;
-    const stored = this.storePrefixes(keys, cuts, hit, ids, (prefix?.ids.length ?? 0), rest, storeAlso);
-    if (stored.some((e) => e.tail)) this.supersede(keys, cuts, anchorAt, prefix?.tail ? (keys[hit] as string) : undefined);
+    // An anchored conversation's tail is stored under its anchor (replacing the previous one);
+    // without an anchor, under the digest of its text (found by the lookup above).
+    const last = cuts.length - 1;
+    const lastNamed = storeAlso.some((at) => firstCutAtOrAfter(cuts, at) === last);
+    const anchored = anchorKey !== undefined && !lastNamed && (anchorCut as number) < (cuts[last] as number) ? anchorKey : undefined;
+    if (anchored !== undefined) keys[last] = anchored;
+    const stored = this.storePrefixes(keys, cuts, hit, ids, prefix?.ids.length ?? 0, rest, storeAlso, anchored === undefined ? undefined : text);
+    // The conversation moved on: a tail it reused under another key goes.
+    if (stored.some((e) => e.tail) && prefix?.tail && keys[hit] !== keys[last] && this.lru.delete(keys[hit] as string)) this.stats.superseded++;
+    this.updateStats();
+    return { ids, ...(prefix ? { reused: prefix } : {}), stored };
+  }
+
+  /** Whether `text` starts with `prefix` (a slice compares as memory; `startsWith` walks characters). */
+  private extends(text: string, prefix: string): boolean {
+    if (text.length < prefix.length) return false;
+    if (text.slice(0, prefix.length) !== prefix) return false;
+    // The tail ended at a cut of its own prompt; the same text up to there makes it one here too.
+    return this.o.splits.of(text, prefix.length, 1)[0] === prefix.length;
+  }
+
+  /** A later turn of an anchored conversation: its tail's ids, the text after it encoded, the new tail stored in its place. */
+  private async extendTail(text: string, key: string, tail: PrefixEntry): Promise<PrefixReuse> {
+    const from = (tail.text as string).length;
+    this.stats.hits++;
+    this.stats.anchoredHits++;
+    this.stats.reusedChars += from;
+    const cuts = this.o.splits.of(text, from + 1);
+    const rest = await this.o.encode(text.slice(from));
+    const ids = concatIds(tail.ids, rest);
+    const stored: PrefixEntry[] = [];
+    if (cuts.length > 0) {
+      const end = this.tokensThrough(rest, cuts.length);
+      if (end === undefined) this.stats.unaligned++;
+      else {
+        const n = tail.ids.length + end;
+        const cut = cuts[cuts.length - 1] as number;
+        const added = text.slice(from, cut);
+        const wide = tail.wide === true || WIDE.test(added);
+        // The new tail's ids from the typed tail and the new ids (a copy of the old tail's memory, not
+        // a walk of the joined array).
+        const tailIds = new Uint32Array(n);
+        tailIds.set(tail.ids);
+        for (let j = 0; j < end; j++) tailIds[tail.ids.length + j] = rest[j] as number;
+        const entry: PrefixEntry = { ids: tailIds, tail: true, text: text.slice(0, cut), wide };
+        if (this.lru.set(key, entry, prefixEntryBytes(n, cut * (wide ? 2 : 1)))) {
+          stored.push(entry);
+          this.stats.superseded++;
+        }
+      }
+    }
+    this.updateStats();
+    return { ids, reused: tail, stored };
+  }
+
+  /** Tokens of `rest` up to and including its `count`-th boundary id; undefined when it has another number of them. */
+  private tokensThrough(rest: readonly number[], count: number): number | undefined {
+    // Every occurrence of a boundary token yields its id, so equal counts prove no ordinary text produced one.
+    let seen = 0;
+    let end = 0;
+    for (let j = 0; j < rest.length; j++) {
+      if (!this.ids.has(rest[j] as number)) continue;
+      seen++;
+      if (seen === count) end = j + 1;
+    }
+    return seen === count ? end : undefined;
+  }
+
+  private updateStats(): void {
     this.stats.entries = this.lru.size;
     this.stats.bytes = this.lru.bytes;
     this.stats.evicted = this.lru.evicted;
-    return { ids, ...(prefix ? { reused: prefix } : {}), stored };
   }
 
   /**
@@ -139,40 +223,26 @@ export class PrefixIdsCache {
    * the cuts at or after each named offset and the anchor's cut are looked up; a digest at every
    * cut of a 100k-token prompt (hundreds of them) cost more than the rest of the lookup.
    */
-  private keyedCuts(text: string, cuts: readonly number[], storeAlso: readonly number[], anchorAt: number | undefined): Set<number> {
+  private keyedCuts(cuts: readonly number[], storeAlso: readonly number[], anchorAt: number | undefined): Set<number> {
     const want = new Set<number>();
     for (let i = Math.max(0, cuts.length - TAIL_CUTS); i < cuts.length; i++) want.add(i);
     for (const at of [...storeAlso, ...(anchorAt === undefined ? [] : [anchorAt])]) {
       const i = firstCutAtOrAfter(cuts, at);
       if (i >= 0) want.add(i);
     }
-    void text;
     return want;
   }
 
-  /** The conversation moved on: drops its previous tail entry (the anchor's, or the tail just reused). */
-  private supersede(keys: readonly (string | undefined)[], cuts: readonly number[], anchorAt: number | undefined, reusedTail: string | undefined): void {
-    const newTail = keys[keys.length - 1] as string;
-    const a = anchorAt === undefined ? -1 : firstCutAtOrAfter(cuts, anchorAt);
-    const anchor = a >= 0 && a < keys.length - 1 ? (keys[a] as string) : undefined;
-    let previous = reusedTail;
-    if (anchor !== undefined) {
-      previous = this.tails.get(anchor) ?? previous;
-      this.tails.delete(anchor);
-      this.tails.set(anchor, newTail);
-      if (this.tails.size > MAX_ANCHORS) this.tails.delete(this.tails.keys().next().value as string);
-    }
-    if (previous !== undefined && previous !== newTail && this.lru.delete(previous)) this.stats.superseded++;
-  }
-
-  private storePrefixes(keys: (string | undefined)[], cuts: number[], hit: number, ids: readonly number[], reusedTokens: number, rest: number[], storeAlso: readonly number[]): PrefixEntry[] {
+  private storePrefixes(keys: (string | undefined)[], cuts: number[], hit: number, ids: readonly number[], reusedTokens: number, rest: number[], storeAlso: readonly number[], anchoredText: string | undefined): PrefixEntry[] {
     const last = cuts.length - 1;
     const want = new Set<number>([last]);
     for (const at of storeAlso) {
       const i = firstCutAtOrAfter(cuts, at);
       if (i >= 0) want.add(i);
     }
-    for (const i of [...want]) if (i <= hit || keys[i] === undefined || this.lru.has(keys[i] as string)) want.delete(i);
+    const named = (i: number) => storeAlso.some((at) => firstCutAtOrAfter(cuts, at) === i);
+    // An anchored tail is stored again when its key holds an older tail of the conversation.
+    for (const i of [...want]) if (i <= hit || keys[i] === undefined || (this.lru.has(keys[i] as string) && !(i === last && anchoredText !== undefined && !named(i)))) want.delete(i);
     if (want.size === 0) return [];
     // The k-th boundary id in `rest` ends the k-th cut after the hit. Every occurrence of a boundary
     // token yields its id, so equal counts prove no ordinary text produced one.
@@ -185,11 +255,25 @@ export class PrefixIdsCache {
     const stored: PrefixEntry[] = [];
     for (const i of want) {
       const n = reusedTokens + (ends[i - hit - 1] as number);
-      const entry: PrefixEntry = { ids: prefixIds(ids, n), tail: i === last && !storeAlso.some((at) => firstCutAtOrAfter(cuts, at) === i) };
-      if (this.lru.set(keys[i] as string, entry, prefixEntryBytes(n))) stored.push(entry);
+      const tail = i === last && !named(i);
+      let entry: PrefixEntry = { ids: prefixIds(ids, n), tail };
+      let textBytes = 0;
+      if (tail && anchoredText !== undefined) {
+        const text = anchoredText.slice(0, cuts[i] as number);
+        const wide = WIDE.test(text);
+        entry = { ...entry, text, wide };
+        textBytes = text.length * (wide ? 2 : 1);
+        if (this.lru.has(keys[i] as string)) this.stats.superseded++;
+      }
+      if (this.lru.set(keys[i] as string, entry, prefixEntryBytes(n, textBytes))) stored.push(entry);
     }
     return stored;
   }
+}
+
+/** SHA-1 (base64) of (scope, the text up to `end`). */
+function digestOf(scope: string, text: string, end: number): string {
+  return createHash("sha1").update(scope).update("\u0000").update(text.slice(0, end)).digest("base64");
 }
 
 /** The first `n` ids, as a Uint32Array (no intermediate array). */

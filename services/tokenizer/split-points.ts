@@ -85,11 +85,14 @@ export class SplitPoints {
   /** When every boundary token starts with the same character: scan for it, then match there (sticky). */
   private readonly first: string | undefined;
   private readonly sticky: RegExp | undefined;
+  /** The longest boundary token's length. */
+  private readonly maxLength: number;
 
   constructor(readonly plan: SplitPlan) {
     const tokens = [...plan.boundaryTokens].sort((a, b) => b.length - a.length);
     const alternatives = tokens.map(escapeRegExp).join("|");
     this.re = tokens.length > 0 ? new RegExp(alternatives, "g") : undefined;
+    this.maxLength = tokens[0]?.length ?? 0;
     const c = tokens[0]?.[0];
     // A regex of hundreds of alternatives (Llama-3's reserved tokens) tries them at every position
     // of a long prompt; `indexOf` of their common first character skips the text between them.
@@ -103,25 +106,36 @@ export class SplitPoints {
     return this.re !== undefined;
   }
 
-  /** End offsets (UTF-16) of every boundary token in `text`, ascending. */
-  of(text: string): number[] {
+  /**
+   * End offsets (UTF-16) of the boundary tokens in `text` that end at or after `from`, ascending
+   * (all of them by default), at most `max`. Occurrences of boundary tokens never overlap (no
+   * boundary token contains, or overlaps the end of, another: planSplits), so a scan that starts
+   * anywhere finds exactly the occurrences starting there or later; it starts one token length
+   * before `from` so that a token ending at or after `from` is found whole.
+   */
+  of(text: string, from = 0, max = Number.POSITIVE_INFINITY): number[] {
     if (!this.re) return [];
     const out: number[] = [];
+    const start = Math.max(0, from - this.maxLength);
     if (this.first !== undefined && this.sticky) {
       // Leftmost-longest as the global regex: matches cannot overlap, so scanning resumes after each.
       const re = this.sticky;
-      for (let i = text.indexOf(this.first); i >= 0; ) {
+      for (let i = text.indexOf(this.first, start); i >= 0 && out.length < max; ) {
         re.lastIndex = i;
         const m = re.exec(text);
         if (m) {
-          out.push(i + m[0].length);
-          i = text.indexOf(this.first, i + m[0].length);
+          const end = i + m[0].length;
+          if (end >= from) out.push(end);
+          i = text.indexOf(this.first, end);
         } else i = text.indexOf(this.first, i + 1);
       }
       return out;
     }
-    this.re.lastIndex = 0;
-    for (let m = this.re.exec(text); m; m = this.re.exec(text)) out.push(m.index + m[0].length);
+    this.re.lastIndex = start;
+    for (let m = this.re.exec(text); m && out.length < max; m = this.re.exec(text)) {
+      const end = m.index + m[0].length;
+      if (end >= from) out.push(end);
+    }
     return out;
   }
 }

@@ -124,7 +124,18 @@ export class WindowRender {
     this.lru = new ByteLru(maxBytes);
   }
 
+  /** Keys by context object: `has` and `render` of one request digest it once. */
+  private readonly keys = new WeakMap<Record<string, unknown>, { name: string; key: string }>();
+
   private key(name: string, context: Record<string, unknown>): string {
+    const known = this.keys.get(context);
+    if (known?.name === name) return known.key;
+    const key = this.digestKey(name, context);
+    this.keys.set(context, { name, key });
+    return key;
+  }
+
+  private digestKey(name: string, context: Record<string, unknown>): string {
     const messages = context.messages as readonly Record<string, unknown>[];
     const { messages: _, ...rest } = context;
     const head = messages.slice(0, 2).map((m) => JSON.stringify(m)).join("\u0000");
