@@ -97,8 +97,13 @@ program
   .option("--rounds <n>", "rounds over the replica counts (median reported)", int, 3)
   .option("--heartbeat-ms <ms>", "the replicas' heartbeat interval", int, 1_000)
   .option("--release-batch-ms <ms>", "the gateways' release batch window (0 = none, the gateway's default)", nonNegative, 0)
+  .option("--fold-pace-ms <ms>", "the gateways' --fold-pace-ms (default: the gateway's)", nonNegative)
+  .option("--profile-dir <dir>", "write V8 CPU profiles of the observer (node --cpu-prof, first round, one directory per R) into this directory")
   .action(async (o) => {
-    emitResult(await runScaleBench({ replicas: o.replicas, rate: o.rate, concurrency: o.concurrency, durationMs: o.durationMs, rounds: o.rounds, heartbeatMs: o.heartbeatMs, releaseBatchMs: o.releaseBatchMs }));
+    emitResult(await runScaleBench({
+      replicas: o.replicas, rate: o.rate, concurrency: o.concurrency, durationMs: o.durationMs, rounds: o.rounds, heartbeatMs: o.heartbeatMs, releaseBatchMs: o.releaseBatchMs,
+      ...(o.foldPaceMs !== undefined ? { foldPaceMs: o.foldPaceMs } : {}), ...(o.profileDir !== undefined ? { profileDir: o.profileDir } : {}),
+    }));
   });
 
 program

@@ -29,6 +29,13 @@ export const DEFAULT_EXTPROC_PORT = 9002;
 export const DEFAULT_ADMIN_PORT = 9090;
 /** Releases are batched over at most this window: replay holds decisions 50 ms for a delayed own release. */
 export const MAX_RELEASE_BATCH_MS = 20;
+/**
+ * `--fold-pace-ms`: how far apart the CHARGES follower reads its batches while charges flow. A
+ * charge reaches the other replicas up to this much later (the first after a quiet spell at once);
+ * kept below `--rate-confirm-ms` (25 ms), which must exceed the propagation delay.
+ */
+export const DEFAULT_FOLD_PACE_MS = 10;
+export const MAX_FOLD_PACE_MS = 20;
 
 export const GatewayConfigSchema = Type.Object(
   {
@@ -74,6 +81,8 @@ export const GatewayConfigSchema = Type.Object(
     /** Decision records of rejected requests published per second by this replica (bursts of twice that); the rest are only counted. */
     rejectionRecordsPerS: Type.Integer({ minimum: 0, default: DEFAULT_REJECTION_RECORDS_PER_S }),
     releaseBatchMs: Type.Integer({ minimum: 0, maximum: MAX_RELEASE_BATCH_MS, default: DEFAULT_RELEASE_BATCH_MS }),
+    /** The CHARGES follower reads in batches this far apart while charges flow (0 = a delivery per message). */
+    foldPaceMs: Type.Integer({ minimum: 0, maximum: MAX_FOLD_PACE_MS, default: DEFAULT_FOLD_PACE_MS }),
     shutdownGraceMs: Ms(10_000),
     tls: Type.Optional(Type.Object({ certFile: Type.String({ minLength: 1 }), keyFile: Type.String({ minLength: 1 }), clientCaFile: Type.Optional(Type.String({ minLength: 1 })) }, { additionalProperties: false })),
     sessionSecret: Type.Optional(Type.String()),
