@@ -207,9 +207,10 @@ program
   .option("--duration-ms <ms>", "measured window", int, 10_000)
   .option("--warmup-ms <ms>", "unmeasured warm-up at the same rate", nonNegative, 1_000)
   .option("--mode <mode>", "consistency mode of both gateways: eventual | strict", "eventual")
+  .option("--fold-pace-ms <ms>", "both gateways' --fold-pace-ms (default: the gateway's)", nonNegative)
   .action(async (o) => {
     if (o.mode !== "eventual" && o.mode !== "strict") throw new InvalidArgumentError("--mode must be eventual or strict");
-    emitResult(await runChargeLagBench({ rate: o.rate, durationMs: o.durationMs, warmupMs: o.warmupMs, mode: o.mode }));
+    emitResult(await runChargeLagBench({ rate: o.rate, durationMs: o.durationMs, warmupMs: o.warmupMs, mode: o.mode, ...(o.foldPaceMs !== undefined ? { foldPaceMs: o.foldPaceMs } : {}) }));
   });
 
 const caseNames = Object.keys(PREFIX_QUALITY_CASES) as PrefixQualityCaseName[];

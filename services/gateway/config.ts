@@ -35,7 +35,7 @@ export const MAX_RELEASE_BATCH_MS = 20;
  * kept below `--rate-confirm-ms` (25 ms), which must exceed the propagation delay.
  */
 export const DEFAULT_FOLD_PACE_MS = 10;
-export const MAX_FOLD_PACE_MS = 20;
+export const MAX_FOLD_PACE_MS = 100;
 
 export const GatewayConfigSchema = Type.Object(
   {
@@ -152,6 +152,11 @@ export function resolveGatewayConfig(input: GatewayConfigInput): GatewayConfig {
   const c = filled as Static<typeof GatewayConfigSchema> & { id: string; heartbeatTimeoutMs: number };
   c.id ??= defaultGatewayId();
   c.heartbeatTimeoutMs ??= 3 * c.heartbeatIntervalMs;
+  // The rate-limit guard reserves room for the other replicas' unseen admissions for
+  // rateConfirmMs: a charge read later than that would be unseen and unreserved.
+  if (c.rateConfirmMs > 0 && c.foldPaceMs >= c.rateConfirmMs) {
+    throw new GatewayConfigError(`invalid gateway configuration: /foldPaceMs (${c.foldPaceMs}) must be below /rateConfirmMs (${c.rateConfirmMs}): other replicas' charges would be read after the rate guard stopped reserving room for them`);
+  }
   Object.freeze(c.pd);
   Object.freeze(c.tokenizerModes);
   if (c.tls) Object.freeze(c.tls);

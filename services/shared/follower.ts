@@ -7,6 +7,10 @@
  * dead-letter.ts) and counted; the follower keeps going. The handler is
  * synchronous on purpose: a view applies an event without awaiting anything, so events are
  * applied strictly in stream order.
+ *
+ * With `paceMs` the follower reads through a paced pull reader instead (paced-pull.ts): batches of
+ * everything stored, `paceMs` apart while messages flow, one wake-up for many messages; the same
+ * order, the same reopen-after-the-last-sequence on a loss.
  */
 import { type Consumer, type ConsumerConfig, type ConsumerMessages, DeliverPolicy, type JsMsg, type OrderedConsumerOptions } from "@nats-io/jetstream";
 import type { EventOf, EventType } from "../../schemas/events.js";

@@ -38,6 +38,7 @@ export interface PacedPullOptions {
 }
 
 const DEFAULT_BATCH = 1_024;
+
 const DEFAULT_DOORBELL_MS = 4_000;
 /** A `no_wait` batch is answered at once: this long without its end means the request was lost. */
 const BATCH_ANSWER_MS = 2_000;
@@ -142,7 +143,7 @@ export class PacedPullReader {
     if (this.closed) return;
     const d = parseDelivery(msg.reply);
     if (d === undefined) {
-      this.status(msg);
+      this.status();
       return;
     }
     if (d.dseq !== this.lastDseq + 1) {
@@ -157,29 +158,16 @@ export class PacedPullReader {
     if (++r.got >= r.size) this.finished(r);
   }
 
-  private status(msg: Msg): void {
-    const code = msg.headers?.code ?? 0;
+  /**
+   * A message without a delivery reply subject is a status: 404 (no messages), 408 (request
+   * timeout: the rest of a `no_wait` batch, or the doorbell expired), 409 (leadership change,
+   * consumer deleted), 503. Every one ends the outstanding request, and none is told apart here:
+   * decoding its headers would cost more than the rest of a paced cycle. A consumer that is gone
+   * shows at the next request (no answer: `stuck`) or the owner's info probe.
+   */
+  private status(): void {
     const r = this.outstanding;
-    // 404 no messages, 408 request timeout: the outstanding request ended (after what it brought).
-    if ((code === 404 || code === 408) && r !== undefined) {
-      this.finished(r);
-      return;
-    }
-    if (code === 409) {
-      const what = msg.headers?.description ?? "";
-      if (/consumer (is )?deleted/i.test(what)) {
-        this.lost(`409 ${what}`);
-        return;
-      }
-      // Other 409s (leadership change, limits) end the request: ask again after a pause.
-      if (r !== undefined) this.after(r, { kind: "batch", delayMs: Math.max(this.o.paceMs, 100) });
-      return;
-    }
-    if (code === 503) {
-      this.lost("503 no responders");
-      return;
-    }
-    // Heartbeats (100) and anything else: nothing to do.
+    if (r !== undefined) this.finished(r);
   }
 
   private finished(r: NonNullable<PacedPullReader["outstanding"]>): void {
