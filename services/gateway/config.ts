@@ -30,11 +30,13 @@ export const DEFAULT_ADMIN_PORT = 9090;
 /** Releases are batched over at most this window: replay holds decisions 50 ms for a delayed own release. */
 export const MAX_RELEASE_BATCH_MS = 20;
 /**
- * `--fold-pace-ms`: how far apart the CHARGES follower reads its batches while charges flow. A
- * charge reaches the other replicas up to this much later (the first after a quiet spell at once);
- * kept below `--rate-confirm-ms` (25 ms), which must exceed the propagation delay.
+ * `--fold-pace-ms`: how far apart the CHARGES follower reads its batches while charges flow (0 =
+ * one delivery per message, the default). A charge reaches the other replicas up to this much
+ * later (the first after a quiet spell at once), so eventual mode's herding protection then holds
+ * only for requests further apart than the pace (docs/benchmarks.md, "scale": the CPU it saves and
+ * the propagation delay it costs); kept below `--rate-confirm-ms` (checked).
  */
-export const DEFAULT_FOLD_PACE_MS = 10;
+export const DEFAULT_FOLD_PACE_MS = 0;
 export const MAX_FOLD_PACE_MS = 100;
 
 export const GatewayConfigSchema = Type.Object(
