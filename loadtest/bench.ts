@@ -97,8 +97,13 @@ program
   .option("--rounds <n>", "rounds over the replica counts (median reported)", int, 3)
   .option("--heartbeat-ms <ms>", "the replicas' heartbeat interval", int, 1_000)
   .option("--release-batch-ms <ms>", "the gateways' release batch window (0 = none, the gateway's default)", nonNegative, 0)
+  .option("--fold-pace-ms <ms>", "the gateways' --fold-pace-ms (default: the gateway's)", nonNegative)
+  .option("--profile-dir <dir>", "write V8 CPU profiles of the observer (node --cpu-prof, first round, one directory per R) into this directory")
   .action(async (o) => {
-    emitResult(await runScaleBench({ replicas: o.replicas, rate: o.rate, concurrency: o.concurrency, durationMs: o.durationMs, rounds: o.rounds, heartbeatMs: o.heartbeatMs, releaseBatchMs: o.releaseBatchMs }));
+    emitResult(await runScaleBench({
+      replicas: o.replicas, rate: o.rate, concurrency: o.concurrency, durationMs: o.durationMs, rounds: o.rounds, heartbeatMs: o.heartbeatMs, releaseBatchMs: o.releaseBatchMs,
+      ...(o.foldPaceMs !== undefined ? { foldPaceMs: o.foldPaceMs } : {}), ...(o.profileDir !== undefined ? { profileDir: o.profileDir } : {}),
+    }));
   });
 
 program
@@ -202,9 +207,10 @@ program
   .option("--duration-ms <ms>", "measured window", int, 10_000)
   .option("--warmup-ms <ms>", "unmeasured warm-up at the same rate", nonNegative, 1_000)
   .option("--mode <mode>", "consistency mode of both gateways: eventual | strict", "eventual")
+  .option("--fold-pace-ms <ms>", "both gateways' --fold-pace-ms (default: the gateway's)", nonNegative)
   .action(async (o) => {
     if (o.mode !== "eventual" && o.mode !== "strict") throw new InvalidArgumentError("--mode must be eventual or strict");
-    emitResult(await runChargeLagBench({ rate: o.rate, durationMs: o.durationMs, warmupMs: o.warmupMs, mode: o.mode }));
+    emitResult(await runChargeLagBench({ rate: o.rate, durationMs: o.durationMs, warmupMs: o.warmupMs, mode: o.mode, ...(o.foldPaceMs !== undefined ? { foldPaceMs: o.foldPaceMs } : {}) }));
   });
 
 const caseNames = Object.keys(PREFIX_QUALITY_CASES) as PrefixQualityCaseName[];

@@ -56,6 +56,7 @@ export async function processReplica(id: string, natsUrl: string, mode: Consiste
     [
       "gateway", "--nats", natsUrl, "--id", id, "--port", "0", "--admin-port", "0", "--host", "127.0.0.1",
       "--heartbeat-ms", String(heartbeatMs), "--strategy", strategy, "--consistency", mode, "--shutdown-grace-ms", "500", ...(process.env.JR_RATE_CONFIRM_MS ? ["--rate-confirm-ms", process.env.JR_RATE_CONFIRM_MS] : []),
+      ...(process.env.JR_FOLD_PACE_MS ? ["--fold-pace-ms", process.env.JR_FOLD_PACE_MS] : []),
     ],
     { env: { JETROUTE_LOG_LEVEL: "warn" } },
   );
@@ -84,6 +85,7 @@ export async function inProcessReplica(id: string, natsUrl: string, mode: Consis
   const gw: GatewayHandle = await startGateway({
     nats: natsUrl, id, port: 0, host: "127.0.0.1", adminPort: -1, log: silent, defaultStrategy: strategy,
     consistency: mode, heartbeatIntervalMs: heartbeatMs, shutdownGraceMs: 500, ...(process.env.JR_RATE_CONFIRM_MS ? { rateConfirmMs: Number(process.env.JR_RATE_CONFIRM_MS) } : {}),
+    ...(process.env.JR_FOLD_PACE_MS ? { foldPaceMs: Number(process.env.JR_FOLD_PACE_MS) } : {}),
   });
   return {
     id,

@@ -27,6 +27,7 @@
  *   charge subjects receives it: the broker's routing without JetStream storage and consumer.
  * So `core_nats` vs the headline is what JetStream storage and the ordered consumer add.
  */
+import { DEFAULT_FOLD_PACE_MS } from "../../services/gateway/config.js";
 import { ExtProcClient } from "../../services/extproc/envoy-client.js";
 import { type GatewayHandle, startGateway } from "../../services/gateway/gateway.js";
 import { createLogger } from "../../services/shared/log.js";
@@ -48,6 +49,8 @@ export interface ChargeLagBenchOptions {
   mode?: "eventual" | "strict";
   /** Pods of the one model (default 4). */
   pods?: number;
+  /** Both gateways' `--fold-pace-ms` (default: the gateway's). */
+  foldPaceMs?: number;
 }
 
 export interface ChargeLagResult {
@@ -58,6 +61,8 @@ export interface ChargeLagResult {
   max_ms: number;
   mean_ms: number;
   samples: number;
+  /** The gateways' `--fold-pace-ms`: B reads A's charges in batches this far apart while they flow. */
+  fold_pace_ms: number;
   /** Measured charges that never reached B within the grace period after the run. */
   missing: number;
   /** Decision -> intermediate points (see the file comment); p50/p99 in ms. */
@@ -120,7 +125,7 @@ export async function runChargeLagBench(opts: ChargeLagBenchOptions = {}): Promi
       const pod = `pod-${i}`;
       await acked(h.js, s.pod(MODEL, pod), { type: "pod", action: "upsert", model: MODEL, pod, address: `127.0.0.1:${19100 + i}`, ready: true, engine: "vllm", ts: Date.now() });
     }
-    const common = { nats: nats.url, port: 0, host: "127.0.0.1", adminPort: -1, log, consistency: mode, heartbeatIntervalMs: 200, shutdownGraceMs: 300 } as const;
+    const common = { nats: nats.url, port: 0, host: "127.0.0.1", adminPort: -1, log, consistency: mode, heartbeatIntervalMs: 200, shutdownGraceMs: 300, ...(opts.foldPaceMs !== undefined ? { foldPaceMs: opts.foldPaceMs } : {}) } as const;
     const a = await startGateway({ ...common, id: "lag-a" });
     gateways.push(a);
     const b = await startGateway({ ...common, id: "lag-b" });
@@ -207,6 +212,7 @@ export async function runChargeLagBench(opts: ChargeLagBenchOptions = {}): Promi
       max_ms: round3(sorted.length ? (sorted[sorted.length - 1] ?? 0) : 0),
       mean_ms: round3(lags.length ? lags.reduce((x, y) => x + y, 0) / lags.length : 0),
       samples: lags.length,
+      fold_pace_ms: opts.foldPaceMs ?? DEFAULT_FOLD_PACE_MS,
       missing: decidedAt.size,
       breakdown: { publish: summary(toPublish), core_nats: summary(toCoreSub) },
     };

@@ -41,12 +41,17 @@
 import os from "node:os";
 import { Kvm } from "@nats-io/kv";
 import { POOL_KEY_PREFIX } from "../../schemas/config.js";
-import { connectNats } from "../../services/shared/nats.js";
+import { StreamFollower } from "../../services/shared/follower.js";
+import { createLogger } from "../../services/shared/log.js";
+import { DEFAULT_FOLD_PACE_MS } from "../../services/gateway/config.js";
+import { connectNats, type NatsHandles } from "../../services/shared/nats.js";
 import { startNatsServer } from "../../services/shared/nats-server.js";
 import { type ServiceProcess, spawnJetroute } from "../../services/shared/processes.js";
 import { acked } from "../../services/shared/publish.js";
 import { applyStreams } from "../../streams/apply.js";
-import { configBucketName } from "../../streams/definitions.js";
+import { configBucketName, streamName } from "../../streams/definitions.js";
+import { STREAM_EVENT_TYPES } from "../../streams/event-types.js";
+import { GatewayState } from "../../services/views/gateway-state.js";
 import { namespaceOf } from "../../streams/pools.js";
 import { DEFAULT_PREFIX, Subjects } from "../../streams/subjects.js";
 import { generatorScript, runNode } from "../child.js";
@@ -66,6 +71,10 @@ export interface ScaleOptions {
   heartbeatMs?: number;
   /** The gateways' `--release-batch-ms` (default 0, the gateway's default). */
   releaseBatchMs?: number;
+  /** The gateways' `--fold-pace-ms` (absent: the gateway's default). */
+  foldPaceMs?: number;
+  /** Write V8 CPU profiles of the observer (node --cpu-prof, first round) into this directory. */
+  profileDir?: string;
 }
 
 /** What a round and a result row (its rounds' medians) both report. */
@@ -76,6 +85,13 @@ interface ScaleFigures {
   /** A loaded replica's CPU per second of window (mean over the loaded replicas), idle subtracted: the fit's y. */
   cpu_us_per_s: number;
   observer_fold_us_per_request: number;
+  /**
+   * The bulk fold of the same loaded window: the CHARGES messages the observer folded live, read
+   * afterwards in one catch-up by this process (the same follower and fold, every message already
+   * stored), CPU per pool request; and the observer's live figure over it.
+   */
+  bulk_fold_us_per_request: number;
+  observer_live_over_bulk: number;
   /** The observer's main-thread wake-ups (voluntary context switches, idle subtracted) per pool request, and its CPU per wake-up. */
   observer_wakeups_per_request: number;
   observer_us_per_wakeup: number;
@@ -139,8 +155,10 @@ export interface ScaleResult {
    * over the offered `rate` (below ~0.9 the generators, not the offered load, set the pace).
    */
   host: { cores: number; load_average_start: number; load_average_end: number; max_busy_fraction: number; saturated: boolean; min_rate_fraction: number };
-  options: Required<ScaleOptions>;
+  options: Opts;
 }
+
+type Opts = Required<Omit<ScaleOptions, "foldPaceMs" | "profileDir">> & Pick<ScaleOptions, "foldPaceMs" | "profileDir">;
 
 const MODEL_A = "bench/scale-a";
 const MODEL_B = "bench/scale-b";
@@ -167,14 +185,16 @@ interface Gateway {
   stop(): Promise<void>;
 }
 
-async function gateway(id: string, pool: string, natsUrl: string, o: Required<ScaleOptions>): Promise<Gateway> {
+async function gateway(id: string, pool: string, natsUrl: string, o: Opts, profileDir?: string): Promise<Gateway> {
   const proc: ServiceProcess = spawnJetroute(
     id,
     [
       "gateway", "--pool", pool, "--nats", natsUrl, "--id", id, "--port", "0", "--admin-port", "0", "--host", "127.0.0.1", "--heartbeat-ms", String(o.heartbeatMs),
       "--release-batch-ms", String(o.releaseBatchMs), "--strategy", "least-request", "--consistency", "eventual", "--no-snapshots",
+      // The gateway refuses a pace at or above the rate guard's window (25 ms): widen it for long paces (no limits here).
+      ...(o.foldPaceMs !== undefined ? ["--fold-pace-ms", String(o.foldPaceMs), ...(o.foldPaceMs >= 25 ? ["--rate-confirm-ms", String(o.foldPaceMs + 25)] : [])] : []),
     ],
-    { env: { JETROUTE_LOG_LEVEL: "warn" } },
+    { env: { JETROUTE_LOG_LEVEL: "warn" }, ...(profileDir ? { nodeArgs: ["--cpu-prof", `--cpu-prof-dir=${profileDir}`] } : {}) },
   );
   try {
     const line = await proc.waitForLine<{ port: number; adminPort: number }>((v) => typeof v.port === "number" && typeof v.adminPort === "number", 30_000);
@@ -196,12 +216,64 @@ async function waitFor(what: string, ok: () => Promise<boolean>, timeoutMs = 30_
 }
 
 /** One cell: fresh processes, an idle window, a loaded window, an idle window. `r1` is the same round's R = 1 replica's CPU per second (µs/s, idle subtracted). */
-async function measureCell(natsUrl: string, natsPid: number, R: number, o: Required<ScaleOptions>, r1: number | undefined): Promise<ScaleRound> {
+/**
+ * The bulk fold: CHARGES messages `fromSeq` .. `toSeq` (all stored) folded in one catch-up by this
+ * process — the gateway's follower, reading as the gateway does (`paceMs`: paced batches, which
+ * back to back when the messages are stored; 0: the client's ordered consumer), into a fresh
+ * GatewayState that knows the pods. CPU µs from the first message to the last, the least of two
+ * timed passes after an untimed one (code warm-up; this process is otherwise idle).
+ */
+export async function bulkFoldUs(h: NatsHandles, prefix: string, fromSeq: number, toSeq: number, paceMs: number): Promise<number> {
+  const subjects = new Subjects(prefix);
+  const log = createLogger("scale-bulk", "error");
+  const cpu = () => {
+    const c = process.cpuUsage();
+    return c.user + c.system;
+  };
+  const timed: number[] = [];
+  for (let pass = 0; pass < 3; pass++) {
+    const state = new GatewayState({ self: "scale-bulk" });
+    const pods = new StreamFollower({
+      nats: h, subjects, log, name: "scale-bulk-pods", family: "pods", types: STREAM_EVENT_TYPES.PODS, stream: streamName(prefix, "PODS"), startAt: { kind: "last-per-subject" },
+      onEvent: (ev, m) => state.apply(ev, { stream: "pods", ...m }),
+    });
+    await pods.start();
+    await pods.whenCaughtUp();
+    await pods.stop();
+    let done: () => void = () => undefined;
+    const finished = new Promise<void>((r) => {
+      done = r;
+    });
+    let t0 = 0;
+    let t1 = 0;
+    const charges = new StreamFollower({
+      nats: h, subjects, log, name: "scale-bulk-charges", family: "charges", types: STREAM_EVENT_TYPES.CHARGES, stream: streamName(prefix, "CHARGES"),
+      startAt: { kind: "sequence", seq: fromSeq + 1 }, paceMs,
+      onEvent: (ev, m) => state.apply(ev, { stream: "charges", ...m }),
+      onMessage: (subject, seq) => {
+        if (t0 === 0) t0 = cpu();
+        state.skip({ stream: "charges", subject, seq, serverTs: 0 });
+        // The last message's own fold is left out, as the first's before t0 is in: n - 1 folds.
+        if (seq >= toSeq && t1 === 0) {
+          t1 = cpu();
+          done();
+        }
+      },
+    });
+    await charges.start();
+    await finished;
+    await charges.stop();
+    if (pass > 0) timed.push(t1 - t0);
+  }
+  return Math.min(...timed);
+}
+
+async function measureCell(natsUrl: string, natsPid: number, h: NatsHandles, R: number, o: Opts, r1: number | undefined, profileDir?: string): Promise<ScaleRound> {
   const gws: Gateway[] = [];
   try {
     const started = await Promise.allSettled([
       ...Array.from({ length: R }, (_, i) => gateway(`scale-a${i}`, "a", natsUrl, o)),
-      gateway("scale-a-observer", "a", natsUrl, o),
+      gateway("scale-a-observer", "a", natsUrl, o, profileDir),
       gateway("scale-b", "b", natsUrl, o),
     ]);
     for (const s of started) if (s.status === "fulfilled") gws.push(s.value);
@@ -246,8 +318,12 @@ async function measureCell(natsUrl: string, natsPid: number, R: number, o: Requi
     const gens = generators(o.durationMs, startAt);
     await until(startAt);
     const i1 = sample();
+    const chargesA = streamName(namespaceOf(DEFAULT_PREFIX, "a").prefix, "CHARGES");
+    const seqAt = async () => (await h.jsm.streams.info(chargesA)).state.last_seq;
+    const fromSeq = await seqAt();
     await until(startAt + o.durationMs);
     const l1 = sample();
+    const toSeq = await seqAt();
     const res = await results(gens);
     const l0 = i1;
     // A second idle window after the load, once the ledgers drain: the idle rate is the mean of the
@@ -275,6 +351,8 @@ async function measureCell(natsUrl: string, natsPid: number, R: number, o: Requi
     const foreign = own.map((n) => requests - n);
     const fold = R > 1 && r1 !== undefined ? ((perSecond - r1) * R * (wallMs / 1000)) / sum(foreign) : null;
     const bExcess = excess[R + 1] as number;
+    const bulkUs = await bulkFoldUs(h, namespaceOf(DEFAULT_PREFIX, "a").prefix, fromSeq, toSeq, o.foldPaceMs ?? DEFAULT_FOLD_PACE_MS);
+    const observerPerRequest = (excess[R] as number) / requests;
     return {
       replicas: R,
       own,
@@ -285,7 +363,9 @@ async function measureCell(natsUrl: string, natsPid: number, R: number, o: Requi
       own_rps: round(requests / R / (o.durationMs / 1000), 1),
       foreign_rps: round((sum(foreign) / R) / (o.durationMs / 1000), 1),
       fold_cpu_us_per_foreign_request: fold === null ? null : round(fold),
-      observer_fold_us_per_request: round((excess[R] as number) / requests),
+      observer_fold_us_per_request: round(observerPerRequest),
+      bulk_fold_us_per_request: round(bulkUs / requests),
+      observer_live_over_bulk: round(observerPerRequest / (bulkUs / requests)),
       observer_wakeups_per_request: round((wakeExcess[R] as number) / requests, 3),
       // Per wake-up only where wake-ups rose over idle (a saturated host's processes never sleep).
       observer_us_per_wakeup: (wakeExcess[R] as number) > 0 ? round((excess[R] as number) / (wakeExcess[R] as number), 1) : Number.NaN,
@@ -327,6 +407,8 @@ function row(R: number, rounds: ScaleRound[]): ScaleResultRow {
     own_rps_per_replica: Math.round(ownRps),
     foreign_rps_per_replica: Math.round(median(rounds.map((x) => x.foreign_rps))),
     observer_fold_us_per_request: median(rounds.map((x) => x.observer_fold_us_per_request)),
+    bulk_fold_us_per_request: median(rounds.map((x) => x.bulk_fold_us_per_request)),
+    observer_live_over_bulk: median(rounds.map((x) => x.observer_live_over_bulk)),
     observer_wakeups_per_request: median(rounds.map((x) => x.observer_wakeups_per_request)),
     observer_us_per_wakeup: median(rounds.map((x) => x.observer_us_per_wakeup)),
     wakeups_per_own_request: median(rounds.map((x) => x.wakeups_per_own_request)),
@@ -339,9 +421,10 @@ function row(R: number, rounds: ScaleRound[]): ScaleResultRow {
 }
 
 export async function runScaleBench(opts: ScaleOptions = {}): Promise<ScaleResult> {
-  const o: Required<ScaleOptions> = {
+  const o: Opts = {
     replicas: opts.replicas ?? [1, 2, 4], rate: opts.rate ?? 300, concurrency: opts.concurrency ?? 32, durationMs: opts.durationMs ?? 5_000,
     rounds: opts.rounds ?? 3, heartbeatMs: opts.heartbeatMs ?? 1_000, releaseBatchMs: opts.releaseBatchMs ?? 0,
+    ...(opts.foldPaceMs !== undefined ? { foldPaceMs: opts.foldPaceMs } : {}), ...(opts.profileDir !== undefined ? { profileDir: opts.profileDir } : {}),
   };
   if (!o.replicas.includes(1)) throw new Error("scale: the replica counts must include 1 (the routing cost the fold is measured against)");
   if (new Set(o.replicas).size < 2) throw new Error("scale: give two or more distinct replica counts (the fit needs them)");
@@ -370,7 +453,8 @@ export async function runScaleBench(opts: ScaleOptions = {}): Promise<ScaleResul
       const rotated = [...rest.slice(r % rest.length), ...rest.slice(0, r % rest.length)];
       let r1: number | undefined;
       for (const R of [1, ...rotated]) {
-        const cell = await measureCell(nats.url, natsPid, R, o, r1);
+        const profileDir = o.profileDir !== undefined && r === 0 ? `${o.profileDir}/observer-r${R}` : undefined;
+        const cell = await measureCell(nats.url, natsPid, h, R, o, r1, profileDir);
         if (R === 1) r1 = cell.cpu_us_per_s;
         (cells.get(R) as ScaleRound[]).push(cell);
         progress(`round ${r + 1}, R = ${R}: ${JSON.stringify(cell)}`);

@@ -1,7 +1,7 @@
 import { type Command, InvalidArgumentError } from "commander";
 import { addNamespaceOptions, applyDlqPayloads, dlqPayloadsOption, intOption, modelListOption, namespaceFlags, podCidrsOption, untilSignal } from "../shared/cli-options.js";
 import { createLogger } from "../shared/log.js";
-import { DEFAULT_ADMIN_PORT, DEFAULT_EXTPROC_PORT, GATEWAY_DEFAULTS as D, GatewayConfigError, MAX_RELEASE_BATCH_MS } from "./config.js";
+import { DEFAULT_ADMIN_PORT, DEFAULT_EXTPROC_PORT, GATEWAY_DEFAULTS as D, GatewayConfigError, MAX_FOLD_PACE_MS, MAX_RELEASE_BATCH_MS } from "./config.js";
 import { startGateway } from "./gateway.js";
 import { strategyNames } from "../routing/strategies/registry.js";
 import { TokenizerFilesError } from "../tokenizer/hf-tokenizer.js";
@@ -65,6 +65,7 @@ export function registerGatewayCommand(program: Command): void {
     // On (5 ms) since every gateway and replay tool of the previous release reads `releases`; a
     // fleet still running builds older than that sets 0 until they are gone (they dead-letter it).
     .option("--release-batch-ms <ms>", "releases are sent per pod in batches over this window, at most 20 (0 = each on its own, for fleets still running builds that predate the `releases` event)", intOption(0, MAX_RELEASE_BATCH_MS), D.releaseBatchMs)
+    .option("--fold-pace-ms <ms>", "read the other replicas' charges in batches this far apart while they flow, at most 100 (0 = one delivery per message: a wake-up each); keep it below --rate-confirm-ms", intOption(0, MAX_FOLD_PACE_MS), D.foldPaceMs)
     .option("--pod-cidrs <list>", "pod networks allowed, comma separated (e.g. 10.0.0.0/8,fd00::/8): a pod published with an address outside them is never routed to (default: any)", podCidrsOption)
     .option("--config-public-key <file>", "PEM Ed25519 public key(s): act only on config bucket entries (API keys, limits, pools, model configs) signed with one (jetroute config --signing-key)")
     .option("--pod-public-key <file>", "PEM Ed25519 public key(s): act only on PODS events signed with one (pod-watcher --signing-key)")
@@ -109,6 +110,7 @@ export function registerGatewayCommand(program: Command): void {
         chargeTtlMs: o.chargeTtlMs,
         heartbeatIntervalMs: o.heartbeatMs,
         releaseBatchMs: o.releaseBatchMs,
+        foldPaceMs: o.foldPaceMs,
         rejectionRecordsPerS: o.rejectionRecordsPerS,
         exposePodAddresses: o.exposePodAddresses === true,
         destinationFallbacks: o.destinationFallbacks,

@@ -29,6 +29,15 @@ export const DEFAULT_EXTPROC_PORT = 9002;
 export const DEFAULT_ADMIN_PORT = 9090;
 /** Releases are batched over at most this window: replay holds decisions 50 ms for a delayed own release. */
 export const MAX_RELEASE_BATCH_MS = 20;
+/**
+ * `--fold-pace-ms`: how far apart the CHARGES follower reads its batches while charges flow (0 =
+ * one delivery per message, the default). A charge reaches the other replicas up to this much
+ * later (the first after a quiet spell at once), so eventual mode's herding protection then holds
+ * only for requests further apart than the pace (docs/benchmarks.md, "scale": the CPU it saves and
+ * the propagation delay it costs); kept below `--rate-confirm-ms` (checked).
+ */
+export const DEFAULT_FOLD_PACE_MS = 0;
+export const MAX_FOLD_PACE_MS = 100;
 
 export const GatewayConfigSchema = Type.Object(
   {
@@ -74,6 +83,8 @@ export const GatewayConfigSchema = Type.Object(
     /** Decision records of rejected requests published per second by this replica (bursts of twice that); the rest are only counted. */
     rejectionRecordsPerS: Type.Integer({ minimum: 0, default: DEFAULT_REJECTION_RECORDS_PER_S }),
     releaseBatchMs: Type.Integer({ minimum: 0, maximum: MAX_RELEASE_BATCH_MS, default: DEFAULT_RELEASE_BATCH_MS }),
+    /** The CHARGES follower reads in batches this far apart while charges flow (0 = a delivery per message). */
+    foldPaceMs: Type.Integer({ minimum: 0, maximum: MAX_FOLD_PACE_MS, default: DEFAULT_FOLD_PACE_MS }),
     shutdownGraceMs: Ms(10_000),
     tls: Type.Optional(Type.Object({ certFile: Type.String({ minLength: 1 }), keyFile: Type.String({ minLength: 1 }), clientCaFile: Type.Optional(Type.String({ minLength: 1 })) }, { additionalProperties: false })),
     sessionSecret: Type.Optional(Type.String()),
@@ -143,6 +154,11 @@ export function resolveGatewayConfig(input: GatewayConfigInput): GatewayConfig {
   const c = filled as Static<typeof GatewayConfigSchema> & { id: string; heartbeatTimeoutMs: number };
   c.id ??= defaultGatewayId();
   c.heartbeatTimeoutMs ??= 3 * c.heartbeatIntervalMs;
+  // The rate-limit guard reserves room for the other replicas' unseen admissions for
+  // rateConfirmMs: a charge read later than that would be unseen and unreserved.
+  if (c.rateConfirmMs > 0 && c.foldPaceMs >= c.rateConfirmMs) {
+    throw new GatewayConfigError(`invalid gateway configuration: /foldPaceMs (${c.foldPaceMs}) must be below /rateConfirmMs (${c.rateConfirmMs}): other replicas' charges would be read after the rate guard stopped reserving room for them`);
+  }
   Object.freeze(c.pd);
   Object.freeze(c.tokenizerModes);
   if (c.tls) Object.freeze(c.tls);

@@ -37,6 +37,12 @@ export async function createFollowers(o: {
   cursors: SubjectCursors;
   serverClock: ServerClock;
   heartbeatTimeoutMs: number;
+  /**
+   * The CHARGES follower reads in batches this far apart while charges flow (0 = one delivery per
+   * message): every replica folds every other's charges, and a wake-up per message costs ~10x
+   * the message's fold. A strict compare-and-set waiting for the view makes it read at once.
+   */
+  chargesPaceMs?: number;
   /** Start the KV follower right after this sequence (a loaded snapshot's), else at the stream's start. */
   kvAfterSeq?: number;
   log: Logger;
@@ -54,6 +60,22 @@ export async function createFollowers(o: {
     if (stream === "charges" || stream === "pods") o.serverClock.observe(m.serverTs);
     notes.note(state.apply(ev, { stream, ...m }));
   };
+  const charges = new StreamFollower({
+    nats, subjects, log, name: `gateway-${id}-charges`, family: "charges", types: STREAM_EVENT_TYPES.CHARGES,
+    // Every live gateway's latest heartbeat lists all the charges it holds, so a few heartbeat
+    // periods of history rebuild the whole ledger: boot time does not grow with traffic.
+    stream: streamName(prefix, "CHARGES"), startAt: { kind: "time", sinceMs: Date.now() - Math.max(10_000, 3 * o.heartbeatTimeoutMs) },
+    paceMs: o.chargesPaceMs ?? 0,
+    onEvent: fold("charges"),
+    onMessage: (subject, seq) => {
+      state.skip({ stream: "charges", subject, seq, serverTs: 0 });
+      o.cursors.seen(subject, seq);
+    },
+    // Everything we published ourselves was applied when we made it (the fold ignores its own
+    // events anyway): recognise the echoes by a byte search and spare them JSON and schema work.
+    skipRaw: (data) => ownMarker.length > 0 && indexOfBytes(data, ownMarker) >= 0,
+  });
+  o.cursors.onWait = () => charges.readNow();
   const followers: Array<StreamFollower<EventType>> = [
     new StreamFollower({
       // The whole stream: pod events and the watcher sources' heartbeats (`podsrc`) in one fold.
@@ -66,20 +88,7 @@ export async function createFollowers(o: {
       stream: streamName(prefix, "LOAD"), filter: subjects.all("load"), startAt: { kind: "last-per-subject" },
       onEvent: fold("load"), onMessage: seen("load"),
     }),
-    new StreamFollower({
-      nats, subjects, log, name: `gateway-${id}-charges`, family: "charges", types: STREAM_EVENT_TYPES.CHARGES,
-      // Every live gateway's latest heartbeat lists all the charges it holds, so a few heartbeat
-      // periods of history rebuild the whole ledger: boot time does not grow with traffic.
-      stream: streamName(prefix, "CHARGES"), startAt: { kind: "time", sinceMs: Date.now() - Math.max(10_000, 3 * o.heartbeatTimeoutMs) },
-      onEvent: fold("charges"),
-      onMessage: (subject, seq) => {
-        state.skip({ stream: "charges", subject, seq, serverTs: 0 });
-        o.cursors.seen(subject, seq);
-      },
-      // Everything we published ourselves was applied when we made it (the fold ignores its own
-      // events anyway): recognise the echoes by a byte search and spare them JSON and schema work.
-      skipRaw: (data) => ownMarker.length > 0 && indexOfBytes(data, ownMarker) >= 0,
-    }),
+    charges,
     new StreamFollower({
       nats, subjects, log, name: `gateway-${id}-kv`, family: "kv", types: STREAM_EVENT_TYPES.KV,
       // No subject filter: the KV stream captures only `<prefix>.kv.>`, and on nats-server 2.9.10 the

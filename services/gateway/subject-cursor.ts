@@ -66,6 +66,9 @@ export class SubjectCursors implements SubjectCursor {
     this.note(subject, seq);
   }
 
+  /** Called when a wait begins: the CHARGES follower reads now instead of at its paced time. */
+  onWait?: () => void;
+
   predatesView(seq: number): boolean {
     return this.firstSeen === undefined || seq < this.firstSeen;
   }
@@ -101,6 +104,7 @@ export class SubjectCursors implements SubjectCursor {
 
   waitFor(subject: string, seq: number, timeoutMs: number): Promise<boolean> {
     if (this.lastSeq(subject) >= seq) return Promise.resolve(true);
+    this.onWait?.();
     return new Promise((resolve) => {
       const entry = { seq, resolve };
       const list = this.waiters.get(subject) ?? [];

@@ -7,8 +7,12 @@
  * dead-letter.ts) and counted; the follower keeps going. The handler is
  * synchronous on purpose: a view applies an event without awaiting anything, so events are
  * applied strictly in stream order.
+ *
+ * With `paceMs` the follower reads through a paced pull reader instead (paced-pull.ts): batches of
+ * everything stored, `paceMs` apart while messages flow, one wake-up for many messages; the same
+ * order, the same reopen-after-the-last-sequence on a loss.
  */
-import { type Consumer, type ConsumerMessages, DeliverPolicy, type JsMsg, type OrderedConsumerOptions } from "@nats-io/jetstream";
+import { type Consumer, type ConsumerConfig, type ConsumerMessages, DeliverPolicy, type JsMsg, type OrderedConsumerOptions } from "@nats-io/jetstream";
 import type { EventOf, EventType } from "../../schemas/events.js";
 import { decodeEvent } from "../../schemas/validate.js";
 import { isConsumerNotFound } from "../../streams/errors.js";
@@ -16,6 +20,8 @@ import type { Family, Subjects } from "../../streams/subjects.js";
 import { type DeadLetterOptions, DeadLetterSink } from "./dead-letter.js";
 import type { Logger } from "./log.js";
 import type { NatsHandles } from "./nats.js";
+import { PacedPullReader } from "./paced-pull.js";
+import type { Delivery } from "./pull-pacing.js";
 
 export type StartAt =
   | { kind: "all" }
@@ -53,6 +59,12 @@ export interface FollowerOptions<T extends EventType> {
   onMessage?(subject: string, seq: number): void;
   /** What dead letters keep and where they are logged; default: the process's (dead-letter.ts). */
   deadLetters?: DeadLetterOptions;
+  /**
+   * Read in paced batches (paced-pull.ts) instead of one delivery per message: while messages
+   * flow, everything stored is fetched every `paceMs` and folded in one tick; the first message
+   * after a quiet spell is still read at once. 0 or absent: the client's ordered consumer.
+   */
+  paceMs?: number;
 }
 
 /** nats-server's default max_payload, for a connection that has not said otherwise. */
@@ -74,6 +86,7 @@ export class StreamFollower<T extends EventType> {
   private readonly caughtUpWaiters: Array<() => void> = [];
   private messages?: ConsumerMessages;
   private consumer?: Consumer;
+  private reader?: PacedPullReader;
   private probeTimer?: NodeJS.Timeout;
   private stopped = false;
 
@@ -96,12 +109,28 @@ export class StreamFollower<T extends EventType> {
     return new Promise((resolve) => this.caughtUpWaiters.push(resolve));
   }
 
+  /** Paced reading: requests for messages sent by the current reader (batches and doorbells). */
+  get readRequests(): number {
+    return this.reader?.requests ?? 0;
+  }
+
+  /** Paced reading: the current reader's consumer on the server ("" before it opens, or unpaced). */
+  get consumerName(): string {
+    return this.reader?.consumerName ?? "";
+  }
+
+  /** Paced reading: ask the server now rather than at the next paced time (a caller waits for a message). */
+  readNow(): void {
+    this.reader?.readNow();
+  }
+
   async start(): Promise<void> {
     await this.open(this.opts.startAt);
   }
 
   private async open(startAt: StartAt): Promise<void> {
     const o = this.opts;
+    if ((o.paceMs ?? 0) > 0) return this.openPaced(startAt);
     const consumerOpts: Partial<OrderedConsumerOptions> = o.filter ? { filter_subjects: o.filter } : {};
     switch (startAt.kind) {
       case "all":
@@ -128,10 +157,52 @@ export class StreamFollower<T extends EventType> {
       // Short pulls and heartbeats, so a consumer lost with its server is noticed in seconds.
       expires: 4_000,
       idle_heartbeat: 1_000,
-      callback: (m) => this.handle(m),
+      callback: (m) => this.handleJs(m),
     });
     this.messages = messages;
     this.watch(messages);
+  }
+
+  private async openPaced(startAt: StartAt): Promise<void> {
+    const o = this.opts;
+    const start: Partial<ConsumerConfig> =
+      startAt.kind === "all" ? { deliver_policy: DeliverPolicy.All }
+      : startAt.kind === "last-per-subject" ? { deliver_policy: DeliverPolicy.LastPerSubject }
+      : startAt.kind === "time" ? { deliver_policy: DeliverPolicy.StartTime, opt_start_time: new Date(startAt.sinceMs).toISOString() }
+      : { deliver_policy: DeliverPolicy.StartSequence, opt_start_seq: Math.max(1, startAt.seq) };
+    const reader: PacedPullReader = new PacedPullReader({
+      nc: o.nats.nc, jsm: o.nats.jsm, apiPrefix: o.nats.js.apiPrefix, stream: o.stream, ...(o.filter ? { filter: o.filter } : {}), start, paceMs: o.paceMs as number,
+      onMessage: (subject, data, d) => {
+        // After a reopen the new consumer starts after `lastSeq`; anything older is a repeat.
+        if (d.seq <= this.lastSeq) return;
+        this.handle(subject, data, d.seq, d.pending, d);
+      },
+      onLost: (why) => this.reopenPaced(reader, why),
+    });
+    this.reader = reader;
+    const { numPending } = await reader.open();
+    if (numPending === 0) this.markCaughtUp();
+    clearInterval(this.probeTimer);
+    this.probeTimer = setInterval(() => {
+      if (this.stopped || this.reader !== reader) return;
+      const stuck = reader.stuck();
+      if (stuck) return this.reopenPaced(reader, stuck);
+      o.nats.jsm.consumers.info(o.stream, reader.consumerName).then(
+        () => undefined,
+        (err: unknown) => this.reopenPaced(reader, isConsumerNotFound(err) ? "consumer not found on the server" : `consumer info failing: ${(err as Error).message}`),
+      );
+    }, o.probeEveryMs ?? 3_000);
+    this.probeTimer.unref?.();
+  }
+
+  private reopenPaced(reader: PacedPullReader, why: string): void {
+    if (this.stopped || this.reader !== reader) return;
+    clearInterval(this.probeTimer);
+    this.reader = undefined;
+    this.reopens++;
+    this.opts.log.warn({ stream: this.opts.stream, lastSeq: this.lastSeq, why }, "reopening stream consumer");
+    void reader.close();
+    void this.reopenWithBackoff();
   }
 
   /**
@@ -186,36 +257,44 @@ export class StreamFollower<T extends EventType> {
     }
   }
 
-  private handle(m: JsMsg): void {
+  private handleJs(m: JsMsg): void {
+    this.handle(m.subject, m.data, m.seq, -1, m);
+  }
+
+  /**
+   * One message, from either reader. `pending` < 0: read it from `info` (the client's delivery
+   * info, parsed on first use), else `info` is already parsed.
+   */
+  private handle(subject: string, data: Uint8Array, seq: number, pending: number, info: { readonly info: JsMsg["info"] } | Delivery): void {
     const o = this.opts;
-    this.lastSeq = m.seq;
-    o.onMessage?.(m.subject, m.seq);
-    if (o.skipRaw?.(m.data, m.subject)) {
+    this.lastSeq = seq;
+    o.onMessage?.(subject, seq);
+    const pendingOf = () => (pending >= 0 ? pending : (info as JsMsg).info.pending);
+    if (o.skipRaw?.(data, subject)) {
       this.skipped++;
       // A lone replica's CHARGES view sees only its own echoes: sample the lag from them too
       // (parsing the delivery info of every echo costs ~0.5% of a busy gateway's CPU).
-      if ((this.skipped & 15) === 0) this.pending = m.info.pending;
-      if (!this.caughtUpFlag && m.info.pending === 0) this.markCaughtUp();
+      if ((this.skipped & 15) === 0) this.pending = pendingOf();
+      if (!this.caughtUpFlag && pendingOf() === 0) this.markCaughtUp();
       return;
     }
-    const decoded = decodeEvent(m.data, o.types);
+    const decoded = decodeEvent(data, o.types);
     // The delivery info is parsed here anyway (for the server timestamp): keep the view's lag.
-    const info = m.info;
-    const serverTs = Math.floor(info.timestampNanos / 1_000_000);
-    this.pending = info.pending;
+    const serverTs = pending >= 0 ? (info as Delivery).serverTsMs : Math.floor((info as JsMsg).info.timestampNanos / 1_000_000);
+    this.pending = pendingOf();
     this.delayMs = Date.now() - serverTs;
     if (decoded.ok) {
       try {
-        o.onEvent(decoded.event, { seq: m.seq, subject: m.subject, serverTs });
+        o.onEvent(decoded.event, { seq, subject, serverTs });
         this.applied++;
       } catch (err) {
         // A view that throws on a schema-valid event is a bug, but the consumer must survive it.
-        this.deadLetters.send({ family: o.family, subject: m.subject, stream: o.stream, seq: m.seq, reason: `apply failed: ${(err as Error).message}`, type: decoded.event.type, data: m.data });
+        this.deadLetters.send({ family: o.family, subject, stream: o.stream, seq, reason: `apply failed: ${(err as Error).message}`, type: decoded.event.type, data });
       }
     } else {
-      this.deadLetters.send({ family: o.family, subject: m.subject, stream: o.stream, seq: m.seq, reason: decoded.reason, ...(decoded.type ? { type: decoded.type } : {}), data: m.data });
+      this.deadLetters.send({ family: o.family, subject, stream: o.stream, seq, reason: decoded.reason, ...(decoded.type ? { type: decoded.type } : {}), data });
     }
-    if (!this.caughtUpFlag && m.info.pending === 0) this.markCaughtUp();
+    if (!this.caughtUpFlag && this.pending === 0) this.markCaughtUp();
   }
 
   private markCaughtUp(): void {
@@ -228,5 +307,6 @@ export class StreamFollower<T extends EventType> {
     this.stopped = true;
     clearInterval(this.probeTimer);
     await this.messages?.close().catch(() => undefined);
+    await this.reader?.close();
   }
 }
