@@ -20,9 +20,35 @@ import { chargeSeqOf } from "../routing/charge-id.js";
 import type { RoutingRequest, Strategy } from "../routing/strategies/types.js";
 import type { RegretEntry, ReplayReport, StrategySummary, TimelinePoint } from "./report-types.js";
 
+/**
+ * One decision's seeded random sequence (`decisionRandom`: request id, gateway, charge id), drawn
+ * once and read again from the start by each strategy that picks on that decision: the recorded
+ * strategy's re-pick and every counterfactual see the very numbers the gateway's tie-breaks saw,
+ * without hashing the seed once per strategy.
+ */
+export class DecisionDraws {
+  private readonly xs: number[] = [];
+  private source: (() => number) | undefined;
+  constructor(private readonly d: Pick<DecisionRecord, "id" | "gateway" | "charge">) {}
+  /** A generator reading the sequence from its start. */
+  reader(): () => number {
+    let i = 0;
+    return () => {
+      const xs = this.xs;
+      if (i === xs.length) {
+        this.source ??= decisionRandom(this.d.id, this.d.gateway, this.d.charge as string);
+        xs.push(this.source());
+      }
+      return xs[i++] as number;
+    };
+  }
+}
+
 /** What a counterfactual step needs of one decision's views, kept when its fidelity was checked. */
 export interface ArmTask {
   d: DecisionRecord;
+  /** The decision's seeded random sequence (shared with its fidelity check). */
+  draws: DecisionDraws;
   request: RoutingRequest;
   candidates: readonly PodInfo[];
   loads: Map<string, { fresh: EngineLoadFields | undefined; get: PodLoad | undefined }>;
@@ -114,7 +140,7 @@ export class Counterfactuals {
       else {
         views.ledger = arm.ledger;
         input.strategy = arm.strategy as Strategy;
-        input.random = decisionRandom(d.id, d.gateway, d.charge as string);
+        input.random = t.draws.reader();
         try {
           pod = schedule(input).pick.pod.pod;
         } catch {
