@@ -721,6 +721,11 @@ export class ReplayEngine {
     return traits.replayResidual ?? "unexplained";
   }
 
+  /** Decisions evaluated so far (for progress displays and the bench's split timing). */
+  get evaluated(): number {
+    return this.counts.evaluated;
+  }
+
   /** Decisions waiting for an earlier one (for progress displays). */
   get waiting(): number {
     let n = 0;
