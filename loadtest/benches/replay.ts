@@ -18,6 +18,14 @@
  * and heap while it runs. decisions/s = decisions evaluated / wall seconds of the whole replay,
  * reading and gunzip included.
  *
+ * Fixed and per-decision costs (so that a small window's figure can be read): the timed loop notes
+ * (decisions evaluated, seconds) after every batch; `per_decision_us` is the slope over the second
+ * half of the decisions (past the warm-up), `fixed_ms` what the replay took beyond its decisions
+ * at that cost (file open, warm-up, the report). A window of N decisions then takes about
+ * fixed_ms + N x per_decision_us. `first_replay_seconds` times the first replay of the process
+ * (the untimed cross-check, JIT cold, modules already loaded) and `cold_fixed_ms` is its excess over
+ * the same per-decision cost: what a fresh `jetroute replay` pays once on top of its decisions.
+ *
  * Reading the figures: no engine publishes KV events here, so prefix hit rates are 0 by
  * construction (the decision records still carry their block hashes, so the prefix work is done).
  * The engine keeps the last `reorderMs` (60 s) of stream time buffered for gateways it has not
@@ -87,6 +95,14 @@ export interface ReplayBenchResult {
   rss_before_mb: number;
   heap_before_mb: number;
   max_waiting: number;
+  /** The timed replay's cost beyond its decisions (ms): replay_seconds - decisions x per_decision_us. */
+  fixed_ms: number;
+  /** CPU-bound cost of one more decision (µs): the slope of the timed replay's second half. */
+  per_decision_us: number;
+  /** The first replay of the process (runReplay over the file: JIT still cold; module loading not included). */
+  first_replay_seconds: number;
+  /** That first replay's cost beyond its decisions at per_decision_us (ms): what a fresh `jetroute replay` pays once. */
+  cold_fixed_ms: number;
   skipped: Record<string, number>;
   matches_run_replay: boolean;
   from_nats_matches: boolean;
@@ -169,6 +185,20 @@ interface TimedReplay {
   peakHeap: number;
   maxBuffered: number;
   maxWaiting: number;
+  /** Decisions evaluated and seconds elapsed after each batch. */
+  marks: Array<[number, number]>;
+}
+
+/**
+ * The per-decision cost as the slope over the second half of a replay's decisions (past warm-up),
+ * and the fixed cost as what the whole replay took beyond that many decisions at that cost.
+ */
+export function splitCost(marks: ReadonlyArray<readonly [number, number]>, decisions: number, seconds: number): { perDecisionUs: number; fixedMs: number } {
+  const half = marks.find(([n]) => n >= decisions / 2);
+  const last = marks[marks.length - 1];
+  if (!half || !last || last[0] <= half[0]) return { perDecisionUs: decisions > 0 ? (seconds * 1e6) / decisions : 0, fixedMs: 0 };
+  const perDecisionUs = ((seconds - half[1]) * 1e6) / (decisions - half[0]);
+  return { perDecisionUs, fixedMs: seconds * 1e3 - (decisions * perDecisionUs) / 1e3 };
 }
 
 /**
@@ -193,8 +223,10 @@ async function timedReplay(open: () => Promise<MessageSource>, fromMs: number, t
     const source = await open();
     const engine = new ReplayEngine({ fromMs, toMs, strategies, state: { prefixIndex: { maxEntries: 4_000_000 } }, source: source.describe, traceLimit: 0 });
     let n = 0;
+    const marks: Array<[number, number]> = [];
     for await (const batch of source.batches) {
       for (const m of batch) engine.offer(m);
+      marks.push([engine.evaluated, (performance.now() - t0) / 1000]);
       const before = n;
       n += batch.length;
       if (n >> 10 !== before >> 10) {
@@ -208,7 +240,7 @@ async function timedReplay(open: () => Promise<MessageSource>, fromMs: number, t
     const report = engine.finish(new Date().toISOString());
     const seconds = (performance.now() - t0) / 1000;
     sample();
-    return { report, seconds, messages: n, rssBefore: before.rss, heapBefore: before.heapUsed, peakRss, peakHeap, maxBuffered, maxWaiting };
+    return { report, seconds, messages: n, rssBefore: before.rss, heapBefore: before.heapUsed, peakRss, peakHeap, maxBuffered, maxWaiting, marks };
   } finally {
     clearInterval(timer);
   }
@@ -266,12 +298,16 @@ export async function runReplayBench(opts: ReplayBenchOptions = {}): Promise<Rep
     console.error(`exported ${Object.values(streams).reduce((a, b) => a + b, 0)} messages (${JSON.stringify(streams)}) to ${(fileBytes / 2 ** 20).toFixed(1)} MiB in ${exportSeconds.toFixed(1)} s`);
 
     const handles = h;
+    const tFirst = performance.now();
     const ref = await runReplay({ source: await fileSource(file), fromMs: rec.fromMs, toMs: rec.toMs, strategies: [...o.strategies], progress: false });
+    const firstSeconds = (performance.now() - tFirst) / 1000;
     const fromNats = await timedReplay(() => natsSource(handles, PREFIX, window), rec.fromMs, rec.toMs, o.strategies);
     console.error(`replay from NATS: ${fromNats.report.decisions.evaluated} decisions in ${fromNats.seconds.toFixed(2)} s (${(fromNats.report.decisions.evaluated / fromNats.seconds).toFixed(0)}/s)`);
     const fromFile = await timedReplay(() => fileSource(file), rec.fromMs, rec.toMs, o.strategies);
     const r = fromFile.report;
     const dps = r.decisions.evaluated / fromFile.seconds;
+    const split = splitCost(fromFile.marks, r.decisions.evaluated, fromFile.seconds);
+    const coldFixedMs = firstSeconds * 1e3 - (ref.decisions.evaluated * split.perDecisionUs) / 1e3;
     console.error(
       `replay from the file: ${r.decisions.evaluated} decisions, ${fromFile.messages} messages in ${fromFile.seconds.toFixed(2)} s (${dps.toFixed(0)} decisions/s); fidelity ${r.fidelity.reproduced}/${r.fidelity.evaluated}; peak RSS ${mb(fromFile.peakRss)} MiB, at most ${fromFile.maxBuffered} messages buffered`,
     );
@@ -302,6 +338,10 @@ export async function runReplayBench(opts: ReplayBenchOptions = {}): Promise<Rep
       rss_before_mb: mb(fromFile.rssBefore),
       heap_before_mb: mb(fromFile.heapBefore),
       max_waiting: fromFile.maxWaiting,
+      fixed_ms: round(split.fixedMs, 1),
+      per_decision_us: round(split.perDecisionUs, 2),
+      first_replay_seconds: round(firstSeconds, 3),
+      cold_fixed_ms: round(coldFixedMs, 1),
       skipped: r.decisions.skipped,
       matches_run_replay: essence(ref) === essence(r),
       from_nats_matches: essence(fromNats.report) === essence(r),

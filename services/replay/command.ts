@@ -21,9 +21,10 @@ import { EXPORT_FORMAT, EXPORT_VERSION, fileSource, type MessageSource, natsSour
 import { simulateWhatIf, type TraceRequest } from "./whatif.js";
 import { calibratedClasses } from "./calibration.js";
 import { parseWindowBound, type WindowBound } from "./window.js";
-import { readRulesFile, RulesReplay, type RulesReplayReport } from "./semantic-rules.js";
-import { bucketOf, loadPolicy, PolicyInputError, runAutoscaleReplay } from "./autoscale-command.js";
-import { autoscaleTable } from "./autoscale-whatif.js";
+// `--rules` and `--autoscale` load their modules when used: the semantic rules' compiler alone
+// costs ~0.75 s and ~50 MB of heap to import, paid by every replay (and benchmark) before.
+import type { readRulesFile, RulesReplayReport } from "./semantic-rules.js";
+import type { loadPolicy } from "./autoscale-command.js";
 
 /** Strategy specs for --strategies / --simulate: comma separated, or `;`/space separated when a combination has commas of its own. */
 export function strategiesOption(v: string): string[] {
@@ -125,6 +126,7 @@ function oneBlockSizePerModel(trace: readonly TraceRequest[]): { trace: TraceReq
 
 /** `replay --rules`: the window's decision records re-decided under other rules (semantic-rules.ts). */
 export async function runRulesReplay(source: MessageSource, rules: ReturnType<typeof readRulesFile>, fromMs: number, toMs: number): Promise<RulesReplayReport> {
+  const { RulesReplay } = await import("./semantic-rules.js");
   const replay = new RulesReplay(rules);
   for await (const batch of source.batches) {
     for (const m of batch) {
@@ -198,6 +200,7 @@ function simulateInto(report: ReplayReport, engine: ReplayEngine, strategies: re
 
 /** loadPolicy, or the refusal on stderr and exit 2 (as `config set-autoscale` refuses). */
 async function policyOrExit(arg: string, bucket: Parameters<typeof loadPolicy>[1]): Promise<Awaited<ReturnType<typeof loadPolicy>>> {
+  const { loadPolicy, PolicyInputError } = await import("./autoscale-command.js");
   try {
     return await loadPolicy(arg, bucket);
   } catch (err) {
@@ -209,6 +212,7 @@ async function policyOrExit(arg: string, bucket: Parameters<typeof loadPolicy>[1
 
 /** `replay --autoscale`: the what-if as a table (or one JSON line with --json). */
 async function autoscaleReplay(o: Record<string, unknown>, p: Awaited<ReturnType<typeof loadPolicy>>, source: MessageSource, fromMs: number, toMs: number): Promise<void> {
+  const [{ PolicyInputError, runAutoscaleReplay }, { autoscaleTable }] = await Promise.all([import("./autoscale-command.js"), import("./autoscale-whatif.js")]);
   try {
     const report = await runAutoscaleReplay({
       source, fromMs, toMs, name: p.name, policy: p.policy,
@@ -260,7 +264,7 @@ export function registerReplayCommands(program: Command): void {
     .option("--no-progress", "no progress bar on stderr")
     .action(async (o) => {
       // Read (and checked) before anything is connected: a bad file fails at once, naming the field.
-      const rules = o.rules ? readRulesFile(JSON.parse(readFileSync(o.rules, "utf8"))) : undefined;
+      const rules = o.rules ? (await import("./semantic-rules.js")).readRulesFile(JSON.parse(readFileSync(o.rules, "utf8"))) : undefined;
       if (o.autoscale !== undefined && o.autoscaleStrategy !== undefined) strategiesOption(o.autoscaleStrategy);
       let policy = o.autoscale !== undefined && existsSync(o.autoscale) ? await policyOrExit(o.autoscale, async () => undefined) : undefined;
       const { nats: urls, namespace: ns } = namespaceFlags(o);
@@ -288,7 +292,7 @@ export function registerReplayCommands(program: Command): void {
         if (o.autoscale !== undefined) {
           if (!policy) {
             nats ??= await connectNats(urls, "jetroute-replay");
-            policy = await policyOrExit(o.autoscale, bucketOf(nats, ns.configPrefix));
+            policy = await policyOrExit(o.autoscale, (await import("./autoscale-command.js")).bucketOf(nats, ns.configPrefix));
           }
           await autoscaleReplay(o, policy, source, fromMs, toMs);
           return;

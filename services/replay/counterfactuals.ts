@@ -9,7 +9,7 @@
  */
 import { MinHeap } from "../shared/min-heap.js";
 import type { DecisionRecord, EngineLoadFields } from "../../schemas/events.js";
-import { ChargeLedger } from "../views/charge-ledger.js";
+import type { LedgerReader, Outstanding } from "../views/charge-ledger.js";
 import type { LoadReader, PodLoad } from "../views/load-view.js";
 import type { LatencyReader } from "../views/latency-model.js";
 import type { PodInfo, PodSetReader } from "../views/pod-set.js";
@@ -20,9 +20,35 @@ import { chargeSeqOf } from "../routing/charge-id.js";
 import type { RoutingRequest, Strategy } from "../routing/strategies/types.js";
 import type { RegretEntry, ReplayReport, StrategySummary, TimelinePoint } from "./report-types.js";
 
+/**
+ * One decision's seeded random sequence (`decisionRandom`: request id, gateway, charge id), drawn
+ * once and read again from the start by each strategy that picks on that decision: the recorded
+ * strategy's re-pick and every counterfactual see the very numbers the gateway's tie-breaks saw,
+ * without hashing the seed once per strategy.
+ */
+export class DecisionDraws {
+  private readonly xs: number[] = [];
+  private source: (() => number) | undefined;
+  constructor(private readonly d: Pick<DecisionRecord, "id" | "gateway" | "charge">) {}
+  /** A generator reading the sequence from its start. */
+  reader(): () => number {
+    let i = 0;
+    return () => {
+      const xs = this.xs;
+      if (i === xs.length) {
+        this.source ??= decisionRandom(this.d.id, this.d.gateway, this.d.charge as string);
+        xs.push(this.source());
+      }
+      return xs[i++] as number;
+    };
+  }
+}
+
 /** What a counterfactual step needs of one decision's views, kept when its fidelity was checked. */
 export interface ArmTask {
   d: DecisionRecord;
+  /** The decision's seeded random sequence (shared with its fidelity check). */
+  draws: DecisionDraws;
   request: RoutingRequest;
   candidates: readonly PodInfo[];
   loads: Map<string, { fresh: EngineLoadFields | undefined; get: PodLoad | undefined }>;
@@ -40,10 +66,76 @@ export interface CounterfactualOptions {
   topRegrets: number;
 }
 
+const NOTHING_OUTSTANDING: Readonly<Outstanding> = Object.freeze({ requests: 0, promptTokens: 0, prefillRequests: 0, prefillTokens: 0 });
+
+/**
+ * A counterfactual arm's load: the charges of its own picks, per pod, each counted from its
+ * decision until its recorded end. It counts as the views' ChargeLedger counts such charges (a
+ * repeated charge key is counted once, a release of an unknown key changes nothing, at most
+ * `maxCharges` are held and the oldest goes beyond), without what a gateway's ledger needs beside
+ * them: heartbeats, expiry (an arm's charges are released, and no gateway of the recording lapses
+ * in its ledger) and first tokens (an arm's charges stay prefill work, as they did there). The key
+ * (gateway/charge id) is built once per decision and shared by every arm.
+ * Memory: one entry (~100 bytes) per charge in flight in the arm, plus one totals object per pod.
+ */
+export class ArmLedger implements LedgerReader {
+  private readonly entries = new Map<string, { model: string; pod: string; totals: Outstanding; promptTokens: number }>();
+  private readonly totals = new Map<string, Map<string, Outstanding>>();
+  evicted = 0;
+
+  constructor(readonly maxCharges = 10_000_000) {}
+
+  get size(): number {
+    return this.entries.size;
+  }
+
+  charge(key: string, model: string, pod: string, promptTokens: number): boolean {
+    if (this.entries.has(key)) return false;
+    if (this.entries.size >= this.maxCharges) {
+      const oldest = this.entries.keys().next();
+      if (!oldest.done) this.release(oldest.value);
+      this.evicted++;
+    }
+    let pods = this.totals.get(model);
+    if (!pods) this.totals.set(model, (pods = new Map()));
+    let t = pods.get(pod);
+    if (!t) pods.set(pod, (t = { requests: 0, promptTokens: 0, prefillRequests: 0, prefillTokens: 0 }));
+    this.entries.set(key, { model, pod, totals: t, promptTokens });
+    t.requests++;
+    t.promptTokens += promptTokens;
+    t.prefillRequests++;
+    t.prefillTokens += promptTokens;
+    return true;
+  }
+
+  release(key: string): boolean {
+    const e = this.entries.get(key);
+    if (!e) return false;
+    this.entries.delete(key);
+    const t = e.totals;
+    t.requests--;
+    t.promptTokens -= e.promptTokens;
+    t.prefillRequests--;
+    t.prefillTokens -= e.promptTokens;
+    if (t.requests <= 0) {
+      const pods = this.totals.get(e.model);
+      if (pods?.get(e.pod) === t) {
+        pods.delete(e.pod);
+        if (pods.size === 0) this.totals.delete(e.model);
+      }
+    }
+    return true;
+  }
+
+  outstanding(model: string, pod: string): Readonly<Outstanding> {
+    return this.totals.get(model)?.get(pod) ?? NOTHING_OUTSTANDING;
+  }
+}
+
 interface Arm {
   name: string;
   strategy?: Strategy;
-  ledger: ChargeLedger;
+  ledger: ArmLedger;
   summary: StrategySummary;
   spreadSum: number;
   regretSum: number;
@@ -53,8 +145,8 @@ interface Arm {
 interface Release {
   at: number;
   arm: number;
-  gateway: string;
-  id: string;
+  /** The charge's ledger key (gateway/charge id). */
+  key: string;
 }
 
 export class Counterfactuals {
@@ -75,7 +167,7 @@ export class Counterfactuals {
     this.arms = names.map((name, i) => ({
       name,
       ...(i === 0 ? {} : { strategy: parseStrategy(name) }),
-      ledger: new ChargeLedger({ maxCharges: 10_000_000, heartbeatTimeoutMs: Number.POSITIVE_INFINITY }),
+      ledger: new ArmLedger(10_000_000),
       summary: { name, decisions: 0, hitBlocks: 0, queriedBlocks: 0, hitRate: 0, meanSpread: 0, maxSpread: 0, meanRegretBlocks: 0 },
       spreadSum: 0,
       regretSum: 0,
@@ -103,10 +195,14 @@ export class Counterfactuals {
     if (m) for (const x of m.detail) best = Math.max(best, m.info.matched(x.pod));
     const pods: PodSetReader = { readyPods: () => t.candidates, knows: () => t.candidates.length > 0, get: () => undefined, byAddress: () => undefined, all: () => t.candidates };
     const load: LoadReader = { fresh: (_m, pod) => t.loads.get(pod)?.fresh, get: (_m, pod) => t.loads.get(pod)?.get };
-    const views = { pods, load, ledger: this.arms[0]?.ledger as ChargeLedger, usage: t.usage, ...(t.latency ? { latency: t.latency } : {}) };
+    const views = { pods, load, ledger: this.arms[0]?.ledger as ArmLedger, usage: t.usage, ...(t.latency ? { latency: t.latency } : {}) };
     const input: SchedulingInput = { request: t.request, ...(d.subset ? { subset: d.subset } : {}), now: d.ts, ...(d.slo ? { slo: d.slo } : {}), ...(m ? { prefix: () => m } : {}), views, strategy: this.arms[0]?.strategy as Strategy, random: Math.random };
     const picks: string[] = [];
-    const keys = t.candidates.map((p) => [p.model, p.pod] as const);
+    // One key string for every arm (its hash is computed once, at the first Map lookup).
+    const key = `${d.gateway}/${d.charge}`;
+    const promptTokens = d.routedPromptTokens ?? d.promptTokens ?? 0;
+    const releaseAt = d.ts + Math.max(1, d.durationMs ?? 1);
+    let timeline: ReturnType<Counterfactuals["bucketOf"]> | undefined;
     for (let i = 0; i < this.arms.length; i++) {
       const arm = this.arms[i] as Arm;
       let pod: string | undefined;
@@ -114,7 +210,7 @@ export class Counterfactuals {
       else {
         views.ledger = arm.ledger;
         input.strategy = arm.strategy as Strategy;
-        input.random = decisionRandom(d.id, d.gateway, d.charge as string);
+        input.random = t.draws.reader();
         try {
           pod = schedule(input).pick.pod.pod;
         } catch {
@@ -123,8 +219,9 @@ export class Counterfactuals {
       }
       picks.push(pod ?? "");
       if (pod === undefined) continue;
-      this.chargeArm(i, arm, d, pod);
-      const spread = spreadOf(arm.ledger, keys);
+      arm.ledger.charge(key, d.model, pod, promptTokens);
+      this.releases.push({ at: releaseAt, arm: i, key });
+      const spread = spreadOf(arm.ledger, t.candidates);
       const hit = m ? m.info.matched(pod) : 0;
       const queried = m ? m.info.queried : 0;
       const regret = m ? best - hit : 0;
@@ -134,7 +231,13 @@ export class Counterfactuals {
       arm.spreadSum += spread;
       arm.regretSum += regret;
       if (spread > arm.summary.maxSpread) arm.summary.maxSpread = spread;
-      this.bucket(d.ts, arm.name, hit, queried, spread);
+      timeline ??= this.bucketOf(d.ts);
+      let e = timeline.get(arm.name);
+      if (!e) timeline.set(arm.name, (e = { hit: 0, queried: 0, spread: 0, n: 0 }));
+      e.hit += hit;
+      e.queried += queried;
+      e.spread += spread;
+      e.n++;
       if (regret > 0 && m) this.noteRegret({ requestId: d.id, gateway: d.gateway, ts: d.ts, model: d.model, strategy: arm.name, pick: pod, best: m.detail.reduce((a, x) => (m.info.matched(x.pod) > m.info.matched(a) ? x.pod : a), pod), regretBlocks: regret });
     }
     for (let a = 0; a < picks.length; a++) {
@@ -144,31 +247,20 @@ export class Counterfactuals {
     }
   }
 
-  private chargeArm(i: number, arm: Arm, d: DecisionRecord, pod: string): void {
-    const id = `${d.charge}`;
-    // As a stream event: a ledger counts only charges of gateways it knows alive, and a charge makes its gateway known.
-    arm.ledger.applyFromStream({ type: "charge", id, gateway: d.gateway, model: d.model, pod, ts: d.ts, ttlMs: 3_600_000, promptTokens: d.routedPromptTokens ?? d.promptTokens ?? 0 }, d.ts, d.ts);
-    this.releases.push({ at: d.ts + Math.max(1, d.durationMs ?? 1), arm: i, gateway: d.gateway, id });
-  }
-
   private releaseArms(now: number): void {
     while (this.releases.size > 0 && (this.releases.peek() as Release).at <= now) {
       const r = this.releases.pop() as Release;
-      this.arms[r.arm]?.ledger.release({ gateway: r.gateway, id: r.id });
+      this.arms[r.arm]?.ledger.release(r.key);
     }
   }
 
-  private bucket(ts: number, name: string, hit: number, queried: number, spread: number): void {
+  /** The timeline bucket of time `ts`: per arm, its sums. */
+  private bucketOf(ts: number): Map<string, { hit: number; queried: number; spread: number; n: number }> {
     const width = Math.max(1, Math.ceil((this.o.toMs - this.o.fromMs + 1) / this.o.timelineBuckets));
     const t = this.o.fromMs + Math.floor((ts - this.o.fromMs) / width) * width;
     let per = this.timeline.get(t);
     if (!per) this.timeline.set(t, (per = new Map()));
-    let e = per.get(name);
-    if (!e) per.set(name, (e = { hit: 0, queried: 0, spread: 0, n: 0 }));
-    e.hit += hit;
-    e.queried += queried;
-    e.spread += spread;
-    e.n++;
+    return per;
   }
 
   private noteRegret(e: RegretEntry): void {
@@ -206,12 +298,12 @@ export class Counterfactuals {
 }
 
 /** The busiest candidate's requests in flight over the mean (1 when nothing is in flight). */
-function spreadOf(ledger: ChargeLedger, candidates: ReadonlyArray<readonly [string, string]>): number {
+function spreadOf(ledger: LedgerReader, candidates: readonly PodInfo[]): number {
   if (candidates.length === 0) return 1;
   let max = 0;
   let sum = 0;
-  for (const [model, pod] of candidates) {
-    const n = ledger.outstanding(model, pod).requests;
+  for (const p of candidates) {
+    const n = ledger.outstanding(p.model, p.pod).requests;
     sum += n;
     if (n > max) max = n;
   }

@@ -33,7 +33,7 @@ import type { PodLoad } from "../views/load-view.js";
 import type { PodInfo } from "../views/pod-set.js";
 import { RouteError } from "../routing/errors.js";
 import { matchPrefix } from "../routing/stages/prefix-match.js";
-import { decisionRandom, type PrefixMatchResult, schedule } from "../routing/stages/scheduling.js";
+import { type PrefixMatchResult, schedule } from "../routing/stages/scheduling.js";
 import { parseStrategy, strategyTraits } from "../routing/strategies/registry.js";
 import { chargeSeqOf, isPrefillLegCharge } from "../routing/charge-id.js";
 import type { RoutingRequest } from "../routing/strategies/types.js";
@@ -41,9 +41,10 @@ import type { ReplayReport } from "./report-types.js";
 import { type TraceRequest, ttftHistogram } from "./whatif.js";
 import { validateModelConfig } from "../routing/config-check.js";
 import { type Buffered, bufferedOf, Log, type ReplayMessage, type ReplayStream } from "./message-log.js";
-import { Counterfactuals } from "./counterfactuals.js";
+import { Counterfactuals, DecisionDraws } from "./counterfactuals.js";
 import { LatencyModel, UNCLASSED } from "../views/latency-model.js";
 import { PredictionError } from "./prediction-error.js";
+import { MinHeap } from "../shared/min-heap.js";
 import { featureVector, latencyFeaturesOf } from "../routing/strategies/predicted-latency.js";
 
 export type { ReplayMessage, ReplayStream } from "./message-log.js";
@@ -75,6 +76,24 @@ interface Pending {
   arrivedAt: number;
 }
 
+/** An own release seen in the look-ahead window, waiting for a decision whose charge comes after its `afterCharge`. */
+interface AheadRelease {
+  afterCharge: number;
+  /** Its message's position in the CHARGES log, and its index within a `releases` batch (0 for a single release). */
+  pos: number;
+  item: number;
+  ev: ReleaseEvent;
+}
+
+interface AheadReleases {
+  /** Index into `own.charges` up to which the look-ahead has read. */
+  scanned: number;
+  /** By `afterCharge`: the smallest comes out first. */
+  heap: MinHeap<AheadRelease>;
+}
+
+const aheadOrder = (a: AheadRelease, b: AheadRelease) => a.pos - b.pos || a.item - b.item;
+
 interface Replica {
   id: string;
   state: GatewayState;
@@ -82,6 +101,8 @@ interface Replica {
   heads: Record<StateStream, number>;
   /** Positions of this gateway's own messages on CHARGES and KV, in order, and how far they are applied. */
   own: { charges: number[]; kv: number[]; chargesNext: number; kvNext: number };
+  /** Own releases stamped with `afterCharge` in the look-ahead window past `own.chargesNext` (see `applyDelayedReleases`). */
+  ahead: AheadReleases;
   pending: Pending[];
   /** Own charges seen on CHARGES without their decision: charge seq -> when seen / released, and the charge's own time. */
   awaiting: Map<number, { seenTs: number; chargeTs: number; releasedTs?: number }>;
@@ -303,6 +324,7 @@ export class ReplayEngine {
       state: this.base.cloneAs(id),
       heads,
       own: { charges: [], kv: [], chargesNext: 0, kvNext: 0 },
+      ahead: { scanned: 0, heap: new MinHeap<AheadRelease>((a, b) => a.afterCharge < b.afterCharge) },
       pending: [],
       awaiting: new Map(),
       givenUp: new Map(),
@@ -469,24 +491,51 @@ export class ReplayEngine {
    * A gateway batches its releases for a few ms (services/shared/publish.ts), so a release can sit
    * in the stream after charges made later than it. Its `afterCharge` (the gateway's charge count
    * when it released) says whether it came before charge `chargeSeq`: those buffered ahead of the
-   * applied position are applied now, as the live gateway had them when it routed that charge.
+   * applied position (up to `DELAYED_RELEASE_LOOKAHEAD` own messages past it) are applied now, in
+   * stream order, as the live gateway had them when it routed that charge.
+   *
+   * Incremental: each own message of the look-ahead window is read once (its stamped releases go
+   * into a heap by `afterCharge`), not once per decision; a release the applied position has
+   * reached meanwhile was applied in place and is dropped when it comes out of the heap.
    */
-  private applyDelayedReleases(r: Replica, chargeSeq: number, chargesPos: number): void {
+  private applyDelayedReleases(r: Replica, chargeSeq: number): void {
     const charges = this.logs.charges;
-    const end = Math.min(r.own.charges.length, r.own.chargesNext + DELAYED_RELEASE_LOOKAHEAD);
-    for (let i = r.own.chargesNext; i < end; i++) {
-      const pos = r.own.charges[i] as number;
-      if (pos >= chargesPos) break;
+    const own = r.own;
+    const ahead = r.ahead;
+    const end = Math.min(own.charges.length, own.chargesNext + DELAYED_RELEASE_LOOKAHEAD);
+    let i = Math.max(ahead.scanned, own.chargesNext);
+    for (; i < end; i++) {
+      const pos = own.charges[i] as number;
       const ev = charges.at(pos)?.ev;
-      if (ev?.type === "release") this.applyAhead(r, ev, chargeSeq);
-      else if (ev?.type === "releases") for (const it of ev.releases) this.applyAhead(r, { type: "release", gateway: ev.gateway, model: ev.model, pod: ev.pod, ...it }, chargeSeq);
+      if (ev?.type === "release") {
+        if (ev.afterCharge !== undefined) ahead.heap.push({ afterCharge: ev.afterCharge, pos, item: 0, ev });
+      } else if (ev?.type === "releases") {
+        for (let k = 0; k < ev.releases.length; k++) {
+          const it = ev.releases[k] as (typeof ev.releases)[number];
+          if (it.afterCharge !== undefined) ahead.heap.push({ afterCharge: it.afterCharge, pos, item: k, ev: { type: "release", gateway: ev.gateway, model: ev.model, pod: ev.pod, ...it } });
+        }
+      }
     }
-  }
-
-  private applyAhead(r: Replica, ev: ReleaseEvent, chargeSeq: number): void {
-    if (ev.afterCharge === undefined || ev.afterCharge >= chargeSeq || r.releasedAhead.has(ev.id)) return;
-    this.applyOwnRelease(r, ev);
-    r.releasedAhead.add(ev.id);
+    ahead.scanned = i;
+    if (ahead.heap.size === 0 || (ahead.heap.peek() as AheadRelease).afterCharge >= chargeSeq) return;
+    // Releases at positions before this one were applied in place.
+    const applied = own.chargesNext < own.charges.length ? (own.charges[own.chargesNext] as number) : Number.POSITIVE_INFINITY;
+    const due: AheadRelease[] = [];
+    while (ahead.heap.size > 0 && (ahead.heap.peek() as AheadRelease).afterCharge < chargeSeq) {
+      const x = ahead.heap.pop() as AheadRelease;
+      if (x.pos >= applied) due.push(x);
+    }
+    if (due.length > 1) due.sort(aheadOrder);
+    let again: AheadRelease[] | undefined;
+    for (const x of due) {
+      // The same id applied ahead already (a duplicate release): looked at again by later decisions, as in place.
+      if (r.releasedAhead.has(x.ev.id)) (again ??= []).push(x);
+      else {
+        this.applyOwnRelease(r, x.ev);
+        r.releasedAhead.add(x.ev.id);
+      }
+    }
+    if (again) for (const x of again) ahead.heap.push(x);
   }
 
   /** Applies the replica's own events made before its charge number `chargeSeq` (and, for idle replicas, before the given positions). */
@@ -505,7 +554,8 @@ export class ReplayEngine {
       else if (ev?.type === "releases") for (const it of ev.releases) this.applyOwnRelease(r, { type: "release", gateway: ev.gateway, model: ev.model, pod: ev.pod, ...it });
       r.own.chargesNext++;
     }
-    if (r.batchesReleases && Number.isFinite(chargeSeq)) this.applyDelayedReleases(r, chargeSeq, chargesPos);
+    // (Only when evaluating a decision: every own message is then applicable, `chargesPos` is unbounded.)
+    if (r.batchesReleases && Number.isFinite(chargeSeq) && chargesPos === Number.POSITIVE_INFINITY) this.applyDelayedReleases(r, chargeSeq);
     const kv = this.logs.kv;
     while (r.own.kvNext < r.own.kv.length) {
       const pos = r.own.kv[r.own.kvNext] as number;
@@ -520,7 +570,11 @@ export class ReplayEngine {
     // Compact the own-position lists now and then.
     if (r.own.chargesNext > 4096) {
       r.own.charges = r.own.charges.slice(r.own.chargesNext);
+      r.ahead.scanned = Math.max(0, r.ahead.scanned - r.own.chargesNext);
       r.own.chargesNext = 0;
+      // Releases the applied position passed wait in the heap until a decision comes after them: drop them now and then.
+      const first = r.own.charges[0] ?? Number.POSITIVE_INFINITY;
+      if (r.ahead.heap.size > 4 * DELAYED_RELEASE_LOOKAHEAD) r.ahead.heap.retain((x) => x.pos >= first);
     }
     if (r.own.kvNext > 4096) {
       r.own.kv = r.own.kv.slice(r.own.kvNext);
@@ -579,6 +633,7 @@ export class ReplayEngine {
             return match;
           }
         : undefined;
+    const draws = new DecisionDraws(d);
     // Fidelity: the recorded strategy on the recorded views.
     try {
       const recorded = parseStrategy(d.strategy, d.strategyParams);
@@ -589,7 +644,7 @@ export class ReplayEngine {
         ...(d.slo ? { slo: d.slo } : {}),
         views: r.state,
         strategy: recorded,
-        random: decisionRandom(d.id, d.gateway, d.charge as string),
+        random: draws.reader(),
         ...(d.rank ? { rank: d.rank } : {}),
         ...(recorded.needs?.promptTokenIds && prefix ? { prefix } : {}),
       });
@@ -630,6 +685,7 @@ export class ReplayEngine {
     this.calibrate(r, d, candidates, recordedMatch);
     this.arms.add({
       d,
+      draws,
       request,
       candidates,
       loads,
@@ -663,6 +719,11 @@ export class ReplayEngine {
     const traits = strategyTraits(d.strategy);
     if (d.blocks && traits.prefixMatch && d.blocks.total > (safeDecode(d.blocks.hashes)?.length ?? 0)) return "prompt blocks truncated in the record";
     return traits.replayResidual ?? "unexplained";
+  }
+
+  /** Decisions evaluated so far (for progress displays and the bench's split timing). */
+  get evaluated(): number {
+    return this.counts.evaluated;
   }
 
   /** Decisions waiting for an earlier one (for progress displays). */
