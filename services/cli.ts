@@ -3,35 +3,36 @@
  * Each service registers its own sub-command in its `command.ts`.
  */
 import { Command } from "commander";
-import { registerConfigCommand } from "./admin/config-command.js";
-import { registerAutoscalerCommand } from "./autoscaler/command.js";
-import { registerKeysCommand } from "./admin/keys-command.js";
-import { registerStreamsCommand } from "./admin/streams-command.js";
-import { registerDemoCommand } from "./demo/command.js";
-import { registerFrontCommand } from "./front/command.js";
-import { registerGatewayCommand } from "./gateway/command.js";
-import { registerKvBridgeCommand } from "./kv-bridge/command.js";
-import { registerMetricsScraperCommand } from "./metrics-scraper/command.js";
-import { registerPodWatcherCommand } from "./pod-watcher/command.js";
-import { registerReplayCommands } from "./replay/command.js";
-import { registerSimCommand } from "./sim/command.js";
+
+type Register = (program: Command) => void;
+
+/**
+ * Every sub-command's module, in help order. Only the module of the sub-command asked for is
+ * loaded (a gateway does not load the replay engine, nor `replay` the gateway); help, an unknown
+ * name or none loads them all.
+ */
+const COMMANDS: ReadonlyArray<{ names: readonly string[]; load: () => Promise<Register> }> = [
+  { names: ["streams"], load: async () => (await import("./admin/streams-command.js")).registerStreamsCommand },
+  { names: ["config"], load: async () => (await import("./admin/config-command.js")).registerConfigCommand },
+  { names: ["keys"], load: async () => (await import("./admin/keys-command.js")).registerKeysCommand },
+  { names: ["sim"], load: async () => (await import("./sim/command.js")).registerSimCommand },
+  { names: ["pod-watcher"], load: async () => (await import("./pod-watcher/command.js")).registerPodWatcherCommand },
+  { names: ["metrics-scraper"], load: async () => (await import("./metrics-scraper/command.js")).registerMetricsScraperCommand },
+  { names: ["kv-bridge"], load: async () => (await import("./kv-bridge/command.js")).registerKvBridgeCommand },
+  { names: ["gateway"], load: async () => (await import("./gateway/command.js")).registerGatewayCommand },
+  { names: ["front"], load: async () => (await import("./front/command.js")).registerFrontCommand },
+  { names: ["demo"], load: async () => (await import("./demo/command.js")).registerDemoCommand },
+  { names: ["replay", "export"], load: async () => (await import("./replay/command.js")).registerReplayCommands },
+  { names: ["autoscaler"], load: async () => (await import("./autoscaler/command.js")).registerAutoscalerCommand },
+];
 
 const program = new Command("jetroute")
   .description("Event-sourced routing control plane for LLM inference on NATS JetStream")
   .showHelpAfterError();
 
-registerStreamsCommand(program);
-registerConfigCommand(program);
-registerKeysCommand(program);
-registerSimCommand(program);
-registerPodWatcherCommand(program);
-registerMetricsScraperCommand(program);
-registerKvBridgeCommand(program);
-registerGatewayCommand(program);
-registerFrontCommand(program);
-registerDemoCommand(program);
-registerReplayCommands(program);
-registerAutoscalerCommand(program);
+const asked = process.argv[2];
+const one = COMMANDS.find((c) => asked !== undefined && c.names.includes(asked));
+for (const c of one ? [one] : COMMANDS) (await c.load())(program);
 
 try {
   await program.parseAsync(process.argv);
