@@ -56,9 +56,11 @@ program
   .option("--concurrency <list>", "concurrent streams, comma separated; the last is the headline", ints, [1, 64])
   .option("--rounds <n>", "runs per server and concurrency (median reported)", int, 1)
   .option("--mode <mode>", "charge consistency mode: eventual | strict", "eventual")
+  .option("--paced-rate <n>", "then each server paced at this many requests/s: CPU and wake-ups per request, idle subtracted (0 = skip)", nonNegative, 200)
+  .option("--profile-dir <dir>", "write a V8 CPU profile of the gateway (node --cpu-prof) into this directory")
   .action(async (o) => {
     if (o.mode !== "eventual" && o.mode !== "strict") throw new InvalidArgumentError("--mode must be eventual or strict");
-    const result = await runExtProcBench({ durationMs: o.durationMs, warmupMs: o.warmupMs, concurrencies: o.concurrency, rounds: o.rounds, mode: o.mode });
+    const result = await runExtProcBench({ durationMs: o.durationMs, warmupMs: o.warmupMs, concurrencies: o.concurrency, rounds: o.rounds, mode: o.mode, pacedRate: o.pacedRate, profileDir: o.profileDir });
     emitResult(result);
   });
 

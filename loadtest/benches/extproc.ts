@@ -5,6 +5,11 @@
  * The gateway routes with least-request over 4 pods with charges on: every request publishes a
  * charge and a release to JetStream and applies both to its ledger. Servers and generator share
  * the machine's cores with nats-server, so the ratio is the figure to read, not the absolute rps.
+ *
+ * Then, with `pacedRate`, each server at a fixed moderate rate (paced streams, not saturation): its
+ * CPU per request and main-thread wake-ups per request, an idle window of the same length before and
+ * after subtracted (/proc, loadtest/proc-cpu.ts). At saturation one wake-up serves many requests;
+ * at moderate rates every timer, flush and deferred step a request schedules can cost one.
  */
 import { applyStreams } from "../../streams/apply.js";
 import { Subjects } from "../../streams/subjects.js";
@@ -14,6 +19,7 @@ import { spawnJetroute } from "../../services/shared/processes.js";
 import { acked } from "../../services/shared/publish.js";
 import type { ExtProcLoadResult } from "../extproc-load.js";
 import { loadtestScript, runNode } from "../child.js";
+import { mainThreadWakeups, processCpuUs } from "../proc-cpu.js";
 
 export interface ExtProcBenchOptions {
   durationMs: number;
@@ -21,6 +27,18 @@ export interface ExtProcBenchOptions {
   concurrencies: number[];
   mode: "eventual" | "strict";
   rounds: number;
+  /** Requests per second of the paced CPU measurement (0: skipped). */
+  pacedRate?: number;
+  /** Write a V8 CPU profile of the gateway (node --cpu-prof) into this directory. */
+  profileDir?: string;
+}
+
+export interface PacedRow {
+  rate: number;
+  requests: number;
+  cpu_us_per_request: number;
+  wakeups_per_request: number;
+  idle_cpu_us_per_s: number;
 }
 
 const MODEL = "bench/model";
@@ -32,6 +50,41 @@ async function load(target: string, concurrency: number, o: ExtProcBenchOptions)
   const r = (await gen.firstJson) as unknown as ExtProcLoadResult;
   await gen.stop();
   return r;
+}
+
+/**
+ * One paced window against `target` (pid `pid`): CPU and wake-ups per request, the mean of an
+ * idle window before (while the generator starts) and one after subtracted.
+ */
+async function paced(target: string, pid: number, rate: number, o: ExtProcBenchOptions): Promise<PacedRow> {
+  const sample = () => ({ t: performance.now(), cpu: processCpuUs(pid), wake: mainThreadWakeups(pid) });
+  const until = (epochMs: number) => new Promise((r) => setTimeout(r, Math.max(0, epochMs - Date.now())));
+  const i0 = sample();
+  const startAt = Date.now() + o.durationMs;
+  const gen = runNode(loadtestScript("extproc-load.js"), [
+    "--target", target, "--rate", String(rate), "--concurrency", "32", "--duration-ms", String(o.durationMs), "--warmup-ms", "0", "--start-at", String(startAt), "--model", MODEL,
+  ]);
+  await until(startAt);
+  const l0 = sample();
+  await until(startAt + o.durationMs);
+  const l1 = sample();
+  const r = (await gen.firstJson) as unknown as ExtProcLoadResult;
+  await gen.stop();
+  const j0 = sample();
+  await new Promise((res) => setTimeout(res, o.durationMs));
+  const j1 = sample();
+  const idleMs = l0.t - i0.t + (j1.t - j0.t);
+  const idleCpu = (l0.cpu - i0.cpu + (j1.cpu - j0.cpu)) / idleMs;
+  const idleWake = (l0.wake - i0.wake + (j1.wake - j0.wake)) / idleMs;
+  const ms = l1.t - l0.t;
+  const n = Math.max(1, r.completed);
+  return {
+    rate,
+    requests: r.completed,
+    cpu_us_per_request: Math.round((l1.cpu - l0.cpu - idleCpu * ms) / n),
+    wakeups_per_request: Math.round(((l1.wake - l0.wake - idleWake * ms) / n) * 1000) / 1000,
+    idle_cpu_us_per_s: Math.round(idleCpu * 1000),
+  };
 }
 
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)] as number;
@@ -47,6 +100,7 @@ export async function runExtProcBench(o: ExtProcBenchOptions): Promise<Record<st
   const noop = runNode(loadtestScript("noop-main.js"));
   const gw = spawnJetroute("gateway", ["gateway", "--nats", nats.url, "--port", "0", "--admin-port", "-1", "--host", "127.0.0.1", "--id", "bench-gw", "--strategy", "least-request", "--consistency", o.mode], {
     env: { JETROUTE_LOG_LEVEL: "warn" },
+    ...(o.profileDir ? { nodeArgs: ["--cpu-prof", "--cpu-prof-dir", o.profileDir] } : {}),
   });
   try {
     const noopPort = (await noop.firstJson).port as number;
@@ -69,6 +123,14 @@ export async function runExtProcBench(o: ExtProcBenchOptions): Promise<Record<st
       );
     }
     const last = rows.at(-1) as (typeof rows)[number];
+    let pacedRows: { noop: PacedRow; gateway: PacedRow } | undefined;
+    if (o.pacedRate && o.pacedRate > 0) {
+      const noopPid = noop.proc.pid;
+      const gwPid = gw.proc.pid;
+      if (noopPid === undefined || gwPid === undefined) throw new Error("a server has no pid");
+      pacedRows = { noop: await paced(`127.0.0.1:${noopPort}`, noopPid, o.pacedRate, o), gateway: await paced(`127.0.0.1:${gwPort}`, gwPid, o.pacedRate, o) };
+      console.error(`paced ${o.pacedRate}/s: noop ${pacedRows.noop.cpu_us_per_request} µs, ${pacedRows.noop.wakeups_per_request} wake-ups per request | gateway ${pacedRows.gateway.cpu_us_per_request} µs, ${pacedRows.gateway.wakeups_per_request} wake-ups per request`);
+    }
     const noopRps = median(last.noop.map((x) => x.rps));
     const gwRps = median(last.gateway.map((x) => x.rps));
     return {
@@ -87,6 +149,16 @@ export async function runExtProcBench(o: ExtProcBenchOptions): Promise<Record<st
         gateway_p50_ms: Math.round(median(r.gateway.map((x) => x.p50Ms)) * 100) / 100,
         gateway_p99_ms: Math.round(median(r.gateway.map((x) => x.p99Ms)) * 100) / 100,
       })),
+      ...(pacedRows
+        ? {
+            paced_rate: pacedRows.gateway.rate,
+            paced_gateway_cpu_us_per_request: pacedRows.gateway.cpu_us_per_request,
+            paced_gateway_wakeups_per_request: pacedRows.gateway.wakeups_per_request,
+            paced_noop_cpu_us_per_request: pacedRows.noop.cpu_us_per_request,
+            paced_noop_wakeups_per_request: pacedRows.noop.wakeups_per_request,
+            paced: pacedRows,
+          }
+        : {}),
     };
   } finally {
     await noop.stop();

@@ -36,6 +36,20 @@ const LOADER_OPTIONS: protoLoader.Options = {
 
 let cached: { service: grpc.ServiceDefinition; client: grpc.ServiceClientConstructor } | undefined;
 
+/** Where a reply built once keeps its wire bytes (see `preEncoded`). */
+const WIRE_BYTES = Symbol("jetroute.extproc.wireBytes");
+
+/**
+ * A reply that never changes (CONTINUE without a mutation, or with one fixed by configuration),
+ * serialised once: the service's serialiser sends these bytes instead of encoding the object
+ * again on every write. The object is frozen, since a later change would not reach the wire.
+ */
+export function preEncoded<T extends object>(reply: T): Readonly<T> {
+  const bytes = (loadExtProc().service.Process as grpc.MethodDefinition<unknown, T>).responseSerialize(reply);
+  Object.defineProperty(reply, WIRE_BYTES, { value: bytes, enumerable: false });
+  return Object.freeze(reply);
+}
+
 export interface ExtProcDefinitions {
   /** Service definition to pass to `server.addService`. */
   service: grpc.ServiceDefinition;
@@ -53,7 +67,11 @@ export function loadExtProc(): ExtProcDefinitions {
     envoy: { service: { ext_proc: { v3: { ExternalProcessor: grpc.ServiceClientConstructor } } } };
   };
   const client = pkg.envoy.service.ext_proc.v3.ExternalProcessor;
-  cached = { service: client.service, client };
+  const process = client.service.Process as grpc.MethodDefinition<unknown, object>;
+  const encode = process.responseSerialize;
+  // A reply made by `preEncoded` goes out as the bytes it was serialised to once.
+  const service: grpc.ServiceDefinition = { ...client.service, Process: { ...process, responseSerialize: (v: object) => (v as { [WIRE_BYTES]?: Buffer })[WIRE_BYTES] ?? encode(v) } };
+  cached = { service, client };
   return cached;
 }
 

@@ -37,6 +37,7 @@ import {
   SUBSET_HINT_NAMESPACE,
   toProtoStruct,
 } from "../extproc/wire.js";
+import { preEncoded } from "../extproc/protos.js";
 import type { Logger } from "../shared/log.js";
 
 type Stream = grpc.ServerDuplexStream<ProcessingRequest, ProcessingResponse>;
@@ -142,12 +143,18 @@ function subsetHint(req: ProcessingRequest): string[] | undefined {
 }
 
 export function createExtProcHandler(opts: ExtProcHandlerOptions): grpc.handleBidiStreamingCall<ProcessingRequest, ProcessingResponse> {
+  const requestHeadersMutation = requestHeadersMutationOf(opts);
   const shared: ExchangeShared = {
     opts,
     maxBody: opts.maxBodyBytes ?? DEFAULT_MAX_BODY_BYTES,
     watchdog: opts.pdWatchdog ?? DEFAULT_PD_WATCHDOG,
     targets: new TargetCache(),
-    requestHeadersMutation: requestHeadersMutationOf(opts),
+    requestHeadersMutation,
+    replies: {
+      requestHeaders: preEncoded({ request_headers: { response: { status: "CONTINUE", header_mutation: requestHeadersMutation, clear_route_cache: true } } }),
+      requestBodyContinue: preEncoded({ request_body: CONTINUE }),
+      responseBodyContinue: preEncoded({ response_body: CONTINUE }),
+    },
   };
   return (call: Stream) => new Exchange(call, shared).attach();
 }
@@ -185,7 +192,13 @@ interface ExchangeShared {
   readonly targets: TargetCache;
   /** What every request-headers reply changes (the `user` header is added per request under `auth`). */
   readonly requestHeadersMutation: HeaderMutation;
+  /** The replies that are the same for every request, serialised once (extproc/protos.ts `preEncoded`). */
+  readonly replies: { readonly requestHeaders: ProcessingResponse; readonly requestBodyContinue: ProcessingResponse; readonly responseBodyContinue: ProcessingResponse };
 }
+
+/** Why a stream's work is aborted: one object for every stream (an AbortError made per request costs a stack capture). */
+const STREAM_GONE = new Error("the ext_proc stream ended");
+STREAM_GONE.name = "AbortError";
 
 /**
  * Headers removed or set on every upstream request: the ones only routing may set, and the
@@ -224,8 +237,12 @@ class Exchange {
   /** The client's body with its model rewritten (InferenceModelRewrite): what the engine gets. */
   private rewrittenBody: Buffer | undefined;
   private errorBytes = 0;
-  /** Aborted when the stream is over: work for this request (a P/D prefill leg) stops. */
-  private readonly gone = new AbortController();
+  /**
+   * Aborted when the stream is over: work for this request (a P/D prefill leg, a request held by
+   * flow control) stops. Made only when routing asks for the signal (most requests never do).
+   */
+  private goneCtl: AbortController | undefined;
+  private cancelled = false;
   /** Response headers reached the gateway (from then on an error can only travel in the body). */
   private responseStarted = false;
   private responseIsSse = false;
@@ -266,7 +283,8 @@ class Exchange {
     });
     const cancelled = () => {
       this.over = true;
-      this.gone.abort();
+      this.cancelled = true;
+      this.goneCtl?.abort(STREAM_GONE);
       this.finish("cancelled");
     };
     call.on("cancelled", cancelled);
@@ -293,6 +311,15 @@ class Exchange {
       default:
         this.opts.log.warn({ request: req.request }, "unknown ext_proc message");
     }
+  }
+
+  /** The stream's abort signal (made on first use; already aborted if the stream is gone). */
+  private goneSignal(): AbortSignal {
+    if (!this.goneCtl) {
+      this.goneCtl = new AbortController();
+      if (this.cancelled) this.goneCtl.abort(STREAM_GONE);
+    }
+    return this.goneCtl.signal;
   }
 
   private stopWatchdog() {
@@ -356,18 +383,19 @@ class Exchange {
       }
       return this.reject(new RouteError("unsupportedPath", `${headers[Headers.method] ?? ""} ${headers[Headers.path] ?? ""} has no body to route on`));
     }
-    this.send({ request_headers: { response: { status: "CONTINUE", header_mutation: mutation, clear_route_cache: true } } });
+    this.send(mutation === this.shared.requestHeadersMutation ? this.shared.replies.requestHeaders : { request_headers: { response: { status: "CONTINUE", header_mutation: mutation, clear_route_cache: true } } });
   }
 
   private onRequestBody(chunk: Buffer | Uint8Array | undefined, endOfStream: boolean) {
     const { maxBody } = this.shared;
     if (chunk?.length) {
       this.bodyBytes += chunk.length;
-      if (this.bodyBytes <= maxBody) this.bodyParts.push(Buffer.from(chunk));
+      // grpc-js hands each message its own Buffer: kept as it is, not copied.
+      if (this.bodyBytes <= maxBody) this.bodyParts.push(Buffer.isBuffer(chunk) ? chunk : Buffer.from(chunk));
     }
     // A stream that skipped the request-headers phase (a proxy set to SKIP it) never showed a key.
     if (this.opts.auth && !this.authenticated) return this.refuseAuth("missing");
-    if (!endOfStream) return this.send({ request_body: CONTINUE });
+    if (!endOfStream) return this.send(this.shared.replies.requestBodyContinue);
     if (this.bodyBytes > maxBody) return this.reject(new RouteError("bodyTooLarge", `request body exceeds ${maxBody} bytes`));
     const headers = this.headers;
     const path = (headers[Headers.path] ?? "").split("?")[0] ?? "";
@@ -383,7 +411,19 @@ class Exchange {
     }
     let result: RoutedRequest | Promise<RoutedRequest>;
     try {
-      result = this.router.route({ headers, body, subset: this.subset, signal: this.gone.signal, ...(this.keyObjective ? { keyObjective: this.keyObjective } : {}), ...(this.tenantSalt ? { tenantSalt: this.tenantSalt } : {}), ...(this.keyClass ? { keyClass: this.keyClass } : {}), ...(this.keyModels ? { keyModels: this.keyModels } : {}) });
+      const exchange = this;
+      result = this.router.route({
+        headers,
+        body,
+        subset: this.subset,
+        get signal() {
+          return exchange.goneSignal();
+        },
+        ...(this.keyObjective ? { keyObjective: this.keyObjective } : {}),
+        ...(this.tenantSalt ? { tenantSalt: this.tenantSalt } : {}),
+        ...(this.keyClass ? { keyClass: this.keyClass } : {}),
+        ...(this.keyModels ? { keyModels: this.keyModels } : {}),
+      });
     } catch (err) {
       return this.routeFailed(err, body);
     }
@@ -550,7 +590,7 @@ class Exchange {
         const normal = normaliseUpstreamError(this.status, Buffer.concat(this.errorBody));
         this.send({ response_body: { response: { status: "CONTINUE", body_mutation: { body: Buffer.from(JSON.stringify(normal)) } } } });
       }
-    } else this.send({ response_body: CONTINUE });
+    } else this.send(this.shared.replies.responseBodyContinue);
     if (b?.end_of_stream) this.finish(this.status >= 400 ? "error" : "completed");
   }
 }

@@ -114,6 +114,11 @@ export interface DirectorOptions {
   consistency?: "eventual" | "strict" | "off";
   /** P/D: how the gateway sends prefill legs (absent: a `pd` plan routes decode only, the decode pod computing the prompt). */
   pdLegClient?: LegClient;
+  /**
+   * Runs publishing that may follow the reply to the proxy (a completed prefill leg's release and
+   * record). Default: setImmediate, which runs after the reply's write was handed to the socket.
+   */
+  defer?: (fn: () => void) => void;
   pdLegOptions?: Partial<PdLegOptions>;
   /** Flow control (routing/flow/): the other replicas' queue summaries, and what to count. Absent: a lone replica's own order. */
   flow?: { fleet?: FleetQueues; hooks?: FlowHooks };
@@ -207,12 +212,13 @@ export class Director {
       sink: opts.sink,
       now: this.now,
       ...(opts.prefix ? { recordRouted: (pod: PodInfo, hashes: readonly bigint[], at: number, id: string) => opts.prefix?.recordRouted(pod, hashes, at, id) } : {}),
+      defer: opts.defer ?? ((fn) => void setImmediate(fn)),
     });
     if (opts.pdLegClient) {
       this.legs = new PdLegs(
         opts.pdLegClient,
         {
-          endPrefill: (r, outcome, status) => this.pd.endPrefill(r, outcome, status),
+          endPrefill: (r, outcome, status, afterReply) => this.pd.endPrefill(r, outcome, status, afterReply),
           retryPrefill: (r) => this.pd.retryPrefill(r),
           fail: (r, err) => {
             this.finish(r, err.kind === "clientCancelled" ? "cancelled" : "error", { status: err.status, errorCode: err.code });

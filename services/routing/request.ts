@@ -100,6 +100,8 @@ export interface PdRouted {
   onFailure?: (err: RouteError) => void;
   /** Ends the prefill leg still in flight (client gone, decode failed). */
   cancelPrefill?: () => void;
+  /** A completed prefill leg's release and record, deferred until after the reply (stages/pd-coordinator.ts `defer`). */
+  publishPrefill?: () => void;
 }
 
 /** The inputs of a decision beyond the views, recorded for replay (schemas/events.ts, DecisionRecord v2). */

@@ -23,6 +23,12 @@ export interface PdCoordinatorDeps {
   now(): number;
   /** The prefill pod that computed a prompt keeps it cached: its routed prefix is recorded. */
   recordRouted?(pod: PodInfo, hashes: readonly bigint[], now: number, chargeId: string): void;
+  /**
+   * Runs a completed vLLM prefill leg's publishing (its release and decision record) after the
+   * decode leg's reply went to the proxy, off the request's critical path (the gateway: setImmediate).
+   * Absent: at once. The fold (the charge ended in this replica's ledger) is never deferred.
+   */
+  defer?(fn: () => void): void;
 }
 
 export class PdCoordinator {
@@ -59,8 +65,12 @@ export class PdCoordinator {
     this.d.sink.charge(charge);
   }
 
-  /** Ends the current prefill attempt's charge (once) and records the prefill leg. */
-  endPrefill(r: RoutedRequest, outcome: ReleaseOutcome, status: number): void {
+  /**
+   * Ends the current prefill attempt's charge (once) and records the prefill leg. With
+   * `afterReply` (a vLLM leg that completed) the release and the record are published through
+   * `defer`; the ledger is updated now either way.
+   */
+  endPrefill(r: RoutedRequest, outcome: ReleaseOutcome, status: number, afterReply = false): void {
     const pd = r.pd;
     const charge = pd?.prefillCharge;
     if (!pd || !charge) return;
@@ -72,8 +82,17 @@ export class PdCoordinator {
     if (outcome === "completed" && hashes && hashes.length > 0) this.d.recordRouted?.(pd.prefillPod, [...hashes], charge.ts, charge.id);
     const release: ReleaseEvent = { type: "release", id: charge.id, gateway: this.d.gatewayId, model: charge.model, pod: charge.pod, ts: now, outcome, ...(r.user ? { user: r.user } : {}) };
     this.d.state.ownRelease(release);
-    this.d.sink.release(release);
-    this.d.sink.decision(prefillLegRecord(this.d.gatewayId, r, pd, charge, outcome, status, now));
+    const publish = () => {
+      pd.publishPrefill = undefined;
+      this.d.sink.release(release);
+      this.d.sink.decision(prefillLegRecord(this.d.gatewayId, r, pd, charge, outcome, status, now));
+    };
+    if (!afterReply || !this.d.defer) {
+      publish();
+      return;
+    }
+    pd.publishPrefill = publish;
+    this.d.defer(() => pd.publishPrefill?.());
   }
 
   /** A retry: charges the least loaded prefill pod of the roleset not tried yet; false when none is left. */
@@ -97,6 +116,8 @@ export class PdCoordinator {
    */
   requestEnded(r: RoutedRequest, outcome: ReleaseOutcome, status: number): void {
     const pd = r.pd;
+    // A deferred prefill record goes out before the decode's (records of one request stay in leg order).
+    pd?.publishPrefill?.();
     if (!pd?.prefillCharge) return;
     if (outcome !== "completed") pd.cancelPrefill?.();
     if (outcome !== "completed" || pd.plan.engine !== "sglang") this.endPrefill(r, outcome === "completed" ? "cancelled" : outcome, outcome === "completed" ? 499 : status);

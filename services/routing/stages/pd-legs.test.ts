@@ -38,11 +38,16 @@ function setup(script: Script, o: { engine?: EngineKind; prefill?: number; decod
   for (let i = 0; i < (o.decode ?? 2); i++) add(`dec-${i}`, "decode", i);
   const sink = new MemorySink();
   const client = new ScriptedClient(script);
-  const director = new Director({ gatewayId: "gw", defaultStrategy: "pd", chargeTtlMs: 60_000, state, sink, clock, now: clock.now, pdLegClient: client, pdLegOptions: { maxRetries: 2 } });
+  // Publishing deferred past the reply runs when the test says so (the gateway: setImmediate).
+  const deferred: Array<() => void> = [];
+  const runDeferred = () => {
+    for (const fn of deferred.splice(0)) fn();
+  };
+  const director = new Director({ gatewayId: "gw", defaultStrategy: "pd", chargeTtlMs: 60_000, state, sink, clock, now: clock.now, pdLegClient: client, pdLegOptions: { maxRetries: 2 }, defer: (fn) => deferred.push(fn) });
   const ctl = new AbortController();
   const input = { headers: { "x-request-id": "req-1", ":path": "/v1/chat/completions" }, body: chatBody(MODEL, { max_tokens: 8, stream: true }), signal: ctl.signal };
   const outstanding = () => state.ledger.size;
-  return { clock, state, sink, client, director, input, ctl, outstanding };
+  return { clock, state, sink, client, director, input, ctl, outstanding, deferred, runDeferred };
 }
 
 describe("pd legs - vLLM", () => {
@@ -57,16 +62,29 @@ describe("pd legs - vLLM", () => {
     const decodeBody = JSON.parse((r.body as Buffer).toString());
     expect(decodeBody.kv_transfer_params).toMatchObject({ remote_engine_id: "e1", remote_host: call.address.split(":")[0] });
     expect(decodeBody.stream).toBe(true);
-    // Both legs were charged on the shared stream; the prefill's is already released.
+    // Both legs were charged on the shared stream; the prefill's charge is already off the ledger,
+    // its release and record are published after the reply (deferred).
     expect(s.sink.charges.map((c) => c.phase)).toEqual(["decode", "prefill"]);
-    expect(s.sink.releases.map((x) => x.id)).toEqual([`${r.chargeId}.p1`]);
     expect(s.outstanding()).toBe(1);
+    expect([s.sink.releases.length, s.sink.decisions.length, s.deferred.length]).toEqual([0, 0, 1]);
+    s.runDeferred();
+    expect(s.sink.releases.map((x) => x.id)).toEqual([`${r.chargeId}.p1`]);
     s.director.finish(r, "completed", { status: 200, completionTokens: 8 });
     expect(s.outstanding()).toBe(0);
     const [pre, dec] = s.sink.decisions;
     expect(pre?.pd).toMatchObject({ leg: "prefill", roleset: "rs", engine: "vllm", attempts: 1 });
     expect(dec?.pd).toMatchObject({ leg: "decode", prefillPod: pre?.pick, decodePod: r.pod.pod, attempts: 1 });
     for (const d of s.sink.decisions) expect(checkEvent("decision", d).ok).toBe(true);
+  });
+
+  it("a request that ends before its deferred prefill record went out publishes the prefill's first, once", async () => {
+    const s = setup(() => ok());
+    const r = await s.director.route(s.input);
+    s.director.finish(r, "completed", { status: 200, completionTokens: 8 });
+    expect(s.sink.decisions.map((d) => d.pd?.leg)).toEqual(["prefill", "decode"]);
+    expect(s.sink.releases.map((x) => x.id)).toEqual([`${r.chargeId}.p1`, r.chargeId]);
+    s.runDeferred();
+    expect([s.sink.decisions.length, s.sink.releases.length, s.outstanding()]).toEqual([2, 2, 0]);
   });
 
   it("a request is counted once in every replica's rate windows and usage, retries included", async () => {
@@ -89,6 +107,7 @@ describe("pd legs - vLLM", () => {
     const r = await s.director.route(s.input);
     expect(new Set(s.client.calls.map((c) => c.address)).size).toBe(2);
     expect(r.pd?.attempts).toBe(2);
+    s.runDeferred();
     expect(s.sink.releases.map((x) => x.outcome)).toEqual(["error", "completed"]);
     s.director.finish(r, "completed", { status: 200 });
     expect(s.outstanding()).toBe(0);

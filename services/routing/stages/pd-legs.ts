@@ -45,8 +45,8 @@ export class LegError extends Error {
 
 /** What the legs stage needs from the director. */
 export interface PdChargeSteps {
-  /** Ends the current prefill charge (once) and records the prefill leg. */
-  endPrefill(r: RoutedRequest, outcome: "completed" | "error" | "cancelled", status: number): void;
+  /** Ends the current prefill charge (once) and records the prefill leg; `afterReply`: its publishing may follow the reply to the proxy. */
+  endPrefill(r: RoutedRequest, outcome: "completed" | "error" | "cancelled", status: number, afterReply?: boolean): void;
   /** Charges another prefill pod of the roleset for a retry; false when none is left. */
   retryPrefill(r: RoutedRequest): boolean;
   /** Ends the whole request (decode charge included) with an error. */
@@ -123,7 +123,8 @@ export class PdLegs {
         const a = await this.client.post(pod.address, path, prefillBody, headers, { ...(input.signal ? { signal: input.signal } : {}), timeoutMs });
         if (a.status >= 200 && a.status < 300) {
           pd.prefillMs = this.steps.now() - pd.prefillStartedAt;
-          this.steps.endPrefill(r, "completed", a.status);
+          // Its release and record are published after Envoy got the decode leg (they are not on the request's path).
+          this.steps.endPrefill(r, "completed", a.status, true);
           const params = vllmTransferParams(a.body);
           if (!params.ok) {
             // The pod is not a KV producer (or answered oddly): decode still gets a correct
