@@ -17,6 +17,9 @@ export interface PdClientOptions {
   engineApiKey?: string;
 }
 
+/** The longest pause inside a prefill answer's body once its headers came. */
+const BODY_GAP_MS = 5_000;
+
 export class PdHttpClient implements LegClient {
   private readonly agent: Agent;
   private readonly maxAnswer: number;
@@ -31,9 +34,11 @@ export class PdHttpClient implements LegClient {
 
   async post(address: string, path: string, body: Buffer, headers: Readonly<Record<string, string>>, o: { signal?: AbortSignal; timeoutMs: number }): Promise<LegAnswer> {
     try {
-      // The deadline is undici's own (headers within `timeoutMs`, then no gap longer than it in
-      // the answer, which is one token and the transfer params): no timer and no combined
-      // AbortSignal made per leg, which cost more than the rest of the call's setup.
+      // The deadline is undici's own: headers within `timeoutMs`, then no gap longer than
+      // BODY_GAP_MS in the answer (one token and the transfer params, sent with the headers), so
+      // an attempt ends within `timeoutMs` + 5 s and all attempts within the budget + 5 s, below
+      // Envoy's messageTimeout. No timer and no combined AbortSignal is made per leg: they cost
+      // more than the rest of the call's setup.
       const res = await this.agent.request({
         origin: `http://${address}`,
         path,
@@ -41,7 +46,7 @@ export class PdHttpClient implements LegClient {
         headers: { ...headers, ...this.auth, "content-length": String(body.length) },
         body,
         headersTimeout: o.timeoutMs,
-        bodyTimeout: o.timeoutMs,
+        bodyTimeout: Math.min(o.timeoutMs, BODY_GAP_MS),
         ...(o.signal ? { signal: o.signal } : {}),
       });
       return { status: res.statusCode, body: await readBounded(res.body, this.maxAnswer) };
