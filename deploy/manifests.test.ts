@@ -2,8 +2,7 @@
  * Static checks of the deployment manifests: the mistakes that `kubectl apply` accepts and that
  * only show up as a broken route, a gateway that never turns Ready or a flag silently ignored.
  * Every YAML document under deploy/ is parsed; the jetroute command lines are checked against the
- * sub-commands and flags the CLI really registers (read from services/cli.ts and each command
- * file), and the names that tie Gateway API objects, policies, Services and probes together are
+ * sub-commands and flags the CLI really registers (every module services/cli-commands.ts lists), and the names that tie Gateway API objects, policies, Services and probes together are
  * checked end to end.
  */
 import { execFileSync } from "node:child_process";
@@ -13,6 +12,7 @@ import { fileURLToPath } from "node:url";
 import { describe, expect, it } from "vitest";
 import { Command } from "commander";
 import { parseAllDocuments } from "yaml";
+import { CLI_COMMANDS } from "../services/cli-commands.js";
 import { DEFAULT_MAX_BODY_BYTES } from "../services/gateway/extproc-server.js";
 import { watcherLeaseName } from "../services/pod-watcher/kubernetes.js";
 import { parsePodList } from "../services/pod-watcher/static-pods.js";
@@ -159,20 +159,19 @@ function flagsOf(cmd: Command): Map<string, Flag> {
   return out;
 }
 /**
- * The CLI as commander builds it: every `register*` function services/cli.ts calls runs on a fresh
- * program, so each sub-command's flags are exactly the ones `jetroute` would accept.
+ * The CLI as commander builds it: every sub-command module services/cli-commands.ts lists
+ * registers on a fresh program, so each sub-command's flags are exactly the ones `jetroute` would
+ * accept; the names the table gives a module must be the ones it registers (the CLI loads a
+ * module by them).
  */
 async function cliCommands(): Promise<Map<string, SubCommand>> {
-  const cli = read("services/cli.ts");
   const commands = new Map<string, SubCommand>();
-  for (const [, fn, rel] of cli.matchAll(/import\s*\{\s*(register\w+)\s*\}\s*from\s*"\.\/([^"]+)\.js"/g)) {
-    if (!new RegExp(`\\b${fn}\\(program\\)`).test(cli)) continue; // imported but never registered
-    const file = `services/${rel}.ts`;
-    const mod = (await import(/* @vite-ignore */ `../${file.replace(/\.ts$/, ".js")}`)) as Record<string, (p: Command) => void>;
-    const register = mod[fn as string];
-    if (typeof register !== "function") throw new Error(`${file} does not export ${fn}`);
+  for (const entry of CLI_COMMANDS) {
+    const file = entry.module;
     const program = new Command("jetroute");
-    register(program);
+    (await entry.load())(program);
+    const registered = program.commands.map((c) => c.name());
+    if (registered.join() !== entry.names.join()) throw new Error(`${file} registers ${registered.join()}, services/cli-commands.ts says ${entry.names.join()}`);
     for (const top of program.commands) {
       const shared = flagsOf(top);
       const flags = new Map(shared);
@@ -346,7 +345,7 @@ describe("deploy/ YAML", () => {
 
 describe("jetroute command lines", () => {
   it("the CLI parser finds the sub-commands these manifests run", () => {
-    for (const sub of ["gateway", "pod-watcher", "metrics-scraper", "kv-bridge", "streams"]) expect(COMMANDS.has(sub), `services/cli.ts registers ${sub}`).toBe(true);
+    for (const sub of ["gateway", "pod-watcher", "metrics-scraper", "kv-bridge", "streams"]) expect(COMMANDS.has(sub), `services/cli-commands.ts lists ${sub}`).toBe(true);
     expect(COMMANDS.get("streams")?.children).toContain("apply");
     expect(COMMANDS.get("gateway")?.flags.get("--port")?.takesValue).toBe(true);
   });
