@@ -34,6 +34,7 @@ import { ExtProcClient } from "../services/extproc/envoy-client.js";
 import { apiKeyBucketKey, hashApiKey } from "../services/gateway/auth.js";
 import { generateSigningKeyPair } from "../streams/signatures.js";
 import { connectNats, type NatsHandles } from "../services/shared/nats.js";
+import { PacedPullReader } from "../services/shared/paced-pull.js";
 import { type NatsServerHandle, startNatsServer } from "../services/shared/nats-server.js";
 import { type ServiceProcess, spawnJetroute } from "../services/shared/processes.js";
 import { AUTOSCALE_KEY_PREFIX } from "../schemas/autoscale.js";
@@ -394,6 +395,26 @@ describe("each denial", () => {
     await refused("jr-gateway", apiKeySubject, apiKeyPut(h));
     await refused("jr-gateway", `$JS.API.STREAM.DELETE.${streamName("jr", "PODS")}`, () => h.jsm.streams.delete(streamName("jr", "PODS")));
     await refused("jr-gateway", `$JS.API.STREAM.PURGE.${streamName("jr", "CHARGES")}`, () => h.jsm.streams.purge(streamName("jr", "CHARGES")));
+  });
+
+  it("gateway: its paced CHARGES reader (--fold-pace-ms) creates its named consumer and reads", async () => {
+    const h = await as("jr-gateway");
+    const got: string[] = [];
+    const lost: string[] = [];
+    const reader = new PacedPullReader({
+      nc: h.nc, jsm: h.jsm, apiPrefix: h.js.apiPrefix, stream: streamName("jr", "CHARGES"), start: { deliver_policy: DeliverPolicy.New }, paceMs: 5,
+      onMessage: (subject) => got.push(subject),
+      onLost: (why) => lost.push(why),
+    });
+    try {
+      await reader.open();
+      const s = subjects.charges(MODEL, "paced-perm");
+      await h.js.publish(s, "{}");
+      await waitFor(() => got.includes(s), 10_000, () => `the paced reader to read ${s} (lost: ${lost.join("; ")})`, 20);
+      expect(lost).toEqual([]);
+    } finally {
+      await reader.close();
+    }
   });
 
   it("pod-watcher: no charges, releases, heartbeats or decisions", async () => {

@@ -15,6 +15,13 @@ describe("pd-client - one POST per leg", () => {
       seen.push(req.headers);
       if (req.url === "/hang") return; // never answers
       if (req.url === "/big") return void res.end(Buffer.alloc(2048, 120));
+      if (req.url === "/trickle") {
+        // Headers at once, then a byte every 20 ms for ever: no pause is long, the whole is.
+        res.writeHead(200, { "content-type": "application/json" });
+        const t = setInterval(() => res.write(" "), 20);
+        res.on("close", () => clearInterval(t));
+        return;
+      }
       req.resume();
       req.on("end", () => res.writeHead(req.url === "/busy" ? 503 : 200, { "content-type": "application/json" }).end('{"ok":true}'));
     });
@@ -34,6 +41,14 @@ describe("pd-client - one POST per leg", () => {
     expect([ok.status, ok.body.toString()]).toEqual([200, '{"ok":true}']);
     expect(seen.at(-1)).toMatchObject({ authorization: "Bearer sk-engine", "content-length": "7", "x-request-id": "jr-1" });
     expect((await c.post(address, "/busy", Buffer.from("{}"), {}, { timeoutMs: 2_000 })).status).toBe(503);
+    await c.close();
+  });
+
+  it("one deadline covers the whole attempt: an answer that keeps trickling still times out", async () => {
+    const c = new PdHttpClient();
+    const t0 = performance.now();
+    expect(await failureOf(c.post(address, "/trickle", Buffer.from("{}"), {}, { timeoutMs: 300 }))).toEqual({ kind: "timeout" });
+    expect(performance.now() - t0).toBeLessThan(3_000);
     await c.close();
   });
 

@@ -17,9 +17,6 @@ export interface PdClientOptions {
   engineApiKey?: string;
 }
 
-/** The longest pause inside a prefill answer's body once its headers came. */
-const BODY_GAP_MS = 5_000;
-
 export class PdHttpClient implements LegClient {
   private readonly agent: Agent;
   private readonly maxAnswer: number;
@@ -33,29 +30,39 @@ export class PdHttpClient implements LegClient {
   }
 
   async post(address: string, path: string, body: Buffer, headers: Readonly<Record<string, string>>, o: { signal?: AbortSignal; timeoutMs: number }): Promise<LegAnswer> {
+    // One deadline for the whole attempt (queueing for a connection, connecting, headers and
+    // body): a plain timer on the call's own controller, cleared when it ends, and the caller's
+    // signal forwarded to it. (`AbortSignal.timeout` + `AbortSignal.any` per leg cost more than
+    // the rest of the call's setup; undici's own header/body timeouts count neither the wait for
+    // a socket nor a body that keeps trickling.)
+    const call = new AbortController();
+    let timedOut = false;
+    const timer = setTimeout(() => {
+      timedOut = true;
+      call.abort();
+    }, o.timeoutMs);
+    const forward = () => call.abort();
+    o.signal?.addEventListener("abort", forward, { once: true });
+    if (o.signal?.aborted) call.abort();
     try {
-      // The deadline is undici's own: headers within `timeoutMs`, then no gap longer than
-      // BODY_GAP_MS in the answer (one token and the transfer params, sent with the headers), so
-      // an attempt ends within `timeoutMs` + 5 s and all attempts within the budget + 5 s, below
-      // Envoy's messageTimeout. No timer and no combined AbortSignal is made per leg: they cost
-      // more than the rest of the call's setup.
       const res = await this.agent.request({
         origin: `http://${address}`,
         path,
         method: "POST",
         headers: { ...headers, ...this.auth, "content-length": String(body.length) },
         body,
-        headersTimeout: o.timeoutMs,
-        bodyTimeout: Math.min(o.timeoutMs, BODY_GAP_MS),
-        ...(o.signal ? { signal: o.signal } : {}),
+        signal: call.signal,
       });
       return { status: res.statusCode, body: await readBounded(res.body, this.maxAnswer) };
     } catch (err) {
       if (err instanceof LegError) throw err;
       if (o.signal?.aborted) throw new LegError({ kind: "cancelled" });
-      if (err instanceof errors.HeadersTimeoutError || err instanceof errors.BodyTimeoutError) throw new LegError({ kind: "timeout" });
+      if (timedOut || err instanceof errors.HeadersTimeoutError || err instanceof errors.BodyTimeoutError) throw new LegError({ kind: "timeout" });
       const code = (err as NodeJS.ErrnoException).code ?? (err as Error).name ?? "error";
       throw new LegError({ kind: "connect", code: String(code).slice(0, 64) });
+    } finally {
+      clearTimeout(timer);
+      o.signal?.removeEventListener("abort", forward);
     }
   }
 

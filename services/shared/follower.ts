@@ -181,6 +181,8 @@ export class StreamFollower<T extends EventType> {
     });
     this.reader = reader;
     const { numPending } = await reader.open();
+    // Stopped (or reopened) while the consumer was being created: no probe for it.
+    if (this.stopped || this.reader !== reader) return;
     if (numPending === 0) this.markCaughtUp();
     clearInterval(this.probeTimer);
     this.probeTimer = setInterval(() => {

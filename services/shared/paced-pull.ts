@@ -13,7 +13,7 @@
  * after what was stored) is never confused with another's.
  */
 import { AckPolicy, type ConsumerConfig, type JetStreamManager } from "@nats-io/jetstream";
-import { createInbox, type Msg, type NatsConnection, nanos, type Subscription } from "@nats-io/transport-node";
+import { createInbox, type Msg, type NatsConnection, nanos, nuid, type Subscription } from "@nats-io/transport-node";
 import { type Delivery, nextPull, parseDelivery } from "./pull-pacing.js";
 
 export interface PacedPullOptions {
@@ -79,6 +79,9 @@ export class PacedPullReader {
     const o = this.o;
     const info = await o.jsm.consumers.add(o.stream, {
       ...o.start,
+      // Named, so the client sends the `CONSUMER.CREATE.<stream>.<name>[.<filter>]` form: the
+      // deployed NATS permissions refuse the unnamed `CONSUMER.CREATE.<stream>` to gateways.
+      name: `jr_paced_${nuid.next()}`,
       ack_policy: AckPolicy.None,
       mem_storage: true,
       num_replicas: 1,

@@ -24,7 +24,7 @@ export interface PdCoordinatorDeps {
   /** The prefill pod that computed a prompt keeps it cached: its routed prefix is recorded. */
   recordRouted?(pod: PodInfo, hashes: readonly bigint[], now: number, chargeId: string): void;
   /**
-   * Runs a completed vLLM prefill leg's publishing (its release and decision record) after the
+   * Runs a completed vLLM prefill leg's decision record's publishing after the
    * decode leg's reply went to the proxy, off the request's critical path (the gateway: setImmediate).
    * Absent: at once. The fold (the charge ended in this replica's ledger) is never deferred.
    */
@@ -67,8 +67,8 @@ export class PdCoordinator {
 
   /**
    * Ends the current prefill attempt's charge (once) and records the prefill leg. With
-   * `afterReply` (a vLLM leg that completed) the release and the record are published through
-   * `defer`; the ledger is updated now either way.
+   * `afterReply` (a vLLM leg that completed) the decision record is published through `defer`;
+   * the ledger is updated and the release published now either way.
    */
   endPrefill(r: RoutedRequest, outcome: ReleaseOutcome, status: number, afterReply = false): void {
     const pd = r.pd;
@@ -82,9 +82,11 @@ export class PdCoordinator {
     if (outcome === "completed" && hashes && hashes.length > 0) this.d.recordRouted?.(pd.prefillPod, [...hashes], charge.ts, charge.id);
     const release: ReleaseEvent = { type: "release", id: charge.id, gateway: this.d.gatewayId, model: charge.model, pod: charge.pod, ts: now, outcome, ...(r.user ? { user: r.user } : {}) };
     this.d.state.ownRelease(release);
+    // The release goes out now, in its place among this replica's charges (a release batch stamps
+    // it with the charges made so far: replay's ordering); only the decision record may wait.
+    this.d.sink.release(release);
     const publish = () => {
       pd.publishPrefill = undefined;
-      this.d.sink.release(release);
       this.d.sink.decision(prefillLegRecord(this.d.gatewayId, r, pd, charge, outcome, status, now));
     };
     if (!afterReply || !this.d.defer) {

@@ -62,13 +62,14 @@ describe("pd legs - vLLM", () => {
     const decodeBody = JSON.parse((r.body as Buffer).toString());
     expect(decodeBody.kv_transfer_params).toMatchObject({ remote_engine_id: "e1", remote_host: call.address.split(":")[0] });
     expect(decodeBody.stream).toBe(true);
-    // Both legs were charged on the shared stream; the prefill's charge is already off the ledger,
-    // its release and record are published after the reply (deferred).
+    // Both legs were charged on the shared stream; the prefill's charge is already off the ledger
+    // and its release published (in order among the charges); its record waits for the reply (deferred).
     expect(s.sink.charges.map((c) => c.phase)).toEqual(["decode", "prefill"]);
     expect(s.outstanding()).toBe(1);
-    expect([s.sink.releases.length, s.sink.decisions.length, s.deferred.length]).toEqual([0, 0, 1]);
-    s.runDeferred();
+    expect([s.sink.releases.length, s.sink.decisions.length, s.deferred.length]).toEqual([1, 0, 1]);
     expect(s.sink.releases.map((x) => x.id)).toEqual([`${r.chargeId}.p1`]);
+    s.runDeferred();
+    expect([s.sink.releases.length, s.sink.decisions.length]).toEqual([1, 1]);
     s.director.finish(r, "completed", { status: 200, completionTokens: 8 });
     expect(s.outstanding()).toBe(0);
     const [pre, dec] = s.sink.decisions;
