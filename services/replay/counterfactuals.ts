@@ -9,7 +9,7 @@
  */
 import { MinHeap } from "../shared/min-heap.js";
 import type { DecisionRecord, EngineLoadFields } from "../../schemas/events.js";
-import type { LedgerReader, Outstanding } from "../views/charge-ledger.js";
+import { forgetIdleTotals, type LedgerReader, type Outstanding, ZERO_OUTSTANDING } from "../views/charge-ledger.js";
 import type { LoadReader, PodLoad } from "../views/load-view.js";
 import type { LatencyReader } from "../views/latency-model.js";
 import type { PodInfo, PodSetReader } from "../views/pod-set.js";
@@ -66,8 +66,6 @@ export interface CounterfactualOptions {
   topRegrets: number;
 }
 
-const NOTHING_OUTSTANDING: Readonly<Outstanding> = Object.freeze({ requests: 0, promptTokens: 0, prefillRequests: 0, prefillTokens: 0 });
-
 /**
  * A counterfactual arm's load: the charges of its own picks, per pod, each counted from its
  * decision until its recorded end. It counts as the views' ChargeLedger counts such charges (a
@@ -117,18 +115,12 @@ export class ArmLedger implements LedgerReader {
     t.promptTokens -= e.promptTokens;
     t.prefillRequests--;
     t.prefillTokens -= e.promptTokens;
-    if (t.requests <= 0) {
-      const pods = this.totals.get(e.model);
-      if (pods?.get(e.pod) === t) {
-        pods.delete(e.pod);
-        if (pods.size === 0) this.totals.delete(e.model);
-      }
-    }
+    forgetIdleTotals(this.totals, e.model, e.pod, t);
     return true;
   }
 
   outstanding(model: string, pod: string): Readonly<Outstanding> {
-    return this.totals.get(model)?.get(pod) ?? NOTHING_OUTSTANDING;
+    return this.totals.get(model)?.get(pod) ?? ZERO_OUTSTANDING;
   }
 }
 

@@ -76,7 +76,22 @@ export interface ChargeLedgerOptions {
   maxCharges?: number;
 }
 
-const ZERO: Readonly<Outstanding> = Object.freeze({ requests: 0, promptTokens: 0, prefillRequests: 0, prefillTokens: 0 });
+/** A pod with nothing outstanding. */
+export const ZERO_OUTSTANDING: Readonly<Outstanding> = Object.freeze({ requests: 0, promptTokens: 0, prefillRequests: 0, prefillTokens: 0 });
+
+/**
+ * Drops a pod's totals (and its model's map, once empty) when nothing is outstanding on it any
+ * more, so per-pod totals live only while the pod has requests in flight. Only while `t` is still
+ * that pod's object (it always is: each entry counts one request).
+ */
+export function forgetIdleTotals(totals: Map<string, Map<string, Outstanding>>, model: string, pod: string, t: Outstanding): void {
+  if (t.requests > 0) return;
+  const pods = totals.get(model);
+  if (pods?.get(pod) === t) {
+    pods.delete(pod);
+    if (pods.size === 0) totals.delete(model);
+  }
+}
 const podKeyOf = (model: string, pod: string) => `${model}\u0000${pod}`;
 
 /** Bound on the charges a ledger tracks. */
@@ -345,7 +360,7 @@ export class ChargeLedger implements LedgerReader {
   }
 
   outstanding(model: string, pod: string): Readonly<Outstanding> {
-    return this.totals.get(model)?.get(pod) ?? ZERO;
+    return this.totals.get(model)?.get(pod) ?? ZERO_OUTSTANDING;
   }
 
   /** Outstanding charges of one gateway (for tests and /debug). */
@@ -418,13 +433,6 @@ export class ChargeLedger implements LedgerReader {
       t.prefillRequests--;
       t.prefillTokens -= e.promptTokens;
     }
-    if (t.requests <= 0) {
-      const pods = this.totals.get(e.model);
-      // Only while it is still this pod's object (it always is: each entry counts one request).
-      if (pods?.get(e.pod) === t) {
-        pods.delete(e.pod);
-        if (pods.size === 0) this.totals.delete(e.model);
-      }
-    }
+    forgetIdleTotals(this.totals, e.model, e.pod, t);
   }
 }
