@@ -115,7 +115,7 @@ export interface DirectorOptions {
   /** P/D: how the gateway sends prefill legs (absent: a `pd` plan routes decode only, the decode pod computing the prompt). */
   pdLegClient?: LegClient;
   /**
-   * Runs publishing that may follow the reply to the proxy (a completed prefill leg's release and
+   * Runs publishing that may follow the reply to the proxy (a completed prefill leg's decision
    * record). Default: setImmediate, which runs after the reply's write was handed to the socket.
    */
   defer?: (fn: () => void) => void;

@@ -100,7 +100,7 @@ export interface PdRouted {
   onFailure?: (err: RouteError) => void;
   /** Ends the prefill leg still in flight (client gone, decode failed). */
   cancelPrefill?: () => void;
-  /** A completed prefill leg's release and record, deferred until after the reply (stages/pd-coordinator.ts `defer`). */
+  /** A completed prefill leg's decision record, deferred until after the reply (stages/pd-coordinator.ts `defer`). */
   publishPrefill?: () => void;
 }
 

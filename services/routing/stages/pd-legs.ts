@@ -123,7 +123,7 @@ export class PdLegs {
         const a = await this.client.post(pod.address, path, prefillBody, headers, { ...(input.signal ? { signal: input.signal } : {}), timeoutMs });
         if (a.status >= 200 && a.status < 300) {
           pd.prefillMs = this.steps.now() - pd.prefillStartedAt;
-          // Its release and record are published after Envoy got the decode leg (they are not on the request's path).
+          // Its decision record is published after Envoy got the decode leg (not on the request's path); its release at once.
           this.steps.endPrefill(r, "completed", a.status, true);
           const params = vllmTransferParams(a.body);
           if (!params.ok) {
