@@ -34,6 +34,8 @@ export interface RoundsDeps {
   log: Logger;
   apply?: WorkloadClient;
   drain: boolean;
+  /** `--allow-workload`: workloads `--apply` may scale whatever their pods (workload-guard.ts). */
+  allowWorkloads?: ReadonlySet<string>;
   publish(policy: string, rec: AutoscaleRecommendation): Promise<void>;
 }
 
@@ -144,7 +146,7 @@ export class Rounds {
     if (a && JSON.stringify(a.target) === JSON.stringify(t.target)) return a;
     // A changed target: the old applier releases its marks first (releaseOrphans), then a new one starts.
     if (a) return undefined;
-    const fresh = new WorkloadApplier(key, t.target, this.d.apply, this.d.log, { drain: this.d.drain, graceMs: t.runner.policy.drainGraceMs });
+    const fresh = new WorkloadApplier(key, t.target, this.d.apply, this.d.log, { drain: this.d.drain, graceMs: t.runner.policy.drainGraceMs, model: t.runner.policy.model, ...(this.d.allowWorkloads ? { allowed: this.d.allowWorkloads } : {}) });
     this.appliers.set(key, fresh);
     return fresh;
   }
@@ -173,6 +175,7 @@ export class Rounds {
       drainEvent: (pod) => d.drainEvents.get(`${model}\u0000${pod}`),
       acknowledged: (seq) => d.acks.acknowledged(seq, d.state.ledger.liveGateways(d.serverClock.now())),
       stillLeader: () => d.isLeader(),
+      modelsOf: (pod) => d.state.pods.all().filter((p) => p.pod === pod).map((p) => p.model),
     });
   }
 }
