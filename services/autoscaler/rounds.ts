@@ -13,7 +13,7 @@ import { WorkloadApplier, type WorkloadClient } from "./kube-apply.js";
 import type { PolicyFigures } from "./metrics.js";
 import type { OutcomeWindow } from "./outcomes.js";
 import type { PolicyRunner } from "./runner.js";
-import type { QueueReading, SignalSources } from "./signals.js";
+import { type QueueReading, queueReadingOf, type SignalSources } from "./signals.js";
 
 const DECODE_SUFFIX = "#decode";
 
@@ -52,17 +52,9 @@ export class Rounds {
     this.sources = { pods: d.state.pods, load: d.state.load, ledger: d.state.ledger, queues: (m) => this.queues(m), outcomes: d.outcomes };
   }
 
-  /** Flow control's held requests of a model, over every gateway's latest summary. */
+  /** Flow control's held requests of a model, over every gateway's latest summary; waits on our clock alone (signals.ts heldAgeMs). */
   queues(model: string): QueueReading {
-    let queued = 0;
-    let oldest: number | undefined;
-    for (const r of this.d.fleet.dump()) {
-      for (const b of r.models[model] ?? []) {
-        queued += b.count;
-        if (oldest === undefined || b.oldest < oldest) oldest = b.oldest;
-      }
-    }
-    return oldest === undefined ? { queued } : { queued, oldest };
+    return queueReadingOf(model, this.d.fleet.received(), this.d.clock());
   }
 
   /** One round; resolves once every evaluated policy is applied and published. */

@@ -132,6 +132,29 @@ describe("autoscaler: signed policies and pods, and --apply only on the policy m
     await a.close();
   });
 
+  it("flow.waitMs from a gateway whose clock is 60 s behind reads as its real wait, not 60 s (one clock: reported age + time since receipt)", async () => {
+    // The autoscaler's clock runs 60 s ahead of the gateway's (Date.now() here).
+    const a = await start({ clock: () => Date.now() + 60_000 });
+    await setPolicy("waits", { model: MODEL, algorithm: "kpa", metric: "flow.waitMs", target: 1_000, minReplicas: 1, maxReplicas: 50, ...FAST }, opSigner);
+    await waitFor(() => a.policies().has("waits"), 5_000, "the policy to load");
+    const summary = () => {
+      const ts = Date.now();
+      return JSON.stringify({ gateway: "gw-behind", ts, models: { [MODEL]: [{ band: 0, count: 3, oldest: ts - 500 }] } });
+    };
+    const timer = setInterval(() => env.nats.nc.publish(env.subjects.flow("gw-behind"), summary()), 50);
+    try {
+      await waitFor(() => records.some((r) => r.policy === "waits" && (r.value ?? 0) > 0), 10_000, "an evaluation that sees the held requests");
+      const seen = records.filter((r) => r.policy === "waits" && (r.value ?? 0) > 0);
+      // 500 ms reported, plus at most a few hundred ms since receipt on a loaded box; never the 60 s skew.
+      for (const r of seen) expect(r.value).toBeLessThan(5_000);
+      expect(seen.at(-1)?.desired).toBeLessThan(50);
+    } finally {
+      clearInterval(timer);
+      await kv.delete(`${AUTOSCALE_KEY_PREFIX}waits`);
+      await a.close();
+    }
+  });
+
   it("refuses to start with a pod-watcher's key among the operator's", async () => {
     const mixed = { operator: new RecordVerifier(op.publicKeyPem + pods.publicKeyPem), podWatcher: signatures.podWatcher };
     await expect(startAutoscaler({ nats: env.server.url, prefix: "jr", log: quietLog, signatures: mixed })).rejects.toThrow(/in both --config-public-key and --pod-public-key/);
