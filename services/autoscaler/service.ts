@@ -232,8 +232,13 @@ async function watchPolicies(nats: NatsHandles, prefix: string, runners: Map<str
   const kv: KV = await new Kvm(nats.js).open(bucket);
   const refusedLog = new LogRate(10, 60_000);
   /** Why a PUT is not to be acted on for its signature (streams/record-keys.ts); undefined when it may be. */
+  // The start-up read and the watch deliver the same entries: each revision is judged (and counted) once.
+  const judged = new Map<string, { revision: number; why: string | undefined }>();
   const refusal = (e: KvEntry, value: unknown): string | undefined => {
+    const seen = judged.get(e.key);
+    if (seen && seen.revision === e.revision) return seen.why;
     const why = configRecordRefusal(e.key, configRecordSubject(bucket, e.key), value, e.created.getTime(), signatures);
+    judged.set(e.key, { revision: e.revision, why });
     if (!why) return undefined;
     stats.refusedSignature++;
     if (refusedLog.admit(Date.now()).log) log.warn({ key: e.key.slice(0, 300), reason: why }, "config entry refused: its signature does not verify under the operator's keys; ignored (the previous value, if any, stays)");
@@ -248,7 +253,10 @@ async function watchPolicies(nats: NatsHandles, prefix: string, runners: Map<str
   };
   const applyPool = (e: KvEntry) => {
     const pool = e.key.slice(POOL_KEY_PREFIX.length);
-    if (e.operation !== "PUT") return pools.set(pool, undefined);
+    if (e.operation !== "PUT") {
+      judged.delete(e.key);
+      return pools.set(pool, undefined);
+    }
     if (refusal(e, json(e))) return;
     const r = readPoolConfig(() => e.json());
     // An invalid entry is the gateways' to report; here it assigns nothing.
@@ -262,6 +270,7 @@ async function watchPolicies(nats: NatsHandles, prefix: string, runners: Map<str
       return;
     }
     if (e.operation !== "PUT") {
+      judged.delete(e.key);
       if (runners.delete(name)) log.info({ policy: name }, "autoscaling policy removed");
       return;
     }
