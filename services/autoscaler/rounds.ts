@@ -156,9 +156,21 @@ export class Rounds {
     if (res.error) rec.reason = `${rec.reason}; apply: ${res.error}`.slice(0, 1024);
   }
 
+  /** PODS pod name -> the models it is published under (one pass over the pod set; built once per round of an applier). */
+  private modelsByPod(): Map<string, string[]> {
+    const out = new Map<string, string[]>();
+    for (const p of this.d.state.pods.all()) {
+      const models = out.get(p.pod);
+      if (models) models.push(p.model);
+      else out.set(p.pod, [p.model]);
+    }
+    return out;
+  }
+
   private roundOf(a: WorkloadApplier, r: PolicyRunner, rec: AutoscaleRecommendation) {
     const { d } = this;
     const model = r.policy.model;
+    let byPod: Map<string, string[]> | undefined;
     return a.round({
       now: d.clock(),
       rec,
@@ -167,7 +179,7 @@ export class Rounds {
       drainEvent: (pod) => d.drainEvents.get(`${model}\u0000${pod}`),
       acknowledged: (seq) => d.acks.acknowledged(seq, d.state.ledger.liveGateways(d.serverClock.now())),
       stillLeader: () => d.isLeader(),
-      modelsOf: (pod) => d.state.pods.all().filter((p) => p.pod === pod).map((p) => p.model),
+      modelsOf: (pod) => (byPod ??= this.modelsByPod()).get(pod) ?? [],
     });
   }
 }
