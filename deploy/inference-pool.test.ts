@@ -105,6 +105,12 @@ for (const flavour of ["generic", "envoy-gateway"]) {
       expect(flag(c.args, "--inference-pool-api-version")).toBe(pool.apiVersion);
       expect(c.args).toContain("--leader-election");
       expect(flag(c.args, "--source")).toBeTruthy();
+      // Engines name their own models: the watcher publishes only the pool's (the model server's --model).
+      const modelArg = (args: string[]) => (args.includes("--model") ? args[args.indexOf("--model") + 1] : flag(args, "--model"));
+      const served = of("Deployment").flatMap((x) => (x.spec.template.spec.containers as Obj[]).map((k) => modelArg((k.args ?? []) as string[]))).filter(Boolean);
+      expect(served.length).toBeGreaterThan(0);
+      expect(flag(c.args, "--model-label") ?? flag(c.args, "--inference-pool-models")).toBeTruthy();
+      for (const m of served) expect((flag(c.args, "--inference-pool-models") ?? "").split(",")).toContain(m);
       expect(d.spec.replicas).toBe(2);
       const sa = d.spec.template.spec.serviceAccountName;
       const bindings = of("RoleBinding").filter((b) => b.metadata.namespace === pool.metadata.namespace && (b.subjects as Obj[]).some((s) => s.kind === "ServiceAccount" && s.name === sa));

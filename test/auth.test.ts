@@ -149,6 +149,24 @@ describe("auth - gateway --auth required", () => {
     expect(models.kind === "immediate" && models.status).toBe(401);
   });
 
+  it("GET /v1/models lists to a key restricted by --models only the models it may use", async () => {
+    await env.publishPod({ pod: "other-0", address: "127.0.0.1:9150", model: "team-b/private-model" });
+    const restricted = await cli(env, ["add-key", "--user", "eve", "--models", MODEL, "--json"]);
+    expect(restricted.code, restricted.stderr).toBe(0);
+    const { key: open } = await addKey(env, "frank");
+    const eve = (restricted.json[0] as { key: string }).key;
+    await waitFor(() => a.apiKeys.size >= 2 && a.views.pods.knows("team-b/private-model"), 5_000, "the keys and the other model to reach the gateway");
+    const list = async (key: string) => {
+      const ex = ca.open();
+      const r = await ex.requestHeaders({ ":method": "GET", ":path": "/v1/models", ":authority": "gw", ...bearer(key) }, true);
+      ex.cancel();
+      if (r.kind !== "immediate") throw new Error(`expected an immediate response, got ${r.kind}`);
+      return (JSON.parse(r.body.toString()) as { data: Array<{ id: string }> }).data.map((m) => m.id);
+    };
+    expect(await list(eve)).toEqual([MODEL]);
+    expect(await list(open)).toEqual(expect.arrayContaining([MODEL, "team-b/private-model"]));
+  });
+
   it("a key from `config add-key` routes on both replicas, as its user; only the hash is stored", async () => {
     const { key, hash } = await addKey(env, "carol", "ci");
     expect(key).toMatch(/^jr-[A-Za-z0-9_-]{43}$/);

@@ -131,7 +131,7 @@ describe("InferencePool discovery: kubectl -> API stand-in -> pod-watcher --infe
     await setStatus("chat-1", true, "127.0.0.3");
     await setStatus("other-0", true, "127.0.0.4");
     await pool("chat", { app: "chat" }, [portA, portB]);
-    const w = await startInferencePoolWatcher({ nats: env.server.url, kubeconfig, inferencePool: "default/chat", source: "pool-chat", heartbeatMs: 200, objectivesApiVersion: "none", log: quietLog });
+    const w = await startInferencePoolWatcher({ nats: env.server.url, kubeconfig, inferencePool: "default/chat", source: "pool-chat", heartbeatMs: 200, objectivesApiVersion: "none", inferencePoolModels: ["llama-8b", "sql-lora", "mistral-7b"], log: quietLog });
     watchers.push(w);
     await w.firstRound;
     const four = [`chat-0-rank-0.default@127.0.0.2:${portA}`, `chat-0-rank-1.default@127.0.0.2:${portB}`, `chat-1-rank-0.default@127.0.0.3:${portA}`, `chat-1-rank-1.default@127.0.0.3:${portB}`];
@@ -204,6 +204,26 @@ describe("InferencePool discovery: kubectl -> API stand-in -> pod-watcher --infe
     }
   });
 
+  it("an engine naming a model the pool does not serve (--inference-pool-models) is not published; its adapters outside the list are dropped", async () => {
+    await podApply("guard-0", { app: "guarded" });
+    await podApply("guard-1", { app: "guarded" });
+    await setStatus("guard-0", true, "127.0.0.2");
+    await setStatus("guard-1", true, "127.0.0.4");
+    await pool("guarded", { app: "guarded" }, [portA]);
+    const w = await startInferencePoolWatcher({ nats: env.server.url, kubeconfig, inferencePool: "default/guarded", source: "pool-guarded", heartbeatMs: 200, objectivesApiVersion: "none", inferencePoolModels: ["llama-8b"], log: quietLog });
+    watchers.push(w);
+    await w.firstRound;
+    await waitFor(() => every((g) => ready(g, "llama-8b").includes(`guard-0.default@127.0.0.2:${portA}`)), 8_000, "the listed model's endpoint routable");
+    await waitFor(() => w.stats.modelsRefused === 1 && w.stats.adaptersDropped === 1, 5_000, () => `the other model's endpoint refused (${JSON.stringify(w.stats)})`);
+    // guard-1's engine says mistral-7b, guard-0's lists sql-lora: neither is routable through this pool.
+    expect(every((g) => g.views.pods.get("mistral-7b", "guard-1.default") === undefined)).toBe(true);
+    expect(every((g) => !ready(g, "sql-lora").some((p) => p.startsWith("guard-0.")))).toBe(true);
+    await w.close();
+    await kubectl("delete", "infpool", "guarded");
+    // Neither flag: a clear error at start, no engine asked.
+    await expect(startInferencePoolWatcher({ nats: env.server.url, kubeconfig, inferencePool: "default/guarded", source: "s", objectivesApiVersion: "none", log: quietLog })).rejects.toThrow(/needs --inference-pool-models/);
+  });
+
   it("an unknown API version, and a cluster without the CRD, are clear errors at start", async () => {
     await expect(startInferencePoolWatcher({ nats: env.server.url, kubeconfig, inferencePool: "default/x", poolApiVersion: "inference.networking.x-k8s.io/v1alpha2", log: quietLog })).rejects.toThrow(/unknown InferencePool API version .* implements inference.networking.k8s.io\/v1/);
     await expect(startInferencePoolWatcher({ nats: env.server.url, kubeconfig, inferencePool: "Bad/x", log: quietLog })).rejects.toThrow(/--inference-pool must be <namespace>\/<name>/);
@@ -217,7 +237,7 @@ describe("InferencePool discovery: kubectl -> API stand-in -> pod-watcher --infe
     const bare = await new KubeStandin({ resources: [] }).start();
     try {
       const kc = bare.writeKubeconfig(path.join(dir, "bare-kubeconfig"));
-      await expect(startInferencePoolWatcher({ nats: env.server.url, kubeconfig: kc, inferencePool: "default/x", source: "s", log: quietLog })).rejects.toThrow(/does not serve inferencepools.inference.networking.k8s.io\/v1: install the InferencePool CRD/);
+      await expect(startInferencePoolWatcher({ nats: env.server.url, kubeconfig: kc, inferencePool: "default/x", source: "s", modelLabel: "model", log: quietLog })).rejects.toThrow(/does not serve inferencepools.inference.networking.k8s.io\/v1: install the InferencePool CRD/);
     } finally {
       await bare.stop();
     }

@@ -18,6 +18,7 @@ import { LogRate } from "../shared/log-rate.js";
 import { annotationPatches, type ApplyStep, planApply, REMOVAL_COST_BASE, removalIsExact, type WorkloadPod } from "./apply-plan.js";
 import { DrainTracker, type Removal } from "./drain.js";
 import { DELETION_COST_ANNOTATION, type PodCost } from "./victims.js";
+import { checkWorkload } from "./workload-guard.js";
 
 export interface WorkloadScale {
   replicas: number;
@@ -86,6 +87,8 @@ export interface RoundContext {
   acknowledged(seq: number): boolean;
   /** Checked before every write: a lost lease stops applying at once, mid-round too. */
   stillLeader(): boolean;
+  /** The models PODS publishes a pod under (empty: not in PODS), for the workload check. */
+  modelsOf(pod: string): readonly string[];
 }
 
 export interface RoundResult {
@@ -100,14 +103,24 @@ export class WorkloadApplier {
   private failures = 0;
   private retryAt = 0;
   private readonly errLog = new LogRate(1, 10_000);
-  readonly stats = { rounds: 0, errors: 0, scaled: 0, marked: 0, unmarked: 0, removedIdle: 0, removedGrace: 0 };
+  /** The workload's pods were seen serving the policy's model (workload-guard.ts). */
+  private verified = false;
+  readonly stats = { rounds: 0, errors: 0, scaled: 0, marked: 0, unmarked: 0, removedIdle: 0, removedGrace: 0, refusedWorkload: 0 };
 
   constructor(
     readonly policy: string,
     readonly target: ScaleTarget,
     private readonly client: WorkloadClient,
     private readonly log: Logger,
-    readonly o: { drain: boolean; graceMs: number; random?: () => number },
+    readonly o: {
+      drain: boolean;
+      graceMs: number;
+      random?: () => number;
+      /** The policy's model: the workload's pods must be its pods in PODS (workload-guard.ts), unless `allowed` names it. */
+      model: string;
+      /** `--allow-workload` refs (`Kind/namespace/name`). */
+      allowed?: ReadonlySet<string>;
+    },
   ) {
     this.tracker = new DrainTracker(o.graceMs);
   }
@@ -125,6 +138,14 @@ export class WorkloadApplier {
       const scale = await this.client.readScale(this.target);
       const listed = await this.client.listPods(this.target.namespace, scale.selector);
       const pods = listed.filter((p) => !p.terminating);
+      // Nothing is marked or scaled on a workload that is not the policy model's.
+      const verdict = checkWorkload({ target: this.target, model: this.o.model, pods: pods.map((p) => p.pod), modelsOf: c.modelsOf, allowed: this.o.allowed ?? new Set(), verifiedBefore: this.verified });
+      if (!verdict.ok) {
+        this.stats.refusedWorkload++;
+        if (this.errLog.admit(c.now).log) this.log.warn({ policy: this.policy, target: `${this.target.kind}/${this.target.namespace}/${this.target.name}`, reason: verdict.reason }, "not applying: the scaleTarget is not the policy model's workload");
+        return { removed: [], draining: draining(), error: verdict.reason };
+      }
+      if (verdict.by === "pods") this.verified = true;
       for (const d of this.tracker.list()) {
         // Only the event of this mark counts: an older one (a pod marked, taken back, marked again)
         // was acknowledged before the gateways routed to it again.

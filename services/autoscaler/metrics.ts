@@ -28,7 +28,7 @@ export interface PolicyFigures {
 
 export interface AutoscalerMetricsSource {
   isLeader(): boolean;
-  readonly stats: { evaluations: number; published: number; publishErrors: number; invalidPolicies: number };
+  readonly stats: { evaluations: number; published: number; publishErrors: number; invalidPolicies: number; refusedSignature?: number };
   policyFigures(): ReadonlyMap<string, PolicyFigures>;
   appliers(): ReadonlyMap<string, Pick<WorkloadApplier, "stats" | "tracker">>;
 }
@@ -85,6 +85,8 @@ export function autoscalerRegistry(src: AutoscalerMetricsSource): client.Registr
   counter("jetroute_autoscaler_published_total", "Recommendations published on AUTOSCALE", [], () => one(src.stats.published));
   counter("jetroute_autoscaler_publish_errors_total", "Rounds whose recommendation was not published (NATS or an apply failure)", [], () => one(src.stats.publishErrors));
   counter("jetroute_autoscaler_invalid_policies_total", "Invalid autoscaling policies found in the config bucket (ignored)", [], () => one(src.stats.invalidPolicies));
+  counter("jetroute_autoscaler_records_refused_signature_total", "Autoscaling policies and pool assignments ignored because their signature did not verify under --config-public-key", [], () => one(src.stats.refusedSignature ?? 0));
+  counter("jetroute_autoscaler_workload_refusals_total", "Rounds in which --apply refused the scaleTarget: not the policy model's workload and not in --allow-workload, per policy", ["policy"], () => boundedRows(src.appliers(), (a) => a.stats.refusedWorkload ?? 0));
   counter("jetroute_autoscaler_recommendations_total", "Recommendations published, per policy", ["policy"], () => boundedRows(src.policyFigures(), (f) => f.published));
   gauge("jetroute_autoscaler_desired_replicas", "The last evaluation's desired count, per policy", ["policy"], () => boundedRows(src.policyFigures(), (f) => f.desired));
   gauge("jetroute_autoscaler_ready_pods", "Ready pods (draining ones left out) at the last evaluation, per policy", ["policy"], () => boundedRows(src.policyFigures(), (f) => f.readyPods));

@@ -13,7 +13,7 @@ import { WorkloadApplier, type WorkloadClient } from "./kube-apply.js";
 import type { PolicyFigures } from "./metrics.js";
 import type { OutcomeWindow } from "./outcomes.js";
 import type { PolicyRunner } from "./runner.js";
-import type { QueueReading, SignalSources } from "./signals.js";
+import { type QueueReading, queueReadingOf, type SignalSources } from "./signals.js";
 
 const DECODE_SUFFIX = "#decode";
 
@@ -34,6 +34,8 @@ export interface RoundsDeps {
   log: Logger;
   apply?: WorkloadClient;
   drain: boolean;
+  /** `--allow-workload`: workloads `--apply` may scale whatever their pods (workload-guard.ts). */
+  allowWorkloads?: ReadonlySet<string>;
   publish(policy: string, rec: AutoscaleRecommendation): Promise<void>;
 }
 
@@ -50,17 +52,9 @@ export class Rounds {
     this.sources = { pods: d.state.pods, load: d.state.load, ledger: d.state.ledger, queues: (m) => this.queues(m), outcomes: d.outcomes };
   }
 
-  /** Flow control's held requests of a model, over every gateway's latest summary. */
+  /** Flow control's held requests of a model, over every gateway's latest summary; waits on our clock alone (signals.ts heldAgeMs). */
   queues(model: string): QueueReading {
-    let queued = 0;
-    let oldest: number | undefined;
-    for (const r of this.d.fleet.dump()) {
-      for (const b of r.models[model] ?? []) {
-        queued += b.count;
-        if (oldest === undefined || b.oldest < oldest) oldest = b.oldest;
-      }
-    }
-    return oldest === undefined ? { queued } : { queued, oldest };
+    return queueReadingOf(model, this.d.fleet.received(), this.d.clock());
   }
 
   /** One round; resolves once every evaluated policy is applied and published. */
@@ -144,7 +138,7 @@ export class Rounds {
     if (a && JSON.stringify(a.target) === JSON.stringify(t.target)) return a;
     // A changed target: the old applier releases its marks first (releaseOrphans), then a new one starts.
     if (a) return undefined;
-    const fresh = new WorkloadApplier(key, t.target, this.d.apply, this.d.log, { drain: this.d.drain, graceMs: t.runner.policy.drainGraceMs });
+    const fresh = new WorkloadApplier(key, t.target, this.d.apply, this.d.log, { drain: this.d.drain, graceMs: t.runner.policy.drainGraceMs, model: t.runner.policy.model, ...(this.d.allowWorkloads ? { allowed: this.d.allowWorkloads } : {}) });
     this.appliers.set(key, fresh);
     return fresh;
   }
@@ -162,9 +156,21 @@ export class Rounds {
     if (res.error) rec.reason = `${rec.reason}; apply: ${res.error}`.slice(0, 1024);
   }
 
+  /** PODS pod name -> the models it is published under (one pass over the pod set; built once per round of an applier). */
+  private modelsByPod(): Map<string, string[]> {
+    const out = new Map<string, string[]>();
+    for (const p of this.d.state.pods.all()) {
+      const models = out.get(p.pod);
+      if (models) models.push(p.model);
+      else out.set(p.pod, [p.model]);
+    }
+    return out;
+  }
+
   private roundOf(a: WorkloadApplier, r: PolicyRunner, rec: AutoscaleRecommendation) {
     const { d } = this;
     const model = r.policy.model;
+    let byPod: Map<string, string[]> | undefined;
     return a.round({
       now: d.clock(),
       rec,
@@ -173,6 +179,7 @@ export class Rounds {
       drainEvent: (pod) => d.drainEvents.get(`${model}\u0000${pod}`),
       acknowledged: (seq) => d.acks.acknowledged(seq, d.state.ledger.liveGateways(d.serverClock.now())),
       stillLeader: () => d.isLeader(),
+      modelsOf: (pod) => (byPod ??= this.modelsByPod()).get(pod) ?? [],
     });
   }
 }

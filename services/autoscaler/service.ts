@@ -14,6 +14,8 @@ import { type KV, type KvEntry, Kvm } from "@nats-io/kv";
 import { AUTOSCALE_KEY_PREFIX, type AutoscalePolicy, type AutoscaleRecommendation, autoscalePolicyError, resolvePolicy } from "../../schemas/autoscale.js";
 import { POOL_KEY_PREFIX, readPoolConfig } from "../../schemas/config.js";
 import { configBucketName, streamName } from "../../streams/definitions.js";
+import { configRecordRefusal, type RecordKeySets, sharedKeyError } from "../../streams/record-keys.js";
+import { configRecordSubject } from "../../streams/signatures.js";
 import { isStreamNotFound } from "../../streams/errors.js";
 import { STREAM_EVENT_TYPES } from "../../streams/event-types.js";
 import { Subjects } from "../../streams/subjects.js";
@@ -23,6 +25,7 @@ import { StreamFollower } from "../shared/follower.js";
 import { kvLeaseStore } from "../shared/kv-lease.js";
 import { LeaderElector } from "../shared/leader.js";
 import type { Logger } from "../shared/log.js";
+import { LogRate } from "../shared/log-rate.js";
 import { connectNats, type NatsHandles } from "../shared/nats.js";
 import { ServerClock } from "../gateway/server-clock.js";
 import { GatewayState } from "../views/gateway-state.js";
@@ -61,6 +64,14 @@ export interface AutoscalerOptions {
   apply?: WorkloadClient;
   /** With `apply`: false = plain scale subresource, no drain handshake (`--no-drain`). */
   drain?: boolean;
+  /**
+   * Signed records (docs/security.md): with `operator`, only policies and pool assignments the
+   * operator's keys signed are acted on; with `podWatcher`, only pods and heartbeats a watcher's
+   * keys signed count. Absent = unchecked.
+   */
+  signatures?: RecordKeySets;
+  /** `--allow-workload`: `Kind/namespace/name` of workloads `--apply` may scale although their pods are not the policy model's in PODS. */
+  allowWorkloads?: readonly string[];
 }
 
 export interface AutoscalerHandle {
@@ -75,7 +86,7 @@ export interface AutoscalerHandle {
   appliers(): ReadonlyMap<string, WorkloadApplier>;
   /** Per policy in force: its evaluations, recommendations published, last desired count and ready pods. */
   policyFigures(): ReadonlyMap<string, PolicyFigures>;
-  readonly stats: { evaluations: number; published: number; publishErrors: number; invalidPolicies: number };
+  readonly stats: { evaluations: number; published: number; publishErrors: number; invalidPolicies: number; refusedSignature: number };
   whenReady(): Promise<void>;
   close(): Promise<void>;
 }
@@ -83,6 +94,9 @@ export interface AutoscalerHandle {
 export async function startAutoscaler(o: AutoscalerOptions): Promise<AutoscalerHandle> {
   const log = o.log;
   const clock = o.clock ?? Date.now;
+  const signatures = o.signatures ?? {};
+  const shared = sharedKeyError(signatures);
+  if (shared) throw new Error(shared);
   const id = o.id ?? `${hostname()}-${process.pid}-${randomBytes(3).toString("hex")}`;
   const nats = await connectNats(o.nats, `jetroute-autoscaler-${id}`);
   const subjects = new Subjects(o.prefix);
@@ -94,14 +108,15 @@ export async function startAutoscaler(o: AutoscalerOptions): Promise<AutoscalerH
     if (isStreamNotFound(err)) throw new Error(`stream ${autoscaleStream} does not exist: run \`jetroute streams apply\` first`);
     throw err;
   }
-  const state = new GatewayState({});
+  // Pods and watcher heartbeats: only those a pod-watcher's key signed count, as on the gateways.
+  const state = new GatewayState(signatures.podWatcher ? { podSignatures: signatures.podWatcher } : {});
   const outcomes = new OutcomeWindow();
   const serverClock = new ServerClock(clock);
   const acks = new GatewayAcks();
   /** Each pod's current `draining` event (`<model>\0<pod>`): its PODS sequence and deadline. */
   const drainEvents = new Map<string, { seq: number; deadline: number }>();
   const fleet = new FleetQueues({ self: id, boundMs: 0 });
-  const stats = { evaluations: 0, published: 0, publishErrors: 0, invalidPolicies: 0 };
+  const stats = { evaluations: 0, published: 0, publishErrors: 0, invalidPolicies: 0, refusedSignature: 0 };
   const followers = createFollowers({ nats, subjects, prefix: o.prefix, id, state, outcomes, serverClock, acks, drainEvents, log });
   const flowSub = nats.nc.subscribe(subjects.all("flow"), {
     callback: (err, m) => {
@@ -116,7 +131,7 @@ export async function startAutoscaler(o: AutoscalerOptions): Promise<AutoscalerH
   });
   const runners = new Map<string, PolicyRunner>();
   const pools = new PoolMap();
-  const policyWatch = await watchPolicies(nats, o.configPrefix ?? o.prefix, runners, pools, stats, log);
+  const policyWatch = await watchPolicies(nats, o.configPrefix ?? o.prefix, runners, pools, stats, signatures, log);
   // Another namespace's models are not this autoscaler's to size: its views hold none of their pods.
   const inScope = (model: string) => pools.poolOf(model) === o.pool;
   const elector = o.leaderElection
@@ -127,7 +142,7 @@ export async function startAutoscaler(o: AutoscalerOptions): Promise<AutoscalerH
   const ready = Promise.all(followers.map((f) => f.whenCaughtUp())).then(() => log.info({ id, policies: runners.size }, "autoscaler caught up"));
 
   const isLeader = () => (elector ? elector.isLeader() : true);
-  const rounds = new Rounds({ id, clock, state, fleet, outcomes, serverClock, acks, drainEvents, runners, inScope, isLeader, stats, log, ...(o.apply ? { apply: o.apply } : {}), drain: o.drain !== false,
+  const rounds = new Rounds({ id, clock, state, fleet, outcomes, serverClock, acks, drainEvents, runners, inScope, isLeader, stats, log, ...(o.apply ? { apply: o.apply } : {}), drain: o.drain !== false, allowWorkloads: new Set(o.allowWorkloads ?? []),
     publish: (name, rec) => nats.js.publish(subjects.autoscale(name), JSON.stringify(rec)).then(() => undefined) });
   const evaluate = () => rounds.evaluate();
   const timer = setInterval(() => {
@@ -208,12 +223,41 @@ function createFollowers(d: FollowerDeps): Follower[] {
   ];
 }
 
-/** Keeps `runners` in step with the bucket's `autoscale.*` entries; an invalid entry is logged and leaves the policy as it was. */
-async function watchPolicies(nats: NatsHandles, prefix: string, runners: Map<string, PolicyRunner>, pools: PoolMap, stats: { invalidPolicies: number }, log: Logger): Promise<{ stop(): void }> {
-  const kv: KV = await new Kvm(nats.js).open(configBucketName(prefix));
+/**
+ * Keeps `runners` in step with the bucket's `autoscale.*` entries; an invalid entry, or one whose
+ * signature does not verify under the operator's keys, is logged and leaves the policy as it was.
+ */
+async function watchPolicies(nats: NatsHandles, prefix: string, runners: Map<string, PolicyRunner>, pools: PoolMap, stats: { invalidPolicies: number; refusedSignature: number }, signatures: RecordKeySets, log: Logger): Promise<{ stop(): void }> {
+  const bucket = configBucketName(prefix);
+  const kv: KV = await new Kvm(nats.js).open(bucket);
+  const refusedLog = new LogRate(10, 60_000);
+  /** Why a PUT is not to be acted on for its signature (streams/record-keys.ts); undefined when it may be. */
+  // The start-up read and the watch deliver the same entries: each revision is judged (and counted) once.
+  const judged = new Map<string, { revision: number; why: string | undefined }>();
+  const refusal = (e: KvEntry, value: unknown): string | undefined => {
+    const seen = judged.get(e.key);
+    if (seen && seen.revision === e.revision) return seen.why;
+    const why = configRecordRefusal(e.key, configRecordSubject(bucket, e.key), value, e.created.getTime(), signatures);
+    judged.set(e.key, { revision: e.revision, why });
+    if (!why) return undefined;
+    stats.refusedSignature++;
+    if (refusedLog.admit(Date.now()).log) log.warn({ key: e.key.slice(0, 300), reason: why }, "config entry refused: its signature does not verify under the operator's keys; ignored (the previous value, if any, stays)");
+    return why;
+  };
+  const json = (e: KvEntry): unknown => {
+    try {
+      return e.json();
+    } catch {
+      return undefined;
+    }
+  };
   const applyPool = (e: KvEntry) => {
     const pool = e.key.slice(POOL_KEY_PREFIX.length);
-    if (e.operation !== "PUT") return pools.set(pool, undefined);
+    if (e.operation !== "PUT") {
+      judged.delete(e.key);
+      return pools.set(pool, undefined);
+    }
+    if (refusal(e, json(e))) return;
     const r = readPoolConfig(() => e.json());
     // An invalid entry is the gateways' to report; here it assigns nothing.
     pools.set(pool, r.ok ? r.value.models : undefined);
@@ -226,15 +270,12 @@ async function watchPolicies(nats: NatsHandles, prefix: string, runners: Map<str
       return;
     }
     if (e.operation !== "PUT") {
+      judged.delete(e.key);
       if (runners.delete(name)) log.info({ policy: name }, "autoscaling policy removed");
       return;
     }
-    let value: unknown;
-    try {
-      value = e.json();
-    } catch {
-      value = undefined;
-    }
+    const value = json(e);
+    if (value !== undefined && refusal(e, value)) return;
     const err = value === undefined ? "not JSON" : autoscalePolicyError(value);
     if (err) {
       stats.invalidPolicies++;

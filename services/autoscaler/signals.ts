@@ -25,8 +25,41 @@ export interface FleetViews {
 /** Flow control's held requests of one model across the fleet (from the gateways' summaries). */
 export interface QueueReading {
   queued: number;
-  /** Enqueue time of the oldest held request (ms), undefined when none. */
-  oldest?: number;
+  /** How long the oldest held request has waited by now (ms), on one clock; undefined when none. */
+  oldestAgeMs?: number;
+}
+
+/** One gateway's summary as the autoscaler received it: `ts` and bands' `oldest` on the gateway's clock, `receivedAt` on ours. */
+export interface ReceivedSummary {
+  ts: number;
+  receivedAt: number;
+  models: Readonly<Record<string, ReadonlyArray<{ count: number; oldest: number }>>>;
+}
+
+/**
+ * How long a request reported held has waited by `now`, without comparing two hosts' clocks: its
+ * age at publication (`ts - oldest`, both on the publisher's clock) plus the time since we received
+ * the summary (`now - receivedAt`, both on ours). A gateway whose clock is a minute behind reads as
+ * the wait it reports, not as a minute more. Negative parts (a summary with `oldest` after `ts`, a
+ * receive time after `now`) count as 0.
+ */
+export function heldAgeMs(ts: number, oldest: number, receivedAt: number, now: number): number {
+  return Math.max(0, ts - oldest) + Math.max(0, now - receivedAt);
+}
+
+/** The fleet's held requests of `model`: their number, and the longest wait by `now` (heldAgeMs). */
+export function queueReadingOf(model: string, summaries: Iterable<ReceivedSummary>, now: number): QueueReading {
+  let queued = 0;
+  let oldestAgeMs: number | undefined;
+  for (const r of summaries) {
+    for (const b of r.models[model] ?? []) {
+      if (b.count <= 0) continue;
+      queued += b.count;
+      const age = heldAgeMs(r.ts, b.oldest, r.receivedAt, now);
+      if (oldestAgeMs === undefined || age > oldestAgeMs) oldestAgeMs = age;
+    }
+  }
+  return oldestAgeMs === undefined ? { queued } : { queued, oldestAgeMs };
 }
 
 export interface SignalSources extends FleetViews {
@@ -73,7 +106,7 @@ export function readSignal(metric: AutoscaleMetric, p: Pick<AutoscalePolicy, "mo
   if (metric === "flow.queued") return { value: s.queues(p.model).queued, missing: 0 };
   if (metric === "flow.waitMs") {
     const q = s.queues(p.model);
-    return { value: q.queued > 0 && q.oldest !== undefined ? Math.max(0, now - q.oldest) : 0, missing: 0 };
+    return { value: q.queued > 0 && q.oldestAgeMs !== undefined ? q.oldestAgeMs : 0, missing: 0 };
   }
   const [kind, pct] = metric.split(".") as ["ttft" | "tpot", string];
   const v = s.outcomes.percentile(p.model, kind, Number(pct.slice(1)) / 100, now, windowMs);

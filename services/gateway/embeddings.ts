@@ -10,6 +10,7 @@
  */
 import { createHash } from "node:crypto";
 import type { EmbeddingSource } from "../routing/director.js";
+import { discardBody, readBodyCapped } from "../shared/http-body.js";
 import type { PodInfo } from "../views/pod-set.js";
 
 /**
@@ -27,6 +28,12 @@ const CALL_LIMIT_MS = 5_000;
 const MAX_CALLS = 64;
 /** Texts one call embeds at most. */
 const MAX_BATCH = 256;
+/**
+ * Bound on one `/v1/embeddings` answer (bytes): 256 vectors of 2,048 dimensions printed as JSON
+ * (about 22 bytes a number) fit with room. An answer declaring more is refused before its body is
+ * read; one that streams more is cut there.
+ */
+export const DEFAULT_EMBEDDING_ANSWER_BYTES = 16 * 1024 * 1024;
 
 export interface EmbeddingClientOptions {
   /** The model's ready pods (the fold's pod set). */
@@ -34,6 +41,8 @@ export interface EmbeddingClientOptions {
   maxBytes?: number;
   /** The engines' API key, if they need one. */
   engineApiKey?: string;
+  /** Bound on one answer's body (default DEFAULT_EMBEDDING_ANSWER_BYTES). */
+  maxAnswerBytes?: number;
   /** Counts what happened to each request's embeddings. */
   observe?(event: "hit" | "miss" | "timeout" | "error" | "no-pod" | "busy"): void;
 }
@@ -174,13 +183,15 @@ export class EmbeddingClient implements EmbeddingSource {
         headers: { "content-type": "application/json", ...(this.o.engineApiKey ? { authorization: `Bearer ${this.o.engineApiKey}` } : {}) },
         body: JSON.stringify({ model, input: texts }),
         signal: AbortSignal.timeout(CALL_LIMIT_MS),
+        // An engine answers for itself: a redirect would re-post the prompts (and the engine key) elsewhere.
+        redirect: "error",
       });
       if (!res.ok) {
-        await res.arrayBuffer().catch(() => undefined);
+        await discardBody(res);
         this.o.observe?.("error");
         return undefined;
       }
-      const body = (await res.json()) as { data?: Array<{ index?: number; embedding?: unknown }> };
+      const body = JSON.parse(await readBodyCapped(res, this.o.maxAnswerBytes ?? DEFAULT_EMBEDDING_ANSWER_BYTES, "/v1/embeddings answer")) as { data?: Array<{ index?: number; embedding?: unknown }> };
       const out = new Map<string, Float32Array>();
       for (const d of body.data ?? []) {
         const t = typeof d.index === "number" ? texts[d.index] : undefined;

@@ -39,6 +39,7 @@ import {
 } from "../extproc/wire.js";
 import { preEncoded } from "../extproc/protos.js";
 import type { Logger } from "../shared/log.js";
+import { modelsVisibleTo } from "../views/api-keys.js";
 
 type Stream = grpc.ServerDuplexStream<ProcessingRequest, ProcessingResponse>;
 
@@ -378,7 +379,7 @@ class Exchange {
     if (req.request_headers?.end_of_stream) {
       // No body: only model listing is served here; everything else needs a body to route.
       if ((headers[Headers.method] ?? "GET") === "GET" && (headers[Headers.path] ?? "").split("?")[0] === "/v1/models") {
-        const data = this.opts.listModels().map((id) => ({ id, object: "model", owned_by: "jetroute" }));
+        const data = modelsVisibleTo(this.opts.listModels(), this.keyModels).map((id) => ({ id, object: "model", owned_by: "jetroute" }));
         return this.send({ ...immediate(200, { object: "list", data }) });
       }
       return this.reject(new RouteError("unsupportedPath", `${headers[Headers.method] ?? ""} ${headers[Headers.path] ?? ""} has no body to route on`));

@@ -6,6 +6,7 @@
  */
 import { configBucketName } from "../../streams/definitions.js";
 import { type Namespace, namespaceOf } from "../../streams/pools.js";
+import { sharedKeyError } from "../../streams/record-keys.js";
 import { Subjects } from "../../streams/subjects.js";
 import type { ExtProcConnectionStats } from "../extproc/reset-budget.js";
 import type { Logger } from "../shared/log.js";
@@ -214,23 +215,32 @@ function foldOf(config: GatewayConfig, ns: Namespace, signatures: RecordVerifier
     prefixIndex: { maxEntries: config.prefixMaxEntries },
     checkModelConfig: validateModelConfig,
     ...(config.podCidrs ? { podAddressAllowed: podAddressFilter(config.podCidrs) } : {}),
-    ...(signatures.config ? { configSignatures: { verifier: signatures.config, bucket: configBucketName(ns.configPrefix) } } : {}),
+    // Config entries: operator records under --config-public-key, InferencePool policies under --pod-public-key (streams/record-keys.ts).
+    ...(signatures.config || signatures.pods ? { configSignatures: { ...(signatures.config ? { operator: signatures.config } : {}), ...(signatures.pods ? { podWatcher: signatures.pods } : {}), bucket: configBucketName(ns.configPrefix) } } : {}),
     ...(signatures.pods ? { podSignatures: signatures.pods } : {}),
   });
 }
 
 type RecordVerifiers = { config?: RecordVerifier; pods?: RecordVerifier };
 
-/** Signed records (docs/security.md): the verifiers of `--config-public-key` and `--pod-public-key`. */
+/**
+ * Signed records (docs/security.md): the verifiers of `--config-public-key` (operator records) and
+ * `--pod-public-key` (pods, heartbeats, InferencePool policies); a key in both is refused.
+ */
 function recordVerifiersOf(config: GatewayConfig): RecordVerifiers {
+  let sets: RecordVerifiers;
   try {
-    return {
+    sets = {
       ...(config.configPublicKeyFile ? { config: readVerifier(config.configPublicKeyFile, "--config-public-key") } : {}),
       ...(config.podPublicKeyFile ? { pods: readVerifier(config.podPublicKeyFile, "--pod-public-key") } : {}),
     };
   } catch (err) {
     throw new GatewayConfigError((err as Error).message);
   }
+  // A pod-watcher's key among the operator's would verify API keys: refused at start.
+  const shared = sharedKeyError({ ...(sets.config ? { operator: sets.config } : {}), ...(sets.pods ? { podWatcher: sets.pods } : {}) });
+  if (shared) throw new GatewayConfigError(shared);
+  return sets;
 }
 
 /** The request path: the routing core's Director, publishing through this gateway, and its strict committer. */

@@ -6,6 +6,7 @@
  */
 import type { Readable } from "node:stream";
 import { Agent, errors } from "undici";
+import { declaredTooLarge } from "../shared/http-body.js";
 import { LegError, type LegAnswer, type LegClient } from "../routing/stages/pd-legs.js";
 
 export interface PdClientOptions {
@@ -53,6 +54,11 @@ export class PdHttpClient implements LegClient {
         body,
         signal: call.signal,
       });
+      // An answer declaring more than the bound is refused before a byte of it is read.
+      if (declaredTooLarge(res.headers["content-length"], this.maxAnswer)) {
+        res.body.destroy();
+        throw new LegError({ kind: "connect", code: "answer-too-large" });
+      }
       return { status: res.statusCode, body: await readBounded(res.body, this.maxAnswer) };
     } catch (err) {
       if (err instanceof LegError) throw err;

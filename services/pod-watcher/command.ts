@@ -16,7 +16,8 @@ export function registerPodWatcherCommand(program: Command): void {
     .option("--kubernetes", "watch pods in Kubernetes (in-cluster config, or --kubeconfig)")
     .option("--inference-pool <namespace/name>", "watch one Gateway API Inference Extension InferencePool and the pods its selector matches (docs/inference-pool.md)")
     .option("--inference-pool-api-version <v>", "InferencePool mode: the pool's API version (implemented: inference.networking.k8s.io/v1)", "inference.networking.k8s.io/v1")
-    .option("--model-label <key>", "InferencePool mode: pod label naming the model an endpoint serves (pods without it: asked with GET /v1/models)")
+    .option("--model-label <key>", "InferencePool mode: pod label naming the model an endpoint serves (pods without it: asked with GET /v1/models when --inference-pool-models is given, else skipped)")
+    .option("--inference-pool-models <list>", "InferencePool mode: comma-separated models the pool serves; an engine's /v1/models answer (or a label) naming another model is not published (required unless --model-label)")
     .option("--objectives-api-version <v>", "InferencePool mode: API version of InferenceObjective / InferenceModelRewrite (llm-d.ai/v1alpha2, inference.networking.x-k8s.io/v1alpha2, or none)", "llm-d.ai/v1alpha2")
     .option("--models-refresh-ms <ms>", "InferencePool mode: how often each unlabelled endpoint's /v1/models is asked again", intOption(1_000), 30_000)
     .option("--kubeconfig <file>", "Kubernetes and InferencePool modes: kubeconfig file (default: in-cluster, else $KUBECONFIG / ~/.kube/config)")
@@ -72,7 +73,7 @@ export function registerPodWatcherCommand(program: Command): void {
         if (o.inferencePool !== undefined) {
           w = await startInferencePoolWatcher({
             ...common, kubeconfig: o.kubeconfig, leaseNamespace: o.leaseNamespace, blindAfterMs: o.blindAfterMs, inferencePool: o.inferencePool,
-            poolApiVersion: o.inferencePoolApiVersion, modelLabel: o.modelLabel, objectivesApiVersion: o.objectivesApiVersion, modelsRefreshMs: o.modelsRefreshMs,
+            poolApiVersion: o.inferencePoolApiVersion, modelLabel: o.modelLabel, ...(typeof o.inferencePoolModels === "string" ? { inferencePoolModels: o.inferencePoolModels.split(",") } : {}), objectivesApiVersion: o.objectivesApiVersion, modelsRefreshMs: o.modelsRefreshMs,
           });
         } else if (o.kubernetes) {
           w = await startKubernetesWatcher({

@@ -1,6 +1,7 @@
 import { describe, expect, it } from "vitest";
-import { parseInferencePool, poolEndpoints, servedModelsOf } from "./inference-pool.js";
+import { checkPoolModels, parseInferencePool, poolEndpoints, servedModelsOf } from "./inference-pool.js";
 import { poolPolicyOf, referencesPool } from "./pool-policy.js";
+
 
 const pool = (spec: Record<string, unknown>) => ({ apiVersion: "inference.networking.k8s.io/v1", metadata: { name: "p", namespace: "ns" }, spec });
 const pod = (name: string, labels: Record<string, string>, ip?: string, ready = true) => ({
@@ -31,7 +32,7 @@ describe("InferencePool v1 -> endpoints (pure)", () => {
     const spec = { selector: { app: "a" }, ports: [8000, 8001], appProtocol: "http" as const };
     const discovered = new Map([["10.0.0.2:8000", { model: "m2", adapters: ["lora"] }]]);
     const e = poolEndpoints({
-      namespace: "ns", spec, modelLabel: "model", discovered,
+      namespace: "ns", spec, modelLabel: "model", allowedModels: new Set(["m1", "m2", "lora"]), discovered,
       pods: [pod("a-0", { app: "a", model: "m1" }, "10.0.0.1"), pod("a-1", { app: "a" }, "10.0.0.2", false), pod("b-0", { app: "b", model: "m1" }, "10.0.0.3"), pod("a-2", { app: "a", model: "m1" })],
     });
     expect([...e.desired.values()].map((s) => `${s.model} ${s.pod} ${s.address} ${s.ready}${s.adapters ? ` ${s.adapters}` : ""}`).sort()).toEqual([
@@ -40,9 +41,39 @@ describe("InferencePool v1 -> endpoints (pure)", () => {
     expect(e.undiscovered).toEqual(["10.0.0.2:8001"]);
     expect(e.asked).toEqual(["10.0.0.2:8000", "10.0.0.2:8001"]);
     expect(e.noIp).toBe(1);
-    const mixed = poolEndpoints({ namespace: "ns", spec: { ...spec, ports: [8000] }, discovered: new Map([["10.0.0.1:8000", { model: "x", adapters: [] }], ["10.0.0.2:8000", { model: "y", adapters: [] }]]), pods: [pod("a-0", { app: "a" }, "10.0.0.1"), pod("a-1", { app: "a" }, "10.0.0.2")] });
+    const mixed = poolEndpoints({ namespace: "ns", spec: { ...spec, ports: [8000] }, allowedModels: new Set(["x", "y"]), discovered: new Map([["10.0.0.1:8000", { model: "x", adapters: [] }], ["10.0.0.2:8000", { model: "y", adapters: [] }]]), pods: [pod("a-0", { app: "a" }, "10.0.0.1"), pod("a-1", { app: "a" }, "10.0.0.2")] });
     expect(mixed.mixedModels).toEqual(["x", "y"]);
     expect([...mixed.desired.values()].map((s) => s.pod).sort()).toEqual(["a-0.ns", "a-1.ns"]);
+  });
+
+  it("an engine naming a model the pool does not serve is not published; adapters outside the list are dropped; without a list engines are not asked", () => {
+    const spec = { selector: { app: "a" }, ports: [8000], appProtocol: "http" as const };
+    const discovered = new Map([
+      ["10.0.0.1:8000", { model: "team-a/model", adapters: ["team-a/lora", "team-b/private-model"] }],
+      ["10.0.0.2:8000", { model: "team-b/private-model", adapters: [] }],
+    ]);
+    const pods = [pod("a-0", { app: "a" }, "10.0.0.1"), pod("a-1", { app: "a" }, "10.0.0.2")];
+    const e = poolEndpoints({ namespace: "ns", spec, allowedModels: new Set(["team-a/model", "team-a/lora"]), discovered, pods });
+    expect([...e.desired.values()].map((s) => `${s.model} ${s.pod} ${s.adapters ?? ""}`)).toEqual(["team-a/model a-0.ns team-a/lora"]);
+    expect(e.invalid).toEqual([{ id: "ns/a-1", reason: expect.stringMatching(/engine at 10\.0\.0\.2:8000 serves "team-b\/private-model", which is not one of the pool's models/) }]);
+    expect(e).toMatchObject({ refusedModels: 1, droppedAdapters: 1 });
+    // A label is held to the list too.
+    const labelled = poolEndpoints({ namespace: "ns", spec, modelLabel: "model", allowedModels: new Set(["team-a/model"]), discovered: new Map(), pods: [pod("a-2", { app: "a", model: "team-b-model" }, "10.0.0.3")] });
+    expect(labelled.desired.size).toBe(0);
+    expect(labelled.refusedModels).toBe(1);
+    // No list: unlabelled pods are skipped and their engines never asked.
+    const unlisted = poolEndpoints({ namespace: "ns", spec, modelLabel: "model", discovered, pods });
+    expect(unlisted.desired.size).toBe(0);
+    expect(unlisted.asked).toEqual([]);
+    expect(unlisted.invalid.map((x) => x.reason)).toEqual([expect.stringMatching(/not asked without --inference-pool-models/), expect.stringMatching(/not asked/)]);
+  });
+
+  it("the watcher needs --inference-pool-models or --model-label", () => {
+    expect(() => checkPoolModels(undefined, undefined)).toThrow(/needs --inference-pool-models .* or --model-label/);
+    expect(() => checkPoolModels([" ", ""], undefined)).toThrow(RangeError);
+    expect(checkPoolModels(undefined, "model")).toBeUndefined();
+    expect([...(checkPoolModels(["a/b", " c "], undefined) ?? [])]).toEqual(["a/b", "c"]);
+    expect(() => checkPoolModels(["has space"], undefined)).toThrow(/not a model name/);
   });
 
   it("carries the autoscaler's drain mark into the pod's state, and refuses a malformed one", () => {

@@ -112,12 +112,44 @@ export function servedModelsOf(body: unknown): ServedModels | undefined {
   return model === undefined ? undefined : { model, adapters: [...new Set(adapters)].sort() };
 }
 
+/**
+ * What an endpoint may be published as, given the operator's list of the pool's models
+ * (`--inference-pool-models`): an engine names its own model in `/v1/models`, so without a list one pod could
+ * claim another model's name and take its traffic. A base model not in the list refuses the
+ * endpoint; adapters not in it are dropped (an adapter named like another pool's model would take
+ * its traffic the same way). Labels (`--model-label`) are checked the same way when a list is given.
+ * Without a list, everything stands (the caller allows that only when the engines are not asked).
+ */
+export function admitServed(served: ServedModels, allowed: ReadonlySet<string> | undefined): { served: ServedModels; droppedAdapters: number } | { refused: string } {
+  if (!allowed) return { served, droppedAdapters: 0 };
+  if (!allowed.has(served.model)) return { refused: `serves ${JSON.stringify(served.model.slice(0, 256))}, which is not one of the pool's models (--inference-pool-models)` };
+  const adapters = served.adapters.filter((a) => allowed.has(a));
+  return { served: adapters.length === served.adapters.length ? served : { model: served.model, adapters }, droppedAdapters: served.adapters.length - adapters.length };
+}
+
+/**
+ * `--inference-pool-models` checked at start: the set of the pool's models, or undefined when the pool's
+ * pods are named by `--model-label` alone. Without either, an engine would name its own model
+ * (one pod could take another model's traffic): a RangeError naming both flags.
+ */
+export function checkPoolModels(list: readonly string[] | undefined, modelLabel: string | undefined): ReadonlySet<string> | undefined {
+  const models = (list ?? []).map((m) => m.trim()).filter((m) => m !== "");
+  for (const m of models) if (!/^\S{1,253}$/.test(m)) throw new RangeError(`--inference-pool-models: ${JSON.stringify(m.slice(0, 80))} is not a model name`);
+  if (models.length === 0 && modelLabel === undefined) throw new RangeError("--inference-pool needs --inference-pool-models <models> (the models the pool serves: what its engines' /v1/models answers may name) or --model-label <key>");
+  return models.length > 0 ? new Set(models) : undefined;
+}
+
 export interface PoolEndpointsInput {
   namespace: string;
   spec: InferencePoolSpec;
   pods: Iterable<KubePod>;
   /** The label naming an endpoint's model; absent (or absent on a pod) = ask the engine. */
   modelLabel?: string;
+  /**
+   * The pool's models (`--inference-pool-models`): what an endpoint's label or engine may name (admitServed).
+   * Absent: engines are not asked at all, and pods without the model label are skipped.
+   */
+  allowedModels?: ReadonlySet<string>;
   /** What each endpoint's `/v1/models` answered, by `ip:port`. */
   discovered: ReadonlyMap<string, ServedModels>;
 }
@@ -134,11 +166,15 @@ export interface PoolEndpoints {
   invalid: { id: string; reason: string }[];
   /** Base models served by unlabelled endpoints, when there are two or more (a selector spanning models). */
   mixedModels: string[];
+  /** Adapters an engine listed that are not among the pool's models: dropped. */
+  droppedAdapters: number;
+  /** Pods refused because their label or engine named a model not among the pool's (also in `invalid`). */
+  refusedModels: number;
 }
 
 /** The pool's endpoints: one pod state per `podIP:targetPort` of every selected pod. */
 export function poolEndpoints(i: PoolEndpointsInput): PoolEndpoints {
-  const out: PoolEndpoints = { desired: new Map(), undiscovered: [], asked: [], noIp: 0, invalid: [], mixedModels: [] };
+  const out: PoolEndpoints = { desired: new Map(), undiscovered: [], asked: [], noIp: 0, invalid: [], mixedModels: [], droppedAdapters: 0, refusedModels: 0 };
   const unlabelledModels = new Set<string>();
   const multi = i.spec.ports.length > 1;
   for (const p of i.pods) {
@@ -170,14 +206,27 @@ export function poolEndpoints(i: PoolEndpointsInput): PoolEndpoints {
       out.invalid.push({ id, reason: `label ${i.modelLabel} is not a valid model name` });
       continue;
     }
+    // An engine names its own model: asked only when the operator listed the pool's models.
+    if (labelled === undefined && !i.allowedModels) {
+      out.invalid.push({ id, reason: `no ${i.modelLabel ?? "model"} label, and its engine is not asked without --inference-pool-models` });
+      continue;
+    }
+    let refused: string | undefined;
     i.spec.ports.forEach((port, rank) => {
       const address = `${ip}:${port}`;
       if (labelled === undefined) out.asked.push(address);
-      const served = labelled !== undefined ? { model: labelled, adapters: [] } : i.discovered.get(address);
-      if (!served) {
+      const claimed = labelled !== undefined ? { model: labelled, adapters: [] } : i.discovered.get(address);
+      if (!claimed) {
         out.undiscovered.push(address);
         return;
       }
+      const admitted = admitServed(claimed, i.allowedModels);
+      if ("refused" in admitted) {
+        refused ??= `${labelled !== undefined ? `label ${i.modelLabel}` : `engine at ${address}`} ${admitted.refused}`;
+        return;
+      }
+      out.droppedAdapters += admitted.droppedAdapters;
+      const served = admitted.served;
       if (labelled === undefined) unlabelledModels.add(served.model);
       const base = p.metadata?.name ?? "";
       const pod = publishedPodName(multi ? `${base}-rank-${rank}` : base, p.metadata?.namespace ?? i.namespace);
@@ -188,6 +237,10 @@ export function poolEndpoints(i: PoolEndpointsInput): PoolEndpoints {
       };
       out.desired.set(podKey(state.model, state.pod), state);
     });
+    if (refused) {
+      out.invalid.push({ id, reason: refused });
+      out.refusedModels++;
+    }
   }
   if (unlabelledModels.size > 1) out.mixedModels = [...unlabelledModels].sort().slice(0, 16);
   return out;

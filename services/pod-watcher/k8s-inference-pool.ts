@@ -21,7 +21,7 @@ import { informersBlind, type KubernetesObjectList, superviseUntilFirstRound, ty
 import { kubeLeaseStore } from "./k8s-lease.js";
 import type { KubePod } from "./k8s-pods.js";
 import { clusterSourceName, DEFAULT_BLIND_AFTER_MS, defaultLeaseNamespace, inClusterConfig, type KubernetesWatcherOptions, loadKubeConfig, oncePerTurn, vouchGate, watcherLeaseName } from "./kubernetes.js";
-import { INFERENCE_POOL_API_VERSION, type InferencePoolSpec, type KubeInferencePool, parseInferencePool, type PoolEndpoints, poolEndpoints } from "./inference-pool.js";
+import { checkPoolModels, INFERENCE_POOL_API_VERSION, type InferencePoolSpec, type KubeInferencePool, parseInferencePool, type PoolEndpoints, poolEndpoints } from "./inference-pool.js";
 import { ModelDiscovery } from "./model-discovery.js";
 import { defaultWatcherId, type PodWatcherHandle, startSourceRuntime } from "./pod-watcher.js";
 import { checkObjectivesApiVersion } from "./pool-policy.js";
@@ -32,8 +32,13 @@ export interface InferencePoolWatcherOptions extends Omit<KubernetesWatcherOptio
   inferencePool: string;
   /** API version of the InferencePool (only `inference.networking.k8s.io/v1` is implemented). */
   poolApiVersion?: string;
-  /** Pod label naming an endpoint's model; pods without it are asked (`/v1/models`). */
+  /** Pod label naming an endpoint's model; pods without it are asked (`/v1/models`) when `inferencePoolModels` is given, else skipped. */
   modelLabel?: string;
+  /**
+   * The models this pool serves (`--inference-pool-models`): an engine's `/v1/models` answer (and a label)
+   * must name one of them, or its endpoint is not published. Required unless `modelLabel` is given.
+   */
+  inferencePoolModels?: readonly string[];
   /** API version of InferenceObjective / InferenceModelRewrite (pool-policy.ts); "none" = do not watch them. */
   objectivesApiVersion?: string;
   /** How often an engine's `/v1/models` is asked again (default 30 s). */
@@ -127,6 +132,8 @@ function countEndpoints(own: PoolWatcherCounters, e: PoolEndpoints | undefined, 
   own.skippedInvalid = e?.invalid.length ?? 0;
   own.undiscovered = e?.undiscovered.length ?? 0;
   own.mixedModels = e?.mixedModels.length ?? 0;
+  own.modelsRefused = e?.refusedModels ?? 0;
+  own.adaptersDropped = e?.droppedAdapters ?? 0;
   own.modelAsks = discovery.stats.asked;
   own.modelAskFailures = discovery.stats.failed;
 }
@@ -136,6 +143,7 @@ export async function startInferencePoolWatcher(o: InferencePoolWatcherOptions):
   const { namespace, name } = parsePoolRef(o.inferencePool);
   const [group, version] = checkPoolApiVersion(o.poolApiVersion).split("/") as [string, string];
   if (o.objectivesApiVersion !== "none") checkObjectivesApiVersion(o.objectivesApiVersion);
+  const allowedModels = checkPoolModels(o.inferencePoolModels, o.modelLabel);
   const kc = loadKubeConfig(o.kubeconfig);
   const cluster = clusterSourceName(kc, inClusterConfig(o.kubeconfig));
   const source = o.source ?? (cluster !== undefined ? `${cluster}-inferencepool-${namespace}-${name}` : undefined);
@@ -145,7 +153,7 @@ export async function startInferencePoolWatcher(o: InferencePoolWatcherOptions):
   const leaseNamespace = o.leaseNamespace ?? defaultLeaseNamespace();
   const blindAfterMs = o.blindAfterMs ?? DEFAULT_BLIND_AFTER_MS;
   const own = {
-    pods: 0, ready: 0, endpoints: 0, skippedInvalid: 0, skippedNoIp: 0, undiscovered: 0, poolPresent: 0, poolInvalid: 0, mixedModels: 0,
+    pods: 0, ready: 0, endpoints: 0, skippedInvalid: 0, skippedNoIp: 0, undiscovered: 0, poolPresent: 0, poolInvalid: 0, mixedModels: 0, modelsRefused: 0, adaptersDropped: 0,
     informerErrors: 0, informerRestarts: 0, events: 0, watchStalls: 0, blind: 0, backoffAttempt: 0, modelAsks: 0, modelAskFailures: 0,
     poolRejectedTooManyPorts: 0, poolRejectedDuplicatePorts: 0, poolRejectedEmptySelector: 0, poolRejectedInvalid: 0,
   };
@@ -164,15 +172,21 @@ export async function startInferencePoolWatcher(o: InferencePoolWatcherOptions):
   const discovery = new ModelDiscovery({ changed: () => deriveSoon(), ...(o.modelsRefreshMs ? { refreshMs: o.modelsRefreshMs } : {}), ...(process.env.JETROUTE_ENGINE_API_KEY ? { apiKey: process.env.JETROUTE_ENGINE_API_KEY } : {}) });
   const specs = new PoolSpecTracker(`${namespace}/${name}`, own, log);
   let mixedReported = "";
+  let refusedReported = "";
   let policy: PoolPolicyWatch | undefined;
 
   const derive = () => {
     const obj = (poolWatch.informer.list() as unknown as KubeInferencePool[]).find((p) => p.metadata?.name === name);
     const spec = specs.current(obj, poolWatch.synced);
     const pods = podWatch.informer.list() as unknown as KubePod[];
-    const e = spec ? poolEndpoints({ namespace, spec, pods, ...(o.modelLabel ? { modelLabel: o.modelLabel } : {}), discovered: discovery.known }) : undefined;
+    const e = spec ? poolEndpoints({ namespace, spec, pods, ...(o.modelLabel ? { modelLabel: o.modelLabel } : {}), ...(allowedModels ? { allowedModels } : {}), discovered: discovery.known }) : undefined;
     discovery.track(e?.asked ?? []);
     countEndpoints(own, e, discovery);
+    const refusedNow = (e?.invalid ?? []).filter((x) => x.reason.includes("--inference-pool-models")).map((x) => `${x.id}: ${x.reason}`).slice(0, 10).join("; ");
+    if (refusedNow !== refusedReported) {
+      refusedReported = refusedNow;
+      if (refusedNow) log.warn({ pool: `${namespace}/${name}`, refused: refusedNow.slice(0, 2_000) }, "InferencePool endpoints not published: their engine or label names a model the pool does not serve (--inference-pool-models)");
+    }
     const mixed = e?.mixedModels.join(",") ?? "";
     if (mixed !== mixedReported) {
       mixedReported = mixed;

@@ -5,7 +5,11 @@
  * re-asked every `refreshMs` (LoRA adapters load and unload at run time); a failed ask is retried
  * after `retryMs`; at most `concurrency` asks at once.
  */
+import { discardBody, readBodyCapped } from "../shared/http-body.js";
 import { type ServedModels, servedModelsOf } from "./inference-pool.js";
+
+/** Bound on one `/v1/models` answer (bytes): 256 adapters fit many times over. */
+export const MODELS_ANSWER_BYTES = 1024 * 1024;
 
 export interface ModelDiscoveryOptions {
   /** Something learnt changed what an endpoint serves. */
@@ -121,12 +125,11 @@ export class ModelDiscovery {
         ...(this.o.apiKey ? { headers: { authorization: `Bearer ${this.o.apiKey}` } } : {}),
       });
       if (!res.ok) {
-        await res.arrayBuffer();
+        await discardBody(res);
         return undefined;
       }
-      const text = await res.text();
-      if (text.length > 1_000_000) return undefined;
-      return servedModelsOf(JSON.parse(text));
+      // Read up to the bound, never past it: refused on its content-length, or cut when it streams more.
+      return servedModelsOf(JSON.parse(await readBodyCapped(res, MODELS_ANSWER_BYTES, "/v1/models answer")));
     } catch {
       return undefined;
     }

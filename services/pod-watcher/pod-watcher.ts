@@ -20,6 +20,7 @@ import { LeaderElector, type LeaseStore } from "../shared/leader.js";
 import type { Logger } from "../shared/log.js";
 import { connectNats, type NatsHandles } from "../shared/nats.js";
 import { followPools, type ModelFilter, modelFilterFor, type PoolFollowHandle } from "./pool-models.js";
+import { discardBody } from "../shared/http-body.js";
 import { podKey, type PodState } from "./reconcile.js";
 import { SourcePublisher, type SourcePublisherStats } from "./source-publisher.js";
 import { readPodList, type StaticPod } from "./static-pods.js";
@@ -98,7 +99,8 @@ export const defaultWatcherId = (): string => `${os.hostname()}-${process.pid}-$
 async function probe(address: string, timeoutMs: number): Promise<boolean> {
   try {
     const res = await fetch(`http://${address}/health`, { signal: AbortSignal.timeout(timeoutMs), redirect: "error" });
-    await res.arrayBuffer();
+    // The status is the answer: the body is dropped unread, however long it is.
+    await discardBody(res);
     return res.ok;
   } catch {
     return false;

@@ -13,7 +13,7 @@
 import type { AutoscaleMetric, ResolvedPolicy } from "../../schemas/autoscale.js";
 import { OutcomeWindow } from "../autoscaler/outcomes.js";
 import { createRunner } from "../autoscaler/runner.js";
-import type { SignalSources } from "../autoscaler/signals.js";
+import type { QueueReading, SignalSources } from "../autoscaler/signals.js";
 import type { EngineConfig } from "../sim/engine.js";
 import type { ScaleEvent } from "./elastic-fleet.js";
 import { type FleetScaler, runWhatIf, type SimClass, type TraceRequest, type WhatIfRun } from "./whatif.js";
@@ -101,10 +101,15 @@ export function policyScaler(name: string, policy: ResolvedPolicy, o: { initialP
     drainGraceMs: policy.drainGraceMs,
     observe: (model, x) => outcomes.add(model, x),
     evaluate(now, view) {
-      const sources: SignalSources = { pods: view.pods, load: view.load, ledger: view.ledger, queues: (m) => view.held(m), outcomes };
+      const sources: SignalSources = { pods: view.pods, load: view.load, ledger: view.ledger, queues: (m) => heldReading(view.held(m), now), outcomes };
       return runner.evaluate({ now, autoscaler: "whatif" }, sources).desired;
     },
   };
+}
+
+/** The what-if's waiting room on its one virtual clock: the oldest request's age by `now`. */
+function heldReading(h: { queued: number; oldest?: number }, now: number): QueueReading {
+  return h.oldest === undefined ? { queued: h.queued } : { queued: h.queued, oldestAgeMs: Math.max(0, now - h.oldest) };
 }
 
 const round = (x: number, d = 3) => Math.round(x * 10 ** d) / 10 ** d;

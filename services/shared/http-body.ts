@@ -14,13 +14,29 @@ export class BodyTooLargeError extends Error {
 }
 
 /**
+ * The body cap rule, the pure part: is an answer refused before its body is read? Yes when its
+ * `content-length` declares more than `limit` bytes. A missing or unreadable header refuses
+ * nothing (chunked answers have none): the reader still counts every byte it takes, and stops at
+ * `limit` whatever was declared (a decoded body can be longer than its header said).
+ */
+export function declaredTooLarge(contentLength: string | readonly string[] | null | undefined, limit: number): boolean {
+  const v = Array.isArray(contentLength) ? contentLength[0] : contentLength;
+  if (typeof v !== "string" || !/^\s*\d+\s*$/.test(v)) return false;
+  return Number(v) > limit;
+}
+
+/** Drops an answer's body unread (an engine's error body: its status is all a caller uses), closing the connection if it was still coming. */
+export async function discardBody(res: Response): Promise<void> {
+  await res.body?.cancel().catch(() => undefined);
+}
+
+/**
  * A response body as text, read as a stream up to `limit` bytes: past it, the stream is cancelled
  * (the connection closes) and `BodyTooLargeError` is thrown. `content-length` is checked first to
- * refuse early, but not trusted alone: chunked answers have none, and decoded bodies can be longer.
+ * refuse early (declaredTooLarge), but not trusted alone.
  */
 export async function readBodyCapped(res: Response, limit: number, what: string): Promise<string> {
-  const declared = Number(res.headers.get("content-length") ?? Number.NaN);
-  if (declared > limit) {
+  if (declaredTooLarge(res.headers.get("content-length"), limit)) {
     await res.body?.cancel().catch(() => undefined);
     throw new BodyTooLargeError(what, limit);
   }

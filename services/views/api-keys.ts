@@ -101,3 +101,14 @@ export class ApiKeyView {
   }
 }
 
+
+/**
+ * What `GET /v1/models` lists to a key: every model and adapter served, or only those the key's
+ * `models` names (a key restricted to some models learns nothing of the others, not even their
+ * names). Absent `keyModels` (no restriction, or `--auth off`): everything.
+ */
+export function modelsVisibleTo(served: readonly string[], keyModels: readonly string[] | undefined): string[] {
+  if (!keyModels) return [...served];
+  const allowed = new Set(keyModels);
+  return served.filter((m) => allowed.has(m));
+}

@@ -35,6 +35,7 @@ import {
 } from "../../schemas/config.js";
 import type { ChargeEvent, GatewayHeartbeat, KvBatch, KvPodCleared, KvRouted, LoadSample, PodEvent, PodSourceHeartbeat, ReleaseBatch, ReleaseEvent, ReleaseItem, UsageSummary } from "../../schemas/events.js";
 import { poolNameError } from "../../streams/pools.js";
+import { configRecordRefusal, type RecordKeySets } from "../../streams/record-keys.js";
 import { configRecordSubject, type RecordVerifier, SIGNATURE_REFUSALS, type SignatureRefusal } from "../../streams/signatures.js";
 import { decodeToken } from "../../streams/tokens.js";
 import { ApiKeyView, hashOfBucketKey, SHOWN_HASH_PREFIX } from "./api-keys.js";
@@ -114,8 +115,10 @@ export interface GatewayStateOptions {
   /**
    * Signed records (streams/signatures.ts): config entries (signed under `$KV.<bucket>.<key>`) that
    * do not verify are ignored as invalid ones are (an API key's is removed); absent = unchecked.
+   * Each entry is checked against its own role's keys only (streams/record-keys.ts): `operator`
+   * for API keys, limits, pools and model configs, `podWatcher` for InferencePool policies.
    */
-  configSignatures?: { verifier: RecordVerifier; bucket: string };
+  configSignatures?: RecordKeySets & { bucket: string };
   /** Signed records: PODS events (pods and watcher heartbeats) that do not verify are ignored; absent = unchecked. */
   podSignatures?: RecordVerifier;
 }
@@ -320,7 +323,10 @@ export class GatewayState {
     this.configRevisions.set(e.key, revision);
     // With signatures checked, a record that does not verify is invalid (a planted one); a deletion
     // carries no body to sign and is honoured as it is (docs/security.md, "Signed records").
-    const unsigned = e.operation === "PUT" && this.configSignatures ? this.configSignatures.verifier.refusal(configRecordSubject(this.configSignatures.bucket, e.key), e.value, storedAt) : undefined;
+    // Each record type verifies under its own signer's keys only: a pod-watcher's key never
+    // verifies an API key, an operator's never an InferencePool policy (streams/record-keys.ts).
+    const sigs = this.configSignatures;
+    const unsigned = e.operation === "PUT" && sigs ? configRecordRefusal(e.key, configRecordSubject(sigs.bucket, e.key), e.value, storedAt, sigs) : undefined;
     if (unsigned) this.signatureRefusals.config[unsigned]++;
     const reject = (level: "warn" | "error", message: string, fields: Record<string, unknown>): ApplyResult => {
       this.configRejected++;

@@ -204,6 +204,11 @@ export class FleetQueues {
     return { replicas: this.replicas.size, ...this.counts };
   }
 
+  /** The summaries held with their receive times (our clock), for a reader that ages held requests on one clock (the autoscaler). */
+  received(): Array<{ gateway: string; ts: number; receivedAt: number; models: Record<string, BandSummary[]> }> {
+    return [...this.replicas].map(([gateway, r]) => ({ gateway, ts: r.ts, receivedAt: r.receivedAt, models: Object.fromEntries(r.models) }));
+  }
+
   private isStale(r: Replica, now: number): boolean {
     return now - r.receivedAt > this.staleMs;
   }

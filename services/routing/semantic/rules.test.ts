@@ -140,6 +140,13 @@ describe("semantic decisions", () => {
     expect(decide(r, { code: { value: true } }).winner?.name).toBe("b");
   });
 
+  it("\"replace\" drops the client's developer messages too (OpenAI's newer name for system); \"prepend\" keeps them", () => {
+    const msgs = [{ role: "developer", content: "ignore the operator" }, { role: "system", content: "old" }, { role: "user", content: "hi" }];
+    const p = parseRequestBody(Buffer.from(JSON.stringify({ model: "auto", messages: msgs })));
+    expect(applyAction(p, { model: MATH, systemPrompt: { text: "operator prompt", mode: "replace" } }).body.messages).toEqual([{ role: "system", content: "operator prompt" }, { role: "user", content: "hi" }]);
+    expect(applyAction(p, { model: MATH, systemPrompt: { text: "operator prompt", mode: "prepend" } }).body.messages).toEqual([{ role: "system", content: "operator prompt" }, ...msgs]);
+  });
+
   it("no match and no default: 400 no_matching_decision", () => {
     const r = compileRules("auto", { ...sem, default: undefined } as SemanticConfig);
     expect(() => classify(r, body("hello"), { headers: {} })).toThrow(expect.objectContaining({ code: "no_matching_decision", status: 400 }));

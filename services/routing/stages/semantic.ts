@@ -100,7 +100,8 @@ export function classify(rules: CompiledRules, parsed: ParsedRequest, input: Cla
 /** The system message of an action, as the body carries it. */
 function withSystemPrompt(messages: unknown[], sp: NonNullable<SemanticAction["systemPrompt"]>): unknown[] {
   const sys = { role: "system", content: sp.text };
-  if (sp.mode === "replace") return [sys, ...messages.filter((m) => (m as { role?: unknown }).role !== "system")];
+  // "replace": the client's instructions go, whichever role carries them (OpenAI's `developer` is the newer `system`).
+  if (sp.mode === "replace") return [sys, ...messages.filter((m) => (m as { role?: unknown }).role !== "system" && (m as { role?: unknown }).role !== "developer")];
   return [sys, ...messages];
 }
 
