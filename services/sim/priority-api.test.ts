@@ -38,7 +38,7 @@ describe("priority in the request body", () => {
     const f = await start({ schedulingPolicy: "priority" });
     const res = await postJson(f.pods[0]?.address ?? "", "/v1/completions", { prompt: "hello", max_tokens: 2, priority });
     expect(res.status).toBe(400);
-    const body = await res.json();
+    const body = await json(res);
     expect(body.error).toMatchObject({ type: "BadRequestError", param: "priority", code: 400 });
     expect(body.error.message).toMatch(message);
   });
@@ -76,7 +76,7 @@ describe("priority in the request body", () => {
     const address = f.pods[0]?.address ?? "";
     const res = await postJson(address, "/v1/chat/completions", { messages: [{ role: "user", content: "hi" }], max_tokens: 2, priority: 1 });
     expect(res.status).toBe(503);
-    expect((await res.json()).error.message).toMatch(/Using priority is disabled for this server/);
+    expect((await json(res)).error.message).toMatch(/Using priority is disabled for this server/);
     expect((await postJson(address, "/v1/chat/completions", { messages: [{ role: "user", content: "hi" }], max_tokens: 2 })).status).toBe(200);
   });
 
