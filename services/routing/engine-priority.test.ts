@@ -1,7 +1,14 @@
 import { describe, expect, it } from "vitest";
 import { modelConfigError } from "../../schemas/config.js";
 import { validateModelConfig } from "./config-check.js";
-import { type EnginePriorityPod, type EnginePrioritySetting, enginePriorityConfigError, enginePriorityFor, urgencyTable } from "./engine-priority.js";
+import {
+  bodyWithEnginePriority,
+  type EnginePriorityPod,
+  type EnginePrioritySetting,
+  enginePriorityConfigError,
+  enginePriorityFor,
+  urgencyTable,
+} from "./engine-priority.js";
 
 const vllm: EnginePriorityPod = { engine: "vllm", schedulingPolicy: "priority" };
 const sglang: EnginePriorityPod = { engine: "sglang", schedulingPolicy: "priority" };
@@ -54,6 +61,17 @@ describe("enginePriorityFor: the value written into the body", () => {
     };
     expect(gap(undefined) > 10).toBe(false);
     expect(gap({ scale: 2 }) > 10).toBe(true);
+  });
+});
+
+describe("bodyWithEnginePriority", () => {
+  it("sets the value over whatever the client sent, leaves the body alone otherwise", () => {
+    const body = { model: "m", prompt: "hi", priority: -1000 };
+    expect(bodyWithEnginePriority(body, { action: "set", value: -10, urgency: 10 })).toEqual({ model: "m", prompt: "hi", priority: -10 });
+    expect(body.priority).toBe(-1000);
+    expect(bodyWithEnginePriority({ model: "m" }, { action: "set", value: 0, urgency: 0 })).toEqual({ model: "m", priority: 0 });
+    expect(bodyWithEnginePriority({ model: "m", priority: 5 }, { action: "set", value: 5, urgency: 5 })).toBeUndefined();
+    expect(bodyWithEnginePriority(body, { action: "leave", reason: "fcfs-pod" })).toBeUndefined();
   });
 });
 

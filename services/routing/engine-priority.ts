@@ -118,3 +118,13 @@ export function enginePriorityConfigError(value: unknown, objectiveBands: readon
   }
   return undefined;
 }
+
+/**
+ * The body with the decision applied: a copy with `priority` set (whatever the client sent), or
+ * undefined when the body goes as it is. The request path serialises the copy it gets.
+ */
+export function bodyWithEnginePriority(body: Readonly<Record<string, unknown>>, decision: EnginePriorityDecision): Record<string, unknown> | undefined {
+  if (decision.action !== "set") return undefined;
+  if (body.priority === decision.value) return undefined;
+  return { ...body, priority: decision.value };
+}
