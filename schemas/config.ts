@@ -67,6 +67,29 @@ export const FlowControl = Type.Object(
     waitingRoomTtlMs: Type.Optional(Ms),
     maxRequestsPerBand: Type.Optional(Type.Integer({ minimum: 1, maximum: 1_000_000 })),
     maxBytesPerBand: Type.Optional(Type.Integer({ minimum: 1, maximum: 64 * 1024 ** 3 })),
+    /**
+     * The band written into the body as the engine's own `priority`, for pods whose engine
+     * schedules by priority (PODS `schedulingPolicy`; docs/engine-priority.md): `"off"`, or the
+     * mapping from band to urgency (higher = more urgent, as bands are): `bands` names a band's
+     * urgency, any other band gets `band × scale` (default scale 1: the band itself). Written
+     * as is to SGLang pods, negated to vLLM pods and to SGLang pods that run low values first.
+     * Absent: the default mapping. Over the bands in play (named, the objectives', 0) urgency must not
+     * decrease from one band to a higher one (services/routing/engine-priority.ts checks it).
+     */
+    enginePriority: Type.Optional(
+      Type.Union([
+        Type.Literal("off"),
+        Type.Object(
+          {
+            scale: Type.Optional(Type.Integer({ minimum: 1, maximum: 1000 })),
+            bands: Type.Optional(
+              Type.Record(Type.String({ pattern: "^(0|-?[1-9][0-9]?)$" }), Type.Integer({ minimum: -1_000_000, maximum: 1_000_000 }), { maxProperties: FLOW_PRIORITY_MAX - FLOW_PRIORITY_MIN + 1 }),
+            ),
+          },
+          { additionalProperties: false },
+        ),
+      ]),
+    ),
     /** When a pod has no room; every limit set must hold for the pod to take one more request. */
     saturation: Type.Optional(
       Type.Object(

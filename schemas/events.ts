@@ -32,6 +32,15 @@ export const PodClass = Type.String({ pattern: "^[A-Za-z0-9._-]{1,63}$" });
 
 export const PodRole = Type.Union([Type.Literal("combined"), Type.Literal("prefill"), Type.Literal("decode")]);
 export const EngineKind = Type.Union([Type.Literal("vllm"), Type.Literal("sglang")]);
+/**
+ * A pod whose engine schedules by the request body's `priority` (docs/engine-priority.md):
+ * `priority` in the engine's own sign (vLLM `--scheduling-policy priority`: lower = more urgent;
+ * SGLang `--enable-priority-scheduling`: higher = more urgent), or `priority-low-values-first`
+ * (SGLang with `--schedule-low-priority-values-first`; on vLLM the same as `priority`). Absent:
+ * first come first served, and the gateway writes no `priority` into its requests.
+ */
+export const SchedulingPolicy = Type.Union([Type.Literal("priority"), Type.Literal("priority-low-values-first")]);
+export type SchedulingPolicy = Static<typeof SchedulingPolicy>;
 
 export const KvEventsEndpoint = Type.Object(
   {
@@ -56,6 +65,8 @@ export const PodEvent = Type.Object(
     roleset: Type.Optional(Name),
     /** The pod's class for the latency model (docs/latency-model.md). */
     podClass: Type.Optional(PodClass),
+    /** The engine schedules by request priority (absent: FCFS). */
+    schedulingPolicy: Type.Optional(SchedulingPolicy),
     /** SGLang P/D: the prefill pod's bootstrap port (annotation `model.aibrix.ai/sglang-bootstrap-port`; SGLang's default 8998). */
     bootstrapPort: Type.Optional(Type.Integer({ minimum: 1, maximum: 65535 })),
     metricsAddress: Type.Optional(Address),

@@ -23,6 +23,15 @@ describe("reconcile: what a watcher publishes", () => {
     expect(plan.upserts.map((u) => [u.pod, u.ready, u.source, u.ts])).toEqual([["p2", false, "a", 10_000], ["p3", true, "a", 10_000]]);
     expect(plan.removes).toEqual([]);
   });
+  it("republishes a pod whose scheduling policy changed", () => {
+    const plan = planReconcile({
+      ...base, complete: true,
+      desired: map([[podKey("m", "p1"), state("p1", { schedulingPolicy: "priority" })], [podKey("m", "p2"), state("p2")]]),
+      published: map([[podKey("m", "p1"), ev("p1", "a")], [podKey("m", "p2"), ev("p2", "a", { schedulingPolicy: "priority" })]]),
+      publishedAt: map([[podKey("m", "p1"), 9_000], [podKey("m", "p2"), 9_000]]),
+    });
+    expect(plan.upserts.map((u) => [u.pod, u.schedulingPolicy])).toEqual([["p1", "priority"], ["p2", undefined]]);
+  });
   it("removes only its own source's pods, and only from a complete picture", () => {
     const input = {
       ...base,
@@ -122,6 +131,17 @@ describe("kubernetes pod -> published pod", () => {
     expect(cls({ "jetroute.io/pod-class": "not a class", "nvidia.com/gpu.product": "L4" })).toBe("L4");
     expect(cls({ "jetroute.io/pod-class": "x".repeat(64) })).toBeUndefined();
     expect(cls({})).toBeUndefined();
+  });
+  it("takes priority scheduling from jetroute.io/scheduling-policy; fcfs or any other value means none, and the pod is kept", () => {
+    const policy = (labels: Record<string, string>) => {
+      const m = mapPod(pod({ labels }));
+      return m.ok ? m.state.schedulingPolicy : "skipped";
+    };
+    expect(policy({ "jetroute.io/scheduling-policy": "priority" })).toBe("priority");
+    expect(policy({ "model.aibrix.ai/engine": "sglang", "jetroute.io/scheduling-policy": "priority-low-values-first" })).toBe("priority-low-values-first");
+    expect(policy({ "jetroute.io/scheduling-policy": "fcfs" })).toBeUndefined();
+    expect(policy({ "jetroute.io/scheduling-policy": "Priority" })).toBeUndefined();
+    expect(policy({})).toBeUndefined();
   });
   it("defaults: port 8000, vllm, combined; SGLang prefill pods get bootstrap port 8998", () => {
     expect(mapPod(pod())).toEqual({ ok: true, state: { model: "llama", pod: "vllm-0.ns1", address: "10.1.2.3:8000", ready: true, engine: "vllm" } });

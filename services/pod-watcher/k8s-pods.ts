@@ -10,13 +10,16 @@
  *   role-name, roleset-name           P/D role (prefill | decode) and roleset
  *   jetroute.io/pod-class             the pod's class for the latency model (else nvidia.com/gpu.product;
  *                                     a value that is no class name is left out, the pod is kept)
+ *   jetroute.io/scheduling-policy     priority | priority-low-values-first: the engine schedules by
+ *                                     request priority (docs/engine-priority.md); fcfs, absent or any
+ *                                     other value: it does not (the pod is kept, gets no priority)
  *   model.aibrix.ai/sglang-bootstrap-port (annotation) SGLang prefill bootstrap port (default 8998)
  *   model.aibrix.ai/lora-adapters     (annotation) comma-separated LoRA adapters served
  *   model.aibrix.ai/config            (annotation) profiles JSON, passed on in `labels`
  * Routable = condition Ready is "True", `status.podIP` set, no `metadata.deletionTimestamp`.
  * A pod without an IP cannot be addressed and is not published at all.
  */
-import type { EngineKind, PodRole } from "../../schemas/events.js";
+import type { EngineKind, PodRole, SchedulingPolicy } from "../../schemas/events.js";
 import type { PodState } from "./reconcile.js";
 
 export const LABEL_MODEL = "model.aibrix.ai/name";
@@ -28,6 +31,7 @@ export const LABEL_ROLE = "role-name";
 export const LABEL_ROLESET = "roleset-name";
 export const LABEL_POD_CLASS = "jetroute.io/pod-class";
 export const LABEL_GPU_PRODUCT = "nvidia.com/gpu.product";
+export const LABEL_SCHEDULING_POLICY = "jetroute.io/scheduling-policy";
 const POD_CLASS = /^[A-Za-z0-9._-]{1,63}$/;
 export const ANNOTATION_BOOTSTRAP_PORT = "model.aibrix.ai/sglang-bootstrap-port";
 export const ANNOTATION_ADAPTERS = "model.aibrix.ai/lora-adapters";
@@ -87,6 +91,12 @@ function podClassOf(labels: Record<string, string>): { podClass?: string } {
   return {};
 }
 
+/** The engine's priority scheduling from its label; anything but the two priority values means none. */
+function schedulingPolicyOf(labels: Record<string, string>): { schedulingPolicy?: SchedulingPolicy } {
+  const v = labels[LABEL_SCHEDULING_POLICY];
+  return v === "priority" || v === "priority-low-values-first" ? { schedulingPolicy: v } : {};
+}
+
 export function mapPod(p: KubePod): PodMapping {
   const labels = p.metadata?.labels ?? {};
   const annotations = p.metadata?.annotations ?? {};
@@ -122,6 +132,7 @@ export function mapPod(p: KubePod): PodMapping {
     ...(role !== "combined" ? { role } : {}),
     ...(labels[LABEL_ROLESET] ? { roleset: labels[LABEL_ROLESET] } : {}),
     ...podClassOf(labels),
+    ...schedulingPolicyOf(labels),
     ...(metricPort !== servePort ? { metricsAddress: `${host}:${metricPort}` } : {}),
   };
   if (engine === "sglang" && role === "prefill") {

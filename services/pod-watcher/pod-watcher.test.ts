@@ -13,7 +13,7 @@ import { PodSet } from "../views/pod-set.js";
 import { spawnJetroute } from "../shared/processes.js";
 import { kvLeaseStore } from "../shared/kv-lease.js";
 import { parsePodList, PodListError } from "./static-pods.js";
-import { type PodWatcherHandle, startPodWatcher, staticLeaseKey } from "./pod-watcher.js";
+import { type PodWatcherHandle, startPodWatcher, staticLeaseKey, staticPodState } from "./pod-watcher.js";
 
 describe("static pod list - parsing", () => {
   it("accepts YAML and JSON, bare arrays and {pods}", () => {
@@ -25,11 +25,25 @@ describe("static pod list - parsing", () => {
     ["- {name: a, model: m}", /pods\[0\].*address/],
     ["- {name: a, model: m, address: nohost}", /pods\[0\]\/address/],
     ["- {name: a, model: m, address: 'h:1', role: boss}", /pods\[0\]\/role/],
+    ["- {name: a, model: m, address: 'h:1', schedulingPolicy: edf}", /pods\[0\]\/schedulingPolicy/],
     ["- {name: a, model: m, address: 'h:1'}\n- {name: a, model: m, address: 'h:2'}", /duplicate pod "a"/],
     ["- [unclosed", /not valid YAML/],
   ])("rejects %j naming the problem", (text, msg) => {
     expect(() => parsePodList(text, "pods.yaml")).toThrow(PodListError);
     expect(() => parsePodList(text, "pods.yaml")).toThrow(msg);
+  });
+});
+
+describe("static pod list - scheduling policy", () => {
+  it("publishes priority / priority-low-values-first and leaves fcfs out, so such a pod gets no priority", () => {
+    const [a, b, c] = parsePodList(
+      "- {name: a, model: m, address: 'h:1', schedulingPolicy: priority}\n" +
+        "- {name: b, model: m, address: 'h:2', engine: sglang, schedulingPolicy: priority-low-values-first}\n" +
+        "- {name: c, model: m, address: 'h:3', schedulingPolicy: fcfs}",
+    );
+    expect(staticPodState(a as never, true).schedulingPolicy).toBe("priority");
+    expect(staticPodState(b as never, true).schedulingPolicy).toBe("priority-low-values-first");
+    expect(staticPodState(c as never, true)).not.toHaveProperty("schedulingPolicy");
   });
 });
 

@@ -117,6 +117,7 @@ export function staticPodState(p: StaticPod, ready: boolean): PodState {
     ...(p.role ? { role: p.role } : {}),
     ...(p.roleset ? { roleset: p.roleset } : {}),
     ...(p.podClass ? { podClass: p.podClass } : {}),
+    ...(p.schedulingPolicy && p.schedulingPolicy !== "fcfs" ? { schedulingPolicy: p.schedulingPolicy } : {}),
     ...(p.bootstrapPort ? { bootstrapPort: p.bootstrapPort } : {}),
     ...(p.metricsAddress ? { metricsAddress: p.metricsAddress } : {}),
     ...(p.kvEvents ? { kvEvents: p.kvEvents } : {}),

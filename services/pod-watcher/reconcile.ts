@@ -57,9 +57,9 @@ export function sameState(a: PodState, b: PodState): boolean {
 }
 
 function canonical(p: PodState): string {
-  const { model, pod, address, ready, engine, role, roleset, podClass, bootstrapPort, metricsAddress, kvEvents, adapters, labels, draining } = p;
+  const { model, pod, address, ready, engine, role, roleset, podClass, schedulingPolicy, bootstrapPort, metricsAddress, kvEvents, adapters, labels, draining } = p;
   const sortedLabels = labels ? Object.fromEntries(Object.entries(labels).sort(([x], [y]) => (x < y ? -1 : x > y ? 1 : 0))) : undefined;
-  return JSON.stringify([model, pod, address, ready, engine, role ?? "combined", roleset ?? null, bootstrapPort ?? null, metricsAddress ?? null, kvEvents ?? null, adapters ?? [], sortedLabels ?? {}, podClass ?? null, draining?.deadline ?? null]);
+  return JSON.stringify([model, pod, address, ready, engine, role ?? "combined", roleset ?? null, bootstrapPort ?? null, metricsAddress ?? null, kvEvents ?? null, adapters ?? [], sortedLabels ?? {}, podClass ?? null, draining?.deadline ?? null, schedulingPolicy ?? null]);
 }
 
 export function planReconcile(i: ReconcileInput): ReconcilePlan {

@@ -6,7 +6,7 @@ import { readFileSync } from "node:fs";
 import { type Static, Type } from "@sinclair/typebox";
 import { TypeCompiler } from "@sinclair/typebox/compiler";
 import { parse as parseYaml } from "yaml";
-import { KvEventsEndpoint, EngineKind, PodClass, PodRole } from "../../schemas/events.js";
+import { KvEventsEndpoint, EngineKind, PodClass, PodRole, SchedulingPolicy } from "../../schemas/events.js";
 
 export const StaticPod = Type.Object(
   {
@@ -17,6 +17,8 @@ export const StaticPod = Type.Object(
     role: Type.Optional(PodRole),
     roleset: Type.Optional(Type.String({ minLength: 1 })),
     podClass: Type.Optional(PodClass),
+    /** `priority` / `priority-low-values-first` when the engine schedules by request priority (docs/engine-priority.md); `fcfs` = absent. */
+    schedulingPolicy: Type.Optional(Type.Union([Type.Literal("fcfs"), SchedulingPolicy])),
     bootstrapPort: Type.Optional(Type.Integer({ minimum: 1, maximum: 65535 })),
     metricsAddress: Type.Optional(Type.String({ pattern: "^[^\\s:]+:[0-9]{1,5}$" })),
     kvEvents: Type.Optional(KvEventsEndpoint),

@@ -40,6 +40,8 @@ describe("jetroute sim flags", () => {
     [["--roleset", "a b", "--pods", "1"], "--roleset"],
     [["--disagg-timeout-ms", "-5"], "--disagg-timeout-ms"],
     [["--bootstrap-base-port", "65535", "--pods", "2"], "--bootstrap-base-port"],
+    [["--scheduling-policy", "edf"], "--scheduling-policy"],
+    [["--priority-scheduling-preemption-threshold", "-1"], "--priority-scheduling-preemption-threshold"],
   ])("rejects %j with an error naming %s", async (args, name) => {
     const { error, stderr } = await runInProcess(args);
     expect(error?.exitCode).toBe(1);
@@ -58,7 +60,7 @@ describe("jetroute sim process", () => {
     ].join("\n");
     const child = spawn(
       process.execPath,
-      ["--import", "tsx", "--input-type=module", "-e", script, "--", "sim", "--pods", "2", "--engine", "vllm,sglang", "--time-scale", "50", "--role", "decode,prefill", "--roleset", "rs-1"],
+      ["--import", "tsx", "--input-type=module", "-e", script, "--", "sim", "--pods", "2", "--engine", "vllm,sglang", "--time-scale", "50", "--role", "decode,prefill", "--roleset", "rs-1", "--scheduling-policy", "priority,fcfs"],
       { cwd: process.cwd(), stdio: ["ignore", "pipe", "pipe"], env: { ...process.env, JETROUTE_LOG_LEVEL: "warn" } },
     );
     const exited = new Promise<number | null>((resolve) => child.once("exit", (code) => resolve(code)));
@@ -88,6 +90,8 @@ describe("jetroute sim process", () => {
       ]);
       expect(pods[0]).not.toHaveProperty("bootstrapPort");
       expect(pods[1]?.bootstrapPort).toBeGreaterThan(0);
+      // Priority scheduling is reported on the pod that runs it only.
+      expect(pods.map((p) => (p as { schedulingPolicy?: string }).schedulingPolicy)).toEqual(["priority", undefined]);
       // A line is a static pod list entry once `pod` is called `name`.
       for (const { pod, ...rest } of pods) expect(Value.Check(StaticPod, { name: pod, ...rest })).toBe(true);
       for (const p of pods) expect((await fetch(`http://${p.address}/health`)).status).toBe(200);

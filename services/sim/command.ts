@@ -1,6 +1,6 @@
 /**
  * `jetroute sim`: a fleet of simulated engines. Prints one JSON line per pod on stdout
- * (`{"pod","address","engine","model","role","roleset"?,"bootstrapPort"?,"podClass"?,"kvEvents"?}`) for the demo and scripts to parse; `kvEvents`
+ * (`{"pod","address","engine","model","role","roleset"?,"bootstrapPort"?,"podClass"?,"schedulingPolicy"?,"kvEvents"?}`) for the demo and scripts to parse; `kvEvents`
  * has the pod event schema's shape, so it can go into a pod list as it is.
  */
 import { type Command, InvalidArgumentError, Option } from "commander";
@@ -9,7 +9,8 @@ import { createLogger, type Logger } from "../shared/log.js";
 import { type SimFleet, type SimFleetOptions, type SimFleetPod, startSimFleet } from "./fleet.js";
 import { KV_EVENT_ENCODINGS, type KvEventEncoding, REPLAY_LAYOUTS, type ReplayLayout } from "./kv-events.js";
 import { ENGINE_KINDS, type EngineKind } from "./metrics.js";
-import { FLEET_DEFAULTS as D, parsePodClasses, POD_ROLES, type SimPodClass, SimOptionsError } from "./options.js";
+import { FLEET_DEFAULTS as D, parsePodClasses, POD_ROLES, SCHEDULING_POLICIES, type SimPodClass, type SimSchedulingPolicy, SimOptionsError } from "./options.js";
+import { SGLANG_PREEMPTION_THRESHOLD } from "./engine.js";
 import type { PodRole } from "../../schemas/events.js";
 import { TokenizerFilesError } from "../tokenizer/hf-tokenizer.js";
 
@@ -35,6 +36,7 @@ const engineList = cycledList<EngineKind>(ENGINE_KINDS);
 const encodingList = cycledList<KvEventEncoding>(KV_EVENT_ENCODINGS);
 const layoutList = cycledList<ReplayLayout>(REPLAY_LAYOUTS);
 const roleList = cycledList<PodRole>(POD_ROLES);
+const policyList = cycledList<SimSchedulingPolicy>(SCHEDULING_POLICIES);
 function podClassList(value: string): SimPodClass[] {
   try {
     return parsePodClasses(value);
@@ -109,6 +111,22 @@ function addSimOptions(cmd: Command): Command {
       "speed classes cycled over pods: name[:prefill=<ms/token>][:decode=<ms/step>][:kv=<tokens>],... (e.g. fast,slow:prefill=0.625:decode=37.5)",
       podClassList,
     )
+    .addOption(
+      new Option(
+        "--scheduling-policy <policies>",
+        "fcfs or priority (vLLM --scheduling-policy; on SGLang pods --enable-priority-scheduling): priority orders each pod's queue by the body's `priority`; a comma list cycles over pods",
+      )
+        .argParser(policyList)
+        .default(["fcfs"], "fcfs"),
+    )
+    .option("--schedule-low-priority-values-first", "SGLang pods with priority scheduling: lower priority values are more urgent (SGLang's flag)")
+    .option(
+      "--priority-scheduling-preemption-threshold <n>",
+      `SGLang pods: a waiting request preempts running ones only when more urgent by more than n (default ${SGLANG_PREEMPTION_THRESHOLD})`,
+      intOption(0),
+    )
+    .option("--disable-priority-preemption", "SGLang pods with priority scheduling: never preempt a running request for a waiting one")
+    .option("--abort-on-priority-when-disabled", "SGLang pods without priority scheduling: answer 503 to a request that carries `priority`")
     .option("--sglang-kv-events", "SGLang pods publish KV events too, in SGLang's wire format (one event per page, CPython tuple hashes, old replay layout)")
     .option("--tokenizer <hf:dir>", "a real model's tokenizer for /tokenize, prompts and KV events: hf:<dir> with tokenizer.json + tokenizer_config.json (default: the built-in one)");
 }
@@ -168,6 +186,11 @@ function fleetOptions(o: SimFlagValues, logger: Logger): SimFleetOptions & { log
     ...(o.tokenizer ? { tokenizer: o.tokenizer } : {}),
     ...(o.sglangKvEvents ? { sglangKvEvents: true } : {}),
     ...(o.podClasses ? { podClasses: o.podClasses } : {}),
+    schedulingPolicy: o.schedulingPolicy,
+    ...(o.scheduleLowPriorityValuesFirst ? { scheduleLowPriorityValuesFirst: true } : {}),
+    ...(o.prioritySchedulingPreemptionThreshold !== undefined ? { prioritySchedulingPreemptionThreshold: o.prioritySchedulingPreemptionThreshold } : {}),
+    ...(o.disablePriorityPreemption ? { disablePriorityPreemption: true } : {}),
+    ...(o.abortOnPriorityWhenDisabled ? { abortOnPriorityWhenDisabled: true } : {}),
     logger,
   };
 }
@@ -194,6 +217,7 @@ function podLine(p: SimFleetPod, model: string): Record<string, unknown> {
     ...(p.roleset !== undefined ? { roleset: p.roleset } : {}),
     ...(p.bootstrapPort !== undefined ? { bootstrapPort: p.bootstrapPort } : {}),
     ...(p.podClass !== undefined ? { podClass: p.podClass } : {}),
+    ...(p.schedulingPolicy !== undefined ? { schedulingPolicy: p.schedulingPolicy } : {}),
     ...(p.kvEvents ? { kvEvents: p.kvEvents } : {}),
   };
 }

@@ -8,6 +8,18 @@
  * Running requests are scheduled first in admission order, then waiting ones FCFS while the batch
  * (`maxBatch`), the per-step token budget (`maxNumBatchedTokens`) and free KV blocks allow.
  *
+ * Priority scheduling (`EngineConfig.scheduling`, absent = FCFS; facts and sources in
+ * docs/engine-priority.md): the waiting queue is ordered by (urgency, arrival) instead, a preempted
+ * request goes back into it by the same key, and the engine's own preemption rule applies:
+ *   - vLLM (`--scheduling-policy priority`, lower `priority` = more urgent): when a running request
+ *     cannot grow, the victim is the running request with the largest (priority, arrival), even one
+ *     already scheduled in this step (its tokens go back to the budget). A full batch never
+ *     preempts anything for a waiting request.
+ *   - SGLang (`--enable-priority-scheduling`, higher = more urgent unless `lowValuesFirst`): when
+ *     the batch is full, the most urgent waiting request preempts running ones, least urgent and
+ *     latest first, each more urgent than it by more than `preemptionThreshold`, until their KV
+ *     covers its whole request; KV exhaustion while running keeps the FCFS rule below.
+ *
  * Step duration (simulated ms):
  *   decodeMsPerStep * (1 + decodeBatchSlope * (d - 1))   if d > 0 requests decode one token
  *   + p * prefillMsPerToken                               for the p prefill tokens in the step
@@ -17,7 +29,7 @@
  * KV: blocks of `blockSize` tokens out of floor(kvCapacityTokens / blockSize), allocated as tokens
  * are scheduled, from a prefix-caching block pool (`kv-cache.ts`). When a running request cannot
  * grow, the most recently admitted request is preempted (vLLM's recompute mode): it loses its
- * blocks and returns to the head of the queue.
+ * blocks and returns to the head of the queue (under priority scheduling: see above).
  *
  * Prefix cache, as in vLLM V1: on admission the longest run of the request's full blocks already
  * cached counts as computed (capped so at least one token is recomputed, which is what produces
@@ -30,6 +42,25 @@ import { BlockPool, blockHash, type CacheListing, type KvBlock, type KvCacheEven
 
 export type FinishReason = "stop" | "length" | "abort";
 
+/**
+ * Priority scheduling as an engine does it (docs/engine-priority.md). `flavour` picks the engine's
+ * sign convention and preemption rule.
+ */
+export type PriorityScheduling =
+  | { flavour: "vllm" }
+  | {
+      flavour: "sglang";
+      /** `--schedule-low-priority-values-first`: lower values are more urgent (default: higher are). */
+      lowValuesFirst?: boolean;
+      /** False = `--disable-priority-preemption` (default true). */
+      preemption?: boolean;
+      /** `--priority-scheduling-preemption-threshold`: the urgency gap a preemption needs to exceed (default 10). */
+      preemptionThreshold?: number;
+    };
+
+/** SGLang's default `--priority-scheduling-preemption-threshold`. */
+export const SGLANG_PREEMPTION_THRESHOLD = 10;
+
 export interface EngineConfig {
   maxBatch: number;
   maxNumBatchedTokens: number;
@@ -38,6 +69,8 @@ export interface EngineConfig {
   decodeBatchSlope: number;
   kvCapacityTokens: number;
   blockSize: number;
+  /** Absent: first come, first served (vLLM's default `--scheduling-policy fcfs`). */
+  scheduling?: PriorityScheduling;
 }
 
 export interface FinishedRequest {
@@ -90,6 +123,11 @@ export interface SubmitRequest {
   prefilled?: boolean;
   /** When the request reached the pod (simulated ms), if earlier than `submit`; latency metrics start there. */
   arrivedAtMs?: number;
+  /**
+   * The body's `priority`, in the engine's own convention; absent = the engine's default (vLLM 0,
+   * SGLang the least urgent value). Only read under priority scheduling.
+   */
+  priority?: number;
 }
 
 export interface KvCacheHooks {
@@ -137,6 +175,10 @@ type State = "waiting" | "running" | "done";
 interface Req {
   readonly input: SubmitRequest;
   readonly arrivalMs: number;
+  /** Order key under priority scheduling: lower = more urgent, whatever the engine's convention. */
+  readonly rank: number;
+  /** Submission order, the last tie-break. */
+  readonly seq: number;
   /** Start of the request's latency metrics: `arrivedAtMs`, else `arrivalMs`. */
   readonly metricsStartMs: number;
   readonly maxTokens: number;
@@ -159,6 +201,13 @@ interface Step {
   work: Array<{ req: Req; tokens: number }>;
 }
 
+/** Priority order: lower rank first, then earlier arrival, then submission order. */
+function before(a: Req, b: Req): boolean {
+  if (a.rank !== b.rank) return a.rank < b.rank;
+  if (a.arrivalMs !== b.arrivalMs) return a.arrivalMs < b.arrivalMs;
+  return a.seq < b.seq;
+}
+
 /** Catch-up steps run per wake-up before yielding, so a huge time scale cannot starve I/O. */
 const MAX_STEPS_PER_PUMP = 2_000;
 
@@ -171,6 +220,7 @@ export class SimEngine {
   private readonly held = new Set<Req>();
   private current: Step | undefined;
   private cursorMs = 0;
+  private submitted = 0;
   private cancelTimer: (() => void) | undefined;
   private closed = false;
   private readonly totals: EngineTotals = {
@@ -211,6 +261,8 @@ export class SimEngine {
     const req: Req = {
       input,
       arrivalMs: now,
+      rank: this.rankOf(input.priority),
+      seq: this.submitted++,
       metricsStartMs: Math.min(now, input.arrivedAtMs ?? now),
       maxTokens: input.outputTokens.length,
       state: "waiting",
@@ -225,7 +277,8 @@ export class SimEngine {
       lastTokenMs: undefined,
     };
     this.totals.requests++;
-    this.waiting.push(req);
+    if (this.config.scheduling) this.enqueue(req);
+    else this.waiting.push(req);
     this.pump();
     return {
       abort: () => this.abort(req),
@@ -307,7 +360,7 @@ export class SimEngine {
         return;
       }
       // An idle engine starts its next step when the first waiting request arrived, not earlier.
-      const head = this.waiting[0];
+      const head = this.config.scheduling ? this.earliestWaiting() : this.waiting[0];
       const startMs = this.running.length > 0 || !head ? this.cursorMs : Math.max(this.cursorMs, head.arrivalMs);
       this.current = this.plan(startMs);
       if (!this.current) {
@@ -327,8 +380,10 @@ export class SimEngine {
       if (req.state !== "running") continue;
       const tokens = Math.min(this.numTokens(req) - req.computed, budget);
       while (!this.tryAllocate(req, tokens)) {
-        const victim = this.running[this.running.length - 1];
+        const victim = this.config.scheduling?.flavour === "vllm" ? this.leastUrgentRunning() : this.running[this.running.length - 1];
         if (!victim) break;
+        // vLLM hands back the step's tokens of a victim it had already scheduled.
+        if (this.config.scheduling) budget += this.unschedule(work, victim);
         this.preempt(victim);
         preempted = true;
         if (victim === req) break;
@@ -339,9 +394,18 @@ export class SimEngine {
     }
 
     // Like vLLM, admit nothing in a step that had to preempt: memory is the bottleneck.
-    while (!preempted && budget > 0 && this.running.length < this.config.maxBatch) {
-      const req = this.waiting[0];
+    const admitted = new Set<Req>();
+    while (!preempted && budget > 0) {
+      let at = this.config.scheduling ? this.nextWaiting(startMs) : 0;
+      const req = this.waiting[at];
       if (!req || req.arrivalMs > startMs) break;
+      if (this.running.length >= this.config.maxBatch) {
+        if (!this.preemptForWaiting(req, work, admitted)) break;
+        // The victims' tokens for this step went back to the budget; they rejoined the queue.
+        budget = this.config.maxNumBatchedTokens - work.reduce((sum, w) => sum + w.tokens, 0);
+        at = this.waiting.indexOf(req);
+        if (budget <= 0) break;
+      }
       const hit = this.cacheHit(req);
       const computed = this.isTransferred(req)
         ? Math.max(hit.length * this.config.blockSize, req.input.promptTokens.length - 1)
@@ -349,7 +413,7 @@ export class SimEngine {
       const tokens = Math.min(this.numTokens(req) - computed, budget);
       const needed = this.blocksFor(computed + tokens) - hit.length;
       if (!this.pool.canAllocate(needed, hit)) break;
-      this.waiting.shift();
+      this.waiting.splice(at, 1);
       // vLLM keeps a preempted request's second lookup out of these counters.
       if (!req.preempted) {
         this.totals.prefixCacheQueries += this.numTokens(req);
@@ -362,6 +426,7 @@ export class SimEngine {
       req.computed = computed;
       req.firstScheduledMs ??= startMs;
       this.running.push(req);
+      if (this.config.scheduling) admitted.add(req);
       work.push({ req, tokens });
       budget -= tokens;
     }
@@ -520,8 +585,86 @@ export class SimEngine {
     req.state = "waiting";
     req.preempted = true;
     req.computed = 0;
-    this.waiting.unshift(req);
+    if (this.config.scheduling) this.enqueue(req);
+    else this.waiting.unshift(req);
     this.totals.preemptions++;
+  }
+
+  /** A request's order key: lower = more urgent. A request without a priority gets the engine's default. */
+  private rankOf(priority: number | undefined): number {
+    const s = this.config.scheduling;
+    if (!s || s.flavour === "vllm") return priority ?? 0;
+    // SGLang gives a request without a priority the least urgent value there is.
+    if (priority === undefined) return Number.POSITIVE_INFINITY;
+    return s.lowValuesFirst ? priority : -priority;
+  }
+
+  /** Inserts into the priority-ordered waiting queue after every request with a key <= its own. */
+  private enqueue(req: Req): void {
+    let lo = 0;
+    let hi = this.waiting.length;
+    while (lo < hi) {
+      const mid = (lo + hi) >>> 1;
+      if (before(this.waiting[mid] as Req, req)) lo = mid + 1;
+      else hi = mid;
+    }
+    this.waiting.splice(lo, 0, req);
+  }
+
+  /** Index of the most urgent waiting request that has arrived by `startMs` (-1: none). */
+  private nextWaiting(startMs: number): number {
+    return this.waiting.findIndex((r) => r.arrivalMs <= startMs);
+  }
+
+  private earliestWaiting(): Req | undefined {
+    let first: Req | undefined;
+    for (const r of this.waiting) if (!first || r.arrivalMs < first.arrivalMs) first = r;
+    return first;
+  }
+
+  /** vLLM's victim under priority scheduling: the running request with the largest (priority, arrival). */
+  private leastUrgentRunning(): Req | undefined {
+    let victim: Req | undefined;
+    for (const r of this.running) if (!victim || before(victim, r)) victim = r;
+    return victim;
+  }
+
+  /** Takes a request out of the step being planned; returns the tokens it had been given. */
+  private unschedule(work: Step["work"], req: Req): number {
+    const i = work.findIndex((w) => w.req === req);
+    if (i < 0) return 0;
+    const [w] = work.splice(i, 1);
+    return w?.tokens ?? 0;
+  }
+
+  /**
+   * SGLang's preempt_to_schedule, for a waiting request facing a full batch: running requests,
+   * least urgent and latest first, each more urgent than the candidate by more than the threshold,
+   * until their blocks (with the free ones) cover the candidate's whole request. Preempts them and
+   * returns true, or changes nothing and returns false. vLLM never does this.
+   */
+  private preemptForWaiting(cand: Req, work: Step["work"], admitted: ReadonlySet<Req>): boolean {
+    const s = this.config.scheduling;
+    if (s?.flavour !== "sglang" || s.preemption === false) return false;
+    const threshold = s.preemptionThreshold ?? SGLANG_PREEMPTION_THRESHOLD;
+    const hit = this.cacheHit(cand);
+    const needed = this.blocksFor(cand.input.promptTokens.length + cand.maxTokens) - hit.length;
+    let free = this.pool.freeBlocks - hit.filter((b) => b.refCount === 0).length;
+    // As SGLang, requests admitted in this same pass are not candidates.
+    const order = this.running.filter((r) => !admitted.has(r)).sort((a, b) => b.rank - a.rank || b.arrivalMs - a.arrivalMs || b.seq - a.seq);
+    const victims: Req[] = [];
+    for (const r of order) {
+      if (!(r.rank - cand.rank > threshold)) break;
+      victims.push(r);
+      free += r.blocks.filter((b) => b.refCount === 1).length;
+      if (free >= needed) break;
+    }
+    if (victims.length === 0 || free < needed) return false;
+    for (const v of victims) {
+      this.unschedule(work, v);
+      this.preempt(v);
+    }
+    return true;
   }
 
   /** A transferred prompt counts as computed until a preemption throws its KV away. */

@@ -2,17 +2,17 @@
  * Programmatic entry point: many simulated pods in one process, each on its own port, so tests,
  * the demo and load tests get a "cluster" without GPUs.
  */
-import type { PodRole } from "../../schemas/events.js";
+import type { PodRole, SchedulingPolicy } from "../../schemas/events.js";
 import type { Logger } from "../shared/log.js";
 import type { PodFaults } from "./faults.js";
 import type { KvEventWire, ReplayLayout } from "./kv-events.js";
 import type { EngineKind } from "./metrics.js";
-import { resolveFleetOptions, type SimFleetOptions } from "./options.js";
+import { resolveFleetOptions, schedulingFor, type SimFleetOptions } from "./options.js";
 import { type KvEventsInfo, type SimPod, type SimPodCacheListing, startSimPod } from "./pod.js";
 import { loadSimTokenizer } from "./real-tokenizer.js";
 
 export type { KvEventEncoding, ReplayLayout } from "./kv-events.js";
-export type { SimFleetOptions, SimPodClass } from "./options.js";
+export type { SimFleetOptions, SimPodClass, SimSchedulingPolicy } from "./options.js";
 export { SimOptionsError } from "./options.js";
 export type { KvEventsInfo, SimPodCacheListing } from "./pod.js";
 export type { PodFaults } from "./faults.js";
@@ -33,6 +33,8 @@ export interface SimFleetPod {
   bootstrapPort?: number;
   /** The pod's speed class (`podClasses`), what a pod list's `podClass` carries. */
   podClass?: string;
+  /** Set when the pod schedules by priority (`schedulingPolicy`), what a pod list's `schedulingPolicy` carries. */
+  schedulingPolicy?: SchedulingPolicy;
 }
 
 export interface SimFleet {
@@ -60,6 +62,8 @@ export async function startSimFleet(options: SimFleetOptions & { logger?: Logger
       const engine = o.engines[i % o.engines.length] ?? "vllm";
       const role = o.roles[i % o.roles.length] ?? "combined";
       const podClass = o.podClasses.length > 0 ? o.podClasses[i % o.podClasses.length] : undefined;
+      const scheduling = schedulingFor(engine, o.schedulingPolicies[i % o.schedulingPolicies.length] ?? "fcfs", o.sglangPriority);
+      const engineConfig = podClass?.engineConfig ?? o.engineConfig;
       const kv = o.kvEvents;
       // SGLang pods publish only in the SGLang mode (sglangKvEvents): SGLang's own wire, "old" replay layout.
       const wire =
@@ -77,7 +81,8 @@ export async function startSimFleet(options: SimFleetOptions & { logger?: Logger
           engine,
           timeScale: o.timeScale,
           maxModelLen: o.maxModelLen,
-          engineConfig: podClass?.engineConfig ?? o.engineConfig,
+          engineConfig: scheduling ? { ...engineConfig, scheduling } : engineConfig,
+          ...(o.abortOnPriorityWhenDisabled ? { abortOnPriorityWhenDisabled: true } : {}),
           ...(podClass ? { podClass: podClass.name } : {}),
           ...(tokenizer ? { tokenizer } : {}),
           kvEvents: kv && wire
@@ -120,6 +125,7 @@ export async function startSimFleet(options: SimFleetOptions & { logger?: Logger
         ...(p.roleset !== undefined ? { roleset: p.roleset } : {}),
         ...(p.bootstrapPort !== undefined ? { bootstrapPort: p.bootstrapPort } : {}),
         ...(p.podClass !== undefined ? { podClass: p.podClass } : {}),
+        ...(p.schedulingPolicy !== undefined ? { schedulingPolicy: p.schedulingPolicy } : {}),
         ...(p.kvEvents && kv ? { kvEvents: p.kvEvents, kvEventsEncoding: kv.encoding, kvEventsReplayLayout: kv.replayLayout } : {}),
       };
     }),

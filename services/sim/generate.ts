@@ -112,6 +112,7 @@ export function serveGeneration(
       outputTokens,
       cacheSalt: gen.cacheSalt,
       ...(gen.loraName ? { loraName: gen.loraName } : {}),
+      ...(gen.priority !== undefined ? { priority: gen.priority } : {}),
       holdKv: hooks.hold !== undefined,
       prefilled,
       arrivedAtMs: startMs,

@@ -1,11 +1,15 @@
 /** Fleet options, their defaults and validation, shared by the programmatic API and the CLI. */
 import type { PodRole } from "../../schemas/events.js";
-import type { EngineConfig } from "./engine.js";
+import { type EngineConfig, type PriorityScheduling, SGLANG_PREEMPTION_THRESHOLD } from "./engine.js";
 import { KV_EVENT_ENCODINGS, type KvEventEncoding, REPLAY_LAYOUTS, type ReplayLayout } from "./kv-events.js";
 import { ENGINE_KINDS, type EngineKind } from "./metrics.js";
 import type { PdTimings } from "./pd-legs.js";
 
 export const POD_ROLES: readonly PodRole[] = ["combined", "prefill", "decode"];
+
+/** A pod's scheduling policy, as vLLM's `--scheduling-policy` names it (on SGLang pods `priority` = `--enable-priority-scheduling`). */
+export type SimSchedulingPolicy = "fcfs" | "priority";
+export const SCHEDULING_POLICIES: readonly SimSchedulingPolicy[] = ["fcfs", "priority"];
 
 export interface SimFleetOptions {
   pods: number;
@@ -66,6 +70,20 @@ export interface SimFleetOptions {
    * capacity. Absent: every pod runs the fleet's engine settings and has no class.
    */
   podClasses?: readonly SimPodClass[];
+  /**
+   * `fcfs` (default) or `priority`, one for all pods or a list cycled over the pods like `engine`.
+   * vLLM pods then order their queue by the body's `priority` (lower first) and pick KV victims
+   * as vLLM does; SGLang pods as `--enable-priority-scheduling` (docs/engine-priority.md).
+   */
+  schedulingPolicy?: SimSchedulingPolicy | readonly SimSchedulingPolicy[];
+  /** SGLang pods with priority scheduling: `--schedule-low-priority-values-first`. */
+  scheduleLowPriorityValuesFirst?: boolean;
+  /** SGLang pods: `--priority-scheduling-preemption-threshold` (default 10). */
+  prioritySchedulingPreemptionThreshold?: number;
+  /** SGLang pods: `--disable-priority-preemption`. */
+  disablePriorityPreemption?: boolean;
+  /** SGLang pods without priority scheduling: `--abort-on-priority-when-disabled` (a request carrying `priority` gets a 503). */
+  abortOnPriorityWhenDisabled?: boolean;
 }
 
 /** One simulated "GPU type": a class name and the engine speeds that differ from the fleet's. */
@@ -110,6 +128,17 @@ export interface ResolvedFleetOptions {
   sglangKvEvents: boolean;
   /** Per class (cycled over pods): its name and its engine settings; empty = no classes. */
   podClasses: Array<{ name: string; engineConfig: EngineConfig }>;
+  /** Cycled over pods. */
+  schedulingPolicies: SimSchedulingPolicy[];
+  /** What `priority` means on an SGLang pod (flavour, sign, preemption). */
+  sglangPriority: Extract<PriorityScheduling, { flavour: "sglang" }>;
+  abortOnPriorityWhenDisabled: boolean;
+}
+
+/** The engine's priority scheduling for a pod of this kind and policy; undefined = FCFS. */
+export function schedulingFor(engine: EngineKind, policy: SimSchedulingPolicy, sglang: ResolvedFleetOptions["sglangPriority"]): PriorityScheduling | undefined {
+  if (policy !== "priority") return undefined;
+  return engine === "vllm" ? { flavour: "vllm" } : sglang;
 }
 
 export const FLEET_DEFAULTS = {
@@ -246,6 +275,14 @@ export function resolveFleetOptions(o: SimFleetOptions): ResolvedFleetOptions {
   check(isNum(pd.disaggTimeoutMs, 0), "disaggTimeoutMs", `must be >= 0, got ${pd.disaggTimeoutMs}`);
   check(isNum(pd.kvReadTimeoutMs, 0), "kvReadTimeoutMs", `must be >= 0, got ${pd.kvReadTimeoutMs}`);
   check(isNum(pd.kvTransferMsPerBlock, 0), "kvTransferMsPerBlock", `must be >= 0, got ${pd.kvTransferMsPerBlock}`);
+  const schedulingPolicies = cycleList(o.schedulingPolicy, "fcfs");
+  check(
+    schedulingPolicies.length > 0 && schedulingPolicies.every((p) => SCHEDULING_POLICIES.includes(p)),
+    "schedulingPolicy",
+    `must be one of ${SCHEDULING_POLICIES.join(", ")}, got ${schedulingPolicies.join(",")}`,
+  );
+  const threshold = o.prioritySchedulingPreemptionThreshold ?? SGLANG_PREEMPTION_THRESHOLD;
+  check(Number.isSafeInteger(threshold) && threshold >= 0, "prioritySchedulingPreemptionThreshold", `must be an integer >= 0, got ${threshold}`);
   const bootstrapBasePort = o.bootstrapBasePort ?? d.bootstrapBasePort;
   check(
     isInt(bootstrapBasePort, 0) && bootstrapBasePort + o.pods - 1 <= 65535,
@@ -271,6 +308,14 @@ export function resolveFleetOptions(o: SimFleetOptions): ResolvedFleetOptions {
     tokenizer: o.tokenizer,
     sglangKvEvents: o.sglangKvEvents ?? false,
     podClasses,
+    schedulingPolicies,
+    sglangPriority: {
+      flavour: "sglang",
+      lowValuesFirst: o.scheduleLowPriorityValuesFirst ?? false,
+      preemption: !(o.disablePriorityPreemption ?? false),
+      preemptionThreshold: threshold,
+    },
+    abortOnPriorityWhenDisabled: o.abortOnPriorityWhenDisabled ?? false,
   };
 }
 

@@ -42,6 +42,8 @@ export interface PodRouteContext {
   faults: FaultState;
   pd: PdPod;
   sessions: GenerationSessions;
+  /** SGLang with `--abort-on-priority-when-disabled` and no priority scheduling: a body `priority` is a 503. */
+  refusesPriority: boolean;
   /** The current engine and what counts for it; a restart swaps them. */
   current(): { engine: SimEngine; metrics: PodMetrics; pdStats: PdStats };
   /** `/debug/state`'s body. */
@@ -178,6 +180,7 @@ function generationRoute(pod: PodRouteContext, kind: ApiKind): Handler {
       ids = await realPromptTokens(kind, forBase, real.tokenizer);
     }
     const gen = kind === "chat" ? parseChatRequest(forBase, served, ids) : parseCompletionRequest(forBase, served, ids);
+    if (pod.refusesPriority && gen.priority !== undefined) throw priorityDisabledError();
     if (adapter) {
       lora.track(adapter, res);
       gen.model = adapter;
@@ -190,6 +193,11 @@ function generationRoute(pod: PodRouteContext, kind: ApiKind): Handler {
     const session = serveGeneration(res, pod.current().engine, gen, kind, requestId, hooks, real?.vocab);
     pod.sessions.track(rid ? [requestId, rid] : [requestId], session);
   };
+}
+
+/** SGLang's abort of a request carrying `priority` on a server without priority scheduling (`--abort-on-priority-when-disabled`). */
+function priorityDisabledError(): ApiError {
+  return new ApiError(503, "ServiceUnavailableError", "Using priority is disabled for this server. Please send a new request without a priority.", "priority");
 }
 
 /** The answer to an injected `status` fault, with the error type vLLM gives that status. */

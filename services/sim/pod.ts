@@ -8,7 +8,7 @@ import type { Server } from "node:http";
 import type { AddressInfo } from "node:net";
 import type { Logger } from "../shared/log.js";
 import type { Static } from "@sinclair/typebox";
-import type { KvEventsEndpoint, PodRole } from "../../schemas/events.js";
+import type { KvEventsEndpoint, PodRole, SchedulingPolicy } from "../../schemas/events.js";
 import { type SimClock, scaledClock } from "./clock.js";
 import { type EngineConfig, type EngineSnapshot, SimEngine } from "./engine.js";
 import { FaultState, type PodFaults, parseFaults } from "./faults.js";
@@ -51,6 +51,8 @@ export interface SimPodOptions {
   pd?: Partial<PdTimings>;
   /** SGLang prefill pods: the bootstrap server's port (0 = free port). */
   bootstrapPort?: number;
+  /** SGLang pods without priority scheduling: a request carrying `priority` is aborted with a 503. */
+  abortOnPriorityWhenDisabled?: boolean;
   /** LoRA: adapters loaded at start and `--max-loras` (services/sim/lora.ts). */
   lora?: { initial?: readonly string[]; maxLoras?: number };
   logger?: Logger;
@@ -82,6 +84,7 @@ export interface SimPodState extends EngineSnapshot {
   roleset?: string;
   podClass?: string;
   bootstrapPort?: number;
+  schedulingPolicy?: SchedulingPolicy;
   /** vLLM prefill-capable pods: the KV side channel's address. */
   sideChannel?: { host: string; port: number };
   pd: PdSnapshot;
@@ -104,6 +107,8 @@ export interface SimPod {
   readonly podClass: string | undefined;
   /** SGLang prefill pods only. */
   readonly bootstrapPort: number | undefined;
+  /** The pod event's `schedulingPolicy`: set when the engine schedules by priority. */
+  readonly schedulingPolicy: SchedulingPolicy | undefined;
   state(): SimPodState;
   /** Replaces the pod's injected faults; `{}` clears them. */
   setFaults(faults: PodFaults): void;
@@ -151,6 +156,13 @@ function bootEngine(opts: SimPodOptions, hashSeed: bigint, publisher: KvEventPub
     onEvents: publisher ? (events) => publisher.publish(events) : undefined,
   });
   return { clock, held, pdStats, engineId, metrics, engine };
+}
+
+/** What the pod event says of an engine's scheduling: nothing under FCFS. */
+export function schedulingPolicyOf(config: EngineConfig): SchedulingPolicy | undefined {
+  const s = config.scheduling;
+  if (!s) return undefined;
+  return s.flavour === "sglang" && s.lowValuesFirst ? "priority-low-values-first" : "priority";
 }
 
 /** Where the pod's KV events are published and replayed, as the pod event schema gives it. */
@@ -241,10 +253,12 @@ export async function startSimPod(opts: SimPodOptions): Promise<SimPod> {
   const bootstrapPort = channel && opts.engine === "sglang" ? channel.port : undefined;
 
   const sessions = new GenerationSessions();
+  const schedulingPolicy = schedulingPolicyOf(opts.engineConfig);
   const state = (): SimPodState => ({
     pod: opts.name,
     engine: opts.engine,
     role,
+    ...(schedulingPolicy ? { schedulingPolicy } : {}),
     ...(opts.roleset !== undefined ? { roleset: opts.roleset } : {}),
     ...(opts.podClass !== undefined ? { podClass: opts.podClass } : {}),
     ...(bootstrapPort !== undefined ? { bootstrapPort } : {}),
@@ -278,7 +292,9 @@ export async function startSimPod(opts: SimPodOptions): Promise<SimPod> {
   };
 
   const { name, model, engine, maxModelLen } = opts;
-  const routes = podRoutes({ name, model, engine, maxModelLen, served, real, lora, faults, pd, sessions, current: () => run, state, cacheListing, restart });
+  // SGLang's --abort-on-priority-when-disabled: only a server without priority scheduling refuses the field.
+  const refusesPriority = engine === "sglang" && !opts.engineConfig.scheduling && opts.abortOnPriorityWhenDisabled === true;
+  const routes = podRoutes({ name, model, engine, maxModelLen, served, real, lora, faults, pd, sessions, refusesPriority, current: () => run, state, cacheListing, restart });
   const server = routeServer(routes, log);
   try {
     await listen(server, opts.port, opts.host);
@@ -302,6 +318,7 @@ export async function startSimPod(opts: SimPodOptions): Promise<SimPod> {
     roleset: opts.roleset,
     podClass: opts.podClass,
     bootstrapPort,
+    schedulingPolicy,
     state,
     setFaults: (f) => faults.set(parseFaults(f)),
     stop: listeners.stop,

@@ -26,6 +26,8 @@ export interface GenerationRequest {
   seed: number | undefined;
   /** vLLM's per-request prefix-cache isolation key. */
   cacheSalt: string | undefined;
+  /** The body's `priority` (both engines' field), absent when the body has none or null. */
+  priority?: number;
 }
 
 type Body = Record<string, unknown>;
@@ -86,6 +88,18 @@ function optionalInt(body: Body, key: string): number | undefined {
   return v;
 }
 
+/** vLLM bounds `priority` to int64 (`ge=-(2**63)`, `le=2**63-1`); SGLang's `Optional[int]` is unbounded, JSON numbers are not. */
+const PRIORITY_BOUND = 2 ** 63;
+
+/** `priority`: an integer (both engines' request field; docs/engine-priority.md), or absent. */
+export function parsePriority(body: Body): number | undefined {
+  const v = optionalInt(body, "priority");
+  if (v === undefined) return undefined;
+  if (v < -PRIORITY_BOUND) throw badRequest("priority: Input should be greater than or equal to -9223372036854775808", "priority");
+  if (v >= PRIORITY_BOUND) throw badRequest("priority: Input should be less than or equal to 9223372036854775807", "priority");
+  return v;
+}
+
 export function tokenIds(value: unknown, param: string, vocabSize = VOCAB_SIZE): number[] | undefined {
   if (!Array.isArray(value) || !value.every((x) => typeof x === "number")) return undefined;
   for (const id of value as number[]) {
@@ -132,7 +146,8 @@ function common(body: Body, served: ServedModel, model: string, promptTokens: nu
     throw badRequest("Parameter 'cache_salt' must be a non-empty string if provided.", "cache_salt");
   }
   const cacheSalt = typeof salt === "string" ? salt : undefined;
-  return { model, promptTokens, maxTokens, stream, includeUsage, seed: optionalInt(body, "seed"), cacheSalt };
+  const priority = parsePriority(body);
+  return { model, promptTokens, maxTokens, stream, includeUsage, seed: optionalInt(body, "seed"), cacheSalt, ...(priority !== undefined ? { priority } : {}) };
 }
 
 /** `realTokens`: the prompt's ids from a real tokenizer (sim --tokenizer hf:), instead of the built-in one. */

@@ -21,6 +21,16 @@ describe("PodSet.byAddress", () => {
   });
 });
 
+describe("PodSet - scheduling policy", () => {
+  it("keeps a pod's schedulingPolicy and drops it when a later event has none", () => {
+    const s = new PodSet();
+    s.apply({ ...pod("p-0", "10.0.0.9:8000"), schedulingPolicy: "priority-low-values-first" });
+    expect(s.readyPods("m")[0]?.schedulingPolicy).toBe("priority-low-values-first");
+    s.apply(pod("p-0", "10.0.0.9:8000"));
+    expect(s.readyPods("m")[0]).not.toHaveProperty("schedulingPolicy");
+  });
+});
+
 describe("PodSet - engine-reported adapters", () => {
   const of = (model: string, name: string, address: string, adapters?: string[]): PodEvent => ({
     type: "pod", action: "upsert", model, pod: name, address, ready: true, engine: "vllm", ts: 1, ...(adapters ? { adapters } : {}),

@@ -7,7 +7,7 @@
  * `sweepSources(now, timeoutMs)` marks sources silent beyond the timeout, and their pods leave
  * the routable lists until the source speaks again. Time comes only from the caller.
  */
-import type { EngineKind, PodEvent, PodRole, PodSourceHeartbeat } from "../../schemas/events.js";
+import type { EngineKind, PodEvent, PodRole, PodSourceHeartbeat, SchedulingPolicy } from "../../schemas/events.js";
 
 export interface PodInfo {
   readonly model: string;
@@ -20,6 +20,8 @@ export interface PodInfo {
   readonly podClass?: string;
   /** SGLang P/D prefill pods: the bootstrap port decode pods fetch the KV from. */
   readonly bootstrapPort?: number;
+  /** The engine schedules by request priority (PODS `schedulingPolicy`); absent: FCFS, no priority is written for it. */
+  readonly schedulingPolicy?: SchedulingPolicy;
   readonly metricsAddress?: string;
   readonly kvEvents?: PodEvent["kvEvents"];
   readonly adapters: readonly string[];
@@ -136,6 +138,7 @@ export class PodSet implements PodSetReader {
         roleset: ev.roleset,
         ...(ev.podClass !== undefined ? { podClass: ev.podClass } : {}),
         ...(ev.bootstrapPort !== undefined ? { bootstrapPort: ev.bootstrapPort } : {}),
+        ...(ev.schedulingPolicy !== undefined ? { schedulingPolicy: ev.schedulingPolicy } : {}),
         metricsAddress: ev.metricsAddress,
         kvEvents: ev.kvEvents,
         adapters: merged(ev.adapters ?? [], this.engineAdapters.get(k)),
