@@ -1,6 +1,7 @@
 import fc from "fast-check";
 import { describe, expect, it } from "vitest";
 import { type EnqueueResult, type Fairness, FlowQueue, type FlowQueueOptions, type HeldRequest, type Order } from "./queue.js";
+import { flowKeyOf } from "./settings.js";
 
 const BIG = 1_000_000;
 
@@ -649,5 +650,36 @@ describe("flow queue - against a slow reference model", () => {
       }),
       { numRuns: 400 },
     );
+  });
+});
+
+describe("flow queue - round-robin between users, then between a user's fairness ids", () => {
+  it("a client naming a new fairness id per request does not take the turns of a tenant that queued first", () => {
+    const q = queue();
+    for (let i = 0; i < 100; i++) add(q, `a${i}`, { flow: flowKeyOf("alice", undefined), at: i });
+    for (let i = 0; i < 100; i++) add(q, `m${i}`, { flow: flowKeyOf("mallory", `id-${i}`), at: 100 + i });
+    const next100 = drain(q).slice(0, 100);
+    const alice = next100.filter((v) => v.startsWith("a")).length;
+    expect(alice).toBe(50);
+    expect(next100.slice(0, 4)).toEqual(["a0", "m0", "a1", "m1"]);
+  });
+
+  it("a user's fairness ids take turns within that user's turn", () => {
+    const q = queue();
+    add(q, "u-x1", { flow: flowKeyOf("u", "x"), at: 1 });
+    add(q, "u-x2", { flow: flowKeyOf("u", "x"), at: 2 });
+    add(q, "u-y1", { flow: flowKeyOf("u", "y"), at: 3 });
+    add(q, "v1", { flow: flowKeyOf("v", undefined), at: 4 });
+    add(q, "v2", { flow: flowKeyOf("v", undefined), at: 5 });
+    expect(drain(q)).toEqual(["u-x1", "v1", "u-y1", "v2", "u-x2"]);
+  });
+
+  it("anonymous requests are one user, whatever fairness ids they name", () => {
+    const q = queue();
+    add(q, "n1", { flow: flowKeyOf(undefined, "p"), at: 1 });
+    add(q, "n2", { flow: flowKeyOf(undefined, "q"), at: 2 });
+    add(q, "n3", { flow: flowKeyOf(undefined, undefined), at: 3 });
+    add(q, "k1", { flow: flowKeyOf("k", undefined), at: 4 });
+    expect(drain(q)).toEqual(["n1", "k1", "n2", "n3"]);
   });
 });
