@@ -22,7 +22,7 @@ import { RouteError } from "../errors.js";
 import type { FleetQueues } from "./fleet.js";
 import { FlowQueue, type HeldRequest } from "./queue.js";
 import { SaturationDetector } from "./saturation.js";
-import { type FlowClass, type FlowSettings, flowSettingsOf } from "./settings.js";
+import { type FlowClass, type FlowSettings, flowSettingsOf, userOfFlow } from "./settings.js";
 
 export type FlowOutcome = "dispatched" | "expired" | "dropped" | "cancelled";
 
@@ -336,11 +336,6 @@ function subsetOf(roomy: readonly PodInfo[], pods: readonly PodInfo[]): { subset
   return roomy.length === pods.length || roomy.length === 0 ? {} : { subset: roomy.map((p) => p.address) };
 }
 
-/** The user a flow key belongs to (least-attained reads the user's usage): see settings.ts `flowKeyOf`. */
-function userOfFlow(flow: string): string {
-  const i = flow.indexOf("\u0000");
-  return i < 0 ? flow : flow.slice(0, i);
-}
 
 function queueFull(model: string, band: number): RouteError {
   return new RouteError("queueFull", `model \`${model}\` is saturated and its queue for priority ${band} is full; retry later`, null, { "retry-after": "1" });

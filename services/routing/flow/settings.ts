@@ -88,6 +88,12 @@ export function flowKeyOf(user: string | undefined, fairnessId: string | undefin
   return user || ANONYMOUS_FLOW;
 }
 
+/** The user a flow key belongs to (the part before the first NUL; "" for anonymous requests, whatever fairness id they name). */
+export function userOfFlow(flow: string): string {
+  const i = flow.indexOf("\u0000");
+  return i < 0 ? flow : flow.slice(0, i);
+}
+
 /** Where a request goes in the queues. */
 export interface FlowClass {
   readonly band: number;
