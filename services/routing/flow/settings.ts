@@ -107,26 +107,34 @@ export interface FlowClass {
 }
 
 /**
- * Classifies a request. `objective` is the API key's (it wins) or the header's; `user` the
- * request's user. Throws a 400 for an objective the model does not define or a malformed header.
+ * Classifies a request. `keyObjective` is the API key's objective, a **ceiling**: on a model that
+ * defines it, the request runs under it unless it names (by header) a defined objective of a lower
+ * priority; on a model that does not define it, the ceiling is the model's default objective (band
+ * 0 when it has none), so a pinned key never picks freely. A named objective above the ceiling runs
+ * at the ceiling (its objective and TTL), never higher. Without a key objective the header's (or
+ * the default) applies. `user` is the request's user. Throws a 400 for an objective the model does
+ * not define or a malformed header.
  */
 export function classify(s: FlowSettings, headers: Readonly<Record<string, string>>, keyObjective: string | undefined, user: string | undefined, now: number): FlowClass {
-  // An API key's objective wins where the model defines it; elsewhere the request's own header (or the default) applies.
-  const keyApplies = keyObjective !== undefined && Object.hasOwn(s.objectives, keyObjective);
   const picker = PICKER_OBJECTIVE_HEADERS.map((h) => headers[h]).find((v) => v !== undefined && Object.hasOwn(s.objectives, v));
-  const named = keyApplies ? keyObjective : headers[OBJECTIVE_HEADER] || picker || undefined;
-  const objective = named ?? s.defaultObjective;
-  let priority = 0;
-  let ttlMs = s.ttlMs;
-  if (objective !== undefined) {
-    const o = Object.hasOwn(s.objectives, objective) ? s.objectives[objective] : undefined;
-    if (!o) {
-      const known = Object.keys(s.objectives).slice(0, 16).join(", ");
-      throw new RouteError("invalidHeader", `objective ${JSON.stringify(objective.slice(0, 64))} is not defined for this model${known ? `; defined: ${known}` : ""}`, OBJECTIVE_HEADER);
-    }
-    priority = o.priority;
-    ttlMs = o.ttlMs ?? s.ttlMs;
+  const named = headers[OBJECTIVE_HEADER] || picker || undefined;
+  if (named !== undefined && !Object.hasOwn(s.objectives, named)) {
+    const known = Object.keys(s.objectives).slice(0, 16).join(", ");
+    throw new RouteError("invalidHeader", `objective ${JSON.stringify(named.slice(0, 64))} is not defined for this model${known ? `; defined: ${known}` : ""}`, OBJECTIVE_HEADER);
   }
+  const defined = (o: string | undefined) => (o !== undefined && Object.hasOwn(s.objectives, o) ? o : undefined);
+  const priorityOf = (o: string | undefined) => (o === undefined ? 0 : (s.objectives[o]?.priority ?? 0));
+  let objective: string | undefined;
+  if (keyObjective === undefined) {
+    objective = named ?? defined(s.defaultObjective);
+  } else {
+    const ceiling = defined(keyObjective) ?? defined(s.defaultObjective);
+    const wanted = named ?? ceiling;
+    objective = priorityOf(wanted) <= priorityOf(ceiling) ? wanted : ceiling;
+  }
+  const o = objective !== undefined ? s.objectives[objective] : undefined;
+  const priority = o?.priority ?? 0;
+  const ttlMs = o?.ttlMs ?? s.ttlMs;
   const fairness = headers[FAIRNESS_HEADER] ?? PICKER_FAIRNESS_HEADERS.map((h) => headers[h]).find((v) => v !== undefined);
   if (fairness !== undefined && fairness.length > MAX_FAIRNESS_ID_LENGTH) {
     throw new RouteError("invalidHeader", `${FAIRNESS_HEADER} is longer than ${MAX_FAIRNESS_ID_LENGTH} characters`, FAIRNESS_HEADER);
