@@ -13,6 +13,7 @@ import { podAddressFilter } from "../shared/cidr.js";
 import { readVerifier } from "../shared/signing-keys.js";
 import type { RecordVerifier } from "../../streams/signatures.js";
 import { connectNats, type NatsHandles } from "../shared/nats.js";
+import { DeadLetterSink } from "../shared/dead-letter.js";
 import { GatewayState } from "../views/gateway-state.js";
 import type { PrefixIndex } from "../views/prefix-index.js";
 import type { TokenizerSetting } from "../tokenizer/prompt-tokens.js";
@@ -132,7 +133,8 @@ export async function startGateway(options: GatewayOptions): Promise<GatewayHand
   );
   tokenizer.registerMetrics(metrics.registry);
   publishers.start(director);
-  const flowSummaries = new FlowSummaries({ nc: nats.nc, subjects, gatewayId: id, flow: director.flow, fleet, clock, intervalMs: DEFAULT_SUMMARY_INTERVAL_MS, log });
+  const flowDeadLetters = new DeadLetterSink(nats.js, subjects, `gateway-${id}-flow`, log, () => nats.nc.info?.max_payload ?? 1024 * 1024);
+  const flowSummaries = new FlowSummaries({ nc: nats.nc, subjects, gatewayId: id, flow: director.flow, fleet, clock, intervalMs: DEFAULT_SUMMARY_INTERVAL_MS, log, deadLetters: flowDeadLetters });
   const stopSweeps = startSweeps(state, clock, serverClock, config.heartbeatIntervalMs);
 
   await Promise.all(followers.map((f) => f.start()));
