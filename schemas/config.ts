@@ -67,6 +67,10 @@ export const FlowControl = Type.Object(
     waitingRoomTtlMs: Type.Optional(Ms),
     maxRequestsPerBand: Type.Optional(Type.Integer({ minimum: 1, maximum: 1_000_000 })),
     maxBytesPerBand: Type.Optional(Type.Integer({ minimum: 1, maximum: 64 * 1024 ** 3 })),
+    /** Held requests of one user in one band, per replica (default 1,000): one user cannot fill a band others share. */
+    maxRequestsPerUser: Type.Optional(Type.Integer({ minimum: 1, maximum: 1_000_000 })),
+    /** Held bytes (as counted: what a held request retains) of one user in one band, per replica (default 64 MiB). */
+    maxBytesPerUser: Type.Optional(Type.Integer({ minimum: 1, maximum: 64 * 1024 ** 3 })),
     /** When a pod has no room; every limit set must hold for the pod to take one more request. */
     saturation: Type.Optional(
       Type.Object(

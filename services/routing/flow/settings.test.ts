@@ -11,7 +11,7 @@ describe("flow settings", () => {
     expect(flowSettingsOf(undefined)).toBeUndefined();
     expect(flowSettingsOf({ enabled: false, ttlMs: 5 })).toBeUndefined();
     const d = flowSettingsOf({});
-    expect(d).toMatchObject({ fairness: "round-robin", order: "fcfs", ttlMs: 60_000, waitingRoomTtlMs: 0, maxRequestsPerBand: 5_000, maxBytesPerBand: 1e9, saturation: { queueDepth: 5, kvCacheUsage: 0.8 } });
+    expect(d).toMatchObject({ fairness: "round-robin", order: "fcfs", ttlMs: 60_000, waitingRoomTtlMs: 0, maxRequestsPerBand: 5_000, maxBytesPerBand: 256 * 1024 * 1024, maxRequestsPerUser: 1_000, maxBytesPerUser: 64 * 1024 * 1024, saturation: { queueDepth: 5, kvCacheUsage: 0.8 } });
     expect(d?.saturation.maxInFlightPerPod).toBeUndefined();
     expect(FLOW_DEFAULTS.ttlMs).toBe(60_000);
   });

@@ -41,17 +41,26 @@ export interface FlowSettings {
   readonly waitingRoomTtlMs: number;
   readonly maxRequestsPerBand: number;
   readonly maxBytesPerBand: number;
+  readonly maxRequestsPerUser: number;
+  readonly maxBytesPerUser: number;
   readonly saturation: SaturationSettings;
 }
 
-/** The peers' documented defaults (llm-d's flow control: 60 s TTL, 5,000 requests and 1 GB per band, queue depth 5, KV 0.8). */
+/**
+ * Defaults: the peers' (llm-d's flow control: 60 s TTL, 5,000 requests per band, queue depth 5, KV
+ * 0.8), except the byte bounds, which count what a held request retains (held-bytes.ts) and are
+ * sized to the deployed heap (docs/flow-control.md "Memory"): 256 MiB per band and 64 MiB per user
+ * in a band, under the replica's total (`--flow-max-held-bytes`, 384 MiB).
+ */
 export const FLOW_DEFAULTS = {
   fairness: "round-robin",
   order: "fcfs",
   ttlMs: 60_000,
   waitingRoomTtlMs: 0,
   maxRequestsPerBand: 5_000,
-  maxBytesPerBand: 1_000_000_000,
+  maxBytesPerBand: 256 * 1024 * 1024,
+  maxRequestsPerUser: 1_000,
+  maxBytesPerUser: 64 * 1024 * 1024,
   queueDepth: 5,
   kvCacheUsage: 0.8,
 } as const;
@@ -69,6 +78,8 @@ export function flowSettingsOf(c: FlowControl | undefined): FlowSettings | undef
     waitingRoomTtlMs: c.waitingRoomTtlMs ?? FLOW_DEFAULTS.waitingRoomTtlMs,
     maxRequestsPerBand: c.maxRequestsPerBand ?? FLOW_DEFAULTS.maxRequestsPerBand,
     maxBytesPerBand: c.maxBytesPerBand ?? FLOW_DEFAULTS.maxBytesPerBand,
+    maxRequestsPerUser: c.maxRequestsPerUser ?? FLOW_DEFAULTS.maxRequestsPerUser,
+    maxBytesPerUser: c.maxBytesPerUser ?? FLOW_DEFAULTS.maxBytesPerUser,
     saturation: {
       queueDepth: s.queueDepth ?? FLOW_DEFAULTS.queueDepth,
       kvCacheUsage: s.kvCacheUsage ?? FLOW_DEFAULTS.kvCacheUsage,
