@@ -264,7 +264,7 @@ function routingCoreOf(o: {
     onPick: o.onPick,
     pdLegClient: o.pdClient,
     pdLegOptions: { prefillTimeoutMs: config.pd.prefillTimeoutMs, prefillBudgetMs: config.pd.prefillBudgetMs, sglangPrefillTimeoutMs: config.pd.sglangPrefillTimeoutMs, maxRetries: config.pd.maxRetries },
-    flow: { fleet: o.fleet, hooks: { outcome: (band, outcome, waitMs) => o.metrics().flowOutcome(band, outcome, waitMs), yielded: (band) => o.metrics().flowYield(band) } },
+    flow: { fleet: o.fleet, limits: { maxHeldBytes: config.flowMaxHeldBytes, maxHeldRequests: config.flowMaxHeld }, hooks: { outcome: (band, outcome, waitMs) => o.metrics().flowOutcome(band, outcome, waitMs), yielded: (band) => o.metrics().flowYield(band) } },
     // Virtual models' similarity signals: the embedding model's pods, found in the fold like any model's.
     embeddings: new EmbeddingClient({ readyPods: (m) => state.pods.readyPods(m), observe: (e) => o.metrics().semanticEmbedding(e), ...(config.engineApiKey ? { engineApiKey: config.engineApiKey } : {}) }),
   });
@@ -318,6 +318,7 @@ function metricSourcesOf(o: {
     refusedPodAddresses: () => state.pods.refusedAddresses,
     signatureRefusals: () => state.signatureRefusals,
     flowHeld: () => [...director.flow.queueSummaries().values()].flatMap((q) => q.summary()),
+    flowHeldBytes: () => director.flow.heldBytes,
     flowSummaries: o.flowSummaries,
     latencyModel: () => ({ learned: state.latency.learned, rejected: state.latency.rejected, entries: state.latency.size }),
     usage: () => ({ foreignGateways: state.rates.foreignGateways, foreignEntries: state.rates.foreignEntries, foreignEvicted: state.rates.foreignEvicted, sent: publishers.usageSummaries.sent, truncatedUsers: publishers.usageSummaries.truncatedUsers }),
