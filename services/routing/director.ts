@@ -38,6 +38,7 @@ import { rejectedRecord, routedRecord } from "./decision-record.js";
 import { refuseBatch } from "./stages/pd-bodies.js";
 import { chargeIdOf } from "./charge-id.js";
 import { FlowController, type FlowHooks, type FlowLimits, type Held } from "./flow/controller.js";
+import { contextRefusal } from "./flow/context-length.js";
 import { heldBytesOf } from "./flow/held-bytes.js";
 import type { FleetQueues } from "./flow/fleet.js";
 import { classify } from "./flow/settings.js";
@@ -507,6 +508,9 @@ export class Director {
    */
   private flowGate(input: RouteInput, p: Prepared, commit: (p: Prepared, input?: RouteInput) => RoutedRequest | Promise<RoutedRequest>): RoutedRequest | Promise<RoutedRequest> {
     const model = p.parsed.model;
+    // A prompt no ready pod's context can take: 400 now, before it is held or routed.
+    const tooLong = contextRefusal(model, p, this.views.pods.readyPods(model), this.views.load);
+    if (tooLong) throw tooLong;
     const s = this.flow.settingsFor(model);
     if (!s) return commit(p);
     if (this.closed) throw new RouteError("notReady", "gateway is shutting down");
