@@ -188,8 +188,9 @@ export const ApiKeyRecord = Type.Object(
      */
     admin: Type.Optional(Type.Boolean()),
     /**
-     * Flow control: the objective this key's requests run under (a name in the model's
-     * `flowControl.objectives`), whatever `x-jetroute-objective` header they send.
+     * Flow control: the highest objective this key's requests may run under (a name in the
+     * model's `flowControl.objectives`), and their default; on a model that does not define it the
+     * model's default objective is the cap (services/routing/flow/settings.ts `classify`).
      */
     objective: Type.Optional(Type.String({ minLength: 1, maxLength: 64, pattern: "^[A-Za-z0-9._-]+$" })),
     /**
