@@ -21,6 +21,7 @@ import { runPdBench } from "./benches/pd.js";
 import { runFoldBench } from "./benches/fold.js";
 import { runFoldLiveBench } from "./benches/fold-live.js";
 import { FLOW_RUNS, type FlowRunName, runFlowBench } from "./benches/flow.js";
+import { runFlowHeldBench } from "./benches/flow-held.js";
 import { runScaleBench } from "./benches/scale.js";
 import { registerTokenizerBench } from "./benches/tokenizer.js";
 import { runSemanticBench } from "./benches/semantic.js";
@@ -342,6 +343,13 @@ program
     });
     emitResult(result);
   });
+
+program
+  .command("flow-held")
+  .description("flow control: bytes a held request keeps in memory (heap + buffers, measured after GC) against the bytes the queue counts for it; ASCII, two-byte and salted bodies")
+  .option("--count <n>", "requests held per case", int, 20)
+  .option("--body-bytes <n>", "body size of each held request", int, 4 * 1024 * 1024)
+  .action(async (o) => emitResult(await runFlowHeldBench({ count: o.count, bodyBytes: o.bodyBytes })));
 
 program
   .command("semantic")

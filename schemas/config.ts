@@ -90,6 +90,10 @@ export const FlowControl = Type.Object(
         ),
       ]),
     ),
+    /** Held requests of one user in one band, per replica (default 1,000): one user cannot fill a band others share. */
+    maxRequestsPerUser: Type.Optional(Type.Integer({ minimum: 1, maximum: 1_000_000 })),
+    /** Held bytes (as counted: what a held request retains) of one user in one band, per replica (default 64 MiB). */
+    maxBytesPerUser: Type.Optional(Type.Integer({ minimum: 1, maximum: 64 * 1024 ** 3 })),
     /** When a pod has no room; every limit set must hold for the pod to take one more request. */
     saturation: Type.Optional(
       Type.Object(
@@ -207,8 +211,9 @@ export const ApiKeyRecord = Type.Object(
      */
     admin: Type.Optional(Type.Boolean()),
     /**
-     * Flow control: the objective this key's requests run under (a name in the model's
-     * `flowControl.objectives`), whatever `x-jetroute-objective` header they send.
+     * Flow control: the highest objective this key's requests may run under (a name in the
+     * model's `flowControl.objectives`), and their default; on a model that does not define it the
+     * model's default objective is the cap (services/routing/flow/settings.ts `classify`).
      */
     objective: Type.Optional(Type.String({ minLength: 1, maxLength: 64, pattern: "^[A-Za-z0-9._-]+$" })),
     /**

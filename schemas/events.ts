@@ -157,6 +157,8 @@ export const LoadSample = Type.Object(
      * Gateways route an adapter's requests to pods that publish it here or in PODS.
      */
     adapters: Type.Optional(Type.Array(Name, { maxItems: 256 })),
+    /** The engine's context length (`max_model_len` of its base model on `/v1/models`); absent when it could not tell. */
+    maxModelLen: Type.Optional(Type.Integer({ minimum: 1, maximum: 2 ** 31 })),
   },
   { $id: "load", additionalProperties: false },
 );

@@ -312,6 +312,31 @@ describe("flow control across gateway replicas", () => {
     }
   });
 
+  it("a forged summary is refused, counted and dead-lettered: another gateway's name, a band out of range, a future ts", async () => {
+    const dead: Array<{ subject: string; reason: string }> = [];
+    const sub = env.nats.nc.subscribe(env.subjects.deadLetter("flow"), {
+      callback: (_e, m) => void dead.push({ subject: m.headers?.get("Jr-Dlq-Subject") ?? "", reason: m.headers?.get("Jr-Dlq-Reason") ?? "" }),
+    });
+    try {
+      const now = Date.now();
+      const band16 = (gateway: string, ts = now) => JSON.stringify({ gateway, ts, models: { [FLOW_MODEL]: [{ band: 16, count: 1, oldest: ts - 5_000 }] } });
+      // A credential of gateway "intruder" speaks for flow-gw-1, with a ts far ahead to shadow its real summaries.
+      env.nats.nc.publish(env.subjects.flow("intruder"), band16("flow-gw-1", now + 3_600_000));
+      env.nats.nc.publish(env.subjects.flow("intruder"), JSON.stringify({ gateway: "intruder", ts: now, models: { [FLOW_MODEL]: [{ band: 17, count: 1, oldest: now - 5_000 }] } }));
+      env.nats.nc.publish(env.subjects.flow("intruder"), band16("intruder", now + 3_600_000));
+      // Every replica refuses each of the three (three replicas: nine dead letters).
+      await waitFor(() => dead.length >= 9, 10_000, "nine dead letters");
+      expect(new Set(dead.map((d) => d.subject))).toEqual(new Set([env.subjects.flow("intruder")]));
+      expect(dead.filter((d) => /another gateway than its subject/.test(d.reason))).toHaveLength(3);
+      expect(dead.filter((d) => /band outside \[-16, 16\]/.test(d.reason))).toHaveLength(3);
+      expect(dead.filter((d) => /ahead of the receive time/.test(d.reason))).toHaveLength(3);
+      // Nothing stalls: no replica yields to the forged band 16.
+      for (const gw of gws) expect(gw.director.flow.fleet?.blocker(FLOW_MODEL, 0, Date.now())).toBeUndefined();
+    } finally {
+      sub.unsubscribe();
+    }
+  });
+
   it("config set refuses bad flow config, naming the field", async () => {
     const bad = run(process.execPath, [cliPath(), "config", "set", FLOW_MODEL, "--nats", env.server.url, "--json", JSON.stringify({ flowControl: { defaultObjective: "gold", objectives: { silver: { priority: 1 } } } })]);
     await expect(bad).rejects.toMatchObject({ code: 2, stderr: expect.stringMatching(/\/flowControl\/defaultObjective: objective "gold" is not defined/) });

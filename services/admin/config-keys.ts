@@ -44,7 +44,7 @@ export function registerAddKeyCommand(cfg: Command): void {
     .requiredOption("--user <user>", "the user the key authenticates (rate limits and fairness count against this user)")
     .option("--name <name>", "a label, e.g. what the key is for")
     .option("--admin", "an operator key: also opens the gateways' /debug/* endpoints under --auth required")
-    .option("--objective <name>", "flow control: the objective (priority class) this key's requests run under, whatever header they send (docs/flow-control.md)")
+    .option("--objective <name>", "flow control: the highest objective (priority class) this key's requests may run under, and their default; a header naming a higher one runs at this one, and on a model without it the model's default objective is the cap (docs/flow-control.md)")
     .option("--cache-salt <salt>", "the tenant's cache salt: its requests share cached prompt blocks only with keys of the same salt (16-128 of A-Z a-z 0-9 _ -, random, e.g. $(openssl rand -hex 16))")
     .option("--class <name>", "the key's class: virtual models' `user` signals may test it (docs/semantic.md)")
     .option("--models <list>", "comma-separated models the key may use, also when a virtual model chose them (default: every model)")

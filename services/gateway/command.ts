@@ -84,6 +84,8 @@ export function registerGatewayCommand(program: Command): void {
     .option("--tls-client-ca <file>", "PEM CA: mutual TLS, only clients (Envoy) with a certificate it signed may connect")
     .option("--no-record-prompt-blocks", "do not tokenize prompts for decision records under strategies that do not need them (replay cannot then ask what prefix-cache would have hit)")
     .option("--shutdown-grace-ms <ms>", "on SIGTERM, how long in-flight requests may finish before being cancelled", intOption(0), D.shutdownGraceMs)
+    .option("--flow-max-held-bytes <n>", "flow control: bytes this replica may hold across every model, counted as what held requests retain (about twice the body); the excess gets 429 queue_full", intOption(0), D.flowMaxHeldBytes)
+    .option("--flow-max-held <n>", "flow control: requests this replica may hold across every model", intOption(0), D.flowMaxHeld)
     .option("--pd-prefill-timeout-ms <ms>", "P/D: timeout of one prefill leg attempt", intOption(1), D.pd.prefillTimeoutMs)
     .option("--pd-prefill-budget-ms <ms>", "P/D: all vLLM prefill attempts together (keep below Envoy's ext_proc messageTimeout)", intOption(1), D.pd.prefillBudgetMs)
     .option("--pd-sglang-prefill-timeout-ms <ms>", "P/D: an SGLang prefill leg (it answers only once its decode took the KV)", intOption(1), D.pd.sglangPrefillTimeoutMs)
@@ -132,6 +134,8 @@ export function registerGatewayCommand(program: Command): void {
         snapshots: o.snapshots !== false,
         snapshotIntervalMs: o.snapshotIntervalMs,
         shutdownGraceMs: o.shutdownGraceMs,
+        flowMaxHeldBytes: o.flowMaxHeldBytes,
+        flowMaxHeld: o.flowMaxHeld,
         recordPromptBlocks: o.recordPromptBlocks !== false,
         ...(o.tlsCert || o.tlsKey || o.tlsClientCa ? { tls: tlsOption(o.tlsCert, o.tlsKey, o.tlsClientCa) } : {}),
         // From the environment (a Kubernetes Secret), never a flag: flags show in `ps`.

@@ -7,6 +7,7 @@ import { randomBytes } from "node:crypto";
 import os from "node:os";
 import { type Static, Type } from "@sinclair/typebox";
 import { Value } from "@sinclair/typebox/value";
+import { FLOW_LIMIT_DEFAULTS } from "../routing/flow/controller.js";
 import { DEFAULT_PD_LEG_OPTIONS } from "../routing/stages/pd-legs.js";
 import { DEFAULT_PREFIX } from "../../streams/subjects.js";
 import { DEFAULT_RELEASE_BATCH_MS } from "../shared/publish.js";
@@ -86,6 +87,10 @@ export const GatewayConfigSchema = Type.Object(
     /** The CHARGES follower reads in batches this far apart while charges flow (0 = a delivery per message). */
     foldPaceMs: Type.Integer({ minimum: 0, maximum: MAX_FOLD_PACE_MS, default: DEFAULT_FOLD_PACE_MS }),
     shutdownGraceMs: Ms(10_000),
+    /** Flow control: bytes this replica may hold across models, as counted (services/routing/flow/held-bytes.ts). */
+    flowMaxHeldBytes: Type.Integer({ minimum: 0, default: FLOW_LIMIT_DEFAULTS.maxHeldBytes }),
+    /** Flow control: requests this replica may hold across models. */
+    flowMaxHeld: Type.Integer({ minimum: 0, default: FLOW_LIMIT_DEFAULTS.maxHeldRequests }),
     tls: Type.Optional(Type.Object({ certFile: Type.String({ minLength: 1 }), keyFile: Type.String({ minLength: 1 }), clientCaFile: Type.Optional(Type.String({ minLength: 1 })) }, { additionalProperties: false })),
     sessionSecret: Type.Optional(Type.String()),
     engineApiKey: Type.Optional(Type.String()),

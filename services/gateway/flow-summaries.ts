@@ -12,10 +12,18 @@
  */
 import type { NatsConnection, Subscription } from "@nats-io/nats-core";
 import type { Subjects } from "../../streams/subjects.js";
-import { type FleetQueues, type ReplicaSummary, summaryOf } from "../routing/flow/fleet.js";
+import { type FleetQueues, type SummaryRefusal, summaryOf } from "../routing/flow/fleet.js";
 import type { FlowController } from "../routing/flow/controller.js";
+import type { DeadLetter } from "../shared/dead-letter.js";
 import type { Logger } from "../shared/log.js";
 import { LogRate } from "../shared/log-rate.js";
+
+const REFUSALS: Record<SummaryRefusal, string> = {
+  malformed: "not a flow summary (malformed, or a band outside [-16, 16])",
+  "wrong-gateway": "names another gateway than its subject",
+  "future-ts": "its ts is ahead of the receive time by more than the clock-skew allowance",
+  "too-old": "a band older than any request may be held",
+};
 
 /** How often a replica holding requests tries to dispatch them (ms); a release also triggers it. */
 export const FLOW_PUMP_INTERVAL_MS = 20;
@@ -31,6 +39,8 @@ export interface FlowSummariesOptions {
   clock: () => number;
   intervalMs: number;
   log: Logger;
+  /** Where refused summaries are recorded (`<prefix>.dlq.flow`); absent: counted and logged only. */
+  deadLetters?: { send(dl: DeadLetter): void };
 }
 
 export class FlowSummaries {
@@ -47,14 +57,18 @@ export class FlowSummaries {
     this.sub = o.nc.subscribe(o.subjects.all("flow"), {
       callback: (err, m) => {
         if (err) return;
-        if (m.data.length > MAX_SUMMARY_BYTES) return this.invalid(m.subject, "too large");
+        if (m.data.length > MAX_SUMMARY_BYTES) return this.invalid(m.subject, m.data, "too large");
         let s: unknown;
         try {
           s = m.json();
         } catch {
-          return this.invalid(m.subject, "not JSON");
+          return this.invalid(m.subject, m.data, "not JSON");
         }
-        if (!o.fleet.apply(s as ReplicaSummary, o.clock())) return this.invalid(m.subject, "not a flow summary");
+        // The gateway the subject names: a summary speaks only for its own publisher's subject.
+        const from = o.subjects.parse(m.subject)?.names[0];
+        if (from === o.gatewayId) return;
+        const r = o.fleet.applyFrom(from, s, o.clock());
+        if (r.refused) return this.invalid(m.subject, m.data, REFUSALS[r.refused]);
         this.stats.received++;
       },
     });
@@ -71,8 +85,9 @@ export class FlowSummaries {
     this.summaryTimer.unref?.();
   }
 
-  private invalid(subject: string, why: string): void {
+  private invalid(subject: string, data: Uint8Array, why: string): void {
     this.stats.invalid++;
+    this.o.deadLetters?.send({ family: "flow", subject, reason: `flow summary refused: ${why}`, data });
     // One line per 10 s at most: a misbehaving publisher cannot flood the log.
     if (this.invalidLog.admit(Date.now()).log) this.o.log.warn({ subject: subject.slice(0, 200), why, invalid: this.stats.invalid }, "flow summary ignored");
   }

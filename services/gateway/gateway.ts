@@ -14,6 +14,7 @@ import { podAddressFilter } from "../shared/cidr.js";
 import { readVerifier } from "../shared/signing-keys.js";
 import type { RecordVerifier } from "../../streams/signatures.js";
 import { connectNats, type NatsHandles } from "../shared/nats.js";
+import { DeadLetterSink } from "../shared/dead-letter.js";
 import { GatewayState } from "../views/gateway-state.js";
 import type { PrefixIndex } from "../views/prefix-index.js";
 import type { TokenizerSetting } from "../tokenizer/prompt-tokens.js";
@@ -133,7 +134,8 @@ export async function startGateway(options: GatewayOptions): Promise<GatewayHand
   );
   tokenizer.registerMetrics(metrics.registry);
   publishers.start(director);
-  const flowSummaries = new FlowSummaries({ nc: nats.nc, subjects, gatewayId: id, flow: director.flow, fleet, clock, intervalMs: DEFAULT_SUMMARY_INTERVAL_MS, log });
+  const flowDeadLetters = new DeadLetterSink(nats.js, subjects, `gateway-${id}-flow`, log, () => nats.nc.info?.max_payload ?? 1024 * 1024);
+  const flowSummaries = new FlowSummaries({ nc: nats.nc, subjects, gatewayId: id, flow: director.flow, fleet, clock, intervalMs: DEFAULT_SUMMARY_INTERVAL_MS, log, deadLetters: flowDeadLetters });
   const stopSweeps = startSweeps(state, clock, serverClock, config.heartbeatIntervalMs);
 
   await Promise.all(followers.map((f) => f.start()));
@@ -272,7 +274,7 @@ function routingCoreOf(o: {
     onPick: o.onPick,
     pdLegClient: o.pdClient,
     pdLegOptions: { prefillTimeoutMs: config.pd.prefillTimeoutMs, prefillBudgetMs: config.pd.prefillBudgetMs, sglangPrefillTimeoutMs: config.pd.sglangPrefillTimeoutMs, maxRetries: config.pd.maxRetries },
-    flow: { fleet: o.fleet, hooks: { outcome: (band, outcome, waitMs) => o.metrics().flowOutcome(band, outcome, waitMs), yielded: (band) => o.metrics().flowYield(band) } },
+    flow: { fleet: o.fleet, limits: { maxHeldBytes: config.flowMaxHeldBytes, maxHeldRequests: config.flowMaxHeld }, hooks: { outcome: (band, outcome, waitMs) => o.metrics().flowOutcome(band, outcome, waitMs), yielded: (band) => o.metrics().flowYield(band) } },
     // Virtual models' similarity signals: the embedding model's pods, found in the fold like any model's.
     embeddings: new EmbeddingClient({ readyPods: (m) => state.pods.readyPods(m), observe: (e) => o.metrics().semanticEmbedding(e), ...(config.engineApiKey ? { engineApiKey: config.engineApiKey } : {}) }),
   });
@@ -326,6 +328,7 @@ function metricSourcesOf(o: {
     refusedPodAddresses: () => state.pods.refusedAddresses,
     signatureRefusals: () => state.signatureRefusals,
     flowHeld: () => [...director.flow.queueSummaries().values()].flatMap((q) => q.summary()),
+    flowHeldBytes: () => director.flow.heldBytes,
     flowSummaries: o.flowSummaries,
     latencyModel: () => ({ learned: state.latency.learned, rejected: state.latency.rejected, entries: state.latency.size }),
     usage: () => ({ foreignGateways: state.rates.foreignGateways, foreignEntries: state.rates.foreignEntries, foreignEvicted: state.rates.foreignEvicted, sent: publishers.usageSummaries.sent, truncatedUsers: publishers.usageSummaries.truncatedUsers }),

@@ -36,6 +36,8 @@ export interface GatewayMetricsSources {
   usage?: () => { foreignGateways: number; foreignEntries: number; foreignEvicted: number; sent: number; truncatedUsers: number };
   /** Flow control: requests held per model queue and band (services/routing/flow/). */
   flowHeld?: () => Iterable<{ band: number; count: number }>;
+  /** Flow control: bytes held across models, as counted (what held requests retain). */
+  flowHeldBytes?: () => number;
   /** Flow control: summaries sent, received from other replicas, ignored as invalid. */
   flowSummaries?: () => { sent: number; received: number; invalid: number } | undefined;
   /** The latency model: samples learned, and not learned by reason (services/views/latency-model.ts). */
@@ -191,6 +193,14 @@ class FlowMetrics {
         const byBand = new Map<number, number>();
         for (const b of src.flowHeld?.() ?? []) byBand.set(b.band, (byBand.get(b.band) ?? 0) + b.count);
         for (const [band, n] of byBand) this.set({ band: String(band) }, n);
+      },
+    });
+    new client.Gauge({
+      name: "jetroute_gateway_flow_held_bytes",
+      help: "Flow control: bytes held by this replica across models, counted as what held requests retain (bounded by --flow-max-held-bytes)",
+      registers: [r],
+      collect() {
+        this.set(src.flowHeldBytes?.() ?? 0);
       },
     });
     new client.Gauge({

@@ -2,7 +2,7 @@ import { describe, expect, it } from "vitest";
 import type { PodEvent } from "../../schemas/events.js";
 import { GatewayState } from "../views/gateway-state.js";
 import { ENGINE_ADAPTERS_TTL_MS } from "../views/pod-set.js";
-import { adaptersFromModels, engineAdapters, MAX_ENGINE_ADAPTERS } from "./adapters.js";
+import { adaptersFromModels, engineAdapters, MAX_ENGINE_ADAPTERS, maxModelLenFromModels } from "./adapters.js";
 
 describe("engine-reported LoRA adapters", () => {
   it("reads adapters (entries with a parent) from vLLM's /v1/models", () => {
@@ -59,5 +59,18 @@ describe("engine-reported LoRA adapters", () => {
     g.sweep(9_000 + ENGINE_ADAPTERS_TTL_MS + 1, { liveNow: 9_000 + ENGINE_ADAPTERS_TTL_MS + 1 });
     expect(g.pods.knows("sql")).toBe(false);
     expect(g.pods.readyPods("base").map((p) => p.pod)).toEqual(["p1"]);
+  });
+});
+
+describe("engine-reported context length", () => {
+  it("is the base model's max_model_len on /v1/models; absent or malformed: unknown", () => {
+    const body = { data: [{ id: "sql", parent: "base", max_model_len: 99 }, { id: "base", parent: null, max_model_len: 32_768 }] };
+    expect(maxModelLenFromModels(body, "base")).toBe(32_768);
+    // Served under another name: the first entry without a parent.
+    expect(maxModelLenFromModels(body, "other")).toBe(32_768);
+    for (const n of [0, -1, 1.5, "4096", null, 2 ** 40]) expect(maxModelLenFromModels({ data: [{ id: "base", max_model_len: n }] }, "base")).toBeUndefined();
+    expect(maxModelLenFromModels({ data: [{ id: "base" }] }, "base")).toBeUndefined();
+    expect(maxModelLenFromModels({ detail: "x" }, "base")).toBeUndefined();
+    expect(maxModelLenFromModels(null, "base")).toBeUndefined();
   });
 });

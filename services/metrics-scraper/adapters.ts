@@ -24,6 +24,20 @@ export function adaptersFromModels(body: unknown, base: string): string[] | unde
 }
 
 /**
+ * The context length a `/v1/models` body reports for the base model (vLLM's `max_model_len` on
+ * its entry); undefined when absent or not a whole number in [1, 2^31].
+ */
+export function maxModelLenFromModels(body: unknown, base: string): number | undefined {
+  const data = (body as { data?: unknown } | null)?.data;
+  if (!Array.isArray(data)) return undefined;
+  const entries = data.slice(0, 1_000) as Array<{ id?: unknown; parent?: unknown; max_model_len?: unknown } | null>;
+  // The base model's entry; else the first entry without a parent (an engine serving under another name).
+  const e = entries.find((m) => m?.id === base) ?? entries.find((m) => m !== null && typeof m === "object" && (typeof m.parent !== "string" || m.parent === ""));
+  const n = e?.max_model_len;
+  return typeof n === "number" && Number.isInteger(n) && n >= 1 && n <= 2 ** 31 ? n : undefined;
+}
+
+/**
  * The adapters to publish with a load sample: the model list plus what the LoRA metric shows
  * running or waiting; undefined whenever `/v1/models` was not read. The sample's list replaces the
  * pod's previous one in the gateways, so a list from the metric alone would drop every adapter

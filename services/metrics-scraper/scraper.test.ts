@@ -36,6 +36,10 @@ describe("metrics-scraper - engines to LOAD", () => {
       await waitFor(() => latest.has(vllm.name) && latest.has(sglang.name), 3_000, "first samples");
       expect(latest.get(vllm.name)?.load).toMatchObject({ running: 0, waiting: 0, kvCacheUsage: 0, blockSize: 16 });
       expect(latest.get(sglang.name)?.load).toMatchObject({ running: 0, waiting: 0 });
+      // The engine's context length, as its /v1/models reports it, rides on the sample.
+      const listed = (await (await fetch(`http://${vllm.address}/v1/models`)).json()) as { data: Array<{ max_model_len: number }> };
+      expect(listed.data[0]?.max_model_len).toBeGreaterThan(0);
+      expect(latest.get(vllm.name)?.maxModelLen).toBe(listed.data[0]?.max_model_len);
 
       // Keep the vLLM pod busy with slow streaming requests; the scraper must see them running. Each
       // decodes for about 30 s of wall time (4000 steps of 15 ms at time scale 2), so on a loaded host

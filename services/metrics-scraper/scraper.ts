@@ -16,7 +16,7 @@ import { connectNats } from "../shared/nats.js";
 import { fire } from "../shared/publish.js";
 import { podAddressFilter } from "../shared/cidr.js";
 import { type PodInfo, PodSet } from "../views/pod-set.js";
-import { adaptersFromModels, engineAdapters } from "./adapters.js";
+import { adaptersFromModels, engineAdapters, maxModelLenFromModels } from "./adapters.js";
 import { extractEngineLoad } from "./engine-load.js";
 import { parsePrometheusText } from "./prom-text.js";
 
@@ -40,15 +40,16 @@ export interface ScraperOptions {
 /** Bound on a `/v1/models` body (256 adapters fit many times over). */
 const MODELS_BODY_BYTES = 1024 * 1024;
 
-/** The engine's `/v1/models` adapters; undefined when the list cannot be read (not a scrape failure). */
-async function readAdapters(pod: PodInfo, signal: AbortSignal): Promise<string[] | undefined> {
+/** The engine's `/v1/models` adapters and context length; undefined when the list cannot be read (not a scrape failure). */
+async function readModels(pod: PodInfo, signal: AbortSignal): Promise<{ adapters: string[] | undefined; maxModelLen: number | undefined } | undefined> {
   try {
     const res = await fetch(`http://${pod.address}/v1/models`, { signal, redirect: "error" });
     if (!res.ok) {
       await res.body?.cancel().catch(() => undefined);
       return undefined;
     }
-    return adaptersFromModels(JSON.parse(await readBodyCapped(res, MODELS_BODY_BYTES, "/v1/models body")), pod.model);
+    const body: unknown = JSON.parse(await readBodyCapped(res, MODELS_BODY_BYTES, "/v1/models body"));
+    return { adapters: adaptersFromModels(body, pod.model), maxModelLen: maxModelLenFromModels(body, pod.model) };
   } catch {
     return undefined;
   }
@@ -70,11 +71,11 @@ interface PodScrapeState {
 
 
 /** Scrapes one pod once. */
-export async function scrapeOnce(pod: PodInfo, timeoutMs: number, maxBodyBytes = DEFAULT_METRICS_BODY_BYTES, stop?: AbortSignal, readModels = false): Promise<LoadSample> {
+export async function scrapeOnce(pod: PodInfo, timeoutMs: number, maxBodyBytes = DEFAULT_METRICS_BODY_BYTES, stop?: AbortSignal, readModelList = false): Promise<LoadSample> {
   const started = performance.now();
   const timeout = AbortSignal.timeout(timeoutMs);
   const signal = stop ? AbortSignal.any([timeout, stop]) : timeout;
-  const models = readModels ? readAdapters(pod, signal) : Promise.resolve(undefined);
+  const models = readModelList ? readModels(pod, signal) : Promise.resolve(undefined);
   const res = await fetch(`http://${pod.metricsAddress ?? pod.address}/metrics`, { signal, redirect: "error" });
   if (!res.ok) {
     await res.body?.cancel().catch(() => undefined);
@@ -83,7 +84,8 @@ export async function scrapeOnce(pod: PodInfo, timeoutMs: number, maxBodyBytes =
   const text = await readBodyCapped(res, maxBodyBytes, "/metrics body");
   const families = parsePrometheusText(text);
   const load = extractEngineLoad(families, pod.engine, pod.model);
-  const adapters = engineAdapters(await models, load.runningLoras, load.waitingLoras, pod.model);
+  const listed = await models;
+  const adapters = engineAdapters(listed?.adapters, load.runningLoras, load.waitingLoras, pod.model);
   return {
     type: "load",
     model: pod.model,
@@ -93,6 +95,7 @@ export async function scrapeOnce(pod: PodInfo, timeoutMs: number, maxBodyBytes =
     scrapeMs: Math.round((performance.now() - started) * 100) / 100,
     load,
     ...(adapters !== undefined ? { adapters } : {}),
+    ...(listed?.maxModelLen !== undefined ? { maxModelLen: listed.maxModelLen } : {}),
   };
 }
 

@@ -37,7 +37,9 @@ import { tokenizerPodFor } from "./stages/tokenizer-pod.js";
 import { rejectedRecord, routedRecord } from "./decision-record.js";
 import { refuseBatch } from "./stages/pd-bodies.js";
 import { chargeIdOf } from "./charge-id.js";
-import { FlowController, type FlowHooks, type Held } from "./flow/controller.js";
+import { FlowController, type FlowHooks, type FlowLimits, type Held } from "./flow/controller.js";
+import { contextRefusal } from "./flow/context-length.js";
+import { heldBytesOf } from "./flow/held-bytes.js";
 import type { FleetQueues } from "./flow/fleet.js";
 import { classify } from "./flow/settings.js";
 
@@ -121,7 +123,7 @@ export interface DirectorOptions {
   defer?: (fn: () => void) => void;
   pdLegOptions?: Partial<PdLegOptions>;
   /** Flow control (routing/flow/): the other replicas' queue summaries, and what to count. Absent: a lone replica's own order. */
-  flow?: { fleet?: FleetQueues; hooks?: FlowHooks };
+  flow?: { fleet?: FleetQueues; hooks?: FlowHooks; limits?: FlowLimits };
   /** Embeddings for virtual models' `similarity` signals (absent: their lexical fallback). */
   embeddings?: EmbeddingSource;
 }
@@ -204,7 +206,7 @@ export class Director {
     // Peers' liveness (the rank the burst guard counts) on the broker's time; windows on ours.
     const admissionViews = serverNow ? { rates: opts.state.rates, pods: opts.state.pods, ledger: { rank: () => opts.state.ledger.rank(serverNow()) } } : opts.state;
     this.admission = new Admission(admissionViews, opts.config, opts.clock ?? { now: this.now, setTimeout: (fn, ms) => void setTimeout(fn, ms) });
-    this.flow = new FlowController({ views: opts.state, config: opts.config, fleet: opts.flow?.fleet, now: this.now, ...(opts.flow?.hooks ? { hooks: opts.flow.hooks } : {}) });
+    this.flow = new FlowController({ views: opts.state, config: opts.config, fleet: opts.flow?.fleet, now: this.now, ...(opts.flow?.hooks ? { hooks: opts.flow.hooks } : {}), ...(opts.flow?.limits ? { limits: opts.flow.limits } : {}) });
     this.pd = new PdCoordinator({
       gatewayId: opts.gatewayId,
       state: opts.state,
@@ -506,6 +508,9 @@ export class Director {
    */
   private flowGate(input: RouteInput, p: Prepared, commit: (p: Prepared, input?: RouteInput) => RoutedRequest | Promise<RoutedRequest>): RoutedRequest | Promise<RoutedRequest> {
     const model = p.parsed.model;
+    // A prompt no ready pod's context can take: 400 now, before it is held or routed.
+    const tooLong = contextRefusal(model, p, this.views.pods.readyPods(model), this.views.load);
+    if (tooLong) throw tooLong;
     const s = this.flow.settingsFor(model);
     if (!s) return commit(p);
     if (this.closed) throw new RouteError("notReady", "gateway is shutting down");
@@ -518,6 +523,10 @@ export class Director {
       const allowed = input.subset ? roomy.filter((a) => input.subset?.includes(a)) : roomy;
       return allowed.length > 0 ? { ...input, subset: allowed } : input;
     };
+    // What the request retains while held (flow/held-bytes.ts); the body's decoded text was only
+    // needed to plan, so it is not kept (every closure below sees this `p`).
+    const bytes = heldBytesOf({ bodyBytes: input.body.length, ...(p.parsed.text !== undefined ? { textChars: p.parsed.text.length } : {}), ...(p.upstreamBody ? { upstreamBytes: p.upstreamBody.length } : {}), ...(p.tokens ? { tokens: p.tokens.length } : {}) });
+    if (p.parsed.text !== undefined) p = { ...p, parsed: { ...p.parsed, text: undefined } };
     let settle: { resolve: (r: RoutedRequest) => void; reject: (e: unknown) => void } | undefined;
     const signal = input.signal;
     let onAbort: (() => void) | undefined;
@@ -539,7 +548,7 @@ export class Director {
         settle?.reject(err);
       },
     };
-    const offered = this.flow.offer(held, input.body.length, s);
+    const offered = this.flow.offer(held, bytes, s);
     if (offered.now) return commit({ ...p, flow: record(0) }, withRoom(offered.subset));
     const id = offered.id as number;
     return new Promise<RoutedRequest>((resolve, reject) => {

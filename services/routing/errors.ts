@@ -20,6 +20,8 @@ export const ErrorCodes = {
   /** Gateway pools: the model is served by another pool's gateways (the `x-jetroute-pool` header names it). */
   wrongPool: { status: 421, code: "wrong_pool" },
   bodyTooLarge: { status: 413, code: "request_too_large" },
+  /** The prompt is longer than the context every ready pod of the model reports (`max_model_len`): refused before it is held or routed. */
+  contextLengthExceeded: { status: 400, code: "context_length_exceeded" },
   rateLimited: { status: 429, code: "rate_limit_exceeded" },
   /** Flow control: the request was held for its whole queue TTL while the model's pods stayed saturated. */
   queueTimeout: { status: 429, code: "queue_timeout" },

@@ -9,6 +9,8 @@ export interface PodLoad {
   /** Scrape time reported by the scraper (ms). */
   readonly ts: number;
   readonly stale: boolean;
+  /** The engine's context length, from the newest sample that carried one (a scrape that could not read `/v1/models` keeps it). */
+  readonly maxModelLen?: number;
 }
 
 export interface LoadReader {
@@ -35,7 +37,8 @@ export class LoadView implements LoadReader {
     const prev = this.samples.get(k);
     // Samples of one pod arrive in order on one subject; the guard only protects against clock-less replays.
     if (prev && prev.ts > s.ts) return;
-    this.samples.set(k, { load: s.load, ts: s.ts, stale: s.stale });
+    const maxModelLen = s.maxModelLen ?? prev?.maxModelLen;
+    this.samples.set(k, { load: s.load, ts: s.ts, stale: s.stale, ...(maxModelLen !== undefined ? { maxModelLen } : {}) });
   }
 
   /** Drops a pod's sample (pod removed). */

@@ -218,3 +218,90 @@ describe("flow controller", () => {
     expect(flowSettingsOf(base)?.ttlMs).toBe(1_000);
   });
 });
+
+describe("flow controller - the replica's memory bound and a user's share", () => {
+  /** Two models, every pod full: whatever is offered is held. */
+  function saturated(limits: { maxHeldBytes?: number; maxHeldRequests?: number }, fc: FlowControl = base) {
+    const pod = (model: string) => ({ model, pod: `${model}-p`, address: `${model}:1`, ready: true }) as unknown as PodInfo;
+    const flow = new FlowController({
+      views: {
+        pods: { readyPods: (m: string) => [pod(m)] } as unknown as PodSetReader,
+        load: { get: () => undefined, fresh: () => undefined },
+        ledger: { outstanding: (): Outstanding => ({ requests: 1, promptTokens: 0, prefillRequests: 0, prefillTokens: 0 }) },
+        usage: { tokens: () => 0, bounds: () => ({ min: 0, max: 0, users: 0 }) },
+      },
+      config: { get: () => ({ flowControl: fc }) } as unknown as ConfigReader,
+      fleet: undefined,
+      now: () => 0,
+      limits,
+    });
+    const failed: string[] = [];
+    const offer = (model: string, bytes: number, user = "u", headers: Record<string, string> = {}) => {
+      const s = flow.settingsFor(model)!;
+      const held: Held = { model, cls: classify(s, headers, undefined, user, 0), dispatch: () => undefined, fail: (e) => void failed.push(e.code) };
+      try {
+        return flow.offer(held, bytes, s).now ? "now" : "held";
+      } catch (e) {
+        return (e as RouteError).code;
+      }
+    };
+    return { flow, offer, failed };
+  }
+
+  it("bytes held across every model stay under maxHeldBytes: the excess gets 429 queue_full, naming the gateway's bound", () => {
+    const { flow, offer } = saturated({ maxHeldBytes: 1_000 });
+    expect(offer("m1", 400, "a")).toBe("held");
+    expect(offer("m2", 400, "b")).toBe("held");
+    expect(offer("m2", 201, "c")).toBe("queue_full");
+    expect(offer("m1", 200, "c")).toBe("held");
+    expect(flow.heldBytes).toBe(1_000);
+    let err: unknown;
+    try {
+      const s = flow.settingsFor("m1")!;
+      flow.offer({ model: "m1", cls: classify(s, {}, undefined, "d", 0), dispatch: () => undefined, fail: () => undefined }, 1, s);
+    } catch (e) {
+      err = e;
+    }
+    expect(err).toMatchObject({ status: 429, code: "queue_full" });
+    expect((err as Error).message).toMatch(/this gateway holds as many requests as its memory bound allows/);
+  });
+
+  it("requests held across models stay under maxHeldRequests", () => {
+    const { flow, offer } = saturated({ maxHeldRequests: 3 });
+    expect([offer("m1", 1, "a"), offer("m2", 1, "b"), offer("m3", 1, "c"), offer("m1", 1, "d")]).toEqual(["held", "held", "held", "queue_full"]);
+    expect(flow.held).toBe(3);
+  });
+
+  it("a sheddable request of the same model makes room under the replica bound; another model's requests are never shed for it", () => {
+    const { offer, failed } = saturated({ maxHeldBytes: 1_000 });
+    expect(offer("m1", 500, "a", { "x-jetroute-objective": "shed" })).toBe("held");
+    expect(offer("m2", 500, "b")).toBe("held");
+    // A lo (band 0) request of m1 sheds m1's sheddable one.
+    expect(offer("m1", 500, "c")).toBe("held");
+    expect(failed).toEqual(["queue_full"]);
+    // Nothing of m1 left to shed for m2: refused, m1's held request stays.
+    expect(offer("m2", 1, "d")).toBe("queue_full");
+  });
+
+  it("one user's share of a band is capped (count and bytes, every fairness id together); other users still get in", () => {
+    const { flow, offer } = saturated({}, { ...base, maxRequestsPerUser: 2, maxBytesPerUser: 1_000 });
+    expect(offer("m1", 100, "mallory", { "x-jetroute-fairness-id": "1" })).toBe("held");
+    expect(offer("m1", 100, "mallory", { "x-jetroute-fairness-id": "2" })).toBe("held");
+    expect(offer("m1", 100, "mallory", { "x-jetroute-fairness-id": "3" })).toBe("queue_full");
+    expect(offer("m1", 999, "alice")).toBe("held");
+    expect(offer("m1", 2, "alice")).toBe("queue_full");
+    expect(flow.held).toBe(3);
+  });
+
+  it("defaults fit the deployed heap: 384 MiB per replica, 256 MiB per band, 64 MiB per user in a band", () => {
+    const s = flowSettingsOf({})!;
+    expect(s.maxBytesPerBand).toBe(256 * 1024 * 1024);
+    expect(s.maxBytesPerUser).toBe(64 * 1024 * 1024);
+    expect(s.maxRequestsPerUser).toBe(1_000);
+    const { offer } = saturated({});
+    // 3.6 MB chat bodies count about 7.2 MB each (held-bytes.ts): a user gets 9 in (64 MiB), then queue_full.
+    const results = Array.from({ length: 12 }, () => offer("m1", 7_200_000 + 2_048, "flood"));
+    expect(results.filter((r) => r === "held")).toHaveLength(9);
+    expect(results.slice(9).every((r) => r === "queue_full")).toBe(true);
+  });
+});

@@ -22,7 +22,7 @@ import { RouteError } from "../errors.js";
 import type { FleetQueues } from "./fleet.js";
 import { FlowQueue, type HeldRequest } from "./queue.js";
 import { SaturationDetector } from "./saturation.js";
-import { type FlowClass, type FlowSettings, flowSettingsOf } from "./settings.js";
+import { type FlowClass, type FlowSettings, flowSettingsOf, userOfFlow } from "./settings.js";
 
 export type FlowOutcome = "dispatched" | "expired" | "dropped" | "cancelled";
 
@@ -53,8 +53,21 @@ export interface FlowViews {
   readonly usage: UsageReader;
 }
 
+/** This replica's bounds over every model's held requests (`--flow-max-held-bytes`, `--flow-max-held`). */
+export interface FlowLimits {
+  /** Bytes held across models, as counted by held-bytes.ts (what held requests retain). */
+  maxHeldBytes?: number;
+  /** Requests held across models. */
+  maxHeldRequests?: number;
+}
+
+/** The replica's defaults: sized to the deployed heap (docs/flow-control.md "Memory"). */
+export const FLOW_LIMIT_DEFAULTS = { maxHeldBytes: 384 * 1024 * 1024, maxHeldRequests: 10_000 } as const;
+
 export interface FlowControllerOptions {
   views: FlowViews;
+  /** Default FLOW_LIMIT_DEFAULTS. */
+  limits?: FlowLimits;
   config: ConfigReader | undefined;
   fleet: FleetQueues | undefined;
   now: () => number;
@@ -125,6 +138,13 @@ export class FlowController {
     return n;
   }
 
+  /** Bytes held, all models, as counted (held-bytes.ts). */
+  get heldBytes(): number {
+    let n = 0;
+    for (const q of this.queues.values()) n += q.bytes;
+    return n;
+  }
+
   /** Held per model and band (metrics, debug state). */
   queueSummaries(): ReadonlyMap<string, FlowQueue<Held>> {
     return this.queues;
@@ -132,7 +152,8 @@ export class FlowController {
 
   /**
    * Either the request goes now (`{now: true}`: the caller routes it as usual) or it is held and
-   * `held.dispatch` / `held.fail` is called later. `bytes`: its body size (the band byte bound).
+   * `held.dispatch` / `held.fail` is called later. `bytes`: what it retains while held
+   * (held-bytes.ts `heldBytesOf`), counted against the band, user and replica byte bounds.
    */
   offer(held: Held, bytes: number, s: FlowSettings): OfferResult {
     const now = this.opts.now();
@@ -159,8 +180,32 @@ export class FlowController {
     return b !== undefined;
   }
 
+  /**
+   * The model's queue, its options set from the settings; its total bounds are what the replica's
+   * bounds leave after the other models' held requests (so the queue's own drop rule applies: a
+   * sheddable band of this model may make room, never another model's requests).
+   */
   private queueFor(model: string, s: FlowSettings): FlowQueue<Held> {
-    const opts = { fairness: s.fairness, order: s.order, maxRequestsPerBand: s.maxRequestsPerBand, maxBytesPerBand: s.maxBytesPerBand };
+    const lim = this.opts.limits ?? {};
+    const maxBytes = lim.maxHeldBytes ?? FLOW_LIMIT_DEFAULTS.maxHeldBytes;
+    const maxRequests = lim.maxHeldRequests ?? FLOW_LIMIT_DEFAULTS.maxHeldRequests;
+    let otherBytes = 0;
+    let otherRequests = 0;
+    for (const [m, other] of this.queues) {
+      if (m === model) continue;
+      otherBytes += other.bytes;
+      otherRequests += other.size;
+    }
+    const opts = {
+      fairness: s.fairness,
+      order: s.order,
+      maxRequestsPerBand: s.maxRequestsPerBand,
+      maxBytesPerBand: s.maxBytesPerBand,
+      maxRequestsPerUser: s.maxRequestsPerUser,
+      maxBytesPerUser: s.maxBytesPerUser,
+      maxTotalBytes: Math.max(0, maxBytes - otherBytes),
+      maxTotalRequests: Math.max(0, maxRequests - otherRequests),
+    };
     let q = this.queues.get(model);
     if (!q) {
       q = new FlowQueue<Held>(opts);
@@ -178,7 +223,9 @@ export class FlowController {
     const r = q.enqueue({ band: cls.band, flow: cls.flow, enqueuedAt: cls.enqueuedAt, expiresAt: cls.expiresAt, deadline: cls.deadline, bytes, value: held });
     if (!r.ok) {
       this.dropIfEmpty(held.model);
-      throw queueFull(held.model, cls.band);
+      if (r.reason === "user-full") throw userFull(held.model, cls.band);
+      const o = q.options;
+      throw q.size + 1 > (o.maxTotalRequests ?? Number.POSITIVE_INFINITY) || q.bytes + bytes > (o.maxTotalBytes ?? Number.POSITIVE_INFINITY) ? replicaFull(held.model) : queueFull(held.model, cls.band);
     }
     const now = this.opts.now();
     for (const d of r.dropped) this.leave(d, "dropped", now, queueFull(d.value.model, d.band));
@@ -336,14 +383,17 @@ function subsetOf(roomy: readonly PodInfo[], pods: readonly PodInfo[]): { subset
   return roomy.length === pods.length || roomy.length === 0 ? {} : { subset: roomy.map((p) => p.address) };
 }
 
-/** The user a flow key belongs to (least-attained reads the user's usage): see settings.ts `flowKeyOf`. */
-function userOfFlow(flow: string): string {
-  const i = flow.indexOf("\u0000");
-  return i < 0 ? flow : flow.slice(0, i);
-}
 
 function queueFull(model: string, band: number): RouteError {
   return new RouteError("queueFull", `model \`${model}\` is saturated and its queue for priority ${band} is full; retry later`, null, { "retry-after": "1" });
+}
+
+function replicaFull(model: string): RouteError {
+  return new RouteError("queueFull", `model \`${model}\` is saturated and this gateway holds as many requests as its memory bound allows; retry later`, null, { "retry-after": "1" });
+}
+
+function userFull(model: string, band: number): RouteError {
+  return new RouteError("queueFull", `model \`${model}\` is saturated and this user's share of its queue for priority ${band} is full; retry later`, null, { "retry-after": "1" });
 }
 
 function queueTimeout(model: string, d: HeldRequest<Held>): RouteError {

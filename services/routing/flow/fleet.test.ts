@@ -80,7 +80,7 @@ describe("fleet queues - summaries in", () => {
     ];
     for (const s of bad) expect(f.apply(s as ReplicaSummary, 1)).toBe(false);
     expect(f.apply(summary("g1", 1, {}), Number.NaN)).toBe(false);
-    expect(f.stats()).toEqual({ replicas: 0, malformed: bad.length + 1, truncated: 0, refused: 0 });
+    expect(f.stats()).toEqual({ replicas: 0, malformed: bad.length + 1, truncated: 0, refused: 0, wrongGateway: 0, futureTs: 0, tooOld: 0 });
     // Extra fields (a newer peer) are fine, and dropped.
     expect(f.apply({ ...summary("g1", 1, { [M]: [{ band: 1, count: 1, oldest: 0, flows: 3 } as BandSummary] }), v: 2 } as ReplicaSummary, 1)).toBe(true);
     expect(f.dump()).toEqual([summary("g1", 1, { [M]: [{ band: 1, count: 1, oldest: 0 }] })]);
@@ -88,13 +88,14 @@ describe("fleet queues - summaries in", () => {
 
   it("bounds: models beyond maxModels and bands beyond 33 are cut (the lowest bands) and counted", () => {
     const f = new FleetQueues({ self: "g0", maxModels: 2 });
-    const bands = Array.from({ length: 40 }, (_, i) => ({ band: i - 20, count: 1, oldest: 0 }));
+    // 40 entries of bands in [-16, 16] (the lowest seven twice): cut to 33, the lowest first.
+    const bands = Array.from({ length: 40 }, (_, i) => ({ band: (i % 33) - 16, count: 1, oldest: 0 }));
     expect(f.apply(summary("g1", 1, { a: bands, b: [], c: [{ band: 1, count: 1, oldest: 0 }] }), 1)).toBe(true);
     const kept = f.dump()[0]!.models;
     expect(Object.keys(kept)).toEqual(["a", "b"]);
     expect(kept.a!.length).toBe(MAX_BANDS);
-    expect(kept.a![0]!.band).toBe(19);
-    expect(kept.a![MAX_BANDS - 1]!.band).toBe(19 - MAX_BANDS + 1);
+    expect(kept.a![0]!.band).toBe(16);
+    expect(kept.a![MAX_BANDS - 1]!.band).toBe(-13);
     expect(f.stats().truncated).toBe(1);
   });
 
@@ -235,5 +236,54 @@ describe("fleet queues - summaries out", () => {
     expect(f.apply(JSON.parse(JSON.stringify(s)), 1)).toBe(true);
     expect(f.blocker("__proto__", 0, 260)?.band).toBe(1);
     expect(Object.keys(f.dump()[0]!.models)).toEqual(["__proto__"]);
+  });
+});
+
+describe("fleet queues - summaries checked against their subject, bands and clock", () => {
+  const one = (band: number, oldest = 0) => ({ [M]: [{ band, count: 1, oldest }] });
+
+  it("accepts a summary only from the gateway its subject names; another gateway's credentials cannot shadow it", () => {
+    const f = new FleetQueues({ self: "g0" });
+    expect(f.applyFrom("g1", summary("g1", 100, one(1)), 100)).toEqual({ stored: true });
+    // g2 publishes on its own subject a summary naming g1, with a later ts, to shadow g1's.
+    expect(f.applyFrom("g2", summary("g1", 10_000, one(16)), 101)).toEqual({ stored: false, refused: "wrong-gateway" });
+    expect(f.applyFrom(undefined, summary("g1", 10_000, one(16)), 101)).toEqual({ stored: false, refused: "wrong-gateway" });
+    expect(f.applyFrom("g1", summary("g1", 200, one(2)), 200)).toEqual({ stored: true });
+    expect(f.dump()).toEqual([summary("g1", 200, one(2))]);
+    expect(f.stats().wrongGateway).toBe(2);
+  });
+
+  it("bands outside [-16, 16] are malformed", () => {
+    const f = new FleetQueues({ self: "g0" });
+    for (const band of [17, -17, 1_000_000]) expect(f.applyFrom("g1", summary("g1", 1, one(band)), 1)).toEqual({ stored: false, refused: "malformed" });
+    expect(f.applyFrom("g1", summary("g1", 1, one(16)), 1).stored).toBe(true);
+    expect(f.applyFrom("g1", summary("g1", 2, one(-16)), 2).stored).toBe(true);
+    expect(f.stats().malformed).toBe(3);
+  });
+
+  it("a ts ahead of the receive time by more than maxFutureMs is refused: it would make the gateway's real summaries look old", () => {
+    const f = new FleetQueues({ self: "g0", maxFutureMs: 5_000 });
+    expect(f.applyFrom("g1", summary("g1", 1_000 + 5_001, one(16)), 1_000)).toEqual({ stored: false, refused: "future-ts" });
+    // Within the skew allowance it is stored, and the next real summary (later ts) replaces it.
+    expect(f.applyFrom("g1", summary("g1", 1_000 + 5_000, one(3)), 1_000).stored).toBe(true);
+    expect(f.applyFrom("g1", summary("g1", 6_001, one(1)), 1_100).stored).toBe(true);
+    expect(f.stats().futureTs).toBe(1);
+  });
+
+  it("a band older than maxAgeMs at publication is refused (no request is held that long)", () => {
+    const f = new FleetQueues({ self: "g0", maxAgeMs: 60_000 });
+    expect(f.applyFrom("g1", summary("g1", 100_000, one(16, 100_000 - 60_001)), 100_000)).toEqual({ stored: false, refused: "too-old" });
+    expect(f.blocker(M, 0, 100_000)).toBeUndefined();
+    expect(f.applyFrom("g1", summary("g1", 100_000, one(16, 40_000)), 100_000).stored).toBe(true);
+    expect(f.blocker(M, 0, 100_000)?.gateway).toBe("g1");
+    expect(f.stats().tooOld).toBe(1);
+  });
+
+  it("a malformed payload is refused, never thrown", () => {
+    const f = new FleetQueues({ self: "g0" });
+    for (const x of [null, 1, "x", { gateway: "g1" }, { gateway: "g1", ts: 1, models: { [M]: [{ band: 1.5, count: 1, oldest: 0 }] } }]) {
+      expect(f.applyFrom("g1", x, 1)).toEqual({ stored: false, refused: "malformed" });
+    }
+    expect(f.applyFrom("g1", summary("g1", 1, {}), Number.NaN)).toEqual({ stored: false, refused: "malformed" });
   });
 });

@@ -18,6 +18,13 @@
  * live), `maxModels` models per summary and MAX_BANDS bands per model (extra models are cut,
  * extra bands cut from the bottom, since only higher bands gate); every cut and refusal is counted
  * in `stats()`. A malformed summary is ignored and counted, never thrown.
+ *
+ * Trust (`applyFrom`): a summary is refused, counted and reported (the shell dead-letters it) when
+ * the gateway it names is not the one its subject names (one gateway's credentials cannot speak
+ * for another's subject, so they cannot shadow its summaries), when a band is outside [-16, 16],
+ * when its `ts` is more than `maxFutureMs` ahead of our receive time (a future ts would make the
+ * real gateway's later summaries look old and be ignored), or when its oldest request is older
+ * than `maxAgeMs` at publication (no request is held that long: the longest TTL is far shorter).
  */
 
 export interface BandSummary {
@@ -42,6 +49,12 @@ export const DEFAULT_MAX_REPLICAS = 1024;
 export const DEFAULT_MAX_MODELS = 1024;
 /** Longest gateway id and model name a summary may carry. */
 export const MAX_NAME_LENGTH = 1024;
+export const MIN_BAND = -16;
+export const MAX_BAND = 16;
+/** How far a summary's `ts` may be ahead of its receive time (hosts' clocks agree within this, NTP-synced). */
+export const DEFAULT_MAX_FUTURE_MS = 10_000;
+/** The longest a summary's band may have waited at publication (a request is never held an hour). */
+export const DEFAULT_MAX_AGE_MS = 3_600_000;
 
 export interface FleetQueuesOptions {
   /** This gateway's id: its own summaries (echoed back by NATS) are ignored. */
@@ -51,7 +64,16 @@ export interface FleetQueuesOptions {
   staleMs?: number;
   maxReplicas?: number;
   maxModels?: number;
+  /** See the header: default DEFAULT_MAX_FUTURE_MS. */
+  maxFutureMs?: number;
+  /** See the header: default DEFAULT_MAX_AGE_MS. */
+  maxAgeMs?: number;
 }
+
+/** Why `applyFrom` refused a summary (each counted in `stats()`). */
+export type SummaryRefusal = "malformed" | "wrong-gateway" | "future-ts" | "too-old";
+
+export type ApplyResult = { stored: boolean; refused?: undefined } | { stored: false; refused: SummaryRefusal };
 
 export interface Blocker {
   gateway: string;
@@ -70,6 +92,12 @@ export interface FleetStats {
   truncated: number;
   /** Summaries of a new replica refused because maxReplicas live replicas are known. */
   refused: number;
+  /** Summaries naming another gateway than their subject does. */
+  wrongGateway: number;
+  /** Summaries whose ts was more than maxFutureMs ahead of their receive time. */
+  futureTs: number;
+  /** Summaries with a band held longer than maxAgeMs at publication. */
+  tooOld: number;
 }
 
 interface Replica {
@@ -84,7 +112,7 @@ const isName = (x: unknown): x is string => typeof x === "string" && x.length > 
 function isBand(x: unknown): x is BandSummary {
   if (typeof x !== "object" || x === null) return false;
   const b = x as Record<string, unknown>;
-  return Number.isSafeInteger(b.band) && Number.isSafeInteger(b.count) && (b.count as number) >= 0 && Number.isFinite(b.oldest);
+  return Number.isSafeInteger(b.band) && (b.band as number) >= MIN_BAND && (b.band as number) <= MAX_BAND && Number.isSafeInteger(b.count) && (b.count as number) >= 0 && Number.isFinite(b.oldest);
 }
 
 /**
@@ -125,8 +153,10 @@ export class FleetQueues {
   readonly staleMs: number;
   private readonly maxReplicas: number;
   private readonly maxModels: number;
+  private readonly maxFutureMs: number;
+  private readonly maxAgeMs: number;
   private readonly replicas = new Map<string, Replica>();
-  private counts = { malformed: 0, truncated: 0, refused: 0 };
+  private counts = { malformed: 0, truncated: 0, refused: 0, wrongGateway: 0, futureTs: 0, tooOld: 0 };
 
   constructor(opts: FleetQueuesOptions) {
     this.self = opts.self;
@@ -134,6 +164,37 @@ export class FleetQueues {
     this.staleMs = opts.staleMs ?? 3 * DEFAULT_SUMMARY_INTERVAL_MS;
     this.maxReplicas = opts.maxReplicas ?? DEFAULT_MAX_REPLICAS;
     this.maxModels = opts.maxModels ?? DEFAULT_MAX_MODELS;
+    this.maxFutureMs = opts.maxFutureMs ?? DEFAULT_MAX_FUTURE_MS;
+    this.maxAgeMs = opts.maxAgeMs ?? DEFAULT_MAX_AGE_MS;
+  }
+
+  /**
+   * A summary received on the subject of gateway `from` (decoded from the subject): refused when
+   * malformed, when it names another gateway, when its ts is too far ahead of `receivedAt`, or a
+   * band too old (see the header); else as `apply`. Never throws.
+   */
+  applyFrom(from: string | undefined, s: unknown, receivedAt: number): ApplyResult {
+    const parsed = Number.isFinite(receivedAt) ? parseSummary(s, this.maxModels) : undefined;
+    if (parsed === undefined) {
+      this.counts.malformed++;
+      return { stored: false, refused: "malformed" };
+    }
+    const { summary } = parsed;
+    if (summary.gateway !== from) {
+      this.counts.wrongGateway++;
+      return { stored: false, refused: "wrong-gateway" };
+    }
+    if (summary.ts - receivedAt > this.maxFutureMs) {
+      this.counts.futureTs++;
+      return { stored: false, refused: "future-ts" };
+    }
+    for (const bands of Object.values(summary.models)) {
+      if (bands.some((b) => summary.ts - b.oldest > this.maxAgeMs)) {
+        this.counts.tooOld++;
+        return { stored: false, refused: "too-old" };
+      }
+    }
+    return { stored: this.store(parsed, receivedAt) };
   }
 
   /**
@@ -147,6 +208,10 @@ export class FleetQueues {
       this.counts.malformed++;
       return false;
     }
+    return this.store(parsed, receivedAt);
+  }
+
+  private store(parsed: { summary: ReplicaSummary; truncated: boolean }, receivedAt: number): boolean {
     const { summary, truncated } = parsed;
     if (summary.gateway === this.self) return false;
     const held = this.replicas.get(summary.gateway);

@@ -1,6 +1,7 @@
 import fc from "fast-check";
 import { describe, expect, it } from "vitest";
 import { type EnqueueResult, type Fairness, FlowQueue, type FlowQueueOptions, type HeldRequest, type Order } from "./queue.js";
+import { flowKeyOf, userOfFlow } from "./settings.js";
 
 const BIG = 1_000_000;
 
@@ -463,8 +464,16 @@ type E = HeldRequest<string>;
 
 class Reference {
   entries: E[] = [];
-  turns = new Map<number, string[]>();
+  /** Per band, users in turn order; per band and user, flows in turn order. */
+  users = new Map<number, string[]>();
+  uflows = new Map<string, string[]>();
   nextId = 1;
+  private uk = (band: number, flow: string) => `${band}|${userOfFlow(flow)}`;
+  private hasFlow = (band: number, flow: string) => this.entries.some((x) => x.band === band && x.flow === flow);
+  private hasUser = (band: number, flow: string) => this.entries.some((x) => x.band === band && userOfFlow(x.flow) === userOfFlow(flow));
+  private turnOrder(band: number): string[] {
+    return (this.users.get(band) ?? []).flatMap((u) => this.uflows.get(`${band}|${u}`) ?? []);
+  }
   constructor(public o: FlowQueueOptions) {}
 
   private age = (a: E, b: E) => a.enqueuedAt - b.enqueuedAt || a.id - b.id;
@@ -472,10 +481,16 @@ class Reference {
 
   private detach(e: E): E {
     this.entries = this.entries.filter((x) => x !== e);
-    if (!this.entries.some((x) => x.band === e.band && x.flow === e.flow)) {
-      const t = (this.turns.get(e.band) ?? []).filter((f) => f !== e.flow);
-      if (t.length > 0) this.turns.set(e.band, t);
-      else this.turns.delete(e.band);
+    if (!this.hasFlow(e.band, e.flow)) {
+      const k = this.uk(e.band, e.flow);
+      const t = (this.uflows.get(k) ?? []).filter((f) => f !== e.flow);
+      if (t.length > 0) this.uflows.set(k, t);
+      else this.uflows.delete(k);
+    }
+    if (!this.hasUser(e.band, e.flow)) {
+      const t = (this.users.get(e.band) ?? []).filter((u) => u !== userOfFlow(e.flow));
+      if (t.length > 0) this.users.set(e.band, t);
+      else this.users.delete(e.band);
     }
     return e;
   }
@@ -491,6 +506,8 @@ class Reference {
       const s = sum(xs);
       return s.n + 1 <= (o.maxTotalRequests ?? Number.POSITIVE_INFINITY) && s.b + r.bytes <= (o.maxTotalBytes ?? Number.POSITIVE_INFINITY);
     };
+    const mine = sum(this.entries.filter((x) => x.band === r.band && userOfFlow(x.flow) === userOfFlow(r.flow)));
+    if (mine.n + 1 > (o.maxRequestsPerUser ?? Number.POSITIVE_INFINITY) || mine.b + r.bytes > (o.maxBytesPerUser ?? Number.POSITIVE_INFINITY)) return { ok: false, reason: "user-full" };
     let plan = [...this.entries];
     const dropped: E[] = [];
     if (!bandOk(plan)) {
@@ -511,7 +528,8 @@ class Reference {
     if (!totalOk(plan)) return { ok: false, reason: "full" };
     for (const d of dropped) this.detach(d);
     const e: E = { id: this.nextId++, ...r };
-    if (!this.entries.some((x) => x.band === e.band && x.flow === e.flow)) this.turns.set(e.band, [...(this.turns.get(e.band) ?? []), e.flow]);
+    if (!this.hasUser(e.band, e.flow)) this.users.set(e.band, [...(this.users.get(e.band) ?? []), userOfFlow(e.flow)]);
+    if (!this.hasFlow(e.band, e.flow)) this.uflows.set(this.uk(e.band, e.flow), [...(this.uflows.get(this.uk(e.band, e.flow)) ?? []), e.flow]);
     this.entries.push(e);
     return { ok: true, held: e, dropped };
   }
@@ -523,8 +541,13 @@ class Reference {
 
   take(id: number): E | undefined {
     const e = this.remove(id);
-    if (e && this.entries.some((x) => x.band === e.band && x.flow === e.flow)) {
-      this.turns.set(e.band, [...this.turns.get(e.band)!.filter((f) => f !== e.flow), e.flow]);
+    if (e && this.hasFlow(e.band, e.flow)) {
+      const k = this.uk(e.band, e.flow);
+      this.uflows.set(k, [...this.uflows.get(k)!.filter((f) => f !== e.flow), e.flow]);
+    }
+    if (e && this.hasUser(e.band, e.flow)) {
+      const u = userOfFlow(e.flow);
+      this.users.set(e.band, [...this.users.get(e.band)!.filter((x) => x !== u), u]);
     }
     return e;
   }
@@ -543,7 +566,7 @@ class Reference {
     const bands = [...new Set(this.entries.map((x) => x.band))].sort((a, b) => b - a).filter(may);
     const band = bands[0];
     if (band === undefined) return undefined;
-    const turn = this.turns.get(band)!;
+    const turn = this.turnOrder(band);
     if (this.o.fairness === "round-robin") return this.head(band, turn[0]!);
     const heads = turn.map((f) => this.head(band, f)).sort((a, b) => attained(a.flow) - attained(b.flow) || this.age(a, b));
     return heads[0];
@@ -552,7 +575,7 @@ class Reference {
   flows() {
     const bands = [...new Set(this.entries.map((x) => x.band))].sort((a, b) => b - a);
     return bands.flatMap((band) =>
-      this.turns.get(band)!.map((flow) => {
+      this.turnOrder(band).map((flow) => {
         const xs = this.entries.filter((x) => x.band === band && x.flow === flow);
         return { band, flow, count: xs.length, oldest: Math.min(...xs.map((x) => x.enqueuedAt)) };
       }),
@@ -575,6 +598,8 @@ const options = fc.record({
   maxBytesPerBand: fc.integer({ min: 0, max: 40 }),
   maxTotalRequests: fc.option(fc.integer({ min: 0, max: 12 }), { nil: undefined }),
   maxTotalBytes: fc.option(fc.integer({ min: 0, max: 80 }), { nil: undefined }),
+  maxRequestsPerUser: fc.option(fc.integer({ min: 0, max: 5 }), { nil: undefined }),
+  maxBytesPerUser: fc.option(fc.integer({ min: 0, max: 30 }), { nil: undefined }),
 });
 
 const op = fc.oneof(
@@ -582,7 +607,7 @@ const op = fc.oneof(
     arbitrary: fc.record({
       k: fc.constant("enqueue" as const),
       band: fc.integer({ min: -3, max: 2 }),
-      flow: fc.constantFrom("a", "b", "c", "d"),
+      flow: fc.constantFrom("a", "b", "c", "d", "a\u0000x", "a\u0000y", "\u0000p", "\u0000anonymous"),
       dt: fc.integer({ min: -3, max: 3 }),
       ttl: fc.integer({ min: 0, max: 30 }),
       deadline: fc.integer({ min: 0, max: 30 }),
@@ -602,7 +627,7 @@ describe("flow queue - against a slow reference model", () => {
       fc.property(options, fc.array(op, { minLength: 20, maxLength: 120 }), fc.array(fc.integer({ min: 0, max: 2 }), { minLength: 4, maxLength: 4 }), (o, ops, credit) => {
         const q = new FlowQueue<string>(o);
         const ref = new Reference(o);
-        const attained = (f: string) => credit["abcd".indexOf(f)]!;
+        const attained = (f: string) => credit["abcd".indexOf(userOfFlow(f))] ?? 0;
         let now = 100;
         let n = 0;
         for (const x of ops) {
@@ -649,5 +674,53 @@ describe("flow queue - against a slow reference model", () => {
       }),
       { numRuns: 400 },
     );
+  });
+});
+
+describe("flow queue - round-robin between users, then between a user's fairness ids", () => {
+  it("a client naming a new fairness id per request does not take the turns of a tenant that queued first", () => {
+    const q = queue();
+    for (let i = 0; i < 100; i++) add(q, `a${i}`, { flow: flowKeyOf("alice", undefined), at: i });
+    for (let i = 0; i < 100; i++) add(q, `m${i}`, { flow: flowKeyOf("mallory", `id-${i}`), at: 100 + i });
+    const next100 = drain(q).slice(0, 100);
+    const alice = next100.filter((v) => v.startsWith("a")).length;
+    expect(alice).toBe(50);
+    expect(next100.slice(0, 4)).toEqual(["a0", "m0", "a1", "m1"]);
+  });
+
+  it("a user's fairness ids take turns within that user's turn", () => {
+    const q = queue();
+    add(q, "u-x1", { flow: flowKeyOf("u", "x"), at: 1 });
+    add(q, "u-x2", { flow: flowKeyOf("u", "x"), at: 2 });
+    add(q, "u-y1", { flow: flowKeyOf("u", "y"), at: 3 });
+    add(q, "v1", { flow: flowKeyOf("v", undefined), at: 4 });
+    add(q, "v2", { flow: flowKeyOf("v", undefined), at: 5 });
+    expect(drain(q)).toEqual(["u-x1", "v1", "u-y1", "v2", "u-x2"]);
+  });
+
+  it("anonymous requests are one user, whatever fairness ids they name", () => {
+    const q = queue();
+    add(q, "n1", { flow: flowKeyOf(undefined, "p"), at: 1 });
+    add(q, "n2", { flow: flowKeyOf(undefined, "q"), at: 2 });
+    add(q, "n3", { flow: flowKeyOf(undefined, undefined), at: 3 });
+    add(q, "k1", { flow: flowKeyOf("k", undefined), at: 4 });
+    expect(drain(q)).toEqual(["n1", "k1", "n2", "n3"]);
+  });
+});
+
+describe("flow queue - per-user cap inside a band", () => {
+  it("refuses a user's request over its share of the band (count or bytes), whatever fairness id it names; others still fit", () => {
+    const q = queue({ maxRequestsPerUser: 2, maxBytesPerUser: 10 });
+    expect(add(q, "m1", { flow: flowKeyOf("m", "1"), bytes: 4 }).ok).toBe(true);
+    expect(add(q, "m2", { flow: flowKeyOf("m", "2"), bytes: 4 }).ok).toBe(true);
+    expect(add(q, "m3", { flow: flowKeyOf("m", "3"), bytes: 1 })).toEqual({ ok: false, reason: "user-full" });
+    expect(add(q, "a1", { flow: flowKeyOf("a", undefined), bytes: 8 }).ok).toBe(true);
+    expect(add(q, "a2", { flow: flowKeyOf("a", undefined), bytes: 3 })).toEqual({ ok: false, reason: "user-full" });
+    // The cap is per band: the same user fits in another band.
+    expect(add(q, "m-hi", { band: 1, flow: flowKeyOf("m", "1"), bytes: 4 }).ok).toBe(true);
+    // A dispatch frees the user's share.
+    q.take(q.peek(none, (b) => b === 0)!.id);
+    expect(add(q, "m4", { flow: flowKeyOf("m", "4"), bytes: 4 }).ok).toBe(true);
+    expect(q.size).toBe(4);
   });
 });

@@ -4,10 +4,15 @@
  *
  * Dispatch order (`peek`): the highest band the caller lets dispatch (`mayDispatch`), then
  * - fairness between the band's non-empty flows:
- *   round-robin: the flows take turns; a flow that just got a dispatch (`take`) goes to the back,
- *     a flow that becomes non-empty joins at the back;
+ *   round-robin, two levels: the band's users take turns, then inside a user's turn that user's
+ *     flows (its fairness ids) take turns. A user (and a flow inside its user) that just got a
+ *     dispatch (`take`) goes to the back; one that becomes non-empty joins at the back. A client
+ *     naming a new fairness id per request therefore only rotates its own user's turn: it gets
+ *     one dispatch in every round of users, like any other user. A flow's user is the part of its
+ *     key before the first NUL (settings.ts `flowKeyOf`; anonymous requests are one user);
  *   least-attained: the flow with the least `attained(flow)` (fleet-wide weighted tokens, from the
- *     caller); ties go to the flow whose head (first in its order) was enqueued first, then lower id;
+ *     caller, per user); ties go to the flow whose head (first in its order) was enqueued first,
+ *     then lower id;
  * - order inside the flow: fcfs = enqueuedAt, then id; edf = deadline, then enqueuedAt, then id.
  *
  * Bounds, checked on `enqueue` (live `setOptions` never evicts: entries over a lowered bound stay
@@ -16,6 +21,9 @@
  *    Dropping from another band cannot make room in a full band, so a newcomer to a full band is
  *    refused ("full") — unless it is sheddable (band < 0): then the oldest requests of its own band
  *    are dropped until it fits (a newer sheddable request replaces the oldest of its peers).
+ * 0. Per user inside a band, optional `maxRequestsPerUser` / `maxBytesPerUser`: a newcomer whose
+ *    user already holds that much in its band is refused ("user-full"), dropping nothing, so one
+ *    user cannot fill a band that other users share.
  * 2. Across bands, optional `maxTotalRequests` / `maxTotalBytes` (default unbounded). When the
  *    newcomer would exceed them, the oldest request of the lowest sheddable band strictly below the
  *    newcomer's band is dropped, repeatedly (and then, for a sheddable newcomer, its own band's
@@ -41,6 +49,7 @@
  */
 import { MinHeap } from "../../shared/min-heap.js";
 import { IndexedHeap } from "./indexed-heap.js";
+import { userOfFlow } from "./settings.js";
 
 export type Fairness = "round-robin" | "least-attained";
 export type Order = "fcfs" | "edf";
@@ -54,6 +63,10 @@ export interface FlowQueueOptions {
   maxTotalRequests?: number;
   /** Held body bytes across all bands (rule 2 above); default unbounded. */
   maxTotalBytes?: number;
+  /** Held requests of one user in one band (rule 0 above); default unbounded. */
+  maxRequestsPerUser?: number;
+  /** Held bytes of one user in one band (rule 0 above); default unbounded. */
+  maxBytesPerUser?: number;
 }
 
 export interface HeldRequest<T> {
@@ -74,7 +87,7 @@ export interface HeldRequest<T> {
   readonly value: T;
 }
 
-export type EnqueueResult<T> = { ok: true; held: HeldRequest<T>; dropped: HeldRequest<T>[] } | { ok: false; reason: "full" };
+export type EnqueueResult<T> = { ok: true; held: HeldRequest<T>; dropped: HeldRequest<T>[] } | { ok: false; reason: "full" | "user-full" };
 
 interface Node<T> {
   readonly held: HeldRequest<T>;
@@ -87,14 +100,24 @@ interface Node<T> {
 interface Flow<T> {
   readonly key: string;
   readonly band: Band<T>;
+  readonly user: User<T>;
   /** The flow's entries in its order (fcfs or edf). */
   readonly heap: IndexedHeap<Node<T>>;
 }
 
+/** A user's flows in one band. */
+interface User<T> {
+  readonly key: string;
+  /** Non-empty flows in round-robin order inside the user's turn: the first is next, a served flow is re-inserted last. */
+  readonly flows: Map<string, Flow<T>>;
+  count: number;
+  bytes: number;
+}
+
 interface Band<T> {
   readonly band: number;
-  /** Non-empty flows in round-robin order: the first is next, a served flow is re-inserted last. */
-  readonly flows: Map<string, Flow<T>>;
+  /** Users with a non-empty flow, in round-robin order: the first is next, a served user is re-inserted last. */
+  readonly users: Map<string, User<T>>;
   /** The band's entries by age (enqueuedAt, id): its oldest for summaries and drops. */
   readonly byAge: IndexedHeap<Node<T>>;
   bytes: number;
@@ -132,7 +155,7 @@ const setBandPos = (n: { iBand: number }, i: number) => {
 function checkOptions(o: FlowQueueOptions): FlowQueueOptions {
   if (o.fairness !== "round-robin" && o.fairness !== "least-attained") throw new RangeError(`flow queue: unknown fairness ${String(o.fairness)}`);
   if (o.order !== "fcfs" && o.order !== "edf") throw new RangeError(`flow queue: unknown order ${String(o.order)}`);
-  for (const k of ["maxRequestsPerBand", "maxBytesPerBand", "maxTotalRequests", "maxTotalBytes"] as const) {
+  for (const k of ["maxRequestsPerBand", "maxBytesPerBand", "maxTotalRequests", "maxTotalBytes", "maxRequestsPerUser", "maxBytesPerUser"] as const) {
     const v = o[k];
     if (v !== undefined && !(v >= 0)) throw new RangeError(`flow queue: ${k} must be a number >= 0, got ${String(v)}`);
   }
@@ -169,7 +192,7 @@ export class FlowQueue<T> {
     const next = checkOptions(opts);
     const reorder = next.order !== this.opts.order;
     this.opts = next;
-    if (reorder) for (const b of this.bandList) for (const f of b.flows.values()) f.heap.rebuild();
+    if (reorder) for (const b of this.bandList) for (const f of flowsOf(b)) f.heap.rebuild();
   }
 
   get size(): number {
@@ -198,6 +221,11 @@ export class FlowQueue<T> {
     const o = this.opts;
     const sheddable = r.band < 0;
     const own = this.bands.get(r.band);
+    const userKey = userOfFlow(r.flow);
+    const mine = own?.users.get(userKey);
+    if ((mine?.count ?? 0) + 1 > (o.maxRequestsPerUser ?? Number.POSITIVE_INFINITY) || (mine?.bytes ?? 0) + r.bytes > (o.maxBytesPerUser ?? Number.POSITIVE_INFINITY)) {
+      return { ok: false, reason: "user-full" };
+    }
     const bandFits = (count: number, bytes: number) => count + 1 <= o.maxRequestsPerBand && bytes + r.bytes <= o.maxBytesPerBand;
     if (!bandFits(own?.byAge.size ?? 0, own?.bytes ?? 0) && !(sheddable && bandFits(0, 0))) return { ok: false, reason: "full" };
 
@@ -239,15 +267,23 @@ export class FlowQueue<T> {
       value: r.value,
     };
     const band = this.bands.get(r.band) ?? this.addBand(r.band);
-    let flow = band.flows.get(r.flow);
+    let user = band.users.get(userKey);
+    if (user === undefined) {
+      user = { key: userKey, flows: new Map(), count: 0, bytes: 0 };
+      band.users.set(userKey, user);
+    }
+    let flow = user.flows.get(r.flow);
     if (flow === undefined) {
       flow = {
         key: r.flow,
         band,
+        user,
         heap: new IndexedHeap<Node<T>>(this.flowLess, flowPos, setFlowPos),
       };
-      band.flows.set(r.flow, flow);
+      user.flows.set(r.flow, flow);
     }
+    user.count++;
+    user.bytes += held.bytes;
     const node: Node<T> = { held, flow, iFlow: -1, iBand: -1, iExp: -1 };
     flow.heap.push(node);
     band.byAge.push(node);
@@ -290,10 +326,15 @@ export class FlowQueue<T> {
     const node = this.byId.get(id);
     if (node === undefined) return undefined;
     this.detach(node);
-    const flow = node.flow;
+    const { flow } = node;
+    const { user, band } = flow;
     if (flow.heap.size > 0) {
-      flow.band.flows.delete(flow.key);
-      flow.band.flows.set(flow.key, flow);
+      user.flows.delete(flow.key);
+      user.flows.set(flow.key, flow);
+    }
+    if (user.count > 0) {
+      band.users.delete(user.key);
+      band.users.set(user.key, user);
     }
     return node.held;
   }
@@ -303,11 +344,11 @@ export class FlowQueue<T> {
     return this.bandList.map((b) => ({ band: b.band, count: b.byAge.size, bytes: b.bytes, oldest: b.byAge.peek()!.held.enqueuedAt }));
   }
 
-  /** Per band (highest first) and flow (round-robin turn order): count and oldest enqueuedAt. */
+  /** Per band (highest first) and flow (round-robin turn order: users, then each user's flows): count and oldest enqueuedAt. */
   flows(): Array<{ band: number; flow: string; count: number; oldest: number }> {
     const out: Array<{ band: number; flow: string; count: number; oldest: number }> = [];
     for (const b of this.bandList) {
-      for (const f of b.flows.values()) {
+      for (const f of flowsOf(b)) {
         let oldest = f.heap.peek()!.held.enqueuedAt;
         // Under edf the head is the earliest deadline, not the oldest: scan (debug path only).
         if (this.opts.order === "edf") for (const n of f.heap.items()) oldest = Math.min(oldest, n.held.enqueuedAt);
@@ -332,17 +373,20 @@ export class FlowQueue<T> {
         return h;
       };
       if (this.opts.fairness === "round-robin") {
-        const turns: Array<{ f: Flow<T>; h?: MinHeap<Node<T>> }> = [...band.flows.values()].map((f) => ({ f }));
-        for (let i = 0; i < turns.length && out.length < limit; i++) {
-          const t = turns[i]!;
+        type FlowTurn = { f: Flow<T>; h?: MinHeap<Node<T>> };
+        const users: FlowTurn[][] = [...band.users.values()].map((u) => [...u.flows.values()].map((f) => ({ f })));
+        for (let i = 0; i < users.length && out.length < limit; i++) {
+          const flows = users[i]!;
+          const t = flows.shift()!;
           t.h ??= cursor(t.f);
           out.push(t.h.pop()!.held);
-          if (t.h.size > 0) turns.push(t);
+          if (t.h.size > 0) flows.push(t);
+          if (flows.length > 0) users.push(flows);
         }
       } else {
         type Turn = { a: number; h: MinHeap<Node<T>>; head: Node<T> };
         const turns = new MinHeap<Turn>((x, y) => x.a < y.a || (x.a === y.a && byAge(x.head, y.head)));
-        for (const f of band.flows.values()) turns.push({ a: attained(f.key), h: cursor(f), head: f.heap.peek()! });
+        for (const f of flowsOf(band)) turns.push({ a: attained(f.key), h: cursor(f), head: f.heap.peek()! });
         while (out.length < limit) {
           const t = turns.pop();
           if (t === undefined) break;
@@ -356,9 +400,9 @@ export class FlowQueue<T> {
   }
 
   private pickFlow(band: Band<T>, attained: (flow: string) => number): Flow<T> {
-    const it = band.flows.values();
+    if (this.opts.fairness === "round-robin") return band.users.values().next().value!.flows.values().next().value!;
+    const it = flowsOf(band);
     let best = it.next().value as Flow<T>;
-    if (this.opts.fairness === "round-robin") return best;
     let bestA = attained(best.key);
     for (let r = it.next(); !r.done; r = it.next()) {
       const f = r.value;
@@ -374,7 +418,7 @@ export class FlowQueue<T> {
   private addBand(b: number): Band<T> {
     const band: Band<T> = {
       band: b,
-      flows: new Map(),
+      users: new Map(),
       byAge: new IndexedHeap<Node<T>>(byAge, bandPos, setBandPos),
       bytes: 0,
     };
@@ -394,11 +438,21 @@ export class FlowQueue<T> {
     this.byId.delete(node.held.id);
     band.bytes -= node.held.bytes;
     this.totalBytes -= node.held.bytes;
-    if (flow.heap.size === 0) band.flows.delete(flow.key);
+    const { user } = flow;
+    user.count--;
+    user.bytes -= node.held.bytes;
+    if (flow.heap.size === 0) user.flows.delete(flow.key);
+    if (user.count === 0) band.users.delete(user.key);
     if (band.byAge.size === 0) {
       this.bands.delete(band.band);
       this.bandList.splice(this.bandList.indexOf(band), 1);
     }
     return node;
   }
+}
+
+/** A band's flows in round-robin turn order: its users in turn, each user's flows in turn. */
+function* flowsOf<T>(band: Band<T>): Generator<Flow<T>, undefined> {
+  for (const u of band.users.values()) yield* u.flows.values();
+  return undefined;
 }

@@ -11,7 +11,7 @@ describe("flow settings", () => {
     expect(flowSettingsOf(undefined)).toBeUndefined();
     expect(flowSettingsOf({ enabled: false, ttlMs: 5 })).toBeUndefined();
     const d = flowSettingsOf({});
-    expect(d).toMatchObject({ fairness: "round-robin", order: "fcfs", ttlMs: 60_000, waitingRoomTtlMs: 0, maxRequestsPerBand: 5_000, maxBytesPerBand: 1e9, saturation: { queueDepth: 5, kvCacheUsage: 0.8 } });
+    expect(d).toMatchObject({ fairness: "round-robin", order: "fcfs", ttlMs: 60_000, waitingRoomTtlMs: 0, maxRequestsPerBand: 5_000, maxBytesPerBand: 256 * 1024 * 1024, maxRequestsPerUser: 1_000, maxBytesPerUser: 64 * 1024 * 1024, saturation: { queueDepth: 5, kvCacheUsage: 0.8 } });
     expect(d?.saturation.maxInFlightPerPod).toBeUndefined();
     expect(FLOW_DEFAULTS.ttlMs).toBe(60_000);
   });
@@ -36,11 +36,32 @@ describe("classify", () => {
     expect(classify(s, { [OBJECTIVE_HEADER]: "chat" }, undefined, "alice", 1_000)).toEqual({ band: 10, objective: "chat", flow: "alice", enqueuedAt: 1_000, expiresAt: 6_000, deadline: 6_000 });
     expect(classify(s, {}, undefined, "alice", 0)).toMatchObject({ band: 0, objective: "batch", expiresAt: 30_000 });
     expect(classify(s, { [OBJECTIVE_HEADER]: "chat" }, "scavenger", "alice", 0)).toMatchObject({ band: -1, objective: "scavenger", expiresAt: 100 });
-    // A key's objective this model does not define: the request's header applies, not a 400.
-    expect(classify(s, { [OBJECTIVE_HEADER]: "chat" }, "gold", "alice", 0)).toMatchObject({ band: 10, objective: "chat" });
+    // A key's objective this model does not define: the model's default is its ceiling (not a 400, not a free pick).
+    expect(classify(s, { [OBJECTIVE_HEADER]: "chat" }, "gold", "alice", 0)).toMatchObject({ band: 0, objective: "batch" });
     expect(classify(s, {}, "gold", "alice", 0)).toMatchObject({ band: 0, objective: "batch" });
     const none = flowSettingsOf({ ttlMs: 50 });
     expect(none && classify(none, {}, undefined, undefined, 0)).toEqual({ band: 0, flow: ANONYMOUS_FLOW, enqueuedAt: 0, expiresAt: 50, deadline: 50 });
+  });
+
+  it("a key's objective is a ceiling: lower objectives may be named, higher ones run at the ceiling, on every model", () => {
+    // Pinned to batch (priority 0) on a model defining it: chat (10) is capped, scavenger (-1) allowed.
+    expect(classify(s, { [OBJECTIVE_HEADER]: "chat" }, "batch", "k", 0)).toMatchObject({ band: 0, objective: "batch", expiresAt: 30_000 });
+    expect(classify(s, { "x-llm-d-inference-objective": "chat" }, "batch", "k", 0)).toMatchObject({ band: 0, objective: "batch" });
+    expect(classify(s, { [OBJECTIVE_HEADER]: "scavenger" }, "batch", "k", 0)).toMatchObject({ band: -1, objective: "scavenger" });
+    expect(classify(s, {}, "batch", "k", 0)).toMatchObject({ band: 0, objective: "batch" });
+    // Pinned to batch on a model without batch: its default is the ceiling; with no default, band 0.
+    const noBatch = flowSettingsOf({ objectives: { chat: { priority: 10 }, low: { priority: -2 }, bulk: { priority: -1 } }, defaultObjective: "bulk" });
+    if (!noBatch) throw new Error("settings");
+    expect(classify(noBatch, { [OBJECTIVE_HEADER]: "chat" }, "batch", "k", 0)).toMatchObject({ band: -1, objective: "bulk" });
+    expect(classify(noBatch, { [OBJECTIVE_HEADER]: "low" }, "batch", "k", 0)).toMatchObject({ band: -2, objective: "low" });
+    const noDefault = flowSettingsOf({ objectives: { chat: { priority: 10 }, low: { priority: -2 } } });
+    if (!noDefault) throw new Error("settings");
+    const capped = classify(noDefault, { [OBJECTIVE_HEADER]: "chat" }, "batch", "k", 0);
+    expect(capped.band).toBe(0);
+    expect(capped.objective).toBeUndefined();
+    // A key pinned to a high objective does not lift a request above what it names.
+    expect(classify(s, { [OBJECTIVE_HEADER]: "batch" }, "chat", "k", 0)).toMatchObject({ band: 0, objective: "batch" });
+    expect(classify(s, {}, "chat", "k", 0)).toMatchObject({ band: 10, objective: "chat" });
   });
 
   it("an unknown objective is a 400 naming the header and the defined ones", () => {

@@ -41,17 +41,26 @@ export interface FlowSettings {
   readonly waitingRoomTtlMs: number;
   readonly maxRequestsPerBand: number;
   readonly maxBytesPerBand: number;
+  readonly maxRequestsPerUser: number;
+  readonly maxBytesPerUser: number;
   readonly saturation: SaturationSettings;
 }
 
-/** The peers' documented defaults (llm-d's flow control: 60 s TTL, 5,000 requests and 1 GB per band, queue depth 5, KV 0.8). */
+/**
+ * Defaults: the peers' (llm-d's flow control: 60 s TTL, 5,000 requests per band, queue depth 5, KV
+ * 0.8), except the byte bounds, which count what a held request retains (held-bytes.ts) and are
+ * sized to the deployed heap (docs/flow-control.md "Memory"): 256 MiB per band and 64 MiB per user
+ * in a band, under the replica's total (`--flow-max-held-bytes`, 384 MiB).
+ */
 export const FLOW_DEFAULTS = {
   fairness: "round-robin",
   order: "fcfs",
   ttlMs: 60_000,
   waitingRoomTtlMs: 0,
   maxRequestsPerBand: 5_000,
-  maxBytesPerBand: 1_000_000_000,
+  maxBytesPerBand: 256 * 1024 * 1024,
+  maxRequestsPerUser: 1_000,
+  maxBytesPerUser: 64 * 1024 * 1024,
   queueDepth: 5,
   kvCacheUsage: 0.8,
 } as const;
@@ -69,6 +78,8 @@ export function flowSettingsOf(c: FlowControl | undefined): FlowSettings | undef
     waitingRoomTtlMs: c.waitingRoomTtlMs ?? FLOW_DEFAULTS.waitingRoomTtlMs,
     maxRequestsPerBand: c.maxRequestsPerBand ?? FLOW_DEFAULTS.maxRequestsPerBand,
     maxBytesPerBand: c.maxBytesPerBand ?? FLOW_DEFAULTS.maxBytesPerBand,
+    maxRequestsPerUser: c.maxRequestsPerUser ?? FLOW_DEFAULTS.maxRequestsPerUser,
+    maxBytesPerUser: c.maxBytesPerUser ?? FLOW_DEFAULTS.maxBytesPerUser,
     saturation: {
       queueDepth: s.queueDepth ?? FLOW_DEFAULTS.queueDepth,
       kvCacheUsage: s.kvCacheUsage ?? FLOW_DEFAULTS.kvCacheUsage,
@@ -88,6 +99,12 @@ export function flowKeyOf(user: string | undefined, fairnessId: string | undefin
   return user || ANONYMOUS_FLOW;
 }
 
+/** The user a flow key belongs to (the part before the first NUL; "" for anonymous requests, whatever fairness id they name). */
+export function userOfFlow(flow: string): string {
+  const i = flow.indexOf("\u0000");
+  return i < 0 ? flow : flow.slice(0, i);
+}
+
 /** Where a request goes in the queues. */
 export interface FlowClass {
   readonly band: number;
@@ -101,26 +118,34 @@ export interface FlowClass {
 }
 
 /**
- * Classifies a request. `objective` is the API key's (it wins) or the header's; `user` the
- * request's user. Throws a 400 for an objective the model does not define or a malformed header.
+ * Classifies a request. `keyObjective` is the API key's objective, a **ceiling**: on a model that
+ * defines it, the request runs under it unless it names (by header) a defined objective of a lower
+ * priority; on a model that does not define it, the ceiling is the model's default objective (band
+ * 0 when it has none), so a pinned key never picks freely. A named objective above the ceiling runs
+ * at the ceiling (its objective and TTL), never higher. Without a key objective the header's (or
+ * the default) applies. `user` is the request's user. Throws a 400 for an objective the model does
+ * not define or a malformed header.
  */
 export function classify(s: FlowSettings, headers: Readonly<Record<string, string>>, keyObjective: string | undefined, user: string | undefined, now: number): FlowClass {
-  // An API key's objective wins where the model defines it; elsewhere the request's own header (or the default) applies.
-  const keyApplies = keyObjective !== undefined && Object.hasOwn(s.objectives, keyObjective);
   const picker = PICKER_OBJECTIVE_HEADERS.map((h) => headers[h]).find((v) => v !== undefined && Object.hasOwn(s.objectives, v));
-  const named = keyApplies ? keyObjective : headers[OBJECTIVE_HEADER] || picker || undefined;
-  const objective = named ?? s.defaultObjective;
-  let priority = 0;
-  let ttlMs = s.ttlMs;
-  if (objective !== undefined) {
-    const o = Object.hasOwn(s.objectives, objective) ? s.objectives[objective] : undefined;
-    if (!o) {
-      const known = Object.keys(s.objectives).slice(0, 16).join(", ");
-      throw new RouteError("invalidHeader", `objective ${JSON.stringify(objective.slice(0, 64))} is not defined for this model${known ? `; defined: ${known}` : ""}`, OBJECTIVE_HEADER);
-    }
-    priority = o.priority;
-    ttlMs = o.ttlMs ?? s.ttlMs;
+  const named = headers[OBJECTIVE_HEADER] || picker || undefined;
+  if (named !== undefined && !Object.hasOwn(s.objectives, named)) {
+    const known = Object.keys(s.objectives).slice(0, 16).join(", ");
+    throw new RouteError("invalidHeader", `objective ${JSON.stringify(named.slice(0, 64))} is not defined for this model${known ? `; defined: ${known}` : ""}`, OBJECTIVE_HEADER);
   }
+  const defined = (o: string | undefined) => (o !== undefined && Object.hasOwn(s.objectives, o) ? o : undefined);
+  const priorityOf = (o: string | undefined) => (o === undefined ? 0 : (s.objectives[o]?.priority ?? 0));
+  let objective: string | undefined;
+  if (keyObjective === undefined) {
+    objective = named ?? defined(s.defaultObjective);
+  } else {
+    const ceiling = defined(keyObjective) ?? defined(s.defaultObjective);
+    const wanted = named ?? ceiling;
+    objective = priorityOf(wanted) <= priorityOf(ceiling) ? wanted : ceiling;
+  }
+  const o = objective !== undefined ? s.objectives[objective] : undefined;
+  const priority = o?.priority ?? 0;
+  const ttlMs = o?.ttlMs ?? s.ttlMs;
   const fairness = headers[FAIRNESS_HEADER] ?? PICKER_FAIRNESS_HEADERS.map((h) => headers[h]).find((v) => v !== undefined);
   if (fairness !== undefined && fairness.length > MAX_FAIRNESS_ID_LENGTH) {
     throw new RouteError("invalidHeader", `${FAIRNESS_HEADER} is longer than ${MAX_FAIRNESS_ID_LENGTH} characters`, FAIRNESS_HEADER);
