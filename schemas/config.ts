@@ -6,6 +6,7 @@
  */
 import { type Static, Type } from "@sinclair/typebox";
 import { TypeCompiler } from "@sinclair/typebox/compiler";
+import { AdapterSpec } from "./adapters.js";
 import { AutoscalePolicy } from "./autoscale.js";
 import { RecordSignature } from "./signature.js";
 import { SemanticConfig } from "./semantic.js";
@@ -318,4 +319,5 @@ export const CONFIG_SCHEMAS = {
   pool: PoolConfig,
   "autoscale-policy": AutoscalePolicy,
   "inference-pool": InferencePoolPolicy,
+  adapter: AdapterSpec,
 } as const;
