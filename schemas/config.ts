@@ -319,5 +319,5 @@ export const CONFIG_SCHEMAS = {
   pool: PoolConfig,
   "autoscale-policy": AutoscalePolicy,
   "inference-pool": InferencePoolPolicy,
-  adapter: AdapterSpec,
+  "adapter-spec": AdapterSpec,
 } as const;
