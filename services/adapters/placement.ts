@@ -60,6 +60,8 @@ export interface AdapterPlan {
   /** The base model (declared, or the selected pods'). */
   readonly base?: string;
   readonly candidates: number;
+  /** The candidate pods' names. */
+  readonly candidatePods: readonly string[];
   readonly desired: number;
   /** Pods hosting it (loaded or loading) once this round's moves are done. */
   readonly hosts: readonly string[];
@@ -194,7 +196,7 @@ export function place(input: { pods: readonly PlacementPod[]; adapters: readonly
   const plans = new Map<string, AdapterPlan>();
   for (const w of work) {
     const hosts = hostsOf(w).map((p) => p.pod);
-    plans.set(w.a.name, { adapter: w.a.name, ...(w.base !== undefined ? { base: w.base } : {}), candidates: w.candidates.length, desired: w.desired, hosts, reason: w.why });
+    plans.set(w.a.name, { adapter: w.a.name, ...(w.base !== undefined ? { base: w.base } : {}), candidates: w.candidates.length, candidatePods: w.candidates.map((p) => p.pod), desired: w.desired, hosts, reason: w.why });
   }
   return { moves, plans };
 }

@@ -52,7 +52,7 @@ export interface SimPodOptions {
   /** SGLang prefill pods: the bootstrap server's port (0 = free port). */
   bootstrapPort?: number;
   /** LoRA: adapters loaded at start and `--max-loras` (services/sim/lora.ts). */
-  lora?: { initial?: readonly string[]; maxLoras?: number };
+  lora?: { initial?: readonly string[]; maxLoras?: number; loadMs?: number };
   logger?: Logger;
 }
 
@@ -274,6 +274,8 @@ export async function startSimPod(opts: SimPodOptions): Promise<SimPod> {
     old.held.clear();
     old.engine.abortAll();
     publisher?.reset();
+    // A restarted vLLM holds only the adapters of its command line (`--lora-modules`).
+    lora.reset();
     log?.info("simulated engine restarted");
   };
 
