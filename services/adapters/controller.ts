@@ -302,6 +302,7 @@ export async function startAdapterController(o: AdapterControllerOptions): Promi
   }
 
   let ticking: Promise<void> | undefined;
+  let closed = false;
   async function round(): Promise<void> {
     if (!isLeader()) return;
     stats.rounds++;
@@ -364,6 +365,8 @@ export async function startAdapterController(o: AdapterControllerOptions): Promi
       publishes.push(publish(a.name, rec).then(() => writeStatus(a.name, rec, candidatesOf(a))));
     }
     await Promise.all(publishes);
+    // Closed meanwhile: the records say what was decided; the next leader carries it out.
+    if (closed) return;
     const podBy = new Map(podsAll.map((p) => [p.pod, p]));
     for (const m of moves) {
       const p = podBy.get(m.pod);
@@ -415,7 +418,6 @@ export async function startAdapterController(o: AdapterControllerOptions): Promi
     });
     return ticking;
   };
-  let closed = false;
   void ready.then(() => {
     const loop = async () => {
       while (!closed) {
@@ -439,6 +441,7 @@ export async function startAdapterController(o: AdapterControllerOptions): Promi
     whenReady: () => ready.then(() => undefined),
     async close() {
       closed = true;
+      await ticking?.catch(() => undefined);
       flowSub.unsubscribe();
       await elector?.stop(true);
       for (const s of sources) s.stop();

@@ -56,7 +56,8 @@ export class SimLora {
   load(name: string, path: string): void {
     if (typeof name !== "string" || name === "" || name.length > MAX_NAME) throw badRequest("lora_name must be a non-empty string", "lora_name");
     if (name === this.o.base) throw badRequest(`The lora adapter '${name}' has the base model's name.`, "lora_name");
-    if (this.loaded.has(name) || this.loading.has(name)) throw badRequest(`The lora adapter '${name}' has already been loaded.`, "lora_name");
+    if (this.loaded.has(name)) throw badRequest(`The lora adapter '${name}' has already been loaded.`, "lora_name");
+    if (this.loading.has(name)) throw badRequest(`The lora adapter '${name}' is being loaded.`, "lora_name");
     if (this.loaded.size + this.loading.size >= this.maxLoras) throw badRequest(`Cannot load more than ${this.maxLoras} LoRA adapters (--max-loras).`, "lora_name");
     this.loaded.set(name, { path, createdAt: Math.floor(Date.now() / 1000) });
     this.used = true;
@@ -112,6 +113,8 @@ export class SimLora {
           const body = await readJson(req);
           const name = field(body, "lora_name");
           const path = field(body, "lora_path");
+          // vLLM reads a local path or a Hugging Face repository; object stores need a resolver plugin.
+          if (/^(s3|gcs|tos):\/\//.test(path)) throw new ApiError(404, "NotFoundError", `No adapter found for ${path.slice(0, 200)}: no LoRA resolver for this scheme.`, "lora_path");
           const ms = this.o.loadMs ?? 0;
           if (ms > 0) {
             // Checked now (so a load beyond max_loras fails at once), held while "reading the weights".
