@@ -109,7 +109,8 @@ export async function createFollowers(o: {
     if (isStreamNotFound(err)) return false;
     throw err;
   };
-  if (await nats.jsm.streams.info(usageStream).then(() => true, notFound)) {
+  const hasUsage = await nats.jsm.streams.info(usageStream).then(() => true, notFound);
+  if (hasUsage) {
     followers.push(
       new StreamFollower({
         nats, subjects: baseSubjects, log, name: `gateway-${id}-usage`, family: "usage", types: STREAM_EVENT_TYPES.USAGE,
@@ -121,10 +122,10 @@ export async function createFollowers(o: {
       }),
     );
   } else log.warn({ stream: usageStream }, "no USAGE stream (run `jetroute streams apply`): per-user rate limits do not count other pools' requests");
-  const views = ["pods", "load", "charges", "kv", "usage"].slice(0, followers.length);
   // Managed LoRA adapters (docs/adapters.md): each adapter's last placement says where it is loaded.
   const adaptersStream = streamName(prefix, "ADAPTERS");
-  if (await nats.jsm.streams.info(adaptersStream).then(() => true, notFound)) {
+  const hasAdapters = await nats.jsm.streams.info(adaptersStream).then(() => true, notFound);
+  if (hasAdapters) {
     followers.push(
       new StreamFollower({
         nats, subjects, log, name: `gateway-${id}-adapters`, family: "adapters", types: STREAM_EVENT_TYPES.ADAPTERS,
@@ -132,7 +133,6 @@ export async function createFollowers(o: {
         onEvent: (ev, m) => state.pods.applyPlacement(ev, m.serverTs),
       }),
     );
-    views.push("adapters");
   } else log.warn({ stream: adaptersStream }, "no ADAPTERS stream (run `jetroute streams apply`): managed LoRA adapters are not routed by their placement");
-  return { followers, views };
+  return { followers, views: ["pods", "load", "charges", "kv", "usage", "adapters"].filter((v) => (v !== "usage" || hasUsage) && (v !== "adapters" || hasAdapters)) };
 }
