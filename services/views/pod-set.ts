@@ -214,8 +214,24 @@ export class PodSet implements PodSetReader {
     }
     const loaded = new Map<string, number>();
     for (const x of rec.pods) if (x.state === "loaded") loaded.set(x.pod, prev?.loaded.get(x.pod) ?? (at || this.latest));
-    this.managed.set(rec.adapter, { ...(rec.baseModel !== undefined ? { base: rec.baseModel } : {}), loaded });
-    this.rebuild();
+    const m: ManagedAdapter = { ...(rec.baseModel !== undefined ? { base: rec.baseModel } : {}), loaded };
+    this.managed.set(rec.adapter, m);
+    // Only this adapter's list changes (a full rebuild per record would make a catch-up quadratic);
+    // an adapter that was not managed may have been routed by engine lists: then rebuild all.
+    if (!prev && this.served.has(rec.adapter)) return this.rebuild();
+    this.served.add(rec.adapter);
+    this.version++;
+    const list: PodInfo[] = [];
+    if (loaded.size > 0) {
+      for (const [k, p] of this.pods) {
+        const loadedAt = loaded.get(p.pod);
+        if (loadedAt === undefined || (m.base !== undefined && p.model !== m.base) || this.engineDropped(k, rec.adapter, loadedAt)) continue;
+        if (p.ready && p.draining === undefined && this.vouched(p)) list.push(p);
+      }
+    }
+    list.sort((a, b) => (a.pod < b.pod ? -1 : a.pod > b.pod ? 1 : 0));
+    if (list.length > 0) this.readyCache.set(rec.adapter, list);
+    else this.readyCache.delete(rec.adapter);
   }
 
   baseOf(model: string): string | undefined {
