@@ -112,6 +112,7 @@ function one(kind: string, name?: string, ns?: string): Obj {
 
 /** The apiVersion each kind must use (Envoy Gateway >= 1.5, Gateway API v1). */
 const API_VERSIONS: Record<string, string> = {
+  CustomResourceDefinition: "apiextensions.k8s.io/v1",
   Namespace: "v1",
   ConfigMap: "v1",
   Service: "v1",
@@ -135,7 +136,7 @@ const API_VERSIONS: Record<string, string> = {
   ServiceMonitor: "monitoring.coreos.com/v1",
   NetworkPolicy: "networking.k8s.io/v1",
 };
-const CLUSTER_SCOPED = new Set(["Namespace", "ClusterRole", "ClusterRoleBinding", "GatewayClass"]);
+const CLUSTER_SCOPED = new Set(["Namespace", "ClusterRole", "ClusterRoleBinding", "GatewayClass", "CustomResourceDefinition"]);
 
 // ---------------------------------------------------------------- the CLI as the code defines it
 interface Flag {
@@ -326,7 +327,7 @@ describe("deploy/ YAML", () => {
 
   it("each kustomization lists every manifest of its directory, and only existing ones", () => {
     const kustomizations = allDocs.filter((d) => isKustomization(d.file));
-    expect(kustomizations.map((d) => d.file).sort()).toEqual(["autoscaler/kustomization.yaml", "envoy-gateway/kustomization.yaml", "kubernetes/kustomization.yaml", "monitoring/kustomization.yaml"]);
+    expect(kustomizations.map((d) => d.file).sort()).toEqual(["adapters/kustomization.yaml", "autoscaler/kustomization.yaml", "envoy-gateway/kustomization.yaml", "kubernetes/kustomization.yaml", "monitoring/kustomization.yaml"]);
     for (const { file, value } of kustomizations) {
       const dir = path.dirname(path.join(DEPLOY, file));
       const resources = list(value.resources, `${file} resources`).map((r) => str(r, `${file} resource`));
@@ -359,7 +360,7 @@ describe("jetroute command lines", () => {
       invocation(c); // throws with the reason
     }
     const run = jetrouteContainers().map(invocation).map((inv) => (inv.child ? `${inv.sub} ${inv.child}` : inv.sub));
-    expect(run.sort()).toEqual(["autoscaler", "gateway", "kv-bridge", "metrics-scraper", "pod-watcher", "streams apply"]);
+    expect(run.sort()).toEqual(["adapter-controller", "autoscaler", "gateway", "kv-bridge", "metrics-scraper", "pod-watcher", "streams apply"]);
   });
 
   it("every $(VAR) in args is defined for its container (Kubernetes leaves undefined ones verbatim)", () => {
@@ -943,7 +944,7 @@ describe("NetworkPolicies", () => {
         for (const port of ingressPorts(np)) expect(open, `${nameOf(np)}: ${c.where} has no port ${String(port)}`).toContain(port);
       }
     }
-    expect([...covered].sort()).toEqual(["autoscaler", "gateway", "kv-bridge", "metrics-scraper", "pod-watcher", "streams"]);
+    expect([...covered].sort()).toEqual(["adapter-controller", "autoscaler", "gateway", "kv-bridge", "metrics-scraper", "pod-watcher", "streams"]);
   });
 
   it("gateway: ext_proc from the Envoy proxies of the route's Gateway only, admin from Prometheus only", () => {

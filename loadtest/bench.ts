@@ -29,6 +29,7 @@ import { runPredictedBench } from "./benches/predicted.js";
 import { registerTokenizeBench } from "./benches/tokenize.js";
 import { runLongContextBench } from "./benches/long-context.js";
 import { runAutoscaleBench } from "./benches/autoscale.js";
+import { runAdaptersBench } from "./benches/adapters.js";
 
 const ints = (v: string) =>
   v.split(",").map((x) => {
@@ -136,6 +137,19 @@ program
   .action(async (o) => {
     emitResult(await runAutoscaleBench({ baseRps: o.baseRps, peakFactor: o.peakFactor, phaseMs: o.phaseMs, maxTokens: o.maxTokens, peakPods: o.peakPods, ttftSloMs: o.ttftSloMs, startupMs: o.startupMs, seed: o.seed }));
   });
+
+program
+  .command("adapters")
+  .description("200 LoRA adapters with Zipf demand over 8 simulated vLLM pods with max_loras 4, placed by adapter-controller, one pod killed half way: 404s, hit rate on loaded pods, cold-start time to first token")
+  .option("--adapters <n>", "declared adapters", int, 200)
+  .option("--pods <n>", "simulated vLLM pods", int, 8)
+  .option("--max-loras <n>", "the engines' max_loras", int, 4)
+  .option("--rps <n>", "requests per second (open loop)", Number, 40)
+  .option("--duration-ms <ms>", "traffic duration (a pod is killed half way)", int, 60_000)
+  .option("--zipf-s <s>", "Zipf exponent of the adapters' popularity", Number, 1.2)
+  .option("--load-ms <ms>", "how long a simulated adapter load takes", nonNegative, 200)
+  .option("--seed <n>", "arrival process seed", int, 1)
+  .action(async (o) => emitResult(await runAdaptersBench({ adapters: o.adapters, pods: o.pods, maxLoras: o.maxLoras, rps: o.rps, durationMs: o.durationMs, zipfS: o.zipfS, loadMs: o.loadMs, seed: o.seed }), loadavg()[0]));
 
 program
   .command("discovery")

@@ -6,6 +6,7 @@
  */
 import { type Static, Type } from "@sinclair/typebox";
 import { TypeCompiler } from "@sinclair/typebox/compiler";
+import { AdapterSpec } from "./adapters.js";
 import { AutoscalePolicy } from "./autoscale.js";
 import { RecordSignature } from "./signature.js";
 import { SemanticConfig } from "./semantic.js";
@@ -346,4 +347,5 @@ export const CONFIG_SCHEMAS = {
   pool: PoolConfig,
   "autoscale-policy": AutoscalePolicy,
   "inference-pool": InferencePoolPolicy,
+  "adapter-spec": AdapterSpec,
 } as const;

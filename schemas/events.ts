@@ -7,6 +7,7 @@
  * travel unescaped in the payload (subjects carry the escaped token); 64-bit hashes are strings.
  */
 import { type Static, type TSchema, Type } from "@sinclair/typebox";
+import { AdapterPlacement } from "./adapters.js";
 import { AutoscaleRecommendation } from "./autoscale.js";
 import { RecordSignature } from "./signature.js";
 
@@ -622,6 +623,7 @@ export const EVENT_SCHEMAS = {
   "kv-routed": KvRouted,
   usage: UsageSummary,
   autoscale: AutoscaleRecommendation,
+  adapter: AdapterPlacement,
 } as const;
 
 export type EventType = keyof typeof EVENT_SCHEMAS;

@@ -21,4 +21,5 @@ export const CLI_COMMANDS: ReadonlyArray<{ names: readonly string[]; module: str
   { names: ["demo"], module: "services/demo/command.ts", load: async () => (await import("./demo/command.js")).registerDemoCommand },
   { names: ["replay", "export"], module: "services/replay/command.ts", load: async () => (await import("./replay/command.js")).registerReplayCommands },
   { names: ["autoscaler"], module: "services/autoscaler/command.ts", load: async () => (await import("./autoscaler/command.js")).registerAutoscalerCommand },
+  { names: ["adapter-controller", "adapters"], module: "services/adapters/command.ts", load: async () => (await import("./adapters/command.js")).registerAdapterCommands },
 ];

@@ -13,7 +13,7 @@ const MINUTE_NS = 60 * SECOND_NS;
 const HOUR_NS = 60 * MINUTE_NS;
 const MiB = 1024 * 1024;
 
-export type StreamKey = "PODS" | "LOAD" | "KV" | "CHARGES" | "DECISIONS" | "DLQ" | "USAGE" | "AUTOSCALE";
+export type StreamKey = "PODS" | "LOAD" | "KV" | "CHARGES" | "DECISIONS" | "DLQ" | "USAGE" | "AUTOSCALE" | "ADAPTERS";
 
 export interface StreamDefinition {
   key: StreamKey;
@@ -120,6 +120,13 @@ export function streamDefinitions(opts: StreamOptions = {}): StreamDefinition[] 
       subjects: [s.all("autoscale")],
       max_age: 7 * 24 * HOUR_NS,
       max_bytes: 1024 * MiB,
+    }),
+    // One record per placement decision of an adapter (~1 KB); gateways read the last per subject
+    // (the adapter's current placement), the history says why each adapter moved.
+    def("ADAPTERS", "LoRA adapter placement decisions; the last per adapter is where it is loaded", {
+      subjects: [s.all("adapters")],
+      max_age: 7 * 24 * HOUR_NS,
+      max_bytes: 512 * MiB,
     }),
     // Each summary is a whole rate window's counts, so only the newest per gateway process matters
     // to a gateway (it reads the last per subject), for three minutes, which outlive the window a

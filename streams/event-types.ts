@@ -16,4 +16,6 @@ export const STREAM_EVENT_TYPES = {
   USAGE: ["usage"],
   DECISIONS: ["decision"],
   AUTOSCALE: ["autoscale"],
+  /** LoRA adapter placements (jetroute adapter-controller). */
+  ADAPTERS: ["adapter"],
 } as const satisfies Partial<Record<StreamKey, readonly EventType[]>>;

@@ -13,6 +13,7 @@
  *   <prefix>.decisions.<model>         DECISIONS  decision records (gateways)
  *   <prefix>.dlq.<family>              DLQ        dead letters, by the family they were read from
  *   <prefix>.autoscale.<policy>        AUTOSCALE  autoscaling recommendations: inputs, arithmetic, result
+ *   <prefix>.adapters.<adapter>        ADAPTERS   LoRA adapter placement decisions (adapter-controller)
  *   <prefix>.flow.<gateway>            (none)     flow-control summaries of held requests (gateways;
  *                                                 core NATS: only the latest matters, nothing is kept)
  *   <base>.usage.<pool>.<gateway>.<startedAt>  USAGE      per-user rate-limit usage summaries (gateways; base
@@ -35,6 +36,7 @@ export const Family = {
   usage: "usage",
   flow: "flow",
   autoscale: "autoscale",
+  adapters: "adapters",
 } as const;
 
 /** The pool token of the unpooled namespace in a usage subject (pool names never hold `_`). */
@@ -77,6 +79,10 @@ export class Subjects {
   /** An autoscaling policy's evaluations (services/autoscaler/). */
   autoscale(policy: string): string {
     return `${this.prefix}.autoscale.${encodeToken(policy)}`;
+  }
+  /** A LoRA adapter's placement decisions (services/adapters/). */
+  adapter(name: string): string {
+    return `${this.prefix}.adapters.${encodeToken(name)}`;
   }
   /** Built on the base prefix's `Subjects` (the USAGE stream is shared by every pool). */
   /** One subject per gateway process (`startedAt`): a restarted gateway's previous summary stays readable by whoever boots. */

@@ -11,6 +11,7 @@ import { MODEL_CONFIG_KEY_PREFIX, type ModelConfig, RATE_LIMITS_KEY, rateLimitsE
 import { decodeToken, encodeToken } from "../../streams/tokens.js";
 import { validateModelConfig } from "../routing/config-check.js";
 import { addNamespaceOptions, type NamespaceOptionValues, namespaceFlags } from "../shared/cli-options.js";
+import { registerAdapterConfigCommands } from "./config-adapters.js";
 import { registerAutoscaleCommands } from "./config-autoscale.js";
 import { readKnownModels, semanticTargetsError } from "./config-semantic.js";
 import { addSigningOption, recordEncoder, type SigningOptionValues, withBucket } from "./config-bucket.js";
@@ -33,6 +34,7 @@ export function registerConfigCommand(program: Command): void {
   registerListKeysCommand(cfg);
   registerRevokeKeyCommand(cfg);
   registerAutoscaleCommands(cfg);
+  registerAdapterConfigCommands(cfg);
   registerDeleteCommand(cfg);
 }
 

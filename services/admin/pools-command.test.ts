@@ -43,7 +43,7 @@ function jetroute(args: string[], timeoutMs = 20_000): Promise<Run> {
   });
 }
 
-const POOL_STREAMS = ["PODS", "LOAD", "KV", "CHARGES", "DECISIONS", "DLQ", "AUTOSCALE"] as const;
+const POOL_STREAMS = ["PODS", "LOAD", "KV", "CHARGES", "DECISIONS", "DLQ", "AUTOSCALE", "ADAPTERS"] as const;
 
 describe("jetroute config set-pool / list-pools / delete-pool, streams apply --pool (CLI on a real nats-server)", () => {
   let server: NatsServerHandle;

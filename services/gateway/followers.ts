@@ -1,6 +1,6 @@
 /**
- * The gateway's followers: one per stream it folds (PODS, LOAD, CHARGES, KV, and the base
- * prefix's USAGE when it exists), each handing its events to the fold and moving the fold's
+ * The gateway's followers: one per stream it folds (PODS, LOAD, CHARGES, KV, the base
+ * prefix's USAGE and the ADAPTERS placements when they exist), each handing its events to the fold and moving the fold's
  * cursor for every message, applied or not (own echoes, dead letters).
  */
 import type { EventType } from "../../schemas/events.js";
@@ -109,7 +109,8 @@ export async function createFollowers(o: {
     if (isStreamNotFound(err)) return false;
     throw err;
   };
-  if (await nats.jsm.streams.info(usageStream).then(() => true, notFound)) {
+  const hasUsage = await nats.jsm.streams.info(usageStream).then(() => true, notFound);
+  if (hasUsage) {
     followers.push(
       new StreamFollower({
         nats, subjects: baseSubjects, log, name: `gateway-${id}-usage`, family: "usage", types: STREAM_EVENT_TYPES.USAGE,
@@ -121,5 +122,17 @@ export async function createFollowers(o: {
       }),
     );
   } else log.warn({ stream: usageStream }, "no USAGE stream (run `jetroute streams apply`): per-user rate limits do not count other pools' requests");
-  return { followers, views: ["pods", "load", "charges", "kv", "usage"].slice(0, followers.length) };
+  // Managed LoRA adapters (docs/adapters.md): each adapter's last placement says where it is loaded.
+  const adaptersStream = streamName(prefix, "ADAPTERS");
+  const hasAdapters = await nats.jsm.streams.info(adaptersStream).then(() => true, notFound);
+  if (hasAdapters) {
+    followers.push(
+      new StreamFollower({
+        nats, subjects, log, name: `gateway-${id}-adapters`, family: "adapters", types: STREAM_EVENT_TYPES.ADAPTERS,
+        stream: adaptersStream, startAt: { kind: "last-per-subject" },
+        onEvent: (ev, m) => state.pods.applyPlacement(ev, m.serverTs),
+      }),
+    );
+  } else log.warn({ stream: adaptersStream }, "no ADAPTERS stream (run `jetroute streams apply`): managed LoRA adapters are not routed by their placement");
+  return { followers, views: ["pods", "load", "charges", "kv", "usage", "adapters"].filter((v) => (v !== "usage" || hasUsage) && (v !== "adapters" || hasAdapters)) };
 }

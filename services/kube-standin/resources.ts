@@ -62,7 +62,10 @@ export const INFERENCE_RESOURCES: readonly ResourceDef[] = [
   ...OBJECTIVE_GROUPS.flatMap((g) => [customResource(g, "v1alpha2", "InferenceObjective"), customResource(g, "v1alpha2", "InferenceModelRewrite")]),
 ];
 
-export const DEFAULT_RESOURCES: readonly ResourceDef[] = [POD_RESOURCE, LEASE_RESOURCE, DEPLOYMENT_RESOURCE, ...INFERENCE_RESOURCES];
+/** AIBrix's ModelAdapter (`model.aibrix.ai/v1alpha1`): LoRA adapters `jetroute adapter-controller` places (docs/adapters.md). */
+export const MODEL_ADAPTER_RESOURCE: ResourceDef = customResource("model.aibrix.ai", "v1alpha1", "ModelAdapter", { shortNames: ["ma"] });
+
+export const DEFAULT_RESOURCES: readonly ResourceDef[] = [POD_RESOURCE, LEASE_RESOURCE, DEPLOYMENT_RESOURCE, ...INFERENCE_RESOURCES, MODEL_ADAPTER_RESOURCE];
 
 const VERBS = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"];
 

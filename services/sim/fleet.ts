@@ -98,6 +98,7 @@ export async function startSimFleet(options: SimFleetOptions & { logger?: Logger
           roleset: o.rolesets.length > 0 ? o.rolesets[i % o.rolesets.length] : undefined,
           pd: o.pd,
           bootstrapPort: o.bootstrapBasePort === 0 ? 0 : o.bootstrapBasePort + i,
+          ...(o.lora ? { lora: o.lora } : {}),
           logger: options.logger,
         }),
       );

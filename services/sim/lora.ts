@@ -20,6 +20,8 @@ export interface SimLoraOptions {
   maxLoras?: number;
   /** Adapters loaded at start (vLLM's `--lora-modules`). */
   initial?: readonly string[];
+  /** How long a runtime load takes (reading the weights), real milliseconds; default 0. */
+  loadMs?: number;
 }
 
 export const DEFAULT_MAX_LORAS = 4;
@@ -29,12 +31,22 @@ export class SimLora {
   private readonly loaded = new Map<string, { path: string; createdAt: number }>();
   private readonly running = new Map<string, number>();
   private used: boolean;
+  /** Runtime loads in progress (they hold a slot: a second load of the same name is refused). */
+  private readonly loading = new Set<string>();
   readonly maxLoras: number;
 
   constructor(private readonly o: SimLoraOptions) {
     this.maxLoras = o.maxLoras ?? DEFAULT_MAX_LORAS;
     for (const name of o.initial ?? []) this.load(name, `/adapters/${name}`);
     this.used = this.loaded.size > 0;
+  }
+
+  /** An engine restart: only the adapters of the command line are loaded again. */
+  reset(): void {
+    this.loaded.clear();
+    this.running.clear();
+    this.loading.clear();
+    for (const name of this.o.initial ?? []) this.load(name, `/adapters/${name}`);
   }
 
   names(): string[] {
@@ -45,7 +57,8 @@ export class SimLora {
     if (typeof name !== "string" || name === "" || name.length > MAX_NAME) throw badRequest("lora_name must be a non-empty string", "lora_name");
     if (name === this.o.base) throw badRequest(`The lora adapter '${name}' has the base model's name.`, "lora_name");
     if (this.loaded.has(name)) throw badRequest(`The lora adapter '${name}' has already been loaded.`, "lora_name");
-    if (this.loaded.size >= this.maxLoras) throw badRequest(`Cannot load more than ${this.maxLoras} LoRA adapters (--max-loras).`, "lora_name");
+    if (this.loading.has(name)) throw badRequest(`The lora adapter '${name}' is being loaded.`, "lora_name");
+    if (this.loaded.size + this.loading.size >= this.maxLoras) throw badRequest(`Cannot load more than ${this.maxLoras} LoRA adapters (--max-loras).`, "lora_name");
     this.loaded.set(name, { path, createdAt: Math.floor(Date.now() / 1000) });
     this.used = true;
   }
@@ -99,7 +112,19 @@ export class SimLora {
         POST: async (req, res) => {
           const body = await readJson(req);
           const name = field(body, "lora_name");
-          this.load(name, field(body, "lora_path"));
+          const path = field(body, "lora_path");
+          // vLLM reads a local path or a Hugging Face repository; object stores need a resolver plugin.
+          if (/^(s3|gcs|tos):\/\//.test(path)) throw new ApiError(404, "NotFoundError", `No adapter found for ${path.slice(0, 200)}: no LoRA resolver for this scheme.`, "lora_path");
+          const ms = this.o.loadMs ?? 0;
+          if (ms > 0) {
+            // Checked now (so a load beyond max_loras fails at once), held while "reading the weights".
+            this.load(name, path);
+            this.loaded.delete(name);
+            this.loading.add(name);
+            await new Promise((r) => setTimeout(r, ms));
+            if (!this.loading.delete(name)) throw badRequest(`The lora adapter '${name}' was dropped while loading (engine restart).`, "lora_name");
+            this.loaded.set(name, { path, createdAt: Math.floor(Date.now() / 1000) });
+          } else this.load(name, path);
           text(res, `Success: LoRA adapter '${name}' added successfully.`);
         },
       },

@@ -13,6 +13,8 @@ export const SCHEDULING_POLICIES: readonly SimSchedulingPolicy[] = ["fcfs", "pri
 
 export interface SimFleetOptions {
   pods: number;
+  /** LoRA: vLLM's `--max-loras` (default 4) and how long a runtime load takes (default 0 ms, real time). */
+  lora?: { maxLoras?: number; loadMs?: number };
   /** First pod's port; pod i listens on basePort + i. 0 (default) gives every pod a free port. */
   basePort?: number;
   host?: string;
@@ -108,6 +110,7 @@ export interface ResolvedKvEventsOptions {
 
 export interface ResolvedFleetOptions {
   pods: number;
+  lora?: { maxLoras?: number; loadMs?: number };
   basePort: number;
   host: string;
   model: string;
@@ -290,8 +293,11 @@ export function resolveFleetOptions(o: SimFleetOptions): ResolvedFleetOptions {
     `must leave room for ${o.pods} ports below 65536, got ${bootstrapBasePort}`,
   );
 
+  if (o.lora?.maxLoras !== undefined) check(isInt(o.lora.maxLoras, 1), "lora", `maxLoras must be an integer >= 1, got ${o.lora.maxLoras}`);
+  if (o.lora?.loadMs !== undefined) check(isInt(o.lora.loadMs, 0), "lora", `loadMs must be an integer >= 0, got ${o.lora.loadMs}`);
   return {
     pods: o.pods,
+    ...(o.lora ? { lora: o.lora } : {}),
     basePort,
     host: o.host ?? d.host,
     model: o.model,

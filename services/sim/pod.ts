@@ -54,7 +54,7 @@ export interface SimPodOptions {
   /** SGLang pods without priority scheduling: a request carrying `priority` is aborted with a 503. */
   abortOnPriorityWhenDisabled?: boolean;
   /** LoRA: adapters loaded at start and `--max-loras` (services/sim/lora.ts). */
-  lora?: { initial?: readonly string[]; maxLoras?: number };
+  lora?: { initial?: readonly string[]; maxLoras?: number; loadMs?: number };
   logger?: Logger;
 }
 
@@ -288,6 +288,8 @@ export async function startSimPod(opts: SimPodOptions): Promise<SimPod> {
     old.held.clear();
     old.engine.abortAll();
     publisher?.reset();
+    // A restarted vLLM holds only the adapters of its command line (`--lora-modules`).
+    lora.reset();
     log?.info("simulated engine restarted");
   };
 

@@ -7,6 +7,8 @@
  * `sweepSources(now, timeoutMs)` marks sources silent beyond the timeout, and their pods leave
  * the routable lists until the source speaks again. Time comes only from the caller.
  */
+import type { AdapterPlacement } from "../../schemas/adapters.js";
+import { MAX_ADAPTERS } from "../../schemas/adapters.js";
 import type { EngineKind, PodEvent, PodRole, PodSourceHeartbeat, SchedulingPolicy } from "../../schemas/events.js";
 
 export interface PodInfo {
@@ -64,9 +66,26 @@ export const DEFAULT_POD_SOURCE_TIMEOUT_MS = 30_000;
 /** Bound on remembered sources; a source with no pods left is the first forgotten. */
 export const MAX_POD_SOURCES = 10_000;
 
+/**
+ * A load placed by the adapter controller becomes routable when its record arrives; an engine sample
+ * taken this long after that which no longer lists the adapter (the pod restarted empty) takes
+ * the pod out of the adapter's routable list before the controller reacts. Longer than a scrape's
+ * round trip, so a sample read just before the load finished never hides a fresh replica.
+ */
+export const MANAGED_ADAPTER_GRACE_MS = 2_000;
+
+/** What a gateway holds of one managed adapter (the ADAPTERS stream's last record). */
+interface ManagedAdapter {
+  readonly base?: string;
+  /** Pods where its load succeeded -> broker time the gateway first saw it loaded there. */
+  readonly loaded: ReadonlyMap<string, number>;
+}
+
 export interface PodSetReader {
   /** Ready pods serving `model` (a base model or an adapter). Stable array until the next change. */
   readyPods(model: string): readonly PodInfo[];
+  /** A managed adapter's base model (its requests wait for a replica under the base's flow control), else undefined. */
+  baseOf?(model: string): string | undefined;
   /** True when any pod, ready or not, serves `model`: distinguishes 404 from 503. */
   knows(model: string): boolean;
   get(model: string, pod: string): PodInfo | undefined;
@@ -100,6 +119,14 @@ export class PodSet implements PodSetReader {
   private readonly engineAdaptersAt = new Map<string, number>();
   /** The newest broker time seen (events' `at`, sweeps' `now`): time for samples that carry none. */
   private latest = 0;
+  /**
+   * LoRA adapters the adapter controller manages (ADAPTERS stream, docs/adapters.md): their
+   * routable pods are the ones whose load succeeded, whatever engines or PODS list; bounded by
+   * MAX_ADAPTERS (a record beyond it is counted and ignored).
+   */
+  private readonly managed = new Map<string, ManagedAdapter>();
+  /** Placement records ignored because MAX_ADAPTERS adapters are already managed. */
+  managedRefused = 0;
   /** Adapters as PODS published them, by pod key. */
   private readonly publishedAdapters = new Map<string, readonly string[]>();
   private readonly silentSources = new Set<string>();
@@ -164,10 +191,73 @@ export class PodSet implements PodSetReader {
     const next = [...new Set(adapters)].slice(0, MAX_ENGINE_ADAPTERS).sort();
     this.engineAdaptersAt.set(k, this.latest);
     const prev = this.engineAdapters.get(k);
-    if (prev && prev.length === next.length && prev.every((a, i) => a === next[i])) return;
+    // The same list again: nothing changes, unless it still lacks a managed adapter placed on this
+    // pod, whose grace may have ended since (the pod restarted empty).
+    if (prev && prev.length === next.length && prev.every((a, i) => a === next[i]) && !this.lacksManaged(p.pod, next)) return;
     this.engineAdapters.set(k, next);
     this.pods.set(k, { ...p, adapters: merged(this.publishedAdapters.get(k) ?? [], next) });
     this.rebuild();
+  }
+
+  /**
+   * An adapter placement record (ADAPTERS stream, last per adapter): the adapter becomes routable
+   * to the pods where its load succeeded, and only to those (engine lists and PODS no longer
+   * count for it); a `deleted` record forgets it. `at`: the record's broker time.
+   */
+  applyPlacement(rec: AdapterPlacement, at = 0): void {
+    if (at > this.latest) this.latest = at;
+    const prev = this.managed.get(rec.adapter);
+    if (rec.deleted) {
+      if (prev && this.managed.delete(rec.adapter)) this.rebuild();
+      return;
+    }
+    if (!prev && this.managed.size >= MAX_ADAPTERS) {
+      this.managedRefused++;
+      return;
+    }
+    const loaded = new Map<string, number>();
+    for (const x of rec.pods) if (x.state === "loaded") loaded.set(x.pod, prev?.loaded.get(x.pod) ?? (at || this.latest));
+    const m: ManagedAdapter = { ...(rec.baseModel !== undefined ? { base: rec.baseModel } : {}), loaded };
+    this.managed.set(rec.adapter, m);
+    // Only this adapter's list changes (a full rebuild per record would make a catch-up quadratic);
+    // an adapter that was not managed may have been routed by engine lists: then rebuild all.
+    if (!prev && this.served.has(rec.adapter)) return this.rebuild();
+    this.served.add(rec.adapter);
+    this.version++;
+    const list: PodInfo[] = [];
+    if (loaded.size > 0) {
+      for (const [k, p] of this.pods) {
+        const loadedAt = loaded.get(p.pod);
+        if (loadedAt === undefined || (m.base !== undefined && p.model !== m.base) || this.engineDropped(k, rec.adapter, loadedAt)) continue;
+        if (p.ready && p.draining === undefined && this.vouched(p)) list.push(p);
+      }
+    }
+    list.sort((a, b) => (a.pod < b.pod ? -1 : a.pod > b.pod ? 1 : 0));
+    if (list.length > 0) this.readyCache.set(rec.adapter, list);
+    else this.readyCache.delete(rec.adapter);
+  }
+
+  baseOf(model: string): string | undefined {
+    return this.managed.get(model)?.base;
+  }
+
+  /** Managed adapters (their count, for metrics and /debug/state). */
+  get managedAdapters(): number {
+    return this.managed.size;
+  }
+
+  /** True when a managed adapter placed on `pod` is missing from its engine's list `names`. */
+  private lacksManaged(pod: string, names: readonly string[]): boolean {
+    if (this.managed.size === 0) return false;
+    for (const [a, m] of this.managed) if (m.loaded.has(pod) && !names.includes(a)) return true;
+    return false;
+  }
+
+  /** Whether the engine's newest list contradicts a load placed at `loadedAt` (sampled after the grace). */
+  private engineDropped(k: string, adapter: string, loadedAt: number): boolean {
+    const at = this.engineAdaptersAt.get(k);
+    const list = this.engineAdapters.get(k);
+    return at !== undefined && list !== undefined && at > loadedAt + MANAGED_ADAPTER_GRACE_MS && !list.includes(adapter);
   }
 
   /** A watcher heartbeat at broker time `at`. */
@@ -278,10 +368,18 @@ export class PodSet implements PodSetReader {
     const bases = new Set<string>();
     for (const p of this.pods.values()) bases.add(p.model);
     let shadowing = 0;
+    const byPodName = new Map<string, Array<[string, PodInfo]>>();
     for (const [k, p] of this.pods) {
       add(p.model, p);
+      if (this.managed.size > 0) {
+        let list = byPodName.get(p.pod);
+        if (!list) byPodName.set(p.pod, (list = []));
+        list.push([k, p]);
+      }
       const published = this.publishedAdapters.get(k);
       for (const a of p.adapters) {
+        // A managed adapter goes only where the controller's loads succeeded (below).
+        if (this.managed.has(a)) continue;
         if (bases.has(a) && !published?.includes(a)) {
           shadowing++;
           continue;
@@ -292,6 +390,16 @@ export class PodSet implements PodSetReader {
       // pod, new name). The one a source vouches for is the live one.
       const there = addresses.get(p.address);
       if (!there || (there.source === undefined && p.source !== undefined)) addresses.set(p.address, p);
+    }
+    for (const [a, m] of this.managed) {
+      served.add(a);
+      for (const [pod, loadedAt] of m.loaded) {
+        for (const [k, p] of byPodName.get(pod) ?? []) {
+          if (m.base !== undefined && p.model !== m.base) continue;
+          if (this.engineDropped(k, a, loadedAt)) continue;
+          add(a, p);
+        }
+      }
     }
     for (const list of ready.values()) list.sort((a, b) => (a.pod < b.pod ? -1 : a.pod > b.pod ? 1 : 0));
     this.readyCache = ready;

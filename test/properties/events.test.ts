@@ -29,7 +29,7 @@ const PURE_RUNS = SOAK ? 200_000 : 10_000;
 const NATS_PER_FAMILY = SOAK ? 5_000 : 500;
 
 /** The event types the gateway fold reads (decisions and autoscaling recommendations are for replay and operators). */
-type GatewayFamily = Exclude<EventType, "decision" | "autoscale">;
+type GatewayFamily = Exclude<EventType, "decision" | "autoscale" | "adapter">;
 const FAMILIES: readonly GatewayFamily[] = ["pod", "pod-source", "load", "charge", "release", "releases", "heartbeat", "kv", "kv-cleared", "kv-routed", "usage"];
 
 // ---- schema-valid generators ---------------------------------------------------------------

@@ -128,7 +128,9 @@ export class FlowController {
       if (this.queues.has(model)) this.bases.set(model, base);
       return base;
     }
-    return this.bases.get(model) ?? model;
+    // A managed LoRA adapter with no replica yet (docs/adapters.md): its base model's settings, so
+    // its requests wait in the waiting room while the adapter controller loads it.
+    return this.bases.get(model) ?? this.opts.views.pods.baseOf?.(model) ?? model;
   }
 
   /** Requests held, all models. */
