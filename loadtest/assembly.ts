@@ -154,6 +154,10 @@ export interface AssemblyExtras {
   simArgs?: readonly string[];
   /** Node flags of the gateway processes (e.g. `--cpu-prof`). */
   gatewayNodeArgs?: readonly string[];
+  /** More environment of the gateway processes (e.g. `JETROUTE_LOOP_CPU_PROBE`). */
+  gatewayEnv?: Readonly<Record<string, string>>;
+  /** Called with each gateway's pid as soon as it is spawned (loadtest/pinning.ts moves it to its CPU). */
+  onGatewayPid?: (pid: number) => void;
 }
 
 export async function startAssembly(spec: CaseSpec, engine: PrefixQualityEngineOptions, logDir: string, tag: string, extras: AssemblyExtras = {}): Promise<Assembly> {
@@ -179,10 +183,12 @@ export async function startAssembly(spec: CaseSpec, engine: PrefixQualityEngineO
 
     const env = { JETROUTE_LOG_LEVEL: "warn" };
     const spawn = (name: string, args: string[]) => {
-      const nodeArgs = name.startsWith("gateway-") ? extras.gatewayNodeArgs : undefined;
-      const c = spawnJetroute(name, args, { logFile: path.join(logDir, `${tag}-${name}.log`), env, ...(nodeArgs ? { nodeArgs } : {}) });
+      const gateway = name.startsWith("gateway-");
+      const nodeArgs = gateway ? extras.gatewayNodeArgs : undefined;
+      const c = spawnJetroute(name, args, { logFile: path.join(logDir, `${tag}-${name}.log`), env: gateway ? { ...env, ...extras.gatewayEnv } : env, ...(nodeArgs ? { nodeArgs } : {}) });
       children.push(c);
       track(c.proc);
+      if (gateway && c.proc.pid !== undefined) extras.onGatewayPid?.(c.proc.pid);
       return c;
     };
     const e = engine;

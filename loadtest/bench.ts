@@ -59,10 +59,11 @@ program
   .option("--rounds <n>", "runs per server and concurrency (median reported)", int, 1)
   .option("--mode <mode>", "charge consistency mode: eventual | strict", "eventual")
   .option("--paced-rate <n>", "then each server paced at this many requests/s: CPU and wake-ups per request, idle subtracted (0 = skip)", nonNegative, 200)
+  .option("--no-pinned", "skip the rounds with each server alone on one CPU (loadtest/pinning.ts)")
   .option("--profile-dir <dir>", "write a V8 CPU profile of the gateway (node --cpu-prof) into this directory")
   .action(async (o) => {
     if (o.mode !== "eventual" && o.mode !== "strict") throw new InvalidArgumentError("--mode must be eventual or strict");
-    const result = await runExtProcBench({ durationMs: o.durationMs, warmupMs: o.warmupMs, concurrencies: o.concurrency, rounds: o.rounds, mode: o.mode, pacedRate: o.pacedRate, profileDir: o.profileDir });
+    const result = await runExtProcBench({ durationMs: o.durationMs, warmupMs: o.warmupMs, concurrencies: o.concurrency, rounds: o.rounds, mode: o.mode, pacedRate: o.pacedRate, profileDir: o.profileDir, pinned: o.pinned });
     emitResult(result);
   });
 
@@ -386,13 +387,14 @@ program
   .option("--start-tokens <min,max>", "context of a session's first request, tokens", ints, [60_000, 90_000])
   .option("--end-tokens <n>", "a session past this is replaced by a fresh one", int, 190_000)
   .option("--tokenizer <name>", "llama3 | qwen3", "llama3")
+  .option("--no-pinned", "skip the second run with the gateway pinned to its own CPU (loadtest/pinning.ts)")
   .option("--profile-dir <dir>", "run the gateway under node --cpu-prof, profiles here")
   .option("--log-dir <dir>", "keep the services' logs here")
   .action(async (o) => {
     if (o.tokenizer !== "llama3" && o.tokenizer !== "qwen3") throw new InvalidArgumentError("--tokenizer must be llama3 or qwen3");
     const result = await runLongContextBench({
       pods: o.pods, sessions: o.sessions, durationMs: o.durationMs, warmupMs: o.warmupMs, startTokens: [o.startTokens[0], o.startTokens[1] ?? o.startTokens[0]], endTokens: o.endTokens,
-      tokenizer: o.tokenizer, profileDir: o.profileDir, logDir: o.logDir,
+      tokenizer: o.tokenizer, pinned: o.pinned, profileDir: o.profileDir, logDir: o.logDir,
     });
     emitResult(result);
   });

@@ -20,6 +20,7 @@ import { acked } from "../../services/shared/publish.js";
 import type { ExtProcLoadResult } from "../extproc-load.js";
 import { loadtestScript, runNode } from "../child.js";
 import { mainThreadWakeups, processCpuUs } from "../proc-cpu.js";
+import { hostPinningPlan, type PinningPlan, pinningSummary, setAffinity } from "../pinning.js";
 
 export interface ExtProcBenchOptions {
   durationMs: number;
@@ -31,6 +32,8 @@ export interface ExtProcBenchOptions {
   pacedRate?: number;
   /** Write a V8 CPU profile of the gateway (node --cpu-prof) into this directory. */
   profileDir?: string;
+  /** Also run each round with the server under test alone on one CPU (default true; loadtest/pinning.ts). */
+  pinned?: boolean;
 }
 
 export interface PacedRow {
@@ -106,12 +109,30 @@ export async function runExtProcBench(o: ExtProcBenchOptions): Promise<Record<st
     const noopPort = (await noop.firstJson).port as number;
     const gwPort = (await gw.waitForLine<{ port: number }>((v) => typeof v.port === "number")).port;
     // Readiness: the gateway answers routing only once its views caught up; a probe request proves it.
-    const rows: Array<{ concurrency: number; noop: ExtProcLoadResult[]; gateway: ExtProcLoadResult[] }> = [];
+    const plan: PinningPlan = hostPinningPlan();
+    const pin = o.pinned !== false && plan.available;
+    // Pinned: the two servers on the gateway CPU, this driver (so each generator it spawns) and
+    // nats-server on the others; shared: every process on every CPU.
+    const place = (pinned: boolean) => {
+      if (!plan.available) return;
+      for (const pid of [process.pid, nats.proc.pid]) if (pid !== undefined) setAffinity(pid, pinned ? plan.otherCpus : plan.allCpus);
+      for (const pid of [noop.proc.pid, gw.proc.pid]) if (pid !== undefined) setAffinity(pid, pinned ? plan.gatewayCpus : plan.allCpus);
+    };
+    const rows: Array<{ concurrency: number; noop: ExtProcLoadResult[]; gateway: ExtProcLoadResult[]; pinnedNoop: ExtProcLoadResult[]; pinnedGateway: ExtProcLoadResult[] }> = [];
     for (const c of o.concurrencies) {
-      const row = { concurrency: c, noop: [] as ExtProcLoadResult[], gateway: [] as ExtProcLoadResult[] };
+      const row = { concurrency: c, noop: [] as ExtProcLoadResult[], gateway: [] as ExtProcLoadResult[], pinnedNoop: [] as ExtProcLoadResult[], pinnedGateway: [] as ExtProcLoadResult[] };
       for (let r = 0; r < o.rounds; r++) {
         row.noop.push(await load(`127.0.0.1:${noopPort}`, c, o));
         row.gateway.push(await load(`127.0.0.1:${gwPort}`, c, o));
+        if (pin) {
+          place(true);
+          try {
+            row.pinnedNoop.push(await load(`127.0.0.1:${noopPort}`, c, o));
+            row.pinnedGateway.push(await load(`127.0.0.1:${gwPort}`, c, o));
+          } finally {
+            place(false);
+          }
+        }
       }
       const g = row.gateway.at(-1) as ExtProcLoadResult;
       if (g.immediate > 0 || g.errors > 0) throw new Error(`gateway answered ${g.immediate} immediate responses and ${g.errors} errors (first: ${g.firstError ?? "-"}): not a routing run`);
@@ -121,6 +142,11 @@ export async function runExtProcBench(o: ExtProcBenchOptions): Promise<Record<st
       console.error(
         `concurrency ${String(c).padStart(3)}: noop ${nr.toFixed(0)} rps (p99 ${median(row.noop.map((x) => x.p99Ms)).toFixed(2)} ms) | gateway ${gr.toFixed(0)} rps (p99 ${median(row.gateway.map((x) => x.p99Ms)).toFixed(2)} ms) | ratio ${(gr / nr).toFixed(2)}`,
       );
+      if (pin) {
+        const pn = median(row.pinnedNoop.map((x) => x.rps));
+        const pg = median(row.pinnedGateway.map((x) => x.rps));
+        console.error(`   pinned (server on CPU ${plan.gatewayCpus}): noop ${pn.toFixed(0)} rps | gateway ${pg.toFixed(0)} rps | ratio ${(pg / pn).toFixed(2)}`);
+      }
     }
     const last = rows.at(-1) as (typeof rows)[number];
     let pacedRows: { noop: PacedRow; gateway: PacedRow } | undefined;
@@ -133,6 +159,20 @@ export async function runExtProcBench(o: ExtProcBenchOptions): Promise<Record<st
     }
     const noopRps = median(last.noop.map((x) => x.rps));
     const gwRps = median(last.gateway.map((x) => x.rps));
+    const pinnedFigures = pin
+      ? (() => {
+          const pn = median(last.pinnedNoop.map((x) => x.rps));
+          const pg = median(last.pinnedGateway.map((x) => x.rps));
+          return {
+            noop_rps: Math.round(pn),
+            gateway_rps: Math.round(pg),
+            ratio: Math.round((pg / pn) * 1000) / 1000,
+            gateway_p99_ms: Math.round(median(last.pinnedGateway.map((x) => x.p99Ms)) * 100) / 100,
+            noop_p99_ms: Math.round(median(last.pinnedNoop.map((x) => x.p99Ms)) * 100) / 100,
+            by_concurrency: rows.map((r) => ({ concurrency: r.concurrency, noop_rps: Math.round(median(r.pinnedNoop.map((x) => x.rps))), gateway_rps: Math.round(median(r.pinnedGateway.map((x) => x.rps))) })),
+          };
+        })()
+      : undefined;
     return {
       bench: "extproc",
       ...(o.mode === "eventual" ? {} : { mode: o.mode }),
@@ -149,6 +189,8 @@ export async function runExtProcBench(o: ExtProcBenchOptions): Promise<Record<st
         gateway_p50_ms: Math.round(median(r.gateway.map((x) => x.p50Ms)) * 100) / 100,
         gateway_p99_ms: Math.round(median(r.gateway.map((x) => x.p99Ms)) * 100) / 100,
       })),
+      ...(pinnedFigures ? { pinned: pinnedFigures } : {}),
+      pinning: o.pinned === false ? { note: "pinned runs not asked (--no-pinned)" } : pinningSummary(plan),
       ...(pacedRows
         ? {
             paced_rate: pacedRows.gateway.rate,

