@@ -138,7 +138,10 @@ export class BatchStore {
     }
     const parsed = this.subjects.parse(m.subject);
     const kind = parsed?.names[0];
-    if (kind === "file" && isFileEvent(v)) return this.view.applyFileEvent(v, m.seq);
+    if (kind === "file" && isFileEvent(v)) {
+      this.view.applyFileEvent(v, m.seq);
+      return;
+    }
     if (kind === "job" && isJobEvent(v) && parsed?.names[1]) {
       const why = this.view.applyJobEvent(`batch_${parsed.names[1]}`, v, m.seq);
       if (why) this.o.log.debug({ subject: m.subject, seq: m.seq, why }, "job event out of order; ignored");
@@ -163,7 +166,13 @@ export class BatchStore {
     if (this.view.jobSeq >= seq) return Promise.resolve();
     return new Promise((resolve, reject) => {
       const t = setTimeout(() => reject(new Error(`the view did not reach sequence ${seq} within ${timeoutMs} ms`)), timeoutMs);
-      this.waiters.push({ seq, resolve: () => (clearTimeout(t), resolve()) });
+      this.waiters.push({
+        seq,
+        resolve: () => {
+          clearTimeout(t);
+          resolve();
+        },
+      });
     });
   }
 

@@ -98,7 +98,10 @@ export class BatchView {
   applyResult(batchId: string, line: number, ok: boolean): void {
     this.stats.results++;
     const live = this.live.get(batchId);
-    if (live) return this.markDone(live, line, ok);
+    if (live) {
+      this.markDone(live, line, ok);
+      return;
+    }
     if (!this.batches.has(batchId)) {
       // Bounded: at most one entry per item of at most a few unknown batches.
       const list = this.early.get(batchId) ?? [];
