@@ -14,6 +14,9 @@ import { startFront, type FrontServer } from "../services/front/front.js";
 import { type BatchApiHandle, startBatchApi } from "../services/batch/api.js";
 import { type BatchWorkerHandle, startBatchWorker } from "../services/batch/worker.js";
 import { COMPLETION_WINDOW_MS } from "../services/batch/model.js";
+import { DEMO_FLOW_CONTROL } from "../services/demo/demo.js";
+import { MODEL_CONFIG_KEY_PREFIX } from "../schemas/config.js";
+import { encodeToken } from "../streams/tokens.js";
 import { spawnJetroute, type ServiceProcess } from "../services/shared/processes.js";
 import { type SimFleet, startSimFleet } from "../services/sim/fleet.js";
 import { MODEL, quietLog, startTestEnv, type TestEnv, waitFor } from "./harness/env.js";
@@ -46,6 +49,9 @@ describe("Batch API - files, batches, workers through the routing plane", () => 
     env = await startTestEnv();
     fleet = await startSimFleet({ pods: 2, model: MODEL, decodeMsPerStep: 2, maxBatch: 16, logger: quietLog });
     for (const p of fleet.pods) await env.publishPod({ pod: p.name, address: p.address });
+    // Flow control as the demo configures it: the workers' `batch` objective is a band below interactive.
+    const kv = await new Kvm(env.nats.nc).open(configBucketName("jr"));
+    await kv.put(`${MODEL_CONFIG_KEY_PREFIX}${encodeToken(MODEL)}`, JSON.stringify(DEMO_FLOW_CONTROL));
     const gw = await env.gateway();
     api = await startBatchApi({ nats: env.nats, port: 0, log: quietLog, id: "api-1", now: () => Date.now() + clockShift, tickMs: 100, cancelGraceMs: 300, reclaimAfterMs: 5_000 });
     front = await startFront({ port: 0, gateways: [`127.0.0.1:${gw.port}`], batchApi: `127.0.0.1:${api.port}`, logger: quietLog });
@@ -110,9 +116,17 @@ describe("Batch API - files, batches, workers through the routing plane", () => 
     expect(first.error).toBeNull();
     expect(first.response.status_code).toBe(200);
     expect(first.response.body.object).toBe("chat.completion");
-    // The items went through the routing plane: the gateway wrote a decision record for each.
-    const info = await env.nats.jsm.streams.info("JR_DECISIONS");
-    expect(info.state.messages).toBeGreaterThanOrEqual(40);
+    // The items went through the routing plane, each in the batch band: the gateway's decision records say so.
+    const c = await env.nats.js.consumers.get("JR_DECISIONS");
+    let batchBand = 0;
+    for (;;) {
+      const m = await c.next({ expires: 1_000 });
+      if (!m) break;
+      const flow = (m.json() as { flow?: { band: number; objective?: string } }).flow;
+      if (flow?.objective === "batch" && flow.band === -1) batchBand++;
+      if (m.info.pending === 0) break;
+    }
+    expect(batchBand).toBeGreaterThanOrEqual(40);
     // The output file is listed as the tenant's, with purpose batch_output.
     const files = await json(fetch(`${base}/v1/files`));
     expect((files.data as Json[]).map((f) => f.purpose)).toContain("batch_output");
