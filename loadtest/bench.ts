@@ -356,9 +356,10 @@ program
   .option("--pods <n>", "simulated pods", int, BATCH_BENCH_DEFAULTS.pods)
   .option("--time-scale <x>", "simulated time runs x times faster than wall time", positive, BATCH_BENCH_DEFAULTS.timeScale)
   .option("--max-tokens <n>", "max_tokens of every request", int, BATCH_BENCH_DEFAULTS.maxTokens)
+  .option("--max-batch <n>", "concurrent requests per simulated pod", int, BATCH_BENCH_DEFAULTS.maxBatch)
   .option("--log-dir <dir>", "keep the services' logs here")
   .action(async (o) => {
-    emitResult(await runBatchBench({ items: o.items, probeItems: o.probeItems, workers: o.workers, workerConcurrency: o.workerConcurrency, interactiveLoad: o.interactiveLoad, interactiveMs: o.interactiveMs, pods: o.pods, timeScale: o.timeScale, maxTokens: o.maxTokens, ...(o.logDir ? { logDir: o.logDir } : {}) }));
+    emitResult(await runBatchBench({ maxBatch: o.maxBatch, items: o.items, probeItems: o.probeItems, workers: o.workers, workerConcurrency: o.workerConcurrency, interactiveLoad: o.interactiveLoad, interactiveMs: o.interactiveMs, pods: o.pods, timeScale: o.timeScale, maxTokens: o.maxTokens, ...(o.logDir ? { logDir: o.logDir } : {}) }));
   });
 
 program

@@ -20,6 +20,7 @@ import { encodeToken } from "../streams/tokens.js";
 import { spawnJetroute, type ServiceProcess } from "../services/shared/processes.js";
 import { type SimFleet, startSimFleet } from "../services/sim/fleet.js";
 import { MODEL, quietLog, startTestEnv, type TestEnv, waitFor } from "./harness/env.js";
+import { runJetroute } from "./harness/cli.js";
 
 type Json = Record<string, unknown>;
 
@@ -211,6 +212,16 @@ describe("Batch API - files, batches, workers through the routing plane", () => 
     const ids = out.map((l) => l.custom_id as string);
     expect(ids.length).toBe(n);
     expect(new Set(ids).size).toBe(n);
+  });
+
+  it("`jetroute batch status` prints one progress line per batch", async () => {
+    const r = await runJetroute(["batch", "status", "--nats", env.server.url, "--all"]);
+    expect(r.code, r.stderr).toBe(0);
+    const lines = r.stdout.trim().split("\n");
+    expect(lines.some((l) => /^batch_[0-9a-f]{24} completed 300\/300 \(100\.0%\) completed 300 failed 0$/.test(l))).toBe(true);
+    expect(lines.some((l) => /^batch_[0-9a-f]{24} cancelled 0\/5 \(0\.0%\)/.test(l))).toBe(true);
+    const bad = await runJetroute(["batch", "status", "not-a-batch", "--nats", env.server.url]);
+    expect(bad.code).toBe(2);
   });
 
   it("the official openai client: files.create, batches.create/retrieve/list/cancel, files.content", async (ctx) => {
