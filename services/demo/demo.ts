@@ -120,7 +120,8 @@ export async function startDemo(o: DemoOptions): Promise<DemoHandle> {
     gwPorts.forEach((port, i) => {
       spawn(`gateway-${i + 1}`, ["gateway", "--nats", natsUrl as string, "--port", String(port), "--admin-port", String(adminPorts[i]), "--id", `demo-gw-${i + 1}`, "--host", "127.0.0.1", "--tokenizer", "local", "--expose-pod-addresses"]);
     });
-    await Promise.all(adminPorts.map((p) => waitHttp(`http://127.0.0.1:${p}/readyz`, 30_000, (s) => s === 200)));
+    // Generous: on a busy host a gateway process takes tens of seconds to start.
+    await Promise.all(adminPorts.map((p) => waitHttp(`http://127.0.0.1:${p}/readyz`, 120_000, (s) => s === 200)));
     const batchApi = spawn("batch-api", ["batch-api", "--nats", natsUrl, "--port", String(o.batchApiPort)]);
     await batchApi.waitForLine<{ service?: string }>((v) => v.service === "batch-api", 30_000);
     spawn("front", ["front", "--port", String(o.port), "--gateway", gwPorts.map((p) => `127.0.0.1:${p}`).join(","), "--batch-api", `127.0.0.1:${o.batchApiPort}`]);
