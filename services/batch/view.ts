@@ -5,8 +5,8 @@
  *
  * Bounds: at most `maxFiles` files and `maxBatches` batches (the oldest final ones are forgotten
  * first; a forgotten id answers 404); a running batch keeps one byte per item (which items have a
- * result), dropped when it ends. Measured in view.test.ts: ~420 bytes per file record, ~900 bytes
- * per final batch record.
+ * result), dropped when it ends. Measured (heap after gc, 50,000 entries each, Node 20): ~310
+ * bytes per file record, ~630 bytes per completed batch record with one metadata pair.
  */
 import { applyJobEvent, type BatchRecord, FINAL, type FileRecord, type JobEvent } from "./model.js";
 
