@@ -134,7 +134,7 @@ describe("Batch API - files, batches, workers through the routing plane", () => 
     // Progress is on /metrics.
     const metrics = await (await fetch(`http://127.0.0.1:${api.port}/metrics`)).text();
     expect(metrics).toMatch(/jetroute_batch_batches\{status="completed"\} [1-9]/);
-  });
+  }, 60_000);
 
   it("refuses bad input with OpenAI-shaped errors, line numbers included", async () => {
     const dup = await upload(`${inputFile(2)}${inputFile(1)}`);
@@ -187,7 +187,7 @@ describe("Batch API - files, batches, workers through the routing plane", () => 
     } finally {
       clockShift = 0;
     }
-  });
+  }, 60_000);
 
   it("a worker killed with SIGKILL mid-batch loses no item and duplicates no line", async () => {
     const n = 300;
@@ -204,15 +204,15 @@ describe("Batch API - files, batches, workers through the routing plane", () => 
     await waitFor(async () => {
       const c = (await batch(b.id as string)).request_counts as { completed: number };
       return c.completed >= n / 4;
-    }, 30_000, "a quarter of the items done");
+    }, 60_000, "a quarter of the items done");
     await w1.kill();
-    const done = await until(b.id as string, "completed", 60_000);
+    const done = await until(b.id as string, "completed", 90_000);
     expect(done.request_counts).toEqual({ total: n, completed: n, failed: 0 });
     const out = await lines(done.output_file_id as string);
     const ids = out.map((l) => l.custom_id as string);
     expect(ids.length).toBe(n);
     expect(new Set(ids).size).toBe(n);
-  });
+  }, 120_000);
 
   it("`jetroute batch status` prints one progress line per batch", async () => {
     const r = await runJetroute(["batch", "status", "--nats", env.server.url, "--all"]);
@@ -222,7 +222,7 @@ describe("Batch API - files, batches, workers through the routing plane", () => 
     expect(lines.some((l) => /^batch_[0-9a-f]{24} cancelled 0\/5 \(0\.0%\)/.test(l))).toBe(true);
     const bad = await runJetroute(["batch", "status", "not-a-batch", "--nats", env.server.url]);
     expect(bad.code).toBe(2);
-  });
+  }, 30_000);
 
   it("the official openai client: files.create, batches.create/retrieve/list/cancel, files.content", async (ctx) => {
     const mod = await loadOpenAI();
@@ -251,7 +251,7 @@ describe("Batch API - files, batches, workers through the routing plane", () => 
     const b2 = await client.batches.create({ input_file_id: f2.id, endpoint: "/v1/chat/completions", completion_window: "24h" });
     const c = await client.batches.cancel(b2.id);
     expect(["cancelling", "cancelled"]).toContain(c.status);
-  });
+  }, 60_000);
 
   it("tenancy: with --auth required a key sees only its own user's files and batches", async () => {
     const kv = await new Kvm(env.nats.nc).open(configBucketName("jr"));
@@ -283,5 +283,5 @@ describe("Batch API - files, batches, workers through the routing plane", () => 
     } finally {
       await authed.close();
     }
-  });
+  }, 60_000);
 });
