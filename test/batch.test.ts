@@ -3,8 +3,9 @@
  * the dev front (forwarding /v1/files and /v1/batches to batch-api, everything else through
  * ext_proc), batch-api replicas and batch-workers (in-process, and real processes for kill -9).
  *
- * The official `openai` client drives one flow when it can be imported (a devDependency; set
- * JETROUTE_OPENAI_MODULE to a path to use another copy); the same flow also runs with plain HTTP.
+ * The official `openai` client (the devDependency; passes with v5.23 and v7.60) drives one flow;
+ * JETROUTE_OPENAI_MODULE names another copy to try. Without the package that test is skipped; the
+ * same calls also run with plain HTTP in the other tests.
  */
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { Kvm } from "@nats-io/kv";
