@@ -14,7 +14,7 @@ module.exports = {
       name: "pure-core-no-io",
       comment: "Views, the routing core and the autoscaler's decisions are pure: no NATS, gRPC, HTTP, file system or logger.",
       severity: "error",
-      from: { path: "^services/(views|routing|tokenizer)/|^services/replay/(engine|whatif|virtual-clock|window|report-types|message-log|counterfactuals|sim-pods|sim-prompts|elastic-fleet|autoscale-whatif)\\.ts$|^services/autoscaler/(window|kpa|apa|evaluator|pd-planner|victims|drain|signals|outcomes|runner|acks|apply-plan)\\.ts$|^services/adapters/(placement|demand|status)\\.ts$" },
+      from: { path: "^services/(views|routing|tokenizer)/|^services/batch/(model|view)\\.ts$|^services/replay/(engine|whatif|virtual-clock|window|report-types|message-log|counterfactuals|sim-pods|sim-prompts|elastic-fleet|autoscale-whatif)\\.ts$|^services/autoscaler/(window|kpa|apa|evaluator|pd-planner|victims|drain|signals|outcomes|runner|acks|apply-plan)\\.ts$|^services/adapters/(placement|demand|status)\\.ts$" },
       to: { path: IO },
     },
     {

@@ -327,7 +327,7 @@ describe("deploy/ YAML", () => {
 
   it("each kustomization lists every manifest of its directory, and only existing ones", () => {
     const kustomizations = allDocs.filter((d) => isKustomization(d.file));
-    expect(kustomizations.map((d) => d.file).sort()).toEqual(["adapters/kustomization.yaml", "autoscaler/kustomization.yaml", "envoy-gateway/kustomization.yaml", "kubernetes/kustomization.yaml", "monitoring/kustomization.yaml"]);
+    expect(kustomizations.map((d) => d.file).sort()).toEqual(["adapters/kustomization.yaml", "autoscaler/kustomization.yaml", "batch/kustomization.yaml", "envoy-gateway/kustomization.yaml", "kubernetes/kustomization.yaml", "monitoring/kustomization.yaml"]);
     for (const { file, value } of kustomizations) {
       const dir = path.dirname(path.join(DEPLOY, file));
       const resources = list(value.resources, `${file} resources`).map((r) => str(r, `${file} resource`));
@@ -360,7 +360,7 @@ describe("jetroute command lines", () => {
       invocation(c); // throws with the reason
     }
     const run = jetrouteContainers().map(invocation).map((inv) => (inv.child ? `${inv.sub} ${inv.child}` : inv.sub));
-    expect(run.sort()).toEqual(["adapter-controller", "autoscaler", "gateway", "kv-bridge", "metrics-scraper", "pod-watcher", "streams apply"]);
+    expect(run.sort()).toEqual(["adapter-controller", "autoscaler", "batch-api", "batch-worker", "gateway", "kv-bridge", "metrics-scraper", "pod-watcher", "streams apply"]);
   });
 
   it("every $(VAR) in args is defined for its container (Kubernetes leaves undefined ones verbatim)", () => {
@@ -477,7 +477,7 @@ describe("gateway Deployment and Service", () => {
   it("shutdown grace covers the route timeout, and the pod's grace period covers both", () => {
     const inv = gw();
     const graceS = intFlag(inv, "--shutdown-grace-ms") / 1000;
-    const route = one("HTTPRoute");
+    const route = one("HTTPRoute", "llm");
     const timeout = seconds(at(route, "spec.rules.0.timeouts.request"));
     expect(graceS, "--shutdown-grace-ms must let the longest request finish").toBeGreaterThanOrEqual(timeout);
     const preStop = list(at(inv.container, "lifecycle.preStop.exec.command"), "preStop command");
@@ -489,7 +489,7 @@ describe("gateway Deployment and Service", () => {
 });
 
 describe("Envoy Gateway wiring", () => {
-  const route = () => one("HTTPRoute");
+  const route = () => one("HTTPRoute", "llm");
   const gatewayOfRoute = () => {
     const r = route();
     const parents = list(at(r, "spec.parentRefs"), "HTTPRoute parentRefs");
@@ -944,7 +944,7 @@ describe("NetworkPolicies", () => {
         for (const port of ingressPorts(np)) expect(open, `${nameOf(np)}: ${c.where} has no port ${String(port)}`).toContain(port);
       }
     }
-    expect([...covered].sort()).toEqual(["adapter-controller", "autoscaler", "gateway", "kv-bridge", "metrics-scraper", "pod-watcher", "streams"]);
+    expect([...covered].sort()).toEqual(["adapter-controller", "autoscaler", "batch-api", "batch-worker", "gateway", "kv-bridge", "metrics-scraper", "pod-watcher", "streams"]);
   });
 
   it("gateway: ext_proc from the Envoy proxies of the route's Gateway only, admin from Prometheus only", () => {
@@ -955,7 +955,7 @@ describe("NetworkPolicies", () => {
     expect(grpc.length).toBe(1);
     const envoy = listOrEmpty(at(grpc[0], "from"));
     expect(envoy.length).toBe(1);
-    const route = one("HTTPRoute");
+    const route = one("HTTPRoute", "llm");
     const parent = obj(list(at(route, "spec.parentRefs"), "parentRefs")[0], "parentRef");
     expect(at(envoy[0], "podSelector.matchLabels")).toEqual({
       "gateway.envoyproxy.io/owning-gateway-name": parent.name,
@@ -1135,7 +1135,7 @@ describe("gateway pools (deploy/pools, as `kubectl kustomize` renders it)", () =
   const cportsOf = (inv: Invocation) => listOrEmpty(inv.container.ports);
 
   it("each pool's HTTPRoute matches exactly its models on the `model` header; no model is in two pools; the base route stays the catch-all", () => {
-    const base = one("HTTPRoute");
+    const base = one("HTTPRoute", "llm");
     const baseMatches = list(at(base, "spec.rules.0.matches"), "base route matches");
     expect(
       listOrEmpty(at(base, "spec.rules")).every((r) => listOrEmpty(at(r, "matches")).every((m) => at(m, "headers") === undefined)),
@@ -1255,7 +1255,7 @@ describe("gateway pools (deploy/pools, as `kubectl kustomize` renders it)", () =
 
   it("NetworkPolicies: every pool pod is behind a pool policy naming only ports it opens; ext_proc only from the Envoy proxies of the routes' Gateway; NATS admits them", () => {
     const policies = kindIn(rendered(), "NetworkPolicy");
-    const parent = obj(list(at(one("HTTPRoute"), "spec.parentRefs"), "parentRefs")[0], "parentRef");
+    const parent = obj(list(at(one("HTTPRoute", "llm"), "spec.parentRefs"), "parentRefs")[0], "parentRef");
     for (const pool of pools()) {
       for (const c of jetrouteContainers(ofPool(pool))) {
         const labels = obj(at(c.workload, "spec.template.metadata.labels"), "pod labels");
@@ -1277,7 +1277,7 @@ describe("gateway pools (deploy/pools, as `kubectl kustomize` renders it)", () =
           if (listOrEmpty(at(rule, "ports")).some((p) => at(p, "port") === "grpc")) {
             expect(at(listOrEmpty(at(rule, "from"))[0], "podSelector.matchLabels")).toEqual({
               "gateway.envoyproxy.io/owning-gateway-name": parent.name,
-              "gateway.envoyproxy.io/owning-gateway-namespace": (parent.namespace as string | undefined) ?? nsOf(one("HTTPRoute")),
+              "gateway.envoyproxy.io/owning-gateway-namespace": (parent.namespace as string | undefined) ?? nsOf(one("HTTPRoute", "llm")),
             });
           }
         }

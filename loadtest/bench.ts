@@ -30,6 +30,7 @@ import { registerTokenizeBench } from "./benches/tokenize.js";
 import { runLongContextBench } from "./benches/long-context.js";
 import { runAutoscaleBench } from "./benches/autoscale.js";
 import { runAdaptersBench } from "./benches/adapters.js";
+import { BATCH_BENCH_DEFAULTS, runBatchBench } from "./benches/batch.js";
 
 const ints = (v: string) =>
   v.split(",").map((x) => {
@@ -365,6 +366,24 @@ program
   .option("--count <n>", "requests held per case", int, 20)
   .option("--body-bytes <n>", "body size of each held request", int, 4 * 1024 * 1024)
   .action(async (o) => emitResult(await runFlowHeldBench({ count: o.count, bodyBytes: o.bodyBytes })));
+
+program
+  .command("batch")
+  .description("the Batch API: a batch on the simulated fleet beside interactive load at ~60% of capacity, one worker SIGKILLed half-way; lost, duplicated, batch throughput vs idle capacity, interactive TTFT p99 with and without the batch")
+  .option("--items <n>", "items of the measured batch", int, BATCH_BENCH_DEFAULTS.items)
+  .option("--probe-items <n>", "items of the capacity probe (a batch alone)", int, BATCH_BENCH_DEFAULTS.probeItems)
+  .option("--workers <n>", "batch-worker processes (the first is killed half-way)", int, BATCH_BENCH_DEFAULTS.workers)
+  .option("--worker-concurrency <n>", "items in flight per worker", int, BATCH_BENCH_DEFAULTS.workerConcurrency)
+  .option("--interactive-load <x>", "interactive arrival rate, x the measured capacity", positive, BATCH_BENCH_DEFAULTS.interactiveLoad)
+  .option("--interactive-ms <ms>", "length of the interactive-alone phase", int, BATCH_BENCH_DEFAULTS.interactiveMs)
+  .option("--pods <n>", "simulated pods", int, BATCH_BENCH_DEFAULTS.pods)
+  .option("--time-scale <x>", "simulated time runs x times faster than wall time", positive, BATCH_BENCH_DEFAULTS.timeScale)
+  .option("--max-tokens <n>", "max_tokens of every request", int, BATCH_BENCH_DEFAULTS.maxTokens)
+  .option("--max-batch <n>", "concurrent requests per simulated pod", int, BATCH_BENCH_DEFAULTS.maxBatch)
+  .option("--log-dir <dir>", "keep the services' logs here")
+  .action(async (o) => {
+    emitResult(await runBatchBench({ maxBatch: o.maxBatch, items: o.items, probeItems: o.probeItems, workers: o.workers, workerConcurrency: o.workerConcurrency, interactiveLoad: o.interactiveLoad, interactiveMs: o.interactiveMs, pods: o.pods, timeScale: o.timeScale, maxTokens: o.maxTokens, ...(o.logDir ? { logDir: o.logDir } : {}) }));
+  });
 
 program
   .command("semantic")

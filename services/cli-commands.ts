@@ -20,6 +20,7 @@ export const CLI_COMMANDS: ReadonlyArray<{ names: readonly string[]; module: str
   { names: ["front"], module: "services/front/command.ts", load: async () => (await import("./front/command.js")).registerFrontCommand },
   { names: ["demo"], module: "services/demo/command.ts", load: async () => (await import("./demo/command.js")).registerDemoCommand },
   { names: ["replay", "export"], module: "services/replay/command.ts", load: async () => (await import("./replay/command.js")).registerReplayCommands },
+  { names: ["batch-api", "batch-worker", "batch"], module: "services/batch/command.ts", load: async () => (await import("./batch/command.js")).registerBatchCommands },
   { names: ["autoscaler"], module: "services/autoscaler/command.ts", load: async () => (await import("./autoscaler/command.js")).registerAutoscalerCommand },
   { names: ["adapter-controller", "adapters"], module: "services/adapters/command.ts", load: async () => (await import("./adapters/command.js")).registerAdapterCommands },
 ];

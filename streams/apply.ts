@@ -7,7 +7,7 @@ import { Objm } from "@nats-io/obj";
 import { Kvm } from "@nats-io/kv";
 import type { NatsConnection } from "@nats-io/transport-node";
 import { isStreamNotFound } from "./errors.js";
-import { configBucketName, leaseBucketName, snapshotBucketName, type StreamOptions, streamDefinitions } from "./definitions.js";
+import { configBucketName, filesBucketName, leaseBucketName, snapshotBucketName, type StreamOptions, streamDefinitions } from "./definitions.js";
 
 export interface ApplyChange {
   name: string;
@@ -71,5 +71,12 @@ export async function applyStreams(nc: NatsConnection, jsm: JetStreamManager, op
   const hadSnaps = await jsm.streams.info(`OBJ_${snaps}`).then(() => true, () => false);
   if (!hadSnaps) await new Objm(nc).create(snaps, { storage: StorageType.File, replicas: opts.replicas ?? 1 });
   changes.push({ name: `OBJ_${snaps}`, action: hadSnaps ? "unchanged" : "created", diff: [] });
+  // The Batch API's files (docs/batch.md), base prefix only (a pool's namespace shares its base's).
+  if (opts.configPrefix === undefined || opts.configPrefix === (opts.prefix ?? "jr")) {
+    const files = filesBucketName(opts.prefix ?? "jr");
+    const hadFiles = await jsm.streams.info(`OBJ_${files}`).then(() => true, () => false);
+    if (!hadFiles) await new Objm(nc).create(files, { storage: StorageType.File, replicas: opts.replicas ?? 1, description: "jetroute Batch API files" });
+    changes.push({ name: `OBJ_${files}`, action: hadFiles ? "unchanged" : "created", diff: [] });
+  }
   return changes;
 }

@@ -13,7 +13,7 @@ const MINUTE_NS = 60 * SECOND_NS;
 const HOUR_NS = 60 * MINUTE_NS;
 const MiB = 1024 * 1024;
 
-export type StreamKey = "PODS" | "LOAD" | "KV" | "CHARGES" | "DECISIONS" | "DLQ" | "USAGE" | "AUTOSCALE" | "ADAPTERS";
+export type StreamKey = "PODS" | "LOAD" | "KV" | "CHARGES" | "DECISIONS" | "DLQ" | "USAGE" | "AUTOSCALE" | "ADAPTERS" | "BATCH" | "BATCH_WORK" | "BATCH_RESULTS";
 
 export interface StreamDefinition {
   key: StreamKey;
@@ -53,6 +53,8 @@ export function configBucketName(prefix: string): string {
 
 /** KV bucket holding the prefix-index snapshot lease (see services/gateway/snapshots.ts). */
 export const leaseBucketName = (prefix: string): string => `${prefix.replace(/[^A-Za-z0-9_-]/g, "_")}-leases`;
+/** Object store holding the Batch API's files (inputs, outputs, errors). */
+export const filesBucketName = (prefix: string): string => `${prefix.replace(/[^A-Za-z0-9_-]/g, "_")}-files`;
 /** Object store holding prefix-index snapshots. */
 export const snapshotBucketName = (prefix: string): string => `${prefix.replace(/[^A-Za-z0-9_-]/g, "_")}-snapshots`;
 
@@ -141,6 +143,29 @@ export function streamDefinitions(opts: StreamOptions = {}): StreamDefinition[] 
             // it) holds ~64 processes listing 10,000 users each, or thousands of small summaries.
             max_bytes: 64 * MiB,
             max_msgs_per_subject: 1,
+          }),
+          // The Batch API (docs/batch.md), base prefix only. Job events: a file's records and a
+          // batch's lifecycle, kept as long as files are (30 days); every batch-api replica folds
+          // them. A batch is at most a few dozen events; a file one or two.
+          def("BATCH", "Batch API: file records and batch job events (event-sourced job state)", {
+            subjects: [s.all("batch")],
+            max_age: 30 * 24 * HOUR_NS,
+            max_bytes: 1024 * MiB,
+          }),
+          // The items to run: one message per request line, removed when a worker acks it. Kept
+          // past the 24 h completion window only so an expired batch's leftovers are purged, not lost.
+          def("BATCH_WORK", "Batch API: the items of running batches, a work queue pulled by batch-workers", {
+            subjects: [s.all("batchwork")],
+            retention: RetentionPolicy.Workqueue,
+            max_age: 48 * HOUR_NS,
+            max_bytes: 4096 * MiB,
+          }),
+          // One message per executed item; read back when a batch's output file is assembled.
+          // A week outlives every completion window and a stuck finalisation's retries.
+          def("BATCH_RESULTS", "Batch API: one result per executed item (idempotent by batch and line)", {
+            subjects: [s.all("batchres")],
+            max_age: 7 * 24 * HOUR_NS,
+            max_bytes: 4096 * MiB,
           }),
         ]),
   ];

@@ -58,6 +58,7 @@ describe("streams apply - against nats-server 2.9", () => {
       "KV_jr-config",
       "KV_jr-leases",
       "OBJ_jr-snapshots",
+      "OBJ_jr-files",
     ]);
     const second = await applyStreams(h.nc, h.jsm, { prefix: "jr" });
     expect(second.every((c) => c.action === "unchanged")).toBe(true);

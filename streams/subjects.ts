@@ -16,6 +16,10 @@
  *   <prefix>.adapters.<adapter>        ADAPTERS   LoRA adapter placement decisions (adapter-controller)
  *   <prefix>.flow.<gateway>            (none)     flow-control summaries of held requests (gateways;
  *                                                 core NATS: only the latest matters, nothing is kept)
+ *   <prefix>.batch.file.<file id>      BATCH      Batch API file records (batch-api)
+ *   <prefix>.batch.job.<batch hex>     BATCH      a batch's job events (batch-api; one subject per batch)
+ *   <prefix>.batchwork.<batch hex>     BATCH_WORK a batch's items, a work queue (batch-api -> batch-worker)
+ *   <prefix>.batchres.<batch hex>      BATCH_RESULTS one result per executed item (batch-worker)
  *   <base>.usage.<pool>.<gateway>.<startedAt>  USAGE      per-user rate-limit usage summaries (gateways; base
  *                                                 prefix only, `_` for the unpooled namespace)
  */
@@ -37,6 +41,9 @@ export const Family = {
   flow: "flow",
   autoscale: "autoscale",
   adapters: "adapters",
+  batch: "batch",
+  batchwork: "batchwork",
+  batchres: "batchres",
 } as const;
 
 /** The pool token of the unpooled namespace in a usage subject (pool names never hold `_`). */
@@ -92,6 +99,20 @@ export class Subjects {
   /** The prefix of a namespace's usage subjects, e.g. `jr.usage.chat.`. */
   usageOf(pool: string | undefined): string {
     return `${this.prefix}.usage.${pool === undefined ? UNPOOLED_TOKEN : encodeToken(pool)}.`;
+  }
+  /** Batch API: a file's records. Ids are server-made (`file-<hex>`), never client strings. */
+  batchFile(fileId: string): string {
+    return `${this.prefix}.batch.file.${encodeToken(fileId)}`;
+  }
+  /** Batch API: a batch's job events (`batchHex` is the id's hex part). */
+  batchJob(batchHex: string): string {
+    return `${this.prefix}.batch.job.${encodeToken(batchHex)}`;
+  }
+  batchWork(batchHex: string): string {
+    return `${this.prefix}.batchwork.${encodeToken(batchHex)}`;
+  }
+  batchResult(batchHex: string): string {
+    return `${this.prefix}.batchres.${encodeToken(batchHex)}`;
   }
   deadLetter(family: Family): string {
     return `${this.prefix}.dlq.${family}`;

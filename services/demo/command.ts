@@ -14,10 +14,12 @@ export function registerDemoCommand(program: Command): void {
     .option("--time-scale <x>", "simulated engine speed-up", floatOption(0), 1)
     .option("--gateway-port <port>", "first gateway's ext_proc port (the second is +10; admin ports +88, +89)", intOption(1, 65000), 9002)
     .option("--sim-port <port>", "first simulated pod's port", intOption(1, 65000), 8100)
+    .option("--batch-api-port <port>", "the Batch API's port (the front forwards /v1/files and /v1/batches to it)", intOption(1, 65535), 8090)
+    .option("--batch-workers <n>", "batch workers", intOption(0, 16), 2)
     .option("--state-dir <dir>", "where logs and the generated pod list go", ".jetroute/demo")
     .action(async (o) => {
       const log = createLogger("demo");
-      const opts = { port: o.port, pods: o.pods, model: o.model, timeScale: o.timeScale, stateDir: path.resolve(o.stateDir), gatewayBasePort: o.gatewayPort, simBasePort: o.simPort, log };
+      const opts = { port: o.port, pods: o.pods, model: o.model, timeScale: o.timeScale, stateDir: path.resolve(o.stateDir), gatewayBasePort: o.gatewayPort, simBasePort: o.simPort, batchApiPort: o.batchApiPort, batchWorkers: o.batchWorkers, log };
       const demo = await startDemo(opts);
       console.log(demoBanner(demo, opts));
       await untilSignal();

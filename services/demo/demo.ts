@@ -7,7 +7,11 @@ import { mkdirSync, writeFileSync } from "node:fs";
 import net from "node:net";
 import path from "node:path";
 import { stringify as toYaml } from "yaml";
+import { Kvm } from "@nats-io/kv";
+import { MODEL_CONFIG_KEY_PREFIX } from "../../schemas/config.js";
 import { applyStreams } from "../../streams/apply.js";
+import { configBucketName } from "../../streams/definitions.js";
+import { encodeToken } from "../../streams/tokens.js";
 import type { Logger } from "../shared/log.js";
 import { connectNats } from "../shared/nats.js";
 import { type NatsServerHandle, startNatsServer } from "../shared/nats-server.js";
@@ -21,8 +25,18 @@ export interface DemoOptions {
   stateDir: string;
   gatewayBasePort: number;
   simBasePort: number;
+  /** The Batch API's port (`jetroute batch-api`); the front forwards /v1/files and /v1/batches to it. */
+  batchApiPort: number;
+  /** Batch workers (`jetroute batch-worker`), each sending items through the front. */
+  batchWorkers: number;
   log: Logger;
 }
+
+/**
+ * The demo model's flow control, stored unless the model already has a config: batch items (the
+ * workers' `batch` objective) wait in a sheddable band below every interactive request.
+ */
+export const DEMO_FLOW_CONTROL = { flowControl: { objectives: { interactive: { priority: 10 }, batch: { priority: -1 } }, defaultObjective: "interactive" } };
 
 export interface DemoHandle {
   natsUrl: string;
@@ -57,7 +71,7 @@ export async function startDemo(o: DemoOptions): Promise<DemoHandle> {
   const log = o.log;
   const gwPorts = [o.gatewayBasePort, o.gatewayBasePort + 10];
   const adminPorts = [o.gatewayBasePort + 88, o.gatewayBasePort + 89];
-  const needed = [o.port, ...gwPorts, ...adminPorts, ...Array.from({ length: o.pods }, (_, i) => o.simBasePort + i)];
+  const needed = [o.port, o.batchApiPort, ...gwPorts, ...adminPorts, ...Array.from({ length: o.pods }, (_, i) => o.simBasePort + i)];
   for (const p of needed) {
     if (!(await portFree(p))) throw new Error(`port ${p} is in use; stop what uses it or pick other ports (--port, --gateway-port, --sim-port)`);
   }
@@ -78,6 +92,11 @@ export async function startDemo(o: DemoOptions): Promise<DemoHandle> {
     log.info({ natsUrl }, "NATS ready");
     const h = await connectNats(natsUrl, "jetroute-demo");
     for (const c of await applyStreams(h.nc, h.jsm)) log.info({ stream: c.name, action: c.action }, "stream");
+    const kv = await new Kvm(h.nc).open(configBucketName("jr"));
+    await kv.create(`${MODEL_CONFIG_KEY_PREFIX}${encodeToken(o.model)}`, JSON.stringify(DEMO_FLOW_CONTROL)).then(
+      () => log.info({ model: o.model }, "flow control on: batch items run below interactive requests"),
+      () => log.info({ model: o.model }, "the model has a config already; left as it is"),
+    );
     await h.nc.close();
 
     const spawn = (name: string, args: string[]) => {
@@ -101,9 +120,13 @@ export async function startDemo(o: DemoOptions): Promise<DemoHandle> {
     gwPorts.forEach((port, i) => {
       spawn(`gateway-${i + 1}`, ["gateway", "--nats", natsUrl as string, "--port", String(port), "--admin-port", String(adminPorts[i]), "--id", `demo-gw-${i + 1}`, "--host", "127.0.0.1", "--tokenizer", "local", "--expose-pod-addresses"]);
     });
-    await Promise.all(adminPorts.map((p) => waitHttp(`http://127.0.0.1:${p}/readyz`, 30_000, (s) => s === 200)));
-    spawn("front", ["front", "--port", String(o.port), "--gateway", gwPorts.map((p) => `127.0.0.1:${p}`).join(",")]);
+    // Generous: on a busy host a gateway process takes tens of seconds to start.
+    await Promise.all(adminPorts.map((p) => waitHttp(`http://127.0.0.1:${p}/readyz`, 120_000, (s) => s === 200)));
+    const batchApi = spawn("batch-api", ["batch-api", "--nats", natsUrl, "--port", String(o.batchApiPort)]);
+    await batchApi.waitForLine<{ service?: string }>((v) => v.service === "batch-api", 30_000);
+    spawn("front", ["front", "--port", String(o.port), "--gateway", gwPorts.map((p) => `127.0.0.1:${p}`).join(","), "--batch-api", `127.0.0.1:${o.batchApiPort}`]);
     await waitHttp(`http://127.0.0.1:${o.port}/v1/models`, 30_000, (s) => s === 200);
+    for (let i = 0; i < o.batchWorkers; i++) spawn(`batch-worker-${i + 1}`, ["batch-worker", "--nats", natsUrl, "--target", `http://127.0.0.1:${o.port}`, "--id", `demo-batch-worker-${i + 1}`]);
     return { natsUrl, frontUrl: `http://127.0.0.1:${o.port}`, stop };
   } catch (err) {
     await stop();
@@ -113,7 +136,8 @@ export async function startDemo(o: DemoOptions): Promise<DemoHandle> {
 
 export function demoBanner(d: DemoHandle, o: DemoOptions): string {
   return `
-jetroute demo is up: ${o.pods} simulated vLLM pods, pod-watcher, metrics-scraper, kv-bridge, 2 gateway replicas, dev front.
+jetroute demo is up: ${o.pods} simulated vLLM pods, pod-watcher, metrics-scraper, kv-bridge, 2 gateway replicas, dev front,
+batch-api and ${o.batchWorkers} batch workers.
 
   Try it:
     curl -sN ${d.frontUrl}/v1/chat/completions -H 'content-type: application/json' \\
@@ -126,6 +150,13 @@ jetroute demo is up: ${o.pods} simulated vLLM pods, pod-watcher, metrics-scraper
       -d '{"model":"${o.model}","messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"Hi"}]}'
     curl -s http://127.0.0.1:${o.gatewayBasePort + 88}/metrics
     curl -s http://127.0.0.1:${o.gatewayBasePort + 88}/debug/state      # gateway 1's views
+
+  The Batch API (docs/batch.md), e.g. with the openai client (baseURL ${d.frontUrl}/v1) or curl:
+    printf '%s\n' '{"custom_id":"a","method":"POST","url":"/v1/chat/completions","body":{"model":"${o.model}","messages":[{"role":"user","content":"Hi"}]}}' > in.jsonl
+    curl -s ${d.frontUrl}/v1/files -F purpose=batch -F file=@in.jsonl                       # -> file-...
+    curl -s ${d.frontUrl}/v1/batches -H 'content-type: application/json' \
+      -d '{"input_file_id":"file-...","endpoint":"/v1/chat/completions","completion_window":"24h"}'
+    node bin/jetroute.js batch status --nats ${d.natsUrl} --all                           # progress lines
 
   Watch the event streams (nats CLI, payloads are JSON):
     nats --server ${d.natsUrl} stream ls

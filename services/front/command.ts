@@ -31,7 +31,8 @@ export function registerFrontCommand(program: Command): void {
     .option("--max-body-bytes <n>", "request body buffer limit", intOption(1), 4 * 1024 * 1024)
     .addOption(new Option("--failure-mode <mode>", "what the proxy does when the picker fails (an InferencePool's endpointPickerRef.failureMode): FailClose answers an error, FailOpen forwards to a --pool-endpoints entry").choices(["FailOpen", "FailClose"]).default("FailClose"))
     .option("--pool-endpoints <list>", "FailOpen: the pool's endpoints (ip:port, comma separated) to forward to when the picker fails", (v: string) => v.split(",").map((s) => s.trim()).filter(Boolean))
-    .action(async (o: { port: number; host: string; gateway: string[]; messageTimeoutMs: number; maxBodyBytes: number; failureMode: "FailOpen" | "FailClose"; poolEndpoints?: string[] }) => {
+    .option("--batch-api <host:port>", "forward /v1/files and /v1/batches to this `jetroute batch-api` (Envoy's route does the same in production)")
+    .action(async (o: { port: number; host: string; gateway: string[]; messageTimeoutMs: number; maxBodyBytes: number; failureMode: "FailOpen" | "FailClose"; poolEndpoints?: string[]; batchApi?: string }) => {
       const logger = createLogger("front");
       const front = await startFront({
         port: o.port,
@@ -41,6 +42,7 @@ export function registerFrontCommand(program: Command): void {
         maxRequestBodyBytes: o.maxBodyBytes,
         failureMode: o.failureMode,
         ...(o.poolEndpoints ? { poolEndpoints: o.poolEndpoints } : {}),
+        ...(o.batchApi ? { batchApi: o.batchApi } : {}),
         logger,
       });
       const stop = () => {

@@ -42,8 +42,16 @@ export interface FrontOptions {
   failureMode?: "FailOpen" | "FailClose";
   /** The pool's endpoints (`ip:port`) FailOpen forwards to. */
   poolEndpoints?: readonly string[];
+  /**
+   * The Batch API (`jetroute batch-api`, `host:port`): /v1/files and /v1/batches go there, as
+   * Envoy's route sends them in production (deploy/envoy-gateway/httproute.yaml), without ext_proc.
+   */
+  batchApi?: string;
   logger?: Logger;
 }
+
+/** Paths the Batch API serves (and the front forwards to it when configured). */
+export const BATCH_API_PATH = /^\/v1\/(files|batches)(\/|\?|$)/;
 
 export interface FrontServer {
   port: number;
@@ -100,6 +108,8 @@ export async function startFront(opts: FrontOptions): Promise<FrontServer> {
   const agent = new http.Agent({ keepAlive: true, maxSockets: 512 });
   const maxBody = opts.maxRequestBodyBytes ?? DEFAULT_MAX_REQUEST_BODY_BYTES;
   const failure: FailurePolicy = { open: opts.failureMode === "FailOpen", pool: [...(opts.poolEndpoints ?? [])], next: 0 };
+  const batchApi = opts.batchApi ? parseEndpoint(opts.batchApi) : undefined;
+  if (opts.batchApi && !batchApi) throw new Error(`batchApi must be host:port, got ${opts.batchApi}`);
 
   const server = http.createServer({ noDelay: true }, (req, res) => {
     const st: RequestState = { req, res, exchange: undefined, processing: true, failedOpen: false, gone: false, upstream: new AbortController(), failure };
@@ -110,6 +120,10 @@ export async function startFront(opts: FrontOptions): Promise<FrontServer> {
       st.upstream.abort();
     });
     const t0 = performance.now();
+    if (batchApi && BATCH_API_PATH.test(req.url ?? "")) {
+      proxyRaw(req, res, batchApi, agent, st.upstream.signal, log);
+      return;
+    }
     handle(st, pool, agent, maxBody).then(
       () => log.debug({ method: req.method, path: req.url, status: res.statusCode, ms: performance.now() - t0 }, "request"),
       (err: unknown) => {
@@ -229,6 +243,20 @@ async function handle(st: RequestState, pool: GatewayPool, agent: http.Agent, ma
   }
   if (!upstreamRes) return localReply(st, 502, openAiError(502, `upstream connect error or disconnect/reset before headers: ${reason}`));
   await sendResponse(st, upstreamRes.statusCode ?? 502, fromNodeHeaders(upstreamRes.headersDistinct), upstreamRes);
+}
+
+/** Streams a request to the Batch API and its answer back, unbuffered (uploads reach 200 MB). */
+function proxyRaw(req: http.IncomingMessage, res: http.ServerResponse, to: { host: string; port: number }, agent: http.Agent, signal: AbortSignal, log: Logger): void {
+  const up = http.request({ host: to.host, port: to.port, method: req.method, path: req.url, headers: { ...req.headers, "x-forwarded-for": req.socket.remoteAddress ?? "" }, agent, signal }, (r) => {
+    res.writeHead(r.statusCode ?? 502, r.headers);
+    r.pipe(res);
+  });
+  up.once("error", (err) => {
+    if (res.headersSent) return void res.destroy();
+    log.warn({ err: (err as NodeJS.ErrnoException).code ?? err.message }, "batch API unreachable");
+    sendPlain(res, 502, openAiError(502, "upstream connect error: the batch API is unreachable"));
+  });
+  req.pipe(up);
 }
 
 function requestHeaderList(req: http.IncomingMessage): HeaderList {

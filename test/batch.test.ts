@@ -1,0 +1,288 @@
+/**
+ * The Batch API end to end against a real stack: nats-server, simulated vLLM pods, a gateway,
+ * the dev front (forwarding /v1/files and /v1/batches to batch-api, everything else through
+ * ext_proc), batch-api replicas and batch-workers (in-process, and real processes for kill -9).
+ *
+ * The official `openai` client (the devDependency; passes with v5.23 and v7.60) drives one flow;
+ * JETROUTE_OPENAI_MODULE names another copy to try. Without the package that test is skipped; the
+ * same calls also run with plain HTTP in the other tests.
+ */
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { Kvm } from "@nats-io/kv";
+import { configBucketName } from "../streams/definitions.js";
+import { apiKeyBucketKey, hashApiKey } from "../services/gateway/auth.js";
+import { startFront, type FrontServer } from "../services/front/front.js";
+import { type BatchApiHandle, startBatchApi } from "../services/batch/api.js";
+import { type BatchWorkerHandle, startBatchWorker } from "../services/batch/worker.js";
+import { COMPLETION_WINDOW_MS } from "../services/batch/model.js";
+import { DEMO_FLOW_CONTROL } from "../services/demo/demo.js";
+import { MODEL_CONFIG_KEY_PREFIX } from "../schemas/config.js";
+import { encodeToken } from "../streams/tokens.js";
+import { spawnJetroute, type ServiceProcess } from "../services/shared/processes.js";
+import { type SimFleet, startSimFleet } from "../services/sim/fleet.js";
+import { MODEL, quietLog, startTestEnv, type TestEnv, waitFor } from "./harness/env.js";
+import { runJetroute } from "./harness/cli.js";
+
+type Json = Record<string, unknown>;
+
+const inputFile = (n: number, prefix = "req", maxTokens = 4) =>
+  `${Array.from({ length: n }, (_, i) => JSON.stringify({ custom_id: `${prefix}-${i}`, method: "POST", url: "/v1/chat/completions", body: { model: MODEL, messages: [{ role: "user", content: `item ${i}` }], max_tokens: maxTokens } })).join("\n")}\n`;
+
+async function loadOpenAI(): Promise<{ default: new (o: Json) => unknown; toFile: (b: Buffer, name: string) => Promise<unknown> } | undefined> {
+  const spec = process.env.JETROUTE_OPENAI_MODULE ?? "openai";
+  try {
+    return (await import(/* @vite-ignore */ spec)) as never;
+  } catch {
+    return undefined;
+  }
+}
+
+describe("Batch API - files, batches, workers through the routing plane", () => {
+  let env: TestEnv;
+  let fleet: SimFleet;
+  let api: BatchApiHandle;
+  let front: FrontServer;
+  let base: string;
+  let clockShift = 0;
+  const workers: BatchWorkerHandle[] = [];
+  const procs: ServiceProcess[] = [];
+
+  beforeAll(async () => {
+    env = await startTestEnv();
+    fleet = await startSimFleet({ pods: 2, model: MODEL, decodeMsPerStep: 2, maxBatch: 16, logger: quietLog });
+    for (const p of fleet.pods) await env.publishPod({ pod: p.name, address: p.address });
+    // Flow control as the demo configures it: the workers' `batch` objective is a band below interactive.
+    const kv = await new Kvm(env.nats.nc).open(configBucketName("jr"));
+    await kv.put(`${MODEL_CONFIG_KEY_PREFIX}${encodeToken(MODEL)}`, JSON.stringify(DEMO_FLOW_CONTROL));
+    const gw = await env.gateway();
+    api = await startBatchApi({ nats: env.nats, port: 0, log: quietLog, id: "api-1", now: () => Date.now() + clockShift, tickMs: 100, cancelGraceMs: 300, reclaimAfterMs: 5_000 });
+    front = await startFront({ port: 0, gateways: [`127.0.0.1:${gw.port}`], batchApi: `127.0.0.1:${api.port}`, logger: quietLog });
+    base = `http://127.0.0.1:${front.port}`;
+    // The gateway answers 503 until its views caught up with PODS.
+    await waitFor(async () => {
+      const r = await fetch(`${base}/v1/chat/completions`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ model: MODEL, messages: [{ role: "user", content: "hi" }], max_tokens: 1 }) });
+      await r.arrayBuffer();
+      return r.status === 200;
+    }, 10_000, "the gateway routes");
+  });
+  afterAll(async () => {
+    for (const p of procs) await p.stop().catch(() => undefined);
+    for (const w of workers) await w.close();
+    await front?.close();
+    await api?.close();
+    await fleet?.close();
+    await env?.stop();
+  });
+
+  const worker = async (extra: Partial<Parameters<typeof startBatchWorker>[0]> = {}) => {
+    const w = await startBatchWorker({ nats: env.nats, target: base, log: quietLog, concurrency: 8, ackWaitMs: 2_000, ...extra });
+    workers.push(w);
+    return w;
+  };
+  const upload = async (text: string, name = "input.jsonl", headers: Record<string, string> = {}, at = base) => {
+    const form = new FormData();
+    form.set("purpose", "batch");
+    form.set("file", new Blob([text]), name);
+    return await fetch(`${at}/v1/files`, { method: "POST", body: form, headers });
+  };
+  const json = async (r: Response | Promise<Response>) => (await (await r).json()) as Json;
+  const createBatch = (input_file_id: string, at = base, headers: Record<string, string> = {}) =>
+    fetch(`${at}/v1/batches`, { method: "POST", headers: { "content-type": "application/json", ...headers }, body: JSON.stringify({ input_file_id, endpoint: "/v1/chat/completions", completion_window: "24h", metadata: { job: "test" } }) });
+  const batch = (id: string) => json(fetch(`${base}/v1/batches/${id}`));
+  const until = async (id: string, status: string, ms = 30_000) => {
+    let last: Json = {};
+    await waitFor(async () => {
+      last = await batch(id);
+      return last.status === status;
+    }, ms, `batch ${id} ${status}`);
+    return last;
+  };
+  const lines = async (fileId: string) => (await (await fetch(`${base}/v1/files/${fileId}/content`)).text()).trim().split("\n").filter(Boolean).map((l) => JSON.parse(l) as Json);
+
+  it("runs a batch to completed: output file with one OpenAI result line per request, through the gateway", async () => {
+    const up = await upload(inputFile(40));
+    expect(up.status).toBe(200);
+    const file = (await up.json()) as Json;
+    expect(file).toMatchObject({ object: "file", purpose: "batch", filename: "input.jsonl" });
+    const created = await json(createBatch(file.id as string));
+    expect(created).toMatchObject({ object: "batch", status: "validating", endpoint: "/v1/chat/completions", completion_window: "24h", metadata: { job: "test" }, request_counts: { total: 40, completed: 0, failed: 0 } });
+    await worker();
+    const done = await until(created.id as string, "completed");
+    expect(done.request_counts).toEqual({ total: 40, completed: 40, failed: 0 });
+    expect(done.error_file_id).toBeNull();
+    for (const k of ["in_progress_at", "finalizing_at", "completed_at"]) expect(typeof done[k]).toBe("number");
+    const out = await lines(done.output_file_id as string);
+    expect(out.map((l) => l.custom_id).sort()).toEqual(Array.from({ length: 40 }, (_, i) => `req-${i}`).sort());
+    const first = out[0] as { id: string; response: { status_code: number; request_id: string; body: { object: string; choices: unknown[] } }; error: unknown };
+    expect(first.id).toMatch(/^batch_req_/);
+    expect(first.error).toBeNull();
+    expect(first.response.status_code).toBe(200);
+    expect(first.response.body.object).toBe("chat.completion");
+    // The items went through the routing plane, each in the batch band: the gateway's decision records say so.
+    const c = await env.nats.js.consumers.get("JR_DECISIONS");
+    let batchBand = 0;
+    for (;;) {
+      const m = await c.next({ expires: 1_000 });
+      if (!m) break;
+      const flow = (m.json() as { flow?: { band: number; objective?: string } }).flow;
+      if (flow?.objective === "batch" && flow.band === -1) batchBand++;
+      if (m.info.pending === 0) break;
+    }
+    expect(batchBand).toBeGreaterThanOrEqual(40);
+    // The output file is listed as the tenant's, with purpose batch_output.
+    const files = await json(fetch(`${base}/v1/files`));
+    expect((files.data as Json[]).map((f) => f.purpose)).toContain("batch_output");
+    // Progress is on /metrics.
+    const metrics = await (await fetch(`http://127.0.0.1:${api.port}/metrics`)).text();
+    expect(metrics).toMatch(/jetroute_batch_batches\{status="completed"\} [1-9]/);
+  }, 60_000);
+
+  it("refuses bad input with OpenAI-shaped errors, line numbers included", async () => {
+    const dup = await upload(`${inputFile(2)}${inputFile(1)}`);
+    expect(dup.status).toBe(400);
+    expect(((await dup.json()) as { error: Json }).error).toMatchObject({ type: "invalid_request_error", code: "duplicate_custom_id", param: "custom_id", message: expect.stringMatching(/^Line 3: /) });
+    const form = new FormData();
+    form.set("purpose", "fine-tune");
+    form.set("file", new Blob([inputFile(1)]), "x.jsonl");
+    const purpose = await fetch(`${base}/v1/files`, { method: "POST", body: form });
+    expect(purpose.status).toBe(400);
+    expect(((await purpose.json()) as { error: Json }).error.param).toBe("purpose");
+    const nofile = await json(createBatch("file-000000000000000000000000"));
+    expect(nofile.error).toMatchObject({ param: "input_file_id" });
+    const bad = await fetch(`${base}/v1/batches`, { method: "POST", headers: { "content-type": "application/json" }, body: "{nope" });
+    expect(bad.status).toBe(400);
+    const missing = await fetch(`${base}/v1/batches/batch_000000000000000000000000`);
+    expect(missing.status).toBe(404);
+    expect(((await missing.json()) as { error: Json }).error).toMatchObject({ type: "invalid_request_error", code: "batch_not_found" });
+  });
+
+  it("cancel stops dispatching and closes what finished; expiry closes a batch at its completion window", async () => {
+    for (const w of workers.splice(0)) await w.close();
+    // No worker runs: the items wait on the queue.
+    const f1 = await json(upload(inputFile(5, "cancel")));
+    const b1 = await json(createBatch(f1.id as string));
+    await until(b1.id as string, "in_progress");
+    const cancelling = await json(fetch(`${base}/v1/batches/${b1.id}/cancel`, { method: "POST" }));
+    expect(cancelling.status).toBe("cancelling");
+    expect(typeof cancelling.cancelling_at).toBe("number");
+    const cancelled = await until(b1.id as string, "cancelled");
+    expect(cancelled.request_counts).toEqual({ total: 5, completed: 0, failed: 0 });
+    expect(cancelled.output_file_id).toBeNull();
+    expect((await lines(cancelled.error_file_id as string)).map((l) => (l.error as Json).code)).toEqual(Array(5).fill("batch_cancelled"));
+    const queued = await env.nats.jsm.streams.info("JR_BATCH_WORK");
+    expect(queued.state.messages).toBe(0);
+    // Cancelling a finished batch is a 409.
+    const again = await fetch(`${base}/v1/batches/${b1.id}/cancel`, { method: "POST" });
+    expect(again.status).toBe(200);
+    const completedId = ((await json(fetch(`${base}/v1/batches?limit=100`))).data as Json[]).find((b) => b.status === "completed")?.id;
+    expect((await fetch(`${base}/v1/batches/${completedId}/cancel`, { method: "POST" })).status).toBe(409);
+
+    const f2 = await json(upload(inputFile(3, "exp")));
+    const b2 = await json(createBatch(f2.id as string));
+    await until(b2.id as string, "in_progress");
+    clockShift = COMPLETION_WINDOW_MS + 1_000;
+    try {
+      const expired = await until(b2.id as string, "expired");
+      expect((await lines(expired.error_file_id as string)).map((l) => [l.custom_id, (l.error as Json).code])).toEqual([["exp-0", "batch_expired"], ["exp-1", "batch_expired"], ["exp-2", "batch_expired"]]);
+      expect(typeof expired.expired_at).toBe("number");
+    } finally {
+      clockShift = 0;
+    }
+  }, 60_000);
+
+  it("a worker killed with SIGKILL mid-batch loses no item and duplicates no line", async () => {
+    const n = 300;
+    const f = await json(upload(inputFile(n, "kill", 30)));
+    const spawnWorker = (name: string) => {
+      const p = spawnJetroute(name, ["batch-worker", "--nats", env.server.url, "--target", base, "--concurrency", "8", "--ack-wait-ms", "2000"], { env: { JETROUTE_LOG_LEVEL: "warn" } });
+      procs.push(p);
+      return p;
+    };
+    const w1 = spawnWorker("batch-worker-1");
+    const w2 = spawnWorker("batch-worker-2");
+    await Promise.all([w1.waitForLine((v: Json) => v.service === "batch-worker"), w2.waitForLine((v: Json) => v.service === "batch-worker")]);
+    const b = await json(createBatch(f.id as string));
+    await waitFor(async () => {
+      const c = (await batch(b.id as string)).request_counts as { completed: number };
+      return c.completed >= n / 4;
+    }, 60_000, "a quarter of the items done");
+    await w1.kill();
+    const done = await until(b.id as string, "completed", 90_000);
+    expect(done.request_counts).toEqual({ total: n, completed: n, failed: 0 });
+    const out = await lines(done.output_file_id as string);
+    const ids = out.map((l) => l.custom_id as string);
+    expect(ids.length).toBe(n);
+    expect(new Set(ids).size).toBe(n);
+  }, 120_000);
+
+  it("`jetroute batch status` prints one progress line per batch", async () => {
+    const r = await runJetroute(["batch", "status", "--nats", env.server.url, "--all"]);
+    expect(r.code, r.stderr).toBe(0);
+    const lines = r.stdout.trim().split("\n");
+    expect(lines.some((l) => /^batch_[0-9a-f]{24} completed 300\/300 \(100\.0%\) completed 300 failed 0$/.test(l))).toBe(true);
+    expect(lines.some((l) => /^batch_[0-9a-f]{24} cancelled 0\/5 \(0\.0%\)/.test(l))).toBe(true);
+    const bad = await runJetroute(["batch", "status", "not-a-batch", "--nats", env.server.url]);
+    expect(bad.code).toBe(2);
+  }, 30_000);
+
+  it("the official openai client: files.create, batches.create/retrieve/list/cancel, files.content", async (ctx) => {
+    const mod = await loadOpenAI();
+    if (!mod) ctx.skip();
+    const w = await worker();
+    // biome-ignore lint/suspicious/noExplicitAny: the client's types come from an optional module
+    const client: any = new mod!.default({ apiKey: "unused", baseURL: `${base}/v1`, maxRetries: 0 });
+    const file = await client.files.create({ file: await mod!.toFile(Buffer.from(inputFile(10, "sdk")), "sdk.jsonl"), purpose: "batch" });
+    expect(file.id).toMatch(/^file-/);
+    const created = await client.batches.create({ input_file_id: file.id, endpoint: "/v1/chat/completions", completion_window: "24h", metadata: { via: "openai" } });
+    let b = created;
+    await waitFor(async () => {
+      b = await client.batches.retrieve(created.id);
+      return b.status === "completed";
+    }, 30_000, "completed through the client");
+    expect(b.request_counts).toEqual({ total: 10, completed: 10, failed: 0 });
+    const content = await client.files.content(b.output_file_id);
+    const text = await content.text();
+    expect(text.trim().split("\n").map((l: string) => JSON.parse(l).custom_id).sort()).toEqual(Array.from({ length: 10 }, (_, i) => `sdk-${i}`).sort());
+    const listed: string[] = [];
+    for await (const x of client.batches.list({ limit: 2 })) listed.push(x.id);
+    expect(listed).toContain(created.id);
+    await w.close();
+    workers.splice(workers.indexOf(w), 1);
+    const f2 = await client.files.create({ file: await mod!.toFile(Buffer.from(inputFile(2, "sdk2")), "sdk2.jsonl"), purpose: "batch" });
+    const b2 = await client.batches.create({ input_file_id: f2.id, endpoint: "/v1/chat/completions", completion_window: "24h" });
+    const c = await client.batches.cancel(b2.id);
+    expect(["cancelling", "cancelled"]).toContain(c.status);
+  }, 60_000);
+
+  it("tenancy: with --auth required a key sees only its own user's files and batches", async () => {
+    const kv = await new Kvm(env.nats.nc).open(configBucketName("jr"));
+    const keyA = "jr-test-key-tenant-a-0000000000000000000000";
+    const keyB = "jr-test-key-tenant-b-0000000000000000000000";
+    await kv.put(apiKeyBucketKey(hashApiKey(keyA)), JSON.stringify({ user: "tenant-a", createdAt: Date.now() }));
+    await kv.put(apiKeyBucketKey(hashApiKey(keyB)), JSON.stringify({ user: "tenant-b", createdAt: Date.now() }));
+    const authed = await startBatchApi({ nats: env.nats, port: 0, log: quietLog, id: "api-auth", auth: "required", tickMs: 0 });
+    try {
+      const at = `http://127.0.0.1:${authed.port}`;
+      const A = { authorization: `Bearer ${keyA}` };
+      const B = { authorization: `Bearer ${keyB}` };
+      const none = await upload(inputFile(1), "x.jsonl", {}, at);
+      expect(none.status).toBe(401);
+      expect(((await none.json()) as { error: Json }).error.type).toBe("authentication_error");
+      const fa = await json(upload(inputFile(1, "a"), "a.jsonl", A, at));
+      expect((await fetch(`${at}/v1/files/${fa.id}`, { headers: A })).status).toBe(200);
+      expect((await fetch(`${at}/v1/files/${fa.id}`, { headers: B })).status).toBe(404);
+      expect((await fetch(`${at}/v1/files/${fa.id}/content`, { headers: B })).status).toBe(404);
+      expect((await json(createBatch(fa.id as string, at, B))).error).toMatchObject({ param: "input_file_id" });
+      const ba = await json(createBatch(fa.id as string, at, A));
+      expect(ba.status).toBe("validating");
+      expect((await fetch(`${at}/v1/batches/${ba.id}`, { headers: B })).status).toBe(404);
+      expect(((await json(fetch(`${at}/v1/batches`, { headers: B }))).data as Json[]).length).toBe(0);
+      expect(((await json(fetch(`${at}/v1/batches`, { headers: A }))).data as Json[]).map((b) => b.id)).toEqual([ba.id]);
+      expect((await fetch(`${at}/v1/files/${fa.id}`, { method: "DELETE", headers: B })).status).toBe(404);
+      expect(await json(fetch(`${at}/v1/files/${fa.id}`, { method: "DELETE", headers: A }))).toEqual({ id: fa.id, object: "file", deleted: true });
+      expect((await fetch(`${at}/v1/files/${fa.id}`, { headers: A })).status).toBe(404);
+    } finally {
+      await authed.close();
+    }
+  }, 60_000);
+});
