@@ -221,7 +221,10 @@ export class PodSet implements PodSetReader {
     this.managed.set(rec.adapter, m);
     // Only this adapter's list changes (a full rebuild per record would make a catch-up quadratic);
     // an adapter that was not managed may have been routed by engine lists: then rebuild all.
-    if (!prev && this.served.has(rec.adapter)) return this.rebuild();
+    if (!prev && this.served.has(rec.adapter)) {
+      this.rebuild();
+      return;
+    }
     this.served.add(rec.adapter);
     this.version++;
     const list: PodInfo[] = [];
