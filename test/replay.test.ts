@@ -2,8 +2,8 @@
  * Replay against a recorded run: three gateway replicas (eventual) behind the dev front route a
  * shared-prefix chat workload to simulated vLLM pods whose KV events reach the gateways through
  * the kv-bridge and whose load reaches them through the metrics-scraper. Then `jetroute replay`'s
- * engine reads the streams back and must re-decide the recorded picks on the views each gateway
- * had; an export file must replay the same; a window routed `random` must show what prefix-cache
+ * engine reads the streams back and must re-decide every recorded pick on the views each gateway
+ * had (on a loaded host too: heartbeats then come late and peers lapse, by the stream's time); an export file must replay the same; a window routed `random` must show what prefix-cache
  * would have hit, and the what-if simulation a better TTFT for it.
  */
 import { mkdtempSync, readFileSync } from "node:fs";
@@ -71,8 +71,8 @@ describe("replay - a recorded run of three gateway replicas", () => {
           headers: { "content-type": "application/json", "routing-strategy": strategyOf(i), "x-request-id": `req-${seed}-${i}`, user: `user-${i % 5}` },
           body: JSON.stringify({ model: MODEL, messages: [{ role: "system", content: system }, { role: "user", content: `question ${i}` }], max_tokens: 4 + (i % 5), stream: i % 2 === 0 }),
         });
-        expect(res.status).toBe(200);
-        await res.arrayBuffer();
+        const text = await res.text();
+        expect(res.status, `req-${seed}-${i}: ${text.slice(0, 300)}`).toBe(200);
       }
     };
     await Promise.all(Array.from({ length: concurrency }, worker));
@@ -89,7 +89,7 @@ describe("replay - a recorded run of three gateway replicas", () => {
   const N = 400;
   const STRATEGIES = ["prefix-cache", "least-request", "random", "power-of-two", "least-kv-cache:1,least-request:1", "session-affinity"];
 
-  it("re-decides >= 99.9% of the recorded picks on the views each gateway had", async () => {
+  it("re-decides every recorded pick on the views each gateway had, whatever the host's load", async () => {
     fromMs = Date.now();
     await drive(N, 12, (i) => STRATEGIES[i % STRATEGIES.length] as string, 1);
     toMs = Date.now();
@@ -98,10 +98,14 @@ describe("replay - a recorded run of three gateway replicas", () => {
     console.error(`decision records: ${Math.round(st.bytes / st.messages)} bytes each as stored (${st.messages} records, prompts of ~${Math.round(systems.reduce((a, x) => a + x.length, 0) / systems.length / 4)} tokens)`);
     const report = await runReplay({ source: await natsSource(env.nats, "jr", { fromMs, toMs, tailMs: 5_000 }), fromMs, toMs, strategies: ["prefix-cache", "random"], reorderMs: 5_000 });
     console.error(`replay fidelity: ${report.fidelity.reproduced}/${report.fidelity.evaluated} residuals ${JSON.stringify(report.fidelity.residuals)} skipped ${JSON.stringify(report.decisions.skipped)}`);
+    for (const x of report.fidelity.examples ?? []) console.error(`not reproduced: ${JSON.stringify(x)}`);
     expect(report.decisions.read).toBe(N);
     expect(report.decisions.evaluated).toBe(N);
     expect(report.fidelity.evaluated).toBe(N);
-    expect(report.fidelity.ratio).toBeGreaterThanOrEqual(0.999);
+    // Exact: the records carry every input the gateways decided on (docs/replay.md names the
+    // residual kinds that remain possible; this run routes none of them).
+    expect(report.fidelity.residuals).toEqual({});
+    expect(report.fidelity.reproduced).toBe(N);
     // The prefix strategies really found blocks in the rebuilt index (the check is not vacuous).
     const recorded = report.strategies.find((s) => s.name === "recorded");
     expect(recorded?.hitBlocks ?? 0).toBeGreaterThan(0);
@@ -120,7 +124,7 @@ describe("replay - a recorded run of three gateway replicas", () => {
     expect(await rep.exited).toBe(0);
     const line = rep.jsonLines.at(-1) as { fidelity: { ratio: number; evaluated: number }; strategies: Array<{ name: string }>; report: string };
     expect(line.fidelity.evaluated).toBe(N);
-    expect(line.fidelity.ratio).toBeGreaterThanOrEqual(0.999);
+    expect(line.fidelity.ratio).toBe(1);
     expect(line.strategies.map((x) => x.name)).toEqual(["recorded", "prefix-cache", "least-request"]);
     expect(line.report).toBe(html);
     const page = readFileSync(html, "utf8");
@@ -151,7 +155,7 @@ describe("replay - a recorded run of three gateway replicas", () => {
     const report = await runReplay({ source: await natsSource(env.nats, "jr", { fromMs: from, toMs: to, tailMs: 5_000 }), fromMs: from, toMs: to, strategies: ["prefix-cache", "random"], simulate: ["random", "prefix-cache"], reorderMs: 5_000 });
     const by = Object.fromEntries(report.strategies.map((s) => [s.name, s]));
     expect(report.decisions.evaluated).toBe(240);
-    expect(report.fidelity.ratio).toBeGreaterThanOrEqual(0.99);
+    expect(report.fidelity.residuals).toEqual({});
     expect(by["prefix-cache"]?.hitBlocks ?? 0).toBeGreaterThan(by.recorded?.hitBlocks ?? 0);
     expect(by["prefix-cache"]?.meanRegretBlocks ?? 1).toBeLessThan(by.recorded?.meanRegretBlocks ?? 0);
     const sim = Object.fromEntries((report.simulation ?? []).map((s) => [s.strategy, s]));

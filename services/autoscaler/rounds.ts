@@ -62,6 +62,9 @@ export class Rounds {
     const { d } = this;
     const now = d.clock();
     d.state.sweep(now, { liveNow: d.serverClock.now() });
+    // The autoscaler publishes no heartbeat on CHARGES, so when every gateway is gone its ledger's
+    // stream clock would stop: it moves it on the broker's time, for gateways that died to lapse.
+    d.state.ledger.advance(d.serverClock.now());
     d.fleet.sweep(now);
     if (d.isLeader()) this.releaseOrphans();
     for (const name of this.figures.keys()) if (!d.runners.has(name)) this.figures.delete(name);

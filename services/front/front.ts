@@ -233,7 +233,13 @@ async function handle(st: RequestState, pool: GatewayPool, agent: http.Agent, ma
   // Down the list on a connect failure, as Envoy's retry policy does with the protocol's fallbacks.
   for (const endpoint of endpoints) {
     try {
-      upstreamRes = await forward(st, agent, endpoint, headers, upstreamBody);
+      upstreamRes = await forward(st, agent, endpoint, headers, upstreamBody).catch((err: unknown) => {
+        // A kept-alive connection the engine closed while it sat idle (its keep-alive timeout; a
+        // busy host reads the close late) fails the request written on it before any answer: the
+        // request is sent again, once, on a fresh connection.
+        if (!(err instanceof ReusedSocketReset) || st.gone) throw err;
+        return forward(st, false, endpoint, headers, upstreamBody);
+      });
       st.served = `${endpoint.host}:${endpoint.port}`;
       break;
     } catch (err) {
@@ -351,9 +357,19 @@ function continueUnmodified(): PhaseResult {
   return { kind: "continue", headerMutation: { set: {}, remove: [], entries: [] }, clearRouteCache: false };
 }
 
+/** A request failed on a reused keep-alive connection that the upstream had closed (see `handle`). */
+class ReusedSocketReset extends Error {
+  readonly code: string | undefined;
+  constructor(cause: NodeJS.ErrnoException) {
+    super(cause.message, { cause });
+    this.code = cause.code;
+  }
+}
+
 function forward(
   st: RequestState,
-  agent: http.Agent,
+  /** `false`: a connection of its own (not from the pool), closed after the answer. */
+  agent: http.Agent | false,
   endpoint: { host: string; port: number },
   headers: HeaderList,
   body: Buffer | undefined,
@@ -369,7 +385,7 @@ function forward(
       signal: st.upstream.signal,
     });
     up.once("response", resolve);
-    up.once("error", reject);
+    up.once("error", (err: NodeJS.ErrnoException) => reject(up.reusedSocket && (err.code === "ECONNRESET" || err.code === "EPIPE") ? new ReusedSocketReset(err) : err));
     up.end(body);
   });
 }

@@ -52,6 +52,7 @@ export async function createFollowers(o: {
   const subjects = new Subjects(prefix);
   // Our events serialize `"gateway":"<id>"` right after `"id"`; this exact byte run marks an echo.
   const ownMarker = new TextEncoder().encode(`"gateway":${JSON.stringify(id)},`);
+  const ownHeartbeat = subjects.heartbeat(id);
   // PODS events refused for their signature (`--pod-public-key`) are logged on a rate.
   const notes = new RefusedRecordLog(log);
   const seen = (stream: StateStream) => (subject: string, seq: number) => state.skip({ stream, subject, seq, serverTs: 0 });
@@ -67,8 +68,10 @@ export async function createFollowers(o: {
     stream: streamName(prefix, "CHARGES"), startAt: { kind: "time", sinceMs: Date.now() - Math.max(10_000, 3 * o.heartbeatTimeoutMs) },
     paceMs: o.chargesPaceMs ?? 0,
     onEvent: fold("charges"),
-    onMessage: (subject, seq) => {
-      state.skip({ stream: "charges", subject, seq, serverTs: 0 });
+    onMessage: (subject, seq, serverTs) => {
+      // Our own heartbeat's echo moves the ledger's clock (peers lapse by the stream's time, and a
+      // replica whose peers all died reads only its own messages); other echoes are skipped unparsed.
+      state.skip({ stream: "charges", subject, seq, serverTs: subject === ownHeartbeat ? serverTs() : 0 });
       o.cursors.seen(subject, seq);
     },
     // Everything we published ourselves was applied when we made it (the fold ignores its own

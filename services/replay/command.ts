@@ -107,6 +107,8 @@ export interface ReplayRunOptions {
   prefixMaxEntries?: number;
   /** As the gateways ran (`--pod-source-timeout-ms`): pods of a source silent this long stop being candidates. Default 30 s; 0 = never. */
   podSourceTimeoutMs?: number;
+  /** As the gateways ran (`--heartbeat-timeout-ms`): a peer silent this long loses its charges. Default: 3 x each gateway's heartbeat interval. */
+  heartbeatTimeoutMs?: number;
   simulateMax?: number;
   progress?: boolean;
 }
@@ -145,7 +147,7 @@ export async function runReplay(o: ReplayRunOptions): Promise<ReplayReport> {
     toMs: o.toMs,
     strategies: o.strategies,
     ...(o.reorderMs !== undefined ? { reorderMs: o.reorderMs } : {}),
-    state: { prefixIndex: { maxEntries: o.prefixMaxEntries ?? 4_000_000 }, podSourceTimeoutMs: o.podSourceTimeoutMs ?? DEFAULT_POD_SOURCE_TIMEOUT_MS },
+    state: { prefixIndex: { maxEntries: o.prefixMaxEntries ?? 4_000_000 }, podSourceTimeoutMs: o.podSourceTimeoutMs ?? DEFAULT_POD_SOURCE_TIMEOUT_MS, ...(o.heartbeatTimeoutMs !== undefined ? { heartbeatTimeoutMs: o.heartbeatTimeoutMs } : {}) },
     source: o.source.describe,
     traceLimit: o.simulate?.length ? (o.simulateMax ?? 200_000) : 0,
   });
@@ -251,6 +253,7 @@ export function registerReplayCommands(program: Command): void {
     .option("--reorder-ms <ms>", "how long a decision may wait for an earlier one of its gateway (stream time)", intOption(0), 60_000)
     .option("--prefix-max-entries <n>", "prefix index bound, as the gateways ran", intOption(1), 4_000_000)
     .option("--pod-source-timeout-ms <ms>", "pods of a pod-watcher source silent this long stop being candidates, as the gateways ran (0 = never)", intOption(0), DEFAULT_POD_SOURCE_TIMEOUT_MS)
+    .option("--heartbeat-timeout-ms <ms>", "a peer silent this long lost its charges, as the gateways ran (default: 3 x each gateway's heartbeat interval, their default)", intOption(10))
     .option("--report <path>", "where to write the HTML report", "replay-report.html")
     .option("--rules <file>", "instead: re-decide the window's virtual-model requests under this rule set (JSON: virtual model -> config with `semantic`) from their recorded signals, and count the requests that move")
     .option("--autoscale <policy>", "instead: re-run this autoscaling policy (a JSON file, else a policy name in the config bucket) over the window in virtual time, beside a static fleet of the recorded size")
@@ -302,7 +305,7 @@ export function registerReplayCommands(program: Command): void {
           return;
         }
         const simulate = o.simulate === undefined ? undefined : o.simulate === true ? o.strategies : strategiesOption(String(o.simulate));
-        const report = await runReplay({ source, fromMs, toMs, strategies: o.strategies, simulate, reorderMs: o.reorderMs, prefixMaxEntries: o.prefixMaxEntries, podSourceTimeoutMs: o.podSourceTimeoutMs, simulateMax: o.simulateMax, progress: o.progress !== false });
+        const report = await runReplay({ source, fromMs, toMs, strategies: o.strategies, simulate, reorderMs: o.reorderMs, prefixMaxEntries: o.prefixMaxEntries, podSourceTimeoutMs: o.podSourceTimeoutMs, ...(o.heartbeatTimeoutMs !== undefined ? { heartbeatTimeoutMs: o.heartbeatTimeoutMs } : {}), simulateMax: o.simulateMax, progress: o.progress !== false });
         writeReportHtml(o.report, report);
         console.log(JSON.stringify(summaryLine(report, o.report)));
       } finally {

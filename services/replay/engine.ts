@@ -37,7 +37,7 @@ import { type PrefixMatchResult, schedule } from "../routing/stages/scheduling.j
 import { parseStrategy, strategyTraits } from "../routing/strategies/registry.js";
 import { chargeSeqOf, isPrefillLegCharge } from "../routing/charge-id.js";
 import type { RoutingRequest } from "../routing/strategies/types.js";
-import type { ReplayReport } from "./report-types.js";
+import type { FidelityExample, ReplayReport } from "./report-types.js";
 import { type TraceRequest, ttftHistogram } from "./whatif.js";
 import { validateModelConfig } from "../routing/config-check.js";
 import { type Buffered, bufferedOf, Log, type ReplayMessage, type ReplayStream } from "./message-log.js";
@@ -130,6 +130,12 @@ interface Replica {
 const RELEASE_HOLD_MS = 50;
 /** Own messages looked past for releases batched after later charges (a window of a few ms of one gateway's traffic). */
 const DELAYED_RELEASE_LOOKAHEAD = 512;
+/** The residual of a pick that depended on a pod-watcher source's silence (see `podLivenessNear`). */
+export const POD_LIVENESS_RESIDUAL = "pod-watcher silence judged on the gateway's clock";
+/** How near its timeout a source's silence must be to explain a residual: the gateway's sweep period plus its clock estimate's error. */
+const POD_LIVENESS_SLACK_MS = 2_000;
+/** Residual picks listed in the report's `fidelity.examples`. */
+const MAX_FIDELITY_EXAMPLES = 20;
 /** How much recent stream time the buffers keep beyond what every fold has passed. */
 const YOUNG_MS = 1_000;
 /** An idle gateway silent this long (stream time: no heartbeat, charge or record) is dropped. */
@@ -221,6 +227,9 @@ export class ReplayEngine {
         const ev = b.ev;
         // Only charges routed inside the window have a record to wait for.
         if (ev?.type === "charge" && b.chargeSeq !== undefined && !isPrefillLegCharge(ev.id) && b.chargeSeq > r.lastEvaluated && ev.ts >= this.o.fromMs && ev.ts <= this.o.toMs) r.awaiting.set(b.chargeSeq, { seenTs: m.serverTs, chargeTs: ev.ts });
+        // The lapse its ledger judged peers by: as run (`state.heartbeatTimeoutMs`), else the
+        // gateways' default, 3 x its heartbeat interval.
+        if (ev?.type === "heartbeat" && this.o.state?.heartbeatTimeoutMs === undefined) r.state.ledger.heartbeatTimeoutMs = 3 * ev.intervalMs;
         for (const rel of ev?.type === "release" ? [ev] : ev?.type === "releases" ? ev.releases : []) {
           if (rel.afterCharge !== undefined) r.batchesReleases = true;
           if (isPrefillLegCharge(rel.id)) continue;
@@ -440,7 +449,10 @@ export class ReplayEngine {
 
   private applyTo(state: GatewayState, stream: StateStream, b: Buffered, self: string | undefined, count = true): void {
     if (!b.ev || (self !== undefined && b.gateway === self)) {
-      state.skip({ stream, subject: b.subject, seq: b.seq, serverTs: b.serverTs });
+      // As live: an own echo is skipped unparsed, and only its heartbeat's server time is read
+      // (it moves the ledger's clock, charge-ledger.ts); a dead letter's time is not.
+      const ownBeat = b.ev?.type === "heartbeat" && b.gateway === self;
+      state.skip({ stream, subject: b.subject, seq: b.seq, serverTs: ownBeat ? b.serverTs : 0 });
       return;
     }
     try {
@@ -649,9 +661,9 @@ export class ReplayEngine {
         ...(recorded.needs?.promptTokenIds && prefix ? { prefix } : {}),
       });
       if (s.pick.pod.pod === d.pick) this.counts.reproduced++;
-      else this.skip(this.counts.residuals, this.residualOf(d, ahead));
+      else this.residual(d, this.residualOf(r, d, ahead), { pick: s.pick.pod.pod, candidates: s.pick.candidates.map((x) => ({ pod: x.pod.pod, score: x.score })) });
     } catch (err) {
-      this.skip(this.counts.residuals, err instanceof RouteError ? `no-candidates (${err.code})` : "strategy-error");
+      this.residual(d, err instanceof RouteError ? `no-candidates (${err.code})` : "strategy-error");
     }
     // The counterfactuals run later, in time order across gateways (their ledgers are shared by
     // the whole fleet): keep what they need of this decision's views.
@@ -712,10 +724,34 @@ export class ReplayEngine {
     this.arms.runBefore(horizon);
   }
 
-  private residualOf(d: DecisionRecord, ahead: boolean): string {
+  private residual(d: DecisionRecord, why: string, replayed?: FidelityExample["replayed"]): void {
+    this.skip(this.counts.residuals, why);
+    if (this.examples.length >= MAX_FIDELITY_EXAMPLES) return;
+    this.examples.push({ id: d.id, gateway: d.gateway, ts: d.ts, strategy: d.strategy, residual: why, recorded: { pick: d.pick ?? "", candidates: d.candidates }, ...(replayed ? { replayed } : {}) });
+  }
+
+  private readonly examples: FidelityExample[] = [];
+
+  /**
+   * Whether the pods a decision could pick depended on a pod-watcher source's silence judged at
+   * the moment of the decision: the gateway judges it on its own estimate of the broker's clock,
+   * on a timer, which the record does not carry. True when a source of one of the model's pods
+   * crosses its timeout within `POD_LIVENESS_SLACK_MS` of the decision.
+   */
+  private podLivenessNear(r: Replica, d: DecisionRecord): boolean {
+    const timeout = r.state.podSourceTimeoutMs;
+    if (!(timeout > 0)) return false;
+    const used = new Set<string>();
+    for (const p of r.state.pods.all()) if (p.model === d.model && p.source !== undefined) used.add(p.source);
+    if (used.size === 0) return false;
+    return r.state.pods.sourceInfo().some((s) => used.has(s.source) && Math.abs(d.ts - (s.lastSeen + timeout)) <= POD_LIVENESS_SLACK_MS);
+  }
+
+  private residualOf(r: Replica, d: DecisionRecord, ahead: boolean): string {
     if (d.consistency === "strict") return "strict-mode race";
     if (d.consistency === "off") return "consistency off";
     if (ahead) return "view moved on (late decision)";
+    if (this.podLivenessNear(r, d)) return POD_LIVENESS_RESIDUAL;
     const traits = strategyTraits(d.strategy);
     if (d.blocks && traits.prefixMatch && d.blocks.total > (safeDecode(d.blocks.hashes)?.length ?? 0)) return "prompt blocks truncated in the record";
     return traits.replayResidual ?? "unexplained";
@@ -783,7 +819,13 @@ export class ReplayEngine {
       window: { fromMs: this.o.fromMs, toMs: this.o.toMs },
       decisions: { read: this.counts.read, evaluated, rejected: this.counts.rejected, skipped: this.counts.skipped },
       events: { applied: this.counts.eventsApplied, skipped: this.counts.eventsSkipped },
-      fidelity: { evaluated: fidelityEvaluated, reproduced: this.counts.reproduced, ratio: fidelityEvaluated > 0 ? this.counts.reproduced / fidelityEvaluated : 1, residuals: this.counts.residuals },
+      fidelity: {
+        evaluated: fidelityEvaluated,
+        reproduced: this.counts.reproduced,
+        ratio: fidelityEvaluated > 0 ? this.counts.reproduced / fidelityEvaluated : 1,
+        residuals: this.counts.residuals,
+        ...(this.examples.length > 0 ? { examples: this.examples } : {}),
+      },
       strategies,
       timeline,
       agreement,

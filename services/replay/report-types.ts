@@ -87,6 +87,17 @@ export interface CalibrationSummary {
   classes: Array<{ model: string; podClass: string; pods: number; samples: number; prefillMsPerToken: number; decodeMsPerStep: number; decodeBatchSlope: number; ttftOffsetMs: number }>;
 }
 
+export interface FidelityExample {
+  id: string;
+  gateway: string;
+  ts: number;
+  strategy: string;
+  residual: string;
+  recorded: { pick: string; candidates: Array<{ pod: string; score?: number }> };
+  /** Absent when the re-decision threw (no candidates). */
+  replayed?: { pick: string; candidates: Array<{ pod: string; score: number }> };
+}
+
 export interface ReplayReport {
   report: "jetroute-replay";
   version: 1;
@@ -108,6 +119,11 @@ export interface ReplayReport {
     ratio: number;
     /** Picks not reproduced, by explained cause. */
     residuals: Record<string, number>;
+    /**
+     * The first picks not reproduced (at most 20), to follow up with `/debug/explain` or a bug
+     * report: the recorded pick and scores beside the re-decided ones.
+     */
+    examples?: FidelityExample[];
   };
   /** `recorded` first, then each counterfactual strategy in the order asked. */
   strategies: StrategySummary[];

@@ -55,8 +55,11 @@ export interface FollowerOptions<T extends EventType> {
   skipRaw?(data: Uint8Array, subject: string): boolean;
   /** How often the server is asked whether the consumer still exists (default 3 s). */
   probeEveryMs?: number;
-  /** Sees every message's subject and sequence first, skipped or not (per-subject cursors). */
-  onMessage?(subject: string, seq: number): void;
+  /**
+   * Sees every message's subject and sequence first, skipped or not (per-subject cursors).
+   * `serverTs()` reads its server time (parsing the delivery info: call it only when needed).
+   */
+  onMessage?(subject: string, seq: number, serverTs: () => number): void;
   /** What dead letters keep and where they are logged; default: the process's (dead-letter.ts). */
   deadLetters?: DeadLetterOptions;
   /**
@@ -270,7 +273,8 @@ export class StreamFollower<T extends EventType> {
   private handle(subject: string, data: Uint8Array, seq: number, pending: number, info: { readonly info: JsMsg["info"] } | Delivery): void {
     const o = this.opts;
     this.lastSeq = seq;
-    o.onMessage?.(subject, seq);
+    const serverTsOf = () => (pending >= 0 ? (info as Delivery).serverTsMs : Math.floor((info as JsMsg).info.timestampNanos / 1_000_000));
+    o.onMessage?.(subject, seq, serverTsOf);
     const pendingOf = () => (pending >= 0 ? pending : (info as JsMsg).info.pending);
     if (o.skipRaw?.(data, subject)) {
       this.skipped++;
@@ -282,7 +286,7 @@ export class StreamFollower<T extends EventType> {
     }
     const decoded = decodeEvent(data, o.types);
     // The delivery info is parsed here anyway (for the server timestamp): keep the view's lag.
-    const serverTs = pending >= 0 ? (info as Delivery).serverTsMs : Math.floor((info as JsMsg).info.timestampNanos / 1_000_000);
+    const serverTs = serverTsOf();
     this.pending = pendingOf();
     this.delayMs = Date.now() - serverTs;
     if (decoded.ok) {

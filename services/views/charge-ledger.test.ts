@@ -37,9 +37,9 @@ describe("charge ledger - counting", () => {
     l.applyFromStream(hb("b", 1000), 1000, 1000);
     l.applyFromStream(charge("r1", "b", "p1", 1000), 1000, 1000);
     expect(l.outstanding("m", "p1").requests).toBe(1);
-    // b's heartbeat lapses: its charge stops counting at the next sweep.
-    expect(l.sweep(3999)).toBe(0);
-    expect(l.sweep(4001)).toBe(1);
+    // b's heartbeat lapses: its charge stops counting once the stream's time passes the timeout.
+    expect(l.advance(3999)).toBe(0);
+    expect(l.advance(4001)).toBe(1);
     expect(l.outstanding("m", "p1").requests).toBe(0);
     // A charge from a gateway already known to be dead is not counted.
     l.applyFromStream(charge("r2", "b", "p1", 4002), 4002 - 5000, 4002);
@@ -57,8 +57,8 @@ describe("charge ledger - counting", () => {
   it("expires charges by TTL", () => {
     const l = new ChargeLedger({ self: "a" });
     l.charge(charge("r1", "a", "p1", 1000, { ttlMs: 500 }), 1000);
-    expect(l.sweep(1400, 0)).toBe(0);
-    expect(l.sweep(1500, 0)).toBe(1);
+    expect(l.advance(1400)).toBe(0);
+    expect(l.advance(1500)).toBe(1);
     expect(l.size).toBe(0);
   });
 

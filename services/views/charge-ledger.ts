@@ -3,8 +3,15 @@
  *
  * A charge counts until the first of: its release, `ts + ttlMs`, or its gateway's heartbeat
  * lapsing (or saying "down"). Expiry is enforced here, by the reader, because nats-server 2.9
- * has no per-message TTL. Per-pod totals are kept incrementally so a strategy reads them in O(1);
- * expiry is applied by `sweep(now)`, which the shell calls on a short timer.
+ * has no per-message TTL. Per-pod totals are kept incrementally so a strategy reads them in O(1).
+ *
+ * Time for expiry and lapses is the CHARGES stream's own: the server timestamp of the last
+ * message the fold handled (`advance`), never a local clock. A replica whose fold lags (a busy
+ * host, a paced reader) judges a peer by the heartbeats it has read, so it does not drop the
+ * charges of a live peer whose heartbeat is still unread; and the ledger at a CHARGES cursor is
+ * a function of the stream up to it (and the own events), which is what lets `jetroute replay`
+ * rebuild it exactly. Every live gateway's own heartbeat comes back on the stream, so the clock
+ * moves at least once per heartbeat interval while the replica is connected.
  *
  * A gateway applies its own charges and releases synchronously when it makes them, and ignores
  * its own events when they come back from the stream (`self`): applying the echo of a charge
@@ -101,7 +108,7 @@ export const DEFAULT_CHARGE_TTL_MS = 600_000;
 
 export class ChargeLedger implements LedgerReader {
   readonly self: string | undefined;
-  readonly heartbeatTimeoutMs: number;
+  private lapseMs: number;
   readonly maxCharges: number;
   private readonly entries = new Map<string, Entry>();
   /** Per model, per pod: the totals. Two levels, so a read builds no key string (strategies read every candidate per decision). */
@@ -124,14 +131,39 @@ export class ChargeLedger implements LedgerReader {
   /** Charges dropped by TTL or heartbeat lapse (not by a release). */
   expired = 0;
   lastSeq = 0;
-  private lastTtlScan = Number.NEGATIVE_INFINITY;
+  /** The CHARGES stream's time as far as the fold has read it (server ms): expiry and lapses are judged on it. */
+  private clock = Number.NEGATIVE_INFINITY;
+  /** No gateway lapses (or is forgotten) before the clock passes this (a lower bound: a renewed gateway leaves it early). */
+  private nextLapse = Number.POSITIVE_INFINITY;
+  /** No charge expires before this (a lower bound: a released charge leaves it early). */
+  private nextExpiry = Number.POSITIVE_INFINITY;
   private rankAt = Number.NEGATIVE_INFINITY;
   private cachedRank: Readonly<{ index: number; count: number }> = { index: 0, count: 1 };
 
   constructor(opts: ChargeLedgerOptions = {}) {
     this.self = opts.self;
-    this.heartbeatTimeoutMs = opts.heartbeatTimeoutMs ?? 3_000;
+    this.lapseMs = opts.heartbeatTimeoutMs ?? 3_000;
     this.maxCharges = opts.maxCharges ?? DEFAULT_MAX_CHARGES;
+  }
+
+  /** A gateway silent this long (stream time) no longer holds charges. */
+  get heartbeatTimeoutMs(): number {
+    return this.lapseMs;
+  }
+
+  /**
+   * Replay learns a recorded gateway's setting from its heartbeats (`heartbeatTimeoutMs`, or 3 x
+   * its interval): a fold judges lapses with its own gateway's timeout.
+   */
+  set heartbeatTimeoutMs(ms: number) {
+    if (!(ms > 0) || ms === this.lapseMs) return;
+    this.lapseMs = ms;
+    this.nextLapse = Number.NEGATIVE_INFINITY;
+  }
+
+  /** The CHARGES stream time the ledger is at (`advance`). */
+  get streamTime(): number {
+    return this.clock;
   }
 
   /** Records a charge. Returns false if it was already known (duplicate) or its gateway is dead. */
@@ -140,7 +172,10 @@ export class ChargeLedger implements LedgerReader {
     if (this.entries.has(key)) return false;
     if (ev.gateway !== this.self && !this.isAlive(ev.gateway, now)) return false;
     const expiresAt = ev.ts + ev.ttlMs;
-    if (expiresAt <= now) return false;
+    // Already expired by the stream's clock too: a charge added after its expiry was read (replay
+    // applies a gateway's own charge after the messages read before its next decision) stays out.
+    if (expiresAt <= now || expiresAt <= this.clock) return false;
+    if (expiresAt < this.nextExpiry) this.nextExpiry = expiresAt;
     if (this.entries.size >= this.maxCharges) this.evictOldest();
     let pods = this.totals.get(ev.model);
     if (!pods) this.totals.set(ev.model, (pods = new Map()));
@@ -195,6 +230,7 @@ export class ChargeLedger implements LedgerReader {
     if (g && g.lastSeen > seenAt) return;
     if (!g || g.down !== (hb.state === "down")) this.rankAt = Number.NEGATIVE_INFINITY;
     this.gateways.set(hb.gateway, { lastSeen: seenAt, down: hb.state === "down" });
+    this.lapseAt(seenAt);
     if (hb.state === "down") this.dropGateway(hb.gateway);
     else if (hb.parts !== undefined && hb.parts > 1) this.reconcilePart(hb, hb.parts, now);
     else if (hb.outstanding) {
@@ -320,6 +356,7 @@ export class ChargeLedger implements LedgerReader {
       if (!this.gateways.has(ev.gateway)) {
         this.gateways.set(ev.gateway, { lastSeen: serverTs, down: false });
         this.rankAt = Number.NEGATIVE_INFINITY;
+        this.lapseAt(serverTs);
       }
       this.charge(ev, now);
     } else if (ev.type === "release") this.release(ev);
@@ -329,31 +366,51 @@ export class ChargeLedger implements LedgerReader {
   isAlive(gateway: string, now: number): boolean {
     if (gateway === this.self) return true;
     const g = this.gateways.get(gateway);
-    return !!g && !g.down && now - g.lastSeen <= this.heartbeatTimeoutMs;
+    return !!g && !g.down && now - g.lastSeen <= this.lapseMs;
+  }
+
+  /** A gateway seen at `seenAt` lapses (or is forgotten) no earlier than a timeout later. */
+  private lapseAt(seenAt: number): void {
+    if (seenAt + this.lapseMs < this.nextLapse) this.nextLapse = seenAt + this.lapseMs;
   }
 
   /**
-   * Drops the charges of gateways whose heartbeat lapsed (every call: cheap, per-gateway sets) and
-   * expired charges (a full scan, at most once per `ttlScanEveryMs`: TTLs are minutes long, so
-   * second-level precision is plenty). Returns how many charges went.
+   * Moves the ledger's clock to `serverTs`, the server timestamp of a CHARGES message the fold
+   * handles (applied, or an own heartbeat's echo), before the message itself is applied. Drops the
+   * charges of gateways whose heartbeat lapsed by then and the charges whose TTL ended; forgets
+   * gateways long dead. Cheap while nothing is due (two comparisons). Returns how many charges went.
    */
-  sweep(now: number, ttlScanEveryMs = 1_000): number {
+  advance(serverTs: number): number {
+    if (!(serverTs > this.clock)) return 0;
+    const now = serverTs;
+    this.clock = now;
     let n = 0;
-    for (const [gw, g] of this.gateways) {
-      if (gw === this.self || !(g.down || now - g.lastSeen > this.heartbeatTimeoutMs)) continue;
-      n += this.byGateway.get(gw)?.size ?? 0;
-      this.dropGateway(gw);
-      // Forget gateways long dead so the map stays bounded by live gateways.
-      if (now - g.lastSeen > 10 * this.heartbeatTimeoutMs) this.gateways.delete(gw);
+    if (now > this.nextLapse) {
+      let next = Number.POSITIVE_INFINITY;
+      for (const [gw, g] of this.gateways) {
+        if (gw === this.self) continue;
+        if (g.down || now - g.lastSeen > this.lapseMs) {
+          n += this.byGateway.get(gw)?.size ?? 0;
+          this.dropGateway(gw);
+          // Forget gateways long dead so the map stays bounded by live gateways.
+          if (now - g.lastSeen > 10 * this.lapseMs) {
+            this.gateways.delete(gw);
+            continue;
+          }
+          next = Math.min(next, g.lastSeen + 10 * this.lapseMs);
+        } else next = Math.min(next, g.lastSeen + this.lapseMs);
+      }
+      this.nextLapse = next;
     }
-    if (now - this.lastTtlScan >= ttlScanEveryMs) {
-      this.lastTtlScan = now;
+    if (now >= this.nextExpiry) {
+      let next = Number.POSITIVE_INFINITY;
       for (const e of this.entries.values()) {
         if (e.expiresAt <= now) {
           this.remove(e);
           n++;
-        }
+        } else if (e.expiresAt < next) next = e.expiresAt;
       }
+      this.nextExpiry = next;
     }
     this.expired += n;
     return n;

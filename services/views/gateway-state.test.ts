@@ -180,3 +180,64 @@ describe("GatewayState - sweep clocks", () => {
     expect(s.rates.userRequests("u", local + 500)).toBe(1);
   });
 });
+
+describe("GatewayState - peers lapse by the CHARGES stream's time, not by a timer", () => {
+  const beat = (gateway: string, ts: number): StateEvent => ({ type: "heartbeat", gateway, ts, intervalMs: 1_000, startedAt: T0, state: "up" });
+  const at = (seq: number, serverTs: number, subject = "c"): EventMeta => ({ stream: "charges", subject, seq, serverTs });
+  const peerCharge = (id: string, ts: number): ChargeEvent => ({ type: "charge", id, gateway: "b", model: M, pod: "p0", ts, ttlMs: 600_000, promptTokens: 4 });
+
+  it("a replica whose fold lags keeps a live peer's charges whenever its sweep timer fires", () => {
+    const s = new GatewayState({ self: "a", heartbeatTimeoutMs: 3_000 });
+    s.apply(beat("b", T0), at(1, T0));
+    s.apply(peerCharge("1", T0 + 10), at(2, T0 + 10));
+    // The host is busy: the timer fires 5 s later, while b's next beats are still unread.
+    s.sweep(T0 + 5_000, { routed: true, liveNow: T0 + 5_000 });
+    expect(s.ledger.outstanding(M, "p0").requests).toBe(1);
+    // b's beat of T0 + 900 is read at last: b was never silent for 3 s of stream time.
+    s.apply(beat("b", T0 + 900), at(3, T0 + 900));
+    s.apply(peerCharge("2", T0 + 950), at(4, T0 + 950));
+    expect(s.ledger.outstanding(M, "p0").requests).toBe(2);
+    // The stream (here our own heartbeat's echo, skipped unparsed) passes b's deadline: b lapses.
+    s.skip({ stream: "charges", subject: "jr.hb.a", seq: 5, serverTs: T0 + 3_901 });
+    expect(s.ledger.outstanding(M, "p0").requests).toBe(0);
+    expect(s.ledger.expired).toBe(2);
+  });
+
+  it("the ledger at a cursor does not depend on when (or whether) sweeps ran between messages", () => {
+    // Three peers beating every 200 ms with gaps (a starved publisher), charges and releases between.
+    const rnd = lcg(11);
+    const msgs: Array<{ ev: StateEvent; meta: EventMeta }> = [];
+    let t = T0;
+    let seq = 0;
+    const last: Record<string, number> = {};
+    for (let i = 0; i < 3_000; i++) {
+      t += Math.floor(rnd() * 40);
+      const gw = ["b", "c", "d"][Math.floor(rnd() * 3)] as string;
+      const r = rnd();
+      if (r < 0.3) {
+        // Now and then a beat comes late: longer than the 600 ms timeout.
+        if (t - (last[gw] ?? 0) > 200 && rnd() < 0.97) {
+          msgs.push({ ev: beat(gw, t), meta: at(++seq, t) });
+          last[gw] = t;
+        }
+      } else if (r < 0.7) msgs.push({ ev: { ...peerCharge(`${i}`, t), gateway: gw, pod: `p${i % 4}` }, meta: at(++seq, t) });
+      else {
+        const back = msgs[Math.floor(rnd() * msgs.length)]?.ev;
+        if (back?.type === "charge") msgs.push({ ev: { type: "release", id: back.id, gateway: back.gateway, model: M, pod: back.pod, ts: t, outcome: "completed" }, meta: at(++seq, t) });
+      }
+    }
+    const swept = new GatewayState({ self: "a", heartbeatTimeoutMs: 600 });
+    const plain = new GatewayState({ self: "a", heartbeatTimeoutMs: 600 });
+    let dropped = 0;
+    for (const m of msgs) {
+      swept.apply(m.ev, m.meta);
+      plain.apply(m.ev, m.meta);
+      // A timer at a wall time anywhere from on time to seconds late.
+      if (rnd() < 0.3) swept.sweep(m.meta.serverTs + Math.floor(rnd() * 3_000), { routed: rnd() < 0.1, liveNow: m.meta.serverTs + Math.floor(rnd() * 3_000) });
+      if (m.meta.seq % 16 === 0) expect(swept.ledger.dump(t)).toEqual(plain.ledger.dump(t));
+      dropped = plain.ledger.expired;
+    }
+    // Lapses did happen (the property is not vacuous).
+    expect(dropped).toBeGreaterThan(0);
+  });
+});

@@ -10,7 +10,10 @@
  * - `own*` apply this gateway's own events at the moment it makes them; their echoes from the
  *   stream are then ignored by `apply` (applying the echo of a charge already released locally
  *   would resurrect it). Replay feeds a recorded gateway's own events through the same methods.
- * - `sweep(now)` is the only time-driven change (expiry), called by the shell's timer.
+ * - `sweep(now)` is the time-driven change of what the streams cannot time (pod-watcher silence,
+ *   window and routed-prefix housekeeping), called by the shell's timer. The charge ledger's
+ *   expiry and peer lapses are not swept: they follow the CHARGES stream's server time as the
+ *   fold reads it (charge-ledger.ts), so the ledger at a cursor does not depend on when a timer ran.
  *
  * The cursor of each stream (the last sequence handled, applied or not) is part of the state:
  * decision records carry them, and replay rebuilds a view by folding a stream up to them.
@@ -199,8 +202,13 @@ export class GatewayState {
     if (seq > this.cursors.kv) this.cursors.kv = seq;
   }
 
-  /** A message was handled without being applied (an echo skipped unparsed, a dead letter): only the cursor moves. */
+  /**
+   * A message was handled without being applied (an echo skipped unparsed, a dead letter): only
+   * the cursor moves — and, on CHARGES, the ledger's clock when the caller knows the message's
+   * server time (`serverTs` > 0: every applied message, and a gateway's own heartbeat echo).
+   */
   skip(meta: EventMeta): void {
+    if (meta.stream === "charges" && meta.serverTs > 0) this.ledger.advance(meta.serverTs);
     if (meta.stream === "usage") {
       if (meta.seq > this.usageCursor) this.usageCursor = meta.seq;
     } else if (meta.seq > this.cursors[meta.stream]) this.cursors[meta.stream] = meta.seq;
@@ -458,12 +466,13 @@ export class GatewayState {
   }
 
   /**
-   * Time-driven expiry: charges past their TTL or of lapsed gateways, finished windows, expired
-   * routed prefixes. `liveNow` is the time liveness is judged on (the broker's, as heartbeats carry
-   * it; default `now`); rate and usage windows follow the gateways' own clocks (their events' `ts`).
+   * Time-driven expiry: silent pod-watcher sources, finished windows, expired routed prefixes.
+   * `liveNow` is the time source liveness is judged on (the broker's, as heartbeats carry it;
+   * default `now`); rate and usage windows follow the gateways' own clocks (their events' `ts`).
+   * Charges expire and peers lapse by the CHARGES stream's time instead, as the fold reads it
+   * (`skip`, `ChargeLedger.advance`): a timer's moment never changes the ledger.
    */
   sweep(now: number, o: { routed?: boolean; liveNow?: number } = {}): void {
-    this.ledger.sweep(o.liveNow ?? now);
     this.pods.sweepSources(o.liveNow ?? now, this.podSourceTimeoutMs);
     this.usage.sweep(now);
     this.rates.sweep(now);
