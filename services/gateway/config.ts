@@ -7,7 +7,7 @@ import { randomBytes } from "node:crypto";
 import os from "node:os";
 import { type Static, Type } from "@sinclair/typebox";
 import { Value } from "@sinclair/typebox/value";
-import { DEFAULT_PD_LEG_OPTIONS } from "../routing/stages/pd-legs.js";
+import { DEFAULT_PD_LEG_OPTIONS } from "../routing/mod.js";
 import { DEFAULT_PREFIX } from "../../streams/subjects.js";
 import { DEFAULT_RELEASE_BATCH_MS } from "../shared/publish.js";
 import { DEFAULT_CHARGE_TTL_MS, DEFAULT_MAX_CHARGES } from "../views/charge-ledger.js";

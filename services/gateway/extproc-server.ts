@@ -14,13 +14,10 @@
  * replaces any client-sent `user` header, for the router and for the upstream request; a key
  * with a `cacheSalt` puts the request under that salt (the body Envoy forwards carries it).
  */
-import { randomUUID } from "node:crypto";
 import type * as grpc from "@grpc/grpc-js";
 import { type AuthFailureReason, type AuthResult, authFailureMessage } from "./auth.js";
-import { openAIError, RouteError, routeErrorBody } from "../routing/errors.js";
-import type { FinishInfo, RoutedRequest, RouteInput } from "../routing/director.js";
+import { openAIError, RouteError, routeErrorBody, type FinishInfo, type RoutedRequest, type RouteInput, ROUTED_PATHS } from "../routing/mod.js";
 import type { ReleaseOutcome } from "../../schemas/events.js";
-import { ROUTED_PATHS } from "../routing/request-body.js";
 import { ResponseTracker } from "./response-tracker.js";
 import { normaliseUpstreamError } from "./upstream-error.js";
 import type { HeaderMutation, HeaderValueOption, ProcessingRequest, ProcessingResponse, ProtoStruct } from "../extproc/types.js";
@@ -101,11 +98,6 @@ export interface ExtProcHandlerOptions {
   destinationFallbacks?: number;
   /** The proxy reported (`x-gateway-destination-endpoint-served`) that an endpoint other than the chosen one served the request. */
   servedElsewhere?: (routed: RoutedRequest, served: string) => void;
-  /**
-   * InferenceModelRewrite (docs/inference-pool.md): the model a request for `model` is sent for
-   * instead, chosen per request id; absent or `active()` false: no rewriting (and no body parse).
-   */
-  modelRewrites?: { active(): boolean; rewrite(model: string, requestId: string): { model: string } | undefined };
   /** Bearer API-key authentication (`--auth required`); absent: every request is let through. */
   auth?: {
     /** Checks the `authorization` header value (never logged). */
@@ -234,8 +226,6 @@ class Exchange {
   private keyClass: string | undefined;
   private keyModels: readonly string[] | undefined;
   private readonly errorBody: Buffer[] = [];
-  /** The client's body with its model rewritten (InferenceModelRewrite): what the engine gets. */
-  private rewrittenBody: Buffer | undefined;
   private errorBytes = 0;
   /**
    * Aborted when the stream is over: work for this request (a P/D prefill leg, a request held by
@@ -403,12 +393,8 @@ class Exchange {
       return this.reject(new RouteError("unsupportedPath", `${(headers[Headers.method] ?? "").slice(0, 16)} ${path.slice(0, 128)} is not routed; routed paths: ${ROUTED_PATHS.join(", ")}, and GET /v1/models`));
     }
     if (!this.opts.isReady()) return this.reject(new RouteError("notReady", "gateway is catching up with the streams; retry shortly"));
-    let body = this.bodyParts.length === 1 ? (this.bodyParts[0] as Buffer) : Buffer.concat(this.bodyParts);
+    const body = this.bodyParts.length === 1 ? (this.bodyParts[0] as Buffer) : Buffer.concat(this.bodyParts);
     this.bodyParts = [];
-    if (this.opts.modelRewrites?.active()) {
-      this.rewrittenBody = rewriteModelInBody(body, headers[Headers.requestId] || randomUUID(), this.opts.modelRewrites);
-      body = this.rewrittenBody ?? body;
-    }
     let result: RoutedRequest | Promise<RoutedRequest>;
     try {
       const exchange = this;
@@ -425,7 +411,7 @@ class Exchange {
         ...(this.keyModels ? { keyModels: this.keyModels } : {}),
       });
     } catch (err) {
-      return this.routeFailed(err, body);
+      return this.routeFailed(err);
     }
     if (result instanceof Promise) {
       result.then(
@@ -436,7 +422,7 @@ class Exchange {
           if (this.call.cancelled || this.over) return this.finish("cancelled");
           this.replyRouted(r);
         },
-        (err) => this.routeFailed(err, body),
+        (err) => this.routeFailed(err),
       );
       return;
     }
@@ -444,11 +430,12 @@ class Exchange {
     this.replyRouted(result);
   }
 
-  private routeFailed(err: unknown, body: Buffer) {
+  private routeFailed(err: unknown) {
     // The client left while the request was being worked on: nobody to answer.
     if (this.over || this.call.cancelled) return;
     if (err instanceof RouteError && err.afterRouting) return this.send(immediate(err.status, routeErrorBody(err), err.headers));
-    if (err instanceof RouteError) return this.reject(err, safeModel(body));
+    // The refusal names the model the request path parsed (the body is not parsed again here).
+    if (err instanceof RouteError) return this.reject(err, err.refusal?.model);
     this.opts.log.error({ err }, "routing failed");
     this.reject(new RouteError("internal", "internal routing error"));
   }
@@ -468,8 +455,8 @@ class Exchange {
       }
     }
     const set = [...target.headers, setHeader(Headers.requestId, routed.requestId)];
-    // The gateway's body goes out instead of the client's: a tenant's cache salt, P/D's decode leg (transfer params or bootstrap fields), a rewritten model.
-    const upstream = routed.body ?? this.rewrittenBody;
+    // The gateway's body goes out instead of the client's: a tenant's cache salt, a rewritten model, a semantic action, P/D's decode leg.
+    const upstream = routed.body;
     if (upstream) set.push(setHeader(Headers.contentLength, String(upstream.length)));
     this.send({
       request_body: {
@@ -601,29 +588,4 @@ function servedEndpoint(req: ProcessingRequest): string | undefined {
   if (!ns) return undefined;
   const v = fromProtoStruct(ns)[SERVED_ENDPOINT_KEY];
   return typeof v === "string" && v.length <= 300 ? v.trim() : undefined;
-}
-
-/** The body with its `model` replaced when a rewrite applies to it; undefined otherwise (or when it is not a JSON object). */
-function rewriteModelInBody(body: Buffer, requestId: string, rw: NonNullable<ExtProcHandlerOptions["modelRewrites"]>): Buffer | undefined {
-  let parsed: unknown;
-  try {
-    parsed = JSON.parse(body.toString("utf8"));
-  } catch {
-    return undefined;
-  }
-  if (typeof parsed !== "object" || parsed === null || Array.isArray(parsed)) return undefined;
-  const model = (parsed as { model?: unknown }).model;
-  if (typeof model !== "string") return undefined;
-  const to = rw.rewrite(model, requestId);
-  if (!to || to.model === model) return undefined;
-  return Buffer.from(JSON.stringify({ ...(parsed as object), model: to.model }));
-}
-
-function safeModel(body: Buffer): string | undefined {
-  try {
-    const m = (JSON.parse(body.toString("utf8")) as { model?: unknown }).model;
-    return typeof m === "string" ? m : undefined;
-  } catch {
-    return undefined;
-  }
 }

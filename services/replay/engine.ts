@@ -31,21 +31,14 @@ import { hexToHash } from "../views/block-hash.js";
 import { decodeBlockHashes } from "../views/packed-hashes.js";
 import type { PodLoad } from "../views/load-view.js";
 import type { PodInfo } from "../views/pod-set.js";
-import { RouteError } from "../routing/errors.js";
-import { matchPrefix } from "../routing/stages/prefix-match.js";
-import { type PrefixMatchResult, schedule } from "../routing/stages/scheduling.js";
-import { parseStrategy, strategyTraits } from "../routing/strategies/registry.js";
-import { chargeSeqOf, isPrefillLegCharge } from "../routing/charge-id.js";
-import type { RoutingRequest } from "../routing/strategies/types.js";
+import { RouteError, matchPrefix, type PrefixMatchResult, schedule, parseStrategy, strategyTraits, chargeSeqOf, isPrefillLegCharge, type RoutingRequest, validateModelConfig, featureVector, latencyFeaturesOf } from "../routing/mod.js";
 import type { ReplayReport } from "./report-types.js";
 import { type TraceRequest, ttftHistogram } from "./whatif.js";
-import { validateModelConfig } from "../routing/config-check.js";
 import { type Buffered, bufferedOf, Log, type ReplayMessage, type ReplayStream } from "./message-log.js";
 import { Counterfactuals, DecisionDraws } from "./counterfactuals.js";
 import { LatencyModel, UNCLASSED } from "../views/latency-model.js";
 import { PredictionError } from "./prediction-error.js";
 import { MinHeap } from "../shared/min-heap.js";
-import { featureVector, latencyFeaturesOf } from "../routing/strategies/predicted-latency.js";
 
 export type { ReplayMessage, ReplayStream } from "./message-log.js";
 
