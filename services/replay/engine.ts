@@ -31,7 +31,7 @@ import { hexToHash } from "../views/block-hash.js";
 import { decodeBlockHashes } from "../views/packed-hashes.js";
 import type { PodLoad } from "../views/load-view.js";
 import type { PodInfo } from "../views/pod-set.js";
-import { RouteError, matchPrefix, type PrefixMatchResult, schedule, parseStrategy, strategyTraits, chargeSeqOf, isPrefillLegCharge, type RoutingRequest, validateModelConfig, featureVector, latencyFeaturesOf } from "../routing/mod.js";
+import { RouteError, matchPrefix, type PrefixMatchResult, schedule, parseStrategy, strategyTraits, chargeSeqOf, isPrefillLegCharge, type RoutingRequest, validateModelConfig, featureVector, latencyFeaturesOf, inputsOfRecord } from "../routing/mod.js";
 import type { ReplayReport } from "./report-types.js";
 import { type TraceRequest, ttftHistogram } from "./whatif.js";
 import { type Buffered, bufferedOf, Log, type ReplayMessage, type ReplayStream } from "./message-log.js";
@@ -154,6 +154,7 @@ export class ReplayEngine {
     eventsSkipped: {} as Record<string, number>,
     reproduced: 0,
     residuals: {} as Record<string, number>,
+    rewrites: { evaluated: 0, reproduced: 0 },
   };
   private readonly warnings = new Set<string>();
   /** Arrival trace for the what-if simulation, and the largest fleet seen per model. */
@@ -605,13 +606,20 @@ export class ReplayEngine {
     }
     this.counts.evaluated++;
 
+    // The decision's inputs beyond the views, as the record keeps them (routing's decision-inputs.ts).
+    const inputs = inputsOfRecord(d);
     const request: RoutingRequest = {
       model: d.model,
       requestId: d.id,
       promptTokens: d.routedPromptTokens ?? d.promptTokens ?? 0,
       ...(d.user ? { user: d.user } : {}),
-      ...(d.session ? { session: d.session } : {}),
+      ...(inputs.session ? { session: inputs.session } : {}),
     };
+    // A model rewrite: the pools' rules as of this decision's config cursor choose the same target.
+    if (inputs.rewrite) {
+      this.counts.rewrites.evaluated++;
+      if (r.state.poolPolicies.rewrite(inputs.rewrite.from, d.id, r.state.pods)?.model === d.model) this.counts.rewrites.reproduced++;
+    }
     const hashes = d.blocks ? safeDecode(d.blocks.hashes) : undefined;
     let match: PrefixMatchResult | undefined;
     let matchedFor: readonly PodInfo[] | undefined;
@@ -629,16 +637,16 @@ export class ReplayEngine {
     const draws = new DecisionDraws(d);
     // Fidelity: the recorded strategy on the recorded views.
     try {
-      const recorded = parseStrategy(d.strategy, d.strategyParams);
+      const recorded = parseStrategy(d.strategy, inputs.strategyParams);
       const s = schedule({
         request,
-        ...(d.subset ? { subset: d.subset } : {}),
+        ...(inputs.subset ? { subset: inputs.subset } : {}),
         now: d.ts,
-        ...(d.slo ? { slo: d.slo } : {}),
+        ...(inputs.slo ? { slo: inputs.slo } : {}),
         views: r.state,
         strategy: recorded,
         random: draws.reader(),
-        ...(d.rank ? { rank: d.rank } : {}),
+        ...(inputs.rank ? { rank: inputs.rank } : {}),
         ...(recorded.needs?.promptTokenIds && prefix ? { prefix } : {}),
       });
       if (s.pick.pod.pod === d.pick) this.counts.reproduced++;
@@ -776,7 +784,7 @@ export class ReplayEngine {
       window: { fromMs: this.o.fromMs, toMs: this.o.toMs },
       decisions: { read: this.counts.read, evaluated, rejected: this.counts.rejected, skipped: this.counts.skipped },
       events: { applied: this.counts.eventsApplied, skipped: this.counts.eventsSkipped },
-      fidelity: { evaluated: fidelityEvaluated, reproduced: this.counts.reproduced, ratio: fidelityEvaluated > 0 ? this.counts.reproduced / fidelityEvaluated : 1, residuals: this.counts.residuals },
+      fidelity: { evaluated: fidelityEvaluated, reproduced: this.counts.reproduced, ratio: fidelityEvaluated > 0 ? this.counts.reproduced / fidelityEvaluated : 1, residuals: this.counts.residuals, ...(this.counts.rewrites.evaluated > 0 ? { rewrites: this.counts.rewrites } : {}) },
       strategies,
       timeline,
       agreement,

@@ -108,6 +108,8 @@ export interface ReplayReport {
     ratio: number;
     /** Picks not reproduced, by explained cause. */
     residuals: Record<string, number>;
+    /** Model rewrites (InferenceModelRewrite) re-decided from the pool policies at the record's config cursor, and how many chose the recorded model. */
+    rewrites?: { evaluated: number; reproduced: number };
   };
   /** `recorded` first, then each counterfactual strategy in the order asked. */
   strategies: StrategySummary[];
