@@ -1,6 +1,3 @@
-import { existsSync, readFileSync } from "node:fs";
-import path from "node:path";
-import { fileURLToPath } from "node:url";
 import { describe, expect, it } from "vitest";
 import { Director } from "./director.js";
 import { RouteError } from "./errors.js";
@@ -10,21 +7,6 @@ import type { PrefixSupport } from "./ports.js";
 import type { RoutedRequest } from "./request.js";
 import { REQUEST_PATH } from "./request-path.js";
 import { chatBody, FakeClock, MemorySink, MODEL, stateWithPods } from "./stages/testing.js";
-
-const here = path.dirname(fileURLToPath(import.meta.url));
-
-/** The rows of the stage table in this directory's README. */
-function documentedStages(): Array<{ name: string; phase: string; files: string[] }> {
-  const text = readFileSync(path.join(here, "README.md"), "utf8");
-  const section = text.slice(text.indexOf("## The request path"), text.indexOf("## Around the stages"));
-  return section
-    .split("\n")
-    .filter((l) => /^\| \d+ \|/.test(l))
-    .map((l) => {
-      const cells = l.split("|").map((c) => c.trim());
-      return { name: (cells[2] ?? "").replaceAll("`", ""), phase: cells[3] ?? "", files: [...(cells[4] ?? "").matchAll(/`([^`]+)`/g)].map((m) => m[1] as string) };
-    });
-}
 
 function setup(o: { prefix?: PrefixSupport } = {}) {
   const clock = new FakeClock(1_000_000);
@@ -36,15 +18,6 @@ function setup(o: { prefix?: PrefixSupport } = {}) {
 }
 
 describe("request path - the list, its table and its driver", () => {
-  it("the README's stage table is the stage list: same stages, same order, same phases, files that exist", () => {
-    const documented = documentedStages();
-    expect(documented.map((d) => [d.name, d.phase])).toEqual(stagesOf(REQUEST_PATH).map((s) => [s.name, s.phase]));
-    for (const d of documented) {
-      expect(d.files.length).toBeGreaterThan(0);
-      for (const f of d.files) expect(existsSync(path.join(here, f)), `${d.name}: ${f}`).toBe(true);
-    }
-  });
-
   it("stage names are unique (they label a metric: a bounded, known set)", () => {
     const names = stagesOf(REQUEST_PATH).map((s) => s.name);
     expect(new Set(names).size).toBe(names.length);

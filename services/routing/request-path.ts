@@ -1,7 +1,7 @@
 /**
  * The request path, written once: every stage a request visits, in order. Adding a stage is its
- * file under stages/, its test, and one line here (docs/architecture.md's stage table is held to
- * this list by request-path.test.ts).
+ * file under stages/, its test, and one line here (the stage table in this directory's README.md is
+ * held to this list by test/stage-table.test.ts).
  */
 import type { RequestPath } from "./pipeline.js";
 import { admitStage } from "./stages/admit.js";
