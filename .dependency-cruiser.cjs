@@ -32,6 +32,13 @@ module.exports = {
       to: { path: "^services/(gateway|extproc|front|sim|pod-watcher|metrics-scraper|kv-bridge|replay|admin|demo|kube-standin|shared/(?!seeded-random|min-heap))/" },
     },
     {
+      name: "routing-core-through-its-surface",
+      comment: "Outside services/routing/, the routing core is imported through services/routing/mod.ts only (tests and test helpers excepted).",
+      severity: "error",
+      from: { path: "^(services|loadtest|streams|schemas)/", pathNot: "^services/routing/|\\.test\\.ts$|(^|/)testing\\.ts$" },
+      to: { path: "^services/routing/", pathNot: "^services/routing/mod\\.ts$|(^|/)testing\\.ts$" },
+    },
+    {
       name: "replay-never-imports-the-gateway",
       comment: "Replay re-decides with the routing core itself, not with the gateway shell.",
       severity: "error",

@@ -472,6 +472,14 @@ export const DecisionRecord = Type.Object(
         { additionalProperties: false },
       ),
     ),
+    /**
+     * An InferenceModelRewrite that applied (docs/inference-pool.md): the model the client asked
+     * for (`model` is the one the request was routed for), the rule and its pool. Replay checks
+     * the rewrite again against the pool policies as they were at `cursors.config`.
+     */
+    rewrite: Type.Optional(
+      Type.Object({ from: Type.String({ maxLength: 256 }), rule: Type.String({ maxLength: 320 }), pool: Type.String({ maxLength: 320 }) }, { additionalProperties: false }),
+    ),
     /** Last sequence the gateway had applied, per view, when it decided. */
     cursors: Type.Optional(Type.Object({ pods: Cursor, load: Cursor, charges: Cursor, kv: Cursor, config: Cursor }, { additionalProperties: false })),
     /** The replica's place among the live gateways, when ties followed its tie order. */

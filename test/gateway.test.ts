@@ -544,6 +544,9 @@ describe("gateway - admin /metrics (Prometheus)", () => {
     expect(text).toMatch(/jetroute_gateway_requests_total\{strategy="invalid",outcome="rejected",status="400",gateway="metrics-gw"\} 2/);
     expect(text).not.toMatch(/bogus/);
     expect(text).toMatch(/jetroute_gateway_pick_seconds_count\{gateway="metrics-gw",strategy="least-request"\} 3/);
+    // Per stage of the request path: every request parsed; the unknown model refused at select, the bogus strategies at plan.
+    const stage = (name: string) => Number(new RegExp(`jetroute_gateway_stage_seconds_count\\{gateway="metrics-gw",stage="${name}"\\} (\\d+)`).exec(text)?.[1]);
+    expect([stage("parse"), stage("plan"), stage("pool-check"), stage("select"), stage("charge"), stage("prefill-leg")]).toEqual([6, 6, 4, 4, 3, 3]);
     expect(text).toMatch(/jetroute_gateway_ready\{gateway="metrics-gw"\} 1/);
     expect(text).toMatch(/jetroute_gateway_view_last_seq\{view="pods",gateway="metrics-gw"\} [1-9]/);
     // Caught up: nothing pending behind the last pod event, which was applied some time after it was stored.

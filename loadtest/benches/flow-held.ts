@@ -11,8 +11,7 @@
  * A last case holds 2,000 requests of 1 KiB: the fixed part of a held request.
  * Reports per held request: retained bytes (measured), counted bytes (the queue's), their ratio.
  */
-import { Director } from "../../services/routing/director.js";
-import type { RouteInput } from "../../services/routing/request.js";
+import { Director, type RouteInput } from "../../services/routing/mod.js";
 import { FakeClock, MemorySink, MODEL, stateWithPods } from "../../services/routing/stages/testing.js";
 import { encodeToken } from "../../streams/tokens.js";
 

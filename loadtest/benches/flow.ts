@@ -65,7 +65,7 @@ import path from "node:path";
 import { DeliverPolicy } from "@nats-io/jetstream";
 import { Kvm } from "@nats-io/kv";
 import { MODEL_CONFIG_KEY_PREFIX } from "../../schemas/config.js";
-import { validateModelConfig } from "../../services/routing/config-check.js";
+import { validateModelConfig } from "../../services/routing/mod.js";
 import { connectNats, type NatsHandles } from "../../services/shared/nats.js";
 import { configBucketName, streamName } from "../../streams/definitions.js";
 import { DEFAULT_PREFIX } from "../../streams/subjects.js";

@@ -12,7 +12,7 @@
  * runs), per call. The prompt's hashes are input (the gateway has them), not counted.
  */
 import type { KvBatch } from "../../schemas/events.js";
-import { matchPrefix } from "../../services/routing/stages/prefix-match.js";
+import { matchPrefix } from "../../services/routing/mod.js";
 import { xorshift32 } from "../../services/shared/seeded-random.js";
 import { chainBlocks, chainSeed, hashToHex } from "../../services/views/block-hash.js";
 import type { PodInfo } from "../../services/views/pod-set.js";

@@ -14,7 +14,7 @@ import { Agent } from "undici";
 import { ExtProcClient } from "../../services/extproc/envoy-client.js";
 import { startFront } from "../../services/front/front.js";
 import { type GatewayHandle, startGateway } from "../../services/gateway/gateway.js";
-import { vllmPrefillBody } from "../../services/routing/stages/pd-bodies.js";
+import { vllmPrefillBody } from "../../services/routing/mod.js";
 import { createLogger } from "../../services/shared/log.js";
 import { connectNats } from "../../services/shared/nats.js";
 import { startNatsServer } from "../../services/shared/nats-server.js";

@@ -25,7 +25,7 @@ import { streamName } from "../../streams/definitions.js";
 import { isStreamNotFound } from "../../streams/errors.js";
 import { STREAM_EVENT_TYPES } from "../../streams/event-types.js";
 import { Subjects } from "../../streams/subjects.js";
-import { parseSummary } from "../routing/flow/fleet.js";
+import { parseSummary } from "../routing/mod.js";
 import { StreamFollower } from "../shared/follower.js";
 import { kvLeaseStore } from "../shared/kv-lease.js";
 import { LeaderElector } from "../shared/leader.js";

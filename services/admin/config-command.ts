@@ -9,7 +9,7 @@ import { readFileSync } from "node:fs";
 import type { Command } from "commander";
 import { MODEL_CONFIG_KEY_PREFIX, type ModelConfig, RATE_LIMITS_KEY, rateLimitsError } from "../../schemas/config.js";
 import { decodeToken, encodeToken } from "../../streams/tokens.js";
-import { validateModelConfig } from "../routing/config-check.js";
+import { validateModelConfig } from "../routing/mod.js";
 import { addNamespaceOptions, type NamespaceOptionValues, namespaceFlags } from "../shared/cli-options.js";
 import { registerAdapterConfigCommands } from "./config-adapters.js";
 import { registerAutoscaleCommands } from "./config-autoscale.js";

@@ -9,7 +9,7 @@ import { MODEL_CONFIG_KEY_PREFIX, POOL_KEY_PREFIX, readPoolConfig } from "../../
 import { streamName } from "../../streams/definitions.js";
 import { isStreamNotFound } from "../../streams/errors.js";
 import { decodeToken } from "../../streams/tokens.js";
-import { targetModels } from "../routing/semantic/rules.js";
+import { targetModels } from "../routing/mod.js";
 import type { Bucket, Nats } from "./config-bucket.js";
 
 /** The models the fleet knows, as `config set` reads them. */

@@ -5,7 +5,7 @@
  */
 import type { AutoscaleRecommendation, ScaleTarget } from "../../schemas/autoscale.js";
 import type { ServerClock } from "../gateway/server-clock.js";
-import type { FleetQueues } from "../routing/flow/fleet.js";
+import type { FleetQueues } from "../routing/mod.js";
 import type { Logger } from "../shared/log.js";
 import type { GatewayState } from "../views/gateway-state.js";
 import type { GatewayAcks } from "./acks.js";

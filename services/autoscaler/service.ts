@@ -20,7 +20,7 @@ import { isStreamNotFound } from "../../streams/errors.js";
 import { STREAM_EVENT_TYPES } from "../../streams/event-types.js";
 import { Subjects } from "../../streams/subjects.js";
 import { decodeToken } from "../../streams/tokens.js";
-import { FleetQueues, parseSummary } from "../routing/flow/fleet.js";
+import { FleetQueues, parseSummary } from "../routing/mod.js";
 import { StreamFollower } from "../shared/follower.js";
 import { kvLeaseStore } from "../shared/kv-lease.js";
 import { LeaderElector } from "../shared/leader.js";

@@ -9,7 +9,7 @@
  * probes and Prometheus carry no bearer token, and they reveal nothing a client could use.
  */
 import http from "node:http";
-import { openAIError } from "../routing/errors.js";
+import { openAIError } from "../routing/mod.js";
 import type { Logger } from "../shared/log.js";
 import { type ApiKeyView, authFailureMessage } from "./auth.js";
 

@@ -3,7 +3,7 @@ import { addNamespaceOptions, applyDlqPayloads, dlqPayloadsOption, intOption, mo
 import { createLogger } from "../shared/log.js";
 import { DEFAULT_ADMIN_PORT, DEFAULT_EXTPROC_PORT, GATEWAY_DEFAULTS as D, GatewayConfigError, MAX_FOLD_PACE_MS, MAX_RELEASE_BATCH_MS } from "./config.js";
 import { startGateway } from "./gateway.js";
-import { strategyNames } from "../routing/strategies/registry.js";
+import { strategyNames } from "../routing/mod.js";
 import { TokenizerFilesError } from "../tokenizer/hf-tokenizer.js";
 import type { TokenizerSetting } from "../tokenizer/prompt-tokens.js";
 import type { AuthMode } from "./auth.js";

@@ -6,7 +6,7 @@
 import type { EventType } from "../../schemas/events.js";
 import type { Namespace } from "../../streams/pools.js";
 import type { ExtProcConnectionStats } from "../extproc/reset-budget.js";
-import type { Director } from "../routing/director.js";
+import type { Director } from "../routing/mod.js";
 import type { StreamFollower } from "../shared/follower.js";
 import { tokenLoad } from "../views/charge-ledger.js";
 import type { GatewayState } from "../views/gateway-state.js";

@@ -9,7 +9,7 @@
  * finish (at most CALL_LIMIT_MS) so that its vectors fill the cache for the next request.
  */
 import { createHash } from "node:crypto";
-import type { EmbeddingSource } from "../routing/director.js";
+import type { EmbeddingSource } from "../routing/mod.js";
 import { discardBody, readBodyCapped } from "../shared/http-body.js";
 import type { PodInfo } from "../views/pod-set.js";
 

@@ -14,13 +14,10 @@
  * replaces any client-sent `user` header, for the router and for the upstream request; a key
  * with a `cacheSalt` puts the request under that salt (the body Envoy forwards carries it).
  */
-import { randomUUID } from "node:crypto";
 import type * as grpc from "@grpc/grpc-js";
 import { type AuthFailureReason, type AuthResult, authFailureMessage } from "./auth.js";
-import { openAIError, RouteError, routeErrorBody } from "../routing/errors.js";
-import type { FinishInfo, RoutedRequest, RouteInput } from "../routing/director.js";
+import { openAIError, RouteError, routeErrorBody, type FinishInfo, type RoutedRequest, type RouteInput, ROUTED_PATHS } from "../routing/mod.js";
 import type { ReleaseOutcome } from "../../schemas/events.js";
-import { ROUTED_PATHS } from "../routing/request-body.js";
 import { ResponseTracker } from "./response-tracker.js";
 import { normaliseUpstreamError } from "./upstream-error.js";
 import type { HeaderMutation, HeaderValueOption, ProcessingRequest, ProcessingResponse, ProtoStruct } from "../extproc/types.js";
@@ -38,6 +35,7 @@ import {
   toProtoStruct,
 } from "../extproc/wire.js";
 import { preEncoded } from "../extproc/protos.js";
+import { DEFAULT_PD_WATCHDOG, DecodeGuard, type PdWatchdog } from "./pd-decode-guard.js";
 import type { Logger } from "../shared/log.js";
 import { modelsVisibleTo } from "../views/api-keys.js";
 
@@ -57,17 +55,19 @@ export interface RequestRouter {
   abortDecode?(r: RoutedRequest): void;
 }
 
-/** Decode watchdog of disaggregated requests (AIBrix's defaults: 60 s to the first chunk, 120 s between chunks). */
-export interface PdWatchdog {
-  firstChunkMs: number;
-  idleMs: number;
-  /** After the engine was told to stop mid-stream: how long its stream may take to end before the gateway resets it. */
-  graceMs?: number;
-}
+export { DEFAULT_PD_WATCHDOG, type PdWatchdog } from "./pd-decode-guard.js";
 /** Largest buffered request body the adapter accepts unless told otherwise (bytes); Envoy's client buffer limit must be at least this. */
 export const DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024;
 
-export const DEFAULT_PD_WATCHDOG: Readonly<PdWatchdog> = { firstChunkMs: 60_000, idleMs: 120_000, graceMs: 1_000 };
+/**
+ * Where one Envoy stream is, as one value (not a flag per fact): `start` until the request headers
+ * passed (authentication included), `body` while the body is buffered, `routing` while the request
+ * path runs, `routed` once Envoy was told where it goes, `response` once the response started
+ * (an error can then only travel in the body), and `ended` / `cancelled` when the stream is over
+ * (a routing result arriving later is released at once).
+ */
+export const ExchangePhase = { start: "start", body: "body", routing: "routing", routed: "routed", response: "response", ended: "ended", cancelled: "cancelled" } as const;
+export type ExchangePhase = (typeof ExchangePhase)[keyof typeof ExchangePhase];
 
 export interface ExtProcHandlerOptions {
   router: RequestRouter;
@@ -102,11 +102,6 @@ export interface ExtProcHandlerOptions {
   destinationFallbacks?: number;
   /** The proxy reported (`x-gateway-destination-endpoint-served`) that an endpoint other than the chosen one served the request. */
   servedElsewhere?: (routed: RoutedRequest, served: string) => void;
-  /**
-   * InferenceModelRewrite (docs/inference-pool.md): the model a request for `model` is sent for
-   * instead, chosen per request id; absent or `active()` false: no rewriting (and no body parse).
-   */
-  modelRewrites?: { active(): boolean; rewrite(model: string, requestId: string): { model: string } | undefined };
   /** Bearer API-key authentication (`--auth required`); absent: every request is let through. */
   auth?: {
     /** Checks the `authorization` header value (never logged). */
@@ -222,11 +217,9 @@ class Exchange {
   private routed: RoutedRequest | undefined;
   private status = 0;
   private tracker: ResponseTracker | undefined;
+  private phase: ExchangePhase = ExchangePhase.start;
+  /** The response is an upstream error being collected and answered OpenAI-shaped at its end. */
   private normalising = false;
-  /** The stream is over (Envoy ended or cancelled it): a routing result arriving later is released at once. */
-  private over = false;
-  /** Set by a request-headers phase that passed authentication (`auth` only). */
-  private authenticated = false;
   /** Flow control: the objective the request's API key carries (`auth` only). */
   private keyObjective: string | undefined;
   /** The authenticated key's cache salt: the request runs under it (tenant isolation). */
@@ -235,21 +228,16 @@ class Exchange {
   private keyClass: string | undefined;
   private keyModels: readonly string[] | undefined;
   private readonly errorBody: Buffer[] = [];
-  /** The client's body with its model rewritten (InferenceModelRewrite): what the engine gets. */
-  private rewrittenBody: Buffer | undefined;
   private errorBytes = 0;
   /**
    * Aborted when the stream is over: work for this request (a P/D prefill leg, a request held by
    * flow control) stops. Made only when routing asks for the signal (most requests never do).
    */
   private goneCtl: AbortController | undefined;
-  private cancelled = false;
-  /** Response headers reached the gateway (from then on an error can only travel in the body). */
-  private responseStarted = false;
-  private responseIsSse = false;
-  /** P/D: the error that ended the decode after its response had started (sent as a last SSE event). */
-  private pdError: RouteError | undefined;
-  private watchdog: NodeJS.Timeout | undefined;
+  /** The response is a server-sent event stream. */
+  private sse = false;
+  /** P/D: the decode watchdog and the gateway's error in the stream (pd-decode-guard.ts). */
+  private guard: DecodeGuard | undefined;
 
   constructor(
     private readonly call: Stream,
@@ -257,6 +245,16 @@ class Exchange {
   ) {
     this.opts = shared.opts;
     this.router = shared.opts.router;
+  }
+
+  /** The stream is over (Envoy ended or cancelled it). */
+  private get over(): boolean {
+    return this.phase === ExchangePhase.ended || this.phase === ExchangePhase.cancelled;
+  }
+
+  /** Moves to `next` unless the stream is already over. */
+  private enter(next: ExchangePhase): void {
+    if (!this.over) this.phase = next;
   }
 
   attach() {
@@ -276,15 +274,14 @@ class Exchange {
       // emits "cancelled" after clean closes too, so neither event alone tells them apart:
       // decide one tick later, when `call.cancelled` is settled. The release happens once either way.
       setImmediate(() => {
-        this.over = true;
+        this.enter(ExchangePhase.ended);
         const ended = this.status >= 400 ? "error" : this.status && !call.cancelled ? "completed" : "cancelled";
         this.finish(ended);
         if (!call.cancelled) call.end();
       });
     });
     const cancelled = () => {
-      this.over = true;
-      this.cancelled = true;
+      this.phase = ExchangePhase.cancelled;
       this.goneCtl?.abort(STREAM_GONE);
       this.finish("cancelled");
     };
@@ -318,18 +315,13 @@ class Exchange {
   private goneSignal(): AbortSignal {
     if (!this.goneCtl) {
       this.goneCtl = new AbortController();
-      if (this.cancelled) this.goneCtl.abort(STREAM_GONE);
+      if (this.phase === ExchangePhase.cancelled) this.goneCtl.abort(STREAM_GONE);
     }
     return this.goneCtl.signal;
   }
 
-  private stopWatchdog() {
-    if (this.watchdog) clearTimeout(this.watchdog);
-    this.watchdog = undefined;
-  }
-
   private finish(outcome: "completed" | "error" | "cancelled") {
-    this.stopWatchdog();
+    this.guard?.stop();
     const routed = this.routed;
     if (!routed || routed.finished) return;
     const usage = this.endUsage();
@@ -368,7 +360,6 @@ class Exchange {
       if (!a.ok) return this.refuseAuth(a.reason);
       // The key says who this is: a client-sent `user` header cannot borrow another user's quota.
       headers[USER_HEADER] = a.user;
-      this.authenticated = true;
       this.keyObjective = a.objective;
       this.tenantSalt = a.cacheSalt;
       this.keyClass = a.keyClass;
@@ -384,6 +375,7 @@ class Exchange {
       }
       return this.reject(new RouteError("unsupportedPath", `${headers[Headers.method] ?? ""} ${headers[Headers.path] ?? ""} has no body to route on`));
     }
+    this.enter(ExchangePhase.body);
     this.send(mutation === this.shared.requestHeadersMutation ? this.shared.replies.requestHeaders : { request_headers: { response: { status: "CONTINUE", header_mutation: mutation, clear_route_cache: true } } });
   }
 
@@ -395,7 +387,7 @@ class Exchange {
       if (this.bodyBytes <= maxBody) this.bodyParts.push(Buffer.isBuffer(chunk) ? chunk : Buffer.from(chunk));
     }
     // A stream that skipped the request-headers phase (a proxy set to SKIP it) never showed a key.
-    if (this.opts.auth && !this.authenticated) return this.refuseAuth("missing");
+    if (this.opts.auth && this.phase === ExchangePhase.start) return this.refuseAuth("missing");
     if (!endOfStream) return this.send(this.shared.replies.requestBodyContinue);
     if (this.bodyBytes > maxBody) return this.reject(new RouteError("bodyTooLarge", `request body exceeds ${maxBody} bytes`));
     const headers = this.headers;
@@ -404,12 +396,9 @@ class Exchange {
       return this.reject(new RouteError("unsupportedPath", `${(headers[Headers.method] ?? "").slice(0, 16)} ${path.slice(0, 128)} is not routed; routed paths: ${ROUTED_PATHS.join(", ")}, and GET /v1/models`));
     }
     if (!this.opts.isReady()) return this.reject(new RouteError("notReady", "gateway is catching up with the streams; retry shortly"));
-    let body = this.bodyParts.length === 1 ? (this.bodyParts[0] as Buffer) : Buffer.concat(this.bodyParts);
+    const body = this.bodyParts.length === 1 ? (this.bodyParts[0] as Buffer) : Buffer.concat(this.bodyParts);
     this.bodyParts = [];
-    if (this.opts.modelRewrites?.active()) {
-      this.rewrittenBody = rewriteModelInBody(body, headers[Headers.requestId] || randomUUID(), this.opts.modelRewrites);
-      body = this.rewrittenBody ?? body;
-    }
+    this.enter(ExchangePhase.routing);
     let result: RoutedRequest | Promise<RoutedRequest>;
     try {
       const exchange = this;
@@ -426,7 +415,7 @@ class Exchange {
         ...(this.keyModels ? { keyModels: this.keyModels } : {}),
       });
     } catch (err) {
-      return this.routeFailed(err, body);
+      return this.routeFailed(err);
     }
     if (result instanceof Promise) {
       result.then(
@@ -437,7 +426,7 @@ class Exchange {
           if (this.call.cancelled || this.over) return this.finish("cancelled");
           this.replyRouted(r);
         },
-        (err) => this.routeFailed(err, body),
+        (err) => this.routeFailed(err),
       );
       return;
     }
@@ -445,11 +434,12 @@ class Exchange {
     this.replyRouted(result);
   }
 
-  private routeFailed(err: unknown, body: Buffer) {
+  private routeFailed(err: unknown) {
     // The client left while the request was being worked on: nobody to answer.
     if (this.over || this.call.cancelled) return;
     if (err instanceof RouteError && err.afterRouting) return this.send(immediate(err.status, routeErrorBody(err), err.headers));
-    if (err instanceof RouteError) return this.reject(err, safeModel(body));
+    // The refusal names the model the request path parsed (the body is not parsed again here).
+    if (err instanceof RouteError) return this.reject(err, err.refusal?.model);
     this.opts.log.error({ err }, "routing failed");
     this.reject(new RouteError("internal", "internal routing error"));
   }
@@ -469,8 +459,8 @@ class Exchange {
       }
     }
     const set = [...target.headers, setHeader(Headers.requestId, routed.requestId)];
-    // The gateway's body goes out instead of the client's: a tenant's cache salt, P/D's decode leg (transfer params or bootstrap fields), a rewritten model.
-    const upstream = routed.body ?? this.rewrittenBody;
+    // The gateway's body goes out instead of the client's: a tenant's cache salt, a rewritten model, a semantic action, P/D's decode leg.
+    const upstream = routed.body;
     if (upstream) set.push(setHeader(Headers.contentLength, String(upstream.length)));
     this.send({
       request_body: {
@@ -483,48 +473,22 @@ class Exchange {
       },
       dynamic_metadata: target.metadata,
     });
+    this.enter(ExchangePhase.routed);
     if (routed.pd) {
-      routed.pd.onFailure = (err) => this.endDecode(routed, err);
+      const guard = new DecodeGuard(routed, {
+        watchdog: this.shared.watchdog,
+        over: () => this.over,
+        responseStarted: () => this.phase === ExchangePhase.response,
+        immediate: (err) => this.send(immediate(err.status, routeErrorBody(err), err.headers)),
+        fail: (r, err) => void this.router.finish(r, "error", { status: err.status, errorCode: err.code }),
+        abortDecode: (r) => this.router.abortDecode?.(r),
+      });
+      this.guard = guard;
+      routed.pd.onFailure = (err) => guard.end(err);
       // The prefill may have failed before Envoy was even told where decode goes.
-      if (routed.pd.failure) return this.endDecode(routed, routed.pd.failure);
-      // Streams only: a non-streamed answer arrives whole at the end, however long it generates.
-      if (routed.stream) this.armWatchdog(routed, this.shared.watchdog.firstChunkMs, "no first chunk");
+      if (routed.pd.failure) return guard.end(routed.pd.failure);
+      guard.routed();
     }
-  }
-
-  private armWatchdog(r: RoutedRequest, ms: number, what: string) {
-    this.stopWatchdog();
-    this.watchdog = setTimeout(() => {
-      this.watchdog = undefined;
-      if (r.finished || this.over) return;
-      this.router.abortDecode?.(r);
-      this.endDecode(r, new RouteError("decodeTimeout", `decode on ${r.pod.pod}: ${what} within ${ms} ms`));
-    }, ms);
-    this.watchdog.unref?.();
-  }
-
-  /**
-   * Ends a disaggregated request from the gateway's side. Before response headers: an immediate
-   * OpenAI error (Envoy acts on one whenever it arrives). After: the error goes out as a last SSE
-   * event when the engine ends its stream, or the stream is reset after a grace period.
-   */
-  private endDecode(r: RoutedRequest, err: RouteError) {
-    if (r.finished || this.over) return;
-    if (!this.responseStarted) {
-      this.stopWatchdog();
-      this.send(immediate(err.status, routeErrorBody(err), err.headers));
-      this.router.finish(r, "error", { status: err.status, errorCode: err.code });
-      return;
-    }
-    this.pdError ??= err;
-    this.stopWatchdog();
-    this.watchdog = setTimeout(() => {
-      this.watchdog = undefined;
-      if (r.finished || this.over) return;
-      this.send(immediate(err.status, routeErrorBody(err), err.headers));
-      this.router.finish(r, "error", { status: err.status, errorCode: err.code });
-    }, this.shared.watchdog.graceMs ?? 1_000);
-    this.watchdog.unref?.();
   }
 
   private onResponseHeaders(req: ProcessingRequest) {
@@ -533,8 +497,8 @@ class Exchange {
     const served = servedEndpoint(req);
     if (routed && served !== undefined && served !== routed.pod.address) this.opts.servedElsewhere?.(routed, served);
     this.status = Number.parseInt(h[Headers.status] ?? "0", 10) || 0;
-    this.responseStarted = true;
-    this.responseIsSse = (h[Headers.contentType] ?? "").includes("text/event-stream");
+    this.enter(ExchangePhase.response);
+    this.sse = (h[Headers.contentType] ?? "").includes("text/event-stream");
     this.tracker = new ResponseTracker(h[Headers.contentType]);
     const expose = this.opts.exposePodAddresses === true;
     const target = routed ? this.shared.targets.of(routed.pod.address, routed.strategy) : undefined;
@@ -561,25 +525,23 @@ class Exchange {
     const routed = this.routed;
     if (routed && routed.firstChunkAt === undefined && b?.body?.length) this.router.firstToken(routed);
     if (b?.body?.length) this.tracker?.push(b.body);
-    if (routed?.pd && routed.stream && !this.pdError && !b?.end_of_stream && b?.body?.length) this.armWatchdog(routed, this.shared.watchdog.idleMs, "no next chunk");
-    if (this.pdError && !this.normalising && this.responseIsSse) {
-      // The decode was ended by the gateway: its stream closes with the reason as an SSE
-      // event, before the `[DONE]` the aborted engine sends (clients stop reading there).
-      const text = Buffer.from(b?.body ?? []).toString("utf8").replaceAll("data: [DONE]\n\n", "");
-      const tail = b?.end_of_stream ? `data: ${JSON.stringify(routeErrorBody(this.pdError))}\n\ndata: [DONE]\n\n` : "";
-      this.send({ response_body: { response: { status: "CONTINUE", body_mutation: { body: Buffer.from(text + tail) } } } });
+    const guard = this.guard;
+    guard?.chunk(b?.end_of_stream === true, b?.body?.length ?? 0);
+    const pdError = guard?.error;
+    if (guard && pdError && !this.normalising && this.sse) {
+      // The decode was ended by the gateway: its stream closes with the reason as an SSE event.
+      this.send(guard.splice(b?.body, b?.end_of_stream === true) as ProcessingResponse);
       if (b?.end_of_stream) {
-        this.status = this.pdError.status;
-        if (routed && !routed.finished) this.router.finish(routed, "error", { status: this.pdError.status, errorCode: this.pdError.code, ...this.endUsage() });
-        this.stopWatchdog();
+        this.status = pdError.status;
+        if (routed && !routed.finished) this.router.finish(routed, "error", { status: pdError.status, errorCode: pdError.code, ...this.endUsage() });
       }
       return;
     }
-    if (this.pdError && b?.end_of_stream && routed && !routed.finished) {
+    if (guard && pdError && b?.end_of_stream && routed && !routed.finished) {
       // A non-streamed answer that ended after the gateway gave up on it: recorded as the gateway's error.
-      this.status = this.pdError.status;
-      this.router.finish(routed, "error", { status: this.pdError.status, errorCode: this.pdError.code, ...this.endUsage() });
-      this.stopWatchdog();
+      this.status = pdError.status;
+      this.router.finish(routed, "error", { status: pdError.status, errorCode: pdError.code, ...this.endUsage() });
+      guard.stop();
     }
     if (this.normalising) {
       if (b?.body?.length && this.errorBytes < 65_536) {
@@ -602,29 +564,4 @@ function servedEndpoint(req: ProcessingRequest): string | undefined {
   if (!ns) return undefined;
   const v = fromProtoStruct(ns)[SERVED_ENDPOINT_KEY];
   return typeof v === "string" && v.length <= 300 ? v.trim() : undefined;
-}
-
-/** The body with its `model` replaced when a rewrite applies to it; undefined otherwise (or when it is not a JSON object). */
-function rewriteModelInBody(body: Buffer, requestId: string, rw: NonNullable<ExtProcHandlerOptions["modelRewrites"]>): Buffer | undefined {
-  let parsed: unknown;
-  try {
-    parsed = JSON.parse(body.toString("utf8"));
-  } catch {
-    return undefined;
-  }
-  if (typeof parsed !== "object" || parsed === null || Array.isArray(parsed)) return undefined;
-  const model = (parsed as { model?: unknown }).model;
-  if (typeof model !== "string") return undefined;
-  const to = rw.rewrite(model, requestId);
-  if (!to || to.model === model) return undefined;
-  return Buffer.from(JSON.stringify({ ...(parsed as object), model: to.model }));
-}
-
-function safeModel(body: Buffer): string | undefined {
-  try {
-    const m = (JSON.parse(body.toString("utf8")) as { model?: unknown }).model;
-    return typeof m === "string" ? m : undefined;
-  } catch {
-    return undefined;
-  }
 }

@@ -12,8 +12,7 @@
  */
 import type { NatsConnection, Subscription } from "@nats-io/nats-core";
 import type { Subjects } from "../../streams/subjects.js";
-import { type FleetQueues, type SummaryRefusal, summaryOf } from "../routing/flow/fleet.js";
-import type { FlowController } from "../routing/flow/controller.js";
+import { type FleetQueues, type SummaryRefusal, summaryOf, type FlowController } from "../routing/mod.js";
 import type { DeadLetter } from "../shared/dead-letter.js";
 import type { Logger } from "../shared/log.js";
 import { LogRate } from "../shared/log-rate.js";

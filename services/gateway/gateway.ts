@@ -19,12 +19,8 @@ import { GatewayState } from "../views/gateway-state.js";
 import type { PrefixIndex } from "../views/prefix-index.js";
 import type { TokenizerSetting } from "../tokenizer/prompt-tokens.js";
 import { type AdminServer, adminAuthorizer, startAdminServer } from "./admin-server.js";
-import { Director, type DirectorOptions, type GatewayViews } from "../routing/director.js";
-import { explain } from "../routing/explain.js";
-import { RouteError } from "../routing/errors.js";
-import { validateModelConfig } from "../routing/config-check.js";
+import { Director, type DirectorOptions, type GatewayViews, explain, RouteError, validateModelConfig, configureSessionSigning, DEFAULT_SUMMARY_INTERVAL_MS, FleetQueues } from "../routing/mod.js";
 import { EmbeddingClient } from "./embeddings.js";
-import { configureSessionSigning } from "../routing/strategies/session-affinity.js";
 import { createExtProcHandler, DEFAULT_PD_WATCHDOG, type ExtProcHandlerOptions } from "./extproc-server.js";
 import { PdHttpClient } from "./pd-client.js";
 import { GatewayMetrics, type GatewayMetricsSources } from "./metrics.js";
@@ -41,7 +37,6 @@ import { createFollowers, type GatewayFollowers } from "./followers.js";
 import { GatewayPublishers } from "./publishers.js";
 import { debugStateOf } from "./debug-state.js";
 import { ExtProcListener, tlsCredentials } from "./extproc-listener.js";
-import { DEFAULT_SUMMARY_INTERVAL_MS, FleetQueues } from "../routing/flow/fleet.js";
 import { FlowSummaries } from "./flow-summaries.js";
 
 /** A gateway's configuration (config.ts: the schema with every default) and its runtime parts. */
@@ -277,12 +272,15 @@ function routingCoreOf(o: {
     flow: { fleet: o.fleet, limits: { maxHeldBytes: config.flowMaxHeldBytes, maxHeldRequests: config.flowMaxHeld }, hooks: { outcome: (band, outcome, waitMs) => o.metrics().flowOutcome(band, outcome, waitMs), yielded: (band) => o.metrics().flowYield(band) } },
     // Virtual models' similarity signals: the embedding model's pods, found in the fold like any model's.
     embeddings: new EmbeddingClient({ readyPods: (m) => state.pods.readyPods(m), observe: (e) => o.metrics().semanticEmbedding(e), ...(config.engineApiKey ? { engineApiKey: config.engineApiKey } : {}) }),
+    // InferenceModelRewrites (docs/inference-pool.md): the pools' rules, each scoped to its pool's models by the view.
+    modelRewrites: { active: () => state.poolPolicies.hasRewrites, rewrite: (model, id) => state.poolPolicies.rewrite(model, id, state.pods) },
+    onStage: (stage, seconds) => o.metrics().stage(stage, seconds),
   });
   // Strict commits are chosen per model (its config's `consistency`, else `--consistency`), so the
   // committer exists whenever charges are shared; `off` follows no peer and has nothing to commit against.
   const strict =
     consistency !== "off"
-      ? new StrictCommitter({ js: o.js, subjects: o.subjects, director, cursor: o.cursors, onFallback: (err) => o.log.warn({ err }, "strict charge commit failed; published without compare-and-set") })
+      ? new StrictCommitter({ js: o.js, subjects: o.subjects, cursor: o.cursors, onFallback: (err) => o.log.warn({ err }, "strict charge commit failed; published without compare-and-set") })
       : undefined;
   if (strict) director.useStrictCommitter(strict);
   return { director, strict };
@@ -423,7 +421,6 @@ function extProcOptionsOf(config: GatewayConfig, views: GatewayViews & Pick<Gate
     exposePodAddresses: config.exposePodAddresses,
     destinationFallbacks: config.destinationFallbacks,
     servedElsewhere: () => metrics.servedElsewhere(),
-    modelRewrites: { active: () => views.poolPolicies.hasRewrites, rewrite: (model, id) => views.poolPolicies.rewrite(model, id) },
     ...(config.engineApiKey ? { engineApiKey: config.engineApiKey } : {}),
   };
 }

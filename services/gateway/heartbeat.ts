@@ -12,7 +12,7 @@
  * only once they hold every part of the beat (services/views/charge-ledger.ts).
  */
 import type { GatewayHeartbeat, OutstandingCharge } from "../../schemas/events.js";
-import type { RoutedRequest } from "../routing/request.js";
+import type { RoutedRequest } from "../routing/mod.js";
 
 export interface HeartbeatInput {
   gateway: string;

@@ -5,8 +5,7 @@
  */
 import client from "prom-client";
 import type { DecisionRecord } from "../../schemas/events.js";
-import { strategyLabel } from "../routing/strategies/registry.js";
-import { PredictionDrift } from "../routing/latency-drift.js";
+import { PredictionDrift, REQUEST_PATH, stagesOf, strategyLabel } from "../routing/mod.js";
 import { registerLoopProbe } from "./loop-probe.js";
 import type { LatencyRejections } from "../views/latency-model.js";
 
@@ -51,6 +50,8 @@ export class GatewayMetrics {
   readonly registry = new client.Registry();
   private readonly decisions: client.Counter<"strategy" | "outcome" | "status">;
   private readonly pickSeconds: client.Histogram<"strategy">;
+  /** Per stage of the request path: its histogram's child, bound once (the label set is the stage list). */
+  private readonly stageSeconds = new Map<string, client.Histogram.Internal<"stage">>();
   private readonly authFailures: client.Counter<"reason">;
   private readonly usageClampedTotal: client.Counter;
   private readonly servedElsewhereTotal: client.Counter;
@@ -74,6 +75,14 @@ export class GatewayMetrics {
       buckets: [0.00001, 0.00003, 0.0001, 0.0003, 0.001, 0.003, 0.01, 0.03],
       registers: [r],
     });
+    const stages = new client.Histogram({
+      name: "jetroute_gateway_stage_seconds",
+      help: "Time in each stage of the request path (services/routing/request-path.ts); the flow gate and admit include any hold",
+      labelNames: ["stage"],
+      buckets: [0.000005, 0.00002, 0.0001, 0.0005, 0.002, 0.01, 0.05, 0.25, 1, 5, 30],
+      registers: [r],
+    });
+    for (const s of stagesOf(REQUEST_PATH)) this.stageSeconds.set(s.name, stages.labels(s.name));
     this.authFailures = new client.Counter({
       name: "jetroute_gateway_auth_failures_total",
       help: "Requests refused with 401 (--auth required), by reason: missing, malformed, unknown, revoked",
@@ -144,6 +153,11 @@ export class GatewayMetrics {
 
   authFailure(reason: string): void {
     this.authFailures.inc({ reason });
+  }
+
+  /** A stage of the request path took `seconds` (a name outside the stage list is not counted). */
+  stage(name: string, seconds: number): void {
+    this.stageSeconds.get(name)?.observe(seconds);
   }
 
   pick(strategy: string, seconds: number): void {

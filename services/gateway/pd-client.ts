@@ -7,7 +7,7 @@
 import type { Readable } from "node:stream";
 import { Agent, errors } from "undici";
 import { declaredTooLarge } from "../shared/http-body.js";
-import { LegError, type LegAnswer, type LegClient } from "../routing/stages/pd-legs.js";
+import { LegError, type LegAnswer, type LegClient } from "../routing/mod.js";
 
 export interface PdClientOptions {
   /** Largest answer read (a prefill answer is one token plus the transfer params). */

@@ -10,9 +10,7 @@ import type { PrefixEntry } from "../tokenizer/prefix-ids.js";
 import { type BlockHash, chainBlocks, chainSeed, hashToHex } from "../views/block-hash.js";
 import type { GatewayState } from "../views/gateway-state.js";
 import type { PodInfo } from "../views/pod-set.js";
-import type { PrefixSupport, PromptBlocks } from "../routing/director.js";
-import { matchPrefix } from "../routing/stages/prefix-match.js";
-import type { PrefixMatchResult } from "../routing/stages/scheduling.js";
+import { type PrefixSupport, type PromptBlocks, matchPrefix, type PrefixMatchResult } from "../routing/mod.js";
 import type { Tokenizer } from "./tokenization.js";
 
 export interface PrefixSupportOptions {

@@ -6,9 +6,7 @@
  */
 import type { Namespace } from "../../streams/pools.js";
 import { Subjects } from "../../streams/subjects.js";
-import type { EventSink } from "../routing/director.js";
-import { publishDecision } from "../routing/decision-record.js";
-import type { RoutedRequest } from "../routing/request.js";
+import { type EventSink, publishDecision, type RoutedRequest } from "../routing/mod.js";
 import type { Logger } from "../shared/log.js";
 import type { NatsHandles } from "../shared/nats.js";
 import { Outbox, ReleaseBatcher } from "../shared/publish.js";

@@ -45,7 +45,7 @@ describe("strict commit - the cursor follows the server when a pod's charges lef
     const state = stateWithPods(1, SELF);
     const director = strictDirector(state);
     const cursors = new SubjectCursors();
-    const strict = new StrictCommitter({ js: env.nats.js, subjects, director, cursor: cursors });
+    const strict = new StrictCommitter({ js: env.nats.js, subjects, cursor: cursors });
     director.useStrictCommitter(strict);
     const input = (id: string): RouteInput => ({ headers: { "x-request-id": id }, body: chatBody(MODEL) });
     const subject = subjects.charges(MODEL, "p0");
@@ -113,7 +113,7 @@ describe("strict commit - the routed prefix goes out for the committed pod only"
     const tokenizer = { tokenize: () => Promise.reject(new Error("the prompt comes as token ids")) } as unknown as Tokenizer;
     const prefix = createPrefixSupport({ gatewayId: SELF, state, tokenizer, subjects, outbox });
     const director = strictDirector(state, { prefix });
-    const strict = new StrictCommitter({ js: env.nats.js, subjects, director, cursor });
+    const strict = new StrictCommitter({ js: env.nats.js, subjects, cursor });
     director.useStrictCommitter(strict);
 
     // The peer's charge on p1 is in our view; its two later charges on p0 are not yet: we pick p0

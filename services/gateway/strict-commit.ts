@@ -16,8 +16,7 @@ import { currentSubjectSequence } from "../../streams/errors.js";
 import type { Subjects } from "../../streams/subjects.js";
 import { encodeEvent } from "../shared/publish.js";
 import { afterLostRace, type SubjectCursor } from "./subject-cursor.js";
-import type { Director, Prepared, RoutedRequest, RouteInput } from "../routing/director.js";
-import type { Committer } from "../routing/stages/commit.js";
+import type { Committer, CommitPort, PlannedContext, RoutedRequest } from "../routing/mod.js";
 
 export interface StrictStats {
   committed: number;
@@ -31,7 +30,6 @@ export interface StrictStats {
 export interface StrictCommitOptions {
   js: JetStreamClient;
   subjects: Subjects;
-  director: Director;
   cursor: SubjectCursor;
   /** Re-selections after a lost race before falling back (default 6). */
   maxRetries?: number;
@@ -108,8 +106,8 @@ export class StrictCommitter implements Committer {
     return next;
   }
 
-  async commit(input: RouteInput, prepared: Prepared): Promise<RoutedRequest> {
-    const { director, subjects, cursor } = this.o;
+  async commit(ctx: PlannedContext, port: CommitPort): Promise<RoutedRequest> {
+    const { subjects, cursor } = this.o;
     // The rate limits admit a request once, at its first attempt; a lost race keeps its counts
     // (its slot must not go to another request meanwhile) and the retry carries them over.
     let lost: RoutedRequest | undefined;
@@ -117,13 +115,11 @@ export class StrictCommitter implements Committer {
       for (let attempt = 0; ; attempt++) {
         if (attempt > this.maxRetries) {
           this.stats.fallbacks++;
-          const r = director.charge(input, { prepared, ...(lost ? { carry: lost } : {}) });
-          director.committed(r);
+          const r = port.section(ctx, { publish: true, ...(lost ? { carry: lost } : {}) });
+          port.committed(r);
           return r;
         }
-        const r = lost
-          ? director.charge(input, { publish: false, prepared, carry: lost })
-          : await director.admit(input, prepared, () => director.charge(input, { publish: false, prepared }));
+        const r = lost ? port.section(ctx, { publish: false, carry: lost }) : await port.admit(ctx, () => port.section(ctx, { publish: false }));
         lost = undefined;
         const subject = subjects.charges(r.pod.model, r.pod.pod);
         const data = encodeEvent(r.charge);
@@ -139,8 +135,8 @@ export class StrictCommitter implements Committer {
           if ("error" in retried) {
             this.stats.fallbacks++;
             this.o.onFallback?.(retried.error ?? err);
-            director.publishCharge(r);
-            director.committed(r);
+            port.publishCharge(r);
+            port.committed(r);
             return r;
           }
           if ("ack" in retried) this.stats.committedAfterError++;
@@ -149,11 +145,11 @@ export class StrictCommitter implements Committer {
         if ("ack" in outcome) {
           cursor.note(subject, outcome.ack.seq);
           this.stats.committed++;
-          director.committed(r);
+          port.committed(r);
           return r;
         }
         this.stats.conflicts++;
-        director.retract(r, true);
+        port.retract(r, true);
         lost = r;
         const { expected, server } = outcome.lost;
         const move = afterLostRace({ expected, server, current: cursor.lastSeq(subject), serverPredatesView: cursor.predatesView(server) });
@@ -162,7 +158,7 @@ export class StrictCommitter implements Committer {
       }
     } catch (err) {
       // A retry that could not be routed (no ready pod any more, shutting down): not counted.
-      if (lost) director.uncount(lost);
+      if (lost) port.uncount(lost);
       throw err;
     }
   }

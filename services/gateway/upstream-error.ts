@@ -3,7 +3,7 @@
  * Engines differ (vLLM: integer `code` and its own `type` names; SGLang and proxies: plain text or
  * `{"detail": ...}`), and clients parse one shape. Pure.
  */
-import { errorType, type OpenAIErrorBody } from "../routing/errors.js";
+import { errorType, type OpenAIErrorBody } from "../routing/mod.js";
 
 const MAX_MESSAGE = 4_000;
 

@@ -13,7 +13,7 @@ import { streamName } from "../../streams/definitions.js";
 import { DEFAULT_POD_SOURCE_TIMEOUT_MS } from "../views/pod-set.js";
 import { addNamespaceOptions, intOption, namespaceFlags } from "../shared/cli-options.js";
 import { connectNats, type NatsHandles } from "../shared/nats.js";
-import { parseStrategy } from "../routing/strategies/registry.js";
+import { parseStrategy } from "../routing/mod.js";
 import { ReplayEngine } from "./engine.js";
 import { writeReportHtml } from "./report-html.js";
 import type { ReplayReport } from "./report-types.js";

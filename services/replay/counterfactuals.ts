@@ -14,10 +14,7 @@ import type { LoadReader, PodLoad } from "../views/load-view.js";
 import type { LatencyReader } from "../views/latency-model.js";
 import type { PodInfo, PodSetReader } from "../views/pod-set.js";
 import type { UsageReader } from "../views/usage-view.js";
-import { decisionRandom, type PrefixMatchResult, type SchedulingInput, schedule } from "../routing/stages/scheduling.js";
-import { parseStrategy } from "../routing/strategies/registry.js";
-import { chargeSeqOf } from "../routing/charge-id.js";
-import type { RoutingRequest, Strategy } from "../routing/strategies/types.js";
+import { decisionRandom, type PrefixMatchResult, type SchedulingInput, schedule, parseStrategy, chargeSeqOf, type RoutingRequest, type Strategy } from "../routing/mod.js";
 import type { RegretEntry, ReplayReport, StrategySummary, TimelinePoint } from "./report-types.js";
 
 /**

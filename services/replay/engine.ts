@@ -31,21 +31,14 @@ import { hexToHash } from "../views/block-hash.js";
 import { decodeBlockHashes } from "../views/packed-hashes.js";
 import type { PodLoad } from "../views/load-view.js";
 import type { PodInfo } from "../views/pod-set.js";
-import { RouteError } from "../routing/errors.js";
-import { matchPrefix } from "../routing/stages/prefix-match.js";
-import { type PrefixMatchResult, schedule } from "../routing/stages/scheduling.js";
-import { parseStrategy, strategyTraits } from "../routing/strategies/registry.js";
-import { chargeSeqOf, isPrefillLegCharge } from "../routing/charge-id.js";
-import type { RoutingRequest } from "../routing/strategies/types.js";
+import { RouteError, matchPrefix, type PrefixMatchResult, schedule, parseStrategy, strategyTraits, chargeSeqOf, isPrefillLegCharge, type RoutingRequest, validateModelConfig, featureVector, latencyFeaturesOf, inputsOfRecord } from "../routing/mod.js";
 import type { FidelityExample, ReplayReport } from "./report-types.js";
 import { type TraceRequest, ttftHistogram } from "./whatif.js";
-import { validateModelConfig } from "../routing/config-check.js";
 import { type Buffered, bufferedOf, Log, type ReplayMessage, type ReplayStream } from "./message-log.js";
 import { Counterfactuals, DecisionDraws } from "./counterfactuals.js";
 import { LatencyModel, UNCLASSED } from "../views/latency-model.js";
 import { PredictionError } from "./prediction-error.js";
 import { MinHeap } from "../shared/min-heap.js";
-import { featureVector, latencyFeaturesOf } from "../routing/strategies/predicted-latency.js";
 
 export type { ReplayMessage, ReplayStream } from "./message-log.js";
 
@@ -167,6 +160,7 @@ export class ReplayEngine {
     eventsSkipped: {} as Record<string, number>,
     reproduced: 0,
     residuals: {} as Record<string, number>,
+    rewrites: { evaluated: 0, reproduced: 0 },
   };
   private readonly warnings = new Set<string>();
   /** Arrival trace for the what-if simulation, and the largest fleet seen per model. */
@@ -624,13 +618,20 @@ export class ReplayEngine {
     }
     this.counts.evaluated++;
 
+    // The decision's inputs beyond the views, as the record keeps them (routing's decision-inputs.ts).
+    const inputs = inputsOfRecord(d);
     const request: RoutingRequest = {
       model: d.model,
       requestId: d.id,
       promptTokens: d.routedPromptTokens ?? d.promptTokens ?? 0,
       ...(d.user ? { user: d.user } : {}),
-      ...(d.session ? { session: d.session } : {}),
+      ...(inputs.session ? { session: inputs.session } : {}),
     };
+    // A model rewrite: the pools' rules as of this decision's config cursor choose the same target.
+    if (inputs.rewrite) {
+      this.counts.rewrites.evaluated++;
+      if (r.state.poolPolicies.rewrite(inputs.rewrite.from, d.id, r.state.pods)?.model === d.model) this.counts.rewrites.reproduced++;
+    }
     const hashes = d.blocks ? safeDecode(d.blocks.hashes) : undefined;
     let match: PrefixMatchResult | undefined;
     let matchedFor: readonly PodInfo[] | undefined;
@@ -648,16 +649,16 @@ export class ReplayEngine {
     const draws = new DecisionDraws(d);
     // Fidelity: the recorded strategy on the recorded views.
     try {
-      const recorded = parseStrategy(d.strategy, d.strategyParams);
+      const recorded = parseStrategy(d.strategy, inputs.strategyParams);
       const s = schedule({
         request,
-        ...(d.subset ? { subset: d.subset } : {}),
+        ...(inputs.subset ? { subset: inputs.subset } : {}),
         now: d.ts,
-        ...(d.slo ? { slo: d.slo } : {}),
+        ...(inputs.slo ? { slo: inputs.slo } : {}),
         views: r.state,
         strategy: recorded,
         random: draws.reader(),
-        ...(d.rank ? { rank: d.rank } : {}),
+        ...(inputs.rank ? { rank: inputs.rank } : {}),
         ...(recorded.needs?.promptTokenIds && prefix ? { prefix } : {}),
       });
       if (s.pick.pod.pod === d.pick) this.counts.reproduced++;
@@ -825,6 +826,7 @@ export class ReplayEngine {
         ratio: fidelityEvaluated > 0 ? this.counts.reproduced / fidelityEvaluated : 1,
         residuals: this.counts.residuals,
         ...(this.examples.length > 0 ? { examples: this.examples } : {}),
+        ...(this.counts.rewrites.evaluated > 0 ? { rewrites: this.counts.rewrites } : {}),
       },
       strategies,
       timeline,

@@ -6,7 +6,7 @@
 import { checkEvent } from "../../schemas/validate.js";
 import type { EventType } from "../../schemas/events.js";
 import type { StateEvent, StateStream } from "../views/gateway-state.js";
-import { chargeSeqOf } from "../routing/charge-id.js";
+import { chargeSeqOf } from "../routing/mod.js";
 import { STREAM_EVENT_TYPES } from "../../streams/event-types.js";
 
 export type ReplayStream = StateStream | "decisions";

@@ -124,6 +124,8 @@ export interface ReplayReport {
      * report: the recorded pick and scores beside the re-decided ones.
      */
     examples?: FidelityExample[];
+    /** Model rewrites (InferenceModelRewrite) re-decided from the pool policies at the record's config cursor, and how many chose the recorded model. */
+    rewrites?: { evaluated: number; reproduced: number };
   };
   /** `recorded` first, then each counterfactual strategy in the order asked. */
   strategies: StrategySummary[];

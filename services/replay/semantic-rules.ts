@@ -6,10 +6,7 @@
  * keywords, another pattern, other examples) — is named, and reads false. Pure.
  */
 import type { DecisionRecord } from "../../schemas/events.js";
-import { validateModelConfig } from "../routing/config-check.js";
-import { decide } from "../routing/stages/semantic.js";
-import { type CompiledRules, compileRules } from "../routing/semantic/rules.js";
-import { applyGroups, judgeRecorded } from "../routing/semantic/signals.js";
+import { validateModelConfig, decide, type CompiledRules, compileRules, applyGroups, judgeRecorded } from "../routing/mod.js";
 import type { ModelConfig } from "../../schemas/config.js";
 
 /** A rules file: virtual model name -> its model config (with `semantic`). */

@@ -6,7 +6,7 @@ import type { LoadSample } from "../../schemas/events.js";
 import type { EngineConfig, EngineObserver, EngineSnapshot } from "../sim/engine.js";
 import { SimEngine } from "../sim/engine.js";
 import { engineHashSeed, type KvCacheEvent } from "../sim/kv-cache.js";
-import type { PrefixMatchInfo } from "../routing/strategies/types.js";
+import type { PrefixMatchInfo } from "../routing/mod.js";
 import type { PodInfo } from "../views/pod-set.js";
 import type { VirtualClock } from "./virtual-clock.js";
 import { decodeRouterHash, HASH_TOKENS } from "./sim-prompts.js";

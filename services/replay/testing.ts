@@ -11,15 +11,12 @@
 import { MinHeap } from "../shared/min-heap.js";
 import type { DecisionRecord, EngineLoadFields, EventType, GatewayHeartbeat, LoadSample, PodEvent, } from "../../schemas/events.js";
 import { checkEvent } from "../../schemas/validate.js";
-import { Director, type RoutedRequest } from "../routing/director.js";
-import { RouteError } from "../routing/errors.js";
-import { chargeIdOf, chargeSeqOf } from "../routing/charge-id.js";
+import { Director, type RoutedRequest, RouteError, chargeIdOf, chargeSeqOf, validateModelConfig } from "../routing/mod.js";
 import { GatewayState, type StateEvent } from "../views/gateway-state.js";
 import { type ReplayMessage, type ReplayOptions, type ReplayStream, ReplayEngine } from "./engine.js";
 import { sample } from "../routing/strategies/testing.js";
 import { mulberry32 } from "../shared/seeded-random.js";
 import type { ReplayReport } from "./report-types.js";
-import { validateModelConfig } from "../routing/config-check.js";
 import { STATE_STREAM_TYPES } from "./message-log.js";
 
 export const MODEL = "org/model";

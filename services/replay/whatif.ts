@@ -29,8 +29,7 @@
  */
 import { mulberry32 } from "../shared/seeded-random.js";
 import type { EngineConfig } from "../sim/engine.js";
-import { parseStrategy } from "../routing/strategies/registry.js";
-import type { RoutingContext, Strategy } from "../routing/strategies/types.js";
+import { parseStrategy, type RoutingContext, type Strategy, featureVector, latencyFeaturesOf } from "../routing/mod.js";
 import { ChargeLedger, type LedgerReader } from "../views/charge-ledger.js";
 import { type LoadReader, LoadView } from "../views/load-view.js";
 import type { PodInfo, PodSetReader } from "../views/pod-set.js";
@@ -40,7 +39,6 @@ import { finiteInt, highTokens, parseHashes, promptTokens } from "./sim-prompts.
 import type { Histogram, SimulationSummary } from "./report-types.js";
 import { VirtualClock } from "./virtual-clock.js";
 import { LatencyModel } from "../views/latency-model.js";
-import { featureVector, latencyFeaturesOf } from "../routing/strategies/predicted-latency.js";
 
 export interface TraceRequest {
   requestId: string;

@@ -7,22 +7,18 @@ import { DECISION_MAX_BLOCKS, DECISION_RECORD_VERSION, type ChargeEvent, type De
 import { encodeBlockHashes } from "../views/packed-hashes.js";
 import { ErrorCodes, type RouteError } from "./errors.js";
 import type { FinishInfo, PdRouted, RoutedRequest } from "./request.js";
-import { isModelName } from "./request-body.js";
-import { MAX_REQUEST_ID_LENGTH } from "./stages/parse.js";
+import { isModelName, MAX_REQUEST_ID_LENGTH } from "./request-body.js";
 import { findStrategy } from "./strategies/registry.js";
-import { type SemanticTag, semanticOfError } from "./stages/semantic.js";
+import { recordedInputs } from "./decision-inputs.js";
 
-/** A semantic outcome as its decision record keeps it: no evaluations (replay recomputes them), no action. */
-export function semanticRecordOf(o: SemanticTag): NonNullable<DecisionRecord["semantic"]> {
-  return { virtualModel: o.virtualModel, decision: o.decision, ...(o.runnerUp ? { runnerUp: o.runnerUp } : {}), signals: o.signals };
-}
+export { semanticRecordOf } from "./decision-inputs.js";
 
 /** Longest strategy spec a rejected request's record keeps as it was sent. */
 const MAX_RECORDED_SPEC = 512;
 
 /** The record of a routed request that ended (`now`) with `outcome`. */
 export function routedRecord(gateway: string, r: RoutedRequest, outcome: ReleaseOutcome, info: FinishInfo, now: number): DecisionRecord {
-  const c = r.context;
+  const c = r.inputs;
   const pd = r.pd;
   const blocks = c.blocks ?? (r.recordedBlocks && r.recordedBlocks.hashes.length > 0 ? r.recordedBlocks : undefined);
   return {
@@ -50,19 +46,9 @@ export function routedRecord(gateway: string, r: RoutedRequest, outcome: Release
     charge: r.chargeId,
     ...(r.firstTokenAfterCharge !== undefined ? { firstTokenAfterCharge: r.firstTokenAfterCharge } : {}),
     routedPromptTokens: r.promptTokens,
-    cursors: c.cursors,
-    ...(c.rank ? { rank: c.rank } : {}),
-    ...(c.session ? { session: c.session } : {}),
-    ...(c.subset ? { subset: c.subset.filter((a) => a.length <= 300).slice(0, 256) } : {}),
+    ...recordedInputs(c),
     ...(blocks ? { blocks: { size: blocks.size, mode: blocks.mode, hashes: encodeBlockHashes(blocks.hashes, DECISION_MAX_BLOCKS), total: blocks.hashes.length } } : {}),
-    ...(c.profile ? { profile: c.profile } : {}),
-    ...(c.strategyParams ? { strategyParams: c.strategyParams } : {}),
-    ...(c.slo ? { slo: c.slo } : {}),
     ...(r.prediction ? { prediction: r.prediction } : {}),
-    ...(c.maxTokens !== undefined ? { maxTokens: c.maxTokens } : {}),
-    ...(c.consistency ? { consistency: c.consistency } : {}),
-    ...(c.flow ? { flow: { band: c.flow.band, ...(c.flow.objective !== undefined ? { objective: c.flow.objective } : {}), enqueuedAt: c.flow.enqueuedAt, waitMs: c.flow.waitMs } } : {}),
-    ...(c.semantic ? { semantic: semanticRecordOf(c.semantic) } : {}),
     ...(info.errorCode ? { errorCode: info.errorCode } : pd?.failure ? { errorCode: pd.failure.code } : {}),
     ...(pd ? { pd: decodeLegOf(r, pd) } : {}),
   };
@@ -102,7 +88,7 @@ export function prefillLegRecord(gateway: string, r: RoutedRequest, pd: PdRouted
     promptTokens: r.promptTokens,
     charge: charge.id,
     routedPromptTokens: r.promptTokens,
-    cursors: r.context.cursors,
+    cursors: r.inputs.cursors,
     pd: { leg: "prefill", roleset: pd.plan.roleset, engine: pd.plan.engine, prefillPod: charge.pod, decodePod: r.pod.pod, attempts: pd.attempts, ...(pd.plan.fastPath ? { fastPath: pd.plan.fastPath } : {}) },
   };
 }
@@ -124,7 +110,7 @@ export function rejectedRecord(o: {
   const spec = o.headers["routing-strategy"];
   const strategy = spec ? (spec.length <= MAX_RECORDED_SPEC && findStrategy(spec) ? spec : "invalid") : o.defaultStrategy;
   const requestId = o.headers["x-request-id"];
-  const tag = semanticOfError(o.err);
+  const semantic = o.err.refusal?.semantic;
   return {
     type: "decision",
     v: DECISION_RECORD_VERSION,
@@ -139,7 +125,7 @@ export function rejectedRecord(o: {
     status: o.err.status,
     outcome: "rejected",
     errorCode: o.err.code,
-    ...(tag ? { semantic: semanticRecordOf(tag) } : {}),
+    ...(semantic ? { semantic } : {}),
   };
 }
 

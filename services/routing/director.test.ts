@@ -2,7 +2,7 @@ import { describe, expect, it } from "vitest";
 import type { DecisionRecord, } from "../../schemas/events.js";
 import { checkEvent } from "../../schemas/validate.js";
 import { configureSessionSigning } from "./strategies/session-affinity.js";
-import { Director, type Prepared, type PrefixSupport, type RoutedRequest, type RouteInput } from "./director.js";
+import { Director, type PlannedContext, type PrefixSupport, type RoutedRequest, type RouteInput } from "./director.js";
 import { RouteError } from "./errors.js";
 import type { Committer } from "./stages/commit.js";
 import { chatBody, FakeClock, MemorySink, MODEL, stateWithPods } from "./stages/testing.js";
@@ -56,11 +56,11 @@ describe("director - the request path on an in-memory sink", () => {
 
   it("picks the committer by the model's consistency: strict models go to the strict committer", async () => {
     const { director, input, sink } = setup({ strictFor: (m) => m === MODEL });
-    const seen: Prepared[] = [];
+    const seen: PlannedContext[] = [];
     const strict: Committer = {
-      commit(i, p) {
-        seen.push(p);
-        return Promise.resolve(director.charge(i, { publish: false, prepared: p }));
+      commit(ctx, port) {
+        seen.push(ctx);
+        return Promise.resolve(port.section(ctx, { publish: false }));
       },
     };
     director.useStrictCommitter(strict);
@@ -83,17 +83,18 @@ describe("director - the request path on an in-memory sink", () => {
     const { clock, state, sink } = setup();
     const director = new Director({ gatewayId: "gw", defaultStrategy: "prefix-cache", chargeTtlMs: 60_000, state, sink, clock, now: clock.now, prefix });
     const input: RouteInput = { headers: { "x-request-id": "p-1" }, body: Buffer.from(JSON.stringify({ model: MODEL, prompt: [1, 2, 3, 4] })) };
-    const prepared = director.prepare(input) as Prepared;
-    const lost = director.charge(input, { publish: false, prepared });
+    const port = director.commitPort;
+    const prepared = director.prepare(input) as PlannedContext;
+    const lost = port.section(prepared, { publish: false });
     expect(routed).toEqual([]);
     director.retract(lost, true);
-    const won = director.charge(input, { publish: false, prepared, carry: lost });
+    const won = port.section(prepared, { publish: false, carry: lost });
     expect(routed).toEqual([]);
     director.committed(won);
     director.committed(won);
     expect(routed).toEqual([{ pod: won.pod.pod, chargeId: won.chargeId }]);
     // Published at once (eventual): recorded at once.
-    const eventual = director.charge({ ...input, headers: { "x-request-id": "p-2" } }, { prepared });
+    const eventual = port.section(director.prepare({ ...input, headers: { "x-request-id": "p-2" } }) as PlannedContext, { publish: true });
     expect(routed).toEqual([{ pod: won.pod.pod, chargeId: won.chargeId }, { pod: eventual.pod.pod, chargeId: eventual.chargeId }]);
   });
 

@@ -2,6 +2,7 @@
  * The gateway's error catalogue: every client-visible error, its HTTP status and OpenAI-shaped
  * body. One place maps codes to statuses, so the ext_proc adapter and the dev front agree.
  */
+import type { DecisionRecord } from "../../schemas/events.js";
 
 export const ErrorCodes = {
   invalidJson: { status: 400, code: "invalid_json" },
@@ -45,10 +46,25 @@ export const ErrorCodes = {
 } as const;
 export type ErrorCode = keyof typeof ErrorCodes;
 
+/** Where on the request path a refusal happened (set by the driver, pipeline.ts), and what the record of it keeps. */
+export interface Refusal {
+  /** The stage that refused (a name of the stage list). */
+  readonly stage: string;
+  readonly phase: "prepare" | "flow" | "commit" | "after";
+  /** The model the client asked for (after a model rewrite), when the body was parsed. */
+  readonly model?: string;
+  /** A virtual model's classification, when one was made (its rejected record keeps it). */
+  readonly semantic?: DecisionRecord["semantic"];
+}
+
 export class RouteError extends Error {
   override name = "RouteError";
-  /** Set when the request was routed (charged, recorded) before this error ended it: the adapter only answers. */
-  afterRouting = false;
+  /** Where the request path refused (absent: refused outside it, e.g. by the ext_proc adapter). */
+  refusal?: Refusal;
+  /** The request was routed (charged, recorded) before this error ended it: the adapter only answers. */
+  get afterRouting(): boolean {
+    return this.refusal?.phase === "after";
+  }
   constructor(
     readonly kind: ErrorCode,
     message: string,

@@ -16,6 +16,7 @@ import { mulberry32 } from "../shared/seeded-random.js";
 import type { FlowExplanation } from "./flow/controller.js";
 import { classify } from "./flow/settings.js";
 import type { SemanticOutcome } from "./stages/semantic.js";
+import type { ModelRewrite } from "./context.js";
 import { latencyFeaturesOf } from "./strategies/predicted-latency.js";
 import type { LatencyFeatures } from "../views/latency-model.js";
 
@@ -32,6 +33,8 @@ export interface Explanation {
   flow?: FlowExplanation;
   /** A virtual model's classification: every decision's rule evaluation, the signals, the winner and the runner-up. */
   semantic?: SemanticOutcome;
+  /** The InferenceModelRewrite that applied: the model asked for (`model` is the one routed for), the rule and its pool. */
+  rewrite?: ModelRewrite;
   candidates: Array<{
     pod: string;
     address: string;
@@ -60,7 +63,7 @@ export async function explain(director: Director, views: GatewayViews, headers: 
   try {
     const input = { headers, body };
     const prepared = await director.prepare(input);
-    const sel = director.select(input, prepared, seededRandom(headers["x-request-id"] || body.toString("utf8")), false);
+    const sel = director.select(prepared, seededRandom(headers["x-request-id"] || body.toString("utf8")), false);
     const detail = new Map((sel.prefixMatch?.detail ?? []).map((d) => [d.pod, d]));
     const scores = new Map(sel.pick.candidates.map((c) => [c.pod.pod, c.score]));
     const candidates = views.pods.readyPods(prepared.parsed.model);
@@ -77,6 +80,7 @@ export async function explain(director: Director, views: GatewayViews, headers: 
       ...(sel.pick.fallback ? { fallback: sel.pick.fallback } : {}),
       ...(flow ? { flow } : {}),
       ...(prepared.semantic ? { semantic: prepared.semantic } : {}),
+      ...(prepared.rewrite ? { rewrite: prepared.rewrite } : {}),
       candidates: candidates.map((p) => {
         const o = views.ledger.outstanding(p.model, p.pod);
         const l = views.load.fresh(p.model, p.pod, sel.now);

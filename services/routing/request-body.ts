@@ -188,3 +188,8 @@ export function parseRequestBody(raw: Uint8Array): ParsedRequest {
     text,
   };
 }
+
+/** Longest `user` header accepted (the charge and decision schemas' bound). */
+export const MAX_USER_LENGTH = 256;
+/** Longest `x-request-id` accepted (decision records carry it as their id). */
+export const MAX_REQUEST_ID_LENGTH = 253;

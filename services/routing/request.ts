@@ -1,18 +1,17 @@
 /**
- * The request as it moves through the stages: what the proxy sent (RouteInput), what parsing and
- * planning made of it (Prepared), and what routing charged (RoutedRequest, with the context its
- * decision record keeps). Shared by the director and the committers.
+ * The request at the edges of the request path: what the proxy sent (RouteInput) and what routing
+ * charged (RoutedRequest, with the decision inputs its record keeps). In between, the stages
+ * share one RequestContext (context.ts).
  */
 import type { RouteError } from "./errors.js";
 import type { PdPlan } from "./strategies/pd.js";
 import type { ChargeEvent } from "../../schemas/events.js";
-import type { OwnAdmission, StateStream } from "../views/gateway-state.js";
+import type { OwnAdmission } from "../views/gateway-state.js";
 import type { PodInfo } from "../views/pod-set.js";
-import type { RoutePlan } from "./stages/parse.js";
-import type { SemanticOutcome } from "./stages/semantic.js";
-import type { Rank } from "./stages/scheduling.js";
-import type { StrategyParams } from "./strategies/registry.js";
-import type { Pick, Scored, SessionHint } from "./strategies/types.js";
+import type { DecisionInputs } from "./decision-inputs.js";
+
+export type { FlowRecord } from "./decision-inputs.js";
+import type { Pick, Scored } from "./strategies/types.js";
 
 export interface RouteInput {
   /** Lower-cased request headers. */
@@ -56,7 +55,7 @@ export interface RoutedRequest {
   /** The own admission the burst guard remembers for it (only where a limit applies). */
   readonly admission?: OwnAdmissionKey;
   /** What the decision record keeps so replay can re-decide the request. */
-  readonly context: DecisionContext;
+  readonly inputs: DecisionInputs;
   /** The prompt's blocks, computed after routing for a strategy that did not need them (recorded for counterfactuals). */
   recordedBlocks?: PromptBlocks;
   firstChunkAt?: number;
@@ -104,24 +103,6 @@ export interface PdRouted {
   publishPrefill?: () => void;
 }
 
-/** The inputs of a decision beyond the views, recorded for replay (schemas/events.ts, DecisionRecord v2). */
-export interface DecisionContext {
-  readonly cursors: Readonly<Record<StateStream, number>>;
-  readonly rank?: Rank;
-  readonly session?: SessionHint;
-  readonly subset?: readonly string[];
-  readonly blocks?: { readonly size: number; readonly mode: "precise" | "approximate"; readonly hashes: readonly bigint[] };
-  readonly profile?: string;
-  readonly strategyParams?: Readonly<Record<string, StrategyParams>>;
-  readonly slo?: { ttftMs?: number; tpotMs?: number };
-  readonly maxTokens?: number;
-  readonly consistency?: "strict" | "off";
-  /** Flow control: the request's band and how long it was held (absent: flow control off for the model). */
-  readonly flow?: FlowRecord;
-  /** Semantic model selection: the virtual model, its decision and the signals that decided it. */
-  readonly semantic?: SemanticOutcome;
-}
-
 /** The latency model's prediction for a picked pod, as its decision record keeps it (docs/latency-model.md). */
 export interface RecordedPrediction {
   ttftMs: number;
@@ -130,27 +111,9 @@ export interface RecordedPrediction {
   podClass?: string;
 }
 
-/** A flow-controlled request's place in the queues, as its decision record keeps it. */
-export interface FlowRecord {
-  readonly band: number;
-  readonly objective?: string;
-  readonly enqueuedAt: number;
-  readonly waitMs: number;
-}
 
 /** Which own-admission entries (rate-view.ts) a routed request holds. */
 export type OwnAdmissionKey = OwnAdmission;
-
-/** A parsed and planned request (stages/parse.ts), with its prompt token ids when the strategy needs them. */
-export interface Prepared extends RoutePlan {
-  /** Prompt token ids, when a prefix strategy needs them. */
-  tokens?: number[];
-  tokenizerMode?: string;
-  /** Flow control: set when the request passed the flow gate (held or not). */
-  flow?: FlowRecord;
-  /** Semantic model selection: what the semantic stage decided (absent: the client named a real model). */
-  semantic?: SemanticOutcome;
-}
 
 /** How a routed request ended, as the adapter saw it. */
 export interface FinishInfo {

@@ -21,12 +21,37 @@ describe("InferencePool policies in the gateway (pure)", () => {
   it("exact rules before generic ones; generic rules apply to the pool's own models", () => {
     const p = new PoolPolicies();
     expect(p.hasRewrites).toBe(false);
-    p.set("inferencepool.ns.p", policy("ns/p", ["m"], {}, [{ from: "x#0", models: ["alias"], targets: [{ model: "m", weight: 1 }] }, { from: "y#0", targets: [{ model: "m-v2", weight: 1 }] }]));
+    p.set("inferencepool.ns.p", policy("ns/p", ["m", "m-v2"], {}, [{ from: "x#0", models: ["alias"], targets: [{ model: "m", weight: 1 }] }, { from: "y#0", targets: [{ model: "m-v2", weight: 1 }] }]));
     expect(p.rewrite("alias", "r")).toEqual({ model: "m", rule: "x#0", pool: "ns/p" });
     expect(p.rewrite("m", "r")).toEqual({ model: "m-v2", rule: "y#0", pool: "ns/p" });
     expect(p.rewrite("other", "r")).toBeUndefined();
     p.set("inferencepool.ns.p", undefined);
     expect(p.hasRewrites).toBe(false);
+  });
+
+  it("rewrites are scoped to their pool: a rule naming another tenant's model does not capture its requests, nor send the pool's own elsewhere", () => {
+    const p = new PoolPolicies();
+    p.set("inferencepool.team-a.p", policy("team-a/p", ["team-a/model"], {}, [
+      { from: "hijack#0", models: ["team-b/private-model"], targets: [{ model: "team-a/model", weight: 1 }] },
+      { from: "leak#0", models: ["team-a/model"], targets: [{ model: "team-b/private-model", weight: 1 }] },
+    ]));
+    p.set("inferencepool.team-b.p", policy("team-b/p", ["team-b/private-model"], {}));
+    // Team B's model is another pool's: pool A's rule does not apply to it.
+    expect(p.rewrite("team-b/private-model", "r1")).toBeUndefined();
+    // Pool A's own model may not be sent to team B's.
+    expect(p.rewrite("team-a/model", "r1")).toBeUndefined();
+    expect(p.outOfScope).toBe(2);
+    // A model served outside any pool (unpooled pods) is not an alias either.
+    const unpooled = new PoolPolicies();
+    unpooled.set("inferencepool.team-a.p", policy("team-a/p", ["team-a/model"], {}, [{ from: "hijack#0", models: ["solo"], targets: [{ model: "team-a/model", weight: 1 }] }]));
+    const fleet = (served: Record<string, string>) => ({ knows: (m: string) => m in served, readyPods: (m: string) => (m in served ? [{ model: served[m] as string }] : []) });
+    expect(unpooled.rewrite("solo", "r1", fleet({ solo: "solo" }))).toBeUndefined();
+    // An alias nobody serves, and an adapter the pool's own pods serve, are the pool's.
+    expect(unpooled.rewrite("solo", "r1", fleet({}))).toEqual({ model: "team-a/model", rule: "hijack#0", pool: "team-a/p" });
+    const adapters = new PoolPolicies();
+    adapters.set("inferencepool.team-a.p", policy("team-a/p", ["base"], {}, [{ from: "split#0", models: ["base"], targets: [{ model: "base-lora", weight: 1 }] }]));
+    expect(adapters.rewrite("base", "r1", fleet({ base: "base", "base-lora": "base" }))).toEqual({ model: "base-lora", rule: "split#0", pool: "team-a/p" });
+    expect(adapters.rewrite("base", "r1", fleet({ base: "base", "base-lora": "other-base" }))).toBeUndefined();
   });
 
   it("objectives feed flow control's bands through the model config (the model's own win), and the pickers' objective header is honoured", () => {

@@ -10,6 +10,11 @@
  *   in key order, rules in their recorded precedence), then in the rules for all models of a pool
  *   that serves it. The rule's target is chosen by weight with a hash of the request id, so one
  *   request always gets the same target (a retry too) and the split holds over many requests.
+ *   Scoped to the pool: a pool's rule applies only to requests for the pool's models (those it
+ *   lists, and adapters its pods serve) or for an alias no pod serves and no other pool lists, and
+ *   sends them only to the pool's models (other targets are skipped; counted in `outOfScope`), so
+ *   a rewrite in one namespace cannot capture another tenant's model nor send its own traffic to
+ *   another pool's pods. Checked per request, against the pods as they are then.
  *
  * Bounded: at most MAX_POOLS policies (each at most 256 rules by its schema). Measured about
  * 3 KB per pool with 4 models, 4 objectives and 4 two-target rules (1,000 pools, heap after GC,
@@ -50,6 +55,12 @@ export function pickTarget(targets: Rule["targets"], requestId: string): string 
   return (targets[targets.length - 1] as Rule["targets"][number]).model;
 }
 
+/** The pods a gateway sees, as the rewrite scope reads them. */
+export interface RewriteFleet {
+  knows(model: string): boolean;
+  readyPods(model: string): readonly { readonly model: string }[];
+}
+
 export class PoolPolicies {
   private readonly policies = new Map<string, InferencePoolPolicy>();
   /** Derived on change: model -> objectives; exact rules by model; generic rules by model. */
@@ -57,6 +68,11 @@ export class PoolPolicies {
   private exact = new Map<string, { rule: Rule; pool: string }[]>();
   private generic = new Map<string, { rule: Rule; pool: string }[]>();
   version = 0;
+  /** Every pool's models, and the union of them (a rewrite's scope). */
+  private poolModels = new Map<string, ReadonlySet<string>>();
+  private listed = new Set<string>();
+  /** Rewrites not applied because the request's model or a target is outside the rule's pool. */
+  outOfScope = 0;
 
   get size(): number {
     return this.policies.size;
@@ -92,11 +108,27 @@ export class PoolPolicies {
     return this.objectives.get(model);
   }
 
-  /** The rewrite that applies to a request for `model` with this request id, if any. */
-  rewrite(model: string, requestId: string): RewriteChoice | undefined {
-    const hit = this.exact.get(model)?.[0] ?? this.generic.get(model)?.[0];
-    if (!hit) return undefined;
-    return { model: pickTarget(hit.rule.targets, requestId), rule: hit.rule.from, pool: hit.pool };
+  /**
+   * The rewrite that applies to a request for `model` with this request id, if any. `fleet`: the
+   * pods the gateway sees, for the scope (adapters a pool's pods serve are the pool's models too;
+   * a model some pod serves is never an alias). Without it only the pools' model lists count.
+   */
+  rewrite(model: string, requestId: string, fleet?: RewriteFleet): RewriteChoice | undefined {
+    for (const hit of [...(this.exact.get(model) ?? []), ...(this.generic.get(model) ?? [])]) {
+      const own = this.poolModels.get(hit.pool);
+      if (!own) continue;
+      const ours = (m: string) => own.has(m) || (fleet?.readyPods(m).some((p) => own.has(p.model)) ?? false);
+      // The request's model: the pool's, or an alias nobody serves and no other pool lists.
+      if (!ours(model) && (this.listed.has(model) || fleet?.knows(model) === true)) {
+        this.outOfScope++;
+        continue;
+      }
+      const targets = hit.rule.targets.filter((t) => ours(t.model));
+      if (targets.length < hit.rule.targets.length) this.outOfScope++;
+      if (targets.length === 0) continue;
+      return { model: pickTarget(targets, requestId), rule: hit.rule.from, pool: hit.pool };
+    }
+    return undefined;
   }
 
   private derive(): void {
@@ -109,8 +141,12 @@ export class PoolPolicies {
       if (list) list.push(v);
       else m.set(model, [v]);
     };
+    const poolModels = new Map<string, ReadonlySet<string>>();
+    const listed = new Set<string>();
     for (const [, p] of this.all()) {
+      poolModels.set(p.pool, new Set(p.models));
       for (const model of p.models) {
+        listed.add(model);
         if (Object.keys(p.objectives).length > 0) objectives.set(model, { ...p.objectives, ...(objectives.get(model) ?? {}) });
       }
       for (const rule of p.rewrites) {
@@ -118,6 +154,8 @@ export class PoolPolicies {
         else for (const model of p.models) push(generic, model, { rule, pool: p.pool });
       }
     }
+    this.poolModels = poolModels;
+    this.listed = listed;
     this.objectives = objectives;
     this.exact = exact;
     this.generic = generic;

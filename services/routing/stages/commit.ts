@@ -1,26 +1,19 @@
 /**
- * The commit stage: how a scheduled request's charge becomes shared. Two committers behind one
- * interface, chosen per model (its config's `consistency`, else `--consistency`):
- * - eventual (here): admit, schedule and charge in one synchronous step, publish without waiting;
- * - strict (strict-commit.ts): a per-pod compare-and-set on the charge subject, owning its
- *   retries and the retraction of a charge that lost its race.
+ * The commit phase: how a scheduled request's charge becomes shared. Two committers behind one
+ * interface (pipeline.ts `Committer`), chosen per model (its config's `consistency`, else
+ * `--consistency`), both working through the small `CommitPort`:
+ * - eventual (here): admit, select and charge in one synchronous step, publish without waiting;
+ * - strict (the gateway's strict-commit.ts): a per-pod compare-and-set on the charge subject,
+ *   owning its retries and the retraction of a charge that lost its race.
  */
-import type { Prepared, RoutedRequest, RouteInput } from "../request.js";
+import type { Committer, CommitPort } from "../pipeline.js";
+import type { PlannedContext } from "../context.js";
+import type { RoutedRequest } from "../request.js";
 
-export interface Committer {
-  commit(input: RouteInput, prepared: Prepared): RoutedRequest | Promise<RoutedRequest>;
-}
-
-/** What the committers need from the director: admission, and the synchronous schedule-and-charge step. */
-export interface ChargeStep {
-  admit<T>(input: RouteInput, prepared: Prepared, then: () => T): T | Promise<T>;
-  charge(input: RouteInput, opts: { publish?: boolean; prepared?: Prepared; carry?: RoutedRequest }): RoutedRequest;
-}
+export type { Committer, CommitPort } from "../pipeline.js";
 
 export class EventualCommitter implements Committer {
-  constructor(private readonly step: ChargeStep) {}
-
-  commit(input: RouteInput, prepared: Prepared): RoutedRequest | Promise<RoutedRequest> {
-    return this.step.admit(input, prepared, () => this.step.charge(input, { prepared }));
+  commit(ctx: PlannedContext, port: CommitPort): RoutedRequest | Promise<RoutedRequest> {
+    return port.admit(ctx, () => port.section(ctx, { publish: true }));
   }
 }

@@ -1,26 +1,26 @@
 /**
- * The parse stage: headers + body -> what the request is (model, prompt size, user) and how it is
- * to be routed (profile -> strategy, latency targets, rate limit). Pure: no views, no I/O; every
- * client mistake becomes a RouteError that names it (400), before anything is counted or charged.
+ * The parse stage: headers + body -> what the request is (model, prompt size, user), the body's
+ * one parse. And the plan stage: how it is to be routed (profile -> strategy, latency targets,
+ * rate limit). Pure: no views, no I/O; every client mistake becomes a RouteError that names it
+ * (400), before anything is counted or charged.
  */
 import type { ConfigReader } from "../../views/model-config.js";
 import { RouteError } from "../errors.js";
-import { type ParsedRequest, parseRequestBody } from "../request-body.js";
+import { MAX_REQUEST_ID_LENGTH, MAX_USER_LENGTH, type ParsedRequest, parseRequestBody } from "../request-body.js";
 import { isStrategySpecError, parseStrategy, type StrategyParams, strategyNames } from "../strategies/registry.js";
 import type { SloTargets, Strategy } from "../strategies/types.js";
+import { markRewritten, type RequestContext } from "../context.js";
+import type { PrepareStage } from "../pipeline.js";
 import { refuseControlledFields } from "./pd-bodies.js";
 
-/** Longest `user` header accepted (the charge and decision schemas' bound). */
-export const MAX_USER_LENGTH = 256;
-/** Longest `x-request-id` accepted (decision records carry it as their id). */
-export const MAX_REQUEST_ID_LENGTH = 253;
+export { MAX_REQUEST_ID_LENGTH, MAX_USER_LENGTH } from "../request-body.js";
 const HEADER_BOUNDS: ReadonlyArray<readonly [string, number]> = [
   ["user", MAX_USER_LENGTH],
   ["x-request-id", MAX_REQUEST_ID_LENGTH],
 ];
 
+/** What the plan stage decides. */
 export interface RoutePlan {
-  parsed: ParsedRequest;
   strategy: Strategy;
   /** The model profile that applied, and its latency targets (slo* strategies). */
   profile?: string;
@@ -29,8 +29,6 @@ export interface RoutePlan {
   rps?: number;
   /** The profile's strategy plugin parameters (recorded for replay). */
   strategyParams?: Readonly<Record<string, StrategyParams>>;
-  /** The body the engine gets instead of the client's: the tenant's cache salt written into it. */
-  upstreamBody?: Buffer;
 }
 
 /**
@@ -42,24 +40,21 @@ export function tenantCacheSalt(tenantSalt: string, clientSalt: string | undefin
   return clientSalt === undefined ? tenantSalt : `${tenantSalt}.${clientSalt}`;
 }
 
-/** A request's body parsed (once) and its headers checked: what the semantic stage and the plan read. */
-export interface ParsedInput {
-  parsed: ParsedRequest;
-  /** The body the engine gets instead of the client's (a tenant's cache salt written in). */
-  upstreamBody?: Buffer;
-}
-
 /**
  * Parses a request's body and checks its headers; throws RouteError for anything the client must
- * be told. `tenantSalt`: the authenticated tenant's cache salt (tenantCacheSalt), written into the body.
+ * be told. `tenantSalt`: the authenticated tenant's cache salt (tenantCacheSalt), written into the
+ * body (`salted`: the engine gets the body re-serialised).
  */
-export function parseInput(headers: Readonly<Record<string, string>>, body: Uint8Array, tenantSalt?: string): ParsedInput {
-  let parsed = parseRequestBody(body);
-  let upstreamBody: Buffer | undefined;
+export function parseInput(headers: Readonly<Record<string, string>>, body: Uint8Array, tenantSalt?: string): { parsed: ParsedRequest; salted: boolean } {
+  return checkParsed(headers, parseRequestBody(body), tenantSalt);
+}
+
+/** The checks after the body's parse: its tenant's salt written in, controlled fields refused, header bounds. */
+function checkParsed(headers: Readonly<Record<string, string>>, body: ParsedRequest, tenantSalt: string | undefined): { parsed: ParsedRequest; salted: boolean } {
+  let parsed = body;
   if (tenantSalt !== undefined) {
     const cacheSalt = tenantCacheSalt(tenantSalt, parsed.cacheSalt);
     parsed = { ...parsed, cacheSalt, body: { ...parsed.body, cache_salt: cacheSalt } };
-    upstreamBody = Buffer.from(JSON.stringify(parsed.body));
   }
   refuseControlledFields(parsed.body);
   // The user and the request id travel in every charge and decision record; the event schemas bound them.
@@ -69,12 +64,24 @@ export function parseInput(headers: Readonly<Record<string, string>>, body: Uint
       throw new RouteError("invalidHeader", `the \`${name}\` header is ${value.length} characters long; at most ${max} are allowed`, name);
     }
   }
-  return { parsed, ...(upstreamBody ? { upstreamBody } : {}) };
+  return { parsed, salted: tenantSalt !== undefined };
 }
 
+/** The parse stage: the body's one parse, the headers' bounds, the tenant's salt. */
+export const parseStage: PrepareStage = {
+  name: "parse",
+  phase: "prepare",
+  run(ctx: RequestContext): void {
+    // Set before the checks: a refusal's record names the model.
+    ctx.parsed = parseRequestBody(ctx.input.body);
+    const { parsed, salted } = checkParsed(ctx.input.headers, ctx.parsed, ctx.input.tenantSalt);
+    ctx.parsed = parsed;
+    if (salted) markRewritten(ctx);
+  },
+};
+
 /** Plans a parsed request's routing: the model's profile -> strategy, latency targets, rate limit. */
-export function planRoute(input: ParsedInput, headers: Readonly<Record<string, string>>, config: ConfigReader | undefined, defaultStrategy: string): RoutePlan {
-  const { parsed, upstreamBody } = input;
+export function planRoute(parsed: ParsedRequest, headers: Readonly<Record<string, string>>, config: ConfigReader | undefined, defaultStrategy: string): RoutePlan {
   const choice = config
     ? config.choose(parsed.model, headers, { promptTokens: parsed.promptTokens, maxTokens: parsed.maxTokens }, defaultStrategy)
     : { spec: headers["routing-strategy"] || defaultStrategy, source: "default" as const };
@@ -88,13 +95,14 @@ export function planRoute(input: ParsedInput, headers: Readonly<Record<string, s
   }
   const rps = "requestsPerSecond" in choice ? choice.requestsPerSecond : undefined;
   const slo = "profileConfig" in choice ? choice.profileConfig?.slo : undefined;
-  return { parsed, strategy, ...(upstreamBody ? { upstreamBody } : {}), ...(strategyParams ? { strategyParams } : {}), ...(slo ? { slo } : {}), ...(rps !== undefined ? { rps } : {}), ...("profile" in choice && choice.profile ? { profile: choice.profile } : {}) };
+  return { strategy, ...(strategyParams ? { strategyParams } : {}), ...(slo ? { slo } : {}), ...(rps !== undefined ? { rps } : {}), ...("profile" in choice && choice.profile ? { profile: choice.profile } : {}) };
 }
 
 /**
  * Parses a request and plans its routing (parseInput, then planRoute); throws RouteError for
  * anything the client must be told.
  */
-export function parseRoute(headers: Readonly<Record<string, string>>, body: Uint8Array, config: ConfigReader | undefined, defaultStrategy: string, tenantSalt?: string): RoutePlan {
-  return planRoute(parseInput(headers, body, tenantSalt), headers, config, defaultStrategy);
+export function parseRoute(headers: Readonly<Record<string, string>>, body: Uint8Array, config: ConfigReader | undefined, defaultStrategy: string, tenantSalt?: string): RoutePlan & { parsed: ParsedRequest; upstreamBody?: Buffer } {
+  const { parsed, salted } = parseInput(headers, body, tenantSalt);
+  return { parsed, ...planRoute(parsed, headers, config, defaultStrategy), ...(salted ? { upstreamBody: Buffer.from(JSON.stringify(parsed.body)) } : {}) };
 }

@@ -78,7 +78,7 @@ export class PdCoordinator {
     this.lingering.delete(r);
     const now = this.d.now();
     // The prefill pod that computed the prompt keeps it cached (the one of the attempt that succeeded).
-    const hashes = r.context.blocks?.hashes;
+    const hashes = r.inputs.blocks?.hashes;
     if (outcome === "completed" && hashes && hashes.length > 0) this.d.recordRouted?.(pd.prefillPod, [...hashes], charge.ts, charge.id);
     const release: ReleaseEvent = { type: "release", id: charge.id, gateway: this.d.gatewayId, model: charge.model, pod: charge.pod, ts: now, outcome, ...(r.user ? { user: r.user } : {}) };
     this.d.state.ownRelease(release);

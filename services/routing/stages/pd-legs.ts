@@ -151,7 +151,6 @@ export class PdLegs {
       pd.failure = err;
       pd.failureReason = failure.kind === "status" ? `status-${failure.status}` : failure.kind;
       this.steps.fail(r, err);
-      err.afterRouting = true;
       throw err;
     }
   }

@@ -8,19 +8,17 @@
  * gateway does the same for every pooled model. A model no pool lists gets 404 at a pooled
  * gateway, naming its pool; at an unpooled one the usual answers follow (404 if no pod serves it).
  */
+import { parsedOf } from "../context.js";
 import { RouteError } from "../errors.js";
+import type { PrepareStage } from "../pipeline.js";
+import type { PoolIdentity } from "../ports.js";
 
 export interface PoolCheckViews {
   pods: { knows(model: string): boolean };
   pools: { poolOf(model: string): string | undefined };
 }
 
-export interface PoolIdentity {
-  /** This gateway's pool; undefined = unpooled (the base namespace). */
-  pool?: string;
-  /** `--models`: the pool's models given on the command line, instead of the config's list. */
-  models?: ReadonlySet<string>;
-}
+export type { PoolIdentity } from "../ports.js";
 
 /** The pool a name is shown as: the unpooled gateways answer as `(unpooled)`. */
 const shown = (pool: string | undefined) => (pool === undefined ? "(unpooled)" : pool);
@@ -41,3 +39,13 @@ export function misdirected(model: string, self: PoolIdentity, views: PoolCheckV
     { "x-jetroute-pool": owner },
   );
 }
+
+/** The pool-check stage: the (chosen) model is this gateway's pool's to route (421/404 otherwise). */
+export const poolCheckStage: PrepareStage = {
+  name: "pool-check",
+  phase: "prepare",
+  run(ctx, env): void {
+    const wrongPool = misdirected(parsedOf(ctx).model, env.pool ?? {}, env.state);
+    if (wrongPool) throw wrongPool;
+  },
+};

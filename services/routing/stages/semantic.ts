@@ -62,17 +62,11 @@ export const NO_DECISION = "(none)";
 
 /** What a rejection's decision record keeps of a virtual model's classification. */
 export type SemanticTag = Pick<SemanticOutcome, "virtualModel" | "decision" | "runnerUp" | "signals">;
-const TAGS = new WeakMap<RouteError, SemanticTag>();
 
-/** Marks a refusal (no decision, or the chosen model's pool, permissions, limits) with the classification that led to it. */
-export function tagError(err: RouteError, tag: SemanticTag): RouteError {
-  if (!TAGS.has(err)) TAGS.set(err, tag);
-  return err;
-}
-
-/** The classification a refusal was tagged with (its decision record keeps it, so replay can re-decide it). */
-export function semanticOfError(err: RouteError): SemanticTag | undefined {
-  return TAGS.get(err);
+/** No decision matched: the refusal, and the classification its rejected record keeps (so replay can re-decide it). */
+export interface SemanticRefusal {
+  readonly refused: RouteError;
+  readonly tag: SemanticTag;
 }
 
 /** What the stage reads besides the rules and the parsed body. */
@@ -88,11 +82,18 @@ export function requestTexts(rules: CompiledRules, parsed: ParsedRequest): Signa
  * decision matches and the virtual model has no default.
  */
 export function classify(rules: CompiledRules, parsed: ParsedRequest, input: ClassifyInput, texts = requestTexts(rules, parsed)): SemanticOutcome {
+  const j = judge(rules, parsed, input, texts);
+  if ("refused" in j) throw j.refused;
+  return j;
+}
+
+/** `classify`, with a refusal returned together with the classification that led to it. */
+export function judge(rules: CompiledRules, parsed: ParsedRequest, input: ClassifyInput, texts = requestTexts(rules, parsed)): SemanticOutcome | SemanticRefusal {
   const signals = measureSignals(rules, { ...input, texts, promptTokens: parsed.promptTokens });
   const { winner, runnerUp, evaluations } = decide(rules, signals);
   if (!winner) {
-    const err = new RouteError("noMatchingDecision", `no decision of the virtual model ${JSON.stringify(rules.model)} matches this request, and it has no default`, "model");
-    throw tagError(err, { virtualModel: rules.model, decision: NO_DECISION, signals });
+    const refused = new RouteError("noMatchingDecision", `no decision of the virtual model ${JSON.stringify(rules.model)} matches this request, and it has no default`, "model");
+    return { refused, tag: { virtualModel: rules.model, decision: NO_DECISION, signals } };
   }
   return { virtualModel: rules.model, decision: winner.name, action: winner.action, ...(runnerUp ? { runnerUp } : {}), signals, evaluations };
 }

@@ -1,0 +1,17 @@
+/**
+ * The prefill-leg stage, after routing: a request the `pd` strategy disaggregated has its prefill
+ * leg run (pd-legs.ts) before the decode pod is named to the proxy (vLLM), or alongside the
+ * decode (SGLang). Nothing for any other request. A refusal here comes after the charge: the
+ * legs stage has ended the request, and the adapter only answers.
+ */
+import type { AfterStage } from "../pipeline.js";
+
+export const prefillLegStage: AfterStage = {
+  name: "prefill-leg",
+  phase: "after",
+  run(r, ctx, env) {
+    if (!ctx.strategy.traits?.disaggregated || !r.pd || !env.legs) return r;
+    if (r.pd.plan.engine === "sglang" && !r.pd.prefillCharge) return r;
+    return env.legs.run(r, ctx.input, ctx.parsed.body, ctx.input.headers[":path"]?.split("?")[0] || "/v1/chat/completions");
+  },
+};
