@@ -7,6 +7,7 @@ import { strategyNames } from "../routing/mod.js";
 import { TokenizerFilesError } from "../tokenizer/hf-tokenizer.js";
 import type { TokenizerSetting } from "../tokenizer/prompt-tokens.js";
 import type { AuthMode } from "./auth.js";
+import { otlpEndpointError } from "./trace-spans.js";
 
 function consistencyOption(v: string): "eventual" | "strict" | "off" {
   if (v !== "eventual" && v !== "strict" && v !== "off") throw new InvalidArgumentError(`expected eventual, strict or off, got ${JSON.stringify(v)}`);
@@ -32,6 +33,12 @@ function tokenizerModelOption(v: string, acc: Record<string, TokenizerSetting>):
   if (i <= 0) throw new InvalidArgumentError(`expected <model>=<mode>, got ${JSON.stringify(v)}`);
   acc[v.slice(0, i)] = tokenizerOption(v.slice(i + 1));
   return acc;
+}
+
+function otlpEndpointOption(v: string): string {
+  const err = otlpEndpointError(v);
+  if (err) throw new InvalidArgumentError(err);
+  return v;
 }
 
 function tlsOption(cert: string | undefined, key: string | undefined, clientCa: string | undefined): { certFile: string; keyFile: string; clientCaFile?: string } {
@@ -92,6 +99,8 @@ export function registerGatewayCommand(program: Command): void {
     .option("--pd-prefill-retries <n>", "P/D: retries of a failed prefill leg (502/503/504, connection errors) on other prefill pods", intOption(0, 16), D.pd.maxRetries)
     .option("--pd-first-chunk-timeout-ms <ms>", "P/D decode watchdog: time to the decode's first chunk", intOption(1), D.pd.firstChunkTimeoutMs)
     .option("--pd-idle-timeout-ms <ms>", "P/D decode watchdog: time between the decode's chunks", intOption(1), D.pd.idleTimeoutMs)
+    .option("--otlp-endpoint <url>", "OpenTelemetry traces: the OTLP/HTTP receiver's base URL (spans are POSTed as JSON to <url>/v1/traces); default: no traces", otlpEndpointOption)
+    .option("--otlp-service-name <name>", "OpenTelemetry traces: the service.name of the spans", "jetroute-gateway")
     .addOption(dlqPayloadsOption())
     .action(async (o, cmd: Command) => {
       applyDlqPayloads(o.dlqPayloads);
@@ -137,6 +146,8 @@ export function registerGatewayCommand(program: Command): void {
         flowMaxHeldBytes: o.flowMaxHeldBytes,
         flowMaxHeld: o.flowMaxHeld,
         recordPromptBlocks: o.recordPromptBlocks !== false,
+        ...(o.otlpEndpoint ? { otlpEndpoint: o.otlpEndpoint } : {}),
+        otlpServiceName: o.otlpServiceName,
         ...(o.tlsCert || o.tlsKey || o.tlsClientCa ? { tls: tlsOption(o.tlsCert, o.tlsKey, o.tlsClientCa) } : {}),
         // From the environment (a Kubernetes Secret), never a flag: flags show in `ps`.
         ...(process.env.JETROUTE_SESSION_SECRET ? { sessionSecret: process.env.JETROUTE_SESSION_SECRET } : {}),

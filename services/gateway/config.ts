@@ -19,6 +19,7 @@ import { DEFAULT_PREFIX_MAX_ENTRIES } from "../views/prefix-index.js";
 import { DEFAULT_RATE_CONFIRM_MS } from "../views/rate-view.js";
 import { DEFAULT_PD_WATCHDOG } from "./extproc-server.js";
 import { DEFAULT_SNAPSHOT_INTERVAL_MS, DEFAULT_SNAPSHOT_LEASE_MS } from "./snapshots.js";
+import { otlpEndpointError } from "./trace-spans.js";
 
 const Ms = (def: number, min = 0, description = "") => Type.Integer({ minimum: min, default: def, ...(description ? { description } : {}) });
 
@@ -94,6 +95,9 @@ export const GatewayConfigSchema = Type.Object(
     sessionSecret: Type.Optional(Type.String()),
     engineApiKey: Type.Optional(Type.String()),
     recordPromptBlocks: Type.Boolean({ default: true }),
+    /** OpenTelemetry traces (docs/tracing.md): the OTLP/HTTP receiver's base URL; absent: no traces. */
+    otlpEndpoint: Type.Optional(Type.String({ minLength: 1 })),
+    otlpServiceName: Type.String({ minLength: 1, maxLength: 256, default: "jetroute-gateway" }),
     /** Echo pod addresses to clients (`target-pod`, `prefill-target-pod-ip`), as AIBrix does; off: they stay inside. */
     exposePodAddresses: Type.Boolean({ default: false }),
     /** Endpoint picker protocol: fallback endpoints listed after the chosen one in x-gateway-destination-endpoint (0-8). */
@@ -163,6 +167,8 @@ export function resolveGatewayConfig(input: GatewayConfigInput): GatewayConfig {
   if (c.rateConfirmMs > 0 && c.foldPaceMs >= c.rateConfirmMs) {
     throw new GatewayConfigError(`invalid gateway configuration: /foldPaceMs (${c.foldPaceMs}) must be below /rateConfirmMs (${c.rateConfirmMs}): other replicas' charges would be read after the rate guard stopped reserving room for them`);
   }
+  const otlpError = c.otlpEndpoint !== undefined ? otlpEndpointError(c.otlpEndpoint) : undefined;
+  if (otlpError) throw new GatewayConfigError(`invalid gateway configuration: /otlpEndpoint: ${otlpError}`);
   Object.freeze(c.pd);
   Object.freeze(c.tokenizerModes);
   if (c.tls) Object.freeze(c.tls);

@@ -4,6 +4,7 @@
  * health listener, prefix-index snapshots, the config watch and the admin port. Each piece lives
  * in its own module; this file only wires them and orders start and shutdown.
  */
+import { OtlpTraceExporter, RequestTracer } from "./otlp-traces.js";
 import { configBucketName } from "../../streams/definitions.js";
 import { type Namespace, namespaceOf } from "../../streams/pools.js";
 import { sharedKeyError } from "../../streams/record-keys.js";
@@ -73,6 +74,8 @@ export interface GatewayHandle {
   whenReady(): Promise<void>;
   /** Envoy's HTTP/2 connections to the ext_proc port (undefined if the reset guard could not be installed). */
   extProcConnections: ExtProcConnectionStats | undefined;
+  /** The OTLP trace exporter (--otlp-endpoint), absent when traces are off. */
+  traces: OtlpTraceExporter | undefined;
   close(): Promise<void>;
 }
 
@@ -115,8 +118,12 @@ export async function startGateway(options: GatewayOptions): Promise<GatewayHand
   // A replica yields to any higher band another holds as soon as its summary arrives (no grace):
   // the documented inversion bound (DEFAULT_INVERSION_BOUND_MS) is what that guarantees.
   const fleet = new FleetQueues({ self: id, boundMs: 0 });
+  // OpenTelemetry traces (docs/tracing.md): off unless --otlp-endpoint; observation only.
+  const traces = config.otlpEndpoint ? new OtlpTraceExporter({ endpoint: config.otlpEndpoint, serviceName: config.otlpServiceName, log }) : undefined;
+  const tracer = traces ? new RequestTracer(traces) : undefined;
   const { director, strict } = routingCoreOf({
     fleet,
+    tracer,
     config, ns, state, clock, serverClock, publishers, pdClient, subjects, cursors, log, js: nats.js,
     prefix: createPrefixSupport({ gatewayId: id, state, tokenizer, subjects, outbox: publishers.outbox }),
     onPick: (st, sec) => metrics.pick(st, sec),
@@ -152,7 +159,7 @@ export async function startGateway(options: GatewayOptions): Promise<GatewayHand
 
   const apiKeys = state.apiKeys;
   const port = await listener.listen(
-    createExtProcHandler({ ...extProcOptionsOf(config, state, metrics, log), router: director, isReady: () => isReady, ...extProcAuthOf(config, apiKeys, metrics, log) }),
+    createExtProcHandler({ ...extProcOptionsOf(config, state, metrics, log), router: tracer ? tracer.wrap(director) : director, isReady: () => isReady, ...extProcAuthOf(config, apiKeys, metrics, log) }),
     config.host,
     config.port,
     credentials,
@@ -178,6 +185,7 @@ export async function startGateway(options: GatewayOptions): Promise<GatewayHand
     views,
     state,
     director,
+    traces,
     apiKeys,
     strict,
     get prefixIndex() {
@@ -194,6 +202,7 @@ export async function startGateway(options: GatewayOptions): Promise<GatewayHand
       if (closed) return;
       closed = true;
       await shutDown({ config, listener, director, flowSummaries, stopSweeps, publishers, admin, configWatch, snapshotter, followers, nats, pdClient, tokenizer, log });
+      await traces?.close();
     },
   };
 }
@@ -256,6 +265,7 @@ function routingCoreOf(o: {
   onPick: NonNullable<DirectorOptions["onPick"]>;
   fleet: FleetQueues;
   metrics: () => GatewayMetrics;
+  tracer: RequestTracer | undefined;
   log: Logger;
 }): { director: Director; strict: StrictCommitter | undefined } {
   const { config, ns, state } = o;
@@ -274,7 +284,12 @@ function routingCoreOf(o: {
     embeddings: new EmbeddingClient({ readyPods: (m) => state.pods.readyPods(m), observe: (e) => o.metrics().semanticEmbedding(e), ...(config.engineApiKey ? { engineApiKey: config.engineApiKey } : {}) }),
     // InferenceModelRewrites (docs/inference-pool.md): the pools' rules, each scoped to its pool's models by the view.
     modelRewrites: { active: () => state.poolPolicies.hasRewrites, rewrite: (model, id) => state.poolPolicies.rewrite(model, id, state.pods) },
-    onStage: (stage, seconds) => o.metrics().stage(stage, seconds),
+    onStage: o.tracer
+      ? (stage, seconds, ctx) => {
+          o.metrics().stage(stage, seconds);
+          o.tracer?.stage(stage, seconds, ctx);
+        }
+      : (stage, seconds) => o.metrics().stage(stage, seconds),
   });
   // Strict commits are chosen per model (its config's `consistency`, else `--consistency`), so the
   // committer exists whenever charges are shared; `off` follows no peer and has nothing to commit against.

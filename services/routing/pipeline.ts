@@ -123,8 +123,8 @@ export interface Committer {
   commit(ctx: PlannedContext, port: CommitPort): RoutedRequest | Promise<RoutedRequest>;
 }
 
-/** Observes each stage's time (seconds), in visiting order. */
-export type StageObserver = (stage: string, seconds: number) => void;
+/** Observes each stage's time (seconds), in visiting order, with the request's context (read only: tracing keys its timeline on `ctx.input`). */
+export type StageObserver = (stage: string, seconds: number, ctx: RequestContext) => void;
 
 export class RequestPathDriver {
   readonly port: CommitPort;
@@ -193,7 +193,7 @@ export class RequestPathDriver {
     const time = () => {
       if (timed) return;
       timed = true;
-      this.observe?.(s.name, (performance.now() - t0) / 1000);
+      this.observe?.(s.name, (performance.now() - t0) / 1000, ctx);
     };
     const proceed = () => {
       time();
@@ -238,20 +238,20 @@ export class RequestPathDriver {
     try {
       r = run();
     } catch (err) {
-      this.observe?.(s.name, (performance.now() - t0) / 1000);
+      this.observe?.(s.name, (performance.now() - t0) / 1000, ctx);
       throw this.refused(err, s, ctx);
     }
     if (!(r instanceof Promise)) {
-      this.observe?.(s.name, (performance.now() - t0) / 1000);
+      this.observe?.(s.name, (performance.now() - t0) / 1000, ctx);
       return r;
     }
     return r.then(
       (v) => {
-        this.observe?.(s.name, (performance.now() - t0) / 1000);
+        this.observe?.(s.name, (performance.now() - t0) / 1000, ctx);
         return v;
       },
       (err: unknown) => {
-        this.observe?.(s.name, (performance.now() - t0) / 1000);
+        this.observe?.(s.name, (performance.now() - t0) / 1000, ctx);
         throw this.refused(err, s, ctx);
       },
     );
