@@ -177,7 +177,7 @@ export class RequestTracer {
       const p = this.open.get(input);
       if (!p) return;
       this.open.delete(input);
-      const parent = parseTraceparent(input.headers["traceparent"]);
+      const parent = parseTraceparent(input.headers.traceparent);
       const r = routed instanceof Promise ? undefined : routed;
       const refusal =
         err === undefined ? undefined : err instanceof RouteError ? { type: err.kind, message: err.message, ...(err.refusal ? { stage: err.refusal.stage } : {}) } : { type: "internal" };
