@@ -126,7 +126,7 @@ describe("OpenTelemetry traces (--otlp-endpoint)", () => {
     expect(root?.status.code).toBe(2);
     const stage = (attr(root, "jetroute.refusal.stage") as { stringValue: string } | undefined)?.stringValue;
     expect(stage).toBeDefined();
-    expect(attr(root, "error.type")).toBeDefined();
+    expect(attr(root, "error.type")).toEqual({ stringValue: "model_not_found" });
     const children = receiver.spans.filter((s) => s.parentSpanId === root?.spanId);
     expect(children.at(-1)?.name).toBe(stage);
     expect(children.at(-1)?.status.code).toBe(2);

@@ -131,7 +131,7 @@ export async function startGateway(options: GatewayOptions): Promise<GatewayHand
   });
   const metrics: GatewayMetrics = new GatewayMetrics(
     id,
-    metricSourcesOf({ state, followers, viewNames, director, strict, publishers, listener, ready: () => isReady, flowSummaries: () => flowSummaries.stats }),
+    { ...metricSourcesOf({ state, followers, viewNames, director, strict, publishers, listener, ready: () => isReady, flowSummaries: () => flowSummaries.stats }), ...(traces ? { traceSpans: () => traces.stats } : {}) },
     ns.pool,
   );
   tokenizer.registerMetrics(metrics.registry);

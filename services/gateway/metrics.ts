@@ -22,6 +22,8 @@ export interface GatewayMetricsSources {
   connections?: () => { open: number; opened: number; rotated: number; resets: number } | undefined;
   /** P/D: plans and legs (Director.pdStats and PdLegs.stats). */
   pd?: () => Readonly<Record<string, number>>;
+  /** OpenTelemetry traces (--otlp-endpoint): spans exported, dropped (queue full), failed (the POST failed); absent: traces off. */
+  traceSpans?: () => { exported: number; dropped: number; failed: number } | undefined;
   /** Events the outbox did not publish, by reason (services/shared/publish.ts). */
   outboxDrops?: () => { closed: number; tooLarge: number; failed: number };
   /** Pod-watcher sources known to the pod set (services/views/pod-set.ts). */
@@ -301,6 +303,13 @@ function registerStateGauges(r: client.Registry, src: GatewayMetricsSources, dri
   });
   gauge("jetroute_gateway_records_refused_signature", "Records ignored because their signature did not verify (--config-public-key, --pod-public-key), by records (config, pods) and reason (unsigned, malformed, unknown-key, bad-signature, out-of-window)", ["records", "reason"], (g) => {
     for (const [records, byReason] of Object.entries(src.signatureRefusals?.() ?? {})) for (const [reason, n] of Object.entries(byReason)) g.set({ records, reason }, n);
+  });
+  gauge("jetroute_gateway_trace_spans", "OpenTelemetry spans (--otlp-endpoint) by outcome: exported, dropped (the bounded queue was full), failed (the receiver did not take them); absent with traces off", ["outcome"], (g) => {
+    const t = src.traceSpans?.();
+    if (!t) return;
+    g.set({ outcome: "exported" }, t.exported);
+    g.set({ outcome: "dropped" }, t.dropped);
+    g.set({ outcome: "failed" }, t.failed);
   });
   gauge("jetroute_gateway_outbox_dropped", "Events not published, by reason: closed (fired while shutting down), too_large (over the server's max_payload), failed (refused by the client)", ["reason"], (g) => {
     const d = src.outboxDrops?.();

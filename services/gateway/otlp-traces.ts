@@ -180,7 +180,7 @@ export class RequestTracer {
       const parent = parseTraceparent(input.headers.traceparent);
       const r = routed instanceof Promise ? undefined : routed;
       const refusal =
-        err === undefined ? undefined : err instanceof RouteError ? { type: err.kind, message: err.message, ...(err.refusal ? { stage: err.refusal.stage } : {}) } : { type: "internal" };
+        err === undefined ? undefined : err instanceof RouteError ? { type: err.code, message: err.message, ...(err.refusal ? { stage: err.refusal.stage } : {}) } : { type: "internal_error" };
       const model = p.model ?? (err instanceof RouteError ? err.refusal?.model : undefined);
       this.exporter.add(
         requestSpans({

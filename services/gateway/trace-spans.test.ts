@@ -83,9 +83,9 @@ describe("requestSpans", () => {
 
   it("a refusal: error status, error.type and the refusing stage; no routed attributes", () => {
     const { routed: _r, ...rest } = base;
-    const [root, ...stages] = requestSpans({ ...rest, stages: base.stages.slice(0, 1), refusal: { type: "modelNotFound", stage: "parse", message: "no such model" } });
+    const [root, ...stages] = requestSpans({ ...rest, stages: base.stages.slice(0, 1), refusal: { type: "model_not_found", stage: "parse", message: "no such model" } });
     expect(root?.status).toEqual({ code: 2, message: "no such model" });
-    expect(attr(root!, "error.type")).toEqual({ stringValue: "modelNotFound" });
+    expect(attr(root!, "error.type")).toEqual({ stringValue: "model_not_found" });
     expect(attr(root!, "jetroute.refusal.stage")).toEqual({ stringValue: "parse" });
     expect(attr(root!, "server.address")).toBeUndefined();
     expect(stages).toHaveLength(1);
