@@ -13,6 +13,7 @@ import { REQUEST_PATH, stagesOf } from "../services/routing/mod.js";
 import { OtlpTraceExporter } from "../services/gateway/otlp-traces.js";
 import type { OtlpSpan } from "../services/gateway/trace-spans.js";
 import { resolveGatewayConfig, GatewayConfigError } from "../services/gateway/config.js";
+import { runJetroute } from "./harness/cli.js";
 import { MODEL, startTestEnv, type TestEnv, waitFor } from "./harness/env.js";
 
 interface Export {
@@ -165,6 +166,12 @@ describe("OpenTelemetry traces (--otlp-endpoint)", () => {
     await ex.close();
     expect(ex.stats).toMatchObject({ exported: 0, failed: 1 });
     expect(() => resolveGatewayConfig({ nats: "nats://127.0.0.1:4222", otlpEndpoint: "grpc://collector:4317" })).toThrow(GatewayConfigError);
-    expect(() => new OtlpTraceExporter({ endpoint: "file:///tmp/x" })).toThrow(/http or https/);
+    expect(() => new OtlpTraceExporter({ endpoint: "file:///x" })).toThrow(/http or https/);
+  });
+
+  it("jetroute gateway refuses a bad --otlp-endpoint before starting", async () => {
+    const r = await runJetroute(["gateway", "--otlp-endpoint", "grpc://collector:4317"]);
+    expect(r.code).not.toBe(0);
+    expect(r.stderr).toContain("--otlp-endpoint must be an http or https URL");
   });
 });
