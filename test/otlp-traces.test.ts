@@ -111,9 +111,11 @@ describe("OpenTelemetry traces (--otlp-endpoint)", () => {
     c.close();
   });
 
-  it("an invalid traceparent is ignored (a new trace); a refusal's span names its stage and error", async () => {
+  it("an unsampled traceparent is not continued; an invalid one is ignored (a new trace); a refusal's span names its stage and error", async () => {
     const g = await env.gateway({ id: "traced-2", otlpEndpoint: endpoint });
     const c = new ExtProcClient(`127.0.0.1:${g.port}`);
+    // A client span not sampled (flags 00) is not continued.
+    expect((await route(c, { traceparent: `00-${"3".repeat(32)}-${PARENT}-00` })).kind).toBe("continue");
     const bad = `00-${TRACE.toUpperCase()}-${PARENT}-01`;
     const r = await route(c, { traceparent: bad, "x-request-id": "t-2" }, chat("org/nobody-serves-this"));
     expect(r).toMatchObject({ kind: "immediate", status: 404 });
@@ -123,6 +125,7 @@ describe("OpenTelemetry traces (--otlp-endpoint)", () => {
     const root = refused();
     expect(root?.traceId).toMatch(/^[0-9a-f]{32}$/);
     expect(root?.traceId).not.toBe(TRACE);
+    expect(receiver.spans.some((s) => s.traceId === "3".repeat(32))).toBe(false);
     expect(root?.parentSpanId).toBeUndefined();
     expect(root?.status.code).toBe(2);
     const stage = (attr(root, "jetroute.refusal.stage") as { stringValue: string } | undefined)?.stringValue;

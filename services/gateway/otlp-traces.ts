@@ -119,7 +119,6 @@ interface Pending {
 }
 
 const wallNow = () => performance.timeOrigin + performance.now();
-const hexId = (bytes: number) => randomBytes(bytes).toString("hex");
 
 /** Collects each request's stage timeline and exports its spans when its routing settles. */
 export class RequestTracer {
@@ -178,16 +177,20 @@ export class RequestTracer {
       if (!p) return;
       this.open.delete(input);
       const parent = parseTraceparent(input.headers.traceparent);
+      // Parent-based sampling (OpenTelemetry's default): a client span not sampled is not continued.
+      if (parent && !parent.sampled) return;
+      // One draw for every id of the request: a trace id, the request span's and one per stage.
+      const ids = randomBytes(16 + 8 * (1 + p.stages.length)).toString("hex");
       const r = routed instanceof Promise ? undefined : routed;
       const refusal =
         err === undefined ? undefined : err instanceof RouteError ? { type: err.code, message: err.message, ...(err.refusal ? { stage: err.refusal.stage } : {}) } : { type: "internal_error" };
       const model = p.model ?? (err instanceof RouteError ? err.refusal?.model : undefined);
       this.exporter.add(
         requestSpans({
-          traceId: parent?.traceId ?? hexId(16),
-          spanId: hexId(8),
+          traceId: parent?.traceId ?? ids.slice(0, 32),
+          spanId: ids.slice(32, 48),
           ...(parent ? { parentSpanId: parent.parentSpanId } : {}),
-          stageSpanIds: p.stages.map(() => hexId(8)),
+          stageSpanIds: p.stages.map((_, i) => ids.slice(48 + 16 * i, 64 + 16 * i)),
           startMs: p.startMs,
           endMs: this.now(),
           ...(input.headers[":path"] !== undefined ? { path: input.headers[":path"] } : {}),
