@@ -7,7 +7,7 @@ import { engineFieldsStage } from "./engine-fields.js";
 import { parseStage } from "./parse.js";
 import { chatBody, MODEL } from "./testing.js";
 
-const pod = (o: Partial<PodInfo> = {}): PodInfo => ({ model: MODEL, pod: "p0", address: "10.0.0.1:8000", engine: "vllm", role: "both", adapters: [], labels: {}, ready: true, updatedAt: 0, ...o });
+const pod = (o: Partial<PodInfo> = {}): PodInfo => ({ model: MODEL, pod: "p0", address: "10.0.0.1:8000", engine: "vllm", role: "combined", adapters: [], labels: {}, ready: true, updatedAt: 0, ...o });
 
 /** The stage's environment: one model config, and the managed adapters' bases. */
 function envOf(config: ModelConfig | undefined, bases: Record<string, string> = {}): StageEnv {
