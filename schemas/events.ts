@@ -480,6 +480,15 @@ export const DecisionRecord = Type.Object(
     rewrite: Type.Optional(
       Type.Object({ from: Type.String({ maxLength: 256 }), rule: Type.String({ maxLength: 320 }), pool: Type.String({ maxLength: 320 }) }, { additionalProperties: false }),
     ),
+    /**
+     * The engine's `priority` the gateway wrote into the body for the picked pod (issue 36,
+     * docs/engine-priority.md), or why it wrote none (`fcfs-pod`: the pod does not schedule by
+     * priority; `off`: the model's `flowControl.enginePriority`); only for a request with a band.
+     * Replay derives it again from `flow.band`, the pod and the config at `cursors.config`.
+     */
+    enginePriority: Type.Optional(Type.Union([Type.Integer({ minimum: -1_000_000, maximum: 1_000_000 }), Type.Literal("fcfs-pod"), Type.Literal("off")])),
+    /** The body's model as written for the picked pod: a managed LoRA adapter on SGLang as `base:adapter` (docs/adapters.md). */
+    engineModel: Type.Optional(Type.String({ maxLength: 520 })),
     /** Last sequence the gateway had applied, per view, when it decided. */
     cursors: Type.Optional(Type.Object({ pods: Cursor, load: Cursor, charges: Cursor, kv: Cursor, config: Cursor }, { additionalProperties: false })),
     /** The replica's place among the live gateways, when ties followed its tie order. */

@@ -495,3 +495,17 @@ describe("replay engine - findings of the review", () => {
     expect(report.fidelity.ratio).toBe(1);
   });
 });
+
+describe("replay engine - the engine priority written into the body", () => {
+  it("derives each recorded engine priority again from the band, the pod and the config, and counts the ones that differ", () => {
+    const rec = sequential(undefined);
+    // The synthetic pods run FCFS: "fcfs-pod" is what the gateway would have recorded; a number is not.
+    let i = 0;
+    const messages = replacing(rec.messages, (m) => isRecord(m) && recordOf(m).pick !== null, (m) => ({ data: { ...recordOf(m), flow: { band: 3, enqueuedAt: recordOf(m).ts, waitMs: 0 }, enginePriority: i++ % 2 === 0 ? "fcfs-pod" : -3 } }));
+    const { report } = replay(messages, window(rec));
+    const recorded = routedRecords(rec).length;
+    expect(recorded).toBeGreaterThan(10);
+    expect(report.fidelity.enginePriority).toEqual({ evaluated: recorded, reproduced: Math.ceil(recorded / 2) });
+    expect(report.fidelity.ratio).toBe(1);
+  });
+});

@@ -31,7 +31,7 @@ import { hexToHash } from "../views/block-hash.js";
 import { decodeBlockHashes } from "../views/packed-hashes.js";
 import type { PodLoad } from "../views/load-view.js";
 import type { PodInfo } from "../views/pod-set.js";
-import { RouteError, matchPrefix, type PrefixMatchResult, schedule, parseStrategy, strategyTraits, chargeSeqOf, isPrefillLegCharge, type RoutingRequest, validateModelConfig, featureVector, latencyFeaturesOf, inputsOfRecord } from "../routing/mod.js";
+import { RouteError, matchPrefix, type PrefixMatchResult, schedule, parseStrategy, strategyTraits, chargeSeqOf, isPrefillLegCharge, type RoutingRequest, validateModelConfig, featureVector, latencyFeaturesOf, inputsOfRecord, enginePriorityFor } from "../routing/mod.js";
 import type { FidelityExample, ReplayReport } from "./report-types.js";
 import { type TraceRequest, ttftHistogram } from "./whatif.js";
 import { type Buffered, bufferedOf, Log, type ReplayMessage, type ReplayStream } from "./message-log.js";
@@ -161,6 +161,7 @@ export class ReplayEngine {
     reproduced: 0,
     residuals: {} as Record<string, number>,
     rewrites: { evaluated: 0, reproduced: 0 },
+    enginePriority: { evaluated: 0, reproduced: 0 },
   };
   private readonly warnings = new Set<string>();
   /** Arrival trace for the what-if simulation, and the largest fleet seen per model. */
@@ -632,6 +633,15 @@ export class ReplayEngine {
       this.counts.rewrites.evaluated++;
       if (r.state.poolPolicies.rewrite(inputs.rewrite.from, d.id, r.state.pods)?.model === d.model) this.counts.rewrites.reproduced++;
     }
+    // The engine's priority (stages/engine-fields.ts): the band, the picked pod as the views know it, the config at the cursor.
+    if (inputs.enginePriority !== undefined && inputs.flow && d.pick) {
+      this.counts.enginePriority.evaluated++;
+      const pod = r.state.pods.readyPods(d.model).find((p) => p.pod === d.pick) ?? r.state.pods.get(r.state.pods.baseOf(d.model) ?? d.model, d.pick);
+      if (pod) {
+        const e = enginePriorityFor(inputs.flow.band, pod, r.state.configs.get(pod.model)?.flowControl?.enginePriority);
+        if ((e.action === "set" ? e.value : e.reason) === inputs.enginePriority) this.counts.enginePriority.reproduced++;
+      }
+    }
     const hashes = d.blocks ? safeDecode(d.blocks.hashes) : undefined;
     let match: PrefixMatchResult | undefined;
     let matchedFor: readonly PodInfo[] | undefined;
@@ -827,6 +837,7 @@ export class ReplayEngine {
         residuals: this.counts.residuals,
         ...(this.examples.length > 0 ? { examples: this.examples } : {}),
         ...(this.counts.rewrites.evaluated > 0 ? { rewrites: this.counts.rewrites } : {}),
+        ...(this.counts.enginePriority.evaluated > 0 ? { enginePriority: this.counts.enginePriority } : {}),
       },
       strategies,
       timeline,

@@ -126,6 +126,8 @@ export interface ReplayReport {
     examples?: FidelityExample[];
     /** Model rewrites (InferenceModelRewrite) re-decided from the pool policies at the record's config cursor, and how many chose the recorded model. */
     rewrites?: { evaluated: number; reproduced: number };
+    /** Engine priorities (decision records' `enginePriority`) derived again from the band, the picked pod and the config at the record's cursors, and how many gave the recorded value. */
+    enginePriority?: { evaluated: number; reproduced: number };
   };
   /** `recorded` first, then each counterfactual strategy in the order asked. */
   strategies: StrategySummary[];

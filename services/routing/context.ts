@@ -5,7 +5,7 @@
  * route plan, a prepared request, a selection).
  */
 import type { ParsedRequest } from "./request-body.js";
-import type { FlowRecord, ModelRewrite } from "./decision-inputs.js";
+import type { EngineFields, FlowRecord, ModelRewrite } from "./decision-inputs.js";
 import type { RoutedRequest, RouteInput } from "./request.js";
 
 export type { ModelRewrite } from "./decision-inputs.js";
@@ -70,6 +70,10 @@ export interface RequestContext {
   /** The rank the tie order came from (only with 2 or more live replicas). */
   rank?: Rank;
   prefixMatch?: PrefixMatchResult;
+  /** What the engine-fields stage wrote for the picked pod (stages/engine-fields.ts); absent: nothing to record. */
+  engineFields?: EngineFields;
+  /** The body before the engine-fields stage first ran (a strict commit's next attempt starts from it). */
+  beforeEngineFields?: { readonly parsed: ParsedRequest; readonly rewritten: boolean };
   /** The charge stage's result. */
   routed?: RoutedRequest;
   commitMode?: CommitMode;

@@ -17,6 +17,8 @@ const full: DecisionInputs = {
   flow: { band: 2, objective: "chat", enqueuedAt: 100, waitMs: 5 },
   semantic: { virtualModel: "auto", decision: "maths", runnerUp: "default", signals: { m: { value: true, def: "kw" } } },
   rewrite: { from: "alias", to: "org/model", rule: "r#0", pool: "ns/p" },
+  enginePriority: -2,
+  engineModel: "org/base:tenant-a",
 };
 
 describe("decision inputs - one contract between the charge, the record and replay", () => {
@@ -27,5 +29,14 @@ describe("decision inputs - one contract between the charge, the record and repl
     // The record names exactly the inputs' fields.
     const { blocks: _b, ...keys } = Object.fromEntries(Object.keys(full).map((k) => [k, true]));
     expect(Object.keys(recordedInputs(full)).sort()).toEqual(Object.keys(keys).sort());
+  });
+
+  it("an engine priority's reason (no priority written) is recorded and read back as such", () => {
+    for (const enginePriority of ["fcfs-pod", "off"] as const) {
+      const inputs: DecisionInputs = { cursors: full.cursors, flow: { band: 0, enqueuedAt: 1, waitMs: 0 }, enginePriority };
+      const rec: DecisionRecord = { type: "decision", v: 2, id: "r1", gateway: "gw", model: "org/model", ts: 1, strategy: "least-request", candidates: [], pick: "p0", status: 200, outcome: "completed", ...recordedInputs(inputs) };
+      expect(checkEvent("decision", rec)).toMatchObject({ ok: true });
+      expect(inputsOfRecord(rec).enginePriority).toBe(enginePriority);
+    }
   });
 });

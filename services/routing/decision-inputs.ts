@@ -32,6 +32,17 @@ export interface FlowRecord {
   readonly waitMs: number;
 }
 
+/**
+ * The per-pod engine fields written into the body (stages/engine-fields.ts): the `priority` given
+ * (a number) or why none was (`fcfs-pod`: the pod does not schedule by priority; `off`: the
+ * model's `flowControl.enginePriority`), recorded for a request with a band only; the `model` an
+ * SGLang pod got for a managed adapter (`base:adapter`).
+ */
+export interface EngineFields {
+  readonly enginePriority?: number | "fcfs-pod" | "off";
+  readonly engineModel?: string;
+}
+
 export interface DecisionInputs {
   readonly cursors: Readonly<Record<StateStream, number>>;
   readonly rank?: Rank;
@@ -49,10 +60,14 @@ export interface DecisionInputs {
   readonly semantic?: SemanticOutcome | SemanticTag;
   /** The InferenceModelRewrite that applied (absent: none). */
   readonly rewrite?: ModelRewrite;
+  /** The engine's `priority` written (or why none was), for a request with a band. */
+  readonly enginePriority?: EngineFields["enginePriority"];
+  /** The body's model as written for the picked pod's engine (an adapter on SGLang: `base:adapter`). */
+  readonly engineModel?: string;
 }
 
 /** The fields of a decision record that carry its inputs (blocks excepted: they are packed with the record's own). */
-export type RecordedInputs = Pick<DecisionRecord, "cursors" | "rank" | "session" | "subset" | "profile" | "strategyParams" | "slo" | "maxTokens" | "consistency" | "flow" | "semantic" | "rewrite">;
+export type RecordedInputs = Pick<DecisionRecord, "cursors" | "rank" | "session" | "subset" | "profile" | "strategyParams" | "slo" | "maxTokens" | "consistency" | "flow" | "semantic" | "rewrite" | "enginePriority" | "engineModel">;
 
 /** A semantic outcome as its decision record keeps it: no evaluations (replay recomputes them), no action. */
 export function semanticRecordOf(o: SemanticTag): NonNullable<DecisionRecord["semantic"]> {
@@ -74,6 +89,8 @@ export function recordedInputs(c: DecisionInputs): RecordedInputs {
     ...(c.flow ? { flow: { band: c.flow.band, ...(c.flow.objective !== undefined ? { objective: c.flow.objective } : {}), enqueuedAt: c.flow.enqueuedAt, waitMs: c.flow.waitMs } } : {}),
     ...(c.semantic ? { semantic: semanticRecordOf(c.semantic) } : {}),
     ...(c.rewrite ? { rewrite: { from: c.rewrite.from, rule: c.rewrite.rule, pool: c.rewrite.pool } } : {}),
+    ...(c.enginePriority !== undefined ? { enginePriority: c.enginePriority } : {}),
+    ...(c.engineModel !== undefined ? { engineModel: c.engineModel } : {}),
   };
 }
 
@@ -93,5 +110,7 @@ export function inputsOfRecord(d: DecisionRecord): DecisionInputs {
     ...(d.flow ? { flow: d.flow } : {}),
     ...(d.semantic ? { semantic: d.semantic } : {}),
     ...(d.rewrite ? { rewrite: { from: d.rewrite.from, to: d.model, rule: d.rewrite.rule, pool: d.rewrite.pool } } : {}),
+    ...(d.enginePriority !== undefined ? { enginePriority: d.enginePriority } : {}),
+    ...(d.engineModel !== undefined ? { engineModel: d.engineModel } : {}),
   };
 }

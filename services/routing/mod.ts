@@ -20,6 +20,7 @@ export { ErrorCodes, errorType, type OpenAIErrorBody, openAIError, type Refusal,
 export { publishDecision, rejectedRecord, routedRecord, semanticRecordOf, type UnrecordedReason } from "./decision-record.js";
 export { chargeIdOf, chargeSeqOf, isPrefillLegCharge } from "./charge-id.js";
 export { validateModelConfig } from "./config-check.js";
+export { enginePriorityFor } from "./engine-priority.js";
 export { PredictionDrift } from "./latency-drift.js";
 export { isModelName, parseRequestBody, ROUTED_PATHS } from "./request-body.js";
 export { MAX_REQUEST_ID_LENGTH, MAX_USER_LENGTH } from "./stages/parse.js";

@@ -48,7 +48,7 @@ describe("request path - the list, its table and its driver", () => {
     release?.();
     const r = (await p) as RoutedRequest;
     expect(r.pod.model).toBe(MODEL);
-    expect(seen.map((s) => s.stage).slice(8)).toEqual(["tokenize", "context-length", "flow-gate", "admit", "select", "charge", "prefill-leg"]);
+    expect(seen.map((s) => s.stage).slice(8)).toEqual(["tokenize", "context-length", "flow-gate", "admit", "select", "engine-fields", "charge", "prefill-leg"]);
     expect(seen.find((s) => s.stage === "tokenize")?.seconds).toBeGreaterThanOrEqual(0.004);
   });
 

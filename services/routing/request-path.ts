@@ -8,6 +8,7 @@ import { admitStage } from "./stages/admit.js";
 import { chargeStage } from "./stages/charge.js";
 import { contextLengthStage } from "./stages/context-length.js";
 import { embedStage } from "./stages/embed.js";
+import { engineFieldsStage } from "./stages/engine-fields.js";
 import { flowGateStage } from "./stages/flow-gate.js";
 import { keyModelsStage } from "./stages/key-models.js";
 import { modelRewriteStage } from "./stages/model-rewrite.js";
@@ -24,6 +25,6 @@ export const REQUEST_PATH: RequestPath = {
   prepare: [parseStage, modelRewriteStage, embedStage, semanticStage, planStage, poolCheckStage, keyModelsStage, rateCheckStage, tokenizeStage, contextLengthStage],
   gate: flowGateStage,
   admit: admitStage,
-  section: [selectStage, chargeStage],
+  section: [selectStage, engineFieldsStage, chargeStage],
   after: [prefillLegStage],
 };

@@ -39,6 +39,7 @@ function inputsOf(ctx: SelectedContext, env: StageEnv, strict: boolean): Decisio
     ...(ctx.flow ? { flow: ctx.flow } : {}),
     ...(ctx.semantic ? { semantic: ctx.semantic } : {}),
     ...(ctx.rewrite ? { rewrite: ctx.rewrite } : {}),
+    ...ctx.engineFields,
     ...(parsed.maxTokens !== undefined && Number.isSafeInteger(parsed.maxTokens) && parsed.maxTokens >= 0 ? { maxTokens: parsed.maxTokens } : {}),
   };
 }

@@ -1,0 +1,74 @@
+/**
+ * The engine-fields stage, in the commit section between `select` and `charge`: once the pod is
+ * chosen, the fields whose value depends on that pod's engine are written into the body it gets.
+ * - `priority` (issue 36): the request's flow-control band in the pod's engine convention
+ *   (engine-priority.ts, docs/engine-priority.md); nothing for a pod without priority scheduling,
+ *   a model whose `flowControl.enginePriority` is "off", or a request without a band (its model has
+ *   no flow control).
+ * - `model` (docs/adapters.md): SGLang names a LoRA adapter `base:adapter` in the request's model,
+ *   so a request for a managed adapter picked onto an SGLang pod carries `<base>:<adapter>`; vLLM
+ *   pods keep the adapter's name.
+ *
+ * Why here and not as the first `after` stage: the charge stage serialises the engine's body into
+ * the routed request (`upstreamBodyOf`) and keeps the decision inputs for the record, so a field
+ * written before it is in both at once, serialised once; an `after` stage would have to
+ * re-serialise and patch the record. The stage is pure and synchronous, as the section requires.
+ * A strict commit runs the section again after a lost compare-and-set and may pick another pod:
+ * each run starts from the body as it was before this stage's first run.
+ *
+ * P/D: a disaggregated request's legs go to two pods (pd-legs.ts builds both bodies from the
+ * parsed body), possibly with different scheduling policies; writing one pod's fields into both
+ * could send `priority` to an FCFS prefill pod. They are not covered: nothing is written.
+ */
+import { enginePriorityFor } from "../engine-priority.js";
+import type { SelectedContext } from "../context.js";
+import { isSelected, markRewritten } from "../context.js";
+import type { SectionStage, StageEnv } from "../pipeline.js";
+import { pdPlanOf } from "../strategies/pd.js";
+
+export const engineFieldsStage: SectionStage = {
+  name: "engine-fields",
+  phase: "commit",
+  run(c, env): undefined {
+    if (!isSelected(c)) throw new Error("stage order: engine-fields before select");
+    writeEngineFields(c, env);
+    return undefined;
+  },
+};
+
+/** Writes the picked pod's engine fields into the context's body; records what it wrote in `ctx.engineFields`. */
+export function writeEngineFields(ctx: SelectedContext, env: Pick<StageEnv, "config" | "views">): void {
+  // A strict commit's next attempt: back to the body before the last attempt's fields.
+  if (ctx.beforeEngineFields) {
+    ctx.parsed = ctx.beforeEngineFields.parsed;
+    if (ctx.beforeEngineFields.rewritten) markRewritten(ctx);
+    else {
+      ctx.bodyRewritten = false;
+      ctx.upstreamBody = undefined;
+    }
+  } else ctx.beforeEngineFields = { parsed: ctx.parsed, rewritten: ctx.bodyRewritten === true };
+  delete ctx.engineFields;
+  const pod = ctx.pick.pod;
+  if (pdPlanOf(ctx.pick)?.kind === "pd") return;
+  const body = ctx.parsed.body;
+  const fields: Record<string, unknown> = {};
+  // Configs are keyed by the base model: the pod's model (an adapter's pods serve its base).
+  const setting = env.config?.get(pod.model)?.flowControl?.enginePriority;
+  const band = ctx.flow?.band;
+  const decision = enginePriorityFor(band, pod, setting);
+  if (decision.action === "set" && body.priority !== decision.value) fields.priority = decision.value;
+  const adapter = ctx.parsed.model;
+  let engineModel: string | undefined;
+  if (pod.engine === "sglang" && adapter !== pod.model && env.views.pods.baseOf?.(adapter) !== undefined) {
+    engineModel = `${pod.model}:${adapter}`;
+    if (body.model !== engineModel) fields.model = engineModel;
+  }
+  // Recorded only for a request with a band: the others' "no band" is what `flow` being absent says.
+  const recorded = band === undefined ? undefined : decision.action === "set" ? decision.value : decision.reason;
+  if (recorded !== undefined || engineModel !== undefined) {
+    ctx.engineFields = { ...(recorded !== undefined ? { enginePriority: recorded as number | "fcfs-pod" | "off" } : {}), ...(engineModel !== undefined && engineModel.length <= 520 ? { engineModel } : {}) };
+  }
+  if (Object.keys(fields).length === 0) return;
+  ctx.parsed = { ...ctx.parsed, body: { ...body, ...fields } };
+  markRewritten(ctx);
+}
