@@ -25,7 +25,7 @@ import { streamName } from "../../streams/definitions.js";
 import { isStreamNotFound } from "../../streams/errors.js";
 import { STREAM_EVENT_TYPES } from "../../streams/event-types.js";
 import { Subjects } from "../../streams/subjects.js";
-import { parseSummary } from "../routing/mod.js";
+import { checkSummary } from "../routing/mod.js";
 import { StreamFollower } from "../shared/follower.js";
 import { kvLeaseStore } from "../shared/kv-lease.js";
 import { LeaderElector } from "../shared/leader.js";
@@ -39,6 +39,9 @@ import { DemandWindow } from "./demand.js";
 import { type EngineCallResult, type EngineTarget, listAdapters, loadAdapter, unloadAdapter } from "./engine-client.js";
 import { type Move, type PlacementAdapter, type PlacementPod, place, type SlotState } from "./placement.js";
 import { modelAdapterStatus, phaseOf, type StatusInput, statusChanged } from "./status.js";
+
+/** Largest flow summary read (as the gateways read them). */
+const MAX_FLOW_SUMMARY_BYTES = 256 * 1024;
 
 export const DEFAULT_ADAPTER_TICK_MS = 500;
 export const DEFAULT_ADAPTER_LEASE_MS = 12_000;
@@ -149,8 +152,11 @@ export async function startAdapterController(o: AdapterControllerOptions): Promi
     callback: (err, m) => {
       if (err) return;
       try {
-        const parsed = parseSummary(m.json());
-        if (parsed) demand.applySummary(parsed.summary.gateway, parsed.summary.models, clock());
+        // The gateways' own trust check (services/routing/flow/fleet.ts): a forged summary cannot
+        // speak for another gateway, claim unbounded demand or hide a real one behind a future ts.
+        if (m.data.length > MAX_FLOW_SUMMARY_BYTES) return;
+        const r = checkSummary(subjects.parse(m.subject)?.names[0], m.json(), clock());
+        if (r.parsed) demand.applySummary(r.parsed.summary.gateway, r.parsed.summary.models, clock());
       } catch {
         // not JSON: the gateways' readers count those
       }

@@ -20,7 +20,7 @@ import { isStreamNotFound } from "../../streams/errors.js";
 import { STREAM_EVENT_TYPES } from "../../streams/event-types.js";
 import { Subjects } from "../../streams/subjects.js";
 import { decodeToken } from "../../streams/tokens.js";
-import { FleetQueues, parseSummary } from "../routing/mod.js";
+import { FleetQueues } from "../routing/mod.js";
 import { StreamFollower } from "../shared/follower.js";
 import { kvLeaseStore } from "../shared/kv-lease.js";
 import { LeaderElector } from "../shared/leader.js";
@@ -36,6 +36,9 @@ import type { PolicyFigures } from "./metrics.js";
 import { OutcomeWindow } from "./outcomes.js";
 import { Rounds } from "./rounds.js";
 import { createRunner, type PolicyRunner } from "./runner.js";
+
+/** Largest flow summary read (as the gateways read them). */
+const MAX_FLOW_SUMMARY_BYTES = 256 * 1024;
 
 export const DEFAULT_TICK_MS = 1000;
 export const DEFAULT_AUTOSCALER_LEASE_MS = 12_000;
@@ -122,8 +125,10 @@ export async function startAutoscaler(o: AutoscalerOptions): Promise<AutoscalerH
     callback: (err, m) => {
       if (err) return;
       try {
-        const parsed = parseSummary(m.json());
-        if (parsed) fleet.apply(parsed.summary, clock());
+        // The gateways' own trust check: only the gateway the subject names, bounded bands and
+        // counts, no future ts (services/routing/flow/fleet.ts).
+        if (m.data.length > MAX_FLOW_SUMMARY_BYTES) return;
+        fleet.applyFrom(subjects.parse(m.subject)?.names[0], m.json(), clock());
       } catch {
         // Not JSON: the gateways' own reader counts these; nothing to scale on.
       }

@@ -38,7 +38,7 @@ export { DEFAULT_PD_LEG_OPTIONS, type LegAnswer, type LegClient, LegError } from
 export { vllmPrefillBody } from "./stages/pd-bodies.js";
 
 // Flow control across replicas.
-export { DEFAULT_SUMMARY_INTERVAL_MS, FleetQueues, parseSummary, type ReplicaSummary, type SummaryRefusal, summaryOf } from "./flow/fleet.js";
+export { checkSummary, DEFAULT_SUMMARY_INTERVAL_MS, FleetQueues, parseSummary, type ReplicaSummary, type SummaryRefusal, summaryOf } from "./flow/fleet.js";
 export { FLOW_LIMIT_DEFAULTS, type FlowController, type FlowLimits } from "./flow/controller.js";
 
 // Semantic model selection (replay --rules, the admin command, the bench).

@@ -8,6 +8,8 @@ import {
   parseSummary,
   type ReplicaSummary,
   summaryOf,
+  checkSummary,
+  MAX_BAND_COUNT,
 } from "./fleet.js";
 import { FlowQueue } from "./queue.js";
 
@@ -285,5 +287,24 @@ describe("fleet queues - summaries checked against their subject, bands and cloc
       expect(f.applyFrom("g1", x, 1)).toEqual({ stored: false, refused: "malformed" });
     }
     expect(f.applyFrom("g1", summary("g1", 1, {}), Number.NaN)).toEqual({ stored: false, refused: "malformed" });
+  });
+});
+
+describe("fleet queues - checkSummary, the one trust check every reader uses", () => {
+  const ok = (count: number) => ({ gateway: "gw-a", ts: 1_000, models: { m: [{ band: 0, count, oldest: 900 }] } });
+
+  it("keeps an honest summary and refuses one that speaks for another gateway's subject", () => {
+    expect(checkSummary("gw-a", ok(3), 1_000).parsed?.summary.models.m).toEqual([{ band: 0, count: 3, oldest: 900 }]);
+    expect(checkSummary("gw-b", ok(3), 1_000).refused).toBe("wrong-gateway");
+    expect(checkSummary(undefined, ok(3), 1_000).refused).toBe("wrong-gateway");
+  });
+
+  it("refuses a count no replica can hold (a forged queue signal for the autoscaler or adapter demand)", () => {
+    expect(checkSummary("gw-a", ok(MAX_BAND_COUNT), 1_000).parsed).toBeDefined();
+    expect(checkSummary("gw-a", ok(MAX_BAND_COUNT + 1), 1_000).refused).toBe("malformed");
+  });
+
+  it("refuses a ts far ahead of the receive time", () => {
+    expect(checkSummary("gw-a", { ...ok(1), ts: 1_000 + 60_000 }, 1_000).refused).toBe("future-ts");
   });
 });

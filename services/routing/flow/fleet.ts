@@ -109,10 +109,48 @@ interface Replica {
 
 const isName = (x: unknown): x is string => typeof x === "string" && x.length > 0 && x.length <= MAX_NAME_LENGTH;
 
+/**
+ * Most requests one band of one model may claim to hold: far above any replica's bound on held
+ * requests (`--flow-max-held`, 10,000 by default), so no honest summary reaches it, while a forged
+ * count cannot inflate the autoscaler's queue signal or the adapter controller's demand without
+ * limit.
+ */
+export const MAX_BAND_COUNT = 1_000_000;
+
 function isBand(x: unknown): x is BandSummary {
   if (typeof x !== "object" || x === null) return false;
   const b = x as Record<string, unknown>;
-  return Number.isSafeInteger(b.band) && (b.band as number) >= MIN_BAND && (b.band as number) <= MAX_BAND && Number.isSafeInteger(b.count) && (b.count as number) >= 0 && Number.isFinite(b.oldest);
+  return (
+    Number.isSafeInteger(b.band) &&
+    (b.band as number) >= MIN_BAND &&
+    (b.band as number) <= MAX_BAND &&
+    Number.isSafeInteger(b.count) &&
+    (b.count as number) >= 0 &&
+    (b.count as number) <= MAX_BAND_COUNT &&
+    Number.isFinite(b.oldest)
+  );
+}
+
+export interface SummaryLimits {
+  maxModels?: number;
+  maxFutureMs?: number;
+  maxAgeMs?: number;
+}
+
+/**
+ * The trust check of a summary read off `<prefix>.flow.<gateway>` (see the header): the summary,
+ * or why it is refused. `from` is the gateway the subject names. Every reader of flow summaries
+ * (gateways, the autoscaler, the adapter controller) goes through it.
+ */
+export function checkSummary(from: string | undefined, s: unknown, receivedAt: number, limits: SummaryLimits = {}): { parsed: { summary: ReplicaSummary; truncated: boolean }; refused?: undefined } | { parsed?: undefined; refused: SummaryRefusal } {
+  const parsed = Number.isFinite(receivedAt) ? parseSummary(s, limits.maxModels ?? DEFAULT_MAX_MODELS) : undefined;
+  if (parsed === undefined) return { refused: "malformed" };
+  const { summary } = parsed;
+  if (summary.gateway !== from) return { refused: "wrong-gateway" };
+  if (summary.ts - receivedAt > (limits.maxFutureMs ?? DEFAULT_MAX_FUTURE_MS)) return { refused: "future-ts" };
+  const maxAgeMs = limits.maxAgeMs ?? DEFAULT_MAX_AGE_MS;
+  for (const bands of Object.values(summary.models)) if (bands.some((b) => summary.ts - b.oldest > maxAgeMs)) return { refused: "too-old" };
+  return { parsed };
 }
 
 /**
@@ -174,27 +212,15 @@ export class FleetQueues {
    * band too old (see the header); else as `apply`. Never throws.
    */
   applyFrom(from: string | undefined, s: unknown, receivedAt: number): ApplyResult {
-    const parsed = Number.isFinite(receivedAt) ? parseSummary(s, this.maxModels) : undefined;
-    if (parsed === undefined) {
-      this.counts.malformed++;
-      return { stored: false, refused: "malformed" };
+    const r = checkSummary(from, s, receivedAt, { maxModels: this.maxModels, maxFutureMs: this.maxFutureMs, maxAgeMs: this.maxAgeMs });
+    if (r.refused !== undefined) {
+      if (r.refused === "malformed") this.counts.malformed++;
+      else if (r.refused === "wrong-gateway") this.counts.wrongGateway++;
+      else if (r.refused === "future-ts") this.counts.futureTs++;
+      else this.counts.tooOld++;
+      return { stored: false, refused: r.refused };
     }
-    const { summary } = parsed;
-    if (summary.gateway !== from) {
-      this.counts.wrongGateway++;
-      return { stored: false, refused: "wrong-gateway" };
-    }
-    if (summary.ts - receivedAt > this.maxFutureMs) {
-      this.counts.futureTs++;
-      return { stored: false, refused: "future-ts" };
-    }
-    for (const bands of Object.values(summary.models)) {
-      if (bands.some((b) => summary.ts - b.oldest > this.maxAgeMs)) {
-        this.counts.tooOld++;
-        return { stored: false, refused: "too-old" };
-      }
-    }
-    return { stored: this.store(parsed, receivedAt) };
+    return { stored: this.store(r.parsed, receivedAt) };
   }
 
   /**
