@@ -96,6 +96,15 @@ describe("managed LoRA adapters: declare, place, route, fail over, delete", () =
     r = await bad("sql", "{not json");
     expect(r.stderr).toMatch(/not valid JSON/);
     expect(await kv.get(`${ADAPTER_KEY_PREFIX}sql`)).toBeNull();
+    // Named like a base model: its own baseModel, or a model pods were published for (it would take that model's traffic).
+    r = await bad("sql", JSON.stringify({ baseModel: "sql", artifactURL: "hf://org/sql" }));
+    expect(r.stderr).toMatch(/its name is its own baseModel/);
+    await env.publishPod({ pod: "qwen-0", address: "127.0.0.1:9", model: "qwen", ready: false });
+    r = await bad("qwen", JSON.stringify({ baseModel: MODEL, artifactURL: "hf://org/qwen" }));
+    expect(r.code).toBe(2);
+    expect(r.stderr).toMatch(/pods serve a base model of that name/);
+    expect(await kv.get(`${ADAPTER_KEY_PREFIX}qwen`)).toBeNull();
+    await env.publishPod({ pod: "qwen-0", address: "127.0.0.1:9", model: "qwen", ready: false, action: "remove" });
     r = await runJetroute(["config", "set-adapter", "sql", ...nats, "--json", JSON.stringify({ apiVersion: "model.aibrix.ai/v1alpha1", kind: "ModelAdapter", metadata: { name: "sql" }, spec: { baseModel: MODEL, artifactURL: "hf://org/sql-lora", podSelector: { matchLabels: { tier: "main" } }, replicas: 1 } })]);
     expect(r.stderr).toBe("");
     expect(r.stdout).toMatch(/stored adapter sql/);
