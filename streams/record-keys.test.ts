@@ -9,7 +9,7 @@ const podWatcher = new RecordVerifier(pods.publicKeyPem);
 
 describe("which key set verifies which record", () => {
   it("config records are the operator's; InferencePool policies a pod-watcher's", () => {
-    for (const k of ["apikey.ab12", "limits", "pool.chat", "model.org~Llama", "autoscale.chat"]) expect(configKeySigner(k), k).toBe("operator");
+    for (const k of ["apikey.ab12", "limits", "pool.chat", "model.org~Llama", "autoscale.chat", "adapter.sql-lora"]) expect(configKeySigner(k), k).toBe("operator");
     expect(configKeySigner("inferencepool.llm.p")).toBe("pod-watcher");
     expect(configKeySigner("something.else")).toBeUndefined();
     // "limits" exactly: a key merely starting with it is no rate-limits record.

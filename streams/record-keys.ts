@@ -3,12 +3,14 @@
  * never mixed:
  * - the **operator's** keys (`--config-public-key`) alone verify what grants a tenant power or
  *   sizes the fleet: API keys (`apikey.*`), rate limits (`limits`), pool assignments (`pool.*`),
- *   model configs (`model.*`) and autoscaling policies (`autoscale.*`);
+ *   model configs (`model.*`), autoscaling policies (`autoscale.*`) and LoRA adapter
+ *   declarations (`adapter.*`: an adapter's artifact is code-like weights loaded onto engines);
  * - the **pod-watchers'** keys (`--pod-public-key`) alone verify what a watcher writes: pods and
  *   source heartbeats on PODS, and InferencePool policies (`inferencepool.*`).
  * A watcher's key that also verified config records would let a compromised watcher mint admin API
  * keys; an operator key that verified pods would let a config writer route to any address. Pure.
  */
+import { ADAPTER_KEY_PREFIX } from "../schemas/adapters.js";
 import { AUTOSCALE_KEY_PREFIX } from "../schemas/autoscale.js";
 import { API_KEY_KEY_PREFIX, INFERENCE_POOL_KEY_PREFIX, MODEL_CONFIG_KEY_PREFIX, POOL_KEY_PREFIX, RATE_LIMITS_KEY } from "../schemas/config.js";
 import type { RecordVerifier, SignatureRefusal } from "./signatures.js";
@@ -18,12 +20,12 @@ export type SignerRole = "operator" | "pod-watcher";
 
 /**
  * The role whose keys verify a config bucket entry: `inferencepool.*` is a pod-watcher's, the
- * config records (`apikey.*`, `limits`, `pool.*`, `model.*`, `autoscale.*`) the operator's;
+ * config records (`apikey.*`, `limits`, `pool.*`, `model.*`, `autoscale.*`, `adapter.*`) the operator's;
  * anything else is not a record either role signs (undefined).
  */
 export function configKeySigner(key: string): SignerRole | undefined {
   if (key.startsWith(INFERENCE_POOL_KEY_PREFIX)) return "pod-watcher";
-  if (key === RATE_LIMITS_KEY || key.startsWith(API_KEY_KEY_PREFIX) || key.startsWith(POOL_KEY_PREFIX) || key.startsWith(MODEL_CONFIG_KEY_PREFIX) || key.startsWith(AUTOSCALE_KEY_PREFIX)) return "operator";
+  if (key === RATE_LIMITS_KEY || key.startsWith(API_KEY_KEY_PREFIX) || key.startsWith(POOL_KEY_PREFIX) || key.startsWith(MODEL_CONFIG_KEY_PREFIX) || key.startsWith(AUTOSCALE_KEY_PREFIX) || key.startsWith(ADAPTER_KEY_PREFIX)) return "operator";
   return undefined;
 }
 

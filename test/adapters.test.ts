@@ -18,7 +18,7 @@ import { ADAPTER_KEY_PREFIX, type AdapterPlacement } from "../schemas/adapters.j
 import { MODEL_CONFIG_KEY_PREFIX } from "../schemas/config.js";
 import type { DecisionRecord } from "../schemas/events.js";
 import { type AdapterControllerHandle, startAdapterController } from "../services/adapters/controller.js";
-import { pollKubeDeclarations } from "../services/adapters/declarations.js";
+import { pollKubeDeclarations, watchConfigDeclarations } from "../services/adapters/declarations.js";
 import { startFront, type FrontServer } from "../services/front/front.js";
 import type { GatewayHandle } from "../services/gateway/gateway.js";
 import { KubeStandin } from "../services/kube-standin/server.js";
@@ -26,6 +26,7 @@ import { loadKubeConfig } from "../services/pod-watcher/kubernetes.js";
 import { StreamFollower } from "../services/shared/follower.js";
 import { type SimFleet, startSimFleet } from "../services/sim/fleet.js";
 import { configBucketName, streamName } from "../streams/definitions.js";
+import { configRecordSubject, generateSigningKeyPair, RecordSigner, RecordVerifier } from "../streams/signatures.js";
 import { encodeToken } from "../streams/tokens.js";
 import { runJetroute } from "./harness/cli.js";
 import { MODEL, quietLog, startTestEnv, type TestEnv, waitFor } from "./harness/env.js";
@@ -96,6 +97,15 @@ describe("managed LoRA adapters: declare, place, route, fail over, delete", () =
     r = await bad("sql", "{not json");
     expect(r.stderr).toMatch(/not valid JSON/);
     expect(await kv.get(`${ADAPTER_KEY_PREFIX}sql`)).toBeNull();
+    // Named like a base model: its own baseModel, or a model pods were published for (it would take that model's traffic).
+    r = await bad("sql", JSON.stringify({ baseModel: "sql", artifactURL: "hf://org/sql" }));
+    expect(r.stderr).toMatch(/its name is its own baseModel/);
+    await env.publishPod({ pod: "qwen-0", address: "127.0.0.1:9", model: "qwen", ready: false });
+    r = await bad("qwen", JSON.stringify({ baseModel: MODEL, artifactURL: "hf://org/qwen" }));
+    expect(r.code).toBe(2);
+    expect(r.stderr).toMatch(/pods serve a base model of that name/);
+    expect(await kv.get(`${ADAPTER_KEY_PREFIX}qwen`)).toBeNull();
+    await env.publishPod({ pod: "qwen-0", address: "127.0.0.1:9", model: "qwen", ready: false, action: "remove" });
     r = await runJetroute(["config", "set-adapter", "sql", ...nats, "--json", JSON.stringify({ apiVersion: "model.aibrix.ai/v1alpha1", kind: "ModelAdapter", metadata: { name: "sql" }, spec: { baseModel: MODEL, artifactURL: "hf://org/sql-lora", podSelector: { matchLabels: { tier: "main" } }, replicas: 1 } })]);
     expect(r.stderr).toBe("");
     expect(r.stdout).toMatch(/stored adapter sql/);
@@ -285,4 +295,41 @@ spec:
     }, 15_000, "sql-lora unloaded");
     await waitFor(() => !ctl.records().has("sql-lora"), 5_000, "its record deleted");
   }, 40_000);
+});
+
+describe("signed adapter declarations: with the operator's keys, only signed ones are placed", () => {
+  let env: TestEnv;
+  beforeAll(async () => {
+    env = await startTestEnv();
+  }, 60_000);
+  afterAll(async () => {
+    await env?.stop();
+  });
+
+  it("unsigned and wrongly signed declarations are refused and counted; a refused update keeps the previous value", async () => {
+    const operator = generateSigningKeyPair();
+    const other = generateSigningKeyPair();
+    const bucket = configBucketName("jr");
+    const kv = await new Kvm(env.nats.js).open(bucket);
+    const stats = { refusedSignature: 0 };
+    const src = await watchConfigDeclarations(env.nats, "jr", quietLog, { operator: new RecordVerifier(operator.publicKeyPem) }, stats);
+    try {
+      const key = (n: string) => `${ADAPTER_KEY_PREFIX}${encodeToken(n)}`;
+      const spec = (n: string) => ({ baseModel: MODEL, artifactURL: `hf://org/${n}` });
+      const signed = (pem: string, n: string, s: object) => JSON.stringify(new RecordSigner(pem).sign(configRecordSubject(bucket, key(n)), s, Date.now()));
+      await kv.put(key("good"), signed(operator.privateKeyPem, "good", spec("good")));
+      await kv.put(key("plain"), JSON.stringify(spec("plain")));
+      await kv.put(key("forged"), signed(other.privateKeyPem, "forged", spec("forged")));
+      await waitFor(() => src.current().has("good") && stats.refusedSignature === 2, 5_000, "the signed declaration taken, two refused");
+      expect(src.current().get("good")).toMatchObject({ spec: spec("good") });
+      expect(src.current().get("good")?.error).toBeUndefined();
+      expect([...src.current().keys()]).toEqual(["good"]);
+      // An unsigned overwrite of a signed declaration: refused, the signed spec stays.
+      await kv.put(key("good"), JSON.stringify({ baseModel: MODEL, artifactURL: "hf://evil/weights" }));
+      await waitFor(() => stats.refusedSignature === 3, 5_000, "the unsigned update refused");
+      expect(src.current().get("good")?.spec?.artifactURL).toBe("hf://org/good");
+    } finally {
+      src.stop();
+    }
+  }, 60_000);
 });

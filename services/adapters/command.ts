@@ -11,6 +11,7 @@ import { withBucket } from "../admin/config-bucket.js";
 import { loadKubeConfig } from "../pod-watcher/kubernetes.js";
 import { addNamespaceOptions, intOption, type NamespaceOptionValues, namespaceFlags, untilSignal } from "../shared/cli-options.js";
 import { createLogger } from "../shared/log.js";
+import { readVerifier } from "../shared/signing-keys.js";
 import { connectNats } from "../shared/nats.js";
 import { DEFAULT_ADAPTER_LEASE_MS, DEFAULT_ADAPTER_TICK_MS, DEFAULT_FAILURE_BACKOFF_MS, DEFAULT_LOAD_TIMEOUT_MS, DEFAULT_MAX_LORAS, DEFAULT_UNLOAD_GRACE_MS, startAdapterController } from "./controller.js";
 import { pollKubeDeclarations } from "./declarations.js";
@@ -34,17 +35,19 @@ export function registerAdapterCommands(program: Command): void {
       .option("--kubernetes", "also place the ModelAdapters (model.aibrix.ai/v1alpha1) of the API server, and write their status")
       .option("--kubeconfig <file>", "with --kubernetes: kubeconfig file (default: in-cluster, else $KUBECONFIG / ~/.kube/config)")
       .option("--namespaces <list>", "with --kubernetes: comma-separated namespaces (default: all)")
-      .option("--kube-poll-ms <ms>", "with --kubernetes: how often ModelAdapters are listed", intOption(100), 2_000),
+      .option("--kube-poll-ms <ms>", "with --kubernetes: how often ModelAdapters are listed", intOption(100), 2_000)
+      .option("--config-public-key <file>", "the operator's PEM Ed25519 public key(s): place only adapter declarations of the config bucket signed with one (jetroute config set-adapter --signing-key)"),
   ).action(async (o) => {
     const log = createLogger("adapter-controller");
     const { nats, namespace } = namespaceFlags(o);
     let handle: Awaited<ReturnType<typeof startAdapterController>>;
     try {
+      const signatures = o.configPublicKey ? { operator: readVerifier(o.configPublicKey, "--config-public-key") } : {};
       const kube = o.kubernetes ? pollKubeDeclarations(loadKubeConfig(o.kubeconfig), { ...(o.namespaces ? { namespaces: String(o.namespaces).split(",").map((s: string) => s.trim()).filter(Boolean) } : {}), pollMs: o.kubePollMs, log }) : undefined;
       handle = await startAdapterController({
         nats, prefix: namespace.prefix, configPrefix: namespace.configPrefix, ...(o.id !== undefined ? { id: o.id } : {}), tickMs: o.tickMs, leaderElection: o.leaderElection === true, leaseMs: o.leaseMs,
         maxLoras: o.maxLoras, loadTimeoutMs: o.loadTimeoutMs, unloadGraceMs: o.unloadGraceMs, failureBackoffMs: o.failureBackoffMs,
-        ...(kube ? { kube } : {}), ...(process.env.JETROUTE_ENGINE_API_KEY ? { engineApiKey: process.env.JETROUTE_ENGINE_API_KEY } : {}), log,
+        ...(kube ? { kube } : {}), signatures, ...(process.env.JETROUTE_ENGINE_API_KEY ? { engineApiKey: process.env.JETROUTE_ENGINE_API_KEY } : {}), log,
       });
     } catch (err) {
       log.error((err as Error).message);

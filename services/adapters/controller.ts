@@ -35,6 +35,7 @@ import { GatewayState } from "../views/gateway-state.js";
 import type { PodInfo } from "../views/pod-set.js";
 import type { Declaration, DeclarationSource, KubeDeclarationSource } from "./declarations.js";
 import { watchConfigDeclarations } from "./declarations.js";
+import type { RecordKeySets } from "../../streams/record-keys.js";
 import { DemandWindow } from "./demand.js";
 import { type EngineCallResult, type EngineTarget, listAdapters, loadAdapter, unloadAdapter } from "./engine-client.js";
 import { type Move, type PlacementAdapter, type PlacementPod, place, type SlotState } from "./placement.js";
@@ -71,6 +72,11 @@ export interface AdapterControllerOptions {
   kube?: KubeDeclarationSource;
   /** `Authorization: Bearer` on engine calls when the adapter names no `api-key`. */
   engineApiKey?: string;
+  /**
+   * Signed records (docs/security.md): with `operator` (`--config-public-key`), only config-bucket
+   * declarations (`adapter.*`) the operator's keys signed are placed; absent = unchecked.
+   */
+  signatures?: RecordKeySets;
   log: Logger;
   clock?: () => number;
 }
@@ -85,7 +91,8 @@ export interface AdapterControllerHandle {
   idle(): Promise<void>;
   /** The last record of each adapter (published or read back). */
   records(): ReadonlyMap<string, AdapterPlacement>;
-  readonly stats: { rounds: number; published: number; loads: number; unloads: number; failedCalls: number; statusWrites: number; statusErrors: number };
+  /** `refusedSignature`: config-bucket declarations ignored because their signature did not verify under `signatures.operator`. */
+  readonly stats: { rounds: number; published: number; loads: number; unloads: number; failedCalls: number; statusWrites: number; statusErrors: number; refusedSignature: number };
   whenReady(): Promise<void>;
   close(): Promise<void>;
 }
@@ -117,7 +124,7 @@ export async function startAdapterController(o: AdapterControllerOptions): Promi
   const failures = new Map<string, { attempts: number; until: number; error: string }>();
   const statuses = new Map<string, Record<string, unknown>>();
   const inflight = new Set<Promise<void>>();
-  const stats = { rounds: 0, published: 0, loads: 0, unloads: 0, failedCalls: 0, statusWrites: 0, statusErrors: 0 };
+  const stats = { rounds: 0, published: 0, loads: 0, unloads: 0, failedCalls: 0, statusWrites: 0, statusErrors: 0, refusedSignature: 0 };
   const settings = {
     maxLoras: o.maxLoras ?? DEFAULT_MAX_LORAS,
     loadTimeoutMs: o.loadTimeoutMs ?? DEFAULT_LOAD_TIMEOUT_MS,
@@ -162,7 +169,7 @@ export async function startAdapterController(o: AdapterControllerOptions): Promi
       }
     },
   });
-  const configDecls: DeclarationSource = await watchConfigDeclarations(nats, o.configPrefix ?? o.prefix, log);
+  const configDecls: DeclarationSource = await watchConfigDeclarations(nats, o.configPrefix ?? o.prefix, log, o.signatures ?? {}, stats);
   const sources: DeclarationSource[] = [configDecls, ...(o.kube ? [o.kube] : [])];
   /** Valid declarations by adapter name; the config bucket's win over a ModelAdapter of the same name. */
   function declared(): Map<string, Declaration> {
@@ -368,6 +375,7 @@ export async function startAdapterController(o: AdapterControllerOptions): Promi
       const ms = byAdapter.get(a.name) ?? [];
       const rec = recordOf(a.name, plan?.base, plan?.desired ?? 0, candidatesOf(a), ms.map((m) => ({ action: m.action, pod: m.pod, reason: m.reason })), plan?.reason ?? "", a.deleted === true, now);
       if (same(records.get(a.name), rec)) continue;
+      if (!a.deleted && plan?.reason.startsWith("refused:")) log.warn({ adapter: a.name.slice(0, 128) }, plan.reason);
       publishes.push(publish(a.name, rec).then(() => writeStatus(a.name, rec, candidatesOf(a))));
     }
     await Promise.all(publishes);

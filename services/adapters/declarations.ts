@@ -10,7 +10,10 @@ import { CustomObjectsApi, type KubeConfig, PatchStrategy, setHeaderOptions } fr
 import { type KV, type KvEntry, Kvm } from "@nats-io/kv";
 import { ADAPTER_KEY_PREFIX, type AdapterSpec, adapterNameError, adapterSpecError, MAX_ADAPTERS, MODEL_ADAPTER_GROUP, MODEL_ADAPTER_VERSION } from "../../schemas/adapters.js";
 import { configBucketName } from "../../streams/definitions.js";
+import { configRecordRefusal, type RecordKeySets } from "../../streams/record-keys.js";
+import { configRecordSubject, SIGNATURE_FIELD } from "../../streams/signatures.js";
 import { decodeToken } from "../../streams/tokens.js";
+import { LogRate } from "../shared/log-rate.js";
 import type { Logger } from "../shared/log.js";
 import type { NatsHandles } from "../shared/nats.js";
 
@@ -37,9 +40,28 @@ export function declarationOf(name: string, source: Declaration["source"], spec:
   return { name, source, ...(ref ? { ref } : {}), ...(err ? { error: err } : { spec: spec as AdapterSpec }) };
 }
 
-export async function watchConfigDeclarations(nats: NatsHandles, prefix: string, log: Logger): Promise<DeclarationSource> {
-  const kv: KV = await new Kvm(nats.js).open(configBucketName(prefix));
+/**
+ * The config bucket's `adapter.*` declarations, live. With the operator's keys
+ * (`--config-public-key`, streams/record-keys.ts), a declaration whose signature does not verify
+ * is counted (`stats.refusedSignature`), logged and ignored: the previous value, if any, stays.
+ */
+export async function watchConfigDeclarations(nats: NatsHandles, prefix: string, log: Logger, signatures: RecordKeySets = {}, stats: { refusedSignature: number } = { refusedSignature: 0 }): Promise<DeclarationSource> {
+  const bucket = configBucketName(prefix);
+  const kv: KV = await new Kvm(nats.js).open(bucket);
   const decls = new Map<string, Declaration>();
+  const refusedLog = new LogRate(10, 60_000);
+  // The start-up read and the watch deliver the same entries: each revision is judged (and counted) once.
+  const judged = new Map<string, { revision: number; why: string | undefined }>();
+  const refusal = (e: KvEntry, value: unknown): string | undefined => {
+    const seen = judged.get(e.key);
+    if (seen && seen.revision === e.revision) return seen.why;
+    const why = configRecordRefusal(e.key, configRecordSubject(bucket, e.key), value, e.created.getTime(), signatures);
+    judged.set(e.key, { revision: e.revision, why });
+    if (!why) return undefined;
+    stats.refusedSignature++;
+    if (refusedLog.admit(Date.now()).log) log.warn({ key: e.key.slice(0, 300), reason: why }, "adapter declaration refused: its signature does not verify under the operator's keys (--config-public-key); ignored (the previous value, if any, stays)");
+    return why;
+  };
   const apply = (e: KvEntry) => {
     let name: string;
     try {
@@ -48,11 +70,8 @@ export async function watchConfigDeclarations(nats: NatsHandles, prefix: string,
       return;
     }
     if (e.operation !== "PUT") {
+      judged.delete(e.key);
       decls.delete(name);
-      return;
-    }
-    if (!decls.has(name) && decls.size >= MAX_ADAPTERS) {
-      log.warn({ adapter: name.slice(0, 128) }, `more than ${MAX_ADAPTERS} adapters declared: ignored`);
       return;
     }
     let value: unknown;
@@ -60,6 +79,16 @@ export async function watchConfigDeclarations(nats: NatsHandles, prefix: string,
       value = e.json();
     } catch {
       value = undefined;
+    }
+    if (refusal(e, value)) return;
+    if (!decls.has(name) && decls.size >= MAX_ADAPTERS) {
+      log.warn({ adapter: name.slice(0, 128) }, `more than ${MAX_ADAPTERS} adapters declared: ignored`);
+      return;
+    }
+    // A signed declaration carries its signature beside the spec's fields: not part of the spec.
+    if (value !== null && typeof value === "object" && !Array.isArray(value) && SIGNATURE_FIELD in value) {
+      const { [SIGNATURE_FIELD]: _, ...spec } = value as Record<string, unknown>;
+      value = spec;
     }
     const d = declarationOf(name, "config", value);
     if (d.error) log.error({ adapter: name.slice(0, 128), err: d.error }, "invalid adapter in the config bucket: nothing placed for it");

@@ -61,6 +61,14 @@ describe("place (table)", () => {
     expect(r.plans.get("c")).toMatchObject({ hosts: [] });
   });
 
+  it("an adapter named like a model some pod serves is placed nowhere and unloaded where loaded, with the reason", () => {
+    const pods = [pod("q1", {}, { model: "qwen" }), pod("q2", {}, { model: "qwen" }), pod("l3", { qwen: "loaded" })];
+    const r = place({ pods, adapters: [adapter("qwen", { replicas: 1 }, { rps: 5, queued: 3 })] });
+    expect(r.moves.map((m) => `${m.action} ${m.adapter}@${m.pod}`)).toEqual(["unload qwen@l3"]);
+    expect(r.moves[0]?.reason).toMatch(/adapter name qwen is a base model some pod serves/);
+    expect(r.plans.get("qwen")).toMatchObject({ desired: 0, candidates: 0, reason: expect.stringMatching(/^refused: /) });
+  });
+
   it("never loads beyond max_loras, whatever the demand (property over random fleets)", () => {
     let seed = 7;
     const rnd = () => ((seed = (seed * 1103515245 + 12345) % 2 ** 31) / 2 ** 31);

@@ -102,6 +102,11 @@ function floorOf(spec: AdapterSpec, hosts: number): number {
 
 const round = (x: number) => Math.round(x * 100) / 100;
 
+/** Why an adapter named like a served model is placed nowhere. */
+export function shadowingReason(name: string): string {
+  return `refused: adapter name ${name} is a base model some pod serves (it would take that model's traffic); rename the adapter`;
+}
+
 export function place(input: { pods: readonly PlacementPod[]; adapters: readonly PlacementAdapter[] }): Placement {
   // A working copy of every pod's slots: moves decided this round apply to it at once.
   const slots = new Map<string, Map<string, SlotState>>();
@@ -129,8 +134,14 @@ export function place(input: { pods: readonly PlacementPod[]; adapters: readonly
     why: string;
   }
   const work: Work[] = [];
+  const servedModels = new Set(input.pods.map((p) => p.model));
   for (const a of input.adapters) {
     const base = a.spec.baseModel;
+    // Named like a model some pod serves: refused (gateways would route that model's traffic to it); unloaded where loaded.
+    if (!a.deleted && servedModels.has(a.name)) {
+      work.push({ a, ...(base !== undefined ? { base } : {}), candidates: [], desired: 0, why: shadowingReason(a.name) });
+      continue;
+    }
     const candidates = a.deleted ? [] : input.pods.filter((p) => p.ready && (base === undefined || p.model === base) && selectorMatches(a.spec.podSelector, p.labels)).sort(byName);
     const d = a.deleted ? { desired: 0, why: "deleted" } : desiredReplicas(a.spec, a.demand, candidates.length);
     work.push({ a, base: base ?? candidates[0]?.model, candidates, desired: d.desired, why: d.why });
@@ -143,7 +154,7 @@ export function place(input: { pods: readonly PlacementPod[]; adapters: readonly
     for (const p of input.pods) {
       if (slots.get(p.pod)?.get(w.a.name) !== "loaded" || !canMove(p.pod)) continue;
       if (w.a.deleted) move({ action: "unload", adapter: w.a.name, pod: p.pod, reason: "adapter deleted" });
-      else if (p.ready && !chosen.has(p.pod)) move({ action: "unload", adapter: w.a.name, pod: p.pod, reason: w.base !== undefined && p.model !== w.base ? `pod serves ${p.model}, not the base model ${w.base}` : "pod no longer selected by podSelector" });
+      else if (p.ready && !chosen.has(p.pod)) move({ action: "unload", adapter: w.a.name, pod: p.pod, reason: servedModels.has(w.a.name) ? w.why : w.base !== undefined && p.model !== w.base ? `pod serves ${p.model}, not the base model ${w.base}` : "pod no longer selected by podSelector" });
     }
     if (w.a.spec.replicas === undefined || w.a.deleted) continue;
     // A fixed count is exact: the most loaded hosts give theirs up.

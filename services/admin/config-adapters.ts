@@ -8,8 +8,9 @@ import { readFileSync } from "node:fs";
 import type { Command } from "commander";
 import { ADAPTER_KEY_PREFIX, adapterNameError, adapterSpecError } from "../../schemas/adapters.js";
 import { decodeToken, encodeToken } from "../../streams/tokens.js";
-import { addNamespaceOptions, type NamespaceOptionValues } from "../shared/cli-options.js";
+import { addNamespaceOptions, type NamespaceOptionValues, namespaceFlags } from "../shared/cli-options.js";
 import { addSigningOption, recordEncoder, type SigningOptionValues, withBucket } from "./config-bucket.js";
+import { readPodModels } from "./config-semantic.js";
 
 export const adapterKey = (name: string): string => `${ADAPTER_KEY_PREFIX}${encodeToken(name)}`;
 
@@ -50,8 +51,20 @@ export function registerAdapterConfigCommands(cfg: Command): void {
         console.error(`invalid adapter ${name}: ${err}`);
         process.exit(2);
       }
+      // Named like a model pods serve: gateways and the controller refuse it (it would take that model's traffic).
+      if ((value as { baseModel?: unknown }).baseModel === name) {
+        console.error(`invalid adapter ${name}: its name is its own baseModel; an adapter may not be named like a base model`);
+        process.exit(2);
+      }
       const encode = recordEncoder(o);
-      const rev = await withBucket(o, (kv) => kv.put(adapterKey(name), encode(adapterKey(name), value as object)));
+      const rev = await withBucket(o, async (kv, nats) => {
+        if ((await readPodModels(nats, namespaceFlags(o).prefix)).has(name)) return undefined;
+        return kv.put(adapterKey(name), encode(adapterKey(name), value as object));
+      });
+      if (rev === undefined) {
+        console.error(`invalid adapter ${name}: pods serve a base model of that name (PODS); an adapter named like it would take that model's traffic, so gateways and the adapter controller refuse it: choose another name`);
+        process.exit(2);
+      }
       console.log(`stored adapter ${name} (revision ${rev})`);
     });
   addNamespaceOptions(cfg.command("get-adapter <name>").description("print a declared LoRA adapter's spec")).action(async (name: string, o: NamespaceOptionValues) => {

@@ -64,6 +64,14 @@ export async function readKnownModels(nats: Nats, kv: Bucket, prefix: string, se
     const p = readPoolConfig(() => e.json());
     if (p.ok) for (const m of p.value.models) served.add(m);
   }
+  for (const m of await readPodModels(nats, prefix)) served.add(m);
+  for (const m of virtual) served.delete(m);
+  return { served, virtual, profiles };
+}
+
+/** The models some pod was published for (the PODS stream's subjects). */
+export async function readPodModels(nats: Nats, prefix: string): Promise<Set<string>> {
+  const served = new Set<string>();
   const pods = `${prefix}.pods.`;
   const info = await nats.jsm.streams.info(streamName(prefix, "PODS"), { subjects_filter: `${pods}>` }).catch((err: unknown) => {
     if (isStreamNotFound(err)) return undefined;
@@ -78,6 +86,5 @@ export async function readKnownModels(nats: Nats, kv: Bucket, prefix: string, se
       // not a model token: ignored
     }
   }
-  for (const m of virtual) served.delete(m);
-  return { served, virtual, profiles };
+  return served;
 }

@@ -295,7 +295,7 @@ function registerStateGauges(r: client.Registry, src: GatewayMetricsSources, dri
     g.set({ state: "live" }, all.length - silent);
     g.set({ state: "silent" }, silent);
   });
-  gauge("jetroute_gateway_shadowing_adapters", "Engine-reported LoRA adapters ignored because they are named like a base model some pod serves (they would take its traffic)", [], (g) => {
+  gauge("jetroute_gateway_shadowing_adapters", "LoRA adapters ignored because they are named like a base model some pod serves (they would take its traffic): engine-reported ones per pod, managed ones (placement records) once", [], (g) => {
     g.set(src.shadowingAdapters?.() ?? 0);
   });
   gauge("jetroute_gateway_pods_refused_address", "Pods published with an address outside --pod-cidrs: never routed to", [], (g) => {

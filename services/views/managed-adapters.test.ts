@@ -101,4 +101,28 @@ describe("PodSet - managed adapters", () => {
     expect(s.knows("one-too-many")).toBe(false);
     expect(names(s, `adapter-${MAX_ADAPTERS - 1}`)).toEqual(["p0"]);
   }, 60_000);
+
+  it("a managed adapter named like a base model some pod serves is refused: the model keeps its pods (both paths)", () => {
+    const s = new PodSet();
+    s.apply(pod("q1", "qwen"));
+    s.apply(pod("q2", "qwen"));
+    s.apply(pod("l3", "llama"));
+    // Incremental path: the placement record alone.
+    s.applyPlacement(placement("qwen", [["l3", "loaded"]]), 1000);
+    expect(names(s, "qwen")).toEqual(["q1", "q2"]);
+    expect(s.shadowingManaged).toBe(1);
+    expect(s.shadowingAdapters).toBe(1);
+    // Full rebuild (any pod event), and a newer record: still the model's own pods.
+    s.apply(pod("l3", "llama"));
+    s.applyPlacement(placement("qwen", [["l3", "loaded"]]), 1100);
+    expect(names(s, "qwen")).toEqual(["q1", "q2"]);
+    // Placed before any pod served that name: routable as an adapter until a pod of that model appears.
+    const t = new PodSet();
+    t.apply(pod("l3", "llama"));
+    t.applyPlacement(placement("qwen", [["l3", "loaded"]]), 1000);
+    expect(names(t, "qwen")).toEqual(["l3"]);
+    t.apply(pod("q1", "qwen"));
+    expect(names(t, "qwen")).toEqual(["q1"]);
+    expect(t.shadowingManaged).toBe(1);
+  });
 });

@@ -136,8 +136,14 @@ export class PodSet implements PodSetReader {
   get refusedAddresses(): number {
     return this.refused.size;
   }
-  /** Engine-reported adapters ignored because they are named like a base model (per pod, as of now). */
+  /**
+   * Adapters ignored because they are named like a base model some pod serves (as of now): an
+   * engine-reported one counts per pod, a managed one (placement record) once. Either would take
+   * that model's traffic.
+   */
   shadowingAdapters = 0;
+  /** Of those, managed adapters (placement records) refused for their name (as of now). */
+  shadowingManaged = 0;
 
   /** `at`: the event's broker time (renews its source's liveness; 0 = not known). */
   apply(ev: PodEvent, seq = 0, at = 0): void {
@@ -219,6 +225,14 @@ export class PodSet implements PodSetReader {
     for (const x of rec.pods) if (x.state === "loaded") loaded.set(x.pod, prev?.loaded.get(x.pod) ?? (at || this.latest));
     const m: ManagedAdapter = { ...(rec.baseModel !== undefined ? { base: rec.baseModel } : {}), loaded };
     this.managed.set(rec.adapter, m);
+    // Named like a base model some pod serves: refused (it would take that model's traffic). The
+    // full rebuild keeps the model's own list and counts it.
+    for (const p of this.pods.values()) {
+      if (p.model === rec.adapter) {
+        this.rebuild();
+        return;
+      }
+    }
     // Only this adapter's list changes (a full rebuild per record would make a catch-up quadratic);
     // an adapter that was not managed may have been routed by engine lists: then rebuild all.
     if (!prev && this.served.has(rec.adapter)) {
@@ -394,7 +408,13 @@ export class PodSet implements PodSetReader {
       const there = addresses.get(p.address);
       if (!there || (there.source === undefined && p.source !== undefined)) addresses.set(p.address, p);
     }
+    let shadowingManaged = 0;
     for (const [a, m] of this.managed) {
+      // Never the ready list of a base model: a managed adapter named like one is refused.
+      if (bases.has(a)) {
+        shadowingManaged++;
+        continue;
+      }
       served.add(a);
       for (const [pod, loadedAt] of m.loaded) {
         for (const [k, p] of byPodName.get(pod) ?? []) {
@@ -406,7 +426,8 @@ export class PodSet implements PodSetReader {
     }
     for (const list of ready.values()) list.sort((a, b) => (a.pod < b.pod ? -1 : a.pod > b.pod ? 1 : 0));
     this.readyCache = ready;
-    this.shadowingAdapters = shadowing;
+    this.shadowingAdapters = shadowing + shadowingManaged;
+    this.shadowingManaged = shadowingManaged;
     this.served = served;
     this.addresses = addresses;
   }
