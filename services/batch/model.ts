@@ -379,6 +379,47 @@ export interface ResultEvent {
 /** Whether a result counts as completed (a 2xx answer) or failed (an error answer or no answer). */
 export const resultOk = (r: Pick<ResultEvent, "response" | "error">): boolean => r.error === null && r.response !== null && r.response.status_code >= 200 && r.response.status_code < 300;
 
+/**
+ * Bytes of a result event that are not the engine's answer (type, ids, custom_id up to 512
+ * characters, JSON-escaped up to six bytes each, status, request id, timestamp, headers): the answer may take the rest of the
+ * connection's `max_payload`.
+ */
+export const RESULT_ENVELOPE_BYTES = 8 * 1024;
+
+/** The largest engine answer a worker reads: what fits in one result message beside its envelope. */
+export function answerLimitBytes(maxPayload: number): number {
+  return Math.max(1024, maxPayload - RESULT_ENVELOPE_BYTES);
+}
+
+/**
+ * The failed result recorded for an item whose answer cannot be stored (larger than one result
+ * message holds): the item completes, as a failed line of the error file, instead of being
+ * redelivered and re-executed without end.
+ */
+export function tooLargeResult(item: { batch: string; line: number; custom_id: string }, limit: number, at: number): ResultEvent {
+  return { type: "batch-result", batch: item.batch, line: item.line, custom_id: item.custom_id, response: null, error: { code: "response_too_large", message: `The model's response is larger than ${limit} bytes, the most a batch result can hold.` }, at };
+}
+
+/** Whether a result event, encoded, fits in one message of `maxPayload` bytes. */
+export function resultFits(encodedBytes: number, maxPayload: number): boolean {
+  return encodedBytes + 1024 <= maxPayload;
+}
+
+/**
+ * What a worker does when recording an item's result failed on delivery `deliveries` (1 for the
+ * first): offer the item again after a back-off while attempts are left, else give up on it
+ * (terminate the message) and record it failed.
+ */
+export function onPublishFailure(deliveries: number, maxAttempts: number): { action: "nak"; delayMs: number } | { action: "give-up" } {
+  if (deliveries < maxAttempts) return { action: "nak", delayMs: Math.min(250 * 2 ** Math.max(0, deliveries - 1), 15_000) };
+  return { action: "give-up" };
+}
+
+/** The failed result recorded for an item given up on after its result could not be recorded. */
+export function unrecordableResult(item: { batch: string; line: number; custom_id: string }, reason: string, at: number): ResultEvent {
+  return { type: "batch-result", batch: item.batch, line: item.line, custom_id: item.custom_id, response: null, error: { code: "result_not_recorded", message: `The result could not be recorded: ${reason}`.slice(0, 300) }, at };
+}
+
 /** A stable line id: the same item always gets the same id, however often it ran. */
 export function requestLineId(batchId: string, line: number): string {
   return `batch_req_${batchHex(batchId)}_${line}`;
