@@ -218,3 +218,17 @@ describe("batch results that cannot be stored - the item completes, failed, inst
     expect(r.error?.message.length).toBeLessThanOrEqual(300);
   });
 });
+
+describe("batch input validation - the API key's models", () => {
+  const file = [line("a"), JSON.stringify({ custom_id: "b", method: "POST", url: "/v1/chat/completions", body: { model: "secret-model", messages: [] } })].join("\n");
+  it("a line naming a model the key may not use is refused, with its line number and param", () => {
+    const v = validateInput(file, undefined, ["m"]);
+    expect(v.ok).toBe(false);
+    if (v.ok) return;
+    expect(v.errors).toEqual([{ code: "model_not_allowed", message: 'This API key may not use the model "secret-model".', param: "body.model", line: 2 }]);
+  });
+  it("every model allowed, or no list: the file is valid", () => {
+    expect(validateInput(file, undefined, ["m", "secret-model"]).ok).toBe(true);
+    expect(validateInput(file).ok).toBe(true);
+  });
+});

@@ -67,9 +67,11 @@ export const MAX_REPORTED_ERRORS = 100;
 /**
  * Validates a batch input file: JSONL, each line `{custom_id, method: "POST", url, body}` with a
  * unique custom_id, a routed url, a body with a model and no streaming; every url equal to
- * `endpoint` when one is given (batch creation). Empty lines are skipped.
+ * `endpoint` when one is given (batch creation); every `body.model` in `models` when given (the
+ * caller's API key's allow-list: the worker runs items under its own key, so the owner's list is
+ * checked here). Empty lines are skipped.
  */
-export function validateInput(text: string, endpoint?: string): Validation {
+export function validateInput(text: string, endpoint?: string, models?: readonly string[]): Validation {
   const errors: LineError[] = [];
   const lines: InputLine[] = [];
   const seen = new Set<string>();
@@ -140,6 +142,10 @@ export function validateInput(text: string, endpoint?: string): Validation {
     const b = body as Record<string, unknown>;
     if (typeof b.model !== "string" || b.model.length === 0) {
       err("missing_required_parameter", "Missing required parameter: 'body.model'.", lineNo, "body.model");
+      continue;
+    }
+    if (models && !models.includes(b.model)) {
+      err("model_not_allowed", `This API key may not use the model ${JSON.stringify(b.model.slice(0, 256))}.`, lineNo, "body.model");
       continue;
     }
     if (b.stream === true) {
