@@ -11,6 +11,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { Kvm } from "@nats-io/kv";
 import { configBucketName } from "../streams/definitions.js";
 import { apiKeyBucketKey, hashApiKey } from "../services/gateway/auth.js";
+import { configRecordSubject, generateSigningKeyPair, RecordSigner, RecordVerifier } from "../streams/signatures.js";
 import { startFront, type FrontServer } from "../services/front/front.js";
 import { type BatchApiHandle, startBatchApi } from "../services/batch/api.js";
 import { type BatchWorkerHandle, startBatchWorker } from "../services/batch/worker.js";
@@ -281,6 +282,49 @@ describe("Batch API - files, batches, workers through the routing plane", () => 
       expect((await fetch(`${at}/v1/files/${fa.id}`, { method: "DELETE", headers: B })).status).toBe(404);
       expect(await json(fetch(`${at}/v1/files/${fa.id}`, { method: "DELETE", headers: A }))).toEqual({ id: fa.id, object: "file", deleted: true });
       expect((await fetch(`${at}/v1/files/${fa.id}`, { headers: A })).status).toBe(404);
+    } finally {
+      await authed.close();
+    }
+  }, 60_000);
+
+  it("with --auth required, a key's models allow-list is checked at upload and at create, and --config-public-key refuses unsigned key records", async () => {
+    const bucket = configBucketName("jr");
+    const kv = await new Kvm(env.nats.nc).open(bucket);
+    const op = generateSigningKeyPair();
+    const signer = new RecordSigner(op.privateKeyPem);
+    const wide = "jr-test-key-models-wide-000000000000000000";
+    const narrow = "jr-test-key-models-narrow-0000000000000000";
+    const unsigned = "jr-test-key-models-unsigned-00000000000000";
+    const put = (token: string, rec: Json, sign: boolean) => {
+      const key = apiKeyBucketKey(hashApiKey(token));
+      return kv.put(key, JSON.stringify(sign ? signer.sign(configRecordSubject(bucket, key), rec, Date.now()) : rec));
+    };
+    await put(wide, { user: "tenant-m", createdAt: Date.now() }, true);
+    await put(narrow, { user: "tenant-m", createdAt: Date.now(), models: ["some-other-model"] }, true);
+    await put(unsigned, { user: "tenant-m", createdAt: Date.now(), admin: true }, false);
+    const authed = await startBatchApi({ nats: env.nats, port: 0, log: quietLog, id: "api-models", auth: "required", tickMs: 0, configPublicKey: new RecordVerifier(op.publicKeyPem) });
+    try {
+      const at = `http://127.0.0.1:${authed.port}`;
+      const W = { authorization: `Bearer ${wide}` };
+      const N = { authorization: `Bearer ${narrow}` };
+      // A planted, unsigned key record is refused as a gateway started with the same key refuses it.
+      const u = await upload(inputFile(1), "u.jsonl", { authorization: `Bearer ${unsigned}` }, at);
+      expect(u.status).toBe(401);
+      await u.arrayBuffer();
+      // Upload under the narrow key: the line naming a model outside its list is refused, by line.
+      const n = await upload(inputFile(2, "n"), "n.jsonl", N, at);
+      expect(n.status).toBe(400);
+      const err = ((await n.json()) as { error: Json }).error;
+      expect(err).toMatchObject({ code: "model_not_allowed", param: "body.model", type: "invalid_request_error" });
+      expect(err.message).toMatch(/^Line 1: /);
+      // The same user's wider key uploads it; creating the batch with the narrow key is still refused, nothing recorded.
+      const f = await json(upload(inputFile(2, "w"), "w.jsonl", W, at));
+      const before = authed.store.view.batches.size;
+      const c = await createBatch(f.id as string, at, N);
+      expect(c.status).toBe(400);
+      expect(((await c.json()) as { error: Json }).error).toMatchObject({ code: "model_not_allowed", param: "body.model" });
+      expect(authed.store.view.batches.size).toBe(before);
+      expect((await json(createBatch(f.id as string, at, W))).status).toBe("validating");
     } finally {
       await authed.close();
     }

@@ -13,6 +13,8 @@ import { Kvm, type KvWatchEntry } from "@nats-io/kv";
 import client from "prom-client";
 import { API_KEY_KEY_PREFIX, type ApiKeyRecord, apiKeyRecordError } from "../../schemas/config.js";
 import { configBucketName } from "../../streams/definitions.js";
+import { configRecordRefusal } from "../../streams/record-keys.js";
+import { configRecordSubject, type RecordVerifier } from "../../streams/signatures.js";
 import { ApiKeyView, type AuthMode, authFailureMessage, hashOfBucketKey } from "../gateway/auth.js";
 import type { Logger } from "../shared/log.js";
 import { connectNats, type NatsHandles } from "../shared/nats.js";
@@ -30,6 +32,7 @@ import {
   isBatchId,
   isFileId,
   type JobEvent,
+  type LineError,
   MAX_FILE_BYTES,
   MAX_FILENAME,
   outputFileId,
@@ -56,6 +59,11 @@ export interface BatchApiOptions {
   cancelGraceMs?: number;
   /** A closing (or queueing) left unfinished this long by its replica is taken over. */
   reclaimAfterMs?: number;
+  /**
+   * The operator's key set (`--config-public-key`): API key records that do not verify under it are
+   * refused, as gateways refuse them (streams/record-keys.ts). Absent: records are not checked.
+   */
+  configPublicKey?: RecordVerifier;
 }
 
 export interface BatchApiHandle {
@@ -124,9 +132,11 @@ export async function startBatchApi(o: BatchApiOptions): Promise<BatchApiHandle>
 
   // API keys, as the gateways read them (the config bucket's apikey.<sha256> entries).
   const keys = new ApiKeyView();
+  let keysRefusedSignature = 0;
   let stopKeys: (() => void) | undefined;
   if (auth === "required") {
-    const kv = await new Kvm(nats.nc).open(configBucketName(store.subjects.prefix));
+    const bucket = configBucketName(store.subjects.prefix);
+    const kv = await new Kvm(nats.nc).open(bucket);
     const apply = (e: KvWatchEntry) => {
       const hash = hashOfBucketKey(e.key);
       if (!hash) return;
@@ -139,6 +149,12 @@ export async function startBatchApi(o: BatchApiOptions): Promise<BatchApiHandle>
       }
       if (v === undefined || apiKeyRecordError(v)) {
         log.warn({ key: hash.slice(0, 12) }, "invalid API key record; the key is refused");
+        return keys.set(hash, undefined);
+      }
+      const unsigned = o.configPublicKey ? configRecordRefusal(e.key, configRecordSubject(bucket, e.key), v, e.created.getTime(), { operator: o.configPublicKey }) : undefined;
+      if (unsigned) {
+        keysRefusedSignature++;
+        log.warn({ key: hash.slice(0, 12), reason: unsigned }, "API key record refused: its signature does not verify under --config-public-key; the key is refused");
         return keys.set(hash, undefined);
       }
       keys.set(hash, v as ApiKeyRecord);
@@ -161,12 +177,14 @@ export async function startBatchApi(o: BatchApiOptions): Promise<BatchApiHandle>
     stopKeys = () => w.stop();
   }
 
-  const ownerOf = (req: http.IncomingMessage): string => {
-    if (auth !== "required") return ANONYMOUS;
+  /** The caller's tenant and, when its key has one, the key's model allow-list. */
+  const callerOf = (req: http.IncomingMessage): { owner: string; models?: readonly string[] } => {
+    if (auth !== "required") return { owner: ANONYMOUS };
     const header = req.headers.authorization;
     const r = keys.authenticate(Array.isArray(header) ? header[0] : header);
     if (!r.ok) fail(401, authFailureMessage(r.reason), "invalid_api_key");
-    return (r as { user: string }).user;
+    const ok = r as { user: string; models?: readonly string[] };
+    return { owner: ok.user, ...(ok.models ? { models: ok.models } : {}) };
   };
 
   // ------------------------------------------------------------------------- metrics
@@ -181,6 +199,14 @@ export async function startBatchApi(o: BatchApiOptions): Promise<BatchApiHandle>
       const by: Record<string, number> = { validating: 0, failed: 0, in_progress: 0, finalizing: 0, completed: 0, expired: 0, cancelling: 0, cancelled: 0 };
       for (const b of view.batches.values()) by[b.status] = (by[b.status] ?? 0) + 1;
       for (const [k, v] of Object.entries(by)) this.set({ status: k }, v);
+    },
+  });
+  new client.Gauge({
+    name: "jetroute_batch_api_keys_refused_signature",
+    help: "API key records refused because their signature did not verify under --config-public-key (since start)",
+    registers: [registry],
+    collect() {
+      this.set(keysRefusedSignature);
     },
   });
   new client.Gauge({
@@ -222,7 +248,13 @@ export async function startBatchApi(o: BatchApiOptions): Promise<BatchApiHandle>
     return f;
   };
 
-  async function uploadFile(req: http.IncomingMessage, owner: string): Promise<unknown> {
+  /** The 400 naming a file's first invalid line (OpenAI's shape: the line in the message, the field in `param`). */
+  const invalidLines = (errors: readonly LineError[]): never => {
+    const first = errors[0];
+    return fail(400, `${first?.line ? `Line ${first.line}: ` : ""}${first?.message ?? "invalid input file"}${errors.length > 1 ? ` (and ${errors.length - 1} more errors)` : ""}`, first?.code ?? "invalid_file", first?.param ?? "file");
+  };
+
+  async function uploadFile(req: http.IncomingMessage, owner: string, models?: readonly string[]): Promise<unknown> {
     const ct = req.headers["content-type"] ?? "";
     if (!/^multipart\/form-data/i.test(ct)) fail(400, "Uploads must be multipart/form-data with a `file` and a `purpose`.", "invalid_request");
     const raw = await readBody(req, MAX_FILE_BYTES + MULTIPART_OVERHEAD);
@@ -239,11 +271,8 @@ export async function startBatchApi(o: BatchApiOptions): Promise<BatchApiHandle>
     if (!file || typeof file === "string") return fail(400, "Missing required parameter: 'file'.", "missing_required_parameter", "file");
     if (file.size > MAX_FILE_BYTES) fail(413, `The file exceeds the ${MAX_FILE_BYTES}-byte limit of batch input files.`, "content_size_limit_exceeded", "file");
     const bytes = new Uint8Array(await file.arrayBuffer());
-    const v = validateInput(new TextDecoder().decode(bytes));
-    if (!v.ok) {
-      const first = v.errors[0];
-      return fail(400, `${first?.line ? `Line ${first.line}: ` : ""}${first?.message ?? "invalid input file"}${v.errors.length > 1 ? ` (and ${v.errors.length - 1} more errors)` : ""}`, first?.code ?? "invalid_file", first?.param ?? "file");
-    }
+    const v = validateInput(new TextDecoder().decode(bytes), undefined, models);
+    if (!v.ok) return invalidLines(v.errors);
     const name = ((file as File).name || "input.jsonl").slice(0, MAX_FILENAME);
     const rec: FileRecord = { id: `file-${newHex()}`, bytes: bytes.length, created_at: Math.floor(now() / 1000), filename: name, purpose: "batch", owner, lines: v.lines.length };
     await store.putFile(rec.id, bytes);
@@ -259,7 +288,7 @@ export async function startBatchApi(o: BatchApiOptions): Promise<BatchApiHandle>
   };
   const shown = (b: BatchRecord) => batchObject(b, view.live.get(b.id));
 
-  async function createBatch(req: http.IncomingMessage, owner: string): Promise<unknown> {
+  async function createBatch(req: http.IncomingMessage, owner: string, models?: readonly string[]): Promise<unknown> {
     const p = parseCreateBatch(await readJson(req));
     if ("status" in p) throw new HttpError(p);
     const f = view.files.get(p.input_file_id);
@@ -267,7 +296,14 @@ export async function startBatchApi(o: BatchApiOptions): Promise<BatchApiHandle>
     if (f.purpose !== "batch") fail(400, "Invalid 'input_file_id': the file's purpose must be 'batch'.", "invalid_value", "input_file_id");
     const data = await store.getFile(f.id);
     if (!data) return fail(400, `Invalid 'input_file_id': the file ${f.id} has no content.`, "invalid_value", "input_file_id");
-    const v = validateInput(new TextDecoder().decode(data), p.endpoint);
+    const text = new TextDecoder().decode(data);
+    const v = validateInput(text, p.endpoint);
+    // The caller's key may be narrower than the one that uploaded the file: its models are checked
+    // again here, and a line it may not run refuses the batch before anything is recorded.
+    if (v.ok && models) {
+      const allowed = validateInput(text, p.endpoint, models);
+      if (!allowed.ok) invalidLines(allowed.errors);
+    }
     const id = `batch_${newHex()}`;
     const t = now();
     const created: JobEvent = {
@@ -394,11 +430,12 @@ export async function startBatchApi(o: BatchApiOptions): Promise<BatchApiHandle>
       return;
     }
     if (parts[0] !== "v1" || (parts[1] !== "files" && parts[1] !== "batches")) return fail(404, `Unknown path ${url.pathname.slice(0, 64)}: this server serves /v1/files and /v1/batches.`, "unknown_url");
-    const owner = ownerOf(req);
+    const caller = callerOf(req);
+    const owner = caller.owner;
     const id = parts[2];
     const q = (k: string) => url.searchParams.get(k) ?? undefined;
     if (parts[1] === "files") {
-      if (!id && method === "POST") return send(res, 200, await uploadFile(req, owner));
+      if (!id && method === "POST") return send(res, 200, await uploadFile(req, owner, caller.models));
       if (!id && method === "GET") {
         const purpose = q("purpose");
         const p = paginate(view.filesOf(owner, purpose), q("after"), q("limit") ?? "100");
@@ -422,7 +459,7 @@ export async function startBatchApi(o: BatchApiOptions): Promise<BatchApiHandle>
         return;
       }
     } else {
-      if (!id && method === "POST") return send(res, 200, await createBatch(req, owner));
+      if (!id && method === "POST") return send(res, 200, await createBatch(req, owner, caller.models));
       if (!id && method === "GET") {
         const p = paginate(view.batchesOf(owner), q("after"), q("limit"));
         if ("status" in p) throw new HttpError(p);

@@ -3,6 +3,7 @@
  * (docs/batch.md).
  */
 import { type Command, Option } from "commander";
+import { readVerifier } from "../shared/signing-keys.js";
 import { addNamespaceOptions, intOption, namespaceFlags, untilSignal } from "../shared/cli-options.js";
 import { createLogger } from "../shared/log.js";
 import { connectNats } from "../shared/nats.js";
@@ -22,11 +23,12 @@ export function registerBatchCommands(program: Command): void {
       .addOption(new Option("--auth <mode>", "off: one shared tenant; required: every call needs an API key (config add-key), and a key sees only its user's files and batches").choices(["off", "required"]).default("off"))
       .option("--id <id>", "this replica's name in claims and logs")
       .option("--cancel-grace-ms <ms>", "a cancelled batch's in-flight items may finish this long before its output is closed", intOption(0), 30_000)
-      .option("--reclaim-after-ms <ms>", "a closing or queueing another replica left unfinished this long is taken over", intOption(1_000), 60_000),
+      .option("--reclaim-after-ms <ms>", "a closing or queueing another replica left unfinished this long is taken over", intOption(1_000), 60_000)
+      .option("--config-public-key <file>", "the operator's PEM Ed25519 public key(s): act only on API keys signed with one (jetroute config --signing-key), as gateways started with it do"),
   ).action(async (o) => {
     const log = createLogger("batch-api");
     const { nats, prefix } = namespaceFlags(o);
-    const api = await startBatchApi({ nats, prefix, port: o.port, host: o.host, auth: o.auth, log, ...(o.id ? { id: o.id } : {}), cancelGraceMs: o.cancelGraceMs, reclaimAfterMs: o.reclaimAfterMs });
+    const api = await startBatchApi({ nats, prefix, port: o.port, host: o.host, auth: o.auth, log, ...(o.id ? { id: o.id } : {}), cancelGraceMs: o.cancelGraceMs, reclaimAfterMs: o.reclaimAfterMs, ...(o.configPublicKey ? { configPublicKey: readVerifier(o.configPublicKey, "--config-public-key") } : {}) });
     console.log(JSON.stringify({ service: "batch-api", port: api.port }));
     await untilSignal();
     await api.close();

@@ -1,15 +1,22 @@
 import { describe, expect, it } from "vitest";
 import {
+  answerLimitBytes,
   applyJobEvent,
   assembleOutput,
   type BatchRecord,
   batchObject,
   type JobEvent,
   MAX_LINES,
+  onPublishFailure,
   paginate,
   parseCreateBatch,
   requestLineId,
+  RESULT_ENVELOPE_BYTES,
   type ResultEvent,
+  resultFits,
+  resultOk,
+  tooLargeResult,
+  unrecordableResult,
   validateInput,
 } from "./model.js";
 import { BatchView, progressLine } from "./view.js";
@@ -174,5 +181,54 @@ describe("batch view - live counts and bounds", () => {
     v.applyJobEvent("batch_000000000000000000000004", ev, ++seq);
     expect([...v.batches.keys()]).not.toContain(ids[1]);
     expect(v.batches.size).toBe(3);
+  });
+});
+
+describe("batch results that cannot be stored - the item completes, failed, instead of running forever", () => {
+  const item = { batch: "batch_00112233445566778899aabbccddeeff", line: 3, custom_id: "c3" };
+  it("reads an answer up to the connection's max_payload minus the result's envelope", () => {
+    expect(answerLimitBytes(1024 * 1024)).toBe(1024 * 1024 - RESULT_ENVELOPE_BYTES);
+    expect(answerLimitBytes(8 * 1024 * 1024)).toBe(8 * 1024 * 1024 - RESULT_ENVELOPE_BYTES);
+    // An envelope at its largest (a 512-character custom_id, every character escaped) still fits beside a full answer.
+    const full = { type: "batch-result", batch: item.batch, line: 49_999, custom_id: "\u0001".repeat(512), response: { status_code: 200, request_id: "r".repeat(200), body: "" }, error: null, at: Date.now() };
+    expect(JSON.stringify(full).length).toBeLessThan(RESULT_ENVELOPE_BYTES - 1024);
+  });
+  it("an answer that does not fit becomes a failed result with an OpenAI error line", () => {
+    const max = 1024 * 1024;
+    expect(resultFits(max - 2048, max)).toBe(true);
+    expect(resultFits(max, max)).toBe(false);
+    const r = tooLargeResult(item, answerLimitBytes(max), 5);
+    expect(resultOk(r)).toBe(false);
+    expect(r.response).toBeNull();
+    expect(r.error?.code).toBe("response_too_large");
+    expect(r.error?.message).toContain(String(answerLimitBytes(max)));
+    const out = assembleOutput(item.batch, 4, [r]);
+    expect(out.counts).toMatchObject({ total: 4, completed: 0, failed: 1 });
+    expect(JSON.parse(out.errors.trim())).toEqual({ id: requestLineId(item.batch, 3), custom_id: "c3", response: null, error: { code: "response_too_large", message: r.error?.message } });
+  });
+  it("a failed publish is retried with back-off on a bounded number of attempts, then the item is given up and recorded failed", () => {
+    expect(onPublishFailure(1, 10)).toEqual({ action: "nak", delayMs: 250 });
+    expect(onPublishFailure(2, 10)).toEqual({ action: "nak", delayMs: 500 });
+    expect(onPublishFailure(9, 10)).toEqual({ action: "nak", delayMs: 15_000 });
+    expect(onPublishFailure(10, 10)).toEqual({ action: "give-up" });
+    expect(onPublishFailure(11, 10)).toEqual({ action: "give-up" });
+    const r = unrecordableResult(item, "maximum payload exceeded ".repeat(40), 5);
+    expect(resultOk(r)).toBe(false);
+    expect(r.error?.code).toBe("result_not_recorded");
+    expect(r.error?.message.length).toBeLessThanOrEqual(300);
+  });
+});
+
+describe("batch input validation - the API key's models", () => {
+  const file = [line("a"), JSON.stringify({ custom_id: "b", method: "POST", url: "/v1/chat/completions", body: { model: "secret-model", messages: [] } })].join("\n");
+  it("a line naming a model the key may not use is refused, with its line number and param", () => {
+    const v = validateInput(file, undefined, ["m"]);
+    expect(v.ok).toBe(false);
+    if (v.ok) return;
+    expect(v.errors).toEqual([{ code: "model_not_allowed", message: 'This API key may not use the model "secret-model".', param: "body.model", line: 2 }]);
+  });
+  it("every model allowed, or no list: the file is valid", () => {
+    expect(validateInput(file, undefined, ["m", "secret-model"]).ok).toBe(true);
+    expect(validateInput(file).ok).toBe(true);
   });
 });

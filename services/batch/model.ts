@@ -67,9 +67,11 @@ export const MAX_REPORTED_ERRORS = 100;
 /**
  * Validates a batch input file: JSONL, each line `{custom_id, method: "POST", url, body}` with a
  * unique custom_id, a routed url, a body with a model and no streaming; every url equal to
- * `endpoint` when one is given (batch creation). Empty lines are skipped.
+ * `endpoint` when one is given (batch creation); every `body.model` in `models` when given (the
+ * caller's API key's allow-list: the worker runs items under its own key, so the owner's list is
+ * checked here). Empty lines are skipped.
  */
-export function validateInput(text: string, endpoint?: string): Validation {
+export function validateInput(text: string, endpoint?: string, models?: readonly string[]): Validation {
   const errors: LineError[] = [];
   const lines: InputLine[] = [];
   const seen = new Set<string>();
@@ -140,6 +142,10 @@ export function validateInput(text: string, endpoint?: string): Validation {
     const b = body as Record<string, unknown>;
     if (typeof b.model !== "string" || b.model.length === 0) {
       err("missing_required_parameter", "Missing required parameter: 'body.model'.", lineNo, "body.model");
+      continue;
+    }
+    if (models && !models.includes(b.model)) {
+      err("model_not_allowed", `This API key may not use the model ${JSON.stringify(b.model.slice(0, 256))}.`, lineNo, "body.model");
       continue;
     }
     if (b.stream === true) {
@@ -378,6 +384,47 @@ export interface ResultEvent {
 
 /** Whether a result counts as completed (a 2xx answer) or failed (an error answer or no answer). */
 export const resultOk = (r: Pick<ResultEvent, "response" | "error">): boolean => r.error === null && r.response !== null && r.response.status_code >= 200 && r.response.status_code < 300;
+
+/**
+ * Bytes of a result event that are not the engine's answer (type, ids, custom_id up to 512
+ * characters, JSON-escaped up to six bytes each, status, request id, timestamp, headers): the answer may take the rest of the
+ * connection's `max_payload`.
+ */
+export const RESULT_ENVELOPE_BYTES = 8 * 1024;
+
+/** The largest engine answer a worker reads: what fits in one result message beside its envelope. */
+export function answerLimitBytes(maxPayload: number): number {
+  return Math.max(1024, maxPayload - RESULT_ENVELOPE_BYTES);
+}
+
+/**
+ * The failed result recorded for an item whose answer cannot be stored (larger than one result
+ * message holds): the item completes, as a failed line of the error file, instead of being
+ * redelivered and re-executed without end.
+ */
+export function tooLargeResult(item: { batch: string; line: number; custom_id: string }, limit: number, at: number): ResultEvent {
+  return { type: "batch-result", batch: item.batch, line: item.line, custom_id: item.custom_id, response: null, error: { code: "response_too_large", message: `The model's response is larger than ${limit} bytes, the most a batch result can hold.` }, at };
+}
+
+/** Whether a result event, encoded, fits in one message of `maxPayload` bytes. */
+export function resultFits(encodedBytes: number, maxPayload: number): boolean {
+  return encodedBytes + 1024 <= maxPayload;
+}
+
+/**
+ * What a worker does when recording an item's result failed on delivery `deliveries` (1 for the
+ * first): offer the item again after a back-off while attempts are left, else give up on it
+ * (terminate the message) and record it failed.
+ */
+export function onPublishFailure(deliveries: number, maxAttempts: number): { action: "nak"; delayMs: number } | { action: "give-up" } {
+  if (deliveries < maxAttempts) return { action: "nak", delayMs: Math.min(250 * 2 ** Math.max(0, deliveries - 1), 15_000) };
+  return { action: "give-up" };
+}
+
+/** The failed result recorded for an item given up on after its result could not be recorded. */
+export function unrecordableResult(item: { batch: string; line: number; custom_id: string }, reason: string, at: number): ResultEvent {
+  return { type: "batch-result", batch: item.batch, line: item.line, custom_id: item.custom_id, response: null, error: { code: "result_not_recorded", message: `The result could not be recorded: ${reason}`.slice(0, 300) }, at };
+}
 
 /** A stable line id: the same item always gets the same id, however often it ran. */
 export function requestLineId(batchId: string, line: number): string {

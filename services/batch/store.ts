@@ -95,38 +95,44 @@ export class BatchStore {
 
   private async follow(): Promise<void> {
     const { js, jsm } = this.o.nats;
-    const [jobInfo, resInfo] = await Promise.all([jsm.streams.info(this.streams.batch), jsm.streams.info(this.streams.results)]);
+    const jobInfo = await jsm.streams.info(this.streams.batch);
     const jobLast = jobInfo.state.last_seq;
-    const resLast = resInfo.state.last_seq;
     const jobs = await js.consumers.get(this.streams.batch, { deliver_policy: DeliverPolicy.All });
-    const results = await js.consumers.get(this.streams.results, { deliver_policy: DeliverPolicy.All, headers_only: true });
     let jobSeq = 0;
-    let resSeq = 0;
-    let caughtUp: () => void = () => {};
-    const done = new Promise<void>((r) => {
-      caughtUp = r;
+    let jobsCaughtUp: () => void = () => {};
+    const jobsDone = new Promise<void>((r) => {
+      jobsCaughtUp = r;
     });
-    const check = () => {
-      if (jobSeq >= jobLast && resSeq >= resLast) caughtUp();
-    };
-    check();
+    if (jobLast === 0 || jobInfo.state.messages === 0) jobsCaughtUp();
     const jm = await jobs.consume({ callback: (m) => {
       jobSeq = m.seq;
       this.applyJob(m);
-      check();
+      if (jobSeq >= jobLast || m.info.pending === 0) jobsCaughtUp();
       this.wake();
     } });
+    this.stops.push(() => jm.stop());
+    // The job stream is replayed to its end before any result is read: every batch a stored result
+    // names is then known (or finished and forgotten), so no result of a restart's replay waits in
+    // the view's small early buffer, or is dropped from it and its item run again.
+    await jobsDone;
+    const resInfo = await jsm.streams.info(this.streams.results);
+    const resLast = resInfo.state.last_seq;
+    const results = await js.consumers.get(this.streams.results, { deliver_policy: DeliverPolicy.All, headers_only: true });
+    let resultsCaughtUp: () => void = () => {};
+    const resultsDone = new Promise<void>((r) => {
+      resultsCaughtUp = r;
+    });
+    if (resLast === 0 || resInfo.state.messages === 0) resultsCaughtUp();
     const rm = await results.consume({ callback: (m) => {
-      resSeq = m.seq;
       const id = m.subject.slice(this.subjects.prefix.length + "batchres.".length + 1);
       const line = Number(m.headers?.get(RESULT_LINE_HEADER));
       if (!Number.isInteger(line)) {
         this.view.stats.invalid++;
       } else this.view.applyResult(`batch_${id}`, line, m.headers?.get(RESULT_OK_HEADER) === "1");
-      check();
+      if (m.seq >= resLast || m.info.pending === 0) resultsCaughtUp();
     } });
-    this.stops.push(() => jm.stop(), () => rm.stop());
-    await done;
+    this.stops.push(() => rm.stop());
+    await resultsDone;
   }
 
   private applyJob(m: JsMsg): void {

@@ -35,7 +35,7 @@ export class BatchView {
   readonly files = new Map<string, FileRecord>();
   readonly batches = new Map<string, BatchRecord>();
   readonly live = new Map<string, LiveCounts>();
-  /** Results seen before their batch's created event (a lagging fold): applied when it arrives. */
+  /** Results seen before their batch's created event (live, the job fold lagging the results fold by a moment; a restart replays the job stream to its end first): applied when it arrives. */
   private readonly early = new Map<string, Array<{ line: number; ok: boolean }>>();
   readonly stats = { fileEvents: 0, jobEvents: 0, results: 0, ignored: 0, invalid: 0, evicted: 0 };
   /** Stream sequence of the last job event folded (a replica answers after it caught up). */

@@ -14,7 +14,8 @@ import type { JsMsg } from "@nats-io/jetstream";
 import type { Logger } from "../shared/log.js";
 import { startMetricsServer, statsRegistry } from "../shared/metrics-server.js";
 import { connectNats, type NatsHandles } from "../shared/nats.js";
-import { batchHex, RUNNING, requestLineId, type ResultEvent } from "./model.js";
+import { BodyTooLargeError, readBodyCapped } from "../shared/http-body.js";
+import { answerLimitBytes, batchHex, onPublishFailure, RUNNING, requestLineId, type ResultEvent, resultFits, tooLargeResult, unrecordableResult } from "./model.js";
 import { BatchStore, type WorkItem } from "./store.js";
 
 export interface BatchWorkerOptions {
@@ -44,6 +45,12 @@ export interface BatchWorkerStats {
   completed: number;
   failed: number;
   retried: number;
+  /** Answers larger than a result message holds, recorded as failed (response_too_large). */
+  tooLarge: number;
+  /** Results that could not be recorded (publish failed): the item was offered again. */
+  publishFailed: number;
+  /** Items given up on after their result could not be recorded `maxAttempts` times. */
+  gaveUp: number;
   skippedFinished: number;
   skippedDone: number;
   invalid: number;
@@ -78,11 +85,14 @@ export async function startBatchWorker(o: BatchWorkerOptions): Promise<BatchWork
   const maxAttempts = o.maxAttempts ?? 10;
   const objective = o.objective ?? "batch";
   const target = o.target.replace(/\/$/, "");
-  const stats: BatchWorkerStats = { executed: 0, completed: 0, failed: 0, retried: 0, skippedFinished: 0, skippedDone: 0, invalid: 0, inFlight: 0 };
+  const stats: BatchWorkerStats = { executed: 0, completed: 0, failed: 0, retried: 0, tooLarge: 0, publishFailed: 0, gaveUp: 0, skippedFinished: 0, skippedDone: 0, invalid: 0, inFlight: 0 };
   let stopped = false;
   const controller = new AbortController();
 
-  async function execute(item: WorkItem, m: JsMsg): Promise<"done" | "retry"> {
+  const maxPayload = (): number => nats.nc.info?.max_payload ?? 1024 * 1024;
+  const encoder = new TextEncoder();
+
+  async function execute(item: WorkItem, m: JsMsg): Promise<"done" | "retry" | "handled"> {
     const body = (JSON.parse(item.raw) as { body: unknown }).body;
     const requestId = requestLineId(item.batch, item.line);
     const headers: Record<string, string> = {
@@ -101,15 +111,28 @@ export async function startBatchWorker(o: BatchWorkerOptions): Promise<BatchWork
         body: JSON.stringify(body),
         signal: AbortSignal.any([controller.signal, AbortSignal.timeout(o.requestTimeoutMs ?? 600_000)]),
       });
-      const text = await res.text();
-      if (RETRY_STATUS.has(res.status) && m.info.deliveryCount < maxAttempts) return "retry";
-      let parsed: unknown = text;
+      const limit = answerLimitBytes(maxPayload());
+      let text: string | undefined;
       try {
-        parsed = JSON.parse(text);
-      } catch {
-        /* a non-JSON answer is kept as text */
+        text = await readBodyCapped(res, limit, "the model's response");
+      } catch (err) {
+        if (!(err instanceof BodyTooLargeError)) throw err;
       }
-      result = { type: "batch-result", batch: item.batch, line: item.line, custom_id: item.custom_id, response: { status_code: res.status, request_id: res.headers.get("x-request-id") ?? requestId, body: parsed }, error: null, at: Date.now() };
+      if (RETRY_STATUS.has(res.status) && m.info.deliveryCount < maxAttempts) return "retry";
+      if (text === undefined) {
+        result = tooLargeResult(item, limit, Date.now());
+      } else {
+        let parsed: unknown = text;
+        try {
+          parsed = JSON.parse(text);
+        } catch {
+          /* a non-JSON answer is kept as text */
+        }
+        result = { type: "batch-result", batch: item.batch, line: item.line, custom_id: item.custom_id, response: { status_code: res.status, request_id: res.headers.get("x-request-id") ?? requestId, body: parsed }, error: null, at: Date.now() };
+        // Escaping can make the encoded event longer than the answer read: measured, not assumed.
+        if (!resultFits(encoder.encode(JSON.stringify(result)).byteLength, maxPayload())) result = tooLargeResult(item, limit, Date.now());
+      }
+      if (result.error?.code === "response_too_large") stats.tooLarge++;
     } catch (err) {
       if (stopped) throw err;
       if (m.info.deliveryCount < maxAttempts) return "retry";
@@ -117,7 +140,26 @@ export async function startBatchWorker(o: BatchWorkerOptions): Promise<BatchWork
     } finally {
       clearInterval(beat);
     }
-    await store.publishResult(result);
+    try {
+      await store.publishResult(result);
+    } catch (err) {
+      if (stopped) throw err;
+      stats.publishFailed++;
+      const reason = (err as Error).message;
+      const next = onPublishFailure(m.info.deliveryCount, maxAttempts);
+      if (next.action === "nak") {
+        log.warn({ err: reason, batch: item.batch, line: item.line, deliveries: m.info.deliveryCount }, "recording a batch result failed; the item is offered again");
+        m.nak(next.delayMs);
+        return "handled";
+      }
+      // Out of attempts: record the item failed (a small event) and drop it from the queue.
+      stats.gaveUp++;
+      stats.failed++;
+      log.warn({ err: reason, batch: item.batch, line: item.line, deliveries: m.info.deliveryCount }, "recording a batch result failed too often; the item is recorded failed");
+      await store.publishResult(unrecordableResult(item, reason, Date.now())).catch((e: unknown) => log.warn({ err: (e as Error).message, batch: item.batch, line: item.line }, "recording the failure failed too; the item stays without a result"));
+      m.term();
+      return "handled";
+    }
     stats.executed++;
     if (result.response && result.response.status_code < 300) stats.completed++;
     else stats.failed++;
@@ -160,7 +202,7 @@ export async function startBatchWorker(o: BatchWorkerOptions): Promise<BatchWork
       if (r === "retry") {
         stats.retried++;
         m.nak(retryDelayMs(m.info.deliveryCount));
-      } else m.ack();
+      } else if (r === "done") m.ack();
     } finally {
       stats.inFlight--;
     }
