@@ -35,6 +35,7 @@ import { configBucketName } from "../../streams/definitions.js";
 import { encodeToken } from "../../streams/tokens.js";
 import { type Assembly, PREFIX_QUALITY_ENGINE_DEFAULTS, percentile, startAssembly } from "../assembly.js";
 import { type ClientOutcome, sendChat } from "./flow-client.js";
+import { mulberry32 } from "../../services/shared/seeded-random.js";
 
 const MODEL = "bench/batch-8b";
 
@@ -69,18 +70,6 @@ export interface BatchBenchOptions {
 export const BATCH_BENCH_DEFAULTS: BatchBenchOptions = { items: 5_000, probeItems: 400, workers: 3, workerConcurrency: 16, interactiveLoad: 0.6, interactiveMs: 20_000, pods: 4, timeScale: 1, maxTokens: 24, maxBatch: 4, seed: 37 };
 
 const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
-
-/** A small seeded generator (mulberry32): the same arrivals for the same seed. */
-function seeded(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 const inputFile = (n: number, tag: string, maxTokens: number) =>
   `${Array.from({ length: n }, (_, i) => JSON.stringify({ custom_id: `${tag}-${i}`, method: "POST", url: "/v1/chat/completions", body: { model: MODEL, messages: [{ role: "user", content: `${tag} item ${i}: summarise the quarterly report` }], max_tokens: maxTokens } })).join("\n")}\n`;
@@ -223,13 +212,13 @@ export async function runBatchBench(opts: Partial<BatchBenchOptions> = {}): Prom
 
     // 2. Interactive alone.
     log(`interactive alone: ${rate.toFixed(1)}/s for ${o.interactiveMs} ms`);
-    const alone = interactiveLoad(a.frontPort, rate, seeded(o.seed), o.maxTokens);
+    const alone = interactiveLoad(a.frontPort, rate, mulberry32(o.seed), o.maxTokens);
     await sleep(o.interactiveMs);
     const without = await alone.stop();
 
     // 3. Interactive + the batch, one worker killed half-way.
     log(`mixed: ${o.items} items beside ${rate.toFixed(1)} interactive/s`);
-    const mixed = interactiveLoad(a.frontPort, rate, seeded(o.seed + 1), o.maxTokens);
+    const mixed = interactiveLoad(a.frontPort, rate, mulberry32(o.seed + 1), o.maxTokens);
     let killed = false;
     const run = await runBatch(o.items, "bench", (done) => {
       if (!killed && done >= o.items / 2) {

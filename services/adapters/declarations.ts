@@ -10,10 +10,10 @@ import { CustomObjectsApi, type KubeConfig, PatchStrategy, setHeaderOptions } fr
 import { type KV, type KvEntry, Kvm } from "@nats-io/kv";
 import { ADAPTER_KEY_PREFIX, type AdapterSpec, adapterNameError, adapterSpecError, MAX_ADAPTERS, MODEL_ADAPTER_GROUP, MODEL_ADAPTER_VERSION } from "../../schemas/adapters.js";
 import { configBucketName } from "../../streams/definitions.js";
-import { configRecordRefusal, type RecordKeySets } from "../../streams/record-keys.js";
-import { configRecordSubject, SIGNATURE_FIELD } from "../../streams/signatures.js";
+import type { RecordKeySets } from "../../streams/record-keys.js";
+import { SIGNATURE_FIELD } from "../../streams/signatures.js";
 import { decodeToken } from "../../streams/tokens.js";
-import { LogRate } from "../shared/log-rate.js";
+import { configEntryJudge } from "../shared/config-judge.js";
 import type { Logger } from "../shared/log.js";
 import type { NatsHandles } from "../shared/nats.js";
 
@@ -49,19 +49,7 @@ export async function watchConfigDeclarations(nats: NatsHandles, prefix: string,
   const bucket = configBucketName(prefix);
   const kv: KV = await new Kvm(nats.js).open(bucket);
   const decls = new Map<string, Declaration>();
-  const refusedLog = new LogRate(10, 60_000);
-  // The start-up read and the watch deliver the same entries: each revision is judged (and counted) once.
-  const judged = new Map<string, { revision: number; why: string | undefined }>();
-  const refusal = (e: KvEntry, value: unknown): string | undefined => {
-    const seen = judged.get(e.key);
-    if (seen && seen.revision === e.revision) return seen.why;
-    const why = configRecordRefusal(e.key, configRecordSubject(bucket, e.key), value, e.created.getTime(), signatures);
-    judged.set(e.key, { revision: e.revision, why });
-    if (!why) return undefined;
-    stats.refusedSignature++;
-    if (refusedLog.admit(Date.now()).log) log.warn({ key: e.key.slice(0, 300), reason: why }, "adapter declaration refused: its signature does not verify under the operator's keys (--config-public-key); ignored (the previous value, if any, stays)");
-    return why;
-  };
+  const refusal = configEntryJudge(bucket, signatures, stats, log, "adapter declaration refused: its signature does not verify under the operator's keys (--config-public-key); ignored (the previous value, if any, stays)");
   const apply = (e: KvEntry) => {
     let name: string;
     try {
@@ -70,7 +58,7 @@ export async function watchConfigDeclarations(nats: NatsHandles, prefix: string,
       return;
     }
     if (e.operation !== "PUT") {
-      judged.delete(e.key);
+      refusal.forget(e.key);
       decls.delete(name);
       return;
     }

@@ -14,8 +14,7 @@ import { type KV, type KvEntry, Kvm } from "@nats-io/kv";
 import { AUTOSCALE_KEY_PREFIX, type AutoscalePolicy, type AutoscaleRecommendation, autoscalePolicyError, resolvePolicy } from "../../schemas/autoscale.js";
 import { POOL_KEY_PREFIX, readPoolConfig } from "../../schemas/config.js";
 import { configBucketName, streamName } from "../../streams/definitions.js";
-import { configRecordRefusal, type RecordKeySets, sharedKeyError } from "../../streams/record-keys.js";
-import { configRecordSubject } from "../../streams/signatures.js";
+import { type RecordKeySets, sharedKeyError } from "../../streams/record-keys.js";
 import { isStreamNotFound } from "../../streams/errors.js";
 import { STREAM_EVENT_TYPES } from "../../streams/event-types.js";
 import { Subjects } from "../../streams/subjects.js";
@@ -25,7 +24,7 @@ import { StreamFollower } from "../shared/follower.js";
 import { kvLeaseStore } from "../shared/kv-lease.js";
 import { LeaderElector } from "../shared/leader.js";
 import type { Logger } from "../shared/log.js";
-import { LogRate } from "../shared/log-rate.js";
+import { configEntryJudge } from "../shared/config-judge.js";
 import { connectNats, type NatsHandles } from "../shared/nats.js";
 import { ServerClock } from "../gateway/server-clock.js";
 import { GatewayState } from "../views/gateway-state.js";
@@ -235,20 +234,7 @@ function createFollowers(d: FollowerDeps): Follower[] {
 async function watchPolicies(nats: NatsHandles, prefix: string, runners: Map<string, PolicyRunner>, pools: PoolMap, stats: { invalidPolicies: number; refusedSignature: number }, signatures: RecordKeySets, log: Logger): Promise<{ stop(): void }> {
   const bucket = configBucketName(prefix);
   const kv: KV = await new Kvm(nats.js).open(bucket);
-  const refusedLog = new LogRate(10, 60_000);
-  /** Why a PUT is not to be acted on for its signature (streams/record-keys.ts); undefined when it may be. */
-  // The start-up read and the watch deliver the same entries: each revision is judged (and counted) once.
-  const judged = new Map<string, { revision: number; why: string | undefined }>();
-  const refusal = (e: KvEntry, value: unknown): string | undefined => {
-    const seen = judged.get(e.key);
-    if (seen && seen.revision === e.revision) return seen.why;
-    const why = configRecordRefusal(e.key, configRecordSubject(bucket, e.key), value, e.created.getTime(), signatures);
-    judged.set(e.key, { revision: e.revision, why });
-    if (!why) return undefined;
-    stats.refusedSignature++;
-    if (refusedLog.admit(Date.now()).log) log.warn({ key: e.key.slice(0, 300), reason: why }, "config entry refused: its signature does not verify under the operator's keys; ignored (the previous value, if any, stays)");
-    return why;
-  };
+  const refusal = configEntryJudge(bucket, signatures, stats, log, "config entry refused: its signature does not verify under the operator's keys; ignored (the previous value, if any, stays)");
   const json = (e: KvEntry): unknown => {
     try {
       return e.json();
@@ -259,7 +245,7 @@ async function watchPolicies(nats: NatsHandles, prefix: string, runners: Map<str
   const applyPool = (e: KvEntry) => {
     const pool = e.key.slice(POOL_KEY_PREFIX.length);
     if (e.operation !== "PUT") {
-      judged.delete(e.key);
+      refusal.forget(e.key);
       return pools.set(pool, undefined);
     }
     if (refusal(e, json(e))) return;
@@ -275,7 +261,7 @@ async function watchPolicies(nats: NatsHandles, prefix: string, runners: Map<str
       return;
     }
     if (e.operation !== "PUT") {
-      judged.delete(e.key);
+      refusal.forget(e.key);
       if (runners.delete(name)) log.info({ policy: name }, "autoscaling policy removed");
       return;
     }
