@@ -4,9 +4,9 @@
  * ext_proc), batch-api replicas and batch-workers (in-process, and real processes for kill -9).
  *
  * The official `openai` client (the devDependency; passes with v5.23 and v7.60) drives one flow;
- * JETROUTE_OPENAI_MODULE names another copy to try. Without the package that test is skipped; the
- * same calls also run with plain HTTP in the other tests.
+ * the same calls also run with plain HTTP in the other tests.
  */
+import OpenAI, { toFile } from "openai";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { Kvm } from "@nats-io/kv";
 import { configBucketName } from "../streams/definitions.js";
@@ -28,15 +28,6 @@ type Json = Record<string, unknown>;
 
 const inputFile = (n: number, prefix = "req", maxTokens = 4) =>
   `${Array.from({ length: n }, (_, i) => JSON.stringify({ custom_id: `${prefix}-${i}`, method: "POST", url: "/v1/chat/completions", body: { model: MODEL, messages: [{ role: "user", content: `item ${i}` }], max_tokens: maxTokens } })).join("\n")}\n`;
-
-async function loadOpenAI(): Promise<{ default: new (o: Json) => unknown; toFile: (b: Buffer, name: string) => Promise<unknown> } | undefined> {
-  const spec = process.env.JETROUTE_OPENAI_MODULE ?? "openai";
-  try {
-    return (await import(/* @vite-ignore */ spec)) as never;
-  } catch {
-    return undefined;
-  }
-}
 
 describe("Batch API - files, batches, workers through the routing plane", () => {
   let env: TestEnv;
@@ -226,13 +217,10 @@ describe("Batch API - files, batches, workers through the routing plane", () => 
     expect(bad.code).toBe(2);
   }, 30_000);
 
-  it("the official openai client: files.create, batches.create/retrieve/list/cancel, files.content", async (ctx) => {
-    const mod = await loadOpenAI();
-    if (!mod) ctx.skip();
+  it("the official openai client: files.create, batches.create/retrieve/list/cancel, files.content", async () => {
     const w = await worker();
-    // biome-ignore lint/suspicious/noExplicitAny: the client's types come from an optional module
-    const client: any = new mod!.default({ apiKey: "unused", baseURL: `${base}/v1`, maxRetries: 0 });
-    const file = await client.files.create({ file: await mod!.toFile(Buffer.from(inputFile(10, "sdk")), "sdk.jsonl"), purpose: "batch" });
+    const client = new OpenAI({ apiKey: "unused", baseURL: `${base}/v1`, maxRetries: 0 });
+    const file = await client.files.create({ file: await toFile(Buffer.from(inputFile(10, "sdk")), "sdk.jsonl"), purpose: "batch" });
     expect(file.id).toMatch(/^file-/);
     const created = await client.batches.create({ input_file_id: file.id, endpoint: "/v1/chat/completions", completion_window: "24h", metadata: { via: "openai" } });
     let b = created;
@@ -241,7 +229,8 @@ describe("Batch API - files, batches, workers through the routing plane", () => 
       return b.status === "completed";
     }, 30_000, "completed through the client");
     expect(b.request_counts).toEqual({ total: 10, completed: 10, failed: 0 });
-    const content = await client.files.content(b.output_file_id);
+    expect(b.output_file_id).toBeTruthy();
+    const content = await client.files.content(b.output_file_id as string);
     const text = await content.text();
     expect(text.trim().split("\n").map((l: string) => JSON.parse(l).custom_id).sort()).toEqual(Array.from({ length: 10 }, (_, i) => `sdk-${i}`).sort());
     const listed: string[] = [];
@@ -249,7 +238,7 @@ describe("Batch API - files, batches, workers through the routing plane", () => 
     expect(listed).toContain(created.id);
     await w.close();
     workers.splice(workers.indexOf(w), 1);
-    const f2 = await client.files.create({ file: await mod!.toFile(Buffer.from(inputFile(2, "sdk2")), "sdk2.jsonl"), purpose: "batch" });
+    const f2 = await client.files.create({ file: await toFile(Buffer.from(inputFile(2, "sdk2")), "sdk2.jsonl"), purpose: "batch" });
     const b2 = await client.batches.create({ input_file_id: f2.id, endpoint: "/v1/chat/completions", completion_window: "24h" });
     const c = await client.batches.cancel(b2.id);
     expect(["cancelling", "cancelled"]).toContain(c.status);
