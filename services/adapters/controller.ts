@@ -22,7 +22,6 @@ import { hostname } from "node:os";
 import type { AdapterMove, AdapterPlacement, AdapterSpec } from "../../schemas/adapters.js";
 import { ADAPTER_DEFAULTS, loraPathOf } from "../../schemas/adapters.js";
 import { streamName } from "../../streams/definitions.js";
-import { isStreamNotFound } from "../../streams/errors.js";
 import { STREAM_EVENT_TYPES } from "../../streams/event-types.js";
 import { Subjects } from "../../streams/subjects.js";
 import { checkSummary } from "../routing/mod.js";
@@ -30,7 +29,7 @@ import { StreamFollower } from "../shared/follower.js";
 import { kvLeaseStore } from "../shared/kv-lease.js";
 import { LeaderElector } from "../shared/leader.js";
 import type { Logger } from "../shared/log.js";
-import { connectNats, type NatsHandles } from "../shared/nats.js";
+import { connectNats, type NatsHandles, requireStream } from "../shared/nats.js";
 import { GatewayState } from "../views/gateway-state.js";
 import type { PodInfo } from "../views/pod-set.js";
 import type { Declaration, DeclarationSource, KubeDeclarationSource } from "./declarations.js";
@@ -106,13 +105,7 @@ export async function startAdapterController(o: AdapterControllerOptions): Promi
   const nats = await connectNats(o.nats, `jetroute-adapter-controller-${id}`);
   const subjects = new Subjects(o.prefix);
   const adaptersStream = streamName(o.prefix, "ADAPTERS");
-  try {
-    await nats.jsm.streams.info(adaptersStream);
-  } catch (err) {
-    await nats.nc.close();
-    if (isStreamNotFound(err)) throw new Error(`stream ${adaptersStream} does not exist: run \`jetroute streams apply\` first`);
-    throw err;
-  }
+  await requireStream(nats, adaptersStream);
   const state = new GatewayState({});
   const demand = new DemandWindow();
   const records = new Map<string, AdapterPlacement>();

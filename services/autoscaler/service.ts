@@ -15,7 +15,6 @@ import { AUTOSCALE_KEY_PREFIX, type AutoscalePolicy, type AutoscaleRecommendatio
 import { POOL_KEY_PREFIX, readPoolConfig } from "../../schemas/config.js";
 import { configBucketName, streamName } from "../../streams/definitions.js";
 import { type RecordKeySets, sharedKeyError } from "../../streams/record-keys.js";
-import { isStreamNotFound } from "../../streams/errors.js";
 import { STREAM_EVENT_TYPES } from "../../streams/event-types.js";
 import { Subjects } from "../../streams/subjects.js";
 import { decodeToken } from "../../streams/tokens.js";
@@ -25,7 +24,7 @@ import { kvLeaseStore } from "../shared/kv-lease.js";
 import { LeaderElector } from "../shared/leader.js";
 import type { Logger } from "../shared/log.js";
 import { configEntryJudge } from "../shared/config-judge.js";
-import { connectNats, type NatsHandles } from "../shared/nats.js";
+import { connectNats, type NatsHandles, requireStream } from "../shared/nats.js";
 import { ServerClock } from "../gateway/server-clock.js";
 import { GatewayState } from "../views/gateway-state.js";
 import { PoolMap } from "../views/pool-map.js";
@@ -103,13 +102,7 @@ export async function startAutoscaler(o: AutoscalerOptions): Promise<AutoscalerH
   const nats = await connectNats(o.nats, `jetroute-autoscaler-${id}`);
   const subjects = new Subjects(o.prefix);
   const autoscaleStream = streamName(o.prefix, "AUTOSCALE");
-  try {
-    await nats.jsm.streams.info(autoscaleStream);
-  } catch (err) {
-    await nats.nc.close();
-    if (isStreamNotFound(err)) throw new Error(`stream ${autoscaleStream} does not exist: run \`jetroute streams apply\` first`);
-    throw err;
-  }
+  await requireStream(nats, autoscaleStream);
   // Pods and watcher heartbeats: only those a pod-watcher's key signed count, as on the gateways.
   const state = new GatewayState(signatures.podWatcher ? { podSignatures: signatures.podWatcher } : {});
   const outcomes = new OutcomeWindow();

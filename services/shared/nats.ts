@@ -39,6 +39,7 @@ import {
   tokenAuthenticator,
   usernamePasswordAuthenticator,
 } from "@nats-io/transport-node";
+import { isStreamNotFound } from "../../streams/errors.js";
 
 export interface NatsHandles {
   nc: NatsConnection;
@@ -463,4 +464,18 @@ export async function connectNats(servers: string | string[] = process.env.NATS_
     throw err;
   });
   return { nc, js, jsm, security };
+}
+
+/**
+ * Fails with an operator's message when `stream` does not exist (`jetroute streams apply` was not
+ * run); the connection is closed first, so a service refusing to start leaves nothing open.
+ */
+export async function requireStream(nats: NatsHandles, stream: string): Promise<void> {
+  try {
+    await nats.jsm.streams.info(stream);
+  } catch (err) {
+    await nats.nc.close();
+    if (isStreamNotFound(err)) throw new Error(`stream ${stream} does not exist: run \`jetroute streams apply\` first`);
+    throw err;
+  }
 }
