@@ -20,7 +20,7 @@
  * parsed body), possibly with different scheduling policies; writing one pod's fields into both
  * could send `priority` to an FCFS prefill pod. They are not covered: nothing is written.
  */
-import { enginePriorityFor } from "../engine-priority.js";
+import { bodyWithEnginePriority, enginePriorityFor } from "../engine-priority.js";
 import type { SelectedContext } from "../context.js";
 import { isSelected, markRewritten } from "../context.js";
 import type { SectionStage, StageEnv } from "../pipeline.js";
@@ -51,24 +51,23 @@ export function writeEngineFields(ctx: SelectedContext, env: Pick<StageEnv, "con
   const pod = ctx.pick.pod;
   if (pdPlanOf(ctx.pick)?.kind === "pd") return;
   const body = ctx.parsed.body;
-  const fields: Record<string, unknown> = {};
   // Configs are keyed by the base model: the pod's model (an adapter's pods serve its base).
   const setting = env.config?.get(pod.model)?.flowControl?.enginePriority;
   const band = ctx.flow?.band;
   const decision = enginePriorityFor(band, pod, setting);
-  if (decision.action === "set" && body.priority !== decision.value) fields.priority = decision.value;
+  let next = bodyWithEnginePriority(body, decision);
   const adapter = ctx.parsed.model;
   let engineModel: string | undefined;
   if (pod.engine === "sglang" && adapter !== pod.model && env.views.pods.baseOf?.(adapter) !== undefined) {
     engineModel = `${pod.model}:${adapter}`;
-    if (body.model !== engineModel) fields.model = engineModel;
+    if (body.model !== engineModel) next = { ...(next ?? body), model: engineModel };
   }
   // Recorded only for a request with a band: the others' "no band" is what `flow` being absent says.
   const recorded = band === undefined ? undefined : decision.action === "set" ? decision.value : decision.reason;
   if (recorded !== undefined || engineModel !== undefined) {
     ctx.engineFields = { ...(recorded !== undefined ? { enginePriority: recorded as number | "fcfs-pod" | "off" } : {}), ...(engineModel !== undefined && engineModel.length <= 520 ? { engineModel } : {}) };
   }
-  if (Object.keys(fields).length === 0) return;
-  ctx.parsed = { ...ctx.parsed, body: { ...body, ...fields } };
+  if (!next) return;
+  ctx.parsed = { ...ctx.parsed, body: next };
   markRewritten(ctx);
 }
