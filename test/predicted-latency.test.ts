@@ -27,7 +27,9 @@ describe("predicted-latency - a fast and a slow pod class through NATS and ext_p
     fleet = await startSimFleet({
       pods: 4,
       model: MODEL,
-      timeScale: 10,
+      // Real time (scale 1): a slow step is 80 ms of wall time, well above what a busy host adds to
+      // every request's first token, so the class gap shows in measured TTFT on a loaded box too.
+      timeScale: 1,
       kvEvents: false,
       prefillMsPerToken: 0.5,
       decodeMsPerStep: 20,

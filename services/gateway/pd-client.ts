@@ -56,7 +56,8 @@ export class PdHttpClient implements LegClient {
       });
       // An answer declaring more than the bound is refused before a byte of it is read.
       if (declaredTooLarge(res.headers["content-length"], this.maxAnswer)) {
-        res.body.destroy();
+        // undici's body emits an AbortError when destroyed unread: heard here, not as an uncaught error.
+        res.body.on("error", () => undefined).destroy();
         throw new LegError({ kind: "connect", code: "answer-too-large" });
       }
       return { status: res.statusCode, body: await readBounded(res.body, this.maxAnswer) };
