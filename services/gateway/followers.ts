@@ -28,6 +28,21 @@ function indexOfBytes(hay: Uint8Array, needle: Uint8Array): number {
   return Buffer.from(hay.buffer, hay.byteOffset, hay.byteLength).indexOf(needle);
 }
 
+/**
+ * The charge id of one of our own events, read from its bytes without parsing it: our events
+ * serialize `"id":"<id>",` right before the gateway marker at `marker` (charge ids are generated,
+ * never escaped). undefined if the bytes do not have that shape.
+ */
+export function ownEventId(data: Uint8Array, marker: number): string | undefined {
+  const end = marker - 2; // the id's closing quote, before the comma
+  if (end < 7 || data[end] !== 0x22 || data[end + 1] !== 0x2c) return undefined;
+  let start = end - 1;
+  while (start >= 0 && data[start] !== 0x22) start--;
+  if (start < 5 || end - start - 1 > 128) return undefined;
+  if (Buffer.from(data.buffer, data.byteOffset + start - 5, 5).toString("latin1") !== '"id":') return undefined;
+  return Buffer.from(data.buffer, data.byteOffset + start + 1, end - start - 1).toString("latin1");
+}
+
 export async function createFollowers(o: {
   nats: NatsHandles;
   ns: Namespace;
@@ -53,6 +68,8 @@ export async function createFollowers(o: {
   // Our events serialize `"gateway":"<id>"` right after `"id"`; this exact byte run marks an echo.
   const ownMarker = new TextEncoder().encode(`"gateway":${JSON.stringify(id)},`);
   const ownHeartbeat = subjects.heartbeat(id);
+  // `<prefix>.charges.`: our charges' subjects (releases and heartbeats have their own families).
+  const ownCharges = subjects.all("charges").slice(0, -1);
   // PODS events refused for their signature (`--pod-public-key`) are logged on a rate.
   const notes = new RefusedRecordLog(log);
   const seen = (stream: StateStream) => (subject: string, seq: number) => state.skip({ stream, subject, seq, serverTs: 0 });
@@ -76,7 +93,16 @@ export async function createFollowers(o: {
     },
     // Everything we published ourselves was applied when we made it (the fold ignores its own
     // events anyway): recognise the echoes by a byte search and spare them JSON and schema work.
-    skipRaw: (data) => ownMarker.length > 0 && indexOfBytes(data, ownMarker) >= 0,
+    skipRaw: (data, subject) => {
+      const at = ownMarker.length > 0 ? indexOfBytes(data, ownMarker) : -1;
+      if (at < 0) return false;
+      // The echo of a charge the burst guard is waiting for: its admission has now been read back.
+      if (state.rates.awaitingEcho > 0 && subject.startsWith(ownCharges)) {
+        const chargeId = ownEventId(data, at);
+        if (chargeId !== undefined) state.ownEchoed(chargeId);
+      }
+      return true;
+    },
   });
   o.cursors.onWait = () => charges.readNow();
   const followers: Array<StreamFollower<EventType>> = [

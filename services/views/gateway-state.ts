@@ -420,13 +420,19 @@ export class GatewayState {
    * `admission` is remembered for the burst guard (only where a limit applies); `counted: false`
    * for a strict-mode retry, which is the same request, counted by its first attempt.
    */
-  ownCharge(charge: ChargeEvent, now: number, o: { admission?: OwnAdmission; counted?: boolean } = {}): void {
+  ownCharge(charge: ChargeEvent, now: number, o: { admission?: OwnAdmission; counted?: boolean; published?: boolean } = {}): void {
     this.ledger.charge(charge, now);
     if (o.counted === false || charge.phase === "prefill") return;
     if (charge.user) this.usage.record({ user: charge.user, promptTokens: charge.promptTokens, completionTokens: 0, ts: now });
     this.rates.request(charge.user, charge.model, charge.promptTokens, now, true);
     const a = o.admission;
-    if (a) this.rates.noteOwn(a.user, a.model, a.tokens, a.ts);
+    // Published now: the burst guard counts it unseen until its echo is read back (`ownEchoed`).
+    if (a) this.rates.noteOwn(a.user, a.model, a.tokens, a.ts, o.published ? charge.id : undefined);
+  }
+
+  /** This gateway's charge `chargeId` was read back from the CHARGES stream (the burst guard's confirmation). */
+  ownEchoed(chargeId: string): void {
+    this.rates.echoOwn(chargeId);
   }
 
   /** A prompt this gateway routed: its blocks touched in the index and remembered as routed to the pod. */

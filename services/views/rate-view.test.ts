@@ -77,6 +77,42 @@ describe("rate view - own admissions not yet seen by other replicas", () => {
     expect(r.ownRecent("user", "alice", 1_066).requests).toBe(0);
   });
 
+  it("a published admission stays unseen until its charge is read back, then unconfirmedMs more; a lost echo stops counting at maxUnseenMs", () => {
+    const r = new RateView(100, 25);
+    expect(r.maxUnseenMs).toBe(1_000);
+    r.noteOwn("alice", "m", 10, 1_000, "c-1");
+    r.noteOwn("alice", undefined, 5, 1_002, "c-2");
+    expect(r.awaitingEcho).toBe(2);
+    // A loaded host: 300 ms later neither echo has come, so both may still be unseen elsewhere.
+    expect(r.ownRecent("user", "alice", 1_300)).toEqual({ requests: 2, tokens: 15 });
+    expect(r.ownRecent("model", "m", 1_300).requests).toBe(1);
+    // Waiting for an echo: asked again after a short poll, not after 25 ms from the admission.
+    expect(r.ownConfirmedAt("user", "alice", 1_300)).toBe(1_305);
+    r.echoOwn("c-1");
+    r.echoOwn("unknown"); // another replica's id, or one already read: nothing
+    expect(r.awaitingEcho).toBe(1);
+    // c-1 was read back and is older than 25 ms: seen; c-2 still awaits its echo.
+    expect(r.ownRecent("user", "alice", 1_301)).toEqual({ requests: 1, tokens: 5 });
+    expect(r.ownRecent("model", "m", 1_301).requests).toBe(0);
+    // Read back at once: still unseen for unconfirmedMs after the admission.
+    r.noteOwn("alice", undefined, 1, 1_400, "c-3");
+    r.echoOwn("c-3");
+    expect(r.ownRecent("user", "alice", 1_410)).toEqual({ requests: 2, tokens: 6 });
+    expect(r.ownConfirmedAt("user", "alice", 1_410)).toBe(1_410 + 5); // c-2 polls first
+    // c-2's echo never comes (its publish was lost): it stops counting 1 s after its admission.
+    expect(r.ownRecent("user", "alice", 2_001).requests).toBe(1);
+    expect(r.ownRecent("user", "alice", 2_002).requests).toBe(0);
+    r.sweep(2_100);
+    expect(r.awaitingEcho).toBe(0);
+    expect(r.size).toBe(0);
+  });
+
+  it("with --rate-confirm-ms 0 nothing is reserved, echo or not", () => {
+    const r = new RateView(100, 0);
+    r.noteOwn("alice", "m", 10, 1_000, "c-1");
+    expect(r.ownRecent("user", "alice", 1_000).requests).toBe(0);
+  });
+
   it("sweeps own admissions once they are old, and bounds their keys", () => {
     const r = new RateView(2, 25);
     r.noteOwn("a", "m", 1, 0);

@@ -6,10 +6,14 @@
  * CHARGES stream, so all enforce the same counts; the overshoot is bounded by what other
  * replicas admit during one propagation delay (see docs/architecture.md).
  *
- * It also remembers this replica's own admissions of the last `unconfirmedMs`: the ones other
- * replicas may not have seen yet. The director reserves room for as many from each other
- * replica, so a burst spread over R replicas inside the propagation delay cannot take R x the
- * limit (docs/architecture.md, "Model configs and rate limits").
+ * It also remembers this replica's own admissions that other replicas may not have seen yet: an
+ * admission counts as unseen until its own charge has come back through the CHARGES stream (its
+ * echo: the stream has it, and the other replicas read it as this one does) and `unconfirmedMs`
+ * more have passed; at most `maxUnseenMs` (a lost publish). Waiting for the echo, not a fixed
+ * time, keeps the guard true on a loaded host, where the stream's delay grows past any constant.
+ * The director reserves room for as many from each other replica, so a burst spread over R
+ * replicas inside the propagation delay cannot take R x the limit (docs/architecture.md, "Model
+ * configs and rate limits").
  *
  * Gateway pools: a pool's replicas fold only their pool's CHARGES stream, so the per-user counts
  * above are the pool's. Every gateway therefore also keeps its OWN per-user counts of the window
@@ -58,6 +62,10 @@ export interface ForeignUsageBounds {
 interface OwnAdmission {
   ts: number;
   tokens: number;
+  /** The charge's echo was read back from the stream (or nothing waits for one). */
+  echoed: boolean;
+  /** The charge id whose echo is awaited. */
+  id?: string;
 }
 
 /**
@@ -71,12 +79,8 @@ export const rateUserOf = (user: string | undefined): string => user || ANONYMOU
 /** Key of a user's or a model's own-admission list. */
 const ownKey = (kind: "user" | "model", name: string) => `${kind === "user" ? "u" : "m"}\u0000${name}`;
 
-/** Drops the admissions at or before `cutoff` from the front of a time-ordered list. */
-function pruneOwn(list: OwnAdmission[], cutoff: number): void {
-  let drop = 0;
-  while (drop < list.length && (list[drop] as OwnAdmission).ts <= cutoff) drop++;
-  if (drop > 0) list.splice(0, drop);
-}
+/** How often a request held for an admission whose echo has not come yet asks again (ms). */
+export const ECHO_POLL_MS = 5;
 
 /** How long own admissions may be unseen by the other replicas before room stops being reserved for theirs (ms). */
 export const DEFAULT_RATE_CONFIRM_MS = 25;
@@ -84,8 +88,12 @@ export const DEFAULT_RATE_CONFIRM_MS = 25;
 export class RateView implements RateReader {
   private readonly users = new Map<string, Window>();
   private readonly models = new Map<string, Window>();
-  /** Own admissions of the last `unconfirmedMs`, per `u\0user` / `m\0model`, oldest first. */
+  /** Own admissions still possibly unseen by other replicas, per `u\0user` / `m\0model`, oldest first. */
   private readonly own = new Map<string, OwnAdmission[]>();
+  /** Own admissions waiting for their charge's echo, by charge id (a user's and a model's entry share one). */
+  private readonly awaiting = new Map<string, OwnAdmission[]>();
+  /** An own admission whose echo never comes (its publish was lost) stops counting after this long (ms). */
+  readonly maxUnseenMs: number;
   /** This replica's own per-user counts of the current minute: what its `usage` summary says. */
   private readonly mine = new Map<string, Window>();
   /** Bumped on every change of `mine`: the shell skips a summary that would repeat the last one. */
@@ -113,33 +121,84 @@ export class RateView implements RateReader {
     readonly unconfirmedMs = DEFAULT_RATE_CONFIRM_MS,
     foreignBounds: ForeignUsageBounds = {},
   ) {
+    this.maxUnseenMs = Math.max(1_000, 4 * unconfirmedMs);
     this.maxForeignEntries = foreignBounds.maxEntries ?? 200_000;
     this.maxForeignGateways = foreignBounds.maxGateways ?? 4_096;
   }
 
   /**
    * Records one of this replica's own admissions (besides `request`, which counts it), for the
-   * user and/or the model; the caller passes only those that have a limit.
+   * user and/or the model; the caller passes only those that have a limit. With `chargeId` the
+   * admission stays unseen until `echoOwn(chargeId)` (then `unconfirmedMs` more); without, for
+   * `unconfirmedMs`.
    */
-  noteOwn(user: string | undefined, model: string | undefined, tokens: number, ts: number): void {
-    if (user) this.pushOwn(ownKey("user", user), ts, tokens);
-    if (model) this.pushOwn(ownKey("model", model), ts, 0);
+  noteOwn(user: string | undefined, model: string | undefined, tokens: number, ts: number, chargeId?: string): void {
+    if (user) this.pushOwn(ownKey("user", user), ts, tokens, chargeId);
+    if (model) this.pushOwn(ownKey("model", model), ts, 0, chargeId);
   }
 
-  private pushOwn(key: string, ts: number, tokens: number): void {
+  private pushOwn(key: string, ts: number, tokens: number, id?: string): void {
     let list = this.own.get(key);
     if (!list) {
-      if (this.own.size >= this.maxKeys) this.own.delete(this.own.keys().next().value as string);
+      if (this.own.size >= this.maxKeys) this.dropOwn(this.own.keys().next().value as string);
       this.own.set(key, (list = []));
     }
-    list.push({ ts, tokens });
-    // Bounded by what one replica admits within `unconfirmedMs`, whether or not anyone reads it.
-    pruneOwn(list, ts - this.unconfirmedMs);
+    const a: OwnAdmission = id === undefined ? { ts, tokens, echoed: true } : { ts, tokens, echoed: false, id };
+    list.push(a);
+    if (id !== undefined) {
+      const same = this.awaiting.get(id);
+      if (same) same.push(a);
+      else this.awaiting.set(id, [a]);
+    }
+    // Bounded by what one replica admits within the unseen time, whether or not anyone reads it.
+    this.pruneOwn(list, ts);
+  }
+
+  private dropOwn(key: string): void {
+    for (const a of this.own.get(key) ?? []) this.unawait(a);
+    this.own.delete(key);
+  }
+
+  private unawait(a: OwnAdmission): void {
+    if (a.echoed || a.id === undefined) return;
+    const same = this.awaiting.get(a.id);
+    if (!same) return;
+    const i = same.indexOf(a);
+    if (i >= 0) same.splice(i, 1);
+    if (same.length === 0) this.awaiting.delete(a.id);
+  }
+
+  /** Whether an own admission may still be unseen by the other replicas at `now`. */
+  private unseen(a: OwnAdmission, now: number): boolean {
+    // 0 turns the guard off (`--rate-confirm-ms 0`).
+    if (this.unconfirmedMs <= 0 || a.ts <= now - this.maxUnseenMs) return false;
+    return !a.echoed || a.ts > now - this.unconfirmedMs;
+  }
+
+  /** Drops the seen admissions from the front of a time-ordered list. */
+  private pruneOwn(list: OwnAdmission[], now: number): void {
+    let drop = 0;
+    while (drop < list.length && !this.unseen(list[drop] as OwnAdmission, now)) this.unawait(list[drop++] as OwnAdmission);
+    if (drop > 0) list.splice(0, drop);
+  }
+
+  /** Own charges published and not yet read back: the shell looks for their echoes only then. */
+  get awaitingEcho(): number {
+    return this.awaiting.size;
+  }
+
+  /** The charge `chargeId`, published by this replica, was read back from the CHARGES stream. */
+  echoOwn(chargeId: string): void {
+    const same = this.awaiting.get(chargeId);
+    if (!same) return;
+    this.awaiting.delete(chargeId);
+    for (const a of same) a.echoed = true;
   }
 
   /**
    * Restarts the unseen period of an own admission made at `ts` whose publish was acknowledged
    * only at `now` (strict mode): it is moved to `now`, or noted again if it had already aged out.
+   * The acknowledgement says the stream has it: no echo is awaited.
    */
   renoteOwn(user: string | undefined, model: string | undefined, tokens: number, ts: number, now: number): void {
     for (const [key, t] of [[user && ownKey("user", user), tokens] as const, [model && ownKey("model", model), 0] as const]) {
@@ -149,25 +208,38 @@ export class RateView implements RateReader {
     }
   }
 
-  /** Own admissions of the last `unconfirmedMs` for a user or a model: requests and tokens. */
+  /** Own admissions a user or a model may still have unseen by the other replicas: requests and tokens. */
   ownRecent(kind: "user" | "model", name: string, now: number): { requests: number; tokens: number } {
     const key = ownKey(kind, name);
     const list = this.own.get(key);
     if (!list) return { requests: 0, tokens: 0 };
-    pruneOwn(list, now - this.unconfirmedMs);
+    this.pruneOwn(list, now);
     if (list.length === 0) {
       this.own.delete(key);
       return { requests: 0, tokens: 0 };
     }
+    let requests = 0;
     let tokens = 0;
-    for (const a of list) tokens += a.tokens;
-    return { requests: list.length, tokens };
+    for (const a of list) {
+      if (!this.unseen(a, now)) continue;
+      requests++;
+      tokens += a.tokens;
+    }
+    return { requests, tokens };
   }
 
-  /** When the oldest own admission of a user or model stops counting as unconfirmed (or `now`). */
+  /**
+   * When the next own admission of a user or model stops counting as unseen (or `now`); for one
+   * whose echo has not come, a short poll (`ECHO_POLL_MS`), never past its `maxUnseenMs`.
+   */
   ownConfirmedAt(kind: "user" | "model", name: string, now: number): number {
-    const first = this.own.get(ownKey(kind, name))?.[0];
-    return first ? Math.max(now, first.ts + this.unconfirmedMs) : now;
+    let at = Number.POSITIVE_INFINITY;
+    for (const a of this.own.get(ownKey(kind, name)) ?? []) {
+      if (!this.unseen(a, now)) continue;
+      const next = a.echoed ? a.ts + this.unconfirmedMs : Math.min(now + ECHO_POLL_MS, a.ts + this.maxUnseenMs);
+      if (next < at) at = next;
+    }
+    return Number.isFinite(at) ? Math.max(now, at) : now;
   }
 
   private bump(map: Map<string, Window>, key: string, window: number, requests: number, tokens: number): void {
@@ -223,6 +295,7 @@ export class RateView implements RateReader {
     const list = this.own.get(key);
     const i = list ? list.findLastIndex((a) => a.ts === ts && a.tokens === tokens) : -1;
     if (!list || i < 0) return false;
+    this.unawait(list[i] as OwnAdmission);
     list.splice(i, 1);
     return true;
   }
@@ -376,7 +449,10 @@ export class RateView implements RateReader {
     for (const [k, w] of this.mine) if (w.window < minute) this.mine.delete(k);
     // A gateway that died: its last summary counts until its minute is over.
     for (const [key, byWindow] of [...this.foreign]) for (const m of [...byWindow.keys()]) if (m < minute) this.dropHeld(key, m);
-    for (const [k, list] of this.own) if ((list[list.length - 1]?.ts ?? 0) <= now - this.unconfirmedMs) this.own.delete(k);
+    for (const [k, list] of [...this.own]) {
+      this.pruneOwn(list, now);
+      if (list.every((a) => !this.unseen(a, now))) this.dropOwn(k);
+    }
   }
 
   get size(): number {

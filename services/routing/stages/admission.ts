@@ -7,11 +7,12 @@
  * second (the profile's `requestsPerSecond`). Counts come from every replica's charges, so
  * spreading requests over replicas does not multiply the limit.
  *
- * Burst guard: this replica's own admissions of the last `unconfirmedMs` may not have reached the
- * other R - 1 live replicas yet, and they may have admitted as many that we have not seen; so a
- * request is held while count + (R - 1) x unconfirmed would reach the limit, until our admissions
- * are old enough to have been seen, and asked again; after `4 x unconfirmedMs` the plain limit
- * decides (docs/architecture.md, "Model configs and rate limits").
+ * Burst guard: this replica's own admissions whose charges have not come back through the stream
+ * yet (plus `unconfirmedMs`) may not have reached the other R - 1 live replicas, and they may have
+ * admitted as many that we have not seen; so a request is held while count + (R - 1) x unseen
+ * would reach the limit, until our admissions have been read back, and asked again; after the
+ * rate view's `maxUnseenMs` the plain limit decides (docs/architecture.md, "Model configs and
+ * rate limits").
  */
 import type { ConfigReader } from "../../views/model-config.js";
 import type { PodSetReader } from "../../views/pod-set.js";
@@ -68,7 +69,7 @@ export class Admission {
     if (first === undefined) return then();
     if (first instanceof RouteError) throw first;
     this.waits++;
-    const deadline = this.clock.now() + 4 * this.views.rates.unconfirmedMs;
+    const deadline = this.clock.now() + this.views.rates.maxUnseenMs;
     return new Promise<T>((resolve, reject) => {
       const ask = () => {
         try {

@@ -85,7 +85,7 @@ export const chargeStage: SectionStage = {
         admission = { ...(userLimited ? { user: rateUserOf(user) } : {}), ...(ctx.rps !== undefined ? { model: charge.model } : {}), tokens: promptTokens, ts: now };
       }
     }
-    env.state.ownCharge(charge, now, { ...(carry ? { counted: false } : admission ? { admission } : {}) });
+    env.state.ownCharge(charge, now, { ...(carry ? { counted: false } : admission ? { admission, published: mode.publish } : {}) });
     if (mode.publish) env.sink.charge(charge);
     const body = upstreamBodyOf(ctx);
     const routed: RoutedRequest = {
