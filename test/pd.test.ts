@@ -85,7 +85,8 @@ describe("P/D - vLLM and SGLang through the front, two replicas", () => {
   it("vLLM: non-streaming and streaming answers through both legs; the decode really used the transfer", async () => {
     const before = await sum(vllm, decodes, (s) => s.reads);
     const r1 = await post(chat(MODEL));
-    expect(r1.status).toBe(200);
+    // The answer's body in the failure message: a rare 500 from a prefill leg on a loaded host is being tracked down.
+    expect(r1.status, r1.status === 200 ? "" : await r1.clone().text()).toBe(200);
     expect(prefills).toContain(r1.headers.get("prefill-target-pod"));
     expect(r1.headers.get("prefill-target-pod-ip")).toBe("127.0.0.1");
     const j = (await r1.json()) as { choices: Array<{ message: { content: string } }>; usage: { completion_tokens: number } };

@@ -109,11 +109,14 @@ describe("startSimFleet", () => {
 
 describe("batching and queueing", () => {
   it("makes the (maxBatch+1)-th concurrent request wait, visibly in /metrics and in its latency", async () => {
-    // 200 ms decode steps at 20x: every request takes 20 steps, 4 s simulated, ~200 ms wall.
-    const f = await fleet({ maxBatch: 2, timeScale: 20, decodeMsPerStep: 200, decodeBatchSlope: 0, prefillMsPerToken: 0 });
+    // 200 ms decode steps at 5x: every request takes 20 steps, 4 s simulated, ~800 ms wall (long
+    // enough that the three arrivals overlap and a scrape sees the queue on a loaded host).
+    const f = await fleet({ maxBatch: 2, timeScale: 5, decodeMsPerStep: 200, decodeBatchSlope: 0, prefillMsPerToken: 0 });
     const address = f.pods[0]?.address ?? "";
+    // Finish times from one start, before the first request leaves: however late a loaded host
+    // sends each, none can finish before its steps have run.
+    const t0 = performance.now();
     const timed = async (i: number) => {
-      const t0 = performance.now();
       const res = await postJson(address, "/v1/chat/completions", chat(`request ${i}`, { max_tokens: 20 }));
       await json(res);
       return performance.now() - t0;
@@ -133,10 +136,10 @@ describe("batching and queueing", () => {
     expect(metricValue(during, "vllm:num_requests_running")).toBe(2);
     expect(metricValue(during, "vllm:num_requests_waiting")).toBe(1);
     const latencies = (await Promise.all(all)).sort((a, b) => a - b);
-    // A request alone takes 200 ms of wall time; the one that queued waits for a slot first, so it
-    // cannot finish before ~400 ms after the first arrival however loaded the machine is.
-    expect(latencies[0]).toBeGreaterThanOrEqual(190);
-    expect(latencies[2]).toBeGreaterThanOrEqual(360);
+    // A request alone takes 800 ms of wall time; the one that queued waited for a slot first, so it
+    // cannot finish before ~1,600 ms after the start however loaded the machine is.
+    expect(latencies[0]).toBeGreaterThanOrEqual(760);
+    expect(latencies[2]).toBeGreaterThanOrEqual(1_520);
 
     const after = await scrape(address);
     expect(metricValue(after, "vllm:num_requests_running")).toBe(0);
