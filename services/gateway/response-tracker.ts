@@ -53,6 +53,8 @@ export class ResponseTracker {
   /** A generated token has been seen in the body (see the module comment). */
   tokenSeen = false;
   private partial = "";
+  /** `partial` is the tail of a longer line. */
+  private cut = false;
   private json: Buffer[] | undefined;
   private jsonBytes = 0;
   private readonly preamble: ReadonlySet<string> | undefined;
@@ -72,14 +74,27 @@ export class ResponseTracker {
     }
     const text = this.partial + Buffer.from(chunk.buffer, chunk.byteOffset, chunk.byteLength).toString("utf8");
     const lines = text.split("\n");
-    this.partial = (lines.pop() ?? "").slice(-MAX_LINE);
-    for (const line of lines) this.line(line);
+    const rest = lines.pop() ?? "";
+    const wasCut = this.cut;
+    for (const [i, l] of lines.entries()) {
+      if (i === 0 && wasCut) this.cutLine(l);
+      else this.line(l);
+    }
+    this.cut = (wasCut && lines.length === 0) || rest.length > MAX_LINE;
+    this.partial = rest.length > MAX_LINE ? rest.slice(-MAX_LINE) : rest;
     return this.tokenSeen;
   }
 
+  /** A line whose start was dropped (longer than MAX_LINE): only its tail's usage can be read. */
+  private cutLine(line: string): void {
+    if (line.includes('"usage"')) this.take(line);
+  }
+
   end(): Usage {
-    if (this.partial) this.line(this.partial);
+    if (this.partial && this.cut) this.cutLine(this.partial);
+    else if (this.partial) this.line(this.partial);
     this.partial = "";
+    this.cut = false;
     if (this.json && this.jsonBytes <= MAX_JSON_BODY) this.take(Buffer.concat(this.json).toString("utf8"));
     return this.usage;
   }
