@@ -97,7 +97,26 @@ describe("ext_proc adapter - the client's authorization and the engines'", () =>
   it("--auth required: the jetroute key is removed from the upstream request; the key's user is set", async () => {
     const m = await upstreamHeaders({ auth }, "Bearer jr-key");
     expect(m.remove).toContain("authorization");
+    expect(m.remove).toContain("x-api-key");
     expect(m.set).toEqual({ user: "alice" });
+  });
+
+  it("/v1/messages: Anthropic's `x-api-key` is the jetroute key when there is no bearer token, and is removed upstream; other paths do not read it", async () => {
+    const { client } = await serve({ auth });
+    const open = (path: string, headers: Record<string, string>) => client.open().requestHeaders({ ":method": "POST", ":path": path, ":authority": "gw", "content-type": "application/json", ...headers });
+    const ok = await open("/v1/messages", { "x-api-key": "jr-key" });
+    if (ok.kind !== "continue") throw new Error(`expected continue, got ${ok.kind}`);
+    expect(ok.headerMutation.remove).toEqual(expect.arrayContaining(["authorization", "x-api-key"]));
+    expect(ok.headerMutation.set).toEqual({ user: "alice" });
+    // A bearer token wins over x-api-key.
+    expect((await open("/v1/messages", { authorization: "Bearer wrong", "x-api-key": "jr-key" })).kind).toBe("immediate");
+    const chat = await open("/v1/chat/completions", { "x-api-key": "jr-key" });
+    if (chat.kind !== "immediate") throw new Error(`expected a 401, got ${chat.kind}`);
+    expect(chat.status).toBe(401);
+    // The 401 on /v1/messages is Anthropic-shaped.
+    const refused = await open("/v1/messages", { "x-api-key": "not-a-key" });
+    if (refused.kind !== "immediate") throw new Error(`expected a 401, got ${refused.kind}`);
+    expect([refused.status, JSON.parse(refused.body.toString())]).toEqual([401, { type: "error", error: { type: "authentication_error", message: expect.stringMatching(/^invalid_api_key: /) } }]);
   });
 
   it("an engine key replaces whatever the client sent (with and without --auth)", async () => {
@@ -105,6 +124,7 @@ describe("ext_proc adapter - the client's authorization and the engines'", () =>
     expect(withAuth.set).toEqual({ authorization: "Bearer engine-secret", user: "alice" });
     const without = await upstreamHeaders({ engineApiKey: "engine-secret" }, "Bearer client-guess");
     expect(without.set).toEqual({ authorization: "Bearer engine-secret" });
+    expect(without.remove).toContain("x-api-key");
   });
 
   it("no auth and no engine key: the client's authorization goes through (it may be the engine's own key); routing headers are always stripped", async () => {
