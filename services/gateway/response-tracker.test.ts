@@ -67,6 +67,29 @@ describe("ResponseTracker - the Responses and Messages APIs", () => {
     expect(usage).toEqual({ promptTokens: 30, completionTokens: 50_000 });
   });
 
+  it("the Responses API's response id: from response.created, or the JSON body; bounded; not for other APIs", () => {
+    for (const size of [1, 50, 100_000]) {
+      const t = new ResponseTracker("text/event-stream", "responses");
+      feed(t, responsesStream, size);
+      expect(t.responseId).toBe("resp_1");
+    }
+    const noUsageField = new ResponseTracker("text/event-stream", "responses");
+    noUsageField.push(Buffer.from('event: response.created\ndata: {"type":"response.created","response":{"id":"resp_2"}}\n\n'));
+    expect(noUsageField.responseId).toBe("resp_2");
+    const json = new ResponseTracker("application/json", "responses");
+    json.push(Buffer.from('{"id":"resp_3","object":"response","usage":{"input_tokens":1,"output_tokens":1}}'));
+    json.end();
+    expect(json.responseId).toBe("resp_3");
+    const long = new ResponseTracker("application/json", "responses");
+    long.push(Buffer.from(JSON.stringify({ id: "r".repeat(300), object: "response" })));
+    long.end();
+    expect(long.responseId).toBeUndefined();
+    const chat = new ResponseTracker("application/json", "chat");
+    chat.push(Buffer.from('{"id":"resp_4","object":"response"}'));
+    chat.end();
+    expect(chat.responseId).toBeUndefined();
+  });
+
   it("usageIn and trailingUsage", () => {
     expect(usageIn({ usage: null, response: { usage: { input_tokens: 1 } } })).toEqual({ input_tokens: 1 });
     expect(usageIn({ message: { usage: { output_tokens: 2 } } })).toEqual({ output_tokens: 2 });
