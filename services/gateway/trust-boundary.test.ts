@@ -14,7 +14,7 @@ import { checkEvent } from "../../schemas/validate.js";
 import { ExtProcClient } from "../extproc/envoy-client.js";
 import { EXT_PROC_SERVER_OPTIONS, loadExtProc } from "../extproc/protos.js";
 import { Director } from "../routing/director.js";
-import { chatBody, FakeClock, MemorySink, stateWithPods } from "../routing/stages/testing.js";
+import { chatBody, FakeClock, MemorySink, MODEL, stateWithPods } from "../routing/stages/testing.js";
 import { createLogger } from "../shared/log.js";
 import { createExtProcHandler, type ExtProcHandlerOptions } from "./extproc-server.js";
 import { engineCount, ResponseTracker } from "./response-tracker.js";
@@ -60,7 +60,7 @@ async function serve(opts: Partial<ExtProcHandlerOptions>) {
   const port = await new Promise<number>((resolve, reject) => server.bindAsync("127.0.0.1:0", grpc.ServerCredentials.createInsecure(), (err, p) => (err ? reject(err) : resolve(p))));
   const client = new ExtProcClient(`127.0.0.1:${port}`);
   servers.push({ client, server });
-  return { client, sink };
+  return { client, sink, clock };
 }
 
 describe("ext_proc adapter - engine usage out of range", () => {
@@ -80,6 +80,54 @@ describe("ext_proc adapter - engine usage out of range", () => {
     expect(checkEvent("decision", rec).ok).toBe(true);
     for (const rel of sink.releases) expect(checkEvent("release", rel).ok, JSON.stringify(rel)).toBe(true);
     expect(clamped).toBe(1);
+  });
+});
+
+describe("ext_proc adapter - the Responses and Messages APIs' first token and usage", () => {
+  const sse = (events: Array<[string, object]>) => Buffer.from(events.map(([n, d]) => `event: ${n}\ndata: ${JSON.stringify({ type: n, ...d })}\n\n`).join(""));
+
+  it.each([
+    {
+      path: "/v1/responses",
+      body: { model: MODEL, input: "hi", stream: true },
+      preamble: sse([
+        ["response.created", { response: { id: "resp_1", usage: null } }],
+        ["response.in_progress", { response: { id: "resp_1" } }],
+      ]),
+      rest: sse([
+        ["response.output_item.added", { item: {} }],
+        ["response.output_text.delta", { delta: " a" }],
+        ["response.completed", { response: { id: "resp_1", usage: { input_tokens: 11, output_tokens: 1, total_tokens: 12 } } }],
+      ]),
+    },
+    {
+      path: "/v1/messages",
+      body: { model: MODEL, max_tokens: 4, messages: [{ role: "user", content: "hi" }], stream: true },
+      preamble: sse([
+        ["message_start", { message: { id: "msg_1", usage: { input_tokens: 11, output_tokens: 0 } } }],
+        ["content_block_start", { index: 0, content_block: { type: "text", text: "" } }],
+        ["ping", {}],
+      ]),
+      rest: sse([
+        ["content_block_delta", { index: 0, delta: { type: "text_delta", text: " a" } }],
+        ["content_block_stop", { index: 0 }],
+        ["message_delta", { delta: { stop_reason: "max_tokens" }, usage: { output_tokens: 1 } }],
+        ["message_stop", {}],
+      ]),
+    },
+  ])("$path: the first token is the first event past the preamble; usage from its events", async ({ path, body, preamble, rest }) => {
+    const { client, sink, clock } = await serve({});
+    const ex = client.open();
+    await ex.requestHeaders({ ":method": "POST", ":path": path, ":authority": "gw", "content-type": "application/json", "x-request-id": `ttft${path}` });
+    expect((await ex.requestBody(Buffer.from(JSON.stringify(body)))).kind).toBe("continue");
+    await ex.responseHeaders(200, { "content-type": "text/event-stream" });
+    clock.advance(5);
+    await ex.responseBodyChunk(preamble, false);
+    clock.advance(300);
+    await ex.responseBodyChunk(rest, true);
+    await ex.end();
+    const rec = sink.decisions.find((d) => d.id === `ttft${path}`);
+    expect(rec).toMatchObject({ outcome: "completed", ttftMs: 305, promptTokens: 11, completionTokens: 1 });
   });
 });
 
