@@ -203,6 +203,12 @@ describe("Responses and Messages APIs - official clients, front, gateway, simula
       .catch((e: unknown) => e);
     expect(badKey).toBeInstanceOf(Anthropic.AuthenticationError);
     expect((badKey as { error: unknown }).error).toMatchObject({ type: "error", error: { type: "authentication_error" } });
+    // An engine's own error (the prompt plus max_tokens beyond the context): normalised, then Anthropic-shaped.
+    const tooLong = await anthropic()
+      .messages.create({ model: SOLO, max_tokens: 5_000, messages: [{ role: "user", content: "x" }] })
+      .catch((e: unknown) => e);
+    expect(tooLong).toBeInstanceOf(Anthropic.BadRequestError);
+    expect((tooLong as { error: unknown }).error).toMatchObject({ type: "error", error: { type: "invalid_request_error", message: expect.stringMatching(/maximum context length is 4096 tokens/) } });
     const noMax = await fetch(`${base}/v1/messages`, { method: "POST", headers: { "content-type": "application/json", "x-api-key": keys.alice }, body: JSON.stringify({ model: SOLO, messages: [{ role: "user", content: "x" }] }) });
     expect(noMax.status).toBe(400);
     expect(await noMax.json()).toEqual({ type: "error", error: { type: "invalid_request_error", message: "invalid_request_body: `max_tokens` is required" } });
