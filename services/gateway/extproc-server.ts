@@ -16,7 +16,7 @@
  */
 import type * as grpc from "@grpc/grpc-js";
 import { type AuthFailureReason, type AuthResult, authFailureMessage } from "./auth.js";
-import { openAIError, RouteError, routeErrorBody, type FinishInfo, type RoutedRequest, type RouteInput, ROUTED_PATHS } from "../routing/mod.js";
+import { apiOfPath, errorBodyFor, type RequestApi, RouteError, reshapeError, type FinishInfo, type RoutedRequest, type RouteInput, ROUTED_PATHS } from "../routing/mod.js";
 import type { ReleaseOutcome } from "../../schemas/events.js";
 import { ResponseTracker } from "./response-tracker.js";
 import { normaliseUpstreamError } from "./upstream-error.js";
@@ -192,17 +192,22 @@ interface ExchangeShared {
   readonly replies: { readonly requestHeaders: ProcessingResponse; readonly requestBodyContinue: ProcessingResponse; readonly responseBodyContinue: ProcessingResponse };
 }
 
+/** Anthropic clients send their API key in this header (accepted as the jetroute key on /v1/messages). */
+const X_API_KEY = "x-api-key";
+
 /** Why a stream's work is aborted: one object for every stream (an AbortError made per request costs a stack capture). */
 const STREAM_GONE = new Error("the ext_proc stream ended");
 STREAM_GONE.name = "AbortError";
 
 /**
  * Headers removed or set on every upstream request: the ones only routing may set, and the
- * client's `authorization` replaced by the engines' key, or removed when it is a jetroute key.
+ * client's `authorization` (and `x-api-key`) replaced by the engines' key, or removed when it is a
+ * jetroute key.
  */
 export function requestHeadersMutationOf(o: Pick<ExtProcHandlerOptions, "auth" | "engineApiKey">): HeaderMutation {
-  if (o.engineApiKey) return { remove_headers: [...ROUTING_CONTROLLED_HEADERS], set_headers: [setHeader(Headers.authorization, `Bearer ${o.engineApiKey}`)] };
-  if (o.auth) return { remove_headers: [...ROUTING_CONTROLLED_HEADERS, Headers.authorization] };
+  // `x-api-key` (Anthropic clients' key header) goes wherever a client's `authorization` goes.
+  if (o.engineApiKey) return { remove_headers: [...ROUTING_CONTROLLED_HEADERS, X_API_KEY], set_headers: [setHeader(Headers.authorization, `Bearer ${o.engineApiKey}`)] };
+  if (o.auth) return { remove_headers: [...ROUTING_CONTROLLED_HEADERS, Headers.authorization, X_API_KEY] };
   return STRIP_CLIENT_ROUTING;
 }
 
@@ -217,6 +222,8 @@ class Exchange {
   private routed: RoutedRequest | undefined;
   private status = 0;
   private tracker: ResponseTracker | undefined;
+  /** The request's API by path: its errors' shape, its usage events. */
+  private api: RequestApi = "chat";
   private phase: ExchangePhase = ExchangePhase.start;
   /** The response is an upstream error being collected and answered OpenAI-shaped at its end. */
   private normalising = false;
@@ -227,7 +234,7 @@ class Exchange {
   /** The authenticated key's class and allowed models (virtual models' `user` signals, permissions). */
   private keyClass: string | undefined;
   private keyModels: readonly string[] | undefined;
-  private readonly errorBody: Buffer[] = [];
+  private readonly errorBodyParts: Buffer[] = [];
   private errorBytes = 0;
   /**
    * Aborted when the stream is over: work for this request (a P/D prefill leg, a request held by
@@ -264,7 +271,7 @@ class Exchange {
         this.onMessage(req);
       } catch (err) {
         this.opts.log.error({ err }, "ext_proc handler failed");
-        this.send(immediate(500, openAIError(500, "internal_error", "internal gateway error")));
+        this.send(immediate(500, this.errorBody(new RouteError("internal", "internal gateway error"))));
       }
     });
     call.on("end", () => {
@@ -339,24 +346,33 @@ class Exchange {
     if (!this.call.cancelled && this.call.writable) this.call.write(msg);
   }
 
+  /** An error body in the request's API's shape (Anthropic's on /v1/messages). */
+  private errorBody(err: RouteError) {
+    return errorBodyFor(this.api, err);
+  }
+
   /** 401: counted by reason; nothing is routed, charged or recorded. */
   private refuseAuth(reason: AuthFailureReason) {
     this.opts.auth?.failed?.(reason, this.headers[Headers.requestId]);
     const err = new RouteError("invalidApiKey", authFailureMessage(reason), null, AUTHENTICATE_CHALLENGE);
-    this.send(immediate(err.status, routeErrorBody(err), err.headers));
+    this.send(immediate(err.status, this.errorBody(err), err.headers));
   }
 
   private reject(err: RouteError, model?: string) {
     this.router.reject(this.headers, model, err);
-    this.send(immediate(err.status, routeErrorBody(err), err.headers));
+    this.send(immediate(err.status, this.errorBody(err), err.headers));
   }
 
   private onRequestHeaders(req: ProcessingRequest) {
     const headers = headersToRecord(req.request_headers?.headers);
     this.headers = headers;
+    this.api = apiOfPath(headers[Headers.path]);
     let mutation = this.shared.requestHeadersMutation;
     if (this.opts.auth) {
-      const a = this.opts.auth.authenticate(headers.authorization);
+      // Anthropic clients send the key as `x-api-key`: taken on /v1/messages when there is no bearer token.
+      const apiKey = headers[X_API_KEY];
+      const authorization = headers.authorization ?? (this.api === "messages" && apiKey ? `Bearer ${apiKey}` : undefined);
+      const a = this.opts.auth.authenticate(authorization);
       if (!a.ok) return this.refuseAuth(a.reason);
       // The key says who this is: a client-sent `user` header cannot borrow another user's quota.
       headers[USER_HEADER] = a.user;
@@ -372,6 +388,11 @@ class Exchange {
       if ((headers[Headers.method] ?? "GET") === "GET" && (headers[Headers.path] ?? "").split("?")[0] === "/v1/models") {
         const data = modelsVisibleTo(this.opts.listModels(), this.keyModels).map((id) => ({ id, object: "model", owned_by: "jetroute" }));
         return this.send({ ...immediate(200, { object: "list", data }) });
+      }
+      const path = (headers[Headers.path] ?? "").split("?")[0] ?? "";
+      if (path.startsWith("/v1/responses/")) {
+        // Retrieve, cancel, delete and input_items need to know which pod holds the response: not routed yet.
+        return this.reject(new RouteError("unsupportedPath", `${(headers[Headers.method] ?? "").slice(0, 16)} /v1/responses/{id} is not routed by this gateway yet; only POST /v1/responses is`));
       }
       return this.reject(new RouteError("unsupportedPath", `${headers[Headers.method] ?? ""} ${headers[Headers.path] ?? ""} has no body to route on`));
     }
@@ -392,6 +413,9 @@ class Exchange {
     if (this.bodyBytes > maxBody) return this.reject(new RouteError("bodyTooLarge", `request body exceeds ${maxBody} bytes`));
     const headers = this.headers;
     const path = (headers[Headers.path] ?? "").split("?")[0] ?? "";
+    if (path.startsWith("/v1/responses/")) {
+      return this.reject(new RouteError("unsupportedPath", `${(headers[Headers.method] ?? "").slice(0, 16)} /v1/responses/{id}/... is not routed by this gateway yet; only POST /v1/responses is`));
+    }
     if (!(ROUTED_PATHS as readonly string[]).includes(path)) {
       return this.reject(new RouteError("unsupportedPath", `${(headers[Headers.method] ?? "").slice(0, 16)} ${path.slice(0, 128)} is not routed; routed paths: ${ROUTED_PATHS.join(", ")}, and GET /v1/models`));
     }
@@ -437,7 +461,7 @@ class Exchange {
   private routeFailed(err: unknown) {
     // The client left while the request was being worked on: nobody to answer.
     if (this.over || this.call.cancelled) return;
-    if (err instanceof RouteError && err.afterRouting) return this.send(immediate(err.status, routeErrorBody(err), err.headers));
+    if (err instanceof RouteError && err.afterRouting) return this.send(immediate(err.status, this.errorBody(err), err.headers));
     // The refusal names the model the request path parsed (the body is not parsed again here).
     if (err instanceof RouteError) return this.reject(err, err.refusal?.model);
     this.opts.log.error({ err }, "routing failed");
@@ -479,7 +503,7 @@ class Exchange {
         watchdog: this.shared.watchdog,
         over: () => this.over,
         responseStarted: () => this.phase === ExchangePhase.response,
-        immediate: (err) => this.send(immediate(err.status, routeErrorBody(err), err.headers)),
+        immediate: (err) => this.send(immediate(err.status, this.errorBody(err), err.headers)),
         fail: (r, err) => void this.router.finish(r, "error", { status: err.status, errorCode: err.code }),
         abortDecode: (r) => this.router.abortDecode?.(r),
       });
@@ -499,7 +523,7 @@ class Exchange {
     this.status = Number.parseInt(h[Headers.status] ?? "0", 10) || 0;
     this.enter(ExchangePhase.response);
     this.sse = (h[Headers.contentType] ?? "").includes("text/event-stream");
-    this.tracker = new ResponseTracker(h[Headers.contentType]);
+    this.tracker = new ResponseTracker(h[Headers.contentType], this.api);
     const expose = this.opts.exposePodAddresses === true;
     const target = routed ? this.shared.targets.of(routed.pod.address, routed.strategy) : undefined;
     const set = routed && target ? [...(expose ? target.echo : target.echoNoAddress), setHeader(Headers.gatewayRequestId, routed.requestId)] : [];
@@ -523,8 +547,9 @@ class Exchange {
   private onResponseBody(req: ProcessingRequest) {
     const b = req.response_body;
     const routed = this.routed;
-    if (routed && routed.firstChunkAt === undefined && b?.body?.length) this.router.firstToken(routed);
-    if (b?.body?.length) this.tracker?.push(b.body);
+    // The first token: the first body bytes, or for the Responses and Messages APIs the first event past the stream's preamble.
+    const tokenSeen = b?.body?.length ? (this.tracker?.push(b.body) ?? true) : false;
+    if (routed && routed.firstChunkAt === undefined && tokenSeen) this.router.firstToken(routed);
     const guard = this.guard;
     guard?.chunk(b?.end_of_stream === true, b?.body?.length ?? 0);
     const pdError = guard?.error;
@@ -545,12 +570,12 @@ class Exchange {
     }
     if (this.normalising) {
       if (b?.body?.length && this.errorBytes < 65_536) {
-        this.errorBody.push(Buffer.from(b.body));
+        this.errorBodyParts.push(Buffer.from(b.body));
         this.errorBytes += b.body.length;
       }
       if (!b?.end_of_stream) this.send({ response_body: { response: { status: "CONTINUE", body_mutation: { clear_body: true } } } });
       else {
-        const normal = normaliseUpstreamError(this.status, Buffer.concat(this.errorBody));
+        const normal = reshapeError(this.api, this.status, normaliseUpstreamError(this.status, Buffer.concat(this.errorBodyParts)));
         this.send({ response_body: { response: { status: "CONTINUE", body_mutation: { body: Buffer.from(JSON.stringify(normal)) } } } });
       }
     } else this.send(this.shared.replies.responseBodyContinue);

@@ -26,6 +26,7 @@ import { podRoutes } from "./pod-routes.js";
 import type { SimRealTokenizer } from "./real-tokenizer.js";
 import type { ServedModel } from "./requests.js";
 import { GenerationSessions } from "./sessions.js";
+import { SimResponseStore } from "./response-store.js";
 
 export interface SimPodOptions {
   name: string;
@@ -91,6 +92,8 @@ export interface SimPodState extends EngineSnapshot {
   faults: PodFaults;
   /** Completion requests held by a `hang` fault right now. */
   hungRequests: number;
+  /** The Responses API store: responses kept, their bytes (JSON text), responses evicted by the bounds. */
+  responseStore: { size: number; bytes: number; evicted: number };
   model: string;
   config: EngineConfig & { maxModelLen: number; timeScale: number };
   kvEvents: (KvEventsInfo & { encoding: KvEventWire; replayLayout: ReplayLayout; nextSeq: number }) | null;
@@ -253,6 +256,7 @@ export async function startSimPod(opts: SimPodOptions): Promise<SimPod> {
   const bootstrapPort = channel && opts.engine === "sglang" ? channel.port : undefined;
 
   const sessions = new GenerationSessions();
+  const responses = new SimResponseStore();
   const schedulingPolicy = schedulingPolicyOf(opts.engineConfig);
   const state = (): SimPodState => ({
     pod: opts.name,
@@ -266,6 +270,7 @@ export async function startSimPod(opts: SimPodOptions): Promise<SimPod> {
     pd: run.pdStats.snapshot(run.engine.snapshot().heldRequests),
     faults: faults.current,
     hungRequests: faults.hungRequests,
+    responseStore: { size: responses.size, bytes: responses.bytes, evicted: responses.evicted },
     model: opts.model,
     ...run.engine.snapshot(),
     config: { ...opts.engineConfig, maxModelLen: opts.maxModelLen, timeScale: opts.timeScale },
@@ -285,6 +290,7 @@ export async function startSimPod(opts: SimPodOptions): Promise<SimPod> {
     // Requests outside the engine (a decode waiting for its KV, a prefill waiting for its decode)
     // lose their connection too; then the old engine drops what it still runs or holds.
     sessions.dropAll();
+    responses.clear();
     old.held.clear();
     old.engine.abortAll();
     publisher?.reset();
@@ -296,7 +302,7 @@ export async function startSimPod(opts: SimPodOptions): Promise<SimPod> {
   const { name, model, engine, maxModelLen } = opts;
   // SGLang's --abort-on-priority-when-disabled: only a server without priority scheduling refuses the field.
   const refusesPriority = engine === "sglang" && !opts.engineConfig.scheduling && opts.abortOnPriorityWhenDisabled === true;
-  const routes = podRoutes({ name, model, engine, maxModelLen, served, real, lora, faults, pd, sessions, refusesPriority, current: () => run, state, cacheListing, restart });
+  const routes = podRoutes({ name, model, engine, maxModelLen, served, real, lora, faults, pd, sessions, responses, refusesPriority, current: () => run, state, cacheListing, restart });
   const server = routeServer(routes, log);
   try {
     await listen(server, opts.port, opts.host);
