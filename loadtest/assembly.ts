@@ -107,6 +107,8 @@ export interface SimPodLine {
   address: string;
   podClass?: string;
   kvEvents?: { endpoint: string; replayEndpoint?: string; topic?: string };
+  /** Set when the pod schedules by priority (`jetroute sim --scheduling-policy priority`). */
+  schedulingPolicy?: string;
 }
 
 /**
@@ -217,7 +219,7 @@ export async function startAssembly(spec: CaseSpec, engine: PrefixQualityEngineO
       Array.from({ length: e.pods }, (_, i) => sim.waitForLine<SimPodLine>((v) => v.pod === `sim-${i}` && typeof v.address === "string", 30_000)),
     );
     const podFile = path.join(logDir, `${tag}-pods.yaml`);
-    writeFileSync(podFile, toYaml({ pods: pods.map((p) => ({ name: p.pod, model, address: p.address, engine: "vllm", ...(p.podClass ? { podClass: p.podClass } : {}), ...(p.kvEvents ? { kvEvents: p.kvEvents } : {}) })) }));
+    writeFileSync(podFile, toYaml({ pods: pods.map((p) => ({ name: p.pod, model, address: p.address, engine: "vllm", ...(p.podClass ? { podClass: p.podClass } : {}), ...(p.schedulingPolicy ? { schedulingPolicy: p.schedulingPolicy } : {}), ...(p.kvEvents ? { kvEvents: p.kvEvents } : {}) })) }));
     spawn("pod-watcher", ["pod-watcher", "--static", podFile, "--nats", natsUrl]);
     spawn("metrics-scraper", ["metrics-scraper", "--nats", natsUrl]);
     if (spec.kvEvents) spawn("kv-bridge", ["kv-bridge", "--nats", natsUrl]);
