@@ -11,7 +11,7 @@ import type { Outstanding } from "../../views/charge-ledger.js";
 import type { ConfigReader } from "../../views/model-config.js";
 import type { PodInfo, PodSetReader } from "../../views/pod-set.js";
 import { FlowController, type Held } from "./controller.js";
-import { queueDepthFor, SaturationDetector } from "./saturation.js";
+import { queueDepthFor } from "./saturation.js";
 import { classify, flowSettingsOf } from "./settings.js";
 
 const M = "m";
