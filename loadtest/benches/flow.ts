@@ -620,7 +620,7 @@ async function runOne(spec: RunSpec, ctx: RunContext): Promise<{ row: FlowRunRow
       `${spec.name}: interactive TTFT p50 ${row.interactive_ttft_p50_ms} ms p99 ${row.interactive_ttft_p99_ms} ms (${row.interactive_failed} failed); ` +
         `Jain ${row.jain_fairness} (offered-normalized ${row.jain_fairness_offered}); batch ${JSON.stringify(row.batch)}; ` +
         `inversions ${row.inversions}/${row.dispatches}; expired ${row.expired}, dropped ${row.dropped}, errors ${row.errors}, cancelled ${row.cancelled_at_end}; ` +
-        `${row.flow_records} records with flow, ${row.records_missing} missing; ${row.completions_rps_second_half} completions/s in the second half`,
+        `${row.flow_records} records with flow, ${row.records_missing} missing; max wait at the gateways per band ${JSON.stringify(row.max_wait_ms)} ms; ${row.completions_rps_second_half} completions/s in the second half`,
     );
     let cpu: NonNullable<FlowBenchResult["cpu"]>["phases"] | undefined;
     if (ctx.cpu && spec.flow) {
