@@ -108,6 +108,9 @@ describe("admission per band against a pod that schedules by priority", () => {
     expect(wb.priority).toBe(0);
     const batchDone = upstream(waitingBatch, wb, finished, "batch");
     await waitFor(async () => (await engine()).waiting === 1, 10_000, "the batch request waiting in the engine");
+    // ...and a scrape taken since then has reached the gateway (an older sample, folded after the
+    // charge, would leave the charge out of its estimate: the room check is only as fresh as that).
+    await waitFor(() => gw.views.load.get(MODEL, pod())?.load?.waiting === 1, 10_000, "the gateway's sample showing it");
 
     // The queue is full for the batch band: the next batch request is held at the gateway.
     const heldBatch = await send("batch", "tenant-a", "batch two", 3);
