@@ -107,6 +107,8 @@ export interface SimPodLine {
   address: string;
   podClass?: string;
   kvEvents?: { endpoint: string; replayEndpoint?: string; topic?: string };
+  /** Set when the pod schedules by priority (`jetroute sim --scheduling-policy priority`). */
+  schedulingPolicy?: string;
 }
 
 /**
@@ -207,17 +209,18 @@ export async function startAssembly(spec: CaseSpec, engine: PrefixQualityEngineO
           "gateway", "--nats", natsUrl, "--port", "0", "--admin-port", "0", "--host", "127.0.0.1", "--id", `${extras.gatewayIdPrefix ?? "pq-gw"}-${i + 1}`,
           "--strategy", spec.strategy, ...(spec.tokenizer ? ["--tokenizer", spec.tokenizer] : []), "--shutdown-grace-ms", "1000", ...(extras.gatewayArgs ?? []),
         ]);
-        const line = await gw.waitForLine<GatewayLine>((v) => typeof v.port === "number", 30_000);
+        // 60 s: on a 2-core box shared with other work a gateway has been seen to need more than 30.
+        const line = await gw.waitForLine<GatewayLine>((v) => typeof v.port === "number", 60_000);
         return { ...line, pid: gw.proc.pid };
       }),
     );
     // Awaited below; a failure meanwhile must not count as unhandled.
     starting.catch(() => {});
     const pods = await Promise.all(
-      Array.from({ length: e.pods }, (_, i) => sim.waitForLine<SimPodLine>((v) => v.pod === `sim-${i}` && typeof v.address === "string", 30_000)),
+      Array.from({ length: e.pods }, (_, i) => sim.waitForLine<SimPodLine>((v) => v.pod === `sim-${i}` && typeof v.address === "string", 60_000)),
     );
     const podFile = path.join(logDir, `${tag}-pods.yaml`);
-    writeFileSync(podFile, toYaml({ pods: pods.map((p) => ({ name: p.pod, model, address: p.address, engine: "vllm", ...(p.podClass ? { podClass: p.podClass } : {}), ...(p.kvEvents ? { kvEvents: p.kvEvents } : {}) })) }));
+    writeFileSync(podFile, toYaml({ pods: pods.map((p) => ({ name: p.pod, model, address: p.address, engine: "vllm", ...(p.podClass ? { podClass: p.podClass } : {}), ...(p.schedulingPolicy ? { schedulingPolicy: p.schedulingPolicy } : {}), ...(p.kvEvents ? { kvEvents: p.kvEvents } : {}) })) }));
     spawn("pod-watcher", ["pod-watcher", "--static", podFile, "--nats", natsUrl]);
     spawn("metrics-scraper", ["metrics-scraper", "--nats", natsUrl]);
     if (spec.kvEvents) spawn("kv-bridge", ["kv-bridge", "--nats", natsUrl]);

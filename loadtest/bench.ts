@@ -338,7 +338,7 @@ const jsonObject = (v: string) => {
 
 program
   .command("flow")
-  .description("flow control at ~2x capacity (20% interactive, 80% batch from two tenants 10:1): off vs on through 3 gateway replicas, and on through 1; interactive TTFT p99, Jain fairness, priority inversions, expired/dropped, gateway CPU per request unsaturated")
+  .description("flow control at ~2x capacity (20% interactive, 80% batch from two tenants 10:1): off vs on through 3 gateway replicas (on: pods scheduling by priority), on with FCFS pods (engine priority off), on through 1, and the interactive requests alone on the idle fleet; interactive TTFT p99, batch completions, Jain fairness, priority inversions, expired/dropped, gateway CPU per request unsaturated")
   .option("--duration-ms <ms>", "arrival window per run (wall)", int, 40_000)
   .option("--replicas <n>", "gateway replicas of the off and on runs", int, 3)
   .option("--pods <n>", "simulated pods", int, 4)

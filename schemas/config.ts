@@ -107,6 +107,12 @@ export const FlowControl = Type.Object(
           maxInFlightPerPod: Type.Optional(Type.Integer({ minimum: 1 })),
           /** In-flight prompt tokens per pod, every replica's charges (no default). */
           maxTokensPerPod: Type.Optional(Type.Integer({ minimum: 1 })),
+          /**
+           * Per band (issue 36): on a pod whose engine schedules by priority, a request's queue limit
+           * is `queueDepth` plus this many waiting requests for every band in play below its own
+           * (default `queueDepth`; 0 turns per-band admission off). Ignored when `enginePriority` is "off".
+           */
+          queueDepthPerBand: Type.Optional(Type.Number({ minimum: 0 })),
         },
         { additionalProperties: false },
       ),

@@ -99,7 +99,7 @@ const HEAD_KEYS = [
 
 
 describe("flow bench (smoke)", () => {
-  it("runs off, on and on-1 end to end and prints one JSON line with every field", async () => {
+  it("runs off, on, on-fcfs, on-1 and unloaded end to end and prints one JSON line with every field", async () => {
     const { code, stdout, stderr } = await runBench([
       "flow", "--duration-ms", "2000", "--replicas", "2", "--pods", "2", "--time-scale", "4",
       "--cpu-phase-ms", "500", "--cpu-settle-ms", "300", "--cpu-rounds", "1",
@@ -107,10 +107,10 @@ describe("flow bench (smoke)", () => {
     expect(code, stderr.slice(-3000)).toBe(0);
     const lines = stdout.trim().split("\n");
     expect(lines).toHaveLength(1);
-    const r = JSON.parse(lines[0] as string) as Record<string, unknown> & { runs: Array<Record<string, number | null>> };
+    const r = JSON.parse(lines[0] as string) as Record<string, unknown> & { runs: Array<Record<string, number | null> & { run: string; engine_priority: boolean }> };
     expect(Object.keys(r).slice(0, HEAD_KEYS.length)).toEqual(HEAD_KEYS);
     expect(r).toMatchObject({ bench: "flow", replicas: 2 });
-    for (const k of ["interactive_ttft_p99_ms", "interactive_ttft_p99_ms_off", "single_replica_interactive_ttft_p99_ms"]) {
+    for (const k of ["interactive_ttft_p99_ms", "interactive_ttft_p99_ms_off", "single_replica_interactive_ttft_p99_ms", "interactive_ttft_p99_ms_unloaded", "interactive_ttft_p99_ms_engine_priority_off"]) {
       expect(r[k], k).toBeGreaterThan(0);
       expect(r[k], k).toBeLessThan(60_000);
     }
@@ -127,11 +127,18 @@ describe("flow bench (smoke)", () => {
       expect(r[k], k).toBeGreaterThan(0);
     }
     expect(typeof r.flow_control_supported).toBe("boolean");
+    // Issue 36: the on run's pods schedule by priority; batch completions of both on runs.
+    expect(r.engine_priority).toBe(true);
+    for (const k of ["batch_completed", "batch_completed_engine_priority_off"]) expect(Number.isInteger(r[k]) && (r[k] as number) >= 0, k).toBe(true);
 
-    expect(r.runs.map((x) => [x.run, x.replicas])).toEqual([["off", 2], ["on", 2], ["on-1", 1]]);
+    expect(r.runs.map((x) => [x.run, x.replicas, x.engine_priority])).toEqual([["off", 2, false], ["on", 2, true], ["on-fcfs", 2, false], ["on-1", 1, true], ["unloaded", 2, true]]);
     const requests = r.runs[0]?.requests as number;
     expect(requests).toBeGreaterThan(20);
-    for (const run of r.runs) {
+    // The idle-fleet reference plays the schedule's interactive requests only.
+    const unloaded = r.runs.find((x) => x.run === "unloaded");
+    expect(unloaded?.requests).toBe(r.runs[0]?.interactive);
+    expect(unloaded?.batch_completed).toBe(0);
+    for (const run of r.runs.filter((x) => x.run !== "unloaded")) {
       // The same schedule in every run; nothing fails, every answered request has its record.
       expect(run.requests, String(run.run)).toBe(requests);
       expect(run.interactive_failed, String(run.run)).toBe(0);

@@ -5,11 +5,16 @@
  * replicas (least-request), the dev front round-robining over them. This process only plays the
  * clients and reads the decision records afterwards.
  *
- * Three runs, each on a fresh assembly, with the same seeded schedule (loadtest/workloads/flow-mix.ts):
- *   off    3 replicas, no `flowControl` in the model config (today's behaviour);
- *   on     3 replicas, `flowControl` set before the gateways start (interactive priority 10, batch
- *          priority 0, least-attained fairness, a queue TTL far beyond the run);
- *   on-1   the same with 1 replica.
+ * Five runs, each on a fresh assembly, with the same seeded schedule (loadtest/workloads/flow-mix.ts):
+ *   off       3 replicas, no `flowControl` in the model config (no flow control; FCFS pods);
+ *   on        3 replicas, `flowControl` set before the gateways start (interactive priority 10,
+ *             batch priority 0, least-attained fairness, a queue TTL far beyond the run), and
+ *             engine priority (issue 36): the pods run `--scheduling-policy priority`, so the
+ *             gateways write each request's priority into its body and admit per band;
+ *   on-fcfs   the `on` run with FCFS pods: flow control at the gateways only (engine priority off);
+ *   on-1      the `on` run with 1 replica;
+ *   unloaded  the `on` run given only the schedule's interactive requests, at their own times: the
+ *             same requests on an idle fleet, the reference for the interactive TTFT.
  * Every request carries `x-jetroute-objective` and `user` in every run: only the config differs.
  * The model config is written straight into the config bucket (see `writeModelConfig`); when the
  * build's schema refuses `flowControl`, the gateways ignore it, the "on" runs route as "off", and
@@ -79,8 +84,8 @@ import { type Assembly, getJson, PREFIX_QUALITY_ENGINE_DEFAULTS, type PrefixQual
 
 const MODEL = "bench/flow-8b";
 
-export type FlowRunName = "off" | "on" | "on-1";
-export const FLOW_RUNS: readonly FlowRunName[] = ["off", "on", "on-1"];
+export type FlowRunName = "off" | "on" | "on-fcfs" | "on-1" | "unloaded";
+export const FLOW_RUNS: readonly FlowRunName[] = ["off", "on", "on-fcfs", "on-1", "unloaded"];
 
 export const FLOW_ENGINE_DEFAULTS: PrefixQualityEngineOptions = {
   ...PREFIX_QUALITY_ENGINE_DEFAULTS,
@@ -137,6 +142,8 @@ export interface FlowRunRow {
   run: FlowRunName;
   replicas: number;
   flow_config: boolean;
+  /** The pods ran `--scheduling-policy priority` (the gateways write the engine's priority). */
+  engine_priority: boolean;
   /** Gateways that refused the model config (a build without flow control refuses `flowControl`). */
   config_rejected_by: number;
   requests: number;
@@ -148,6 +155,8 @@ export interface FlowRunRow {
   interactive_ttft_max_ms: number | null;
   /** Batch requests sent / completed within the window, per tenant. */
   batch: Record<string, { offered: number; completed: number; fair_share: number }>;
+  /** Batch requests completed within the window, every tenant. */
+  batch_completed: number;
   jain_fairness: number | null;
   jain_fairness_offered: number | null;
   batch_completion_p50_ms: number | null;
@@ -183,6 +192,12 @@ export interface FlowBenchResult {
   single_replica_interactive_ttft_p99_ms: number | null;
   expired: number | null;
   dropped: number | null;
+  /** Issue 36: the `on` run's pods scheduled by priority (false when it ran without). */
+  engine_priority: boolean | null;
+  interactive_ttft_p99_ms_unloaded: number | null;
+  interactive_ttft_p99_ms_engine_priority_off: number | null;
+  batch_completed: number | null;
+  batch_completed_engine_priority_off: number | null;
   priority_inversion_ratio_off: number | null;
   jain_fairness_offered: number | null;
   jain_fairness_offered_off: number | null;
@@ -195,6 +210,9 @@ export interface FlowBenchResult {
     inversions_at_most_1pct: boolean | null;
     three_replicas_within_12x_of_one: boolean | null;
     cpu_within_5pct_of_off: boolean | null;
+    interactive_p99_at_most_2x_unloaded: boolean | null;
+    batch_completed_at_least_09x_engine_priority_off: boolean | null;
+    no_inversions_beyond_bound: boolean | null;
   };
   /** False when this build's model config schema refuses `flowControl`: then "on" routed as "off". */
   flow_control_supported: boolean;
@@ -293,6 +311,10 @@ interface RunSpec {
   name: FlowRunName;
   replicas: number;
   flow: boolean;
+  /** Pods with `--scheduling-policy priority`. */
+  enginePriority: boolean;
+  /** Only the schedule's interactive requests (the idle-fleet reference). */
+  interactiveOnly?: boolean;
 }
 
 interface RunContext {
@@ -483,6 +505,7 @@ function analyse(spec: RunSpec, d: DriveResult, records: readonly DecisionLike[]
     run: spec.name,
     replicas: spec.replicas,
     flow_config: spec.flow,
+    engine_priority: spec.enginePriority,
     config_rejected_by: configRejectedBy,
     requests: d.sent.length,
     interactive: inter.length,
@@ -492,6 +515,7 @@ function analyse(spec: RunSpec, d: DriveResult, records: readonly DecisionLike[]
     interactive_ttft_p99_ms: roundOrNull(percentile(ttfts, 0.99), 1),
     interactive_ttft_max_ms: roundOrNull(ttfts.at(-1), 1),
     batch,
+    batch_completed: completedTotal,
     jain_fairness: roundOrNull(jain, 4),
     jain_fairness_offered: roundOrNull(jainOffered, 4),
     batch_completion_p50_ms: roundOrNull(percentile(batchE2e, 0.5), 1),
@@ -558,13 +582,14 @@ async function cpuPhases(asm: Assembly, h: NatsHandles, ctx: RunContext): Promis
 
 async function runOne(spec: RunSpec, ctx: RunContext): Promise<{ row: FlowRunRow; cpu?: NonNullable<FlowBenchResult["cpu"]>["phases"] }> {
   const tag = `flow-${spec.name}`;
-  progress(`${spec.name}: starting ${ctx.engine.pods} pods, ${spec.replicas} gateway replica(s), flow control ${spec.flow ? "configured" : "off"}`);
+  progress(`${spec.name}: starting ${ctx.engine.pods} pods${spec.enginePriority ? " scheduling by priority" : ""}, ${spec.replicas} gateway replica(s), flow control ${spec.flow ? "configured" : "off"}`);
   const t0 = performance.now();
   const asm = await startAssembly({ strategy: "least-request", tokenizer: null, gateways: spec.replicas, kvEvents: false }, ctx.engine, ctx.logDir, tag, {
     model: MODEL,
     gatewayIdPrefix: `flow-gw`,
     // Every rejection's record is wanted (their held times count for the inversions).
     gatewayArgs: ["--rejection-records-per-s", "100000"],
+    ...(spec.enginePriority ? { simArgs: ["--scheduling-policy", "priority"] } : {}),
     // Held requests are requests whose ext_proc stream is not answered yet: Envoy's per-message
     // timeout must outlast the queue TTL, or the front answers for the gateway.
     frontArgs: ["--message-timeout-ms", String(Math.max(600_000, Number(ctx.flowConfig.ttlMs ?? 0) + 60_000))],
@@ -585,7 +610,8 @@ async function runOne(spec: RunSpec, ctx: RunContext): Promise<{ row: FlowRunRow
     h = await connectNats(asm.natsUrl, "jetroute-bench-flow");
     const rejectedBy = spec.flow ? await configRejections(asm) : 0;
     if (rejectedBy > 0) progress(`${spec.name}: ${rejectedBy} gateway(s) refused the flowControl config: this run routes as without flow control`);
-    const d = await drive(asm, ctx.schedule, { label: spec.name, durationMs: ctx.durationMs, idPrefix: spec.name, cancelAtEnd: true });
+    const schedule = spec.interactiveOnly ? ctx.schedule.filter((r) => r.objective === "interactive") : ctx.schedule;
+    const d = await drive(asm, schedule, { label: spec.name, durationMs: ctx.durationMs, idPrefix: spec.name, cancelAtEnd: true });
     const ok = d.sent.filter((s) => s.outcome.kind === "ok").length;
     await waitForRecords(asm, h, ok, spec.name);
     const records = await readDecisions(h);
@@ -594,7 +620,7 @@ async function runOne(spec: RunSpec, ctx: RunContext): Promise<{ row: FlowRunRow
       `${spec.name}: interactive TTFT p50 ${row.interactive_ttft_p50_ms} ms p99 ${row.interactive_ttft_p99_ms} ms (${row.interactive_failed} failed); ` +
         `Jain ${row.jain_fairness} (offered-normalized ${row.jain_fairness_offered}); batch ${JSON.stringify(row.batch)}; ` +
         `inversions ${row.inversions}/${row.dispatches}; expired ${row.expired}, dropped ${row.dropped}, errors ${row.errors}, cancelled ${row.cancelled_at_end}; ` +
-        `${row.flow_records} records with flow, ${row.records_missing} missing; ${row.completions_rps_second_half} completions/s in the second half`,
+        `${row.flow_records} records with flow, ${row.records_missing} missing; max wait at the gateways per band ${JSON.stringify(row.max_wait_ms)} ms; ${row.completions_rps_second_half} completions/s in the second half`,
     );
     let cpu: NonNullable<FlowBenchResult["cpu"]>["phases"] | undefined;
     if (ctx.cpu && spec.flow) {
@@ -615,10 +641,12 @@ function table(rows: readonly FlowRunRow[]): string {
   const cols: Array<[string, (r: FlowRunRow) => unknown]> = [
     ["run", (r) => r.run],
     ["gw", (r) => r.replicas],
+    ["eng prio", (r) => (r.engine_priority ? "on" : "off")],
     ["int p50 ms", (r) => r.interactive_ttft_p50_ms],
     ["int p99 ms", (r) => r.interactive_ttft_p99_ms],
     ["int failed", (r) => r.interactive_failed],
     ["Jain", (r) => r.jain_fairness],
+    ["batch done", (r) => r.batch_completed],
     ["Jain/offered", (r) => r.jain_fairness_offered],
     ["inversions", (r) => `${r.inversions}/${r.dispatches}`],
     ["expired", (r) => r.expired],
@@ -680,9 +708,11 @@ export async function runFlowBench(opts: FlowBenchOptions = {}): Promise<FlowBen
       : {}),
   };
   const specs: Record<FlowRunName, RunSpec> = {
-    off: { name: "off", replicas, flow: false },
-    on: { name: "on", replicas, flow: true },
-    "on-1": { name: "on-1", replicas: 1, flow: true },
+    off: { name: "off", replicas, flow: false, enginePriority: false },
+    on: { name: "on", replicas, flow: true, enginePriority: true },
+    "on-fcfs": { name: "on-fcfs", replicas, flow: true, enginePriority: false },
+    "on-1": { name: "on-1", replicas: 1, flow: true, enginePriority: true },
+    unloaded: { name: "unloaded", replicas, flow: true, enginePriority: true, interactiveOnly: true },
   };
 
   try {
@@ -698,6 +728,10 @@ export async function runFlowBench(opts: FlowBenchOptions = {}): Promise<FlowBen
     const off = row("off");
     const on = row("on");
     const one = row("on-1");
+    const fcfs = row("on-fcfs");
+    const idle = row("unloaded");
+    const p99Idle = idle?.interactive_ttft_p99_ms ?? null;
+    const p99Fcfs = fcfs?.interactive_ttft_p99_ms ?? null;
     const meanCpu = (mode: "off" | "on") => {
       const ps = (cpu ?? []).filter((p) => p.mode === mode);
       return ps.length > 0 ? ps.reduce((a, p) => a + p.cpu_us_per_request, 0) / ps.length : null;
@@ -724,6 +758,11 @@ export async function runFlowBench(opts: FlowBenchOptions = {}): Promise<FlowBen
       single_replica_interactive_ttft_p99_ms: p99One,
       expired: on ? on.expired : null,
       dropped: on ? on.dropped : null,
+      engine_priority: on ? on.engine_priority : null,
+      interactive_ttft_p99_ms_unloaded: p99Idle,
+      interactive_ttft_p99_ms_engine_priority_off: p99Fcfs,
+      batch_completed: on ? on.batch_completed : null,
+      batch_completed_engine_priority_off: fcfs ? fcfs.batch_completed : null,
       priority_inversion_ratio_off: off?.priority_inversion_ratio ?? null,
       jain_fairness_offered: on?.jain_fairness_offered ?? null,
       jain_fairness_offered_off: off?.jain_fairness_offered ?? null,
@@ -736,6 +775,9 @@ export async function runFlowBench(opts: FlowBenchOptions = {}): Promise<FlowBen
         inversions_at_most_1pct: on?.priority_inversion_ratio != null ? on.priority_inversion_ratio <= 0.01 : null,
         three_replicas_within_12x_of_one: p99On !== null && p99One !== null ? p99On <= 1.2 * p99One : null,
         cpu_within_5pct_of_off: cpuRatio !== null ? cpuRatio <= 1.05 : null,
+        interactive_p99_at_most_2x_unloaded: p99On !== null && p99Idle !== null ? p99On <= 2 * p99Idle : null,
+        batch_completed_at_least_09x_engine_priority_off: on && fcfs ? on.batch_completed >= 0.9 * fcfs.batch_completed : null,
+        no_inversions_beyond_bound: on ? on.inversions === 0 : null,
       },
       flow_control_supported: supported,
       capacity_model_rps: round(capacity.rps, 3),

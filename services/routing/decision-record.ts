@@ -89,6 +89,7 @@ export function prefillLegRecord(gateway: string, r: RoutedRequest, pd: PdRouted
     charge: charge.id,
     routedPromptTokens: r.promptTokens,
     cursors: r.inputs.cursors,
+    ...(pd.prefillPriority !== undefined ? { enginePriority: pd.prefillPriority } : {}),
     pd: { leg: "prefill", roleset: pd.plan.roleset, engine: pd.plan.engine, prefillPod: charge.pod, decodePod: r.pod.pod, attempts: pd.attempts, ...(pd.plan.fastPath ? { fastPath: pd.plan.fastPath } : {}) },
   };
 }

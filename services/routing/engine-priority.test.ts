@@ -2,6 +2,7 @@ import { describe, expect, it } from "vitest";
 import { modelConfigError } from "../../schemas/config.js";
 import { validateModelConfig } from "./config-check.js";
 import {
+  bodyForLeg,
   bodyWithEnginePriority,
   type EnginePriorityPod,
   type EnginePrioritySetting,
@@ -117,4 +118,17 @@ describe("flowControl.enginePriority validation", () => {
       expect(validateModelConfig(config)).toBeUndefined();
     },
   );
+});
+
+describe("a P/D leg's body (bodyForLeg)", () => {
+  const decode = { model: "m", priority: -10 };
+  it("a leg whose pod schedules by priority gets its own value; an FCFS leg gets the client's own value, or none", () => {
+    expect(bodyForLeg(decode, { model: "m" }, { action: "set", value: 10, urgency: 10 })).toEqual({ model: "m", priority: 10 });
+    expect(bodyForLeg(decode, { model: "m", priority: 3 }, { action: "leave", reason: "fcfs-pod" })).toEqual({ model: "m", priority: 3 });
+    expect(bodyForLeg(decode, { model: "m" }, { action: "leave", reason: "fcfs-pod" })).toEqual({ model: "m" });
+    // Nothing to change: the same object (no copy of a large body).
+    const same = { model: "m" };
+    expect(bodyForLeg(same, same, { action: "leave", reason: "off" })).toBe(same);
+    expect(bodyForLeg(decode, {}, { action: "set", value: -10, urgency: 10 })).toBe(decode);
+  });
 });

@@ -128,3 +128,23 @@ export function bodyWithEnginePriority(body: Readonly<Record<string, unknown>>, 
   if (body.priority === decision.value) return undefined;
   return { ...body, priority: decision.value };
 }
+
+/** The decision as a decision record keeps it: the value written, or why none was. */
+export function recordedEnginePriority(decision: EnginePriorityDecision): number | "fcfs-pod" | "off" | undefined {
+  return decision.action === "set" ? decision.value : decision.reason === "no-band" ? undefined : decision.reason;
+}
+
+/**
+ * One leg of a disaggregated (P/D) request: `body` already carries what the engine-fields stage
+ * wrote for the decode pod; the prefill pod may schedule otherwise. Returns the body this leg's pod
+ * gets: `priority` set to the decision's value, or — for a pod that gets none — the client's own
+ * `priority` as sent (`client`: the body before the engine-fields stage), or no field when the
+ * client sent none. The same object when nothing changes.
+ */
+export function bodyForLeg(body: Readonly<Record<string, unknown>>, client: Readonly<Record<string, unknown>>, decision: EnginePriorityDecision): Readonly<Record<string, unknown>> {
+  if (decision.action === "set") return bodyWithEnginePriority(body, decision) ?? body;
+  if (Object.hasOwn(client, "priority")) return body.priority === client.priority ? body : { ...body, priority: client.priority };
+  if (!Object.hasOwn(body, "priority")) return body;
+  const { priority: _decodes, ...rest } = body;
+  return rest;
+}

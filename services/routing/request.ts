@@ -89,6 +89,8 @@ export interface PdRouted {
   attempts: number;
   prefillStartedAt?: number;
   prefillMs?: number;
+  /** The current prefill attempt's engine priority (the value written, or why none was), for a request with a band. */
+  prefillPriority?: number | "fcfs-pod" | "off";
   /** SGLang: the request id both legs carry, for /abort_request. */
   rid?: string;
   /** Set when the prefill leg failed for good: the decode is ended with this error. */

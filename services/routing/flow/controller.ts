@@ -170,7 +170,7 @@ export class FlowController {
     }
     const ahead = q?.summary().some((b) => b.band >= cls.band && b.count > 0) === true;
     if (!ahead && !this.blocked(model, cls.band, now)) {
-      const roomy = this.withRoom(pods, s, now);
+      const roomy = this.withRoom(pods, s, now, cls.band);
       if (roomy.length > 0) return { now: true, ...subsetOf(roomy, pods) };
     }
     return this.hold(held, bytes, s);
@@ -244,7 +244,7 @@ export class FlowController {
     const q = this.queues.get(model);
     const ahead = q ? q.summary().reduce((n, b) => n + (b.band >= cls.band ? b.count : 0), 0) : 0;
     const blocker = this.opts.fleet?.blocker(model, cls.band, now);
-    const rooms = pods.map((p) => ({ pod: p.pod, ...this.detector.podRoom(p, s.saturation, now) }));
+    const rooms = pods.map((p) => ({ pod: p.pod, ...this.detector.podRoom(p, s.saturation, now, cls.band) }));
     const room = rooms.some((r) => !r.full);
     const why: FlowExplanation["why"] =
       pods.length === 0 ? (s.waitingRoomTtlMs > 0 ? "no-ready-pod" : null) : ahead > 0 ? "held-ahead" : blocker ? "fleet-order" : room ? null : "saturated";
@@ -291,13 +291,14 @@ export class FlowController {
    * all have room): a request that goes now or is dispatched is scheduled among these only, so a
    * strategy that prefers a busy pod cannot pour held requests into it.
    */
-  roomy(model: string, s: FlowSettings): string[] | undefined {
+  roomy(model: string, s: FlowSettings, band?: number): string[] | undefined {
     const pods = this.opts.views.pods.readyPods(model);
-    return subsetOf(this.withRoom(pods, s, this.opts.now()), pods).subset;
+    return subsetOf(this.withRoom(pods, s, this.opts.now(), band), pods).subset;
   }
 
-  private withRoom(pods: readonly PodInfo[], s: FlowSettings, now: number): PodInfo[] {
-    return pods.filter((p) => !this.detector.podRoom(p, s.saturation, now).full);
+  /** The pods with room for a request of `band` (saturation.ts `queueDepthFor`; undefined: the base limit). */
+  private withRoom(pods: readonly PodInfo[], s: FlowSettings, now: number, band?: number): PodInfo[] {
+    return pods.filter((p) => !this.detector.podRoom(p, s.saturation, now, band).full);
   }
 
   /**
@@ -324,15 +325,20 @@ export class FlowController {
         this.failAll(model, q, now, new RouteError("noReadyPod", `no ready pod for model \`${model}\``));
         continue;
       }
-      let budget = this.withRoom(pods, s, now).length;
+      // One dispatch per pod with room for the highest band held, per call. A pod's room grows with
+      // the band (per-band admission): the band chosen next decides which pods have room for it,
+      // and when it has none no lower band has either (its limit is no higher).
+      let budget = this.withRoom(pods, s, now, topBand(q)).length;
       while (budget > 0 && q.size > 0) {
-        const roomy = this.withRoom(pods, s, now);
-        if (roomy.length === 0) break;
+        // No room even for the highest band held: nothing goes (and no band counts as yielded).
+        if (this.withRoom(pods, s, now, topBand(q)).length === 0) break;
         const next = q.peek(
           (flow) => this.opts.views.usage.tokens(userOfFlow(flow), now),
           (band) => !this.blocked(model, band, now),
         );
         if (!next) break;
+        const roomy = this.withRoom(pods, s, now, next.band);
+        if (roomy.length === 0) break;
         q.take(next.id);
         budget--;
         sent++;
@@ -378,6 +384,13 @@ export class FlowController {
     for (const [model, q] of [...this.queues]) n += this.failAll(model, q, now, err);
     return n;
   }
+}
+
+/** The highest band with a request held (undefined when none is). */
+function topBand(q: FlowQueue<Held>): number | undefined {
+  let top: number | undefined;
+  for (const b of q.summary()) if (b.count > 0 && (top === undefined || b.band > top)) top = b.band;
+  return top;
 }
 
 /** The addresses of `roomy` when they are not all of `pods` (nor none): the subset to schedule among. */

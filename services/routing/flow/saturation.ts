@@ -14,10 +14,18 @@
  * except a pod with nothing in flight in the ledger, which always has room: a scraper outage
  * then costs concurrency, never availability.
  * The model has room when any of its candidate pods has (the scheduler then picks among them).
+ *
+ * Per band (issue 36, `queueDepthFor`): on a pod whose engine schedules by priority, the queue
+ * limit grows with the request's band — `queueDepth` plus `perBand.depth` for every band in play
+ * below its own — because the engine runs a waiting request before every lower-band one: lower
+ * bands' waiting requests do not delay it, so holding it at the gateway behind them would only
+ * add a wait the engine would not impose. The KV and ledger limits stay the same for every band
+ * (they are physical). Within a band nothing changes, so fairness between its flows does not either.
  */
 import type { LedgerReader } from "../../views/charge-ledger.js";
 import type { LoadReader } from "../../views/load-view.js";
 import type { PodInfo } from "../../views/pod-set.js";
+import type { SchedulingPolicy } from "../../../schemas/events.js";
 import type { SaturationSettings } from "./settings.js";
 
 export interface SaturationViews {
@@ -41,13 +49,29 @@ interface Baseline {
   inFlight: number;
 }
 
+/** What room needs to know of a pod: its identity, and whether its engine schedules by priority. */
+export type RoomPod = Pick<PodInfo, "model" | "pod"> & { readonly schedulingPolicy?: SchedulingPolicy };
+
+/**
+ * The waiting requests at which `pod` is full for a request of `band` (undefined: band-blind, the
+ * base `queueDepth`). Pure.
+ */
+export function queueDepthFor(pod: { readonly schedulingPolicy?: SchedulingPolicy }, band: number | undefined, s: SaturationSettings): number {
+  const per = s.perBand;
+  if (band === undefined || per === undefined || pod.schedulingPolicy === undefined) return s.queueDepth;
+  let below = 0;
+  for (const b of per.bands) if (b < band) below++;
+  return s.queueDepth + per.depth * below;
+}
+
 /** Keeps, per pod, the ledger count at the time its latest sample was first seen (bounded by the pods asked about; `retain` prunes). */
 export class SaturationDetector {
   private readonly baselines = new Map<string, Baseline>();
 
   constructor(private readonly views: SaturationViews) {}
 
-  podRoom(pod: Pick<PodInfo, "model" | "pod">, s: SaturationSettings, now: number): PodRoom {
+  /** `band`: the request's (its queue limit: `queueDepthFor`); undefined: the base limit. */
+  podRoom(pod: RoomPod, s: SaturationSettings, now: number, band?: number): PodRoom {
     const o = this.views.ledger.outstanding(pod.model, pod.pod);
     let u = 0;
     let reason: FullReason | undefined;
@@ -69,7 +93,7 @@ export class SaturationDetector {
       }
       // Net of releases too: a request that finished since the sample let a waiting one run.
       const waiting = Math.max(0, (load.waiting ?? 0) + o.requests - b.inFlight);
-      consider(waiting / s.queueDepth, "queue");
+      consider(waiting / queueDepthFor(pod, band, s), "queue");
       if (load.kvCacheUsage !== null && load.kvCacheUsage !== undefined) consider(load.kvCacheUsage / s.kvCacheUsage, "kv");
     } else if (s.maxInFlightPerPod === undefined && s.maxTokensPerPod === undefined && o.requests > 0) {
       return { utilization: Number.NaN, full: true, reason: "stale" };
@@ -78,8 +102,8 @@ export class SaturationDetector {
   }
 
   /** Whether any of `pods` has room. */
-  hasRoom(pods: readonly Pick<PodInfo, "model" | "pod">[], s: SaturationSettings, now: number): boolean {
-    for (const p of pods) if (!this.podRoom(p, s, now).full) return true;
+  hasRoom(pods: readonly RoomPod[], s: SaturationSettings, now: number, band?: number): boolean {
+    for (const p of pods) if (!this.podRoom(p, s, now, band).full) return true;
     return false;
   }
 

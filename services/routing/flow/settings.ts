@@ -30,6 +30,13 @@ export interface SaturationSettings {
   readonly kvCacheUsage: number;
   readonly maxInFlightPerPod?: number;
   readonly maxTokensPerPod?: number;
+  /**
+   * Per-band admission (issue 36), absent when off: on a pod whose engine schedules by priority,
+   * a request of band b is admitted while the waiting requests are fewer than
+   * `queueDepth + depth x (bands below b)`, `bands` being the bands in play (the model's
+   * objectives' and 0), sorted.
+   */
+  readonly perBand?: { readonly depth: number; readonly bands: readonly number[] };
 }
 
 export interface FlowSettings {
@@ -85,8 +92,20 @@ export function flowSettingsOf(c: FlowControl | undefined): FlowSettings | undef
       kvCacheUsage: s.kvCacheUsage ?? FLOW_DEFAULTS.kvCacheUsage,
       ...(s.maxInFlightPerPod !== undefined ? { maxInFlightPerPod: s.maxInFlightPerPod } : {}),
       ...(s.maxTokensPerPod !== undefined ? { maxTokensPerPod: s.maxTokensPerPod } : {}),
+      ...perBandOf(c, s.queueDepthPerBand ?? s.queueDepth ?? FLOW_DEFAULTS.queueDepth),
     },
   };
+}
+
+/**
+ * Per-band admission's settings: off when the model's engine priority is "off" (the engines then
+ * get no priority and run first come, first served) or the depth per band is 0.
+ */
+function perBandOf(c: FlowControl, depth: number): Pick<SaturationSettings, "perBand"> {
+  if (c.enginePriority === "off" || !(depth > 0)) return {};
+  const bands = new Set<number>([0]);
+  for (const o of Object.values(c.objectives ?? {})) if (Number.isInteger(o.priority)) bands.add(o.priority);
+  return { perBand: { depth, bands: [...bands].sort((a, b) => a - b) } };
 }
 
 /**

@@ -16,11 +16,13 @@
  * A strict commit runs the section again after a lost compare-and-set and may pick another pod:
  * each run starts from the body as it was before this stage's first run.
  *
- * P/D: a disaggregated request's legs go to two pods (pd-legs.ts builds both bodies from the
- * parsed body), possibly with different scheduling policies; writing one pod's fields into both
- * could send `priority` to an FCFS prefill pod. They are not covered: nothing is written.
+ * P/D: a disaggregated request's picked pod is its decode pod: the body gets the decode pod's
+ * `priority` (recorded as for any request). The prefill leg goes to another pod, possibly with
+ * another scheduling policy: the legs stage (pd-legs.ts) rewrites its `priority` for the prefill
+ * pod of each attempt (`bodyForLeg`), from the client's body kept in `beforeEngineFields`. The
+ * SGLang adapter model name is not written for P/D legs.
  */
-import { bodyWithEnginePriority, enginePriorityFor } from "../engine-priority.js";
+import { bodyWithEnginePriority, enginePriorityFor, recordedEnginePriority } from "../engine-priority.js";
 import type { SelectedContext } from "../context.js";
 import { isSelected, markRewritten } from "../context.js";
 import type { SectionStage, StageEnv } from "../pipeline.js";
@@ -49,7 +51,7 @@ export function writeEngineFields(ctx: SelectedContext, env: Pick<StageEnv, "con
   } else ctx.beforeEngineFields = { parsed: ctx.parsed, rewritten: ctx.bodyRewritten === true };
   delete ctx.engineFields;
   const pod = ctx.pick.pod;
-  if (pdPlanOf(ctx.pick)?.kind === "pd") return;
+  const disaggregated = pdPlanOf(ctx.pick)?.kind === "pd";
   const body = ctx.parsed.body;
   // Configs are keyed by the base model: the pod's model (an adapter's pods serve its base).
   const setting = env.config?.get(pod.model)?.flowControl?.enginePriority;
@@ -58,14 +60,14 @@ export function writeEngineFields(ctx: SelectedContext, env: Pick<StageEnv, "con
   let next = bodyWithEnginePriority(body, decision);
   const adapter = ctx.parsed.model;
   let engineModel: string | undefined;
-  if (pod.engine === "sglang" && adapter !== pod.model && env.views.pods.baseOf?.(adapter) !== undefined) {
+  if (!disaggregated && pod.engine === "sglang" && adapter !== pod.model && env.views.pods.baseOf?.(adapter) !== undefined) {
     engineModel = `${pod.model}:${adapter}`;
     if (body.model !== engineModel) next = { ...(next ?? body), model: engineModel };
   }
   // Recorded only for a request with a band: the others' "no band" is what `flow` being absent says.
-  const recorded = band === undefined ? undefined : decision.action === "set" ? decision.value : decision.reason;
+  const recorded = band === undefined ? undefined : recordedEnginePriority(decision);
   if (recorded !== undefined || engineModel !== undefined) {
-    ctx.engineFields = { ...(recorded !== undefined ? { enginePriority: recorded as number | "fcfs-pod" | "off" } : {}), ...(engineModel !== undefined && engineModel.length <= 520 ? { engineModel } : {}) };
+    ctx.engineFields = { ...(recorded !== undefined ? { enginePriority: recorded } : {}), ...(engineModel !== undefined && engineModel.length <= 520 ? { engineModel } : {}) };
   }
   if (!next) return;
   ctx.parsed = { ...ctx.parsed, body: next };

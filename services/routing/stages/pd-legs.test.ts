@@ -4,9 +4,11 @@
  * cancellation, and the ledger back at zero after each.
  */
 import { describe, expect, it } from "vitest";
-import type { EngineKind, PodEvent, } from "../../../schemas/events.js";
+import type { ModelConfig } from "../../../schemas/config.js";
+import type { EngineKind, PodEvent, SchedulingPolicy } from "../../../schemas/events.js";
 import { checkEvent } from "../../../schemas/validate.js";
 import { GatewayState } from "../../views/gateway-state.js";
+import { ModelConfigView } from "../../views/model-config.js";
 import { Director, type RoutedRequest } from "../director.js";
 import { RouteError } from "../errors.js";
 import { type LegAnswer, type LegClient, LegError } from "./pd-legs.js";
@@ -28,12 +30,18 @@ class ScriptedClient implements LegClient {
 const params = (host: string) => ({ do_remote_prefill: true, do_remote_decode: false, remote_block_ids: [1], remote_engine_id: "e1", remote_request_id: "req-1", remote_host: host, remote_port: 5600, tp_size: 1 });
 const ok = (host = "0.0.0.0"): Promise<LegAnswer> => Promise.resolve({ status: 200, body: Buffer.from(JSON.stringify({ choices: [], kv_transfer_params: params(host) })) });
 
-function setup(script: Script, o: { engine?: EngineKind; prefill?: number; decode?: number } = {}) {
+function configOf(c: ModelConfig): ModelConfigView {
+  const v = new ModelConfigView();
+  v.set(MODEL, c);
+  return v;
+}
+
+function setup(script: Script, o: { engine?: EngineKind; prefill?: number; decode?: number; policy?: { prefill?: SchedulingPolicy; decode?: SchedulingPolicy }; config?: ModelConfig; headers?: Record<string, string>; body?: Record<string, unknown> } = {}) {
   const clock = new FakeClock(1_000_000);
   const state = new GatewayState({ self: "gw" });
   let seq = 0;
   const add = (pod: string, role: PodEvent["role"], i: number) =>
-    state.apply({ type: "pod", action: "upsert", model: MODEL, pod, address: `10.0.${role === "prefill" ? 1 : 2}.${i}:8000`, ready: true, engine: o.engine ?? "vllm", role, roleset: "rs", ...(role === "prefill" ? { bootstrapPort: 9100 + i } : {}), ts: 0 }, { stream: "pods", subject: pod, seq: ++seq, serverTs: 0 });
+    state.apply({ type: "pod", action: "upsert", model: MODEL, pod, address: `10.0.${role === "prefill" ? 1 : 2}.${i}:8000`, ready: true, engine: o.engine ?? "vllm", role, roleset: "rs", ...(role === "prefill" ? { bootstrapPort: 9100 + i } : {}), ...(o.policy?.[role as "prefill" | "decode"] ? { schedulingPolicy: o.policy[role as "prefill" | "decode"] } : {}), ts: 0 }, { stream: "pods", subject: pod, seq: ++seq, serverTs: 0 });
   for (let i = 0; i < (o.prefill ?? 2); i++) add(`pre-${i}`, "prefill", i);
   for (let i = 0; i < (o.decode ?? 2); i++) add(`dec-${i}`, "decode", i);
   const sink = new MemorySink();
@@ -43,9 +51,9 @@ function setup(script: Script, o: { engine?: EngineKind; prefill?: number; decod
   const runDeferred = () => {
     for (const fn of deferred.splice(0)) fn();
   };
-  const director = new Director({ gatewayId: "gw", defaultStrategy: "pd", chargeTtlMs: 60_000, state, sink, clock, now: clock.now, pdLegClient: client, pdLegOptions: { maxRetries: 2 }, defer: (fn) => deferred.push(fn) });
+  const director = new Director({ gatewayId: "gw", defaultStrategy: "pd", chargeTtlMs: 60_000, state, sink, clock, now: clock.now, pdLegClient: client, pdLegOptions: { maxRetries: 2 }, defer: (fn) => deferred.push(fn), ...(o.config ? { config: configOf(o.config) } : {}) });
   const ctl = new AbortController();
-  const input = { headers: { "x-request-id": "req-1", ":path": "/v1/chat/completions" }, body: chatBody(MODEL, { max_tokens: 8, stream: true }), signal: ctl.signal };
+  const input = { headers: { "x-request-id": "req-1", ":path": "/v1/chat/completions", ...o.headers }, body: chatBody(MODEL, { max_tokens: 8, stream: true, ...o.body }), signal: ctl.signal };
   const outstanding = () => state.ledger.size;
   return { clock, state, sink, client, director, input, ctl, outstanding, deferred, runDeferred };
 }
@@ -231,6 +239,61 @@ describe("pd legs - SGLang", () => {
     await new Promise((x) => setImmediate(x));
     expect(aborted).toEqual([r.pd?.prefillPod.address]);
     expect(s.outstanding()).toBe(0);
+  });
+});
+
+describe("pd legs - engine priority (issue 36)", () => {
+  const config = { flowControl: { objectives: { interactive: { priority: 10 }, batch: { priority: 0 } }, defaultObjective: "batch" } } as unknown as ModelConfig;
+  const interactive = { "x-jetroute-objective": "interactive" };
+
+  it("vLLM: each leg gets its own pod's priority; an FCFS prefill pod gets the client's own, and the records say which", async () => {
+    const s = setup(() => ok(), { config, headers: interactive, policy: { decode: "priority" }, body: { priority: 3 } });
+    const r = await s.director.route(s.input);
+    // The prefill pod runs FCFS: the client's value as sent, not the decode pod's -10.
+    expect(s.client.calls[0]?.body.priority).toBe(3);
+    expect(JSON.parse((r.body as Buffer).toString()).priority).toBe(-10);
+    s.runDeferred();
+    s.director.finish(r, "completed", { status: 200 });
+    const [pre, dec] = s.sink.decisions;
+    expect([pre?.pd?.leg, pre?.enginePriority]).toEqual(["prefill", "fcfs-pod"]);
+    expect([dec?.pd?.leg, dec?.enginePriority, dec?.flow?.band]).toEqual(["decode", -10, 10]);
+    for (const d of s.sink.decisions) expect(checkEvent("decision", d).ok).toBe(true);
+  });
+
+  it("vLLM: a prefill pod scheduling by priority gets it too, also on a retry; a client without one sends none to an FCFS decode", async () => {
+    let n = 0;
+    const s = setup(() => (n++ === 0 ? Promise.resolve({ status: 503, body: Buffer.from("{}") }) : ok()), { config, policy: { prefill: "priority" } });
+    const r = await s.director.route(s.input);
+    expect(s.client.calls.map((c) => c.body.priority)).toEqual([0, 0]);
+    expect(JSON.parse((r.body as Buffer).toString())).not.toHaveProperty("priority");
+    s.runDeferred();
+    s.director.finish(r, "completed", { status: 200 });
+    expect(s.sink.decisions.map((d) => [d.pd?.leg, d.enginePriority])).toEqual([
+      ["prefill", 0],
+      ["prefill", 0],
+      ["decode", "fcfs-pod"],
+    ]);
+  });
+
+  it("SGLang: one room and rid, and each leg's priority in its own pod's convention", async () => {
+    const s = setup(() => new Promise(() => {}), { engine: "sglang", config, headers: interactive, policy: { prefill: "priority-low-values-first", decode: "priority" } });
+    const r = s.director.route(s.input) as RoutedRequest;
+    const decodeBody = JSON.parse((r.body as Buffer).toString());
+    const prefill = s.client.calls[0]?.body as Record<string, unknown>;
+    expect([prefill.priority, decodeBody.priority]).toEqual([-10, 10]);
+    expect([prefill.rid, String(prefill.bootstrap_room)]).toEqual([decodeBody.rid, String(decodeBody.bootstrap_room)]);
+    s.director.finish(r, "cancelled", { status: 499 });
+    expect(s.outstanding()).toBe(0);
+  });
+
+  it("no flow control for the model: neither leg gets a priority, nor its record", async () => {
+    const s = setup(() => ok(), { policy: { prefill: "priority", decode: "priority" } });
+    const r = await s.director.route(s.input);
+    expect(s.client.calls[0]?.body).not.toHaveProperty("priority");
+    expect(JSON.parse((r.body as Buffer).toString())).not.toHaveProperty("priority");
+    s.runDeferred();
+    s.director.finish(r, "completed", { status: 200 });
+    expect(s.sink.decisions.map((d) => d.enginePriority)).toEqual([undefined, undefined]);
   });
 });
 

@@ -12,6 +12,8 @@
  * SGLang's 300 s bootstrap timeout.
  */
 import { randomUUID } from "node:crypto";
+import type { PodInfo } from "../../views/pod-set.js";
+import { bodyForLeg, enginePriorityFor, type EnginePrioritySetting, recordedEnginePriority } from "../engine-priority.js";
 import type { RouteError } from "../errors.js";
 import type { PdRouted, RoutedRequest, RouteInput } from "../request.js";
 import {
@@ -25,6 +27,25 @@ import {
   vllmPrefillBody,
   vllmTransferParams,
 } from "./pd-bodies.js";
+
+/**
+ * A banded request's engine priority for its prefill leg (issue 36): the body the legs get carries
+ * the decode pod's; each prefill attempt's pod gets its own (engine-priority.ts `bodyForLeg`).
+ */
+export interface LegPriority {
+  readonly band: number;
+  readonly setting: EnginePrioritySetting;
+  /** The client's body before the engine-fields stage wrote the decode pod's priority. */
+  readonly client: Readonly<Record<string, unknown>>;
+}
+
+/** The prefill leg's body for `pod`, and what its decision record keeps; the body as is without a band. */
+export function prefillLegBody(body: Readonly<Record<string, unknown>>, pod: PodInfo, lp: LegPriority | undefined): { body: Readonly<Record<string, unknown>>; recorded?: number | "fcfs-pod" | "off" } {
+  if (!lp) return { body };
+  const decision = enginePriorityFor(lp.band, pod, lp.setting);
+  const recorded = recordedEnginePriority(decision);
+  return { body: bodyForLeg(body, lp.client, decision), ...(recorded !== undefined ? { recorded } : {}) };
+}
 
 export interface LegAnswer {
   status: number;
@@ -100,21 +121,24 @@ export class PdLegs {
    * Runs the prefill leg (vLLM: awaited; SGLang: started) and sets `r.body` to the decode leg's
    * body. Rejects with the client's RouteError after ending the request (decode charge released).
    */
-  run(r: RoutedRequest, input: RouteInput, body: Readonly<Record<string, unknown>>, path: string): RoutedRequest | Promise<RoutedRequest> {
+  run(r: RoutedRequest, input: RouteInput, body: Readonly<Record<string, unknown>>, path: string, priority?: LegPriority): RoutedRequest | Promise<RoutedRequest> {
     const pd = r.pd as PdRouted;
     if (!pd.prefillCharge) return r; // the decider skipped the leg: decode computes the prompt
-    return pd.plan.engine === "sglang" ? this.startSglang(r, body, path) : this.runVllm(r, input, body, path);
+    return pd.plan.engine === "sglang" ? this.startSglang(r, body, path, priority) : this.runVllm(r, input, body, path, priority);
   }
 
-  private async runVllm(r: RoutedRequest, input: RouteInput, body: Readonly<Record<string, unknown>>, path: string): Promise<RoutedRequest> {
+  private async runVllm(r: RoutedRequest, input: RouteInput, body: Readonly<Record<string, unknown>>, path: string, priority: LegPriority | undefined): Promise<RoutedRequest> {
     const pd = r.pd as PdRouted;
-    const prefillBody = vllmPrefillBody(body);
     // The engines key the handoff by this id: minted, never the client's (two clients sending one id must not collide).
     const headers = { "content-type": "application/json", "x-request-id": legId() };
     const deadline = Date.now() + this.o.prefillBudgetMs;
     let retries = 0;
     for (;;) {
       const pod = pd.prefillPod;
+      // Per attempt: a retry's pod may schedule otherwise than the first one.
+      const leg = prefillLegBody(body, pod, priority);
+      pd.prefillPriority = leg.recorded;
+      const prefillBody = vllmPrefillBody(leg.body);
       this.stats.prefillAttempts++;
       pd.prefillStartedAt ??= this.steps.now();
       let failure: LegFailure;
@@ -155,13 +179,17 @@ export class PdLegs {
     }
   }
 
-  private startSglang(r: RoutedRequest, body: Readonly<Record<string, unknown>>, path: string): RoutedRequest {
+  private startSglang(r: RoutedRequest, body: Readonly<Record<string, unknown>>, path: string, priority: LegPriority | undefined): RoutedRequest {
     const pd = r.pd as PdRouted;
     const pod = pd.prefillPod;
     const rid = legId();
     pd.rid = rid;
-    const legBody = sglangBody(body, { host: hostOf(pod.address), port: pod.bootstrapPort ?? SGLANG_DEFAULT_BOOTSTRAP_PORT, room: bootstrapRoom(), rid });
-    r.body = legBody;
+    const bootstrap = { host: hostOf(pod.address), port: pod.bootstrapPort ?? SGLANG_DEFAULT_BOOTSTRAP_PORT, room: bootstrapRoom(), rid };
+    // One room and rid for both legs; the prefill leg's priority is its own pod's.
+    const leg = prefillLegBody(body, pod, priority);
+    pd.prefillPriority = leg.recorded;
+    r.body = sglangBody(body, bootstrap);
+    const legBody = leg.body === body ? r.body : sglangBody(leg.body, bootstrap);
     // Not tied to the ext_proc stream's signal: grpc-js reports "cancelled" after clean ends too,
     // and a prefill whose decode already finished must still complete. A client that leaves ends
     // the request (Director.finish), which cancels this leg.
