@@ -37,7 +37,7 @@ describe("director - the request path on an in-memory sink", () => {
     expect(rec).toMatchObject({ v: 2, id: "req-1", charge: r.chargeId, pick: r.pod.pod, cursors: cursorsBefore, maxTokens: 7, routedPromptTokens: r.promptTokens, ttftMs: 50, status: 200 });
   });
 
-  it("a request over its user's limit is refused before anything is charged; a held one is charged once the fake clock passes the hold", async () => {
+  it("a request over its user's limit is refused before anything is charged; a held one is charged once its charges are read back and the fake clock passes the hold", async () => {
     const { clock, state, sink, director, input } = setup();
     state.apply({ type: "config-entry", key: "limits", operation: "PUT", value: { users: { bob: { rpm: 3 } } } }, { stream: "config", subject: "limits", seq: 1, serverTs: 0 });
     state.apply({ type: "heartbeat", gateway: "peer", ts: clock.t, intervalMs: 1000, startedAt: 0, state: "up" }, { stream: "charges", subject: "hb", seq: 1, serverTs: clock.t });
@@ -47,7 +47,17 @@ describe("director - the request path on an in-memory sink", () => {
     const held = director.route(input({ user: "bob" }));
     expect(held).toBeInstanceOf(Promise);
     expect(sink.charges).toHaveLength(2);
+    let settled = false;
+    void Promise.resolve(held).finally(() => {
+      settled = true;
+    });
+    // Past --rate-confirm-ms, but the two charges have not come back through the stream: still held.
     clock.advance(30);
+    await Promise.resolve();
+    expect(settled).toBe(false);
+    expect(sink.charges).toHaveLength(2);
+    for (const c of sink.charges) state.ownEchoed(c.id);
+    clock.advance(5);
     await expect(held).resolves.toMatchObject({ user: "bob" });
     expect(sink.charges).toHaveLength(3);
     expect(() => director.route(input({ user: "bob" }))).toThrow(RouteError);
