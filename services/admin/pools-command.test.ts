@@ -164,7 +164,8 @@ describe("jetroute config set-pool / list-pools / delete-pool, streams apply --p
       expect(r.stderr, args.join(" ")).toContain(rule);
     }
     expect((await streamNames()).filter((n) => /BAD|_A\.B/i.test(n))).toEqual([]);
-  });
+    // Eight CLI processes, six of them at once: each a Node start-up, slow on a loaded 2-core host.
+  }, 90_000);
 
   it("--models without --pool is refused by the gateway and the pod-watcher", async () => {
     const gw = await cli("gateway", "--models", "x", "--port", "0", "--admin-port", "-1");
