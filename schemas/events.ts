@@ -9,6 +9,7 @@
 import { type Static, type TSchema, Type } from "@sinclair/typebox";
 import { AdapterPlacement } from "./adapters.js";
 import { AutoscaleRecommendation } from "./autoscale.js";
+import { ResponseLocation, StoredResponse } from "./responses.js";
 import { RecordSignature } from "./signature.js";
 
 const Name = Type.String({ minLength: 1, maxLength: 253 });
@@ -641,6 +642,8 @@ export const EVENT_SCHEMAS = {
   usage: UsageSummary,
   autoscale: AutoscaleRecommendation,
   adapter: AdapterPlacement,
+  "response-location": ResponseLocation,
+  "stored-response": StoredResponse,
 } as const;
 
 export type EventType = keyof typeof EVENT_SCHEMAS;
