@@ -1,7 +1,7 @@
 /**
  * The Responses API's state on the streams (docs/stateful-apis.md).
  *
- * - `response-location` (RESPONSES stream, `<base>.resploc.<id digest>`): which pod produced a
+ * - `response-location` (RESPONSES stream, `<base>.resploc.<tenant+id digest>`): which pod produced a
  *   response, for which model and tenant, until when. Written by the gateway that routed the
  *   request; every gateway replica folds the stream into a bounded view
  *   (services/views/response-locations.ts). A `deleted` record (DELETE /v1/responses/{id})
@@ -36,8 +36,12 @@ const sha = (s: string) => createHash("sha256").update(s, "utf8").digest("hex").
 
 /** The tenant as records carry it: a digest of the API key's owner (its `user`; `anonymous` without auth). */
 export const tenantDigest = (owner: string): string => sha(`tenant\u0000${owner}`);
-/** The subject token of a response's location record. */
-export const locationDigest = (id: string): string => sha(`resploc\u0000${id}`);
+/**
+ * The subject token of a response's location record: the tenant's digest and the id, so that a
+ * record another tenant writes for the same id (an engine that lets clients pick ids) lands on
+ * another subject and never replaces the owner's as the last of its subject.
+ */
+export const locationDigest = (tenant: string, id: string): string => sha(`resploc\u0000${tenant}\u0000${id}`);
 /** The subject token of a stored response: the tenant's digest and the id together. */
 export const storeDigest = (tenant: string, id: string): string => sha(`respstore\u0000${tenant}\u0000${id}`);
 

@@ -20,7 +20,7 @@
  *   <prefix>.batch.job.<batch hex>     BATCH      a batch's job events (batch-api; one subject per batch)
  *   <prefix>.batchwork.<batch hex>     BATCH_WORK a batch's items, a work queue (batch-api -> batch-worker)
  *   <prefix>.batchres.<batch hex>      BATCH_RESULTS one result per executed item (batch-worker)
- *   <base>.resploc.<id digest>          RESPONSES  where each Responses API response lives (gateways;
+ *   <base>.resploc.<digest>             RESPONSES  where each Responses API response lives (gateways;
  *                                                 base prefix only; a digest, never the client's id)
  *   <base>.respstore.<digest>           RESPONSE_STORE a stored response's items, by tenant and id (gateways)
  *   <base>.usage.<pool>.<gateway>.<startedAt>  USAGE      per-user rate-limit usage summaries (gateways; base
@@ -125,7 +125,7 @@ export class Subjects {
   batchResult(batchHex: string): string {
     return `${this.prefix}.batchres.${encodeToken(batchHex)}`;
   }
-  /** Responses API: a response's location record; `digest` is `locationDigest(id)` (schemas/responses.ts). */
+  /** Responses API: a response's location record; `digest` is `locationDigest(tenant, id)` (schemas/responses.ts). */
   responseLocation(digest: string): string {
     return `${this.prefix}.resploc.${checkDigest(digest)}`;
   }

@@ -355,7 +355,7 @@ describe("properties - every event family on a real nats-server", () => {
           case "releases": return s.releases("m", p);
           case "heartbeat": return s.heartbeat(`other-${i}`);
           case "usage": return s.usage("c", `other-${i}`, 1);
-          case "response-location": return s.responseLocation(locationDigest(p));
+          case "response-location": return s.responseLocation(locationDigest(tenantDigest("t"), p));
           default: return s.kv("m", p);
         }
       };

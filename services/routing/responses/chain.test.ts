@@ -7,7 +7,11 @@ const out = (text: string) => ({ type: "message", role: "assistant", id: `msg_${
 const store = (turns: ChainTurn[]) => {
   const byId = new Map(turns.map((t) => [t.id, t]));
   const asked: string[] = [];
-  return { asked, lookup: async (id: string) => (asked.push(id), byId.get(id)) };
+  const lookup = async (id: string) => {
+    asked.push(id);
+    return byId.get(id);
+  };
+  return { asked, lookup };
 };
 
 const t1: ChainTurn = { id: "resp_1", input: [msg("user", "hi")], output: [out("hello")] };
