@@ -65,6 +65,8 @@ export function serveGeneration(
   hooks: GenerationHooks = {},
   /** A real tokenizer's generation words (sim --tokenizer hf:); default: the built-in tokenizer's. */
   vocab?: GenerationVocab,
+  /** The answer's shape when it is not chat or completions (the Responses and Messages APIs: stateful-apis.ts). */
+  writer?: ResponseWriter,
 ): GenerationSession {
   const meta: ResponseMeta = {
     kind,
@@ -81,7 +83,7 @@ export function serveGeneration(
   const done = new Promise<void>((r) => {
     resolveDone = r;
   });
-  const out = generationResponse(res, gen, meta, requestId, vocab);
+  const out = writer ? writer(res, gen, requestId, vocab) : generationResponse(res, gen, meta, requestId, vocab);
   const fail = (err: unknown): void => (cancelled ? out.answer("abort") : out.error(err));
 
   const onFinish = (reason: FinishReason): void => {
@@ -162,8 +164,11 @@ export function serveGeneration(
   };
 }
 
+/** Makes the HTTP side of one generation in another API's shape. */
+export type ResponseWriter = (res: ServerResponse, gen: GenerationRequest, requestId: string, vocab: GenerationVocab | undefined) => GenerationResponse;
+
 /** The HTTP side of one generation, whatever the engine and the P/D legs do. */
-interface GenerationResponse {
+export interface GenerationResponse {
   /** The response is finished or its connection gone: nothing more can be written. */
   over(): boolean;
   /** One generated token: an SSE chunk now (after the role chunk, for chat), or text kept for the JSON body. */

@@ -39,11 +39,19 @@ export async function readJsonText(req: IncomingMessage): Promise<{ body: unknow
   }
 }
 
+function wildcardRoute(routes: Routes, path: string): Record<string, Handler> | undefined {
+  for (const [key, route] of Object.entries(routes)) {
+    if (key.endsWith("/*") && path.startsWith(key.slice(0, -1)) && path.length > key.length - 1) return route;
+  }
+  return undefined;
+}
+
 /** An HTTP server (not yet listening) that serves `routes`. */
 export function routeServer(routes: Routes, log: Logger | undefined): Server {
   return createServer((req, res) => {
     const path = (req.url ?? "/").split("?")[0] ?? "/";
-    const route = routes[path];
+    // A `/prefix/*` key serves every path under the prefix (ids in the path: `/v1/responses/{id}`).
+    const route = routes[path] ?? wildcardRoute(routes, path);
     // FastAPI's bodies for unknown routes and methods, which is what a vLLM client would see.
     if (!route) return sendJson(res, 404, { detail: "Not Found" });
     const handler = route[req.method ?? "GET"];

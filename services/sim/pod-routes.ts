@@ -4,13 +4,13 @@
  * own /debug endpoints.
  */
 import { randomUUID } from "node:crypto";
-import type { ServerResponse } from "node:http";
+import type { IncomingMessage, ServerResponse } from "node:http";
 import { detokenize } from "../tokenizer/sim-tokenizer.js";
 import type { SimEngine } from "./engine.js";
 import { embeddingsRoute } from "./embeddings.js";
 import { ApiError, badRequest } from "./errors.js";
 import { type FaultState, parseFaults } from "./faults.js";
-import { serveGeneration } from "./generate.js";
+import { type ResponseWriter, serveGeneration } from "./generate.js";
 import type { SimLora } from "./lora.js";
 import type { EngineKind, PodMetrics } from "./metrics.js";
 import { type PdPod, pdHooks } from "./pd-legs.js";
@@ -20,6 +20,7 @@ import { realPromptTokens, realTokenize, type SimRealTokenizer } from "./real-to
 import {
   asObject,
   checkModel,
+  type GenerationRequest,
   parseChatRequest,
   parseCompletionRequest,
   parseDetokenizeRequest,
@@ -28,6 +29,8 @@ import {
 } from "./requests.js";
 import type { ApiKind } from "./responses.js";
 import type { GenerationSessions } from "./sessions.js";
+import type { SimResponseStore } from "./response-store.js";
+import { anthropicErrorBody, messagesWriter, parseMessagesRequest, parseResponsesRequest, type RealChatTokens, responseNotFound, responsesWriter } from "./stateful-apis.js";
 
 /** What the routes need from their pod. */
 export interface PodRouteContext {
@@ -42,6 +45,8 @@ export interface PodRouteContext {
   faults: FaultState;
   pd: PdPod;
   sessions: GenerationSessions;
+  /** The Responses API store (emptied by a restart). */
+  responses: SimResponseStore;
   /** SGLang with `--abort-on-priority-when-disabled` and no priority scheduling: a body `priority` is a 503. */
   refusesPriority: boolean;
   /** The current engine and what counts for it; a restart swaps them. */
@@ -67,6 +72,10 @@ function apiRoutes(pod: PodRouteContext): Routes {
     "/v1/chat/completions": { POST: generationRoute(pod, "chat") },
     "/v1/completions": { POST: generationRoute(pod, "completion") },
     "/v1/embeddings": { POST: embeddingsRoute(served) },
+    "/v1/responses": { POST: responsesRoute(pod) },
+    // vLLM serves retrieve and cancel; no DELETE, no input_items (405/404 as FastAPI answers).
+    "/v1/responses/*": { GET: retrieveResponse(pod), POST: cancelResponse(pod) },
+    "/v1/messages": { POST: anthropicErrors(messagesRoute(pod)) },
     "/tokenize": {
       POST: async (req, res) => {
         const body = await readJson(req);
@@ -156,20 +165,10 @@ function sendMetrics(pod: PodRouteContext, res: ServerResponse): void {
 
 /** Chat or completion: injected faults first, then the request parsed and handed to the engine (and the P/D legs). */
 function generationRoute(pod: PodRouteContext, kind: ApiKind): Handler {
-  const { real, served, faults, lora } = pod;
+  const { real, served, lora } = pod;
   return async (req, res) => {
     const { body, raw } = await readJsonText(req);
-    const fault = faults.next();
-    if (fault.kind === "status") throw injectedStatusError(fault.status);
-    if (fault.kind === "hang") {
-      const left = new AbortController();
-      res.on("close", () => left.abort());
-      try {
-        await faults.waitUnhung(left.signal);
-      } catch {
-        return;
-      }
-    }
+    if (!(await passFaults(pod, res))) return;
     // A request naming a loaded adapter runs on the base model with the adapter's blocks.
     const adapter = lora.adapterOf(body);
     const forBase = adapter ? { ...(body as object), model: pod.model } : body;
@@ -192,6 +191,106 @@ function generationRoute(pod: PodRouteContext, kind: ApiKind): Handler {
     const hooks = pdHooks(pod.pd, obj, raw, gen, requestId);
     const session = serveGeneration(res, pod.current().engine, gen, kind, requestId, hooks, real?.vocab);
     pod.sessions.track(rid ? [requestId, rid] : [requestId], session);
+  };
+}
+
+/** Injected faults: a status is thrown, a hang waits until cleared; false when the client left meanwhile. */
+async function passFaults(pod: PodRouteContext, res: ServerResponse): Promise<boolean> {
+  const fault = pod.faults.next();
+  if (fault.kind === "status") throw injectedStatusError(fault.status);
+  if (fault.kind === "hang") {
+    const left = new AbortController();
+    res.on("close", () => left.abort());
+    try {
+      await pod.faults.waitUnhung(left.signal);
+    } catch {
+      return false;
+    }
+  }
+  return true;
+}
+
+/**
+ * `/v1/responses` or `/v1/messages`: faults, the body rendered to a chat prompt (stateful-apis.ts),
+ * then the engine as for chat (no P/D legs: a prefill/decode pod computes these locally).
+ */
+async function statefulGeneration(
+  pod: PodRouteContext,
+  req: IncomingMessage,
+  res: ServerResponse,
+  parse: (body: unknown, realTokens: RealChatTokens | undefined) => Promise<{ gen: GenerationRequest; writer: ResponseWriter }>,
+): Promise<void> {
+  const { real, served, lora } = pod;
+  const body = await readJson(req);
+  if (!(await passFaults(pod, res))) return;
+  // A request naming a loaded adapter runs on the base model with the adapter's blocks.
+  const adapter = lora.adapterOf(body);
+  const forBase = adapter ? { ...(body as object), model: pod.model } : body;
+  let realTokens: RealChatTokens | undefined;
+  if (real) {
+    // The model is checked first (404 before any tokenizing), as vLLM does.
+    checkModel(asObject(forBase), served);
+    realTokens = (chat) => realPromptTokens("chat", { messages: chat.messages, ...(chat.tools ? { tools: chat.tools } : {}) }, real.tokenizer);
+  }
+  let { gen, writer } = await parse(forBase, realTokens);
+  if (pod.refusesPriority && gen.priority !== undefined) throw priorityDisabledError();
+  if (adapter) {
+    lora.track(adapter, res);
+    gen = { ...gen, model: adapter, loraName: adapter };
+  }
+  const requestId = requestIdOf(req.headers["x-request-id"], undefined);
+  const session = serveGeneration(res, pod.current().engine, gen, "chat", requestId, {}, real?.vocab, writer);
+  pod.sessions.track([requestId], session);
+}
+
+function responsesRoute(pod: PodRouteContext): Handler {
+  return (req, res) =>
+    statefulGeneration(pod, req, res, async (body, realTokens) => {
+      const call = await parseResponsesRequest(body, pod.served, pod.responses, realTokens);
+      return { gen: call.gen, writer: responsesWriter(call, pod.responses) };
+    });
+}
+
+function messagesRoute(pod: PodRouteContext): Handler {
+  return (req, res) =>
+    statefulGeneration(pod, req, res, async (body, realTokens) => {
+      const call = await parseMessagesRequest(body, pod.served, realTokens);
+      return { gen: call.gen, writer: messagesWriter(call) };
+    });
+}
+
+/** `/v1/messages` answers its errors in Anthropic's shape, `{"type":"error","error":{type,message}}`. */
+function anthropicErrors(handler: Handler): Handler {
+  return async (req, res) => {
+    try {
+      await handler(req, res);
+    } catch (err) {
+      if (!(err instanceof ApiError) || res.headersSent || res.destroyed) throw err;
+      sendJson(res, err.status, anthropicErrorBody(err.status, err.message));
+    }
+  };
+}
+
+const responseIdOf = (req: IncomingMessage): string => decodeURIComponent(((req.url ?? "").split("?")[0] ?? "").slice("/v1/responses/".length));
+
+/** `GET /v1/responses/{id}`: the stored response, or vLLM's 404. */
+function retrieveResponse(pod: PodRouteContext): Handler {
+  return (req, res) => {
+    const id = responseIdOf(req);
+    const stored = pod.responses.get(id);
+    if (!stored) throw responseNotFound(id);
+    sendJson(res, 200, stored.response);
+  };
+}
+
+/** `POST /v1/responses/{id}/cancel`: only background responses can be cancelled (vLLM); the simulator has none. */
+function cancelResponse(pod: PodRouteContext): Handler {
+  return (req, res) => {
+    const path = responseIdOf(req);
+    if (!path.endsWith("/cancel")) return sendJson(res, 405, { detail: "Method Not Allowed" });
+    const id = path.slice(0, -"/cancel".length);
+    if (!pod.responses.get(id)) throw responseNotFound(id);
+    throw badRequest("Cannot cancel a synchronous response.");
   };
 }
 

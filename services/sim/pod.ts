@@ -26,6 +26,7 @@ import { podRoutes } from "./pod-routes.js";
 import type { SimRealTokenizer } from "./real-tokenizer.js";
 import type { ServedModel } from "./requests.js";
 import { GenerationSessions } from "./sessions.js";
+import { SimResponseStore } from "./response-store.js";
 
 export interface SimPodOptions {
   name: string;
@@ -253,6 +254,7 @@ export async function startSimPod(opts: SimPodOptions): Promise<SimPod> {
   const bootstrapPort = channel && opts.engine === "sglang" ? channel.port : undefined;
 
   const sessions = new GenerationSessions();
+  const responses = new SimResponseStore();
   const schedulingPolicy = schedulingPolicyOf(opts.engineConfig);
   const state = (): SimPodState => ({
     pod: opts.name,
@@ -285,6 +287,7 @@ export async function startSimPod(opts: SimPodOptions): Promise<SimPod> {
     // Requests outside the engine (a decode waiting for its KV, a prefill waiting for its decode)
     // lose their connection too; then the old engine drops what it still runs or holds.
     sessions.dropAll();
+    responses.clear();
     old.held.clear();
     old.engine.abortAll();
     publisher?.reset();
@@ -296,7 +299,7 @@ export async function startSimPod(opts: SimPodOptions): Promise<SimPod> {
   const { name, model, engine, maxModelLen } = opts;
   // SGLang's --abort-on-priority-when-disabled: only a server without priority scheduling refuses the field.
   const refusesPriority = engine === "sglang" && !opts.engineConfig.scheduling && opts.abortOnPriorityWhenDisabled === true;
-  const routes = podRoutes({ name, model, engine, maxModelLen, served, real, lora, faults, pd, sessions, refusesPriority, current: () => run, state, cacheListing, restart });
+  const routes = podRoutes({ name, model, engine, maxModelLen, served, real, lora, faults, pd, sessions, responses, refusesPriority, current: () => run, state, cacheListing, restart });
   const server = routeServer(routes, log);
   try {
     await listen(server, opts.port, opts.host);

@@ -74,7 +74,7 @@ export function parseMessages(body: Body): ChatMessage[] {
   return messages as ChatMessage[];
 }
 
-function optionalBool(body: Body, key: string, fallback: boolean): boolean {
+export function optionalBool(body: Body, key: string, fallback: boolean): boolean {
   const v = body[key];
   if (v === undefined || v === null) return fallback;
   if (typeof v !== "boolean") throw badRequest(`${key}: Input should be a valid boolean`, key);
@@ -121,9 +121,26 @@ function completionPrompt(body: Body, served: ServedModel, realTokens: number[] 
   throw badRequest("prompt: a single string or a single list of token ids is supported", "prompt");
 }
 
-function common(body: Body, served: ServedModel, model: string, promptTokens: number[]): GenerationRequest {
-  const maxTokens = optionalInt(body, "max_completion_tokens") ?? optionalInt(body, "max_tokens") ?? DEFAULT_MAX_TOKENS;
-  if (maxTokens < 1) throw badRequest(`max_tokens must be at least 1, got ${maxTokens}.`, "max_tokens");
+/**
+ * The fields every generation API shares (stream, `cache_salt`, `priority`, `seed`, the context
+ * bound). `maxKeys`: the body fields naming the output bound, first found wins.
+ */
+const CHAT_MAX_KEYS = ["max_completion_tokens", "max_tokens"] as const;
+
+export function generationFields(body: Body, served: ServedModel, model: string, promptTokens: number[], maxKeys: readonly string[] = CHAT_MAX_KEYS): GenerationRequest {
+  let maxTokens = DEFAULT_MAX_TOKENS;
+  let maxKey = maxKeys[maxKeys.length - 1] ?? "max_tokens";
+  for (const k of maxKeys) {
+    const v = optionalInt(body, k);
+    if (v !== undefined) {
+      maxTokens = v;
+      maxKey = k;
+      break;
+    }
+  }
+  // Chat and completions name `max_tokens` whichever of the two was sent, as vLLM does.
+  if (maxKeys === CHAT_MAX_KEYS) maxKey = "max_tokens";
+  if (maxTokens < 1) throw badRequest(`${maxKey} must be at least 1, got ${maxTokens}.`, maxKey);
   const n = optionalInt(body, "n") ?? 1;
   if (n !== 1) throw badRequest("n: only n=1 is supported by the simulator", "n");
   const stream = optionalBool(body, "stream", false);
@@ -161,13 +178,13 @@ export function parseChatRequest(raw: unknown, served: ServedModel, realTokens?:
       addGenerationPrompt: optionalBool(body, "add_generation_prompt", true),
       addSpecialTokens: optionalBool(body, "add_special_tokens", false),
     });
-  return common(body, served, model, promptTokens);
+  return generationFields(body, served, model, promptTokens);
 }
 
 export function parseCompletionRequest(raw: unknown, served: ServedModel, realTokens?: number[]): GenerationRequest {
   const body = asObject(raw);
   const model = checkModel(body, served);
-  return common(body, served, model, completionPrompt(body, served, realTokens));
+  return generationFields(body, served, model, completionPrompt(body, served, realTokens));
 }
 
 /** `/tokenize` in both of vLLM's forms: `{prompt, add_special_tokens=true}` or `{messages, add_generation_prompt=true}`. */
