@@ -21,7 +21,7 @@ import { DeadLetterSink } from "../shared/dead-letter.js";
 import type { Logger } from "../shared/log.js";
 import type { NatsHandles } from "../shared/nats.js";
 import { encodeEvent } from "../shared/publish.js";
-import type { ChainTurn } from "../routing/responses/chain.js";
+import type { ChainTurn } from "../routing/mod.js";
 
 export const RESPONSE_RETENTION_MS = RESPONSE_RETENTION_DAYS * 86_400_000;
 /** Room left in a message for headers. */
