@@ -16,7 +16,7 @@
  */
 import type * as grpc from "@grpc/grpc-js";
 import { type AuthFailureReason, type AuthResult, authFailureMessage } from "./auth.js";
-import { openAIError, RouteError, routeErrorBody, type FinishInfo, type RoutedRequest, type RouteInput, ROUTED_PATHS, type ResponseRoute, responseRouteOf } from "../routing/mod.js";
+import { apiOfPath, errorBodyFor, type RequestApi, RouteError, reshapeError, type FinishInfo, type RoutedRequest, type RouteInput, ROUTED_PATHS, type ResponseRoute, responseRouteOf } from "../routing/mod.js";
 import type { ReleaseOutcome } from "../../schemas/events.js";
 import { ResponseTracker } from "./response-tracker.js";
 import { ResponseCapture } from "./response-capture.js";
@@ -225,6 +225,8 @@ class Exchange {
   private routed: RoutedRequest | undefined;
   private status = 0;
   private tracker: ResponseTracker | undefined;
+  /** The request's API by path: its errors' shape, its usage events. */
+  private api: RequestApi = "chat";
   private phase: ExchangePhase = ExchangePhase.start;
   /** The response is an upstream error being collected and answered OpenAI-shaped at its end. */
   private normalising = false;
@@ -235,7 +237,7 @@ class Exchange {
   /** The authenticated key's class and allowed models (virtual models' `user` signals, permissions). */
   private keyClass: string | undefined;
   private keyModels: readonly string[] | undefined;
-  private readonly errorBody: Buffer[] = [];
+  private readonly errorBodyParts: Buffer[] = [];
   private errorBytes = 0;
   /**
    * Aborted when the stream is over: work for this request (a P/D prefill leg, a request held by
@@ -280,7 +282,7 @@ class Exchange {
         this.onMessage(req);
       } catch (err) {
         this.opts.log.error({ err }, "ext_proc handler failed");
-        this.send(immediate(500, openAIError(500, "internal_error", "internal gateway error")));
+        this.send(immediate(500, this.errorBody(new RouteError("internal", "internal gateway error"))));
       }
     });
     call.on("end", () => {
@@ -357,24 +359,33 @@ class Exchange {
     if (!this.call.cancelled && this.call.writable) this.call.write(msg);
   }
 
+  /** An error body in the request's API's shape (Anthropic's on /v1/messages). */
+  private errorBody(err: RouteError) {
+    return errorBodyFor(this.api, err);
+  }
+
   /** 401: counted by reason; nothing is routed, charged or recorded. */
   private refuseAuth(reason: AuthFailureReason) {
     this.opts.auth?.failed?.(reason, this.headers[Headers.requestId]);
     const err = new RouteError("invalidApiKey", authFailureMessage(reason), null, AUTHENTICATE_CHALLENGE);
-    this.send(immediate(err.status, routeErrorBody(err), err.headers));
+    this.send(immediate(err.status, this.errorBody(err), err.headers));
   }
 
   private reject(err: RouteError, model?: string) {
     this.router.reject(this.headers, model, err);
-    this.send(immediate(err.status, routeErrorBody(err), err.headers));
+    this.send(immediate(err.status, this.errorBody(err), err.headers));
   }
 
   private onRequestHeaders(req: ProcessingRequest) {
     const headers = headersToRecord(req.request_headers?.headers);
     this.headers = headers;
+    this.api = apiOfPath(headers[Headers.path]);
     let mutation = this.shared.requestHeadersMutation;
     if (this.opts.auth) {
-      const a = this.opts.auth.authenticate(headers.authorization);
+      // Anthropic clients send the key as `x-api-key`: taken on /v1/messages when there is no bearer token.
+      const apiKey = headers["x-api-key"];
+      const authorization = headers.authorization ?? (this.api === "messages" && apiKey ? `Bearer ${apiKey}` : undefined);
+      const a = this.opts.auth.authenticate(authorization);
       if (!a.ok) return this.refuseAuth(a.reason);
       // The key says who this is: a client-sent `user` header cannot borrow another user's quota.
       headers[USER_HEADER] = a.user;
@@ -393,6 +404,11 @@ class Exchange {
       if ((headers[Headers.method] ?? "GET") === "GET" && (headers[Headers.path] ?? "").split("?")[0] === "/v1/models") {
         const data = modelsVisibleTo(this.opts.listModels(), this.keyModels).map((id) => ({ id, object: "model", owned_by: "jetroute" }));
         return this.send({ ...immediate(200, { object: "list", data }) });
+      }
+      const path = (headers[Headers.path] ?? "").split("?")[0] ?? "";
+      if (path.startsWith("/v1/responses/")) {
+        // Retrieve, cancel, delete and input_items need the response store (absent: its streams were never applied).
+        return this.reject(new RouteError("unsupportedPath", `${(headers[Headers.method] ?? "").slice(0, 16)} /v1/responses/{id} is not served without the RESPONSE_STORE stream (run \`jetroute streams apply\`); POST /v1/responses is`));
       }
       return this.reject(new RouteError("unsupportedPath", `${headers[Headers.method] ?? ""} ${headers[Headers.path] ?? ""} has no body to route on`));
     }
@@ -415,7 +431,7 @@ class Exchange {
     responses.route(route, this.owner).then(
       (r) => {
         if (this.over || this.call.cancelled) return;
-        if (r.kind === "error") return this.send(immediate(r.error.status, routeErrorBody(r.error), r.error.headers));
+        if (r.kind === "error") return this.send(immediate(r.error.status, this.errorBody(r.error), r.error.headers));
         if (r.kind === "answer") return this.send(immediate(r.status, r.body));
         this.direct = route;
         this.enter(endOfStream ? ExchangePhase.routed : ExchangePhase.body);
@@ -426,7 +442,7 @@ class Exchange {
         if (this.over || this.call.cancelled) return;
         this.opts.log.warn({ err }, "response store unavailable");
         const e = new RouteError("notReady", "the response store cannot be read; retry shortly");
-        this.send(immediate(e.status, routeErrorBody(e), e.headers));
+        this.send(immediate(e.status, this.errorBody(e), e.headers));
       },
     );
   }
@@ -449,6 +465,9 @@ class Exchange {
     if (this.bodyBytes > maxBody) return this.reject(new RouteError("bodyTooLarge", `request body exceeds ${maxBody} bytes`));
     const headers = this.headers;
     const path = (headers[Headers.path] ?? "").split("?")[0] ?? "";
+    if (path.startsWith("/v1/responses/")) {
+      return this.reject(new RouteError("unsupportedPath", `${(headers[Headers.method] ?? "").slice(0, 16)} /v1/responses/{id}/... is not served without the RESPONSE_STORE stream (run \`jetroute streams apply\`); POST /v1/responses is`));
+    }
     if (!(ROUTED_PATHS as readonly string[]).includes(path)) {
       return this.reject(new RouteError("unsupportedPath", `${(headers[Headers.method] ?? "").slice(0, 16)} ${path.slice(0, 128)} is not routed; routed paths: ${ROUTED_PATHS.join(", ")}, and GET /v1/models`));
     }
@@ -496,7 +515,7 @@ class Exchange {
   private routeFailed(err: unknown) {
     // The client left while the request was being worked on: nobody to answer.
     if (this.over || this.call.cancelled) return;
-    if (err instanceof RouteError && err.afterRouting) return this.send(immediate(err.status, routeErrorBody(err), err.headers));
+    if (err instanceof RouteError && err.afterRouting) return this.send(immediate(err.status, this.errorBody(err), err.headers));
     // The refusal names the model the request path parsed (the body is not parsed again here).
     if (err instanceof RouteError) return this.reject(err, err.refusal?.model);
     this.opts.log.error({ err }, "routing failed");
@@ -538,7 +557,7 @@ class Exchange {
         watchdog: this.shared.watchdog,
         over: () => this.over,
         responseStarted: () => this.phase === ExchangePhase.response,
-        immediate: (err) => this.send(immediate(err.status, routeErrorBody(err), err.headers)),
+        immediate: (err) => this.send(immediate(err.status, this.errorBody(err), err.headers)),
         fail: (r, err) => void this.router.finish(r, "error", { status: err.status, errorCode: err.code }),
         abortDecode: (r) => this.router.abortDecode?.(r),
       });
@@ -563,7 +582,7 @@ class Exchange {
     this.status = Number.parseInt(h[Headers.status] ?? "0", 10) || 0;
     this.enter(ExchangePhase.response);
     this.sse = (h[Headers.contentType] ?? "").includes("text/event-stream");
-    this.tracker = new ResponseTracker(h[Headers.contentType]);
+    this.tracker = new ResponseTracker(h[Headers.contentType], this.api);
     if (routed?.responses && this.status >= 200 && this.status < 300) this.capture = new ResponseCapture(h[Headers.contentType]);
     const expose = this.opts.exposePodAddresses === true;
     const target = routed ? this.shared.targets.of(routed.pod.address, routed.strategy) : undefined;
@@ -588,8 +607,9 @@ class Exchange {
   private onResponseBody(req: ProcessingRequest) {
     const b = req.response_body;
     const routed = this.routed;
-    if (routed && routed.firstChunkAt === undefined && b?.body?.length) this.router.firstToken(routed);
-    if (b?.body?.length) this.tracker?.push(b.body);
+    // The first token: the first body bytes, or for the Responses and Messages APIs the first event past the stream's preamble.
+    const tokenSeen = b?.body?.length ? (this.tracker?.push(b.body) ?? true) : false;
+    if (routed && routed.firstChunkAt === undefined && tokenSeen) this.router.firstToken(routed);
     if (b?.body?.length) this.capture?.push(b.body);
     const guard = this.guard;
     guard?.chunk(b?.end_of_stream === true, b?.body?.length ?? 0);
@@ -611,12 +631,12 @@ class Exchange {
     }
     if (this.normalising) {
       if (b?.body?.length && this.errorBytes < 65_536) {
-        this.errorBody.push(Buffer.from(b.body));
+        this.errorBodyParts.push(Buffer.from(b.body));
         this.errorBytes += b.body.length;
       }
       if (!b?.end_of_stream) this.send({ response_body: { response: { status: "CONTINUE", body_mutation: { clear_body: true } } } });
       else {
-        const normal = normaliseUpstreamError(this.status, Buffer.concat(this.errorBody));
+        const normal = reshapeError(this.api, this.status, normaliseUpstreamError(this.status, Buffer.concat(this.errorBodyParts)));
         this.send({ response_body: { response: { status: "CONTINUE", body_mutation: { body: Buffer.from(JSON.stringify(normal)) } } } });
       }
     } else this.send(this.shared.replies.responseBodyContinue);
@@ -633,7 +653,7 @@ class Exchange {
       if (!answer) {
         this.status = 404;
         const e = new RouteError("responseNotFound", `Response with id '${(routed.responses?.previousResponseId ?? "").slice(0, 128)}' not found.`, "previous_response_id");
-        return this.send(immediate(e.status, routeErrorBody(e)));
+        return this.send(immediate(e.status, this.errorBody(e)));
       }
       this.status = answer.status;
       this.tracker = new ResponseTracker(answer.contentType);
@@ -665,12 +685,12 @@ class Exchange {
         if (this.over || this.call.cancelled) return;
         if (body !== undefined) return this.send(immediate(200, body));
         const e = new RouteError("responseNotFound", `Response with id '${id.slice(0, 128)}' not found.`);
-        this.send(immediate(e.status, routeErrorBody(e)));
+        this.send(immediate(e.status, this.errorBody(e)));
       },
       () => {
         if (this.over || this.call.cancelled) return;
         const e = new RouteError("notReady", "the response store cannot be read; retry shortly");
-        this.send(immediate(e.status, routeErrorBody(e), e.headers));
+        this.send(immediate(e.status, this.errorBody(e), e.headers));
       },
     );
   }

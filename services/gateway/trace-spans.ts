@@ -53,7 +53,8 @@ export function bounded(s: string): string {
 /** The GenAI operation a routed path performs. */
 export function operationOf(path: string | undefined): "chat" | "text_completion" | "embeddings" | undefined {
   const p = (path ?? "").split("?")[0];
-  if (p === "/v1/chat/completions") return "chat";
+  // The Responses and Messages APIs are chat operations (a conversation in, an assistant message out).
+  if (p === "/v1/chat/completions" || p === "/v1/responses" || p === "/v1/messages") return "chat";
   if (p === "/v1/completions") return "text_completion";
   if (p === "/v1/embeddings") return "embeddings";
   return undefined;

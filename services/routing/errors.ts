@@ -111,3 +111,42 @@ export function openAIError(status: number, code: string | number, message: stri
 export function routeErrorBody(err: RouteError): OpenAIErrorBody {
   return openAIError(err.status, err.code, err.message, err.param);
 }
+
+/**
+ * Anthropic's error `type` by HTTP status (the Messages API's catalogue: invalid_request_error,
+ * authentication_error, permission_error, not_found_error, request_too_large, rate_limit_error,
+ * api_error, overloaded_error). Statuses it has no type for (421, 499, 5xx but 503) are `api_error`,
+ * except 421 (a request for another pool's model), which the client must change: invalid_request_error.
+ */
+export function anthropicErrorType(status: number): string {
+  if (status === 400 || status === 421 || status === 422) return "invalid_request_error";
+  if (status === 401) return "authentication_error";
+  if (status === 403) return "permission_error";
+  if (status === 404) return "not_found_error";
+  if (status === 413) return "request_too_large";
+  if (status === 429) return "rate_limit_error";
+  if (status === 503 || status === 529) return "overloaded_error";
+  return "api_error";
+}
+
+export interface AnthropicErrorBody {
+  type: "error";
+  error: { type: string; message: string };
+}
+
+export function anthropicError(status: number, message: string): AnthropicErrorBody {
+  return { type: "error", error: { type: anthropicErrorType(status), message } };
+}
+
+/**
+ * A RouteError's body in the request's API: Anthropic's shape on `/v1/messages` (the catalogue's
+ * code, which that shape has no field for, leads the message), OpenAI's everywhere else.
+ */
+export function errorBodyFor(api: string | undefined, err: RouteError): OpenAIErrorBody | AnthropicErrorBody {
+  return api === "messages" ? anthropicError(err.status, `${err.code}: ${err.message}`) : routeErrorBody(err);
+}
+
+/** An OpenAI-shaped error body in the request's API (an upstream error normalised, then reshaped for `/v1/messages`). */
+export function reshapeError(api: string | undefined, status: number, body: OpenAIErrorBody): OpenAIErrorBody | AnthropicErrorBody {
+  return api === "messages" ? anthropicError(status, body.error.message) : body;
+}

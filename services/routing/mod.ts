@@ -19,13 +19,13 @@ export { RequestLifecycle } from "./lifecycle.js";
 export { explain, type Explanation } from "./explain.js";
 
 // Errors and records.
-export { ErrorCodes, errorType, type OpenAIErrorBody, openAIError, type Refusal, RouteError, routeErrorBody } from "./errors.js";
+export { type AnthropicErrorBody, anthropicError, anthropicErrorType, ErrorCodes, errorBodyFor, errorType, type OpenAIErrorBody, openAIError, type Refusal, RouteError, reshapeError, routeErrorBody } from "./errors.js";
 export { publishDecision, rejectedRecord, routedRecord, semanticRecordOf, type UnrecordedReason } from "./decision-record.js";
 export { chargeIdOf, chargeSeqOf, isPrefillLegCharge } from "./charge-id.js";
 export { validateModelConfig } from "./config-check.js";
 export { enginePriorityFor } from "./engine-priority.js";
 export { PredictionDrift } from "./latency-drift.js";
-export { isModelName, parseRequestBody, ROUTED_PATHS } from "./request-body.js";
+export { apiOfPath, isModelName, MAX_RESPONSE_ID_LENGTH, parseRequestBody, type RequestApi, ROUTED_PATHS } from "./request-body.js";
 export { MAX_REQUEST_ID_LENGTH, MAX_USER_LENGTH } from "./stages/parse.js";
 
 // Scheduling, as replay re-runs it.

@@ -5,10 +5,24 @@
  * becomes a 400 whose message and `param` name the field.
  */
 import { MAX_COUNT } from "../../schemas/events.js";
+import { ApiShapeError, messagesToChat, renderedChars, responsesToChat } from "../tokenizer/api-messages.js";
 import { RouteError } from "./errors.js";
+
+/**
+ * The API a routed request speaks, by its path: OpenAI chat / completions / embeddings, the
+ * Responses API (`/v1/responses`) or Anthropic's Messages API (`/v1/messages`). The last two are
+ * rendered to the chat prompt the engine builds (services/tokenizer/api-messages.ts).
+ */
+export type RequestApi = "chat" | "completions" | "embeddings" | "responses" | "messages";
 
 export interface ParsedRequest {
   model: string;
+  /** The API by path (`apiOfPath`); absent = chat-shaped (chat, completions, embeddings bodies all parse alike). */
+  api?: "responses" | "messages";
+  /** Responses API: the response this one continues (checked: a printable string of at most MAX_RESPONSE_ID_LENGTH). */
+  previousResponseId?: string;
+  /** Responses API: `store` (default true; false = the response is kept nowhere). */
+  store?: boolean;
   stream: boolean;
   /** Prompt size in tokens: exact for token-id prompts, else ≈ 4 characters per token until a tokenizer runs. */
   promptTokens: number;
@@ -23,7 +37,20 @@ export interface ParsedRequest {
 }
 
 /** Paths whose bodies name a model and may be routed. */
-export const ROUTED_PATHS = ["/v1/chat/completions", "/v1/completions", "/v1/embeddings"] as const;
+export const ROUTED_PATHS = ["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses", "/v1/messages"] as const;
+
+/** The API of a request path (query string ignored). */
+export function apiOfPath(path: string | undefined): RequestApi {
+  const p = (path ?? "").split("?")[0];
+  if (p === "/v1/responses") return "responses";
+  if (p === "/v1/messages") return "messages";
+  if (p === "/v1/completions") return "completions";
+  if (p === "/v1/embeddings") return "embeddings";
+  return "chat";
+}
+
+/** Longest `previous_response_id` accepted (engine ids are ~37 characters; records and lookups carry it). */
+export const MAX_RESPONSE_ID_LENGTH = 256;
 
 /** Longest model name accepted (subjects escape it, so a long one would grow every subject). */
 export const MAX_MODEL_LENGTH = 256;
@@ -137,7 +164,46 @@ function positiveInt(b: Record<string, unknown>, key: string): number | undefine
   return v;
 }
 
-export function parseRequestBody(raw: Uint8Array): ParsedRequest {
+/** `previous_response_id`: absent/null, or a printable string of at most MAX_RESPONSE_ID_LENGTH. */
+function previousResponseIdOf(b: Record<string, unknown>): string | undefined {
+  const v = b.previous_response_id;
+  if (v === undefined || v === null) return undefined;
+  if (typeof v !== "string" || !isModelName(v) || v.length > MAX_RESPONSE_ID_LENGTH) {
+    throw bad(`\`previous_response_id\` must be a non-empty printable string of at most ${MAX_RESPONSE_ID_LENGTH} characters`, "previous_response_id");
+  }
+  return v;
+}
+
+/**
+ * A Responses or Messages body: its shape checked by rendering it as the engine will (a mistake is
+ * a 400 naming the field), the prompt size from the rendered text, the output bound from
+ * `max_output_tokens` (Responses) or the required `max_tokens` (Messages).
+ */
+function statefulApiFields(b: Record<string, unknown>, api: "responses" | "messages"): { chars: number; maxTokens?: number; extra: Partial<ParsedRequest> } {
+  let chars: number;
+  try {
+    chars = renderedChars(api === "responses" ? responsesToChat(b) : messagesToChat(b));
+  } catch (err) {
+    if (err instanceof ApiShapeError) throw bad(err.message, err.param);
+    throw err;
+  }
+  if (api === "messages") {
+    if (b.max_tokens === undefined || b.max_tokens === null) throw bad("`max_tokens` is required", "max_tokens");
+    return { chars, ...optional("maxTokens", positiveInt(b, "max_tokens")), extra: { api } };
+  }
+  if (b.store !== undefined && b.store !== null && typeof b.store !== "boolean") throw bad("`store` must be a boolean", "store");
+  const previousResponseId = previousResponseIdOf(b);
+  return {
+    chars,
+    ...optional("maxTokens", positiveInt(b, "max_output_tokens")),
+    extra: { api, ...(previousResponseId !== undefined ? { previousResponseId } : {}), ...(typeof b.store === "boolean" ? { store: b.store } : {}) },
+  };
+}
+
+const optional = <K extends string, V>(k: K, v: V | undefined): Partial<Record<K, V>> => (v === undefined ? {} : ({ [k]: v } as Record<K, V>));
+
+/** `api`: the request's API by path (`apiOfPath`); the default parses chat, completions and embeddings bodies. */
+export function parseRequestBody(raw: Uint8Array, api: RequestApi = "chat"): ParsedRequest {
   let body: unknown;
   let text: string;
   try {
@@ -156,6 +222,20 @@ export function parseRequestBody(raw: Uint8Array): ParsedRequest {
   }
   if (!isModelName(b.model)) {
     throw bad(`\`model\` must be at most ${MAX_MODEL_LENGTH} printable characters`, "model");
+  }
+  const cacheSalt0 = cacheSaltOf(b);
+  if (api === "responses" || api === "messages") {
+    const f = statefulApiFields(b, api);
+    return {
+      model: b.model,
+      stream: b.stream === true,
+      promptTokens: Math.ceil(f.chars / 4),
+      ...(f.maxTokens !== undefined ? { maxTokens: f.maxTokens } : {}),
+      ...(cacheSalt0 !== undefined ? { cacheSalt: cacheSalt0 } : {}),
+      ...f.extra,
+      body: b,
+      text,
+    };
   }
   let chars = 0;
   let tokens = 0;
@@ -176,7 +256,7 @@ export function parseRequestBody(raw: Uint8Array): ParsedRequest {
   const max = positiveInt(b, "max_tokens");
   positiveInt(b, "n");
   const maxTokens = maxCompletion ?? max;
-  const cacheSalt = cacheSaltOf(b);
+  const cacheSalt = cacheSalt0;
   return {
     model: b.model,
     stream: b.stream === true,

@@ -7,6 +7,7 @@
  */
 import { type ChatMessage, fnv1a32, tokenizeChat, tokenizePrompt } from "./sim-tokenizer.js";
 import { rawToolJsonInexact } from "./tool-json.js";
+import { messagesToChat, type RenderedChat, responsesToChat } from "./api-messages.js";
 
 export type TokenizerMode = "remote" | "local" | "approximate" | "hf";
 
@@ -36,7 +37,8 @@ export interface PromptInput {
  * `rawBody`: the request's JSON text, when the caller has it; only then can `hf` mode see an
  * integer-valued float such as `20.0` in `tools` (parsed, it is `20`; Python prints `20.0`).
  */
-export function promptInputOf(body: Record<string, unknown>, rawBody?: string | Uint8Array): PromptInput {
+export function promptInputOf(body: Record<string, unknown>, rawBody?: string | Uint8Array, api?: "responses" | "messages"): PromptInput {
+  if (api) return renderedInput(body, rawBody, api);
   const out: PromptInput = {};
   if (Array.isArray(body.messages)) {
     if (rawBody !== undefined && (Array.isArray(body.tools) || body.messages.some((m) => m && typeof m === "object" && (m as { tool_calls?: unknown }).tool_calls != null))) {
@@ -54,6 +56,31 @@ export function promptInputOf(body: Record<string, unknown>, rawBody?: string | 
   if (typeof body.add_special_tokens === "boolean") out.addSpecialTokens = body.add_special_tokens;
   if (typeof body.prompt === "string" || (Array.isArray(body.prompt) && body.prompt.every((p) => typeof p === "string"))) {
     out.prompt = body.prompt as string | string[];
+  }
+  return out;
+}
+
+/**
+ * A Responses or Messages body as the chat prompt the engine renders from it (instructions or
+ * `system` first, then the input items or messages; tools): tokenized as chat, so its prefix
+ * matches the engine's blocks. A body that does not render (its parse refused it already) gives an
+ * empty input. `previous_response_id`'s chain is not known here: the rendered prompt is the
+ * instructions and this request's input.
+ */
+function renderedInput(body: Record<string, unknown>, rawBody: string | Uint8Array | undefined, api: "responses" | "messages"): PromptInput {
+  let chat: RenderedChat;
+  try {
+    chat = api === "responses" ? responsesToChat(body) : messagesToChat(body);
+  } catch {
+    return { messages: [] };
+  }
+  const out: PromptInput = { messages: chat.messages };
+  if (chat.tools) {
+    out.tools = chat.tools;
+    if (rawBody !== undefined) {
+      const problem = rawToolJsonInexact(typeof rawBody === "string" ? rawBody : new TextDecoder().decode(rawBody));
+      if (problem) out.rawToolJsonProblem = problem;
+    }
   }
   return out;
 }

@@ -52,7 +52,9 @@ function appendContent(content: unknown, out: string[], room: { left: number }):
 /** The texts the rules read, each cut to `max` characters: the last user message, and the whole conversation. */
 export function textsOf(body: Record<string, unknown>, scopes: ReadonlySet<Scope>, max: number): Partial<Record<Scope, string>> {
   const out: Partial<Record<Scope, string>> = {};
-  const messages = Array.isArray(body.messages) ? (body.messages as Array<{ role?: unknown; content?: unknown }>) : undefined;
+  // Chat and Anthropic messages, or a Responses `input` list (its message items: role and content).
+  const items = Array.isArray(body.messages) ? body.messages : Array.isArray(body.input) && body.input.some((m) => m && typeof m === "object" && typeof (m as { role?: unknown }).role === "string") ? body.input : undefined;
+  const messages = items as Array<{ role?: unknown; content?: unknown }> | undefined;
   const prompt = typeof body.prompt === "string" ? body.prompt : Array.isArray(body.prompt) && typeof body.prompt[0] === "string" ? (body.prompt[0] as string) : typeof body.input === "string" ? body.input : undefined;
   if (scopes.has("last-user")) {
     if (messages) {

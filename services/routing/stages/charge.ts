@@ -56,7 +56,7 @@ export const chargeStage: SectionStage = {
     const user = ctx.input.headers.user || undefined;
     const plan = pdPlanOf(pick);
     // Before anything is charged: a batch cannot be disaggregated.
-    if (plan?.kind === "pd") refuseBatch(parsed.body);
+    if (plan?.kind === "pd") refuseBatch(parsed.body, parsed.api);
     const promptTokens = promptTokensOf(ctx);
     // The latency model's view of the picked pod, before this request's own charge counts on it.
     const features = latencyFeaturesOf(env.views, pick.pod, promptTokens, prefixMatch?.info, now);
@@ -149,7 +149,7 @@ function recordBlocksAfterRouting(routed: RoutedRequest, ctx: SelectedContext, e
   // After the reply to Envoy has gone out: tokenizing runs synchronously up to its first await.
   setImmediate(() => {
     if (routed.finished) return;
-    prefix.tokenizer.tokenize(parsed.model, promptInputOf(parsed.body, raw), pod.address).then(
+    prefix.tokenizer.tokenize(parsed.model, promptInputOf(parsed.body, raw, parsed.api), pod.address).then(
       (t) => {
         if (routed.finished) return;
         routed.recordedBlocks = prefix.blocks(parsed.model, pod, t.tokens, now, t.mode, parsed.cacheSalt);

@@ -6,7 +6,7 @@
  */
 import type { ConfigReader } from "../../views/model-config.js";
 import { RouteError } from "../errors.js";
-import { MAX_REQUEST_ID_LENGTH, MAX_USER_LENGTH, type ParsedRequest, parseRequestBody } from "../request-body.js";
+import { apiOfPath, MAX_REQUEST_ID_LENGTH, MAX_USER_LENGTH, type ParsedRequest, parseRequestBody } from "../request-body.js";
 import { isStrategySpecError, parseStrategy, type StrategyParams, strategyNames } from "../strategies/registry.js";
 import type { SloTargets, Strategy } from "../strategies/types.js";
 import { markRewritten, type RequestContext } from "../context.js";
@@ -46,7 +46,7 @@ export function tenantCacheSalt(tenantSalt: string, clientSalt: string | undefin
  * body (`salted`: the engine gets the body re-serialised).
  */
 export function parseInput(headers: Readonly<Record<string, string>>, body: Uint8Array, tenantSalt?: string): { parsed: ParsedRequest; salted: boolean } {
-  return checkParsed(headers, parseRequestBody(body), tenantSalt);
+  return checkParsed(headers, parseRequestBody(body, apiOfPath(headers[":path"])), tenantSalt);
 }
 
 /** The checks after the body's parse: its tenant's salt written in, controlled fields refused, header bounds. */
@@ -73,7 +73,7 @@ export const parseStage: PrepareStage = {
   phase: "prepare",
   run(ctx: RequestContext): void {
     // Set before the checks: a refusal's record names the model.
-    ctx.parsed = parseRequestBody(ctx.input.body);
+    ctx.parsed = parseRequestBody(ctx.input.body, apiOfPath(ctx.input.headers[":path"]));
     const { parsed, salted } = checkParsed(ctx.input.headers, ctx.parsed, ctx.input.tenantSalt);
     ctx.parsed = parsed;
     if (salted) markRewritten(ctx);

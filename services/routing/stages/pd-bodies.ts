@@ -26,7 +26,9 @@ export function refuseControlledFields(body: Readonly<Record<string, unknown>>):
  * `n > 1` and batched completion prompts would need one handoff per sequence (SGLang takes arrays
  * of bootstrap fields, vLLM one `kv_transfer_params` per request): not disaggregated, refused.
  */
-export function refuseBatch(body: Readonly<Record<string, unknown>>): void {
+export function refuseBatch(body: Readonly<Record<string, unknown>>, api?: "responses" | "messages"): void {
+  // The engines' handoff fields (kv_transfer_params, bootstrap_*) are chat and completions request fields.
+  if (api) throw new RouteError("invalidBody", `prefill/decode disaggregation (routing-strategy pd) is not supported for /v1/${api}; route this model with another strategy or send /v1/chat/completions`, "routing-strategy");
   if (typeof body.n === "number" && body.n > 1) throw new RouteError("invalidBody", "`n` > 1 is not supported with prefill/decode disaggregation (routing-strategy pd); send n = 1", "n");
   const p = body.prompt;
   if (Array.isArray(p) && p.length > 1 && typeof p[0] !== "number") throw new RouteError("invalidBody", "batched prompts are not supported with prefill/decode disaggregation (routing-strategy pd); send one prompt per request", "prompt");

@@ -113,7 +113,14 @@ function withSystemPrompt(messages: unknown[], sp: NonNullable<SemanticAction["s
 export function applyAction(parsed: ParsedRequest, action: SemanticAction): ParsedRequest {
   const body: Record<string, unknown> = { ...parsed.body, model: action.model };
   let promptTokens = parsed.promptTokens;
-  if (action.systemPrompt && Array.isArray(body.messages)) {
+  if (action.systemPrompt && (parsed.api === "responses" || parsed.api === "messages")) {
+    // The Responses API's `instructions`, the Messages API's `system`: prepended, or in place of the client's.
+    const field = parsed.api === "responses" ? "instructions" : "system";
+    const own = body[field];
+    const ownText = typeof own === "string" ? own : Array.isArray(own) ? own.map((b) => (b as { text?: unknown })?.text ?? "").join("") : "";
+    body[field] = action.systemPrompt.mode === "replace" || ownText === "" ? action.systemPrompt.text : `${action.systemPrompt.text}\n\n${ownText}`;
+    promptTokens += Math.ceil(action.systemPrompt.text.length / 4);
+  } else if (action.systemPrompt && Array.isArray(body.messages)) {
     body.messages = withSystemPrompt(body.messages as unknown[], action.systemPrompt);
     promptTokens += Math.ceil(action.systemPrompt.text.length / 4);
   }

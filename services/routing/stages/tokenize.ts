@@ -28,7 +28,7 @@ export const tokenizeStage: PrepareStage = {
     const tokenizerPod = prefix.tokenizer.modeFor && prefix.tokenizer.modeFor(parsed.model) !== "remote" ? undefined : tokenizerPodFor(env.views.pods.readyPods(parsed.model), raw);
     // The body's text as the parse decoded it (when it is the body sent), for the raw tool-JSON scan.
     const text = upstream ? raw : (parsed.text ?? raw);
-    return prefix.tokenizer.tokenize(parsed.model, promptInputOf(parsed.body, text), tokenizerPod?.address).then((r) => {
+    return prefix.tokenizer.tokenize(parsed.model, promptInputOf(parsed.body, text, parsed.api), tokenizerPod?.address).then((r) => {
       ctx.tokens = r.tokens;
       ctx.tokenizerMode = r.mode;
     });
