@@ -66,7 +66,7 @@ describe("Responses API state - 3 gateway replicas behind the dev front, officia
   /** The decision record of the request `x-request-id` named. */
   const decisionOf = async (requestId: string) => {
     await waitFor(() => decisions.has(requestId), 10_000, `the decision record of ${requestId}`);
-    return decisions.get(requestId) as DecisionRecord;
+    return decisions.get(requestId) as DecisionRecord & { pick: string };
   };
   const turn = (id: string, input: string, previous?: string, o: Record<string, unknown> = {}) =>
     alice.responses.create({ model: MODEL, input, max_output_tokens: 6, ...(previous ? { previous_response_id: previous } : {}), ...o }, { headers: { "x-request-id": id } });

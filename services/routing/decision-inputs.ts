@@ -11,7 +11,6 @@ import type { SemanticOutcome, SemanticTag } from "./stages/semantic.js";
 import type { Rank } from "./stages/scheduling.js";
 import type { StrategyParams } from "./strategies/registry.js";
 import type { SessionHint, SloTargets } from "./strategies/types.js";
-import type { ResponseAffinityRecord } from "./request.js";
 
 /** An InferenceModelRewrite that applied to the request (stages/model-rewrite.ts). */
 export interface ModelRewrite {
@@ -42,6 +41,17 @@ export interface FlowRecord {
 export interface EngineFields {
   readonly enginePriority?: number | "fcfs-pod" | "off";
   readonly engineModel?: string;
+}
+
+/** What the decision record keeps of a Responses API affinity verdict (stages/response-affinity.ts). */
+export interface ResponseAffinityRecord {
+  readonly action: "pin" | "expand";
+  readonly reason: string;
+  /** The pod that held the previous response, when known. */
+  readonly owner?: string;
+  /** An expansion: turns prepended and items dropped (encrypted reasoning). */
+  readonly turns?: number;
+  readonly dropped?: number;
 }
 
 export interface DecisionInputs {

@@ -8,7 +8,9 @@ import type { PdPlan } from "./strategies/pd.js";
 import type { ChargeEvent } from "../../schemas/events.js";
 import type { OwnAdmission } from "../views/gateway-state.js";
 import type { PodInfo } from "../views/pod-set.js";
-import type { DecisionInputs } from "./decision-inputs.js";
+import type { DecisionInputs, ResponseAffinityRecord } from "./decision-inputs.js";
+
+export type { ResponseAffinityRecord } from "./decision-inputs.js";
 
 export type { FlowRecord } from "./decision-inputs.js";
 import type { Pick, Scored } from "./strategies/types.js";
@@ -53,16 +55,7 @@ export interface ResponseTurn {
   readonly affinity?: ResponseAffinityRecord;
 }
 
-/** What the decision record keeps of a response affinity verdict. */
-export interface ResponseAffinityRecord {
-  readonly action: "pin" | "expand";
-  readonly reason: string;
-  /** The pod that held the previous response, when known. */
-  readonly owner?: string;
-  /** An expansion: turns prepended and items dropped (encrypted reasoning). */
-  readonly turns?: number;
-  readonly dropped?: number;
-}
+
 
 export interface RoutedRequest {
   readonly chargeId: string;

@@ -48,7 +48,7 @@ function envOf(state: GatewayState, store?: Map<string, StoredTurn>, saturated: 
   } as unknown as StageEnv & { reads: string[] };
 }
 
-function request(body: Record<string, unknown>, tenant: string | undefined = "alice"): RequestContext {
+function request(body: Record<string, unknown>, tenant: string | null = "alice"): RequestContext {
   const ctx = contextOf({ headers: { ":path": "/v1/responses" }, body: Buffer.from(JSON.stringify(body)), ...(tenant ? { tenant } : {}) });
   ctx.parsed = { model: MODEL, stream: false, promptTokens: 3, body: structuredClone(body) };
   return ctx;
@@ -63,9 +63,9 @@ const storeOf = (...turns: Array<StoredTurn & { owner?: string }>) => new Map(tu
 const t1: StoredTurn = { id: "resp_1", model: MODEL, pod: "pod-1", input: [msg("hi")], output: [out("hello")] };
 const t2: StoredTurn = { id: "resp_2", model: MODEL, pod: "pod-1", previousResponseId: "resp_1", input: [msg("more")], output: [{ type: "reasoning", encrypted_content: "x", summary: [] }, out("sure")] };
 
-async function refusal(p: void | Promise<void>): Promise<RouteError | undefined> {
+async function refusal(run: () => void | Promise<void>): Promise<RouteError | undefined> {
   try {
-    await p;
+    await run();
   } catch (e) {
     if (e instanceof RouteError) return e;
     throw e;
@@ -138,7 +138,7 @@ describe("response-affinity stage", () => {
       [{ model: MODEL, input: "x", previous_response_id: "resp_nope" }, "alice"],
       [{ model: MODEL, input: "x", previous_response_id: "resp with spaces" }, "alice"],
     ] as const) {
-      const err = await refusal(responseAffinityStage.run(request(body, tenant), env));
+      const err = await refusal(() => responseAffinityStage.run(request(body, tenant), env));
       expect(err?.status).toBe(404);
       expect(err?.code).toBe("response_not_found");
       expect(err?.param).toBe("previous_response_id");
@@ -146,17 +146,17 @@ describe("response-affinity stage", () => {
     // The owner gone and a link missing from the store.
     const broken = fleet([{ pod: "pod-0" }]);
     located(broken, "resp_2", "pod-1");
-    const err = await refusal(responseAffinityStage.run(request({ model: MODEL, input: "x", previous_response_id: "resp_2" }), envOf(broken, storeOf(t2))));
+    const err = await refusal(() => responseAffinityStage.run(request({ model: MODEL, input: "x", previous_response_id: "resp_2" }), envOf(broken, storeOf(t2))));
     expect(err?.kind).toBe("responseNotFound");
   });
 
   it("without --auth every request is one tenant; without a store an unknown id is left to the engine", async () => {
     const state = fleet([{ pod: "pod-1" }]);
     located(state, "resp_2", "pod-1", "anonymous");
-    const ctx = request({ model: MODEL, input: "x", previous_response_id: "resp_2" }, undefined);
+    const ctx = request({ model: MODEL, input: "x", previous_response_id: "resp_2" }, null);
     await responseAffinityStage.run(ctx, envOf(state));
     expect(ctx.responseTurn?.affinity?.action).toBe("pin");
-    const unknown = request({ model: MODEL, input: "x", previous_response_id: "resp_9" }, undefined);
+    const unknown = request({ model: MODEL, input: "x", previous_response_id: "resp_9" }, null);
     await responseAffinityStage.run(unknown, envOf(state));
     expect(unknown.responseTurn?.affinity).toBeUndefined();
     expect(unknown.subset).toBeUndefined();
