@@ -97,6 +97,11 @@ describe("Responses API state - 3 gateway replicas behind the dev front, officia
     expect(routedBy.size).toBeGreaterThan(1);
     last = prev;
     ownerOfLast = owner;
+    // Every turn recorded once (by the replica that routed it) and stored.
+    const sum = (k: string) => gws.reduce((n, g) => n + (g.responses?.figures()[k] ?? 0), 0);
+    await waitFor(() => sum("recorded") === 7, 5_000, "7 turns recorded");
+    expect(sum("stored")).toBe(7);
+    expect(gws.every((g) => g.responses?.figures().locations === 7)).toBe(true);
   });
 
   it("a streamed turn is recorded too, and retrieve goes to its pod", async () => {

@@ -139,7 +139,7 @@ export async function startGateway(options: GatewayOptions): Promise<GatewayHand
   });
   const metrics: GatewayMetrics = new GatewayMetrics(
     id,
-    { ...metricSourcesOf({ state, followers, viewNames, director, strict, publishers, listener, ready: () => isReady, flowSummaries: () => flowSummaries.stats }), ...(traces ? { traceSpans: () => traces.stats } : {}) },
+    { ...metricSourcesOf({ state, followers, viewNames, director, strict, publishers, listener, ready: () => isReady, flowSummaries: () => flowSummaries.stats }), ...(traces ? { traceSpans: () => traces.stats } : {}), ...(responses ? { responses: () => responses.figures() } : {}) },
     ns.pool,
   );
   tokenizer.registerMetrics(metrics.registry);

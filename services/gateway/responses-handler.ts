@@ -196,6 +196,18 @@ export class ResponsesHandler {
     }
   }
 
+  /** Every count for the metrics (snake_case figures). */
+  figures(): Record<string, number> {
+    const loc = this.o.state.responses;
+    const s = this.o.store.counters;
+    const c = this.counters;
+    return {
+      locations: loc.size, locations_evicted: loc.evicted, locations_expired: loc.expired, locations_conflicts: loc.conflicts, locations_invalid: loc.invalid,
+      stored: s.stored, too_large: s.tooLarge, store_reads: s.reads, store_hits: s.hits, store_malformed: s.malformed, deleted: s.deleted,
+      recorded: c.recorded, record_failures: c.recordFailures, unrecorded: c.unrecorded, recoveries: c.recoveries, recovery_failures: c.recoveryFailures, forwarded: c.forwarded, answered_from_store: c.answeredFromStore,
+    };
+  }
+
   close(): Promise<void> {
     return this.client.close();
   }
