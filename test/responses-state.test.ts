@@ -117,6 +117,18 @@ describe("Responses API state - 3 gateway replicas behind the dev front, officia
     last = completedId;
   });
 
+  it("a turn sent the moment its predecessor's stream ended is continued (no wait for the record)", async () => {
+    let prev = last;
+    for (let i = 0; i < 4; i++) {
+      const stream = await alice.responses.create({ model: MODEL, input: `Quick ${i}.`, previous_response_id: prev, max_output_tokens: 4, stream: true }, { headers: { "x-request-id": `quick-${i}` } });
+      let id = "";
+      for await (const ev of stream) if (ev.type === "response.completed") id = ev.response.id;
+      expect(id).toMatch(/^resp/);
+      prev = id;
+    }
+    last = prev;
+  });
+
   it("input_items and delete are answered from the store (the engines have neither)", async () => {
     const page = await alice.responses.inputItems.list(first, { order: "asc" });
     expect(page.data.length).toBe(1);

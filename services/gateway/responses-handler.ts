@@ -72,15 +72,26 @@ export class ResponsesHandler {
       engineApiKey?: string;
       /** Longest a recovery's call to the engine may take (a whole generation). */
       recoveryTimeoutMs?: number;
+      /** How long an id nobody knows yet is given to be recorded (its predecessor's reply just ended). */
+      recordGraceMs?: number;
     },
   ) {
     this.client = new PdHttpClient({ maxAnswerBytes: 16 * 1024 * 1024, ...(o.engineApiKey ? { engineApiKey: o.engineApiKey } : {}) });
   }
 
-  /** The routing core's port: a stored turn of one tenant. */
+  /**
+   * The routing core's port: a stored turn of one tenant. A turn is recorded when its reply ends,
+   * which is when the client may send the next one: an id neither the store nor the view knows is
+   * read once more after `recordGraceMs`, so a continuation racing its predecessor's record is
+   * not refused (an unknown id costs that wait before its 404).
+   */
   readonly port: ResponseState = {
     stored: async (owner, id) => {
-      const r = await this.o.store.get(owner, id);
+      let r = await this.o.store.get(owner, id);
+      if (!r && this.o.state.responses.get(id, this.o.now()) === undefined) {
+        await new Promise((resolve) => setTimeout(resolve, this.o.recordGraceMs ?? 100));
+        r = await this.o.store.get(owner, id);
+      }
       return r && { id: r.id, model: r.model, input: r.input, output: r.output, ...(r.pod !== undefined ? { pod: r.pod } : {}), ...(r.previousResponseId !== undefined ? { previousResponseId: r.previousResponseId } : {}) };
     },
   };

@@ -33,7 +33,8 @@ function envOf(state: GatewayState, store?: Map<string, StoredTurn>, saturated: 
     state,
     views: { pods: state.pods, ledger: state.ledger, load: state.load },
     now: () => T0 + 1_000,
-    flow: { settingsFor: () => undefined, detector: { podRoom: (p: { pod: string }) => (saturated.has(p.pod) ? { utilization: 2, full: true } : detector.podRoom(p as never, { queueDepth: 5, kvCacheUsage: 0.8 }, T0)) } },
+    // Flow control on for the model when some pods are to be saturated (its detector then decides).
+    flow: { settingsFor: () => (saturated.size > 0 ? { saturation: { queueDepth: 5, kvCacheUsage: 0.8 } } : undefined), detector: { podRoom: (p: { pod: string }) => (saturated.has(p.pod) ? { utilization: 2, full: true } : detector.podRoom(p as never, { queueDepth: 5, kvCacheUsage: 0.8 }, T0)) } },
     reads,
     ...(store
       ? {
@@ -119,6 +120,21 @@ describe("response-affinity stage", () => {
     const ctx2 = request({ model: MODEL, input: "next", previous_response_id: "resp_2" });
     await responseAffinityStage.run(ctx2, envOf(draining, storeOf(t1, t2)));
     expect(ctx2.responseTurn?.affinity?.reason).toBe("owner-draining");
+  });
+
+  it("without flow control, only a fresh load sample makes the owner saturated: without metrics affinity wins", async () => {
+    const state = fleet([{ pod: "pod-0" }, { pod: "pod-1" }]);
+    located(state, "resp_2", "pod-1");
+    // The owner busy in the ledger, no load sample: still pinned.
+    state.ownCharge({ type: "charge", id: "c1", gateway: "gw-self", model: MODEL, pod: "pod-1", ts: T0, ttlMs: 60_000, promptTokens: 10 }, T0);
+    const ctx = request({ model: MODEL, input: "next", previous_response_id: "resp_2" });
+    await responseAffinityStage.run(ctx, envOf(state, storeOf(t1, t2)));
+    expect(ctx.responseTurn?.affinity?.action).toBe("pin");
+    // A fresh sample with a long queue: expanded.
+    state.apply({ type: "load", model: MODEL, pod: "pod-1", ts: T0 + 900, stale: false, load: { running: 8, waiting: 9, kvCacheUsage: 0.5 } } as never, { stream: "load", subject: "jr.load.x", seq: 1, serverTs: T0 + 900 });
+    const busy = request({ model: MODEL, input: "next", previous_response_id: "resp_2" });
+    await responseAffinityStage.run(busy, envOf(state, storeOf(t1, t2)));
+    expect(busy.responseTurn?.affinity).toMatchObject({ action: "expand", reason: "owner-saturated" });
   });
 
   it("a response this replica has not folded yet is pinned by the pod its stored turn names", async () => {

@@ -22,7 +22,7 @@ import { expandedBody, expandInput, inputItems, walkChain } from "../responses/c
 
 /** The tenant of a request without an authenticated key (`--auth off`): every such request is one tenant. */
 export const ANONYMOUS_TENANT = "anonymous";
-/** Saturation of a pinned pod when the model has no flow control: llm-d's defaults (flow/settings.ts). */
+/** Saturation of a pinned pod when the model has no flow control: llm-d's defaults (flow/settings.ts), on a fresh load sample only. */
 const DEFAULT_SATURATION = { queueDepth: 5, kvCacheUsage: 0.8 } as const;
 
 const notFound = (id: string) => new RouteError("responseNotFound", `Response with id '${id.slice(0, 128)}' not found.`, "previous_response_id");
@@ -119,9 +119,22 @@ function candidatesOf(ctx: RequestContext, env: StageEnv, model: string): Readon
 function judge(env: StageEnv, i: Omit<AffinityInput, "ownerState" | "ownerSaturated">, now: number): AffinityVerdict {
   const loc = i.location;
   const info = loc ? env.views.pods.get(loc.model, loc.pod) : undefined;
-  const saturation = loc ? (env.flow.settingsFor(loc.model)?.saturation ?? DEFAULT_SATURATION) : DEFAULT_SATURATION;
-  const ownerSaturated = loc !== undefined && info !== undefined && env.flow.detector.podRoom(info, saturation, now).full;
+  const ownerSaturated = loc !== undefined && info !== undefined && saturated(env, info, now);
   return responseAffinity({ ...i, ...(info ? { ownerState: { ready: info.ready, draining: info.draining !== undefined } } : {}), ownerSaturated });
+}
+
+/**
+ * Whether the owner pod has no room. A model with flow control: its saturation test, as the flow
+ * gate judges it. Otherwise only a fresh load sample can say so (waiting requests or KV usage at
+ * llm-d's defaults): without metrics (no scraper, a stale sample) affinity wins, since the
+ * owner's cache holds the conversation and failing closed would expand every busy conversation.
+ */
+function saturated(env: StageEnv, pod: { model: string; pod: string }, now: number): boolean {
+  const settings = env.flow.settingsFor(pod.model);
+  if (settings) return env.flow.detector.podRoom(pod, settings.saturation, now).full;
+  const load = env.views.load.fresh(pod.model, pod.pod, now);
+  if (!load) return false;
+  return (load.waiting ?? 0) >= DEFAULT_SATURATION.queueDepth || (load.kvCacheUsage ?? 0) >= DEFAULT_SATURATION.kvCacheUsage;
 }
 
 /** The parse's estimate (≈ 4 characters per token) of the expanded prompt as the engine renders it. */
