@@ -40,7 +40,7 @@ describe("Responses and Messages APIs - official clients, front, gateway, simula
   let gw: GatewayHandle;
   let front: FrontServer;
   let base: string;
-  const keys = { alice: "", limited: "" };
+  const keys = { alice: "", limited: "", admin: "" };
   const decisions = new Map<string, DecisionRecord>();
   const releases = new Map<string, Release>();
 
@@ -53,16 +53,17 @@ describe("Responses and Messages APIs - official clients, front, gateway, simula
     bridge = await startKvBridge({ nats: env.server.url, log: quietLog });
     await bridgeJoined(bridge, 3);
     const kv = await new Kvm(env.nats.nc).open(configBucketName("jr"));
-    const put = async (user: string) => {
+    const put = async (user: string, admin = false) => {
       const key = generateApiKey();
-      await kv.create(apiKeyBucketKey(hashApiKey(key)), JSON.stringify({ user, createdAt: Date.now() }));
+      await kv.create(apiKeyBucketKey(hashApiKey(key)), JSON.stringify({ user, createdAt: Date.now(), ...(admin ? { admin } : {}) }));
       return key;
     };
     keys.alice = await put("alice");
     keys.limited = await put("limited");
+    keys.admin = await put("operator", true);
     await kv.put(RATE_LIMITS_KEY, JSON.stringify({ users: { limited: { tpm: 200 } } }));
     gw = await env.gateway({ id: "stateful-gw", auth: "required", tokenizerMode: "local", defaultStrategy: "prefix-cache", adminPort: 0, clock: minuteStartClock() });
-    await waitFor(() => gw.apiKeys.size === 2, 5_000, "the keys to reach the gateway");
+    await waitFor(() => gw.apiKeys.size === 3, 5_000, "the keys to reach the gateway");
     front = await startFront({ port: 0, host: "127.0.0.1", gateways: [`127.0.0.1:${gw.port}`], logger: quietLog });
     base = `http://127.0.0.1:${front.port}`;
     env.nats.nc.subscribe(env.subjects.all("decisions"), { callback: (_e, m) => void decisions.set(m.json<DecisionRecord>().id, m.json<DecisionRecord>()) });
@@ -202,6 +203,12 @@ describe("Responses and Messages APIs - official clients, front, gateway, simula
       .catch((e: unknown) => e);
     expect(badKey).toBeInstanceOf(Anthropic.AuthenticationError);
     expect((badKey as { error: unknown }).error).toMatchObject({ type: "error", error: { type: "authentication_error" } });
+    // An engine's own error (the prompt plus max_tokens beyond the context): normalised, then Anthropic-shaped.
+    const tooLong = await anthropic()
+      .messages.create({ model: SOLO, max_tokens: 5_000, messages: [{ role: "user", content: "x" }] })
+      .catch((e: unknown) => e);
+    expect(tooLong).toBeInstanceOf(Anthropic.BadRequestError);
+    expect((tooLong as { error: unknown }).error).toMatchObject({ type: "error", error: { type: "invalid_request_error", message: expect.stringMatching(/maximum context length is 4096 tokens/) } });
     const noMax = await fetch(`${base}/v1/messages`, { method: "POST", headers: { "content-type": "application/json", "x-api-key": keys.alice }, body: JSON.stringify({ model: SOLO, messages: [{ role: "user", content: "x" }] }) });
     expect(noMax.status).toBe(400);
     expect(await noMax.json()).toEqual({ type: "error", error: { type: "invalid_request_error", message: "invalid_request_body: `max_tokens` is required" } });
@@ -238,6 +245,22 @@ describe("Responses and Messages APIs - official clients, front, gateway, simula
       expect(second.pick).toBe(first.pick);
       expect(second.fallback).toBeUndefined();
       expect(matched(second)[first.pick as string]).toBeGreaterThanOrEqual(8);
+      // /debug/explain reads a body as the API its `path` names: the same match, nothing charged.
+      const explain = async (path: string) => {
+        const res = await fetch(`http://127.0.0.1:${gw.adminPort}/debug/explain?path=${encodeURIComponent(path)}`, {
+          method: "POST",
+          headers: { authorization: `Bearer ${keys.admin}`, "x-request-id": "px-explain" },
+          body: JSON.stringify({ model: MODEL, instructions, input: "task three", max_output_tokens: 2 }),
+        });
+        return { status: res.status, body: (await res.json()) as { pick?: { pod: string }; fallback?: string; error?: { param: string } } };
+      };
+      const explained = await explain("/v1/responses");
+      expect(explained.status).toBe(200);
+      expect(explained.body.pick?.pod).toBe(first.pick);
+      expect(explained.body.fallback).toBeUndefined();
+      expect((await explain("/v1/nope")).body.error?.param).toBe("path");
+      // Read as a chat body (no `messages`: no prompt to match), the same request falls back.
+      expect((await explain("/v1/chat/completions")).body.fallback).toMatch(/^least-request/);
     });
 
     it("two Messages requests sharing a long system prompt go to the pod that cached it", async () => {

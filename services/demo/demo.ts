@@ -143,6 +143,11 @@ batch-api and ${o.batchWorkers} batch workers.
     curl -sN ${d.frontUrl}/v1/chat/completions -H 'content-type: application/json' \\
       -d '{"model":"${o.model}","messages":[{"role":"user","content":"Hello!"}],"stream":true,"stream_options":{"include_usage":true}}'
     curl -s ${d.frontUrl}/v1/models
+    # the Responses API and Anthropic's Messages API (docs/stateful-apis.md), also with the official clients
+    curl -sN ${d.frontUrl}/v1/responses -H 'content-type: application/json' \
+      -d '{"model":"${o.model}","instructions":"Be brief.","input":"Hello!","stream":true}'
+    curl -s ${d.frontUrl}/v1/messages -H 'content-type: application/json' \
+      -d '{"model":"${o.model}","max_tokens":16,"system":"Be brief.","messages":[{"role":"user","content":"Hello!"}]}'
     # the demo's gateways echo the pod they picked (target-pod, --expose-pod-addresses): curl -i shows it
     curl -sN ${d.frontUrl}/v1/chat/completions -H 'routing-strategy: prefix-cache' -H 'content-type: application/json' \\
       -d '{"model":"${o.model}","messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"Hi"}]}'

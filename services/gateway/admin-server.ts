@@ -9,7 +9,7 @@
  * probes and Prometheus carry no bearer token, and they reveal nothing a client could use.
  */
 import http from "node:http";
-import { openAIError } from "../routing/mod.js";
+import { openAIError, ROUTED_PATHS } from "../routing/mod.js";
 import type { Logger } from "../shared/log.js";
 import { type ApiKeyView, authFailureMessage } from "./auth.js";
 
@@ -94,7 +94,8 @@ export async function startAdminServer(o: AdminServerOptions): Promise<AdminServ
       );
       return;
     }
-    if (req.url === "/debug/explain" && req.method === "POST") {
+    const [urlPath, query] = (req.url ?? "").split("?", 2);
+    if (urlPath === "/debug/explain" && req.method === "POST") {
       const chunks: Buffer[] = [];
       let size = 0;
       req.on("data", (c: Buffer) => {
@@ -105,6 +106,12 @@ export async function startAdminServer(o: AdminServerOptions): Promise<AdminServ
         if (size > MAX_EXPLAIN_BODY) return json(413, openAIError(413, "request_too_large", "request body exceeds 4 MiB"));
         const headers: Record<string, string> = {};
         for (const [k, v] of Object.entries(req.headers)) if (typeof v === "string") headers[k] = v;
+        // `?path=/v1/responses` (or another routed path): the body is read as that API's (default chat).
+        const path = new URLSearchParams(query ?? "").get("path");
+        if (path !== null) {
+          if (!(ROUTED_PATHS as readonly string[]).includes(path)) return json(400, openAIError(400, "invalid_request_body", `path must be one of ${ROUTED_PATHS.join(", ")}`, "path"));
+          headers[":path"] = path;
+        }
         o.explain(headers, Buffer.concat(chunks)).then(
           (r) => json(r.status, r.body, r.headers),
           (err: unknown) => {

@@ -200,17 +200,22 @@ interface ExchangeShared {
   readonly replies: { readonly requestHeaders: ProcessingResponse; readonly requestBodyContinue: ProcessingResponse; readonly responseBodyContinue: ProcessingResponse };
 }
 
+/** Anthropic clients send their API key in this header (accepted as the jetroute key on /v1/messages). */
+const X_API_KEY = "x-api-key";
+
 /** Why a stream's work is aborted: one object for every stream (an AbortError made per request costs a stack capture). */
 const STREAM_GONE = new Error("the ext_proc stream ended");
 STREAM_GONE.name = "AbortError";
 
 /**
  * Headers removed or set on every upstream request: the ones only routing may set, and the
- * client's `authorization` replaced by the engines' key, or removed when it is a jetroute key.
+ * client's `authorization` (and `x-api-key`) replaced by the engines' key, or removed when it is a
+ * jetroute key.
  */
 export function requestHeadersMutationOf(o: Pick<ExtProcHandlerOptions, "auth" | "engineApiKey">): HeaderMutation {
-  if (o.engineApiKey) return { remove_headers: [...ROUTING_CONTROLLED_HEADERS], set_headers: [setHeader(Headers.authorization, `Bearer ${o.engineApiKey}`)] };
-  if (o.auth) return { remove_headers: [...ROUTING_CONTROLLED_HEADERS, Headers.authorization] };
+  // `x-api-key` (Anthropic clients' key header) goes wherever a client's `authorization` goes.
+  if (o.engineApiKey) return { remove_headers: [...ROUTING_CONTROLLED_HEADERS, X_API_KEY], set_headers: [setHeader(Headers.authorization, `Bearer ${o.engineApiKey}`)] };
+  if (o.auth) return { remove_headers: [...ROUTING_CONTROLLED_HEADERS, Headers.authorization, X_API_KEY] };
   return STRIP_CLIENT_ROUTING;
 }
 
@@ -383,7 +388,7 @@ class Exchange {
     let mutation = this.shared.requestHeadersMutation;
     if (this.opts.auth) {
       // Anthropic clients send the key as `x-api-key`: taken on /v1/messages when there is no bearer token.
-      const apiKey = headers["x-api-key"];
+      const apiKey = headers[X_API_KEY];
       const authorization = headers.authorization ?? (this.api === "messages" && apiKey ? `Bearer ${apiKey}` : undefined);
       const a = this.opts.auth.authenticate(authorization);
       if (!a.ok) return this.refuseAuth(a.reason);

@@ -17,7 +17,7 @@
  * neither make peers dead-letter a release batch nor lock its user out of a token limit.
  */
 import { MAX_COUNT } from "../../schemas/events.js";
-import type { RequestApi } from "../routing/mod.js";
+import { isModelName, MAX_RESPONSE_ID_LENGTH, type RequestApi } from "../routing/mod.js";
 
 export interface Usage {
   promptTokens?: number;
@@ -52,12 +52,22 @@ export class ResponseTracker {
   usage: Usage = {};
   /** A generated token has been seen in the body (see the module comment). */
   tokenSeen = false;
+  /**
+   * Responses API: the response's id, from the first event (`response.created`) or the JSON body;
+   * only a printable string of at most MAX_RESPONSE_ID_LENGTH characters is taken.
+   */
+  responseId: string | undefined;
   private partial = "";
+  /** `partial` is the tail of a longer line. */
+  private cut = false;
   private json: Buffer[] | undefined;
   private jsonBytes = 0;
   private readonly preamble: ReadonlySet<string> | undefined;
 
-  constructor(contentType: string | undefined, api: RequestApi = "chat") {
+  constructor(
+    contentType: string | undefined,
+    private readonly api: RequestApi = "chat",
+  ) {
     if (contentType?.includes("application/json")) this.json = [];
     else this.preamble = PREAMBLE[api];
   }
@@ -72,20 +82,47 @@ export class ResponseTracker {
     }
     const text = this.partial + Buffer.from(chunk.buffer, chunk.byteOffset, chunk.byteLength).toString("utf8");
     const lines = text.split("\n");
-    this.partial = (lines.pop() ?? "").slice(-MAX_LINE);
-    for (const line of lines) this.line(line);
+    const rest = lines.pop() ?? "";
+    const wasCut = this.cut;
+    for (const [i, l] of lines.entries()) {
+      if (i === 0 && wasCut) this.cutLine(l);
+      else this.line(l);
+    }
+    this.cut = (wasCut && lines.length === 0) || rest.length > MAX_LINE;
+    this.partial = rest.length > MAX_LINE ? rest.slice(-MAX_LINE) : rest;
     return this.tokenSeen;
   }
 
+  /** A line whose start was dropped (longer than MAX_LINE): only its tail's usage can be read. */
+  private cutLine(line: string): void {
+    if (line.includes('"usage"')) this.take(line);
+  }
+
   end(): Usage {
-    if (this.partial) this.line(this.partial);
+    if (this.partial && this.cut) this.cutLine(this.partial);
+    else if (this.partial) this.line(this.partial);
     this.partial = "";
+    this.cut = false;
     if (this.json && this.jsonBytes <= MAX_JSON_BODY) this.take(Buffer.concat(this.json).toString("utf8"));
     return this.usage;
   }
 
+  private noteResponseId(v: unknown): void {
+    if (this.responseId !== undefined || this.api !== "responses" || !v || typeof v !== "object") return;
+    const o = v as { id?: unknown; object?: unknown; type?: unknown; response?: { id?: unknown } | null };
+    const id = o.type === "response.created" ? o.response?.id : o.object === "response" ? o.id : undefined;
+    if (typeof id === "string" && id.length <= MAX_RESPONSE_ID_LENGTH && isModelName(id)) this.responseId = id;
+  }
+
   private line(line: string): void {
     if (!this.tokenSeen && this.preamble) this.event(line);
+    if (this.responseId === undefined && this.api === "responses" && line.startsWith("data:") && line.includes('"response.created"') && !line.includes('"usage"')) {
+      try {
+        this.noteResponseId(JSON.parse(line.slice(5).trim()));
+      } catch {
+        /* not JSON */
+      }
+    }
     if (!line.startsWith("data:") || !line.includes('"usage"')) return;
     this.take(line.slice(5).trim());
   }
@@ -101,7 +138,9 @@ export class ResponseTracker {
   private take(text: string): void {
     let u: UsageFields | null | undefined;
     try {
-      u = usageIn(JSON.parse(text));
+      const v: unknown = JSON.parse(text);
+      this.noteResponseId(v);
+      u = usageIn(v);
     } catch {
       // Not JSON: a line cut to its tail (a long Responses output) may still end with its usage.
       u = trailingUsage(text);

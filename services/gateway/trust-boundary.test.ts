@@ -14,7 +14,7 @@ import { checkEvent } from "../../schemas/validate.js";
 import { ExtProcClient } from "../extproc/envoy-client.js";
 import { EXT_PROC_SERVER_OPTIONS, loadExtProc } from "../extproc/protos.js";
 import { Director } from "../routing/director.js";
-import { chatBody, FakeClock, MemorySink, stateWithPods } from "../routing/stages/testing.js";
+import { chatBody, FakeClock, MemorySink, MODEL, stateWithPods } from "../routing/stages/testing.js";
 import { createLogger } from "../shared/log.js";
 import { createExtProcHandler, type ExtProcHandlerOptions } from "./extproc-server.js";
 import { engineCount, ResponseTracker } from "./response-tracker.js";
@@ -60,7 +60,7 @@ async function serve(opts: Partial<ExtProcHandlerOptions>) {
   const port = await new Promise<number>((resolve, reject) => server.bindAsync("127.0.0.1:0", grpc.ServerCredentials.createInsecure(), (err, p) => (err ? reject(err) : resolve(p))));
   const client = new ExtProcClient(`127.0.0.1:${port}`);
   servers.push({ client, server });
-  return { client, sink };
+  return { client, sink, clock };
 }
 
 describe("ext_proc adapter - engine usage out of range", () => {
@@ -83,6 +83,54 @@ describe("ext_proc adapter - engine usage out of range", () => {
   });
 });
 
+describe("ext_proc adapter - the Responses and Messages APIs' first token and usage", () => {
+  const sse = (events: Array<[string, object]>) => Buffer.from(events.map(([n, d]) => `event: ${n}\ndata: ${JSON.stringify({ type: n, ...d })}\n\n`).join(""));
+
+  it.each([
+    {
+      path: "/v1/responses",
+      body: { model: MODEL, input: "hi", stream: true },
+      preamble: sse([
+        ["response.created", { response: { id: "resp_1", usage: null } }],
+        ["response.in_progress", { response: { id: "resp_1" } }],
+      ]),
+      rest: sse([
+        ["response.output_item.added", { item: {} }],
+        ["response.output_text.delta", { delta: " a" }],
+        ["response.completed", { response: { id: "resp_1", usage: { input_tokens: 11, output_tokens: 1, total_tokens: 12 } } }],
+      ]),
+    },
+    {
+      path: "/v1/messages",
+      body: { model: MODEL, max_tokens: 4, messages: [{ role: "user", content: "hi" }], stream: true },
+      preamble: sse([
+        ["message_start", { message: { id: "msg_1", usage: { input_tokens: 11, output_tokens: 0 } } }],
+        ["content_block_start", { index: 0, content_block: { type: "text", text: "" } }],
+        ["ping", {}],
+      ]),
+      rest: sse([
+        ["content_block_delta", { index: 0, delta: { type: "text_delta", text: " a" } }],
+        ["content_block_stop", { index: 0 }],
+        ["message_delta", { delta: { stop_reason: "max_tokens" }, usage: { output_tokens: 1 } }],
+        ["message_stop", {}],
+      ]),
+    },
+  ])("$path: the first token is the first event past the preamble; usage from its events", async ({ path, body, preamble, rest }) => {
+    const { client, sink, clock } = await serve({});
+    const ex = client.open();
+    await ex.requestHeaders({ ":method": "POST", ":path": path, ":authority": "gw", "content-type": "application/json", "x-request-id": `ttft${path}` });
+    expect((await ex.requestBody(Buffer.from(JSON.stringify(body)))).kind).toBe("continue");
+    await ex.responseHeaders(200, { "content-type": "text/event-stream" });
+    clock.advance(5);
+    await ex.responseBodyChunk(preamble, false);
+    clock.advance(300);
+    await ex.responseBodyChunk(rest, true);
+    await ex.end();
+    const rec = sink.decisions.find((d) => d.id === `ttft${path}`);
+    expect(rec).toMatchObject({ outcome: "completed", ttftMs: 305, promptTokens: 11, completionTokens: 1 });
+  });
+});
+
 describe("ext_proc adapter - the client's authorization and the engines'", () => {
   async function upstreamHeaders(opts: Partial<ExtProcHandlerOptions>, authorization: string | undefined) {
     const { client } = await serve(opts);
@@ -97,7 +145,26 @@ describe("ext_proc adapter - the client's authorization and the engines'", () =>
   it("--auth required: the jetroute key is removed from the upstream request; the key's user is set", async () => {
     const m = await upstreamHeaders({ auth }, "Bearer jr-key");
     expect(m.remove).toContain("authorization");
+    expect(m.remove).toContain("x-api-key");
     expect(m.set).toEqual({ user: "alice" });
+  });
+
+  it("/v1/messages: Anthropic's `x-api-key` is the jetroute key when there is no bearer token, and is removed upstream; other paths do not read it", async () => {
+    const { client } = await serve({ auth });
+    const open = (path: string, headers: Record<string, string>) => client.open().requestHeaders({ ":method": "POST", ":path": path, ":authority": "gw", "content-type": "application/json", ...headers });
+    const ok = await open("/v1/messages", { "x-api-key": "jr-key" });
+    if (ok.kind !== "continue") throw new Error(`expected continue, got ${ok.kind}`);
+    expect(ok.headerMutation.remove).toEqual(expect.arrayContaining(["authorization", "x-api-key"]));
+    expect(ok.headerMutation.set).toEqual({ user: "alice" });
+    // A bearer token wins over x-api-key.
+    expect((await open("/v1/messages", { authorization: "Bearer wrong", "x-api-key": "jr-key" })).kind).toBe("immediate");
+    const chat = await open("/v1/chat/completions", { "x-api-key": "jr-key" });
+    if (chat.kind !== "immediate") throw new Error(`expected a 401, got ${chat.kind}`);
+    expect(chat.status).toBe(401);
+    // The 401 on /v1/messages is Anthropic-shaped.
+    const refused = await open("/v1/messages", { "x-api-key": "not-a-key" });
+    if (refused.kind !== "immediate") throw new Error(`expected a 401, got ${refused.kind}`);
+    expect([refused.status, JSON.parse(refused.body.toString())]).toEqual([401, { type: "error", error: { type: "authentication_error", message: expect.stringMatching(/^invalid_api_key: /) } }]);
   });
 
   it("an engine key replaces whatever the client sent (with and without --auth)", async () => {
@@ -105,6 +172,7 @@ describe("ext_proc adapter - the client's authorization and the engines'", () =>
     expect(withAuth.set).toEqual({ authorization: "Bearer engine-secret", user: "alice" });
     const without = await upstreamHeaders({ engineApiKey: "engine-secret" }, "Bearer client-guess");
     expect(without.set).toEqual({ authorization: "Bearer engine-secret" });
+    expect(without.remove).toContain("x-api-key");
   });
 
   it("no auth and no engine key: the client's authorization goes through (it may be the engine's own key); routing headers are always stripped", async () => {

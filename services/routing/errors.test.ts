@@ -4,7 +4,7 @@
  * against the repository in test/error-catalogue.test.ts (the routing core's tests read no files).
  */
 import { describe, expect, it } from "vitest";
-import { type ErrorCode, ErrorCodes, errorType, openAIError, RouteError, routeErrorBody } from "./errors.js";
+import { anthropicError, anthropicErrorType, type ErrorCode, ErrorCodes, errorBodyFor, errorType, openAIError, RouteError, reshapeError, routeErrorBody } from "./errors.js";
 
 type Catalogue = Readonly<Record<string, { readonly status: number; readonly code: string }>>;
 
@@ -95,5 +95,43 @@ describe("error catalogue - OpenAI error bodies", () => {
     const e = new RouteError("wrongPool", "go elsewhere", "model", { "x-jetroute-pool": "chat" });
     expect(e.headers).toEqual({ "x-jetroute-pool": "chat" });
     expect(openAIError(502, "upstream_502", "bad gateway")).toEqual({ error: { message: "bad gateway", type: "api_error", code: "upstream_502", param: null } });
+  });
+});
+
+/** Anthropic's error `type` of every status the catalogue uses (the Messages API's errors). */
+const ANTHROPIC_TYPE_BY_STATUS: Readonly<Record<number, string>> = {
+  400: "invalid_request_error",
+  401: "authentication_error",
+  403: "permission_error",
+  404: "not_found_error",
+  413: "request_too_large",
+  421: "api_error",
+  429: "rate_limit_error",
+  499: "api_error",
+  500: "api_error",
+  502: "api_error",
+  503: "overloaded_error",
+  504: "api_error",
+};
+
+describe("error catalogue - Anthropic error bodies on /v1/messages", () => {
+  it("every status in the catalogue has a decided Anthropic `type`", () => {
+    const undecided = [...new Set(keys.map((k) => ErrorCodes[k].status))].filter((s) => ANTHROPIC_TYPE_BY_STATUS[s] === undefined);
+    expect(undecided).toEqual([]);
+    for (const [status, type] of Object.entries(ANTHROPIC_TYPE_BY_STATUS)) expect([status, anthropicErrorType(Number(status))]).toEqual([status, type]);
+  });
+
+  it.each(keys)("%s: {type: error, error: {type, message}} on /v1/messages, the code leading the message; OpenAI's elsewhere", (key) => {
+    const e = new RouteError(key, "what went wrong", "model");
+    expect(errorBodyFor("messages", e)).toEqual({ type: "error", error: { type: ANTHROPIC_TYPE_BY_STATUS[e.status], message: `${e.code}: what went wrong` } });
+    expect(errorBodyFor("responses", e)).toEqual(routeErrorBody(e));
+    expect(errorBodyFor(undefined, e)).toEqual(routeErrorBody(e));
+  });
+
+  it("an upstream error normalised to OpenAI's shape is reshaped for /v1/messages only", () => {
+    const upstream = openAIError(404, "upstream_404", "The model `x` does not exist.");
+    expect(reshapeError("messages", 404, upstream)).toEqual({ type: "error", error: { type: "not_found_error", message: "The model `x` does not exist." } });
+    expect(reshapeError("chat", 404, upstream)).toBe(upstream);
+    expect(anthropicError(529, "busy")).toEqual({ type: "error", error: { type: "overloaded_error", message: "busy" } });
   });
 });

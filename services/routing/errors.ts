@@ -116,10 +116,10 @@ export function routeErrorBody(err: RouteError): OpenAIErrorBody {
  * Anthropic's error `type` by HTTP status (the Messages API's catalogue: invalid_request_error,
  * authentication_error, permission_error, not_found_error, request_too_large, rate_limit_error,
  * api_error, overloaded_error). Statuses it has no type for (421, 499, 5xx but 503) are `api_error`,
- * except 421 (a request for another pool's model), which the client must change: invalid_request_error.
+ * as in the OpenAI mapping (`errorType`).
  */
 export function anthropicErrorType(status: number): string {
-  if (status === 400 || status === 421 || status === 422) return "invalid_request_error";
+  if (status === 400 || status === 422) return "invalid_request_error";
   if (status === 401) return "authentication_error";
   if (status === 403) return "permission_error";
   if (status === 404) return "not_found_error";

@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
 import { RouteError } from "./errors.js";
-import { MAX_BODY_DEPTH, MAX_CACHE_SALT_LENGTH, parseRequestBody } from "./request-body.js";
+import { apiOfPath, MAX_BODY_DEPTH, MAX_CACHE_SALT_LENGTH, MAX_RESPONSE_ID_LENGTH, parseRequestBody, type RequestApi } from "./request-body.js";
 
 const parse = (body: unknown) => parseRequestBody(Buffer.from(typeof body === "string" ? body : JSON.stringify(body)));
 const refusal = (body: unknown): { status: number; code: string; param: string | null } => {
@@ -64,5 +64,48 @@ describe("request body - token-id prompts", () => {
     expect(parse({ model: "m", prompt: [[1, 2], [3, 4, 5]] })).toMatchObject({ promptTokens: 5, promptTokenIds: [1, 2] });
     expect(parse({ model: "m", prompt: "abcdefgh" })).toMatchObject({ promptTokens: 2 });
     expect(parse({ model: "m", prompt: "abcd" }).promptTokenIds).toBeUndefined();
+  });
+});
+
+describe("request body - the Responses and Messages APIs (by path)", () => {
+  const parseAs = (api: RequestApi, body: unknown) => parseRequestBody(Buffer.from(JSON.stringify(body)), api);
+  const refusalAs = (api: RequestApi, body: unknown) => {
+    try {
+      parseAs(api, body);
+    } catch (err) {
+      if (err instanceof RouteError) return { status: err.status, code: err.code, param: err.param };
+      throw err;
+    }
+    throw new Error("expected a RouteError");
+  };
+
+  it("apiOfPath: by path, query ignored; anything else parses as chat", () => {
+    expect(["/v1/responses", "/v1/responses?x=1", "/v1/messages", "/v1/chat/completions", "/v1/completions", "/v1/embeddings", undefined].map(apiOfPath)).toEqual(["responses", "responses", "messages", "chat", "completions", "embeddings", "chat"]);
+  });
+
+  it("a Responses body: size from instructions and input items, max_output_tokens, previous_response_id, store", () => {
+    const p = parseAs("responses", { model: "m", instructions: "abcd", input: [{ role: "user", content: [{ type: "input_text", text: "efgh" }] }], max_output_tokens: 9, previous_response_id: "resp_1", store: false, stream: true });
+    expect(p).toMatchObject({ api: "responses", model: "m", promptTokens: 2, maxTokens: 9, previousResponseId: "resp_1", store: false, stream: true });
+    expect(parseAs("responses", { model: "m", input: "abcd" })).not.toHaveProperty("previousResponseId");
+  });
+
+  it("a Messages body: size from system and messages (blocks included), max_tokens required", () => {
+    const p = parseAs("messages", { model: "m", system: [{ type: "text", text: "abcd" }], messages: [{ role: "user", content: [{ type: "text", text: "efgh" }] }], max_tokens: 7 });
+    expect(p).toMatchObject({ api: "messages", promptTokens: 2, maxTokens: 7 });
+    expect(refusalAs("messages", { model: "m", messages: [{ role: "user", content: "x" }] })).toEqual({ status: 400, code: "invalid_request_body", param: "max_tokens" });
+  });
+
+  it("shape mistakes are 400s naming the field; a Messages body with OpenAI-only content is not a chat body", () => {
+    expect(refusalAs("responses", { model: "m" })).toMatchObject({ status: 400, param: "input" });
+    expect(refusalAs("responses", { model: "m", input: [{ type: "item_reference", id: "x" }] })).toMatchObject({ param: "input[0].type" });
+    expect(refusalAs("responses", { model: "m", input: "x", previous_response_id: 7 })).toMatchObject({ param: "previous_response_id" });
+    expect(refusalAs("responses", { model: "m", input: "x", previous_response_id: "r".repeat(MAX_RESPONSE_ID_LENGTH + 1) })).toMatchObject({ param: "previous_response_id" });
+    expect(refusalAs("responses", { model: "m", input: "x", previous_response_id: "resp\n1" })).toMatchObject({ param: "previous_response_id" });
+    expect(refusalAs("responses", { model: "m", input: "x", store: "yes" })).toMatchObject({ param: "store" });
+    expect(refusalAs("responses", { model: "m", input: "x", max_output_tokens: 0 })).toMatchObject({ param: "max_output_tokens" });
+    expect(refusalAs("messages", { model: "m", max_tokens: 4, messages: [{ role: "user", content: [{ type: "image_url" }] }] })).toMatchObject({ param: "messages[0].content[0].type" });
+    // Anthropic tool blocks, which a chat parse refuses, are fine on /v1/messages.
+    expect(parseAs("messages", { model: "m", max_tokens: 4, messages: [{ role: "assistant", content: [{ type: "tool_use", id: "t", name: "ls", input: {} }] }] }).api).toBe("messages");
+    expect(refusalAs("responses", { input: "x" })).toMatchObject({ code: "model_required" });
   });
 });

@@ -92,6 +92,8 @@ export interface SimPodState extends EngineSnapshot {
   faults: PodFaults;
   /** Completion requests held by a `hang` fault right now. */
   hungRequests: number;
+  /** The Responses API store: responses kept, their bytes (JSON text), responses evicted by the bounds. */
+  responseStore: { size: number; bytes: number; evicted: number };
   model: string;
   config: EngineConfig & { maxModelLen: number; timeScale: number };
   kvEvents: (KvEventsInfo & { encoding: KvEventWire; replayLayout: ReplayLayout; nextSeq: number }) | null;
@@ -268,6 +270,7 @@ export async function startSimPod(opts: SimPodOptions): Promise<SimPod> {
     pd: run.pdStats.snapshot(run.engine.snapshot().heldRequests),
     faults: faults.current,
     hungRequests: faults.hungRequests,
+    responseStore: { size: responses.size, bytes: responses.bytes, evicted: responses.evicted },
     model: opts.model,
     ...run.engine.snapshot(),
     config: { ...opts.engineConfig, maxModelLen: opts.maxModelLen, timeScale: opts.timeScale },

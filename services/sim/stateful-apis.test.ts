@@ -38,6 +38,9 @@ describe("POST /v1/responses", () => {
     expect(r.output[0].content[0].text.length).toBeGreaterThan(0);
     const got = await json(fetch(`http://${address}/v1/responses/${r.id}`));
     expect(got).toEqual(r);
+    const state = await json(fetch(`http://${address}/debug/state`));
+    expect(state.responseStore.size).toBeGreaterThanOrEqual(1);
+    expect(state.responseStore.bytes).toBeGreaterThan(JSON.stringify(r).length);
   });
 
   it("streams vLLM's events in order, usage in response.completed, no [DONE]", async () => {

@@ -75,12 +75,11 @@ function renderedInput(body: Record<string, unknown>, rawBody: string | Uint8Arr
     return { messages: [] };
   }
   const out: PromptInput = { messages: chat.messages };
-  if (chat.tools) {
-    out.tools = chat.tools;
-    if (rawBody !== undefined) {
-      const problem = rawToolJsonInexact(typeof rawBody === "string" ? rawBody : new TextDecoder().decode(rawBody));
-      if (problem) out.rawToolJsonProblem = problem;
-    }
+  if (chat.tools) out.tools = chat.tools;
+  // Tool schemas and tool-call arguments (Anthropic's `input` objects are printed by the engine) come from the raw JSON.
+  if (rawBody !== undefined && (chat.tools || chat.messages.some((m) => m.tool_calls))) {
+    const problem = rawToolJsonInexact(typeof rawBody === "string" ? rawBody : new TextDecoder().decode(rawBody));
+    if (problem) out.rawToolJsonProblem = problem;
   }
   return out;
 }

@@ -147,6 +147,19 @@ describe("semantic decisions", () => {
     expect(applyAction(p, { model: MATH, systemPrompt: { text: "operator prompt", mode: "prepend" } }).body.messages).toEqual([{ role: "system", content: "operator prompt" }, ...msgs]);
   });
 
+  it("the Responses and Messages APIs: the action's system prompt goes into `instructions` / `system`; their texts are read", () => {
+    const resp = parseRequestBody(Buffer.from(JSON.stringify({ model: "auto", instructions: "client's", input: [{ role: "user", content: [{ type: "input_text", text: "solve x" }] }] })), "responses");
+    expect(applyAction(resp, { model: MATH, systemPrompt: { text: "operator prompt", mode: "prepend" } }).body.instructions).toBe("operator prompt\n\nclient's");
+    expect(applyAction(resp, { model: MATH, systemPrompt: { text: "operator prompt", mode: "replace" } }).body.instructions).toBe("operator prompt");
+    expect(applyAction(resp, { model: MATH, systemPrompt: { text: "operator prompt", mode: "prepend" } }).body.messages).toBeUndefined();
+    expect(textsOf(resp.body, new Set(["last-user"]), 64)["last-user"]).toBe("solve x");
+    const msg = parseRequestBody(Buffer.from(JSON.stringify({ model: "auto", max_tokens: 4, system: [{ type: "text", text: "client's" }], messages: [{ role: "user", content: "hi" }] })), "messages");
+    const out = applyAction(msg, { model: MATH, systemPrompt: { text: "operator prompt", mode: "prepend" } });
+    expect(out.body.system).toBe("operator prompt\n\nclient's");
+    expect(out.body.messages).toEqual([{ role: "user", content: "hi" }]);
+    expect(out.promptTokens).toBeGreaterThan(msg.promptTokens);
+  });
+
   it("no match and no default: 400 no_matching_decision", () => {
     const r = compileRules("auto", { ...sem, default: undefined } as SemanticConfig);
     expect(() => classify(r, body("hello"), { headers: {} })).toThrow(expect.objectContaining({ code: "no_matching_decision", status: 400 }));
