@@ -247,6 +247,7 @@ function foldOf(config: GatewayConfig, ns: Namespace, signatures: RecordVerifier
     rateConfirmMs: config.rateConfirmMs,
     podSourceTimeoutMs: config.podSourceTimeoutMs,
     prefixIndex: { maxEntries: config.prefixMaxEntries },
+    maxResponseLocations: config.responseLocations,
     checkModelConfig: validateModelConfig,
     ...(config.podCidrs ? { podAddressAllowed: podAddressFilter(config.podCidrs) } : {}),
     // Config entries: operator records under --config-public-key, InferencePool policies under --pod-public-key (streams/record-keys.ts).
