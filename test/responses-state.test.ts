@@ -104,16 +104,21 @@ describe("Responses API state - 3 gateway replicas behind the dev front, officia
     expect(gws.every((g) => g.responses?.figures().locations === 7)).toBe(true);
   });
 
-  it("a streamed turn is recorded too, and retrieve goes to its pod", async () => {
+  it("a streamed turn is recorded too; retrieve and cancel go to its pod", async () => {
     await everywhere(last);
     const stream = await alice.responses.create({ model: MODEL, input: "Stream it please.", previous_response_id: last, max_output_tokens: 6, stream: true }, { headers: { "x-request-id": "conv-stream" } });
     let completedId = "";
     for await (const ev of stream) if (ev.type === "response.completed") completedId = ev.response.id;
     expect(completedId).toMatch(/^resp/);
     await everywhere(completedId);
+    const forwarded = () => gws.reduce((n, g) => n + (g.responses?.counters.forwarded ?? 0), 0);
+    const before = forwarded();
     const got = await alice.responses.retrieve(completedId);
     expect(got.id).toBe(completedId);
     expect(got.previous_response_id).toBe(last);
+    // cancel goes to the pod too, which answers as vLLM does for a finished response.
+    await expect(alice.responses.cancel(completedId)).rejects.toMatchObject({ status: 400 });
+    expect(forwarded()).toBe(before + 2);
     last = completedId;
   });
 
