@@ -209,6 +209,10 @@ describe("Responses and Messages APIs - official clients, front, gateway, simula
       .catch((e: unknown) => e);
     expect(tooLong).toBeInstanceOf(Anthropic.BadRequestError);
     expect((tooLong as { error: unknown }).error).toMatchObject({ type: "error", error: { type: "invalid_request_error", message: expect.stringMatching(/maximum context length is 4096 tokens/) } });
+    // A Messages sub-path the gateway does not route: still Anthropic's shape.
+    const countTokens = await fetch(`${base}/v1/messages/count_tokens`, { method: "POST", headers: { "content-type": "application/json", "x-api-key": keys.alice }, body: JSON.stringify({ model: SOLO, messages: [{ role: "user", content: "x" }] }) });
+    expect(countTokens.status).toBe(404);
+    expect(((await countTokens.json()) as { error: { type: string } }).error.type).toBe("not_found_error");
     const noMax = await fetch(`${base}/v1/messages`, { method: "POST", headers: { "content-type": "application/json", "x-api-key": keys.alice }, body: JSON.stringify({ model: SOLO, messages: [{ role: "user", content: "x" }] }) });
     expect(noMax.status).toBe(400);
     expect(await noMax.json()).toEqual({ type: "error", error: { type: "invalid_request_error", message: "invalid_request_body: `max_tokens` is required" } });

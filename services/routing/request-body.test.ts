@@ -81,6 +81,7 @@ describe("request body - the Responses and Messages APIs (by path)", () => {
 
   it("apiOfPath: by path, query ignored; anything else parses as chat", () => {
     expect(["/v1/responses", "/v1/responses?x=1", "/v1/messages", "/v1/chat/completions", "/v1/completions", "/v1/embeddings", undefined].map(apiOfPath)).toEqual(["responses", "responses", "messages", "chat", "completions", "embeddings", "chat"]);
+    expect(["/v1/messages/count_tokens", "/v1/responses/resp_1/cancel", "/v1/messagesx"].map(apiOfPath)).toEqual(["messages", "responses", "chat"]);
   });
 
   it("a Responses body: size from instructions and input items, max_output_tokens, previous_response_id, store", () => {

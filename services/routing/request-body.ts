@@ -39,11 +39,11 @@ export interface ParsedRequest {
 /** Paths whose bodies name a model and may be routed. */
 export const ROUTED_PATHS = ["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses", "/v1/messages"] as const;
 
-/** The API of a request path (query string ignored). */
+/** The API of a request path (query string ignored; sub-paths such as `/v1/messages/count_tokens` are their API's, for the error shape). */
 export function apiOfPath(path: string | undefined): RequestApi {
-  const p = (path ?? "").split("?")[0];
-  if (p === "/v1/responses") return "responses";
-  if (p === "/v1/messages") return "messages";
+  const p = (path ?? "").split("?")[0] ?? "";
+  if (p === "/v1/responses" || p.startsWith("/v1/responses/")) return "responses";
+  if (p === "/v1/messages" || p.startsWith("/v1/messages/")) return "messages";
   if (p === "/v1/completions") return "completions";
   if (p === "/v1/embeddings") return "embeddings";
   return "chat";

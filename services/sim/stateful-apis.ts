@@ -7,6 +7,7 @@
  */
 import { randomUUID } from "node:crypto";
 import type { ServerResponse } from "node:http";
+import { type AnthropicErrorBody, anthropicError } from "../routing/mod.js";
 import { ApiShapeError, messagesToChat, type RenderedChat, type RenderedMessage, responsesInstructions, responsesToChat } from "../tokenizer/api-messages.js";
 import { tokenizeChat } from "../tokenizer/sim-tokenizer.js";
 import type { FinishReason } from "./engine.js";
@@ -109,19 +110,9 @@ export async function parseMessagesRequest(raw: unknown, served: ServedModel, re
   return { gen, chat, id: `msg_${hexId()}` };
 }
 
-/** Anthropic's error `type` for an HTTP status (https://docs.anthropic.com/en/api/errors). */
-export function anthropicErrorType(status: number): string {
-  if (status === 400 || status === 413 || status === 422) return status === 413 ? "request_too_large" : "invalid_request_error";
-  if (status === 401) return "authentication_error";
-  if (status === 403) return "permission_error";
-  if (status === 404) return "not_found_error";
-  if (status === 429) return "rate_limit_error";
-  if (status === 503 || status === 529) return "overloaded_error";
-  return "api_error";
-}
-
-export function anthropicErrorBody(status: number, message: string): { type: "error"; error: { type: string; message: string } } {
-  return { type: "error", error: { type: anthropicErrorType(status), message } };
+/** Anthropic's error body for a status (the same type-by-status mapping the gateway uses). */
+export function anthropicErrorBody(status: number, message: string): AnthropicErrorBody {
+  return anthropicError(status, message);
 }
 
 const sseEvent = (event: string, data: object): string => `event: ${event}\ndata: ${JSON.stringify(data)}\n\n`;
