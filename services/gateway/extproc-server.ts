@@ -109,7 +109,7 @@ export interface ExtProcHandlerOptions {
    * replies recorded, a pinned continuation its pod did not know recovered from the store. Absent:
    * those routes answer 404 `unsupported_path` and nothing is recorded.
    */
-  responses?: Pick<ResponsesHandler, "route" | "finished" | "recover" | "retrieveStored">;
+  responses?: Pick<ResponsesHandler, "route" | "started" | "finished" | "recover" | "retrieveStored">;
   /** Bearer API-key authentication (`--auth required`); absent: every request is let through. */
   auth?: {
     /** Checks the `authorization` header value (never logged). */
@@ -615,7 +615,13 @@ class Exchange {
     // The first token: the first body bytes, or for the Responses and Messages APIs the first event past the stream's preamble.
     const tokenSeen = b?.body?.length ? (this.tracker?.push(b.body) ?? true) : false;
     if (routed && routed.firstChunkAt === undefined && tokenSeen) this.router.firstToken(routed);
-    if (b?.body?.length) this.capture?.push(b.body);
+    if (b?.body?.length && this.capture) {
+      const known = this.capture.id !== undefined;
+      this.capture.push(b.body);
+      // A stream's first event names the id: every replica learns where it lives before the reply ends.
+      const id = this.capture.id;
+      if (!known && id !== undefined && routed && this.sse) this.opts.responses?.started(routed, id);
+    }
     const guard = this.guard;
     guard?.chunk(b?.end_of_stream === true, b?.body?.length ?? 0);
     const pdError = guard?.error;

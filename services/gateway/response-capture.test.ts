@@ -36,6 +36,13 @@ describe("response capture", () => {
     expect(feed(new ResponseCapture("text/event-stream", 1_000), body, 64)).toEqual({ id: "resp_big" });
   });
 
+  it("names the id as soon as the first event arrived, before the reply ends", () => {
+    const c = new ResponseCapture("text/event-stream");
+    expect(c.id).toBeUndefined();
+    c.push(enc.encode(sse([["response.created", { type: "response.created", response: { id: "resp_early", status: "in_progress" } }]])));
+    expect(c.id).toBe("resp_early");
+  });
+
   it("a stream cut before its end yields the id of its first event", () => {
     const body = sse([["response.created", { type: "response.created", response: { id: "resp_cut", status: "in_progress" } }]]);
     expect(feed(new ResponseCapture("text/event-stream"), body, 10)).toEqual({ id: "resp_cut" });

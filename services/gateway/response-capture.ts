@@ -23,7 +23,7 @@ const TERMINAL = new Set(["response.completed", "response.incomplete", "response
 const TYPE_FIELD = /"type"\s*:\s*"([^"]{1,64})"/;
 
 export class ResponseCapture {
-  private id: string | undefined;
+  private firstId: string | undefined;
   private final: CapturedResponse | undefined;
   private json: Buffer[] | undefined;
   private jsonBytes = 0;
@@ -70,6 +70,11 @@ export class ResponseCapture {
     this.partial += s;
   }
 
+  /** The response's id as soon as a first event (or the head of a body) named it. */
+  get id(): string | undefined {
+    return this.firstId;
+  }
+
   /** What was captured once the body ended; undefined without a valid id. */
   end(): CapturedResponse | undefined {
     if (this.json) {
@@ -79,7 +84,7 @@ export class ResponseCapture {
     } else if (this.partial && !this.skipping) this.line(this.partial);
     this.partial = "";
     if (this.final) return this.final;
-    return this.id !== undefined ? { id: this.id } : undefined;
+    return this.firstId !== undefined ? { id: this.firstId } : undefined;
   }
 
   private line(line: string, truncated = false): void {
@@ -91,7 +96,7 @@ export class ResponseCapture {
     const data = line.slice(5).trim();
     const type = this.event ?? TYPE_FIELD.exec(data.slice(0, 256))?.[1];
     this.event = undefined;
-    if (truncated || (type !== undefined && !TERMINAL.has(type) && this.id === undefined)) {
+    if (truncated || (type !== undefined && !TERMINAL.has(type) && this.firstId === undefined)) {
       this.idFromHead(data.slice(0, 1024));
       return;
     }
@@ -100,9 +105,9 @@ export class ResponseCapture {
 
   /** `"id":"resp_…"` near the start of an event or body (the response object's first fields). */
   private idFromHead(head: string): void {
-    if (this.id !== undefined) return;
+    if (this.firstId !== undefined) return;
     const m = /"id"\s*:\s*"(resp[A-Za-z0-9_-]{0,124})"/.exec(head);
-    if (m && isResponseId(m[1])) this.id = m[1];
+    if (m && isResponseId(m[1])) this.firstId = m[1];
   }
 
   private take(text: string, body: boolean): void {
@@ -116,7 +121,7 @@ export class ResponseCapture {
     const r = (body ? v : (v as { response?: unknown } | null)?.response) as { id?: unknown; status?: unknown; output?: unknown } | null | undefined;
     if (!r || typeof r !== "object" || !isResponseId(r.id)) return;
     const output = Array.isArray(r.output) && r.output.every((x) => x !== null && typeof x === "object" && !Array.isArray(x)) ? (r.output as ResponseItem[]) : undefined;
-    this.id = r.id;
+    this.firstId ??= r.id;
     this.final = { id: r.id, ...(typeof r.status === "string" ? { status: r.status.slice(0, 32) } : {}), ...(output ? { output } : {}) };
   }
 }

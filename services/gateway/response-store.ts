@@ -118,6 +118,19 @@ export class ResponseStore {
     return { stored };
   }
 
+  /**
+   * Records where a response lives as soon as its id is known (a stream's first event), before
+   * its items can be stored: the next turn, sent the moment this one ends, then finds its pod in
+   * every replica's view. The record written when the reply ends replaces it.
+   */
+  async recordStarted(t: Pick<RecordedTurn, "id" | "owner" | "model" | "pod" | "gateway" | "createdAt">): Promise<void> {
+    const tenant = tenantDigest(t.owner);
+    const loc: ResponseLocationEvent = { type: "response-location", action: "stored", id: t.id, tenant, gateway: t.gateway, ts: t.createdAt, model: t.model, pod: t.pod, expiresAt: t.createdAt + this.retentionMs, stored: false };
+    const ld = locationDigest(tenant, t.id);
+    await this.o.nats.js.publish(this.subjects.responseLocation(ld), encodeEvent(loc), { msgID: `resploc.${ld}.started` });
+    this.counters.locations++;
+  }
+
   /** The stored response `id` of `owner`'s tenant, undefined when absent, deleted, expired or malformed. */
   async get(owner: string, id: string): Promise<StoredResponse | undefined> {
     const tenant = tenantDigest(owner);

@@ -88,8 +88,10 @@ export class ResponsesHandler {
   readonly port: ResponseState = {
     stored: async (owner, id) => {
       let r = await this.o.store.get(owner, id);
-      if (!r && this.o.state.responses.get(id, this.o.now()) === undefined) {
-        await new Promise((resolve) => setTimeout(resolve, this.o.recordGraceMs ?? 100));
+      // Polled in short steps up to the grace: the record usually lands within a few ms.
+      const grace = this.o.recordGraceMs ?? 100;
+      for (let waited = 0; !r && waited < grace && this.o.state.responses.get(id, this.o.now()) === undefined; waited += 20) {
+        await new Promise((resolve) => setTimeout(resolve, 20));
         r = await this.o.store.get(owner, id);
       }
       return r && { id: r.id, model: r.model, input: r.input, output: r.output, ...(r.pod !== undefined ? { pod: r.pod } : {}), ...(r.previousResponseId !== undefined ? { previousResponseId: r.previousResponseId } : {}) };
@@ -143,6 +145,16 @@ export class ResponsesHandler {
     if (!rec) return undefined;
     this.counters.answeredFromStore++;
     return storedResponseObject(rec);
+  }
+
+  /** A routed request's reply named its id (a stream's first event): its location, at once (fire and forget). */
+  started(routed: RoutedRequest, id: string): void {
+    const turn = routed.responses;
+    if (!turn) return;
+    this.o.store.recordStarted({ id, owner: turn.owner, model: routed.model, pod: routed.pod.pod, gateway: this.o.gatewayId, createdAt: routed.startedAt }).catch((err: unknown) => {
+      this.counters.recordFailures++;
+      if (this.logRate.admit(this.o.now()).log) this.o.log.warn({ err, id }, "could not record where a Responses API response lives");
+    });
   }
 
   /** Records a routed request's reply (fire and forget: failures are counted and logged). */
