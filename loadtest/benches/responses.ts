@@ -52,6 +52,8 @@ export interface ResponsesBenchResult {
   store_bytes_per_response: number;
   gateway_cpu_us_per_request: number;
   killed_pod: string;
+  /** Sessions whose first turn landed on the busiest pod (pinned sessions then share it for every turn). */
+  max_sessions_per_pod: number;
   chat_errors: number;
   options: Required<ResponsesBenchOptions>;
 }
@@ -230,6 +232,8 @@ export async function runResponsesBench(opts: ResponsesBenchOptions = {}): Promi
       live++;
       if (a.action === "pin" && d.pick === a.owner) pinned++;
     }
+    const firstPods = new Map<string, number>();
+    for (const d of decisions.values()) if (/^s\d+-t0$/.test(d.id) && d.pick) firstPods.set(d.pick, (firstPods.get(d.pick) ?? 0) + 1);
     const recoveries = await responsesFigure("recoveries");
     const info = await nc.jsm.streams.info(streamName("jr", "RESPONSE_STORE"));
     const storeBytesPer = info.state.messages > 0 ? info.state.bytes / info.state.messages : Number.NaN;
@@ -281,6 +285,7 @@ export async function runResponsesBench(opts: ResponsesBenchOptions = {}): Promi
       store_bytes_per_response: round(storeBytesPer, 0),
       gateway_cpu_us_per_request: round(cpuUs / Math.max(1, requests), 0),
       killed_pod: killed,
+      max_sessions_per_pod: Math.max(0, ...firstPods.values()),
       chat_errors: chatErrors,
       options: o,
     };
