@@ -18,6 +18,7 @@ import { DEFAULT_RECORDED_STRATEGIES, DEFAULT_REPLAY_STRATEGIES, runReplayBench 
 import { FAULT_CASES, type FaultCaseName, runFaultsBench } from "./benches/faults.js";
 import { runDiscoveryBench } from "./benches/discovery.js";
 import { runPdBench } from "./benches/pd.js";
+import { runResponsesBench } from "./benches/responses.js";
 import { runFoldBench } from "./benches/fold.js";
 import { runFoldLiveBench } from "./benches/fold-live.js";
 import { FLOW_RUNS, type FlowRunName, runFlowBench } from "./benches/flow.js";
@@ -174,6 +175,16 @@ program
     const result = await runPdBench({ rate: o.rate, durationMs: o.durationMs, systemWords: o.systemWords, userWords: o.userWords, maxTokens: o.maxTokens, overheadIterations: o.overheadIterations });
     emitResult(result);
   });
+
+program
+  .command("responses")
+  .description("Responses API agent sessions by previous_response_id over 3 gateway replicas and 8 pods, one pod killed half-way: affinity, store expansions, errors, TTFT against the same sessions as chat with full history, store bytes per response, gateway CPU")
+  .option("--sessions <n>", "agent sessions", int, 24)
+  .option("--turns <n>", "turns per session", int, 12)
+  .option("--concurrency <n>", "sessions at once", int, 8)
+  .option("--max-tokens <n>", "output tokens per turn", int, 16)
+  .option("--user-words <n>", "words of each turn's input", int, 120)
+  .action(async (o) => emitResult(await runResponsesBench({ sessions: o.sessions, turns: o.turns, concurrency: o.concurrency, maxTokens: o.maxTokens, userWords: o.userWords })));
 
 program
   .command("index")

@@ -9,6 +9,7 @@
 import { type Static, type TSchema, Type } from "@sinclair/typebox";
 import { AdapterPlacement } from "./adapters.js";
 import { AutoscaleRecommendation } from "./autoscale.js";
+import { ResponseLocation, StoredResponse } from "./responses.js";
 import { RecordSignature } from "./signature.js";
 
 const Name = Type.String({ minLength: 1, maxLength: 253 });
@@ -489,6 +490,24 @@ export const DecisionRecord = Type.Object(
     enginePriority: Type.Optional(Type.Union([Type.Integer({ minimum: -1_000_000, maximum: 1_000_000 }), Type.Literal("fcfs-pod"), Type.Literal("off")])),
     /** The body's model as written for the picked pod: a managed LoRA adapter on SGLang as `base:adapter` (docs/adapters.md). */
     engineModel: Type.Optional(Type.String({ maxLength: 520 })),
+    /**
+     * Responses API (docs/stateful-apis.md): the affinity verdict for the request's
+     * `previous_response_id`: pinned to the pod holding it (`subset` then names that pod alone, so
+     * replay re-decides the same pick), or expanded from the response store; the reason, the
+     * owner pod, and for an expansion the turns prepended and items dropped.
+     */
+    responseAffinity: Type.Optional(
+      Type.Object(
+        {
+          action: Type.Union([Type.Literal("pin"), Type.Literal("expand")]),
+          reason: Type.String({ maxLength: 32 }),
+          owner: Type.Optional(Name),
+          turns: Type.Optional(Count),
+          dropped: Type.Optional(Count),
+        },
+        { additionalProperties: false },
+      ),
+    ),
     /** Last sequence the gateway had applied, per view, when it decided. */
     cursors: Type.Optional(Type.Object({ pods: Cursor, load: Cursor, charges: Cursor, kv: Cursor, config: Cursor }, { additionalProperties: false })),
     /** The replica's place among the live gateways, when ties followed its tie order. */
@@ -641,6 +660,8 @@ export const EVENT_SCHEMAS = {
   usage: UsageSummary,
   autoscale: AutoscaleRecommendation,
   adapter: AdapterPlacement,
+  "response-location": ResponseLocation,
+  "stored-response": StoredResponse,
 } as const;
 
 export type EventType = keyof typeof EVENT_SCHEMAS;

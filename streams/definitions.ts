@@ -12,8 +12,10 @@ const SECOND_NS = 1_000_000_000;
 const MINUTE_NS = 60 * SECOND_NS;
 const HOUR_NS = 60 * MINUTE_NS;
 const MiB = 1024 * 1024;
+/** How long a response is kept (its location and its items): OpenAI keeps stored responses 30 days. */
+export const RESPONSE_RETENTION_DAYS = 30;
 
-export type StreamKey = "PODS" | "LOAD" | "KV" | "CHARGES" | "DECISIONS" | "DLQ" | "USAGE" | "AUTOSCALE" | "ADAPTERS" | "BATCH" | "BATCH_WORK" | "BATCH_RESULTS";
+export type StreamKey = "PODS" | "LOAD" | "KV" | "CHARGES" | "DECISIONS" | "DLQ" | "USAGE" | "AUTOSCALE" | "ADAPTERS" | "BATCH" | "BATCH_WORK" | "BATCH_RESULTS" | "RESPONSES" | "RESPONSE_STORE";
 
 export interface StreamDefinition {
   key: StreamKey;
@@ -166,6 +168,24 @@ export function streamDefinitions(opts: StreamOptions = {}): StreamDefinition[] 
             subjects: [s.all("batchres")],
             max_age: 7 * 24 * HOUR_NS,
             max_bytes: 4096 * MiB,
+          }),
+          // The Responses API (docs/stateful-apis.md), base prefix only: a conversation may change
+          // models (and so pools) between turns, and a tenant's responses are one set.
+          // Where each response lives: one small record per response (~300 bytes), the last per
+          // subject only (a deletion replaces it). Every gateway replica folds it from the start.
+          def("RESPONSES", "Responses API: the pod, model and tenant of every recorded response (folded by every gateway)", {
+            subjects: [s.all("resploc")],
+            max_age: RESPONSE_RETENTION_DAYS * 24 * HOUR_NS,
+            max_bytes: 512 * MiB,
+            max_msgs_per_subject: 1,
+          }),
+          // Each stored response's input and output items, read by id (direct get of its subject's
+          // last message), never folded. Bounded by bytes and age; the oldest go first.
+          def("RESPONSE_STORE", "Responses API: stored responses' items by tenant and id (read on a continuation, DELETE, input_items)", {
+            subjects: [s.all("respstore")],
+            max_age: RESPONSE_RETENTION_DAYS * 24 * HOUR_NS,
+            max_bytes: 4096 * MiB,
+            max_msgs_per_subject: 1,
           }),
         ]),
   ];

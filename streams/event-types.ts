@@ -18,4 +18,6 @@ export const STREAM_EVENT_TYPES = {
   AUTOSCALE: ["autoscale"],
   /** LoRA adapter placements (jetroute adapter-controller). */
   ADAPTERS: ["adapter"],
+  /** Where each Responses API response lives (gateways). */
+  RESPONSES: ["response-location"],
 } as const satisfies Partial<Record<StreamKey, readonly EventType[]>>;

@@ -20,12 +20,21 @@
  *   <prefix>.batch.job.<batch hex>     BATCH      a batch's job events (batch-api; one subject per batch)
  *   <prefix>.batchwork.<batch hex>     BATCH_WORK a batch's items, a work queue (batch-api -> batch-worker)
  *   <prefix>.batchres.<batch hex>      BATCH_RESULTS one result per executed item (batch-worker)
+ *   <base>.resploc.<digest>             RESPONSES  where each Responses API response lives (gateways;
+ *                                                 base prefix only; a digest, never the client's id)
+ *   <base>.respstore.<digest>           RESPONSE_STORE a stored response's items, by tenant and id (gateways)
  *   <base>.usage.<pool>.<gateway>.<startedAt>  USAGE      per-user rate-limit usage summaries (gateways; base
  *                                                 prefix only, `_` for the unpooled namespace)
  */
 import { decodeToken, encodeToken } from "./tokens.js";
 
 export const DEFAULT_PREFIX = "jr";
+
+/** A response subject's token: a 32-hex digest, never a client string. */
+function checkDigest(d: string): string {
+  if (!/^[0-9a-f]{32}$/.test(d)) throw new Error(`not a response digest: ${JSON.stringify(d.slice(0, 80))}`);
+  return d;
+}
 
 export const Family = {
   pods: "pods",
@@ -44,6 +53,8 @@ export const Family = {
   batch: "batch",
   batchwork: "batchwork",
   batchres: "batchres",
+  resploc: "resploc",
+  respstore: "respstore",
 } as const;
 
 /** The pool token of the unpooled namespace in a usage subject (pool names never hold `_`). */
@@ -113,6 +124,14 @@ export class Subjects {
   }
   batchResult(batchHex: string): string {
     return `${this.prefix}.batchres.${encodeToken(batchHex)}`;
+  }
+  /** Responses API: a response's location record; `digest` is `locationDigest(tenant, id)` (schemas/responses.ts). */
+  responseLocation(digest: string): string {
+    return `${this.prefix}.resploc.${checkDigest(digest)}`;
+  }
+  /** Responses API: a stored response; `digest` is `storeDigest(tenant, id)`. */
+  responseStored(digest: string): string {
+    return `${this.prefix}.respstore.${checkDigest(digest)}`;
   }
   deadLetter(family: Family): string {
     return `${this.prefix}.dlq.${family}`;

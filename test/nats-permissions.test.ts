@@ -397,6 +397,18 @@ describe("each denial", () => {
     await refused("jr-gateway", `$JS.API.STREAM.PURGE.${streamName("jr", "CHARGES")}`, () => h.jsm.streams.purge(streamName("jr", "CHARGES")));
   });
 
+  it("gateway: records where responses live and stores them (base prefix); the pod-watcher and the analyst may not", async () => {
+    const d = "0".repeat(32);
+    const gw = await as("jr-gateway");
+    expect((await gw.js.publish(subjects.responseLocation(d), "{}")).stream).toBe(streamName("jr", "RESPONSES"));
+    expect((await gw.js.publish(subjects.responseStored(d), "{}")).stream).toBe(streamName("jr", "RESPONSE_STORE"));
+    expect(await gw.jsm.streams.getMessage(streamName("jr", "RESPONSE_STORE"), { last_by_subj: subjects.responseStored(d) })).not.toBeNull();
+    for (const user of ["jr-pod-watcher", "jr-analyst"] as const) {
+      const h = await as(user);
+      for (const s of [subjects.responseLocation(d), subjects.responseStored(d)]) await refused(user, s, () => h.js.publish(s, "{}"));
+    }
+  });
+
   it("gateway: its paced CHARGES reader (--fold-pace-ms) creates its named consumer and reads", async () => {
     const h = await as("jr-gateway");
     const got: string[] = [];

@@ -65,6 +65,7 @@ export function registerGatewayCommand(program: Command): void {
     .option("--tokenizer-prefix-cache-bytes <n>", "hf: tokenizers: bound on cached conversation prefixes (ids and their block hashes, ~8 bytes a token); 0 = off", intOption(0), D.tokenizerPrefixCacheBytes)
     .option("--tokenizer-render-cache-bytes <n>", "hf: tokenizers with a message-local template: bound on cached conversation renders (~4 bytes a character of conversation); 0 = render every request whole", intOption(0), D.tokenizerRenderCacheBytes)
     .option("--prefix-max-entries <n>", "bound on the prefix index, in (block, pod) entries", intOption(1), D.prefixMaxEntries)
+    .option("--response-locations <n>", "bound on the Responses API locations held (response id -> pod, ~200 bytes each); past it the oldest lose their affinity, not their store", intOption(1), D.responseLocations)
     .option("--no-snapshots", "neither boot from nor write prefix-index snapshots")
     .option("--snapshot-interval-ms <ms>", "how often the lease holder writes a prefix-index snapshot", intOption(1_000), D.snapshotIntervalMs)
     .option("--charge-ttl-ms <ms>", "a charge stops counting after this long even without a release", intOption(1), D.chargeTtlMs)
@@ -140,6 +141,7 @@ export function registerGatewayCommand(program: Command): void {
         tokenizerPrefixCacheBytes: o.tokenizerPrefixCacheBytes,
         tokenizerRenderCacheBytes: o.tokenizerRenderCacheBytes,
         prefixMaxEntries: o.prefixMaxEntries,
+        responseLocations: o.responseLocations,
         snapshots: o.snapshots !== false,
         snapshotIntervalMs: o.snapshotIntervalMs,
         shutdownGraceMs: o.shutdownGraceMs,

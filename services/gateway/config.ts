@@ -16,6 +16,7 @@ import { DEFAULT_POD_SOURCE_TIMEOUT_MS } from "../views/pod-set.js";
 import { DEFAULT_PREFIX_CACHE_BYTES } from "../tokenizer/hf-tokenizer.js";
 import { DEFAULT_RENDER_CACHE_BYTES } from "../tokenizer/incremental-render.js";
 import { DEFAULT_PREFIX_MAX_ENTRIES } from "../views/prefix-index.js";
+import { DEFAULT_RESPONSE_LOCATIONS } from "../views/response-locations.js";
 import { DEFAULT_RATE_CONFIRM_MS } from "../views/rate-view.js";
 import { DEFAULT_PD_WATCHDOG } from "./extproc-server.js";
 import { DEFAULT_SNAPSHOT_INTERVAL_MS, DEFAULT_SNAPSHOT_LEASE_MS } from "./snapshots.js";
@@ -76,6 +77,8 @@ export const GatewayConfigSchema = Type.Object(
     tokenizerPrefixCacheBytes: Type.Integer({ minimum: 0, default: DEFAULT_PREFIX_CACHE_BYTES }),
     tokenizerRenderCacheBytes: Type.Integer({ minimum: 0, default: DEFAULT_RENDER_CACHE_BYTES }),
     prefixMaxEntries: Type.Integer({ minimum: 1, default: DEFAULT_PREFIX_MAX_ENTRIES }),
+    /** Most Responses API locations held (services/views/response-locations.ts, ~200 bytes each). */
+    responseLocations: Type.Integer({ minimum: 1, default: DEFAULT_RESPONSE_LOCATIONS }),
     snapshots: Type.Boolean({ default: true }),
     snapshotIntervalMs: Ms(DEFAULT_SNAPSHOT_INTERVAL_MS, 1_000),
     snapshotLeaseMs: Ms(DEFAULT_SNAPSHOT_LEASE_MS, 30),

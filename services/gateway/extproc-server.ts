@@ -16,9 +16,11 @@
  */
 import type * as grpc from "@grpc/grpc-js";
 import { type AuthFailureReason, type AuthResult, authFailureMessage } from "./auth.js";
-import { apiOfPath, errorBodyFor, type RequestApi, RouteError, reshapeError, type FinishInfo, type RoutedRequest, type RouteInput, ROUTED_PATHS } from "../routing/mod.js";
+import { apiOfPath, errorBodyFor, type RequestApi, RouteError, reshapeError, type FinishInfo, type RoutedRequest, type RouteInput, ROUTED_PATHS, type ResponseRoute, responseRouteOf } from "../routing/mod.js";
 import type { ReleaseOutcome } from "../../schemas/events.js";
 import { ResponseTracker } from "./response-tracker.js";
+import { ResponseCapture } from "./response-capture.js";
+import type { ResponsesHandler } from "./responses-handler.js";
 import { normaliseUpstreamError } from "./upstream-error.js";
 import type { HeaderMutation, HeaderValueOption, ProcessingRequest, ProcessingResponse, ProtoStruct } from "../extproc/types.js";
 import {
@@ -102,6 +104,12 @@ export interface ExtProcHandlerOptions {
   destinationFallbacks?: number;
   /** The proxy reported (`x-gateway-destination-endpoint-served`) that an endpoint other than the chosen one served the request. */
   servedElsewhere?: (routed: RoutedRequest, served: string) => void;
+  /**
+   * The Responses API's state (docs/stateful-apis.md): the routes under `/v1/responses/{id}`, the
+   * replies recorded, a pinned continuation its pod did not know recovered from the store. Absent:
+   * those routes answer 404 `unsupported_path` and nothing is recorded.
+   */
+  responses?: Pick<ResponsesHandler, "route" | "started" | "finished" | "recover" | "retrieveStored">;
   /** Bearer API-key authentication (`--auth required`); absent: every request is let through. */
   auth?: {
     /** Checks the `authorization` header value (never logged). */
@@ -245,6 +253,14 @@ class Exchange {
   private sse = false;
   /** P/D: the decode watchdog and the gateway's error in the stream (pd-decode-guard.ts). */
   private guard: DecodeGuard | undefined;
+  /** The authenticated key's owner: the Responses API's tenant (`auth` only). */
+  private owner: string | undefined;
+  /** A route under `/v1/responses/{id}` sent straight to a pod (no routing, no charge). */
+  private direct: ResponseRoute | undefined;
+  /** The client's body, kept for a Responses continuation its pod may not know (`recover`). */
+  private clientBody: Buffer | undefined;
+  /** A Responses API reply's id and output items, for the store. */
+  private capture: ResponseCapture | undefined;
 
   constructor(
     private readonly call: Stream,
@@ -331,6 +347,8 @@ class Exchange {
     this.guard?.stop();
     const routed = this.routed;
     if (!routed || routed.finished) return;
+    if (routed.responses && this.capture && outcome === "completed" && this.status >= 200 && this.status < 300) this.opts.responses?.finished(routed, this.capture.end());
+    this.capture = undefined;
     const usage = this.endUsage();
     this.router.finish(routed, outcome, { status: this.status || (outcome === "cancelled" ? 499 : 502), ...usage });
   }
@@ -376,6 +394,7 @@ class Exchange {
       if (!a.ok) return this.refuseAuth(a.reason);
       // The key says who this is: a client-sent `user` header cannot borrow another user's quota.
       headers[USER_HEADER] = a.user;
+      this.owner = a.user;
       this.keyObjective = a.objective;
       this.tenantSalt = a.cacheSalt;
       this.keyClass = a.keyClass;
@@ -383,6 +402,8 @@ class Exchange {
       mutation = { ...mutation, set_headers: [...(mutation.set_headers ?? []), setHeader(USER_HEADER, a.user)] };
     }
     this.subset = subsetHint(req);
+    const rawPath = headers[Headers.path] ?? "";
+    if (this.opts.responses && rawPath.startsWith("/v1/responses/")) return this.onResponseRoute(rawPath, mutation, req.request_headers?.end_of_stream === true);
     if (req.request_headers?.end_of_stream) {
       // No body: only model listing is served here; everything else needs a body to route.
       if ((headers[Headers.method] ?? "GET") === "GET" && (headers[Headers.path] ?? "").split("?")[0] === "/v1/models") {
@@ -391,8 +412,8 @@ class Exchange {
       }
       const path = (headers[Headers.path] ?? "").split("?")[0] ?? "";
       if (path.startsWith("/v1/responses/")) {
-        // Retrieve, cancel, delete and input_items need to know which pod holds the response: not routed yet.
-        return this.reject(new RouteError("unsupportedPath", `${(headers[Headers.method] ?? "").slice(0, 16)} /v1/responses/{id} is not routed by this gateway yet; only POST /v1/responses is`));
+        // Retrieve, cancel, delete and input_items need the response store (absent: its streams were never applied).
+        return this.reject(new RouteError("unsupportedPath", `${(headers[Headers.method] ?? "").slice(0, 16)} /v1/responses/{id} is not served without the RESPONSE_STORE stream (run \`jetroute streams apply\`); POST /v1/responses is`));
       }
       return this.reject(new RouteError("unsupportedPath", `${headers[Headers.method] ?? ""} ${headers[Headers.path] ?? ""} has no body to route on`));
     }
@@ -400,7 +421,43 @@ class Exchange {
     this.send(mutation === this.shared.requestHeadersMutation ? this.shared.replies.requestHeaders : { request_headers: { response: { status: "CONTINUE", header_mutation: mutation, clear_route_cache: true } } });
   }
 
+  /**
+   * A route under `/v1/responses/{id}`: answered here from the store, or sent to the pod holding
+   * the response (the request-headers reply names it; nothing is charged or recorded).
+   */
+  private onResponseRoute(rawPath: string, mutation: HeaderMutation, endOfStream: boolean) {
+    const responses = this.opts.responses;
+    const route = responseRouteOf(this.headers[Headers.method] ?? "GET", rawPath);
+    if (!responses || !route) {
+      return this.reject(new RouteError("unsupportedPath", `${(this.headers[Headers.method] ?? "").slice(0, 16)} ${rawPath.split("?")[0]?.slice(0, 128)} is not routed; under /v1/responses/{id}: GET, DELETE, POST …/cancel, GET …/input_items`));
+    }
+    if (!this.opts.isReady()) return this.reject(new RouteError("notReady", "gateway is catching up with the streams; retry shortly"));
+    this.enter(ExchangePhase.routing);
+    responses.route(route, this.owner).then(
+      (r) => {
+        if (this.over || this.call.cancelled) return;
+        if (r.kind === "error") return this.send(immediate(r.error.status, this.errorBody(r.error), r.error.headers));
+        if (r.kind === "answer") return this.send(immediate(r.status, r.body));
+        this.direct = route;
+        this.enter(endOfStream ? ExchangePhase.routed : ExchangePhase.body);
+        const set = [...(mutation.set_headers ?? []), setHeader(Headers.destinationEndpoint, r.address), setHeader(Headers.targetPod, r.address)];
+        this.send({ request_headers: { response: { status: "CONTINUE", header_mutation: { ...mutation, set_headers: set }, clear_route_cache: true } }, dynamic_metadata: toProtoStruct({ [LB_METADATA_NAMESPACE]: { [Headers.destinationEndpoint]: r.address } }) });
+      },
+      (err: unknown) => {
+        if (this.over || this.call.cancelled) return;
+        this.opts.log.warn({ err }, "response store unavailable");
+        const e = new RouteError("notReady", "the response store cannot be read; retry shortly");
+        this.send(immediate(e.status, this.errorBody(e), e.headers));
+      },
+    );
+  }
+
   private onRequestBody(chunk: Buffer | Uint8Array | undefined, endOfStream: boolean) {
+    // A route under /v1/responses/{id} already sent to its pod: its body (a cancel's) goes as it is.
+    if (this.direct) {
+      if (endOfStream) this.enter(ExchangePhase.routed);
+      return this.send(this.shared.replies.requestBodyContinue);
+    }
     const { maxBody } = this.shared;
     if (chunk?.length) {
       this.bodyBytes += chunk.length;
@@ -414,7 +471,7 @@ class Exchange {
     const headers = this.headers;
     const path = (headers[Headers.path] ?? "").split("?")[0] ?? "";
     if (path.startsWith("/v1/responses/")) {
-      return this.reject(new RouteError("unsupportedPath", `${(headers[Headers.method] ?? "").slice(0, 16)} /v1/responses/{id}/... is not routed by this gateway yet; only POST /v1/responses is`));
+      return this.reject(new RouteError("unsupportedPath", `${(headers[Headers.method] ?? "").slice(0, 16)} /v1/responses/{id}/... is not served without the RESPONSE_STORE stream (run \`jetroute streams apply\`); POST /v1/responses is`));
     }
     if (!(ROUTED_PATHS as readonly string[]).includes(path)) {
       return this.reject(new RouteError("unsupportedPath", `${(headers[Headers.method] ?? "").slice(0, 16)} ${path.slice(0, 128)} is not routed; routed paths: ${ROUTED_PATHS.join(", ")}, and GET /v1/models`));
@@ -422,6 +479,7 @@ class Exchange {
     if (!this.opts.isReady()) return this.reject(new RouteError("notReady", "gateway is catching up with the streams; retry shortly"));
     const body = this.bodyParts.length === 1 ? (this.bodyParts[0] as Buffer) : Buffer.concat(this.bodyParts);
     this.bodyParts = [];
+    if (this.opts.responses && path === "/v1/responses") this.clientBody = body;
     this.enter(ExchangePhase.routing);
     let result: RoutedRequest | Promise<RoutedRequest>;
     try {
@@ -437,6 +495,7 @@ class Exchange {
         ...(this.tenantSalt ? { tenantSalt: this.tenantSalt } : {}),
         ...(this.keyClass ? { keyClass: this.keyClass } : {}),
         ...(this.keyModels ? { keyModels: this.keyModels } : {}),
+        ...(this.owner !== undefined ? { tenant: this.owner } : {}),
       });
     } catch (err) {
       return this.routeFailed(err);
@@ -518,12 +577,18 @@ class Exchange {
   private onResponseHeaders(req: ProcessingRequest) {
     const h = headersToRecord(req.response_headers?.headers);
     const routed = this.routed;
+    const status = Number.parseInt(h[Headers.status] ?? "0", 10) || 0;
+    // A pinned continuation its pod does not know (404): expanded from the store, answered here.
+    if (status === 404 && routed?.responses?.affinity?.action === "pin" && this.opts.responses && this.clientBody) return this.recoverContinuation(routed, this.clientBody);
+    // A retrieval its pod does not know (its engine keeps no responses): answered from the store.
+    if (status === 404 && this.direct?.kind === "retrieve" && this.opts.responses) return this.retrieveFromStore(this.direct.id);
     const served = servedEndpoint(req);
     if (routed && served !== undefined && served !== routed.pod.address) this.opts.servedElsewhere?.(routed, served);
     this.status = Number.parseInt(h[Headers.status] ?? "0", 10) || 0;
     this.enter(ExchangePhase.response);
     this.sse = (h[Headers.contentType] ?? "").includes("text/event-stream");
     this.tracker = new ResponseTracker(h[Headers.contentType], this.api);
+    if (routed?.responses && this.status >= 200 && this.status < 300) this.capture = new ResponseCapture(h[Headers.contentType]);
     const expose = this.opts.exposePodAddresses === true;
     const target = routed ? this.shared.targets.of(routed.pod.address, routed.strategy) : undefined;
     const set = routed && target ? [...(expose ? target.echo : target.echoNoAddress), setHeader(Headers.gatewayRequestId, routed.requestId)] : [];
@@ -550,6 +615,13 @@ class Exchange {
     // The first token: the first body bytes, or for the Responses and Messages APIs the first event past the stream's preamble.
     const tokenSeen = b?.body?.length ? (this.tracker?.push(b.body) ?? true) : false;
     if (routed && routed.firstChunkAt === undefined && tokenSeen) this.router.firstToken(routed);
+    if (b?.body?.length && this.capture) {
+      const known = this.capture.id !== undefined;
+      this.capture.push(b.body);
+      // A stream's first event names the id: every replica learns where it lives before the reply ends.
+      const id = this.capture.id;
+      if (!known && id !== undefined && routed && this.sse) this.opts.responses?.started(routed, id);
+    }
     const guard = this.guard;
     guard?.chunk(b?.end_of_stream === true, b?.body?.length ?? 0);
     const pdError = guard?.error;
@@ -580,6 +652,58 @@ class Exchange {
       }
     } else this.send(this.shared.replies.responseBodyContinue);
     if (b?.end_of_stream) this.finish(this.status >= 400 ? "error" : "completed");
+  }
+
+  /** The response-headers phase of a pinned continuation answered 404: the store's expansion, sent to the same pod, answers instead. */
+  private recoverContinuation(routed: RoutedRequest, clientBody: Buffer) {
+    this.enter(ExchangePhase.response);
+    const responses = this.opts.responses;
+    if (!responses) return;
+    void responses.recover(routed, clientBody, this.goneSignal()).then((answer) => {
+      if (this.over || this.call.cancelled) return;
+      if (!answer) {
+        this.status = 404;
+        const e = new RouteError("responseNotFound", `Response with id '${(routed.responses?.previousResponseId ?? "").slice(0, 128)}' not found.`, "previous_response_id");
+        return this.send(immediate(e.status, this.errorBody(e)));
+      }
+      this.status = answer.status;
+      this.tracker = new ResponseTracker(answer.contentType);
+      this.tracker.push(answer.body);
+      if (routed.firstChunkAt === undefined) this.router.firstToken(routed);
+      if (answer.status >= 200 && answer.status < 300) {
+        this.capture = new ResponseCapture(answer.contentType);
+        this.capture.push(answer.body);
+      }
+      this.send({
+        immediate_response: {
+          status: { code: answer.status },
+          headers: { set_headers: [setHeader(Headers.contentType, answer.contentType), setHeader(Headers.gatewayRequestId, routed.requestId)] },
+          body: answer.body,
+          details: "jetroute_response_expanded",
+        },
+      });
+      this.finish(answer.status >= 400 ? "error" : "completed");
+    });
+  }
+
+  /** A forwarded `GET /v1/responses/{id}` its pod answered 404: the stored response, else the 404 as the gateway's own. */
+  private retrieveFromStore(id: string) {
+    this.enter(ExchangePhase.response);
+    const responses = this.opts.responses;
+    if (!responses) return;
+    responses.retrieveStored(this.owner, id).then(
+      (body) => {
+        if (this.over || this.call.cancelled) return;
+        if (body !== undefined) return this.send(immediate(200, body));
+        const e = new RouteError("responseNotFound", `Response with id '${id.slice(0, 128)}' not found.`);
+        this.send(immediate(e.status, this.errorBody(e)));
+      },
+      () => {
+        if (this.over || this.call.cancelled) return;
+        const e = new RouteError("notReady", "the response store cannot be read; retry shortly");
+        this.send(immediate(e.status, this.errorBody(e), e.headers));
+      },
+    );
   }
 }
 

@@ -163,5 +163,21 @@ export async function createFollowers(o: {
       }),
     );
   } else log.warn({ stream: adaptersStream }, "no ADAPTERS stream (run `jetroute streams apply`): managed LoRA adapters are not routed by their placement");
-  return { followers, views: ["pods", "load", "charges", "kv", "usage", "adapters"].filter((v) => (v !== "usage" || hasUsage) && (v !== "adapters" || hasAdapters)) };
+  // Responses API (docs/stateful-apis.md): where every response lives, from the base prefix's
+  // stream (a conversation may cross pools). Its own records too, in the stream's order.
+  const responsesStream = streamName(ns.configPrefix, "RESPONSES");
+  const hasResponses = await nats.jsm.streams.info(responsesStream).then(() => true, notFound);
+  if (hasResponses) {
+    followers.push(
+      new StreamFollower({
+        nats, subjects: baseSubjects, log, name: `gateway-${id}-responses`, family: "resploc", types: STREAM_EVENT_TYPES.RESPONSES,
+        // One message per response (a deletion replaces it): the last per subject is the whole view.
+        stream: responsesStream, startAt: { kind: "last-per-subject" },
+        onEvent: (ev, m) => notes.note(state.apply(ev, { stream: "responses", ...m })),
+        onMessage: (subject, seq) => state.skip({ stream: "responses", subject, seq, serverTs: 0 }),
+      }),
+    );
+  } else log.warn({ stream: responsesStream }, "no RESPONSES stream (run `jetroute streams apply`): previous_response_id is not routed to the pod holding the response");
+  const views = ["pods", "load", "charges", "kv", "usage", "adapters", "responses"].filter((v) => (v !== "usage" || hasUsage) && (v !== "adapters" || hasAdapters) && (v !== "responses" || hasResponses));
+  return { followers, views };
 }

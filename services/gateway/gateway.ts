@@ -5,7 +5,10 @@
  * in its own module; this file only wires them and orders start and shutdown.
  */
 import { OtlpTraceExporter, RequestTracer } from "./otlp-traces.js";
-import { configBucketName } from "../../streams/definitions.js";
+import { configBucketName, streamName } from "../../streams/definitions.js";
+import { isStreamNotFound } from "../../streams/errors.js";
+import { ResponseStore } from "./response-store.js";
+import { ResponsesHandler } from "./responses-handler.js";
 import { type Namespace, namespaceOf } from "../../streams/pools.js";
 import { sharedKeyError } from "../../streams/record-keys.js";
 import { Subjects } from "../../streams/subjects.js";
@@ -76,6 +79,8 @@ export interface GatewayHandle {
   extProcConnections: ExtProcConnectionStats | undefined;
   /** The OTLP trace exporter (--otlp-endpoint), absent when traces are off. */
   traces: OtlpTraceExporter | undefined;
+  /** The Responses API's state handling (docs/stateful-apis.md), absent without the RESPONSES streams. */
+  responses: ResponsesHandler | undefined;
   close(): Promise<void>;
 }
 
@@ -121,7 +126,10 @@ export async function startGateway(options: GatewayOptions): Promise<GatewayHand
   // OpenTelemetry traces (docs/tracing.md): off unless --otlp-endpoint; observation only.
   const traces = config.otlpEndpoint ? new OtlpTraceExporter({ endpoint: config.otlpEndpoint, serviceName: config.otlpServiceName, log }) : undefined;
   const tracer = traces ? new RequestTracer(traces) : undefined;
+  // The Responses API's store and locations (docs/stateful-apis.md), on the base prefix's streams.
+  const responses = await responsesHandlerOf({ nats, ns, id, state, clock, engineApiKey: config.engineApiKey, log });
   const { director, strict } = routingCoreOf({
+    responses: responses?.port,
     fleet,
     tracer,
     config, ns, state, clock, serverClock, publishers, pdClient, subjects, cursors, log, js: nats.js,
@@ -131,7 +139,7 @@ export async function startGateway(options: GatewayOptions): Promise<GatewayHand
   });
   const metrics: GatewayMetrics = new GatewayMetrics(
     id,
-    { ...metricSourcesOf({ state, followers, viewNames, director, strict, publishers, listener, ready: () => isReady, flowSummaries: () => flowSummaries.stats }), ...(traces ? { traceSpans: () => traces.stats } : {}) },
+    { ...metricSourcesOf({ state, followers, viewNames, director, strict, publishers, listener, ready: () => isReady, flowSummaries: () => flowSummaries.stats }), ...(traces ? { traceSpans: () => traces.stats } : {}), ...(responses ? { responses: () => responses.figures() } : {}) },
     ns.pool,
   );
   tokenizer.registerMetrics(metrics.registry);
@@ -159,7 +167,7 @@ export async function startGateway(options: GatewayOptions): Promise<GatewayHand
 
   const apiKeys = state.apiKeys;
   const port = await listener.listen(
-    createExtProcHandler({ ...extProcOptionsOf(config, state, metrics, log), router: tracer ? tracer.wrap(director) : director, isReady: () => isReady, ...extProcAuthOf(config, apiKeys, metrics, log) }),
+    createExtProcHandler({ ...extProcOptionsOf(config, state, metrics, log), router: tracer ? tracer.wrap(director) : director, isReady: () => isReady, ...extProcAuthOf(config, apiKeys, metrics, log), ...(responses ? { responses } : {}) }),
     config.host,
     config.port,
     credentials,
@@ -186,6 +194,7 @@ export async function startGateway(options: GatewayOptions): Promise<GatewayHand
     state,
     director,
     traces,
+    responses,
     apiKeys,
     strict,
     get prefixIndex() {
@@ -203,8 +212,27 @@ export async function startGateway(options: GatewayOptions): Promise<GatewayHand
       closed = true;
       await shutDown({ config, listener, director, flowSummaries, stopSweeps, publishers, admin, configWatch, snapshotter, followers, nats, pdClient, tokenizer, log });
       await traces?.close();
+      await responses?.close();
     },
   };
+}
+
+/** The Responses API's handler over the base prefix's RESPONSE_STORE and RESPONSES streams; undefined (warned) when they do not exist. */
+async function responsesHandlerOf(o: { nats: NatsHandles; ns: Namespace; id: string; state: GatewayState; clock: () => number; engineApiKey: string | undefined; log: Logger }): Promise<ResponsesHandler | undefined> {
+  const stream = streamName(o.ns.configPrefix, "RESPONSE_STORE");
+  const exists = await o.nats.jsm.streams.info(stream).then(
+    () => true,
+    (err: unknown) => {
+      if (isStreamNotFound(err)) return false;
+      throw err;
+    },
+  );
+  if (!exists) {
+    o.log.warn({ stream }, "no RESPONSE_STORE stream (run `jetroute streams apply`): Responses API continuations are not stored, DELETE and input_items are not served");
+    return undefined;
+  }
+  const store = new ResponseStore({ nats: o.nats, prefix: o.ns.configPrefix, log: o.log, name: `gateway-${o.id}-responses`, now: o.clock });
+  return new ResponsesHandler({ store, state: o.state, gatewayId: o.id, log: o.log, now: o.clock, ...(o.engineApiKey ? { engineApiKey: o.engineApiKey } : {}) });
 }
 
 /** The one fold every view changes in (services/views/gateway-state.ts), sized from the config. */
@@ -219,6 +247,7 @@ function foldOf(config: GatewayConfig, ns: Namespace, signatures: RecordVerifier
     rateConfirmMs: config.rateConfirmMs,
     podSourceTimeoutMs: config.podSourceTimeoutMs,
     prefixIndex: { maxEntries: config.prefixMaxEntries },
+    maxResponseLocations: config.responseLocations,
     checkModelConfig: validateModelConfig,
     ...(config.podCidrs ? { podAddressAllowed: podAddressFilter(config.podCidrs) } : {}),
     // Config entries: operator records under --config-public-key, InferencePool policies under --pod-public-key (streams/record-keys.ts).
@@ -266,6 +295,7 @@ function routingCoreOf(o: {
   fleet: FleetQueues;
   metrics: () => GatewayMetrics;
   tracer: RequestTracer | undefined;
+  responses: DirectorOptions["responses"];
   log: Logger;
 }): { director: Director; strict: StrictCommitter | undefined } {
   const { config, ns, state } = o;
@@ -284,6 +314,7 @@ function routingCoreOf(o: {
     embeddings: new EmbeddingClient({ readyPods: (m) => state.pods.readyPods(m), observe: (e) => o.metrics().semanticEmbedding(e), ...(config.engineApiKey ? { engineApiKey: config.engineApiKey } : {}) }),
     // InferenceModelRewrites (docs/inference-pool.md): the pools' rules, each scoped to its pool's models by the view.
     modelRewrites: { active: () => state.poolPolicies.hasRewrites, rewrite: (model, id) => state.poolPolicies.rewrite(model, id, state.pods) },
+    ...(o.responses ? { responses: o.responses } : {}),
     onStage: o.tracer
       ? (stage, seconds, ctx) => {
           o.metrics().stage(stage, seconds);

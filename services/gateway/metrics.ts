@@ -44,6 +44,8 @@ export interface GatewayMetricsSources {
   flowSummaries?: () => { sent: number; received: number; invalid: number } | undefined;
   /** The latency model: samples learned, and not learned by reason (services/views/latency-model.ts). */
   latencyModel?: () => { learned: number; rejected: Readonly<LatencyRejections>; entries: number };
+  /** The Responses API's state (docs/stateful-apis.md): the location view, the store and the handler's counts. */
+  responses?: () => Readonly<Record<string, number>> | undefined;
 }
 
 const EMBEDDING_RESULTS = ["hit", "miss", "timeout", "error", "no-pod", "busy"] as const;
@@ -352,6 +354,14 @@ function registerStateGauges(r: client.Registry, src: GatewayMetricsSources, dri
     g.set({ figure: "entries" }, m.entries);
     for (const [k, v] of Object.entries(m.rejected)) g.set({ figure: k }, v);
   });
+  gauge(
+    "jetroute_gateway_responses",
+    "Responses API state: locations held, evicted, expired, refused (conflicts: another tenant's id; invalid); the store's turns stored, too_large, reads, hits, malformed, deleted; replies recorded, record_failures, unrecorded; continuations recovered from the store and recovery_failures; routes under /v1/responses/{id} forwarded to a pod or answered from the store",
+    ["figure"],
+    (g) => {
+      for (const [k, v] of Object.entries(src.responses?.() ?? {})) g.set({ figure: k }, v);
+    },
+  );
   gauge("jetroute_gateway_strict", "Strict mode: committed charges, lost races, fallbacks", ["figure"], (g) => {
     for (const [k, v] of Object.entries(src.strict() ?? {})) g.set({ figure: k }, v);
   });

@@ -1,6 +1,6 @@
 /**
  * Logs the records a gateway's fold refused for their signature (services/views/gateway-state.ts,
- * streams/signatures.ts), on a `LogRate`: whoever can plant records can plant many, and a flood
+ * streams/signatures.ts), and the response locations it refused (another tenant's id), on a `LogRate`: whoever can plant records can plant many, and a flood
  * must not become a flood of log lines. The count of each kind is in the metrics whatever is logged.
  */
 import type { Logger } from "../shared/log.js";
@@ -23,7 +23,8 @@ export class RefusedRecordLog {
   note(r: ApplyResult): void {
     const n = r.note;
     if (!n) return;
-    if (!n.rejected || r.ignored !== "signature") {
+    // Planted records come in floods: signature refusals and refused response locations go on the rate.
+    if (!n.rejected || (r.ignored !== "signature" && !r.ignored?.startsWith("response-"))) {
       this.log[n.level](n.fields, n.message);
       return;
     }

@@ -6,7 +6,7 @@
  */
 import type { ParsedRequest } from "./request-body.js";
 import type { EngineFields, FlowRecord, ModelRewrite } from "./decision-inputs.js";
-import type { RoutedRequest, RouteInput } from "./request.js";
+import type { ResponseTurn, RoutedRequest, RouteInput } from "./request.js";
 
 export type { ModelRewrite } from "./decision-inputs.js";
 import type { SemanticOutcome, SemanticTag } from "./stages/semantic.js";
@@ -34,6 +34,8 @@ export interface RequestContext {
   /** That body, serialised once when first needed (`upstreamBodyOf`). */
   upstreamBody?: Buffer;
   rewrite?: ModelRewrite;
+  /** A Responses API request: its turn and the affinity verdict (stages/response-affinity.ts). */
+  responseTurn?: ResponseTurn;
   /** Semantic model selection: what the semantic stage decided (absent: the client named a real model). */
   semantic?: SemanticOutcome;
   /** A virtual model's classification that refused the request (no decision matched). */

@@ -19,6 +19,7 @@ const full: DecisionInputs = {
   rewrite: { from: "alias", to: "org/model", rule: "r#0", pool: "ns/p" },
   enginePriority: -2,
   engineModel: "org/base:tenant-a",
+  responseAffinity: { action: "expand", reason: "owner-gone", owner: "pod-1", turns: 3, dropped: 1 },
 };
 
 describe("decision inputs - one contract between the charge, the record and replay", () => {

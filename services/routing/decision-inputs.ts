@@ -43,6 +43,17 @@ export interface EngineFields {
   readonly engineModel?: string;
 }
 
+/** What the decision record keeps of a Responses API affinity verdict (stages/response-affinity.ts). */
+export interface ResponseAffinityRecord {
+  readonly action: "pin" | "expand";
+  readonly reason: string;
+  /** The pod that held the previous response, when known. */
+  readonly owner?: string;
+  /** An expansion: turns prepended and items dropped (encrypted reasoning). */
+  readonly turns?: number;
+  readonly dropped?: number;
+}
+
 export interface DecisionInputs {
   readonly cursors: Readonly<Record<StateStream, number>>;
   readonly rank?: Rank;
@@ -64,10 +75,12 @@ export interface DecisionInputs {
   readonly enginePriority?: EngineFields["enginePriority"];
   /** The body's model as written for the picked pod's engine (an adapter on SGLang: `base:adapter`). */
   readonly engineModel?: string;
+  /** Responses API: the affinity verdict for `previous_response_id` (a pin is also the recorded `subset`). */
+  readonly responseAffinity?: ResponseAffinityRecord;
 }
 
 /** The fields of a decision record that carry its inputs (blocks excepted: they are packed with the record's own). */
-export type RecordedInputs = Pick<DecisionRecord, "cursors" | "rank" | "session" | "subset" | "profile" | "strategyParams" | "slo" | "maxTokens" | "consistency" | "flow" | "semantic" | "rewrite" | "enginePriority" | "engineModel">;
+export type RecordedInputs = Pick<DecisionRecord, "cursors" | "rank" | "session" | "subset" | "profile" | "strategyParams" | "slo" | "maxTokens" | "consistency" | "flow" | "semantic" | "rewrite" | "enginePriority" | "engineModel" | "responseAffinity">;
 
 /** A semantic outcome as its decision record keeps it: no evaluations (replay recomputes them), no action. */
 export function semanticRecordOf(o: SemanticTag): NonNullable<DecisionRecord["semantic"]> {
@@ -91,6 +104,7 @@ export function recordedInputs(c: DecisionInputs): RecordedInputs {
     ...(c.rewrite ? { rewrite: { from: c.rewrite.from, rule: c.rewrite.rule, pool: c.rewrite.pool } } : {}),
     ...(c.enginePriority !== undefined ? { enginePriority: c.enginePriority } : {}),
     ...(c.engineModel !== undefined ? { engineModel: c.engineModel } : {}),
+    ...(c.responseAffinity ? { responseAffinity: { ...c.responseAffinity, reason: c.responseAffinity.reason.slice(0, 32) } } : {}),
   };
 }
 
@@ -112,5 +126,6 @@ export function inputsOfRecord(d: DecisionRecord): DecisionInputs {
     ...(d.rewrite ? { rewrite: { from: d.rewrite.from, to: d.model, rule: d.rewrite.rule, pool: d.rewrite.pool } } : {}),
     ...(d.enginePriority !== undefined ? { enginePriority: d.enginePriority } : {}),
     ...(d.engineModel !== undefined ? { engineModel: d.engineModel } : {}),
+    ...(d.responseAffinity ? { responseAffinity: d.responseAffinity } : {}),
   };
 }

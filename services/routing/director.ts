@@ -19,7 +19,7 @@ import { FlowController, type FlowHooks, type FlowLimits } from "./flow/controll
 import type { FleetQueues } from "./flow/fleet.js";
 import { RequestLifecycle } from "./lifecycle.js";
 import { type Committer, type CommitPort, RequestPathDriver, type StageEnv, type StageObserver } from "./pipeline.js";
-import type { EmbeddingSource, EventSink, GatewayViews, ModelRewrites, PoolIdentity, PrefixSupport } from "./ports.js";
+import type { EmbeddingSource, EventSink, GatewayViews, ModelRewrites, PoolIdentity, PrefixSupport, ResponseState } from "./ports.js";
 import type { FinishInfo, RoutedRequest, RouteInput } from "./request.js";
 import { REQUEST_PATH } from "./request-path.js";
 import { Admission, type AdmissionClock } from "./stages/admission.js";
@@ -81,6 +81,8 @@ export interface DirectorOptions {
   embeddings?: EmbeddingSource;
   /** InferenceModelRewrites of the pools (the model-rewrite stage); absent: none. */
   modelRewrites?: ModelRewrites;
+  /** The Responses API's response store (the response-affinity stage); absent: `previous_response_id` is left to the engine. */
+  responses?: ResponseState;
 }
 
 export class Director {
@@ -143,6 +145,7 @@ export class Director {
       ...(opts.prefix ? { prefix: opts.prefix } : {}),
       ...(opts.embeddings ? { embeddings: opts.embeddings } : {}),
       ...(opts.modelRewrites ? { modelRewrites: opts.modelRewrites } : {}),
+      ...(opts.responses ? { responses: opts.responses } : {}),
       admission: this.admission,
       flow: this.flow,
       pd: this.pd,

@@ -18,6 +18,12 @@ export const ErrorCodes = {
   /** The request's API key may not use the model (its `models` list), including one a virtual model's decision chose. */
   modelNotAllowed: { status: 403, code: "model_not_allowed" },
   unsupportedPath: { status: 404, code: "unsupported_path" },
+  /**
+   * Responses API: `previous_response_id` (or the id of GET/DELETE/cancel/input_items) names no
+   * response the caller's tenant holds: unknown, deleted, expired, another tenant's (404, never 403:
+   * ids do not leak), or a chain broken by a missing turn (docs/stateful-apis.md).
+   */
+  responseNotFound: { status: 404, code: "response_not_found" },
   /** Gateway pools: the model is served by another pool's gateways (the `x-jetroute-pool` header names it). */
   wrongPool: { status: 421, code: "wrong_pool" },
   bodyTooLarge: { status: 413, code: "request_too_large" },

@@ -6,8 +6,11 @@
 
 // The core and its request path.
 export { Director, type DirectorOptions } from "./director.js";
-export type { EmbeddingSource, EventSink, GatewayViews, ModelRewrites, PoolIdentity, PrefixSupport } from "./ports.js";
-export type { FinishInfo, FlowRecord, OwnAdmissionKey, PdRouted, PromptBlocks, RecordedPrediction, RoutedRequest, RouteInput } from "./request.js";
+export type { EmbeddingSource, EventSink, GatewayViews, ModelRewrites, PoolIdentity, PrefixSupport, ResponseState, StoredTurn } from "./ports.js";
+export type { FinishInfo, FlowRecord, OwnAdmissionKey, PdRouted, PromptBlocks, RecordedPrediction, ResponseAffinityRecord, ResponseTurn, RoutedRequest, RouteInput } from "./request.js";
+export { type ChainTurn, expandedBody, expandInput, inputItems, walkChain } from "./responses/chain.js";
+export { deletedResponseObject, inputItemsPage, ListingError, type ResponseRoute, responseRouteOf, storedResponseObject } from "./responses/listing.js";
+export { ANONYMOUS_TENANT } from "./stages/response-affinity.js";
 export type { CommitMode, ModelRewrite, PlannedContext, RequestContext } from "./context.js";
 export { type DecisionInputs, inputsOfRecord, recordedInputs } from "./decision-inputs.js";
 export { type AnyStage, type Committer, type CommitPort, type Phase, type RequestPath, stagesOf } from "./pipeline.js";

@@ -22,7 +22,7 @@ import { semanticRecordOf } from "./decision-inputs.js";
 import { RouteError } from "./errors.js";
 import type { FlowController } from "./flow/controller.js";
 import type { RequestLifecycle } from "./lifecycle.js";
-import type { EmbeddingSource, EventSink, GatewayViews, ModelRewrites, PoolIdentity, PrefixSupport } from "./ports.js";
+import type { EmbeddingSource, EventSink, GatewayViews, ModelRewrites, PoolIdentity, PrefixSupport, ResponseState } from "./ports.js";
 import type { RoutedRequest, RouteInput } from "./request.js";
 import type { Admission } from "./stages/admission.js";
 import type { PdCoordinator } from "./stages/pd-coordinator.js";
@@ -48,6 +48,8 @@ export interface StageEnv {
   readonly prefix?: PrefixSupport;
   readonly embeddings?: EmbeddingSource;
   readonly modelRewrites?: ModelRewrites;
+  /** The Responses API's response store (absent: `previous_response_id` is left to the engine). */
+  readonly responses?: ResponseState;
   readonly admission: Admission;
   readonly flow: FlowController;
   readonly pd: PdCoordinator;

@@ -67,6 +67,27 @@ export interface ModelRewrites {
   rewrite(model: string, requestId: string): { model: string; rule: string; pool: string } | undefined;
 }
 
+/**
+ * The Responses API's response store (the gateway's JetStream store, docs/stateful-apis.md):
+ * a stored turn of one tenant by id. Absent: `previous_response_id` is forwarded as the client
+ * sent it and the engine alone decides.
+ */
+export interface ResponseState {
+  /** `owner`'s stored response `id` (undefined: absent, deleted, expired, another tenant's). Rejects when the store cannot be read. */
+  stored(owner: string, id: string): Promise<StoredTurn | undefined>;
+}
+
+/** A stored turn as routing reads it. */
+export interface StoredTurn {
+  readonly id: string;
+  readonly model: string;
+  /** The pod that produced it. */
+  readonly pod?: string;
+  readonly previousResponseId?: string;
+  readonly input: ReadonlyArray<Record<string, unknown>>;
+  readonly output: ReadonlyArray<Record<string, unknown>>;
+}
+
 /** A gateway's pool (streams/pools.ts). */
 export interface PoolIdentity {
   /** This gateway's pool; undefined = unpooled (the base namespace). */

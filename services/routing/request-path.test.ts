@@ -42,13 +42,13 @@ describe("request path - the list, its table and its driver", () => {
     const { director, seen } = setup({ prefix });
     const p = director.route({ headers: { "x-request-id": "t-1", "routing-strategy": "prefix-cache" }, body: chatBody() });
     expect(p).toBeInstanceOf(Promise);
-    expect(seen.map((s) => s.stage)).toEqual(["parse", "model-rewrite", "embed", "semantic", "plan", "pool-check", "key-models", "rate-check"]);
+    expect(seen.map((s) => s.stage)).toEqual(["parse", "model-rewrite", "embed", "semantic", "plan", "pool-check", "key-models", "response-affinity", "rate-check"]);
     const t0 = performance.now();
     while (performance.now() - t0 < 5);
     release?.();
     const r = (await p) as RoutedRequest;
     expect(r.pod.model).toBe(MODEL);
-    expect(seen.map((s) => s.stage).slice(8)).toEqual(["tokenize", "context-length", "flow-gate", "admit", "select", "engine-fields", "charge", "prefill-leg"]);
+    expect(seen.map((s) => s.stage).slice(9)).toEqual(["tokenize", "context-length", "flow-gate", "admit", "select", "engine-fields", "charge", "prefill-leg"]);
     expect(seen.find((s) => s.stage === "tokenize")?.seconds).toBeGreaterThanOrEqual(0.004);
   });
 

@@ -17,12 +17,13 @@ import { planStage } from "./stages/plan.js";
 import { poolCheckStage } from "./stages/pool-check.js";
 import { prefillLegStage } from "./stages/prefill-leg.js";
 import { rateCheckStage } from "./stages/rate-check.js";
+import { responseAffinityStage } from "./stages/response-affinity.js";
 import { selectStage } from "./stages/select.js";
 import { semanticStage } from "./stages/semantic-choice.js";
 import { tokenizeStage } from "./stages/tokenize.js";
 
 export const REQUEST_PATH: RequestPath = {
-  prepare: [parseStage, modelRewriteStage, embedStage, semanticStage, planStage, poolCheckStage, keyModelsStage, rateCheckStage, tokenizeStage, contextLengthStage],
+  prepare: [parseStage, modelRewriteStage, embedStage, semanticStage, planStage, poolCheckStage, keyModelsStage, responseAffinityStage, rateCheckStage, tokenizeStage, contextLengthStage],
   gate: flowGateStage,
   admit: admitStage,
   section: [selectStage, engineFieldsStage, chargeStage],

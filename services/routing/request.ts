@@ -8,7 +8,9 @@ import type { PdPlan } from "./strategies/pd.js";
 import type { ChargeEvent } from "../../schemas/events.js";
 import type { OwnAdmission } from "../views/gateway-state.js";
 import type { PodInfo } from "../views/pod-set.js";
-import type { DecisionInputs } from "./decision-inputs.js";
+import type { DecisionInputs, ResponseAffinityRecord } from "./decision-inputs.js";
+
+export type { ResponseAffinityRecord } from "./decision-inputs.js";
 
 export type { FlowRecord } from "./decision-inputs.js";
 import type { Pick, Scored } from "./strategies/types.js";
@@ -32,7 +34,28 @@ export interface RouteInput {
   keyClass?: string;
   /** The models the authenticated API key may use (absent: every model); checked on the model a virtual model chose too. */
   keyModels?: readonly string[];
+  /**
+   * The authenticated API key's owner (its `user`): the Responses API's tenant, whose responses
+   * alone the request may continue or read. Absent (`--auth off`): every request is one tenant.
+   */
+  tenant?: string;
 }
+
+/** A Responses API request's turn, as the response-affinity stage saw it (stages/response-affinity.ts). */
+export interface ResponseTurn {
+  /** The tenant owner (`RouteInput.tenant`, else `anonymous`). */
+  readonly owner: string;
+  /** `store` not false: the reply's items go to the response store. */
+  readonly store: boolean;
+  /** The turn's own input items (not the expansion) and instructions, as the store keeps them. */
+  readonly input: ReadonlyArray<Record<string, unknown>>;
+  readonly instructions?: string | ReadonlyArray<Record<string, unknown>>;
+  readonly previousResponseId?: string;
+  /** The affinity verdict for `previousResponseId` (absent without one). */
+  readonly affinity?: ResponseAffinityRecord;
+}
+
+
 
 export interface RoutedRequest {
   readonly chargeId: string;
@@ -75,6 +98,8 @@ export interface RoutedRequest {
   prediction?: RecordedPrediction;
   /** A body the upstream request is sent with instead of the client's (a tenant's cache salt written in; P/D's decode leg). */
   body?: Buffer;
+  /** A Responses API request: what its reply is recorded with (stages/response-affinity.ts). */
+  readonly responses?: ResponseTurn;
 }
 
 /** The prefill leg of a disaggregated request, as the director and the legs stage track it. */

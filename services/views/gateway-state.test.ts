@@ -1,5 +1,6 @@
 import { describe, expect, it } from "vitest";
 import type { ChargeEvent, KvBatch, KvRouted, ReleaseEvent } from "../../schemas/events.js";
+import { type ResponseLocationEvent, tenantDigest } from "../../schemas/responses.js";
 import { hashToHex } from "./block-hash.js";
 import { type EventMeta, GatewayState, type StateEvent } from "./gateway-state.js";
 import { validateModelConfig } from "../routing/config-check.js";
@@ -14,6 +15,8 @@ function lcg(seed: number): () => number {
 }
 
 const M = "org/model";
+const ALICE = tenantDigest("alice");
+const BOB = tenantDigest("bob");
 const T0 = 1_700_000_000_000;
 
 type Msg = { ev: StateEvent; meta: EventMeta } | { own: (s: GatewayState) => void } | { sweep: number };
@@ -21,7 +24,7 @@ type Msg = { ev: StateEvent; meta: EventMeta } | { own: (s: GatewayState) => voi
 /** A random but reproducible history of every event family, as a gateway's followers would see it. */
 function history(seed: number, n: number): Msg[] {
   const rnd = lcg(seed);
-  const seqs = { pods: 0, load: 0, charges: 0, kv: 0, config: 0, usage: 0 };
+  const seqs = { pods: 0, load: 0, charges: 0, kv: 0, config: 0, usage: 0, responses: 0 };
   const msgs: Msg[] = [];
   let t = T0;
   const meta = (stream: EventMeta["stream"], subject = stream): EventMeta => ({ stream, subject, seq: ++seqs[stream], serverTs: t });
@@ -56,6 +59,14 @@ function history(seed: number, n: number): Msg[] {
         events: [{ kind: "stored", engineHashes: [(base + 1n).toString(16)], routerHashes: [hashToHex(base + 7n)], parentEngineHash: null, blockSize: 16, medium: "GPU", lora: null }],
       };
       msgs.push({ ev: batch, meta: meta("kv") });
+    } else if (r < 0.77) {
+      // Where a Responses API response lives (RESPONSES stream); some of them deleted again.
+      const tenant = rnd() < 0.5 ? ALICE : BOB;
+      const id = `resp_${Math.floor(rnd() * 300)}`;
+      const ev: ResponseLocationEvent = rnd() < 0.8
+        ? { type: "response-location", action: "stored", id, tenant, gateway: "gw-a", ts: t, model: M, pod, expiresAt: t + 600_000, stored: true }
+        : { type: "response-location", action: "deleted", id, tenant, gateway: "gw-b", ts: t };
+      msgs.push({ ev, meta: meta("responses") });
     } else if (r < 0.8) {
       const ev: KvRouted = { type: "kv-routed", model: M, pod, gateway: "gw-b", hashes: [hashToHex(BigInt(i) + 99n)], ts: t, ttlMs: 120_000 };
       msgs.push({ ev, meta: meta("kv") });
@@ -239,5 +250,33 @@ describe("GatewayState - peers lapse by the CHARGES stream's time, not by a time
     }
     // Lapses did happen (the property is not vacuous).
     expect(dropped).toBeGreaterThan(0);
+  });
+});
+
+describe("GatewayState - response locations", () => {
+  it("folds RESPONSES records into the bounded view, moves its own cursor, and notes a refused record", () => {
+    const s = new GatewayState({ self: "self", maxResponseLocations: 2 });
+    const alice = tenantDigest("alice");
+    const rec = (id: string, seq: number, o: Partial<ResponseLocationEvent> = {}): [ResponseLocationEvent, EventMeta] => [
+      { type: "response-location", action: "stored", id, tenant: alice, gateway: "gw-a", ts: T0, model: M, pod: "p0", expiresAt: T0 + 60_000, stored: true, ...o },
+      { stream: "responses", subject: "jr.resploc.x", seq, serverTs: T0 + seq },
+    ];
+    expect(s.apply(...rec("resp_a", 1)).applied).toBe(true);
+    expect(s.responses.get("resp_a", T0 + 2)?.pod).toBe("p0");
+    const refused = s.apply(...rec("resp_a", 2, { tenant: tenantDigest("mallory"), pod: "p9" }));
+    expect(refused).toMatchObject({ applied: false, ignored: "response-conflict", note: { level: "warn" } });
+    s.apply(...rec("resp_b", 3));
+    s.apply(...rec("resp_c", 4));
+    expect(s.responses.size).toBe(2);
+    expect(s.responses.evicted).toBe(1);
+    expect(s.responsesCursor).toBe(4);
+    // The decision records' cursors are untouched: a decision records the affinity it used.
+    expect(s.cursors).toEqual({ pods: 0, load: 0, charges: 0, kv: 0, config: 0 });
+    // A clone continues like the original.
+    const c = s.cloneAs("other");
+    expect(c.responses.get("resp_c", T0 + 5)?.pod).toBe("p0");
+    s.sweep(T0 + 60_000);
+    expect(s.responses.size).toBe(0);
+    expect(c.responses.size).toBe(2);
   });
 });

@@ -37,6 +37,7 @@ import {
   rateLimitsError,
 } from "../../schemas/config.js";
 import type { ChargeEvent, GatewayHeartbeat, KvBatch, KvPodCleared, KvRouted, LoadSample, PodEvent, PodSourceHeartbeat, ReleaseBatch, ReleaseEvent, ReleaseItem, UsageSummary } from "../../schemas/events.js";
+import type { ResponseLocationEvent } from "../../schemas/responses.js";
 import { poolNameError } from "../../streams/pools.js";
 import { configRecordRefusal, type RecordKeySets } from "../../streams/record-keys.js";
 import { configRecordSubject, type RecordVerifier, SIGNATURE_REFUSALS, type SignatureRefusal } from "../../streams/signatures.js";
@@ -50,6 +51,7 @@ import { PodSet } from "./pod-set.js";
 import { PoolMap } from "./pool-map.js";
 import { DEFAULT_PREFIX_MAX_ENTRIES, PrefixIndex, type PrefixIndexOptions } from "./prefix-index.js";
 import { DEFAULT_RATE_CONFIRM_MS, type ForeignUsageBounds, RateView } from "./rate-view.js";
+import { DEFAULT_RESPONSE_LOCATIONS, ResponseLocations } from "./response-locations.js";
 import { RoutedPrefixes } from "./routed-prefixes.js";
 import { UsageView } from "./usage-view.js";
 import { LatencyModel } from "./latency-model.js";
@@ -59,8 +61,11 @@ export type StateStream = "pods" | "load" | "charges" | "kv" | "config";
 export const STATE_STREAMS: readonly StateStream[] = ["pods", "load", "charges", "kv", "config"];
 
 export interface EventMeta {
-  /** `usage`: the base prefix's USAGE stream (its cursor is not one of the decision records' `cursors`). */
-  stream: StateStream | "usage";
+  /**
+   * `usage`: the base prefix's USAGE stream; `responses`: its RESPONSES stream (their cursors are
+   * not among the decision records' `cursors`: a decision records the affinity it used instead).
+   */
+  stream: StateStream | "usage" | "responses";
   subject: string;
   /** Stream sequence (for the config bucket: the entry's revision, which is its stream sequence). */
   seq: number;
@@ -78,7 +83,7 @@ export interface ConfigEntry {
   notJson?: boolean;
 }
 
-export type StateEvent = PodEvent | PodSourceHeartbeat | LoadSample | ChargeEvent | ReleaseEvent | ReleaseBatch | GatewayHeartbeat | KvBatch | KvPodCleared | KvRouted | ConfigEntry | UsageSummary;
+export type StateEvent = PodEvent | PodSourceHeartbeat | LoadSample | ChargeEvent | ReleaseEvent | ReleaseBatch | GatewayHeartbeat | KvBatch | KvPodCleared | KvRouted | ConfigEntry | UsageSummary | ResponseLocationEvent;
 
 /** What `apply` did with an event; `note` is set where an operator should hear of it (logged by the shell). */
 export interface ApplyResult {
@@ -105,6 +110,8 @@ export interface GatewayStateOptions {
   podSourceTimeoutMs?: number;
   /** This gateway's pool (streams/pools.ts); undefined = the unpooled namespace. Usage summaries of its own namespace are ignored. */
   pool?: string;
+  /** Most response locations held (services/views/response-locations.ts). */
+  maxResponseLocations?: number;
   /** Bounds on the other namespaces' usage summaries held (services/views/rate-view.ts). */
   foreignUsage?: ForeignUsageBounds;
   /**
@@ -158,12 +165,16 @@ export class GatewayState {
   readonly poolPolicies = new PoolPolicies();
   /** The latency model, learned from every gateway's releases (latency-model.ts). */
   readonly latency = new LatencyModel();
+  /** Where each Responses API response lives (RESPONSES stream; response-locations.ts). */
+  readonly responses: ResponseLocations;
   private prefixIndex: PrefixIndex;
   readonly prefixIndexOptions: PrefixIndexOptions;
   /** Last sequence handled per source (applied, ignored, skipped or dead-lettered). */
   readonly cursors: Record<StateStream, number> = { pods: 0, load: 0, charges: 0, kv: 0, config: 0 };
   /** Last USAGE stream sequence handled (kept apart: decision records list `cursors` as they are). */
   usageCursor = 0;
+  /** Last RESPONSES stream sequence handled. */
+  responsesCursor = 0;
   /** Config entries refused by validation (their signature included). */
   configRejected = 0;
   /** Records refused for their signature (a subset of `configRejected` for the config bucket). */
@@ -185,6 +196,7 @@ export class GatewayState {
     this.pods = new PodSet(o.podAddressAllowed ? { addressAllowed: o.podAddressAllowed } : {});
     this.load = new LoadView(o.loadStaleAfterMs ?? DEFAULT_LOAD_STALE_MS);
     this.ledger = new ChargeLedger({ self: o.self, heartbeatTimeoutMs: o.heartbeatTimeoutMs, maxCharges: o.maxCharges });
+    this.responses = new ResponseLocations(o.maxResponseLocations ?? DEFAULT_RESPONSE_LOCATIONS);
     this.rates = new RateView(100_000, o.rateConfirmMs ?? DEFAULT_RATE_CONFIRM_MS, o.foreignUsage);
     // Lookups do not touch blocks: every replica then evicts in the same order, driven by the same
     // stream (engine stores, and routed prefixes touching the blocks they reuse).
@@ -211,6 +223,8 @@ export class GatewayState {
     if (meta.stream === "charges" && meta.serverTs > 0) this.ledger.advance(meta.serverTs);
     if (meta.stream === "usage") {
       if (meta.seq > this.usageCursor) this.usageCursor = meta.seq;
+    } else if (meta.stream === "responses") {
+      if (meta.seq > this.responsesCursor) this.responsesCursor = meta.seq;
     } else if (meta.seq > this.cursors[meta.stream]) this.cursors[meta.stream] = meta.seq;
   }
 
@@ -264,6 +278,16 @@ export class GatewayState {
         return this.applyConfig(ev, meta.seq, at);
       case "usage":
         return this.applyUsage(ev, at);
+      case "response-location": {
+        // The gateway's own records too: it applies them here when their echo arrives (a record
+        // is small, and the order every replica folds them in is then the stream's).
+        const r = this.responses.apply(ev, at);
+        if (r === "applied") return APPLIED;
+        if (r === "conflict" || r === "invalid") {
+          return { applied: false, ignored: `response-${r}`, note: { level: "warn", message: r === "conflict" ? "response location refused: the id is held under another tenant" : "response location refused: a stored record without model, pod or expiry", fields: { id: ev.id.slice(0, 128), seq: meta.seq, gateway: ev.gateway.slice(0, 253) }, rejected: true } };
+        }
+        return ignored(r);
+      }
     }
   }
 
@@ -483,6 +507,7 @@ export class GatewayState {
     this.usage.sweep(now);
     this.rates.sweep(now);
     if (o.routed) this.routed.sweep(now);
+    this.responses.sweep(now);
   }
 
   /**
@@ -512,6 +537,8 @@ export class GatewayState {
       pools: copy(this.pools),
       poolPolicies: copy(this.poolPolicies),
       latency: copy(this.latency),
+      responses: copy(this.responses),
+      responsesCursor: this.responsesCursor,
       prefixIndex: copy(this.prefixIndex),
       prefixIndexOptions: this.prefixIndexOptions,
       cursors: { ...this.cursors },
@@ -544,6 +571,7 @@ export class GatewayState {
       pools: this.pools.names().map((n) => [n, this.pools.modelsOf(n)]),
       inferencePools: this.poolPolicies.all(),
       latency: this.latency.dump(),
+      responses: { cursor: this.responsesCursor, entries: this.responses.dump(), evicted: this.responses.evicted, conflicts: this.responses.conflicts },
       prefixIndex: createHash("sha256").update(this.prefixIndex.serialize()).digest("hex"),
     };
   }

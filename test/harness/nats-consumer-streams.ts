@@ -36,12 +36,13 @@ export function streamsFollowed(user: string, base: string, pools: readonly stri
   const config = `KV_${configBucketName(base)}`;
   switch (user) {
     case "jr-gateway":
-      // services/gateway/followers.ts (PODS, LOAD, CHARGES, KV, ADAPTERS; the base prefix's USAGE), the
+      // services/gateway/followers.ts (PODS, LOAD, CHARGES, KV, ADAPTERS; the base prefix's USAGE and RESPONSES), the
       // config watch (config-watch.ts) and the snapshot store (snapshots.ts: list and load).
       return [
         ...prefixes.flatMap((p) => [streamName(p, "PODS"), streamName(p, "LOAD"), streamName(p, "CHARGES"), streamName(p, "KV"), streamName(p, "ADAPTERS"), `OBJ_${snapshotBucketName(p)}`]),
         config,
         streamName(base, "USAGE"),
+        streamName(base, "RESPONSES"),
       ];
     case "jr-pod-watcher":
       // Its own pods read back (source-publisher.ts), the pool assignments (pool-models.ts).

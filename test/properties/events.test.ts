@@ -1,6 +1,6 @@
 /**
  * Property: for every event family a gateway folds (pod, load, charge, release, heartbeat, kv,
- * kv-cleared, kv-routed, usage), no payload can stop or corrupt the fold. `decodeEvent` never throws and
+ * kv-cleared, kv-routed, usage, response-location), no payload can stop or corrupt the fold. `decodeEvent` never throws and
  * agrees with the schema; `GatewayState.apply` never throws on a schema-valid event and keeps its
  * views within their bounds (no negative outstanding charges, ledger and prefix index under their
  * caps); and on a real nats-server every invalid message is dead-lettered exactly once per
@@ -16,6 +16,7 @@ import { DeliverPolicy } from "@nats-io/jetstream";
 import fc from "fast-check";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { EVENT_SCHEMAS, type EventType } from "../../schemas/events.js";
+import { locationDigest, tenantDigest } from "../../schemas/responses.js";
 import { checkEvent, decodeEvent } from "../../schemas/validate.js";
 import type { GatewayHandle } from "../../services/gateway/gateway.js";
 import { DlqHeaders } from "../../services/shared/dead-letter.js";
@@ -31,8 +32,8 @@ const PURE_RUNS = SOAK ? 200_000 : 2_000;
 const NATS_PER_FAMILY = SOAK ? 5_000 : 500;
 
 /** The event types the gateway fold reads (decisions and autoscaling recommendations are for replay and operators). */
-type GatewayFamily = Exclude<EventType, "decision" | "autoscale" | "adapter">;
-const FAMILIES: readonly GatewayFamily[] = ["pod", "pod-source", "load", "charge", "release", "releases", "heartbeat", "kv", "kv-cleared", "kv-routed", "usage"];
+type GatewayFamily = Exclude<EventType, "decision" | "autoscale" | "adapter" | "stored-response">;
+const FAMILIES: readonly GatewayFamily[] = ["pod", "pod-source", "load", "charge", "release", "releases", "heartbeat", "kv", "kv-cleared", "kv-routed", "usage", "response-location"];
 
 // ---- schema-valid generators ---------------------------------------------------------------
 
@@ -173,6 +174,14 @@ const ev = {
     },
     { requiredKeys: ["type", "gateway", "startedAt", "window", "ts", "users"] },
   ),
+  "response-location": fc.record(
+    {
+      type: fc.constant("response-location" as const), action: fc.constantFrom("stored" as const, "deleted" as const),
+      id: fc.oneof({ weight: 5, arbitrary: fc.integer({ min: 0, max: 50 }).map((n) => `resp_${n}`) }, { weight: 1, arbitrary: fc.stringMatching(/^[A-Za-z0-9_-]{1,128}$/) }),
+      tenant: fc.constantFrom("a", "b", "c").map(tenantDigest), gateway, ts: millis, model, pod, expiresAt: millis, stored: fc.boolean(),
+    },
+    { requiredKeys: ["type", "action", "id", "tenant", "gateway", "ts"] },
+  ),
 } satisfies Record<GatewayFamily, fc.Arbitrary<StateEvent>>;
 
 // ---- invalid and mutated payloads ----------------------------------------------------------
@@ -214,8 +223,8 @@ function huge(f: GatewayFamily): fc.Arbitrary<Payload> {
 
 // ---- pure part -----------------------------------------------------------------------------
 
-const STREAM_OF: Record<GatewayFamily, EventMeta["stream"]> = { pod: "pods", "pod-source": "pods", load: "load", charge: "charges", release: "charges", releases: "charges", heartbeat: "charges", kv: "kv", "kv-cleared": "kv", "kv-routed": "kv", usage: "usage" };
-const ALLOWED: Record<EventMeta["stream"], readonly GatewayFamily[]> = { pods: ["pod", "pod-source"], load: ["load"], charges: ["charge", "release", "releases", "heartbeat"], kv: ["kv", "kv-cleared", "kv-routed"], config: [], usage: ["usage"] };
+const STREAM_OF: Record<GatewayFamily, EventMeta["stream"]> = { pod: "pods", "pod-source": "pods", load: "load", charge: "charges", release: "charges", releases: "charges", heartbeat: "charges", kv: "kv", "kv-cleared": "kv", "kv-routed": "kv", usage: "usage", "response-location": "responses" };
+const ALLOWED: Record<EventMeta["stream"], readonly GatewayFamily[]> = { pods: ["pod", "pod-source"], load: ["load"], charges: ["charge", "release", "releases", "heartbeat"], kv: ["kv", "kv-cleared", "kv-routed"], config: [], usage: ["usage"], responses: ["response-location"] };
 
 describe("properties - event decoding and the gateway fold (pure)", () => {
   for (const f of FAMILIES) {
@@ -291,7 +300,7 @@ describe("properties - event decoding and the gateway fold (pure)", () => {
       // Everything expires eventually: a far-future sweep leaves no charge of another gateway.
       state.sweep(Number.MAX_SAFE_INTEGER / 2, { routed: true });
       const stream = STREAM_OF[f];
-      expect(stream === "usage" ? state.usageCursor : state.cursors[stream]).toBeGreaterThan(0);
+      expect(stream === "usage" ? state.usageCursor : stream === "responses" ? state.responsesCursor : state.cursors[stream]).toBeGreaterThan(0);
       // ... and no other namespace's usage summary either (some were held: the bounds above were tested).
       expect(state.rates.foreignEntries).toBe(0);
       if (f === "usage") expect(foreignApplied).toBeGreaterThan(100);
@@ -301,8 +310,8 @@ describe("properties - event decoding and the gateway fold (pure)", () => {
 
 // ---- real NATS part ------------------------------------------------------------------------
 
-const DLQ_FAMILY: Record<GatewayFamily, Family> = { pod: "pods", "pod-source": "pods", load: "load", charge: "charges", release: "charges", releases: "charges", heartbeat: "charges", kv: "kv", "kv-cleared": "kv", "kv-routed": "kv", usage: "usage" };
-const VIEW_OF: Record<GatewayFamily, string> = { pod: "pods", "pod-source": "pods", load: "load", charge: "charges", release: "charges", releases: "charges", heartbeat: "charges", kv: "kv", "kv-cleared": "kv", "kv-routed": "kv", usage: "usage" };
+const DLQ_FAMILY: Record<GatewayFamily, Family> = { pod: "pods", "pod-source": "pods", load: "load", charge: "charges", release: "charges", releases: "charges", heartbeat: "charges", kv: "kv", "kv-cleared": "kv", "kv-routed": "kv", usage: "usage", "response-location": "resploc" };
+const VIEW_OF: Record<GatewayFamily, string> = { pod: "pods", "pod-source": "pods", load: "load", charge: "charges", release: "charges", releases: "charges", heartbeat: "charges", kv: "kv", "kv-cleared": "kv", "kv-routed": "kv", usage: "usage", "response-location": "responses" };
 
 interface FollowerInfo {
   view: string;
@@ -346,6 +355,7 @@ describe("properties - every event family on a real nats-server", () => {
           case "releases": return s.releases("m", p);
           case "heartbeat": return s.heartbeat(`other-${i}`);
           case "usage": return s.usage("c", `other-${i}`, 1);
+          case "response-location": return s.responseLocation(locationDigest(tenantDigest("t"), p));
           default: return s.kv("m", p);
         }
       };

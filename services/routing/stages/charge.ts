@@ -40,6 +40,7 @@ function inputsOf(ctx: SelectedContext, env: StageEnv, strict: boolean): Decisio
     ...(ctx.semantic ? { semantic: ctx.semantic } : {}),
     ...(ctx.rewrite ? { rewrite: ctx.rewrite } : {}),
     ...ctx.engineFields,
+    ...(ctx.responseTurn?.affinity ? { responseAffinity: ctx.responseTurn.affinity } : {}),
     ...(parsed.maxTokens !== undefined && Number.isSafeInteger(parsed.maxTokens) && parsed.maxTokens >= 0 ? { maxTokens: parsed.maxTokens } : {}),
   };
 }
@@ -108,6 +109,7 @@ export const chargeStage: SectionStage = {
       latency: { x: featureVector(features), ...(pick.pod.podClass ? { cls: pick.pod.podClass } : {}) },
       ...(predicted ? { prediction: recordedPrediction(predicted, pick.pod) } : {}),
       ...(body ? { body } : {}),
+      ...(ctx.responseTurn ? { responses: ctx.responseTurn } : {}),
       inputs: inputsOf(ctx, env, !mode.publish),
       finished: false,
     };
