@@ -51,6 +51,8 @@ export async function createFollowers(o: {
   /** Per-subject cursors of the CHARGES stream (strict mode's compare-and-set). */
   cursors: SubjectCursors;
   serverClock: ServerClock;
+  /** The gateway's clock (the one its admissions are stamped with). */
+  clock: () => number;
   heartbeatTimeoutMs: number;
   /**
    * The CHARGES follower reads in batches this far apart while charges flow (0 = one delivery per
@@ -99,7 +101,7 @@ export async function createFollowers(o: {
       // The echo of a charge the burst guard is waiting for: its admission has now been read back.
       if (state.rates.awaitingEcho > 0 && subject.startsWith(ownCharges)) {
         const chargeId = ownEventId(data, at);
-        if (chargeId !== undefined) state.ownEchoed(chargeId);
+        if (chargeId !== undefined) state.ownEchoed(chargeId, o.clock());
       }
       return true;
     },

@@ -110,7 +110,7 @@ export async function startGateway(options: GatewayOptions): Promise<GatewayHand
   if (snapshot) state.restorePrefixIndex(snapshot.index, snapshot.seq);
 
   const cursors = new SubjectCursors();
-  const { followers, views: viewNames } = await createFollowers({ nats, ns, id, state, cursors, serverClock, heartbeatTimeoutMs: config.heartbeatTimeoutMs, chargesPaceMs: config.foldPaceMs, ...(snapshot ? { kvAfterSeq: snapshot.seq } : {}), log });
+  const { followers, views: viewNames } = await createFollowers({ nats, ns, id, state, cursors, serverClock, clock, heartbeatTimeoutMs: config.heartbeatTimeoutMs, chargesPaceMs: config.foldPaceMs, ...(snapshot ? { kvAfterSeq: snapshot.seq } : {}), log });
   let isReady = false;
   const listener = new ExtProcListener(log);
   const publishers: GatewayPublishers = new GatewayPublishers({ nats, ns, id, config, state, metrics: () => metrics, clock, log });

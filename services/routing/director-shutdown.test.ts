@@ -43,7 +43,7 @@ describe("director - shutting down", () => {
     expect(held).toBeInstanceOf(Promise);
     director.drain();
     // The hold ends once the two charges are read back and --rate-confirm-ms has passed.
-    for (const c of sink.charges) state.ownEchoed(c.id);
+    for (const c of sink.charges) state.ownEchoed(c.id, clock.t);
     clock.advance(30);
     await expect(held).rejects.toMatchObject({ status: 503, code: "gateway_not_ready" });
     expect(sink.charges).toHaveLength(2);

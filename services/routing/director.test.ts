@@ -56,8 +56,12 @@ describe("director - the request path on an in-memory sink", () => {
     await Promise.resolve();
     expect(settled).toBe(false);
     expect(sink.charges).toHaveLength(2);
-    for (const c of sink.charges) state.ownEchoed(c.id);
+    for (const c of sink.charges) state.ownEchoed(c.id, clock.t);
+    // Read back now: the peer reads them about as late, so the hold lasts --rate-confirm-ms more.
     clock.advance(5);
+    await Promise.resolve();
+    expect(settled).toBe(false);
+    clock.advance(25);
     await expect(held).resolves.toMatchObject({ user: "bob" });
     expect(sink.charges).toHaveLength(3);
     expect(() => director.route(input({ user: "bob" }))).toThrow(RouteError);

@@ -19,6 +19,12 @@ export const ErrorCodes = {
   modelNotAllowed: { status: 403, code: "model_not_allowed" },
   unsupportedPath: { status: 404, code: "unsupported_path" },
   /**
+   * The API key's tenant has a cache salt (tenant prefix-cache isolation) and the request's API
+   * cannot carry one to the engine (`/v1/messages`: the engines' Messages request has no
+   * `cache_salt`): refused rather than routed without the isolation.
+   */
+  cacheIsolationUnavailable: { status: 400, code: "cache_isolation_unavailable" },
+  /**
    * Responses API: `previous_response_id` (or the id of GET/DELETE/cancel/input_items) names no
    * response the caller's tenant holds: unknown, deleted, expired, another tenant's (404, never 403:
    * ids do not leak), or a chain broken by a missing turn (docs/stateful-apis.md).

@@ -454,9 +454,9 @@ export class GatewayState {
     if (a) this.rates.noteOwn(a.user, a.model, a.tokens, a.ts, o.published ? charge.id : undefined);
   }
 
-  /** This gateway's charge `chargeId` was read back from the CHARGES stream (the burst guard's confirmation). */
-  ownEchoed(chargeId: string): void {
-    this.rates.echoOwn(chargeId);
+  /** This gateway's charge `chargeId` was read back from the CHARGES stream at `now` (the burst guard's confirmation). */
+  ownEchoed(chargeId: string, now: number): void {
+    this.rates.echoOwn(chargeId, now);
   }
 
   /** A prompt this gateway routed: its blocks touched in the index and remembered as routed to the pod. */

@@ -88,17 +88,20 @@ describe("rate view - own admissions not yet seen by other replicas", () => {
     expect(r.ownRecent("model", "m", 1_300).requests).toBe(1);
     // Waiting for an echo: asked again after a short poll, not after 25 ms from the admission.
     expect(r.ownConfirmedAt("user", "alice", 1_300)).toBe(1_305);
-    r.echoOwn("c-1");
-    r.echoOwn("unknown"); // another replica's id, or one already read: nothing
+    r.echoOwn("c-1", 1_300);
+    r.echoOwn("unknown", 1_300); // another replica's id, or one already read: nothing
     expect(r.awaitingEcho).toBe(1);
-    // c-1 was read back and is older than 25 ms: seen; c-2 still awaits its echo.
-    expect(r.ownRecent("user", "alice", 1_301)).toEqual({ requests: 1, tokens: 5 });
-    expect(r.ownRecent("model", "m", 1_301).requests).toBe(0);
-    // Read back at once: still unseen for unconfirmedMs after the admission.
+    // c-1 was read back at 1 300: the other replicas read it about as late, so it counts 25 ms more.
+    expect(r.ownRecent("user", "alice", 1_310)).toEqual({ requests: 2, tokens: 15 });
+    expect(r.ownConfirmedAt("model", "m", 1_310)).toBe(1_325);
+    expect(r.ownRecent("user", "alice", 1_325)).toEqual({ requests: 1, tokens: 5 });
+    expect(r.ownRecent("model", "m", 1_325).requests).toBe(0);
+    // Read back at once: still unseen for unconfirmedMs after the echo.
     r.noteOwn("alice", undefined, 1, 1_400, "c-3");
-    r.echoOwn("c-3");
+    r.echoOwn("c-3", 1_401);
     expect(r.ownRecent("user", "alice", 1_410)).toEqual({ requests: 2, tokens: 6 });
     expect(r.ownConfirmedAt("user", "alice", 1_410)).toBe(1_410 + 5); // c-2 polls first
+    expect(r.ownRecent("user", "alice", 1_426)).toEqual({ requests: 1, tokens: 5 });
     // c-2's echo never comes (its publish was lost): it stops counting 1 s after its admission.
     expect(r.ownRecent("user", "alice", 2_001).requests).toBe(1);
     expect(r.ownRecent("user", "alice", 2_002).requests).toBe(0);

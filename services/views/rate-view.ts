@@ -9,7 +9,7 @@
  * It also remembers this replica's own admissions that other replicas may not have seen yet: an
  * admission counts as unseen until its own charge has come back through the CHARGES stream (its
  * echo: the stream has it, and the other replicas read it as this one does) and `unconfirmedMs`
- * more have passed; at most `maxUnseenMs` (a lost publish). Waiting for the echo, not a fixed
+ * more have passed after that echo; at most `maxUnseenMs` (a lost publish). Waiting for the echo, not a fixed
  * time, keeps the guard true on a loaded host, where the stream's delay grows past any constant.
  * The director reserves room for as many from each other replica, so a burst spread over R
  * replicas inside the propagation delay cannot take R x the limit (docs/architecture.md, "Model
@@ -64,6 +64,8 @@ interface OwnAdmission {
   tokens: number;
   /** The charge's echo was read back from the stream (or nothing waits for one). */
   echoed: boolean;
+  /** When the echo was read (the admission's `ts` when none was awaited). */
+  echoedAt: number;
   /** The charge id whose echo is awaited. */
   id?: string;
 }
@@ -143,7 +145,7 @@ export class RateView implements RateReader {
       if (this.own.size >= this.maxKeys) this.dropOwn(this.own.keys().next().value as string);
       this.own.set(key, (list = []));
     }
-    const a: OwnAdmission = id === undefined ? { ts, tokens, echoed: true } : { ts, tokens, echoed: false, id };
+    const a: OwnAdmission = id === undefined ? { ts, tokens, echoed: true, echoedAt: ts } : { ts, tokens, echoed: false, echoedAt: ts, id };
     list.push(a);
     if (id !== undefined) {
       const same = this.awaiting.get(id);
@@ -172,7 +174,7 @@ export class RateView implements RateReader {
   private unseen(a: OwnAdmission, now: number): boolean {
     // 0 turns the guard off (`--rate-confirm-ms 0`).
     if (this.unconfirmedMs <= 0 || a.ts <= now - this.maxUnseenMs) return false;
-    return !a.echoed || a.ts > now - this.unconfirmedMs;
+    return !a.echoed || a.echoedAt > now - this.unconfirmedMs;
   }
 
   /** Drops the seen admissions from the front of a time-ordered list. */
@@ -187,12 +189,18 @@ export class RateView implements RateReader {
     return this.awaiting.size;
   }
 
-  /** The charge `chargeId`, published by this replica, was read back from the CHARGES stream. */
-  echoOwn(chargeId: string): void {
+  /**
+   * The charge `chargeId`, published by this replica, was read back from the CHARGES stream at
+   * `now`: the other replicas read it about as late, so it stays unseen `unconfirmedMs` more.
+   */
+  echoOwn(chargeId: string, now: number): void {
     const same = this.awaiting.get(chargeId);
     if (!same) return;
     this.awaiting.delete(chargeId);
-    for (const a of same) a.echoed = true;
+    for (const a of same) {
+      a.echoed = true;
+      a.echoedAt = Math.max(a.ts, now);
+    }
   }
 
   /**
@@ -236,7 +244,7 @@ export class RateView implements RateReader {
     let at = Number.POSITIVE_INFINITY;
     for (const a of this.own.get(ownKey(kind, name)) ?? []) {
       if (!this.unseen(a, now)) continue;
-      const next = a.echoed ? a.ts + this.unconfirmedMs : Math.min(now + ECHO_POLL_MS, a.ts + this.maxUnseenMs);
+      const next = a.echoed ? a.echoedAt + this.unconfirmedMs : Math.min(now + ECHO_POLL_MS, a.ts + this.maxUnseenMs);
       if (next < at) at = next;
     }
     return Number.isFinite(at) ? Math.max(now, at) : now;

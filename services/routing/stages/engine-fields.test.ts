@@ -18,8 +18,8 @@ function envOf(config: ModelConfig | undefined, bases: Record<string, string> = 
 }
 
 /** A context as the select stage leaves it: parsed, `p` picked, with a band when `band` is given. */
-function selected(p: PodInfo, o: { band?: number; body?: Buffer } = {}): SelectedContext {
-  const ctx = contextOf({ headers: { "x-request-id": "r-1" }, body: o.body ?? chatBody() });
+function selected(p: PodInfo, o: { band?: number; body?: Buffer; path?: string } = {}): SelectedContext {
+  const ctx = contextOf({ headers: { "x-request-id": "r-1", ...(o.path ? { ":path": o.path } : {}) }, body: o.body ?? chatBody() });
   parseStage.run(ctx, {} as StageEnv);
   Object.assign(ctx, {
     strategy: { name: "least-request" },
@@ -47,6 +47,15 @@ describe("engine-fields stage: the band as the engine's priority", () => {
     engineFieldsStage.run(ctx, envOf(flowOn({ scale: 2 })));
     expect(sent(ctx)).toEqual({ model: MODEL, messages: [{ role: "user", content: "hello there" }], priority: -20 });
     expect(ctx.engineFields).toEqual({ enginePriority: -20 });
+  });
+
+  it("/v1/messages: nothing written and nothing recorded (the engines' Messages request has no `priority`)", () => {
+    const body = Buffer.from(JSON.stringify({ model: MODEL, max_tokens: 8, messages: [{ role: "user", content: "hello there" }] }));
+    const ctx = selected(pod({ schedulingPolicy: "priority" }), { band: 10, body, path: "/v1/messages" });
+    expect(ctx.parsed.api).toBe("messages");
+    engineFieldsStage.run(ctx, envOf(flowOn({ scale: 2 })));
+    expect(upstreamBodyOf(ctx)).toBeUndefined();
+    expect(ctx.engineFields).toBeUndefined();
   });
 
   it("an SGLang pod gets +band (and -band when it runs low values first)", () => {

@@ -56,8 +56,9 @@ export function writeEngineFields(ctx: SelectedContext, env: Pick<StageEnv, "con
   // Configs are keyed by the base model: the pod's model (an adapter's pods serve its base).
   const setting = env.config?.get(pod.model)?.flowControl?.enginePriority;
   const band = ctx.flow?.band;
-  const decision = enginePriorityFor(band, pod, setting);
-  let next = bodyWithEnginePriority(body, decision);
+  // The engines' Messages request (`/v1/messages`) has no `priority` field: nothing is written or recorded.
+  const decision = ctx.parsed.api === "messages" ? undefined : enginePriorityFor(band, pod, setting);
+  let next = decision ? bodyWithEnginePriority(body, decision) : undefined;
   const adapter = ctx.parsed.model;
   let engineModel: string | undefined;
   if (!disaggregated && pod.engine === "sglang" && adapter !== pod.model && env.views.pods.baseOf?.(adapter) !== undefined) {
@@ -65,7 +66,7 @@ export function writeEngineFields(ctx: SelectedContext, env: Pick<StageEnv, "con
     if (body.model !== engineModel) next = { ...(next ?? body), model: engineModel };
   }
   // Recorded only for a request with a band: the others' "no band" is what `flow` being absent says.
-  const recorded = band === undefined ? undefined : recordedEnginePriority(decision);
+  const recorded = band === undefined || decision === undefined ? undefined : recordedEnginePriority(decision);
   if (recorded !== undefined || engineModel !== undefined) {
     ctx.engineFields = { ...(recorded !== undefined ? { enginePriority: recorded } : {}), ...(engineModel !== undefined && engineModel.length <= 520 ? { engineModel } : {}) };
   }

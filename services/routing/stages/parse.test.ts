@@ -1,7 +1,7 @@
 import { describe, expect, it } from "vitest";
 import { ModelConfigView } from "../../views/model-config.js";
 import { RouteError } from "../errors.js";
-import { parseRoute, tenantCacheSalt } from "./parse.js";
+import { parseInput, parseRoute, tenantCacheSalt } from "./parse.js";
 import { chatBody, MODEL } from "./testing.js";
 
 const refusal = (f: () => unknown): { status: number; code: string; param: string | null } => {
@@ -79,3 +79,15 @@ describe("parse stage - headers and body to a routing plan", () => {
   });
 });
 
+
+describe("parse stage - a tenant's cache salt and the API", () => {
+  const messages = Buffer.from(JSON.stringify({ model: MODEL, max_tokens: 8, messages: [{ role: "user", content: "hi" }] }));
+  it("/v1/messages from a key with a cache salt is refused (400 cache_isolation_unavailable), not routed without its isolation", () => {
+    expect(refusal(() => parseInput({ ":path": "/v1/messages" }, messages, "tenant-a"))).toEqual({ status: 400, code: "cache_isolation_unavailable", param: null });
+    // Without a salt, and on the APIs that carry one, the request goes on.
+    expect(parseInput({ ":path": "/v1/messages" }, messages).salted).toBe(false);
+    const salted = parseInput({ ":path": "/v1/chat/completions" }, chatBody(), "tenant-a");
+    expect(salted.salted).toBe(true);
+    expect(salted.parsed.body.cache_salt).toBe(tenantCacheSalt("tenant-a", undefined));
+  });
+});

@@ -52,6 +52,9 @@ export function parseInput(headers: Readonly<Record<string, string>>, body: Uint
 /** The checks after the body's parse: its tenant's salt written in, controlled fields refused, header bounds. */
 function checkParsed(headers: Readonly<Record<string, string>>, body: ParsedRequest, tenantSalt: string | undefined): { parsed: ParsedRequest; salted: boolean } {
   let parsed = body;
+  if (tenantSalt !== undefined && parsed.api === "messages") {
+    throw new RouteError("cacheIsolationUnavailable", "this API key's tenant has its own prefix cache (a cache salt), and the engines' Messages API (`/v1/messages`) takes no `cache_salt`: send this tenant's requests to /v1/chat/completions or /v1/responses");
+  }
   if (tenantSalt !== undefined) {
     const cacheSalt = tenantCacheSalt(tenantSalt, parsed.cacheSalt);
     parsed = { ...parsed, cacheSalt, body: { ...parsed.body, cache_salt: cacheSalt } };
