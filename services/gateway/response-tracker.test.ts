@@ -52,6 +52,14 @@ describe("ResponseTracker - the Responses and Messages APIs", () => {
     expect(new ResponseTracker("text/event-stream").push(Buffer.from("d"))).toBe(true);
   });
 
+  it("a named event's data is not scanned for a type: vLLM's response.created lists the request's tools (a nested \"type\") before its own", () => {
+    const t = new ResponseTracker("text/event-stream", "responses");
+    const created = `event: response.created\ndata: ${JSON.stringify({ response: { id: "resp_1", tools: [{ type: "function", name: "f" }], usage: null }, type: "response.created" })}\n\n`;
+    expect(t.push(Buffer.from(created))).toBe(false);
+    expect(t.push(Buffer.from(ev("response.in_progress", { response: { tool_choice: { type: "function" } } })))).toBe(false);
+    expect(t.push(Buffer.from(ev("response.output_text.delta", { delta: " hi" })))).toBe(true);
+  });
+
   it("JSON bodies: top-level usage with input/output names (Responses and Messages)", () => {
     const r = new ResponseTracker("application/json", "responses");
     expect(r.push(Buffer.from('{"id":"resp_1","object":"response","usage":{"input_tokens":4,"output_tokens":2,"total_tokens":6}}'))).toBe(true);

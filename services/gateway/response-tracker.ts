@@ -114,6 +114,9 @@ export class ResponseTracker {
     if (typeof id === "string" && id.length <= MAX_RESPONSE_ID_LENGTH && isModelName(id)) this.responseId = id;
   }
 
+  /** The last `event:` line named the event whose `data:` line comes next. */
+  private named = false;
+
   private line(line: string): void {
     if (!this.tokenSeen && this.preamble) this.event(line);
     if (this.responseId === undefined && this.api === "responses" && line.startsWith("data:") && line.includes('"response.created"') && !line.includes('"usage"')) {
@@ -127,11 +130,23 @@ export class ResponseTracker {
     this.take(line.slice(5).trim());
   }
 
-  /** An `event:` line's name, or a `data:` line's `type`: past the preamble, a token was generated. */
+  /**
+   * An `event:` line's name, or a `data:` line's `type`: past the preamble, a token was generated.
+   * The data line of an event already named by its `event:` line is not read again: its first
+   * `"type"` may be a nested one (a `response.created` lists the request's tools first).
+   */
   private event(line: string): void {
     let name: string | undefined;
-    if (line.startsWith("event:")) name = line.slice(6).trim();
-    else if (line.startsWith("data:")) name = TYPE_FIELD.exec(line.slice(0, 256))?.[1];
+    if (line.startsWith("event:")) {
+      name = line.slice(6).trim();
+      this.named = true;
+    } else if (line.startsWith("data:")) {
+      if (this.named) {
+        this.named = false;
+        return;
+      }
+      name = TYPE_FIELD.exec(line.slice(0, 256))?.[1];
+    }
     if (name && !this.preamble?.has(name)) this.tokenSeen = true;
   }
 
