@@ -26,13 +26,23 @@ const sat = (o: Partial<FlowControl> = {}) => {
 describe("per-band queue depth (queueDepthFor)", () => {
   it("grows by the depth per band for every band in play below the request's, on a priority pod only", () => {
     const s = sat();
-    expect(s.perBand).toEqual({ depth: 5, bands: [-1, 0, 10] });
+    expect(s.perBand).toEqual({ depth: 5, bands: [-1, 0, 10], urgencies: [-1, 0, 10] });
     const prio = { schedulingPolicy: "priority" as SchedulingPolicy };
     expect([-1, 0, 5, 10, 16].map((b) => queueDepthFor(prio, b, s))).toEqual([5, 10, 15, 15, 20]);
     // An FCFS pod, or a band-blind question: the base depth.
     expect(queueDepthFor({}, 10, s)).toBe(5);
     expect(queueDepthFor(prio, undefined, s)).toBe(5);
     expect(queueDepthFor(prio, 10, sat({ saturation: { queueDepth: 4, queueDepthPerBand: 2 } }))).toBe(8);
+  });
+
+  it("bands the mapping gives one urgency count once, and a band sharing the urgency of a lower one gets no room over it", () => {
+    const s = sat({ enginePriority: { bands: { "10": 0 } } });
+    expect(s.perBand?.urgencies).toEqual([-1, 0, 0]);
+    const prio = { schedulingPolicy: "priority" as SchedulingPolicy };
+    // Band 10 runs as band 0 in the engine: only band -1 is below it.
+    expect(queueDepthFor(prio, 10, s)).toBe(10);
+    expect(queueDepthFor(prio, 0, s)).toBe(10);
+    expect(queueDepthFor(prio, -1, s)).toBe(5);
   });
 
   it("off when the engines get no priority or the depth per band is 0", () => {

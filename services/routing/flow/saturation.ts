@@ -59,9 +59,15 @@ export type RoomPod = Pick<PodInfo, "model" | "pod"> & { readonly schedulingPoli
 export function queueDepthFor(pod: { readonly schedulingPolicy?: SchedulingPolicy }, band: number | undefined, s: SaturationSettings): number {
   const per = s.perBand;
   if (band === undefined || per === undefined || pod.schedulingPolicy === undefined) return s.queueDepth;
-  let below = 0;
-  for (const b of per.bands) if (b < band) below++;
-  return s.queueDepth + per.depth * below;
+  // Bands in play whose engine urgency is strictly below the request's: the engine runs it before
+  // their waiting requests. Equal urgencies (a mapping may merge bands) run in arrival order: no room.
+  const at = per.bands.indexOf(band);
+  const below = new Set<number>();
+  for (let i = 0; i < per.bands.length; i++) {
+    const lower = at >= 0 ? (per.urgencies[i] as number) < (per.urgencies[at] as number) : (per.bands[i] as number) < band;
+    if (lower) below.add(per.urgencies[i] as number);
+  }
+  return s.queueDepth + per.depth * below.size;
 }
 
 /** Keeps, per pod, the ledger count at the time its latest sample was first seen (bounded by the pods asked about; `retain` prunes). */

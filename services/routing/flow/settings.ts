@@ -4,6 +4,7 @@
  * flow (fairness key), when it expires and its EDF deadline. Pure.
  */
 import type { FlowControl } from "../../../schemas/config.js";
+import { urgencyOf } from "../engine-priority.js";
 import { RouteError } from "../errors.js";
 
 /** Header naming the request's objective (a name in the model's `flowControl.objectives`). */
@@ -36,7 +37,8 @@ export interface SaturationSettings {
    * `queueDepth + depth x (bands below b)`, `bands` being the bands in play (the model's
    * objectives' and 0), sorted.
    */
-  readonly perBand?: { readonly depth: number; readonly bands: readonly number[] };
+  /** `bands`: the bands in play, lowest first; `urgencies`: each one's engine urgency, in the same order. */
+  readonly perBand?: { readonly depth: number; readonly bands: readonly number[]; readonly urgencies: readonly number[] };
 }
 
 export interface FlowSettings {
@@ -105,7 +107,9 @@ function perBandOf(c: FlowControl, depth: number): Pick<SaturationSettings, "per
   if (c.enginePriority === "off" || !(depth > 0)) return {};
   const bands = new Set<number>([0]);
   for (const o of Object.values(c.objectives ?? {})) if (Number.isInteger(o.priority)) bands.add(o.priority);
-  return { perBand: { depth, bands: [...bands].sort((a, b) => a - b) } };
+  const sorted = [...bands].sort((a, b) => a - b);
+  // A mapping may give two bands the same urgency: the engine then runs them in arrival order.
+  return { perBand: { depth, bands: sorted, urgencies: sorted.map((b) => urgencyOf(b, c.enginePriority) as number) } };
 }
 
 /**
