@@ -330,13 +330,26 @@ export async function startBatchApi(o: BatchApiOptions): Promise<BatchApiHandle>
   }
 
   async function cancelBatch(owner: string, id: string): Promise<unknown> {
-    const b = ownBatch(owner, id);
-    if (b.status === "cancelling" || b.status === "cancelled") return shown(b);
-    if (!RUNNING.has(b.status)) fail(409, `Cannot cancel a batch with status '${b.status}'.`, "batch_not_cancellable");
-    const seq = await store.publishJob(id, { type: "batch", event: "cancelling", at: now(), by: me }, b.seq);
-    if (seq === undefined) return shown(view.batches.get(id) as BatchRecord);
+    // Another event may land between reading the batch and recording the cancel (the `queued`
+    // that follows a create, a worker's progress): then the view is read again once it has folded
+    // that event, and the cancel asked again; never answered as if it had been recorded.
+    for (let attempt = 0; ; attempt++) {
+      const b = ownBatch(owner, id);
+      if (b.status === "cancelling" || b.status === "cancelled") return shown(b);
+      if (!RUNNING.has(b.status)) fail(409, `Cannot cancel a batch with status '${b.status}'.`, "batch_not_cancellable");
+      const seq = await store.publishJob(id, { type: "batch", event: "cancelling", at: now(), by: me }, b.seq);
+      if (seq !== undefined) break;
+      if (attempt >= 20) return fail(503, "The batch kept changing while it was being cancelled; retry.", "server_error");
+      await viewPast(id, b.seq);
+    }
     await store.purgeWork(id).catch((err: unknown) => log.warn({ err, batch: id }, "purging a cancelled batch's items failed; workers skip them"));
     return shown(view.batches.get(id) as BatchRecord);
+  }
+
+  /** Resolves once the view holds a later event of the batch than `seq` (or after 2 s). */
+  async function viewPast(id: string, seq: number): Promise<void> {
+    const until = Date.now() + 2_000;
+    while ((view.batches.get(id)?.seq ?? 0) <= seq && Date.now() < until) await new Promise((r) => setTimeout(r, 5));
   }
 
   // ------------------------------------------------------------------------- the closer
