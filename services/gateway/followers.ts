@@ -180,6 +180,5 @@ export async function createFollowers(o: {
       }),
     );
   } else log.warn({ stream: responsesStream }, "no RESPONSES stream (run `jetroute streams apply`): previous_response_id is not routed to the pod holding the response");
-  const views = ["pods", "load", "charges", "kv", "usage", "adapters", "responses"].filter((v) => (v !== "usage" || hasUsage) && (v !== "adapters" || hasAdapters) && (v !== "responses" || hasResponses));
-  return { followers, views };
+  return { followers, views: ["pods", "load", "charges", "kv", "usage", "adapters", "responses"].filter((v) => (v !== "usage" || hasUsage) && (v !== "adapters" || hasAdapters) && (v !== "responses" || hasResponses)) };
 }
