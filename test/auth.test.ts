@@ -75,8 +75,9 @@ describe("auth - gateway --auth required", () => {
   let b: GatewayHandle;
   let ca: ExtProcClient;
   let cb: ExtProcClient;
-  // Both replicas' clock starts at the beginning of a rate-limit minute: the per-minute test
-  // below runs well inside it.
+  // Both replicas' clock starts at the beginning of a rate-limit minute; the per-minute test below
+  // moves it to the next one's start, so it runs well inside one window however long the tests
+  // before it took on a loaded host.
   const clock = minuteStartClock();
   beforeAll(async () => {
     env = await startTestEnv();
@@ -257,7 +258,8 @@ describe("auth - gateway --auth required", () => {
     expect((await kv.get(apiKeyBucketKey(h1)))?.json()).not.toHaveProperty("disabled");
     // add-key refuses a user that cannot be a header value.
     expect((await cli(env, ["add-key", "--user", "bad\nuser"])).code).toBe(2);
-  });
+    // Five CLI processes one after another: each a Node start-up, slow on a loaded 2-core host.
+  }, 90_000);
 
   it("a record written around the CLI that does not validate refuses its key (fail closed)", async () => {
     const { key, hash } = await addKey(env, "frank");
@@ -273,6 +275,7 @@ describe("auth - gateway --auth required", () => {
     const set = await cli(env, ["set-limits", "--json", JSON.stringify({ users: { alice: { rpm: 2 }, bob: { rpm: 1000 } } })]);
     expect(set.code).toBe(0);
     const alice = await addKey(env, "alice");
+    clock.nextMinute();
     await waitFor(() => [a, b].every((g) => g.apiKeys.get(alice.hash) && g.state.configs.userLimits("alice")?.rpm === 2), 3_000, "alice's key and limit");
     const results = [];
     // Spread over both replicas: the limit is shared. Each request's charge reaches both replicas

@@ -57,9 +57,15 @@ export async function startTestEnv(): Promise<TestEnv> {
 /**
  * A clock for gateways that starts at the beginning of a rate-limit minute (shifted back by how
  * far into the minute it is now), so a test of per-minute limits never straddles a window reset.
- * Give the same clock to every replica of the test.
+ * Give the same clock to every replica of the test. `nextMinute()` moves it forward to the next
+ * minute's start (for a per-minute test that runs late in a long describe block; never backwards).
  */
-export function minuteStartClock(): () => number {
-  const shift = Date.now() % 60_000;
-  return () => Date.now() - shift;
+export function minuteStartClock(): (() => number) & { nextMinute(): void } {
+  let shift = Date.now() % 60_000;
+  const clock = () => Date.now() - shift;
+  return Object.assign(clock, {
+    nextMinute() {
+      shift -= 60_000 - (clock() % 60_000);
+    },
+  });
 }
