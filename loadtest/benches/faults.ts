@@ -286,7 +286,9 @@ export async function killNatsNodeCase(mode: "eventual" | "strict", o: Required<
       }
     }, 30_000, "the revocation to be written", 250);
     const revokedAt = performance.now();
-    await until(() => gws.every((g) => g.handle?.apiKeys.get(hash)?.disabled === true) || undefined, 30_000, "the revocation at every gateway");
+    // A gateway whose config watch was on the killed node reads the revocation once its watch has
+    // noticed the stall and been recreated on a survivor: on a loaded 2-core host, past 30 s.
+    await until(() => gws.every((g) => g.handle?.apiKeys.get(hash)?.disabled === true) || undefined, 60_000, "the revocation at every gateway");
     const revocationMs = performance.now() - revokedAt;
     const statusAfter = await Promise.all(gws.map((g) => statusWith(g, key)));
     const refused = statusBefore.every((x) => x === 200) && statusAfter.every((x) => x === 401);
