@@ -64,6 +64,23 @@ export function percentile(sorted: readonly number[], q: number): number {
   return sorted[Math.min(sorted.length - 1, Math.max(0, Math.ceil(q * sorted.length) - 1))] as number;
 }
 
+/** The `q` quantile of unsorted values (nearest rank; NaN when there are none). */
+export function quantile(xs: readonly number[], q: number): number {
+  return percentile([...xs].sort((a, b) => a - b), q);
+}
+
+/** `n` random lower-case words of 3-10 letters from `random` (a seeded PRNG): prompt text for a workload. */
+export function randomWords(random: () => number, n: number): string {
+  const out: string[] = [];
+  for (let i = 0; i < n; i++) {
+    const len = 3 + Math.floor(random() * 8);
+    let w = "";
+    for (let j = 0; j < len; j++) w += String.fromCharCode(97 + Math.floor(random() * 26));
+    out.push(w);
+  }
+  return out.join(" ");
+}
+
 
 // HTTP helpers (this process's own agents: clients and probes never share sockets)
 

@@ -21,6 +21,7 @@ import { startNatsServer } from "../../services/shared/nats-server.js";
 import { type ServiceProcess, spawnJetroute } from "../../services/shared/processes.js";
 import { acked } from "../../services/shared/publish.js";
 import { mulberry32 } from "../../services/shared/seeded-random.js";
+import { quantile, randomWords } from "../assembly.js";
 import { applyStreams } from "../../streams/apply.js";
 import { Subjects } from "../../streams/subjects.js";
 
@@ -63,21 +64,7 @@ const MODEL = "bench/pd-model";
 const quiet = createLogger("bench-pd", "silent");
 const progress = (line: string) => process.stderr.write(`[pd] ${line}\n`);
 const round = (x: number, d = 2) => Number(x.toFixed(d));
-const pct = (xs: number[], q: number) => {
-  const s = [...xs].sort((a, b) => a - b);
-  return s.length === 0 ? Number.NaN : (s[Math.min(s.length - 1, Math.max(0, Math.ceil(q * s.length) - 1))] as number);
-};
-
-function words(random: () => number, n: number): string {
-  const out: string[] = [];
-  for (let i = 0; i < n; i++) {
-    const len = 3 + Math.floor(random() * 8);
-    let w = "";
-    for (let j = 0; j < len; j++) w += String.fromCharCode(97 + Math.floor(random() * 26));
-    out.push(w);
-  }
-  return out.join(" ");
-}
+const pct = quantile;
 
 interface SimPodLine {
   pod: string;
@@ -98,13 +85,13 @@ export async function runPdBench(opts: PdBenchOptions = {}): Promise<PdBenchResu
     seed: opts.seed ?? 7,
   };
   const random = mulberry32(o.seed);
-  const systems = Array.from({ length: o.systemPrompts }, () => words(random, o.systemWords));
+  const systems = Array.from({ length: o.systemPrompts }, () => randomWords(random, o.systemWords));
   // The schedule: arrival times and prompts, identical for both modes.
   const schedule: Array<{ at: number; system: number; user: string }> = [];
   for (let t = 0; ; ) {
     t += -Math.log(1 - random()) * (1000 / o.rate);
     if (t >= o.durationMs) break;
-    schedule.push({ at: t, system: Math.floor(random() * o.systemPrompts), user: words(random, o.userWords) });
+    schedule.push({ at: t, system: Math.floor(random() * o.systemPrompts), user: randomWords(random, o.userWords) });
   }
   const server = await startNatsServer();
   const nc = await connectNats(server.url, "jetroute-bench-pd");

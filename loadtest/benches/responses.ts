@@ -23,6 +23,7 @@ import { startNatsServer } from "../../services/shared/nats-server.js";
 import { type ServiceProcess, spawnJetroute } from "../../services/shared/processes.js";
 import { acked } from "../../services/shared/publish.js";
 import { mulberry32 } from "../../services/shared/seeded-random.js";
+import { quantile, randomWords } from "../assembly.js";
 import { startSimFleet } from "../../services/sim/fleet.js";
 import { applyStreams } from "../../streams/apply.js";
 import { streamName } from "../../streams/definitions.js";
@@ -63,21 +64,7 @@ const PODS = 8;
 const quiet = createLogger("bench-responses", "silent");
 const progress = (line: string) => process.stderr.write(`[responses] ${line}\n`);
 const round = (x: number, d = 2) => Number(x.toFixed(d));
-const pct = (xs: number[], q: number) => {
-  const s = [...xs].sort((a, b) => a - b);
-  return s.length === 0 ? Number.NaN : (s[Math.min(s.length - 1, Math.max(0, Math.ceil(q * s.length) - 1))] as number);
-};
-
-function words(random: () => number, n: number): string {
-  const out: string[] = [];
-  for (let i = 0; i < n; i++) {
-    const len = 3 + Math.floor(random() * 8);
-    let w = "";
-    for (let j = 0; j < len; j++) w += String.fromCharCode(97 + Math.floor(random() * 26));
-    out.push(w);
-  }
-  return out.join(" ");
-}
+const pct = quantile;
 
 /** Reads an SSE body: the time of the first token event, the completed response (Responses) or the text (chat). */
 async function readStream(body: AsyncIterable<Buffer>, sent: number, isToken: (ev: Record<string, unknown>) => boolean, onEvent: (ev: Record<string, unknown>) => void): Promise<number | undefined> {
@@ -110,8 +97,8 @@ export async function runResponsesBench(opts: ResponsesBenchOptions = {}): Promi
     seed: opts.seed ?? 11,
   };
   const random = mulberry32(o.seed);
-  const inputs = Array.from({ length: o.sessions }, () => Array.from({ length: o.turns }, () => words(random, o.userWords)));
-  const instructions = Array.from({ length: o.sessions }, (_, i) => `You are agent ${i}. ${words(random, 200)}`);
+  const inputs = Array.from({ length: o.sessions }, () => Array.from({ length: o.turns }, () => randomWords(random, o.userWords)));
+  const instructions = Array.from({ length: o.sessions }, (_, i) => `You are agent ${i}. ${randomWords(random, 200)}`);
   const server = await startNatsServer();
   const nc = await connectNats(server.url, "jetroute-bench-responses");
   await applyStreams(nc.nc, nc.jsm);
