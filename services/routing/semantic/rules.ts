@@ -5,7 +5,9 @@
  * lookaround) is refused by `config set` naming the signal.
  */
 import { createHash } from "node:crypto";
-import { RE2 } from "re2-wasm";
+import { type Re2Constructor, languageDetector, re2Class } from "./lazy-libs.js";
+
+type RE2 = InstanceType<Re2Constructor>;
 import type { Rule, SemanticAction, SemanticConfig, Signal } from "../../../schemas/semantic.js";
 import { parseStrategy } from "../strategies/registry.js";
 
@@ -81,7 +83,7 @@ function compileRegex(pattern: string, caseSensitive: boolean): RE2 {
   const key = `${flags}/${pattern}`;
   let re = REGEXES.get(key);
   if (!re) {
-    re = new RE2(pattern, flags);
+    re = new (re2Class())(pattern, flags);
     if (REGEXES.size >= MAX_REGEXES) REGEXES.clear();
     REGEXES.set(key, re);
   }
@@ -156,6 +158,8 @@ export function semanticConfigError(model: string, c: SemanticConfig): string | 
         return `/semantic/signals/${name}/pattern: not a valid RE2 regular expression (${(e as Error).message.slice(0, 200)})`;
       }
     }
+    // Loads the detector when the config is checked (as it arrives), not on its first request.
+    if (s.type === "language") languageDetector();
     if (s.type === "prompt-tokens" && s.gte === undefined && s.lt === undefined) return `/semantic/signals/${name}: give gte, lt or both`;
     if (s.type === "prompt-tokens" && s.gte !== undefined && s.lt !== undefined && s.lt <= s.gte) return `/semantic/signals/${name}/lt: must be greater than gte`;
     if (s.type === "user" && !s.users && !s.classes) return `/semantic/signals/${name}: give users, classes or both`;

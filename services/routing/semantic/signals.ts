@@ -3,7 +3,7 @@
  * (`maxClassifiedChars`, default 4096 characters; a regex, its own `maxChars`, default 1024): an oversized message is classified on its
  * start, never refused for its size. Language detection reads the first MAX_LANGUAGE_CHARS.
  */
-import { eld } from "eld/small";
+import { languageDetector } from "./lazy-libs.js";
 import type { CompiledRules, CompiledSignal, Scope } from "./rules.js";
 
 /** Characters the language detector reads (its accuracy does not improve much past a paragraph). */
@@ -116,7 +116,7 @@ export function cosine(a: ArrayLike<number>, b: ArrayLike<number>): number {
 
 /** ISO 639-1 code of the text's language, or "" when the detector cannot tell. */
 export function detectLanguage(text: string): string {
-  return eld.detect(text.length > MAX_LANGUAGE_CHARS ? text.slice(0, MAX_LANGUAGE_CHARS) : text).language;
+  return languageDetector().detect(text.length > MAX_LANGUAGE_CHARS ? text.slice(0, MAX_LANGUAGE_CHARS) : text).language;
 }
 
 /** Example word sets per similarity signal (computed once per compiled signal). */
