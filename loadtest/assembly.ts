@@ -171,6 +171,8 @@ export interface AssemblyExtras {
   model?: string;
   /** More `jetroute sim` flags (a real tokenizer; the predicted bench's `--pod-classes`). */
   simArgs?: readonly string[];
+  /** The engine the pod list declares (default vllm); pass the same `--engine` in simArgs. */
+  podEngine?: "vllm" | "sglang";
   /** Node flags of the gateway processes (e.g. `--cpu-prof`). */
   gatewayNodeArgs?: readonly string[];
   /** More environment of the gateway processes (e.g. `JETROUTE_LOOP_CPU_PROBE`). */
@@ -237,7 +239,7 @@ export async function startAssembly(spec: CaseSpec, engine: PrefixQualityEngineO
       Array.from({ length: e.pods }, (_, i) => sim.waitForLine<SimPodLine>((v) => v.pod === `sim-${i}` && typeof v.address === "string", 60_000)),
     );
     const podFile = path.join(logDir, `${tag}-pods.yaml`);
-    writeFileSync(podFile, toYaml({ pods: pods.map((p) => ({ name: p.pod, model, address: p.address, engine: "vllm", ...(p.podClass ? { podClass: p.podClass } : {}), ...(p.schedulingPolicy ? { schedulingPolicy: p.schedulingPolicy } : {}), ...(p.kvEvents ? { kvEvents: p.kvEvents } : {}) })) }));
+    writeFileSync(podFile, toYaml({ pods: pods.map((p) => ({ name: p.pod, model, address: p.address, engine: extras.podEngine ?? "vllm", ...(p.podClass ? { podClass: p.podClass } : {}), ...(p.schedulingPolicy ? { schedulingPolicy: p.schedulingPolicy } : {}), ...(p.kvEvents ? { kvEvents: p.kvEvents } : {}) })) }));
     spawn("pod-watcher", ["pod-watcher", "--static", podFile, "--nats", natsUrl]);
     spawn("metrics-scraper", ["metrics-scraper", "--nats", natsUrl]);
     if (spec.kvEvents) spawn("kv-bridge", ["kv-bridge", "--nats", natsUrl]);

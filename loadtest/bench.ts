@@ -3,7 +3,7 @@
  * JSON line (progress and tables go to stderr).
  */
 import { loadavg } from "node:os";
-import { Command, InvalidArgumentError } from "commander";
+import { Command, InvalidArgumentError, Option } from "commander";
 import { emitResult, takeBaseline } from "./baseline.js";
 import { strategiesOption } from "../services/replay/command.js";
 import { intOption } from "../services/shared/cli-options.js";
@@ -390,10 +390,11 @@ program
   .option("--pods <n>", "simulated pods", int, BATCH_BENCH_DEFAULTS.pods)
   .option("--time-scale <x>", "simulated time runs x times faster than wall time", positive, BATCH_BENCH_DEFAULTS.timeScale)
   .option("--max-tokens <n>", "max_tokens of every request", int, BATCH_BENCH_DEFAULTS.maxTokens)
+  .addOption(new Option("--engine <kind>", "the pods: sglang-priority (SGLang scheduling by priority, preempting batch items for interactive ones) or vllm-fcfs").choices(["sglang-priority", "vllm-fcfs"]).default(BATCH_BENCH_DEFAULTS.engine))
   .option("--max-batch <n>", "concurrent requests per simulated pod", int, BATCH_BENCH_DEFAULTS.maxBatch)
   .option("--log-dir <dir>", "keep the services' logs here")
   .action(async (o) => {
-    emitResult(await runBatchBench({ maxBatch: o.maxBatch, items: o.items, probeItems: o.probeItems, workers: o.workers, workerConcurrency: o.workerConcurrency, interactiveLoad: o.interactiveLoad, interactiveMs: o.interactiveMs, pods: o.pods, timeScale: o.timeScale, maxTokens: o.maxTokens, ...(o.logDir ? { logDir: o.logDir } : {}) }));
+    emitResult(await runBatchBench({ maxBatch: o.maxBatch, items: o.items, probeItems: o.probeItems, workers: o.workers, workerConcurrency: o.workerConcurrency, interactiveLoad: o.interactiveLoad, interactiveMs: o.interactiveMs, pods: o.pods, timeScale: o.timeScale, maxTokens: o.maxTokens, engine: o.engine, ...(o.logDir ? { logDir: o.logDir } : {}) }));
   });
 
 program

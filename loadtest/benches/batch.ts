@@ -59,6 +59,12 @@ export interface BatchBenchOptions {
   maxTokens: number;
   maxBatch: number;
   seed: number;
+  /**
+   * The pods' engine and scheduler: `sglang-priority` (SGLang scheduling by priority, preempting a
+   * running batch item for a waiting interactive request more urgent by more than its threshold)
+   * or `vllm-fcfs` (first come, first served: an interactive request waits for a free slot).
+   */
+  engine: "sglang-priority" | "vllm-fcfs";
   logDir?: string;
 }
 
@@ -67,7 +73,7 @@ export interface BatchBenchOptions {
  * (~20 items/s for the fleet), so the fleet's capacity, not the CPU of the processes around it,
  * is what the batch fills and what interactive traffic competes for.
  */
-export const BATCH_BENCH_DEFAULTS: BatchBenchOptions = { items: 5_000, probeItems: 400, workers: 3, workerConcurrency: 16, interactiveLoad: 0.6, interactiveMs: 20_000, pods: 4, timeScale: 1, maxTokens: 24, maxBatch: 4, seed: 37 };
+export const BATCH_BENCH_DEFAULTS: BatchBenchOptions = { items: 5_000, probeItems: 400, workers: 3, workerConcurrency: 16, interactiveLoad: 0.6, interactiveMs: 20_000, pods: 4, timeScale: 1, maxTokens: 24, maxBatch: 4, seed: 37, engine: "sglang-priority" };
 
 const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
 
@@ -155,6 +161,7 @@ export async function runBatchBench(opts: Partial<BatchBenchOptions> = {}): Prom
       "batch",
       {
         model: MODEL,
+        ...(o.engine === "sglang-priority" ? { simArgs: ["--engine", "sglang", "--scheduling-policy", "priority"], podEngine: "sglang" as const } : {}),
         frontArgs: ["--batch-api", `127.0.0.1:${apiPort}`],
         beforeGateways: async (natsUrl) => {
           const h = await connectNats(natsUrl, "jetroute-bench-batch");
@@ -254,6 +261,7 @@ export async function runBatchBench(opts: Partial<BatchBenchOptions> = {}): Prom
       worker_killed: killed,
       pods: o.pods,
       max_batch: o.maxBatch,
+      engine: o.engine,
       saturation: benchFlowControl(o.maxBatch).flowControl.saturation,
       max_tokens: o.maxTokens,
       workers: o.workers,
