@@ -11,7 +11,7 @@ import type { Outstanding } from "../../views/charge-ledger.js";
 import type { ConfigReader } from "../../views/model-config.js";
 import type { PodInfo, PodSetReader } from "../../views/pod-set.js";
 import { FlowController, type Held } from "./controller.js";
-import { queueDepthFor } from "./saturation.js";
+import { inFlightLimitFor, queueDepthFor } from "./saturation.js";
 import { classify, flowSettingsOf } from "./settings.js";
 
 const M = "m";
@@ -49,6 +49,16 @@ describe("per-band queue depth (queueDepthFor)", () => {
     expect(sat({ enginePriority: "off" }).perBand).toBeUndefined();
     expect(sat({ saturation: { queueDepthPerBand: 0 } }).perBand).toBeUndefined();
     expect(queueDepthFor({ schedulingPolicy: "priority" }, 10, sat({ enginePriority: "off" }))).toBe(5);
+  });
+
+  it("the ledger's in-flight limit grows by the same budget on a priority pod; unset stays unset", () => {
+    const s = sat({ saturation: { maxInFlightPerPod: 5, queueDepth: 1, queueDepthPerBand: 1 } });
+    const prio = { schedulingPolicy: "priority" as SchedulingPolicy };
+    expect([-1, 0, 10].map((b) => inFlightLimitFor(prio, b, s))).toEqual([5, 6, 7]);
+    expect(inFlightLimitFor({}, 10, s)).toBe(5);
+    expect(inFlightLimitFor(prio, undefined, s)).toBe(5);
+    expect(inFlightLimitFor(prio, 10, sat())).toBeUndefined();
+    expect(inFlightLimitFor(prio, 10, sat({ enginePriority: "off", saturation: { maxInFlightPerPod: 5 } }))).toBe(5);
   });
 
   it("the config schema takes a non-negative queueDepthPerBand and names a bad one", () => {
@@ -115,6 +125,25 @@ function fixture(policy: SchedulingPolicy | undefined, fc: FlowControl = flowOn(
 }
 
 describe("flow controller: admission per band", () => {
+  it("pods at their in-flight limit for batch: an interactive request still goes to a priority pod; FCFS pods hold it", () => {
+    // A deep queue limit, so the in-flight limit alone decides here.
+    const fc = flowOn({ saturation: { maxInFlightPerPod: 2, queueDepth: 20, queueDepthPerBand: 1 } });
+    const f = fixture("priority", fc);
+    for (const n of ["b1", "b2", "b3", "b4"]) expect(f.offer(n, "batch")).toBe("now");
+    // Both pods hold 2 in flight: batch (limit 2 + 1 for the scavenger band) still has one each.
+    expect(f.offer("b5", "batch")).toBe("now");
+    expect(f.offer("b6", "batch")).toBe("now");
+    expect(f.offer("b7", "batch")).toBe("held");
+    // Interactive (limit 2 + 2): room on both, while the batch request stays held.
+    expect(f.offer("i1", "interactive")).toBe("now");
+    expect(f.log.at(-1)).toMatch(/^i1@/);
+
+    const fcfs = fixture(undefined, fc);
+    for (const n of ["b1", "b2", "b3", "b4"]) expect(fcfs.offer(n, "batch")).toBe("now");
+    expect(fcfs.offer("b5", "batch")).toBe("held");
+    expect(fcfs.offer("i1", "interactive")).toBe("held");
+  });
+
   it("pods full for batch: an interactive request goes at once while batch is held; FCFS pods hold both", () => {
     // Batch's limit is 10 (5, and 5 for the scavenger band below it), interactive's 15.
     const f = fixture("priority");

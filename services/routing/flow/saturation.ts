@@ -19,8 +19,10 @@
  * limit grows with the request's band — `queueDepth` plus `perBand.depth` for every band in play
  * below its own — because the engine runs a waiting request before every lower-band one: lower
  * bands' waiting requests do not delay it, so holding it at the gateway behind them would only
- * add a wait the engine would not impose. The KV and ledger limits stay the same for every band
- * (they are physical). Within a band nothing changes, so fairness between its flows does not either.
+ * add a wait the engine would not impose. The ledger's in-flight limit grows the same way
+ * (`inFlightLimitFor`: what is in flight past the running slots is the engine's queue); the KV and
+ * token limits stay the same for every band (they are physical). Within a band nothing changes, so
+ * fairness between its flows does not either.
  */
 import type { LedgerReader } from "../../views/charge-ledger.js";
 import type { LoadReader } from "../../views/load-view.js";
@@ -57,8 +59,26 @@ export type RoomPod = Pick<PodInfo, "model" | "pod"> & { readonly schedulingPoli
  * base `queueDepth`). Pure.
  */
 export function queueDepthFor(pod: { readonly schedulingPolicy?: SchedulingPolicy }, band: number | undefined, s: SaturationSettings): number {
+  return s.queueDepth + (s.perBand?.depth ?? 0) * bandsBelow(pod, band, s);
+}
+
+/**
+ * The ledger's in-flight requests at which `pod` is full for a request of `band`:
+ * `maxInFlightPerPod` plus the same per-band budget as the queue (`perBand.depth` for every band in
+ * play below its own) on a pod that schedules by priority. The requests in flight beyond the
+ * engine's running slots are its waiting queue, which such an engine serves most urgent first (an
+ * SGLang pod preempts a running request for it past its threshold), so lower bands filling the
+ * limit must not hold a higher band's request at the gateway. Undefined when no limit is set.
+ */
+export function inFlightLimitFor(pod: { readonly schedulingPolicy?: SchedulingPolicy }, band: number | undefined, s: SaturationSettings): number | undefined {
+  if (s.maxInFlightPerPod === undefined) return undefined;
+  return s.maxInFlightPerPod + (s.perBand?.depth ?? 0) * bandsBelow(pod, band, s);
+}
+
+/** Distinct engine urgencies in play strictly below the request's band (0 when band-blind). Pure. */
+function bandsBelow(pod: { readonly schedulingPolicy?: SchedulingPolicy }, band: number | undefined, s: SaturationSettings): number {
   const per = s.perBand;
-  if (band === undefined || per === undefined || pod.schedulingPolicy === undefined) return s.queueDepth;
+  if (band === undefined || per === undefined || pod.schedulingPolicy === undefined) return 0;
   // Bands in play whose engine urgency is strictly below the request's: the engine runs it before
   // their waiting requests. Equal urgencies (a mapping may merge bands) run in arrival order: no room.
   const at = per.bands.indexOf(band);
@@ -67,7 +87,7 @@ export function queueDepthFor(pod: { readonly schedulingPolicy?: SchedulingPolic
     const lower = at >= 0 ? (per.urgencies[i] as number) < (per.urgencies[at] as number) : (per.bands[i] as number) < band;
     if (lower) below.add(per.urgencies[i] as number);
   }
-  return s.queueDepth + per.depth * below.size;
+  return below.size;
 }
 
 /** Keeps, per pod, the ledger count at the time its latest sample was first seen (bounded by the pods asked about; `retain` prunes). */
@@ -86,7 +106,8 @@ export class SaturationDetector {
       u = ratio;
       reason = r;
     };
-    if (s.maxInFlightPerPod !== undefined) consider(o.requests / s.maxInFlightPerPod, "in-flight");
+    const inFlightLimit = inFlightLimitFor(pod, band, s);
+    if (inFlightLimit !== undefined) consider(o.requests / inFlightLimit, "in-flight");
     if (s.maxTokensPerPod !== undefined) consider(o.promptTokens / s.maxTokensPerPod, "tokens");
     const load = this.views.load.fresh(pod.model, pod.pod, now);
     const key = `${pod.model}\u0000${pod.pod}`;
