@@ -75,6 +75,14 @@ export interface BatchApiHandle {
 }
 
 const ANONYMOUS = "anonymous";
+
+/** Who calls: the tenant (the key's user) and, under --auth required, the key's hash and model allow-list. */
+interface Caller {
+  owner: string;
+  /** SHA-256 of the caller's key: a batch's items run under it (the worker's x-jetroute-on-behalf-of). */
+  key?: string;
+  models?: readonly string[];
+}
 const MULTIPART_OVERHEAD = 1024 * 1024;
 
 class HttpError extends Error {
@@ -178,13 +186,13 @@ export async function startBatchApi(o: BatchApiOptions): Promise<BatchApiHandle>
   }
 
   /** The caller's tenant and, when its key has one, the key's model allow-list. */
-  const callerOf = (req: http.IncomingMessage): { owner: string; models?: readonly string[] } => {
+  const callerOf = (req: http.IncomingMessage): Caller => {
     if (auth !== "required") return { owner: ANONYMOUS };
     const header = req.headers.authorization;
     const r = keys.authenticate(Array.isArray(header) ? header[0] : header);
     if (!r.ok) fail(401, authFailureMessage(r.reason), "invalid_api_key");
-    const ok = r as { user: string; models?: readonly string[] };
-    return { owner: ok.user, ...(ok.models ? { models: ok.models } : {}) };
+    const ok = r as { user: string; hash: string; models?: readonly string[] };
+    return { owner: ok.user, key: ok.hash, ...(ok.models ? { models: ok.models } : {}) };
   };
 
   // ------------------------------------------------------------------------- metrics
@@ -288,7 +296,8 @@ export async function startBatchApi(o: BatchApiOptions): Promise<BatchApiHandle>
   };
   const shown = (b: BatchRecord) => batchObject(b, view.live.get(b.id));
 
-  async function createBatch(req: http.IncomingMessage, owner: string, models?: readonly string[]): Promise<unknown> {
+  async function createBatch(req: http.IncomingMessage, caller: Caller): Promise<unknown> {
+    const { owner, models } = caller;
     const p = parseCreateBatch(await readJson(req));
     if ("status" in p) throw new HttpError(p);
     const f = view.files.get(p.input_file_id);
@@ -310,7 +319,7 @@ export async function startBatchApi(o: BatchApiOptions): Promise<BatchApiHandle>
       type: "batch",
       event: "created",
       at: t,
-      batch: { id, owner, endpoint: p.endpoint, input_file_id: f.id, completion_window: p.completion_window, metadata: p.metadata, total: v.ok ? v.lines.length : 0, created_at: t, expires_at: t + COMPLETION_WINDOW_MS },
+      batch: { id, owner, ...(caller.key ? { owner_key: caller.key } : {}), endpoint: p.endpoint, input_file_id: f.id, completion_window: p.completion_window, metadata: p.metadata, total: v.ok ? v.lines.length : 0, created_at: t, expires_at: t + COMPLETION_WINDOW_MS },
     };
     const seq = await store.publishJob(id, created, 0);
     if (seq === undefined) return fail(500, "The batch could not be recorded; retry.", "server_error");
@@ -472,7 +481,7 @@ export async function startBatchApi(o: BatchApiOptions): Promise<BatchApiHandle>
         return;
       }
     } else {
-      if (!id && method === "POST") return send(res, 200, await createBatch(req, owner, caller.models));
+      if (!id && method === "POST") return send(res, 200, await createBatch(req, caller));
       if (!id && method === "GET") {
         const p = paginate(view.batchesOf(owner), q("after"), q("limit"));
         if ("status" in p) throw new HttpError(p);

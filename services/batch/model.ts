@@ -203,6 +203,11 @@ export type JobEvent =
 export interface BatchCreate {
   id: string;
   owner: string;
+  /**
+   * SHA-256 of the API key that created the batch (batch-api --auth required): workers send it as
+   * `x-jetroute-on-behalf-of`, so the items run under that key's settings. Never shown to clients.
+   */
+  owner_key?: string;
   endpoint: Endpoint;
   input_file_id: string;
   completion_window: string;

@@ -47,7 +47,7 @@ function isJobEvent(v: unknown): v is JobEvent {
   if (o.type !== "batch" || typeof o.event !== "string" || typeof o.at !== "number") return false;
   if (o.event === "created") {
     const b = o.batch as Record<string, unknown> | undefined;
-    return !!b && typeof b.id === "string" && typeof b.owner === "string" && typeof b.total === "number" && Number.isInteger(b.total) && b.total >= 0 && b.total <= 50_000 && typeof b.expires_at === "number" && typeof b.created_at === "number";
+    return !!b && typeof b.id === "string" && typeof b.owner === "string" && typeof b.total === "number" && Number.isInteger(b.total) && b.total >= 0 && b.total <= 50_000 && typeof b.expires_at === "number" && typeof b.created_at === "number" && (b.owner_key === undefined || (typeof b.owner_key === "string" && /^[0-9a-f]{64}$/.test(b.owner_key)));
   }
   return ["queued", "rejected", "finalizing", "expiring", "cancelling", "completed", "expired", "cancelled"].includes(o.event);
 }
