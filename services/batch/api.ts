@@ -474,7 +474,12 @@ export async function startBatchApi(o: BatchApiOptions): Promise<BatchApiHandle>
       }
       if (id && parts[3] === "content" && method === "GET") {
         const f = ownFile(owner, id);
-        const data = await store.getFile(f.id);
+        // A NATS node lost under the object store makes reads time out until its stream has a new
+        // leader: 503, which clients retry (the file itself is replicated, not lost).
+        const data = await store.getFile(f.id).catch((err: unknown) => {
+          log.warn({ err: (err as Error).message, file: f.id }, "reading a file failed; answered 503");
+          return fail(503, "The file store cannot be read right now; retry shortly.", "server_error");
+        });
         if (!data) return fail(404, `No content for File object ${f.id}.`, "file_not_found", "id");
         res.writeHead(200, { "content-type": "application/octet-stream", "content-length": String(data.length) });
         res.end(data);
