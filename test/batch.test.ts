@@ -408,4 +408,35 @@ describe("Batch API - files, batches, workers through the routing plane", () => 
       await authed.close();
     }
   }, 90_000);
+
+  it("files expire: expires_after sets expires_at (OpenAI's bounds); an expired file answers 404, leaves the list, and the closer deletes it", async () => {
+    const withExpiry = (seconds: string, anchor = "created_at") => {
+      const form = new FormData();
+      form.set("purpose", "batch");
+      form.set("expires_after[anchor]", anchor);
+      form.set("expires_after[seconds]", seconds);
+      form.set("file", new Blob([inputFile(1, "exp")]), "exp.jsonl");
+      return fetch(`${base}/v1/files`, { method: "POST", body: form });
+    };
+    const tooShort = await withExpiry("60");
+    expect(tooShort.status).toBe(400);
+    expect(((await tooShort.json()) as { error: Json }).error).toMatchObject({ type: "invalid_request_error", code: "invalid_value", param: "expires_after.seconds" });
+    expect((await withExpiry("3600", "last_active_at")).status).toBe(400);
+    const short = await json(withExpiry("3600"));
+    expect(short.expires_at).toBe((short.created_at as number) + 3600);
+    const dflt = await json(upload(inputFile(1, "dflt")));
+    expect(dflt.expires_at).toBe((dflt.created_at as number) + 30 * 24 * 3600);
+    clockShift += 3_601_000;
+    try {
+      expect((await fetch(`${base}/v1/files/${short.id}`)).status).toBe(404);
+      expect((await fetch(`${base}/v1/files/${short.id}/content`)).status).toBe(404);
+      expect(((await json(fetch(`${base}/v1/files`))).data as Json[]).map((f) => f.id)).not.toContain(short.id);
+      expect((await createBatch(short.id as string)).status).toBe(400);
+      // The closer (every tick) deletes its record and its object; the 30-day file stays.
+      await waitFor(async () => !api.store.view.files.has(short.id as string) && (await api.store.getFile(short.id as string)) === null, 10_000, "the expired file deleted");
+      expect((await fetch(`${base}/v1/files/${dflt.id}`)).status).toBe(200);
+    } finally {
+      clockShift -= 3_601_000;
+    }
+  }, 30_000);
 });

@@ -25,9 +25,11 @@ import {
   type BatchRecord,
   batchObject,
   COMPLETION_WINDOW_MS,
+  DEFAULT_FILE_EXPIRY_S,
   errorFileId,
   FINAL,
   type FileRecord,
+  fileExpired,
   fileObject,
   isBatchId,
   isFileId,
@@ -36,6 +38,7 @@ import {
   MAX_FILE_BYTES,
   MAX_FILENAME,
   outputFileId,
+  parseExpiresAfter,
   paginate,
   parseCreateBatch,
   RUNNING,
@@ -247,12 +250,13 @@ export async function startBatchApi(o: BatchApiOptions): Promise<BatchApiHandle>
       for (const [k, v] of Object.entries(view.stats)) this.set({ kind: k }, v);
     },
   });
+  const filesExpired = new client.Counter({ name: "jetroute_batch_files_expired_total", help: "Expired files this replica deleted (their records and objects)", registers: [registry] });
   const closings = new client.Counter({ name: "jetroute_batch_closings_total", help: "Batches this replica closed, by final status", labelNames: ["status"], registers: [registry] });
 
   // ------------------------------------------------------------------------- files
   const ownFile = (owner: string, id: string): FileRecord => {
     const f = isFileId(id) ? view.files.get(id) : undefined;
-    if (!f || f.owner !== owner) return fail(404, `No such File object: ${id.slice(0, 64)}`, "file_not_found", "id");
+    if (!f || f.owner !== owner || fileExpired(f, now())) return fail(404, `No such File object: ${id.slice(0, 64)}`, "file_not_found", "id");
     return f;
   };
 
@@ -281,8 +285,15 @@ export async function startBatchApi(o: BatchApiOptions): Promise<BatchApiHandle>
     const bytes = new Uint8Array(await file.arrayBuffer());
     const v = validateInput(new TextDecoder().decode(bytes), undefined, models);
     if (!v.ok) return invalidLines(v.errors);
+    const field = (k: string) => {
+      const x = form.get(k);
+      return typeof x === "string" ? x : undefined;
+    };
+    const expiry = parseExpiresAfter(field("expires_after[anchor]"), field("expires_after[seconds]"));
+    if ("message" in expiry) return fail(400, expiry.message, "invalid_value", expiry.param);
     const name = ((file as File).name || "input.jsonl").slice(0, MAX_FILENAME);
-    const rec: FileRecord = { id: `file-${newHex()}`, bytes: bytes.length, created_at: Math.floor(now() / 1000), filename: name, purpose: "batch", owner, lines: v.lines.length };
+    const created = Math.floor(now() / 1000);
+    const rec: FileRecord = { id: `file-${newHex()}`, bytes: bytes.length, created_at: created, filename: name, purpose: "batch", owner, lines: v.lines.length, expires_at: created + expiry.seconds };
     await store.putFile(rec.id, bytes);
     await store.publishFile({ type: "file", action: "created", file: rec, at: now() });
     return fileObject(rec);
@@ -301,7 +312,7 @@ export async function startBatchApi(o: BatchApiOptions): Promise<BatchApiHandle>
     const p = parseCreateBatch(await readJson(req));
     if ("status" in p) throw new HttpError(p);
     const f = view.files.get(p.input_file_id);
-    if (!f || f.owner !== owner || !isFileId(p.input_file_id)) return fail(400, `Invalid 'input_file_id': no such file ${p.input_file_id.slice(0, 64)}.`, "invalid_value", "input_file_id");
+    if (!f || f.owner !== owner || !isFileId(p.input_file_id) || fileExpired(f, now())) return fail(400, `Invalid 'input_file_id': no such file ${p.input_file_id.slice(0, 64)}.`, "invalid_value", "input_file_id");
     if (f.purpose !== "batch") fail(400, "Invalid 'input_file_id': the file's purpose must be 'batch'.", "invalid_value", "input_file_id");
     const data = await store.getFile(f.id);
     if (!data) return fail(400, `Invalid 'input_file_id': the file ${f.id} has no content.`, "invalid_value", "input_file_id");
@@ -379,7 +390,7 @@ export async function startBatchApi(o: BatchApiOptions): Promise<BatchApiHandle>
       if (text.length === 0) return null;
       const data = new TextEncoder().encode(text);
       await store.putFile(id, data);
-      await store.publishFile({ type: "file", action: "created", file: { id, bytes: data.length, created_at: Math.floor(now() / 1000), filename: `${b.id}_${id.endsWith("-output") ? "output" : "error"}.jsonl`, purpose: "batch_output", owner: b.owner }, at: now() });
+      await store.publishFile({ type: "file", action: "created", file: { id, bytes: data.length, created_at: Math.floor(now() / 1000), filename: `${b.id}_${id.endsWith("-output") ? "output" : "error"}.jsonl`, purpose: "batch_output", owner: b.owner, expires_at: Math.floor(now() / 1000) + DEFAULT_FILE_EXPIRY_S }, at: now() });
       return id;
     };
     const output_file_id = await write(outputFileId(b.id), a.output);
@@ -425,7 +436,25 @@ export async function startBatchApi(o: BatchApiOptions): Promise<BatchApiHandle>
     await close(view.batches.get(b.id) as BatchRecord, kind, seq);
   }
 
+  /** Deletes expired files (at most 100 a tick), except an input file a running batch still reads. */
+  async function deleteExpired(): Promise<void> {
+    const t = now();
+    const inUse = new Set<string>();
+    for (const b of view.batches.values()) if (!FINAL.has(b.status)) inUse.add(b.input_file_id);
+    let n = 0;
+    for (const f of [...view.files.values()]) {
+      if (n >= 100) break;
+      if (!fileExpired(f, t) || inUse.has(f.id)) continue;
+      n++;
+      // Every replica may do this at once: a second deletion event and object delete are no-ops.
+      await store.publishFile({ type: "file", action: "deleted", file: f, at: t });
+      await store.deleteFile(f.id);
+      filesExpired.inc();
+    }
+  }
+
   async function tick(): Promise<void> {
+    await deleteExpired().catch((err: unknown) => log.warn({ err }, "deleting expired files failed; retried at the next tick"));
     const work: Promise<void>[] = [];
     for (const b of view.batches.values()) {
       if (FINAL.has(b.status) || closing.has(b.id)) continue;
@@ -460,7 +489,7 @@ export async function startBatchApi(o: BatchApiOptions): Promise<BatchApiHandle>
       if (!id && method === "POST") return send(res, 200, await uploadFile(req, owner, caller.models));
       if (!id && method === "GET") {
         const purpose = q("purpose");
-        const p = paginate(view.filesOf(owner, purpose), q("after"), q("limit") ?? "100");
+        const p = paginate(view.filesOf(owner, purpose).filter((f) => !fileExpired(f, now())), q("after"), q("limit") ?? "100");
         if ("status" in p) throw new HttpError(p);
         const data = p.page.map(fileObject);
         return send(res, 200, { object: "list", data, first_id: data[0]?.id ?? null, last_id: data.at(-1)?.id ?? null, has_more: p.has_more });
