@@ -128,7 +128,7 @@ const USER_HEADER = "user";
 const AUTHENTICATE_CHALLENGE = { "www-authenticate": 'Bearer realm="jetroute"' };
 
 const CONTINUE = { response: { status: "CONTINUE" as const } };
-const STRIP_CLIENT_ROUTING: HeaderMutation = { remove_headers: [...ROUTING_CONTROLLED_HEADERS] };
+const STRIP_CLIENT_ROUTING: HeaderMutation = { remove_headers: [...ROUTING_CONTROLLED_HEADERS, ON_BEHALF_OF_HEADER] };
 
 function immediate(status: number, body: unknown, extra: Readonly<Record<string, string>> = {}): ProcessingResponse {
   return {
@@ -218,7 +218,7 @@ STREAM_GONE.name = "AbortError";
  */
 export function requestHeadersMutationOf(o: Pick<ExtProcHandlerOptions, "auth" | "engineApiKey">): HeaderMutation {
   // `x-api-key` (Anthropic clients' key header) goes wherever a client's `authorization` goes.
-  if (o.engineApiKey) return { remove_headers: [...ROUTING_CONTROLLED_HEADERS, X_API_KEY], set_headers: [setHeader(Headers.authorization, `Bearer ${o.engineApiKey}`)] };
+  if (o.engineApiKey) return { remove_headers: [...ROUTING_CONTROLLED_HEADERS, X_API_KEY, ON_BEHALF_OF_HEADER], set_headers: [setHeader(Headers.authorization, `Bearer ${o.engineApiKey}`)] };
   if (o.auth) return { remove_headers: [...ROUTING_CONTROLLED_HEADERS, Headers.authorization, X_API_KEY, ON_BEHALF_OF_HEADER] };
   return STRIP_CLIENT_ROUTING;
 }
