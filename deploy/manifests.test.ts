@@ -987,7 +987,7 @@ describe("NetworkPolicies", () => {
       expect(v, `user ${String(u.user)}: password must be a << $VAR >> reference`).toBeDefined();
       expect(at(env[v ?? ""], "valueFrom.secretKeyRef.name"), `${v} must come from a Secret`).toBe("jetroute-nats-users");
     }
-    expect(users.map((u) => u.user).sort()).toEqual(["jr-admin", "jr-analyst", "jr-autoscaler", "jr-gateway", "jr-kv-bridge", "jr-metrics-scraper", "jr-pod-watcher"]);
+    expect(users.map((u) => u.user).sort()).toEqual(["jr-admin", "jr-analyst", "jr-autoscaler", "jr-batch-api", "jr-batch-worker", "jr-gateway", "jr-kv-bridge", "jr-metrics-scraper", "jr-pod-watcher"]);
   });
 });
 

@@ -313,7 +313,7 @@ const faultCases = (v: string) =>
 
 program
   .command("faults")
-  .description("faults under load: kill a gateway, a NATS node (eventual, strict), NATS down, kill the kv-bridge, clock skew: failed requests, acked events lost, heal time")
+  .description("faults under load: kill a gateway, a NATS node (eventual, strict, during a batch), NATS down, kill the kv-bridge, clock skew: failed requests, acked events lost, heal time")
   .option("--cases <list>", `cases to run, comma separated (${FAULT_CASES.join(", ")})`, faultCases, [...FAULT_CASES])
   .option("--rate <rps>", "requests per second over the gateway processes", int, 500)
   .option("--in-process-rate <rps>", "requests per second in the cases with in-process gateways (NATS node, clock skew)", int, 200)
@@ -322,10 +322,11 @@ program
   .option("--outage-ms <ms>", "nats-down-30s: how long NATS is down", int, 30_000)
   .option("--heartbeat-ms <ms>", "gateways' heartbeat interval (timeout 3x)", int, 200)
   .option("--kv-requests <n>", "kill-kv-bridge: chat requests around the kill", int, 60)
-  .option("--case-timeout-ms <ms>", "time limit of every case: past it the case is stopped with all it started and reported as timed out (0 = each case's own: its load and outage plus room, 530 s in all by default)", nonNegative, 0)
+  .option("--batch-items <n>", "kill-nats-node-batch: items of the batch", int, 400)
+  .option("--case-timeout-ms <ms>", "time limit of every case: past it the case is stopped with all it started and reported as timed out (0 = each case's own: its load and outage plus room, 620 s in all by default)", nonNegative, 0)
   .action(async (o) => {
     const result = await runFaultsBench({
-      cases: o.cases, rate: o.rate, inProcessRate: o.inProcessRate, holdMs: o.holdMs, phaseMs: o.phaseMs, outageMs: o.outageMs, heartbeatMs: o.heartbeatMs, kvRequests: o.kvRequests, caseTimeoutMs: o.caseTimeoutMs,
+      cases: o.cases, rate: o.rate, inProcessRate: o.inProcessRate, holdMs: o.holdMs, phaseMs: o.phaseMs, outageMs: o.outageMs, heartbeatMs: o.heartbeatMs, kvRequests: o.kvRequests, batchItems: o.batchItems, caseTimeoutMs: o.caseTimeoutMs,
     });
     emitResult(result);
   });

@@ -237,6 +237,13 @@ export const ApiKeyRecord = Type.Object(
      * model outside the list is refused (403 `model_not_allowed`), as a direct request for it is.
      */
     models: Type.Optional(Type.Array(Type.String({ minLength: 1, maxLength: 256 }), { minItems: 1, maxItems: 1024, uniqueItems: true })),
+    /**
+     * A service key that may send requests on behalf of another key (`config add-key --delegate`;
+     * the batch-worker's): its `x-jetroute-on-behalf-of: <sha256 of the other key>` header makes
+     * the gateway apply that key's settings (user, models, objective, cache salt, class) instead of
+     * its own. Absent = false: any other key sending the header is refused (403).
+     */
+    delegate: Type.Optional(Type.Boolean()),
     sig: Type.Optional(RecordSignature),
   },
   { $id: "api-key", additionalProperties: false },

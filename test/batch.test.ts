@@ -15,7 +15,7 @@ import { configRecordSubject, generateSigningKeyPair, RecordSigner, RecordVerifi
 import { startFront, type FrontServer } from "../services/front/front.js";
 import { type BatchApiHandle, startBatchApi } from "../services/batch/api.js";
 import { type BatchWorkerHandle, startBatchWorker } from "../services/batch/worker.js";
-import { COMPLETION_WINDOW_MS } from "../services/batch/model.js";
+import { COMPLETION_WINDOW_MS, requestLineId } from "../services/batch/model.js";
 import { DEMO_FLOW_CONTROL } from "../services/demo/demo.js";
 import { MODEL_CONFIG_KEY_PREFIX } from "../schemas/config.js";
 import { encodeToken } from "../streams/tokens.js";
@@ -318,4 +318,125 @@ describe("Batch API - files, batches, workers through the routing plane", () => 
       await authed.close();
     }
   }, 60_000);
+
+  it("items run under the owner's key: its objective ceiling, cache salt and user apply (worker key with --delegate); a key without it is refused 403", async () => {
+    // Only this test's worker may take items from the (shared) work queue.
+    for (const w of workers.splice(0)) await w.close();
+    for (const p of procs.splice(0)) await p.stop().catch(() => undefined);
+    const kv = await new Kvm(env.nats.nc).open(configBucketName("jr"));
+    const SALT = "owner-salt-0123456789abcdef";
+    const ownerKey = "jr-test-key-batch-owner-000000000000000000";
+    // The worker's key through the real CLI, as an operator makes it.
+    const made = await runJetroute(["config", "add-key", "--user", "batch-worker", "--delegate", "--json", "--nats", env.server.url]);
+    expect(made.code, made.stderr).toBe(0);
+    const workerRec = JSON.parse(made.stdout.trim()) as { key: string; delegate?: boolean };
+    expect(workerRec.delegate).toBe(true);
+    const workerKey = workerRec.key;
+    const plainKey = "jr-test-key-batch-worker-plain-00000000000";
+    await kv.put(apiKeyBucketKey(hashApiKey(ownerKey)), JSON.stringify({ user: "tenant-d", createdAt: Date.now(), objective: "batch", cacheSalt: SALT }));
+    await kv.put(apiKeyBucketKey(hashApiKey(plainKey)), JSON.stringify({ user: "plain-worker", createdAt: Date.now() }));
+    const gw = await env.gateway({ id: "gw-auth", auth: "required" });
+    await waitFor(() => gw.apiKeys.size >= 3, 5_000, "the keys reach the gateway");
+    const authed = await startBatchApi({ nats: env.nats, port: 0, log: quietLog, id: "api-owner", auth: "required", tickMs: 100 });
+    const front2 = await startFront({ port: 0, gateways: [`127.0.0.1:${gw.port}`], batchApi: `127.0.0.1:${authed.port}`, logger: quietLog });
+    const decisions = new Map<string, { user?: string; flow?: { objective?: string; band: number } }>();
+    const sub = env.nats.nc.subscribe(env.subjects.all("decisions"), { callback: (_e, m) => void decisions.set((m.json() as { id: string }).id, m.json()) });
+    try {
+      const at = `http://127.0.0.1:${front2.port}`;
+      const O = { authorization: `Bearer ${ownerKey}` };
+      const chatAs = (key: string, extra: Record<string, string>) =>
+        fetch(`${at}/v1/chat/completions`, { method: "POST", headers: { "content-type": "application/json", authorization: `Bearer ${key}`, ...extra }, body: JSON.stringify({ model: MODEL, messages: [{ role: "user", content: "hi" }], max_tokens: 1 }) });
+      await waitFor(async () => {
+        const r = await chatAs(ownerKey, {});
+        await r.arrayBuffer();
+        return r.status === 200;
+      }, 10_000, "the authenticating gateway routes");
+      // A key without --delegate naming the owner: 403, OpenAI-shaped; the owner's hash is not echoed.
+      const refused = await chatAs(plainKey, { "x-jetroute-on-behalf-of": hashApiKey(ownerKey) });
+      expect(refused.status).toBe(403);
+      const body = (await refused.json()) as { error: Json };
+      expect(body.error).toMatchObject({ type: "permission_error", code: "delegation_not_allowed", param: "x-jetroute-on-behalf-of" });
+      expect(JSON.stringify(body)).not.toContain(hashApiKey(ownerKey));
+      // The delegate key naming a key that does not exist: refused too.
+      expect((await chatAs(workerKey, { "x-jetroute-on-behalf-of": "0".repeat(64) })).status).toBe(403);
+      expect((await chatAs(workerKey, { "x-jetroute-on-behalf-of": "not-a-hash" })).status).toBe(400);
+
+      // Prompts long enough to fill cache blocks, so the engines keep them under the salt they got.
+      const long = "a tenant prompt long enough to fill several cache blocks at the engine ".repeat(8);
+      const n = 6;
+      const text = `${Array.from({ length: n }, (_, i) => JSON.stringify({ custom_id: `own-${i}`, method: "POST", url: "/v1/chat/completions", body: { model: MODEL, messages: [{ role: "user", content: `${long} ${i}` }], max_tokens: 2 } })).join("\n")}\n`;
+      const f = await json(upload(text, "owner.jsonl", O, at));
+      const b = await json(createBatch(f.id as string, at, O));
+      expect(b.status).toBe("validating");
+      // The worker asks for the interactive band with its own key: the owner's key caps it at batch.
+      const w = await worker({ target: at, apiKey: workerKey, objective: "interactive" });
+      let done: Json = {};
+      await waitFor(async () => {
+        done = await json(fetch(`${at}/v1/batches/${b.id}`, { headers: O }));
+        return done.status === "completed";
+      }, 30_000, "the owner's batch completes");
+      expect(done.request_counts).toEqual({ total: n, completed: n, failed: 0 });
+      for (let i = 0; i < n; i++) {
+        const id = requestLineId(b.id as string, i);
+        await waitFor(() => decisions.has(id), 10_000, `the decision record of ${id}`);
+        const d = decisions.get(id);
+        expect(d?.user).toBe("tenant-d");
+        expect(d?.flow).toMatchObject({ objective: "batch", band: -1 });
+      }
+      const salts = new Set(fleet.pods.flatMap((p) => fleet.cacheListing(p.name).blocks.filter((x) => x.parentHash === null).map((x) => x.extraKeys?.[0] ?? null)));
+      expect(salts.has(SALT)).toBe(true);
+      await w.close();
+      workers.splice(workers.indexOf(w), 1);
+
+      // The same batch run by a worker whose key lacks --delegate: every item is refused, recorded in the error file.
+      const f2 = await json(upload(inputFile(2, "nodelegate"), "nd.jsonl", O, at));
+      const b2 = await json(createBatch(f2.id as string, at, O));
+      const w2 = await worker({ target: at, apiKey: plainKey });
+      let done2: Json = {};
+      await waitFor(async () => {
+        done2 = await json(fetch(`${at}/v1/batches/${b2.id}`, { headers: O }));
+        return done2.status === "completed";
+      }, 30_000, "the second batch completes");
+      expect(done2.request_counts).toEqual({ total: 2, completed: 0, failed: 2 });
+      const errs = (await (await fetch(`${at}/v1/files/${done2.error_file_id}/content`, { headers: O })).text()).trim().split("\n").map((l) => JSON.parse(l) as { response: { status_code: number; body: { error: Json } } });
+      for (const e of errs) expect(e.response).toMatchObject({ status_code: 403, body: { error: { code: "delegation_not_allowed" } } });
+      await w2.close();
+      workers.splice(workers.indexOf(w2), 1);
+    } finally {
+      sub.unsubscribe();
+      await front2.close();
+      await authed.close();
+    }
+  }, 90_000);
+
+  it("files expire: expires_after sets expires_at (OpenAI's bounds); an expired file answers 404, leaves the list, and the closer deletes it", async () => {
+    const withExpiry = (seconds: string, anchor = "created_at") => {
+      const form = new FormData();
+      form.set("purpose", "batch");
+      form.set("expires_after[anchor]", anchor);
+      form.set("expires_after[seconds]", seconds);
+      form.set("file", new Blob([inputFile(1, "exp")]), "exp.jsonl");
+      return fetch(`${base}/v1/files`, { method: "POST", body: form });
+    };
+    const tooShort = await withExpiry("60");
+    expect(tooShort.status).toBe(400);
+    expect(((await tooShort.json()) as { error: Json }).error).toMatchObject({ type: "invalid_request_error", code: "invalid_value", param: "expires_after.seconds" });
+    expect((await withExpiry("3600", "last_active_at")).status).toBe(400);
+    const short = await json(withExpiry("3600"));
+    expect(short.expires_at).toBe((short.created_at as number) + 3600);
+    const dflt = await json(upload(inputFile(1, "dflt")));
+    expect(dflt.expires_at).toBe((dflt.created_at as number) + 30 * 24 * 3600);
+    clockShift += 3_601_000;
+    try {
+      expect((await fetch(`${base}/v1/files/${short.id}`)).status).toBe(404);
+      expect((await fetch(`${base}/v1/files/${short.id}/content`)).status).toBe(404);
+      expect(((await json(fetch(`${base}/v1/files`))).data as Json[]).map((f) => f.id)).not.toContain(short.id);
+      expect((await createBatch(short.id as string)).status).toBe(400);
+      // The closer (every tick) deletes its record and its object; the 30-day file stays.
+      await waitFor(async () => !api.store.view.files.has(short.id as string) && (await api.store.getFile(short.id as string)) === null, 10_000, "the expired file deleted");
+      expect((await fetch(`${base}/v1/files/${dflt.id}`)).status).toBe(200);
+    } finally {
+      clockShift -= 3_601_000;
+    }
+  }, 30_000);
 });

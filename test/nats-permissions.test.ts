@@ -20,6 +20,7 @@
  * the API key and the pod such a consumer would plant (and the same records stored by hand).
  */
 import { randomBytes } from "node:crypto";
+import http from "node:http";
 import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import os from "node:os";
 import path from "node:path";
@@ -38,7 +39,7 @@ import { PacedPullReader } from "../services/shared/paced-pull.js";
 import { type NatsServerHandle, startNatsServer } from "../services/shared/nats-server.js";
 import { type ServiceProcess, spawnJetroute } from "../services/shared/processes.js";
 import { AUTOSCALE_KEY_PREFIX } from "../schemas/autoscale.js";
-import { configBucketName, leaseBucketName, snapshotBucketName, streamName } from "../streams/definitions.js";
+import { configBucketName, filesBucketName, leaseBucketName, snapshotBucketName, streamName } from "../streams/definitions.js";
 import { isConsumerNotFound } from "../streams/errors.js";
 import { namespaceOf } from "../streams/pools.js";
 import { Family, Subjects } from "../streams/subjects.js";
@@ -203,11 +204,11 @@ afterAll(async () => {
 describe("the shipped NATS permissions (deploy/nats/values.yaml)", () => {
   it("name the subjects and buckets of prefix jr that streams/ defines, one user per process", () => {
     const users = Object.values(accounts).flatMap((a) => a.users);
-    expect(users.map((u) => u.user).sort()).toEqual(["jr-admin", "jr-analyst", "jr-autoscaler", "jr-gateway", "jr-kv-bridge", "jr-metrics-scraper", "jr-pod-watcher"]);
+    expect(users.map((u) => u.user).sort()).toEqual(["jr-admin", "jr-analyst", "jr-autoscaler", "jr-batch-api", "jr-batch-worker", "jr-gateway", "jr-kv-bridge", "jr-metrics-scraper", "jr-pod-watcher"]);
     const families = Object.values(Family) as string[];
     // The example gateway pools of deploy/pools have their own lease and snapshot buckets.
     const pools = POOLS.map((p) => namespaceOf("jr", p).prefix);
-    const buckets = [configBucketName("jr"), leaseBucketName("jr"), snapshotBucketName("jr"), ...pools.flatMap((p) => [leaseBucketName(p), snapshotBucketName(p)])];
+    const buckets = [configBucketName("jr"), leaseBucketName("jr"), snapshotBucketName("jr"), filesBucketName("jr"), ...pools.flatMap((p) => [leaseBucketName(p), snapshotBucketName(p)])];
     for (const u of users) {
       for (const s of [...(u.permissions.publish?.allow ?? []), ...(u.permissions.publish?.deny ?? [])]) {
         const fam = /^jr\.(?:pool\.\*\.)?([^.]+)\.>$/.exec(s);
@@ -754,3 +755,112 @@ describe("gateway pools on the per-process users (deploy/pools)", () => {
     for (const s of [pooled.charges(POOLED_MODEL, "p"), pooled.decisions(POOLED_MODEL)]) await refused("jr-pod-watcher", s, () => pw.js.publish(s, "{}"));
   });
 });
+
+describe("the Batch API on its own users (batch-api, batch-worker)", () => {
+  const BATCH_KEY = "jr-perm-batch-tenant-key-0000000000000000";
+  const jsonl = (n: number) => `${Array.from({ length: n }, (_, i) => JSON.stringify({ custom_id: `p-${i}`, method: "POST", url: "/v1/chat/completions", body: { model: MODEL, messages: [{ role: "user", content: `item ${i}` }] } })).join("\n")}\n`;
+
+  it("batch-api (--auth required) and batch-worker run a batch end to end, cancel, and delete a file, without a refusal", async () => {
+    const admin = await as("jr-admin");
+    await (await new Kvm(admin.nc).open(configBucketName("jr"))).put(apiKeyBucketKey(hashApiKey(BATCH_KEY)), JSON.stringify({ user: "perm-tenant", createdAt: Date.now() }));
+    // The worker's target: an engine stand-in over real HTTP (the routing plane is not under test here).
+    const engine = http.createServer((req, res) => {
+      req.resume();
+      req.on("end", () => {
+        res.writeHead(200, { "content-type": "application/json" });
+        res.end(JSON.stringify({ id: "chatcmpl-perm", object: "chat.completion", choices: [{ index: 0, message: { role: "assistant", content: "ok" }, finish_reason: "stop" }] }));
+      });
+    });
+    await new Promise<void>((r) => engine.listen(0, "127.0.0.1", r));
+    const enginePort = (engine.address() as { port: number }).port;
+    const apiLog = path.join(dir, "batch-api.log");
+    const workerLog = path.join(dir, "batch-worker.log");
+    const logs = () => `${readFileSync(apiLog, "utf8").slice(-1500)}\n${readFileSync(workerLog, "utf8").slice(-1500)}`;
+    try {
+      const api = spawnJetroute("batch-api", ["batch-api", "--port", "0", "--auth", "required", "--nats", server.url], { env: envOf("jr-batch-api"), logFile: apiLog });
+      procs.push(api);
+      const { port } = await api.waitForLine<{ service: string; port: number }>((l) => l.service === "batch-api", 30_000);
+      const worker = spawnJetroute("batch-worker", ["batch-worker", "--target", `http://127.0.0.1:${enginePort}`, "--concurrency", "4", "--ack-wait-ms", "5000", "--nats", server.url], { env: envOf("jr-batch-worker"), logFile: workerLog });
+      procs.push(worker);
+      await worker.waitForLine((l) => l.service === "batch-worker", 30_000);
+      const at = `http://127.0.0.1:${port}`;
+      const auth = { authorization: `Bearer ${BATCH_KEY}` };
+      // The key reached batch-api through its config-bucket watch.
+      const upload = async (n: number) => {
+        const form = new FormData();
+        form.set("purpose", "batch");
+        form.set("file", new Blob([jsonl(n)]), "perm.jsonl");
+        return await fetch(`${at}/v1/files`, { method: "POST", body: form, headers: auth });
+      };
+      let up: Response | undefined;
+      await waitFor(async () => {
+        up = await upload(3);
+        return up.status !== 401;
+      }, 10_000, () => `the API key to reach batch-api: ${logs()}`, 50);
+      expect(up?.status, logs()).toBe(200);
+      const file = (await (up as Response).json()) as { id: string };
+      const create = (input_file_id: string) => fetch(`${at}/v1/batches`, { method: "POST", headers: { ...auth, "content-type": "application/json" }, body: JSON.stringify({ input_file_id, endpoint: "/v1/chat/completions", completion_window: "24h" }) });
+      const b = (await (await create(file.id)).json()) as { id: string };
+      let done: { status?: string; output_file_id?: string; request_counts?: unknown } = {};
+      await waitFor(async () => {
+        done = (await (await fetch(`${at}/v1/batches/${b.id}`, { headers: auth })).json()) as typeof done;
+        return done.status === "completed";
+      }, 30_000, () => `the batch to complete (${JSON.stringify(done)}): ${logs()}`, 50);
+      expect(done.request_counts).toEqual({ total: 3, completed: 3, failed: 0 });
+      const out = (await (await fetch(`${at}/v1/files/${done.output_file_id}/content`, { headers: auth })).text()).trim().split("\n");
+      expect(out.map((l) => (JSON.parse(l) as { custom_id: string }).custom_id).sort()).toEqual(["p-0", "p-1", "p-2"]);
+      // The worker's acks went through: nothing is left pending on the shared work consumer.
+      await waitFor(async () => (await admin.jsm.consumers.info(streamName("jr", "BATCH_WORK"), "batch-workers")).num_ack_pending === 0, 10_000, "the worker's acks to land");
+      // Cancel (purges the batch's queued items) and a file deletion (purges its chunks).
+      const b2 = (await (await create(file.id)).json()) as { id: string };
+      expect((await fetch(`${at}/v1/batches/${b2.id}/cancel`, { method: "POST", headers: auth })).status).toBe(200);
+      expect((await fetch(`${at}/v1/files/${file.id}`, { method: "DELETE", headers: auth })).status).toBe(200);
+      expect(violations.filter((l) => /User "jr-batch-(api|worker)"/.test(l)), logs()).toEqual([]);
+      // Its purge of the work queue and of a file, directly, as the two calls above make them.
+      const h = await as("jr-batch-api");
+      await h.jsm.streams.purge(streamName("jr", "BATCH_WORK"), { filter: subjects.batchWork("0".repeat(24)) });
+      expect(violations.filter((l) => /User "jr-batch-(api|worker)"/.test(l))).toEqual([]);
+    } finally {
+      engine.close();
+    }
+  }, 90_000);
+
+  it("batch-worker: no job events, items, files, API keys, purges; no consumer on the files or the config bucket", async () => {
+    const h = await as("jr-batch-worker");
+    for (const s of [subjects.batchJob("0".repeat(24)), subjects.batchFile("file-forged"), subjects.batchWork("0".repeat(24)), subjects.pod(MODEL, "forged"), subjects.charges(MODEL, "p")]) {
+      await refused("jr-batch-worker", s, () => h.js.publish(s, "{}"));
+    }
+    await refused("jr-batch-worker", apiKeySubjectOf("jr-forged-by-worker"), apiKeyPutAs(h, "jr-forged-by-worker"));
+    // An object write: its chunk publish, or the purge the client sends when that fails, is refused; nothing is stored.
+    await refused("jr-batch-worker", /^(?:\$O\.jr-files\.|\$JS\.API\.STREAM\.PURGE\.OBJ_jr-files$)/, async () => (await new Objm(h.nc).open(filesBucketName("jr"))).putBlob({ name: "forged" }, new Uint8Array([1])));
+    expect(await (await new Objm((await as("jr-admin")).nc).open(filesBucketName("jr"))).info("forged")).toBeNull();
+    await refused("jr-batch-worker", `$JS.API.STREAM.PURGE.${streamName("jr", "BATCH_WORK")}`, () => h.jsm.streams.purge(streamName("jr", "BATCH_WORK")));
+    for (const stream of [`OBJ_${filesBucketName("jr")}`, `KV_${configBucketName("jr")}`, streamName("jr", "CHARGES")]) {
+      await refused("jr-batch-worker", `$JS.API.CONSUMER.CREATE.${stream}.probe`, () => h.jsm.consumers.add(stream, { name: "probe", ack_policy: AckPolicy.None }));
+    }
+  });
+
+  it("batch-api: no results, pods, charges, API keys, stream changes; no consumer on the work queue", async () => {
+    const h = await as("jr-batch-api");
+    for (const s of [subjects.batchResult("0".repeat(24)), subjects.pod(MODEL, "forged"), subjects.charges(MODEL, "p"), subjects.decisions(MODEL)]) {
+      await refused("jr-batch-api", s, () => h.js.publish(s, "{}"));
+    }
+    await refused("jr-batch-api", apiKeySubjectOf("jr-forged-by-api"), apiKeyPutAs(h, "jr-forged-by-api"));
+    await refused("jr-batch-api", `$JS.API.STREAM.DELETE.${streamName("jr", "BATCH")}`, () => h.jsm.streams.delete(streamName("jr", "BATCH")));
+    await refused("jr-batch-api", `$JS.API.STREAM.PURGE.${streamName("jr", "BATCH_RESULTS")}`, () => h.jsm.streams.purge(streamName("jr", "BATCH_RESULTS")));
+    for (const stream of [streamName("jr", "BATCH_WORK"), streamName("jr", "CHARGES"), streamName("jr", "PODS")]) {
+      await refused("jr-batch-api", `$JS.API.CONSUMER.CREATE.${stream}.probe`, () => h.jsm.consumers.add(stream, { name: "probe", ack_policy: AckPolicy.None }));
+    }
+  });
+});
+
+function apiKeySubjectOf(token: string): string {
+  return `$KV.${configBucketName("jr")}.${apiKeyBucketKey(hashApiKey(token))}`;
+}
+
+function apiKeyPutAs(h: NatsHandles, token: string): () => Promise<void> {
+  return async () => {
+    const kv = await new Kvm(h.nc).open(configBucketName("jr"));
+    await kv.put(apiKeyBucketKey(hashApiKey(token)), JSON.stringify({ user: "mallory", createdAt: 0, admin: true }));
+  };
+}

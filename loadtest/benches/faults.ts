@@ -25,6 +25,11 @@
  *   acked_events_lost (strict) = committed charges whose ack sequence is absent from CHARGES
  *   afterwards. Eventual charges are fire-and-forget (never acked): for both modes the charges
  *   published vs held by the stream is reported as `charges_published` / `charges_missing`.
+ * - kill-nats-node-batch: 3-node cluster, R3 streams, batch-api and two batch-workers in process
+ *   (each worker connected to another node first), sim pods as the workers' target; a batch of
+ *   `batchItems` items, SIGKILL of the work queue's (JR_BATCH_WORK) leader once a quarter of the
+ *   items have results. lost = input lines without an output line, duplicated = output lines past
+ *   one per custom_id; heal_ms = kill until the batch is completed.
  * - nats-down-30s: single node, SIGKILL it for `outageMs`, keep routing (2 gateway processes),
  *   record /readyz and gRPC health during the outage, restart nats-server on the same port and
  *   store dir. heal_ms = restart until the probes opened during the outage are in every ledger.
@@ -56,10 +61,13 @@ import { applyStreams } from "../../streams/apply.js";
 import { configBucketName, streamName } from "../../streams/definitions.js";
 import { Subjects } from "../../streams/subjects.js";
 import { runCaseProcess, stopCasesOnSignals } from "../case-process.js";
+import { createLogger } from "../../services/shared/log.js";
+import { type BatchApiHandle, startBatchApi } from "../../services/batch/api.js";
+import { type BatchWorkerHandle, startBatchWorker } from "../../services/batch/worker.js";
 import { compiledScript } from "../child.js";
 
-export type FaultCaseName = "kill-gateway" | "kill-nats-node-eventual" | "kill-nats-node-strict" | "nats-down-30s" | "kill-kv-bridge" | "clock-skew";
-export const FAULT_CASES: readonly FaultCaseName[] = ["kill-gateway", "kill-nats-node-eventual", "kill-nats-node-strict", "nats-down-30s", "kill-kv-bridge", "clock-skew"];
+export type FaultCaseName = "kill-gateway" | "kill-nats-node-eventual" | "kill-nats-node-strict" | "kill-nats-node-batch" | "nats-down-30s" | "kill-kv-bridge" | "clock-skew";
+export const FAULT_CASES: readonly FaultCaseName[] = ["kill-gateway", "kill-nats-node-eventual", "kill-nats-node-strict", "kill-nats-node-batch", "nats-down-30s", "kill-kv-bridge", "clock-skew"];
 
 export interface FaultCaseResult {
   case: FaultCaseName;
@@ -111,6 +119,8 @@ export interface FaultsOptions {
   skewsMs?: number[];
   /** kill-kv-bridge: chat requests before and after the kill (default 60 each). */
   kvRequests?: number;
+  /** kill-nats-node-batch: items of the batch (default 400). */
+  batchItems?: number;
   /** Time limit of every case, or per case (default 0: each case's own, `faultCaseLimitMs`). */
   caseTimeoutMs?: number | Partial<Record<FaultCaseName, number>>;
 }
@@ -648,12 +658,122 @@ export async function clockSkewCase(o: Required<FaultsOptions>): Promise<FaultCa
   }
 }
 
+// ---------------------------------------------------------------- kill-nats-node-batch
+
+export async function killNatsNodeBatchCase(o: Required<FaultsOptions>): Promise<FaultCaseResult> {
+  const cluster = await startNatsCluster(3);
+  let h: NatsHandles | undefined;
+  let fleet: SimFleet | undefined;
+  let api: BatchApiHandle | undefined;
+  const workers: BatchWorkerHandle[] = [];
+  try {
+    h = await applyWithRetry(cluster.urls, 3);
+    const urls = cluster.urls;
+    // The engines the workers send items to (straight to the pods: the routing plane is not under test).
+    fleet = await startSimFleet({ pods: 2, model: MODEL, decodeMsPerStep: 2, maxBatch: 32, logger: silent });
+    const pods = fleet.pods.map((p) => p.address);
+    api = await startBatchApi({ nats: urls, port: 0, log: process.env.FAULTS_DEBUG ? createLogger("nnb-api", "warn") : silent, id: "nnb-api", tickMs: 200, reclaimAfterMs: 5_000 });
+    const base = `http://127.0.0.1:${api.port}`;
+    const n = o.batchItems;
+    const jsonl = `${Array.from({ length: n }, (_, i) => JSON.stringify({ custom_id: `item-${i}`, method: "POST", url: "/v1/chat/completions", body: { model: MODEL, messages: [{ role: "user", content: `batch item ${i}` }], max_tokens: 8 } })).join("\n")}\n`;
+    const form = new FormData();
+    form.set("purpose", "batch");
+    form.set("file", new Blob([jsonl]), "faults.jsonl");
+    const file = (await (await fetch(`${base}/v1/files`, { method: "POST", body: form, signal: AbortSignal.timeout(HTTP_TIMEOUT_MS) })).json()) as { id: string };
+    const created = (await (await fetch(`${base}/v1/batches`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ input_file_id: file.id, endpoint: "/v1/chat/completions", completion_window: "24h" }), signal: AbortSignal.timeout(HTTP_TIMEOUT_MS) })).json()) as { id: string };
+    // Two workers, each on another node first, each sending to its own pod.
+    for (let i = 0; i < 2; i++) workers.push(await startBatchWorker({ nats: [...urls.slice(i + 1), ...urls.slice(0, i + 1)], target: `http://${pods[i % pods.length]}`, log: silent, id: `nnb-worker-${i}`, concurrency: 4, ackWaitMs: 3_000, maxAttempts: 50 }));
+    const progress = () => api?.store.view.live.get(created.id);
+    await until(() => ((progress()?.completed ?? 0) + (progress()?.failed ?? 0) >= n / 4 ? true : undefined), 60_000, "a quarter of the batch's items done", 20);
+    const stream = streamName("jr", "BATCH_WORK");
+    const leader = (await h.jsm.streams.info(stream)).cluster?.leader ?? "";
+    const victim = cluster.servers.find((s) => leader === `jr-node-${cluster.servers.indexOf(s)}`) ?? (cluster.servers[0] as NatsServerHandle);
+    const victimName = `jr-node-${cluster.servers.indexOf(victim)}`;
+    const doneAtKill = (progress()?.completed ?? 0) + (progress()?.failed ?? 0);
+    const killedAt = performance.now();
+    await victim.kill();
+    const dbg = process.env.FAULTS_DEBUG ? setInterval(() => log(`nnb: ${JSON.stringify({ t: round(performance.now() - killedAt), live: { c: progress()?.completed, f: progress()?.failed }, status: api?.store.view.batches.get(created.id)?.status, workers: workers.map((w) => w.stats) })}`), 1_000) : undefined;
+    const final = await until(
+      async () => {
+        try {
+          const b = (await (await fetch(`${base}/v1/batches/${created.id}`, { signal: AbortSignal.timeout(HTTP_TIMEOUT_MS) })).json()) as { status: string; output_file_id: string | null; error_file_id: string | null; request_counts: { total: number; completed: number; failed: number } };
+          return b.status === "completed" || b.status === "failed" || b.status === "expired" || b.status === "cancelled" ? b : undefined;
+        } catch {
+          return undefined;
+        }
+      },
+      60_000,
+      "the batch to complete after the kill",
+      100,
+    );
+    const healMs = performance.now() - killedAt;
+    if (dbg) clearInterval(dbg);
+    const lines: Array<{ custom_id: string }> = [];
+    const unreadable: string[] = [];
+    let contentRetries = 0;
+    for (const id of [final.output_file_id, final.error_file_id]) {
+      if (!id) continue;
+      // As a client does: a 503 (the file store's stream still electing a leader) is retried.
+      const { res, text } = await until(
+        async () => {
+          const res = await fetch(`${base}/v1/files/${id}/content`, { signal: AbortSignal.timeout(HTTP_TIMEOUT_MS) });
+          const text = await res.text();
+          if (res.status === 503) {
+            contentRetries++;
+            return undefined;
+          }
+          return { res, text };
+        },
+        30_000,
+        `reading ${id}`,
+        250,
+      );
+      if (res.status !== 200) {
+        unreadable.push(`${id}: ${res.status} ${text.slice(0, 200)}`);
+        continue;
+      }
+      for (const l of text.split("\n")) if (l.trim()) lines.push(JSON.parse(l) as { custom_id: string });
+    }
+    const ids = new Set(lines.map((l) => l.custom_id));
+    const lost = Array.from({ length: n }, (_, i) => `item-${i}`).filter((c) => !ids.has(c)).length;
+    const stats = workers.map((w) => ({ ...w.stats }));
+    const r: FaultCaseResult = {
+      case: "kill-nats-node-batch",
+      requests: n,
+      failed: final.request_counts.failed,
+      acked_events_lost: 0,
+      heal_ms: round(healMs),
+      status: final.status,
+      completed: final.request_counts.completed,
+      lost,
+      duplicated: lines.length - ids.size,
+      done_at_kill: doneAtKill,
+      killed_node: victimName,
+      work_stream_leader: leader,
+      retried: stats.reduce((a, s) => a + s.retried, 0),
+      publish_failed: stats.reduce((a, s) => a + s.publishFailed, 0),
+      skipped_done: stats.reduce((a, s) => a + s.skippedDone, 0),
+      fold_reopens: api.store.foldReopens + workers.reduce((a, w) => a + w.store.foldReopens, 0),
+      content_503_retries: contentRetries,
+      ...(unreadable.length ? { unreadable_files: unreadable } : {}),
+    };
+    log(`kill-nats-node-batch: ${n} items, killed ${victimName} (the work queue's leader) at ${doneAtKill} done; batch ${final.status} ${round(healMs)} ms later: ${r.completed} completed, ${r.failed} failed, ${lost} lost, ${r.duplicated} duplicated`);
+    return r;
+  } finally {
+    for (const w of workers) await w.close().catch(() => undefined);
+    await api?.close().catch(() => undefined);
+    await fleet?.close();
+    await h?.nc.close().catch(() => undefined);
+    await cluster.stop();
+  }
+}
+
 // ---------------------------------------------------------------- the suite
 
 /**
  * A case's time limit: its own load and outage lengths plus room for setup, heal and drain on a
  * slow 2-core host (each case's worst observed run, below the limit, in docs/benchmarks.md). With
- * the defaults every case's limit together is 530 s: the suite ends within 10 minutes even when
+ * the defaults every case's limit together is 620 s: the suite ends within about 10 minutes even when
  * every case is stopped at its limit.
  */
 export function faultCaseLimitMs(c: FaultCaseName, o: Required<FaultsOptions>): number {
@@ -669,6 +789,8 @@ export function faultCaseLimitMs(c: FaultCaseName, o: Required<FaultsOptions>): 
       return o.outageMs + 2 * o.phaseMs + 60_000;
     case "kill-kv-bridge":
       return 60_000;
+    case "kill-nats-node-batch":
+      return 90_000;
     case "clock-skew":
       return o.skewsMs.length * (o.phaseMs + 15_000) + 20_000;
   }
@@ -685,6 +807,7 @@ export function faultsDefaults(opts: FaultsOptions = {}): Required<FaultsOptions
     heartbeatMs: opts.heartbeatMs ?? 200,
     skewsMs: opts.skewsMs ?? [5_000, -5_000],
     kvRequests: opts.kvRequests ?? 60,
+    batchItems: opts.batchItems ?? 400,
     caseTimeoutMs: opts.caseTimeoutMs ?? 0,
   };
 }
@@ -698,6 +821,8 @@ export function runFaultCase(c: FaultCaseName, o: Required<FaultsOptions>): Prom
       return killNatsNodeCase("eventual", o);
     case "kill-nats-node-strict":
       return killNatsNodeCase("strict", o);
+    case "kill-nats-node-batch":
+      return killNatsNodeBatchCase(o);
     case "nats-down-30s":
       return natsDownCase(o);
     case "kill-kv-bridge":

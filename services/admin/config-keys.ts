@@ -37,7 +37,7 @@ async function readKeys(kv: Bucket): Promise<StoredKey[]> {
 const shortHash = (h: string) => h.slice(0, SHOWN_HASH_PREFIX);
 const keyStatus = (k: StoredKey) => (!k.record ? "invalid" : k.record.disabled ? "revoked" : "active");
 
-type AddKeyOptions = NamespaceOptionValues & SigningOptionValues & { user: string; name?: string; admin?: boolean; objective?: string; cacheSalt?: string; class?: string; models?: string; json?: boolean };
+type AddKeyOptions = NamespaceOptionValues & SigningOptionValues & { user: string; name?: string; admin?: boolean; objective?: string; cacheSalt?: string; class?: string; models?: string; delegate?: boolean; json?: boolean };
 
 export function registerAddKeyCommand(cfg: Command): void {
   addSigningOption(addNamespaceOptions(cfg.command("add-key").description("create an API key for a user; prints the key once (only its SHA-256 is stored)")))
@@ -48,6 +48,7 @@ export function registerAddKeyCommand(cfg: Command): void {
     .option("--cache-salt <salt>", "the tenant's cache salt: its requests share cached prompt blocks only with keys of the same salt (16-128 of A-Z a-z 0-9 _ -, random, e.g. $(openssl rand -hex 16))")
     .option("--class <name>", "the key's class: virtual models' `user` signals may test it (docs/semantic.md)")
     .option("--models <list>", "comma-separated models the key may use, also when a virtual model chose them (default: every model)")
+    .option("--delegate", "a service key (the batch-worker's) that may send x-jetroute-on-behalf-of: <sha256 of another key>, so its requests run under that key's user, models, objective, cache salt and class (docs/batch.md, Tenancy)")
     .option("--json", "print {key, hash, user, name, createdAt, admin, cacheSalt} as one JSON line")
     .action(addKey);
 }
@@ -59,6 +60,7 @@ async function addKey(o: AddKeyOptions): Promise<void> {
     ...(o.name !== undefined ? { name: o.name } : {}),
     createdAt: Date.now(),
     ...(o.admin ? { admin: true } : {}),
+    ...(o.delegate ? { delegate: true } : {}),
     ...(o.objective !== undefined ? { objective: o.objective } : {}),
     ...(o.cacheSalt !== undefined ? { cacheSalt: o.cacheSalt } : {}),
     ...(o.class !== undefined ? { class: o.class } : {}),
@@ -77,7 +79,7 @@ async function addKey(o: AddKeyOptions): Promise<void> {
   if (o.json) console.log(JSON.stringify({ key, hash, ...record }));
   else {
     console.log(key);
-    console.error(`created ${o.admin ? "admin " : ""}key ${shortHash(hash)} for user ${o.user}${o.name ? ` (${o.name})` : ""}${o.cacheSalt ? " with a cache salt" : ""}; this is the only time the key is shown: store it now`);
+    console.error(`created ${o.admin ? "admin " : ""}${o.delegate ? "delegate " : ""}key ${shortHash(hash)} for user ${o.user}${o.name ? ` (${o.name})` : ""}${o.cacheSalt ? " with a cache salt" : ""}; this is the only time the key is shown: store it now`);
   }
 }
 

@@ -25,9 +25,11 @@ import {
   type BatchRecord,
   batchObject,
   COMPLETION_WINDOW_MS,
+  DEFAULT_FILE_EXPIRY_S,
   errorFileId,
   FINAL,
   type FileRecord,
+  fileExpired,
   fileObject,
   isBatchId,
   isFileId,
@@ -36,6 +38,7 @@ import {
   MAX_FILE_BYTES,
   MAX_FILENAME,
   outputFileId,
+  parseExpiresAfter,
   paginate,
   parseCreateBatch,
   RUNNING,
@@ -75,6 +78,14 @@ export interface BatchApiHandle {
 }
 
 const ANONYMOUS = "anonymous";
+
+/** Who calls: the tenant (the key's user) and, under --auth required, the key's hash and model allow-list. */
+interface Caller {
+  owner: string;
+  /** SHA-256 of the caller's key: a batch's items run under it (the worker's x-jetroute-on-behalf-of). */
+  key?: string;
+  models?: readonly string[];
+}
 const MULTIPART_OVERHEAD = 1024 * 1024;
 
 class HttpError extends Error {
@@ -178,13 +189,13 @@ export async function startBatchApi(o: BatchApiOptions): Promise<BatchApiHandle>
   }
 
   /** The caller's tenant and, when its key has one, the key's model allow-list. */
-  const callerOf = (req: http.IncomingMessage): { owner: string; models?: readonly string[] } => {
+  const callerOf = (req: http.IncomingMessage): Caller => {
     if (auth !== "required") return { owner: ANONYMOUS };
     const header = req.headers.authorization;
     const r = keys.authenticate(Array.isArray(header) ? header[0] : header);
     if (!r.ok) fail(401, authFailureMessage(r.reason), "invalid_api_key");
-    const ok = r as { user: string; models?: readonly string[] };
-    return { owner: ok.user, ...(ok.models ? { models: ok.models } : {}) };
+    const ok = r as { user: string; hash: string; models?: readonly string[] };
+    return { owner: ok.user, key: ok.hash, ...(ok.models ? { models: ok.models } : {}) };
   };
 
   // ------------------------------------------------------------------------- metrics
@@ -239,12 +250,13 @@ export async function startBatchApi(o: BatchApiOptions): Promise<BatchApiHandle>
       for (const [k, v] of Object.entries(view.stats)) this.set({ kind: k }, v);
     },
   });
+  const filesExpired = new client.Counter({ name: "jetroute_batch_files_expired_total", help: "Expired files this replica deleted (their records and objects)", registers: [registry] });
   const closings = new client.Counter({ name: "jetroute_batch_closings_total", help: "Batches this replica closed, by final status", labelNames: ["status"], registers: [registry] });
 
   // ------------------------------------------------------------------------- files
   const ownFile = (owner: string, id: string): FileRecord => {
     const f = isFileId(id) ? view.files.get(id) : undefined;
-    if (!f || f.owner !== owner) return fail(404, `No such File object: ${id.slice(0, 64)}`, "file_not_found", "id");
+    if (!f || f.owner !== owner || fileExpired(f, now())) return fail(404, `No such File object: ${id.slice(0, 64)}`, "file_not_found", "id");
     return f;
   };
 
@@ -273,8 +285,15 @@ export async function startBatchApi(o: BatchApiOptions): Promise<BatchApiHandle>
     const bytes = new Uint8Array(await file.arrayBuffer());
     const v = validateInput(new TextDecoder().decode(bytes), undefined, models);
     if (!v.ok) return invalidLines(v.errors);
+    const field = (k: string) => {
+      const x = form.get(k);
+      return typeof x === "string" ? x : undefined;
+    };
+    const expiry = parseExpiresAfter(field("expires_after[anchor]"), field("expires_after[seconds]"));
+    if ("message" in expiry) return fail(400, expiry.message, "invalid_value", expiry.param);
     const name = ((file as File).name || "input.jsonl").slice(0, MAX_FILENAME);
-    const rec: FileRecord = { id: `file-${newHex()}`, bytes: bytes.length, created_at: Math.floor(now() / 1000), filename: name, purpose: "batch", owner, lines: v.lines.length };
+    const created = Math.floor(now() / 1000);
+    const rec: FileRecord = { id: `file-${newHex()}`, bytes: bytes.length, created_at: created, filename: name, purpose: "batch", owner, lines: v.lines.length, expires_at: created + expiry.seconds };
     await store.putFile(rec.id, bytes);
     await store.publishFile({ type: "file", action: "created", file: rec, at: now() });
     return fileObject(rec);
@@ -288,11 +307,12 @@ export async function startBatchApi(o: BatchApiOptions): Promise<BatchApiHandle>
   };
   const shown = (b: BatchRecord) => batchObject(b, view.live.get(b.id));
 
-  async function createBatch(req: http.IncomingMessage, owner: string, models?: readonly string[]): Promise<unknown> {
+  async function createBatch(req: http.IncomingMessage, caller: Caller): Promise<unknown> {
+    const { owner, models } = caller;
     const p = parseCreateBatch(await readJson(req));
     if ("status" in p) throw new HttpError(p);
     const f = view.files.get(p.input_file_id);
-    if (!f || f.owner !== owner || !isFileId(p.input_file_id)) return fail(400, `Invalid 'input_file_id': no such file ${p.input_file_id.slice(0, 64)}.`, "invalid_value", "input_file_id");
+    if (!f || f.owner !== owner || !isFileId(p.input_file_id) || fileExpired(f, now())) return fail(400, `Invalid 'input_file_id': no such file ${p.input_file_id.slice(0, 64)}.`, "invalid_value", "input_file_id");
     if (f.purpose !== "batch") fail(400, "Invalid 'input_file_id': the file's purpose must be 'batch'.", "invalid_value", "input_file_id");
     const data = await store.getFile(f.id);
     if (!data) return fail(400, `Invalid 'input_file_id': the file ${f.id} has no content.`, "invalid_value", "input_file_id");
@@ -310,7 +330,7 @@ export async function startBatchApi(o: BatchApiOptions): Promise<BatchApiHandle>
       type: "batch",
       event: "created",
       at: t,
-      batch: { id, owner, endpoint: p.endpoint, input_file_id: f.id, completion_window: p.completion_window, metadata: p.metadata, total: v.ok ? v.lines.length : 0, created_at: t, expires_at: t + COMPLETION_WINDOW_MS },
+      batch: { id, owner, ...(caller.key ? { owner_key: caller.key } : {}), endpoint: p.endpoint, input_file_id: f.id, completion_window: p.completion_window, metadata: p.metadata, total: v.ok ? v.lines.length : 0, created_at: t, expires_at: t + COMPLETION_WINDOW_MS },
     };
     const seq = await store.publishJob(id, created, 0);
     if (seq === undefined) return fail(500, "The batch could not be recorded; retry.", "server_error");
@@ -370,7 +390,7 @@ export async function startBatchApi(o: BatchApiOptions): Promise<BatchApiHandle>
       if (text.length === 0) return null;
       const data = new TextEncoder().encode(text);
       await store.putFile(id, data);
-      await store.publishFile({ type: "file", action: "created", file: { id, bytes: data.length, created_at: Math.floor(now() / 1000), filename: `${b.id}_${id.endsWith("-output") ? "output" : "error"}.jsonl`, purpose: "batch_output", owner: b.owner }, at: now() });
+      await store.publishFile({ type: "file", action: "created", file: { id, bytes: data.length, created_at: Math.floor(now() / 1000), filename: `${b.id}_${id.endsWith("-output") ? "output" : "error"}.jsonl`, purpose: "batch_output", owner: b.owner, expires_at: Math.floor(now() / 1000) + DEFAULT_FILE_EXPIRY_S }, at: now() });
       return id;
     };
     const output_file_id = await write(outputFileId(b.id), a.output);
@@ -416,7 +436,25 @@ export async function startBatchApi(o: BatchApiOptions): Promise<BatchApiHandle>
     await close(view.batches.get(b.id) as BatchRecord, kind, seq);
   }
 
+  /** Deletes expired files (at most 100 a tick), except an input file a running batch still reads. */
+  async function deleteExpired(): Promise<void> {
+    const t = now();
+    const inUse = new Set<string>();
+    for (const b of view.batches.values()) if (!FINAL.has(b.status)) inUse.add(b.input_file_id);
+    let n = 0;
+    for (const f of [...view.files.values()]) {
+      if (n >= 100) break;
+      if (!fileExpired(f, t) || inUse.has(f.id)) continue;
+      n++;
+      // Every replica may do this at once: a second deletion event and object delete are no-ops.
+      await store.publishFile({ type: "file", action: "deleted", file: f, at: t });
+      await store.deleteFile(f.id);
+      filesExpired.inc();
+    }
+  }
+
   async function tick(): Promise<void> {
+    await deleteExpired().catch((err: unknown) => log.warn({ err }, "deleting expired files failed; retried at the next tick"));
     const work: Promise<void>[] = [];
     for (const b of view.batches.values()) {
       if (FINAL.has(b.status) || closing.has(b.id)) continue;
@@ -451,7 +489,7 @@ export async function startBatchApi(o: BatchApiOptions): Promise<BatchApiHandle>
       if (!id && method === "POST") return send(res, 200, await uploadFile(req, owner, caller.models));
       if (!id && method === "GET") {
         const purpose = q("purpose");
-        const p = paginate(view.filesOf(owner, purpose), q("after"), q("limit") ?? "100");
+        const p = paginate(view.filesOf(owner, purpose).filter((f) => !fileExpired(f, now())), q("after"), q("limit") ?? "100");
         if ("status" in p) throw new HttpError(p);
         const data = p.page.map(fileObject);
         return send(res, 200, { object: "list", data, first_id: data[0]?.id ?? null, last_id: data.at(-1)?.id ?? null, has_more: p.has_more });
@@ -465,14 +503,19 @@ export async function startBatchApi(o: BatchApiOptions): Promise<BatchApiHandle>
       }
       if (id && parts[3] === "content" && method === "GET") {
         const f = ownFile(owner, id);
-        const data = await store.getFile(f.id);
+        // A NATS node lost under the object store makes reads time out until its stream has a new
+        // leader: 503, which clients retry (the file itself is replicated, not lost).
+        const data = await store.getFile(f.id).catch((err: unknown) => {
+          log.warn({ err: (err as Error).message, file: f.id }, "reading a file failed; answered 503");
+          return fail(503, "The file store cannot be read right now; retry shortly.", "server_error");
+        });
         if (!data) return fail(404, `No content for File object ${f.id}.`, "file_not_found", "id");
         res.writeHead(200, { "content-type": "application/octet-stream", "content-length": String(data.length) });
         res.end(data);
         return;
       }
     } else {
-      if (!id && method === "POST") return send(res, 200, await createBatch(req, owner, caller.models));
+      if (!id && method === "POST") return send(res, 200, await createBatch(req, caller));
       if (!id && method === "GET") {
         const p = paginate(view.batchesOf(owner), q("after"), q("limit"));
         if ("status" in p) throw new HttpError(p);

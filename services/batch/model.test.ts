@@ -5,11 +5,16 @@ import {
   assembleOutput,
   type BatchRecord,
   batchObject,
+  DEFAULT_FILE_EXPIRY_S,
+  fileExpired,
+  type FileRecord,
+  fileObject,
   type JobEvent,
   MAX_LINES,
   onPublishFailure,
   paginate,
   parseCreateBatch,
+  parseExpiresAfter,
   requestLineId,
   RESULT_ENVELOPE_BYTES,
   type ResultEvent,
@@ -230,5 +235,30 @@ describe("batch input validation - the API key's models", () => {
   it("every model allowed, or no list: the file is valid", () => {
     expect(validateInput(file, undefined, ["m", "secret-model"]).ok).toBe(true);
     expect(validateInput(file).ok).toBe(true);
+  });
+});
+
+describe("file expiry (expires_after)", () => {
+  it("takes OpenAI's bounds: anchor created_at, 1 hour to 30 days; absent is the 30-day default", () => {
+    expect(parseExpiresAfter(undefined, undefined)).toEqual({ seconds: DEFAULT_FILE_EXPIRY_S });
+    expect(parseExpiresAfter("created_at", "3600")).toEqual({ seconds: 3600 });
+    expect(parseExpiresAfter("created_at", "2592000")).toEqual({ seconds: 2_592_000 });
+    expect(parseExpiresAfter("created_at", "3599")).toMatchObject({ param: "expires_after.seconds" });
+    expect(parseExpiresAfter("created_at", "2592001")).toMatchObject({ param: "expires_after.seconds" });
+    expect(parseExpiresAfter("created_at", "1e4")).toMatchObject({ param: "expires_after.seconds" });
+    expect(parseExpiresAfter("created_at", "3600.5")).toMatchObject({ param: "expires_after.seconds" });
+    expect(parseExpiresAfter("created_at", undefined)).toMatchObject({ param: "expires_after.seconds" });
+    expect(parseExpiresAfter("last_active_at", "3600")).toMatchObject({ param: "expires_after.anchor" });
+    expect(parseExpiresAfter(undefined, "3600")).toMatchObject({ param: "expires_after.anchor" });
+  });
+
+  it("a file expires at its expires_at second; one without expires_at never does; the object shows it", () => {
+    const f: FileRecord = { id: "file-1", bytes: 1, created_at: 1_000, filename: "a.jsonl", purpose: "batch", owner: "o", expires_at: 4_600 };
+    expect(fileExpired(f, 4_599_999)).toBe(false);
+    expect(fileExpired(f, 4_600_000)).toBe(true);
+    expect(fileExpired({ ...f, expires_at: undefined }, Number.MAX_SAFE_INTEGER)).toBe(false);
+    expect(fileObject(f).expires_at).toBe(4_600);
+    const { expires_at: _e, ...old } = f;
+    expect(fileObject(old).expires_at).toBeNull();
   });
 });

@@ -172,10 +172,37 @@ export interface FileRecord {
   owner: string;
   /** Requests in an input file. */
   lines?: number;
+  /** Unix seconds after which the file answers 404 and the closer deletes it (absent: never, files stored before expiry existed). */
+  expires_at?: number;
 }
 
 export function fileObject(f: FileRecord): Record<string, unknown> {
-  return { id: f.id, object: "file", bytes: f.bytes, created_at: f.created_at, filename: f.filename, purpose: f.purpose, status: "processed", status_details: null, expires_at: null };
+  return { id: f.id, object: "file", bytes: f.bytes, created_at: f.created_at, filename: f.filename, purpose: f.purpose, status: "processed", status_details: null, expires_at: f.expires_at ?? null };
+}
+
+/** OpenAI's bounds of `expires_after.seconds` (1 hour to 30 days), and the default of batch input and output files (30 days). */
+export const FILE_EXPIRY_MIN_S = 3_600;
+export const FILE_EXPIRY_MAX_S = 2_592_000;
+export const DEFAULT_FILE_EXPIRY_S = 2_592_000;
+
+/**
+ * An upload's `expires_after` (multipart fields `expires_after[anchor]`, `expires_after[seconds]`,
+ * as the openai SDK sends them): seconds after `created_at`, or the error to answer. Absent: the
+ * 30-day default.
+ */
+export function parseExpiresAfter(anchor: string | undefined, seconds: string | undefined): { seconds: number } | { message: string; param: string } {
+  if (anchor === undefined && seconds === undefined) return { seconds: DEFAULT_FILE_EXPIRY_S };
+  if (anchor !== "created_at") return { message: `Invalid 'expires_after.anchor': ${JSON.stringify(String(anchor ?? "").slice(0, 32))}. Expected 'created_at'.`, param: "expires_after.anchor" };
+  const n = seconds !== undefined && /^\d{1,10}$/.test(seconds.trim()) ? Number(seconds.trim()) : Number.NaN;
+  if (!Number.isInteger(n) || n < FILE_EXPIRY_MIN_S || n > FILE_EXPIRY_MAX_S) {
+    return { message: `Invalid 'expires_after.seconds': ${JSON.stringify(String(seconds ?? "").slice(0, 32))}. Expected an integer from ${FILE_EXPIRY_MIN_S} (1 hour) to ${FILE_EXPIRY_MAX_S} (30 days).`, param: "expires_after.seconds" };
+  }
+  return { seconds: n };
+}
+
+/** Whether the file has expired at `nowMs` (expired files answer 404 and are deleted by the closer). */
+export function fileExpired(f: FileRecord, nowMs: number): boolean {
+  return f.expires_at !== undefined && nowMs >= f.expires_at * 1000;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -203,6 +230,11 @@ export type JobEvent =
 export interface BatchCreate {
   id: string;
   owner: string;
+  /**
+   * SHA-256 of the API key that created the batch (batch-api --auth required): workers send it as
+   * `x-jetroute-on-behalf-of`, so the items run under that key's settings. Never shown to clients.
+   */
+  owner_key?: string;
   endpoint: Endpoint;
   input_file_id: string;
   completion_window: string;

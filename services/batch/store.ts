@@ -47,7 +47,7 @@ function isJobEvent(v: unknown): v is JobEvent {
   if (o.type !== "batch" || typeof o.event !== "string" || typeof o.at !== "number") return false;
   if (o.event === "created") {
     const b = o.batch as Record<string, unknown> | undefined;
-    return !!b && typeof b.id === "string" && typeof b.owner === "string" && typeof b.total === "number" && Number.isInteger(b.total) && b.total >= 0 && b.total <= 50_000 && typeof b.expires_at === "number" && typeof b.created_at === "number";
+    return !!b && typeof b.id === "string" && typeof b.owner === "string" && typeof b.total === "number" && Number.isInteger(b.total) && b.total >= 0 && b.total <= 50_000 && typeof b.expires_at === "number" && typeof b.created_at === "number" && (b.owner_key === undefined || (typeof b.owner_key === "string" && /^[0-9a-f]{64}$/.test(b.owner_key)));
   }
   return ["queued", "rejected", "finalizing", "expiring", "cancelling", "completed", "expired", "cancelled"].includes(o.event);
 }
@@ -94,45 +94,111 @@ export class BatchStore {
   }
 
   private async follow(): Promise<void> {
-    const { js, jsm } = this.o.nats;
+    const { jsm } = this.o.nats;
     const jobInfo = await jsm.streams.info(this.streams.batch);
     const jobLast = jobInfo.state.last_seq;
-    const jobs = await js.consumers.get(this.streams.batch, { deliver_policy: DeliverPolicy.All });
-    let jobSeq = 0;
     let jobsCaughtUp: () => void = () => {};
     const jobsDone = new Promise<void>((r) => {
       jobsCaughtUp = r;
     });
     if (jobLast === 0 || jobInfo.state.messages === 0) jobsCaughtUp();
-    const jm = await jobs.consume({ callback: (m) => {
-      jobSeq = m.seq;
+    await this.fold(this.streams.batch, {}, (m) => {
       this.applyJob(m);
-      if (jobSeq >= jobLast || m.info.pending === 0) jobsCaughtUp();
+      if (m.seq >= jobLast || m.info.pending === 0) jobsCaughtUp();
       this.wake();
-    } });
-    this.stops.push(() => jm.stop());
+    });
     // The job stream is replayed to its end before any result is read: every batch a stored result
     // names is then known (or finished and forgotten), so no result of a restart's replay waits in
     // the view's small early buffer, or is dropped from it and its item run again.
     await jobsDone;
     const resInfo = await jsm.streams.info(this.streams.results);
     const resLast = resInfo.state.last_seq;
-    const results = await js.consumers.get(this.streams.results, { deliver_policy: DeliverPolicy.All, headers_only: true });
     let resultsCaughtUp: () => void = () => {};
     const resultsDone = new Promise<void>((r) => {
       resultsCaughtUp = r;
     });
     if (resLast === 0 || resInfo.state.messages === 0) resultsCaughtUp();
-    const rm = await results.consume({ callback: (m) => {
+    await this.fold(this.streams.results, { headers_only: true }, (m) => {
       const id = m.subject.slice(this.subjects.prefix.length + "batchres.".length + 1);
       const line = Number(m.headers?.get(RESULT_LINE_HEADER));
       if (!Number.isInteger(line)) {
         this.view.stats.invalid++;
       } else this.view.applyResult(`batch_${id}`, line, m.headers?.get(RESULT_OK_HEADER) === "1");
       if (m.seq >= resLast || m.info.pending === 0) resultsCaughtUp();
-    } });
-    this.stops.push(() => rm.stop());
+    });
     await resultsDone;
+  }
+
+  /** Times a fold's consumer was reopened (lost with its server, or silent): both streams. */
+  foldReopens = 0;
+
+  /**
+   * Folds `stream` from its start through an ordered consumer, in stream order, and keeps it
+   * folding across the loss of the node that hosts the consumer: the client recreates an ordered
+   * consumer by itself in most cases but not all (on a 3-node cluster a consumer on a killed node
+   * can stay silent for good, see services/shared/follower.ts), so the fold is reopened from the
+   * next sequence when heartbeats go missing, the message loop ends, or the server no longer
+   * knows the consumer.
+   */
+  private async fold(stream: string, extra: { headers_only?: boolean }, apply: (m: JsMsg) => void): Promise<void> {
+    const { js } = this.o.nats;
+    let lastSeq = 0;
+    let stopped = false;
+    let current: { stop(): void } | undefined;
+    let probe: NodeJS.Timeout | undefined;
+    const open = async (): Promise<void> => {
+      const c = await js.consumers.get(stream, lastSeq > 0 ? { deliver_policy: DeliverPolicy.StartSequence, opt_start_seq: lastSeq + 1, ...extra } : { deliver_policy: DeliverPolicy.All, ...extra });
+      const messages = await c.consume({
+        expires: 4_000,
+        idle_heartbeat: 1_000,
+        callback: (m) => {
+          // After a reopen the client may still hand over a message of the old consumer.
+          if (m.seq <= lastSeq) return;
+          lastSeq = m.seq;
+          apply(m);
+        },
+      });
+      let reopened = false;
+      const reopen = (why: string) => {
+        if (stopped || reopened) return;
+        reopened = true;
+        clearInterval(probe);
+        this.foldReopens++;
+        this.o.log.warn({ stream, lastSeq, why }, "batch fold: reopening its consumer");
+        void messages.close().catch(() => undefined);
+        void (async () => {
+          for (let delay = 250; !stopped; delay = Math.min(delay * 2, 4_000)) {
+            try {
+              await open();
+              return;
+            } catch (err) {
+              this.o.log.warn({ stream, err: (err as Error).message }, "batch fold: reopen failed; retrying");
+              await new Promise((r) => setTimeout(r, delay));
+            }
+          }
+        })();
+      };
+      current = { stop: () => void messages.close().catch(() => undefined) };
+      void (async () => {
+        for await (const st of messages.status()) if (st.type === "heartbeats_missed" && st.count >= 3) return reopen(`${st.count} heartbeats missed`);
+      })().catch(() => undefined);
+      void messages.closed().then((err) => reopen(err ? `closed: ${(err as Error).message}` : "closed"));
+      clearInterval(probe);
+      probe = setInterval(() => {
+        if (stopped) return;
+        c.info(false).then(
+          () => undefined,
+          (err: unknown) => reopen(`consumer info failing: ${(err as Error).message}`),
+        );
+      }, 3_000);
+      probe.unref?.();
+    };
+    await open();
+    this.stops.push(() => {
+      stopped = true;
+      clearInterval(probe);
+      current?.stop();
+    });
   }
 
   private applyJob(m: JsMsg): void {

@@ -17,6 +17,7 @@ import { connectNats, type NatsHandles } from "../shared/nats.js";
 import { BodyTooLargeError, readBodyCapped } from "../shared/http-body.js";
 import { answerLimitBytes, batchHex, onPublishFailure, RUNNING, requestLineId, type ResultEvent, resultFits, tooLargeResult, unrecordableResult } from "./model.js";
 import { BatchStore, type WorkItem } from "./store.js";
+import { ON_BEHALF_OF_HEADER } from "../views/api-keys.js";
 
 export interface BatchWorkerOptions {
   nats: string | string[] | NatsHandles;
@@ -92,7 +93,7 @@ export async function startBatchWorker(o: BatchWorkerOptions): Promise<BatchWork
   const maxPayload = (): number => nats.nc.info?.max_payload ?? 1024 * 1024;
   const encoder = new TextEncoder();
 
-  async function execute(item: WorkItem, m: JsMsg): Promise<"done" | "retry" | "handled"> {
+  async function execute(item: WorkItem, m: JsMsg, ownerKey: string | undefined): Promise<"done" | "retry" | "handled"> {
     const body = (JSON.parse(item.raw) as { body: unknown }).body;
     const requestId = requestLineId(item.batch, item.line);
     const headers: Record<string, string> = {
@@ -101,7 +102,11 @@ export async function startBatchWorker(o: BatchWorkerOptions): Promise<BatchWork
       "x-gateway-inference-objective": objective,
       "x-jetroute-fairness-id": `batch-${batchHex(item.batch)}`,
     };
-    if (o.apiKey) headers.authorization = `Bearer ${o.apiKey}`;
+    if (o.apiKey) {
+      headers.authorization = `Bearer ${o.apiKey}`;
+      // The item runs under the key that created its batch (the worker's key needs --delegate).
+      if (ownerKey) headers[ON_BEHALF_OF_HEADER] = ownerKey;
+    }
     const beat = setInterval(() => m.working(), Math.max(1_000, Math.floor(ackWaitMs / 3)));
     let result: ResultEvent;
     try {
@@ -198,7 +203,7 @@ export async function startBatchWorker(o: BatchWorkerOptions): Promise<BatchWork
     }
     stats.inFlight++;
     try {
-      const r = await execute(item, m);
+      const r = await execute(item, m, b.owner_key);
       if (r === "retry") {
         stats.retried++;
         m.nak(retryDelayMs(m.info.deliveryCount));

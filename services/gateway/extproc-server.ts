@@ -39,7 +39,7 @@ import {
 import { preEncoded } from "../extproc/protos.js";
 import { DEFAULT_PD_WATCHDOG, DecodeGuard, type PdWatchdog } from "./pd-decode-guard.js";
 import type { Logger } from "../shared/log.js";
-import { modelsVisibleTo } from "../views/api-keys.js";
+import { type AuthOk, type Delegation, modelsVisibleTo, ON_BEHALF_OF_HEADER } from "../views/api-keys.js";
 
 type Stream = grpc.ServerDuplexStream<ProcessingRequest, ProcessingResponse>;
 
@@ -116,6 +116,10 @@ export interface ExtProcHandlerOptions {
     authenticate(authorization: string | undefined): AuthResult;
     /** Counts a refusal. */
     failed?(reason: AuthFailureReason, requestId: string | undefined): void;
+    /** What `x-jetroute-on-behalf-of` decides for the authenticated key (absent: the header is refused). */
+    delegation?(caller: AuthOk, onBehalfOf: string): Delegation;
+    /** Counts a refused delegation. */
+    delegationRefused?(reason: "malformed" | "not-permitted" | "owner-invalid", requestId: string | undefined): void;
   };
 }
 
@@ -124,7 +128,7 @@ const USER_HEADER = "user";
 const AUTHENTICATE_CHALLENGE = { "www-authenticate": 'Bearer realm="jetroute"' };
 
 const CONTINUE = { response: { status: "CONTINUE" as const } };
-const STRIP_CLIENT_ROUTING: HeaderMutation = { remove_headers: [...ROUTING_CONTROLLED_HEADERS] };
+const STRIP_CLIENT_ROUTING: HeaderMutation = { remove_headers: [...ROUTING_CONTROLLED_HEADERS, ON_BEHALF_OF_HEADER] };
 
 function immediate(status: number, body: unknown, extra: Readonly<Record<string, string>> = {}): ProcessingResponse {
   return {
@@ -214,8 +218,8 @@ STREAM_GONE.name = "AbortError";
  */
 export function requestHeadersMutationOf(o: Pick<ExtProcHandlerOptions, "auth" | "engineApiKey">): HeaderMutation {
   // `x-api-key` (Anthropic clients' key header) goes wherever a client's `authorization` goes.
-  if (o.engineApiKey) return { remove_headers: [...ROUTING_CONTROLLED_HEADERS, X_API_KEY], set_headers: [setHeader(Headers.authorization, `Bearer ${o.engineApiKey}`)] };
-  if (o.auth) return { remove_headers: [...ROUTING_CONTROLLED_HEADERS, Headers.authorization, X_API_KEY] };
+  if (o.engineApiKey) return { remove_headers: [...ROUTING_CONTROLLED_HEADERS, X_API_KEY, ON_BEHALF_OF_HEADER], set_headers: [setHeader(Headers.authorization, `Bearer ${o.engineApiKey}`)] };
+  if (o.auth) return { remove_headers: [...ROUTING_CONTROLLED_HEADERS, Headers.authorization, X_API_KEY, ON_BEHALF_OF_HEADER] };
   return STRIP_CLIENT_ROUTING;
 }
 
@@ -376,6 +380,16 @@ class Exchange {
     this.send(immediate(err.status, this.errorBody(err), err.headers));
   }
 
+  /** 403 (400 for a malformed header): nothing is routed, charged or recorded; the header value is never logged. */
+  private refuseDelegation(reason: "malformed" | "not-permitted" | "owner-invalid") {
+    this.opts.auth?.delegationRefused?.(reason, this.headers[Headers.requestId]);
+    const err =
+      reason === "malformed"
+        ? new RouteError("invalidHeader", `${ON_BEHALF_OF_HEADER} must be the SHA-256 (64 lower-case hex digits) of an API key`, ON_BEHALF_OF_HEADER)
+        : new RouteError("delegationNotAllowed", reason === "not-permitted" ? `This API key may not send ${ON_BEHALF_OF_HEADER}: only a key created with \`jetroute config add-key --delegate\` may run requests on behalf of another key.` : `The key named by ${ON_BEHALF_OF_HEADER} is unknown or revoked.`, ON_BEHALF_OF_HEADER);
+    this.send(immediate(err.status, this.errorBody(err), err.headers));
+  }
+
   private reject(err: RouteError, model?: string) {
     this.router.reject(this.headers, model, err);
     this.send(immediate(err.status, this.errorBody(err), err.headers));
@@ -390,8 +404,13 @@ class Exchange {
       // Anthropic clients send the key as `x-api-key`: taken on /v1/messages when there is no bearer token.
       const apiKey = headers[X_API_KEY];
       const authorization = headers.authorization ?? (this.api === "messages" && apiKey ? `Bearer ${apiKey}` : undefined);
-      const a = this.opts.auth.authenticate(authorization);
-      if (!a.ok) return this.refuseAuth(a.reason);
+      const caller = this.opts.auth.authenticate(authorization);
+      if (!caller.ok) return this.refuseAuth(caller.reason);
+      // A delegate key (the batch-worker's) may run the request under another key's settings.
+      const onBehalfOf = headers[ON_BEHALF_OF_HEADER];
+      const d = onBehalfOf === undefined ? ({ kind: "self" } as const) : (this.opts.auth.delegation?.(caller, onBehalfOf) ?? ({ kind: "refused", reason: "not-permitted" } as const));
+      if (d.kind === "refused") return this.refuseDelegation(d.reason);
+      const a = d.kind === "owner" ? d.owner : caller;
       // The key says who this is: a client-sent `user` header cannot borrow another user's quota.
       headers[USER_HEADER] = a.user;
       this.owner = a.user;

@@ -390,6 +390,12 @@ function extProcAuthOf(config: GatewayConfig, apiKeys: ApiKeyView, metrics: Gate
         // The reason only: the header itself is never logged.
         if (log.isLevelEnabled("debug")) log.debug({ requestId, reason }, "request refused: authentication failed");
       },
+      delegation: (caller, onBehalfOf) => apiKeys.delegation(caller, onBehalfOf),
+      delegationRefused: (reason, requestId) => {
+        metrics.authFailure(`delegation-${reason}`);
+        // The reason only: the header's value is never logged.
+        if (log.isLevelEnabled("debug")) log.debug({ requestId, reason }, "request refused: x-jetroute-on-behalf-of not honoured");
+      },
     },
   };
 }

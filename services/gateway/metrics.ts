@@ -89,12 +89,12 @@ export class GatewayMetrics {
     for (const s of stagesOf(REQUEST_PATH)) this.stageSeconds.set(s.name, stages.labels(s.name));
     this.authFailures = new client.Counter({
       name: "jetroute_gateway_auth_failures_total",
-      help: "Requests refused with 401 (--auth required), by reason: missing, malformed, unknown, revoked",
+      help: "Requests refused with 401 (--auth required), by reason: missing, malformed, unknown, revoked; and x-jetroute-on-behalf-of refused (403, 400 malformed): delegation-not-permitted, delegation-owner-invalid, delegation-malformed",
       labelNames: ["reason"],
       registers: [r],
     });
     // Present from the start (at 0), so rate() over them works before the first failure.
-    for (const reason of ["missing", "malformed", "unknown", "revoked"]) this.authFailures.inc({ reason }, 0);
+    for (const reason of ["missing", "malformed", "unknown", "revoked", "delegation-not-permitted", "delegation-malformed", "delegation-owner-invalid"]) this.authFailures.inc({ reason }, 0);
     this.unrecordedTotal = new client.Counter({
       name: "jetroute_gateway_rejections_unrecorded_total",
       help: "Rejected requests whose decision record was not published: unknown_path (never recorded), budget (over --rejection-records-per-s)",

@@ -149,6 +149,16 @@ describe("ext_proc adapter - the client's authorization and the engines'", () =>
     expect(m.set).toEqual({ user: "alice" });
   });
 
+  it("x-jetroute-on-behalf-of never reaches an engine (auth or not); a key without the delegate permission sending it is refused 403 before routing", async () => {
+    expect((await upstreamHeaders({ auth }, "Bearer jr-key")).remove).toContain("x-jetroute-on-behalf-of");
+    expect((await upstreamHeaders({}, undefined)).remove).toContain("x-jetroute-on-behalf-of");
+    const { client } = await serve({ auth });
+    const r = await client.open().requestHeaders({ ":method": "POST", ":path": "/v1/chat/completions", ":authority": "gw", "content-type": "application/json", authorization: "Bearer jr-key", "x-jetroute-on-behalf-of": "a".repeat(64) });
+    if (r.kind !== "immediate") throw new Error(`expected a 403, got ${r.kind}`);
+    expect(r.status).toBe(403);
+    expect(JSON.parse(r.body.toString())).toMatchObject({ error: { type: "permission_error", code: "delegation_not_allowed", param: "x-jetroute-on-behalf-of" } });
+  });
+
   it("/v1/messages: Anthropic's `x-api-key` is the jetroute key when there is no bearer token, and is removed upstream; other paths do not read it", async () => {
     const { client } = await serve({ auth });
     const open = (path: string, headers: Record<string, string>) => client.open().requestHeaders({ ":method": "POST", ":path": path, ":authority": "gw", "content-type": "application/json", ...headers });

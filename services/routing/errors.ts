@@ -17,6 +17,11 @@ export const ErrorCodes = {
   noMatchingDecision: { status: 400, code: "no_matching_decision" },
   /** The request's API key may not use the model (its `models` list), including one a virtual model's decision chose. */
   modelNotAllowed: { status: 403, code: "model_not_allowed" },
+  /**
+   * `x-jetroute-on-behalf-of` from a key without the `delegate` permission, or naming a key that
+   * is unknown, revoked or refused (docs/batch.md, Tenancy).
+   */
+  delegationNotAllowed: { status: 403, code: "delegation_not_allowed" },
   unsupportedPath: { status: 404, code: "unsupported_path" },
   /**
    * The API key's tenant has a cache salt (tenant prefix-cache isolation) and the request's API

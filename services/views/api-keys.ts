@@ -22,7 +22,44 @@ export const SHOWN_HASH_PREFIX = 12;
 export type AuthMode = "off" | "required";
 export type AuthFailureReason = "missing" | "malformed" | "unknown" | "revoked";
 
-export type AuthResult = { ok: true; user: string; hash: string; objective?: string; cacheSalt?: string; keyClass?: string; models?: readonly string[] } | { ok: false; reason: AuthFailureReason };
+export type AuthResult = { ok: true; user: string; hash: string; objective?: string; cacheSalt?: string; keyClass?: string; models?: readonly string[]; delegate?: boolean } | { ok: false; reason: AuthFailureReason };
+export type AuthOk = Extract<AuthResult, { ok: true }>;
+
+/**
+ * The header a delegate key (`config add-key --delegate`, the batch-worker's) sends to run a
+ * request under another key's settings: the other key's SHA-256 (64 lower-case hex digits), never
+ * the key itself.
+ */
+export const ON_BEHALF_OF_HEADER = "x-jetroute-on-behalf-of";
+
+/**
+ * What a request's `x-jetroute-on-behalf-of` header decides, given the key that authenticated it:
+ * - `self`: no header; the request runs under its own key;
+ * - `owner`: the authenticated key may delegate and the named key is known and not revoked: the
+ *   request runs under that key's settings (user, models, objective, cache salt, class);
+ * - `refused`: `malformed` (not a 64-hex hash), `not-permitted` (the authenticated key has no
+ *   `delegate` permission: checked first, so a plain key learns nothing about other keys), or
+ *   `owner-invalid` (unknown, revoked, or a record the gateway refused, e.g. unsigned).
+ * Pure: `lookup` is the folded key view (records that failed validation or signature are absent).
+ */
+export type Delegation = { kind: "self" } | { kind: "owner"; owner: AuthOk } | { kind: "refused"; reason: "malformed" | "not-permitted" | "owner-invalid" };
+
+export function delegationOf(caller: AuthOk, header: string | undefined, lookup: (hash: string) => ApiKeyRecord | undefined): Delegation {
+  if (header === undefined) return { kind: "self" };
+  if (caller.delegate !== true) return { kind: "refused", reason: "not-permitted" };
+  const hash = header.trim();
+  if (!isKeyHash(hash)) return { kind: "refused", reason: "malformed" };
+  const rec = lookup(hash);
+  if (!rec || rec.disabled) return { kind: "refused", reason: "owner-invalid" };
+  // The owner's settings, never its delegate permission: a delegated request cannot delegate again.
+  const { delegate: _ignored, ...owner } = authOkOf(hash, rec);
+  return { kind: "owner", owner };
+}
+
+/** The settings of a valid, active key record, as a successful authentication carries them. */
+function authOkOf(hash: string, rec: ApiKeyRecord): AuthOk {
+  return { ok: true, user: rec.user, hash, ...(rec.objective ? { objective: rec.objective } : {}), ...(rec.cacheSalt !== undefined ? { cacheSalt: rec.cacheSalt } : {}), ...(rec.class !== undefined ? { keyClass: rec.class } : {}), ...(rec.models ? { models: rec.models } : {}), ...(rec.delegate === true ? { delegate: true } : {}) };
+}
 
 /** SHA-256 of the key's UTF-8 bytes, lower-case hex: what the config bucket stores. */
 export function hashApiKey(key: string): string {
@@ -97,7 +134,12 @@ export class ApiKeyView {
     const rec = this.keys.get(hash);
     if (!rec) return { ok: false, reason: "unknown" };
     if (rec.disabled) return { ok: false, reason: "revoked" };
-    return { ok: true, user: rec.user, hash, ...(rec.objective ? { objective: rec.objective } : {}), ...(rec.cacheSalt !== undefined ? { cacheSalt: rec.cacheSalt } : {}), ...(rec.class !== undefined ? { keyClass: rec.class } : {}), ...(rec.models ? { models: rec.models } : {}) };
+    return authOkOf(hash, rec);
+  }
+
+  /** The request's delegation decision (delegationOf) against this view. */
+  delegation(caller: AuthOk, header: string | undefined): Delegation {
+    return delegationOf(caller, header, (h) => this.keys.get(h));
   }
 }
 

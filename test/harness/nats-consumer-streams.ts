@@ -14,7 +14,7 @@
  * `$JS.API.CONSUMER.CREATE.<stream>.<name>.<filter>`; heartbeat probes, pulls and the delete on
  * close are `$JS.API.CONSUMER.INFO|MSG.NEXT|DELETE.<stream>.<name>`.
  */
-import { configBucketName, snapshotBucketName, streamName } from "../../streams/definitions.js";
+import { configBucketName, filesBucketName, snapshotBucketName, streamName } from "../../streams/definitions.js";
 import { namespaceOf } from "../../streams/pools.js";
 
 /** The allowances that let a user read `stream` through consumers, and nothing else of it. */
@@ -54,6 +54,13 @@ export function streamsFollowed(user: string, base: string, pools: readonly stri
       // services/autoscaler/service.ts: PODS, LOAD, CHARGES, KV and DECISIONS of its namespace (and
       // each pool's, for a pool's autoscaler), and the config bucket (policies, pool assignments).
       return [...prefixes.flatMap((p) => [streamName(p, "PODS"), streamName(p, "LOAD"), streamName(p, "CHARGES"), streamName(p, "KV"), streamName(p, "DECISIONS")]), config];
+    case "jr-batch-api":
+      // services/batch/store.ts (base prefix only): the job-event and results folds, output
+      // assembly, reading files; the API key watch (api.ts, --auth required).
+      return [streamName(base, "BATCH"), streamName(base, "BATCH_RESULTS"), `OBJ_${filesBucketName(base)}`, config];
+    case "jr-batch-worker":
+      // The shared work consumer, and the same job-event and results folds.
+      return [streamName(base, "BATCH_WORK"), streamName(base, "BATCH"), streamName(base, "BATCH_RESULTS")];
     case "jr-analyst":
       return "every";
     default:
