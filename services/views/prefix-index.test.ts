@@ -437,7 +437,7 @@ describe("PrefixIndex: snapshots", () => {
 
   it("sliced: the bytes of the index as it was when asked, while the index changes between slices", async () => {
     const { index, feed } = setup({ maxEntries: 100_000 });
-    // More blocks than one slice holds (SNAPSHOT_SLICE_BLOCKS), so the encoding yields.
+    // More blocks than one slice holds (SNAPSHOT_SLICE_WORK), so the encoding yields.
     for (let c = 0; c < 6; c++) feed.batch(`p${c}`, [stored(`p${c}`, c, 0, 3_000)]);
     const expected = index.serialize();
     let yields = 0;
