@@ -299,7 +299,7 @@ async function pinnedOverhead(natsUrl: string, pin: (pid: number) => void, prefi
     const cpu = processCpuUs(pid) - cpu0;
     const main = mainThreadCpuUs(pid) - main0;
     const metrics = await (await fetch(`${admin}/metrics`)).text();
-    const block = Number(/^jetroute_gateway_loop_block_cpu_max_seconds (\S+)$/m.exec(metrics)?.[1] ?? Number.NaN) * 1000;
+    const block = Number(/^jetroute_gateway_loop_block_cpu_max_seconds(?:\{[^}]*\})? (\S+)$/m.exec(metrics)?.[1] ?? Number.NaN) * 1000;
     return {
       gateway_main_cpu_ms_per_request: round(main / 1000 / exchanges, 4),
       gateway_cpu_ms_per_request: round(cpu / 1000 / exchanges, 4),

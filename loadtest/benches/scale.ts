@@ -354,7 +354,7 @@ async function measureCell(natsUrl: string, natsPid: number, h: NatsHandles, R: 
     const fromSeq = await seqAt();
     await until(startAt + o.durationMs);
     const l1 = sample();
-    const loopBlockMs = pinning ? Math.max(...(await Promise.all(loaded.map((g) => g.metrics()))).map((t) => 1000 * Number(/^jetroute_gateway_loop_block_cpu_max_seconds (\S+)$/m.exec(t)?.[1] ?? Number.NaN))) : undefined;
+    const loopBlockMs = pinning ? Math.max(...(await Promise.all(loaded.map((g) => g.metrics()))).map((t) => 1000 * Number(/^jetroute_gateway_loop_block_cpu_max_seconds(?:\{[^}]*\})? (\S+)$/m.exec(t)?.[1] ?? Number.NaN))) : undefined;
     const toSeq = await seqAt();
     const res = await results(gens);
     const l0 = i1;
