@@ -271,7 +271,8 @@ async function prefillLegOverhead(port: number, prefill: SimPodLine, n: number, 
 /**
  * The prefill-leg overhead against a gateway started as its own process (`jetroute gateway`, the
  * pd strategy, its loop probe on) and moved to the gateway CPU by `pin`; its CPU per exchange from
- * /proc over the measurement (warm-up exchanges included: both counted the same way).
+ * /proc over the measurement (after 20 unmeasured exchanges; the measurement's own 20 warm-up
+ * exchanges are counted with it).
  */
 async function pinnedOverhead(natsUrl: string, pin: (pid: number) => void, prefill: SimPodLine, n: number, agent: Agent, mode: string): Promise<NonNullable<PdBenchResult["pinned"]>> {
   const gw = spawnJetroute("gateway-pinned", ["gateway", "--nats", natsUrl, "--port", "0", "--admin-port", "0", "--host", "127.0.0.1", "--id", "pd-bench-pinned", "--strategy", "pd", "--tokenizer", "local", "--no-snapshots", "--shutdown-grace-ms", "500"], {
@@ -290,6 +291,8 @@ async function pinnedOverhead(natsUrl: string, pin: (pid: number) => void, prefi
       if (Date.now() > deadline) throw new Error("the pinned gateway did not see the pods");
       await new Promise((r) => setTimeout(r, 50));
     }
+    // A fresh process: its first exchanges compile the path (JIT). Warmed up first, not counted.
+    await prefillLegOverhead(line.port, prefill, 0, agent);
     // A scrape resets the loop probe's maximum: the measurement's is read at its end.
     await (await fetch(`${admin}/metrics`)).text();
     const cpu0 = processCpuUs(pid);
