@@ -106,9 +106,10 @@ program
   .option("--release-batch-ms <ms>", "the gateways' release batch window (0 = none, the gateway's default)", nonNegative, 0)
   .option("--fold-pace-ms <ms>", "the gateways' --fold-pace-ms (default: the gateway's)", nonNegative)
   .option("--profile-dir <dir>", "write V8 CPU profiles of the observer (node --cpu-prof, first round, one directory per R) into this directory")
+  .option("--no-pinned", "skip the R = 1 cell with the gateways pinned to their own CPU (loadtest/pinning.ts)")
   .action(async (o) => {
     emitResult(await runScaleBench({
-      replicas: o.replicas, rate: o.rate, concurrency: o.concurrency, durationMs: o.durationMs, rounds: o.rounds, heartbeatMs: o.heartbeatMs, releaseBatchMs: o.releaseBatchMs,
+      replicas: o.replicas, rate: o.rate, concurrency: o.concurrency, durationMs: o.durationMs, rounds: o.rounds, heartbeatMs: o.heartbeatMs, releaseBatchMs: o.releaseBatchMs, pinned: o.pinned,
       ...(o.foldPaceMs !== undefined ? { foldPaceMs: o.foldPaceMs } : {}), ...(o.profileDir !== undefined ? { profileDir: o.profileDir } : {}),
     }));
   });

@@ -61,6 +61,11 @@ export function loadAverage1m(): number {
   return Number(readFileSync("/proc/loadavg", "utf8").split(" ")[0]);
 }
 
+/** CPU µs of a process's main thread (the event loop) alone, from /proc schedstat. */
+export function mainThreadCpuUs(pid: number): number {
+  return Number(readFileSync(`/proc/${pid}/task/${pid}/schedstat`, "utf8").split(" ")[0]) / 1000;
+}
+
 /**
  * Times a process's main thread went to sleep and was woken (its voluntary context switches): for
  * a Node process, about one per event-loop wake-up. What a live fold costs at low rates is mostly

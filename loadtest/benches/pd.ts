@@ -9,6 +9,12 @@
  * routes a P/D request (the gateway sends the prefill leg and answers once it returned) against a
  * direct POST of the same prefill body to a prefill pod, interleaved, p50 of each; overhead =
  * difference. The simulator runs as its own process so its timing does not share the driver's loop.
+ *
+ * Pinned (loadtest/pinning.ts; `--no-pinned` skips it): the overhead measured again against a
+ * gateway started as its own process on the gateway CPU, the simulator and this driver on the
+ * others (the gateway of the runs above shares this process), under `pinned` with the keys the
+ * gateway benches use (`gateway_main_cpu_ms_per_request`, `gateway_cpu_ms_per_request` over the
+ * measured exchanges, `max_own_loop_block_ms`) and `prefill_leg_overhead_p50_ms`.
  */
 import { Agent } from "undici";
 import { ExtProcClient } from "../../services/extproc/envoy-client.js";
@@ -20,6 +26,8 @@ import { connectNats } from "../../services/shared/nats.js";
 import { startNatsServer } from "../../services/shared/nats-server.js";
 import { type ServiceProcess, spawnJetroute } from "../../services/shared/processes.js";
 import { acked } from "../../services/shared/publish.js";
+import { hostPinningPlan, pinningSummary, setAffinity, withPinning } from "../pinning.js";
+import { mainThreadCpuUs, processCpuUs } from "../proc-cpu.js";
 import { mulberry32 } from "../../services/shared/seeded-random.js";
 import { quantile, randomWords } from "../assembly.js";
 import { applyStreams } from "../../streams/apply.js";
@@ -37,6 +45,8 @@ export interface PdBenchOptions {
   /** Iterations of the prefill-leg overhead measurement (each: one gateway-issued, one direct). */
   overheadIterations?: number;
   seed?: number;
+  /** Also measure the prefill-leg overhead with the gateway pinned to its own CPU (default true). */
+  pinned?: boolean;
 }
 
 export interface PdRow {
@@ -57,6 +67,16 @@ export interface PdBenchResult {
   prefill_leg_gateway_p50_ms: number;
   prefill_leg_direct_p50_ms: number;
   prompt_tokens_mean: number;
+  /** The prefill-leg overhead against a gateway process alone on the gateway CPU. */
+  pinned?: {
+    gateway_main_cpu_ms_per_request: number;
+    gateway_cpu_ms_per_request: number;
+    max_own_loop_block_ms: number;
+    prefill_leg_overhead_p50_ms: number;
+    prefill_leg_gateway_p50_ms: number;
+    prefill_leg_direct_p50_ms: number;
+  };
+  pinning: { gateway_cpus: string; other_cpus: string } | { note: string };
   options: Required<PdBenchOptions>;
 }
 
@@ -83,7 +103,10 @@ export async function runPdBench(opts: PdBenchOptions = {}): Promise<PdBenchResu
     maxTokens: opts.maxTokens ?? 64,
     overheadIterations: opts.overheadIterations ?? 200,
     seed: opts.seed ?? 7,
+    pinned: opts.pinned ?? true,
   };
+  const plan = hostPinningPlan();
+  let pinned: PdBenchResult["pinned"];
   const random = mulberry32(o.seed);
   const systems = Array.from({ length: o.systemPrompts }, () => randomWords(random, o.systemWords));
   // The schedule: arrival times and prompts, identical for both modes.
@@ -181,7 +204,13 @@ export async function runPdBench(opts: PdBenchOptions = {}): Promise<PdBenchResu
         throughput_rps: round(ttfts.length / (lastEnd / 1000), 3),
       });
       progress(`${mode}: ${JSON.stringify(results.at(-1))}`);
-      if (mode === "pd") overhead = await prefillLegOverhead(gw, pods.find((p) => p.role === "prefill") as SimPodLine, o.overheadIterations, agent);
+      if (mode === "pd") overhead = await prefillLegOverhead(gw.port, pods.find((p) => p.role === "prefill") as SimPodLine, o.overheadIterations, agent);
+      if (mode === "pd" && o.pinned && plan.available) {
+        progress(`pinned: a gateway process on CPU ${plan.gatewayCpus}, the simulator and this driver on CPU ${plan.otherCpus}`);
+        if (sim.proc.pid !== undefined) setAffinity(sim.proc.pid, plan.otherCpus);
+        pinned = await withPinning(plan, (pin) => pinnedOverhead(server.url, pin, pods.find((p) => p.role === "prefill") as SimPodLine, o.overheadIterations, agent, mode));
+        progress(`pinned: ${JSON.stringify(pinned)}`);
+      } else if (mode === "pd" && o.pinned) progress(`not pinned: ${plan.note}`);
       await agent.close();
       await front.close();
       await gw.close();
@@ -195,6 +224,8 @@ export async function runPdBench(opts: PdBenchOptions = {}): Promise<PdBenchResu
       prefill_leg_gateway_p50_ms: round(overhead.gateway, 3),
       prefill_leg_direct_p50_ms: round(overhead.direct, 3),
       prompt_tokens_mean: Math.round(promptTokens),
+      ...(pinned ? { pinned } : {}),
+      pinning: o.pinned ? pinningSummary(plan) : { note: "pinned run not asked (--no-pinned)" },
       options: o,
     };
   } finally {
@@ -209,8 +240,8 @@ export async function runPdBench(opts: PdBenchOptions = {}): Promise<PdBenchResu
  * direct POST of the same prefill body, interleaved on idle pods with a short prompt (the same
  * one each time: cached after the first, so both sides measure transport and scheduling, not compute).
  */
-async function prefillLegOverhead(gw: GatewayHandle, prefill: SimPodLine, n: number, agent: Agent): Promise<{ gateway: number; direct: number }> {
-  const client = new ExtProcClient(`127.0.0.1:${gw.port}`);
+async function prefillLegOverhead(port: number, prefill: SimPodLine, n: number, agent: Agent): Promise<{ gateway: number; direct: number }> {
+  const client = new ExtProcClient(`127.0.0.1:${port}`);
   const body = { model: MODEL, messages: [{ role: "user", content: "a short prompt for the overhead measurement" }], max_tokens: 8 };
   const raw = Buffer.from(JSON.stringify(body));
   const direct = vllmPrefillBody(body);
@@ -235,4 +266,52 @@ async function prefillLegOverhead(gw: GatewayHandle, prefill: SimPodLine, n: num
   }
   client.close();
   return { gateway: pct(viaGateway, 0.5), direct: pct(plain, 0.5) };
+}
+
+/**
+ * The prefill-leg overhead against a gateway started as its own process (`jetroute gateway`, the
+ * pd strategy, its loop probe on) and moved to the gateway CPU by `pin`; its CPU per exchange from
+ * /proc over the measurement (after 20 unmeasured exchanges; the measurement's own 20 warm-up
+ * exchanges are counted with it).
+ */
+async function pinnedOverhead(natsUrl: string, pin: (pid: number) => void, prefill: SimPodLine, n: number, agent: Agent, mode: string): Promise<NonNullable<PdBenchResult["pinned"]>> {
+  const gw = spawnJetroute("gateway-pinned", ["gateway", "--nats", natsUrl, "--port", "0", "--admin-port", "0", "--host", "127.0.0.1", "--id", "pd-bench-pinned", "--strategy", "pd", "--tokenizer", "local", "--no-snapshots", "--shutdown-grace-ms", "500"], {
+    env: { JETROUTE_LOG_LEVEL: "warn", JETROUTE_LOOP_CPU_PROBE: "1" },
+  });
+  try {
+    const pid = gw.proc.pid;
+    if (pid === undefined) throw new Error("the pinned gateway has no pid");
+    pin(pid);
+    const line = await gw.waitForLine<{ port: number; adminPort: number }>((v) => typeof v.port === "number" && typeof v.adminPort === "number", 60_000);
+    const admin = `http://127.0.0.1:${line.adminPort}`;
+    const deadline = Date.now() + 30_000;
+    for (;;) {
+      const s = (await (await fetch(`${admin}/debug/state`)).json()) as { ready?: boolean; pods?: Array<{ pod: string; ready?: boolean }> };
+      if (s.ready && (s.pods ?? []).filter((p) => p.pod.startsWith(`${mode}-`)).length >= 4) break;
+      if (Date.now() > deadline) throw new Error("the pinned gateway did not see the pods");
+      await new Promise((r) => setTimeout(r, 50));
+    }
+    // A fresh process: its first exchanges compile the path (JIT). Warmed up first, not counted.
+    await prefillLegOverhead(line.port, prefill, 0, agent);
+    // A scrape resets the loop probe's maximum: the measurement's is read at its end.
+    await (await fetch(`${admin}/metrics`)).text();
+    const cpu0 = processCpuUs(pid);
+    const main0 = mainThreadCpuUs(pid);
+    const r = await prefillLegOverhead(line.port, prefill, n, agent);
+    const exchanges = n + 20;
+    const cpu = processCpuUs(pid) - cpu0;
+    const main = mainThreadCpuUs(pid) - main0;
+    const metrics = await (await fetch(`${admin}/metrics`)).text();
+    const block = Number(/^jetroute_gateway_loop_block_cpu_max_seconds(?:\{[^}]*\})? (\S+)$/m.exec(metrics)?.[1] ?? Number.NaN) * 1000;
+    return {
+      gateway_main_cpu_ms_per_request: round(main / 1000 / exchanges, 4),
+      gateway_cpu_ms_per_request: round(cpu / 1000 / exchanges, 4),
+      max_own_loop_block_ms: round(block, 3),
+      prefill_leg_overhead_p50_ms: round(r.gateway - r.direct, 3),
+      prefill_leg_gateway_p50_ms: round(r.gateway, 3),
+      prefill_leg_direct_p50_ms: round(r.direct, 3),
+    };
+  } finally {
+    await gw.stop();
+  }
 }

@@ -13,6 +13,7 @@
  */
 import { describe, expect, it } from "vitest";
 import { FOLD_FAMILIES, runFoldBench } from "./fold.js";
+import { hostPinningPlan } from "../pinning.js";
 import { fitLine, runScaleBench } from "./scale.js";
 
 describe("scale bench", () => {
@@ -60,6 +61,14 @@ describe("scale bench", () => {
     expect(Number.isFinite(scale.fit.router_us_per_request)).toBe(true);
     expect(scale.fit.points.map((p) => p.replicas)).toEqual([1, 2]);
     expect(typeof scale.host.saturated).toBe("boolean");
+    // The pinned R = 1 cell (loadtest/pinning.ts): every figure measured, the loop probe read.
+    if (hostPinningPlan().available) {
+      const p = scale.pinned as NonNullable<typeof scale.pinned>;
+      for (const [k, v] of Object.entries(p)) expect(Number.isFinite(v), k).toBe(true);
+      expect(p.gateway_cpu_ms_per_request).toBeGreaterThan(0);
+      expect(p.max_own_loop_block_ms).toBeGreaterThan(0);
+      expect(scale.pinning).toEqual({ gateway_cpus: hostPinningPlan().gatewayCpus, other_cpus: hostPinningPlan().otherCpus });
+    } else expect(scale.pinning).toHaveProperty("note");
 
     const ratios = scale.results.map((r) => r.observer_fold_us_per_request / fold.per_request_us);
     for (const r of scale.results) {

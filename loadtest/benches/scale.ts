@@ -56,7 +56,8 @@ import { namespaceOf } from "../../streams/pools.js";
 import { DEFAULT_PREFIX, Subjects } from "../../streams/subjects.js";
 import { generatorScript, runNode } from "../child.js";
 import type { ExtProcLoadResult } from "../extproc-load.js";
-import { busyFraction, hostCpu, loadAverage1m, mainThreadWakeups, processCpuUs } from "../proc-cpu.js";
+import { busyFraction, hostCpu, loadAverage1m, mainThreadCpuUs, mainThreadWakeups, processCpuUs } from "../proc-cpu.js";
+import { hostPinningPlan, pinningSummary, setAffinity, withPinning } from "../pinning.js";
 
 export interface ScaleOptions {
   /** Replica counts of pool a (default 1, 2, 4). */
@@ -75,6 +76,8 @@ export interface ScaleOptions {
   foldPaceMs?: number;
   /** Write V8 CPU profiles of the observer (node --cpu-prof, first round) into this directory. */
   profileDir?: string;
+  /** After the rounds, one R = 1 cell with the gateways pinned to their own CPU (default true; loadtest/pinning.ts). */
+  pinned?: boolean;
 }
 
 /** What a round and a result row (its rounds' medians) both report. */
@@ -119,6 +122,10 @@ export interface ScaleRound extends ScaleFigures {
   /** The latest a generator began its window after the common start (start-up on a busy host). */
   start_late_ms: number;
   generator_cpu_pct: number;
+  /** The loaded replicas' main thread (the event loop) alone, per own request, idle subtracted. */
+  main_cpu_us_per_own_request: number;
+  /** The loaded replicas' longest CPU run of the main thread between two 1 ms ticks (pinned cell only: JETROUTE_LOOP_CPU_PROBE). */
+  max_own_loop_block_ms?: number;
 }
 
 /** `fold_cpu_us_per_foreign_request` is null at R = 1: a lone replica folds no foreign request. */
@@ -150,6 +157,20 @@ export interface ScaleResult {
   /** The observer's fold per pool request, median over the R settings: the fold measured directly. */
   observer_fold_us_per_request: number;
   /**
+   * One R = 1 cell with every gateway process (the loaded replica, the observer, pool b's) on the
+   * gateway CPU and the generators and nats-server on the others: the replica's own cost per request.
+   */
+  pinned?: {
+    gateway_main_cpu_ms_per_request: number;
+    gateway_cpu_ms_per_request: number;
+    max_own_loop_block_ms: number;
+    observer_fold_us_per_request: number;
+    other_pool_us_per_request: number;
+    own_rps: number;
+    host_busy_fraction: number;
+  };
+  pinning: { gateway_cpus: string; other_cpus: string } | { note: string };
+  /**
    * `saturated`: some loaded window had the host's cores more than 90 % busy (every process
    * counted, other tenants too); `min_rate_fraction`: the lowest own rate a loaded replica reached,
    * over the offered `rate` (below ~0.9 the generators, not the offered load, set the pace).
@@ -159,6 +180,11 @@ export interface ScaleResult {
 }
 
 type Opts = Required<Omit<ScaleOptions, "foldPaceMs" | "profileDir">> & Pick<ScaleOptions, "foldPaceMs" | "profileDir">;
+
+/** A pinned cell: each gateway moved to the gateway CPU once spawned, and its loop probe on. */
+interface CellPinning {
+  pin(pid: number): void;
+}
 
 const MODEL_A = "bench/scale-a";
 const MODEL_B = "bench/scale-b";
@@ -182,10 +208,11 @@ interface Gateway {
   pid: number;
   port: number;
   state(): Promise<DebugState>;
+  metrics(): Promise<string>;
   stop(): Promise<void>;
 }
 
-async function gateway(id: string, pool: string, natsUrl: string, o: Opts, profileDir?: string): Promise<Gateway> {
+async function gateway(id: string, pool: string, natsUrl: string, o: Opts, profileDir?: string, pinning?: CellPinning): Promise<Gateway> {
   const proc: ServiceProcess = spawnJetroute(
     id,
     [
@@ -194,13 +221,15 @@ async function gateway(id: string, pool: string, natsUrl: string, o: Opts, profi
       // The gateway refuses a pace at or above the rate guard's window (25 ms): widen it for long paces (no limits here).
       ...(o.foldPaceMs !== undefined ? ["--fold-pace-ms", String(o.foldPaceMs), ...(o.foldPaceMs >= 25 ? ["--rate-confirm-ms", String(o.foldPaceMs + 25)] : [])] : []),
     ],
-    { env: { JETROUTE_LOG_LEVEL: "warn" }, ...(profileDir ? { nodeArgs: ["--cpu-prof", `--cpu-prof-dir=${profileDir}`] } : {}) },
+    { env: { JETROUTE_LOG_LEVEL: "warn", ...(pinning ? { JETROUTE_LOOP_CPU_PROBE: "1" } : {}) }, ...(profileDir ? { nodeArgs: ["--cpu-prof", `--cpu-prof-dir=${profileDir}`] } : {}) },
   );
   try {
+    if (pinning && proc.proc.pid !== undefined) pinning.pin(proc.proc.pid);
     const line = await proc.waitForLine<{ port: number; adminPort: number }>((v) => typeof v.port === "number" && typeof v.adminPort === "number", 30_000);
     if (proc.proc.pid === undefined) throw new Error(`${id} has no pid`);
     const url = `http://127.0.0.1:${line.adminPort}/debug/state`;
-    return { id, pid: proc.proc.pid, port: line.port, state: async () => (await (await fetch(url)).json()) as DebugState, stop: () => proc.stop() };
+    const metrics = async () => await (await fetch(`http://127.0.0.1:${line.adminPort}/metrics`)).text();
+    return { id, pid: proc.proc.pid, port: line.port, state: async () => (await (await fetch(url)).json()) as DebugState, metrics, stop: () => proc.stop() };
   } catch (err) {
     await proc.stop();
     throw err;
@@ -268,13 +297,13 @@ export async function bulkFoldUs(h: NatsHandles, prefix: string, fromSeq: number
   return Math.min(...timed);
 }
 
-async function measureCell(natsUrl: string, natsPid: number, h: NatsHandles, R: number, o: Opts, r1: number | undefined, profileDir?: string): Promise<ScaleRound> {
+async function measureCell(natsUrl: string, natsPid: number, h: NatsHandles, R: number, o: Opts, r1: number | undefined, profileDir?: string, pinning?: CellPinning): Promise<ScaleRound> {
   const gws: Gateway[] = [];
   try {
     const started = await Promise.allSettled([
-      ...Array.from({ length: R }, (_, i) => gateway(`scale-a${i}`, "a", natsUrl, o)),
-      gateway("scale-a-observer", "a", natsUrl, o, profileDir),
-      gateway("scale-b", "b", natsUrl, o),
+      ...Array.from({ length: R }, (_, i) => gateway(`scale-a${i}`, "a", natsUrl, o, undefined, pinning)),
+      gateway("scale-a-observer", "a", natsUrl, o, profileDir, pinning),
+      gateway("scale-b", "b", natsUrl, o, undefined, pinning),
     ]);
     for (const s of started) if (s.status === "fulfilled") gws.push(s.value);
     const failed = started.find((s) => s.status === "rejected");
@@ -309,7 +338,7 @@ async function measureCell(natsUrl: string, natsPid: number, h: NatsHandles, R: 
     await results(generators(Math.min(2_000, o.durationMs)));
     await waitFor("pool a's ledgers to drain", async () => (await Promise.all(poolA.map((g) => g.state()))).every((s) => s.ledger.charges === 0), 10_000);
     const pids = [...gws.map((g) => g.pid), natsPid];
-    const sample = () => ({ t: performance.now(), cpu: pids.map(processCpuUs), wake: pids.map(mainThreadWakeups), host: hostCpu() });
+    const sample = () => ({ t: performance.now(), cpu: pids.map(processCpuUs), main: pids.map(mainThreadCpuUs), wake: pids.map(mainThreadWakeups), host: hostCpu() });
     const until = (epochMs: number) => new Promise((r) => setTimeout(r, Math.max(0, epochMs - Date.now())));
     // Idle window: every replica heartbeating and sweeping, nothing routed, while the generators
     // start up; they all begin at its end (`--start-at`), so the loaded window is sampled exactly.
@@ -317,12 +346,15 @@ async function measureCell(natsUrl: string, natsPid: number, h: NatsHandles, R: 
     const startAt = Date.now() + o.durationMs;
     const gens = generators(o.durationMs, startAt);
     await until(startAt);
+    // A scrape resets the loop probe's maxima (pinned cell): the loaded window's is read at its end.
+    if (pinning) await Promise.all(loaded.map((g) => g.metrics()));
     const i1 = sample();
     const chargesA = streamName(namespaceOf(DEFAULT_PREFIX, "a").prefix, "CHARGES");
     const seqAt = async () => (await h.jsm.streams.info(chargesA)).state.last_seq;
     const fromSeq = await seqAt();
     await until(startAt + o.durationMs);
     const l1 = sample();
+    const loopBlockMs = pinning ? Math.max(...(await Promise.all(loaded.map((g) => g.metrics()))).map((t) => 1000 * Number(/^jetroute_gateway_loop_block_cpu_max_seconds(?:\{[^}]*\})? (\S+)$/m.exec(t)?.[1] ?? Number.NaN))) : undefined;
     const toSeq = await seqAt();
     const res = await results(gens);
     const l0 = i1;
@@ -333,6 +365,7 @@ async function measureCell(natsUrl: string, natsPid: number, h: NatsHandles, R: 
     await new Promise((r) => setTimeout(r, o.durationMs));
     const j1 = sample();
     const idleRate = pids.map((_, k) => ((i1.cpu[k] as number) - (i0.cpu[k] as number) + (j1.cpu[k] as number) - (j0.cpu[k] as number)) / (i1.t - i0.t + j1.t - j0.t));
+    const idleMainRate = pids.map((_, k) => ((i1.main[k] as number) - (i0.main[k] as number) + (j1.main[k] as number) - (j0.main[k] as number)) / (i1.t - i0.t + j1.t - j0.t));
     const idleWakeRate = pids.map((_, k) => ((i1.wake[k] as number) - (i0.wake[k] as number) + (j1.wake[k] as number) - (j0.wake[k] as number)) / (i1.t - i0.t + j1.t - j0.t));
     for (const [i, x] of res.entries()) {
       if (x.immediate > 0 || x.errors > 0) throw new Error(`scale-a${i} answered ${x.immediate} immediate responses and ${x.errors} errors (first: ${x.firstError ?? "-"}): not a routing run`);
@@ -378,6 +411,8 @@ async function measureCell(natsUrl: string, natsPid: number, h: NatsHandles, R: 
       host_busy_fraction: round(busyFraction(l0.host, l1.host), 3),
       start_late_ms: Math.round(startLateMs),
       generator_cpu_pct: round(median(res.map((x) => x.generatorCpuPct)), 1),
+      main_cpu_us_per_own_request: round(sum(pids.slice(0, R).map((_, k) => (l1.main[k] as number) - (l0.main[k] as number) - (idleMainRate[k] as number) * wallMs)) / requests),
+      ...(loopBlockMs !== undefined ? { max_own_loop_block_ms: round(loopBlockMs, 3) } : {}),
     };
   } finally {
     await Promise.allSettled(gws.map((g) => g.stop()));
@@ -423,7 +458,7 @@ function row(R: number, rounds: ScaleRound[]): ScaleResultRow {
 export async function runScaleBench(opts: ScaleOptions = {}): Promise<ScaleResult> {
   const o: Opts = {
     replicas: opts.replicas ?? [1, 2, 4], rate: opts.rate ?? 300, concurrency: opts.concurrency ?? 32, durationMs: opts.durationMs ?? 5_000,
-    rounds: opts.rounds ?? 3, heartbeatMs: opts.heartbeatMs ?? 1_000, releaseBatchMs: opts.releaseBatchMs ?? 0,
+    rounds: opts.rounds ?? 3, heartbeatMs: opts.heartbeatMs ?? 1_000, releaseBatchMs: opts.releaseBatchMs ?? 0, pinned: opts.pinned ?? true,
     ...(opts.foldPaceMs !== undefined ? { foldPaceMs: opts.foldPaceMs } : {}), ...(opts.profileDir !== undefined ? { profileDir: opts.profileDir } : {}),
   };
   if (!o.replicas.includes(1)) throw new Error("scale: the replica counts must include 1 (the routing cost the fold is measured against)");
@@ -460,6 +495,27 @@ export async function runScaleBench(opts: ScaleOptions = {}): Promise<ScaleResul
         progress(`round ${r + 1}, R = ${R}: ${JSON.stringify(cell)}`);
       }
     }
+    const plan = hostPinningPlan();
+    let pinned: ScaleResult["pinned"];
+    if (o.pinned && plan.available) {
+      progress(`pinned: R = 1, every gateway on CPU ${plan.gatewayCpus}, generators and nats-server on CPU ${plan.otherCpus}`);
+      setAffinity(natsPid, plan.otherCpus);
+      try {
+        const c = await withPinning(plan, (pin) => measureCell(nats.url, natsPid, h, 1, o, undefined, undefined, { pin }));
+        progress(`pinned: ${JSON.stringify(c)}`);
+        pinned = {
+          gateway_main_cpu_ms_per_request: round(c.main_cpu_us_per_own_request / 1000, 4),
+          gateway_cpu_ms_per_request: round(c.cpu_us_per_own_request / 1000, 4),
+          max_own_loop_block_ms: c.max_own_loop_block_ms ?? Number.NaN,
+          observer_fold_us_per_request: c.observer_fold_us_per_request,
+          other_pool_us_per_request: c.other_pool_us_per_request,
+          own_rps: c.own_rps,
+          host_busy_fraction: c.host_busy_fraction,
+        };
+      } finally {
+        setAffinity(natsPid, plan.allCpus);
+      }
+    } else if (o.pinned) progress(`not pinned: ${plan.note}`);
     const results = order.map((R) => row(R, cells.get(R) as ScaleRound[]));
     const points = results.map((x) => ({ replicas: x.replicas, x: x.foreign_rps_per_replica, y: x.cpu_us_per_s }));
     const line = fitLine(points);
@@ -472,6 +528,8 @@ export async function runScaleBench(opts: ScaleOptions = {}): Promise<ScaleResul
       other_pool_us_per_request: round(sum(all.map((c) => c.b_excess_us)) / sum(all.map((c) => c.requests)), 3),
       fit: { router_us_per_request: round(line.intercept / ownRps), fold_cpu_us_per_foreign_request: round(line.slope), points },
       observer_fold_us_per_request: median(results.map((x) => x.observer_fold_us_per_request)),
+      ...(pinned ? { pinned } : {}),
+      pinning: o.pinned ? pinningSummary(plan) : { note: "pinned run not asked (--no-pinned)" },
       host: {
         cores: os.availableParallelism(), load_average_start: loadStart, load_average_end: loadAverage1m(), max_busy_fraction: maxBusy, saturated: maxBusy > SATURATED,
         min_rate_fraction: round(Math.min(...all.map((c) => c.own_rps)) / o.rate, 3),

@@ -16,6 +16,13 @@
  * difference).
  *
  * The headline fields are the slower model's (Qwen3: its template costs more); `models` has both.
+ *
+ * Pinned (loadtest/pinning.ts; `--no-pinned` skips it): the same measurement again with this
+ * process (every thread: the render worker, libuv's encode threads) on the gateway's CPU alone,
+ * reported under `pinned` with the keys the gateway benches use — main-thread and whole-process
+ * CPU per request (`gateway_main_cpu_ms_per_request`, `gateway_cpu_ms_per_request`; the
+ * tokenizer's share of a gateway's), `max_own_loop_block_ms` — and this bench's headline
+ * (`later_turn_p50_ms`, ...), Qwen3's.
  */
 import { createRequire } from "node:module";
 import { dirname } from "node:path";
@@ -23,7 +30,8 @@ import type { Command } from "commander";
 import { emitResult } from "../baseline.js";
 import { loadHfTokenizerDir } from "../../services/gateway/tokenization.js";
 import { intOption } from "../../services/shared/cli-options.js";
-import { startLoopBlockProbe } from "../../services/shared/loop-block.js";
+import { startLoopBlockProbe, threadCpuMs } from "../../services/shared/loop-block.js";
+import { hostPinningPlan, pinningSummary, setAffinity } from "../pinning.js";
 import { mulberry32 } from "../../services/shared/seeded-random.js";
 import type { HfChatMessage } from "../../services/tokenizer/chat-template.js";
 import { seededText } from "../workloads/agent-sessions.js";
@@ -40,11 +48,59 @@ const pct = (xs: number[], q: number) => {
 export interface TokenizeBenchOptions {
   conversations?: number;
   turns?: number;
+  /** Also measure with this process pinned to the gateway's CPU (default true; loadtest/pinning.ts). */
+  pinned?: boolean;
 }
 
 export async function runTokenizeBench(o: TokenizeBenchOptions = {}): Promise<Record<string, unknown>> {
   const conversations = o.conversations ?? 40;
   const turns = o.turns ?? 10;
+  const models = await measureModels(conversations, turns, "shared");
+  const plan = hostPinningPlan();
+  let pinned: Record<string, number> | undefined;
+  if (o.pinned !== false && plan.available) {
+    console.error(`pinned: this process (every thread) on CPU ${plan.gatewayCpus}`);
+    setAffinity(process.pid, plan.gatewayCpus);
+    try {
+      const p = (await measureModels(conversations, turns, "pinned")).qwen3 as Record<string, number>;
+      pinned = {
+        gateway_main_cpu_ms_per_request: p.main_cpu_ms_per_request as number,
+        gateway_cpu_ms_per_request: p.cpu_ms_per_request as number,
+        max_own_loop_block_ms: p.max_loop_block_ms as number,
+        later_turn_p50_ms: p.later_turn_p50_ms as number,
+        later_turn_p99_ms: p.later_turn_p99_ms as number,
+        first_turn_p50_ms: p.first_turn_p50_ms as number,
+        first_turn_p99_ms: p.first_turn_p99_ms as number,
+        max_loop_lateness_ms: p.max_loop_lateness_ms as number,
+      };
+    } finally {
+      setAffinity(process.pid, plan.allCpus);
+    }
+  } else if (!plan.available) console.error(`not pinned: ${plan.note}`);
+  const head = models.qwen3 as Record<string, number>;
+  return {
+    bench: "tokenize",
+    library: "tokenizers (Rust bindings) + @huggingface/jinja, hf: Qwen3",
+    first_turn_p50_ms: head.first_turn_p50_ms,
+    first_turn_p99_ms: head.first_turn_p99_ms,
+    later_turn_p50_ms: head.later_turn_p50_ms,
+    later_turn_p99_ms: head.later_turn_p99_ms,
+    max_loop_block_ms: Math.max(...Object.values(models).map((x) => x.max_loop_block_ms as number)),
+    max_loop_lateness_ms: Math.max(...Object.values(models).map((x) => x.max_loop_lateness_ms as number)),
+    gateway_main_cpu_ms_per_request: head.main_cpu_ms_per_request,
+    gateway_cpu_ms_per_request: head.cpu_ms_per_request,
+    max_own_loop_block_ms: head.max_loop_block_ms,
+    conversations,
+    turns,
+    models,
+    ...(pinned ? { pinned } : {}),
+    pinning: o.pinned !== false ? pinningSummary(plan) : { note: "pinned run not asked (--no-pinned)" },
+    date: new Date().toISOString(),
+    node: process.version,
+  };
+}
+
+async function measureModels(conversations: number, turns: number, tag: string): Promise<Record<string, Record<string, number>>> {
   const models: Record<string, Record<string, number>> = {};
   for (const m of MODELS) {
     const hf = loadHfTokenizerDir(dirOf(m));
@@ -71,6 +127,8 @@ export async function runTokenizeBench(o: TokenizeBenchOptions = {}): Promise<Re
     // no request's ids) does not have.
     const results: Array<[HfChatMessage[], Uint32Array]> = [];
     const monitor = startLoopBlockProbe();
+    const main0 = threadCpuMs();
+    const cpu0 = process.cpuUsage();
     for (const c of convs) {
       const coldMsgs: HfChatMessage[] = [{ role: "system", content: seededText(rnd, 4096) }, c[1] as HfChatMessage];
       let t0 = performance.now();
@@ -88,6 +146,9 @@ export async function runTokenizeBench(o: TokenizeBenchOptions = {}): Promise<Re
       }
     }
     const block = monitor.stop();
+    const mainMs = threadCpuMs() - main0;
+    const cpu = process.cpuUsage(cpu0);
+    const requests = results.length;
     for (const [messages, ids] of results) {
       const expected = await plain.chatIds(messages);
       if (ids.length !== expected.length || ids.some((x, i) => x !== expected[i])) throw new Error(`${m}: ids differ from a whole render + encode`);
@@ -102,26 +163,14 @@ export async function runTokenizeBench(o: TokenizeBenchOptions = {}): Promise<Re
       max_loop_block_ms: block.cpuMs,
       max_loop_lateness_ms: block.wallMs,
       prefix_hits: hf.prefixStats?.hits ?? 0,
+      // Per request of the measured loop (every turn of every conversation, cold ones included).
+      main_cpu_ms_per_request: +(mainMs / requests).toFixed(3),
+      cpu_ms_per_request: +((cpu.user + cpu.system) / 1000 / requests).toFixed(3),
     };
-    console.error(`${m}: ${JSON.stringify(models[m])}`);
+    console.error(`${tag} ${m}: ${JSON.stringify(models[m])}`);
     await Promise.all([hf.close(), plain.close()]);
   }
-  const head = models.qwen3 as Record<string, number>;
-  return {
-    bench: "tokenize",
-    library: "tokenizers (Rust bindings) + @huggingface/jinja, hf: Qwen3",
-    first_turn_p50_ms: head.first_turn_p50_ms,
-    first_turn_p99_ms: head.first_turn_p99_ms,
-    later_turn_p50_ms: head.later_turn_p50_ms,
-    later_turn_p99_ms: head.later_turn_p99_ms,
-    max_loop_block_ms: Math.max(...Object.values(models).map((x) => x.max_loop_block_ms as number)),
-    max_loop_lateness_ms: Math.max(...Object.values(models).map((x) => x.max_loop_lateness_ms as number)),
-    conversations,
-    turns,
-    models,
-    date: new Date().toISOString(),
-    node: process.version,
-  };
+  return models;
 }
 
 export function registerTokenizeBench(program: Command): void {
@@ -131,7 +180,8 @@ export function registerTokenizeBench(program: Command): void {
     .description("real hf: tokenizers as the gateway runs them: ms per request for a first turn (cold, warm system prompt) and the 10th turn, p50/p99, event-loop block max")
     .option("--conversations <n>", "conversations per model", n, 40)
     .option("--turns <n>", "turns per conversation (the last is the later turn)", n, 10)
+    .option("--no-pinned", "skip the second measurement with this process pinned to the gateway's CPU (loadtest/pinning.ts)")
     .action(async (opts) => {
-      emitResult(await runTokenizeBench({ conversations: opts.conversations, turns: opts.turns }));
+      emitResult(await runTokenizeBench({ conversations: opts.conversations, turns: opts.turns, pinned: opts.pinned }));
     });
 }

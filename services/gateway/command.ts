@@ -67,6 +67,7 @@ export function registerGatewayCommand(program: Command): void {
     .option("--prefix-max-entries <n>", "bound on the prefix index, in (block, pod) entries", intOption(1), D.prefixMaxEntries)
     .option("--response-locations <n>", "bound on the Responses API locations held (response id -> pod, ~200 bytes each); past it the oldest lose their affinity, not their store", intOption(1), D.responseLocations)
     .option("--no-snapshots", "neither boot from nor write prefix-index snapshots")
+    .option("--turn-budget-ms <ms>", "a large request's parse/tokenize/hash work hands the event loop back after this much synchronous work, so other requests run between its slices (0 = off)", intOption(0), D.turnBudgetMs)
     .option("--snapshot-interval-ms <ms>", "how often the lease holder writes a prefix-index snapshot", intOption(1_000), D.snapshotIntervalMs)
     .option("--charge-ttl-ms <ms>", "a charge stops counting after this long even without a release", intOption(1), D.chargeTtlMs)
     .option("--heartbeat-ms <ms>", "heartbeat interval", intOption(10), D.heartbeatIntervalMs)
@@ -148,6 +149,7 @@ export function registerGatewayCommand(program: Command): void {
         flowMaxHeldBytes: o.flowMaxHeldBytes,
         flowMaxHeld: o.flowMaxHeld,
         recordPromptBlocks: o.recordPromptBlocks !== false,
+        turnBudgetMs: o.turnBudgetMs,
         ...(o.otlpEndpoint ? { otlpEndpoint: o.otlpEndpoint } : {}),
         otlpServiceName: o.otlpServiceName,
         ...(o.tlsCert || o.tlsKey || o.tlsClientCa ? { tls: tlsOption(o.tlsCert, o.tlsKey, o.tlsClientCa) } : {}),

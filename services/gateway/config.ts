@@ -7,7 +7,7 @@ import { randomBytes } from "node:crypto";
 import os from "node:os";
 import { type Static, Type } from "@sinclair/typebox";
 import { Value } from "@sinclair/typebox/value";
-import { DEFAULT_PD_LEG_OPTIONS, FLOW_LIMIT_DEFAULTS } from "../routing/mod.js";
+import { DEFAULT_PD_LEG_OPTIONS, DEFAULT_TURN_BUDGET_MS, FLOW_LIMIT_DEFAULTS } from "../routing/mod.js";
 import { DEFAULT_PREFIX } from "../../streams/subjects.js";
 import { DEFAULT_RELEASE_BATCH_MS } from "../shared/publish.js";
 import { DEFAULT_CHARGE_TTL_MS, DEFAULT_MAX_CHARGES } from "../views/charge-ledger.js";
@@ -98,6 +98,8 @@ export const GatewayConfigSchema = Type.Object(
     sessionSecret: Type.Optional(Type.String()),
     engineApiKey: Type.Optional(Type.String()),
     recordPromptBlocks: Type.Boolean({ default: true }),
+    /** A large request's prepare work hands the loop back after this much synchronous work (services/routing/turn-budget.ts); 0 = stages run back to back. */
+    turnBudgetMs: Ms(DEFAULT_TURN_BUDGET_MS),
     /** OpenTelemetry traces (docs/tracing.md): the OTLP/HTTP receiver's base URL; absent: no traces. */
     otlpEndpoint: Type.Optional(Type.String({ minLength: 1 })),
     otlpServiceName: Type.String({ minLength: 1, maxLength: 256, default: "jetroute-gateway" }),

@@ -23,7 +23,7 @@ import { GatewayState } from "../views/gateway-state.js";
 import type { PrefixIndex } from "../views/prefix-index.js";
 import type { TokenizerSetting } from "../tokenizer/prompt-tokens.js";
 import { type AdminServer, adminAuthorizer, startAdminServer } from "./admin-server.js";
-import { Director, type DirectorOptions, type GatewayViews, explain, RouteError, validateModelConfig, configureSessionSigning, DEFAULT_SUMMARY_INTERVAL_MS, FleetQueues } from "../routing/mod.js";
+import { Director, type DirectorOptions, type GatewayViews, explain, RouteError, validateModelConfig, configureSessionSigning, DEFAULT_SUMMARY_INTERVAL_MS, FleetQueues, immediateYield } from "../routing/mod.js";
 import { EmbeddingClient } from "./embeddings.js";
 import { createExtProcHandler, DEFAULT_PD_WATCHDOG, type ExtProcHandlerOptions } from "./extproc-server.js";
 import { PdHttpClient } from "./pd-client.js";
@@ -99,7 +99,7 @@ export async function startGateway(options: GatewayOptions): Promise<GatewayHand
   const serverClock = new ServerClock(clock);
   // Also before connecting: an `hf:` tokenizer directory that is missing or corrupt stops the gateway here, naming the file.
   const engineKey = config.engineApiKey ? { engineApiKey: config.engineApiKey } : {};
-  const tokenizer = new Tokenizer({ ...engineKey, defaultMode: config.tokenizerMode as TokenizerSetting, modes: config.tokenizerModes as Record<string, TokenizerSetting>, hf: { prefixCacheBytes: config.tokenizerPrefixCacheBytes, renderCacheBytes: config.tokenizerRenderCacheBytes } });
+  const tokenizer = new Tokenizer({ ...engineKey, defaultMode: config.tokenizerMode as TokenizerSetting, modes: config.tokenizerModes as Record<string, TokenizerSetting>, hf: { prefixCacheBytes: config.tokenizerPrefixCacheBytes, renderCacheBytes: config.tokenizerRenderCacheBytes, ...(config.turnBudgetMs > 0 ? { yieldTurn: immediateYield } : {}) } });
   // Also before connecting: a public key file that is missing or holds no Ed25519 key stops the gateway.
   const signatures = recordVerifiersOf(config);
   const nats = await connectNats(config.nats, `jetroute-gateway-${id}`);
@@ -307,6 +307,7 @@ function routingCoreOf(o: {
     pool: { ...(ns.pool !== undefined ? { pool: ns.pool } : {}), ...(config.poolModels ? { models: new Set(config.poolModels) } : {}) },
     strictFor: (model) => consistency !== "off" && (modelConfigs.consistency(model) ?? consistency) === "strict",
     onPick: o.onPick,
+    ...(config.turnBudgetMs > 0 ? { turns: { budgetMs: config.turnBudgetMs, yieldTurn: immediateYield } } : {}),
     pdLegClient: o.pdClient,
     pdLegOptions: { prefillTimeoutMs: config.pd.prefillTimeoutMs, prefillBudgetMs: config.pd.prefillBudgetMs, sglangPrefillTimeoutMs: config.pd.sglangPrefillTimeoutMs, maxRetries: config.pd.maxRetries },
     flow: { fleet: o.fleet, limits: { maxHeldBytes: config.flowMaxHeldBytes, maxHeldRequests: config.flowMaxHeld }, hooks: { outcome: (band, outcome, waitMs) => o.metrics().flowOutcome(band, outcome, waitMs), yielded: (band) => o.metrics().flowYield(band) } },

@@ -83,6 +83,12 @@ export function createPrefixSupport(o: PrefixSupportOptions): PrefixSupport {
   const incremental = new IncrementalBlockHashes();
   /** A precise match's hashes -> blocks the engine index held per candidate (read back by recordRouted). */
   const indexHeld = new WeakMap<readonly bigint[], Map<string, number>>();
+  /**
+   * A prompt's hashes per chain seed and block size, kept as long as its ids are: the tokenize
+   * stage hashes ahead (in its own turn of the loop) and select's match finds them here instead of
+   * hashing a long prompt inside the commit section. Same ids, seed and size: the same hashes.
+   */
+  const hashed = new WeakMap<readonly number[], { seed: BlockHash; size: number; hashes: BlockHash[] }>();
   /** The prompt's router block hashes as `pod`'s engine would key them. */
   const blocks = (model: string, pod: PodInfo, tokens: readonly number[], now: number, tokenizerMode: string | undefined, cacheSalt?: string): PromptBlocks => {
     const base = pod.model;
@@ -93,8 +99,13 @@ export function createPrefixSupport(o: PrefixSupportOptions): PrefixSupport {
     // The salt is keyed like the engine keys it, in both modes: a salted prompt's routed prefixes
     // and index matches are those of the same salt only.
     const seed = chainSeed(base, approximate ? `${lora ?? ""}${APPROX_LORA_TAG}` : lora, size, cacheSalt);
+    const mode = approximate ? "approximate" : "precise";
+    const known = hashed.get(tokens);
+    if (known && known.seed === seed && known.size === size) return { size, mode, hashes: known.hashes };
     const reuse = approximate ? undefined : o.tokenizer.prefixReuseOf?.(tokens);
-    return { size, mode: approximate ? "approximate" : "precise", hashes: incremental.hashes(tokens, seed, size, maxBlocks, reuse) };
+    const hashes = incremental.hashes(tokens, seed, size, maxBlocks, reuse);
+    hashed.set(tokens, { seed, size, hashes });
+    return { size, mode, hashes };
   };
   return {
     tokenizer: o.tokenizer,

@@ -15,8 +15,9 @@
  *   and counts for the "changed since the last snapshot" check.
  *
  * The sequence a snapshot reflects is "every KV message up to here was handled": the gateway's KV
- * follower handles messages synchronously and `serialize()` is synchronous too, so reading the
- * follower's last sequence and serializing in the same tick gives a consistent pair. (The index's
+ * follower handles messages synchronously and `serializeSliced()` copies the index's records
+ * synchronously before it encodes them in slices (the loop serves requests between slices), so
+ * reading the follower's last sequence and taking the copy in the same tick gives a consistent pair. (The index's
  * own `lastSeq` counts only kv and kv-cleared messages; a follower's sequence also covers routed
  * prefixes and the replica's own skipped echoes, which is why the caller may pass `seq`.)
  *
@@ -248,8 +249,11 @@ async function putSnapshot(
   const seq = Math.max(o.index.lastSeq, o.seq?.() ?? 0);
   if (seq < 1) throw new Error("the index has applied nothing yet: no snapshot to write");
   const t0 = performance.now();
-  const bytes = o.index.serialize();
+  // Counted in the same tick as the copy serializeSliced takes first: the counts match the bytes.
   const st = o.index.stats();
+  // Encoded in slices with the loop handed back between them: several MB at 100 pods would hold
+  // every request for tens of milliseconds (serializeMs is wall time across the slices).
+  const bytes = await o.index.serializeSliced(() => new Promise((resolve) => void setImmediate(resolve)));
   const serializeMs = performance.now() - t0;
   // The index writes magic (int32) then its format version (uint16) first: record what was written.
   const version = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength).getUint16(4, true);

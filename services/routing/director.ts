@@ -9,6 +9,7 @@
  * reading the ledger and recording the charge, so two requests in this replica can never both see
  * a pod as idle.
  */
+import type { TurnSlicing } from "./turn-budget.js";
 import type { ReleaseOutcome } from "../../schemas/events.js";
 import type { GatewayState } from "../views/gateway-state.js";
 import type { ConfigReader } from "../views/model-config.js";
@@ -61,6 +62,8 @@ export interface DirectorOptions {
    * Default true; with `remote` tokenization it costs an engine /tokenize call per uncached prompt.
    */
   recordPromptBlocks?: boolean;
+  /** Slices a large request's prepare work into short turns of the loop (turn-budget.ts); absent: stages run back to back. */
+  turns?: TurnSlicing;
   /** The broker's time (liveness of peers is read on it); default: the director's clock. */
   serverNow?: () => number;
   /** Whether a model commits its charges in strict mode (its config's `consistency`, else the gateway's). */
@@ -153,6 +156,7 @@ export class Director {
       lifecycle: lc,
       ...(opts.consistency ? { consistency: opts.consistency } : {}),
       recordPromptBlocks: opts.recordPromptBlocks !== false,
+      ...(opts.turns ? { turns: opts.turns } : {}),
       ...(opts.onPick ? { onPick: opts.onPick } : {}),
     };
     this.driver = new RequestPathDriver(REQUEST_PATH, this.env, (ctx) => this.committerFor(ctx), opts.onStage);

@@ -6,6 +6,7 @@
 
 // The core and its request path.
 export { Director, type DirectorOptions } from "./director.js";
+export { DEFAULT_TURN_BUDGET_MS, immediateYield, shouldYieldTurn, type TurnSlicing } from "./turn-budget.js";
 export type { EmbeddingSource, EventSink, GatewayViews, ModelRewrites, PoolIdentity, PrefixSupport, ResponseState, StoredTurn } from "./ports.js";
 export type { FinishInfo, FlowRecord, OwnAdmissionKey, PdRouted, PromptBlocks, RecordedPrediction, ResponseAffinityRecord, ResponseTurn, RoutedRequest, RouteInput } from "./request.js";
 export { type ChainTurn, expandedBody, expandInput, inputItems, walkChain } from "./responses/chain.js";

@@ -27,6 +27,7 @@ import type { RoutedRequest, RouteInput } from "./request.js";
 import type { Admission } from "./stages/admission.js";
 import type { PdCoordinator } from "./stages/pd-coordinator.js";
 import type { PdLegs } from "./stages/pd-legs.js";
+import { shouldYieldTurn, type TurnSlicing } from "./turn-budget.js";
 
 
 export type Phase = "prepare" | "flow" | "commit" | "after";
@@ -58,6 +59,11 @@ export interface StageEnv {
   readonly consistency?: "eventual" | "strict" | "off";
   readonly recordPromptBlocks: boolean;
   readonly onPick?: (strategy: string, seconds: number) => void;
+  /**
+   * Slicing of a large request's work into short turns of the event loop (turn-budget.ts): where
+   * the driver may let other requests run between stages. Absent: stages run back to back.
+   */
+  readonly turns?: TurnSlicing;
 }
 
 export interface PrepareStage {
@@ -169,12 +175,20 @@ export class RequestPathDriver {
     return r;
   }
 
-  private prepareFrom(ctx: RequestContext, from: number): PlannedContext | Promise<PlannedContext> {
+  /**
+   * Runs the prepare stages from `from`. With turn slicing, a stage that awaited, or synchronous
+   * stages that together ran past the budget, hand the loop back (one macrotask) before the next
+   * stage and before the flow gate: another request's short work runs in between. The select ->
+   * charge section is never split (it starts after the yield, in a turn of its own).
+   */
+  private prepareFrom(ctx: RequestContext, from: number, turnStart = performance.now()): PlannedContext | Promise<PlannedContext> {
     const stages = this.path.prepare;
+    const turns = this.env.turns;
     for (let i = from; i < stages.length; i++) {
       const s = stages[i] as PrepareStage;
       const r = this.step(s, ctx, () => s.run(ctx, this.env));
-      if (r instanceof Promise) return r.then(() => this.prepareFrom(ctx, i + 1));
+      if (r instanceof Promise) return turns ? r.then(() => turns.yieldTurn()).then(() => this.prepareFrom(ctx, i + 1)) : r.then(() => this.prepareFrom(ctx, i + 1));
+      if (turns && shouldYieldTurn(performance.now() - turnStart, turns.budgetMs)) return turns.yieldTurn().then(() => this.prepareFrom(ctx, i + 1));
     }
     if (!isPlanned(ctx)) throw new Error("the prepare stages left the request without a plan");
     return ctx;

@@ -57,6 +57,12 @@ export interface HfTokenizerOptions {
   renderThreads?: number;
   /** Where the one warning of a load goes (default: a process warning). */
   warn?: (message: string) => void;
+  /**
+   * Hands the event loop back between the steps of a chat prompt's ids (render, the conversation's
+   * anchor and tail, the encode's result), so a ~600 KB prompt's milliseconds do not run in one
+   * turn (the gateway: a setImmediate). Absent: the steps run back to back.
+   */
+  yieldTurn?: () => Promise<void>;
 }
 
 function defaultWarn(message: string): void {
@@ -134,6 +140,7 @@ export class HfTokenizer {
   /** Why each template (by name) renders whole on every request: neither message-local nor windowed. */
   readonly rendersWhole = new Map<string, string>();
   private readonly windowSeedChars: number;
+  private readonly yieldTurn: (() => Promise<void>) | undefined;
 
   /** `source` names the directory in errors and stats. */
   static fromDir(source: string, read: ReadTokenizerFile, o: HfTokenizerOptions = {}): HfTokenizer {
@@ -191,6 +198,7 @@ export class HfTokenizer {
       else this.windowed.set(name, new WindowRender(parsed, window, renderCacheBytes));
     }
     this.windowSeedChars = o.windowSeedChars ?? DEFAULT_WINDOW_SEED_CHARS;
+    this.yieldTurn = o.yieldTurn;
     this.queue = new BoundedQueue(o.concurrency ?? 2, o.maxQueued ?? 256);
     const threads = o.renderThreads ?? 1;
     this.renderPool = templates && threads > 0 ? new RenderPool(templates.sources, threads, o.maxQueued ?? 256) : undefined;
@@ -278,6 +286,9 @@ export class HfTokenizer {
    */
   async chatIds(messages: readonly HfChatMessage[], o: RenderChatOptions & { addSpecialTokens?: boolean } = {}): Promise<number[]> {
     const text = await this.renderChatOffLoop(messages, o);
+    // The render (on this thread for a later turn) and what follows (the text's first search
+    // flattens a ~600 KB string) each cost milliseconds: other requests run in between.
+    if (this.yieldTurn) await this.yieldTurn();
     if (o.addSpecialTokens) return this.queue.run(() => this.encodeNow(text, true));
     const prefixes = this.prefixes;
     if (!prefixes) return this.queue.run(() => this.encodeNow(text, false));
@@ -289,6 +300,7 @@ export class HfTokenizer {
     const second = messages.slice(1, 4).find((m) => typeof m.content === "string" && m.content.length > 0)?.content as string | undefined;
     const secondAt = firstEnd >= 0 && second !== undefined ? text.indexOf(second, firstEnd) : -1;
     const anchorAt = secondAt >= 0 ? secondAt + (second as string).length : undefined;
+    if (this.yieldTurn) await this.yieldTurn();
     const r = await this.queue.run(() => prefixes.encodeWithReuse("", text, firstEnd >= 0 ? [firstEnd] : [], anchorAt));
     if (r.reused || r.stored.length > 0) this.reuse.set(r.ids, r);
     return r.ids;

@@ -435,6 +435,26 @@ describe("PrefixIndex: snapshots", () => {
     expect(match(copy, chain(1, 0, 2)).a).toBe(0);
   });
 
+  it("sliced: the bytes of the index as it was when asked, while the index changes between slices", async () => {
+    const { index, feed } = setup({ maxEntries: 100_000 });
+    // More blocks than one slice holds (SNAPSHOT_SLICE_WORK), so the encoding yields.
+    for (let c = 0; c < 6; c++) feed.batch(`p${c}`, [stored(`p${c}`, c, 0, 3_000)]);
+    const expected = index.serialize();
+    let yields = 0;
+    const sliced = index.serializeSliced(async () => {
+      yields++;
+      // Between slices the index moves on: new blocks, a removed pod, a cleared one.
+      feed.batch("p0", [stored("p0", 40 + yields, 0, 50)]);
+      index.removePod(M, "p1");
+      feed.cleared("p2");
+    });
+    const bytes = await sliced;
+    expect(yields).toBeGreaterThanOrEqual(2);
+    expect(bytes).toEqual(expected);
+    expect(PrefixIndex.deserialize(bytes, { maxEntries: 100_000 }).stats().entries).toBe(18_000);
+    expect(index.serialize()).not.toEqual(expected);
+  });
+
   it("rejects foreign and truncated bytes", () => {
     const bytes = populated().index.serialize();
     expect(() => PrefixIndex.deserialize(new Uint8Array(16))).toThrow(/not a prefix index snapshot/);

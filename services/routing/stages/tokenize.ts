@@ -28,9 +28,18 @@ export const tokenizeStage: PrepareStage = {
     const tokenizerPod = prefix.tokenizer.modeFor && prefix.tokenizer.modeFor(parsed.model) !== "remote" ? undefined : tokenizerPodFor(env.views.pods.readyPods(parsed.model), raw);
     // The body's text as the parse decoded it (when it is the body sent), for the raw tool-JSON scan.
     const text = upstream ? raw : (parsed.text ?? raw);
-    return prefix.tokenizer.tokenize(parsed.model, promptInputOf(parsed.body, text, parsed.api), tokenizerPod?.address).then((r) => {
+    const tokenized = prefix.tokenizer.tokenize(parsed.model, promptInputOf(parsed.body, text, parsed.api), tokenizerPod?.address).then((r) => {
       ctx.tokens = r.tokens;
       ctx.tokenizerMode = r.mode;
+    });
+    const turns = env.turns;
+    if (!turns) return tokenized;
+    // Sliced (turn-budget.ts): the prompt's block hashes in a turn of their own, ahead of select,
+    // whose match finds them (prefix support keeps them with the ids) instead of hashing a long
+    // prompt inside the commit section.
+    return tokenized.then(() => turns.yieldTurn()).then(() => {
+      const pod = env.views.pods.readyPods(parsed.model)[0];
+      if (pod && ctx.tokens) prefix.blocks(parsed.model, pod, ctx.tokens, env.now(), ctx.tokenizerMode, parsed.cacheSalt);
     });
   },
 };
