@@ -447,8 +447,10 @@ export async function startBatchApi(o: BatchApiOptions): Promise<BatchApiHandle>
       if (!fileExpired(f, t) || inUse.has(f.id)) continue;
       n++;
       // Every replica may do this at once: a second deletion event and object delete are no-ops.
-      await store.publishFile({ type: "file", action: "deleted", file: f, at: t });
+      // The object first: a crash in between leaves the record, which the next tick deletes again
+      // (the object's delete is then a no-op); the other order would leak the object for good.
       await store.deleteFile(f.id);
+      await store.publishFile({ type: "file", action: "deleted", file: f, at: t });
       filesExpired.inc();
     }
   }
@@ -497,8 +499,8 @@ export async function startBatchApi(o: BatchApiOptions): Promise<BatchApiHandle>
       if (id && parts.length === 3 && method === "GET") return send(res, 200, fileObject(ownFile(owner, id)));
       if (id && parts.length === 3 && method === "DELETE") {
         const f = ownFile(owner, id);
-        await store.publishFile({ type: "file", action: "deleted", file: f, at: now() });
         await store.deleteFile(f.id);
+        await store.publishFile({ type: "file", action: "deleted", file: f, at: now() });
         return send(res, 200, { id: f.id, object: "file", deleted: true });
       }
       if (id && parts[3] === "content" && method === "GET") {
