@@ -62,9 +62,13 @@ export class StrictCommitter implements Committer {
     const { js, cursor } = this.o;
     let expected = 0;
     try {
-      const ack = await this.serialized(subject, () => {
+      const ack = await this.serialized(subject, async () => {
         expected = cursor.lastSeq(subject);
-        return js.publish(subject, data, { expect: { lastSubjectSequence: expected }, ...(timeout !== undefined ? { timeout } : {}) });
+        const a = await js.publish(subject, data, { expect: { lastSubjectSequence: expected }, ...(timeout !== undefined ? { timeout } : {}) });
+        // Inside the chain: the next of our own charges on this pod runs as soon as this one's
+        // promise settles, before the caller's continuation could note the ack, and must expect it.
+        cursor.note(subject, a.seq);
+        return a;
       });
       return { ack };
     } catch (err) {
