@@ -1,4 +1,5 @@
 import { defineConfig } from "vitest/config";
+import { LongestFirstSequencer } from "./test/sequencer.js";
 
 /**
  * Benchmark tests that saturate both cores on purpose (many gateway processes and load
@@ -12,6 +13,8 @@ export default defineConfig({
     testTimeout: 30_000,
     hookTimeout: 60_000,
     pool: "forks",
+    // The longest files first (test/file-durations.json): see test/sequencer.ts.
+    sequence: { sequencer: LongestFirstSequencer },
     // Two cores: integration files each start their own nats-server and processes.
     maxWorkers: 2,
     reporters: ["default"],
