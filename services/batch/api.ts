@@ -444,7 +444,9 @@ export async function startBatchApi(o: BatchApiOptions): Promise<BatchApiHandle>
     let n = 0;
     for (const f of [...view.files.values()]) {
       if (n >= 100) break;
-      if (!fileExpired(f, t) || inUse.has(f.id)) continue;
+      // A grace of reclaimAfterMs past the expiry: a batch created from the file just before it
+      // expired (on this replica or another) reaches this view first, and keeps it.
+      if (!fileExpired(f, t - reclaimAfterMs) || inUse.has(f.id)) continue;
       n++;
       // Every replica may do this at once: a second deletion event and object delete are no-ops.
       // The object first: a crash in between leaves the record, which the next tick deletes again
@@ -499,7 +501,11 @@ export async function startBatchApi(o: BatchApiOptions): Promise<BatchApiHandle>
       if (id && parts.length === 3 && method === "GET") return send(res, 200, fileObject(ownFile(owner, id)));
       if (id && parts.length === 3 && method === "DELETE") {
         const f = ownFile(owner, id);
-        await store.deleteFile(f.id);
+        // Not deleted (the object store cannot be written right now): 503, and the record stays.
+        await store.deleteFile(f.id).catch((err: unknown) => {
+          log.warn({ err: (err as Error).message, file: f.id }, "deleting a file failed; answered 503");
+          return fail(503, "The file store cannot be written right now; retry shortly.", "server_error");
+        });
         await store.publishFile({ type: "file", action: "deleted", file: f, at: now() });
         return send(res, 200, { id: f.id, object: "file", deleted: true });
       }

@@ -179,6 +179,11 @@ export class BatchStore {
         })();
       };
       current = { stop: () => void messages.close().catch(() => undefined) };
+      // Stopped while this (re)open was under way: nothing else will close what it just made.
+      if (stopped) {
+        current.stop();
+        return;
+      }
       void (async () => {
         for await (const st of messages.status()) if (st.type === "heartbeats_missed" && st.count >= 3) return reopen(`${st.count} heartbeats missed`);
       })().catch(() => undefined);
@@ -341,8 +346,16 @@ export class BatchStore {
     return await (await this.objects()).getBlob(id);
   }
 
+  /**
+   * Deletes a file's object; an object already gone is not an error. Any other failure (no
+   * leader, a timeout) is thrown: the caller must not publish the record's deletion, or the object
+   * would stay stored with nothing pointing at it.
+   */
   async deleteFile(id: string): Promise<void> {
-    await (await this.objects()).delete(id).catch(() => undefined);
+    const os = await this.objects();
+    const info = await os.info(id);
+    if (info === null || info.deleted) return;
+    await os.delete(id);
   }
 
   close(): void {

@@ -27,7 +27,7 @@ import type { RoutedRequest, RouteInput } from "./request.js";
 import type { Admission } from "./stages/admission.js";
 import type { PdCoordinator } from "./stages/pd-coordinator.js";
 import type { PdLegs } from "./stages/pd-legs.js";
-import { shouldYieldTurn, type TurnSlicing } from "./turn-budget.js";
+import { isLargeBody, shouldYieldTurn, type TurnSlicing } from "./turn-budget.js";
 
 
 export type Phase = "prepare" | "flow" | "commit" | "after";
@@ -176,10 +176,10 @@ export class RequestPathDriver {
   }
 
   /**
-   * Runs the prepare stages from `from`. With turn slicing, a stage that awaited, or synchronous
-   * stages that together ran past the budget, hand the loop back (one macrotask) before the next
-   * stage and before the flow gate: another request's short work runs in between. The select ->
-   * charge section is never split (it starts after the yield, in a turn of its own).
+   * Runs the prepare stages from `from`. With turn slicing, stages that together ran past the
+   * budget in one turn, or a stage of a large request (`isLargeBody`) that awaited, hand the loop
+   * back (one macrotask) before the next stage and before the flow gate: another request's short
+   * work runs in between. The select -> charge section is never split.
    */
   private prepareFrom(ctx: RequestContext, from: number, turnStart = performance.now()): PlannedContext | Promise<PlannedContext> {
     const stages = this.path.prepare;
@@ -187,7 +187,9 @@ export class RequestPathDriver {
     for (let i = from; i < stages.length; i++) {
       const s = stages[i] as PrepareStage;
       const r = this.step(s, ctx, () => s.run(ctx, this.env));
-      if (r instanceof Promise) return turns ? r.then(() => turns.yieldTurn()).then(() => this.prepareFrom(ctx, i + 1)) : r.then(() => this.prepareFrom(ctx, i + 1));
+      // A stage that awaited: a large request's continuation starts in a turn of its own (what
+      // follows its await — ids, hashes — is the large part); a small one's continues at once.
+      if (r instanceof Promise) return turns && isLargeBody(ctx.input.body.length) ? r.then(() => turns.yieldTurn()).then(() => this.prepareFrom(ctx, i + 1)) : r.then(() => this.prepareFrom(ctx, i + 1));
       if (turns && shouldYieldTurn(performance.now() - turnStart, turns.budgetMs)) return turns.yieldTurn().then(() => this.prepareFrom(ctx, i + 1));
     }
     if (!isPlanned(ctx)) throw new Error("the prepare stages left the request without a plan");

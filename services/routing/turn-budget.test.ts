@@ -46,7 +46,7 @@ function director(turns?: TurnSlicing, log: string[] = []) {
   return { d, sink };
 }
 
-const large = { headers: { "x-request-id": "big-1", "routing-strategy": "prefix-cache" }, body: Buffer.from(JSON.stringify({ model: MODEL, messages: [{ role: "system", content: "x".repeat(200_000) }, { role: "user", content: "go" }] })) };
+const large = { headers: { "x-request-id": "big-1", "routing-strategy": "prefix-cache" }, body: Buffer.from(JSON.stringify({ model: MODEL, messages: [{ role: "system", content: "lorem ipsum dolor sit amet ".repeat(8_000) }, { role: "user", content: "go" }] })) };
 const short = { headers: { "x-request-id": "short-1" }, body: chatBody() };
 
 describe("turn slicing (turn-budget.ts): a large request's prepare work in short turns", () => {
@@ -96,6 +96,14 @@ describe("turn slicing (turn-budget.ts): a large request's prepare work in short
     await turns.drain();
     await big;
     expect(order).toEqual(["short", "large"]);
+  });
+
+  it("with slicing on, a short request never hands the loop back (no yield after its awaiting stage)", async () => {
+    const turns = new ManualTurns(60_000);
+    const { d } = director(turns);
+    const r = (await d.route(short)) as RoutedRequest;
+    expect(r.pod.model).toBe(MODEL);
+    expect(turns.parked.length).toBe(0);
   });
 
   it("without slicing a request with no awaiting stage stays synchronous", () => {

@@ -24,6 +24,9 @@ import { DEFAULT_RENDER_CACHE_BYTES, IncrementalRender, type IncrementalRenderSt
 import { messageLocalLoop } from "./message-local.js";
 import { WindowRender } from "./window-render.js";
 import { windowLoop } from "./window-loop.js";
+
+/** Rendered text past which chatIds hands the loop back around its render and its search (turn slicing). */
+export const LARGE_TEXT_CHARS = 65_536;
 import { type AddedTokenSpec, planSplits, type SplitPlan, SplitPoints } from "./split-points.js";
 
 export const TOKENIZER_FILE = "tokenizer.json";
@@ -288,7 +291,8 @@ export class HfTokenizer {
     const text = await this.renderChatOffLoop(messages, o);
     // The render (on this thread for a later turn) and what follows (the text's first search
     // flattens a ~600 KB string) each cost milliseconds: other requests run in between.
-    if (this.yieldTurn) await this.yieldTurn();
+    const large = text.length >= LARGE_TEXT_CHARS;
+    if (large && this.yieldTurn) await this.yieldTurn();
     if (o.addSpecialTokens) return this.queue.run(() => this.encodeNow(text, true));
     const prefixes = this.prefixes;
     if (!prefixes) return this.queue.run(() => this.encodeNow(text, false));
@@ -300,7 +304,7 @@ export class HfTokenizer {
     const second = messages.slice(1, 4).find((m) => typeof m.content === "string" && m.content.length > 0)?.content as string | undefined;
     const secondAt = firstEnd >= 0 && second !== undefined ? text.indexOf(second, firstEnd) : -1;
     const anchorAt = secondAt >= 0 ? secondAt + (second as string).length : undefined;
-    if (this.yieldTurn) await this.yieldTurn();
+    if (large && this.yieldTurn) await this.yieldTurn();
     const r = await this.queue.run(() => prefixes.encodeWithReuse("", text, firstEnd >= 0 ? [firstEnd] : [], anchorAt));
     if (r.reused || r.stored.length > 0) this.reuse.set(r.ids, r);
     return r.ids;

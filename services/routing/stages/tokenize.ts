@@ -7,6 +7,7 @@
 import { promptInputOf } from "../../tokenizer/prompt-tokens.js";
 import { isPlanned, upstreamBodyOf } from "../context.js";
 import type { PrepareStage } from "../pipeline.js";
+import { LARGE_TOKEN_COUNT } from "../turn-budget.js";
 import { tokenizerPodFor } from "./tokenizer-pod.js";
 
 export const tokenizeStage: PrepareStage = {
@@ -37,7 +38,7 @@ export const tokenizeStage: PrepareStage = {
     // Sliced (turn-budget.ts): the prompt's block hashes in a turn of their own, ahead of select,
     // whose match finds them (prefix support keeps them with the ids) instead of hashing a long
     // prompt inside the commit section.
-    return tokenized.then(() => turns.yieldTurn()).then(() => {
+    return tokenized.then(() => (ctx.tokens && ctx.tokens.length >= LARGE_TOKEN_COUNT ? turns.yieldTurn() : undefined)).then(() => {
       const pod = env.views.pods.readyPods(parsed.model)[0];
       if (pod && ctx.tokens) prefix.blocks(parsed.model, pod, ctx.tokens, env.now(), ctx.tokenizerMode, parsed.cacheSalt);
     });
