@@ -54,6 +54,7 @@ import { LeaderElector } from "../shared/leader.js";
 import type { Logger } from "../shared/log.js";
 import type { NatsHandles } from "../shared/nats.js";
 import { PrefixIndex, type PrefixIndexOptions } from "../views/prefix-index.js";
+import { immediateYield } from "../routing/mod.js";
 
 export const DEFAULT_SNAPSHOT_INTERVAL_MS = 30_000;
 export const DEFAULT_SNAPSHOT_LEASE_MS = 15_000;
@@ -253,7 +254,7 @@ async function putSnapshot(
   const st = o.index.stats();
   // Encoded in slices with the loop handed back between them: several MB at 100 pods would hold
   // every request for tens of milliseconds (serializeMs is wall time across the slices).
-  const bytes = await o.index.serializeSliced(() => new Promise((resolve) => void setImmediate(resolve)));
+  const bytes = await o.index.serializeSliced(immediateYield);
   const serializeMs = performance.now() - t0;
   // The index writes magic (int32) then its format version (uint16) first: record what was written.
   const version = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength).getUint16(4, true);
