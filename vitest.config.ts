@@ -1,4 +1,6 @@
+import { fileURLToPath } from "node:url";
 import { defineConfig } from "vitest/config";
+import { unitTestFiles } from "./test/isolation.js";
 import { LongestFirstSequencer } from "./test/sequencer.js";
 
 /**
@@ -7,6 +9,10 @@ import { LongestFirstSequencer } from "./test/sequencer.js";
  * timing-sensitive integration tests, nor theirs skew these figures.
  */
 const SATURATING = ["loadtest/benches/scale.test.ts"];
+
+const DIRS = ["services", "streams", "schemas", "test", "loadtest", "deploy"];
+/** Unit files share worker processes (test/isolation.ts says which and why). */
+const UNIT = unitTestFiles(fileURLToPath(new URL(".", import.meta.url)), DIRS).filter((f) => !SATURATING.includes(f));
 
 export default defineConfig({
   test: {
@@ -26,10 +32,14 @@ export default defineConfig({
         extends: true,
         test: {
           name: "main",
-          include: ["services/**/*.test.ts", "streams/**/*.test.ts", "schemas/**/*.test.ts", "test/**/*.test.ts", "loadtest/**/*.test.ts", "deploy/**/*.test.ts"],
-          exclude: SATURATING,
+          include: DIRS.map((d) => `${d}/**/*.test.ts`),
+          exclude: [...SATURATING, ...UNIT],
           sequence: { groupOrder: 0 },
         },
+      },
+      {
+        extends: true,
+        test: { name: "unit", include: UNIT, isolate: false, sequence: { groupOrder: 0 } },
       },
       {
         extends: true,

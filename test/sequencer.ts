@@ -23,9 +23,10 @@ export class LongestFirstSequencer extends BaseSequencer {
     const rank = new Map(base.map((f, i) => [f, i]));
     const seconds = (f: TestSpecification) => DURATIONS[path.relative(f.project.config.root, f.moduleId).split(path.sep).join("/")];
     return [...base].sort((a, b) => {
-      // Projects and their group order stay as vitest sorted them.
+      // Group order stays as vitest sorted it; within a group, files of every project by duration
+      // (the unit project's short files fill the workers' last minutes).
       const group = a.project.config.sequence.groupOrder - b.project.config.sequence.groupOrder;
-      if (group !== 0 || a.project.name !== b.project.name) return (rank.get(a) as number) - (rank.get(b) as number);
+      if (group !== 0) return (rank.get(a) as number) - (rank.get(b) as number);
       const sa = seconds(a);
       const sb = seconds(b);
       if (sa !== undefined && sb !== undefined && sa !== sb) return sb - sa;

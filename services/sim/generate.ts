@@ -87,7 +87,13 @@ export function serveGeneration(
   const fail = (err: unknown): void => (cancelled ? out.answer("abort") : out.error(err));
 
   const onFinish = (reason: FinishReason): void => {
-    const h = handle as RequestHandle;
+    // The engine may finish a request inside submit() itself: on a loaded host its clock runs
+    // ahead of the engine's steps between two readings. The handle is assigned once submit returns.
+    if (handle === undefined) {
+      queueMicrotask(() => onFinish(reason));
+      return;
+    }
+    const h = handle;
     if (reason === "abort") {
       // An abort the client did not ask for (the engine restarted) drops the connection, as a
       // crashed engine would.

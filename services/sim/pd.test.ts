@@ -45,7 +45,8 @@ const prefillLeg = (extra: object = {}) => ({
 
 async function runPrefill(address: string, id: string) {
   const res = await postJson(address, "/v1/completions", prefillLeg(), withId(id));
-  // The body says why, should a prefill ever fail here (seen once under a loaded full run, not reproduced).
+  // The body says why, should a prefill fail (it did on loaded runs: the engine finished the prefill
+  // inside submit; services/sim/generate.test.ts covers that case).
   expect(res.status, res.status === 200 ? "" : await res.clone().text()).toBe(200);
   return json(res);
 }
