@@ -7,6 +7,7 @@
  */
 import { spawn } from "node:child_process";
 import { copyFileSync, mkdtempSync, readFileSync, writeFileSync } from "node:fs";
+import { createRequire } from "node:module";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import client from "prom-client";
@@ -438,6 +439,29 @@ describe("real tokenizer - failure paths", () => {
     expect(pool.spawned).toBe(2);
     await pool.close();
     expect(() => new RenderPool(templates, 1, 4, { renderTimeoutMs: 0 })).toThrow(RangeError);
+  });
+
+  it("a render's time starts when its worker begins it: a slow worker start-up and a queue do not count; a start-up that hangs is a start-up failure", async () => {
+    // A Jinja module that takes 800 ms to load (a loaded host), then the real one.
+    const dir = mkdtempSync(join(tmpdir(), "jr-tok-"));
+    const real = createRequire(import.meta.url).resolve("@huggingface/jinja");
+    const slow = join(dir, "slow-jinja.cjs");
+    writeFileSync(slow, `const end = Date.now() + 800; while (Date.now() < end) {}\nmodule.exports = require(${JSON.stringify(real)});\n`);
+    const templates = new Map([["default", "{% for i in range(20000) %}{% endfor %}{{ messages[0].content }}"]]);
+    const pool = new RenderPool(templates, 1, 8, { jinjaModule: slow, renderTimeoutMs: 300 });
+    const job = { name: "default", context: { messages: [{ role: "user", content: "hi" }] } };
+    // Five renders wait for the start-up, then run one after another: each well within 300 ms.
+    expect(await Promise.all(Array.from({ length: 5 }, () => pool.render(job)))).toEqual(["hi", "hi", "hi", "hi", "hi"]);
+    expect([pool.timedOut, pool.spawned, pool.startupFailures, pool.inFlight]).toEqual([0, 1, 0, 0]);
+    await pool.close();
+    // A module whose load never ends: the worker is given up after startupTimeoutMs, as a start-up failure.
+    const stuck = join(dir, "stuck-jinja.cjs");
+    writeFileSync(stuck, "for (;;) {}\n");
+    const never = new RenderPool(templates, 1, 4, { jinjaModule: stuck, renderTimeoutMs: 300, startupTimeoutMs: 500 });
+    await expect(never.render(job)).rejects.toThrow(/not ready after 500 ms/);
+    expect([never.timedOut, never.startupFailures, never.inFlight]).toEqual([0, 1, 0]);
+    await never.close();
+    expect(() => new RenderPool(templates, 1, 4, { startupTimeoutMs: 0 })).toThrow(RangeError);
   });
 
   it("a full encode queue refuses at once: that request is approximate, counted", async () => {

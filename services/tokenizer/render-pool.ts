@@ -11,9 +11,12 @@
  * template errors and is replaced on the next render. A worker that dies before it is ready (its
  * module or templates do not load) counts as a startup failure: after 3 in a row the pool stops
  * spawning and refuses at once (RenderPoolUnavailableError: the caller renders on its own thread)
- * until a backoff passes (1 s, doubling to 60 s), then tries one worker again. A render that
- * runs past `renderTimeoutMs` (a template that loops over a huge range) fails as a template error
- * and its worker is terminated, with every job it held; the next render starts a fresh one.
+ * until a backoff passes (1 s, doubling to 60 s), then tries one worker again; so does one that
+ * is not ready within `startupTimeoutMs`. A render that runs past `renderTimeoutMs` (a template
+ * that loops over a huge range) fails as a template error and its worker is terminated, with every
+ * job it held; the next render starts a fresh one. A render's time starts when its worker begins
+ * it: once the worker is ready and the jobs before it are answered (the worker renders in order),
+ * so neither a worker's start-up nor a queue on a loaded host counts against the template.
  */
 import { createRequire } from "node:module";
 import { Worker } from "node:worker_threads";
@@ -38,13 +41,15 @@ parentPort.on("message", ({ id, name, context }) => {
 interface Pending {
   resolve(text: string): void;
   reject(err: Error): void;
-  timer: NodeJS.Timeout | undefined;
 }
 
 interface Slot {
   worker: Worker;
+  /** In the order the worker renders them: the first is the one it is on. */
   pending: Map<number, Pending>;
   ready: boolean;
+  /** The render timeout of the first pending job, or the start-up timeout before `ready`. */
+  timer?: NodeJS.Timeout;
   /** Fails every job the worker holds and retires it (set by spawn). */
   fail?: (why: string, startupFailure?: boolean) => void;
 }
@@ -61,10 +66,14 @@ export interface RenderPoolOptions {
   now?: () => number;
   /** Longest a render may run before its worker is terminated (ms; default DEFAULT_RENDER_TIMEOUT_MS). */
   renderTimeoutMs?: number;
+  /** Longest a new worker may take to load its module and templates (ms; default DEFAULT_STARTUP_TIMEOUT_MS). */
+  startupTimeoutMs?: number;
 }
 
 /** A chat template render that takes longer than this is a template error (it loops, or is hostile). */
 export const DEFAULT_RENDER_TIMEOUT_MS = 2_000;
+/** A worker not ready after this long (its module load hangs) counts as a start-up failure. */
+export const DEFAULT_STARTUP_TIMEOUT_MS = 15_000;
 
 /** Consecutive startup failures after which the pool backs off. */
 export const MAX_STARTUP_FAILURES = 3;
@@ -78,6 +87,7 @@ export class RenderPool {
   private outstanding = 0;
   private readonly now: () => number;
   private readonly renderTimeoutMs: number;
+  private readonly startupTimeoutMs: number;
   refused = 0;
   /** Renders that ran past the timeout (their workers were terminated). */
   timedOut = 0;
@@ -101,6 +111,8 @@ export class RenderPool {
     this.now = o.now ?? Date.now;
     this.renderTimeoutMs = o.renderTimeoutMs ?? DEFAULT_RENDER_TIMEOUT_MS;
     if (!(this.renderTimeoutMs > 0)) throw new RangeError(`renderTimeoutMs must be > 0, got ${this.renderTimeoutMs}`);
+    this.startupTimeoutMs = o.startupTimeoutMs ?? DEFAULT_STARTUP_TIMEOUT_MS;
+    if (!(this.startupTimeoutMs > 0)) throw new RangeError(`startupTimeoutMs must be > 0, got ${this.startupTimeoutMs}`);
   }
 
   /** True while startup failures keep the pool from spawning (renders are refused with RenderPoolUnavailableError). */
@@ -125,9 +137,8 @@ export class RenderPool {
     return new Promise<string>((resolve, reject) => {
       // Referenced only while it owes an answer: an idle pool never keeps a process alive.
       if (slot.pending.size === 0) slot.worker.ref();
-      const timer = setTimeout(() => this.timeOut(slot), this.renderTimeoutMs);
-      timer.unref();
-      slot.pending.set(id, { resolve, reject, timer });
+      slot.pending.set(id, { resolve, reject });
+      if (slot.pending.size === 1 && slot.ready) this.timeHead(slot);
       slot.worker.postMessage({ id, name: job.name, context: job.context });
     });
   }
@@ -135,6 +146,15 @@ export class RenderPool {
   async close(): Promise<void> {
     const all = this.slots.splice(0, this.slots.length, ...new Array(this.threads).fill(undefined));
     await Promise.all(all.map((s) => s?.worker.terminate()));
+  }
+
+  /** Starts the render timeout of the job the worker is on now (the first pending one), if any. */
+  private timeHead(slot: Slot): void {
+    clearTimeout(slot.timer);
+    slot.timer = undefined;
+    if (slot.pending.size === 0) return;
+    slot.timer = setTimeout(() => this.timeOut(slot), this.renderTimeoutMs);
+    slot.timer.unref();
   }
 
   /** A render ran past the timeout: the worker is stuck in it, so it goes, with every job it held. */
@@ -159,17 +179,24 @@ export class RenderPool {
     const worker = new Worker(WORKER_SOURCE, { eval: true, workerData: { jinja: this.jinja, templates: Object.fromEntries(this.templates) } });
     const slot: Slot = { worker, pending: new Map(), ready: false };
     this.spawned++;
+    slot.timer = setTimeout(() => {
+      slot.fail?.(`not ready after ${this.startupTimeoutMs} ms`);
+      void worker.terminate();
+    }, this.startupTimeoutMs);
+    slot.timer.unref();
     worker.on("message", (m: { id: number; text?: string; error?: string; ready?: boolean }) => {
       if (m.ready) {
         slot.ready = true;
         this.startupFailures = 0;
         this.backoffMs = BACKOFF_MIN_MS;
+        this.timeHead(slot);
         return;
       }
       const p = slot.pending.get(m.id);
       if (!p) return;
-      clearTimeout(p.timer);
       slot.pending.delete(m.id);
+      // The worker renders in order: it starts on the next job now.
+      this.timeHead(slot);
       this.outstanding--;
       if (slot.pending.size === 0) worker.unref();
       if (m.error !== undefined) p.reject(new ChatTemplateError(`chat template failed: ${m.error}`));
@@ -188,9 +215,10 @@ export class RenderPool {
         }
       }
       failed = true;
+      clearTimeout(slot.timer);
+      slot.timer = undefined;
       if (this.slots[i] === slot) this.slots[i] = undefined;
       for (const p of slot.pending.values()) {
-        clearTimeout(p.timer);
         p.reject(new ChatTemplateError(`template worker ${why}`));
       }
       this.outstanding -= slot.pending.size;
