@@ -145,3 +145,31 @@ describe("strict commit - the routed prefix goes out for the committed pod only"
     director.finish(r, "completed", { status: 200 });
   });
 });
+
+describe("strict commit - a stream that takes no writes (a failover without a leader yet)", () => {
+  it("each charge on a pod falls back within its own failoverWaitMs, not after the publish timeouts of the charges queued before it", async () => {
+    // No stream for this namespace, and a plain subscriber on the pod's charge subject: every
+    // publish reaches a responder that never acknowledges, as when the stream has no leader.
+    const subjects = new Subjects("stalled");
+    const swallowed = env.nats.nc.subscribe(subjects.charges(MODEL, "p0"));
+    try {
+      const state = stateWithPods(1, SELF);
+      const director = strictDirector(state);
+      const strict = new StrictCommitter({ js: env.nats.js, subjects, cursor: new SubjectCursors(), failoverWaitMs: 400 });
+      director.useStrictCommitter(strict);
+      const started = performance.now();
+      const took = await Promise.all(
+        Array.from({ length: 8 }, async (_, i) => {
+          await director.route({ headers: { "x-request-id": `stall-${i}` }, body: chatBody(MODEL) });
+          return performance.now() - started;
+        }),
+      );
+      expect(strict.stats).toMatchObject({ committed: 0, committedAfterError: 0, fallbacks: 8 });
+      // Each gave up 400 ms (+ one 100 ms minimum ack timeout) after it arrived; queued behind the
+      // others' timeouts, the last would have waited at least 8 x 400 ms.
+      expect(Math.max(...took), took.map(Math.round).join(",")).toBeLessThan(2_000);
+    } finally {
+      swallowed.unsubscribe();
+    }
+  });
+});

@@ -35,9 +35,24 @@ export interface StrictCommitOptions {
   maxRetries?: number;
   /** How long to wait for the view to reach the winner's sequence (default 50 ms). */
   catchUpMs?: number;
-  /** How long a compare-and-set that failed for another reason than a lost race is retried (default 3 s). */
+  /**
+   * How long one attempt may take before the charge falls back to a plain publish (default 3 s):
+   * waiting behind this replica's earlier charges on the pod, the publish's own ack timeout, and
+   * retries of a compare-and-set that failed for another reason than a lost race (a failover).
+   */
   failoverWaitMs?: number;
   onFallback?: (err: unknown) => void;
+}
+
+/** The shortest ack timeout a compare-and-set's publish is given, even at its deadline. */
+const MIN_PUBLISH_TIMEOUT_MS = 100;
+
+/** A charge gave up waiting behind this replica's earlier charges on its pod. */
+class ChainWaitTimeout extends Error {
+  override name = "ChainWaitTimeout";
+  constructor() {
+    super("strict commit: waited past the deadline behind this replica's earlier charges on the pod");
+  }
 }
 
 export class StrictCommitter implements Committer {
@@ -58,13 +73,14 @@ export class StrictCommitter implements Committer {
    * publish goes out. A refusal naming the subject's sequence comes back as `lost`; any other
    * failure is thrown.
    */
-  private async compareAndSet(subject: string, data: Uint8Array, timeout?: number): Promise<{ ack: { seq: number } } | { lost: { expected: number; server: number } }> {
+  private async compareAndSet(subject: string, data: Uint8Array, deadline: number): Promise<{ ack: { seq: number } } | { lost: { expected: number; server: number } }> {
     const { js, cursor } = this.o;
     let expected = 0;
     try {
-      const ack = await this.serialized(subject, async () => {
+      const ack = await this.serialized(subject, deadline, async () => {
         expected = cursor.lastSeq(subject);
-        const a = await js.publish(subject, data, { expect: { lastSubjectSequence: expected }, ...(timeout !== undefined ? { timeout } : {}) });
+        const timeout = Math.max(MIN_PUBLISH_TIMEOUT_MS, deadline - Date.now());
+        const a = await js.publish(subject, data, { expect: { lastSubjectSequence: expected }, timeout });
         // Inside the chain: the next of our own charges on this pod runs as soon as this one's
         // promise settles, before the caller's continuation could note the ack, and must expect it.
         cursor.note(subject, a.seq);
@@ -84,7 +100,7 @@ export class StrictCommitter implements Committer {
     for (let delay = 50; Date.now() < deadline; delay = Math.min(delay * 2, 500)) {
       await new Promise((r) => setTimeout(r, Math.min(delay, Math.max(0, deadline - Date.now()))));
       try {
-        return await this.compareAndSet(subject, data, Math.max(100, Math.min(1_000, deadline - Date.now())));
+        return await this.compareAndSet(subject, data, Math.min(deadline, Date.now() + 1_000));
       } catch (err) {
         lastError = err;
       }
@@ -99,15 +115,41 @@ export class StrictCommitter implements Committer {
    */
   private readonly tails = new Map<string, Promise<unknown>>();
 
-  private serialized<T>(subject: string, fn: () => Promise<T>): Promise<T> {
+  private serialized<T>(subject: string, deadline: number, fn: () => Promise<T>): Promise<T> {
     const prev = this.tails.get(subject) ?? Promise.resolve();
-    const next = prev.then(fn, fn);
+    // Waiting in the chain is bounded by the deadline: when the stream takes no writes, each of
+    // the pod's queued charges would otherwise wait for every publish timeout before its own.
+    // A charge that gave up never runs (the chain goes on without it); one that started runs to
+    // its publish's own timeout (it may be stored: giving up then could charge twice).
+    let state: "waiting" | "running" | "gave-up" = "waiting";
+    const run = (): Promise<T> => {
+      if (state === "gave-up") return Promise.reject(new ChainWaitTimeout());
+      state = "running";
+      return fn();
+    };
+    const next = prev.then(run, run);
     const tail = next.catch(() => undefined);
     this.tails.set(subject, tail);
     tail.then(() => {
       if (this.tails.get(subject) === tail) this.tails.delete(subject);
     });
-    return next;
+    return new Promise<T>((resolve, reject) => {
+      const timer = setTimeout(() => {
+        if (state !== "waiting") return;
+        state = "gave-up";
+        reject(new ChainWaitTimeout());
+      }, Math.max(0, deadline - Date.now()));
+      next.then(
+        (v) => {
+          clearTimeout(timer);
+          resolve(v);
+        },
+        (err) => {
+          clearTimeout(timer);
+          if (!(err instanceof ChainWaitTimeout)) reject(err);
+        },
+      );
+    });
   }
 
   async commit(ctx: PlannedContext, port: CommitPort): Promise<RoutedRequest> {
@@ -128,14 +170,16 @@ export class StrictCommitter implements Committer {
         const subject = subjects.charges(r.pod.model, r.pod.pod);
         const data = encodeEvent(r.charge);
         let outcome: { ack: { seq: number } } | { lost: { expected: number; server: number } };
+        const deadline = Date.now() + this.failoverWaitMs;
         try {
-          outcome = await this.compareAndSet(subject, data);
+          outcome = await this.compareAndSet(subject, data, deadline);
         } catch (err) {
-          // Not a lost race: the stream has no leader (a failover) or the publish timed out. A
-          // charge published without its compare-and-set now would most likely be lost too (a
-          // fault run lost all 903 such fallbacks): keep trying the compare-and-set until the
-          // stream takes writes again, within `failoverWaitMs`; only then fall back.
-          const retried = await this.retryAfterError(subject, data, Date.now() + this.failoverWaitMs);
+          // Not a lost race: the stream has no leader (a failover), the publish timed out, or the
+          // charges before this one on the pod held it past the deadline. A charge published
+          // without its compare-and-set now would most likely be lost too (a fault run lost all
+          // 903 such fallbacks): keep trying the compare-and-set until the stream takes writes
+          // again, within the attempt's deadline; only then fall back.
+          const retried = await this.retryAfterError(subject, data, deadline);
           if ("error" in retried) {
             this.stats.fallbacks++;
             this.o.onFallback?.(retried.error ?? err);
