@@ -334,16 +334,21 @@ async function measureCell(natsUrl: string, natsPid: number, h: NatsHandles, R: 
         await Promise.allSettled(gens.map((g) => g.stop()));
       }
     };
-    // Warm-up (JIT, connections), then every pool-a ledger drains before the idle window.
-    await results(generators(Math.min(2_000, o.durationMs)));
+    // Warm-up (JIT, connections), then every pool-a ledger drains before the idle window. Told to
+    // start at once, the warm-up generators report how long a generator took to start on this
+    // host now: the measured window's generators get twice that to start before it opens.
+    const warm = await results(generators(Math.min(2_000, o.durationMs), Date.now()));
+    const generatorStartMs = Math.max(0, ...warm.map((x) => x.startLateMs ?? 0));
     await waitFor("pool a's ledgers to drain", async () => (await Promise.all(poolA.map((g) => g.state()))).every((s) => s.ledger.charges === 0), 10_000);
     const pids = [...gws.map((g) => g.pid), natsPid];
     const sample = () => ({ t: performance.now(), cpu: pids.map(processCpuUs), main: pids.map(mainThreadCpuUs), wake: pids.map(mainThreadWakeups), host: hostCpu() });
     const until = (epochMs: number) => new Promise((r) => setTimeout(r, Math.max(0, epochMs - Date.now())));
     // Idle window: every replica heartbeating and sweeping, nothing routed, while the generators
     // start up; they all begin at its end (`--start-at`), so the loaded window is sampled exactly.
+    // At least the window's length; longer when generators start slowly (a saturated host: at
+    // load ~11 a generator started more than 3 s late and its 1.5 s window routed nothing).
     const i0 = sample();
-    const startAt = Date.now() + o.durationMs;
+    const startAt = Date.now() + Math.max(o.durationMs, 2 * generatorStartMs + 250);
     const gens = generators(o.durationMs, startAt);
     await until(startAt);
     // A scrape resets the loop probe's maxima (pinned cell): the loaded window's is read at its end.
