@@ -7,7 +7,8 @@
  * project, whose workers run one file after another with the module cache kept.
  *
  * A file is a unit file unless
- * - its source stubs a module, a timer, a global or the environment, or says `// test: own process`;
+ * - its source stubs a module, a timer, the clock, a global or the environment, listens on
+ *   `process`, registers a routing strategy (once per process), or says `// test: own process`;
  * - or it, or any module it imports (relative imports, followed transitively), can start a process
  *   or open ZMQ sockets: `node:child_process`, `zeromq`.
  * Servers a unit file starts in its own process (HTTP, gRPC on a free port) are fine: it closes them.
@@ -16,8 +17,13 @@ import { existsSync, readdirSync, readFileSync } from "node:fs";
 import path from "node:path";
 
 const TEST_FILE_MARKERS = [
-  /vi\.(mock|doMock|useFakeTimers|stubEnv|stubGlobal)\b/,
+  /vi\.(mock|doMock|useFakeTimers|setSystemTime|stubEnv|stubGlobal)\b/,
   /process\.env\b/,
+  /process\.on\(/,
+  /globalThis\.\w+\s*=[^=]/,
+  /Object\.defineProperty\(globalThis/,
+  // A strategy registered once per process: a second file would register it again.
+  /registerStrategy\(/,
   /\/\/ test: own process/,
 ];
 const MODULE_MARKERS = [/["']node:child_process["']/, /["']child_process["']/, /["']zeromq["']/];

@@ -401,14 +401,15 @@ describe("real tokenizer - failure paths", () => {
     const pool = new RenderPool(new Map([["default", "{{ messages[0].content }}"]]), 1, 4, { jinjaModule: missing, now: () => now });
     const job = { name: "default", context: { messages: [{ role: "user", content: "hi" }] } };
     for (let i = 1; i <= MAX_STARTUP_FAILURES; i++) {
-      await expect(pool.render(job)).rejects.toBeInstanceOf(ChatTemplateError);
+      // A worker that never started says nothing about the template: the job renders elsewhere.
+      await expect(pool.render(job)).rejects.toBeInstanceOf(RenderPoolUnavailableError);
       expect([pool.spawned, pool.startupFailures]).toEqual([i, i]);
     }
     // Backing off: refused without a new worker, many times over.
     for (let i = 0; i < 10; i++) await expect(pool.render(job)).rejects.toBeInstanceOf(RenderPoolUnavailableError);
     expect(pool.spawned).toBe(MAX_STARTUP_FAILURES);
     now += 1_000;
-    await expect(pool.render(job)).rejects.toBeInstanceOf(ChatTemplateError);
+    await expect(pool.render(job)).rejects.toThrow(/before it was ready/);
     expect(pool.spawned).toBe(MAX_STARTUP_FAILURES + 1);
     // The backoff doubled: 1 s later it still refuses.
     now += 1_000;
@@ -458,7 +459,9 @@ describe("real tokenizer - failure paths", () => {
     const stuck = join(dir, "stuck-jinja.cjs");
     writeFileSync(stuck, "for (;;) {}\n");
     const never = new RenderPool(templates, 1, 4, { jinjaModule: stuck, renderTimeoutMs: 300, startupTimeoutMs: 500 });
-    await expect(never.render(job)).rejects.toThrow(/not ready after 500 ms/);
+    const err = await never.render(job).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(RenderPoolUnavailableError);
+    expect((err as Error).message).toMatch(/timed out after 500 ms before it was ready/);
     expect([never.timedOut, never.startupFailures, never.inFlight]).toEqual([0, 1, 0]);
     await never.close();
     expect(() => new RenderPool(templates, 1, 4, { startupTimeoutMs: 0 })).toThrow(RangeError);

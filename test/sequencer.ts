@@ -23,10 +23,13 @@ export class LongestFirstSequencer extends BaseSequencer {
     const rank = new Map(base.map((f, i) => [f, i]));
     const seconds = (f: TestSpecification) => DURATIONS[path.relative(f.project.config.root, f.moduleId).split(path.sep).join("/")];
     return [...base].sort((a, b) => {
-      // Group order stays as vitest sorted it; within a group, files of every project by duration
-      // (the unit project's short files fill the workers' last minutes).
+      // Group order stays as vitest sorted it. Within a group, the unit project's files come last,
+      // as one block: vitest keeps a non-isolated worker only while the next file is of the same
+      // project, so interleaving them with other files would start a process per file again.
       const group = a.project.config.sequence.groupOrder - b.project.config.sequence.groupOrder;
       if (group !== 0) return (rank.get(a) as number) - (rank.get(b) as number);
+      const unit = Number(a.project.name === "unit") - Number(b.project.name === "unit");
+      if (unit !== 0) return unit;
       const sa = seconds(a);
       const sb = seconds(b);
       if (sa !== undefined && sb !== undefined && sa !== sb) return sb - sa;

@@ -26,7 +26,7 @@ describe("faults bench (short)", () => {
     expect(r.case).toBe("kill-nats-node-strict");
     expect(r.strict_acks as number).toBeGreaterThan(0);
     expect(r.acked_events_lost).toBe(0);
-    expect(r.failed).toBe(0);
+    expect(r.failed, JSON.stringify(r)).toBe(0);
     expect(r.revoked_key_refused).toBe(true);
     // Routing went on: every gateway routed its probes after the kill (the case fails past its own
     // 60 s deadline). How long the cluster took to elect a new leader is a load figure the bench

@@ -36,16 +36,20 @@ export interface StrictCommitOptions {
   /** How long to wait for the view to reach the winner's sequence (default 50 ms). */
   catchUpMs?: number;
   /**
-   * How long one attempt may take before the charge falls back to a plain publish (default 3 s):
-   * waiting behind this replica's earlier charges on the pod, the publish's own ack timeout, and
-   * retries of a compare-and-set that failed for another reason than a lost race (a failover).
+   * How long a commit may take before the charge falls back to a plain publish (default 3 s):
+   * waiting behind this replica's earlier charges on the pod, the publishes' ack timeouts, lost
+   * races and retries of a compare-and-set that failed for another reason (a failover).
    */
   failoverWaitMs?: number;
   onFallback?: (err: unknown) => void;
 }
 
-/** The shortest ack timeout a compare-and-set's publish is given, even at its deadline. */
-const MIN_PUBLISH_TIMEOUT_MS = 100;
+/**
+ * The shortest ack timeout a compare-and-set's publish is given, even at its deadline: a publish
+ * stored but acknowledged after its timeout would be published again by the fallback, and the
+ * pod's next charge of ours would lose its race to it.
+ */
+const MIN_PUBLISH_TIMEOUT_MS = 500;
 
 /** A charge gave up waiting behind this replica's earlier charges on its pod. */
 class ChainWaitTimeout extends Error {
@@ -157,9 +161,12 @@ export class StrictCommitter implements Committer {
     // The rate limits admit a request once, at its first attempt; a lost race keeps its counts
     // (its slot must not go to another request meanwhile) and the retry carries them over.
     let lost: RoutedRequest | undefined;
+    // One deadline for the whole commit, every attempt included: after a failover a request may
+    // lose a race on each attempt, and a deadline per attempt would let it wait several times over.
+    const deadline = Date.now() + this.failoverWaitMs;
     try {
       for (let attempt = 0; ; attempt++) {
-        if (attempt > this.maxRetries) {
+        if (attempt > this.maxRetries || (attempt > 0 && Date.now() >= deadline)) {
           this.stats.fallbacks++;
           const r = port.section(ctx, { publish: true, ...(lost ? { carry: lost } : {}) });
           port.committed(r);
@@ -170,7 +177,6 @@ export class StrictCommitter implements Committer {
         const subject = subjects.charges(r.pod.model, r.pod.pod);
         const data = encodeEvent(r.charge);
         let outcome: { ack: { seq: number } } | { lost: { expected: number; server: number } };
-        const deadline = Date.now() + this.failoverWaitMs;
         try {
           outcome = await this.compareAndSet(subject, data, deadline);
         } catch (err) {

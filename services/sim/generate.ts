@@ -88,9 +88,12 @@ export function serveGeneration(
 
   const onFinish = (reason: FinishReason): void => {
     // The engine may finish a request inside submit() itself: on a loaded host its clock runs
-    // ahead of the engine's steps between two readings. The handle is assigned once submit returns.
+    // ahead of the engine's steps between two readings. The handle is assigned once submit returns
+    // (a microtask runs after it); if submit threw instead, the request failed there.
     if (handle === undefined) {
-      queueMicrotask(() => onFinish(reason));
+      queueMicrotask(() => {
+        if (handle !== undefined) onFinish(reason);
+      });
       return;
     }
     const h = handle;

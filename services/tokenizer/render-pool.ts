@@ -9,10 +9,11 @@
  * a render is refused at once (QueueFullError) and the caller falls back. Workers start on first
  * use and hold the process open only while they owe an answer; one that dies fails its jobs as
  * template errors and is replaced on the next render. A worker that dies before it is ready (its
- * module or templates do not load) counts as a startup failure: after 3 in a row the pool stops
+ * module or templates do not load, or it is not ready within `startupTimeoutMs`) fails its jobs
+ * with RenderPoolUnavailableError instead (they render on the caller's thread) and counts as a
+ * startup failure: after 3 in a row the pool stops
  * spawning and refuses at once (RenderPoolUnavailableError: the caller renders on its own thread)
- * until a backoff passes (1 s, doubling to 60 s), then tries one worker again; so does one that
- * is not ready within `startupTimeoutMs`. A render that runs past `renderTimeoutMs` (a template
+ * until a backoff passes (1 s, doubling to 60 s), then tries one worker again. A render that runs past `renderTimeoutMs` (a template
  * that loops over a huge range) fails as a template error and its worker is terminated, with every
  * job it held; the next render starts a fresh one. A render's time starts when its worker begins
  * it: once the worker is ready and the jobs before it are answered (the worker renders in order),
@@ -160,7 +161,7 @@ export class RenderPool {
   /** A render ran past the timeout: the worker is stuck in it, so it goes, with every job it held. */
   private timeOut(slot: Slot): void {
     this.timedOut++;
-    // Not a startup failure even if the worker never said ready: the template, not the module, is at fault.
+    // The worker was ready (the timer starts then): the template, not the module, is at fault.
     slot.fail?.(`render timed out after ${this.renderTimeoutMs} ms`, false);
     void slot.worker.terminate();
   }
@@ -180,11 +181,14 @@ export class RenderPool {
     const slot: Slot = { worker, pending: new Map(), ready: false };
     this.spawned++;
     slot.timer = setTimeout(() => {
-      slot.fail?.(`not ready after ${this.startupTimeoutMs} ms`);
+      slot.fail?.(`timed out after ${this.startupTimeoutMs} ms`);
       void worker.terminate();
     }, this.startupTimeoutMs);
     slot.timer.unref();
+    let failed = false;
     worker.on("message", (m: { id: number; text?: string; error?: string; ready?: boolean }) => {
+      // A worker given up (start-up timeout, render timeout) is being terminated: nothing it says counts.
+      if (failed) return;
       if (m.ready) {
         slot.ready = true;
         this.startupFailures = 0;
@@ -205,7 +209,6 @@ export class RenderPool {
         p.resolve(m.text as string);
       }
     });
-    let failed = false;
     const fail = (why: string, startupFailure = true) => {
       if (!failed && !slot.ready && startupFailure) {
         this.startupFailures++;
@@ -218,8 +221,11 @@ export class RenderPool {
       clearTimeout(slot.timer);
       slot.timer = undefined;
       if (this.slots[i] === slot) this.slots[i] = undefined;
+      // A worker that never started says nothing about the template: its jobs render elsewhere
+      // (the caller's thread), as while the pool backs off.
+      const startup = !slot.ready && startupFailure;
       for (const p of slot.pending.values()) {
-        p.reject(new ChatTemplateError(`template worker ${why}`));
+        p.reject(startup ? new RenderPoolUnavailableError(`template worker ${why} before it was ready`) : new ChatTemplateError(`template worker ${why}`));
       }
       this.outstanding -= slot.pending.size;
       slot.pending.clear();
