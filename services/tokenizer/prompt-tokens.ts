@@ -11,6 +11,19 @@ import { messagesToChat, type RenderedChat, responsesToChat } from "./api-messag
 
 export type TokenizerMode = "remote" | "local" | "approximate" | "hf";
 
+/**
+ * The router's token ids: a prompt's ids as one typed array, from the tokenizer through the
+ * routing core's prefix match and block hashing (4 bytes a token, copied as memory; no JS array
+ * of a 100k-token prompt is built on the request path). Ids are unsigned 32-bit, as the router's
+ * block hash reads them (block-hash.ts).
+ */
+export type TokenIds = Uint32Array;
+
+/** Ids given as numbers (an engine's answer, a body's prompt ids) as the router's type; each taken modulo 2^32, as the block hash reads it. */
+export function tokenIdsOf(ids: ArrayLike<number>): TokenIds {
+  return ids instanceof Uint32Array ? ids : new Uint32Array(ids);
+}
+
 /** How a model's prompts are tokenized, as configured: a mode, or `hf:<dir>` (a Hugging Face tokenizer directory). */
 export type TokenizerSetting = Exclude<TokenizerMode, "hf"> | `hf:${string}`;
 
@@ -120,10 +133,10 @@ export function approximateText(input: PromptInput): string {
   return promptText(input.prompt);
 }
 
-export function approximateTokens(input: PromptInput): number[] {
+export function approximateTokens(input: PromptInput): TokenIds {
   const text = approximateText(input);
   const n = Math.ceil(text.length / APPROX_CHARS_PER_TOKEN);
-  const out = new Array<number>(n);
+  const out = new Uint32Array(n);
   for (let i = 0; i < n; i++) out[i] = fnv1a32(text.slice(i * APPROX_CHARS_PER_TOKEN, (i + 1) * APPROX_CHARS_PER_TOKEN));
   return out;
 }
