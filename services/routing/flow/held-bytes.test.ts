@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { BYTES_PER_BODY_TOKEN_ID, BYTES_PER_TOKEN, HELD_OVERHEAD_BYTES, heldBytesOf } from "./held-bytes.js";
+import { BYTES_PER_TOKEN, HELD_OVERHEAD_BYTES, heldBytesOf } from "./held-bytes.js";
 
 describe("held bytes", () => {
   const MiB = 1024 * 1024;
