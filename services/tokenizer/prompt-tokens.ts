@@ -6,7 +6,7 @@
  * modes: `remote` (the engine's /tokenize) and `hf` (a real model's tokenizer, hf-tokenizer.ts).
  */
 import { type ChatMessage, fnv1a32, tokenizeChat, tokenizePrompt } from "./sim-tokenizer.js";
-import { rawToolJsonInexact } from "./tool-json.js";
+import { rawToolJsonInexact, rawToolJsonScanNeeded } from "./tool-json.js";
 import { messagesToChat, type RenderedChat, responsesToChat } from "./api-messages.js";
 
 export type TokenizerMode = "remote" | "local" | "approximate" | "hf";
@@ -54,7 +54,8 @@ export function promptInputOf(body: Record<string, unknown>, rawBody?: string | 
   if (api) return renderedInput(body, rawBody, api);
   const out: PromptInput = {};
   if (Array.isArray(body.messages)) {
-    if (rawBody !== undefined && (Array.isArray(body.tools) || body.messages.some((m) => m && typeof m === "object" && (m as { tool_calls?: unknown }).tool_calls != null))) {
+    // The raw text is walked again only when the parse may have hidden a literal there (tool-json.ts).
+    if (rawBody !== undefined && (Array.isArray(body.tools) || body.messages.some((m) => m && typeof m === "object" && (m as { tool_calls?: unknown }).tool_calls != null)) && rawToolJsonScanNeeded(body.tools, body.messages)) {
       const problem = rawToolJsonInexact(typeof rawBody === "string" ? rawBody : new TextDecoder().decode(rawBody));
       if (problem) out.rawToolJsonProblem = problem;
     }
