@@ -20,6 +20,7 @@ import { BoundedQueue } from "./bounded-queue.js";
 import { RenderPool, RenderPoolUnavailableError } from "./render-pool.js";
 import { ChatTemplateError, ChatTemplates, finishRender, type HfChatMessage, type RenderChatOptions, type RenderJob } from "./chat-template.js";
 import { PrefixIdsCache, type PrefixReuse } from "./prefix-ids.js";
+import { plainIds, tokenIdsOf } from "./prompt-tokens.js";
 import { DEFAULT_RENDER_CACHE_BYTES, IncrementalRender, type IncrementalRenderStats } from "./incremental-render.js";
 import { messageLocalLoop } from "./message-local.js";
 import { WindowRender } from "./window-render.js";
@@ -324,7 +325,7 @@ export class HfTokenizer {
   }
 
   async decode(ids: ArrayLike<number>, skipSpecialTokens = false): Promise<string> {
-    return this.native.decode(Array.from(ids), skipSpecialTokens);
+    return this.native.decode(plainIds(ids), skipSpecialTokens);
   }
 
   /** Id of a single token's text, if the vocabulary has it. */
@@ -338,6 +339,6 @@ export class HfTokenizer {
 
   /** `encodeNow` as the router's token type (one copy of the encoder's array). */
   private async encodeIds(text: string, addSpecialTokens: boolean): Promise<Uint32Array> {
-    return new Uint32Array(await this.encodeNow(text, addSpecialTokens));
+    return tokenIdsOf(await this.encodeNow(text, addSpecialTokens));
   }
 }

@@ -19,9 +19,24 @@ export type TokenizerMode = "remote" | "local" | "approximate" | "hf";
  */
 export type TokenIds = Uint32Array;
 
-/** Ids given as numbers (an engine's answer, a body's prompt ids) as the router's type; each taken modulo 2^32, as the block hash reads it. */
+/**
+ * Ids given as numbers (an engine's answer, a body's prompt ids) as the router's type; each taken
+ * modulo 2^32, as the block hash reads it. Copied element by element: V8's `new Uint32Array(array)`
+ * and `typed.set(array)` take a generic path (~5 ms and ~2 ms for 130k ids on this machine, where a
+ * plain loop takes ~0.2 ms).
+ */
 export function tokenIdsOf(ids: ArrayLike<number>): TokenIds {
-  return ids instanceof Uint32Array ? ids : new Uint32Array(ids);
+  if (ids instanceof Uint32Array) return ids;
+  const out = new Uint32Array(ids.length);
+  for (let i = 0; i < ids.length; i++) out[i] = ids[i] as number;
+  return out;
+}
+
+/** Typed ids as a plain array (for JSON answers and events), element by element: `Array.from` of a typed array walks an iterator (~24 ms for 130k ids here, a loop ~4 ms). */
+export function plainIds(ids: ArrayLike<number>): number[] {
+  const out = new Array<number>(ids.length);
+  for (let i = 0; i < ids.length; i++) out[i] = ids[i] as number;
+  return out;
 }
 
 /** How a model's prompts are tokenized, as configured: a mode, or `hf:<dir>` (a Hugging Face tokenizer directory). */
