@@ -176,7 +176,7 @@ describe("incremental ids: fallback and bounds", () => {
   it("a conversation holds one entry of 8 bytes a token, and the cache stays within its byte bound", async () => {
     const t = loadHfTokenizerDir(tokenizerDir("llama3"), { renderThreads: 0 });
     const session = new AgentSession({ ...small, seed: 3 });
-    let ids: number[] = [];
+    let ids: Uint32Array = new Uint32Array(0);
     for (let step = 0; step < 20; step++) ids = await t.chatIds(session.next().slice());
     const st = t.prefixStats;
     // The system prompt's entry and the conversation's latest tail entry (8 bytes a token and its

@@ -60,11 +60,11 @@ describe("precise prefix routing on a real tokenizer (Qwen3): engines -> kv-brid
     const own = new Tokenizer({ defaultMode: HF });
     const fromGateway = await own.tokenize(MODEL, { messages }, undefined);
     expect(fromGateway.mode).toBe("hf");
-    expect(fromEngine).toEqual(fromGateway.tokens);
+    expect(fromEngine).toEqual(Array.from(fromGateway.tokens));
     // Real Qwen3 ids: <|im_start|> is 151644, far outside the built-in tokenizer's 32k vocabulary.
     expect(fromGateway.tokens[0]).toBe(151644);
     const completion = await post(pod.address, "/tokenize", { model: MODEL, prompt: "hello world" });
-    expect(completion.tokens).toEqual((await own.tokenize(MODEL, { prompt: "hello world" }, undefined)).tokens);
+    expect(completion.tokens).toEqual(Array.from((await own.tokenize(MODEL, { prompt: "hello world" }, undefined)).tokens));
     expect((await post(pod.address, "/detokenize", { model: MODEL, tokens: completion.tokens })).prompt).toBe("hello world");
   });
 

@@ -101,7 +101,7 @@ export async function runTokenizerBench(o: TokenizerBenchOptions = {}): Promise<
     t0 = performance.now();
     for (let i = 0; i < 50; i++) hf.renderChat(full);
     const renderMs = (performance.now() - t0) / 50;
-    const runConversations = async (t: typeof hf, check?: Map<string, number[]>) => {
+    const runConversations = async (t: typeof hf, check?: Map<string, Uint32Array>) => {
       let lastTurn = 0;
       t0 = performance.now();
       for (const [ci, c] of convs.entries()) {
@@ -110,13 +110,14 @@ export async function runTokenizerBench(o: TokenizerBenchOptions = {}): Promise<
           const ids = await t.chatIds(c.slice(0, end));
           if (end === c.length) lastTurn += performance.now() - s;
           const key = `${ci}:${end}`;
-          if (check?.has(key) && JSON.stringify(check.get(key)) !== JSON.stringify(ids)) throw new Error(`${m}: cached ids differ from whole-text ids`);
+          const want = check?.get(key);
+          if (want && !Buffer.from(want.buffer, want.byteOffset, want.byteLength).equals(Buffer.from(ids.buffer, ids.byteOffset, ids.byteLength))) throw new Error(`${m}: cached ids differ from whole-text ids`);
           check?.set(key, ids);
         }
       }
       return { perConversationMs: (performance.now() - t0) / conversations, lastTurnMs: lastTurn / conversations };
     };
-    const reference = new Map<string, number[]>();
+    const reference = new Map<string, Uint32Array>();
     const without = await runConversations(plain, reference);
     const withCache = await runConversations(hf, reference);
     out[m] = {

@@ -17,7 +17,7 @@ import { decodeBlockHashes } from "../views/packed-hashes.js";
 import { createPrefixSupport } from "./prefix-support.js";
 import type { Tokenizer } from "./tokenization.js";
 
-const tokens = Array.from({ length: 64 }, (_, i) => 2_000 + i);
+const tokens = Uint32Array.from({ length: 64 }, (_, i) => 2_000 + i);
 const NOW = 1_700_000_000_000;
 
 /** What the kv-bridge publishes for an engine that stored `tokens` (4 blocks of 16) under `salt`. */
@@ -26,7 +26,7 @@ function storedOn(state: GatewayState, pod: string, seq: number, salt: string | 
     kind: "stored",
     hashes: ["e1", "e2", "e3", "e4"].map((h) => `${h}${seq}`),
     parent: null,
-    tokens,
+    tokens: Array.from(tokens),
     blockSize: 16,
     loraId: null,
     loraName: null,
@@ -96,7 +96,7 @@ describe("prefix support - cache_salt", () => {
     storedOn(state, "p0", 2, null);
     const sink = new MemorySink();
     const director = new Director({ gatewayId: "gw", defaultStrategy: "prefix-cache", chargeTtlMs: 60_000, state, sink, now: () => NOW, prefix });
-    const body = Buffer.from(JSON.stringify({ model: MODEL, prompt: tokens, max_tokens: 2 }));
+    const body = Buffer.from(JSON.stringify({ model: MODEL, prompt: Array.from(tokens), max_tokens: 2 }));
     const route = (id: string, tenantSalt?: string) => {
       const r = director.route({ headers: { "x-request-id": id, ":path": "/v1/completions" }, body, ...(tenantSalt ? { tenantSalt } : {}) });
       if (r instanceof Promise) throw new Error("token-id prompts route synchronously");

@@ -7,6 +7,7 @@ import type { KvRouted } from "../../schemas/events.js";
 import type { Subjects } from "../../streams/subjects.js";
 import type { Outbox } from "../shared/publish.js";
 import type { PrefixEntry } from "../tokenizer/prefix-ids.js";
+import type { TokenIds } from "../tokenizer/prompt-tokens.js";
 import { type BlockHash, chainBlocks, chainSeed, hashToHex } from "../views/block-hash.js";
 import type { GatewayState } from "../views/gateway-state.js";
 import type { PodInfo } from "../views/pod-set.js";
@@ -58,7 +59,7 @@ export class IncrementalBlockHashes {
   /** Blocks taken from a cached prefix, and blocks hashed. */
   readonly stats = { reusedBlocks: 0, hashedBlocks: 0 };
 
-  hashes(tokens: readonly number[], seed: BlockHash, size: number, maxBlocks: number, reuse: { reused?: PrefixEntry; stored: readonly PrefixEntry[] } | undefined): BlockHash[] {
+  hashes(tokens: TokenIds, seed: BlockHash, size: number, maxBlocks: number, reuse: { reused?: PrefixEntry; stored: readonly PrefixEntry[] } | undefined): BlockHash[] {
     const limit = Math.max(0, Math.min(Math.floor(tokens.length / size), maxBlocks));
     const known = reuse?.reused ? this.known.get(reuse.reused)?.find((k) => k.seed === seed && k.size === size)?.hashes : undefined;
     const k = Math.min(known?.length ?? 0, limit);
@@ -88,9 +89,9 @@ export function createPrefixSupport(o: PrefixSupportOptions): PrefixSupport {
    * stage hashes ahead (in its own turn of the loop) and select's match finds them here instead of
    * hashing a long prompt inside the commit section. Same ids, seed and size: the same hashes.
    */
-  const hashed = new WeakMap<readonly number[], { seed: BlockHash; size: number; hashes: BlockHash[] }>();
+  const hashed = new WeakMap<TokenIds, { seed: BlockHash; size: number; hashes: BlockHash[] }>();
   /** The prompt's router block hashes as `pod`'s engine would key them. */
-  const blocks = (model: string, pod: PodInfo, tokens: readonly number[], now: number, tokenizerMode: string | undefined, cacheSalt?: string): PromptBlocks => {
+  const blocks = (model: string, pod: PodInfo, tokens: TokenIds, now: number, tokenizerMode: string | undefined, cacheSalt?: string): PromptBlocks => {
     const base = pod.model;
     // A request for a LoRA adapter names the adapter; its blocks are keyed by base model + adapter.
     const lora = model !== base ? model : null;

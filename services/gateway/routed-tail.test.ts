@@ -16,12 +16,12 @@ import { createPrefixSupport } from "./prefix-support.js";
 import type { Tokenizer } from "./tokenization.js";
 
 const NOW = 1_700_000_000_000;
-const prompt = Array.from({ length: 6 * 16 + 5 }, (_, i) => 3_000 + i);
+const prompt = Uint32Array.from({ length: 6 * 16 + 5 }, (_, i) => 3_000 + i);
 
 /** The engine on `pod` stored the prompt's first 4 blocks (as the kv-bridge publishes it). */
 function stored4(state: GatewayState, pod: string, seq: number): void {
   const ev: KvStored = new BlockMap(MODEL).stored({
-    kind: "stored", hashes: ["a", "b", "c", "d"].map((h) => `${h}${seq}`), parent: null, tokens: prompt.slice(0, 64), blockSize: 16, loraId: null, loraName: null, medium: "GPU",
+    kind: "stored", hashes: ["a", "b", "c", "d"].map((h) => `${h}${seq}`), parent: null, tokens: Array.from(prompt.subarray(0, 64)), blockSize: 16, loraId: null, loraName: null, medium: "GPU",
   });
   const batch: KvBatch = { type: "kv", model: MODEL, pod, epoch: "e", seq, ts: NOW, events: [ev] };
   state.apply(batch, { stream: "kv", subject: `kv.${pod}`, seq, serverTs: NOW });

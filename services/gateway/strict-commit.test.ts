@@ -123,10 +123,10 @@ describe("strict commit - the routed prefix goes out for the committed pod only"
     await acked(env.nats.js, subjects.charges(MODEL, "p0"), peerCharge("p0", "b2"));
     await acked(env.nats.js, subjects.charges(MODEL, "p0"), peerCharge("p0", "b3"));
 
-    const tokens = Array.from({ length: 64 }, (_, i) => 1_000 + i);
+    const tokens = Uint32Array.from({ length: 64 }, (_, i) => 1_000 + i);
     const input: RouteInput = {
       headers: { "x-request-id": "race-1", "routing-strategy": "prefix-cache", ":path": "/v1/completions" },
-      body: Buffer.from(JSON.stringify({ model: MODEL, prompt: tokens, max_tokens: 4 })),
+      body: Buffer.from(JSON.stringify({ model: MODEL, prompt: Array.from(tokens), max_tokens: 4 })),
     };
     const r: RoutedRequest = await director.route(input);
     // Exactly one routed prefix left this replica, for p1 and the committed charge. (Had the lost

@@ -22,10 +22,11 @@ import { QueueFullError } from "../tokenizer/bounded-queue.js";
 import { ChatTemplateError } from "../tokenizer/chat-template.js";
 import { HfTokenizer, type HfTokenizerOptions } from "../tokenizer/hf-tokenizer.js";
 import type { PrefixReuse } from "../tokenizer/prefix-ids.js";
-import { approximateTokens, hfTokenizerDir, localTokens, type PromptInput, singlePrompt, type TokenizerMode, type TokenizerSetting } from "../tokenizer/prompt-tokens.js";
+import { approximateTokens, hfTokenizerDir, localTokens, type PromptInput, singlePrompt, type TokenIds, tokenIdsOf, type TokenizerMode, type TokenizerSetting } from "../tokenizer/prompt-tokens.js";
 
 export interface TokenizeResult {
-  tokens: number[];
+  /** The router's token type (a typed array) in every mode. */
+  tokens: TokenIds;
   /** The mode that produced the ids (a remote failure yields "approximate"). */
   mode: TokenizerMode;
   cached?: boolean;
@@ -76,12 +77,11 @@ export const DEFAULT_TOKENIZER_CACHE_BYTES = 64 * 1024 * 1024;
 export const DEFAULT_TOKENIZE_RESPONSE_BYTES = 8 * 1024 * 1024;
 
 /**
- * What a cached result costs, estimated: the key (UTF-16, 2 bytes a char), 8 bytes per token id
- * (a JS array of small integers: one tagged slot each) and ~100 bytes of Map entry and array
- * header.
+ * What a cached result costs, estimated: the key (UTF-16, 2 bytes a char), 4 bytes per token id
+ * (kept as a Uint32Array) and ~100 bytes of Map entry and typed-array header.
  */
-export function cacheEntryBytes(key: string, tokens: readonly number[]): number {
-  return 2 * key.length + 8 * tokens.length + 100;
+export function cacheEntryBytes(key: string, tokens: ArrayLike<number>): number {
+  return 2 * key.length + 4 * tokens.length + 100;
 }
 
 
@@ -102,7 +102,7 @@ export class Tokenizer {
   /** One loaded tokenizer per directory, shared by the models naming it. */
   private readonly hfByDir = new Map<string, HfTokenizer>();
   /** Map iteration order is insertion order: re-inserting on a hit keeps the least recently used first. */
-  private readonly cache = new Map<string, { tokens: number[]; bytes: number }>();
+  private readonly cache = new Map<string, { tokens: TokenIds; bytes: number }>();
   private readonly cacheBytes: number;
   private readonly maxResponseBytes: number;
 
@@ -137,7 +137,7 @@ export class Tokenizer {
   }
 
   /** The cached prefix entries an `hf:` result reused and stored (prefix-support derives block hashes per entry). */
-  prefixReuseOf(tokens: readonly number[]): PrefixReuse | undefined {
+  prefixReuseOf(tokens: TokenIds): PrefixReuse | undefined {
     for (const t of this.hfByDir.values()) {
       const r = t.prefixReuseOf(tokens);
       if (r) return r;
@@ -216,7 +216,7 @@ export class Tokenizer {
   async tokenize(model: string, input: PromptInput, address: string | undefined): Promise<TokenizeResult> {
     const mode = this.modeFor(model);
     if (mode === "hf") return this.hfTokens(this.hfByDir.get(hfTokenizerDir(this.settingFor(model)) as string) as HfTokenizer, input);
-    if (mode === "local") return { tokens: localTokens(input), mode };
+    if (mode === "local") return { tokens: tokenIdsOf(localTokens(input)), mode };
     if (mode === "approximate" || !address) return { tokens: approximateTokens(input), mode: "approximate" };
     if (!input.messages && input.prompt !== undefined && singlePrompt(input.prompt) === undefined) return this.batchFallback(input);
     const key = createHash("sha1").update(model).update("\u0000").update(JSON.stringify(input)).digest("base64");
@@ -255,8 +255,9 @@ export class Tokenizer {
       }
       const tokens = (JSON.parse(await readBodyCapped(res, this.maxResponseBytes, "/tokenize answer")) as { tokens?: unknown }).tokens;
       if (!Array.isArray(tokens) || !tokens.every((t) => typeof t === "number")) throw new Error("/tokenize returned no token list");
-      this.remember(key, tokens as number[]);
-      return { tokens: tokens as number[], mode };
+      const ids = tokenIdsOf(tokens as number[]);
+      this.remember(key, ids);
+      return { tokens: ids, mode };
     } catch (err) {
       this.stats.fallbacks++;
       if (err instanceof BodyTooLargeError) this.stats.oversized++;
@@ -265,7 +266,7 @@ export class Tokenizer {
   }
 
   /** Caches a result, evicting the least recently used until the byte bound holds. */
-  private remember(key: string, tokens: number[]): void {
+  private remember(key: string, tokens: TokenIds): void {
     const bytes = cacheEntryBytes(key, tokens);
     // One result larger than the whole bound would evict everything and still not fit.
     if (bytes > this.cacheBytes) return;

@@ -14,6 +14,7 @@ import type { PrefixMatchResult, Rank } from "./stages/scheduling.js";
 import type { StrategyParams } from "./strategies/registry.js";
 import type { SignalInput } from "./semantic/signals.js";
 import type { StateStream } from "../views/gateway-state.js";
+import type { TokenIds } from "../tokenizer/prompt-tokens.js";
 import { randomUUID } from "node:crypto";
 import type { Pick, RoutingRequest, SloTargets, Strategy } from "./strategies/types.js";
 
@@ -53,7 +54,7 @@ export interface RequestContext {
   /** The profile's strategy plugin parameters (recorded for replay). */
   strategyParams?: Readonly<Record<string, StrategyParams>>;
   /** Prompt token ids, when a prefix strategy needs them (stages/tokenize.ts). */
-  tokens?: number[];
+  tokens?: TokenIds;
   tokenizerMode?: string;
   /** Flow control: set when the request passed the flow gate (held or not). */
   flow?: FlowRecord;

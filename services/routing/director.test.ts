@@ -120,7 +120,7 @@ describe("director - the request path on an in-memory sink", () => {
           modeFor: () => mode,
           tokenize: (_m, input, address) => {
             seen.push({ problem: input.rawToolJsonProblem, address });
-            return Promise.resolve({ tokens: [1, 2, 3], mode });
+            return Promise.resolve({ tokens: Uint32Array.of(1, 2, 3), mode });
           },
         },
         match: (_m, candidates, tokens) => ({ info: { queried: tokens.length, blockSize: 16, matched: () => 0 }, hashes: [1n], detail: candidates.map((c) => ({ pod: c.pod, indexBlocks: 0, indexGpuBlocks: 0, indexWeighted: 0, routedBlocks: 0 })) }),

@@ -10,7 +10,7 @@ import type { LoadView } from "../views/load-view.js";
 import type { PodInfo, PodSet } from "../views/pod-set.js";
 import type { RateView } from "../views/rate-view.js";
 import type { UsageView } from "../views/usage-view.js";
-import type { promptInputOf } from "../tokenizer/prompt-tokens.js";
+import type { promptInputOf, TokenIds } from "../tokenizer/prompt-tokens.js";
 import type { PromptBlocks } from "./request.js";
 import type { PrefixMatchResult } from "./stages/scheduling.js";
 
@@ -47,15 +47,15 @@ export interface EmbeddingSource {
 /** What prefix-aware routing needs (absent: prefix strategies fall back). */
 export interface PrefixSupport {
   tokenizer: {
-    tokenize(model: string, input: ReturnType<typeof promptInputOf>, address: string | undefined): Promise<{ tokens: number[]; mode: string }>;
+    tokenize(model: string, input: ReturnType<typeof promptInputOf>, address: string | undefined): Promise<{ tokens: TokenIds; mode: string }>;
     /** The model's configured mode (a `remote` request may still fall back to approximate). */
     modeFor?(model: string): string;
   };
   /** `cacheSalt`: the request's `cache_salt`, part of its first block's key as in the engine's. */
-  match(model: string, candidates: readonly PodInfo[], tokens: readonly number[], now: number, tokenizerMode?: string, cacheSalt?: string): PrefixMatchResult;
+  match(model: string, candidates: readonly PodInfo[], tokens: TokenIds, now: number, tokenizerMode?: string, cacheSalt?: string): PrefixMatchResult;
   recordRouted(pod: PodInfo, hashes: readonly bigint[], now: number, chargeId: string): void;
   /** The prompt's block hashes for `pod` (decision records of strategies that do not match prefixes). */
-  blocks(model: string, pod: PodInfo, tokens: readonly number[], now: number, tokenizerMode: string | undefined, cacheSalt?: string): PromptBlocks;
+  blocks(model: string, pod: PodInfo, tokens: TokenIds, now: number, tokenizerMode: string | undefined, cacheSalt?: string): PromptBlocks;
 }
 
 /**

@@ -60,8 +60,8 @@ describe("request body - client input refused with a 400 naming the field", () =
 
 describe("request body - token-id prompts", () => {
   it("counts token ids exactly and keeps them for prefix matching (ids, list of ids, lists of ids)", () => {
-    expect(parse({ model: "m", prompt: [5, 6, 7] })).toMatchObject({ promptTokens: 3, promptTokenIds: [5, 6, 7] });
-    expect(parse({ model: "m", prompt: [[1, 2], [3, 4, 5]] })).toMatchObject({ promptTokens: 5, promptTokenIds: [1, 2] });
+    expect(parse({ model: "m", prompt: [5, 6, 7] })).toMatchObject({ promptTokens: 3, promptTokenIds: Uint32Array.of(5, 6, 7) });
+    expect(parse({ model: "m", prompt: [[1, 2], [3, 4, 5]] })).toMatchObject({ promptTokens: 5, promptTokenIds: Uint32Array.of(1, 2) });
     expect(parse({ model: "m", prompt: "abcdefgh" })).toMatchObject({ promptTokens: 2 });
     expect(parse({ model: "m", prompt: "abcd" }).promptTokenIds).toBeUndefined();
   });

@@ -6,6 +6,7 @@
  */
 import { MAX_COUNT } from "../../schemas/events.js";
 import { ApiShapeError, messagesToChat, renderedChars, responsesToChat } from "../tokenizer/api-messages.js";
+import { type TokenIds, tokenIdsOf } from "../tokenizer/prompt-tokens.js";
 import { RouteError } from "./errors.js";
 
 /**
@@ -27,8 +28,8 @@ export interface ParsedRequest {
   /** Prompt size in tokens: exact for token-id prompts, else ≈ 4 characters per token until a tokenizer runs. */
   promptTokens: number;
   maxTokens?: number;
-  /** The prompt as token ids, when the client sent them (`/v1/completions`): prefix matching uses them as they are. */
-  promptTokenIds?: number[];
+  /** The prompt as token ids, when the client sent them (`/v1/completions`): prefix matching uses them as they are (copied once into the router's typed array). */
+  promptTokenIds?: TokenIds;
   /** vLLM's `cache_salt`: the engine shares cached blocks only between requests with the same salt, and so does the router's prefix matching. */
   cacheSalt?: string;
   body: Record<string, unknown>;
@@ -120,15 +121,15 @@ const isTokenId = (x: unknown): x is number => typeof x === "number" && Number.i
  * A completion `prompt`: a string, a list of strings, a list of token ids, or a list of token-id
  * lists (the batch forms count every prompt; only the first is used for prefix matching).
  */
-function promptOf(prompt: unknown): { chars: number; tokens: number; ids?: number[] } {
+function promptOf(prompt: unknown): { chars: number; tokens: number; ids?: TokenIds } {
   if (typeof prompt === "string") return { chars: prompt.length, tokens: 0 };
   if (!Array.isArray(prompt)) throw bad("`prompt` must be a string, an array of strings, an array of token ids or an array of token-id arrays", "prompt");
   if (prompt.length === 0) return { chars: 0, tokens: 0 };
   if (prompt.every((p) => typeof p === "string")) return { chars: (prompt as string[]).reduce((a, p) => a + p.length, 0), tokens: 0 };
-  if (prompt.every(isTokenId)) return { chars: 0, tokens: prompt.length, ids: prompt as number[] };
+  if (prompt.every(isTokenId)) return { chars: 0, tokens: prompt.length, ids: tokenIdsOf(prompt as number[]) };
   if (prompt.every((p) => Array.isArray(p) && p.every(isTokenId))) {
     const lists = prompt as number[][];
-    return { chars: 0, tokens: lists.reduce((a, p) => a + p.length, 0), ...(lists[0] ? { ids: lists[0] } : {}) };
+    return { chars: 0, tokens: lists.reduce((a, p) => a + p.length, 0), ...(lists[0] ? { ids: tokenIdsOf(lists[0]) } : {}) };
   }
   throw bad("`prompt` mixes strings, token ids and lists, or has ids that are not non-negative integers", "prompt");
 }
@@ -239,7 +240,7 @@ export function parseRequestBody(raw: Uint8Array, api: RequestApi = "chat"): Par
   }
   let chars = 0;
   let tokens = 0;
-  let promptTokenIds: number[] | undefined;
+  let promptTokenIds: TokenIds | undefined;
   if (b.messages !== undefined) chars += messagesText(b.messages);
   if (b.prompt !== undefined) {
     const p = promptOf(b.prompt);

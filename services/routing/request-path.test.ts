@@ -34,7 +34,7 @@ describe("request path - the list, its table and its driver", () => {
   it("an awaiting stage (tokenize) is timed until it settles, and the path goes on after it", async () => {
     let release: (() => void) | undefined;
     const prefix: PrefixSupport = {
-      tokenizer: { modeFor: () => "hf", tokenize: () => new Promise((resolve) => (release = () => resolve({ tokens: [1, 2, 3], mode: "hf" }))) },
+      tokenizer: { modeFor: () => "hf", tokenize: () => new Promise((resolve) => (release = () => resolve({ tokens: Uint32Array.of(1, 2, 3), mode: "hf" }))) },
       match: (_m, candidates, tokens) => ({ info: { queried: tokens.length, blockSize: 16, matched: () => 0 }, hashes: [], detail: candidates.map((c) => ({ pod: c.pod, indexBlocks: 0, indexGpuBlocks: 0, indexWeighted: 0, routedBlocks: 0 })) }),
       recordRouted: () => {},
       blocks: () => ({ size: 16, mode: "precise", hashes: [] }),

@@ -25,7 +25,7 @@ class ManualTurns implements TurnSlicing {
 
 function prefixSupport(log: string[]): PrefixSupport {
   return {
-    tokenizer: { modeFor: () => "hf", tokenize: async () => ({ tokens: Array.from({ length: 64 }, (_, i) => i), mode: "hf" }) },
+    tokenizer: { modeFor: () => "hf", tokenize: async () => ({ tokens: Uint32Array.from({ length: 64 }, (_, i) => i), mode: "hf" }) },
     match: (_m, candidates, tokens) => {
       log.push("match");
       return { info: { queried: tokens.length, blockSize: 16, matched: (pod: string) => (pod === candidates[1]?.pod ? 4 : 0) }, hashes: [1n, 2n, 3n, 4n], detail: candidates.map((c, i) => ({ pod: c.pod, indexBlocks: i === 1 ? 4 : 0, indexGpuBlocks: 0, indexWeighted: 0, routedBlocks: 0 })) };

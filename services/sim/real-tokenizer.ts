@@ -13,6 +13,7 @@ import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { ChatTemplateError } from "../tokenizer/chat-template.js";
 import { HfTokenizer } from "../tokenizer/hf-tokenizer.js";
+import { plainIds } from "../tokenizer/prompt-tokens.js";
 import { GENERATION_WORDS } from "../tokenizer/sim-tokenizer.js";
 import { badRequest } from "./errors.js";
 
@@ -64,7 +65,8 @@ function bool(body: Body, key: string, fallback: boolean): boolean {
 async function chatIds(t: HfTokenizer, body: Body): Promise<number[]> {
   const kw = body.chat_template_kwargs;
   try {
-    return await t.chatIds(body.messages as never, {
+    // The engine stand-in works on plain arrays (its KV events and answers carry the ids as JSON).
+    return plainIds(await t.chatIds(body.messages as never, {
       addGenerationPrompt: bool(body, "add_generation_prompt", true),
       addSpecialTokens: bool(body, "add_special_tokens", false),
       // The engine stand-in renders what it can; only the gateway must refuse inexact tool JSON.
@@ -72,7 +74,7 @@ async function chatIds(t: HfTokenizer, body: Body): Promise<number[]> {
       continueFinalMessage: bool(body, "continue_final_message", false),
       ...(Array.isArray(body.tools) ? { tools: body.tools } : {}),
       ...(kw && typeof kw === "object" && !Array.isArray(kw) ? { templateKwargs: kw as Record<string, unknown> } : {}),
-    });
+    }));
   } catch (err) {
     // vLLM answers a template that cannot render the conversation with a 400.
     if (err instanceof ChatTemplateError) throw badRequest(err.message, "messages");
@@ -90,7 +92,7 @@ export async function realPromptTokens(kind: "chat" | "completion", raw: unknown
   if (kind === "chat") return Array.isArray(body.messages) ? chatIds(t, body) : undefined;
   let prompt = body.prompt;
   if (Array.isArray(prompt) && prompt.length === 1 && typeof prompt[0] === "string") prompt = prompt[0];
-  return typeof prompt === "string" ? t.promptIds(prompt, bool(body, "add_special_tokens", true)) : undefined;
+  return typeof prompt === "string" ? plainIds(await t.promptIds(prompt, bool(body, "add_special_tokens", true))) : undefined;
 }
 
 /** `/tokenize` on the real tokenizer, both of vLLM's forms; undefined = let the parser report the error. */
@@ -98,5 +100,5 @@ export async function realTokenize(raw: unknown, t: HfTokenizer): Promise<number
   if (!raw || typeof raw !== "object" || Array.isArray(raw)) return undefined;
   const body = raw as Body;
   if (body.messages !== undefined) return Array.isArray(body.messages) ? chatIds(t, body) : undefined;
-  return typeof body.prompt === "string" ? t.promptIds(body.prompt, bool(body, "add_special_tokens", true)) : undefined;
+  return typeof body.prompt === "string" ? plainIds(await t.promptIds(body.prompt, bool(body, "add_special_tokens", true))) : undefined;
 }

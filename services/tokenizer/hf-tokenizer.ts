@@ -20,6 +20,7 @@ import { BoundedQueue } from "./bounded-queue.js";
 import { RenderPool, RenderPoolUnavailableError } from "./render-pool.js";
 import { ChatTemplateError, ChatTemplates, finishRender, type HfChatMessage, type RenderChatOptions, type RenderJob } from "./chat-template.js";
 import { PrefixIdsCache, type PrefixReuse } from "./prefix-ids.js";
+import { plainIds, tokenIdsOf } from "./prompt-tokens.js";
 import { DEFAULT_RENDER_CACHE_BYTES, IncrementalRender, type IncrementalRenderStats } from "./incremental-render.js";
 import { messageLocalLoop } from "./message-local.js";
 import { WindowRender } from "./window-render.js";
@@ -287,15 +288,15 @@ export class HfTokenizer {
    * Ids of a chat request (vLLM: template, then `add_special_tokens` false unless asked).
    * Throws ChatTemplateError (template) or QueueFullError (too many waiting).
    */
-  async chatIds(messages: readonly HfChatMessage[], o: RenderChatOptions & { addSpecialTokens?: boolean } = {}): Promise<number[]> {
+  async chatIds(messages: readonly HfChatMessage[], o: RenderChatOptions & { addSpecialTokens?: boolean } = {}): Promise<Uint32Array> {
     const text = await this.renderChatOffLoop(messages, o);
     // The render (on this thread for a later turn) and what follows (the text's first search
     // flattens a ~600 KB string) each cost milliseconds: other requests run in between.
     const large = text.length >= LARGE_TEXT_CHARS;
     if (large && this.yieldTurn) await this.yieldTurn();
-    if (o.addSpecialTokens) return this.queue.run(() => this.encodeNow(text, true));
+    if (o.addSpecialTokens) return this.queue.run(() => this.encodeIds(text, true));
     const prefixes = this.prefixes;
-    if (!prefixes) return this.queue.run(() => this.encodeNow(text, false));
+    if (!prefixes) return this.queue.run(() => this.encodeIds(text, false));
     // The end of the first message's text: a system prompt shared by many conversations. The end of
     // the next message with text (the first user task): the conversation's anchor (prefix-ids.ts).
     const first = messages[0]?.content;
@@ -311,20 +312,20 @@ export class HfTokenizer {
   }
 
   /** Ids returned by `chatIds` -> the cached prefixes they reused and stored (held only as long as the ids are). */
-  private readonly reuse = new WeakMap<readonly number[], PrefixReuse>();
+  private readonly reuse = new WeakMap<Uint32Array, PrefixReuse>();
 
   /** Which cached prefix entries a `chatIds` result reused and stored (block hashes are derived per entry). */
-  prefixReuseOf(ids: readonly number[]): PrefixReuse | undefined {
-    return this.reuse.get(ids);
+  prefixReuseOf(ids: ArrayLike<number>): PrefixReuse | undefined {
+    return ids instanceof Uint32Array ? this.reuse.get(ids) : undefined;
   }
 
   /** Ids of a completion prompt (vLLM: `add_special_tokens` true by default). Throws QueueFullError. */
-  async promptIds(text: string, addSpecialTokens = true): Promise<number[]> {
-    return this.queue.run(() => this.encodeNow(text, addSpecialTokens));
+  async promptIds(text: string, addSpecialTokens = true): Promise<Uint32Array> {
+    return this.queue.run(() => this.encodeIds(text, addSpecialTokens));
   }
 
-  async decode(ids: readonly number[], skipSpecialTokens = false): Promise<string> {
-    return this.native.decode([...ids], skipSpecialTokens);
+  async decode(ids: ArrayLike<number>, skipSpecialTokens = false): Promise<string> {
+    return this.native.decode(plainIds(ids), skipSpecialTokens);
   }
 
   /** Id of a single token's text, if the vocabulary has it. */
@@ -334,5 +335,10 @@ export class HfTokenizer {
 
   private async encodeNow(text: string, addSpecialTokens: boolean): Promise<number[]> {
     return (await this.native.encode(text, null, { addSpecialTokens })).getIds();
+  }
+
+  /** `encodeNow` as the router's token type (one copy of the encoder's array). */
+  private async encodeIds(text: string, addSpecialTokens: boolean): Promise<Uint32Array> {
+    return tokenIdsOf(await this.encodeNow(text, addSpecialTokens));
   }
 }

@@ -185,6 +185,58 @@ export function rawToolJsonInexact(body: string): string | undefined {
   return scanRaw(body, (p) => (p.length === 1 && p[0] === "tools") || (p.length === 3 && p[0] === "messages" && p[2] === "tool_calls"));
 }
 
+/**
+ * Whether a chat body parsed into these `tools` and `messages` needs its raw text scanned
+ * (`rawToolJsonInexact`, a second walk of the whole body after its parse). Only a literal that the
+ * parse changed out of sight needs the raw text: a float with an integer value (`20.0`, `1e5`), an
+ * integer beyond 2^53, a number out of range — each parses to an integer or an infinity, which this
+ * looks for in the parsed scope. Whatever else a raw scan reports is reported from the parse too:
+ * other floats and integer-like keys by `parsedJsonProblem` on the tools and tool calls, and an
+ * assistant tool call's `arguments` string by the template's normalisation, which scans it as raw
+ * JSON (`normaliseToolCalls`). Conservatively true for shapes those do not cover: `tools` that is
+ * not a list, tool calls on a message that is not an assistant's, another string under an
+ * `arguments` key, nesting past 64 levels. (One difference, in the body's favour: a duplicated key
+ * whose first value a scan would flag, where Python's parse, like JavaScript's, keeps the last.)
+ */
+export function rawToolJsonScanNeeded(tools: unknown, messages: readonly unknown[]): boolean {
+  if (tools !== undefined && tools !== null && !Array.isArray(tools)) return true;
+  if (hidesLiteral(tools, 0)) return true;
+  for (const m of messages) {
+    if (!isObject(m) || m.tool_calls === undefined || m.tool_calls === null) continue;
+    if (m.role !== "assistant" || !Array.isArray(m.tool_calls)) return true;
+    for (const call of m.tool_calls) {
+      if (!isObject(call)) {
+        if (hidesLiteral(call, 1)) return true;
+        continue;
+      }
+      for (const [k, v] of Object.entries(call)) {
+        if (k !== "function" || !isObject(v)) {
+          if (hidesLiteral(v, 2, k)) return true;
+          continue;
+        }
+        // The call's own `arguments` string is scanned by the normalisation.
+        for (const [fk, fv] of Object.entries(v)) if (!(fk === "arguments" && typeof fv === "string") && hidesLiteral(fv, 3, fk)) return true;
+      }
+    }
+  }
+  return false;
+}
+
+/** Whether a parsed value holds a number the parse may have changed unseen (an integer or non-finite value), a string a raw scan would read as JSON (under an `arguments` key), or nests too deeply to tell. */
+function hidesLiteral(v: unknown, depth: number, key?: string): boolean {
+  if (depth > 64) return true;
+  if (typeof v === "number") return Number.isInteger(v) || !Number.isFinite(v);
+  if (typeof v === "string") return key === "arguments";
+  if (Array.isArray(v)) {
+    for (const x of v) if (hidesLiteral(x, depth + 1)) return true;
+    return false;
+  }
+  if (v && typeof v === "object") {
+    for (const [k, x] of Object.entries(v)) if (hidesLiteral(x, depth + 1, k)) return true;
+  }
+  return false;
+}
+
 function isObject(v: unknown): v is Record<string, unknown> {
   return !!v && typeof v === "object" && !Array.isArray(v);
 }

@@ -13,6 +13,27 @@ describe("block hash - router's chained hash", () => {
     expect(chainBlocks(all[1] as bigint, tokens, 16, 32)).toEqual(all.slice(2));
   });
 
+  it("the router's typed ids hash as the same ids in a plain array (an engine event's), from any offset and view", () => {
+    const seed = chainSeed("m", null, 16);
+    // Large ids too: a plain array's id is taken modulo 2^32, as a Uint32Array stores it.
+    const plain = Array.from({ length: 200 }, (_, i) => (i % 3 === 0 ? 0xfffffff0 + (i % 16) : 151_000 + i));
+    const typed = Uint32Array.from(plain);
+    const expected = chainBlocks(seed, plain, 16);
+    expect(chainBlocks(seed, typed, 16)).toEqual(expected);
+    expect(chainBlocks(expected[2] as bigint, typed, 16, 48, 4)).toEqual(expected.slice(3, 7));
+    // A view that starts inside its buffer.
+    const view = new Uint32Array(typed.length + 5).subarray(5);
+    view.set(typed);
+    expect(chainBlocks(seed, view, 16)).toEqual(expected);
+    expect(chainBlocks(seed, plain.map((x, i) => (i === 7 ? x + 2 ** 32 : x)), 16)).toEqual(expected);
+    // One id changed: another chain from its block on.
+    const other = typed.slice();
+    other[40] = (other[40] as number) + 1;
+    const changed = chainBlocks(seed, other, 16);
+    expect(changed.slice(0, 2)).toEqual(expected.slice(0, 2));
+    expect(changed[2]).not.toBe(expected[2]);
+  });
+
   it("separates models, LoRA adapters and block sizes", () => {
     const seeds = [chainSeed("m", null, 16), chainSeed("m2", null, 16), chainSeed("m", "lora-a", 16), chainSeed("m", null, 32)];
     expect(new Set(seeds.map(hashToHex)).size).toBe(4);

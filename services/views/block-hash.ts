@@ -63,16 +63,25 @@ export function opaqueBlock(routerHash: BlockHash): BlockHash {
   return xxh64(buf, OPAQUE_SEED);
 }
 
-/** Hashes consecutive full blocks of `tokens` starting at `offset`, chained from `parent`. */
+/** Whether this machine stores a Uint32Array's elements little-endian (the hash's byte order). */
+const LITTLE_ENDIAN = new Uint8Array(Uint32Array.of(1).buffer)[0] === 1;
+
+/**
+ * Hashes consecutive full blocks of `tokens` starting at `offset`, chained from `parent`. The
+ * router's typed ids (a Uint32Array) are copied into the hashed buffer as memory on a little-endian
+ * machine; other arrays are written id by id (each taken modulo 2^32, as a Uint32Array holds it).
+ */
 export function chainBlocks(parent: BlockHash, tokens: ArrayLike<number>, blockSize: number, offset = 0, maxBlocks = Number.POSITIVE_INFINITY): BlockHash[] {
   const n = Math.min(Math.floor((tokens.length - offset) / blockSize), maxBlocks);
   const out: BlockHash[] = new Array(n);
   const buf = Buffer.allocUnsafe(8 + 4 * blockSize);
+  const bytes = LITTLE_ENDIAN && tokens instanceof Uint32Array ? Buffer.from(tokens.buffer, tokens.byteOffset, tokens.byteLength) : undefined;
   let h = parent;
   for (let b = 0; b < n; b++) {
     buf.writeBigUInt64LE(h, 0);
     const base = offset + b * blockSize;
-    for (let i = 0; i < blockSize; i++) buf.writeUInt32LE((tokens[base + i] as number) >>> 0, 8 + 4 * i);
+    if (bytes) bytes.copy(buf, 8, 4 * base, 4 * (base + blockSize));
+    else for (let i = 0; i < blockSize; i++) buf.writeUInt32LE((tokens[base + i] as number) >>> 0, 8 + 4 * i);
     h = xxh64(buf, SEED);
     out[b] = h;
   }

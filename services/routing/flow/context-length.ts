@@ -33,9 +33,9 @@ export function contextLengthOf(pods: readonly PodInfo[], load: ContextReader): 
 
 export interface PromptSize {
   /** The strategy's tokenization (ids). */
-  tokens?: readonly unknown[];
+  tokens?: { readonly length: number };
   tokenizerMode?: string;
-  parsed: { promptTokens: number; promptTokenIds?: readonly number[] };
+  parsed: { promptTokens: number; promptTokenIds?: { readonly length: number } };
 }
 
 /** The fewest tokens the prompt can have, as far as the gateway knows. */

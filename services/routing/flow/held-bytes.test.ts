@@ -17,4 +17,9 @@ describe("held bytes", () => {
   it("a salted copy and token ids count on top", () => {
     expect(heldBytesOf({ bodyBytes: 1_000, textChars: 1_000, upstreamBytes: 1_030, tokens: 250 })).toBe(HELD_OVERHEAD_BYTES + 2_000 + 1_030 + 250 * BYTES_PER_TOKEN);
   });
+
+  it("token ids count 4 bytes each (the router's Uint32Array); a prompt sent as ids also 8 bytes each for the parsed body's array", () => {
+    expect(BYTES_PER_TOKEN).toBe(Uint32Array.BYTES_PER_ELEMENT);
+    expect(heldBytesOf({ bodyBytes: 1_000, tokens: 250, bodyTokenIds: 250 })).toBe(HELD_OVERHEAD_BYTES + 2_000 + 250 * 4 + 250 * 8);
+  });
 });

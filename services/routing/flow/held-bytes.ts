@@ -9,8 +9,11 @@
  *   decoded text is shorter than the body (multi-byte UTF-8) two bytes per character are counted,
  *   an upper bound (Latin-1 text is in fact one byte per character);
  * - a salted or rewritten copy of the body, when the request has one: `upstreamBytes`;
- * - the prompt's token ids, when the strategy tokenized it: 8 bytes each (a packed array of small
- *   integers on 64-bit V8 without pointer compression);
+ * - the prompt's token ids, when the strategy tokenized it: 4 bytes each (the router's ids are a
+ *   Uint32Array);
+ * - a completion prompt sent as token ids: the parsed body's JSON array of them, 8 bytes each (a
+ *   packed array of small integers on 64-bit V8 without pointer compression), besides the typed
+ *   copy the router reads;
  * - a fixed part (the request's context, its closures, its queue entry): HELD_OVERHEAD_BYTES.
  * The body decoded as one string (`text`, used while planning) is not kept while held: the gateway
  * drops it before holding (it is not needed at dispatch), which saves one more body-size string.
@@ -22,8 +25,10 @@
 
 /** The fixed part of a held request (request context, promise and closures, queue entry): 2,000 held 1 KiB requests retain 4,072 bytes each, 2,048 of them the body and its parse. */
 export const HELD_OVERHEAD_BYTES = 2048;
-/** Bytes per token id kept for a held request (prefix strategies). */
-export const BYTES_PER_TOKEN = 8;
+/** Bytes per token id kept for a held request (prefix strategies: a Uint32Array). */
+export const BYTES_PER_TOKEN = 4;
+/** Bytes per token id of a prompt sent as ids, in the parsed body's JSON array. */
+export const BYTES_PER_BODY_TOKEN_ID = 8;
 
 export interface HeldParts {
   /** The body as received. */
@@ -32,13 +37,15 @@ export interface HeldParts {
   textChars?: number;
   /** A second body sent upstream instead of the client's (a tenant's cache salt, a rewrite), when there is one. */
   upstreamBytes?: number;
-  /** Token ids kept for the prefix match at dispatch. */
+  /** Token ids kept for the prefix match at dispatch (the router's typed array). */
   tokens?: number;
+  /** Token ids of a prompt sent as ids, held by the parsed body as a JS array. */
+  bodyTokenIds?: number;
 }
 
 /** The bytes a held request retains, as flow control counts them. */
 export function heldBytesOf(p: HeldParts): number {
   const chars = p.textChars ?? p.bodyBytes;
   const perChar = chars === p.bodyBytes ? 1 : 2;
-  return HELD_OVERHEAD_BYTES + p.bodyBytes + perChar * chars + (p.upstreamBytes ?? 0) + BYTES_PER_TOKEN * (p.tokens ?? 0);
+  return HELD_OVERHEAD_BYTES + p.bodyBytes + perChar * chars + (p.upstreamBytes ?? 0) + BYTES_PER_TOKEN * (p.tokens ?? 0) + BYTES_PER_BODY_TOKEN_ID * (p.bodyTokenIds ?? 0);
 }

@@ -9,7 +9,7 @@ import type { ChargeEvent } from "../../../schemas/events.js";
 import type { PodInfo } from "../../views/pod-set.js";
 import { rateUserOf } from "../../views/rate-view.js";
 import type { LatencyPrediction } from "../../views/latency-model.js";
-import { promptInputOf } from "../../tokenizer/prompt-tokens.js";
+import { promptInputOf, type TokenIds } from "../../tokenizer/prompt-tokens.js";
 import { isSelected, promptTokensOf, upstreamBodyOf, type SelectedContext } from "../context.js";
 import type { DecisionInputs } from "../decision-inputs.js";
 import type { SectionStage, StageEnv } from "../pipeline.js";
@@ -166,7 +166,7 @@ function recordBlocksAfterRouting(routed: RoutedRequest, ctx: SelectedContext, e
  * after routing (a few ms later), instead of an estimate and "none cached", which would teach
  * the model that cached prompts are fast for no reason it can see.
  */
-function learnCached(r: RoutedRequest, env: StageEnv, tokens: readonly number[], mode: string | undefined, salt: string | undefined, now: number): void {
+function learnCached(r: RoutedRequest, env: StageEnv, tokens: TokenIds, mode: string | undefined, salt: string | undefined, now: number): void {
   const prefix = env.prefix;
   if (!prefix || !r.latency || r.latency.x[1] !== 0) return;
   const m = prefix.match(r.model, [r.pod], tokens, now, mode, salt);
