@@ -340,7 +340,7 @@ async function measureCell(natsUrl: string, natsPid: number, h: NatsHandles, R: 
     const warmMs = Math.min(2_000, o.durationMs);
     const warmStart = performance.now();
     await results(generators(warmMs));
-    const generatorStartMs = Math.max(0, performance.now() - warmStart - warmMs);
+    const generatorStartMs = Math.max(0, Math.ceil(performance.now() - warmStart - warmMs));
     await waitFor("pool a's ledgers to drain", async () => (await Promise.all(poolA.map((g) => g.state()))).every((s) => s.ledger.charges === 0), 10_000);
     const pids = [...gws.map((g) => g.pid), natsPid];
     const sample = () => ({ t: performance.now(), cpu: pids.map(processCpuUs), main: pids.map(mainThreadCpuUs), wake: pids.map(mainThreadWakeups), host: hostCpu() });
