@@ -1,4 +1,5 @@
 import { describe, expect, it } from "vitest";
+import { mulberry32 } from "../shared/seeded-random.js";
 import { normaliseToolCalls, parsedJsonProblem, rawToolJsonInexact, rawToolJsonScanNeeded } from "./tool-json.js";
 
 /** What the render reports without the raw text (chat-template.ts `job`): the parsed tools, and each assistant's tool calls normalised (arguments scanned as raw JSON) then checked. */
@@ -16,23 +17,12 @@ function problemWithoutRaw(body: Record<string, unknown>): boolean {
   return false;
 }
 
-function mulberry(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
-
 const LITERALS = ["20", "20.0", "1e5", "1.5", "1e-05", "12345678901234567890", "-0.0", "0", '"s"', "true", "null", "1e400", "2.5e1", "7"];
 const KEYS = ["a", "1", "b", "arguments", "20"];
 
 describe("raw tool JSON: the body's text scanned again only when the parse may have hidden a literal", () => {
   it("whenever the scan is skipped, every problem it would find is reported from the parse as well", () => {
-    const rnd = mulberry(35);
+    const rnd = mulberry32(35);
     const pick = <T>(xs: readonly T[]): T => xs[Math.floor(rnd() * xs.length)] as T;
     const obj = (depth: number): string => {
       const n = 1 + Math.floor(rnd() * 3);
