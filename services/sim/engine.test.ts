@@ -1,16 +1,9 @@
 import { describe, expect, it } from "vitest";
 import { ManualClock } from "./clock.js";
 import { type EngineConfig, type FinishedRequest, type FinishReason, SimEngine } from "./engine.js";
+import { testEngineConfig } from "./testing.js";
 
-const base: EngineConfig = {
-  maxBatch: 4,
-  maxNumBatchedTokens: 2048,
-  prefillMsPerToken: 1,
-  decodeMsPerStep: 10,
-  decodeBatchSlope: 0.1,
-  kvCapacityTokens: 16_384,
-  blockSize: 16,
-};
+const base = testEngineConfig;
 
 interface Tracked {
   tokenTimes: number[];

@@ -2,18 +2,11 @@ import http from "node:http";
 import type { AddressInfo } from "node:net";
 import { afterEach, describe, expect, it } from "vitest";
 import type { SimClock } from "./clock.js";
-import { type EngineConfig, SimEngine } from "./engine.js";
+import { SimEngine } from "./engine.js";
+import { testEngineConfig } from "./testing.js";
 import { type HeldBlocks, serveGeneration } from "./generate.js";
 
-const config: EngineConfig = {
-  maxBatch: 4,
-  maxNumBatchedTokens: 2048,
-  prefillMsPerToken: 1,
-  decodeMsPerStep: 10,
-  decodeBatchSlope: 0.1,
-  kvCapacityTokens: 16_384,
-  blockSize: 16,
-};
+const config = testEngineConfig;
 
 /**
  * A loaded host: wall time passes between any two readings, so simulated time jumps ahead of the

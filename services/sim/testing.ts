@@ -1,4 +1,16 @@
-/** Small HTTP and Prometheus-text helpers for tests that talk to simulated pods over real sockets. */
+/** Small HTTP and Prometheus-text helpers for tests that talk to simulated pods over real sockets, and the engine tests' fixture. */
+import type { EngineConfig } from "./engine.js";
+
+/** A small engine for the scheduler's unit tests: 4 sequences, 16-token blocks, 1 ms a prompt token, 10 ms a decode step. */
+export const testEngineConfig: Readonly<EngineConfig> = {
+  maxBatch: 4,
+  maxNumBatchedTokens: 2048,
+  prefillMsPerToken: 1,
+  decodeMsPerStep: 10,
+  decodeBatchSlope: 0.1,
+  kvCapacityTokens: 16_384,
+  blockSize: 16,
+};
 
 export async function postJson(address: string, path: string, body: unknown, init: RequestInit = {}): Promise<Response> {
   return fetch(`http://${address}${path}`, {
