@@ -46,6 +46,30 @@ describe("tokenization - remote, local, approximate", () => {
     expect(t.stats.fallbacks).toBe(1);
   });
 
+  it("an answer whose ids are not integers in 0..2^32-1 is not used: that request is approximate, counted, not cached", async () => {
+    const answers: unknown[][] = [[1, 1.5], [1, -1], [1, 2 ** 32 + 5], [1, "2"]];
+    let next = 0;
+    const bad = http.createServer((_req, res) => {
+      res.setHeader("content-type", "application/json");
+      res.end(JSON.stringify({ tokens: answers[next++ % answers.length] }));
+    });
+    await new Promise<void>((r) => bad.listen(0, "127.0.0.1", r));
+    try {
+      const t = new Tokenizer({ defaultMode: "remote", timeoutMs: 1_000 });
+      const address = `127.0.0.1:${(bad.address() as { port: number }).port}`;
+      for (let i = 0; i < answers.length; i++) {
+        const r = await t.tokenize("m", { messages }, address);
+        expect(r.mode).toBe("approximate");
+        expect(r.tokens).toEqual(approximateTokens({ messages }));
+      }
+      expect(next).toBe(answers.length);
+      expect(t.stats).toMatchObject({ cacheHits: 0, fallbacks: answers.length });
+    } finally {
+      bad.closeAllConnections();
+      bad.close();
+    }
+  });
+
   it("modes are per model", async () => {
     const t = new Tokenizer({ defaultMode: "approximate", modes: { exact: "local" } });
     expect(Array.from((await t.tokenize("exact", { messages }, undefined)).tokens)).toEqual(tokenizeChat(messages, { addGenerationPrompt: true }));

@@ -22,7 +22,7 @@ import { QueueFullError } from "../tokenizer/bounded-queue.js";
 import { ChatTemplateError } from "../tokenizer/chat-template.js";
 import { HfTokenizer, type HfTokenizerOptions } from "../tokenizer/hf-tokenizer.js";
 import type { PrefixReuse } from "../tokenizer/prefix-ids.js";
-import { approximateTokens, hfTokenizerDir, localTokens, type PromptInput, singlePrompt, type TokenIds, tokenIdsOf, type TokenizerMode, type TokenizerSetting } from "../tokenizer/prompt-tokens.js";
+import { approximateTokens, hfTokenizerDir, isTokenId, localTokens, type PromptInput, singlePrompt, type TokenIds, tokenIdsOf, type TokenizerMode, type TokenizerSetting } from "../tokenizer/prompt-tokens.js";
 
 export interface TokenizeResult {
   /** The router's token type (a typed array) in every mode. */
@@ -254,7 +254,8 @@ export class Tokenizer {
         throw new Error(`/tokenize answered ${res.status}`);
       }
       const tokens = (JSON.parse(await readBodyCapped(res, this.maxResponseBytes, "/tokenize answer")) as { tokens?: unknown }).tokens;
-      if (!Array.isArray(tokens) || !tokens.every((t) => typeof t === "number")) throw new Error("/tokenize returned no token list");
+      // Ids outside 0..2^32-1 (or not integers) would wrap in the router's type: the answer is not used.
+      if (!Array.isArray(tokens) || !tokens.every(isTokenId)) throw new Error("/tokenize returned no list of token ids");
       const ids = tokenIdsOf(tokens as number[]);
       this.remember(key, ids);
       return { tokens: ids, mode };

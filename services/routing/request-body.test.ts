@@ -34,6 +34,9 @@ describe("request body - client input refused with a 400 naming the field", () =
     ["n as a string", chat({ n: "2" }), "n"],
     ["a prompt mixing ids and text", { model: "m", prompt: [1, "a"] }, "prompt"],
     ["negative token ids", { model: "m", prompt: [1, -2] }, "prompt"],
+    ["a token id past 2^32 - 1 (it would wrap and match another prompt's blocks)", { model: "m", prompt: [4_294_967_301, 101] }, "prompt"],
+    ["a token id past 2^32 - 1 in a batch's list", { model: "m", prompt: [[1], [2, 4_294_967_296]] }, "prompt"],
+    ["a fractional token id", { model: "m", prompt: [1, 2.5] }, "prompt"],
     ["a model of 300 characters", { model: "m".repeat(300), prompt: "x" }, "model"],
     ["a model with a newline", { model: "a\nb", prompt: "x" }, "model"],
     ["cache_salt as a number", chat({ cache_salt: 7 }), "cache_salt"],
@@ -64,6 +67,14 @@ describe("request body - token-id prompts", () => {
     expect(parse({ model: "m", prompt: [[1, 2], [3, 4, 5]] })).toMatchObject({ promptTokens: 5, promptTokenIds: Uint32Array.of(1, 2) });
     expect(parse({ model: "m", prompt: "abcdefgh" })).toMatchObject({ promptTokens: 2 });
     expect(parse({ model: "m", prompt: "abcd" }).promptTokenIds).toBeUndefined();
+    expect(parse({ model: "m", prompt: [0, 4_294_967_295] }).promptTokenIds).toEqual(Uint32Array.of(0, 4_294_967_295));
+  });
+
+  it("counts every id the body holds in its arrays (each list of a batch, an embeddings input), for held bytes", () => {
+    const long = Array.from({ length: 100_000 }, (_, i) => i);
+    expect(parse({ model: "m", prompt: [[1], long] })).toMatchObject({ bodyTokenIds: 100_001, promptTokenIds: Uint32Array.of(1) });
+    expect(parse({ model: "m", input: [[1, 2], [3]] }).bodyTokenIds).toBe(3);
+    expect(parse({ model: "m", prompt: "text" })).not.toHaveProperty("bodyTokenIds");
   });
 });
 

@@ -6,7 +6,7 @@
  */
 import { MAX_COUNT } from "../../schemas/events.js";
 import { ApiShapeError, messagesToChat, renderedChars, responsesToChat } from "../tokenizer/api-messages.js";
-import { type TokenIds, tokenIdsOf } from "../tokenizer/prompt-tokens.js";
+import { isTokenId, type TokenIds, tokenIdsOf } from "../tokenizer/prompt-tokens.js";
 import { RouteError } from "./errors.js";
 
 /**
@@ -30,6 +30,8 @@ export interface ParsedRequest {
   maxTokens?: number;
   /** The prompt as token ids, when the client sent them (`/v1/completions`): prefix matching uses them as they are (copied once into the router's typed array). */
   promptTokenIds?: TokenIds;
+  /** Token ids the parsed body holds in its JSON arrays (a prompt or embeddings input sent as ids: every list of a batch), for flow control's held bytes. */
+  bodyTokenIds?: number;
   /** vLLM's `cache_salt`: the engine shares cached blocks only between requests with the same salt, and so does the router's prefix matching. */
   cacheSalt?: string;
   body: Record<string, unknown>;
@@ -115,8 +117,6 @@ function messagesText(messages: unknown): number {
   return n;
 }
 
-const isTokenId = (x: unknown): x is number => typeof x === "number" && Number.isSafeInteger(x) && x >= 0;
-
 /**
  * A completion `prompt`: a string, a list of strings, a list of token ids, or a list of token-id
  * lists (the batch forms count every prompt; only the first is used for prefix matching).
@@ -131,7 +131,7 @@ function promptOf(prompt: unknown): { chars: number; tokens: number; ids?: Token
     const lists = prompt as number[][];
     return { chars: 0, tokens: lists.reduce((a, p) => a + p.length, 0), ...(lists[0] ? { ids: tokenIdsOf(lists[0]) } : {}) };
   }
-  throw bad("`prompt` mixes strings, token ids and lists, or has ids that are not non-negative integers", "prompt");
+  throw bad("`prompt` mixes strings, token ids and lists, or has ids that are not integers from 0 to 4294967295", "prompt");
 }
 
 /** Characters of an embeddings `input` (a string, strings, or token ids — counted as tokens). */
@@ -264,6 +264,7 @@ export function parseRequestBody(raw: Uint8Array, api: RequestApi = "chat"): Par
     promptTokens: tokens + Math.ceil(chars / 4),
     ...(maxTokens !== undefined ? { maxTokens } : {}),
     ...(promptTokenIds ? { promptTokenIds } : {}),
+    ...(tokens > 0 ? { bodyTokenIds: tokens } : {}),
     ...(cacheSalt !== undefined ? { cacheSalt } : {}),
     body: b,
     text,

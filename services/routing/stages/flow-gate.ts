@@ -33,10 +33,10 @@ export const flowGateStage: GateStage = {
     // What the request retains while held (flow/held-bytes.ts). The body's decoded text was only
     // needed to plan: it is dropped here, so a held request does not keep it.
     // Token ids it keeps: the typed ids (the strategy's, or a completion prompt's own ids copied
-    // once at parse), and such a prompt's ids as the parsed body's JSON array.
+    // once at parse), and the ids the parsed body holds as JSON arrays (every list of a batch).
     const promptIds = ctx.parsed.promptTokenIds;
     const heldIds = (ctx.tokens?.length ?? 0) + (promptIds && promptIds !== ctx.tokens ? promptIds.length : 0);
-    const bodyIds = promptIds?.length ?? 0;
+    const bodyIds = ctx.parsed.bodyTokenIds ?? 0;
     const bytes = heldBytesOf({ bodyBytes: input.body.length, ...(ctx.parsed.text !== undefined ? { textChars: ctx.parsed.text.length } : {}), ...(ctx.upstreamBody ? { upstreamBytes: ctx.upstreamBody.length } : {}), ...(heldIds > 0 ? { tokens: heldIds } : {}), ...(bodyIds > 0 ? { bodyTokenIds: bodyIds } : {}) });
     if (ctx.parsed.text !== undefined) ctx.parsed = { ...ctx.parsed, text: undefined };
     let settle: { resolve: (r: T) => void; reject: (e: unknown) => void } | undefined;
