@@ -22,7 +22,8 @@ import { QueueFullError } from "../tokenizer/bounded-queue.js";
 import { ChatTemplateError } from "../tokenizer/chat-template.js";
 import { HfTokenizer, type HfTokenizerOptions } from "../tokenizer/hf-tokenizer.js";
 import type { PrefixReuse } from "../tokenizer/prefix-ids.js";
-import { approximateTokens, hfTokenizerDir, isTokenId, localTokens, type PromptInput, singlePrompt, type TokenIds, tokenIdsOf, type TokenizerMode, type TokenizerSetting } from "../tokenizer/prompt-tokens.js";
+import { isTokenId } from "../tokenizer/token-id.js";
+import { approximateTokens, hfTokenizerDir, localTokens, type PromptInput, singlePrompt, type TokenIds, tokenIdsOf, type TokenizerMode, type TokenizerSetting } from "../tokenizer/prompt-tokens.js";
 
 export interface TokenizeResult {
   /** The router's token type (a typed array) in every mode. */

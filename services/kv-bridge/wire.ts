@@ -14,6 +14,9 @@
  * sequence's first page: that parent means "none".
  */
 import { Unpackr } from "msgpackr";
+import { isTokenId, MAX_TOKEN_ID } from "../tokenizer/token-id.js";
+
+const MAX_TOKEN_ID_BIG = BigInt(MAX_TOKEN_ID);
 
 /** Engine block hash as lower-case hex: uint64 values unpadded, digests byte for byte. */
 export type EngineHash = string;
@@ -204,9 +207,9 @@ function blockStored(get: Fields, arrayLen: number | undefined, dialect: EngineD
   if (!Array.isArray(tokens)) return fail("token_ids is not an array");
   for (let i = 0; i < tokens.length; i++) {
     const t = tokens[i];
-    if (typeof t === "number" && Number.isInteger(t) && t >= 0 && t <= 0xffffffff) continue;
+    if (isTokenId(t)) continue;
     // Fixed-width encoders send small ids as int64, which decode as BigInt: narrow them in place.
-    if (typeof t === "bigint" && t >= 0n && t <= 0xffffffffn) tokens[i] = Number(t);
+    if (typeof t === "bigint" && t >= 0n && t <= MAX_TOKEN_ID_BIG) tokens[i] = Number(t);
     else return fail(`token_ids[${i}] is not a token id`);
   }
   const blockSize = smallUint(get("block_size", 4));

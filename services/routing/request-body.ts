@@ -6,7 +6,8 @@
  */
 import { MAX_COUNT } from "../../schemas/events.js";
 import { ApiShapeError, messagesToChat, renderedChars, responsesToChat } from "../tokenizer/api-messages.js";
-import { isTokenId, type TokenIds, tokenIdsOf } from "../tokenizer/prompt-tokens.js";
+import { type TokenIds, tokenIdsOf } from "../tokenizer/prompt-tokens.js";
+import { isTokenId, MAX_TOKEN_ID } from "../tokenizer/token-id.js";
 import { RouteError } from "./errors.js";
 
 /**
@@ -131,7 +132,7 @@ function promptOf(prompt: unknown): { chars: number; tokens: number; ids?: Token
     const lists = prompt as number[][];
     return { chars: 0, tokens: lists.reduce((a, p) => a + p.length, 0), ...(lists[0] ? { ids: tokenIdsOf(lists[0]) } : {}) };
   }
-  throw bad("`prompt` mixes strings, token ids and lists, or has ids that are not integers from 0 to 4294967295", "prompt");
+  throw bad(`\`prompt\` mixes strings, token ids and lists, or has ids that are not integers from 0 to ${MAX_TOKEN_ID}`, "prompt");
 }
 
 /** Characters of an embeddings `input` (a string, strings, or token ids — counted as tokens). */
