@@ -19,6 +19,7 @@ import { KubeStandin } from "../services/kube-standin/server.js";
 import { startInferencePoolWatcher } from "../services/pod-watcher/k8s-inference-pool.js";
 import type { PodWatcherHandle } from "../services/pod-watcher/pod-watcher.js";
 import { cliPath } from "../services/shared/processes.js";
+import { fire } from "../services/shared/publish.js";
 import { quietLog, startTestEnv, type TestEnv, waitFor } from "./harness/env.js";
 
 const run = promisify(execFile);
@@ -185,6 +186,11 @@ describe("InferencePool discovery: kubectl -> API stand-in -> pod-watcher --infe
     await setStatus("ha-0", true, "127.0.0.2");
     await pool("ha", { app: "ha" }, [portA]);
     await env.publishPod({ model: "llama-8b", pod: "static-0", address: "127.0.0.9:1", source: "someone-else" });
+    // The other source is a live watcher: it beats, as a real one would. Without beats its pods
+    // leave after the gateways' 2 s source timeout, which a loaded host's takeover can outlast.
+    const otherSource = () => fire(env.nats.nc, env.subjects.podSource("someone-else"), { type: "pod-source", source: "someone-else", watcher: "static", pods: 1, intervalMs: 200, ts: Date.now() });
+    otherSource();
+    const beats = setInterval(otherSource, 200);
     const start = (id: string) => startInferencePoolWatcher({ nats: env.server.url, kubeconfig, inferencePool: "default/ha", source: "pool-ha", watcherId: id, leaderElection: true, leaseMs: 1_500, heartbeatMs: 200, modelLabel: "model", objectivesApiVersion: "none", log: quietLog });
     const a = await start("ha-a");
     const b = await start("ha-b");
@@ -199,6 +205,7 @@ describe("InferencePool discovery: kubectl -> API stand-in -> pod-watcher --infe
       await waitFor(() => every((g) => !ready(g, "llama-8b").some((p) => p.startsWith("ha-0."))), 5_000, "the new leader applies changes");
       expect(every((g) => ready(g, "llama-8b").includes("static-0@127.0.0.9:1"))).toBe(true);
     } finally {
+      clearInterval(beats);
       await a.close().catch(() => undefined);
       await b.close().catch(() => undefined);
     }
