@@ -40,7 +40,7 @@ describe("end to end - front -> gateway processes -> simulated pods", () => {
   const fronts: FrontServer[] = [];
   beforeAll(async () => {
     env = await startTestEnv();
-    // Slow decode so requests overlap: 40 tokens x 25 ms = 1 s each.
+    // Slow decode so requests overlap: 160 tokens x 25 ms = 4 s each.
     fleet = await startSimFleet({ pods: 4, model: MODEL, decodeMsPerStep: 25, maxBatch: 8, logger: quietLog });
     for (const p of fleet.pods) await env.publishPod({ pod: p.name, address: p.address });
     gws = await Promise.all([gatewayProcess(env, "e2e-gw-1"), gatewayProcess(env, "e2e-gw-2")]);
@@ -109,8 +109,10 @@ describe("end to end - front -> gateway processes -> simulated pods", () => {
 
   async function spreadOf(targets: string[]): Promise<number[]> {
     const base = await front(targets);
-    const body = { model: MODEL, messages: [{ role: "user", content: "take your time" }], stream: true, max_tokens: 40 };
-    // All 8 are in flight together (each takes ~1 s), each sent once the previous one's charge is
+    // Long enough that the first is still running when the eighth starts on a loaded host (at
+    // 40 tokens, ~1 s each, a loaded run's first requests ended before the last was sent).
+    const body = { model: MODEL, messages: [{ role: "user", content: "take your time" }], stream: true, max_tokens: 160 };
+    // All 8 are in flight together (each takes ~4 s), each sent once the previous one's charge is
     // on NATS (seen by this test's subscription, as by the other replica's). A same-millisecond
     // burst races with charges still in flight under eventual consistency; that case is the
     // herding benchmark's.
