@@ -36,7 +36,7 @@ describe("scale bench", () => {
     const o = fold.options;
     expect(fold.per_request_us).toBeCloseTo(fold.detail.charge.total_us + fold.detail.release.total_us + fold.detail.heartbeat.total_us / o.foreignRate, 1);
 
-    const scale = await runScaleBench({ replicas: [1, 2], rate: 200, concurrency: 16, durationMs: 1_500, rounds: 1 });
+    const scale = await runScaleBench({ replicas: [1, 2], rate: 200, concurrency: 16, durationMs: 1_000, rounds: 1 });
     const line = JSON.stringify(scale);
     expect(line.startsWith('{"bench":"scale","results":[{"replicas":1,"fold_cpu_us_per_foreign_request":null,')).toBe(true);
     expect(scale.results.map((r) => r.replicas)).toEqual([1, 2]);

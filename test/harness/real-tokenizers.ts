@@ -26,10 +26,19 @@ export function readConfig(model: RealModel): Record<string, unknown> {
   return JSON.parse(readFileSync(join(tokenizerDir(model), "tokenizer_config.json"), "utf8")) as Record<string, unknown>;
 }
 
-/** The pure-JS tokenizer of a packaged model (the cross-check's encoder). */
+const jsTokenizers = new Map<RealModel, JsTokenizer>();
+
+/**
+ * The pure-JS tokenizer of a packaged model (the cross-check's encoder), built once per model and
+ * process: building one takes ~1 s, and encoding keeps no state between calls.
+ */
 export function jsTokenizer(model: RealModel): JsTokenizer {
-  const dir = tokenizerDir(model);
-  return new JsTokenizer(JSON.parse(readFileSync(join(dir, "tokenizer.json"), "utf8")), readConfig(model));
+  let t = jsTokenizers.get(model);
+  if (!t) {
+    t = new JsTokenizer(JSON.parse(readFileSync(join(tokenizerDir(model), "tokenizer.json"), "utf8")), readConfig(model));
+    jsTokenizers.set(model, t);
+  }
+  return t;
 }
 
 // transformers' renderer: a sandboxed jinja2 environment with trim_blocks, lstrip_blocks,
