@@ -120,17 +120,18 @@ function messagesText(messages: unknown): number {
 
 /**
  * A completion `prompt`: a string, a list of strings, a list of token ids, or a list of token-id
- * lists (the batch forms count every prompt; only the first is used for prefix matching).
+ * lists (the batch forms count every prompt; only the first is used for prefix matching, and
+ * `ids` is that first list as sent: the caller copies it into the router's type if it needs it).
  */
-function promptOf(prompt: unknown): { chars: number; tokens: number; ids?: TokenIds } {
+function promptOf(prompt: unknown): { chars: number; tokens: number; ids?: number[] } {
   if (typeof prompt === "string") return { chars: prompt.length, tokens: 0 };
   if (!Array.isArray(prompt)) throw bad("`prompt` must be a string, an array of strings, an array of token ids or an array of token-id arrays", "prompt");
   if (prompt.length === 0) return { chars: 0, tokens: 0 };
   if (prompt.every((p) => typeof p === "string")) return { chars: (prompt as string[]).reduce((a, p) => a + p.length, 0), tokens: 0 };
-  if (prompt.every(isTokenId)) return { chars: 0, tokens: prompt.length, ids: tokenIdsOf(prompt as number[]) };
+  if (prompt.every(isTokenId)) return { chars: 0, tokens: prompt.length, ids: prompt as number[] };
   if (prompt.every((p) => Array.isArray(p) && p.every(isTokenId))) {
     const lists = prompt as number[][];
-    return { chars: 0, tokens: lists.reduce((a, p) => a + p.length, 0), ...(lists[0] ? { ids: tokenIdsOf(lists[0]) } : {}) };
+    return { chars: 0, tokens: lists.reduce((a, p) => a + p.length, 0), ...(lists[0] ? { ids: lists[0] } : {}) };
   }
   throw bad(`\`prompt\` mixes strings, token ids and lists, or has ids that are not integers from 0 to ${MAX_TOKEN_ID}`, "prompt");
 }
@@ -247,7 +248,7 @@ export function parseRequestBody(raw: Uint8Array, api: RequestApi = "chat"): Par
     const p = promptOf(b.prompt);
     chars += p.chars;
     tokens += p.tokens;
-    promptTokenIds = p.ids;
+    if (p.ids) promptTokenIds = tokenIdsOf(p.ids);
   }
   if (b.input !== undefined) {
     const p = inputOf(b.input);
